@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def normalise_url(url: str) -> str:
+    # psycopg 3 is the driver we install; a plain postgresql:// URL would look for psycopg2.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+class Catalog:
+    """Owns the engine and the session factory; built in a service's entry point."""
+
+    def __init__(self, url: str):
+        self.url = normalise_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        kwargs: dict = {"future": True}
+        if self.is_sqlite:
+            path = self.url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+        self.engine: Engine = create_engine(self.url, **kwargs)
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+            # Take the write lock at BEGIN so two processes never deadlock upgrading read locks.
+            event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        with self._sessions() as s:
+            with s.begin():
+                yield s
+
+    def migrate(self) -> None:
+        """`alembic upgrade head`, serialised across processes on PostgreSQL."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        with self.engine.connect() as conn:
+            if not self.is_sqlite:
+                conn.execute(text("SELECT pg_advisory_lock(7243)"))
+                conn.commit()
+            try:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                conn.commit()
+            finally:
+                if not self.is_sqlite:
+                    conn.execute(text("SELECT pg_advisory_unlock(7243)"))
+                    conn.commit()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    # WAL lets the dispatcher read while the JobManager writes; the isolation_level=None
+    # hands transaction control to the "begin" listener above.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def epoch_ms(dt: datetime | None) -> int:
+    if dt is None:
+        return -1
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+class Base(DeclarativeBase):
+    # Timestamps are stored with their time zone: a PostgreSQL server in another zone must not
+    # shift them.
+    type_annotation_map = {datetime: DateTime(timezone=True)}
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    uploaded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # Submission order: slot requests are served first come, first served.
+    seq: Mapped[int] = mapped_column(BigInteger, unique=True)
+    name: Mapped[str] = mapped_column(String(255))
+    artifact_id: Mapped[str | None] = mapped_column(ForeignKey("artifacts.id", ondelete="SET NULL"))
+    entry: Mapped[str] = mapped_column(String(255), default="build")
+    kind: Mapped[str] = mapped_column(String(32), default="pyspark")  # pyspark | noop
+    parallelism: Mapped[int] = mapped_column(Integer, default=1)
+    program_args: Mapped[list] = mapped_column(JSON, default=list)
+    config: Mapped[dict] = mapped_column(JSON, default=dict)
+    restart_strategy: Mapped[dict] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    end_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class JobTransition(Base):
+    __tablename__ = "job_transitions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    from_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_status: Mapped[str] = mapped_column(String(16))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Vertex(Base):
+    __tablename__ = "vertices"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    idx: Mapped[int] = mapped_column(Integer, default=0)
+    parallelism: Mapped[int] = mapped_column(Integer)
+
+
+class Execution(Base):
+    """One attempt of one task (a vertex's Spark query)."""
+
+    __tablename__ = "executions"
+    __table_args__ = (UniqueConstraint("vertex_id", "attempt"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    vertex_id: Mapped[str] = mapped_column(ForeignKey("vertices.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    taskmanager_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    allocation_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    slots: Mapped[list] = mapped_column(JSON, default=list)
+    timestamps: Mapped[dict] = mapped_column(JSON, default=dict)  # state -> epoch ms
+    failure_cause: Mapped[str | None] = mapped_column(Text, nullable=True)
+    waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    start_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    end_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_batch_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    rows_processed: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Never loaded by the code (ids are used); declared so one flush inserts a new vertex
+    # before the executions that reference it, without a flush per submission.
+    vertex: Mapped["Vertex"] = relationship(lazy="raise")
+
+
+class TaskManagerRow(Base):
+    __tablename__ = "taskmanagers"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    queue: Mapped[str] = mapped_column(String(160))
+    state: Mapped[str] = mapped_column(String(16))  # REGISTERED | LOST | UNREGISTERED
+    slots_total: Mapped[int] = mapped_column(Integer)
+    slots_free: Mapped[int] = mapped_column(Integer)
+    cores: Mapped[float] = mapped_column(Float)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    allocations: Mapped[list] = mapped_column(JSON, default=list)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(default=utcnow)
+    lost_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ExceptionRow(Base):
+    __tablename__ = "exceptions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    vertex_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    taskmanager_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    exception_name: Mapped[str] = mapped_column(String(255))
+    stacktrace: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sequence_(Base):
+    """Portable counters (job submission order) that work the same on SQLite and PostgreSQL."""
+
+    __tablename__ = "counters"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0)

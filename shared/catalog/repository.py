@@ -1,0 +1,365 @@
+"""Every catalog write. One function per entity changes its state, inside the caller's
+transaction (`Catalog.session()`), locking the row and refusing what its state machine forbids.
+
+JobManager writes are fenced: a job row remembers the newest leader epoch that wrote it, and a
+write with an older epoch is refused (`StaleEpoch`), so a deposed leader cannot overwrite the
+decisions of its successor.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
+
+from shared.catalog.models import (
+    Artifact, ExceptionRow, Execution, Job, JobTransition, Sequence_, TaskManagerRow, Vertex,
+    epoch_ms, utcnow,
+)
+from shared.states import (
+    ExecutionState, IllegalTransition, JobStatus, check_execution_transition, check_job_transition,
+)
+
+
+class NotFound(LookupError):
+    pass
+
+
+def _locked(s: Session) -> set:
+    """Identity keys of rows this transaction has already locked (SELECT ... FOR UPDATE)."""
+    return s.info.setdefault("headrace_locked", set())
+
+
+def lock_rows(s: Session, model, ids) -> list:
+    """Load and lock many rows in one statement; later get_* calls for them cost no SQL."""
+    ids = list(ids)
+    if not ids:
+        return []
+    rows = s.execute(select(model).where(model.id.in_(ids)).with_for_update()).scalars().all()
+    _locked(s).update(identity_key(model, r.id) for r in rows)
+    pin(s, rows)
+    return rows
+
+
+def pin(s: Session, rows) -> None:
+    """The identity map holds rows weakly: keep prefetched ones alive for the transaction."""
+    s.info.setdefault("headrace_pinned", []).extend(rows)
+
+
+def _get(s: Session, model, pk: str, lock: bool):
+    key = identity_key(model, pk)
+    if not lock or key in _locked(s):  # an unlocked read may use any row already loaded
+        row = s.identity_map.get(key)
+        if row is not None:
+            return row
+    q = select(model).where(model.id == pk)
+    if lock:
+        q = q.with_for_update()
+    row = s.execute(q).scalar_one_or_none()
+    if row is not None and lock:
+        _locked(s).add(key)
+    return row
+
+
+class StaleEpoch(RuntimeError):
+    """A write by a JobManager whose leadership has since passed to a newer epoch."""
+
+
+# --- counters ------------------------------------------------------------------------------
+
+
+def next_value(s: Session, name: str) -> int:
+    row = s.execute(select(Sequence_).where(Sequence_.name == name).with_for_update()).scalar_one_or_none()
+    if row is None:
+        row = Sequence_(name=name, value=0)
+        s.add(row)
+        s.flush()
+    row.value += 1
+    s.flush()
+    return row.value
+
+
+# --- artifacts -----------------------------------------------------------------------------
+
+
+def create_artifact(s: Session, *, id: str, name: str, path: str, size: int, sha256: str) -> Artifact:
+    row = Artifact(id=id, name=name, path=path, size=size, sha256=sha256)
+    s.add(row)
+    s.flush()
+    return row
+
+
+def get_artifact(s: Session, artifact_id: str) -> Artifact:
+    row = s.get(Artifact, artifact_id)
+    if row is None:
+        raise NotFound(f"artifact {artifact_id} not found")
+    return row
+
+
+def list_artifacts(s: Session) -> Sequence[Artifact]:
+    return s.execute(select(Artifact).order_by(Artifact.uploaded_at)).scalars().all()
+
+
+def delete_artifact(s: Session, artifact_id: str) -> Artifact:
+    row = get_artifact(s, artifact_id)
+    s.delete(row)
+    s.flush()
+    return row
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def create_job(
+    s: Session, *, id: str, name: str, artifact_id: str | None, entry: str, parallelism: int,
+    program_args: list[str], config: dict[str, Any], restart_strategy: dict[str, Any],
+    kind: str = "pyspark",
+) -> Job:
+    now = utcnow()
+    job = Job(
+        id=id, seq=next_value(s, "job"), name=name, artifact_id=artifact_id, entry=entry,
+        parallelism=parallelism, program_args=list(program_args), config=dict(config),
+        restart_strategy=dict(restart_strategy), kind=kind, status=JobStatus.INITIALIZING.value,
+        created_at=now, updated_at=now,
+    )
+    s.add(job)
+    s.add(JobTransition(job_id=id, from_status=None, to_status=JobStatus.INITIALIZING.value, at=now))
+    s.flush()
+    return job
+
+
+def get_job(s: Session, job_id: str, *, lock: bool = False) -> Job:
+    row = _get(s, Job, job_id, lock)
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    return row
+
+
+def list_jobs(s: Session, *, statuses: Iterable[JobStatus] | None = None) -> Sequence[Job]:
+    q = select(Job).order_by(Job.seq)
+    if statuses is not None:
+        q = q.where(Job.status.in_([st.value for st in statuses]))
+    return s.execute(q).scalars().all()
+
+
+def transition_job(
+    s: Session, job_id: str | Job, target: JobStatus, *, epoch: int | None = None, reason: str | None = None,
+) -> Job:
+    """The only function that changes `jobs.status`. Raises IllegalTransition or StaleEpoch.
+    Pass the row itself when the caller already holds it locked, to save a round trip."""
+    job = job_id if isinstance(job_id, Job) else get_job(s, job_id, lock=True)
+    job_id = job.id
+    if epoch is not None:
+        if job.epoch > epoch:
+            raise StaleEpoch(f"job {job_id} is owned by epoch {job.epoch}; this writer has {epoch}")
+        job.epoch = epoch
+    current = JobStatus(job.status)
+    if current == target:
+        return job
+    check_job_transition(current, target)
+    now = utcnow()
+    job.status = target.value
+    job.updated_at = now
+    if target.is_terminal:
+        job.end_at = now
+        job.waiting_reason = None
+    s.add(JobTransition(job_id=job_id, from_status=current.value, to_status=target.value, at=now, reason=reason))
+    return job
+
+
+def set_job_waiting_reason(s: Session, job: str | Job, reason: str | None) -> None:
+    if isinstance(job, Job):
+        if job.waiting_reason != reason:
+            job.waiting_reason = reason
+        return
+    s.execute(update(Job).where(Job.id == job).values(waiting_reason=reason))
+
+
+def job_transitions(s: Session, job_id: str) -> Sequence[JobTransition]:
+    return s.execute(select(JobTransition).where(JobTransition.job_id == job_id).order_by(JobTransition.id)).scalars().all()
+
+
+def job_state_timestamps(s: Session, job_id: str) -> dict[str, int]:
+    """Flink's `timestamps` map: the last time the job entered each state, in epoch ms."""
+    return {t.to_status: epoch_ms(t.at) for t in job_transitions(s, job_id)}
+
+
+# --- vertices and executions ---------------------------------------------------------------
+
+
+def create_vertex(s: Session, *, id: str, job_id: str, name: str, parallelism: int, idx: int = 0) -> Vertex:
+    v = Vertex(id=id, job_id=job_id, name=name, parallelism=parallelism, idx=idx)
+    s.add(v)
+    return v
+
+
+def job_vertices(s: Session, job_id: str) -> Sequence[Vertex]:
+    return s.execute(select(Vertex).where(Vertex.job_id == job_id).order_by(Vertex.idx)).scalars().all()
+
+
+def create_execution(s: Session, *, id: str, job_id: str, vertex_id: str, attempt: int,
+                     keep_history: int = 16) -> Execution:
+    now_ms = epoch_ms(utcnow())
+    ex = Execution(id=id, job_id=job_id, vertex_id=vertex_id, attempt=attempt,
+                   state=ExecutionState.CREATED.value, timestamps={"CREATED": now_ms}, slots=[])
+    s.add(ex)
+    # Flink keeps the last 16 prior attempts of each subtask; older terminal ones are pruned.
+    cutoff = attempt - keep_history
+    if cutoff >= 0:
+        s.execute(delete(Execution).where(Execution.vertex_id == vertex_id, Execution.attempt <= cutoff))
+    return ex
+
+
+def get_execution(s: Session, execution_id: str, *, lock: bool = False) -> Execution:
+    ex = _get(s, Execution, execution_id, lock)
+    if ex is None:
+        raise NotFound(f"execution {execution_id} not found")
+    return ex
+
+
+def vertex_executions(s: Session, vertex_id: str) -> Sequence[Execution]:
+    return s.execute(select(Execution).where(Execution.vertex_id == vertex_id).order_by(Execution.attempt)).scalars().all()
+
+
+def job_executions(s: Session, job_id: str) -> Sequence[Execution]:
+    return s.execute(select(Execution).where(Execution.job_id == job_id).order_by(Execution.attempt)).scalars().all()
+
+
+def latest_executions(s: Session, job_id: str) -> dict[str, Execution]:
+    """vertex id -> its current (highest) attempt."""
+    out: dict[str, Execution] = {}
+    for ex in job_executions(s, job_id):
+        out[ex.vertex_id] = ex
+    return out
+
+
+def live_executions_on(s: Session, taskmanager_id: str) -> Sequence[Execution]:
+    terminal = [e.value for e in ExecutionState if e.is_terminal]
+    return s.execute(select(Execution).where(Execution.taskmanager_id == taskmanager_id,
+                                             Execution.state.not_in(terminal))).scalars().all()
+
+
+def transition_execution(
+    s: Session, execution_id: str | Execution, target: ExecutionState, *, at_ms: int | None = None,
+    taskmanager_id: str | None = None, allocation_id: str | None = None,
+    slots: list[int] | None = None, failure_cause: str | None = None,
+) -> Execution:
+    """The only function that changes `executions.state`. Raises IllegalTransition.
+    Pass the row itself when the caller already holds it locked, to save a round trip."""
+    ex = execution_id if isinstance(execution_id, Execution) else get_execution(s, execution_id, lock=True)
+    current = ExecutionState(ex.state)
+    if current == target:
+        return ex
+    check_execution_transition(current, target)
+    now = utcnow()
+    ex.state = target.value
+    ex.timestamps = {**(ex.timestamps or {}), target.value: at_ms or epoch_ms(now)}
+    if taskmanager_id is not None:
+        ex.taskmanager_id = taskmanager_id
+    if allocation_id is not None:
+        ex.allocation_id = allocation_id
+    if slots is not None:
+        ex.slots = list(slots)
+    if failure_cause is not None:
+        ex.failure_cause = failure_cause
+    if target == ExecutionState.DEPLOYING:
+        ex.start_at = now
+        ex.waiting_reason = None
+    if target.is_terminal:
+        ex.end_at = now
+    return ex
+
+
+def set_execution_waiting_reason(s: Session, execution: str | Execution, reason: str | None) -> None:
+    if isinstance(execution, Execution):
+        execution.waiting_reason = reason
+        return
+    s.execute(update(Execution).where(Execution.id == execution).values(waiting_reason=reason))
+
+
+def record_progress(s: Session, execution_id: str, *, batch_id: int, rows: int) -> None:
+    s.execute(
+        update(Execution).where(Execution.id == execution_id)
+        .values(last_batch_id=batch_id, rows_processed=Execution.rows_processed + rows)
+    )
+
+
+# --- exceptions ----------------------------------------------------------------------------
+
+
+def record_exception(
+    s: Session, *, job_id: str, exception_name: str, stacktrace: str, execution_id: str | None = None,
+    vertex_name: str | None = None, attempt: int | None = None, taskmanager_id: str | None = None,
+    keep: int = 16,
+) -> ExceptionRow:
+    row = ExceptionRow(job_id=job_id, execution_id=execution_id, vertex_name=vertex_name, attempt=attempt,
+                       taskmanager_id=taskmanager_id, exception_name=exception_name, stacktrace=stacktrace)
+    s.add(row)
+    s.flush()
+    old = s.execute(select(ExceptionRow.id).where(ExceptionRow.job_id == job_id)
+                    .order_by(ExceptionRow.id.desc()).offset(keep)).scalars().all()
+    if old:
+        s.execute(delete(ExceptionRow).where(ExceptionRow.id.in_(old)))
+    return row
+
+
+def job_exceptions(s: Session, job_id: str) -> Sequence[ExceptionRow]:
+    return s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc())).scalars().all()
+
+
+# --- TaskManagers --------------------------------------------------------------------------
+
+
+def register_taskmanager(s: Session, *, id: str, host: str, queue: str, slots_total: int, slots_free: int,
+                         cores: float, memory_bytes: int, allocations: list[dict]) -> TaskManagerRow:
+    row = s.get(TaskManagerRow, id)
+    now = utcnow()
+    if row is None:
+        row = TaskManagerRow(id=id, registered_at=now)
+        s.add(row)
+    row.host, row.queue, row.state = host, queue, "REGISTERED"
+    row.slots_total, row.slots_free, row.cores, row.memory_bytes = slots_total, slots_free, cores, memory_bytes
+    row.allocations, row.last_heartbeat, row.lost_reason = allocations, now, None
+    s.flush()
+    return row
+
+
+def update_taskmanager_slots(s: Session, taskmanager_id: str, *, slots_free: int, allocations: list[dict]) -> None:
+    s.execute(update(TaskManagerRow).where(TaskManagerRow.id == taskmanager_id)
+              .values(slots_free=slots_free, allocations=allocations))
+
+
+def touch_taskmanagers(s: Session, last_seen: dict[str, datetime]) -> None:
+    """Heartbeat times of many TaskManagers in one executemany (an UPDATE each would cost
+    thousands of round trips per second at scale)."""
+    if last_seen:
+        s.execute(update(TaskManagerRow), [{"id": tm_id, "last_heartbeat": at} for tm_id, at in last_seen.items()])
+
+
+def mark_taskmanager_gone(s: Session, taskmanager_id: str, *, state: str, reason: str) -> None:
+    s.execute(update(TaskManagerRow).where(TaskManagerRow.id == taskmanager_id)
+              .values(state=state, lost_reason=reason, slots_free=0, allocations=[]))
+
+
+def list_taskmanagers(s: Session, *, include_gone: bool = False) -> Sequence[TaskManagerRow]:
+    q = select(TaskManagerRow).order_by(TaskManagerRow.id)
+    if not include_gone:
+        q = q.where(TaskManagerRow.state == "REGISTERED")
+    return s.execute(q).scalars().all()
+
+
+def get_taskmanager(s: Session, taskmanager_id: str) -> TaskManagerRow:
+    row = s.get(TaskManagerRow, taskmanager_id)
+    if row is None:
+        raise NotFound(f"taskmanager {taskmanager_id} not found")
+    return row
+
+
+def count_jobs_by_status(s: Session) -> dict[str, int]:
+    return dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+
+
+__all__ = [name for name in dir() if not name.startswith("_")] + ["IllegalTransition"]

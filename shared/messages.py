@@ -1,0 +1,291 @@
+"""Message contracts between services, and the envelope every message travels in.
+
+Commands are imperative (`RequestSlots`, `DeployTask`), events past tense (`SlotsAllocated`,
+`TaskStateChanged`). Messages carry ids, never objects. Every body is frozen and has a literal
+`type` so a stream entry decodes to exactly one class.
+
+Which stream carries what is in `shared.streams`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shared.ids import new_message_id
+from shared.states import ExecutionState
+
+SCHEMA_VERSION = 1
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SlotState(_Body):
+    """One slot in a slot report: free, or held by an allocation for a job's execution."""
+
+    index: int
+    allocation_id: str | None = None
+    job_id: str | None = None
+    execution_id: str | None = None
+
+
+class TaskReport(_Body):
+    """What a TaskManager is running, sent on (re-)registration so a new RM/JM can reconcile."""
+
+    execution_id: str
+    job_id: str
+    state: ExecutionState
+    allocation_id: str | None = None
+
+
+# --- TaskManager -> ResourceManager ------------------------------------------------------
+
+
+class RegisterTaskManager(_Body):
+    type: Literal["RegisterTaskManager"] = "RegisterTaskManager"
+    taskmanager_id: str
+    host: str
+    slots: int
+    cores: float
+    memory_bytes: int
+    queue: str
+    slot_report: tuple[SlotState, ...] = ()
+    running: tuple[TaskReport, ...] = ()
+    simulated: bool = False
+    # CLIENT SETNAME of the TaskManager process's Redis connection (see shared.streams).
+    liveness_name: str | None = None
+
+
+class TaskManagerHeartbeat(_Body):
+    type: Literal["TaskManagerHeartbeat"] = "TaskManagerHeartbeat"
+    taskmanager_id: str
+    slot_report: tuple[SlotState, ...]
+    seq: int = 0
+
+
+class UnregisterTaskManager(_Body):
+    type: Literal["UnregisterTaskManager"] = "UnregisterTaskManager"
+    taskmanager_id: str
+    reason: str = "shutdown"
+
+
+# --- ResourceManager -> TaskManager (the TaskManager's inbox) -----------------------------
+
+
+class HeartbeatAck(_Body):
+    """The ResourceManager's half of the two-way heartbeat. `rm_session` changes when the RM
+    restarts, which tells the TaskManager to register again."""
+
+    type: Literal["HeartbeatAck"] = "HeartbeatAck"
+    taskmanager_id: str
+    rm_session: str
+    known: bool = True
+
+
+# --- JobManager -> ResourceManager ---------------------------------------------------------
+
+
+class RequestSlots(_Body):
+    type: Literal["RequestSlots"] = "RequestSlots"
+    request_id: str
+    job_id: str
+    execution_id: str
+    slots: int
+    timeout_s: float
+    submitted_seq: int = 0
+
+
+class CancelSlotRequest(_Body):
+    type: Literal["CancelSlotRequest"] = "CancelSlotRequest"
+    request_id: str
+
+
+class ReleaseSlots(_Body):
+    type: Literal["ReleaseSlots"] = "ReleaseSlots"
+    allocation_id: str
+    reason: str = ""
+
+
+# --- ResourceManager -> JobManager ---------------------------------------------------------
+
+
+class SlotsAllocated(_Body):
+    type: Literal["SlotsAllocated"] = "SlotsAllocated"
+    request_id: str
+    execution_id: str
+    job_id: str
+    allocation_id: str
+    taskmanager_id: str
+    queue: str
+    slot_indices: tuple[int, ...]
+
+
+class SlotRequestPending(_Body):
+    type: Literal["SlotRequestPending"] = "SlotRequestPending"
+    request_id: str
+    execution_id: str
+    job_id: str
+    reason: str
+
+
+class SlotRequestFailed(_Body):
+    type: Literal["SlotRequestFailed"] = "SlotRequestFailed"
+    request_id: str
+    execution_id: str
+    job_id: str
+    reason: str
+
+
+class TaskManagerLost(_Body):
+    type: Literal["TaskManagerLost"] = "TaskManagerLost"
+    taskmanager_id: str
+    reason: str
+    allocations: tuple[str, ...] = ()
+
+
+class ResourceManagerStarted(_Body):
+    """A new ResourceManager knows no pending slot requests: the JobManager asks again."""
+
+    type: Literal["ResourceManagerStarted"] = "ResourceManagerStarted"
+    rm_session: str
+
+
+class TaskManagerRegistered(_Body):
+    type: Literal["TaskManagerRegistered"] = "TaskManagerRegistered"
+    taskmanager_id: str
+    running: tuple[TaskReport, ...] = ()
+
+
+# --- Dispatcher -> JobManager ---------------------------------------------------------------
+
+
+class SubmitJob(_Body):
+    type: Literal["SubmitJob"] = "SubmitJob"
+    job_id: str
+
+
+class CancelJob(_Body):
+    type: Literal["CancelJob"] = "CancelJob"
+    job_id: str
+
+
+# --- JobManager -> TaskManager (Celery commands, one queue per TaskManager) ----------------
+
+
+class DeployTask(_Body):
+    type: Literal["DeployTask"] = "DeployTask"
+    taskmanager_id: str  # one process may serve several TaskManagers from one queue (--simulate)
+    allocation_id: str
+    slot_indices: tuple[int, ...]
+    spec: dict[str, Any]  # a shared.task_protocol.TaskSpec
+
+
+class CancelTask(_Body):
+    type: Literal["CancelTask"] = "CancelTask"
+    taskmanager_id: str
+    execution_id: str
+    job_id: str
+
+
+# --- TaskManager -> JobManager --------------------------------------------------------------
+
+
+class TaskStateChanged(_Body):
+    type: Literal["TaskStateChanged"] = "TaskStateChanged"
+    execution_id: str
+    job_id: str
+    taskmanager_id: str
+    state: ExecutionState
+    failure_cause: str | None = None
+    failure_name: str | None = None
+    at: float = Field(default_factory=time.time)
+
+
+class TaskProgress(_Body):
+    """A committed micro-batch: Spark's commit is the checkpoint barrier (see DESIGN.md)."""
+
+    type: Literal["TaskProgress"] = "TaskProgress"
+    execution_id: str
+    job_id: str
+    batch_id: int
+    num_input_rows: int = 0
+    input_rows_per_second: float = 0.0
+    processed_rows_per_second: float = 0.0
+    at: float = Field(default_factory=time.time)
+
+
+Message = Annotated[
+    Union[
+        RegisterTaskManager,
+        TaskManagerHeartbeat,
+        UnregisterTaskManager,
+        HeartbeatAck,
+        RequestSlots,
+        CancelSlotRequest,
+        ReleaseSlots,
+        SlotsAllocated,
+        SlotRequestPending,
+        SlotRequestFailed,
+        TaskManagerLost,
+        TaskManagerRegistered,
+        ResourceManagerStarted,
+        SubmitJob,
+        CancelJob,
+        DeployTask,
+        CancelTask,
+        TaskStateChanged,
+        TaskProgress,
+    ],
+    Field(discriminator="type"),
+]
+
+
+class Envelope(BaseModel):
+    """What goes on the wire. `epoch` is the fencing token of the JobManager leader that sent
+    (or, for non-JobManager senders, last saw) the message; receivers drop JobManager commands
+    whose epoch is older than the newest they have seen."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    message_id: str = Field(default_factory=new_message_id)
+    sender: str
+    sent_at: float = Field(default_factory=time.time)
+    epoch: int = 0
+    body: Message
+
+
+_ENVELOPE = TypeAdapter(Envelope)
+
+
+class UndecodableMessage(ValueError):
+    """A stream entry that is not a valid envelope of a known schema version."""
+
+
+def encode(envelope: Envelope) -> bytes:
+    return envelope.model_dump_json().encode()
+
+
+def decode(raw: bytes | str) -> Envelope:
+    try:
+        env = _ENVELOPE.validate_json(raw)
+    except ValidationError as exc:
+        raise UndecodableMessage(_short(exc)) from None
+    if env.schema_version != SCHEMA_VERSION:
+        raise UndecodableMessage(f"schema version {env.schema_version}, expected {SCHEMA_VERSION}")
+    return env
+
+
+def wrap(body: Any, *, sender: str, epoch: int = 0) -> Envelope:
+    return Envelope(sender=sender, epoch=epoch, body=body)
+
+
+def _short(exc: ValidationError) -> str:
+    errs = exc.errors()
+    first = errs[0] if errs else {"loc": (), "msg": str(exc)}
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{loc}: {first.get('msg')}" + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else "")

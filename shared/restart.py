@@ -1,0 +1,211 @@
+"""Restart strategies with Flink's names, parameters and defaults.
+
+Each strategy has Flink's three methods: `notify_failure()` records a failure, `can_restart()`
+says whether another attempt is allowed, `backoff_s()` says how long to wait before it.
+Parameters come from the submission (`restartStrategy`) or the cluster default, keyed like
+Flink's options without the `restart-strategy.<type>.` prefix:
+
+  none / off / disable
+  fixed-delay        attempts=1, delay=1 s
+  failure-rate       max-failures-per-interval=1, failure-rate-interval=1 min, delay=1 s
+  exponential-delay  initial-backoff=1 s, max-backoff=1 min, backoff-multiplier=1.5,
+                     reset-backoff-threshold=1 h, jitter-factor=0.1,
+                     attempts-before-reset-backoff=unlimited
+
+Durations are seconds (number) or strings such as "500 ms", "10 s", "2 min", "1 h".
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from typing import Any, Protocol
+
+from shared.clock import Clock
+
+
+class InvalidRestartStrategy(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class RestartStrategy(Protocol):
+    def notify_failure(self) -> None: ...
+
+    def can_restart(self) -> bool: ...
+
+    def backoff_s(self) -> float: ...
+
+
+_UNITS = {"ms": 0.001, "milli": 0.001, "millis": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1,
+          "seconds": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60, "m": 60, "h": 3600,
+          "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
+
+
+def parse_duration(value: Any, field: str) -> float:
+    if isinstance(value, bool):
+        raise InvalidRestartStrategy(field, f"expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise InvalidRestartStrategy(field, f"must be >= 0, got {value}")
+        return float(value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if m and (not m.group(2) or m.group(2).lower() in _UNITS):
+            return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1 if not m.group(2) else 0)
+    raise InvalidRestartStrategy(field, f"expected seconds or a duration like '10 s' or '1 min', got {value!r}")
+
+
+def _int(params: dict, key: str, default: int, field_prefix: str, minimum: int = 0) -> int:
+    v = params.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise InvalidRestartStrategy(f"{field_prefix}.{key}", f"expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _float(params: dict, key: str, default: float, field_prefix: str, minimum: float) -> float:
+    v = params.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < minimum:
+        raise InvalidRestartStrategy(f"{field_prefix}.{key}", f"expected a number >= {minimum}, got {v!r}")
+    return float(v)
+
+
+class NoRestart:
+    def notify_failure(self) -> None:
+        pass
+
+    def can_restart(self) -> bool:
+        return False
+
+    def backoff_s(self) -> float:
+        return 0.0
+
+
+class FixedDelay:
+    def __init__(self, attempts: int = 1, delay_s: float = 1.0):
+        self.attempts, self.delay_s, self.failures = attempts, delay_s, 0
+
+    def notify_failure(self) -> None:
+        self.failures += 1
+
+    def can_restart(self) -> bool:
+        return self.failures <= self.attempts
+
+    def backoff_s(self) -> float:
+        return self.delay_s
+
+
+class FailureRate:
+    def __init__(self, clock: Clock, max_failures: int = 1, interval_s: float = 60.0, delay_s: float = 1.0):
+        self.clock, self.max_failures, self.interval_s, self.delay_s = clock, max_failures, interval_s, delay_s
+        self._failures: deque[float] = deque()
+
+    def notify_failure(self) -> None:
+        self._failures.append(self.clock.now())
+
+    def can_restart(self) -> bool:
+        now = self.clock.now()
+        while self._failures and now - self._failures[0] > self.interval_s:
+            self._failures.popleft()
+        return len(self._failures) <= self.max_failures
+
+    def backoff_s(self) -> float:
+        return self.delay_s
+
+
+class ExponentialDelay:
+    def __init__(self, clock: Clock, initial_s: float = 1.0, max_s: float = 60.0, multiplier: float = 1.5,
+                 reset_threshold_s: float = 3600.0, jitter: float = 0.1, max_attempts: int | None = None,
+                 rng: random.Random | None = None):
+        self.clock, self.initial_s, self.max_s, self.multiplier = clock, initial_s, max_s, multiplier
+        self.reset_threshold_s, self.jitter, self.max_attempts = reset_threshold_s, jitter, max_attempts
+        self.rng = rng or random.Random()
+        self._current = 0.0
+        self._last_failure: float | None = None
+        self._attempts = 0
+
+    def notify_failure(self) -> None:
+        now = self.clock.now()
+        # A job that ran longer than the threshold since its last failure starts over.
+        if self._last_failure is not None and now - self._last_failure >= self.reset_threshold_s + self._current:
+            self._current, self._attempts = 0.0, 0
+        self._current = self.initial_s if self._current == 0 else min(self._current * self.multiplier, self.max_s)
+        self._attempts += 1
+        self._last_failure = now
+
+    def can_restart(self) -> bool:
+        return self.max_attempts is None or self._attempts <= self.max_attempts
+
+    def backoff_s(self) -> float:
+        if self.jitter == 0:
+            return self._current
+        spread = self._current * self.jitter
+        return max(0.0, min(self.max_s, self._current + self.rng.uniform(-spread, spread)))
+
+
+STRATEGY_TYPES = ("none", "fixed-delay", "failure-rate", "exponential-delay")
+_ALIASES = {"off": "none", "disable": "none", "fixeddelay": "fixed-delay", "failurerate": "failure-rate",
+            "exponentialdelay": "exponential-delay"}
+_KNOWN_KEYS = {
+    "none": set(),
+    "fixed-delay": {"attempts", "delay"},
+    "failure-rate": {"max-failures-per-interval", "failure-rate-interval", "delay"},
+    "exponential-delay": {"initial-backoff", "max-backoff", "backoff-multiplier", "reset-backoff-threshold",
+                          "jitter-factor", "attempts-before-reset-backoff"},
+}
+
+
+def normalise(config: dict[str, Any] | None, *, field: str = "restartStrategy") -> dict[str, Any]:
+    """Validate a restart-strategy object; returns it with the canonical type name.
+    Raises InvalidRestartStrategy naming the offending field."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise InvalidRestartStrategy(field, "expected an object such as {\"type\": \"fixed-delay\", \"attempts\": 3}")
+    raw_type = str(config.get("type", "")).lower()
+    kind = _ALIASES.get(raw_type, raw_type)
+    if kind not in STRATEGY_TYPES:
+        raise InvalidRestartStrategy(f"{field}.type", f"expected one of {', '.join(STRATEGY_TYPES)}, got {config.get('type')!r}")
+    unknown = set(config) - _KNOWN_KEYS[kind] - {"type"}
+    if unknown:
+        raise InvalidRestartStrategy(f"{field}.{sorted(unknown)[0]}",
+                                     f"not a parameter of {kind}; known: {', '.join(sorted(_KNOWN_KEYS[kind])) or 'none'}")
+    out = {**config, "type": kind}
+    build(out, clock=_NullClock(), field=field)  # validates every parameter
+    return out
+
+
+class _NullClock:
+    def now(self) -> float:
+        return 0.0
+
+
+def build(config: dict[str, Any], *, clock: Clock, field: str = "restartStrategy",
+          rng: random.Random | None = None) -> RestartStrategy:
+    kind = _ALIASES.get(str(config.get("type", "none")).lower(), str(config.get("type", "none")).lower())
+    p = config
+    if kind == "none":
+        return NoRestart()
+    if kind == "fixed-delay":
+        return FixedDelay(_int(p, "attempts", 1, field), parse_duration(p.get("delay", 1.0), f"{field}.delay"))
+    if kind == "failure-rate":
+        return FailureRate(
+            clock, _int(p, "max-failures-per-interval", 1, field, 1),
+            parse_duration(p.get("failure-rate-interval", 60.0), f"{field}.failure-rate-interval"),
+            parse_duration(p.get("delay", 1.0), f"{field}.delay"),
+        )
+    if kind == "exponential-delay":
+        attempts = p.get("attempts-before-reset-backoff")
+        return ExponentialDelay(
+            clock,
+            parse_duration(p.get("initial-backoff", 1.0), f"{field}.initial-backoff"),
+            parse_duration(p.get("max-backoff", 60.0), f"{field}.max-backoff"),
+            _float(p, "backoff-multiplier", 1.5, field, 1.0),
+            parse_duration(p.get("reset-backoff-threshold", 3600.0), f"{field}.reset-backoff-threshold"),
+            _float(p, "jitter-factor", 0.1, field, 0.0),
+            None if attempts is None else _int(p, "attempts-before-reset-backoff", 0, field, 1),
+            rng,
+        )
+    raise InvalidRestartStrategy(f"{field}.type", f"expected one of {', '.join(STRATEGY_TYPES)}, got {kind!r}")

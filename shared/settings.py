@@ -1,0 +1,116 @@
+"""Settings: built once in each service's entry point and passed down (no module singletons).
+
+Sources, highest first: explicit arguments (CLI flags), `HEADRACE_*` environment variables,
+the YAML file named by `HEADRACE_CONFIG` (or passed as `config_file`), then defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        if path:
+            p = Path(path)
+            if not p.is_file():
+                raise ValueError(f"settings file {path} does not exist (HEADRACE_CONFIG)")
+            loaded = yaml.safe_load(p.read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"settings file {path} must hold a mapping of setting: value")
+            self._data = {k.replace("-", "_").replace(".", "_"): v for k, v in loaded.items()}
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - unused by __call__
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("HEADRACE_HOME", Path.home() / ".headrace"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HEADRACE_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home, description="state: catalog, artifacts, logs")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home")
+    checkpoint_dir: Path | None = Field(None, description="shared by every TaskManager")
+    artifact_dir: Path | None = None
+
+    dispatcher_host: str = "127.0.0.1"
+    dispatcher_port: int = 8081
+
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 10.0
+    slot_request_timeout_s: float = 300.0
+    task_cancel_timeout_s: float = 10.0
+
+    restart_strategy: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay": 1.0},
+        description="cluster default; a submission may override it",
+    )
+    max_attempts_history: int = 16
+    exception_history_size: int = 16
+
+    taskmanager_slots: int = 2
+    taskmanager_cores: float = Field(default_factory=lambda: float(os.cpu_count() or 1))
+    taskmanager_memory_bytes: int = 8 * 1024**3
+    warm_drivers: int = Field(1, description="warm Spark drivers each TaskManager keeps ready")
+    warm_parallelism: int = 1
+    driver_memory: str = "1g"
+    warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
+    spark_shuffle_partitions: int = 4
+
+    stream_maxlen: int = 100_000
+    zookeeper_quorum: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s must be > 0")
+        if self.heartbeat_interval_s >= self.heartbeat_timeout_s:
+            raise ValueError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be smaller than "
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s})"
+            )
+        if self.taskmanager_slots < 1:
+            raise ValueError("taskmanager_slots must be at least 1")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        return (init_settings, env_settings, _YamlSource(settings_cls, os.environ.get("HEADRACE_CONFIG")))
+
+    # Derived locations: computed, never stored, so changing `home` moves them all.
+    @property
+    def catalog(self) -> str:
+        return self.catalog_url or f"sqlite:///{self.home / 'catalog.db'}"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_dir or self.home / "checkpoints"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.artifact_dir or self.home / "artifacts"
+
+    @property
+    def workdir(self) -> Path:
+        return self.home / "work"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,123 @@
+"""The two state machines: JobStatus and ExecutionState, with Flink's names.
+
+JobStatus (one per job)::
+
+    INITIALIZING -> CREATED -> RUNNING -> FINISHED
+                                  |  \\-> FAILING -> FAILED
+                                  |  \\-> RESTARTING -> RUNNING | CANCELLING | FAILED
+                                  \\-> CANCELLING -> CANCELED
+    INITIALIZING | CREATED -> FAILED | CANCELED   (rejected or cancelled before scheduling)
+    any non-terminal -> SUSPENDED                 (JobManager lost leadership, HA only)
+    SUSPENDED -> CREATED                          (a new leader recovers the job)
+
+ExecutionState (one per attempt of a task)::
+
+    CREATED -> SCHEDULED -> DEPLOYING -> INITIALIZING -> RUNNING -> FINISHED
+    any non-terminal -> CANCELING -> CANCELED
+    any non-terminal -> FAILED
+    CREATED | SCHEDULED -> CANCELED                (cancelled before it held slots)
+
+Terminal states never change again: a late report for a terminal attempt is refused, which is
+what makes handlers idempotent when a message is delivered twice.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobStatus(str, Enum):
+    INITIALIZING = "INITIALIZING"
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    FAILING = "FAILING"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELED = "CANCELED"
+    FINISHED = "FINISHED"
+    RESTARTING = "RESTARTING"
+    SUSPENDED = "SUSPENDED"
+    RECONCILING = "RECONCILING"
+
+    @property
+    def is_globally_terminal(self) -> bool:
+        return self in _JOB_TERMINAL
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _JOB_TERMINAL
+
+
+class ExecutionState(str, Enum):
+    CREATED = "CREATED"
+    SCHEDULED = "SCHEDULED"
+    DEPLOYING = "DEPLOYING"
+    INITIALIZING = "INITIALIZING"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    CANCELING = "CANCELING"
+    CANCELED = "CANCELED"
+    FAILED = "FAILED"
+    RECONCILING = "RECONCILING"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _EXEC_TERMINAL
+
+    @property
+    def holds_slots(self) -> bool:
+        return self in (
+            ExecutionState.DEPLOYING,
+            ExecutionState.INITIALIZING,
+            ExecutionState.RUNNING,
+            ExecutionState.CANCELING,
+        )
+
+
+_JOB_TERMINAL = {JobStatus.FAILED, JobStatus.CANCELED, JobStatus.FINISHED}
+_EXEC_TERMINAL = {ExecutionState.FINISHED, ExecutionState.CANCELED, ExecutionState.FAILED}
+
+J = JobStatus
+JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    J.INITIALIZING: frozenset({J.CREATED, J.FAILED, J.CANCELED, J.SUSPENDED}),
+    J.CREATED: frozenset({J.RUNNING, J.FAILED, J.CANCELLING, J.CANCELED, J.SUSPENDED}),
+    J.RUNNING: frozenset({J.FINISHED, J.FAILING, J.RESTARTING, J.CANCELLING, J.SUSPENDED}),
+    J.FAILING: frozenset({J.FAILED, J.RESTARTING, J.CANCELLING, J.SUSPENDED}),
+    J.RESTARTING: frozenset({J.RUNNING, J.FAILED, J.CANCELLING, J.CANCELED, J.SUSPENDED}),
+    J.CANCELLING: frozenset({J.CANCELED, J.SUSPENDED}),
+    J.SUSPENDED: frozenset({J.CREATED, J.RECONCILING}),
+    J.RECONCILING: frozenset({J.RUNNING, J.CREATED, J.FAILED}),
+    J.FAILED: frozenset(),
+    J.CANCELED: frozenset(),
+    J.FINISHED: frozenset(),
+}
+
+E = ExecutionState
+_ANY_LIVE = {E.CREATED, E.SCHEDULED, E.DEPLOYING, E.INITIALIZING, E.RUNNING, E.CANCELING}
+EXECUTION_TRANSITIONS: dict[ExecutionState, frozenset[ExecutionState]] = {
+    E.CREATED: frozenset({E.SCHEDULED, E.CANCELED, E.FAILED, E.CANCELING}),
+    E.SCHEDULED: frozenset({E.DEPLOYING, E.CANCELED, E.FAILED, E.CANCELING}),
+    E.DEPLOYING: frozenset({E.INITIALIZING, E.RUNNING, E.FINISHED, E.CANCELING, E.FAILED}),
+    E.INITIALIZING: frozenset({E.RUNNING, E.FINISHED, E.CANCELING, E.FAILED}),
+    E.RUNNING: frozenset({E.FINISHED, E.CANCELING, E.FAILED}),
+    E.CANCELING: frozenset({E.CANCELED, E.FAILED, E.FINISHED}),
+    E.RECONCILING: frozenset({E.RUNNING, E.FAILED, E.CANCELING}),
+    E.FINISHED: frozenset(),
+    E.CANCELED: frozenset(),
+    E.FAILED: frozenset(),
+}
+assert all(s in EXECUTION_TRANSITIONS for s in _ANY_LIVE)
+
+
+class IllegalTransition(ValueError):
+    """A state change its state machine does not allow."""
+
+
+def check_job_transition(current: JobStatus, target: JobStatus) -> None:
+    if target not in JOB_TRANSITIONS[current]:
+        raise IllegalTransition(f"job cannot go from {current.value} to {target.value}")
+
+
+def check_execution_transition(current: ExecutionState, target: ExecutionState) -> None:
+    if target not in EXECUTION_TRANSITIONS[current]:
+        raise IllegalTransition(f"execution cannot go from {current.value} to {target.value}")

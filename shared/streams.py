@@ -1,0 +1,58 @@
+"""Every Redis key, stream and queue name, in one place (as arq keeps its constants).
+
+Streams (consumer group = the receiving service):
+  hr:stream:rm          -> ResourceManager: registrations, slot requests/releases (control)
+  hr:stream:rm:heartbeats -> ResourceManager: TaskManager heartbeats, read after the control
+                           stream so allocation never waits behind a heartbeat backlog
+  hr:stream:jm          -> JobManager: submissions, cancels, slot answers, task states, progress
+  hr:stream:tm:{id}     -> one TaskManager's inbox: heartbeat acks from the ResourceManager
+  hr:stream:dlq         dead letters: entries that could not be decoded, with the error
+Celery queues: tm.{taskmanager_id}, one per TaskManager, for DeployTask/CancelTask commands.
+"""
+
+from __future__ import annotations
+
+PREFIX = "hr"
+RM_STREAM = f"{PREFIX}:stream:rm"
+RM_HEARTBEAT_STREAM = f"{PREFIX}:stream:rm:heartbeats"
+JM_STREAM = f"{PREFIX}:stream:jm"
+DLQ_STREAM = f"{PREFIX}:stream:dlq"
+JM_EPOCH_KEY = f"{PREFIX}:jm:epoch"
+RM_SESSION_KEY = f"{PREFIX}:rm:session"  # the RM's half of the heartbeat: refreshed every interval
+RM_STATS_KEY = f"{PREFIX}:rm:stats"  # JSON, refreshed every second: heartbeat rate and lag
+RM_GROUP = "resourcemanager"
+JM_GROUP = "jobmanager"
+TM_GROUP = "taskmanager"
+
+
+def tm_inbox(taskmanager_id: str) -> str:
+    return f"{PREFIX}:stream:tm:{taskmanager_id}"
+
+
+def tm_warm_key(taskmanager_id: str) -> str:
+    """JSON {"ready": n, "starting": m, "parallelism": p}: the TaskManager's warm Spark drivers."""
+    return f"{PREFIX}:tm:{taskmanager_id}:warm"
+
+
+def tm_queue(taskmanager_id: str) -> str:
+    return f"tm.{taskmanager_id}"
+
+
+def done_hash(group: str, hour: int) -> str:
+    """Message ids a consumer group has handled, one hash per hour (kept for two hours)."""
+    return f"{PREFIX}:done:{group}:{hour}"
+
+
+def liveness_name(process_id: str) -> str:
+    """Redis CLIENT SETNAME of a TaskManager's liveness connection: the ResourceManager sees it
+    vanish the moment the process dies, long before a heartbeat times out."""
+    return f"{PREFIX}-tm-{process_id}"
+
+
+INBOX_MAXLEN = 200
+
+
+def maxlen_for(stream: str, default: int) -> int:
+    """Inboxes hold only recent heartbeat acks; with thousands of TaskManagers a large cap
+    per inbox would add up to gigabytes."""
+    return INBOX_MAXLEN if stream.startswith(f"{PREFIX}:stream:tm:") else default

@@ -1,0 +1,176 @@
+"""Redis-streams transport: consumer groups, ack after success, dedup by message id, DLQ."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import redis
+
+from shared import streams
+from shared.messages import Envelope, UndecodableMessage, decode, encode, wrap
+from shared.transport.base import Handler
+
+log = logging.getLogger(__name__)
+
+FIELD = b"m"
+DONE_TTL_S = 2 * 3600
+MAX_HANDLER_FAILURES = 3
+
+
+def _no_unit_of_work(_envelopes):
+    return contextlib.nullcontext()
+
+
+class RedisStreamsTransport:
+    def __init__(self, client: redis.Redis, *, sender: str, epoch: int = 0, maxlen: int = 100_000):
+        self.client = client
+        self.sender = sender
+        self.epoch = epoch
+        self.maxlen = maxlen
+        self._groups: set[tuple[str, str]] = set()
+        # Our own pending entries are re-read once after start: they were delivered to a previous
+        # incarnation of this consumer that died before acknowledging them.
+        self._drained_pending: set[tuple[str, str, str]] = set()
+        self._failures: dict[bytes, int] = {}
+
+    @classmethod
+    def from_url(cls, url: str, *, sender: str, epoch: int = 0, maxlen: int = 100_000):
+        return cls(redis.Redis.from_url(url), sender=sender, epoch=epoch, maxlen=maxlen)
+
+    def publish(self, stream: str, body, *, epoch: int | None = None) -> str:
+        env = wrap(body, sender=self.sender, epoch=self.epoch if epoch is None else epoch)
+        self.client.xadd(stream, {FIELD: encode(env)}, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
+        return env.message_id
+
+    def publish_many(self, items: list[tuple[str, object]], *, epoch: int | None = None) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for stream, body in items:
+            env = wrap(body, sender=self.sender, epoch=self.epoch if epoch is None else epoch)
+            pipe.xadd(stream, {FIELD: encode(env)}, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
+        pipe.execute()
+
+    def ensure_group(self, stream: str, group: str) -> None:
+        if (stream, group) in self._groups:
+            return
+        try:
+            # "0": a group created after producers started still sees what they already sent.
+            self.client.xgroup_create(stream, group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._groups.add((stream, group))
+
+    def poll(self, stream: str, group: str, consumer: str, handler: Handler, *, count: int = 256,
+             block_ms: int = 1000, around_batch=None) -> int:
+        self.ensure_group(stream, group)
+        try:
+            return self._poll(stream, group, consumer, handler, count=count, block_ms=block_ms,
+                              around_batch=around_batch)
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                # Redis restarted empty: the group is gone with the stream; create both again.
+                self._groups.discard((stream, group))
+                self._drained_pending.discard((stream, group, consumer))
+            raise
+
+    def _poll(self, stream, group, consumer, handler, *, count, block_ms, around_batch) -> int:
+        key = (stream, group, consumer)
+        entries = []
+        if key not in self._drained_pending:
+            resp = self.client.xreadgroup(group, consumer, {stream: "0"}, count=count)
+            entries = resp[0][1] if resp else []
+            if not entries:
+                self._drained_pending.add(key)
+        if not entries:
+            resp = self.client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None)
+            entries = resp[0][1] if resp else []
+        if not entries:
+            return 0
+        try:
+            return self._deliver(stream, group, entries, handler, around_batch or _no_unit_of_work)
+        except Exception:
+            # Re-read our pending entries next time, so the failed one is retried.
+            self._drained_pending.discard(key)
+            raise
+
+    def _deliver(self, stream: str, group: str, entries, handler: Handler, around_batch) -> int:
+        decoded: list[tuple[bytes, Envelope | None]] = []
+        dead: list[tuple[bytes, dict, str]] = []
+        for entry_id, fields in entries:
+            raw = (fields or {}).get(FIELD)
+            try:
+                if raw is None:
+                    raise UndecodableMessage(f"entry has no '{FIELD.decode()}' field")
+                decoded.append((entry_id, decode(raw)))
+            except UndecodableMessage as exc:
+                dead.append((entry_id, fields or {}, str(exc)))
+        if dead:
+            pipe = self.client.pipeline(transaction=False)
+            for entry_id, fields, error in dead:
+                log.warning("dead-lettering entry %s of %s: %s", entry_id, stream, error)
+                dlq = {b"stream": stream, b"entry_id": entry_id, b"group": group, b"error": error}
+                dlq.update({b"orig." + k if isinstance(k, bytes) else f"orig.{k}": v for k, v in fields.items()})
+                pipe.xadd(streams.DLQ_STREAM, dlq, maxlen=self.maxlen, approximate=True)
+                pipe.xack(stream, group, entry_id)
+            pipe.execute()
+        if not decoded:
+            return 0
+        hour = int(time.time() // 3600)
+        ids = [env.message_id for _, env in decoded]
+        check = self.client.pipeline(transaction=False)
+        check.hmget(streams.done_hash(group, hour), ids)
+        check.hmget(streams.done_hash(group, hour - 1), ids)
+        now_seen, before_seen = check.execute()
+        handled = 0
+        done: dict[str, None] = {}  # ordered set of message ids handled in this batch
+        pipe = self.client.pipeline(transaction=False)
+        # Acks are sent only after the whole batch (and the caller's unit of work around it)
+        # succeeded; if anything raises, every entry of the batch stays pending and is
+        # redelivered, which idempotent handlers tolerate.
+        with around_batch([env for _, env in decoded]):
+            for (entry_id, env), seen_a, seen_b in zip(decoded, now_seen, before_seen):
+                if seen_a or seen_b or env.message_id in done:
+                    continue  # handled before, or earlier in this very batch (a producer retried)
+                try:
+                    handler(env)
+                except Exception as exc:
+                    n = self._failures[entry_id] = self._failures.get(entry_id, 0) + 1
+                    if n < MAX_HANDLER_FAILURES:
+                        raise
+                    # A poison message: park it where an operator can see it, move on.
+                    log.exception("handler failed %d times on %s; dead-lettering", n, entry_id)
+                    pipe.xadd(streams.DLQ_STREAM, {b"stream": stream, b"entry_id": entry_id, b"group": group,
+                                                   b"error": f"handler failed: {exc!r}"[:2000],
+                                                   b"orig.m": encode(env)}, maxlen=self.maxlen, approximate=True)
+                self._failures.pop(entry_id, None)
+                handled += 1
+                done[env.message_id] = None
+        if done:
+            key = streams.done_hash(group, hour)
+            pipe.hset(key, mapping=dict.fromkeys(done, 1))
+            pipe.expire(key, DONE_TTL_S)
+        pipe.xack(stream, group, *[entry_id for entry_id, _ in decoded])
+        pipe.execute()
+        return handled
+
+    def dead_letters(self, count: int = 100) -> list[dict]:
+        return [{k.decode(): v for k, v in f.items()} | {"id": i.decode()}
+                for i, f in self.client.xrevrange(streams.DLQ_STREAM, count=count)]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def wait_for_redis(url: str, timeout_s: float = 30.0) -> redis.Redis:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.ping()
+            return client
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
