@@ -1,0 +1,473 @@
+"""The JobManager's scheduling and failover logic (Flink's JobMaster + DefaultScheduler).
+
+One instance serves every job of the cluster (a session cluster). Handlers are idempotent:
+they read the current state from the catalog and refuse what the state machines in
+`shared.states` do not allow, so a redelivered message changes nothing.
+
+Flow of one attempt:
+  SubmitJob -> job CREATED, plan (vertex + execution attempt 0) -> execution SCHEDULED,
+  job RUNNING -> RequestSlots -> SlotsAllocated -> execution DEPLOYING -> DeployTask (Celery,
+  the TaskManager's queue) -> TaskStateChanged INITIALIZING/RUNNING/FINISHED|FAILED|CANCELED.
+A failure (task error, TaskManager lost, slot request timed out) goes to the job's restart
+strategy: restart after its backoff (job RESTARTING, new attempt from the latest committed
+checkpoint, which is the vertex's Spark checkpoint directory) or fail the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable, Iterator
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared import restart, streams
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.catalog.models import Artifact, Execution, Job, Vertex
+from shared.clock import Clock
+from shared.ids import new_execution_id, new_vertex_id
+from shared.messages import (
+    CancelJob, CancelSlotRequest, CancelTask, DeployTask, Envelope, ReleaseSlots, RequestSlots, SlotRequestFailed,
+    ResourceManagerStarted, SlotRequestPending, SlotsAllocated, SubmitJob, TaskManagerLost, TaskManagerRegistered,
+    TaskProgress,
+    TaskStateChanged,
+)
+from shared.settings import Settings
+from shared.states import ExecutionState as ES
+from shared.states import IllegalTransition, JobStatus as JS
+from shared.task_protocol import TaskSpec
+from services.jobmanager.timers import Timers
+
+log = logging.getLogger("headrace.jobmanager")
+
+
+def slot_request_timeout(config: dict, default_s: float) -> float:
+    """`slot.request.timeout` from a job's config: seconds or a duration ("5 min"). A value the
+    dispatcher let through but we cannot read falls back to the default rather than failing
+    every message about the job."""
+    raw = config.get("slot.request.timeout")
+    if raw is None:
+        return default_s
+    try:
+        return restart.parse_duration(raw, "slot.request.timeout")
+    except restart.InvalidRestartStrategy:
+        log.warning("ignoring unreadable slot.request.timeout %r; using %.0f s", raw, default_s)
+        return default_s
+
+
+class JobMaster:
+    def __init__(self, settings: Settings, catalog: Catalog, transport, gateway, clock: Clock, *, epoch: int):
+        self.settings, self.catalog, self.transport, self.gateway = settings, catalog, transport, gateway
+        self.clock, self.epoch = clock, epoch
+        self.timers = Timers(clock)
+        self._strategies: dict[str, restart.RestartStrategy] = {}
+        self._batch = None  # the session shared by one stream batch (see unit_of_work)
+        self._effects: list[tuple] | None = None
+        self._safe_batches = 0
+        self._queues: dict[str, str] = {}
+        self._handlers: dict[type, Callable] = {
+            SubmitJob: self.on_submit, CancelJob: self.on_cancel, SlotsAllocated: self.on_slots_allocated,
+            SlotRequestPending: self.on_slot_pending, SlotRequestFailed: self.on_slot_request_failed,
+            TaskStateChanged: self.on_task_state, TaskManagerLost: self.on_taskmanager_lost,
+            TaskManagerRegistered: self.on_taskmanager_registered, TaskProgress: self.on_progress,
+            ResourceManagerStarted: self.on_resourcemanager_started,
+        }
+
+    def handle(self, env: Envelope) -> None:
+        handler = self._handlers.get(type(env.body))
+        if handler is None:
+            log.warning("JobManager ignores %s", env.body.type)
+            return
+        handler(env.body)
+
+    # --- unit of work ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def unit_of_work(self, envelopes: list[Envelope] = ()) -> Iterator[None]:
+        """All handlers of one stream batch share one transaction, with the batch's rows
+        prefetched; the messages and commands they produce go out only after it committed, and
+        the transport acknowledges the batch only after that. One commit and a few bulk
+        statements per batch, instead of a dozen round trips per message, is what lets one
+        JobManager start thousands of tasks in seconds. After a failed batch the next few give
+        each message its own savepoint (see _tx)."""
+        try:
+            with self.catalog.session() as s:
+                self._batch, self._effects = s, []
+                self._prefetch(s, envelopes)
+                try:
+                    yield
+                finally:
+                    self._batch = None
+        except Exception:
+            # The transport redelivers the whole batch; give each message its own savepoint
+            # for a while so one bad message cannot keep failing its neighbours.
+            self._safe_batches = 3
+            self._effects = None
+            raise
+        self._safe_batches = max(0, self._safe_batches - 1)
+        effects, self._effects = self._effects or [], None
+        publishes = [(streams.RM_STREAM, body) for kind, body, _ in effects if kind == "emit"]
+        if publishes:
+            self.transport.publish_many(publishes)
+        for kind, send, args in effects:
+            if kind == "command":
+                send(*args)
+
+    @staticmethod
+    def _prefetch(s: Session, envelopes: list[Envelope]) -> None:
+        """Load and lock, in four statements, every row the batch's handlers will touch, so
+        they run without a round trip each (executions before jobs: the handlers' lock order)."""
+        bodies = [e.body for e in envelopes]
+        executions = repo.lock_rows(s, Execution, {b.execution_id for b in bodies if hasattr(b, "execution_id")})
+        job_ids = {b.job_id for b in bodies if hasattr(b, "job_id")} | {e.job_id for e in executions}
+        jobs = repo.lock_rows(s, Job, job_ids)
+        if jobs:
+            repo.pin(s, s.execute(select(Vertex).where(Vertex.job_id.in_([j.id for j in jobs]))).scalars().all())
+            artifact_ids = {j.artifact_id for j in jobs if j.artifact_id}
+            if artifact_ids:
+                repo.pin(s, s.execute(select(Artifact).where(Artifact.id.in_(artifact_ids))).scalars().all())
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Session]:
+        if self._batch is None:
+            with self.catalog.session() as s:
+                yield s
+        elif self._safe_batches:
+            mark = len(self._effects)
+            try:
+                with self._batch.begin_nested():
+                    yield self._batch
+            except Exception:
+                del self._effects[mark:]  # what a rolled-back handler meant to send is void
+                raise
+        else:
+            yield self._batch
+
+    def _emit(self, body) -> None:
+        if self._effects is None:
+            self.transport.publish(streams.RM_STREAM, body)
+        else:
+            self._effects.append(("emit", body, None))
+
+    def _command(self, send, queue: str, cmd) -> None:
+        if self._effects is None:
+            send(queue, cmd)
+        else:
+            self._effects.append(("command", send, (queue, cmd)))
+
+    # --- recovery ----------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a (re)start: pick up every job this leader must drive to a terminal state."""
+        with self._tx() as s:
+            live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
+            todo = [(j.id, JS(j.status)) for j in live]
+        for job_id, status in todo:
+            if status == JS.INITIALIZING:
+                self.on_submit(SubmitJob(job_id=job_id))
+            elif status == JS.RESTARTING:
+                self.timers.call_later(0, lambda j=job_id: self._restart(j))
+            elif status == JS.CANCELLING:
+                self.on_cancel(CancelJob(job_id=job_id))
+            elif status in (JS.RUNNING, JS.CREATED):
+                self._rerequest_scheduled(job_id)
+        if todo:
+            log.info("recovered %d unfinished jobs", len(todo))
+
+    def on_resourcemanager_started(self, msg: ResourceManagerStarted) -> None:
+        with self._tx() as s:
+            job_ids = [j.id for j in repo.list_jobs(s, statuses=[JS.RUNNING])]
+        for job_id in job_ids:
+            self._rerequest_scheduled(job_id)
+
+    def _rerequest_scheduled(self, job_id: str) -> None:
+        requests = []
+        with self._tx() as s:
+            job = repo.get_job(s, job_id)
+            latest = repo.latest_executions(s, job_id)
+            for v in repo.job_vertices(s, job_id):
+                ex = latest.get(v.id)
+                if ex is not None and ex.state == ES.SCHEDULED.value:
+                    requests.append(self._slot_request(job, v, ex))
+        for r in requests:
+            self._emit(r)
+
+    # --- submission and scheduling -----------------------------------------------------
+
+    def on_submit(self, msg: SubmitJob) -> None:
+        with self._tx() as s:
+            try:
+                job = repo.get_job(s, msg.job_id, lock=True)
+            except repo.NotFound:
+                log.warning("SubmitJob for unknown job %s", msg.job_id)
+                return
+            if job.status != JS.INITIALIZING.value:
+                return  # a redelivered submission
+            repo.transition_job(s, job, JS.CREATED, epoch=self.epoch)
+            vertex = repo.create_vertex(s, id=new_vertex_id(), job_id=job.id, name=job.name,
+                                        parallelism=job.parallelism)
+            ex = repo.create_execution(s, id=new_execution_id(), job_id=job.id, vertex_id=vertex.id, attempt=0,
+                                       keep_history=self.settings.max_attempts_history)
+            request = self._schedule(s, job, vertex, ex)
+        log.info("job %s (%s) submitted, parallelism %d", job.id, job.name, job.parallelism)
+        self._emit(request)
+
+    def _schedule(self, s, job: Job, vertex: Vertex, ex: Execution) -> RequestSlots:
+        repo.transition_execution(s, ex, ES.SCHEDULED)
+        repo.transition_job(s, job, JS.RUNNING, epoch=self.epoch)
+        return self._slot_request(job, vertex, ex)
+
+    def _slot_request(self, job: Job, vertex: Vertex, ex: Execution) -> RequestSlots:
+        timeout = slot_request_timeout(job.config, self.settings.slot_request_timeout_s)
+        return RequestSlots(request_id=ex.id, job_id=job.id, execution_id=ex.id, slots=vertex.parallelism,
+                            timeout_s=timeout, submitted_seq=job.seq)
+
+    def on_slot_pending(self, msg: SlotRequestPending) -> None:
+        with self._tx() as s:
+            try:
+                repo.set_execution_waiting_reason(s, repo.get_execution(s, msg.execution_id, lock=True), msg.reason)
+                repo.set_job_waiting_reason(s, repo.get_job(s, msg.job_id, lock=True), msg.reason)
+            except repo.NotFound:
+                pass
+
+    def on_slots_allocated(self, msg: SlotsAllocated) -> None:
+        deploy: DeployTask | None = None
+        with self._tx() as s:
+            try:
+                ex = repo.get_execution(s, msg.execution_id, lock=True)
+                job = repo.get_job(s, msg.job_id)
+            except repo.NotFound:
+                ex = None
+            if ex is not None and ex.state == ES.DEPLOYING.value and ex.allocation_id == msg.allocation_id:
+                deploy = self._deploy_command(s, job, ex, msg)  # redelivered: send again, TM dedups
+            elif ex is not None and ex.state == ES.SCHEDULED.value and job.status == JS.RUNNING.value:
+                repo.transition_execution(s, ex, ES.DEPLOYING, taskmanager_id=msg.taskmanager_id,
+                                          allocation_id=msg.allocation_id, slots=list(msg.slot_indices))
+                repo.set_job_waiting_reason(s, job, None)
+                deploy = self._deploy_command(s, job, ex, msg)
+        if deploy is None:
+            # Nobody wants these slots any more (cancelled or failed meanwhile): give them back.
+            self._emit(ReleaseSlots(allocation_id=msg.allocation_id,
+                                                                   reason="execution no longer scheduled"))
+            return
+        self._command(self.gateway.deploy, msg.queue, deploy)
+        log.info("deploying %s attempt of job %s to %s slots %s", msg.execution_id, msg.job_id,
+                 msg.taskmanager_id, list(msg.slot_indices))
+
+    def _deploy_command(self, s, job: Job, ex: Execution, msg: SlotsAllocated) -> DeployTask:
+        vertex = s.get(Vertex, ex.vertex_id)  # prefetched with the batch: no SQL
+        artifact = s.get(Artifact, job.artifact_id) if job.artifact_id else None
+        artifact_path = artifact.path if artifact is not None else None
+        spec = TaskSpec(
+            job_id=job.id, job_name=job.name, vertex_id=vertex.id, execution_id=ex.id, attempt=ex.attempt,
+            parallelism=vertex.parallelism, kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
+            artifact_path=artifact_path, entry=job.entry, program_args=tuple(job.program_args or ()),
+            checkpoint_dir=str(self.settings.checkpoints / job.id / vertex.id),
+            catalog_url=self.settings.catalog, redis_url=self.settings.redis_url, config=dict(job.config or {}),
+        )
+        self._queues[msg.taskmanager_id] = msg.queue
+        return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
+                          slot_indices=msg.slot_indices, spec=spec.model_dump())
+
+    def on_slot_request_failed(self, msg: SlotRequestFailed) -> None:
+        self._fail_execution(msg.execution_id, cause_name="NoResourceAvailableException", cause=msg.reason,
+                             expected_tm=None)
+
+    # --- task reports ------------------------------------------------------------------
+
+    def on_task_state(self, msg: TaskStateChanged) -> None:
+        if msg.state == ES.FAILED:
+            self._fail_execution(msg.execution_id, cause_name=msg.failure_name or "TaskFailure",
+                                 cause=msg.failure_cause or "task failed", expected_tm=msg.taskmanager_id)
+            return
+        release = None
+        with self._tx() as s:
+            try:
+                ex = repo.get_execution(s, msg.execution_id, lock=True)
+            except repo.NotFound:
+                return
+            if ex.taskmanager_id and ex.taskmanager_id != msg.taskmanager_id:
+                return  # a report from a TaskManager that no longer owns this attempt
+            try:
+                repo.transition_execution(s, ex, msg.state, at_ms=int(msg.at * 1000))
+            except IllegalTransition as exc:
+                log.debug("ignoring %s for %s: %s", msg.state.value, ex.id, exc)
+                return
+            if msg.state.is_terminal:
+                release = ex.allocation_id
+                self._after_terminal(s, ex.job_id)
+        if release:
+            self._emit(ReleaseSlots(allocation_id=release, reason=msg.state.value))
+
+    def _after_terminal(self, s, job_id: str) -> None:
+        """An attempt ended well (FINISHED or CANCELED): maybe the whole job did."""
+        job = repo.get_job(s, job_id, lock=True)
+        latest = list(repo.latest_executions(s, job_id).values())
+        if any(not ES(e.state).is_terminal for e in latest):
+            return
+        if job.status == JS.CANCELLING.value:
+            repo.transition_job(s, job_id, JS.CANCELED, epoch=self.epoch)
+            self._strategies.pop(job_id, None)
+        elif job.status == JS.RUNNING.value and all(e.state == ES.FINISHED.value for e in latest):
+            repo.transition_job(s, job_id, JS.FINISHED, epoch=self.epoch)
+            self._strategies.pop(job_id, None)
+            log.info("job %s FINISHED", job_id)
+
+    def on_progress(self, msg: TaskProgress) -> None:
+        with self._tx() as s:
+            repo.record_progress(s, msg.execution_id, batch_id=msg.batch_id, rows=msg.num_input_rows)
+
+    # --- failures and restarts ---------------------------------------------------------
+
+    def on_taskmanager_lost(self, msg: TaskManagerLost) -> None:
+        with self._tx() as s:
+            victims = [e.id for e in repo.live_executions_on(s, msg.taskmanager_id)]
+        for ex_id in victims:
+            self._fail_execution(ex_id, cause_name="TaskManagerLost", cause=msg.reason,
+                                 expected_tm=msg.taskmanager_id, release=False)
+
+    def on_taskmanager_registered(self, msg: TaskManagerRegistered) -> None:
+        """Reconcile what a (re-)registering TaskManager runs with what the catalog believes."""
+        zombies = []
+        for report in msg.running:
+            with self._tx() as s:
+                try:
+                    ex = repo.get_execution(s, report.execution_id, lock=True)
+                except repo.NotFound:
+                    zombies.append(report)
+                    continue
+                if ES(ex.state).is_terminal or ex.taskmanager_id != msg.taskmanager_id:
+                    zombies.append(report)  # we gave up on it (e.g. TaskManager was frozen)
+                elif report.state == ES.RUNNING and ex.state in (ES.DEPLOYING.value, ES.INITIALIZING.value):
+                    repo.transition_execution(s, ex.id, ES.RUNNING)
+        for z in zombies:
+            log.warning("cancelling zombie task %s on %s", z.execution_id, msg.taskmanager_id)
+            self._command(self.gateway.cancel, self._queue_of(msg.taskmanager_id),
+                          CancelTask(taskmanager_id=msg.taskmanager_id, execution_id=z.execution_id, job_id=z.job_id))
+            if z.allocation_id:
+                # The re-registration brought its slots back as allocated; nobody else will free them.
+                self._emit(ReleaseSlots(allocation_id=z.allocation_id, reason="zombie task cancelled"))
+
+    def _fail_execution(self, execution_id: str, *, cause_name: str, cause: str, expected_tm: str | None,
+                        release: bool = True) -> None:
+        release_alloc = None
+        restart_in: float | None = None
+        cancels: list[tuple[str, CancelTask]] = []
+        with self._tx() as s:
+            try:
+                ex = repo.get_execution(s, execution_id, lock=True)
+            except repo.NotFound:
+                return
+            if expected_tm is not None and ex.taskmanager_id and ex.taskmanager_id != expected_tm:
+                return
+            if ES(ex.state).is_terminal:
+                return
+            repo.transition_execution(s, ex, ES.FAILED, failure_cause=f"{cause_name}: {cause}"[:20000])
+            if release:
+                release_alloc = ex.allocation_id
+            job = repo.get_job(s, ex.job_id, lock=True)
+            vertex = next(v for v in repo.job_vertices(s, job.id) if v.id == ex.vertex_id)
+            repo.record_exception(s, job_id=job.id, exception_name=cause_name, stacktrace=cause,
+                                  execution_id=ex.id, vertex_name=vertex.name, attempt=ex.attempt,
+                                  taskmanager_id=ex.taskmanager_id, keep=self.settings.exception_history_size)
+            if job.status == JS.CANCELLING.value:
+                self._after_terminal(s, job.id)
+            elif job.status == JS.RUNNING.value:
+                strategy = self._strategy(job)
+                strategy.notify_failure()
+                cancels = self._cancel_live(s, job.id)
+                if strategy.can_restart():
+                    repo.transition_job(s, job.id, JS.RESTARTING, epoch=self.epoch, reason=cause_name)
+                    restart_in = strategy.backoff_s()
+                else:
+                    repo.transition_job(s, job.id, JS.FAILING, epoch=self.epoch, reason=cause_name)
+                    repo.transition_job(s, job.id, JS.FAILED, epoch=self.epoch, reason=cause_name)
+                    self._strategies.pop(job.id, None)
+                    log.warning("job %s FAILED: %s", job.id, cause.splitlines()[-1] if cause else cause_name)
+            job_id = job.id
+        if release_alloc:
+            self._emit(ReleaseSlots(allocation_id=release_alloc, reason="FAILED"))
+        for queue, cmd in cancels:
+            self._command(self.gateway.cancel, queue, cmd)
+        if restart_in is not None:
+            log.info("job %s RESTARTING in %.2f s after %s", job_id, restart_in, cause_name)
+            self.timers.call_later(restart_in, lambda: self._restart(job_id))
+
+    def _cancel_live(self, s, job_id: str) -> list[tuple[str, CancelTask]]:
+        """Stop the job's other attempts (a restart is global to the job, like Flink's full
+        restart); returns the cancel commands to send after commit. Attempts already CANCELING
+        get the command again: it may have been lost with a TaskManager or a JobManager."""
+        out = []
+        for ex in repo.latest_executions(s, job_id).values():
+            state = ES(ex.state)
+            if state.is_terminal:
+                continue
+            if state in (ES.CREATED, ES.SCHEDULED):
+                repo.transition_execution(s, ex.id, ES.CANCELED)
+                self._emit(CancelSlotRequest(request_id=ex.id))
+            else:
+                if state != ES.CANCELING:
+                    repo.transition_execution(s, ex, ES.CANCELING)
+                out.append((self._queue_of(ex.taskmanager_id, s),
+                            CancelTask(taskmanager_id=ex.taskmanager_id, execution_id=ex.id, job_id=job_id)))
+        return out
+
+    def _queue_of(self, taskmanager_id: str, s=None) -> str:
+        """The Celery queue of a TaskManager: learned from slot offers, else from the catalog."""
+        if taskmanager_id not in self._queues and s is not None:
+            try:
+                self._queues[taskmanager_id] = repo.get_taskmanager(s, taskmanager_id).queue
+            except repo.NotFound:
+                pass
+        return self._queues.get(taskmanager_id, streams.tm_queue(taskmanager_id))
+
+    def _restart(self, job_id: str) -> None:
+        requests = []
+        with self._tx() as s:
+            job = repo.get_job(s, job_id, lock=True)
+            if job.status != JS.RESTARTING.value:
+                return  # cancelled (or otherwise moved on) during the backoff: cancel wins
+            for v in repo.job_vertices(s, job_id):
+                prev = repo.latest_executions(s, job_id).get(v.id)
+                if prev is not None and prev.state == ES.FINISHED.value:
+                    continue
+                ex = repo.create_execution(s, id=new_execution_id(), job_id=job_id, vertex_id=v.id,
+                                           attempt=(prev.attempt + 1) if prev else 0,
+                                           keep_history=self.settings.max_attempts_history)
+                repo.transition_execution(s, ex.id, ES.SCHEDULED)
+                requests.append(self._slot_request(job, v, ex))
+            repo.transition_job(s, job_id, JS.RUNNING, epoch=self.epoch)
+        for r in requests:
+            self._emit(r)
+        log.info("job %s restarted (%d tasks)", job_id, len(requests))
+
+    def _strategy(self, job: Job) -> restart.RestartStrategy:
+        if job.id not in self._strategies:
+            config = job.restart_strategy or self.settings.restart_strategy
+            self._strategies[job.id] = restart.build(config, clock=self.clock)
+        return self._strategies[job.id]
+
+    # --- cancel ------------------------------------------------------------------------
+
+    def on_cancel(self, msg: CancelJob) -> None:
+        cancels = []
+        with self._tx() as s:
+            try:
+                job = repo.get_job(s, msg.job_id, lock=True)
+            except repo.NotFound:
+                return
+            status = JS(job.status)
+            if status.is_terminal:
+                return
+            if status == JS.INITIALIZING:
+                repo.transition_job(s, job.id, JS.CANCELED, epoch=self.epoch)
+                return
+            if status != JS.CANCELLING:
+                repo.transition_job(s, job.id, JS.CANCELLING, epoch=self.epoch)
+            cancels = self._cancel_live(s, job.id)
+            self._after_terminal(s, job.id)
+        for queue, cmd in cancels:
+            self._command(self.gateway.cancel, queue, cmd)
+        log.info("cancelling job %s (%d running tasks)", msg.job_id, len(cancels))
