@@ -1,0 +1,53 @@
+"""Composition root of the ResourceManager: settings -> adapters -> loop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+
+from shared import streams
+from shared.catalog import Catalog
+from shared.clock import SystemClock
+from shared.logs import configure_logging
+from shared.settings import Settings, load_settings
+from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
+from services.resourcemanager.liveness import ConnectionLiveness
+from services.resourcemanager.service import ResourceManager
+
+log = logging.getLogger("headrace.resourcemanager")
+
+
+def run(settings: Settings) -> None:
+    configure_logging("resourcemanager")
+    client = wait_for_redis(settings.redis_url)
+    catalog = Catalog(settings.catalog)
+    catalog.migrate()
+    transport = RedisStreamsTransport(client, sender="resourcemanager", maxlen=settings.stream_maxlen)
+    def publish_stats(stats: dict) -> None:
+        client.set(streams.RM_STATS_KEY, json.dumps(stats), ex=60)
+
+    def announce(session: str) -> None:
+        client.set(streams.RM_SESSION_KEY, session, px=int(settings.heartbeat_timeout_s * 1000))
+
+    rm = ResourceManager(settings, catalog, transport, SystemClock(), ConnectionLiveness(client),
+                         publish_stats=publish_stats, announce=announce)
+
+    def stop(*_):
+        rm.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not rm.stopping:
+        try:
+            rm.run()
+        except Exception:  # noqa: BLE001 - survive Redis/catalog outages
+            log.exception("ResourceManager loop failed; retrying in 1 s")
+            import time
+
+            time.sleep(1)
+    log.info("ResourceManager stopped")
+
+
+if __name__ == "__main__":
+    run(load_settings())

@@ -1,0 +1,297 @@
+"""The ResourceManager's event loop: registrations, heartbeats, slot requests and releases.
+
+Everything runs on one thread: handlers mutate the SlotManager, replies are collected and sent
+in one pipeline per batch, the catalog is written in the periodic tick (one transaction for all
+TaskManagers whose slots changed), so 2,000 heartbeating TaskManagers cost a few round trips
+per batch rather than a few per heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+
+from typing import Callable
+
+from shared import streams
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.clock import Clock
+from shared.heartbeat import HeartbeatMonitor
+from shared.ids import new_message_id
+from shared.messages import (
+    CancelSlotRequest, Envelope, HeartbeatAck, RegisterTaskManager, ReleaseSlots, RequestSlots, ResourceManagerStarted,
+    SlotRequestFailed, SlotRequestPending, SlotsAllocated, TaskManagerHeartbeat, TaskManagerLost,
+    TaskManagerRegistered, UnregisterTaskManager,
+)
+from shared.settings import Settings
+from services.resourcemanager.liveness import ConnectionLiveness
+from services.resourcemanager.slot_manager import Allocation, SlotManager
+
+log = logging.getLogger("headrace.resourcemanager")
+
+
+class ResourceManager:
+    def __init__(self, settings: Settings, catalog: Catalog, transport, clock: Clock,
+                 liveness: ConnectionLiveness | None = None, name: str = "resourcemanager",
+                 publish_stats: Callable[[dict], None] | None = None,
+                 announce: Callable[[str], None] | None = None):
+        self.settings, self.catalog, self.transport, self.clock = settings, catalog, transport, clock
+        self.name = name
+        self.session = new_message_id()  # changes on every restart: TaskManagers re-register
+        self.slots = SlotManager(clock)
+        self.heartbeats = HeartbeatMonitor(clock, interval_s=settings.heartbeat_interval_s,
+                                           timeout_s=settings.heartbeat_timeout_s)
+        self.liveness = liveness
+        self._liveness_names: dict[str, str] = {}  # taskmanager id -> connection name
+        self._outbox: list[tuple[str, object]] = []
+        self._dirty: set[str] = set()
+        self._registrations: dict[str, RegisterTaskManager] = {}
+        self._gone: dict[str, tuple[str, str]] = {}
+        self._backlog = False
+        self._last_scan = -1e9
+        self._last_times_flush = -1e9
+        self._seen_at: dict[str, datetime] = {}
+        self._last_flush = 0.0
+        self._last_liveness = 0.0
+        self._max_jm_epoch = 0
+        self.stopping = False
+        self.publish_stats = publish_stats
+        self.announce = announce
+        self._last_announce = -1e9
+        self._stats_window = {"heartbeats": 0, "max_lag_ms": 0.0, "lag_sum_ms": 0.0}
+        self._lost_total = 0
+        self._last_stats = 0.0
+
+    # --- loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info("ResourceManager %s started (session %s)", self.name, self.session)
+        self.transport.publish(streams.JM_STREAM, ResourceManagerStarted(rm_session=self.session))
+        while not self.stopping:
+            self.poll_once(block_ms=100)
+            self.tick()
+
+    def poll_once(self, block_ms: int = 100) -> int:
+        """Control messages first (registrations, slot requests), then heartbeats: a heartbeat
+        backlog must never delay an allocation. Blocks only when there was no control work."""
+        control = self.transport.poll(streams.RM_STREAM, streams.RM_GROUP, self.name, self.handle,
+                                      count=self.BATCH, block_ms=0)
+        self.flush_outbox()
+        beats = self.transport.poll(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, self.name, self.handle,
+                                    count=self.BATCH, block_ms=0 if control else block_ms)
+        self._backlog = beats >= self.BATCH
+        self.flush_outbox()
+        return control + beats
+
+    BATCH = 1000
+    SCAN_INTERVAL_S = 0.25
+    HEARTBEAT_TIMES_FLUSH_S = 2.0
+
+    def tick(self) -> None:
+        now = self.clock.now()
+        if self.announce is not None and now - self._last_announce >= self.settings.heartbeat_interval_s / 2:
+            # The ResourceManager's half of the heartbeat, to every TaskManager at once.
+            self.announce(self.session)
+            self._last_announce = now
+        # Silence is judged only with the stream drained: heartbeats still queued behind our own
+        # backlog are not silence, and declaring their senders lost would be a false verdict.
+        # Scans over every TaskManager and request run a few times a second, not after every
+        # poll: with thousands of each, scanning per poll would cost more than the heartbeats.
+        scan = now - self._last_scan >= self.SCAN_INTERVAL_S
+        if scan:
+            self._last_scan = now
+        if scan and not self._backlog:
+            for tm_id in self.heartbeats.expired():
+                self._lose(tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s")
+        if self.liveness is not None and now - self._last_liveness >= 0.5:
+            self._last_liveness = now
+            watched = {name for name in self._liveness_names.values()}
+            for name in self.liveness.dead(watched):
+                for tm_id in [t for t, n in self._liveness_names.items() if n == name]:
+                    self._lose(tm_id, "TaskManager lost: its process exited (connection closed)")
+        for req, message in (self.slots.expire_pending() if scan else ()):
+            log.warning("slot request %s timed out: %s", req.request_id, message)
+            self._send_jm(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
+                                            job_id=req.job_id, reason=message))
+        self._serve_pending()
+        self.flush_outbox()
+        if now - self._last_flush >= 0.5:
+            self._last_flush = now
+            self.flush_catalog()
+        if self.publish_stats is not None and now - self._last_stats >= 1.0:
+            self._emit_stats(now)
+
+    def _emit_stats(self, now: float) -> None:
+        w = self._stats_window
+        elapsed = max(1e-9, now - self._last_stats) if self._last_stats else 1.0
+        self.publish_stats({
+            "taskmanagers": len(self.slots.taskmanagers), "slots_total": self.slots.total_slots(),
+            "slots_free": self.slots.free_slots(), "pending_requests": len(self.slots.pending),
+            "heartbeats_per_s": round(w["heartbeats"] / elapsed, 1),
+            "heartbeat_lag_max_ms": round(w["max_lag_ms"], 1),
+            "heartbeat_lag_avg_ms": round(w["lag_sum_ms"] / w["heartbeats"], 1) if w["heartbeats"] else 0.0,
+            "taskmanagers_lost_total": self._lost_total, "at": time.time(),
+        })
+        self._last_stats = now
+        self._stats_window = {"heartbeats": 0, "max_lag_ms": 0.0, "lag_sum_ms": 0.0}
+
+    # --- handlers ----------------------------------------------------------------------
+
+    def handle(self, env: Envelope) -> None:
+        body = env.body
+        if isinstance(body, TaskManagerHeartbeat):
+            lag_ms = max(0.0, (time.time() - env.sent_at) * 1000)
+            w = self._stats_window
+            w["heartbeats"] += 1
+            w["lag_sum_ms"] += lag_ms
+            w["max_lag_ms"] = max(w["max_lag_ms"], lag_ms)
+            self._on_heartbeat(body)
+        elif isinstance(body, RegisterTaskManager):
+            self._on_register(body)
+        elif isinstance(body, RequestSlots):
+            if self._fenced(env):
+                return
+            self._on_request(body)
+        elif isinstance(body, ReleaseSlots):
+            released = self.slots.release(body.allocation_id)
+            if released is not None:
+                self._dirty.add(released.taskmanager_id)
+            self._serve_pending()
+        elif isinstance(body, CancelSlotRequest):
+            self.slots.cancel_request(body.request_id)
+        elif isinstance(body, UnregisterTaskManager):
+            self._lose(body.taskmanager_id, f"TaskManager unregistered: {body.reason}")
+        else:
+            log.warning("ResourceManager ignores %s", body.type)
+
+    def _fenced(self, env: Envelope) -> bool:
+        if env.epoch < self._max_jm_epoch:
+            log.warning("dropping %s from stale JobManager epoch %d (newest %d)", env.body.type, env.epoch,
+                        self._max_jm_epoch)
+            return True
+        self._max_jm_epoch = env.epoch
+        return False
+
+    def _on_register(self, msg: RegisterTaskManager) -> None:
+        occupied: dict[int, Allocation] = {}
+        for s in msg.slot_report:
+            if s.allocation_id and s.job_id and s.execution_id:
+                occupied[s.index] = Allocation(s.allocation_id, msg.taskmanager_id, msg.queue, s.job_id,
+                                               s.execution_id, s.execution_id, (s.index,))
+        # Slots of one allocation reported separately are merged back into one allocation.
+        merged: dict[str, Allocation] = {}
+        for idx, a in occupied.items():
+            prev = merged.get(a.allocation_id)
+            merged[a.allocation_id] = a if prev is None else Allocation(
+                a.allocation_id, a.taskmanager_id, a.queue, a.job_id, a.execution_id, a.request_id,
+                tuple(sorted(prev.indices + (idx,))))
+        occupied = {i: merged[a.allocation_id] for i, a in occupied.items()}
+        self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host, slots=msg.slots,
+                            cores=msg.cores, memory_bytes=msg.memory_bytes, occupied=occupied)
+        self.heartbeats.monitor(msg.taskmanager_id)
+        if msg.liveness_name:
+            self._liveness_names[msg.taskmanager_id] = msg.liveness_name
+        self._registrations[msg.taskmanager_id] = msg
+        self._gone.pop(msg.taskmanager_id, None)
+        log.info("TaskManager %s registered with %d slots (%d running)", msg.taskmanager_id, msg.slots,
+                 len(msg.running))
+        self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
+                             HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session)))
+        self._send_jm(TaskManagerRegistered(taskmanager_id=msg.taskmanager_id, running=msg.running))
+        self._serve_pending()
+
+    def _on_heartbeat(self, msg: TaskManagerHeartbeat) -> None:
+        if self.heartbeats.record(msg.taskmanager_id):
+            self._seen_at[msg.taskmanager_id] = datetime.now(timezone.utc)
+            return
+        # An unknown TaskManager (we restarted, or declared it lost) is told to register again.
+        self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
+                             HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session, known=False)))
+
+    def _on_request(self, msg: RequestSlots) -> None:
+        alloc = self.slots.request(request_id=msg.request_id, job_id=msg.job_id, execution_id=msg.execution_id,
+                                   slots=msg.slots, timeout_s=msg.timeout_s, seq=msg.submitted_seq)
+        if alloc is not None:
+            self._allocated(alloc)
+        else:
+            self._send_jm(SlotRequestPending(request_id=msg.request_id, execution_id=msg.execution_id,
+                                             job_id=msg.job_id, reason=self.slots.waiting_reason(msg.request_id)))
+
+    def _serve_pending(self) -> None:
+        for _req, alloc in self.slots.serve_pending():
+            self._allocated(alloc)
+
+    def _allocated(self, alloc: Allocation) -> None:
+        self._dirty.add(alloc.taskmanager_id)
+        self._send_jm(SlotsAllocated(request_id=alloc.request_id, execution_id=alloc.execution_id,
+                                     job_id=alloc.job_id, allocation_id=alloc.allocation_id,
+                                     taskmanager_id=alloc.taskmanager_id, queue=alloc.queue,
+                                     slot_indices=alloc.indices))
+
+    def _lose(self, tm_id: str, reason: str) -> None:
+        self.heartbeats.unmonitor(tm_id)
+        self._liveness_names.pop(tm_id, None)
+        if tm_id not in self.slots.taskmanagers:
+            return
+        lost = self.slots.remove(tm_id)
+        self._lost_total += 1
+        log.warning("%s (%s); %d allocations lost", reason, tm_id, len(lost))
+        state = "UNREGISTERED" if "unregistered" in reason else "LOST"
+        self._registrations.pop(tm_id, None)
+        self._gone[tm_id] = (state, reason)
+        self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason,
+                                      allocations=tuple(a.allocation_id for a in lost)))
+        self._serve_pending()
+
+    def _send_jm(self, body) -> None:
+        self._outbox.append((streams.JM_STREAM, body))
+
+    # --- output ------------------------------------------------------------------------
+
+    def flush_outbox(self) -> None:
+        if self._outbox:
+            items, self._outbox = self._outbox, []
+            self.transport.publish_many(items)
+
+    def flush_catalog(self) -> None:
+        """One transaction for everything that changed since the last flush (every 0.5 s)."""
+        dirty, self._dirty = self._dirty, set()
+        seen: dict = {}
+        if self.clock.now() - self._last_times_flush >= self.HEARTBEAT_TIMES_FLUSH_S:
+            # Heartbeat times are for display (timeSinceLastHeartbeat): every 2 s is plenty.
+            self._last_times_flush = self.clock.now()
+            seen, self._seen_at = self._seen_at, {}
+        registrations, self._registrations = self._registrations, {}
+        gone, self._gone = self._gone, {}
+        if not (dirty or seen or registrations or gone):
+            return
+        try:
+            self._write_catalog(dirty, seen, registrations, gone)
+        except Exception:
+            # Catalog unreachable: keep every change for the next flush (newer ones win).
+            self._dirty |= dirty
+            self._seen_at = seen | self._seen_at
+            self._registrations = registrations | self._registrations
+            self._gone = gone | self._gone
+            raise
+
+    def _write_catalog(self, dirty, seen, registrations, gone) -> None:
+        with self.catalog.session() as s:
+            for tm_id, msg in registrations.items():
+                entry = self.slots.taskmanagers.get(tm_id)
+                if entry is None:
+                    continue
+                repo.register_taskmanager(s, id=tm_id, host=msg.host, queue=msg.queue, slots_total=msg.slots,
+                                          slots_free=len(entry.free_indices()), cores=msg.cores,
+                                          memory_bytes=msg.memory_bytes, allocations=self.slots.allocations_of(tm_id))
+            for tm_id, (state, reason) in gone.items():
+                repo.mark_taskmanager_gone(s, tm_id, state=state, reason=reason)
+            for tm_id in dirty - set(registrations):
+                entry = self.slots.taskmanagers.get(tm_id)
+                if entry is not None:
+                    repo.update_taskmanager_slots(s, tm_id, slots_free=len(entry.free_indices()),
+                                                  allocations=self.slots.allocations_of(tm_id))
+            repo.touch_taskmanagers(s, seen)
+
