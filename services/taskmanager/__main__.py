@@ -1,0 +1,95 @@
+"""Composition root of a TaskManager process.
+
+`run(settings, slots=N)` is one real TaskManager; `run(settings, simulate=K)` runs K simulated
+TaskManagers (no-op tasks only, no Spark) in one process for control-plane benchmarks. Either
+way the process consumes its TaskManagers' Celery queues with a solo-pool worker in the main
+thread, while the ResourceManager link and the driver reader threads run beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import uuid
+
+import redis
+
+from shared import streams
+from shared.commands import make_celery
+from shared.ids import new_taskmanager_id
+from shared.logs import configure_logging
+from shared.settings import Settings, load_settings
+from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
+from services.taskmanager.commands import EpochFence, register_commands
+from services.taskmanager.noop_task import NoopRunner
+from services.taskmanager.rm_link import ResourceManagerLink
+from services.taskmanager.supervisor import TaskSupervisor
+from services.taskmanager.warm_pool import WarmPool
+
+log = logging.getLogger("headrace.taskmanager")
+
+
+def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
+    configure_logging("taskmanager")
+    slots = slots or settings.taskmanager_slots
+    base_id = taskmanager_id or new_taskmanager_id()
+    ids = [f"{base_id}-sim{i:05d}" for i in range(simulate)] if simulate else [base_id]
+    client = wait_for_redis(settings.redis_url)
+    process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    liveness_name = streams.liveness_name(process_id)
+    # A dedicated named connection: the ResourceManager watches for it to vanish.
+    liveness = redis.Redis.from_url(settings.redis_url, client_name=liveness_name)
+    liveness.ping()
+    transport = RedisStreamsTransport(client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen)
+
+    workdir = settings.workdir / "taskmanagers" / base_id
+    shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
+    noop = NoopRunner()
+    supervisors = {}
+    for tm in ids:
+        sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
+                             cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
+                             noop=noop)
+        if not simulate:
+            def factory(p: int, sup=sup):
+                return sup.make_driver(p, driver_memory=settings.driver_memory,
+                                       shuffle_partitions=settings.spark_shuffle_partitions)
+            sup.driver_factory = factory
+            sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism, factory=factory,
+                                max_rss_bytes=settings.warm_driver_max_rss_bytes)
+        supervisors[tm] = sup
+
+    # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of
+    # queues spends its time building BRPOP commands instead of running commands.
+    queues = [streams.tm_queue(base_id)] if simulate else [streams.tm_queue(tm) for tm in ids]
+    link = ResourceManagerLink(client=client, transport=transport, supervisors=supervisors, slots=slots,
+                               cores=settings.taskmanager_cores, memory_bytes=settings.taskmanager_memory_bytes,
+                               interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s,
+                               liveness_name=liveness_name, simulated=bool(simulate),
+                               queue_of=(lambda _tm: queues[0]) if simulate else streams.tm_queue,
+                               liveness=liveness)
+    app = make_celery(settings.redis_url, "headrace-taskmanager")
+    register_commands(app, supervisors, EpochFence())
+    link.start()
+    for sup in supervisors.values():
+        sup._replenish()
+    log.info("TaskManager %s started: %d slots%s", base_id, slots, f", {simulate} simulated" if simulate else "")
+    worker = app.Worker(queues=queues, pool="solo", concurrency=1,
+                        hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
+                        without_heartbeat=True, loglevel=os.environ.get("HEADRACE_LOG_LEVEL", "INFO").upper(),
+                        quiet=True)
+    try:
+        worker.start()
+    finally:
+        log.info("TaskManager %s stopping", base_id)
+        link.stop(unregister=True)
+        for sup in supervisors.values():
+            sup.shutdown()
+        shutil.rmtree(workdir / "drivers", ignore_errors=True)
+        liveness.close()
+
+
+if __name__ == "__main__":
+    run(load_settings())

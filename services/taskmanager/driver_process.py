@@ -1,0 +1,131 @@
+"""One supervised Spark driver process (see shared.task_protocol for the protocol).
+
+The driver runs in its own session (process group), so killing the group takes its JVM and
+Python workers with it. Its Spark local and temporary directories live under a directory the
+TaskManager owns and deletes when the process ends (a kill -9 leaves spark-*, blockmgr-* and
+RocksDB copies behind otherwise).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from shared import task_protocol as tp
+
+log = logging.getLogger("headrace.taskmanager.driver")
+_ids = itertools.count(1)
+
+
+class DriverProcess:
+    def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
+                 on_event: Callable[["DriverProcess", object], None],
+                 on_exit: Callable[["DriverProcess", int], None]):
+        self.id = f"d{os.getpid()}-{next(_ids)}"
+        self.parallelism = parallelism
+        self.workdir = workdir / self.id
+        self.log_path = workdir.parent / "logs" / f"driver-{self.id}.log"
+        self.driver_memory, self.shuffle_partitions = driver_memory, shuffle_partitions
+        self.on_event, self.on_exit = on_event, on_exit
+        self.proc: subprocess.Popen | None = None
+        self.ready = threading.Event()
+        self.started_at = time.monotonic()
+        self.execution_id: str | None = None
+        self.exited = False
+        self._lock = threading.Lock()
+
+    def start(self) -> "DriverProcess":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   SPARK_LOCAL_IP="127.0.0.1", TMPDIR=str(self.workdir))
+        cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
+               "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
+               "--shuffle-partitions", str(self.shuffle_partitions)]
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
+                                         pass_fds=(write_fd,), start_new_session=True, env=env)
+        os.close(write_fd)
+        threading.Thread(target=self._read_events, args=(read_fd,), name=f"events-{self.id}", daemon=True).start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def send(self, command) -> bool:
+        try:
+            assert self.proc and self.proc.stdin
+            self.proc.stdin.write(tp.encode_line(command))
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError, AssertionError):
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: driver, JVM, Python workers."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 16384))
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _read_events(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            for line in stream:
+                try:
+                    event = tp.decode_event(line)
+                except Exception:  # noqa: BLE001 - a garbled line must not kill the reader
+                    log.warning("driver %s sent an unreadable event line: %r", self.id, line[:200])
+                    continue
+                if isinstance(event, tp.Ready):
+                    self.ready.set()
+                self._deliver(lambda: self.on_event(self, event))
+        code = self.proc.wait() if self.proc else -1
+        # The group may still hold a JVM whose parent just died; make sure nothing survives.
+        self.kill()
+        self.exited = True
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._deliver(lambda: self.on_exit(self, code))
+
+    def _deliver(self, call, attempts: int = 30) -> None:
+        """Reports go to Redis; during an outage keep retrying rather than losing the reader
+        thread (and with it all supervision of the task)."""
+        for i in range(attempts):
+            try:
+                call()
+                return
+            except Exception:  # noqa: BLE001
+                log.exception("driver %s: handling an event failed (try %d); retrying", self.id, i + 1)
+                time.sleep(min(5.0, 0.2 * 2 ** i))

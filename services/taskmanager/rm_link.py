@@ -1,0 +1,156 @@
+"""The TaskManager's side of the two-way heartbeat with the ResourceManager.
+
+Every interval each TaskManager of this process sends a heartbeat with its slot report. The
+ResourceManager's half is a broadcast: it refreshes `hr:rm:session` (its session id, expiring
+after the heartbeat timeout) so one GET per interval tells a whole process whether the
+ResourceManager is alive and whether it is still the same incarnation. It writes to a
+TaskManager's inbox only to confirm a registration or to say "unknown TaskManager".
+
+- session key missing for the heartbeat timeout: the ResourceManager is lost; tasks keep
+  running and heartbeats keep going out;
+- a new session id (it restarted), or "unknown TaskManager": register again with everything
+  this TaskManager runs, so the ResourceManager and the JobManager can reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+
+from shared import streams
+from shared.messages import (
+    HeartbeatAck, RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, UndecodableMessage, decode,
+)
+
+log = logging.getLogger("headrace.taskmanager.rm")
+
+
+@dataclass
+class LinkState:
+    taskmanager_id: str
+    registered: bool = False
+    rm_session: str | None = None
+    last_ack: float = 0.0
+    rm_lost: bool = False
+    inbox_cursor: str = "0"
+    seq: int = 0
+
+
+class ResourceManagerLink:
+    def __init__(self, *, client: redis.Redis, transport, supervisors: dict, slots: int, cores: float,
+                 memory_bytes: int, interval_s: float, timeout_s: float, liveness_name: str, simulated: bool = False,
+                 queue_of=streams.tm_queue, liveness: redis.Redis | None = None):
+        self.client, self.transport, self.supervisors = client, transport, supervisors
+        self.slots, self.cores, self.memory_bytes = slots, cores, memory_bytes
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.liveness_name, self.simulated, self.queue_of = liveness_name, simulated, queue_of
+        self.liveness = liveness
+        self.states = {tm: LinkState(tm) for tm in supervisors}
+        self._stop = threading.Event()
+        self._host = socket.gethostname()
+        self._thread = threading.Thread(target=self._run, name="rm-link", daemon=True)
+
+    def start(self) -> None:
+        # Acks addressed to a previous incarnation of these TaskManagers mean nothing now; with
+        # the inbox emptied, reading from "0" never misses an ack that lands between two reads.
+        keys = [streams.tm_inbox(tm) for tm in self.states]
+        for i in range(0, len(keys), 1000):
+            self.client.delete(*keys[i:i + 1000])
+        now = time.monotonic()
+        for st in self.states.values():
+            st.last_ack = now
+        self._thread.start()
+
+    def stop(self, *, unregister: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if unregister:
+            try:
+                self.transport.publish_many([(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id=tm))
+                                             for tm in self.states])
+                self.client.delete(*[streams.tm_inbox(tm) for tm in self.states])
+            except redis.RedisError:
+                pass
+
+    def _run(self) -> None:
+        next_beat = 0.0
+        while not self._stop.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._beat(now)
+                    next_beat = now + self.interval_s
+                self._read_acks(block_ms=int(max(0.01, min(0.2, next_beat - time.monotonic())) * 1000))
+            except redis.RedisError as exc:
+                log.warning("Redis unreachable (%s); tasks keep running, retrying", exc)
+                self._stop.wait(1.0)
+
+    def _beat(self, now: float) -> None:
+        if self.liveness is not None:
+            self.liveness.ping()  # reopens the named connection if Redis dropped it
+        session = self.client.get(streams.RM_SESSION_KEY)
+        session = session.decode() if session else None
+        out = []
+        for tm, st in self.states.items():
+            sup = self.supervisors[tm]
+            if session is not None:
+                st.last_ack = now
+                if st.rm_lost:
+                    log.info("ResourceManager is back for %s", tm)
+                    st.rm_lost = False
+                # rm_session is the session that confirmed our registration (see _on_ack).
+                if st.registered and session != st.rm_session:
+                    log.info("ResourceManager restarted (new session); re-registering %s", tm)
+                    st.registered = False
+            if not st.rm_lost and now - st.last_ack > self.timeout_s:
+                st.rm_lost = True
+                log.warning("ResourceManager lost for %s (no answer for %.0f s); tasks keep running", tm,
+                            self.timeout_s)
+            if not st.registered:
+                out.append((streams.RM_STREAM, self._registration(tm, sup)))
+            else:
+                st.seq += 1
+                sup.publish_warm_status()  # refreshes the key's TTL while the process lives
+                out.append((streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=sup.slot_report(),
+                                                                    seq=st.seq)))
+        self.transport.publish_many(out)
+
+    def _registration(self, tm: str, sup) -> RegisterTaskManager:
+        return RegisterTaskManager(taskmanager_id=tm, host=self._host, slots=self.slots, cores=self.cores,
+                                   memory_bytes=self.memory_bytes, queue=self.queue_of(tm),
+                                   slot_report=sup.slot_report(), running=sup.running_reports(),
+                                   simulated=self.simulated, liveness_name=self.liveness_name)
+
+    def _read_acks(self, block_ms: int) -> None:
+        keys = {streams.tm_inbox(tm): st.inbox_cursor for tm, st in self.states.items()}
+        resp = self.client.xread(keys, block=block_ms, count=50)
+        for stream, entries in resp or []:
+            tm = stream.decode().rsplit(":", 1)[-1] if isinstance(stream, bytes) else stream.rsplit(":", 1)[-1]
+            st = self.states.get(tm)
+            if st is None:
+                continue
+            for entry_id, fields in entries:
+                st.inbox_cursor = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                try:
+                    body = decode(fields[b"m"]).body
+                except (UndecodableMessage, KeyError):
+                    continue
+                if isinstance(body, HeartbeatAck):
+                    self._on_ack(st, body)
+
+    def _on_ack(self, st: LinkState, ack: HeartbeatAck) -> None:
+        """Registration confirmed (known) or refused as unknown (register again)."""
+        st.last_ack = time.monotonic()
+        st.rm_lost = False
+        if not ack.known:
+            if st.registered:
+                log.info("re-registering %s: the ResourceManager does not know it", st.taskmanager_id)
+            st.registered = False
+        else:
+            st.registered = True
+        st.rm_session = ack.rm_session

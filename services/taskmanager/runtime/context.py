@@ -1,0 +1,244 @@
+"""`PipelineContext`: what a pipeline's `build(ctx)` gets, and what it may use.
+
+    def build(ctx):
+        clicks = ctx.sources.datagen(seed=1, total=3000, rows_per_second=300)
+        counts = clicks.withWatermark("event_time", "10 seconds") \
+                       .groupBy(F.window("event_time", "1 minute"), "url").count()
+        return ctx.sinks.sql_table(counts, "clicks_per_minute",
+                                   key_columns=["window_start", "window_end", "url"])
+
+Sources return DataFrames; sinks return a `SinkHandle` that the runner starts. Connection
+settings default to the task's own (`redis_url`, `catalog_url`) and can be overridden per call.
+Bounded streaming sources register themselves so the runner knows when a query is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+
+from .connectors import SinkHandle
+from .connectors import console as console_conn
+from .connectors import datagen as datagen_conn
+from .connectors import files as files_conn
+from .connectors import sql as sql_conn
+
+
+@dataclass(frozen=True)
+class BoundedSource:
+    """A streaming source that ends: `exhausted(end_offset)` says whether a committed end offset
+    covers all of its input."""
+
+    name: str
+    exhausted: Callable[[dict | None], bool]
+
+
+class BoundedRegistry:
+    def __init__(self) -> None:
+        self.sources: list[BoundedSource] = []
+
+    def add(self, source: BoundedSource) -> None:
+        self.sources.append(source)
+
+    def all_exhausted(self, end_offsets: Sequence[Any]) -> bool:
+        """True when every source of a query (given by its committed end offsets, in progress
+        order) is a bounded source that is exhausted.
+
+        Spark's progress does not name Python sources, so sources are matched to registrations
+        by trying assignments: a query with any unbounded source never finishes.
+        """
+        offsets = [json.loads(o) if isinstance(o, str) else o for o in end_offsets]
+        if not offsets or len(offsets) > len(self.sources):
+            return False
+        for chosen in itertools.permutations(self.sources, len(offsets)):
+            if all(src.exhausted(off) for src, off in zip(chosen, offsets)):
+                return True
+        return False
+
+
+class Sources:
+    def __init__(self, ctx: "PipelineContext"):
+        self._ctx = ctx
+
+    def datagen(
+        self,
+        *,
+        seed: int = 0,
+        total: int | None = None,
+        rows_per_second: float | None = None,
+        events_per_minute: int = datagen_conn.DEFAULT_EVENTS_PER_MINUTE,
+        num_users: int = datagen_conn.DEFAULT_NUM_USERS,
+        max_delay_ms: int = datagen_conn.DEFAULT_MAX_DELAY_MS,
+        urls: Sequence[str] | None = None,
+        base_time: datetime | None = None,
+        max_rows_per_batch: int | None = None,
+        partitions: int | None = None,
+        streaming: bool = True,
+    ) -> DataFrame:
+        """Click events `i, user_id, url, event_time` (see connectors.datagen.generate_event).
+
+        Bounded when `total` is set: the runner then finishes the query once all `total` events
+        are committed. Unbounded streams need `rows_per_second`.
+        """
+        opts: dict[str, str] = {
+            "seed": str(seed),
+            "events_per_minute": str(events_per_minute),
+            "num_users": str(num_users),
+            "max_delay_ms": str(max_delay_ms),
+            "partitions": str(partitions or self._ctx.parallelism),
+        }
+        if total is not None:
+            opts["total"] = str(total)
+        if rows_per_second:
+            opts["rows_per_second"] = str(rows_per_second)
+        if max_rows_per_batch:
+            opts["max_rows_per_batch"] = str(max_rows_per_batch)
+        if urls:
+            opts["urls"] = ",".join(urls)
+        if base_time is not None:
+            opts["base_time"] = base_time.isoformat()
+        spark = self._ctx.spark
+        if not streaming:
+            return spark.read.format("datagen").options(**opts).load()
+        if total is not None:
+            self._ctx.bounded.add(BoundedSource(
+                f"datagen(seed={seed}, total={total})",
+                lambda off, _t=total: datagen_conn.is_exhausted(off, _t),
+            ))
+        return spark.readStream.format("datagen").options(**opts).load()
+
+    def redis_stream(
+        self,
+        stream: str,
+        *,
+        schema: str,
+        url: str | None = None,
+        start: str = "0",
+        max_entries_per_trigger: int | None = None,
+        partitions: int | None = None,
+    ) -> DataFrame:
+        """Unbounded stream of events with the given DDL schema (packed Arrow or JSON entries).
+        `start`: "0" the whole stream, "$" only entries added after the query first starts, or
+        an entry id (exclusive)."""
+        opts = {
+            "url": url or self._ctx.redis_url,
+            "stream": stream,
+            "start": start,
+            "partitions": str(partitions or self._ctx.parallelism),
+        }
+        if max_entries_per_trigger:
+            opts["max_entries_per_trigger"] = str(max_entries_per_trigger)
+        return self._ctx.spark.readStream.format("redis_stream").schema(schema).options(**opts).load()
+
+    def sql_table(self, table: str, *, url: str | None = None,
+                  columns: Sequence[str] | None = None) -> DataFrame:
+        """A bounded (batch) DataFrame of a whole table, read on the driver."""
+        return sql_conn.sql_source(self._ctx.spark, url or self._ctx.catalog_url, table, columns=columns)
+
+
+class Sinks:
+    def __init__(self, ctx: "PipelineContext"):
+        self._ctx = ctx
+
+    def sql_table(
+        self,
+        df: DataFrame,
+        table: str,
+        *,
+        key_columns: Sequence[str] = (),
+        url: str | None = None,
+        output_mode: str = "update",
+        overwrite: bool = False,
+        trigger: str | None = None,
+    ) -> SinkHandle:
+        """Exactly-once table sink: upsert by `key_columns` (plain insert without them), one
+        transaction per micro-batch with a commit marker. `overwrite` (batch only) empties the
+        table in the same transaction. Struct columns are flattened (window_start, window_end)."""
+        return sql_conn.sql_sink(
+            df, url or self._ctx.catalog_url, table, sink_id=f"{self._ctx.job_id}:{table}",
+            key_columns=key_columns, output_mode=output_mode, overwrite=overwrite, trigger=trigger,
+        )
+
+    def redis_stream(
+        self,
+        df: DataFrame,
+        stream: str,
+        *,
+        url: str | None = None,
+        rows_per_entry: int = 1000,
+        maxlen: int | None = None,
+        output_mode: str = "append",
+        trigger: str | None = None,
+    ) -> SinkHandle:
+        """Packed Arrow entries (`arrow` field), exactly once per micro-batch id."""
+        opts = {
+            "url": url or self._ctx.redis_url,
+            "stream": stream,
+            "rows_per_entry": str(rows_per_entry),
+            "sink_id": f"{self._ctx.job_id}:{stream}",
+        }
+        if maxlen:
+            opts["maxlen"] = str(maxlen)
+
+        def configure(writer):
+            return writer.format("redis_stream").options(**opts)
+
+        def run_batch() -> None:
+            df.write.format("redis_stream").mode("append").options(**opts).save()
+
+        return SinkHandle(name=f"redis-{stream}", df=df, output_mode=output_mode, trigger=trigger,
+                          configure=configure, run_batch=run_batch)
+
+    def files(
+        self,
+        df: DataFrame,
+        path: str,
+        *,
+        format: str = "parquet",
+        mode: str = "overwrite",
+        partition_by: Sequence[str] = (),
+        options: dict[str, str] | None = None,
+        trigger: str | None = None,
+    ) -> SinkHandle:
+        """Parquet/CSV/JSON files under `path` (`mode` applies to batch writes; streaming
+        appends through Spark's file sink)."""
+        return files_conn.file_sink(df, path, format=format, mode=mode, partition_by=partition_by,
+                                    options=options, trigger=trigger)
+
+    def console(self, df: DataFrame, *, output_mode: str = "append", num_rows: int = 20,
+                truncate: bool = False, trigger: str | None = None) -> SinkHandle:
+        return console_conn.console_sink(df, output_mode=output_mode, num_rows=num_rows,
+                                         truncate=truncate, trigger=trigger)
+
+
+class PipelineContext:
+    def __init__(
+        self,
+        spark: SparkSession,
+        *,
+        job_id: str,
+        job_name: str = "",
+        args: Sequence[str] = (),
+        config: dict[str, Any] | None = None,
+        parallelism: int = 1,
+        checkpoint_dir: str = "",
+        catalog_url: str = "",
+        redis_url: str = "",
+    ):
+        self.spark = spark
+        self.job_id = job_id
+        self.job_name = job_name
+        self.args: list[str] = list(args)
+        self.config: dict[str, Any] = dict(config or {})
+        self.parallelism = parallelism
+        self.checkpoint_dir = checkpoint_dir
+        self.catalog_url = catalog_url
+        self.redis_url = redis_url
+        self.bounded = BoundedRegistry()
+        self.sources = Sources(self)
+        self.sinks = Sinks(self)

@@ -1,0 +1,484 @@
+"""Spark driver process: one warm slot that runs exactly one task (see shared/task_protocol.py).
+
+    python -m services.taskmanager.runtime.runner --parallelism P --workdir DIR --events-fd FD
+        [--driver-memory 1g] [--shuffle-partitions N]
+
+Lifecycle: build a local[P] SparkSession and warm it up -> `ready` -> read one RunTask line
+from stdin -> `initializing` -> import the pipeline and call `build(ctx)` -> start the returned
+sink handle -> `running` -> `progress`* -> `finished` | `failed` | `canceled` -> exit.
+
+Pipeline artifacts: a `.py` file is imported as a module named after the file; a `.zip` is put
+on sys.path (and shipped to Python workers) and the module `spec.config["module"]` is imported,
+or, without that key, the zip's single top-level module or package. The entry function
+`spec.entry` (default `build`) is called with a `PipelineContext`.
+
+Streaming finish rule: a query whose sources are all bounded (registered by ctx.sources.* with a
+bound) finishes once the committed end offset of every source reached its bound; the runner
+then lets Spark run the pending no-data batch (watermark advance) and stops the query. Queries
+with an unbounded source run until canceled.
+
+Cancel (a `cancel` line on stdin or SIGTERM) stops the query and exits 0 after `canceled`.
+A watchdog exits the process when its parent dies, so a killed TaskManager leaves no driver
+behind; the JVM follows because it exits when its stdin (held by this process) closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from types import ModuleType
+from typing import IO, Any, Callable
+
+from shared.task_protocol import (
+    Canceled,
+    Failed,
+    Finished,
+    Initializing,
+    Progress,
+    Ready,
+    Running,
+    RunTask,
+    TaskSpec,
+    decode_command,
+    encode_line,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+POLL_S = 0.25
+
+
+class _Terminate(BaseException):
+    """Raised by the SIGTERM handler while no task runs: leave quietly."""
+
+
+# ---------------------------------------------------------------- spark session
+
+def prepare_env() -> None:
+    """Environment every Spark process of ours needs; must run before the JVM starts."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Python workers are spawned by the JVM with its environment: they must be able to import
+    # `services.*` to unpickle our data sources.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+
+
+def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
+                driver_memory: str = "1g", app_name: str = "headrace-driver"):
+    """A local SparkSession whose scratch files all live under `workdir` (the caller cleans it)."""
+    prepare_env()
+    from pyspark.sql import SparkSession
+
+    work = Path(workdir).resolve()
+    local_dir, tmp_dir = work / "spark-local", work / "tmp"
+    local_dir.mkdir(parents=True, exist_ok=True)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    java_opts = f"-Djava.io.tmpdir={tmp_dir}"
+    spark = (
+        SparkSession.builder.master(f"local[{parallelism}]")
+        .appName(app_name)
+        .config("spark.local.dir", str(local_dir))
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executor.extraJavaOptions", java_opts)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    from .connectors import register_data_sources
+
+    register_data_sources(spark)
+    return spark
+
+
+def warm_up(spark, workdir: str | Path) -> None:
+    """Run what the first real query would otherwise pay for: a shuffle job, then a tiny
+    stateful streaming query through a Python data source into foreachBatch (Python planner
+    and worker processes, the Py4J callback server, codegen of the windowed aggregation, the
+    state store). Measured: the first micro-batch of a task drops from ~10 s to ~2-3 s."""
+    from pyspark.sql import functions as F
+
+    from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
+
+    spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
+    cp = Path(workdir) / "warmup-checkpoint"
+    q = (
+        spark.readStream.format("datagen").option("total", "8").option("partitions", "1").load()
+        .withWatermark("event_time", "10 seconds")
+        .groupBy(F.window("event_time", "1 minute"), "url").count()
+        .writeStream.foreachBatch(lambda df, _id: df.write.format("noop").mode("overwrite").save())
+        .outputMode("update").trigger(availableNow=True)
+        .option("checkpointLocation", str(cp)).start()
+    )
+    q.awaitTermination()
+
+
+# ---------------------------------------------------------------- protocol plumbing
+
+class EventWriter:
+    """Protocol events on a private dup of the events fd.
+
+    The dup is not inheritable and the original is closed, so the JVM and Python workers never
+    hold the pipe: the TaskManager sees EOF exactly when this process dies.
+    """
+
+    def __init__(self, fd: int):
+        new_fd = os.dup(fd)
+        if fd == 1:
+            os.dup2(2, 1)  # stdout must not mix with protocol lines: send it to the log
+        elif fd > 2:
+            os.close(fd)
+        self._out: IO[bytes] = os.fdopen(new_fd, "wb", buffering=0)
+        self._lock = threading.Lock()
+
+    def emit(self, event) -> None:
+        with self._lock:
+            try:
+                self._out.write(encode_line(event))
+            except OSError:
+                pass  # reader gone: the parent is dying and the watchdog will end us
+
+
+def start_watchdog(on_orphaned: Callable[[], None], interval: float = 0.5) -> threading.Thread:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                on_orphaned()
+                return
+
+    t = threading.Thread(target=watch, name="parent-watchdog", daemon=True)
+    t.start()
+    return t
+
+
+def stop_spark_quietly(spark, timeout: float) -> None:
+    """spark.stop() that cannot hang the exit path."""
+    if spark is None:
+        return
+    t = threading.Thread(target=spark.stop, daemon=True)
+    t.start()
+    t.join(timeout)
+
+
+# ---------------------------------------------------------------- pipeline loading
+
+def load_pipeline(artifact: str, config: dict[str, Any], spark) -> ModuleType:
+    from pyspark import cloudpickle
+
+    path = Path(artifact)
+    if not path.exists():
+        raise FileNotFoundError(f"pipeline artifact {artifact} does not exist")
+    if path.suffix == ".zip":
+        module_name = config.get("module") or _single_top_level(path)
+        sys.path.insert(0, str(path))
+        spark.sparkContext.addPyFile(str(path))  # workers import it by reference
+        return importlib.import_module(module_name)
+    if path.suffix != ".py":
+        raise ValueError(f"pipeline artifact must be a .py or .zip file, not {path.name}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(module)
+    # Workers cannot import a loose file: functions defined in it travel by value.
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def _single_top_level(path: Path) -> str:
+    with zipfile.ZipFile(path) as z:
+        tops = set()
+        for name in z.namelist():
+            head = name.split("/", 1)[0]
+            if "/" in name and not head.endswith((".dist-info", ".egg-info", "__pycache__")):
+                tops.add(head)
+            elif name.endswith(".py") and "/" not in name:
+                tops.add(name[:-3])
+    if len(tops) != 1:
+        raise ValueError(
+            f"{path.name} holds {sorted(tops) or 'no'} top-level modules: name one with config `module`"
+        )
+    return tops.pop()
+
+
+# ---------------------------------------------------------------- the task
+
+class Driver:
+    def __init__(self, events: EventWriter, spark, parallelism: int):
+        self.events = events
+        self.spark = spark
+        self.parallelism = parallelism
+        self.task_started = False
+        self.cancel_requested = threading.Event()
+        self._lock = threading.Lock()
+        self._query = None
+        self._batch_running = False
+        self.ctx = None  # the PipelineContext of the task, once built
+
+    # -- cancellation, from the stdin thread or the SIGTERM handler
+    def request_cancel(self) -> None:
+        if self.cancel_requested.is_set():
+            return
+        self.cancel_requested.set()
+        threading.Thread(target=self._do_cancel, name="cancel", daemon=True).start()
+
+    def _do_cancel(self) -> None:
+        with self._lock:
+            query, batch = self._query, self._batch_running
+        try:
+            if query is not None:
+                query.stop()
+            elif batch:
+                self.spark.sparkContext.cancelAllJobs()
+        except Exception:
+            traceback.print_exc()
+
+    def listen_for_cancel(self, stdin: IO[str]) -> None:
+        def loop() -> None:
+            for line in stdin:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    is_cancel = line == "cancel" or decode_command(line).cmd == "cancel"
+                except Exception:
+                    print(f"ignoring unknown command: {line[:200]}", flush=True)
+                    continue
+                if is_cancel:
+                    self.request_cancel()
+
+        threading.Thread(target=loop, name="stdin", daemon=True).start()
+
+    # -- running
+    def run(self, spec: TaskSpec) -> int:
+        self.task_started = True
+        self.events.emit(Initializing())
+        try:
+            handle = self._build(spec)
+            if self.cancel_requested.is_set():
+                self.events.emit(Canceled())
+                return 0
+            if handle.streaming:
+                return self._run_streaming(spec, handle)
+            return self._run_batch(handle)
+        except BaseException as e:  # noqa: BLE001 - every failure is reported, then we exit
+            if self.cancel_requested.is_set():
+                self.events.emit(Canceled())
+                return 0
+            self.events.emit(Failed(error_name=type(e).__name__, traceback=format_failure(e)))
+            return 1
+
+    def _build(self, spec: TaskSpec):
+        from .connectors import SinkHandle
+        from .context import PipelineContext
+
+        if not spec.artifact_path:
+            raise ValueError("task has no artifact_path")
+        module = load_pipeline(spec.artifact_path, spec.config, self.spark)
+        entry = getattr(module, spec.entry, None)
+        if not callable(entry):
+            raise AttributeError(f"pipeline {spec.artifact_path} has no function {spec.entry}(ctx)")
+        ctx = PipelineContext(
+            self.spark, job_id=spec.job_id, job_name=spec.job_name, args=spec.program_args,
+            config=spec.config, parallelism=spec.parallelism, checkpoint_dir=spec.checkpoint_dir,
+            catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
+        )
+        handle = entry(ctx)
+        if not isinstance(handle, SinkHandle):
+            raise TypeError(f"{spec.entry}(ctx) must return a sink handle from ctx.sinks.*, got {type(handle).__name__}")
+        self.ctx = ctx
+        return handle
+
+    def _run_batch(self, handle) -> int:
+        with self._lock:
+            self._batch_running = True
+        if self.cancel_requested.is_set():  # came before the cancel thread could see the job
+            self.events.emit(Canceled())
+            return 0
+        self.events.emit(Running(streaming=False))
+        handle.run()
+        if self.cancel_requested.is_set():
+            self.events.emit(Canceled())
+            return 0
+        self.events.emit(Finished())
+        return 0
+
+    def _run_streaming(self, spec: TaskSpec, handle) -> int:
+        checkpoint = str(Path(spec.checkpoint_dir) / handle.name)
+        with self._lock:
+            query = handle.start(checkpoint, query_name=spec.job_id)
+            self._query = query
+        if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves
+            query.stop()
+        self.events.emit(Running(streaming=True))
+        last = -1
+        finished = False
+        while True:
+            terminated = query.awaitTermination(POLL_S)  # raises if the query failed
+            progress = query.lastProgress
+            last = self._emit_progress(query, progress, last)
+            if terminated:
+                break
+            if self.cancel_requested.is_set():
+                continue  # the cancel thread is stopping the query
+            if progress is not None and self.ctx.bounded.all_exhausted(
+                [s["endOffset"] for s in progress["sources"]]
+            ):
+                # Let Spark run the no-data batch that advances the watermark, so windows
+                # closed by the end of input are emitted before we stop.
+                query.processAllAvailable()
+                last = self._emit_progress(query, query.lastProgress, last)
+                finished = True
+                query.stop()
+                break
+        if self.cancel_requested.is_set() and not finished:
+            self.events.emit(Canceled())
+            return 0
+        exc = query.exception()
+        if exc is not None:
+            raise exc
+        self.events.emit(Finished())
+        return 0
+
+    def _emit_progress(self, query, latest, last: int) -> int:
+        """Emit a Progress per batch committed since batch `last`; returns the newest id."""
+        if latest is None or latest.batchId <= last:
+            return last
+        # recentProgress parses up to 100 JSON reports: only worth it when batches were missed.
+        batches = [latest] if latest.batchId == last + 1 else query.recentProgress
+        for p in batches:
+            if p.batchId > last:
+                last = p.batchId
+                self.events.emit(Progress(
+                    batch_id=p.batchId,
+                    num_input_rows=int(p.numInputRows or 0),
+                    input_rows_per_second=_finite(p.inputRowsPerSecond),
+                    processed_rows_per_second=_finite(p.processedRowsPerSecond),
+                ))
+        return last
+
+
+def _finite(x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return 0.0
+    return v if v == v and v not in (float("inf"), float("-inf")) else 0.0
+
+
+def format_failure(e: BaseException) -> str:
+    """The Python traceback of the failure; for Spark errors also the message Spark carries
+    (for a failed streaming query it holds the worker's Python traceback)."""
+    text = "".join(traceback.format_exception(e))
+    desc = getattr(e, "desc", None) or getattr(e, "_desc", None)
+    if desc and str(desc) not in text:
+        text += "\n" + str(desc)
+    return text
+
+
+# ---------------------------------------------------------------- entry point
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m services.taskmanager.runtime.runner")
+    p.add_argument("--parallelism", type=int, required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--events-fd", type=int, required=True)
+    p.add_argument("--driver-memory", default="1g")
+    p.add_argument("--shuffle-partitions", type=int, default=None,
+                   help="default: max(2, parallelism)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up job (measurements)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    t0 = time.monotonic()
+    args = parse_args(argv)
+    prepare_env()
+    events = EventWriter(args.events_fd)
+    spark_box: list[Any] = [None]
+    driver_box: list[Driver | None] = [None]
+
+    def orphaned() -> None:
+        print("parent process died: exiting", file=sys.stderr, flush=True)
+        stop_spark_quietly(spark_box[0], 3.0)
+        os._exit(1)
+
+    def on_sigterm(signum, frame) -> None:
+        d = driver_box[0]
+        if d is not None and d.task_started:
+            d.request_cancel()
+        else:
+            raise _Terminate()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    start_watchdog(orphaned)
+    code = 0
+    try:
+        workdir = Path(args.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        shuffle = args.shuffle_partitions or max(2, args.parallelism)
+        spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
+                            driver_memory=args.driver_memory)
+        spark_box[0] = spark
+        if not args.no_warmup:
+            t_w = time.monotonic()
+            warm_up(spark, workdir)
+            print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
+        driver = Driver(events, spark, args.parallelism)
+        driver_box[0] = driver
+        events.emit(Ready(pid=os.getpid(), parallelism=args.parallelism,
+                          startup_s=round(time.monotonic() - t0, 3)))
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0  # stdin closed before any task: the slot is being discarded
+        driver.task_started = True
+        try:
+            cmd = decode_command(line)
+        except Exception as e:
+            events.emit(Failed(error_name=type(e).__name__, traceback=format_failure(e)))
+            code = 1
+            return code
+        if not isinstance(cmd, RunTask):
+            events.emit(Canceled())
+            return 0
+        driver.listen_for_cancel(sys.stdin)
+        code = driver.run(cmd.spec)
+        return code
+    except _Terminate:
+        code = 0
+        return code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+        return code
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        stop_spark_quietly(spark_box[0], 15.0)
+        # Py4J and stdin threads must not keep a finished driver alive.
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

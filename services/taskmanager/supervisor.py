@@ -1,0 +1,254 @@
+"""The TaskManager's task supervisor: slots, running tasks, their driver processes, reports.
+
+It owns the slot table of one TaskManager, turns DeployTask/CancelTask commands into driver
+process actions, maps driver events to ExecutionState reports for the JobManager, and frees
+slots when an attempt ends. Celery command handlers call `deploy`/`cancel` and return at once;
+everything long-running happens in driver processes and their reader threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from shared import streams
+from shared import task_protocol as tp
+from shared.messages import DeployTask, SlotState, TaskProgress, TaskReport, TaskStateChanged
+from shared.states import ExecutionState as ES
+from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.noop_task import NoopRunner
+from services.taskmanager.warm_pool import WarmPool
+
+log = logging.getLogger("headrace.taskmanager")
+
+
+@dataclass
+class Task:
+    spec: tp.TaskSpec
+    allocation_id: str
+    slots: tuple[int, ...]
+    state: ES = ES.DEPLOYING
+    driver: DriverProcess | None = None
+    cancel_requested: bool = False
+    reported_terminal: bool = False
+    handed_over: bool = False
+
+
+class TaskSupervisor:
+    def __init__(self, *, taskmanager_id: str, slots: int, transport, workdir: Path, cancel_timeout_s: float,
+                 driver_factory: Callable[..., DriverProcess] | None, warm: WarmPool | None,
+                 noop: NoopRunner):
+        self.taskmanager_id, self.transport, self.workdir = taskmanager_id, transport, workdir
+        self.cancel_timeout_s = cancel_timeout_s
+        self.driver_factory, self.warm, self.noop = driver_factory, warm, noop
+        self.status_client = getattr(transport, "client", None)
+        self.slots: dict[int, str | None] = {i: None for i in range(slots)}
+        self.tasks: dict[str, Task] = {}
+        self._lock = threading.RLock()
+
+    # --- commands ----------------------------------------------------------------------
+
+    def deploy(self, cmd: DeployTask) -> None:
+        spec = tp.TaskSpec.model_validate(cmd.spec)
+        with self._lock:
+            if spec.execution_id in self.tasks:
+                return  # a redelivered command
+            busy = [i for i in cmd.slot_indices if self.slots.get(i, "missing") not in (None, cmd.allocation_id)]
+            if busy:
+                self._report(spec, ES.FAILED, cause=f"slots {busy} of {self.taskmanager_id} are not free",
+                             name="SlotOccupiedException")
+                return
+            for i in cmd.slot_indices:
+                self.slots[i] = cmd.allocation_id
+            task = Task(spec=spec, allocation_id=cmd.allocation_id, slots=tuple(cmd.slot_indices))
+            self.tasks[spec.execution_id] = task
+            if spec.kind == "noop":
+                self.noop.start(task, self._on_noop_state)
+                return
+            driver = self.warm.take(spec.parallelism) if self.warm else None
+            kind = "a warm" if driver is not None and driver.ready.is_set() else \
+                "a starting warm" if driver is not None else "a cold"
+            if driver is None:
+                driver = self.driver_factory(spec.parallelism)
+            driver.execution_id = spec.execution_id
+            task.driver = driver
+        log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
+                 kind, driver.id)
+        if driver.ready.is_set():
+            self._hand_over(task)
+        # Otherwise the driver gets its task when it reports ready (see _on_driver_event).
+        self._replenish()
+
+    def cancel(self, execution_id: str, job_id: str | None = None) -> None:
+        with self._lock:
+            task = self.tasks.get(execution_id)
+            if task is None:
+                if job_id:
+                    # Not running here (finished meanwhile, or lost with a predecessor process):
+                    # answer anyway, so a job waiting in CANCELLING can end.
+                    self.transport.publish(streams.JM_STREAM, TaskStateChanged(
+                        execution_id=execution_id, job_id=job_id, taskmanager_id=self.taskmanager_id,
+                        state=ES.CANCELED))
+                return
+            if task.reported_terminal:
+                return
+            task.cancel_requested = True
+            if task.spec.kind == "noop":
+                self.noop.cancel(task)
+                self._finish(task, ES.CANCELED)
+                return
+            driver = task.driver
+            task.state = ES.CANCELING
+        if driver is not None:
+            if not driver.send(tp.CancelTask()):
+                driver.terminate()
+            # Graceful first (the query stops at a batch boundary), forceful after the timeout.
+            timer = threading.Timer(self.cancel_timeout_s, self._force_kill, args=(execution_id,))
+            timer.daemon = True
+            timer.start()
+
+    def _force_kill(self, execution_id: str) -> None:
+        with self._lock:
+            task = self.tasks.get(execution_id)
+            driver = task.driver if task else None
+        if driver is not None and driver.alive():
+            log.warning("task %s did not stop within %.0f s; killing its driver", execution_id, self.cancel_timeout_s)
+            driver.kill()
+
+    # --- driver events -----------------------------------------------------------------
+
+    def make_driver(self, parallelism: int, *, driver_memory: str, shuffle_partitions: int) -> DriverProcess:
+        return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers", driver_memory=driver_memory,
+                             shuffle_partitions=shuffle_partitions, on_event=self._on_driver_event,
+                             on_exit=self._on_driver_exit).start()
+
+    def _hand_over(self, task: Task) -> None:
+        # Called from the deploy path and from the driver's Ready event: exactly once.
+        with self._lock:
+            if task.handed_over:
+                return
+            task.handed_over = True
+        if task.cancel_requested:
+            task.driver.kill()
+            return
+        if not task.driver.send(tp.RunTask(spec=task.spec)):
+            task.driver.kill()  # the exit handler reports the failure
+
+    def _task_of(self, driver: DriverProcess) -> Task | None:
+        return self.tasks.get(driver.execution_id) if driver.execution_id else None
+
+    def _on_driver_event(self, driver: DriverProcess, event) -> None:
+        with self._lock:
+            task = self._task_of(driver)
+        if task is None:
+            if isinstance(event, tp.Ready):
+                log.info("warm driver %s ready after %.1f s", driver.id, event.startup_s)
+                self.publish_warm_status()
+            return
+        if isinstance(event, tp.Ready):
+            self._hand_over(task)
+        elif isinstance(event, tp.Initializing):
+            self._report(task.spec, ES.INITIALIZING)
+        elif isinstance(event, tp.Running):
+            with self._lock:
+                if task.state != ES.CANCELING:
+                    task.state = ES.RUNNING
+            self._report(task.spec, ES.RUNNING)
+        elif isinstance(event, tp.Progress):
+            self.transport.publish(streams.JM_STREAM, TaskProgress(
+                execution_id=task.spec.execution_id, job_id=task.spec.job_id, batch_id=event.batch_id,
+                num_input_rows=event.num_input_rows, input_rows_per_second=event.input_rows_per_second,
+                processed_rows_per_second=event.processed_rows_per_second))
+        elif isinstance(event, tp.Finished):
+            self._finish(task, ES.FINISHED)
+        elif isinstance(event, tp.Canceled):
+            self._finish(task, ES.CANCELED)
+        elif isinstance(event, tp.Failed):
+            self._finish(task, ES.FAILED, cause=event.traceback, name=event.error_name)
+
+    def _on_driver_exit(self, driver: DriverProcess, code: int) -> None:
+        if self.warm:
+            self.warm.forget(driver)
+        with self._lock:
+            task = self._task_of(driver)
+        if task is not None and not task.reported_terminal:
+            if task.cancel_requested:
+                self._finish(task, ES.CANCELED)
+            else:
+                self._finish(task, ES.FAILED, name="DriverProcessExited",
+                             cause=f"Spark driver process exited with code {code} before the task ended; "
+                                   f"last lines of {driver.log_path}:\n{driver.log_tail()}")
+        self._replenish()
+
+    def _on_noop_state(self, task: Task, state: ES, cause: str | None) -> None:
+        if state.is_terminal:
+            self._finish(task, state, cause=cause, name="NoopTaskFailure" if cause else None)
+        else:
+            self._report(task.spec, state)
+
+    # --- bookkeeping -------------------------------------------------------------------
+
+    def _finish(self, task: Task, state: ES, *, cause: str | None = None, name: str | None = None) -> None:
+        with self._lock:
+            if task.reported_terminal:
+                return
+            task.reported_terminal = True
+            task.state = state
+            self.tasks.pop(task.spec.execution_id, None)
+            for i in task.slots:
+                if self.slots.get(i) == task.allocation_id:
+                    self.slots[i] = None
+        self._report(task.spec, state, cause=cause, name=name)
+        self._replenish()
+
+    def _report(self, spec: tp.TaskSpec, state: ES, *, cause: str | None = None, name: str | None = None) -> None:
+        self.transport.publish(streams.JM_STREAM, TaskStateChanged(
+            execution_id=spec.execution_id, job_id=spec.job_id, taskmanager_id=self.taskmanager_id, state=state,
+            failure_cause=cause, failure_name=name))
+
+    def _replenish(self) -> None:
+        if self.warm is not None:
+            self.warm.replenish(self.free_slots())
+            self.publish_warm_status()
+
+    def publish_warm_status(self) -> None:
+        """For operators and benchmarks: how many warm drivers are ready right now."""
+        if self.warm is None or self.status_client is None:
+            return
+        try:
+            self.status_client.set(streams.tm_warm_key(self.taskmanager_id), json.dumps(self.warm.status()), ex=60)
+        except Exception:  # noqa: BLE001 - status is best effort
+            log.debug("could not publish warm status", exc_info=True)
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return sum(1 for a in self.slots.values() if a is None)
+
+    def slot_report(self) -> tuple[SlotState, ...]:
+        with self._lock:
+            by_alloc = {t.allocation_id: t for t in self.tasks.values()}
+            out = []
+            for i, a in sorted(self.slots.items()):
+                t = by_alloc.get(a) if a else None
+                out.append(SlotState(index=i, allocation_id=a, job_id=t.spec.job_id if t else None,
+                                     execution_id=t.spec.execution_id if t else None))
+            return tuple(out)
+
+    def running_reports(self) -> tuple[TaskReport, ...]:
+        with self._lock:
+            return tuple(TaskReport(execution_id=t.spec.execution_id, job_id=t.spec.job_id, state=t.state,
+                                    allocation_id=t.allocation_id) for t in self.tasks.values())
+
+    def shutdown(self) -> None:
+        """Stop everything this TaskManager started; nothing may outlive it."""
+        with self._lock:
+            drivers = [t.driver for t in self.tasks.values() if t.driver]
+        for d in drivers:
+            d.kill()
+        if self.warm:
+            self.warm.shutdown()
+        self.noop.shutdown()
