@@ -1,0 +1,230 @@
+"""`headrace`: one command in front of every service and verb.
+
+Services are started by importing their composition root lazily, so `headrace list` never
+loads Spark or Celery. User mistakes end with a one-line message and exit code 1 or 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import typer
+from pydantic import ValidationError
+
+from shared.settings import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Headrace: a Flink-style control plane for PySpark pipelines.")
+
+DEFAULT_URL = "http://127.0.0.1:8081"
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_or_fail(**overrides) -> Settings:
+    try:
+        return load_settings(**overrides)
+    except (ValidationError, ValueError) as exc:
+        msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        fail(f"invalid settings: {msg}", 2)
+
+
+# --- services ----------------------------------------------------------------------------
+
+
+@app.command()
+def dispatcher(port: Optional[int] = typer.Option(None, help="REST/UI port (default 8081)")) -> None:
+    """Start the dispatcher: REST API and web UI."""
+    from services.dispatcher.__main__ import run
+
+    run(settings_or_fail(dispatcher_port=port))
+
+
+@app.command()
+def jobmanager() -> None:
+    """Start a JobManager."""
+    from services.jobmanager.__main__ import run
+
+    run(settings_or_fail())
+
+
+@app.command()
+def resourcemanager() -> None:
+    """Start the ResourceManager."""
+    from services.resourcemanager.__main__ import run
+
+    run(settings_or_fail())
+
+
+@app.command()
+def taskmanager(
+    slots: Optional[int] = typer.Option(None, "--slots", "-s", help="number of slots"),
+    id: Optional[str] = typer.Option(None, "--id", help="TaskManager id (default: host-random)"),
+    simulate: int = typer.Option(0, "--simulate", help="run K simulated TaskManagers (no-op tasks only)"),
+) -> None:
+    """Start a TaskManager (or K simulated ones)."""
+    if slots is not None and slots < 1:
+        fail("--slots must be at least 1", 2)
+    from services.taskmanager.__main__ import run
+
+    run(settings_or_fail(), slots=slots, taskmanager_id=id, simulate=simulate)
+
+
+@app.command()
+def up(
+    taskmanagers: int = typer.Option(2, "--taskmanagers", "-n", help="how many TaskManagers"),
+    slots: Optional[int] = typer.Option(None, "--slots", help="slots per TaskManager"),
+    port: Optional[int] = typer.Option(None, help="dispatcher port (default 8081)"),
+) -> None:
+    """Start a whole local cluster as child processes; Ctrl-C stops it."""
+    from services.local_cluster import ClusterError, LocalCluster
+
+    cluster = LocalCluster(settings_or_fail(dispatcher_port=port), taskmanagers=taskmanagers, slots=slots)
+    stop = _stop_event()
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        cluster.stop()
+        fail(str(exc))
+    typer.echo(f"Headrace is up. Dashboard: {cluster.dispatcher_url}/  (logs: {cluster.run_dir}/logs)")
+    typer.echo("Press Ctrl-C to stop.")
+    try:
+        stop.wait()
+    finally:
+        typer.echo("stopping the cluster ...")
+        cluster.stop()
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+# --- client verbs ------------------------------------------------------------------------
+
+
+def _client(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url.rstrip("/"), timeout=30)
+
+
+def _call(client: httpx.Client, method: str, path: str, **kw) -> dict:
+    try:
+        r = client.request(method, path, **kw)
+    except httpx.HTTPError:
+        fail(f"cannot reach the dispatcher at {client.base_url}: is the cluster up? (headrace up)")
+    if r.status_code >= 400:
+        try:
+            errors = r.json().get("errors") or [r.text]
+        except ValueError:
+            errors = [r.text]
+        fail(f"{method} {path} -> {r.status_code}: {'; '.join(map(str, errors))}")
+    return r.json() if r.content else {}
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="pipeline: a .py file or a .zip of a package"),
+    parallelism: int = typer.Option(1, "-p", "--parallelism"),
+    url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager", help="dispatcher URL"),
+    entry: str = typer.Option("build", "--entry", help="entry function"),
+    name: Optional[str] = typer.Option(None, "--name", help="job name"),
+    restart: Optional[str] = typer.Option(None, "--restart-strategy", help='JSON, e.g. {"type":"none"}'),
+    args: Optional[str] = typer.Option(None, "--args", help="program arguments, shell-quoted"),
+    wait: bool = typer.Option(False, "--wait", help="wait for a terminal state"),
+) -> None:
+    """Upload a pipeline and run it."""
+    if not file.is_file():
+        fail(f"{file}: no such file")
+    if file.suffix not in (".py", ".zip"):
+        fail(f"{file}: a pipeline is a .py file or a .zip of a package")
+    if parallelism < 1:
+        fail("-p/--parallelism must be at least 1", 2)
+    body: dict = {"parallelism": parallelism, "entryClass": entry}
+    if name:
+        body["jobName"] = name
+    if args:
+        body["programArgsList"] = shlex.split(args)
+    if restart:
+        try:
+            body["restartStrategy"] = json.loads(restart)
+        except json.JSONDecodeError as exc:
+            fail(f"--restart-strategy is not valid JSON: {exc.msg}", 2)
+    with _client(url) as c:
+        with open(file, "rb") as f:
+            jar = _call(c, "POST", "/jars/upload", files={"jarfile": (file.name, f)})
+        jar_id = jar.get("id") or Path(jar["filename"]).name
+        job = _call(c, "POST", f"/jars/{jar_id}/run", json=body)
+        typer.echo(f"Job has been submitted with JobID {job['jobid']}")
+        if wait:
+            state = wait_for_terminal(c, job["jobid"])
+            typer.echo(f"Job {job['jobid']} {state}")
+            if state != "FINISHED":
+                raise typer.Exit(1)
+
+
+def wait_for_terminal(c: httpx.Client, job_id: str, timeout_s: float = 3600) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = _call(c, "GET", f"/jobs/{job_id}")["state"]
+        if state in ("FINISHED", "FAILED", "CANCELED"):
+            return state
+        time.sleep(0.5)
+    fail(f"job {job_id} not finished after {timeout_s:.0f} s")
+
+
+@app.command("list")
+def list_jobs(url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager")) -> None:
+    """List jobs."""
+    with _client(url) as c:
+        jobs = _call(c, "GET", "/jobs/overview")["jobs"]
+    if not jobs:
+        typer.echo("No jobs.")
+        return
+    for j in jobs:
+        start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["start-time"] / 1000))
+        typer.echo(f"{start} : {j['jid']} : {j['name']} ({j['state']})")
+
+
+@app.command()
+def cancel(job_id: str, url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager")) -> None:
+    """Cancel a job."""
+    with _client(url) as c:
+        _call(c, "PATCH", f"/jobs/{job_id}", params={"mode": "cancel"})
+    typer.echo(f"Cancelled job {job_id}.")
+
+
+@app.command()
+def demo(
+    once: bool = typer.Option(False, "--once", help="stop the cluster after printing the result"),
+    port: Optional[int] = typer.Option(None, help="dispatcher port (default 8081)"),
+) -> None:
+    """Start a local cluster, run the clickstream example, print its per-window counts."""
+    from services.demo import run_demo
+
+    run_demo(settings_or_fail(dispatcher_port=port), once=once, echo=typer.echo, fail=fail,
+             stop=_stop_event())
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

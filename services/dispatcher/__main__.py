@@ -1,0 +1,35 @@
+"""Composition root: `python -m services.dispatcher` (settings from HEADRACE_* / HEADRACE_CONFIG)."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.dispatcher.app import create_app
+from shared.catalog import Catalog
+from shared.settings import Settings, load_settings
+from shared.transport import RedisStreamsTransport
+
+log = logging.getLogger("services.dispatcher")
+
+
+def run(settings: Settings) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    catalog = Catalog(settings.catalog)
+    catalog.migrate()
+    settings.artifacts.mkdir(parents=True, exist_ok=True)
+    transport = RedisStreamsTransport.from_url(settings.redis_url, sender="dispatcher",
+                                               maxlen=settings.stream_maxlen)
+    app = create_app(settings, catalog, transport)
+    log.info("dispatcher on http://%s:%d (catalog %s, artifacts %s)", settings.dispatcher_host,
+             settings.dispatcher_port, catalog.url.split("@")[-1], settings.artifacts)
+    try:
+        uvicorn.run(app, host=settings.dispatcher_host, port=settings.dispatcher_port, log_level="info")
+    finally:
+        transport.close()
+        catalog.dispose()
+
+
+if __name__ == "__main__":
+    run(load_settings())

@@ -1,0 +1,43 @@
+"""Assembles the FastAPI application from what the entry point built; nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from services.dispatcher import errors
+from services.dispatcher.routes import jars, jobs, overview, taskmanagers, ui
+from services.dispatcher.schemas import normalise_restart_strategy
+from services.dispatcher.views import FLINK_VERSION
+from shared.catalog import Catalog
+from shared.settings import Settings
+from shared.transport.base import Transport
+
+DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web-ui"
+
+
+def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, web_dir: Path | None = DEFAULT_WEB_DIR,
+               clock_ms: Callable[[], int] | None = None) -> FastAPI:
+    app = FastAPI(
+        title="Headrace dispatcher",
+        version=FLINK_VERSION,
+        description="Flink REST v1 paths and JSON shapes for PySpark pipelines. Every error answers "
+                    '{"errors": [...], "field", "expected", "hint", "details"}.',
+    )
+    app.state.settings = settings
+    app.state.catalog = catalog
+    app.state.transport = transport
+    app.state.clock_ms = clock_ms
+    # Validated once at start-up: a bad cluster default fails here, not on the first submission.
+    app.state.default_restart_strategy = normalise_restart_strategy(settings.restart_strategy)
+    app.state.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
+
+    errors.install(app)
+    for module in (overview, jars, jobs, taskmanagers, ui):
+        app.include_router(module.router)
+    if app.state.web_dir is not None:
+        app.mount("/web", StaticFiles(directory=app.state.web_dir), name="web")
+    return app

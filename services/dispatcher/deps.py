@@ -1,0 +1,54 @@
+"""Typed dependencies. Everything comes from `app.state`, filled by `create_app` from what the
+entry point built; nothing is created at import time."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Callable, Iterator
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from shared.catalog import Catalog
+from shared.settings import Settings
+from shared.transport.base import Transport
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_catalog(request: Request) -> Catalog:
+    return request.app.state.catalog
+
+
+def get_transport(request: Request) -> Transport:
+    return request.app.state.transport
+
+
+def get_default_restart_strategy(request: Request) -> dict:
+    """The cluster's restart strategy (settings.restart_strategy, normalised at start-up)."""
+    return dict(request.app.state.default_restart_strategy)
+
+
+def get_session(catalog: Annotated[Catalog, Depends(get_catalog)]) -> Iterator[Session]:
+    """One read transaction per request (routes that write open their own, so they can commit
+    before publishing)."""
+    with catalog.session() as s:
+        yield s
+
+
+def get_clock(request: Request) -> Callable[[], int]:
+    return getattr(request.app.state, "clock_ms", None) or (lambda: int(time.time() * 1000))
+
+
+def get_now_ms(clock: Annotated[Callable[[], int], Depends(get_clock)]) -> int:
+    return clock()
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+CatalogDep = Annotated[Catalog, Depends(get_catalog)]
+TransportDep = Annotated[Transport, Depends(get_transport)]
+SessionDep = Annotated[Session, Depends(get_session)]
+DefaultRestartDep = Annotated[dict, Depends(get_default_restart_strategy)]
+NowMsDep = Annotated[int, Depends(get_now_ms)]

@@ -1,0 +1,221 @@
+"""/jars: upload, list, delete and run job artifacts (Flink's jar endpoints; our "jars" are
+Python modules or zips of them)."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Body, File, Query, Request, UploadFile
+from sqlalchemy.exc import IntegrityError
+
+from services.dispatcher import artifacts, views
+from services.dispatcher.deps import CatalogDep, DefaultRestartDep, SessionDep, SettingsDep, TransportDep
+from services.dispatcher.errors import ApiError
+from services.dispatcher.schemas import (
+    EntryName, ErrorBody, JarListInfo, JarRunRequest, JarRunResponse, JarUploadResponse, PositiveInt,
+    stored_restart_strategy,
+)
+from shared.catalog import repository
+from shared.catalog.repository import NotFound
+from shared.ids import new_artifact_id, new_job_id
+from shared.messages import SubmitJob
+from shared.restart import InvalidRestartStrategy
+from shared.states import JobStatus
+from shared.streams import JM_STREAM
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/jars", tags=["jars"])
+_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
+_LIVE = [s for s in JobStatus if not s.is_terminal]
+
+
+def _unknown_jar(jarid: str) -> ApiError:
+    return ApiError.of(404, f"jar {jarid} not found", field="jarid", expected="the id of an uploaded jar",
+                       hint="GET /jars lists the uploaded jars; POST /jars/upload adds one", prefix=False)
+
+
+@router.post("/upload", response_model=JarUploadResponse, responses=_ERRORS,
+             summary="Upload a job: a .py module or a .zip of .py files")
+def upload_jar(
+    jarfile: Annotated[UploadFile, File(description="a .py module (entry function `build`) or a .zip of .py files")],
+    settings: SettingsDep,
+    catalog: CatalogDep,
+) -> dict:
+    name = artifacts.safe_filename(jarfile.filename)
+    data = jarfile.file.read()
+    try:
+        checked = artifacts.check(name, data)
+    except artifacts.ArtifactRejected as exc:
+        extra = {"line": exc.line} if exc.line is not None else {}
+        if exc.member:
+            extra["member"] = exc.member
+        raise ApiError.of(400, str(exc), field="jarfile",
+                          expected="a .py module that compiles, or a .zip archive of .py files that compile",
+                          hint="fix the file and upload it again", prefix=False, **extra) from None
+    artifact_id = new_artifact_id(name)
+    path = artifacts.store(settings.artifacts, artifact_id, data)
+    try:
+        with catalog.session() as s:
+            repository.create_artifact(s, id=artifact_id, name=name, path=str(path), size=checked.size,
+                                       sha256=checked.sha256)
+    except BaseException:
+        artifacts.remove(path)
+        raise
+    log.info("stored artifact %s (%s, %d bytes)", artifact_id, name, checked.size)
+    return {"filename": str(path), "status": "success", "id": artifact_id}
+
+
+@router.get("", response_model=JarListInfo, summary="List uploaded jobs, newest first")
+def list_jars(request: Request, session: SessionDep) -> dict:
+    files = []
+    for art in reversed(repository.list_artifacts(session)):
+        found = artifacts.module_names(Path(art.path))
+        files.append(views.jar_file(art, found[0] if found else None))
+    return {"address": str(request.base_url).rstrip("/"), "files": files}
+
+
+@router.delete("/{jarid}", responses=_ERRORS, summary="Delete an uploaded job (not while a live job uses it)")
+def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
+    with catalog.session() as s:
+        try:
+            art = repository.get_artifact(s, jarid)
+        except NotFound:
+            raise _unknown_jar(jarid) from None
+        users = [j.id for j in repository.list_jobs(s, statuses=_LIVE) if j.artifact_id == jarid]
+        if users:
+            raise ApiError.of(409, f"jar {jarid} is used by job(s) that have not finished: {', '.join(users)}",
+                              field="jarid", expected="a jar no live job uses",
+                              hint="cancel those jobs (PATCH /jobs/{jobid}?mode=cancel) or wait for them to end",
+                              prefix=False)
+        path = Path(art.path)
+        repository.delete_artifact(s, jarid)
+    if _inside(path, settings.artifacts):
+        artifacts.remove(path)
+    return {}
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(directory.resolve())
+    except OSError:
+        return False
+
+
+@router.post("/{jarid}/run", response_model=JarRunResponse, responses={**_ERRORS, 503: {"model": ErrorBody}},
+             summary="Submit a job from an uploaded jar")
+def run_jar(
+    jarid: str,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    transport: TransportDep,
+    default_restart: DefaultRestartDep,
+    body: Annotated[JarRunRequest | None, Body(description="all fields optional")] = None,
+    entry_class: Annotated[EntryName | None, Query(alias="entry-class", description="as entryClass")] = None,
+    parallelism: Annotated[PositiveInt | None, Query(description="as the body's parallelism")] = None,
+    program_args: Annotated[str | None, Query(alias="program-args", description="as programArgs")] = None,
+    program_arg: Annotated[str | None, Query(alias="programArg", description="comma-separated arguments")] = None,
+) -> dict:
+    """Body fields win over the query parameters of the same meaning (as in Flink)."""
+    req = body or JarRunRequest()
+    entry = req.entryClass or entry_class or artifacts.DEFAULT_ENTRY
+    args = req.program_args()
+    if args is None:
+        args = _query_args(program_args, program_arg)
+    config = {**(req.flinkConfiguration or {}), **(req.config or {})}
+    if req.savepointPath:
+        config.setdefault("execution.savepoint.path", req.savepointPath)
+    if req.allowNonRestoredState is not None:
+        config.setdefault("execution.savepoint.ignore-unclaimed-state", req.allowNonRestoredState)
+    if req.claimMode or req.restoreMode:
+        config.setdefault("execution.savepoint-restore-mode", req.claimMode or req.restoreMode)
+    try:
+        restart = stored_restart_strategy(req.restartStrategy) if req.restartStrategy else default_restart
+    except InvalidRestartStrategy as exc:
+        raise ApiError.of(400, str(exc).split(": ", 1)[-1], field=exc.field, expected="a valid restart strategy",
+                          hint="see the restart strategy schema at /docs") from None
+    kind = req.kind or "pyspark"
+    job_id = req.jobId or new_job_id()
+
+    try:
+        with catalog.session() as s:
+            try:
+                art = repository.get_artifact(s, jarid)
+            except NotFound:
+                raise _unknown_jar(jarid) from None
+            if kind == "pyspark":
+                _check_entry(art, entry)
+            if req.jobId:
+                try:
+                    existing = repository.get_job(s, job_id)
+                except NotFound:
+                    existing = None
+                if existing is not None:
+                    raise _duplicate(job_id, existing.status)
+            repository.create_job(
+                s, id=job_id, name=req.jobName or Path(art.name).stem, artifact_id=art.id, entry=entry,
+                parallelism=req.parallelism or parallelism or 1, program_args=args, config=config,
+                restart_strategy=restart, kind=kind,
+            )
+    except IntegrityError:  # the same jobId submitted twice at once
+        raise _duplicate(job_id, "INITIALIZING") from None
+
+    # Published only after the commit, so the JobManager always finds the row it is told about.
+    try:
+        transport.publish(JM_STREAM, SubmitJob(job_id=job_id))
+    except Exception as exc:  # noqa: BLE001 - any transport failure
+        _fail_unpublished(catalog, job_id, exc)
+        raise ApiError.of(503, f"job {job_id} was not submitted: the JobManager stream is unreachable ({exc})",
+                          hint="check that Redis is up (settings.redis_url) and submit again") from None
+    log.info("submitted job %s from %s", job_id, jarid)
+    return {"jobid": job_id}
+
+
+def _query_args(program_args: str | None, program_arg: str | None) -> list[str]:
+    if program_arg:
+        return [a for a in program_arg.split(",") if a]
+    if program_args:
+        try:
+            return shlex.split(program_args)
+        except ValueError as exc:
+            raise ApiError.of(400, f"cannot be split into arguments: {exc}", field="program-args",
+                              expected="a shell-quoted argument string", got=program_args) from None
+    return []
+
+
+def _duplicate(job_id: str, status: str) -> ApiError:
+    return ApiError.of(409, f"a job with id {job_id} already exists (state {status})", field="jobId",
+                       expected="an id no other job has", hint="leave jobId out to have one generated",
+                       prefix=False)
+
+
+def _check_entry(art, entry: str) -> None:
+    """For a .py artifact, the entry must be defined at its top level (a fast, clear failure
+    instead of an ImportError in a Spark driver minutes later)."""
+    if "." in entry or ":" in entry:
+        return
+    found = artifacts.module_names(Path(art.path))
+    if found is None:
+        return
+    functions, names, star = found
+    if star or entry in names:
+        return
+    if functions:
+        hint = f"pass entryClass with one of the module's top-level functions: {', '.join(functions)}"
+    else:
+        hint = f"define `def {entry}(ctx): ...` at the top level of {art.name}"
+    raise ApiError.of(400, f"function {entry!r} is not defined at the top level of {art.name}",
+                      field="entryClass", expected=f"a top-level function of {art.name}", got=entry, hint=hint, prefix=False)
+
+
+def _fail_unpublished(catalog, job_id: str, exc: Exception) -> None:
+    reason = f"dispatcher could not publish SubmitJob: {type(exc).__name__}: {exc}"
+    log.error("job %s: %s", job_id, reason)
+    try:
+        with catalog.session() as s:
+            repository.transition_job(s, job_id, JobStatus.FAILED, reason=reason)
+            repository.record_exception(s, job_id=job_id, exception_name=type(exc).__name__, stacktrace=reason)
+    except Exception:  # noqa: BLE001 - the JobManager may already own the job
+        log.exception("job %s: could not mark the unpublished submission failed", job_id)
