@@ -1,0 +1,110 @@
+"""Helpers for tests that start a multi-process local cluster and drive it over REST."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from services.local_cluster import LocalCluster, free_port
+from shared.settings import Settings
+
+TERMINAL = ("FINISHED", "FAILED", "CANCELED")
+
+
+def start_cluster(home: Path, *, catalog_url: str, redis_url: str | None = None, taskmanagers: int = 2,
+                  slots: int = 4, warm_drivers: int = 0, **settings) -> LocalCluster:
+    kwargs = dict(home=home, catalog_url=catalog_url, dispatcher_port=free_port(), warm_drivers=warm_drivers,
+                  taskmanager_slots=slots, **settings)
+    if redis_url:
+        kwargs["redis_url"] = redis_url
+    cluster = LocalCluster(Settings(**kwargs), taskmanagers=taskmanagers, slots=slots)
+    try:
+        cluster.start(wait_s=90)
+    except Exception:
+        cluster.stop()
+        raise
+    return cluster
+
+
+class Rest:
+    def __init__(self, url: str):
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def upload(self, path: Path) -> str:
+        with open(path, "rb") as f:
+            r = self.http.post("/jars/upload", files={"jarfile": (path.name, f)})
+        r.raise_for_status()
+        body = r.json()
+        return body.get("id") or Path(body["filename"]).name
+
+    def run(self, jar_id: str, **body) -> str:
+        r = self.http.post(f"/jars/{jar_id}/run", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["jobid"]
+
+    def job(self, job_id: str) -> dict:
+        r = self.http.get(f"/jobs/{job_id}")
+        r.raise_for_status()
+        return r.json()
+
+    def get(self, path: str) -> dict:
+        r = self.http.get(path)
+        r.raise_for_status()
+        return r.json()
+
+    def cancel(self, job_id: str) -> None:
+        r = self.http.patch(f"/jobs/{job_id}", params={"mode": "cancel"})
+        assert r.status_code == 202, r.text
+
+    def wait_state(self, job_id: str, states, timeout_s: float = 60) -> dict:
+        states = (states,) if isinstance(states, str) else tuple(states)
+        deadline = time.monotonic() + timeout_s
+        job = {}
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["state"] in states:
+                return job
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} is {job.get('state')}, expected {states} within {timeout_s} s")
+
+    def wait_running_task(self, job_id: str, timeout_s: float = 60) -> dict:
+        """The job's current attempt is RUNNING (not merely the job)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["vertices"] and all(v["status"] == "RUNNING" for v in job["vertices"]):
+                return job
+            time.sleep(0.1)
+        raise AssertionError(f"job {job_id} has no RUNNING task after {timeout_s} s: {self.job(job_id)}")
+
+    def wait_attempt_running(self, job_id: str, attempt: int, timeout_s: float = 60) -> list[dict]:
+        """Attempt number `attempt` (or a later one) of the job's task is RUNNING."""
+        deadline = time.monotonic() + timeout_s
+        attempts: list[dict] = []
+        while time.monotonic() < deadline:
+            attempts = self.attempts(job_id)
+            if attempts and attempts[-1]["attempt"] >= attempt and attempts[-1]["status"] == "RUNNING":
+                return attempts
+            time.sleep(0.05)
+        raise AssertionError(f"attempt {attempt} of job {job_id} not RUNNING after {timeout_s} s: {attempts}")
+
+    def attempts(self, job_id: str) -> list[dict]:
+        job = self.job(job_id)
+        if not job["vertices"]:
+            return []  # the JobManager has not built the plan yet
+        vid = job["vertices"][0]["id"]
+        return self.get(f"/jobs/{job_id}/vertices/{vid}")["attempts"]
+
+    def free_slots(self) -> int:
+        return self.get("/overview")["slots-available"]
+
+    def wait_free_slots(self, expected: int, timeout_s: float = 5) -> int:
+        """The ResourceManager writes slot views to the catalog every 0.5 s: poll, then judge."""
+        deadline = time.monotonic() + timeout_s
+        free = self.free_slots()
+        while free != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+            free = self.free_slots()
+        return free

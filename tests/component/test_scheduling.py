@@ -1,0 +1,215 @@
+"""JobMaster + ResourceManager wired through the in-memory transport, a real SQLite catalog and
+a scripted TaskManager that answers deploy/cancel commands: the scheduling and failover rules
+without processes or Redis. The same scenarios run on the real stack in tests/integration."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import streams
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.clock import FakeClock
+from shared.ids import new_job_id
+from shared.messages import (
+    CancelJob, CancelTask, DeployTask, RegisterTaskManager, SubmitJob, TaskManagerHeartbeat, TaskStateChanged,
+)
+from shared.settings import Settings
+from shared.states import ExecutionState as ES
+from shared.transport import InMemoryTransport
+from services.jobmanager.scheduler import JobMaster
+from services.resourcemanager.service import ResourceManager
+
+
+class RecordingGateway:
+    def __init__(self):
+        self.sent: list[tuple[str, object]] = []
+
+    def deploy(self, queue, cmd: DeployTask):
+        self.sent.append((queue, cmd))
+
+    def cancel(self, queue, cmd: CancelTask):
+        self.sent.append((queue, cmd))
+
+
+class Harness:
+    def __init__(self, tmp_path, slots=(4, 4)):
+        self.clock = FakeClock()
+        self.settings = Settings(home=tmp_path, heartbeat_interval_s=2, heartbeat_timeout_s=10)
+        self.catalog = Catalog(self.settings.catalog)
+        self.catalog.migrate()
+        self.t = InMemoryTransport(sender="test", epoch=1)
+        self.gw = RecordingGateway()
+        self.jm = JobMaster(self.settings, self.catalog, self.t, self.gw, self.clock, epoch=1)
+        self.rm = ResourceManager(self.settings, self.catalog, self.t, self.clock)
+        for i, n in enumerate(slots):
+            self.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=f"tm-{i}", host="h", slots=n, cores=2,
+                                                                  memory_bytes=1, queue=f"tm.tm-{i}"))
+        self.pump()
+
+    def pump(self, rounds=5):
+        for _ in range(rounds):
+            self.t.drain(streams.RM_STREAM, streams.RM_GROUP, self.rm.handle)
+            self.t.drain(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, self.rm.handle)
+            self.rm.tick()
+            self.t.drain(streams.JM_STREAM, streams.JM_GROUP, self.jm.handle, around_batch=self.jm.unit_of_work)
+            self.jm.timers.run_due()
+
+    def submit(self, parallelism=1, restart=None, name="job") -> str:
+        job_id = new_job_id()
+        with self.catalog.session() as s:
+            repo.create_job(s, id=job_id, name=name, artifact_id=None, entry="build", parallelism=parallelism,
+                            program_args=[], config={}, restart_strategy=restart or {"type": "none"}, kind="noop")
+        self.t.publish(streams.JM_STREAM, SubmitJob(job_id=job_id))
+        return job_id
+
+    def deployed(self) -> list[DeployTask]:
+        out = [c for _, c in self.gw.sent if isinstance(c, DeployTask)]
+        self.gw.sent = [(q, c) for q, c in self.gw.sent if not isinstance(c, DeployTask)]
+        return out
+
+    def report(self, cmd: DeployTask, *states: ES, cause=None):
+        tm = cmd.spec["execution_id"]
+        ex_tm = self.execution(cmd.spec["execution_id"]).taskmanager_id
+        for st in states:
+            self.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=tm, job_id=cmd.spec["job_id"],
+                                                               taskmanager_id=ex_tm, state=st, failure_cause=cause))
+        self.pump()
+
+    def execution(self, ex_id):
+        with self.catalog.session() as s:
+            return repo.get_execution(s, ex_id)
+
+    def job(self, job_id):
+        with self.catalog.session() as s:
+            return repo.get_job(s, job_id)
+
+    def attempts(self, job_id):
+        with self.catalog.session() as s:
+            return [(e.attempt, e.state) for e in repo.job_executions(s, job_id)]
+
+
+@pytest.fixture
+def h(tmp_path):
+    return Harness(tmp_path)
+
+
+def test_job_runs_and_finishes_and_frees_its_slots(h):
+    job = h.submit(parallelism=2)
+    h.pump()
+    [cmd] = h.deployed()
+    assert len(cmd.slot_indices) == 2 and h.rm.slots.free_slots() == 6
+    h.report(cmd, ES.INITIALIZING, ES.RUNNING, ES.FINISHED)
+    assert h.job(job).status == "FINISHED"
+    assert h.rm.slots.free_slots() == 8
+    with h.catalog.session() as s:
+        assert list(repo.job_state_timestamps(s, job)) == ["INITIALIZING", "CREATED", "RUNNING", "FINISHED"]
+
+
+def test_fixed_delay_fails_twice_then_succeeds_with_three_attempts(h):
+    job = h.submit(restart={"type": "fixed-delay", "attempts": 3, "delay": 1})
+    h.pump()
+    for attempt in range(2):
+        [cmd] = h.deployed()
+        h.report(cmd, ES.RUNNING, ES.FAILED, cause=f"boom {attempt}")
+        assert h.job(job).status == "RESTARTING"
+        h.clock.advance(1.0)
+        h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING, ES.FINISHED)
+    assert h.job(job).status == "FINISHED"
+    assert h.attempts(job) == [(0, "FAILED"), (1, "FAILED"), (2, "FINISHED")]
+
+
+def test_no_restart_strategy_fails_job_with_exception_recorded(h):
+    job = h.submit(restart={"type": "none"})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING, ES.FAILED, cause="Traceback ... ValueError: bad")
+    assert h.job(job).status == "FAILED"
+    with h.catalog.session() as s:
+        [exc] = repo.job_exceptions(s, job)
+        assert "ValueError: bad" in exc.stacktrace
+    assert h.rm.slots.free_slots() == 8
+
+
+def test_cancel_during_backoff_wins(h):
+    job = h.submit(restart={"type": "fixed-delay", "attempts": 5, "delay": 10})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING, ES.FAILED)
+    assert h.job(job).status == "RESTARTING"
+    h.t.publish(streams.JM_STREAM, CancelJob(job_id=job))
+    h.pump()
+    h.clock.advance(11)
+    h.pump()
+    assert h.job(job).status == "CANCELED"
+    assert h.deployed() == []
+
+
+def test_cancel_running_job_sends_cancel_and_ends_canceled(h):
+    job = h.submit()
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING)
+    h.t.publish(streams.JM_STREAM, CancelJob(job_id=job))
+    h.pump()
+    assert h.job(job).status == "CANCELLING"
+    cancels = [c for _, c in h.gw.sent if isinstance(c, CancelTask)]
+    assert [c.execution_id for c in cancels] == [cmd.spec["execution_id"]]
+    h.report(cmd, ES.CANCELED)
+    assert h.job(job).status == "CANCELED" and h.rm.slots.free_slots() == 8
+
+
+def test_taskmanager_lost_restarts_on_the_other_one(h):
+    job = h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING)
+    lost_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    survivor = "tm-1" if lost_tm == "tm-0" else "tm-0"
+    for _ in range(6):  # only the survivor keeps heartbeating
+        h.clock.advance(2)
+        h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
+        h.pump()
+    [cmd2] = h.deployed()
+    ex1 = h.execution(cmd.spec["execution_id"])
+    assert ex1.state == "FAILED" and "TaskManager lost" in ex1.failure_cause
+    assert h.execution(cmd2.spec["execution_id"]).taskmanager_id == survivor
+    assert h.job(job).status == "RUNNING"
+
+
+def test_many_jobs_wait_with_reason_and_start_in_submission_order(h):
+    jobs = [h.submit(parallelism=2, name=f"j{i}") for i in range(6)]
+    h.pump()
+    first = h.deployed()
+    assert len(first) == 4  # 2 TaskManagers x 4 slots / 2 slots each
+    assert {c.spec["job_id"] for c in first} == set(jobs[:4])
+    assert h.job(jobs[4]).waiting_reason == "waiting for 2 slots; 0 free"
+    h.report(first[2], ES.RUNNING, ES.FINISHED)
+    [nxt] = h.deployed()
+    assert nxt.spec["job_id"] == jobs[4]
+
+
+def test_slot_request_timeout_fails_job_with_message(tmp_path):
+    h = Harness(tmp_path, slots=(1,))
+    h.submit(parallelism=1)
+    h.pump()
+    assert len(h.deployed()) == 1
+    job = h.submit(parallelism=1)
+    h.pump()
+    h.clock.advance(h.settings.slot_request_timeout_s + 1)
+    h.pump()
+    assert h.job(job).status == "FAILED"
+    with h.catalog.session() as s:
+        [exc] = repo.job_exceptions(s, job)
+    assert exc.exception_name == "NoResourceAvailableException"
+    assert "could not allocate 1 slot" in exc.stacktrace
+
+
+def test_redelivered_submission_changes_nothing(h):
+    job = h.submit()
+    h.pump()
+    h.t.publish(streams.JM_STREAM, SubmitJob(job_id=job))
+    h.pump()
+    assert len(h.deployed()) == 1 and len(h.attempts(job)) == 1

@@ -1,0 +1,206 @@
+"""End to end on the multi-process cluster: redis-server, RM, JM, two TaskManagers with warm
+Spark drivers, the dispatcher; PostgreSQL as catalog and as the pipeline's sink.
+
+1. Upload and run the clickstream example over REST on a fixed generated input; the count of
+   every (window, url) in PostgreSQL equals what the generator's pure function predicts.
+2. A second, endless job is cancelled: it ends CANCELED, its slots are free again, and the
+   Spark driver process that ran it (with its JVM) is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timezone
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from services.taskmanager.runtime.connectors.datagen import generate_events
+from tests.clusters import Rest, start_cluster
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED, TOTAL = 42, 2400
+ARGS = ["--total", str(TOTAL), "--rate", "800", "--seed", str(SEED), "--events-per-minute", "600",
+        "--max-delay-ms", "5000", "--table", "e2e_clicks"]
+
+
+def expected_counts() -> Counter:
+    counts = Counter()
+    for e in generate_events(SEED, 0, TOTAL, events_per_minute=600, max_delay_ms=5000):
+        t = e["event_time"].astimezone(timezone.utc).replace(tzinfo=None)
+        counts[(t.replace(second=0, microsecond=0), e["url"])] += 1
+    return counts
+
+
+def sink_counts(pg: str, table: str) -> Counter:
+    """(window start in UTC, url) -> count, as the pipeline left it in PostgreSQL."""
+    with psycopg.connect(pg) as conn:
+        rows = conn.execute(f"SELECT window_start, url, count FROM {table}").fetchall()
+    got = Counter()
+    for start, url, count in rows:
+        start = start.astimezone(timezone.utc).replace(tzinfo=None) if start.tzinfo else start
+        got[(start, url)] += count
+    return got
+
+
+def runner_processes(tm_pid: int) -> list[psutil.Process]:
+    """The Spark driver processes a TaskManager supervises (each leads its own session)."""
+    out = []
+    for p in psutil.Process(tm_pid).children(recursive=False):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "services.taskmanager.runtime.runner" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def settled_drivers(c, names, timeout_s: float = 60) -> dict[str, set[int]]:
+    """Wait until each TaskManager runs exactly its one warm driver (the previous task's driver
+    has exited), then return their pids."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = {n: {p.pid for p in runner_processes(c.child(n).proc.pid)} for n in names}
+        if all(len(pids) == 1 for pids in found.values()) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    pg = pg_url_module
+    c = start_cluster(tmp_path_factory.mktemp("e2e-home"), catalog_url=pg, taskmanagers=2, slots=2, warm_drivers=1,
+                      restart_strategy={"type": "none"})
+    yield c, pg
+    c.stop()
+
+
+def test_clickstream_counts_then_cancel(cluster):
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    jar = rest.upload(ROOT / "examples" / "clickstream.py")
+    job = rest.run(jar, parallelism=1, jobName="clickstream-e2e", programArgsList=ARGS)
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    got = sink_counts(pg, "e2e_clicks")
+    assert got == expected_counts()
+    assert sum(got.values()) == TOTAL
+
+    # --- a second, endless job, cancelled ----------------------------------------------
+    free_before = rest.wait_free_slots(4)
+    assert free_before == 4
+    drivers_before = settled_drivers(c, ("taskmanager-1", "taskmanager-2"))
+    endless = rest.upload(ROOT / "bench" / "pipelines" / "endless_stream.py")
+    job2 = rest.run(endless, parallelism=1, jobName="endless")
+    rest.wait_attempt_running(job2, 0, timeout_s=300)
+    tm = rest.attempts(job2)[0]["taskmanager-id"]
+    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
+    assert rest.wait_free_slots(3) == 3
+    # slots=2 and one warm driver per TaskManager: the task runs on the warm driver that
+    # TaskManager had before the submission. It and its JVM must be gone after the cancel.
+    [task_driver] = [psutil.Process(pid) for pid in drivers_before[name]]
+    task_processes = [task_driver] + task_driver.children(recursive=True)
+    assert any("java" in p.name() for p in task_processes), "expected the driver's JVM"
+    t0 = time.monotonic()
+    rest.cancel(job2)
+    assert rest.wait_state(job2, ("CANCELED",), timeout_s=30)["state"] == "CANCELED"
+    assert time.monotonic() - t0 < 15
+    assert rest.wait_free_slots(4) == 4
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(p.is_running() for p in task_processes):
+        time.sleep(0.2)
+    assert [p.pid for p in task_processes if p.is_running()] == [], "the cancelled task's processes survived"
+
+
+def test_taskmanager_killed_mid_stream_recovers_with_exact_counts(cluster):
+    """kill -9 of the TaskManager (and its driver process group) while the query runs: the
+    ResourceManager sees the TaskManager die, the attempt FAILS with "TaskManager lost", the
+    restart strategy starts attempt 1 on the other TaskManager from the last committed Spark
+    checkpoint, and the sink ends with exactly the expected counts."""
+    import os
+    import signal
+
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    jar = rest.upload(ROOT / "examples" / "clickstream.py")
+    args = ["--total", str(TOTAL), "--rate", "120", "--seed", str(SEED), "--events-per-minute", "600",
+            "--max-delay-ms", "5000", "--table", "e2e_failover", "--trigger", "1 second"]
+    job = rest.run(jar, parallelism=1, jobName="clickstream-failover", programArgsList=args,
+                   restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "1 s"})
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    # Wait for a few committed batches, so the restart really resumes mid-stream.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with psycopg.connect(pg) as conn:
+            exists = conn.execute("SELECT to_regclass('e2e_failover')").fetchone()[0]
+            done = conn.execute("SELECT coalesce(sum(count), 0) FROM e2e_failover").fetchone()[0] if exists else 0
+        if done >= 300:
+            break
+        time.sleep(0.5)
+    assert 300 <= done < TOTAL, f"expected to kill mid-stream, sink had {done} of {TOTAL}"
+    victim = rest.attempts(job)[0]["taskmanager-id"]
+    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[victim]
+    tm = psutil.Process(c.child(name).proc.pid)
+    drivers = runner_processes(tm.pid)
+    os.killpg(tm.pid, signal.SIGKILL)
+    for d in drivers:  # "kill -9 of a TaskManager and its task processes"
+        try:
+            os.killpg(d.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    attempts = rest.wait_attempt_running(job, 1, timeout_s=120)
+    assert attempts[0]["status"] == "FAILED" and "TaskManager lost" in attempts[0]["failure-cause"]
+    assert attempts[-1]["taskmanager-id"] != victim
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    assert sink_counts(pg, "e2e_failover") == expected_counts()
+    # Leave the shared cluster as we found it: the killed TaskManager comes back.
+    c.child(name).proc.wait(10)
+    c.respawn(name)
+    assert rest.wait_free_slots(4, timeout_s=60) == 4
+
+
+BROKEN_AT_BUILD = '''
+def build(ctx):
+    raise ValueError("bad pipeline: the table 'clicks_raw' does not exist")
+'''
+
+BROKEN_AT_RUN = '''
+from pyspark.sql import functions as F
+
+
+@F.udf("string")
+def explode_on_bad_row(url):
+    if url == "/checkout":
+        raise RuntimeError("cannot price an empty cart")
+    return url
+
+
+def build(ctx):
+    clicks = ctx.sources.datagen(seed=3, total=500, rows_per_second=500)
+    return ctx.sinks.console(clicks.select(explode_on_bad_row("url").alias("u")))
+'''
+
+
+@pytest.mark.parametrize("source, message", [
+    (BROKEN_AT_BUILD, "ValueError: bad pipeline: the table 'clicks_raw' does not exist"),
+    (BROKEN_AT_RUN, "RuntimeError: cannot price an empty cart"),
+])
+def test_failing_pipeline_ends_failed_with_its_traceback(cluster, tmp_path, source, message):
+    c, _ = cluster
+    rest = Rest(c.dispatcher_url)
+    path = tmp_path / "broken_pipeline.py"
+    path.write_text(source)
+    job = rest.run(rest.upload(path), parallelism=1, restartStrategy={"type": "none"})
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
+    assert final["state"] == "FAILED"
+    exceptions = rest.get(f"/jobs/{job}/exceptions")
+    assert message in exceptions["root-exception"]
+    assert "Traceback" in exceptions["root-exception"]
+    assert exceptions["exceptionHistory"]["entries"][0]["taskManagerId"] in ("tm-1", "tm-2")
+    assert rest.wait_free_slots(4) == 4

@@ -1,0 +1,293 @@
+"""The driver process as a TaskManager sees it: a subprocess speaking the task protocol.
+
+Each test starts real runner processes (JVM included), so they are few and their inputs small;
+independent drivers run side by side to share the start-up cost.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+
+from services.taskmanager.runtime.connectors.datagen import generate_events
+from services.taskmanager.runtime.connectors.sql import make_engine
+from shared.task_protocol import CancelTask, RunTask, TaskSpec, decode_event, encode_line
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CLICKSTREAM = REPO / "examples" / "clickstream.py"
+START_TIMEOUT = 240  # a cold JVM on a busy 2-core machine
+
+# A stand-in TaskManager that only starts the runner and waits: killing it orphans the runner.
+FAKE_TASKMANAGER = textwrap.dedent("""
+    import os, subprocess, sys
+    fd = int(os.environ["EVENTS_FD"])
+    sys.exit(subprocess.Popen(sys.argv[1:], pass_fds=(fd,)).wait())
+""")
+
+
+class Driver:
+    """A runner process, its event stream and its process tree."""
+
+    def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False):
+        workdir.mkdir(parents=True, exist_ok=True)
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", "2",
+               "--workdir", str(workdir), "--events-fd", str(w), "--shuffle-partitions", "2"]
+        if not warm:
+            cmd.append("--no-warmup")
+        if via_parent:
+            cmd = [sys.executable, "-c", FAKE_TASKMANAGER, *cmd]
+        self.log_path = workdir / "driver.log"
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=log,
+                                     stderr=subprocess.STDOUT, pass_fds=(w,),
+                                     env={**os.environ, "EVENTS_FD": str(w)})
+        os.close(w)
+        log.close()
+        self.events: queue.Queue = queue.Queue()
+        self.seen: list = []
+        reader = os.fdopen(r, "rb")
+
+        def pump() -> None:
+            for line in reader:
+                self.events.put(decode_event(line))
+            self.events.put(None)  # EOF: every holder of the write end is gone
+
+        threading.Thread(target=pump, daemon=True).start()
+        self.tree: list[psutil.Process] = []
+
+    def next_event(self, timeout: float):
+        try:
+            ev = self.events.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no driver event within {timeout}s; log:\n{self.log_tail()}") from None
+        if ev is None:
+            raise AssertionError(f"driver events ended after {[e.event for e in self.seen]}; log:\n{self.log_tail()}")
+        self.seen.append(ev)
+        return ev
+
+    def expect(self, name: str, timeout: float = 60):
+        ev = self.next_event(timeout)
+        assert ev.event == name, f"expected {name}, got {ev}; log:\n{self.log_tail()}"
+        return ev
+
+    def wait_until(self, pred, timeout: float, skip: tuple[str, ...] = ("progress",)):
+        deadline = time.monotonic() + timeout
+        while True:
+            ev = self.next_event(max(0.1, deadline - time.monotonic()))
+            if pred(ev):
+                return ev
+            assert ev.event in skip, f"unexpected {ev}; log:\n{self.log_tail()}"
+
+    def ready(self):
+        ev = self.expect("ready", START_TIMEOUT)
+        root = psutil.Process(ev.pid)
+        self.tree = [root, *root.children(recursive=True)]
+        assert any("java" in p.name() for p in self.tree), "no JVM under the driver"
+        return ev
+
+    def run(self, spec: TaskSpec) -> None:
+        self.send(encode_line(RunTask(spec=spec)))
+
+    def send(self, line: bytes) -> None:
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+
+    def assert_tree_gone(self, timeout: float = 30) -> None:
+        def alive(p: psutil.Process) -> bool:
+            try:
+                return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        deadline = time.monotonic() + timeout
+        while any(alive(p) for p in self.tree):
+            if time.monotonic() > deadline:
+                left = [(p.pid, p.name()) for p in self.tree if alive(p)]
+                raise AssertionError(f"processes left behind: {left}")
+            time.sleep(0.2)
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        for p in self.tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def drivers():
+    started: list[Driver] = []
+
+    def start(workdir: Path, **kw) -> Driver:
+        d = Driver(workdir, **kw)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:  # never leave a JVM behind, whatever failed
+        d.kill()
+
+
+def spec(tmp_path: Path, artifact: Path, *args: str, job_id: str = "job-1", attempt: int = 1,
+         catalog_url: str | None = None) -> TaskSpec:
+    return TaskSpec(job_id=job_id, vertex_id="v-1", execution_id=f"x-{attempt}", attempt=attempt,
+                    parallelism=2, artifact_path=str(artifact), program_args=args,
+                    checkpoint_dir=str(tmp_path / "checkpoints" / job_id),
+                    catalog_url=catalog_url or f"sqlite:///{tmp_path / 'catalog.db'}",
+                    redis_url="redis://127.0.0.1:1/0")
+
+
+def window_counts(url: str, table: str) -> dict:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(f"select window_start, url, count from {table}")).all()
+    finally:
+        engine.dispose()
+    return {(ws, u): c for ws, u, c in rows}
+
+
+def expected_counts(seed: int, total: int) -> dict:
+    return dict(Counter(
+        (e["event_time"].replace(second=0, microsecond=0, tzinfo=None), e["url"])
+        for e in generate_events(seed, 0, total)
+    ))
+
+
+def test_clickstream_exact_counts_survive_kill9_mid_stream(drivers, pg_url, tmp_path):
+    seed, total = 11, 3000
+    args = ("--total", str(total), "--rate", "250", "--seed", str(seed), "--sink-url", pg_url)
+    task = spec(tmp_path, CLICKSTREAM, *args)
+
+    first = drivers(tmp_path / "attempt1", warm=True)
+    first.ready()
+    t_run = time.monotonic()
+    first.run(task)
+    first.expect("initializing")
+    assert first.expect("running", 60).streaming is True
+    first.wait_until(lambda e: e.event == "progress" and e.num_input_rows > 0 and e.batch_id >= 2, 120)
+    print(f"warm driver: RunTask -> third batch {time.monotonic() - t_run:.1f}s")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    first.assert_tree_gone()  # the JVM exits when its driver's pipe closes
+    partial = window_counts(pg_url, "clicks_per_minute")
+    assert 0 < sum(partial.values()) < total, "the kill must land mid-stream"
+
+    second = drivers(tmp_path / "attempt2")
+    second.ready()
+    second.run(task.model_copy(update={"attempt": 2, "execution_id": "x-2"}))
+    second.expect("initializing")
+    second.expect("running", 60)
+    progress = []
+    done = second.wait_until(lambda e: (e.event == "progress" and progress.append(e)) or e.event == "finished", 180)
+    assert done.event == "finished"
+    assert progress and progress[0].batch_id > 0, "the second attempt must resume, not restart"
+    assert second.proc.wait(30) == 0
+    assert window_counts(pg_url, "clicks_per_minute") == expected_counts(seed, total)
+
+
+def test_batch_job_finishes_and_failures_are_reported_with_their_traceback(drivers, tmp_path):
+    bad_build = tmp_path / "bad_build.py"
+    bad_build.write_text("def build(ctx):\n    raise ValueError('no pipeline for you')\n")
+    bad_stream = tmp_path / "bad_stream.py"
+    bad_stream.write_text(textwrap.dedent("""
+        from pyspark.sql import functions as F
+
+        def explode(i):
+            raise RuntimeError(f"poisoned event {i}")
+
+        def build(ctx):
+            clicks = ctx.sources.datagen(seed=1, total=50)
+            bad = clicks.select(F.udf(explode, "long")("i").alias("x"))
+            return ctx.sinks.console(bad)
+    """))
+    a = drivers(tmp_path / "a")
+    b = drivers(tmp_path / "b")
+    c = drivers(tmp_path / "c")
+    a.ready()
+    b.ready()
+    c.ready()
+    a.run(spec(tmp_path, bad_build))
+    b.run(spec(tmp_path, bad_stream, job_id="job-2"))
+    out = tmp_path / "daily"
+    c.run(spec(tmp_path, REPO / "examples" / "batch_sql_to_parquet.py", "--seed-events", "500",
+               "--output", str(out), job_id="job-3"))
+
+    c.expect("initializing")
+    assert c.expect("running", 60).streaming is False
+    c.expect("finished", 120)
+    assert c.proc.wait(30) == 0
+    daily = pq.read_table(out).to_pylist()
+    assert sum(r["clicks"] for r in daily) == 500
+
+    a.expect("initializing")
+    failed = a.expect("failed", 60)
+    assert failed.error_name == "ValueError"
+    assert "no pipeline for you" in failed.traceback and "bad_build.py" in failed.traceback
+    assert a.proc.wait(30) == 1
+
+    b.expect("initializing")
+    b.expect("running", 60)
+    failed = b.wait_until(lambda e: e.event == "failed", 120)
+    assert failed.error_name == "StreamingQueryException"
+    # Spark's message carries the worker's Python traceback.
+    assert "RuntimeError: poisoned event" in failed.traceback and "in explode" in failed.traceback
+    assert b.proc.wait(30) == 1
+    for d in (a, b, c):
+        d.assert_tree_gone()
+
+
+def test_cancel_by_command_or_sigterm_stops_driver_and_jvm(drivers, tmp_path):
+    endless = ("--total", "10000000", "--rate", "100", "--sink-url", f"sqlite:///{tmp_path / 'sink.db'}")
+    by_cmd = drivers(tmp_path / "cmd")
+    by_term = drivers(tmp_path / "term")
+    by_cmd.ready()
+    by_term.ready()
+    by_cmd.run(spec(tmp_path, CLICKSTREAM, *endless, job_id="job-cmd"))
+    by_term.run(spec(tmp_path, CLICKSTREAM, *endless, job_id="job-term"))
+    for d in (by_cmd, by_term):
+        d.expect("initializing")
+        d.expect("running", 60)
+    by_cmd.wait_until(lambda e: e.event == "progress", 120)
+    by_cmd.send(encode_line(CancelTask()))
+    by_term.wait_until(lambda e: e.event == "progress", 120)
+    os.kill(by_term.proc.pid, signal.SIGTERM)
+    for d in (by_cmd, by_term):
+        d.wait_until(lambda e: e.event == "canceled", 60)
+        assert d.proc.wait(30) == 0
+        d.assert_tree_gone()
+
+
+def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path):
+    d = drivers(tmp_path / "orphan", via_parent=True)
+    ev = d.ready()
+    fake_tm = psutil.Process(d.proc.pid)
+    assert psutil.Process(ev.pid).ppid() == fake_tm.pid
+    fake_tm.kill()  # kill -9 of the TaskManager
+    d.proc.wait(10)
+    d.assert_tree_gone(timeout=30)

@@ -1,0 +1,298 @@
+"""The dispatcher's pure parts: catalog rows -> Flink JSON shapes (`views`) and pydantic errors ->
+the shared error shape (`errors.describe`). Rows are plain namespaces; no database, no HTTP."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace as Row
+
+import pytest
+from pydantic import ValidationError
+
+from services.dispatcher import views
+from services.dispatcher.errors import ApiError, Problem, error_body, problems_from_validation
+from services.dispatcher.schemas import JarRunRequest, normalise_restart_strategy, parse_duration
+from shared.states import ExecutionState, JobStatus
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0_MS = int(T0.timestamp() * 1000)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def ms(seconds: float) -> int:
+    return T0_MS + int(seconds * 1000)
+
+
+def job(**kw) -> Row:
+    base = dict(id="a" * 32, name="clicks", status="RUNNING", created_at=at(0), updated_at=at(5), end_at=None,
+                waiting_reason=None, config={}, restart_strategy={"type": "none"}, parallelism=2, entry="build",
+                kind="pyspark", program_args=[], artifact_id="x_job.py")
+    base.update(kw)
+    return Row(**base)
+
+
+def vertex(id="v" * 32, **kw) -> Row:
+    return Row(**{"id": id, "name": "Source: redis -> Sink: pg", "parallelism": 2, "idx": 0, **kw})
+
+
+def execution(attempt=0, state="RUNNING", **kw) -> Row:
+    base = dict(id=f"e{attempt}".ljust(32, "0"), vertex_id="v" * 32, attempt=attempt, state=state,
+                taskmanager_id="tm-1", slots=[0, 1], start_at=at(2), end_at=None, failure_cause=None,
+                waiting_reason=None, rows_processed=10, last_batch_id=7,
+                timestamps={"CREATED": ms(1), "SCHEDULED": ms(1.5), "DEPLOYING": ms(2), "RUNNING": ms(3)})
+    base.update(kw)
+    return Row(**base)
+
+
+def tm(**kw) -> Row:
+    base = dict(id="tm-1", host="worker-1", queue="tm.tm-1", state="REGISTERED", slots_total=4, slots_free=1,
+                cores=8.0, memory_bytes=16 * 2**30, allocations=[], registered_at=at(0), last_heartbeat=at(9),
+                lost_reason=None)
+    base.update(kw)
+    return Row(**base)
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def test_job_overview_running():
+    v = vertex()
+    out = views.job_overview(job(), [v], {v.id: execution()}, now_ms=ms(10))
+    assert out["jid"] == "a" * 32 and out["state"] == "RUNNING"
+    assert (out["start-time"], out["end-time"], out["duration"], out["last-modification"]) == (T0_MS, -1, 10_000, ms(5))
+    assert out["tasks"]["total"] == 1 and out["tasks"]["running"] == 1
+    assert sum(v for k, v in out["tasks"].items() if k != "total") == 1
+    assert all(k == k.lower() for k in out["tasks"])
+
+
+def test_job_overview_finished_uses_end_time_and_unscheduled_vertices_count_as_created():
+    v1, v2 = vertex("1" * 32), vertex("2" * 32, idx=1)
+    out = views.job_overview(job(status="FINISHED", end_at=at(4)), [v1, v2], {v1.id: execution(state="FINISHED")},
+                             now_ms=ms(100))
+    assert out["end-time"] == ms(4) and out["duration"] == 4000
+    assert out["tasks"] == {**{s.value.lower(): 0 for s in ExecutionState}, "total": 2, "finished": 1, "created": 1}
+
+
+def test_job_details_timestamps_vertices_and_extras():
+    v = vertex()
+    ex = execution(attempt=2, waiting_reason=None)
+    out = views.job_details(job(config={"spark.sql.shuffle.partitions": "8"}), [v], {v.id: ex},
+                            {"INITIALIZING": T0_MS, "CREATED": ms(1), "RUNNING": ms(2)}, max_par=8, now_ms=ms(10))
+    assert set(out["timestamps"]) == {s.value for s in JobStatus}
+    assert out["timestamps"]["RUNNING"] == ms(2) and out["timestamps"]["FAILED"] == 0
+    assert out["now"] == ms(10) and out["maxParallelism"] == 8 and out["isStoppable"] is False
+    [vi] = out["vertices"]
+    assert vi == {"id": v.id, "name": v.name, "maxParallelism": 8, "parallelism": 2, "status": "RUNNING",
+                  "start-time": ms(2), "end-time": -1, "duration": 8000,
+                  "tasks": {**{s.value: 0 for s in ExecutionState}, "RUNNING": 1},
+                  "metrics": {"read-records": 10, "read-records-complete": False}}
+    assert out["status-counts"]["RUNNING"] == 1
+    assert out["plan"] == {"jid": "a" * 32, "name": "clicks", "type": "STREAMING", "nodes": [
+        {"id": v.id, "parallelism": 2, "operator": "", "operator_strategy": "", "description": v.name,
+         "optimizer_properties": {}}]}
+    assert out["attempts"] == 3 and out["restart-strategy"] == {"type": "none"} and out["waiting-reason"] is None
+
+
+def test_job_details_before_planning():
+    out = views.job_details(job(status="INITIALIZING"), [], {}, {"INITIALIZING": T0_MS}, max_par=4, now_ms=ms(1))
+    assert out["vertices"] == [] and out["attempts"] == 0 and out["plan"]["nodes"] == []
+    assert sum(out["status-counts"].values()) == 0
+
+
+def test_waiting_reason_prefers_the_job_then_a_live_attempt():
+    v = vertex()
+    waiting = execution(state="SCHEDULED", waiting_reason="no free slots")
+    assert views.waiting_reason(job(waiting_reason="no leader"), {v.id: waiting}) == "no leader"
+    assert views.waiting_reason(job(), {v.id: waiting}) == "no free slots"
+    assert views.waiting_reason(job(), {v.id: execution(state="FAILED", waiting_reason="stale")}) is None
+
+
+@pytest.mark.parametrize("config,default,expected", [
+    ({}, 4, 4), ({"spark.sql.shuffle.partitions": 16}, 4, 16), ({"spark.sql.shuffle.partitions": "bad"}, 4, 4),
+    ({"maxParallelism": 0}, 4, 4), (None, 2, 2),
+])
+def test_max_parallelism(config, default, expected):
+    assert views.max_parallelism(config, default) == expected
+
+
+def test_job_type_follows_the_runtime_mode():
+    assert views.job_type({}) == "STREAMING"
+    assert views.job_type({"execution.runtime-mode": "batch"}) == "BATCH"
+
+
+# --- vertices ------------------------------------------------------------------------------
+
+
+def test_status_duration_of_a_running_attempt():
+    ex = execution()
+    assert views.status_duration(ex.timestamps, "RUNNING", ms(10)) == {
+        "CREATED": 500, "SCHEDULED": 500, "DEPLOYING": 1000, "INITIALIZING": 0, "RUNNING": 7000}
+
+
+def test_status_duration_stops_at_a_terminal_state():
+    stamps = {"CREATED": ms(0), "SCHEDULED": ms(1), "DEPLOYING": ms(2), "RUNNING": ms(3), "FAILED": ms(7)}
+    assert views.status_duration(stamps, "FAILED", ms(100))["RUNNING"] == 4000
+
+
+def test_vertex_details_current_attempt_and_history():
+    v = vertex()
+    old = execution(attempt=0, state="FAILED", end_at=at(4), failure_cause="boom", taskmanager_id="tm-1")
+    cur = execution(attempt=1, state="SCHEDULED", start_at=None, taskmanager_id=None, slots=[],
+                    waiting_reason="waiting for slots", timestamps={"CREATED": ms(5), "SCHEDULED": ms(5)})
+    out = views.vertex_details(v, [cur, old], {"tm-1": "worker-1"}, max_par=4, now_ms=ms(10))
+    [st] = out["subtasks"]
+    assert st["attempt"] == 1 and st["status"] == "SCHEDULED" and st["endpoint"] == "(unassigned)"
+    assert st["start-time"] == -1 and st["duration"] == -1
+    assert [a["attempt"] for a in out["attempts"]] == [0, 1]
+    assert out["attempts"][0] == {
+        "attempt": 0, "execution-id": old.id, "status": "FAILED", "taskmanager-id": "tm-1", "slots": [0, 1], "start-time": ms(2),
+        "end-time": ms(4), "duration": 2000, "timestamps": old.timestamps, "failure-cause": "boom",
+        "waiting-reason": None, "last-batch-id": 7, "read-records": 10}
+    assert out["attempts"][1]["waiting-reason"] == "waiting for slots"
+    assert views.vertex_details(v, [], {}, max_par=4, now_ms=0)["subtasks"] == []
+
+
+def test_vertex_details_keeps_only_the_newest_attempts():
+    out = views.vertex_details(vertex(), [execution(attempt=i, state="FAILED") for i in range(20)], {},
+                               max_par=4, now_ms=ms(10), history=16)
+    assert [a["attempt"] for a in out["attempts"]] == list(range(4, 20))
+
+
+# --- exceptions ----------------------------------------------------------------------------
+
+
+def exc_row(i: int, tm_id="tm-1") -> Row:
+    return Row(exception_name=f"E{i}", stacktrace=f"trace {i}", at=at(i), vertex_name="src", attempt=i,
+               taskmanager_id=tm_id)
+
+
+def test_exceptions_newest_first_and_truncated():
+    rows = [exc_row(3), exc_row(2, None), exc_row(1)]
+    out = views.exceptions(rows, {"tm-1": "worker-1"}, limit=2)
+    assert out["root-exception"] == "trace 3" and out["timestamp"] == ms(3)
+    assert out["all-exceptions"] == [] and out["truncated"] is False
+    entries = out["exceptionHistory"]["entries"]
+    assert out["exceptionHistory"]["truncated"] is True and len(entries) == 2
+    assert entries[0] == {"exceptionName": "E3", "stacktrace": "trace 3", "timestamp": ms(3), "taskName": "src",
+                          "endpoint": "worker-1", "taskManagerId": "tm-1", "failureLabels": {},
+                          "concurrentExceptions": [], "attempt": 3}
+    assert entries[1]["endpoint"] is None and entries[1]["taskManagerId"] is None
+
+
+def test_no_exceptions():
+    out = views.exceptions([], {}, limit=16)
+    assert out["root-exception"] is None and out["exceptionHistory"] == {"entries": [], "truncated": False}
+
+
+# --- cluster and TaskManagers --------------------------------------------------------------
+
+
+def test_cluster_overview_counts_every_live_status_as_running():
+    counts = {"RUNNING": 2, "CREATED": 1, "RESTARTING": 1, "INITIALIZING": 1, "FINISHED": 3, "CANCELED": 4,
+              "FAILED": 5}
+    out = views.cluster_overview([tm(), tm(id="tm-2", slots_total=2, slots_free=2)], counts)
+    assert out == {"taskmanagers": 2, "slots-total": 6, "slots-available": 3, "jobs-running": 5,
+                   "jobs-finished": 3, "jobs-cancelled": 4, "jobs-failed": 5, "flink-version": "headrace-0.1.0",
+                   "flink-commit": "unknown"}
+
+
+def test_taskmanager_info_in_flink_shape():
+    out = views.taskmanager_info(tm())
+    assert out["timeSinceLastHeartbeat"] == ms(9)  # an epoch timestamp, as Flink reports it
+    assert (out["slotsNumber"], out["freeSlots"], out["dataPort"], out["jmxPort"]) == (4, 1, -1, -1)
+    assert out["totalResource"]["cpuCores"] == 8.0 and out["totalResource"]["taskHeapMemory"] == 16384
+    assert out["freeResource"]["cpuCores"] == 2.0 and out["freeResource"]["taskHeapMemory"] == 4096
+    assert out["hardware"] == {"cpuCores": 8, "physicalMemory": 16 * 2**30, "freeMemory": 4 * 2**30,
+                               "managedMemory": 0}
+
+
+def test_taskmanager_details_lists_allocated_slots():
+    alloc = {"index": 0, "allocation_id": "a" * 32, "job_id": "j" * 32, "execution_id": "e" * 32, "extra": 1}
+    out = views.taskmanager_details(tm(allocations=[alloc], state="LOST", lost_reason="heartbeat timeout"))
+    assert out["allocatedSlots"] == [{k: v for k, v in alloc.items() if k != "extra"}]
+    assert out["state"] == "LOST" and out["lost-reason"] == "heartbeat timeout"
+
+
+def test_taskmanager_without_slots():
+    out = views.taskmanager_info(tm(slots_total=0, slots_free=0))
+    assert out["freeResource"]["cpuCores"] == 0
+
+
+# --- jars and config -----------------------------------------------------------------------
+
+
+def test_jar_entries_put_the_default_first():
+    assert views.jar_entries(["helper", "build", "main"]) == [
+        {"name": "build", "description": None}, {"name": "helper", "description": None},
+        {"name": "main", "description": None}]
+    assert views.jar_entries(None) == [{"name": "build", "description": None}]
+
+
+def test_jar_file():
+    art = Row(id="x_job.py", name="job.py", uploaded_at=at(1))
+    assert views.jar_file(art, ["build"]) == {"id": "x_job.py", "name": "job.py", "uploaded": ms(1),
+                                              "entry": [{"name": "build", "description": None}]}
+
+
+def test_dashboard_config():
+    out = views.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0)
+    assert out["refresh-interval"] == 1000 and out["features"]["web-cancel"] is True
+
+
+# --- request validation and the error shape ------------------------------------------------
+
+
+def validation_problems(body) -> list[Problem]:
+    with pytest.raises(ValidationError) as info:
+        JarRunRequest.model_validate(body)
+    return problems_from_validation(info.value.errors())
+
+
+def test_error_body_shape():
+    body = error_body([Problem("must be an integer >= 1, got 0", field="parallelism", expected="integer >= 1", got=0)])
+    assert body == {"errors": ["parallelism: must be an integer >= 1, got 0"], "field": "parallelism",
+                    "expected": "integer >= 1"}
+    two = error_body([Problem("a", field="x"), Problem("b", field="y", hint="h")])
+    assert two["errors"] == ["x: a", "y: b"] and [d["field"] for d in two["details"]] == ["x", "y"]
+    assert error_body([Problem("Not found: /x")]) == {"errors": ["Not found: /x"]}
+    assert str(ApiError.of(404, "job 'x' not found", field="jobid", prefix=False)) == "job 'x' not found"
+
+
+@pytest.mark.parametrize("body,field,expected", [
+    ({"parallelism": 0}, "parallelism", "integer >= 1"),
+    ({"parallelism": True}, "parallelism", "integer >= 1"),
+    ({"restartStrategy": {"type": "fixed-delay", "attempts": "x"}}, "restartStrategy.attempts", "integer >= 0"),
+    ({"restartStrategy": {"type": "exponential-delay", "initial-backoff": "9 min"}}, "restartStrategy.max-backoff",
+     "max-backoff >= initial-backoff"),
+    ({"programArgsList": [1]}, "programArgsList.0", "string"),
+])
+def test_validation_errors_name_the_field_and_the_expectation(body, field, expected):
+    [p] = validation_problems(body)
+    assert p.field == field and p.expected == expected and p.text().startswith(f"{field}: ")
+
+
+def test_unknown_fields_suggest_the_right_one():
+    [p] = validation_problems({"entryclass": "main"})
+    assert p.field == "entryclass" and p.got == "main" and "did you mean 'entryClass'?" in p.hint
+
+
+@pytest.mark.parametrize("value,seconds", [(0, 0.0), (2.5, 2.5), ("10 s", 10.0), ("500ms", 0.5), ("2 min", 120.0),
+                                           ("1 h", 3600.0)])
+def test_parse_duration(value, seconds):
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["10", -1, True, "ten s", None])
+def test_parse_duration_refuses(value):
+    with pytest.raises(Exception):
+        parse_duration(value)
+
+
+def test_restart_strategy_defaults_follow_flink():
+    assert normalise_restart_strategy({"type": "fixed-delay"}) == {"type": "fixed-delay", "attempts": 1, "delay": 1.0}
+    assert normalise_restart_strategy({"type": "off"}) == {"type": "none"}
+    assert normalise_restart_strategy({"type": "failure-rate", "delay": "2 s"}) == {
+        "type": "failure-rate", "max-failures-per-interval": 1, "failure-rate-interval": 60.0, "delay": 2.0}

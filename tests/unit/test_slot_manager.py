@@ -1,0 +1,92 @@
+from shared.clock import FakeClock
+from services.resourcemanager.slot_manager import SlotManager
+
+
+def make(clock=None, tms=(("tm-a", 4), ("tm-b", 4))):
+    sm = SlotManager(clock or FakeClock())
+    for tm, n in tms:
+        sm.register(taskmanager_id=tm, queue=f"tm.{tm}", host="h", slots=n, cores=2, memory_bytes=1)
+    return sm
+
+
+def req(sm, rid, slots, timeout=300, job="j"):
+    return sm.request(request_id=rid, job_id=job, execution_id=rid, slots=slots, timeout_s=timeout)
+
+
+def test_allocates_p_slots_on_one_taskmanager_and_spreads():
+    sm = make()
+    a = req(sm, "r1", 2)
+    b = req(sm, "r2", 2)
+    assert len(a.indices) == 2 and len(b.indices) == 2
+    assert a.taskmanager_id != b.taskmanager_id  # spread over TaskManagers
+    assert sm.free_slots() == 4
+
+
+def test_request_is_idempotent():
+    sm = make()
+    assert req(sm, "r1", 1) == req(sm, "r1", 1)
+    assert sm.free_slots() == 7
+
+
+def test_queue_in_submission_order_and_release_serves_head_first():
+    sm = make(tms=(("tm-a", 2),))
+    first = req(sm, "r1", 2)
+    assert req(sm, "r2", 2) is None
+    assert req(sm, "r3", 1) is None  # must not overtake r2
+    assert sm.waiting_reason("r2") == "waiting for 2 slots; 0 free"
+    assert sm.waiting_reason("r3") == "waiting for 1 slot; 0 free; 1 request ahead"
+    sm.release(first.allocation_id)
+    served = sm.serve_pending()
+    assert [r.request_id for r, _ in served] == ["r2"]
+    assert sm.free_slots() == 0
+
+
+def test_request_bigger_than_any_taskmanager_does_not_block_others():
+    sm = make(tms=(("tm-a", 2),))
+    assert req(sm, "big", 3) is None
+    assert "no TaskManager has 3 slots" in sm.waiting_reason("big")
+    assert req(sm, "small", 1) is not None
+
+
+def test_timeout_fails_with_what_was_asked_and_what_is_free():
+    clock = FakeClock()
+    sm = make(clock, tms=(("tm-a", 1),))
+    req(sm, "r1", 1)
+    assert req(sm, "r2", 1, timeout=5) is None
+    clock.advance(4)
+    assert sm.expire_pending() == []
+    clock.advance(2)
+    [(r, message)] = sm.expire_pending()
+    assert r.request_id == "r2"
+    assert "could not allocate 1 slot" in message and "0 of 1 slots free" in message and "tm-a: 0/1 free" in message
+    assert not sm.pending
+
+
+def test_taskmanager_lost_frees_its_allocations():
+    sm = make()
+    a = req(sm, "r1", 4)
+    lost = sm.remove(a.taskmanager_id)
+    assert [x.allocation_id for x in lost] == [a.allocation_id]
+    assert sm.release(a.allocation_id) is None
+    assert sm.total_slots() == 4 and sm.free_slots() == 4
+
+
+def test_reregistration_keeps_reported_allocations():
+    from services.resourcemanager.slot_manager import Allocation
+
+    sm = SlotManager(FakeClock())
+    alloc = Allocation("al1", "tm-a", "tm.tm-a", "job", "ex", "ex", (0, 1))
+    sm.register(taskmanager_id="tm-a", queue="tm.tm-a", host="h", slots=4, cores=2, memory_bytes=1,
+                occupied={0: alloc, 1: alloc})
+    assert sm.free_slots() == 2
+    assert sm.allocations_of("tm-a")[0]["job_id"] == "job"
+    sm.release("al1")
+    assert sm.free_slots() == 4
+
+
+def test_cancelled_request_leaves_the_queue():
+    sm = make(tms=(("tm-a", 1),))
+    req(sm, "r1", 1)
+    req(sm, "r2", 1)
+    assert sm.cancel_request("r2")
+    assert not sm.pending
