@@ -1,0 +1,71 @@
+"""Process helpers shared by the benchmarks: throwaway redis-server and service processes,
+all in their own process groups and stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Procs:
+    def __init__(self, workdir: Path, env: dict[str, str]):
+        self.workdir = workdir
+        self.env = dict(os.environ, **env)
+        self.procs: dict[str, subprocess.Popen] = {}
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def redis(self) -> str:
+        port = free_port()
+        self.spawn("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(self.workdir)])
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.env["HEADRACE_REDIS_URL"] = url
+        return url
+
+    def service(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        return self.spawn(name, [sys.executable, "-m", "services.cli", *args], env)
+
+    def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.workdir / "logs" / f"{name}.log", "ab")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, **(env or {})),
+                             start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            p = self.procs[name]
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + 20
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

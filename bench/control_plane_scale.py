@@ -1,0 +1,130 @@
+"""Control-plane scale without Spark.
+
+1. K simulated TaskManagers (one process, `headrace taskmanager --simulate K`) heartbeat at
+   1 Hz: ResourceManager CPU (share of one core), heartbeat lag (send -> handled, from the
+   ResourceManager's own stats) and false "lost" verdicts over a measuring window.
+2. N no-op tasks submitted at once (written to the catalog and announced on the JobManager
+   stream exactly as the dispatcher does): time until every execution is RUNNING.
+
+usage: python bench/control_plane_scale.py [--taskmanagers 2000] [--tasks 2000] [--window 30]
+       [--catalog postgresql://postgres@127.0.0.1:5432/postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import redis
+from sqlalchemy import func, select
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._procs import Procs  # noqa: E402
+from shared import streams  # noqa: E402
+from shared.catalog import Catalog  # noqa: E402
+from shared.catalog import repository as repo  # noqa: E402
+from shared.catalog.models import Execution  # noqa: E402
+from shared.ids import new_job_id  # noqa: E402
+from shared.messages import SubmitJob  # noqa: E402
+from shared.transport.redis_streams import RedisStreamsTransport  # noqa: E402
+
+
+def fresh_pg(admin_url: str) -> str:
+    import psycopg
+
+    name = f"headrace_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+def main() -> None:
+    # SIGTERM must run the `finally` below, or the benchmark's services outlive it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--taskmanagers", type=int, default=2000)
+    ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--catalog", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--verbose", action="store_true", help="print execution states while waiting")
+    a = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="headrace-bench-"))
+    catalog_url = fresh_pg(a.catalog) if a.catalog.startswith("postgres") else a.catalog
+    env = {"HEADRACE_HOME": str(work), "HEADRACE_CATALOG_URL": catalog_url, "HEADRACE_HEARTBEAT_INTERVAL_S": "1",
+           "HEADRACE_HEARTBEAT_TIMEOUT_S": "10", "HEADRACE_LOG_LEVEL": "WARNING"}
+    procs = Procs(work, env)
+    result: dict = {"taskmanagers": a.taskmanagers, "tasks": a.tasks, "catalog": catalog_url.split("://")[0]}
+    try:
+        url = procs.redis()
+        catalog = Catalog(catalog_url)
+        catalog.migrate()
+        rm = procs.service("resourcemanager", "resourcemanager")
+        procs.service("jobmanager", "jobmanager")
+        procs.service("taskmanagers", "taskmanager", "--simulate", str(a.taskmanagers), "--slots", "1", "--id", "sim")
+        client = redis.Redis.from_url(url)
+
+        def stats() -> dict:
+            raw = client.get(streams.RM_STATS_KEY)
+            return json.loads(raw) if raw else {}
+
+        t0 = time.monotonic()
+        while stats().get("taskmanagers", 0) < a.taskmanagers:
+            if time.monotonic() - t0 > 120:
+                raise SystemExit(f"only {stats().get('taskmanagers')} TaskManagers registered after 120 s")
+            time.sleep(0.5)
+        result["registration_s"] = round(time.monotonic() - t0, 2)
+        time.sleep(3)  # let registration bursts settle
+
+        rm_ps = psutil.Process(rm.pid)
+        children = [rm_ps] + rm_ps.children(recursive=True)
+        cpu0 = sum(p.cpu_times().user + p.cpu_times().system for p in children)
+        w0 = time.monotonic()
+        lags, rates = [], []
+        lost0 = stats().get("taskmanagers_lost_total", 0)
+        while time.monotonic() - w0 < a.window:
+            time.sleep(1)
+            s = stats()
+            lags.append(s.get("heartbeat_lag_max_ms", 0))
+            rates.append(s.get("heartbeats_per_s", 0))
+        cpu1 = sum(p.cpu_times().user + p.cpu_times().system for p in children)
+        result["rm_cpu_share_of_one_core"] = round((cpu1 - cpu0) / (time.monotonic() - w0), 3)
+        result["heartbeats_per_s_median"] = sorted(rates)[len(rates) // 2]
+        result["heartbeat_lag_max_ms"] = max(lags)
+        result["heartbeat_lag_median_of_max_ms"] = sorted(lags)[len(lags) // 2]
+        result["false_lost_verdicts"] = stats().get("taskmanagers_lost_total", 0) - lost0
+
+        transport = RedisStreamsTransport.from_url(url, sender="bench")
+        ids = [new_job_id() for _ in range(a.tasks)]
+        with catalog.session() as s:
+            for i, jid in enumerate(ids):
+                repo.create_job(s, id=jid, name=f"noop-{i}", artifact_id=None, entry="build", parallelism=1,
+                                program_args=[], config={"noop.duration": -1}, restart_strategy={"type": "none"},
+                                kind="noop")
+        t_submit = time.monotonic()
+        transport.publish_many([(streams.JM_STREAM, SubmitJob(job_id=j)) for j in ids])
+        running = 0
+        while running < a.tasks and time.monotonic() - t_submit < 300:
+            time.sleep(0.25)
+            with catalog.session() as s:
+                hist = dict(s.execute(select(Execution.state, func.count()).group_by(Execution.state)).all())
+                running = hist.get("RUNNING", 0)
+            if a.verbose:
+                print(f"{time.monotonic() - t_submit:6.2f}s {hist}", file=sys.stderr)
+        result["all_tasks_running_s"] = round(time.monotonic() - t_submit, 2) if running >= a.tasks else None
+        result["tasks_running"] = running
+    finally:
+        procs.stop()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
