@@ -23,7 +23,6 @@ class NoopRunner:
         self._heap: list[tuple[float, int, object, Callable]] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
-        self._cancelled: set[int] = set()
         self._stop = False
         threading.Thread(target=self._loop, name="noop-tasks", daemon=True).start()
 
@@ -40,8 +39,9 @@ class NoopRunner:
                  lambda: report(task, ES.FAILED if fails else ES.FINISHED, cause if fails else None))
 
     def cancel(self, task) -> None:
-        with self._cv:
-            self._cancelled.add(id(task))
+        # The task itself carries the verdict (`cancel_requested`), not a set of ids: ids of
+        # collected objects are reused, and a remembered id once silenced an unrelated new task.
+        task.cancel_requested = True
 
     def _at(self, when: float, task, action: Callable) -> None:
         with self._cv:
@@ -56,8 +56,7 @@ class NoopRunner:
                 if self._stop:
                     return
                 _, _, task, action = heapq.heappop(self._heap)
-                if id(task) in self._cancelled:
-                    self._cancelled.discard(id(task))
+                if task.cancel_requested:
                     continue
             try:
                 action()
