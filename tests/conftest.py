@@ -100,3 +100,23 @@ def pg_url_module():
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'catalog.db'}"
+
+
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """When a test on a multi-process cluster fails, the report carries the tail of every
+    service's log: a failure seen only in CI must be diagnosable from CI's output alone."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if not report.failed or cluster is None or not hasattr(cluster, "children"):
+        return
+    for child in cluster.children:
+        try:
+            lines = child.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError as exc:
+            lines = [f"(log unreadable: {exc})"]
+        report.sections.append((f"{child.name} log (last {LOG_TAIL_LINES} lines)", "\n".join(lines)))
