@@ -63,11 +63,16 @@ class ResourceManager:
         self._stats_window = {"heartbeats": 0, "max_lag_ms": 0.0, "lag_sum_ms": 0.0}
         self._lost_total = 0
         self._last_stats = 0.0
+        # TaskManagers a previous incarnation had registered, each with the time by which it must
+        # register again with us; one that never does died while no ResourceManager watched.
+        self._awaiting: dict[str, float] | None = None
 
     # --- loop --------------------------------------------------------------------------
 
     def run(self) -> None:
         log.info("ResourceManager %s started (session %s)", self.name, self.session)
+        if self._awaiting is None:
+            self.adopt_previous_taskmanagers()
         self.transport.publish(streams.JM_STREAM, ResourceManagerStarted(rm_session=self.session))
         while not self.stopping:
             self.poll_once(block_ms=100)
@@ -103,6 +108,8 @@ class ResourceManager:
         if scan:
             self._last_scan = now
         if scan and not self._backlog:
+            if self._awaiting:
+                self._expire_unreturned(now)
             for tm_id in self.heartbeats.expired():
                 self._lose(tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s")
         if self.liveness is not None and now - self._last_liveness >= 0.5:
@@ -122,6 +129,28 @@ class ResourceManager:
             self.flush_catalog()
         if self.publish_stats is not None and now - self._last_stats >= 1.0:
             self._emit_stats(now)
+
+    def adopt_previous_taskmanagers(self) -> None:
+        """Learn which TaskManagers the previous ResourceManager had registered (the catalog
+        says), and give each one heartbeat timeout to register again. Without this, a
+        TaskManager that died while no ResourceManager ran would stay REGISTERED in the catalog
+        forever and its tasks would look RUNNING forever."""
+        with self.catalog.session() as s:
+            previous = [tm.id for tm in repo.list_taskmanagers(s)]
+        deadline = self.clock.now() + self.settings.heartbeat_timeout_s
+        self._awaiting = {tm_id: deadline for tm_id in previous if tm_id not in self.slots.taskmanagers}
+        if self._awaiting:
+            log.info("waiting up to %g s for %d TaskManagers of the previous ResourceManager to register again",
+                     self.settings.heartbeat_timeout_s, len(self._awaiting))
+
+    def _expire_unreturned(self, now: float) -> None:
+        overdue = [tm_id for tm_id, deadline in self._awaiting.items() if now >= deadline]
+        for tm_id in overdue:
+            del self._awaiting[tm_id]
+            # Its allocations died with the previous ResourceManager's memory; the JobManager
+            # fails whatever the catalog says still runs there.
+            self._declare_gone(tm_id, f"TaskManager lost: it did not register again within "
+                                      f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager restarted", ())
 
     def _emit_stats(self, now: float) -> None:
         w = self._stats_window
@@ -195,6 +224,8 @@ class ResourceManager:
             self._liveness_names[msg.taskmanager_id] = msg.liveness_name
         self._registrations[msg.taskmanager_id] = msg
         self._gone.pop(msg.taskmanager_id, None)
+        if self._awaiting:
+            self._awaiting.pop(msg.taskmanager_id, None)
         log.info("TaskManager %s registered with %d slots (%d running)", msg.taskmanager_id, msg.slots,
                  len(msg.running))
         self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
@@ -234,16 +265,19 @@ class ResourceManager:
         self.heartbeats.unmonitor(tm_id)
         self._liveness_names.pop(tm_id, None)
         if tm_id not in self.slots.taskmanagers:
+            if self._awaiting and self._awaiting.pop(tm_id, None) is not None:
+                self._declare_gone(tm_id, reason, ())  # e.g. it unregistered while we were down
             return
         lost = self.slots.remove(tm_id)
-        self._lost_total += 1
-        log.warning("%s (%s); %d allocations lost", reason, tm_id, len(lost))
-        state = "UNREGISTERED" if "unregistered" in reason else "LOST"
         self._registrations.pop(tm_id, None)
-        self._gone[tm_id] = (state, reason)
-        self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason,
-                                      allocations=tuple(a.allocation_id for a in lost)))
+        self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost))
         self._serve_pending()
+
+    def _declare_gone(self, tm_id: str, reason: str, allocations: tuple[str, ...]) -> None:
+        log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
+        self._lost_total += 1
+        self._gone[tm_id] = ("UNREGISTERED" if "unregistered" in reason else "LOST", reason)
+        self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations))
 
     def _send_jm(self, body) -> None:
         self._outbox.append((streams.JM_STREAM, body))

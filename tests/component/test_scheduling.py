@@ -13,6 +13,7 @@ from shared.clock import FakeClock
 from shared.ids import new_job_id
 from shared.messages import (
     CancelJob, CancelTask, DeployTask, RegisterTaskManager, SubmitJob, TaskManagerHeartbeat, TaskStateChanged,
+    UnregisterTaskManager,
 )
 from shared.settings import Settings
 from shared.states import ExecutionState as ES
@@ -177,6 +178,72 @@ def test_taskmanager_lost_restarts_on_the_other_one(h):
     assert ex1.state == "FAILED" and "TaskManager lost" in ex1.failure_cause
     assert h.execution(cmd2.spec["execution_id"]).taskmanager_id == survivor
     assert h.job(job).status == "RUNNING"
+
+
+def _restart_resourcemanager(h) -> None:
+    h.rm.flush_catalog()
+    h.rm = ResourceManager(h.settings, h.catalog, h.t, h.clock)
+    h.rm.adopt_previous_taskmanagers()
+
+
+def test_taskmanager_that_died_while_the_resourcemanager_was_down_is_declared_lost(h):
+    job = h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING)
+    dead = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    survivor = "tm-1" if dead == "tm-0" else "tm-0"
+    _restart_resourcemanager(h)
+    # Only the survivor registers again, as TaskManagers do when they see a new session.
+    h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=survivor, host="h", slots=4, cores=2,
+                                                       memory_bytes=1, queue=f"tm.{survivor}"))
+    h.pump()
+    h.clock.advance(h.settings.heartbeat_timeout_s - 1)
+    h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
+    h.pump()
+    assert h.execution(cmd.spec["execution_id"]).state == "RUNNING"  # still within its grace
+    h.clock.advance(2)
+    h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
+    h.pump()
+    ex = h.execution(cmd.spec["execution_id"])
+    assert ex.state == "FAILED" and "did not register again" in ex.failure_cause
+    [cmd2] = h.deployed()
+    assert h.execution(cmd2.spec["execution_id"]).taskmanager_id == survivor
+    assert h.job(job).status == "RUNNING"
+    with h.catalog.session() as s:
+        assert repo.get_taskmanager(s, dead).state == "LOST"
+
+
+def test_taskmanager_that_unregistered_while_the_resourcemanager_was_down_is_gone_at_once(h):
+    h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING)
+    stopped = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    h.t.publish(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id=stopped, reason="shutdown"))
+    _restart_resourcemanager(h)  # the unregistration waits in the stream for the new one
+    h.pump()
+    assert h.execution(cmd.spec["execution_id"]).state == "FAILED"
+    with h.catalog.session() as s:
+        assert repo.get_taskmanager(s, stopped).state == "UNREGISTERED"
+
+
+def test_taskmanager_that_registers_again_after_a_resourcemanager_restart_keeps_its_task(h):
+    h.submit()
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING)
+    _restart_resourcemanager(h)
+    for tm in ("tm-0", "tm-1"):
+        h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=tm, host="h", slots=4, cores=2,
+                                                           memory_bytes=1, queue=f"tm.{tm}"))
+    for _ in range(8):
+        h.clock.advance(2)
+        for tm in ("tm-0", "tm-1"):
+            h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=()))
+        h.pump()
+    assert h.execution(cmd.spec["execution_id"]).state == "RUNNING"
+    assert h.deployed() == []
 
 
 def test_many_jobs_wait_with_reason_and_start_in_submission_order(h):

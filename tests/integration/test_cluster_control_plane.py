@@ -143,6 +143,25 @@ def test_resourcemanager_restart_keeps_tasks_running_and_taskmanagers_reregister
     assert rest.wait_free_slots(8) == 8
 
 
+def test_taskmanager_that_dies_while_the_resourcemanager_is_down_is_failed_over(cluster, rest, jar):
+    job = noop(rest, jar, duration=-1, restart={"type": "fixed-delay", "attempts": 2, "delay": "100 ms"})
+    tm = rest.wait_attempt_running(job, 0)[0]["taskmanager-id"]
+    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
+    _kill_and_wait(cluster, "resourcemanager")
+    _kill_and_wait(cluster, name)  # nobody watches: no ResourceManager runs
+    cluster.respawn("resourcemanager")
+    # The new ResourceManager knows the dead TaskManager only from the catalog; it never
+    # registers again, so after the heartbeat timeout it is declared lost and the task moves.
+    attempts = rest.wait_attempt_running(job, 1, timeout_s=40)
+    assert attempts[0]["status"] == "FAILED" and "did not register again" in attempts[0]["failure-cause"]
+    assert attempts[1]["taskmanager-id"] != tm
+    assert rest.get(f"/taskmanagers/{tm}")["state"] == "LOST"
+    rest.cancel(job)
+    assert rest.wait_state(job, "CANCELED", timeout_s=15)["state"] == "CANCELED"
+    cluster.respawn(name)
+    assert rest.wait_free_slots(8, timeout_s=30) == 8
+
+
 def test_jobmanager_restart_keeps_tasks_running_and_recovers_jobs(cluster, rest, jar):
     job = noop(rest, jar, duration=-1)
     rest.wait_attempt_running(job, 0)
