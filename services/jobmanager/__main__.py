@@ -25,16 +25,39 @@ class JobManagerProcess:
         self.stopping = False
         self.recovered = False
 
+    OUTBOX_RETRY_S = 1.0
+
     def run(self) -> None:
+        master = self.master
         if not self.recovered:
-            self.master.recover()
+            with master.unit_of_work():
+                master.recover()
             self.recovered = True
+        last_replay = -1e9
         while not self.stopping:
-            due = self.master.timers.next_due_in()
+            if master.outbox.backlog and time.monotonic() - last_replay >= self.OUTBOX_RETRY_S:
+                last_replay = time.monotonic()
+                master.outbox.replay()
+            due = master.timers.next_due_in()
             block = 100 if due is None else max(1, min(100, int(due * 1000)))
-            self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", self.master.handle,
-                                count=500, block_ms=block, around_batch=self.master.unit_of_work)
-            self.master.timers.run_due()
+            handled = self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", master.handle,
+                                          count=500, block_ms=block, around_batch=master.unit_of_work)
+            self.run_due_timers()
+            if not handled:
+                master.outbox.forget_sent()
+
+    def run_due_timers(self) -> None:
+        """Each due action (a delayed restart) in its own unit of work; one that fails (catalog
+        unreachable) is tried again a second later instead of stranding its job in RESTARTING."""
+        master = self.master
+        while (action := master.timers.pop_due()) is not None:
+            try:
+                with master.unit_of_work():
+                    action()
+            except Exception:  # noqa: BLE001
+                log.exception("delayed action failed; retrying in 1 s")
+                master.timers.call_later(1.0, action)
+                return
 
 
 def run(settings: Settings) -> None:

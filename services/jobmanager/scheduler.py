@@ -38,6 +38,7 @@ from shared.settings import Settings
 from shared.states import ExecutionState as ES
 from shared.states import IllegalTransition, JobStatus as JS
 from shared.task_protocol import TaskSpec
+from services.jobmanager.outbox import CANCEL, DEPLOY, STREAM, Effect, Outbox
 from services.jobmanager.timers import Timers
 
 log = logging.getLogger("headrace.jobmanager")
@@ -59,12 +60,13 @@ def slot_request_timeout(config: dict, default_s: float) -> float:
 
 class JobMaster:
     def __init__(self, settings: Settings, catalog: Catalog, transport, gateway, clock: Clock, *, epoch: int):
-        self.settings, self.catalog, self.transport, self.gateway = settings, catalog, transport, gateway
+        self.settings, self.catalog, self.transport = settings, catalog, transport
         self.clock, self.epoch = clock, epoch
         self.timers = Timers(clock)
         self._strategies: dict[str, restart.RestartStrategy] = {}
         self._batch = None  # the session shared by one stream batch (see unit_of_work)
-        self._effects: list[tuple] | None = None
+        self._effects: list[Effect] | None = None
+        self.outbox = Outbox(catalog, transport, gateway, sender="jobmanager", epoch=epoch)
         self._safe_batches = 0
         self._queues: dict[str, str] = {}
         self._handlers: dict[type, Callable] = {
@@ -92,6 +94,7 @@ class JobMaster:
         statements per batch, instead of a dozen round trips per message, is what lets one
         JobManager start thousands of tasks in seconds. After a failed batch the next few give
         each message its own savepoint (see _tx)."""
+        deleting: list[str] = []
         try:
             with self.catalog.session() as s:
                 self._batch, self._effects = s, []
@@ -100,20 +103,18 @@ class JobMaster:
                     yield
                 finally:
                     self._batch = None
+                # Same transaction as the decisions: they and what they send commit together.
+                deleting = self.outbox.write(s, self._effects)
         except Exception:
             # The transport redelivers the whole batch; give each message its own savepoint
             # for a while so one bad message cannot keep failing its neighbours.
             self._safe_batches = 3
             self._effects = None
+            self.outbox.rolled_back(deleting)
             raise
         self._safe_batches = max(0, self._safe_batches - 1)
         effects, self._effects = self._effects or [], None
-        publishes = [(streams.RM_STREAM, body) for kind, body, _ in effects if kind == "emit"]
-        if publishes:
-            self.transport.publish_many(publishes)
-        for kind, send, args in effects:
-            if kind == "command":
-                send(*args)
+        self.outbox.deliver(effects)
 
     @staticmethod
     def _prefetch(s: Session, envelopes: list[Envelope]) -> None:
@@ -146,16 +147,17 @@ class JobMaster:
             yield self._batch
 
     def _emit(self, body) -> None:
-        if self._effects is None:
-            self.transport.publish(streams.RM_STREAM, body)
-        else:
-            self._effects.append(("emit", body, None))
+        self._effect(Outbox.effect(STREAM, streams.RM_STREAM, body))
 
-    def _command(self, send, queue: str, cmd) -> None:
+    def _command(self, kind: str, queue: str, cmd) -> None:
+        execution_id = cmd.spec["execution_id"] if isinstance(cmd, DeployTask) else cmd.execution_id
+        self._effect(Outbox.effect(kind, queue, cmd, execution_id))
+
+    def _effect(self, effect: Effect) -> None:
         if self._effects is None:
-            send(queue, cmd)
+            self.outbox.deliver([effect])  # outside a unit of work (unit tests drive timers so)
         else:
-            self._effects.append(("command", send, (queue, cmd)))
+            self._effects.append(effect)
 
     # --- recovery ----------------------------------------------------------------------
 
@@ -252,7 +254,7 @@ class JobMaster:
             self._emit(ReleaseSlots(allocation_id=msg.allocation_id,
                                                                    reason="execution no longer scheduled"))
             return
-        self._command(self.gateway.deploy, msg.queue, deploy)
+        self._command(DEPLOY, msg.queue, deploy)
         log.info("deploying %s attempt of job %s to %s slots %s", msg.execution_id, msg.job_id,
                  msg.taskmanager_id, list(msg.slot_indices))
 
@@ -344,7 +346,7 @@ class JobMaster:
                     repo.transition_execution(s, ex.id, ES.RUNNING)
         for z in zombies:
             log.warning("cancelling zombie task %s on %s", z.execution_id, msg.taskmanager_id)
-            self._command(self.gateway.cancel, self._queue_of(msg.taskmanager_id),
+            self._command(CANCEL, self._queue_of(msg.taskmanager_id),
                           CancelTask(taskmanager_id=msg.taskmanager_id, execution_id=z.execution_id, job_id=z.job_id))
             if z.allocation_id:
                 # The re-registration brought its slots back as allocated; nobody else will free them.
@@ -390,7 +392,7 @@ class JobMaster:
         if release_alloc:
             self._emit(ReleaseSlots(allocation_id=release_alloc, reason="FAILED"))
         for queue, cmd in cancels:
-            self._command(self.gateway.cancel, queue, cmd)
+            self._command(CANCEL, queue, cmd)
         if restart_in is not None:
             log.info("job %s RESTARTING in %.2f s after %s", job_id, restart_in, cause_name)
             self.timers.call_later(restart_in, lambda: self._restart(job_id))
@@ -469,5 +471,5 @@ class JobMaster:
             cancels = self._cancel_live(s, job.id)
             self._after_terminal(s, job.id)
         for queue, cmd in cancels:
-            self._command(self.gateway.cancel, queue, cmd)
+            self._command(CANCEL, queue, cmd)
         log.info("cancelling job %s (%d running tasks)", msg.job_id, len(cancels))

@@ -27,6 +27,12 @@ class Timers:
             n += 1
         return n
 
+    def pop_due(self) -> Callable[[], None] | None:
+        """The next action whose time has come, removed from the queue; None if none is due."""
+        if self._heap and self._heap[0][0] <= self.clock.now():
+            return heapq.heappop(self._heap)[2]
+        return None
+
     def next_due_in(self) -> float | None:
         return None if not self._heap else max(0.0, self._heap[0][0] - self.clock.now())
 

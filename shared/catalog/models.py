@@ -134,3 +134,19 @@ class Sequence_(Base):
     __tablename__ = "counters"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class OutboxEntry(Base):
+    """A message or command the JobManager decided to send, written in the same transaction as
+    the state change that caused it and deleted once it was handed to Redis. If the JobManager
+    dies, or Redis refuses, between its commit and the send, the entry is still here and is
+    sent later: a committed decision is never forgotten."""
+
+    __tablename__ = "outbox"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, index=True)  # sending order
+    kind: Mapped[str] = mapped_column(String(16))  # stream | deploy | cancel
+    target: Mapped[str] = mapped_column(String(160))  # stream key or TaskManager queue
+    execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    envelope: Mapped[str] = mapped_column(Text)  # the encoded Envelope as first written
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

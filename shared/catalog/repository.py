@@ -11,12 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
 from shared.catalog.models import (
-    Artifact, ExceptionRow, Execution, Job, JobTransition, Sequence_, TaskManagerRow, Vertex,
+    Artifact, ExceptionRow, Execution, Job, JobTransition, OutboxEntry, Sequence_, TaskManagerRow, Vertex,
     epoch_ms, utcnow,
 )
 from shared.states import (
@@ -356,6 +356,29 @@ def get_taskmanager(s: Session, taskmanager_id: str) -> TaskManagerRow:
     if row is None:
         raise NotFound(f"taskmanager {taskmanager_id} not found")
     return row
+
+
+def add_outbox(s: Session, entries: list[dict]) -> None:
+    """One bulk INSERT for every effect of a unit of work (keys: the OutboxEntry columns)."""
+    if entries:
+        s.execute(insert(OutboxEntry), entries)
+
+
+def pending_outbox(s: Session, *, limit: int = 1000) -> Sequence[OutboxEntry]:
+    return s.execute(select(OutboxEntry).order_by(OutboxEntry.seq).limit(limit)).scalars().all()
+
+
+def delete_outbox(s: Session, ids: Iterable[str]) -> None:
+    ids = list(ids)
+    for i in range(0, len(ids), 1000):
+        s.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(ids[i:i + 1000])))
+
+
+def execution_states(s: Session, execution_ids: Iterable[str]) -> dict[str, str]:
+    ids = list(set(execution_ids))
+    if not ids:
+        return {}
+    return dict(s.execute(select(Execution.id, Execution.state).where(Execution.id.in_(ids))).all())
 
 
 def count_jobs_by_status(s: Session) -> dict[str, int]:

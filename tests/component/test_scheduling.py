@@ -280,3 +280,67 @@ def test_redelivered_submission_changes_nothing(h):
     h.t.publish(streams.JM_STREAM, SubmitJob(job_id=job))
     h.pump()
     assert len(h.deployed()) == 1 and len(h.attempts(job)) == 1
+
+
+class _Unreachable:
+    """Stands in for Redis being down: every send raises, as redis-py would."""
+
+    def __init__(self, real):
+        self.real, self.down = real, True
+
+    def __getattr__(self, name):
+        attr = getattr(self.real, name)
+        if not callable(attr) or not self.down:
+            return attr
+
+        def refuse(*_a, **_k):
+            raise ConnectionError("Redis is down")
+        return refuse
+
+
+def _outbox_rows(h):
+    h.jm.outbox.forget_sent()  # as the JobManager loop does when idle
+    with h.catalog.session() as s:
+        return [(r.kind, r.execution_id) for r in repo.pending_outbox(s)]
+
+
+def test_effects_of_a_committed_batch_survive_a_failed_send_and_a_jobmanager_restart(h):
+    redis_down = _Unreachable(h.t)
+    h.jm.outbox.transport = redis_down
+    job = h.submit()
+    h.pump()
+    # The decision (a SCHEDULED attempt) committed; its slot request could not be sent.
+    assert h.attempts(job) == [(0, "SCHEDULED")]
+    assert [kind for kind, _ in _outbox_rows(h)] == ["stream"]
+    # A new JobManager (this one died) finds the request in the outbox and sends it.
+    h.jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=2)
+    assert h.jm.outbox.backlog
+    assert h.jm.outbox.replay() == 1
+    h.pump()
+    assert len(h.deployed()) == 1 and _outbox_rows(h) == []
+
+
+def test_a_deploy_left_in_the_outbox_is_dropped_once_its_attempt_moved_on(h):
+    h.gw.deploy = lambda queue, cmd: (_ for _ in ()).throw(ConnectionError("Redis is down"))
+    job = h.submit()
+    h.pump()
+    [(ex_id, state)] = [(e.id, e.state) for e in _executions(h, job)]
+    assert state == "DEPLOYING" and ("deploy", ex_id) in _outbox_rows(h)
+    h.t.publish(streams.JM_STREAM, CancelJob(job_id=job))
+    h.pump()
+    del h.gw.deploy  # Redis is back
+    h.jm.outbox.replay()
+    assert [c for _, c in h.gw.sent if isinstance(c, DeployTask)] == []
+    assert _outbox_rows(h) == []
+
+
+def test_sent_effects_leave_the_outbox_with_the_next_transaction(h):
+    h.submit()
+    h.pump()
+    assert len(h.deployed()) == 1
+    assert _outbox_rows(h) == []
+
+
+def _executions(h, job_id):
+    with h.catalog.session() as s:
+        return list(repo.job_executions(s, job_id))

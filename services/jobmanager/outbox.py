@@ -1,0 +1,133 @@
+"""The JobManager's transactional outbox.
+
+Every message (to the ResourceManager's stream) and command (to a TaskManager's Celery queue)
+that a unit of work decides on is written to the catalog's `outbox` table in the same
+transaction as the state change that caused it, and sent only after that transaction
+committed. Sent entries are deleted in the next transaction (no extra commit per batch). If the
+send fails (Redis unreachable) or the JobManager dies between commit and send, the entries stay
+and `replay()` sends them later, from this process or from the next JobManager.
+
+Sending twice is harmless by design: slot requests are idempotent by request id, releases by
+allocation id, cancels by execution id; a deploy is replayed only while its attempt is still
+DEPLOYING (and a TaskManager ignores a deploy for an attempt it already runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.ids import new_message_id
+from shared.messages import UndecodableMessage, decode, encode, wrap
+from shared.states import ExecutionState as ES
+
+log = logging.getLogger("headrace.jobmanager.outbox")
+
+STREAM, DEPLOY, CANCEL = "stream", "deploy", "cancel"
+
+
+@dataclass(frozen=True)
+class Effect:
+    id: str
+    kind: str  # STREAM | DEPLOY | CANCEL
+    target: str  # stream key, or the TaskManager's queue
+    body: object
+    execution_id: str | None = None
+
+
+class Outbox:
+    REPLAY_BATCH = 1000
+
+    def __init__(self, catalog: Catalog, transport, gateway, *, sender: str, epoch: int):
+        self.catalog, self.transport, self.gateway = catalog, transport, gateway
+        self.sender, self.epoch = sender, epoch
+        self._sent: list[str] = []  # delivered, to be deleted by the next transaction
+        # A previous JobManager may have left entries: look once at start, and after any failure.
+        self.backlog = True
+
+    @staticmethod
+    def effect(kind: str, target: str, body, execution_id: str | None = None) -> Effect:
+        return Effect(new_message_id(), kind, target, body, execution_id)
+
+    def write(self, s, effects: list[Effect]) -> list[str]:
+        """Inside the unit of work's transaction: record the effects, forget what was sent.
+        Returns the ids whose deletion this transaction carries."""
+        deleting, self._sent = self._sent, []
+        repo.delete_outbox(s, deleting)
+        base = time.time_ns()
+        repo.add_outbox(s, [
+            {"id": e.id, "seq": base + i, "kind": e.kind, "target": e.target, "execution_id": e.execution_id,
+             "envelope": encode(wrap(e.body, sender=self.sender, epoch=self.epoch)).decode()}
+            for i, e in enumerate(effects)])
+        return deleting
+
+    def forget_sent(self) -> None:
+        """When idle: delete sent entries now rather than with the next unit of work, so a
+        JobManager that stops during a quiet spell leaves nothing to send twice."""
+        if self._sent:
+            deleting, self._sent = self._sent, []
+            try:
+                with self.catalog.session() as s:
+                    repo.delete_outbox(s, deleting)
+            except Exception:
+                self._sent = deleting + self._sent
+                raise
+
+    def rolled_back(self, deleting: list[str]) -> None:
+        self._sent = deleting + self._sent  # still in the table: delete them next time
+
+    def deliver(self, effects: list[Effect]) -> None:
+        """After commit. A failure leaves the entries for `replay`; it never undoes the commit."""
+        if not effects:
+            return
+        try:
+            self._send(effects)
+        except Exception:  # noqa: BLE001 - Redis down: the entries wait in the catalog
+            log.warning("could not send %d committed effects; they stay in the outbox and are retried",
+                        len(effects), exc_info=True)
+            self.backlog = True
+            return
+        self._sent.extend(e.id for e in effects)
+
+    def _send(self, effects: list[Effect]) -> None:
+        publishes = [(e.target, e.body) for e in effects if e.kind == STREAM]
+        if publishes:
+            self.transport.publish_many(publishes)
+        for e in effects:
+            if e.kind == DEPLOY:
+                self.gateway.deploy(e.target, e.body)
+            elif e.kind == CANCEL:
+                self.gateway.cancel(e.target, e.body)
+
+    def replay(self) -> int:
+        """Send what committed transactions left unsent, oldest first. Returns how many."""
+        total = 0
+        while True:
+            with self.catalog.session() as s:
+                rows = repo.pending_outbox(s, limit=self.REPLAY_BATCH)
+                states = repo.execution_states(s, [r.execution_id for r in rows if r.kind == DEPLOY])
+            effects, stale = [], []
+            for r in rows:
+                try:
+                    body = decode(r.envelope).body
+                except UndecodableMessage as exc:
+                    log.error("dropping undecodable outbox entry %s: %s", r.id, exc)
+                    stale.append(r.id)
+                    continue
+                if r.kind == DEPLOY and states.get(r.execution_id) != ES.DEPLOYING.value:
+                    stale.append(r.id)  # the attempt moved on: deploying it now would be wrong
+                    continue
+                effects.append(Effect(r.id, r.kind, r.target, body, r.execution_id))
+            self._send(effects)  # raises if Redis is still down: the loop retries later
+            with self.catalog.session() as s:
+                repo.delete_outbox(s, [e.id for e in effects] + stale)
+            total += len(effects)
+            if len(rows) < self.REPLAY_BATCH:
+                break
+        if total:
+            log.info("sent %d effects left in the outbox", total)
+        self.backlog = False
+        return total
