@@ -245,10 +245,10 @@ class TaskSupervisor:
 
     def shutdown(self) -> None:
         """Stop everything this TaskManager started; nothing may outlive it."""
+        if self.warm:
+            self.warm.shutdown()  # first, so the task drivers' exits below start no replacements
         with self._lock:
             drivers = [t.driver for t in self.tasks.values() if t.driver]
         for d in drivers:
             d.kill()
-        if self.warm:
-            self.warm.shutdown()
         self.noop.shutdown()

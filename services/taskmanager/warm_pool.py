@@ -33,6 +33,7 @@ class WarmPool:
         # after a growing pause, not in a tight loop.
         self._failures = 0
         self._not_before = 0.0
+        self._closed = False
 
     def take(self, parallelism: int) -> DriverProcess | None:
         """A ready driver if there is one; else the oldest one still starting, which will be
@@ -68,6 +69,8 @@ class WarmPool:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""
         want = 0 if self.parallelism <= 0 else min(self.size, free_slots // self.parallelism)
         with self._lock:
+            if self._closed:
+                return  # shutting down: a task driver's exit must not start a new JVM
             self._drop_broken()
             surplus = len(self._drivers) - want
             for d in self._drivers[:max(0, surplus)]:
@@ -110,6 +113,7 @@ class WarmPool:
 
     def shutdown(self) -> None:
         with self._lock:
+            self._closed = True
             for d in self._drivers:
                 d.kill()
             self._drivers.clear()
