@@ -87,11 +87,15 @@ def up(
     taskmanagers: int = typer.Option(2, "--taskmanagers", "-n", help="how many TaskManagers"),
     slots: Optional[int] = typer.Option(None, "--slots", help="slots per TaskManager"),
     port: Optional[int] = typer.Option(None, help="dispatcher port (default 8081)"),
+    ha: bool = typer.Option(False, "--ha", help="ZooKeeper mode: two JobManagers elect a leader (starts a local "
+                                                "ZooKeeper unless zookeeper_quorum is set)"),
 ) -> None:
     """Start a whole local cluster as child processes; Ctrl-C stops it."""
     from services.local_cluster import ClusterError, LocalCluster
 
-    cluster = LocalCluster(settings_or_fail(dispatcher_port=port), taskmanagers=taskmanagers, slots=slots)
+    settings = settings_or_fail(dispatcher_port=port)
+    ha = ha or settings.high_availability == "zookeeper"
+    cluster = LocalCluster(settings, taskmanagers=taskmanagers, slots=slots, jobmanagers=2 if ha else 1, ha=ha)
     stop = _stop_event()
     try:
         cluster.start()
@@ -99,6 +103,8 @@ def up(
         cluster.stop()
         fail(str(exc))
     typer.echo(f"Headrace is up. Dashboard: {cluster.dispatcher_url}/  (logs: {cluster.run_dir}/logs)")
+    if cluster.zookeeper_quorum:
+        typer.echo(f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}")
     typer.echo("Press Ctrl-C to stop.")
     try:
         stop.wait()

@@ -1,8 +1,10 @@
 """A whole Headrace cluster as local child processes: `headrace up` and `headrace demo`.
 
 Starts a redis-server on a free port (unless a Redis URL is configured), migrates the catalog,
-then one JobManager, one ResourceManager, N TaskManagers and the dispatcher, each a separate
-process in its own process group with its log under the run directory. Stopping sends SIGTERM
+then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum is configured and
+several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
+dispatcher, each a separate process in its own process group with its log under the run
+directory. Stopping sends SIGTERM
 to every group (the TaskManagers stop their Spark drivers), waits, then SIGKILLs what is left:
 no orphan JVMs.
 """
@@ -33,6 +35,25 @@ class ClusterError(RuntimeError):
     pass
 
 
+ZOOKEEPER_HOME = Path(os.environ.get("HEADRACE_ZOOKEEPER_HOME", "/usr/share/zookeeper"))
+
+
+def zookeeper_command(data_dir: Path, port: int) -> list[str]:
+    """A standalone ZooKeeper server from Debian's `zookeeper` package on 127.0.0.1:port, with
+    its data under data_dir. Sessions may be as short as 1 s (tests use short ones)."""
+    script = ZOOKEEPER_HOME / "bin" / "zkServer.sh"
+    if not script.exists():
+        raise ClusterError(f"ZooKeeper is not installed ({script} missing; Debian: apt-get install zookeeper), "
+                           "or set HEADRACE_ZOOKEEPER_HOME, or configure zookeeper_quorum")
+    (data_dir / "data").mkdir(parents=True, exist_ok=True)
+    cfg = data_dir / "zoo.cfg"
+    cfg.write_text("\n".join([
+        "tickTime=500", f"dataDir={data_dir / 'data'}", f"clientPort={port}", "clientPortAddress=127.0.0.1",
+        "admin.enableServer=false", "minSessionTimeout=1000", "maxSessionTimeout=60000", "",
+    ]))
+    return [str(script), "start-foreground", str(cfg)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,10 +72,13 @@ class LocalCluster:
     settings: Settings
     taskmanagers: int = 2
     slots: int | None = None
+    jobmanagers: int = 1
+    ha: bool = False  # ZooKeeper mode even if the settings say standalone
     run_dir: Path | None = None
     children: list[Child] = field(default_factory=list)
     redis_url: str = ""
     dispatcher_url: str = ""
+    zookeeper_quorum: str | None = None
     _env: dict = field(default_factory=dict)
 
     def start(self, *, wait_s: float = 60.0, echo=print) -> "LocalCluster":
@@ -74,6 +98,9 @@ class LocalCluster:
                                   "--appendonly", "no", "--dir", str(self.run_dir)], env)
             self._wait_redis()
         config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog}
+        if self.ha or s.high_availability == "zookeeper":
+            self.zookeeper_quorum = s.zookeeper_quorum or self._start_zookeeper(env)
+            config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
         env["HEADRACE_CONFIG"] = str(self.run_dir / "config.yaml")
         # Children read the file; drop inherited overrides that would contradict it.
@@ -83,7 +110,8 @@ class LocalCluster:
         self._env = env
         py = [sys.executable, "-m", "services.cli"]
         self._spawn("resourcemanager", py + ["resourcemanager"], env)
-        self._spawn("jobmanager", py + ["jobmanager"], env)
+        for i in range(self.jobmanagers):
+            self._spawn("jobmanager" if i == 0 else f"jobmanager-{i + 1}", py + ["jobmanager"], env)
         slots = self.slots or s.taskmanager_slots
         for i in range(self.taskmanagers):
             self._spawn(f"taskmanager-{i + 1}", py + ["taskmanager", "--slots", str(slots), "--id", f"tm-{i + 1}"], env)
@@ -93,8 +121,22 @@ class LocalCluster:
         (self.run_dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
         return self
 
+    def _start_zookeeper(self, env: dict) -> str:
+        port = free_port()
+        child = self._spawn("zookeeper", zookeeper_command(self.run_dir / "zookeeper", port), env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # its JVM takes a few seconds to listen
+            if child.proc.poll() is not None:
+                break
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return f"127.0.0.1:{port}"
+            time.sleep(0.2)
+        raise ClusterError(f"ZooKeeper did not start; see {child.log}")
+
     def describe(self) -> dict:
         return {"dispatcher": self.dispatcher_url, "redis": self.redis_url, "catalog": self.settings.catalog,
+                "zookeeper": self.zookeeper_quorum,
                 "run_dir": str(self.run_dir),
                 "processes": {c.name: c.proc.pid for c in self.children}}
 
@@ -143,10 +185,12 @@ class LocalCluster:
         os.killpg(self.child(name).proc.pid, sig)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        order = ["dispatcher", "jobmanager"] + [c.name for c in self.children if c.name.startswith("taskmanager")] \
-            + ["resourcemanager", "redis"]
+        names = [c.name for c in self.children]
+        front = ["dispatcher"] + [n for n in names if n.startswith("jobmanager")]
+        middle = [n for n in names if n.startswith("taskmanager")]
+        back = ["resourcemanager", "redis", "zookeeper"]
         by_name = {c.name: c for c in self.children}
-        for group in (order[:2], order[2:-2], order[-2:]):
+        for group in (front, middle, back):
             live = [by_name[n] for n in group if n in by_name and by_name[n].proc.poll() is None]
             for c in live:
                 _signal_group(c.proc.pid, signal.SIGTERM)

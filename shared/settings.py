@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, model_validator
@@ -73,7 +73,13 @@ class Settings(BaseSettings):
     spark_shuffle_partitions: int = 4
 
     stream_maxlen: int = 100_000
-    zookeeper_quorum: str | None = None
+
+    high_availability: Literal["none", "zookeeper"] = Field(
+        "none", description="none: one JobManager (standalone); zookeeper: leader election among several")
+    zookeeper_quorum: str | None = Field(None, description="host:port[,host:port...]")
+    zookeeper_root: str = "/headrace"
+    zookeeper_session_timeout_s: float = Field(
+        10.0, description="a dead leader is replaced after this; a shorter one risks revocations on hiccups")
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
@@ -86,6 +92,9 @@ class Settings(BaseSettings):
             )
         if self.taskmanager_slots < 1:
             raise ValueError("taskmanager_slots must be at least 1")
+        if self.high_availability == "zookeeper" and not self.zookeeper_quorum:
+            raise ValueError("high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM), "
+                             "e.g. '127.0.0.1:2181'")
         return self
 
     @classmethod

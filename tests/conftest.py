@@ -120,3 +120,44 @@ def pytest_runtest_makereport(item, call):
         except OSError as exc:
             lines = [f"(log unreadable: {exc})"]
         report.sections.append((f"{child.name} log (last {LOG_TAIL_LINES} lines)", "\n".join(lines)))
+
+
+class ZooKeeperServer:
+    """A throwaway standalone ZooKeeper (Debian's package) on a free port."""
+
+    def __init__(self, tmp: Path):
+        from services.local_cluster import zookeeper_command
+
+        self.port = free_port()
+        self.quorum = f"127.0.0.1:{self.port}"
+        self.log = tmp / "zookeeper.log"
+        self._cmd = zookeeper_command(tmp, self.port)
+        self.start()
+
+    def start(self) -> None:
+        from kazoo.client import KazooClient
+
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen(self._cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        zk = KazooClient(hosts=self.quorum)
+        try:
+            zk.start(timeout=30)
+        finally:
+            zk.stop()
+            zk.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            self.proc.wait(20)
+
+
+@pytest.fixture
+def zookeeper(tmp_path):
+    from services.local_cluster import ZOOKEEPER_HOME
+
+    if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
+        missing("ZooKeeper (Debian package zookeeper)")
+    server = ZooKeeperServer(tmp_path)
+    yield server
+    server.stop()

@@ -1,10 +1,17 @@
-"""Composition root of the JobManager: settings -> leadership epoch -> adapters -> loop."""
+"""Composition root of the JobManager: settings -> leadership (standalone, or elected through
+ZooKeeper) -> adapters -> loop."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
+import threading
 import time
+from typing import Callable
+
+import redis
 
 from shared import streams
 from shared.catalog import Catalog
@@ -13,16 +20,20 @@ from shared.commands import CommandGateway, make_celery
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from services.jobmanager.leadership import acquire_standalone_epoch
+from shared.zookeeper import LeaderElection
+from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.scheduler import JobMaster
 
 log = logging.getLogger("headrace.jobmanager")
 
 
 class JobManagerProcess:
-    def __init__(self, master: JobMaster, transport):
+    """One leadership term: the loop of a JobMaster that leads with one epoch. It ends when the
+    process is asked to stop or (ZooKeeper mode) when its leadership is revoked."""
+
+    def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool]):
         self.master, self.transport = master, transport
-        self.stopping = False
+        self.should_stop = should_stop
         self.recovered = False
 
     OUTBOX_RETRY_S = 1.0
@@ -34,7 +45,7 @@ class JobManagerProcess:
                 master.recover()
             self.recovered = True
         last_replay = -1e9
-        while not self.stopping:
+        while not self.should_stop():
             if master.outbox.backlog and time.monotonic() - last_replay >= self.OUTBOX_RETRY_S:
                 last_replay = time.monotonic()
                 master.outbox.replay()
@@ -60,29 +71,65 @@ class JobManagerProcess:
                 return
 
 
+def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
+         should_stop: Callable[[], bool]) -> None:
+    """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages."""
+    transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
+    gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
+    master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch)
+    proc = JobManagerProcess(master, transport, should_stop)
+    while not should_stop():
+        try:
+            proc.run()
+        except Exception:  # noqa: BLE001 - messages stay pending and are redelivered
+            log.exception("JobManager loop failed; retrying in 1 s")
+            time.sleep(1)
+    try:
+        master.outbox.forget_sent()  # what was sent need not be sent again by the next leader
+    except Exception:  # noqa: BLE001 - the next leader re-sends it: harmless, handlers are idempotent
+        log.warning("could not clear the sent outbox entries", exc_info=True)
+
+
+def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event) -> None:
+    """Contend for leadership; lead while elected; back to standby when revoked."""
+    contender = f"jobmanager@{socket.gethostname()}:{os.getpid()}"
+    election = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root, contender_id=contender,
+                              session_timeout_s=settings.zookeeper_session_timeout_s)
+    election.start()
+    try:
+        while not stopping.is_set():
+            log.info("%s is standby: waiting for leadership (ZooKeeper %s)", contender, settings.zookeeper_quorum)
+            # Above every epoch anyone has seen, even if ZooKeeper lost its data or the cluster
+            # ran standalone before (its epochs count in Redis): receivers fence older ones.
+            lease = election.campaign(stop=stopping.is_set, epoch_floor=lambda: max(
+                newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)))
+            if lease is None:
+                break
+            client.set(streams.JM_EPOCH_KEY, lease.epoch)
+            log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
+            lead(settings, client, catalog, lease.epoch,
+                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set())
+            if lease.revoked.is_set() and not stopping.is_set():
+                log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
+            election.resign()
+    finally:
+        election.close()
+
+
 def run(settings: Settings) -> None:
     configure_logging("jobmanager")
     client = wait_for_redis(settings.redis_url)
     catalog = Catalog(settings.catalog)
     catalog.migrate()
-    epoch = acquire_standalone_epoch(client, catalog)
-    transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
-    gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
-    master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch)
-    proc = JobManagerProcess(master, transport)
-
-    def stop(*_):
-        proc.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    log.info("JobManager started as leader with epoch %d (standalone)", epoch)
-    while not proc.stopping:
-        try:
-            proc.run()
-        except Exception:  # noqa: BLE001 - survive Redis/catalog outages; messages stay pending
-            log.exception("JobManager loop failed; retrying in 1 s")
-            time.sleep(1)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    if settings.high_availability == "zookeeper":
+        run_with_zookeeper(settings, client, catalog, stopping)
+    else:
+        epoch = acquire_standalone_epoch(client, catalog)
+        log.info("JobManager started as leader with epoch %d (standalone)", epoch)
+        lead(settings, client, catalog, epoch, should_stop=stopping.is_set)
     log.info("JobManager stopped")
 
 

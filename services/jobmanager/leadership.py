@@ -1,6 +1,7 @@
 """Leader epochs. Standalone mode (the embedded default, as in Flink) has one JobManager; it
 still takes a fresh epoch from a Redis counter at every start, so commands and catalog writes
-from a previous incarnation that are still in flight are fenced off."""
+from a previous incarnation that are still in flight are fenced off. ZooKeeper mode elects a
+leader among several JobManagers and takes the epoch from ZooKeeper (shared/zookeeper.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ from shared.catalog import Catalog
 from shared.catalog.models import Job
 
 
+def newest_catalog_epoch(catalog: Catalog) -> int:
+    with catalog.session() as s:
+        return int(s.execute(select(func.coalesce(func.max(Job.epoch), 0))).scalar_one())
+
+
 def acquire_standalone_epoch(client: redis.Redis, catalog: Catalog) -> int:
     """A new epoch above every epoch the catalog has seen: if Redis lost its data (restarted
     without persistence) the counter starts from the catalog's memory, not from 1, so this
-    leader's writes are not refused as stale."""
-    with catalog.session() as s:
-        newest = s.execute(select(func.coalesce(func.max(Job.epoch), 0))).scalar_one()
+    leader's writes are not refused as stale. (In ZooKeeper mode the counter lives in
+    ZooKeeper: shared/zookeeper.py.)"""
+    newest = newest_catalog_epoch(catalog)
     epoch = int(client.incr(streams.JM_EPOCH_KEY))
     if epoch <= newest:
         client.set(streams.JM_EPOCH_KEY, newest + 1)

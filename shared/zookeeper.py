@@ -1,0 +1,177 @@
+"""ZooKeeper adapter for JobManager high availability (the only module that knows kazoo).
+
+ZooKeeper holds pointers only, under one root (default `/headrace`):
+
+    <root>/jobmanager/election/   kazoo Lock contenders (ephemeral sequential nodes; lowest leads)
+    <root>/jobmanager/epoch       leader epoch counter (compare-and-set increments)
+    <root>/jobmanager/leader      the current leader: JSON {id, epoch, since}; ephemeral
+
+A contender blocks in `LeaderElection.campaign()` until it leads, and gets a `Leadership`. The
+leadership is revoked at once when the ZooKeeper connection is SUSPENDED or LOST: a leader that
+cannot prove its session is alive must stop acting, because its lock node may already be gone
+and another JobManager may lead. Revocation is a flag the JobManager loop checks between batches;
+everything it sends carries its epoch, so anything in flight from a deposed leader is fenced off
+by the ResourceManager, the TaskManagers and the catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, LockTimeout, NodeExistsError, NoNodeError
+
+log = logging.getLogger("headrace.zookeeper")
+
+
+class HAUnavailable(RuntimeError):
+    """ZooKeeper cannot be reached (at start) within the connection timeout."""
+
+
+@dataclass
+class Leadership:
+    contender_id: str
+    epoch: int
+    revoked: threading.Event = field(default_factory=threading.Event)
+    reason: str | None = None
+
+    def revoke(self, reason: str) -> None:
+        if not self.revoked.is_set():
+            self.reason = reason
+            self.revoked.set()
+
+
+class LeaderElection:
+    def __init__(self, quorum: str, *, root: str = "/headrace", contender_id: str, session_timeout_s: float = 10.0,
+                 connect_timeout_s: float = 15.0):
+        self.root = "/" + root.strip("/")
+        self.contender_id = contender_id
+        self.zk = KazooClient(hosts=quorum, timeout=session_timeout_s)
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = self.zk.Lock(f"{self.root}/jobmanager/election", contender_id)
+        self._current: Leadership | None = None
+        self._unreleased = False  # our lock node may outlive a revocation: delete it before contending
+        self.zk.add_listener(self._on_state)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self.zk.start(timeout=self.connect_timeout_s)
+        except Exception as exc:  # kazoo raises its own timeout type
+            raise HAUnavailable(f"ZooKeeper at {self.zk.hosts} not reachable within "
+                                f"{self.connect_timeout_s:g} s: {exc}") from None
+        self.zk.ensure_path(f"{self.root}/jobmanager")
+
+    def close(self) -> None:
+        self.resign()
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except KazooException:
+            pass
+
+    # --- election ----------------------------------------------------------------------
+
+    def campaign(self, *, stop: Callable[[], bool], epoch_floor: Callable[[], int] = lambda: 0,
+                 poll_s: float = 0.5) -> Leadership | None:
+        """Block until this contender leads (returns its Leadership) or `stop()` says so (None).
+        The epoch is the ZooKeeper counter's next value, raised above `epoch_floor()` (the
+        catalog's newest epoch) if ZooKeeper lost its data."""
+        while not stop():
+            if self.zk.state != KazooState.CONNECTED:
+                time.sleep(poll_s)
+                continue
+            if self._unreleased:
+                # Revoked while disconnected; if the session survived, so did our old lock
+                # node, and every contender (us included) would wait behind it forever.
+                self._release()
+                continue
+            try:
+                if not self._lock.acquire(timeout=poll_s):
+                    continue
+            except LockTimeout:
+                continue  # someone else leads; look again (and at `stop`) shortly
+            except KazooException as exc:
+                log.warning("election attempt failed (%s); trying again", exc)
+                time.sleep(poll_s)
+                continue
+            try:
+                epoch = self._next_epoch(epoch_floor())
+                self._publish_leader(epoch)
+            except KazooException:
+                self._release()
+                raise
+            self._current = Leadership(self.contender_id, epoch)
+            if self.zk.state != KazooState.CONNECTED:  # lost while we were winning
+                self._current.revoke("ZooKeeper connection lost while taking leadership")
+            log.info("%s leads with epoch %d", self.contender_id, epoch)
+            return self._current
+        return None
+
+    def resign(self) -> None:
+        """Give leadership up (graceful stop, or after a revocation): the next contender wins
+        at once instead of after the session timeout."""
+        if self._current is not None:
+            self._current.revoke("resigned")
+            self._current = None
+        self._release()
+
+    def leader(self) -> dict | None:
+        """Who leads now, as published in the leader node (None when nobody does)."""
+        try:
+            data, _ = self.zk.get(f"{self.root}/jobmanager/leader")
+        except NoNodeError:
+            return None
+        return json.loads(data)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _next_epoch(self, floor: int) -> int:
+        counter = self.zk.Counter(f"{self.root}/jobmanager/epoch")
+        counter += 1
+        epoch = counter.value
+        if epoch <= floor:
+            counter += floor + 1 - epoch
+            epoch = counter.value
+        return epoch
+
+    def _publish_leader(self, epoch: int) -> None:
+        path = f"{self.root}/jobmanager/leader"
+        data = json.dumps({"id": self.contender_id, "epoch": epoch, "since": time.time()}).encode()
+        try:
+            self.zk.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            # Left by the previous leader's session, which has not expired yet although its lock
+            # node has (it resigned): we hold the lock, so the node is ours to replace.
+            self.zk.delete(path)
+            self.zk.create(path, data, ephemeral=True)
+
+    def _release(self) -> None:
+        if self.zk.state != KazooState.CONNECTED:
+            self._unreleased = True  # no ZooKeeper call now: it would block until reconnected
+            return
+        try:
+            if self._lock.is_acquired:
+                self._lock.release()
+            self._unreleased = False
+        except KazooException:
+            self._unreleased = True
+            return
+        try:
+            data, _ = self.zk.get(f"{self.root}/jobmanager/leader")
+            if json.loads(data).get("id") == self.contender_id:
+                self.zk.delete(f"{self.root}/jobmanager/leader")
+        except (KazooException, ValueError):
+            pass
+
+    def _on_state(self, state: str) -> None:
+        # Runs on kazoo's thread: only flip flags here.
+        if state in (KazooState.SUSPENDED, KazooState.LOST) and self._current is not None:
+            log.warning("ZooKeeper connection %s: leadership of %s revoked", state, self.contender_id)
+            self._current.revoke(f"ZooKeeper connection {state}")
