@@ -53,9 +53,9 @@ class Outbox:
         return Effect(new_message_id(), kind, target, body, execution_id)
 
     def write(self, s, effects: list[Effect]) -> list[str]:
-        """Inside the unit of work's transaction: record the effects, forget what was sent.
-        Returns the ids whose deletion this transaction carries."""
-        deleting, self._sent = self._sent, []
+        """Inside the unit of work's transaction: record the effects and delete what was sent.
+        Returns the ids whose deletion this transaction carries (see `committed`)."""
+        deleting = list(self._sent)
         repo.delete_outbox(s, deleting)
         base = time.time_ns()
         repo.add_outbox(s, [
@@ -76,8 +76,9 @@ class Outbox:
                 self._sent = deleting + self._sent
                 raise
 
-    def rolled_back(self, deleting: list[str]) -> None:
-        self._sent = deleting + self._sent  # still in the table: delete them next time
+    def committed(self, deleting: list[str]) -> None:
+        done = set(deleting)
+        self._sent = [i for i in self._sent if i not in done]
 
     def deliver(self, effects: list[Effect]) -> None:
         """After commit. A failure leaves the entries for `replay`; it never undoes the commit."""

@@ -94,7 +94,6 @@ class JobMaster:
         statements per batch, instead of a dozen round trips per message, is what lets one
         JobManager start thousands of tasks in seconds. After a failed batch the next few give
         each message its own savepoint (see _tx)."""
-        deleting: list[str] = []
         try:
             with self.catalog.session() as s:
                 self._batch, self._effects = s, []
@@ -110,8 +109,8 @@ class JobMaster:
             # for a while so one bad message cannot keep failing its neighbours.
             self._safe_batches = 3
             self._effects = None
-            self.outbox.rolled_back(deleting)
             raise
+        self.outbox.committed(deleting)
         self._safe_batches = max(0, self._safe_batches - 1)
         effects, self._effects = self._effects or [], None
         self.outbox.deliver(effects)
