@@ -20,6 +20,10 @@ DLQ_STREAM = f"{PREFIX}:stream:dlq"
 JM_EPOCH_KEY = f"{PREFIX}:jm:epoch"
 RM_SESSION_KEY = f"{PREFIX}:rm:session"  # the RM's half of the heartbeat: refreshed every interval
 RM_STATS_KEY = f"{PREFIX}:rm:stats"  # JSON, refreshed every second: heartbeat rate and lag
+# JSON {"id", "epoch", "mode", "since"} of the leading JobManager, refreshed every 2 s and expiring
+# after 6 s: the dispatcher shows it, so "no JobManager is leading" is visible, not a silent wait.
+JM_LEADER_KEY = f"{PREFIX}:jm:leader"
+JM_LEADER_TTL_MS = 6000
 RM_GROUP = "resourcemanager"
 JM_GROUP = "jobmanager"
 TM_GROUP = "taskmanager"

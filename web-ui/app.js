@@ -126,6 +126,12 @@ function renderOverview(o) {
   setText($("jobs-cancelled"), o["jobs-cancelled"]);
   setText($("jobs-failed"), o["jobs-failed"]);
   setText($("version"), o["flink-version"]);
+  const jm = o.jobmanager;
+  const leader = $("leader");
+  setText(leader, jm ? `JobManager ${jm.id} · epoch ${jm.epoch}${jm.mode === "zookeeper" ? " · HA" : ""}`
+                     : "no JobManager leads: submissions wait");
+  leader.classList.toggle("live", !!jm);
+  leader.classList.toggle("down", !jm);
   const total = o["slots-total"] || 0;
   const used = total - (o["slots-available"] || 0);
   const bar = $("cluster-slotbar");

@@ -323,6 +323,13 @@ class JarRunResponse(_Out):
     jobid: str
 
 
+class JobManagerLeader(_Out):
+    id: str
+    epoch: int
+    mode: str = Field(description="none (standalone) or zookeeper")
+    since: int = Field(description="epoch ms when it took leadership")
+
+
 class ClusterOverview(_Out):
     taskmanagers: int
     slots_total: int = Field(alias="slots-total")
@@ -333,6 +340,8 @@ class ClusterOverview(_Out):
     jobs_failed: int = Field(alias="jobs-failed")
     flink_version: str = Field(alias="flink-version")
     flink_commit: str = Field(alias="flink-commit")
+    jobmanager: JobManagerLeader | None = Field(
+        None, description="the leading JobManager (Headrace addition); null: none leads, submissions wait")
 
 
 class JobIdWithStatus(_Out):

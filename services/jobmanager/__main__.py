@@ -3,6 +3,7 @@ ZooKeeper) -> adapters -> loop."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -31,12 +32,14 @@ class JobManagerProcess:
     """One leadership term: the loop of a JobMaster that leads with one epoch. It ends when the
     process is asked to stop or (ZooKeeper mode) when its leadership is revoked."""
 
-    def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool]):
+    def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool],
+                 announce: Callable[[], None] = lambda: None):
         self.master, self.transport = master, transport
-        self.should_stop = should_stop
+        self.should_stop, self.announce = should_stop, announce
         self.recovered = False
 
     OUTBOX_RETRY_S = 1.0
+    ANNOUNCE_S = 2.0
 
     def run(self) -> None:
         master = self.master
@@ -44,8 +47,11 @@ class JobManagerProcess:
             with master.unit_of_work():
                 master.recover()
             self.recovered = True
-        last_replay = -1e9
+        last_replay = last_announce = -1e9
         while not self.should_stop():
+            if time.monotonic() - last_announce >= self.ANNOUNCE_S:
+                last_announce = time.monotonic()
+                self.announce()
             if master.outbox.backlog and time.monotonic() - last_replay >= self.OUTBOX_RETRY_S:
                 last_replay = time.monotonic()
                 master.outbox.replay()
@@ -72,12 +78,15 @@ class JobManagerProcess:
 
 
 def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
-         should_stop: Callable[[], bool]) -> None:
+         should_stop: Callable[[], bool], leader_id: str) -> None:
     """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages."""
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch)
-    proc = JobManagerProcess(master, transport, should_stop)
+    leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
+                         "since": int(time.time() * 1000)})
+    proc = JobManagerProcess(master, transport, should_stop,
+                             announce=lambda: client.set(streams.JM_LEADER_KEY, leader, px=streams.JM_LEADER_TTL_MS))
     while not should_stop():
         try:
             proc.run()
@@ -86,8 +95,10 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             time.sleep(1)
     try:
         master.outbox.forget_sent()  # what was sent need not be sent again by the next leader
-    except Exception:  # noqa: BLE001 - the next leader re-sends it: harmless, handlers are idempotent
-        log.warning("could not clear the sent outbox entries", exc_info=True)
+        if json.loads(client.get(streams.JM_LEADER_KEY) or "{}").get("epoch") == epoch:
+            client.delete(streams.JM_LEADER_KEY)
+    except Exception:  # noqa: BLE001 - the next leader re-sends it (harmless); the key expires
+        log.warning("could not clear the sent outbox entries or the leader key", exc_info=True)
 
 
 def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event) -> None:
@@ -108,7 +119,7 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
             client.set(streams.JM_EPOCH_KEY, lease.epoch)
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
             lead(settings, client, catalog, lease.epoch,
-                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set())
+                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender)
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()
@@ -129,7 +140,8 @@ def run(settings: Settings) -> None:
     else:
         epoch = acquire_standalone_epoch(client, catalog)
         log.info("JobManager started as leader with epoch %d (standalone)", epoch)
-        lead(settings, client, catalog, epoch, should_stop=stopping.is_set)
+        lead(settings, client, catalog, epoch, should_stop=stopping.is_set,
+             leader_id=f"jobmanager@{socket.gethostname()}:{os.getpid()}")
     log.info("JobManager stopped")
 
 

@@ -210,6 +210,7 @@ def test_overview_counts_taskmanagers_slots_and_jobs(client, catalog):
     assert body == {
         "taskmanagers": 2, "slots-total": 6, "slots-available": 3, "jobs-running": 2, "jobs-finished": 1,
         "jobs-cancelled": 1, "jobs-failed": 1, "flink-version": "headrace-0.1.0", "flink-commit": "unknown",
+        "jobmanager": None,  # no JobManager announces itself in this test
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -78,6 +79,12 @@ def test_standby_takes_over_and_restarts_no_task(cluster, rest, jar, how):
     assert rest.wait_state(quick, "FINISHED", timeout_s=60)["state"] == "FINISHED"
     after = leader(cluster)
     assert after["id"] != before["id"] and after["epoch"] > before["epoch"]
+    # The dashboard's overview names the new leader (it announces itself every 2 s).
+    deadline = time.monotonic() + 10
+    while (rest.get("/overview")["jobmanager"] or {}).get("epoch") != after["epoch"]:
+        assert time.monotonic() < deadline, rest.get("/overview")
+        time.sleep(0.2)
+    assert rest.get("/overview")["jobmanager"]["id"] == after["id"]
     # The running task was not touched by the leader change; the new leader drives its job.
     assert [(a["attempt"], a["status"]) for a in rest.attempts(endless)] == [(0, "RUNNING")]
     rest.cancel(endless)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 
+import redis
 from fastapi import APIRouter
 
 from services.dispatcher import views
-from services.dispatcher.deps import SessionDep
+from services.dispatcher.deps import SessionDep, TransportDep
 from services.dispatcher.schemas import ClusterOverview, DashboardConfiguration, Health
+from shared import streams
 from shared.catalog import repository
 
 router = APIRouter(tags=["cluster"])
@@ -16,9 +19,23 @@ router = APIRouter(tags=["cluster"])
 REFRESH_INTERVAL_MS = 1000  # the dashboard polls once a second
 
 
-@router.get("/overview", response_model=ClusterOverview, summary="TaskManagers, slots and job counts")
-def cluster_overview(session: SessionDep) -> dict:
-    return views.cluster_overview(repository.list_taskmanagers(session), repository.count_jobs_by_status(session))
+@router.get("/overview", response_model=ClusterOverview, summary="TaskManagers, slots, job counts and the leader")
+def cluster_overview(session: SessionDep, transport: TransportDep) -> dict:
+    out = views.cluster_overview(repository.list_taskmanagers(session), repository.count_jobs_by_status(session))
+    out["jobmanager"] = _leader(transport)
+    return out
+
+
+def _leader(transport) -> dict | None:
+    """What the leading JobManager announces in Redis; None if nobody does (or Redis is away)."""
+    client = getattr(transport, "client", None)
+    if client is None:
+        return None
+    try:
+        raw = client.get(streams.JM_LEADER_KEY)
+        return json.loads(raw) if raw else None
+    except (redis.RedisError, ValueError):
+        return None
 
 
 @router.get("/config", response_model=DashboardConfiguration, summary="Settings the web dashboard needs")
