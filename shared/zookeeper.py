@@ -51,7 +51,10 @@ class LeaderElection:
                  connect_timeout_s: float = 15.0):
         self.root = "/" + root.strip("/")
         self.contender_id = contender_id
-        self.zk = KazooClient(hosts=quorum, timeout=session_timeout_s)
+        # Kazoo's default reconnect backoff doubles up to an hour: after a long ZooKeeper outage
+        # no JobManager would lead for about as long again. Retry every few seconds at most.
+        retry = {"max_tries": -1, "delay": 0.2, "backoff": 2, "max_delay": 3.0}
+        self.zk = KazooClient(hosts=quorum, timeout=session_timeout_s, connection_retry=retry)
         self.connect_timeout_s = connect_timeout_s
         self._lock = self.zk.Lock(f"{self.root}/jobmanager/election", contender_id)
         self._current: Leadership | None = None
@@ -61,12 +64,18 @@ class LeaderElection:
     # --- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
+        """Connect; raises HAUnavailable if ZooKeeper does not answer within the timeout (the
+        caller decides whether to wait longer)."""
         try:
             self.zk.start(timeout=self.connect_timeout_s)
+            self.zk.ensure_path(f"{self.root}/jobmanager")
         except Exception as exc:  # kazoo raises its own timeout type
+            try:
+                self.zk.stop()
+            except KazooException:
+                pass
             raise HAUnavailable(f"ZooKeeper at {self.zk.hosts} not reachable within "
                                 f"{self.connect_timeout_s:g} s: {exc}") from None
-        self.zk.ensure_path(f"{self.root}/jobmanager")
 
     def close(self) -> None:
         self.resign()
@@ -104,7 +113,9 @@ class LeaderElection:
             try:
                 epoch = self._next_epoch(epoch_floor())
                 self._publish_leader(epoch)
-            except KazooException:
+            except Exception:
+                # Whatever failed (ZooKeeper, or the catalog/Redis behind epoch_floor), do not sit
+                # on the lock: another contender may be able to lead.
                 self._release()
                 raise
             self._current = Leadership(self.contender_id, epoch)

@@ -21,7 +21,7 @@ from shared.commands import CommandGateway, make_celery
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from shared.zookeeper import LeaderElection
+from shared.zookeeper import HAUnavailable, LeaderElection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.scheduler import JobMaster
 
@@ -106,17 +106,29 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
     contender = f"jobmanager@{socket.gethostname()}:{os.getpid()}"
     election = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root, contender_id=contender,
                               session_timeout_s=settings.zookeeper_session_timeout_s)
-    election.start()
+    while not stopping.is_set():
+        try:
+            election.start()
+            break
+        except HAUnavailable as exc:
+            log.warning("%s; still trying", exc)  # a standby waits for ZooKeeper, it does not exit
     try:
         while not stopping.is_set():
             log.info("%s is standby: waiting for leadership (ZooKeeper %s)", contender, settings.zookeeper_quorum)
-            # Above every epoch anyone has seen, even if ZooKeeper lost its data or the cluster
-            # ran standalone before (its epochs count in Redis): receivers fence older ones.
-            lease = election.campaign(stop=stopping.is_set, epoch_floor=lambda: max(
-                newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)))
-            if lease is None:
-                break
-            client.set(streams.JM_EPOCH_KEY, lease.epoch)
+            try:
+                # Above every epoch anyone has seen, even if ZooKeeper lost its data or the
+                # cluster ran standalone before (its epochs count in Redis): receivers fence
+                # older ones.
+                lease = election.campaign(stop=stopping.is_set, epoch_floor=lambda: max(
+                    newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)))
+                if lease is None:
+                    break
+                client.set(streams.JM_EPOCH_KEY, lease.epoch)
+            except Exception:  # noqa: BLE001 - catalog, Redis or ZooKeeper failed while winning
+                log.exception("taking leadership failed; contending again in 1 s")
+                election.resign()
+                stopping.wait(1.0)
+                continue
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
             lead(settings, client, catalog, lease.epoch,
                  should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender)

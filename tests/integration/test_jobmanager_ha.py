@@ -91,3 +91,26 @@ def test_standby_takes_over_and_restarts_no_task(cluster, rest, jar, how):
     assert rest.wait_state(endless, "CANCELED", timeout_s=30)["state"] == "CANCELED"
     cluster.respawn(name)  # back as the standby
     assert rest.wait_free_slots(4, timeout_s=30) == 4
+
+
+def test_zookeeper_outage_stops_leading_and_a_leader_returns_with_it(cluster, rest, jar):
+    endless = noop(rest, jar, -1)
+    rest.wait_attempt_running(endless, 0)
+    before = leader(cluster)
+    os.killpg(cluster.child("zookeeper").proc.pid, signal.SIGKILL)
+    cluster.child("zookeeper").proc.wait(10)
+    # The leader cannot prove its session: it stops leading, and the overview says nobody leads.
+    deadline = time.monotonic() + 20
+    while rest.get("/overview")["jobmanager"] is not None:
+        assert time.monotonic() < deadline, "a JobManager still announces itself without ZooKeeper"
+        time.sleep(0.3)
+    waiting = noop(rest, jar, 0.2)
+    time.sleep(3)
+    assert rest.job(waiting)["state"] == "INITIALIZING"  # accepted, waiting for a leader
+    time.sleep(5)  # a longer outage than the session timeout
+    cluster.respawn("zookeeper")
+    assert rest.wait_state(waiting, "FINISHED", timeout_s=60)["state"] == "FINISHED"
+    assert leader(cluster)["epoch"] > before["epoch"]
+    assert [(a["attempt"], a["status"]) for a in rest.attempts(endless)] == [(0, "RUNNING")]
+    rest.cancel(endless)
+    assert rest.wait_state(endless, "CANCELED", timeout_s=30)["state"] == "CANCELED"
