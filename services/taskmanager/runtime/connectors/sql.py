@@ -199,7 +199,7 @@ class SqlTableSink:
                         nullable=f.name not in self.key_columns)
               for f in schema.fields],
         )
-        md.create_all(self.engine, checkfirst=True)
+        _create_all(md, self.engine)
         # An existing table wins over the one we would have created: reflect its real columns.
         self._table = sa.Table(self.table_name, sa.MetaData(), autoload_with=self.engine)
         self._commits = commits
@@ -209,7 +209,7 @@ class SqlTableSink:
         md = sa.MetaData()
         commits = _commits_table(md)
         if not self._commits_checked:  # once per sink, not per micro-batch
-            md.create_all(self.engine, checkfirst=True)
+            _create_all(md, self.engine)
             self._commits_checked = True
         with self.engine.connect() as conn:
             hit = conn.execute(
@@ -287,3 +287,15 @@ def sql_sink(
     return SinkHandle(name=name or f"sql-{table}", df=df,
                       output_mode=output_mode if df.isStreaming else "append",
                       trigger=trigger, configure=configure, run_batch=run_batch)
+
+
+def _create_all(md: sa.MetaData, engine) -> None:
+    """CREATE what is missing, tolerating a concurrent creator: two tasks (or two attempts of
+    one, during a failover) may check for the same absent table at the same moment, and the
+    loser's CREATE fails with "already exists" although the outcome is what it wanted."""
+    try:
+        md.create_all(engine, checkfirst=True)
+    except sa.exc.DBAPIError:
+        existing = set(sa.inspect(engine).get_table_names())
+        if not all(t.name in existing for t in md.sorted_tables):
+            raise
