@@ -11,6 +11,8 @@ from services.local_cluster import LocalCluster, free_port
 from shared.settings import Settings
 
 TERMINAL = ("FINISHED", "FAILED", "CANCELED")
+# The artifact no-op jobs are submitted with: their tasks never import it.
+NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n"
 
 
 def start_cluster(home: Path, *, catalog_url: str, redis_url: str | None = None, taskmanagers: int = 2,
@@ -40,6 +42,11 @@ class Rest:
         r.raise_for_status()
         body = r.json()
         return body.get("id") or Path(body["filename"]).name
+
+    def upload_noop_pipeline(self, directory: Path) -> str:
+        path = directory / "noop_pipeline.py"
+        path.write_text(NOOP_PIPELINE)
+        return self.upload(path)
 
     def run(self, jar_id: str, **body) -> str:
         r = self.http.post(f"/jars/{jar_id}/run", json=body)

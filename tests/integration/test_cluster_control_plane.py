@@ -14,7 +14,6 @@ from tests.clusters import Rest, start_cluster
 
 pytestmark = pytest.mark.integration
 
-NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n"
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +30,7 @@ def rest(cluster):
 
 @pytest.fixture(scope="module")
 def jar(rest, tmp_path_factory):
-    path = tmp_path_factory.mktemp("jar") / "noop_pipeline.py"
-    path.write_text(NOOP_PIPELINE)
-    return rest.upload(path)
+    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 def noop(rest, jar, *, duration=0.5, fail_attempts=0, restart=None, parallelism=1, **config):

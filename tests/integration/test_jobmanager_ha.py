@@ -17,7 +17,6 @@ from tests.conftest import missing
 
 pytestmark = pytest.mark.integration
 
-NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n"
 SESSION_S = 3.0
 
 
@@ -40,9 +39,7 @@ def rest(cluster):
 
 @pytest.fixture(scope="module")
 def jar(rest, tmp_path_factory):
-    path = tmp_path_factory.mktemp("jar") / "noop_pipeline.py"
-    path.write_text(NOOP_PIPELINE)
-    return rest.upload(path)
+    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 def noop(rest, jar, duration):
