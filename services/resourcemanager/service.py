@@ -287,7 +287,13 @@ class ResourceManager:
     def flush_outbox(self) -> None:
         if self._outbox:
             items, self._outbox = self._outbox, []
-            self.transport.publish_many(items)
+            try:
+                self.transport.publish_many(items)
+            except Exception:
+                # The messages that caused these were acknowledged already: keep the answers
+                # (an allocation the JobManager never hears of would hold its slots forever).
+                self._outbox = items + self._outbox
+                raise
 
     def flush_catalog(self) -> None:
         """One transaction for everything that changed since the last flush (every 0.5 s)."""

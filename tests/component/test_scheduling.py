@@ -283,14 +283,15 @@ def test_redelivered_submission_changes_nothing(h):
 
 
 class _Unreachable:
-    """Stands in for Redis being down: every send raises, as redis-py would."""
+    """Stands in for Redis being down: every call raises, as redis-py would (or only the calls
+    named in `only`)."""
 
-    def __init__(self, real):
-        self.real, self.down = real, True
+    def __init__(self, real, only: tuple[str, ...] = ()):
+        self.real, self.down, self.only = real, True, only
 
     def __getattr__(self, name):
         attr = getattr(self.real, name)
-        if not callable(attr) or not self.down:
+        if not callable(attr) or not self.down or (self.only and name not in self.only):
             return attr
 
         def refuse(*_a, **_k):
@@ -344,3 +345,15 @@ def test_sent_effects_leave_the_outbox_with_the_next_transaction(h):
 def _executions(h, job_id):
     with h.catalog.session() as s:
         return list(repo.job_executions(s, job_id))
+
+
+def test_resourcemanager_answers_survive_a_failed_publish(h):
+    job = h.submit()
+    real = h.rm.transport
+    h.rm.transport = _Unreachable(real, only=("publish_many",))  # the RM's replies fail for a while
+    h.t.drain(streams.JM_STREAM, streams.JM_GROUP, h.jm.handle, around_batch=h.jm.unit_of_work)
+    with pytest.raises(ConnectionError):
+        h.rm.poll_once(block_ms=0)  # the request is handled (and acknowledged); the reply fails
+    h.rm.transport = real
+    h.pump()
+    assert len(h.deployed()) == 1 and h.attempts(job) == [(0, "DEPLOYING")]
