@@ -30,9 +30,18 @@ class HeartbeatMonitor:
         self._last[target] = self.clock.now()
         return True
 
-    def expired(self) -> list[str]:
+    def last(self, target: str) -> float | None:
+        """When the target was last heard from (clock time), None if it is not watched."""
+        return self._last.get(target)
+
+    def silent(self) -> list[tuple[str, float]]:
+        """(target, last heard) of the targets silent for longer than the timeout; stops
+        watching them."""
         now = self.clock.now()
-        gone = [t for t, last in self._last.items() if now - last > self.timeout_s]
-        for t in gone:
+        gone = [(t, last) for t, last in self._last.items() if now - last > self.timeout_s]
+        for t, _ in gone:
             del self._last[t]
         return gone
+
+    def expired(self) -> list[str]:
+        return [t for t, _ in self.silent()]

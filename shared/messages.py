@@ -145,6 +145,9 @@ class TaskManagerLost(_Body):
     taskmanager_id: str
     reason: str
     allocations: tuple[str, ...] = ()
+    # Wall-clock seconds of its last heartbeat (or registration): the last moment its tasks were
+    # known alive. The restart backoff is counted from there (see JobMaster._fail_execution).
+    last_heard_at: float | None = None
 
 
 class ResourceManagerStarted(_Body):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Callable, Iterator
 
 from sqlalchemy import select
@@ -327,7 +328,7 @@ class JobMaster:
             victims = [e.id for e in repo.live_executions_on(s, msg.taskmanager_id)]
         for ex_id in victims:
             self._fail_execution(ex_id, cause_name="TaskManagerLost", cause=msg.reason,
-                                 expected_tm=msg.taskmanager_id, release=False)
+                                 expected_tm=msg.taskmanager_id, release=False, failed_at=msg.last_heard_at)
 
     def on_taskmanager_registered(self, msg: TaskManagerRegistered) -> None:
         """Reconcile what a (re-)registering TaskManager runs with what the catalog believes."""
@@ -352,7 +353,7 @@ class JobMaster:
                 self._emit(ReleaseSlots(allocation_id=z.allocation_id, reason="zombie task cancelled"))
 
     def _fail_execution(self, execution_id: str, *, cause_name: str, cause: str, expected_tm: str | None,
-                        release: bool = True) -> None:
+                        release: bool = True, failed_at: float | None = None) -> None:
         release_alloc = None
         restart_in: float | None = None
         cancels: list[tuple[str, CancelTask]] = []
@@ -382,6 +383,12 @@ class JobMaster:
                 if strategy.can_restart():
                     repo.transition_job(s, job.id, JS.RESTARTING, epoch=self.epoch, reason=cause_name)
                     restart_in = strategy.backoff_s()
+                    if failed_at is not None:
+                        # The backoff separates the restart from the failure, not from its
+                        # detection: a TaskManager found dead by a 10 s heartbeat timeout has
+                        # been gone for 10 s already, and waiting the backoff again on top would
+                        # only delay recovery.
+                        restart_in = max(0.0, restart_in - max(0.0, time.time() - failed_at))
                 else:
                     repo.transition_job(s, job.id, JS.FAILING, epoch=self.epoch, reason=cause_name)
                     repo.transition_job(s, job.id, JS.FAILED, epoch=self.epoch, reason=cause_name)

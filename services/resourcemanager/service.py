@@ -110,8 +110,9 @@ class ResourceManager:
         if scan and not self._backlog:
             if self._awaiting:
                 self._expire_unreturned(now)
-            for tm_id in self.heartbeats.expired():
-                self._lose(tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s")
+            for tm_id, last in self.heartbeats.silent():
+                self._lose(tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s",
+                           last_heard=last)
         if self.liveness is not None and now - self._last_liveness >= 0.5:
             self._last_liveness = now
             watched = {name for name in self._liveness_names.values()}
@@ -261,7 +262,8 @@ class ResourceManager:
                                      taskmanager_id=alloc.taskmanager_id, queue=alloc.queue,
                                      slot_indices=alloc.indices))
 
-    def _lose(self, tm_id: str, reason: str) -> None:
+    def _lose(self, tm_id: str, reason: str, last_heard: float | None = None) -> None:
+        last_heard = last_heard if last_heard is not None else self.heartbeats.last(tm_id)
         self.heartbeats.unmonitor(tm_id)
         self._liveness_names.pop(tm_id, None)
         if tm_id not in self.slots.taskmanagers:
@@ -270,14 +272,17 @@ class ResourceManager:
             return
         lost = self.slots.remove(tm_id)
         self._registrations.pop(tm_id, None)
-        self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost))
+        heard_at = None if last_heard is None else time.time() - max(0.0, self.clock.now() - last_heard)
+        self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost), heard_at)
         self._serve_pending()
 
-    def _declare_gone(self, tm_id: str, reason: str, allocations: tuple[str, ...]) -> None:
+    def _declare_gone(self, tm_id: str, reason: str, allocations: tuple[str, ...],
+                      last_heard_at: float | None = None) -> None:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
         self._lost_total += 1
         self._gone[tm_id] = ("UNREGISTERED" if "unregistered" in reason else "LOST", reason)
-        self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations))
+        self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
+                                      last_heard_at=last_heard_at))
 
     def _send_jm(self, body) -> None:
         self._outbox.append((streams.JM_STREAM, body))

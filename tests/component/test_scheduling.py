@@ -357,3 +357,35 @@ def test_resourcemanager_answers_survive_a_failed_publish(h):
     h.rm.transport = real
     h.pump()
     assert len(h.deployed()) == 1 and h.attempts(job) == [(0, "DEPLOYING")]
+
+
+def _lose_the_taskmanager_of(h, cmd):
+    lost_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    survivor = "tm-1" if lost_tm == "tm-0" else "tm-0"
+    for _ in range(6):  # only the survivor keeps heartbeating: 12 s of silence
+        h.clock.advance(2)
+        h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
+        h.pump()
+
+
+def test_restart_backoff_counts_from_the_last_heartbeat_of_a_lost_taskmanager(h):
+    # delay 5 s < the 12 s the TaskManager has been silent: the restart does not wait again.
+    h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": "5 s"})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING)
+    _lose_the_taskmanager_of(h, cmd)
+    assert len(h.deployed()) == 1
+
+
+def test_restart_backoff_after_a_task_failure_is_waited_in_full(h):
+    h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": "5 s"})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.RUNNING, ES.FAILED, cause="boom")
+    h.clock.advance(4)
+    h.pump()
+    assert h.deployed() == []
+    h.clock.advance(1.5)
+    h.pump()
+    assert len(h.deployed()) == 1
