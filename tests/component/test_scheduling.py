@@ -162,17 +162,23 @@ def test_cancel_running_job_sends_cancel_and_ends_canceled(h):
     assert h.job(job).status == "CANCELED" and h.rm.slots.free_slots() == 8
 
 
+def _lose_the_taskmanager_of(h, cmd) -> str:
+    """Only the other TaskManager keeps heartbeating, for 12 s; returns it."""
+    lost_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    survivor = "tm-1" if lost_tm == "tm-0" else "tm-0"
+    for _ in range(6):
+        h.clock.advance(2)
+        h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
+        h.pump()
+    return survivor
+
+
 def test_taskmanager_lost_restarts_on_the_other_one(h):
     job = h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
     h.pump()
     [cmd] = h.deployed()
     h.report(cmd, ES.RUNNING)
-    lost_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
-    survivor = "tm-1" if lost_tm == "tm-0" else "tm-0"
-    for _ in range(6):  # only the survivor keeps heartbeating
-        h.clock.advance(2)
-        h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
-        h.pump()
+    survivor = _lose_the_taskmanager_of(h, cmd)
     [cmd2] = h.deployed()
     ex1 = h.execution(cmd.spec["execution_id"])
     assert ex1.state == "FAILED" and "TaskManager lost" in ex1.failure_cause
@@ -357,15 +363,6 @@ def test_resourcemanager_answers_survive_a_failed_publish(h):
     h.rm.transport = real
     h.pump()
     assert len(h.deployed()) == 1 and h.attempts(job) == [(0, "DEPLOYING")]
-
-
-def _lose_the_taskmanager_of(h, cmd):
-    lost_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
-    survivor = "tm-1" if lost_tm == "tm-0" else "tm-0"
-    for _ in range(6):  # only the survivor keeps heartbeating: 12 s of silence
-        h.clock.advance(2)
-        h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
-        h.pump()
 
 
 def test_restart_backoff_counts_from_the_last_heartbeat_of_a_lost_taskmanager(h):
