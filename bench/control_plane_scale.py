@@ -46,6 +46,15 @@ def fresh_pg(admin_url: str) -> str:
     return admin_url.rsplit("/", 1)[0] + "/" + name
 
 
+def drop_pg(admin_url: str, catalog_url: str) -> None:
+    """The throwaway catalog goes when the run ends: repeated runs must not pile up databases."""
+    import psycopg
+
+    name = catalog_url.rsplit("/", 1)[1]
+    with psycopg.connect(admin_url, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def main() -> None:
     # SIGTERM must run the `finally` below, or the benchmark's services outlive it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -123,6 +132,8 @@ def main() -> None:
         result["tasks_running"] = running
     finally:
         procs.stop()
+        if catalog_url != a.catalog:
+            drop_pg(a.catalog, catalog_url)
     print(json.dumps(result, indent=2))
 
 
