@@ -1,5 +1,5 @@
 """Celery adapter: the only module that knows Celery. Commands to TaskManagers (deploy, cancel)
-travel as Celery tasks routed to one queue per TaskManager; the payload is an encoded
+(and checkpoint triggers) travel as Celery tasks routed to one queue per TaskManager; the payload is an encoded
 `Envelope`, so the receiver can fence by leader epoch like any other message.
 
 A command task is short: it hands the work to the TaskManager's supervisor and returns. No
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from celery import Celery
 
-from shared.messages import CancelTask, DeployTask, encode, wrap
+from shared.messages import CancelTask, DeployTask, TriggerCheckpoint, encode, wrap
 
 DEPLOY_TASK = "headrace.deploy_task"
 CANCEL_TASK = "headrace.cancel_task"
+TRIGGER_CHECKPOINT = "headrace.trigger_checkpoint"
 COMMAND_EXPIRES_S = 60
 
 
@@ -44,6 +45,9 @@ class CommandGateway:
 
     def cancel(self, queue: str, command: CancelTask) -> None:
         self._send(CANCEL_TASK, queue, command)
+
+    def trigger_checkpoint(self, queue: str, command: TriggerCheckpoint) -> None:
+        self._send(TRIGGER_CHECKPOINT, queue, command)
 
     def _send(self, name: str, queue: str, body) -> None:
         payload = encode(wrap(body, sender=self.sender, epoch=self.epoch)).decode()

@@ -176,6 +176,34 @@ class CancelJob(_Body):
     job_id: str
 
 
+SnapshotKind = Literal["checkpoint", "savepoint"]
+# What the job does once a savepoint completed: keep running; cancel (Flink's "cancel-job":
+# job CANCELED); stop (stop-with-savepoint: the task ends and the job is FINISHED); rescale (the
+# task ends and a new attempt restores the savepoint with the operation's parallelism).
+AfterSnapshot = Literal["continue", "cancel", "stop", "rescale"]
+
+
+class RequestCheckpoint(_Body):
+    """POST /jobs/{id}/checkpoints: one checkpoint now, outside the interval. `request_id` is the
+    catalog operation the dispatcher created; the JobManager completes or fails it."""
+
+    type: Literal["RequestCheckpoint"] = "RequestCheckpoint"
+    job_id: str
+    request_id: str
+
+
+class RequestSavepoint(_Body):
+    """Savepoint (optionally followed by cancel, stop or rescale) of a running job."""
+
+    type: Literal["RequestSavepoint"] = "RequestSavepoint"
+    job_id: str
+    request_id: str
+    target_directory: str  # where the savepoint directory is created (already resolved, local path)
+    after: AfterSnapshot = "continue"
+    drain: bool = False
+    parallelism: int | None = None  # for after == "rescale"
+
+
 # --- JobManager -> TaskManager (Celery commands, one queue per TaskManager) ----------------
 
 
@@ -192,6 +220,23 @@ class CancelTask(_Body):
     taskmanager_id: str
     execution_id: str
     job_id: str
+
+
+class TriggerCheckpoint(_Body):
+    """Take snapshot `checkpoint_id` of the attempt's Spark query into `target` (a directory that
+    must not exist yet). The barrier is a micro-batch commit: the snapshot is taken at the first
+    committed batch at or after the batch planned when the trigger arrives. `stop_after`: stop
+    the query once the snapshot is taken (stop-with-savepoint, rescale), so the task FINISHES."""
+
+    type: Literal["TriggerCheckpoint"] = "TriggerCheckpoint"
+    taskmanager_id: str
+    job_id: str
+    execution_id: str
+    checkpoint_id: int
+    kind: SnapshotKind = "checkpoint"
+    target: str
+    stop_after: bool = False
+    drain: bool = False
 
 
 # --- TaskManager -> JobManager --------------------------------------------------------------
@@ -221,6 +266,31 @@ class TaskProgress(_Body):
     at: float = Field(default_factory=time.time)
 
 
+class CheckpointAcknowledged(_Body):
+    """The task took snapshot `checkpoint_id` at Spark batch `batch_id` (its commit is the barrier)."""
+
+    type: Literal["CheckpointAcknowledged"] = "CheckpointAcknowledged"
+    job_id: str
+    execution_id: str
+    taskmanager_id: str
+    checkpoint_id: int
+    path: str
+    batch_id: int
+    state_size: int = 0  # bytes in the snapshot
+    duration_ms: int = 0  # trigger received -> snapshot written
+    source_offsets: tuple[str, ...] = ()  # Spark's end offsets of the batch, one JSON text per source
+
+
+class CheckpointDeclined(_Body):
+    type: Literal["CheckpointDeclined"] = "CheckpointDeclined"
+    job_id: str
+    execution_id: str
+    taskmanager_id: str
+    checkpoint_id: int
+    reason: str
+    permanent: bool = False  # the task can never checkpoint (a batch query): not a failure, stop triggering
+
+
 Message = Annotated[
     Union[
         RegisterTaskManager,
@@ -238,10 +308,15 @@ Message = Annotated[
         ResourceManagerStarted,
         SubmitJob,
         CancelJob,
+        RequestCheckpoint,
+        RequestSavepoint,
         DeployTask,
         CancelTask,
+        TriggerCheckpoint,
         TaskStateChanged,
         TaskProgress,
+        CheckpointAcknowledged,
+        CheckpointDeclined,
     ],
     Field(discriminator="type"),
 ]

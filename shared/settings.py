@@ -72,6 +72,13 @@ class Settings(BaseSettings):
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
     spark_shuffle_partitions: int = 4
 
+    checkpointing: dict[str, Any] = Field(
+        default_factory=lambda: {"execution.checkpointing.interval": "10 s"},
+        description="cluster default of the checkpoint options, with Flink's names (see shared/checkpointing.py); "
+                    "a job's own configuration overrides each of them",
+    )
+    savepoint_dir: Path | None = Field(None, description="default target of savepoints (state.savepoints.dir)")
+
     stream_maxlen: int = 100_000
 
     high_availability: Literal["none", "zookeeper"] = Field(
@@ -111,6 +118,10 @@ class Settings(BaseSettings):
     @property
     def checkpoints(self) -> Path:
         return self.checkpoint_dir or self.home / "checkpoints"
+
+    @property
+    def savepoints(self) -> Path:
+        return self.savepoint_dir or self.home / "savepoints"
 
     @property
     def artifacts(self) -> Path:

@@ -17,6 +17,16 @@ ExecutionState (one per attempt of a task)::
     any non-terminal -> FAILED
     CREATED | SCHEDULED -> CANCELED                (cancelled before it held slots)
 
+CheckpointStatus (one per checkpoint or savepoint of a job)::
+
+    IN_PROGRESS -> COMPLETED -> DISCARDED   (pruned beyond the retained count, or disposed)
+    IN_PROGRESS -> FAILED                   (declined, timed out, or its attempt ended)
+
+OperationStatus (an asynchronous REST operation: savepoint, stop, manual checkpoint, disposal,
+rescale; Flink's "trigger id" / "request-id")::
+
+    IN_PROGRESS -> COMPLETED | FAILED
+
 Terminal states never change again: a late report for a terminal attempt is refused, which is
 what makes handlers idempotent when a message is delivered twice.
 """
@@ -121,3 +131,29 @@ def check_job_transition(current: JobStatus, target: JobStatus) -> None:
 def check_execution_transition(current: ExecutionState, target: ExecutionState) -> None:
     if target not in EXECUTION_TRANSITIONS[current]:
         raise IllegalTransition(f"execution cannot go from {current.value} to {target.value}")
+
+
+class CheckpointStatus(str, Enum):
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    DISCARDED = "DISCARDED"
+
+
+CHECKPOINT_TRANSITIONS: dict[CheckpointStatus, frozenset[CheckpointStatus]] = {
+    CheckpointStatus.IN_PROGRESS: frozenset({CheckpointStatus.COMPLETED, CheckpointStatus.FAILED}),
+    CheckpointStatus.COMPLETED: frozenset({CheckpointStatus.DISCARDED}),
+    CheckpointStatus.FAILED: frozenset(),
+    CheckpointStatus.DISCARDED: frozenset(),
+}
+
+
+class OperationStatus(str, Enum):
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+def check_checkpoint_transition(current: CheckpointStatus, target: CheckpointStatus) -> None:
+    if target not in CHECKPOINT_TRANSITIONS[current]:
+        raise IllegalTransition(f"checkpoint cannot go from {current.value} to {target.value}")

@@ -11,7 +11,8 @@ because Spark and user code print freely).
 
 Driver events, in order:  ready -> initializing -> running -> progress* -> finished | failed | canceled
 A driver that dies without `finished`/`failed`/`canceled` has failed; the TaskManager reports
-its exit code and the tail of its log.
+its exit code and the tail of its log. While running, a `snapshot` command (a checkpoint or
+savepoint trigger) is answered by one `snapshot_taken` or `snapshot_declined` event.
 """
 
 from __future__ import annotations
@@ -37,9 +38,20 @@ class TaskSpec(_M):
     artifact_path: str | None = None
     entry: str = "build"
     program_args: tuple[str, ...] = ()
-    # The Spark checkpoint location of this vertex: the same for every attempt, so a restarted
-    # attempt resumes from the last committed micro-batch.
+    # This attempt's own live Spark checkpoint location. Never shared with another attempt: a
+    # restarted attempt starts from a copy of the latest completed snapshot (`restore_from`).
     checkpoint_dir: str
+    # A completed checkpoint or savepoint directory (holding `_metadata`) to start from, or None
+    # for a fresh start; the driver materialises it into `checkpoint_dir` before the query starts.
+    restore_from: str | None = None
+    restore_checkpoint_id: int | None = None
+    allow_non_restored_state: bool = False
+    artifact_sha256: str | None = None  # recorded in each snapshot's metadata (pipeline fingerprint)
+    # Sink fencing token: strictly increasing over every attempt the JobManagers deploy (wall-clock
+    # microseconds at the deploy decision, kept monotonic), so a later attempt of any job of the
+    # same lineage (a restart, a job resumed from a savepoint, a rollback to an older savepoint)
+    # takes over its sinks and every earlier attempt is fenced off. 0: use `attempt`.
+    fence_token: int = 0
     catalog_url: str
     redis_url: str
     config: dict[str, Any] = Field(default_factory=dict)
@@ -50,11 +62,22 @@ class RunTask(_M):
     spec: TaskSpec
 
 
-class CancelTask(_M):
+class CancelRun(_M):
     cmd: Literal["cancel"] = "cancel"
 
 
-DriverCommand = Annotated[Union[RunTask, CancelTask], Field(discriminator="cmd")]
+class TakeSnapshot(_M):
+    """Snapshot the running query into `target` (see shared.messages.TriggerCheckpoint)."""
+
+    cmd: Literal["snapshot"] = "snapshot"
+    checkpoint_id: int
+    kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+    target: str
+    stop_after: bool = False
+    drain: bool = False
+
+
+DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot], Field(discriminator="cmd")]
 
 
 class Ready(_M):
@@ -95,8 +118,26 @@ class Canceled(_M):
     event: Literal["canceled"] = "canceled"
 
 
+class SnapshotTaken(_M):
+    event: Literal["snapshot_taken"] = "snapshot_taken"
+    checkpoint_id: int
+    path: str
+    batch_id: int
+    state_size: int
+    duration_ms: int
+    source_offsets: tuple[str, ...] = ()
+
+
+class SnapshotDeclined(_M):
+    event: Literal["snapshot_declined"] = "snapshot_declined"
+    checkpoint_id: int
+    reason: str
+    permanent: bool = False  # this task can never take one (a batch query): stop triggering it
+
+
 DriverEvent = Annotated[
-    Union[Ready, Initializing, Running, Progress, Finished, Failed, Canceled], Field(discriminator="event")
+    Union[Ready, Initializing, Running, Progress, Finished, Failed, Canceled, SnapshotTaken, SnapshotDeclined],
+    Field(discriminator="event"),
 ]
 
 _CMD = TypeAdapter(DriverCommand)
@@ -107,12 +148,22 @@ def encode_line(msg: _M) -> bytes:
     return msg.model_dump_json().encode() + b"\n"
 
 
-def decode_command(line: bytes | str) -> RunTask | CancelTask:
+def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot:
     return _CMD.validate_json(line)
 
 
 def decode_event(line: bytes | str):
     return _EVT.validate_json(line)
+
+
+def snapshot_metadata(spec: TaskSpec, *, kind: str, checkpoint_id: int) -> dict:
+    """What every snapshot's `_metadata` says about the task that took it (the storage adds the
+    Spark side: batch, offsets, state operators, sizes)."""
+    return {"kind": kind, "checkpoint_id": checkpoint_id, "job_id": spec.job_id, "job_name": spec.job_name,
+            "vertex_id": spec.vertex_id, "execution_id": spec.execution_id, "attempt": spec.attempt,
+            "parallelism": spec.parallelism,
+            "pipeline": {"kind": spec.kind, "artifact_sha256": spec.artifact_sha256, "entry": spec.entry,
+                         "args": list(spec.program_args)}}
 
 
 def spec_from_json(text: str) -> TaskSpec:

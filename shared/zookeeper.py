@@ -186,3 +186,70 @@ class LeaderElection:
         if state in (KazooState.SUSPENDED, KazooState.LOST) and self._current is not None:
             log.warning("ZooKeeper connection %s: leadership of %s revoked", state, self.contender_id)
             self._current.revoke(f"ZooKeeper connection {state}")
+
+
+class ZooKeeperCheckpointStore:
+    """Checkpoint metadata in ZooKeeper, as Flink keeps it in HA mode: per job a checkpoint id
+    counter and one pointer node per retained completed checkpoint (the data itself stays in
+    checkpoint storage). A new leader reads the pointers and continues the numbering, so no
+    checkpoint is lost or its id reused across a leader change.
+
+        <root>/jobs/<job-id>/checkpoint-counter          kazoo Counter (compare-and-set)
+        <root>/jobs/<job-id>/checkpoints/<id, 19 digits> JSON {"id", "path", "batch_id", "kind", "at"}
+
+    Runs on the leader's own ZooKeeper session; a ZooKeeper error raises (KazooException), which
+    fails the unit of work like any catalog error.
+    """
+
+    def __init__(self, zk: KazooClient, root: str = "/headrace"):
+        self.zk = zk
+        self.root = "/" + root.strip("/")
+
+    def _job(self, job_id: str) -> str:
+        return f"{self.root}/jobs/{job_id}"
+
+    def next_id(self, job_id: str, *, floor: int = 0) -> int:
+        counter = self.zk.Counter(f"{self._job(job_id)}/checkpoint-counter")
+        counter += 1
+        value = counter.value
+        if value <= floor:  # ZooKeeper lost its data: never hand out an id the catalog has seen
+            counter += floor + 1 - value
+            value = counter.value
+        return value
+
+    def add(self, job_id: str, checkpoint_id: int, pointer: dict) -> None:
+        path = f"{self._job(job_id)}/checkpoints/{checkpoint_id:019d}"
+        data = json.dumps({"id": checkpoint_id, **pointer}).encode()
+        try:
+            self.zk.create(path, data, makepath=True)
+        except NodeExistsError:
+            self.zk.set(path, data)
+
+    def completed(self, job_id: str) -> list[dict]:
+        """Pointers to the job's retained completed checkpoints, oldest first."""
+        base = f"{self._job(job_id)}/checkpoints"
+        try:
+            children = sorted(self.zk.get_children(base))
+        except NoNodeError:
+            return []
+        out = []
+        for child in children:
+            try:
+                data, _ = self.zk.get(f"{base}/{child}")
+                out.append(json.loads(data))
+            except (NoNodeError, ValueError):
+                continue
+        return out
+
+    def remove(self, job_id: str, checkpoint_id: int) -> None:
+        try:
+            self.zk.delete(f"{self._job(job_id)}/checkpoints/{checkpoint_id:019d}")
+        except NoNodeError:
+            pass
+
+    def remove_job(self, job_id: str) -> None:
+        """A globally terminal job's HA data goes; its checkpoint files stay as retention says."""
+        try:
+            self.zk.delete(self._job(job_id), recursive=True)
+        except NoNodeError:
+            pass

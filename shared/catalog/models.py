@@ -53,6 +53,9 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     end_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # Consecutive failed checkpoints (reset by a completed one): the job fails over when it
+    # passes execution.checkpointing.tolerable-failed-checkpoints.
+    checkpoint_failures: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class JobTransition(Base):
@@ -94,6 +97,10 @@ class Execution(Base):
     end_at: Mapped[datetime | None] = mapped_column(nullable=True)
     last_batch_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     rows_processed: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The snapshot this attempt started from (None: a fresh start) and its checkpoint id (None for
+    # a savepoint of another job, or a fresh start).
+    restored_from: Mapped[str | None] = mapped_column(Text, nullable=True)
+    restored_checkpoint_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # Never loaded by the code (ids are used); declared so one flush inserts a new vertex
     # before the executions that reference it, without a flush per submission.
     vertex: Mapped["Vertex"] = relationship(lazy="raise")
@@ -150,3 +157,43 @@ class OutboxEntry(Base):
     execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     envelope: Mapped[str] = mapped_column(Text)  # the encoded Envelope as first written
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CheckpointRow(Base):
+    """One checkpoint or savepoint of a job (Flink's checkpoint history). The files live in
+    checkpoint storage under `path`; this row is the catalog's record of them."""
+
+    __tablename__ = "checkpoints"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    checkpoint_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # checkpoint | savepoint
+    status: Mapped[str] = mapped_column(String(16), index=True)  # shared.states.CheckpointStatus
+    execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    vertex_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the operation that asked
+    after: Mapped[str] = mapped_column(String(16), default="continue")  # continue | cancel | stop | rescale
+    trigger_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ack_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    batch_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    state_size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    duration_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failure_cause: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source_offsets: Mapped[list] = mapped_column(JSON, default=list)
+
+
+class Operation(Base):
+    """An asynchronous REST operation (Flink's trigger id): savepoint, stop, checkpoint,
+    dispose, rescale. The dispatcher creates it; whoever carries it out finishes it."""
+
+    __tablename__ = "operations"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    status: Mapped[str] = mapped_column(String(16))  # shared.states.OperationStatus
+    params: Mapped[dict] = mapped_column(JSON, default=dict)
+    checkpoint_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    location: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failure_cause: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    done_at: Mapped[datetime | None] = mapped_column(nullable=True)

@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
 from shared.catalog.models import (
-    Artifact, ExceptionRow, Execution, Job, JobTransition, OutboxEntry, Sequence_, TaskManagerRow, Vertex,
-    epoch_ms, utcnow,
+    Artifact, CheckpointRow, ExceptionRow, Execution, Job, JobTransition, Operation, OutboxEntry, Sequence_,
+    TaskManagerRow, Vertex, epoch_ms, utcnow,
 )
 from shared.states import (
-    ExecutionState, IllegalTransition, JobStatus, check_execution_transition, check_job_transition,
+    CheckpointStatus, ExecutionState, IllegalTransition, JobStatus, OperationStatus, check_checkpoint_transition,
+    check_execution_transition, check_job_transition,
 )
 
 
@@ -383,6 +384,137 @@ def execution_states(s: Session, execution_ids: Iterable[str]) -> dict[str, str]
 
 def count_jobs_by_status(s: Session) -> dict[str, int]:
     return dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+
+
+# --- checkpoints and savepoints --------------------------------------------------------------
+
+
+def create_checkpoint(s: Session, *, job_id: str, checkpoint_id: int, kind: str, execution_id: str | None,
+                      vertex_id: str | None, request_id: str | None = None, after: str = "continue",
+                      path: str | None = None) -> CheckpointRow:
+    row = CheckpointRow(job_id=job_id, checkpoint_id=checkpoint_id, kind=kind,
+                        status=CheckpointStatus.IN_PROGRESS.value, execution_id=execution_id, vertex_id=vertex_id,
+                        request_id=request_id, after=after, trigger_at=utcnow(), path=path, source_offsets=[])
+    s.add(row)
+    s.flush()
+    return row
+
+
+def get_checkpoint(s: Session, job_id: str, checkpoint_id: int, *, lock: bool = False) -> CheckpointRow:
+    q = select(CheckpointRow).where(CheckpointRow.job_id == job_id, CheckpointRow.checkpoint_id == checkpoint_id)
+    if lock:
+        q = q.with_for_update()
+    row = s.execute(q).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"checkpoint {checkpoint_id} of job {job_id} not found")
+    return row
+
+
+def list_checkpoints(s: Session, job_id: str, *, statuses: Iterable[CheckpointStatus] | None = None,
+                     kind: str | None = None, newest_first: bool = True, limit: int | None = None
+                     ) -> Sequence[CheckpointRow]:
+    q = select(CheckpointRow).where(CheckpointRow.job_id == job_id)
+    if statuses is not None:
+        q = q.where(CheckpointRow.status.in_([st.value for st in statuses]))
+    if kind is not None:
+        q = q.where(CheckpointRow.kind == kind)
+    order = CheckpointRow.checkpoint_id.desc() if newest_first else CheckpointRow.checkpoint_id
+    q = q.order_by(order)
+    if limit is not None:
+        q = q.limit(limit)
+    return s.execute(q).scalars().all()
+
+
+def pending_checkpoints(s: Session) -> Sequence[CheckpointRow]:
+    """Every IN_PROGRESS checkpoint of the cluster (a new leader adopts or fails them)."""
+    return s.execute(select(CheckpointRow).where(CheckpointRow.status == CheckpointStatus.IN_PROGRESS.value)
+                     ).scalars().all()
+
+
+def transition_checkpoint(s: Session, row: CheckpointRow, target: CheckpointStatus, *,
+                          failure_cause: str | None = None, path: str | None = None, batch_id: int | None = None,
+                          state_size: int | None = None, duration_ms: int | None = None,
+                          source_offsets: list | None = None) -> CheckpointRow:
+    """The only function that changes `checkpoints.status`. Raises IllegalTransition."""
+    current = CheckpointStatus(row.status)
+    if current == target:
+        return row
+    check_checkpoint_transition(current, target)
+    row.status = target.value
+    if target == CheckpointStatus.COMPLETED:
+        row.ack_at = utcnow()
+    if failure_cause is not None:
+        row.failure_cause = failure_cause[:20000]
+    if path is not None:
+        row.path = path
+    if batch_id is not None:
+        row.batch_id = batch_id
+    if state_size is not None:
+        row.state_size = state_size
+    if duration_ms is not None:
+        row.duration_ms = duration_ms
+    if source_offsets is not None:
+        row.source_offsets = list(source_offsets)
+    return row
+
+
+def set_checkpoint_failures(s: Session, job: Job, value: int) -> None:
+    job.checkpoint_failures = value
+
+
+def set_execution_restore(s: Session, execution: Execution, *, path: str | None, checkpoint_id: int | None) -> None:
+    execution.restored_from = path
+    execution.restored_checkpoint_id = checkpoint_id
+
+
+def set_vertex_parallelism(s: Session, vertex: Vertex, parallelism: int) -> None:
+    vertex.parallelism = parallelism
+
+
+# --- asynchronous operations (savepoint, stop, checkpoint, dispose, rescale) -----------------
+
+
+def create_operation(s: Session, *, id: str, kind: str, job_id: str | None, params: dict | None = None) -> Operation:
+    row = Operation(id=id, kind=kind, job_id=job_id, status=OperationStatus.IN_PROGRESS.value,
+                    params=dict(params or {}), created_at=utcnow())
+    s.add(row)
+    s.flush()
+    return row
+
+
+def get_operation(s: Session, operation_id: str, *, lock: bool = False) -> Operation:
+    row = _get(s, Operation, operation_id, lock)
+    if row is None:
+        raise NotFound(f"operation {operation_id} not found")
+    return row
+
+
+def job_operations(s: Session, job_id: str, *, statuses: Iterable[OperationStatus] | None = None
+                   ) -> Sequence[Operation]:
+    q = select(Operation).where(Operation.job_id == job_id)
+    if statuses is not None:
+        q = q.where(Operation.status.in_([st.value for st in statuses]))
+    return s.execute(q.order_by(Operation.created_at)).scalars().all()
+
+
+def finish_operation(s: Session, op: Operation, status: OperationStatus, *, location: str | None = None,
+                     failure_cause: str | None = None, checkpoint_id: int | None = None) -> Operation:
+    """The only function that ends an operation; an operation ends once (later calls are no-ops)."""
+    if op.status != OperationStatus.IN_PROGRESS.value:
+        return op
+    op.status = status.value
+    op.done_at = utcnow()
+    if location is not None:
+        op.location = location
+    if failure_cause is not None:
+        op.failure_cause = failure_cause[:20000]
+    if checkpoint_id is not None:
+        op.checkpoint_id = checkpoint_id
+    return op
+
+
+def set_operation_checkpoint(s: Session, op: Operation, checkpoint_id: int) -> None:
+    op.checkpoint_id = checkpoint_id
 
 
 __all__ = [name for name in dir() if not name.startswith("_")] + ["IllegalTransition"]
