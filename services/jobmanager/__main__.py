@@ -21,7 +21,8 @@ from shared.commands import CommandGateway, make_celery
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from shared.zookeeper import HAUnavailable, LeaderElection
+from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointStore
+from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.scheduler import JobMaster
 
@@ -60,6 +61,9 @@ class JobManagerProcess:
             handled = self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", master.handle,
                                           count=500, block_ms=block, around_batch=master.unit_of_work)
             self.run_due_timers()
+            if master.checkpoints.due():
+                with master.unit_of_work():
+                    master.checkpoints.tick()
             if not handled:
                 master.outbox.forget_sent()
 
@@ -78,11 +82,13 @@ class JobManagerProcess:
 
 
 def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
-         should_stop: Callable[[], bool], leader_id: str) -> None:
-    """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages."""
+         should_stop: Callable[[], bool], leader_id: str, checkpoint_store: CheckpointStore | None = None) -> None:
+    """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages.
+    `checkpoint_store`: checkpoint ids and pointers (ZooKeeper in HA mode; default the catalog)."""
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
-    master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch)
+    master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
+                       checkpoint_store=checkpoint_store)
     leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
                          "since": int(time.time() * 1000)})
     proc = JobManagerProcess(master, transport, should_stop,
@@ -131,7 +137,8 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
                 continue
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
             lead(settings, client, catalog, lease.epoch,
-                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender)
+                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender,
+                 checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)))
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()

@@ -26,13 +26,13 @@ from shared.states import ExecutionState as ES
 
 log = logging.getLogger("headrace.jobmanager.outbox")
 
-STREAM, DEPLOY, CANCEL = "stream", "deploy", "cancel"
+STREAM, DEPLOY, CANCEL, CHECKPOINT = "stream", "deploy", "cancel", "checkpoint"
 
 
 @dataclass(frozen=True)
 class Effect:
     id: str
-    kind: str  # STREAM | DEPLOY | CANCEL
+    kind: str  # STREAM | DEPLOY | CANCEL | CHECKPOINT
     target: str  # stream key, or the TaskManager's queue
     body: object
     execution_id: str | None = None
@@ -102,6 +102,8 @@ class Outbox:
                 self.gateway.deploy(e.target, e.body)
             elif e.kind == CANCEL:
                 self.gateway.cancel(e.target, e.body)
+            elif e.kind == CHECKPOINT:
+                self.gateway.trigger_checkpoint(e.target, e.body)
 
     def replay(self) -> int:
         """Send what committed transactions left unsent, oldest first. Returns how many."""

@@ -9,8 +9,9 @@ Flow of one attempt:
   job RUNNING -> RequestSlots -> SlotsAllocated -> execution DEPLOYING -> DeployTask (Celery,
   the TaskManager's queue) -> TaskStateChanged INITIALIZING/RUNNING/FINISHED|FAILED|CANCELED.
 A failure (task error, TaskManager lost, slot request timed out) goes to the job's restart
-strategy: restart after its backoff (job RESTARTING, new attempt from the latest committed
-checkpoint, which is the vertex's Spark checkpoint directory) or fail the job.
+strategy: restart after its backoff (job RESTARTING, new attempt from the latest completed
+checkpoint or savepoint, copied into the attempt's own live directory) or fail the job.
+Checkpoints and savepoints: `services/jobmanager/checkpoints.py`.
 """
 
 from __future__ import annotations
@@ -30,19 +31,24 @@ from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.clock import Clock
 from shared.ids import new_execution_id, new_vertex_id
 from shared.messages import (
-    CancelJob, CancelSlotRequest, CancelTask, DeployTask, Envelope, ReleaseSlots, RequestSlots, SlotRequestFailed,
-    ResourceManagerStarted, SlotRequestPending, SlotsAllocated, SubmitJob, TaskManagerLost, TaskManagerRegistered,
-    TaskProgress,
-    TaskStateChanged,
+    CancelJob, CancelSlotRequest, CancelTask, CheckpointAcknowledged, CheckpointDeclined, DeployTask, Envelope,
+    ReleaseSlots, RequestCheckpoint, RequestSavepoint, RequestSlots, ResourceManagerStarted, SlotRequestFailed,
+    SlotRequestPending, SlotsAllocated, SubmitJob, TaskManagerLost, TaskManagerRegistered, TaskProgress,
+    TaskStateChanged, TriggerCheckpoint,
 )
 from shared.settings import Settings
 from shared.states import ExecutionState as ES
 from shared.states import IllegalTransition, JobStatus as JS
 from shared.task_protocol import TaskSpec
-from services.jobmanager.outbox import CANCEL, DEPLOY, STREAM, Effect, Outbox
+from services.jobmanager.checkpoint_store import CatalogCheckpointStore, CheckpointStore
+from services.jobmanager.checkpoints import CheckpointCoordinator
+from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, STREAM, Effect, Outbox
 from services.jobmanager.timers import Timers
 
 log = logging.getLogger("headrace.jobmanager")
+
+# Failures a restart cannot cure: the job fails at once instead of looping through its restarts.
+NON_RECOVERABLE = frozenset({"IncompatibleStateError"})
 
 
 def slot_request_timeout(config: dict, default_s: float) -> float:
@@ -60,13 +66,17 @@ def slot_request_timeout(config: dict, default_s: float) -> float:
 
 
 class JobMaster:
-    def __init__(self, settings: Settings, catalog: Catalog, transport, gateway, clock: Clock, *, epoch: int):
+    def __init__(self, settings: Settings, catalog: Catalog, transport, gateway, clock: Clock, *, epoch: int,
+                 checkpoint_store: CheckpointStore | None = None):
         self.settings, self.catalog, self.transport = settings, catalog, transport
         self.clock, self.epoch = clock, epoch
         self.timers = Timers(clock)
         self._strategies: dict[str, restart.RestartStrategy] = {}
         self._batch = None  # the session shared by one stream batch (see unit_of_work)
         self._effects: list[Effect] | None = None
+        self._post_commit: list[Callable[[], None]] = []
+        self._last_fence = 0
+        self.checkpoints = CheckpointCoordinator(self, checkpoint_store or CatalogCheckpointStore())
         self.outbox = Outbox(catalog, transport, gateway, sender="jobmanager", epoch=epoch)
         self._safe_batches = 0
         self._queues: dict[str, str] = {}
@@ -76,6 +86,9 @@ class JobMaster:
             TaskStateChanged: self.on_task_state, TaskManagerLost: self.on_taskmanager_lost,
             TaskManagerRegistered: self.on_taskmanager_registered, TaskProgress: self.on_progress,
             ResourceManagerStarted: self.on_resourcemanager_started,
+            RequestCheckpoint: self.checkpoints.on_request_checkpoint,
+            RequestSavepoint: self.checkpoints.on_request_savepoint,
+            CheckpointAcknowledged: self.checkpoints.on_ack, CheckpointDeclined: self.checkpoints.on_decline,
         }
 
     def handle(self, env: Envelope) -> None:
@@ -97,7 +110,7 @@ class JobMaster:
         each message its own savepoint (see _tx)."""
         try:
             with self.catalog.session() as s:
-                self._batch, self._effects = s, []
+                self._batch, self._effects, self._post_commit = s, [], []
                 self._prefetch(s, envelopes)
                 try:
                     yield
@@ -110,11 +123,18 @@ class JobMaster:
             # for a while so one bad message cannot keep failing its neighbours.
             self._safe_batches = 3
             self._effects = None
+            self._post_commit = []
             raise
         self.outbox.committed(deleting)
         self._safe_batches = max(0, self._safe_batches - 1)
         effects, self._effects = self._effects or [], None
         self.outbox.deliver(effects)
+        post, self._post_commit = self._post_commit, []
+        for action in post:
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - housekeeping (file deletion) never undoes a commit
+                log.warning("post-commit action failed", exc_info=True)
 
     @staticmethod
     def _prefetch(s: Session, envelopes: list[Envelope]) -> None:
@@ -153,6 +173,20 @@ class JobMaster:
         execution_id = cmd.spec["execution_id"] if isinstance(cmd, DeployTask) else cmd.execution_id
         self._effect(Outbox.effect(kind, queue, cmd, execution_id))
 
+    def trigger_command(self, queue: str, cmd: TriggerCheckpoint) -> None:
+        self._command(CHECKPOINT, queue, cmd)
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run `action` once the unit of work committed (dropped if it rolls back): side effects
+        outside the catalog and Redis, such as deleting discarded snapshot directories."""
+        if self._effects is None:
+            action()
+        else:
+            self._post_commit.append(action)
+
+    def fail_over_for_checkpoints(self, execution_id: str, cause: str) -> None:
+        self._fail_execution(execution_id, cause_name="CheckpointException", cause=cause, expected_tm=None)
+
     def _effect(self, effect: Effect) -> None:
         if self._effects is None:
             self.outbox.deliver([effect])  # outside a unit of work (unit tests drive timers so)
@@ -166,6 +200,7 @@ class JobMaster:
         with self._tx() as s:
             live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
             todo = [(j.id, JS(j.status)) for j in live]
+            self.checkpoints.recover(s)
         for job_id, status in todo:
             if status == JS.INITIALIZING:
                 self.on_submit(SubmitJob(job_id=job_id))
@@ -208,6 +243,7 @@ class JobMaster:
             if job.status != JS.INITIALIZING.value:
                 return  # a redelivered submission
             repo.transition_job(s, job, JS.CREATED, epoch=self.epoch)
+            self.checkpoints.on_submitted(s, job)
             vertex = repo.create_vertex(s, id=new_vertex_id(), job_id=job.id, name=job.name,
                                         parallelism=job.parallelism)
             ex = repo.create_execution(s, id=new_execution_id(), job_id=job.id, vertex_id=vertex.id, attempt=0,
@@ -243,12 +279,13 @@ class JobMaster:
             except repo.NotFound:
                 ex = None
             if ex is not None and ex.state == ES.DEPLOYING.value and ex.allocation_id == msg.allocation_id:
-                deploy = self._deploy_command(s, job, ex, msg)  # redelivered: send again, TM dedups
+                # redelivered: send again, the TaskManager dedups
+                deploy = self._deploy_command(s, job, ex, msg, choose_restore=False)
             elif ex is not None and ex.state == ES.SCHEDULED.value and job.status == JS.RUNNING.value:
                 repo.transition_execution(s, ex, ES.DEPLOYING, taskmanager_id=msg.taskmanager_id,
                                           allocation_id=msg.allocation_id, slots=list(msg.slot_indices))
                 repo.set_job_waiting_reason(s, job, None)
-                deploy = self._deploy_command(s, job, ex, msg)
+                deploy = self._deploy_command(s, job, ex, msg, choose_restore=True)
         if deploy is None:
             # Nobody wants these slots any more (cancelled or failed meanwhile): give them back.
             self._emit(ReleaseSlots(allocation_id=msg.allocation_id,
@@ -258,20 +295,35 @@ class JobMaster:
         log.info("deploying %s attempt of job %s to %s slots %s", msg.execution_id, msg.job_id,
                  msg.taskmanager_id, list(msg.slot_indices))
 
-    def _deploy_command(self, s, job: Job, ex: Execution, msg: SlotsAllocated) -> DeployTask:
+    def _deploy_command(self, s, job: Job, ex: Execution, msg: SlotsAllocated, *, choose_restore: bool) -> DeployTask:
         vertex = s.get(Vertex, ex.vertex_id)  # prefetched with the batch: no SQL
         artifact = s.get(Artifact, job.artifact_id) if job.artifact_id else None
         artifact_path = artifact.path if artifact is not None else None
+        if choose_restore:
+            restore_from, restore_id = self.checkpoints.restore_point(s, job)
+            repo.set_execution_restore(s, ex, path=restore_from, checkpoint_id=restore_id)
+        else:  # a redelivered deploy: the restore point chosen the first time
+            restore_from, restore_id = ex.restored_from, ex.restored_checkpoint_id
         spec = TaskSpec(
             job_id=job.id, job_name=job.name, vertex_id=vertex.id, execution_id=ex.id, attempt=ex.attempt,
             parallelism=vertex.parallelism, kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
             artifact_path=artifact_path, entry=job.entry, program_args=tuple(job.program_args or ()),
-            checkpoint_dir=str(self.settings.checkpoints / job.id / vertex.id),
+            checkpoint_dir=str(self.checkpoints.live_dir(job.id, vertex.id, ex.id)),
+            restore_from=restore_from, restore_checkpoint_id=restore_id,
+            allow_non_restored_state=self.checkpoints.config(job).allow_non_restored_state,
+            artifact_sha256=artifact.sha256 if artifact is not None else None, fence_token=self._next_fence(),
             catalog_url=self.settings.catalog, redis_url=self.settings.redis_url, config=dict(job.config or {}),
         )
         self._queues[msg.taskmanager_id] = msg.queue
         return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
                           slot_indices=msg.slot_indices, spec=spec.model_dump())
+
+    def _next_fence(self) -> int:
+        """Wall-clock microseconds, strictly increasing within this process: across JobManagers
+        (a new leader, another cluster a job moved to) the clock keeps it growing, since the next
+        attempt of a lineage is deployed seconds after the previous one, far beyond clock skew."""
+        self._last_fence = max(time.time_ns() // 1000, self._last_fence + 1)
+        return self._last_fence
 
     def on_slot_request_failed(self, msg: SlotRequestFailed) -> None:
         self._fail_execution(msg.execution_id, cause_name="NoResourceAvailableException", cause=msg.reason,
@@ -297,8 +349,13 @@ class JobMaster:
             except IllegalTransition as exc:
                 log.debug("ignoring %s for %s: %s", msg.state.value, ex.id, exc)
                 return
+            if msg.state == ES.RUNNING:
+                job = repo.get_job(s, ex.job_id)
+                if job.status == JS.RUNNING.value:
+                    self.checkpoints.on_execution_running(s, job, ex)
             if msg.state.is_terminal:
                 release = ex.allocation_id
+                self.checkpoints.on_execution_ended(s, ex.job_id, ex.id, msg.state)
                 self._after_terminal(s, ex.job_id)
         if release:
             self._emit(ReleaseSlots(allocation_id=release, reason=msg.state.value))
@@ -312,9 +369,21 @@ class JobMaster:
         if job.status == JS.CANCELLING.value:
             repo.transition_job(s, job_id, JS.CANCELED, epoch=self.epoch)
             self._strategies.pop(job_id, None)
+            self.checkpoints.on_job_terminal(s, job, JS.CANCELED)
         elif job.status == JS.RUNNING.value and all(e.state == ES.FINISHED.value for e in latest):
+            parallelism = self.checkpoints.rescale_after_finish(s, job)
+            if parallelism is not None:
+                # The task stopped for a rescale savepoint: start again from it with the new
+                # parallelism (the state partition count travels with the savepoint).
+                for v in repo.job_vertices(s, job_id):
+                    repo.set_vertex_parallelism(s, v, parallelism)
+                repo.transition_job(s, job_id, JS.RESTARTING, epoch=self.epoch, reason="rescaling")
+                self.timers.call_later(0, lambda: self._restart(job_id))
+                log.info("job %s rescaling to parallelism %d", job_id, parallelism)
+                return
             repo.transition_job(s, job_id, JS.FINISHED, epoch=self.epoch)
             self._strategies.pop(job_id, None)
+            self.checkpoints.on_job_terminal(s, job, JS.FINISHED)
             log.info("job %s FINISHED", job_id)
 
     def on_progress(self, msg: TaskProgress) -> None:
@@ -367,6 +436,7 @@ class JobMaster:
             if ES(ex.state).is_terminal:
                 return
             repo.transition_execution(s, ex, ES.FAILED, failure_cause=f"{cause_name}: {cause}"[:20000])
+            self.checkpoints.on_execution_ended(s, ex.job_id, ex.id, ES.FAILED)
             if release:
                 release_alloc = ex.allocation_id
             job = repo.get_job(s, ex.job_id, lock=True)
@@ -380,7 +450,7 @@ class JobMaster:
                 strategy = self._strategy(job)
                 strategy.notify_failure()
                 cancels = self._cancel_live(s, job.id)
-                if strategy.can_restart():
+                if strategy.can_restart() and cause_name not in NON_RECOVERABLE:
                     repo.transition_job(s, job.id, JS.RESTARTING, epoch=self.epoch, reason=cause_name)
                     restart_in = strategy.backoff_s()
                     if failed_at is not None:
@@ -393,6 +463,7 @@ class JobMaster:
                     repo.transition_job(s, job.id, JS.FAILING, epoch=self.epoch, reason=cause_name)
                     repo.transition_job(s, job.id, JS.FAILED, epoch=self.epoch, reason=cause_name)
                     self._strategies.pop(job.id, None)
+                    self.checkpoints.on_job_terminal(s, job, JS.FAILED)
                     log.warning("job %s FAILED: %s", job.id, cause.splitlines()[-1] if cause else cause_name)
             job_id = job.id
         if release_alloc:
@@ -437,9 +508,12 @@ class JobMaster:
             job = repo.get_job(s, job_id, lock=True)
             if job.status != JS.RESTARTING.value:
                 return  # cancelled (or otherwise moved on) during the backoff: cancel wins
+            latest = repo.latest_executions(s, job_id)
+            # A job RESTARTING with every task FINISHED is being rescaled: all of them start again.
+            rescaling = bool(latest) and all(e.state == ES.FINISHED.value for e in latest.values())
             for v in repo.job_vertices(s, job_id):
-                prev = repo.latest_executions(s, job_id).get(v.id)
-                if prev is not None and prev.state == ES.FINISHED.value:
+                prev = latest.get(v.id)
+                if prev is not None and prev.state == ES.FINISHED.value and not rescaling:
                     continue
                 ex = repo.create_execution(s, id=new_execution_id(), job_id=job_id, vertex_id=v.id,
                                            attempt=(prev.attempt + 1) if prev else 0,
@@ -471,6 +545,7 @@ class JobMaster:
                 return
             if status == JS.INITIALIZING:
                 repo.transition_job(s, job.id, JS.CANCELED, epoch=self.epoch)
+                self.checkpoints.on_job_terminal(s, job, JS.CANCELED)
                 return
             if status != JS.CANCELLING:
                 repo.transition_job(s, job.id, JS.CANCELLING, epoch=self.epoch)

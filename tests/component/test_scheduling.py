@@ -32,6 +32,9 @@ class RecordingGateway:
     def cancel(self, queue, cmd: CancelTask):
         self.sent.append((queue, cmd))
 
+    def trigger_checkpoint(self, queue, cmd):
+        self.sent.append((queue, cmd))
+
 
 class Harness:
     def __init__(self, tmp_path, slots=(4, 4)):
@@ -55,12 +58,16 @@ class Harness:
             self.rm.tick()
             self.t.drain(streams.JM_STREAM, streams.JM_GROUP, self.jm.handle, around_batch=self.jm.unit_of_work)
             self.jm.timers.run_due()
+            if self.jm.checkpoints.due():
+                with self.jm.unit_of_work():
+                    self.jm.checkpoints.tick()
 
-    def submit(self, parallelism=1, restart=None, name="job") -> str:
+    def submit(self, parallelism=1, restart=None, name="job", config=None) -> str:
         job_id = new_job_id()
         with self.catalog.session() as s:
             repo.create_job(s, id=job_id, name=name, artifact_id=None, entry="build", parallelism=parallelism,
-                            program_args=[], config={}, restart_strategy=restart or {"type": "none"}, kind="noop")
+                            program_args=[], config=config or {}, restart_strategy=restart or {"type": "none"},
+                            kind="noop")
         self.t.publish(streams.JM_STREAM, SubmitJob(job_id=job_id))
         return job_id
 

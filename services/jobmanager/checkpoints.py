@@ -1,0 +1,453 @@
+"""The checkpoint coordinator (Flink's CheckpointCoordinator, on Spark's commit protocol).
+
+A checkpoint of a task is a consistent snapshot of its Spark query at a committed micro-batch:
+the coordinator sends `TriggerCheckpoint(n)` to the task's TaskManager; the driver snapshots its
+live Spark checkpoint at the first batch committed at or after the batch planned when the
+trigger arrived (the commit is the barrier) into `<checkpoints>/<job>/chk-<n>/` and acknowledges
+with the batch id, source offsets, size and duration, or declines with a reason.
+
+Per job (options with Flink's names, see shared/checkpointing.py):
+  trigger   every `interval` while the job's task is RUNNING, at most `max-concurrent` pending,
+            and not within `min-pause` of the last completion; savepoints and manual checkpoints
+            come from the REST API at any time.
+  complete  ack -> COMPLETED in the catalog, pointer in the store (ZooKeeper in HA mode), the
+            oldest completed checkpoints beyond `num-retained` DISCARDED and deleted.
+  fail      decline, timeout (`timeout`), or the attempt ending -> FAILED. Declines and timeouts
+            of checkpoints count as consecutive failures; beyond `tolerable-failed-checkpoints`
+            the job fails over (its restart strategy decides), as in Flink. A task that can never
+            checkpoint (a batch query) declines permanently and is no longer triggered.
+  restore   every attempt starts from the latest completed checkpoint or savepoint (else from the
+            submission's `execution.savepoint.path`, else fresh), copied into its own live dir.
+  end       FINISHED: the job's checkpoints are deleted; CANCELED: deleted only with
+            DELETE_ON_CANCELLATION; FAILED: kept. Savepoints belong to the user and are never
+            deleted by the coordinator.
+
+Scheduling state (next trigger time, pending trigger times) is in memory and rebuilt from the
+catalog by a new leader; everything else is in the catalog, changed in the JobManager's unit of
+work. File deletions run after the transaction committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shared import checkpointing
+from shared.catalog import repository as repo
+from shared.catalog.models import Execution, Job
+from shared.messages import (
+    CancelJob, CheckpointAcknowledged, CheckpointDeclined, RequestCheckpoint, RequestSavepoint, TriggerCheckpoint,
+)
+from shared.states import CheckpointStatus as CS
+from shared.states import ExecutionState as ES
+from shared.states import JobStatus as JS
+from shared.states import OperationStatus as OS
+
+if TYPE_CHECKING:
+    from services.jobmanager.checkpoint_store import CheckpointStore
+    from services.jobmanager.scheduler import JobMaster
+
+log = logging.getLogger("headrace.jobmanager.checkpoints")
+
+EXPIRED = "Checkpoint expired before completing."
+# Failures that are not the checkpoint's fault do not count toward the tolerable failures (as
+# Flink's CheckpointFailureManager ignores e.g. a task that is not running).
+ABORTED_BY_TASK_END = "the task attempt ended before the checkpoint completed"
+
+
+@dataclass
+class _Track:
+    """One job's running attempt, as far as checkpointing is concerned."""
+
+    execution_id: str
+    vertex_id: str
+    taskmanager_id: str
+    config: checkpointing.CheckpointConfig
+    next_due: float
+    last_completed: float = float("-inf")
+    pending: dict[int, float] = field(default_factory=dict)  # checkpoint id -> trigger time (monotonic)
+    checkpointable: bool = True
+
+
+def job_checkpoint_config(job: Job, cluster_default: dict, savepoint_dir: str) -> checkpointing.CheckpointConfig:
+    """The job's effective options. A value that passed the dispatcher but cannot be read (an
+    older catalog) falls back to the cluster default rather than failing every message."""
+    own = dict(job.config or {})
+    default = dict(cluster_default or {})
+    if job.kind == "noop" and checkpointing.INTERVAL not in own:
+        # A no-op task has no state: periodic checkpoints of it would only load the control plane
+        # (benchmarks run thousands). Savepoints and an explicit interval still work.
+        default.pop(checkpointing.INTERVAL, None)
+    try:
+        return checkpointing.checkpoint_config(own, default, savepoint_dir=savepoint_dir)
+    except checkpointing.InvalidCheckpointConfig as exc:
+        log.warning("job %s: ignoring its checkpoint options (%s); using the cluster default", job.id, exc)
+        return checkpointing.checkpoint_config({}, default, savepoint_dir=savepoint_dir)
+
+
+class CheckpointCoordinator:
+    TICK_S = 0.2
+
+    def __init__(self, master: "JobMaster", store: "CheckpointStore"):
+        self.master = master
+        self.store = store
+        self.settings = master.settings
+        self._tracks: dict[str, _Track] = {}
+        self._next_tick = 0.0
+
+    # --- configuration and paths -------------------------------------------------------
+
+    def config(self, job: Job) -> checkpointing.CheckpointConfig:
+        return job_checkpoint_config(job, self.settings.checkpointing, str(self.settings.savepoints))
+
+    def checkpoint_path(self, job_id: str, checkpoint_id: int) -> Path:
+        return self.settings.checkpoints / job_id / f"chk-{checkpoint_id}"
+
+    def live_dir(self, job_id: str, vertex_id: str, execution_id: str) -> Path:
+        return self.settings.checkpoints / job_id / vertex_id / "live" / execution_id
+
+    # --- lifecycle hooks (called by the JobMaster inside its unit of work) ---------------
+
+    def restore_point(self, s, job: Job) -> tuple[str | None, int | None]:
+        """Latest completed checkpoint or savepoint of the job; else the submission's savepoint
+        path (NO_CLAIM: never owned, never deleted); else a fresh start."""
+        latest = self.store.latest(s, job.id)
+        if latest and latest.get("path"):
+            return latest["path"], latest.get("id")
+        return self.config(job).restore_path, None
+
+    def on_submitted(self, s, job: Job) -> None:
+        """CLAIM mode: the snapshot the job starts from becomes one of its own checkpoints, so
+        retention deletes it once newer ones subsume it (NO_CLAIM never touches it)."""
+        cfg = self.config(job)
+        if not cfg.restore_path or cfg.restore_mode != "CLAIM":
+            return
+        cid = self.store.next_id(s, job.id)
+        row = repo.create_checkpoint(s, job_id=job.id, checkpoint_id=cid, kind="checkpoint", execution_id=None,
+                                     vertex_id=None, path=cfg.restore_path)
+        repo.transition_checkpoint(s, row, CS.COMPLETED, failure_cause=None)
+        self.store.add(s, job.id, cid, {"path": cfg.restore_path, "batch_id": None, "kind": "checkpoint",
+                                        "at": time.time(), "claimed": True})
+
+    def on_execution_running(self, s, job: Job, ex: Execution) -> None:
+        cfg = self.config(job)
+        now = self.master.clock.now()
+        old = self._tracks.get(job.id)
+        if old is not None and old.execution_id == ex.id:
+            return
+        due = now + (cfg.interval_s or 0.0)
+        self._tracks[job.id] = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or "", cfg, next_due=due)
+
+    def on_execution_ended(self, s, job_id: str, execution_id: str, state: ES) -> None:
+        """Pending checkpoints of an attempt that ended can never complete."""
+        track = self._tracks.get(job_id)
+        if track is not None and track.execution_id == execution_id:
+            self._tracks.pop(job_id, None)
+        for row in repo.list_checkpoints(s, job_id, statuses=[CS.IN_PROGRESS]):
+            if row.execution_id == execution_id:
+                cause = f"{ABORTED_BY_TASK_END} ({state.value})"
+                self._fail_row(s, row, cause)
+                if row.path:
+                    # The driver may have begun writing it; no ack will come to claim it.
+                    self.master.after_commit(lambda p=row.path: discard_files([p]))
+
+    def on_job_terminal(self, s, job: Job, status: JS) -> None:
+        self._tracks.pop(job.id, None)
+        for op in repo.job_operations(s, job.id, statuses=[OS.IN_PROGRESS]):
+            repo.finish_operation(s, op, OS.FAILED, failure_cause=f"the job reached {status.value} first")
+        for row in repo.list_checkpoints(s, job.id, statuses=[CS.IN_PROGRESS]):
+            self._fail_row(s, row, f"the job reached {status.value}")
+        cfg = self.config(job)
+        delete = status == JS.FINISHED or (status == JS.CANCELED and cfg.retention == "DELETE_ON_CANCELLATION")
+        if delete:
+            paths = []
+            for row in repo.list_checkpoints(s, job.id, statuses=[CS.COMPLETED], kind="checkpoint"):
+                if row.path:
+                    paths.append(row.path)
+                repo.transition_checkpoint(s, row, CS.DISCARDED)
+            if paths:
+                self.master.after_commit(lambda: discard_files(paths))
+        self.store.remove_job(s, job.id)
+
+    # --- REST requests -----------------------------------------------------------------
+
+    def on_request_checkpoint(self, msg: RequestCheckpoint) -> None:
+        with self.master._tx() as s:
+            accepted = self._accept(s, msg.request_id, msg.job_id)
+            if accepted is None:
+                return
+            op, job, ex = accepted
+            row = self._trigger(s, job, ex, kind="checkpoint", request_id=op.id)
+            repo.set_operation_checkpoint(s, op, row.checkpoint_id)
+
+    def on_request_savepoint(self, msg: RequestSavepoint) -> None:
+        from shared.checkpoint_storage import new_savepoint_dir
+
+        with self.master._tx() as s:
+            accepted = self._accept(s, msg.request_id, msg.job_id)
+            if accepted is None:
+                return
+            op, job, ex = accepted
+            if msg.after == "rescale":
+                if not msg.parallelism:
+                    repo.finish_operation(s, op, OS.FAILED, failure_cause="rescaling needs a parallelism")
+                    return
+                op.params = {**(op.params or {}), "parallelism": msg.parallelism}
+            target = new_savepoint_dir(msg.target_directory, job.id)
+            row = self._trigger(s, job, ex, kind="savepoint", request_id=op.id, target=target, after=msg.after,
+                                drain=msg.drain)
+            repo.set_operation_checkpoint(s, op, row.checkpoint_id)
+        log.info("savepoint %d of job %s triggered into %s (then %s)", row.checkpoint_id, msg.job_id, target,
+                 msg.after)
+
+    def _accept(self, s, request_id: str, job_id: str):
+        """(operation, job, running attempt) of a REST snapshot request, or None when there is
+        nothing to do: a redelivered request, or a job without a running task (the operation
+        then FAILS with the reason, so the caller polling it learns why)."""
+        try:
+            op = repo.get_operation(s, request_id, lock=True)
+        except repo.NotFound:
+            log.warning("snapshot request %s has no operation row; ignored", request_id)
+            return None
+        if op.status != OS.IN_PROGRESS.value:
+            return None
+        found = self._running_attempt(s, job_id)
+        if isinstance(found, str):
+            repo.finish_operation(s, op, OS.FAILED, failure_cause=found)
+            return None
+        return (op, *found)
+
+    def _running_attempt(self, s, job_id: str) -> tuple[Job, Execution] | str:
+        try:
+            job = repo.get_job(s, job_id, lock=True)
+        except repo.NotFound:
+            return f"job {job_id} not found"
+        if job.status != JS.RUNNING.value:
+            return f"job {job_id} is {job.status}: snapshots need a RUNNING job"
+        latest = list(repo.latest_executions(s, job_id).values())
+        running = [e for e in latest if e.state == ES.RUNNING.value]
+        if not latest or len(running) != len(latest):
+            states = ", ".join(f"attempt {e.attempt} {e.state}" for e in latest) or "no task yet"
+            return f"job {job_id} has no RUNNING task to snapshot ({states}); try again once it runs"
+        return job, running[0]
+
+    # --- triggering --------------------------------------------------------------------
+
+    def _trigger(self, s, job: Job, ex: Execution, *, kind: str, request_id: str | None = None,
+                 target: Path | None = None, after: str = "continue", drain: bool = False):
+        cid = self.store.next_id(s, job.id)
+        target = target or self.checkpoint_path(job.id, cid)
+        row = repo.create_checkpoint(s, job_id=job.id, checkpoint_id=cid, kind=kind, execution_id=ex.id,
+                                     vertex_id=ex.vertex_id, request_id=request_id, after=after, path=str(target))
+        cmd = TriggerCheckpoint(taskmanager_id=ex.taskmanager_id, job_id=job.id, execution_id=ex.id,
+                                checkpoint_id=cid, kind=kind, target=str(target),
+                                stop_after=after in ("stop", "rescale"), drain=drain)
+        self.master.trigger_command(self.master._queue_of(ex.taskmanager_id, s), cmd)
+        track = self._tracks.get(job.id)
+        if track is None or track.execution_id != ex.id:
+            track = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or "", self.config(job), next_due=self.master.clock.now())
+            self._tracks[job.id] = track
+        track.pending[cid] = self.master.clock.now()
+        return row
+
+    def due(self) -> bool:
+        return bool(self._tracks) and self.master.clock.now() >= self._next_tick
+
+    def tick(self) -> None:
+        """Time out old pending checkpoints and trigger periodic ones that are due. Runs in a unit
+        of work of its own, every TICK_S while any job is tracked."""
+        now = self.master.clock.now()
+        self._next_tick = now + self.TICK_S
+        for job_id, track in list(self._tracks.items()):
+            for cid, started in list(track.pending.items()):
+                if now - started > track.config.timeout_s:
+                    self._expire(job_id, cid)
+            track = self._tracks.get(job_id)
+            if track is None or not track.config.periodic or not track.checkpointable:
+                continue
+            if len(track.pending) >= track.config.max_concurrent or now < track.next_due:
+                continue
+            if now - track.last_completed < track.config.min_pause_s:
+                continue
+            track.next_due = now + track.config.interval_s
+            with self.master._tx() as s:
+                found = self._running_attempt(s, job_id)
+                if isinstance(found, str) or found[1].id != track.execution_id:
+                    continue  # the job moved on; its hooks will update the track
+                job, ex = found
+                self._trigger(s, job, ex, kind="checkpoint")
+
+    # --- acknowledgements --------------------------------------------------------------
+
+    def on_ack(self, msg: CheckpointAcknowledged) -> None:
+        with self.master._tx() as s:
+            try:
+                row = repo.get_checkpoint(s, msg.job_id, msg.checkpoint_id, lock=True)
+            except repo.NotFound:
+                self.master.after_commit(lambda: discard_files([msg.path]))
+                return
+            if row.status != CS.IN_PROGRESS.value or row.execution_id != msg.execution_id:
+                if row.status == CS.FAILED.value:  # late: expired or aborted meanwhile
+                    self.master.after_commit(lambda: discard_files([msg.path]))
+                return
+            repo.transition_checkpoint(s, row, CS.COMPLETED, path=msg.path, batch_id=msg.batch_id,
+                                       state_size=msg.state_size, duration_ms=msg.duration_ms,
+                                       source_offsets=list(msg.source_offsets))
+            job = repo.get_job(s, msg.job_id, lock=True)
+            track = self._tracks.get(job.id)
+            if track is not None:
+                track.pending.pop(row.checkpoint_id, None)
+                track.last_completed = self.master.clock.now()
+            self.store.add(s, job.id, row.checkpoint_id, {"path": msg.path, "batch_id": msg.batch_id,
+                                                          "kind": row.kind, "at": time.time()})
+            if row.kind == "checkpoint":
+                repo.set_checkpoint_failures(s, job, 0)
+                self._prune(s, job)
+            if row.request_id:
+                try:
+                    op = repo.get_operation(s, row.request_id, lock=True)
+                    repo.finish_operation(s, op, OS.COMPLETED, location=msg.path, checkpoint_id=row.checkpoint_id)
+                except repo.NotFound:
+                    pass
+            after = row.after
+        log.info("checkpoint %d of job %s completed at batch %d (%d bytes, %d ms)", msg.checkpoint_id, msg.job_id,
+                 msg.batch_id, msg.state_size, msg.duration_ms)
+        if after == "cancel":
+            self.master.on_cancel(CancelJob(job_id=msg.job_id))
+
+    def _prune(self, s, job: Job) -> None:
+        keep = self.config(job).num_retained
+        done = repo.list_checkpoints(s, job.id, statuses=[CS.COMPLETED], kind="checkpoint")
+        paths = []
+        for row in done[keep:]:
+            repo.transition_checkpoint(s, row, CS.DISCARDED)
+            self.store.remove(s, job.id, row.checkpoint_id)
+            if row.path:
+                paths.append(row.path)
+        if paths:
+            self.master.after_commit(lambda: discard_files(paths))
+
+    def on_decline(self, msg: CheckpointDeclined) -> None:
+        permanent = msg.permanent
+        with self.master._tx() as s:
+            try:
+                row = repo.get_checkpoint(s, msg.job_id, msg.checkpoint_id, lock=True)
+            except repo.NotFound:
+                return
+            if row.status != CS.IN_PROGRESS.value or row.execution_id != msg.execution_id:
+                return
+            track = self._tracks.get(msg.job_id)
+            if permanent and track is not None:
+                track.checkpointable = False
+            self._count_failure(s, row, f"declined by the task: {msg.reason}", counts=not permanent)
+        log.warning("checkpoint %d of job %s declined: %s", msg.checkpoint_id, msg.job_id, msg.reason)
+
+    def _expire(self, job_id: str, checkpoint_id: int) -> None:
+        track = self._tracks.get(job_id)
+        if track is not None:
+            track.pending.pop(checkpoint_id, None)
+        with self.master._tx() as s:
+            try:
+                row = repo.get_checkpoint(s, job_id, checkpoint_id, lock=True)
+            except repo.NotFound:
+                return
+            if row.status != CS.IN_PROGRESS.value:
+                return
+            self._count_failure(s, row, EXPIRED, counts=True)
+            if row.path:
+                self.master.after_commit(lambda p=row.path: discard_files([p]))
+        log.warning("checkpoint %d of job %s expired", checkpoint_id, job_id)
+
+    def _count_failure(self, s, row, cause: str, *, counts: bool) -> None:
+        self._fail_row(s, row, cause)
+        track = self._tracks.get(row.job_id)
+        if track is not None:
+            track.pending.pop(row.checkpoint_id, None)
+        if row.kind != "checkpoint" or not counts:
+            return  # a failed savepoint never fails the job over (as in Flink)
+        job = repo.get_job(s, row.job_id, lock=True)
+        failures = (job.checkpoint_failures or 0) + 1
+        tolerable = self.config(job).tolerable_failures
+        repo.set_checkpoint_failures(s, job, failures)
+        if failures > tolerable and job.status == JS.RUNNING.value and row.execution_id:
+            repo.set_checkpoint_failures(s, job, 0)
+            self.master.fail_over_for_checkpoints(
+                row.execution_id,
+                f"Exceeded checkpoint tolerable failure threshold ({tolerable}): {failures} consecutive "
+                f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}")
+
+    def _fail_row(self, s, row, cause: str) -> None:
+        repo.transition_checkpoint(s, row, CS.FAILED, failure_cause=cause)
+        if row.request_id:
+            try:
+                op = repo.get_operation(s, row.request_id, lock=True)
+                repo.finish_operation(s, op, OS.FAILED, failure_cause=cause, checkpoint_id=row.checkpoint_id)
+            except repo.NotFound:
+                pass
+
+    # --- rescaling ---------------------------------------------------------------------
+
+    def rescale_after_finish(self, s, job: Job) -> int | None:
+        """The job's task finished because a rescale savepoint stopped it: the parallelism to
+        restart with (from that savepoint), or None when the job really finished."""
+        latest = self.store.latest(s, job.id)
+        if not latest or latest.get("id") is None:
+            return None
+        try:
+            row = repo.get_checkpoint(s, job.id, int(latest["id"]))
+            if row.after != "rescale" or not row.request_id:
+                return None
+            op = repo.get_operation(s, row.request_id, lock=True)
+        except repo.NotFound:
+            return None
+        params = dict(op.params or {})
+        if params.get("applied"):
+            return None  # already restarted with it: this FINISHED is a real end
+        op.params = {**params, "applied": True}
+        return int(params.get("parallelism") or 0) or None
+
+    # --- leader change -----------------------------------------------------------------
+
+    def recover(self, s) -> None:
+        """A new leader adopts the pending checkpoints of its predecessor (their acks may still
+        come) with their original trigger times, and tracks every running attempt again."""
+        self._tracks.clear()
+        for job in repo.list_jobs(s, statuses=[JS.RUNNING]):
+            for ex in repo.latest_executions(s, job.id).values():
+                if ex.state == ES.RUNNING.value:
+                    self.on_execution_running(s, job, ex)
+        now_wall = time.time()
+        for row in repo.pending_checkpoints(s):
+            track = self._tracks.get(row.job_id)
+            trigger_at = row.trigger_at.timestamp() if row.trigger_at else now_wall
+            age = max(0.0, now_wall - trigger_at)
+            if track is not None and track.execution_id == row.execution_id:
+                track.pending[row.checkpoint_id] = self.master.clock.now() - age
+            else:
+                self._fail_row(s, row, "its task attempt is no longer running (JobManager change)")
+
+
+def discard_files(paths: list[str]) -> None:
+    """Delete snapshot directories (after the catalog stopped pointing at them). A directory
+    that is not a snapshot is left alone: deleting a user's directory by mistake is worse than
+    a leftover."""
+    from shared.checkpoint_storage import SnapshotError, dispose
+
+    for p in paths:
+        if not p:
+            continue
+        try:
+            dispose(p)
+        except SnapshotError:
+            # Half-written (its `_metadata` never landed): only our own in-progress names.
+            path = Path(p)
+            if path.is_dir() and not any(path.iterdir()):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                log.warning("not deleting %s: it holds no snapshot metadata", p)
+        except OSError as exc:
+            log.warning("could not delete snapshot %s: %s", p, exc)

@@ -1,0 +1,272 @@
+"""The checkpoint coordinator inside a real JobMaster (in-memory transport, SQLite catalog, fake
+clock): triggers, acknowledgements, declines, timeouts, retention, savepoints, restore points,
+rescaling and a leader change. The TaskManager side is scripted: acks are published by the test,
+and the snapshot directories are real ones written with shared.checkpoint_storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared import checkpoint_storage as storage
+from shared import streams
+from shared.catalog import repository as repo
+from shared.ids import new_request_id
+from shared.messages import (
+    CheckpointAcknowledged, CheckpointDeclined, DeployTask, RequestCheckpoint, RequestSavepoint, TriggerCheckpoint,
+)
+from shared.states import ExecutionState as ES
+from services.jobmanager.scheduler import JobMaster
+from tests.component.test_scheduling import Harness
+
+CONFIG = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 2}
+
+
+@pytest.fixture
+def h(tmp_path):
+    return Harness(tmp_path)
+
+
+def triggers(h) -> list[TriggerCheckpoint]:
+    out = [c for _, c in h.gw.sent if isinstance(c, TriggerCheckpoint)]
+    h.gw.sent = [(q, c) for q, c in h.gw.sent if not isinstance(c, TriggerCheckpoint)]
+    return out
+
+
+def ack(h, trig: TriggerCheckpoint, batch_id: int = 7) -> str:
+    """Write the snapshot the task would have written, then acknowledge it."""
+    info = storage.take_empty_snapshot(Path(trig.target), metadata={"job_id": trig.job_id, "kind": trig.kind,
+                                                                  "checkpoint_id": trig.checkpoint_id})
+    h.t.publish(streams.JM_STREAM, CheckpointAcknowledged(
+        job_id=trig.job_id, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
+        checkpoint_id=trig.checkpoint_id, path=str(info.path), batch_id=batch_id, state_size=123, duration_ms=5))
+    h.pump()
+    return str(info.path)
+
+
+def running_job(h, config=CONFIG, restart=None):
+    job = h.submit(config=dict(config), restart=restart)
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.INITIALIZING, ES.RUNNING)
+    return job, cmd
+
+
+def rows(h, job):
+    with h.catalog.session() as s:
+        return [(r.checkpoint_id, r.kind, r.status) for r in repo.list_checkpoints(s, job, newest_first=False)]
+
+
+def test_periodic_checkpoints_complete_and_only_the_retained_ones_stay(h):
+    job, cmd = running_job(h)
+    assert triggers(h) == []  # not before the first interval has passed
+    paths = []
+    for n in range(1, 5):
+        h.clock.advance(1.0)
+        h.pump()
+        [trig] = triggers(h)
+        assert (trig.checkpoint_id, trig.kind, trig.execution_id) == (n, "checkpoint", cmd.spec["execution_id"])
+        assert trig.target == str(h.settings.checkpoints / job / f"chk-{n}")
+        paths.append(ack(h, trig, batch_id=10 * n))
+    assert rows(h, job) == [(1, "checkpoint", "DISCARDED"), (2, "checkpoint", "DISCARDED"),
+                            (3, "checkpoint", "COMPLETED"), (4, "checkpoint", "COMPLETED")]
+    assert [Path(p).exists() for p in paths] == [False, False, True, True]
+    with h.catalog.session() as s:
+        latest = repo.list_checkpoints(s, job, statuses=None)[0]
+        assert (latest.batch_id, latest.state_size, latest.path) == (40, 123, paths[-1])
+
+
+def test_max_concurrent_holds_back_triggers_until_the_pending_one_ends(h):
+    job, _ = running_job(h)
+    h.clock.advance(1.0)
+    h.pump()
+    [first] = triggers(h)
+    h.clock.advance(3.0)
+    h.pump()
+    assert triggers(h) == []  # one pending (max-concurrent-checkpoints 1)
+    ack(h, first)
+    h.clock.advance(1.0)
+    h.pump()
+    assert [t.checkpoint_id for t in triggers(h)] == [2]
+
+
+def test_expired_checkpoint_fails_the_job_over_and_the_restart_restores_the_latest(h):
+    config = {**CONFIG, "execution.checkpointing.timeout": "5 s"}
+    job, cmd = running_job(h, config, restart={"type": "fixed-delay", "attempts": 3, "delay": 0})
+    h.clock.advance(1.0)
+    h.pump()
+    [first] = triggers(h)
+    completed = ack(h, first)
+    h.clock.advance(1.0)
+    h.pump()
+    [second] = triggers(h)
+    h.clock.advance(5.5)
+    h.pump()
+    assert rows(h, job)[1] == (2, "checkpoint", "FAILED")
+    with h.catalog.session() as s:
+        assert "expired" in repo.get_checkpoint(s, job, 2).failure_cause
+        [exc] = repo.job_exceptions(s, job)
+        assert exc.exception_name == "CheckpointException" and "tolerable failure threshold" in exc.stacktrace
+    h.report(cmd, ES.CANCELED)  # the failed-over attempt's task stops
+    h.pump()
+    [redeploy] = h.deployed()
+    assert redeploy.spec["attempt"] == 1
+    assert redeploy.spec["restore_from"] == completed and redeploy.spec["restore_checkpoint_id"] == 1
+    assert redeploy.spec["checkpoint_dir"] != cmd.spec["checkpoint_dir"]  # never the old attempt's live dir
+    assert h.execution(redeploy.spec["execution_id"]).restored_from == completed
+
+
+def test_tolerable_failures_let_declines_pass_and_a_completion_resets_the_count(h):
+    config = {**CONFIG, "execution.checkpointing.tolerable-failed-checkpoints": 1}
+    job, cmd = running_job(h, config)
+    for expected_failures in (1, 0):
+        h.clock.advance(1.0)
+        h.pump()
+        [trig] = triggers(h)
+        if expected_failures:
+            h.t.publish(streams.JM_STREAM, CheckpointDeclined(
+                job_id=job, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
+                checkpoint_id=trig.checkpoint_id, reason="disk full"))
+            h.pump()
+        else:
+            ack(h, trig)
+        assert h.job(job).checkpoint_failures == expected_failures
+        assert h.job(job).status == "RUNNING"
+
+
+def test_a_batch_task_declines_permanently_and_is_not_triggered_again(h):
+    job, _ = running_job(h)
+    h.clock.advance(1.0)
+    h.pump()
+    [trig] = triggers(h)
+    h.t.publish(streams.JM_STREAM, CheckpointDeclined(
+        job_id=job, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
+        checkpoint_id=trig.checkpoint_id, reason="a batch task has no checkpoints", permanent=True))
+    h.pump()
+    h.clock.advance(5.0)
+    h.pump()
+    assert triggers(h) == [] and h.job(job).checkpoint_failures == 0 and h.job(job).status == "RUNNING"
+
+
+def request(h, job, kind="savepoint", **body) -> str:
+    rid = new_request_id()
+    with h.catalog.session() as s:
+        repo.create_operation(s, id=rid, kind=kind, job_id=job, params=dict(body))
+    if kind == "checkpoint":
+        h.t.publish(streams.JM_STREAM, RequestCheckpoint(job_id=job, request_id=rid))
+    else:
+        h.t.publish(streams.JM_STREAM, RequestSavepoint(job_id=job, request_id=rid, **body))
+    h.pump()
+    return rid
+
+
+def operation(h, rid):
+    with h.catalog.session() as s:
+        return repo.get_operation(s, rid)
+
+
+def test_savepoint_completes_its_operation_and_is_never_pruned(h, tmp_path):
+    job, _ = running_job(h)
+    rid = request(h, job, target_directory=str(tmp_path / "sp"))
+    [trig] = triggers(h)
+    assert trig.kind == "savepoint" and not trig.stop_after
+    assert Path(trig.target).parent == tmp_path / "sp" and Path(trig.target).name.startswith(f"savepoint-{job[:6]}-")
+    location = ack(h, trig)
+    op = operation(h, rid)
+    assert (op.status, op.location, op.checkpoint_id) == ("COMPLETED", location, trig.checkpoint_id)
+    for _ in range(3):  # more checkpoints than retained: the savepoint stays
+        h.clock.advance(1.0)
+        h.pump()
+        [t] = triggers(h)
+        ack(h, t)
+    assert (trig.checkpoint_id, "savepoint", "COMPLETED") in rows(h, job) and Path(location).exists()
+
+
+def test_stop_with_savepoint_ends_the_job_finished_and_deletes_its_checkpoints(h, tmp_path):
+    job, cmd = running_job(h)
+    h.clock.advance(1.0)
+    h.pump()
+    [chk] = triggers(h)
+    chk_path = ack(h, chk)
+    rid = request(h, job, target_directory=str(tmp_path / "sp"), after="stop")
+    [trig] = triggers(h)
+    assert trig.stop_after
+    sp = ack(h, trig)
+    h.report(cmd, ES.FINISHED)  # the driver stops its query after the savepoint
+    assert h.job(job).status == "FINISHED"
+    assert operation(h, rid).status == "COMPLETED"
+    assert Path(sp).exists() and not Path(chk_path).exists()
+
+
+def test_savepoint_of_a_job_without_a_running_task_fails_with_a_reason(h, tmp_path):
+    job = h.submit(config=CONFIG)
+    h.pump()
+    rid = request(h, job, target_directory=str(tmp_path / "sp"))
+    op = operation(h, rid)
+    assert op.status == "FAILED" and "no RUNNING task" in op.failure_cause
+
+
+def test_pending_checkpoints_of_an_ended_attempt_fail_without_counting(h):
+    job, cmd = running_job(h, restart={"type": "fixed-delay", "attempts": 3, "delay": 0})
+    h.clock.advance(1.0)
+    h.pump()
+    [trig] = triggers(h)
+    h.report(cmd, ES.FAILED, cause="boom")
+    assert rows(h, job) == [(1, "checkpoint", "FAILED")]
+    assert h.job(job).checkpoint_failures == 0
+    # a late ack of it is ignored and its files removed
+    late = ack(h, trig)
+    assert rows(h, job) == [(1, "checkpoint", "FAILED")] and not Path(late).exists()
+
+
+def test_rescale_restarts_from_the_savepoint_with_the_new_parallelism(h, tmp_path):
+    job, cmd = running_job(h)
+    rid = request(h, job, target_directory=str(tmp_path / "sp"), after="rescale", parallelism=3)
+    [trig] = triggers(h)
+    assert trig.stop_after
+    sp = ack(h, trig)
+    h.report(cmd, ES.FINISHED)
+    h.pump()
+    [redeploy] = h.deployed()
+    assert redeploy.spec["parallelism"] == 3 and len(redeploy.slot_indices) == 3
+    assert redeploy.spec["restore_from"] == sp
+    assert h.job(job).status == "RUNNING" and operation(h, rid).status == "COMPLETED"
+
+
+def test_manual_checkpoint_request(h):
+    job, _ = running_job(h, config={})
+    rid = request(h, job, kind="checkpoint")
+    [trig] = triggers(h)
+    assert trig.kind == "checkpoint"
+    ack(h, trig)
+    op = operation(h, rid)
+    assert op.status == "COMPLETED" and op.checkpoint_id == trig.checkpoint_id
+
+
+def test_a_new_leader_adopts_pending_checkpoints_and_continues_the_numbering(h):
+    job, _ = running_job(h)
+    h.clock.advance(1.0)
+    h.pump()
+    [first] = triggers(h)
+    # a new JobManager (next epoch) takes over the same catalog and transport
+    h.jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=2)
+    with h.jm.unit_of_work():
+        h.jm.recover()
+    ack(h, first)
+    assert rows(h, job) == [(1, "checkpoint", "COMPLETED")]
+    h.clock.advance(1.0)
+    h.pump()
+    assert [t.checkpoint_id for t in triggers(h)] == [2]
+
+
+def test_noop_jobs_do_not_checkpoint_by_cluster_default(h):
+    assert h.settings.checkpointing.get("execution.checkpointing.interval")
+    job = h.submit()
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.INITIALIZING, ES.RUNNING)
+    h.clock.advance(30)
+    h.pump()
+    assert triggers(h) == []
+    assert isinstance(cmd, DeployTask)
