@@ -11,8 +11,8 @@ import threading
 
 from celery import Celery
 
-from shared.commands import CANCEL_TASK, DEPLOY_TASK
-from shared.messages import CancelTask, DeployTask, UndecodableMessage, decode
+from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
+from shared.messages import CancelTask, DeployTask, TriggerCheckpoint, UndecodableMessage, decode
 
 log = logging.getLogger("headrace.taskmanager.commands")
 
@@ -52,16 +52,22 @@ def register_commands(app: Celery, supervisors: dict, fence: EpochFence) -> None
             return None
         return env.body
 
-    @app.task(name=DEPLOY_TASK)
-    def deploy_task(payload: str) -> None:
-        body = _decode(payload, DeployTask)
-        sup = body and _route(body)
-        if sup is not None:
-            sup.deploy(body)
+    # Celery task name -> (message type, what the TaskManager's supervisor does with it)
+    handlers = {
+        DEPLOY_TASK: (DeployTask, lambda sup, body: sup.deploy(body)),
+        TRIGGER_CHECKPOINT: (TriggerCheckpoint, lambda sup, body: sup.trigger_checkpoint(body)),
+        CANCEL_TASK: (CancelTask, lambda sup, body: sup.cancel(body.execution_id, body.job_id)),
+    }
+    for name, (expected, act) in handlers.items():
+        app.task(name=name)(_command_task(expected, act, _decode, _route))
 
-    @app.task(name=CANCEL_TASK)
-    def cancel_task(payload: str) -> None:
-        body = _decode(payload, CancelTask)
-        sup = body and _route(body)
+
+def _command_task(expected: type, act, decode_body, route):
+    def command(payload: str) -> None:
+        body = decode_body(payload, expected)
+        sup = body and route(body)
         if sup is not None:
-            sup.cancel(body.execution_id, body.job_id)
+            act(sup, body)
+
+    command.__name__ = f"handle_{expected.__name__}"
+    return command

@@ -1,8 +1,8 @@
 """The TaskManager's task supervisor: slots, running tasks, their driver processes, reports.
 
-It owns the slot table of one TaskManager, turns DeployTask/CancelTask commands into driver
-process actions, maps driver events to ExecutionState reports for the JobManager, and frees
-slots when an attempt ends. Celery command handlers call `deploy`/`cancel` and return at once;
+It owns the slot table of one TaskManager, turns DeployTask/CancelTask/TriggerCheckpoint commands
+into driver process actions, maps driver events to ExecutionState reports and checkpoint
+acknowledgements for the JobManager, and frees slots when an attempt ends. Celery command handlers call `deploy`/`cancel` and return at once;
 everything long-running happens in driver processes and their reader threads.
 """
 
@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from shared import streams
 from shared import task_protocol as tp
-from shared.messages import DeployTask, SlotState, TaskProgress, TaskReport, TaskStateChanged
+from shared.messages import (
+    CheckpointAcknowledged, CheckpointDeclined, DeployTask, SlotState, TaskProgress, TaskReport, TaskStateChanged,
+    TriggerCheckpoint,
+)
 from shared.states import ExecutionState as ES
 from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.noop_task import NoopRunner
@@ -104,12 +109,57 @@ class TaskSupervisor:
             driver = task.driver
             task.state = ES.CANCELING
         if driver is not None:
-            if not driver.send(tp.CancelTask()):
+            if not driver.send(tp.CancelRun()):
                 driver.terminate()
             # Graceful first (the query stops at a batch boundary), forceful after the timeout.
             timer = threading.Timer(self.cancel_timeout_s, self._force_kill, args=(execution_id,))
             timer.daemon = True
             timer.start()
+
+    def trigger_checkpoint(self, cmd: TriggerCheckpoint) -> None:
+        """Hand a checkpoint or savepoint trigger to the task's driver; the driver answers with
+        a snapshot_taken or snapshot_declined event. Anything that cannot even reach a driver is
+        declined here, so the JobManager never waits for its timeout in silence."""
+        with self._lock:
+            task = self.tasks.get(cmd.execution_id)
+            state = task.state if task else None
+        if task is None or task.reported_terminal or task.cancel_requested:
+            self._decline(cmd, f"task {cmd.execution_id} is not running on {self.taskmanager_id}")
+            return
+        if task.spec.kind == "noop":
+            self._noop_snapshot(task, cmd)
+            return
+        if state != ES.RUNNING or task.driver is None:
+            self._decline(cmd, f"task {cmd.execution_id} is {state.value if state else 'unknown'}, not RUNNING yet")
+            return
+        if not task.driver.send(tp.TakeSnapshot(checkpoint_id=cmd.checkpoint_id, kind=cmd.kind, target=cmd.target,
+                                                stop_after=cmd.stop_after, drain=cmd.drain)):
+            self._decline(cmd, "the task's Spark driver process does not accept commands (it is exiting)")
+
+    def _noop_snapshot(self, task: Task, cmd: TriggerCheckpoint) -> None:
+        """A no-op task has no state: its snapshot is the metadata alone."""
+        from shared import checkpoint_storage as storage
+
+        started = time.monotonic()
+        try:
+            info = storage.take_empty_snapshot(Path(cmd.target), metadata=tp.snapshot_metadata(
+                task.spec, kind=cmd.kind, checkpoint_id=cmd.checkpoint_id))
+        except Exception as exc:  # noqa: BLE001 - any failure is a decline with its reason
+            self._decline(cmd, f"{type(exc).__name__}: {exc}")
+            return
+        self.transport.publish(streams.JM_STREAM, CheckpointAcknowledged(
+            job_id=cmd.job_id, execution_id=cmd.execution_id, taskmanager_id=self.taskmanager_id,
+            checkpoint_id=cmd.checkpoint_id, path=info.path, batch_id=info.batch_id, state_size=info.state_size,
+            duration_ms=int((time.monotonic() - started) * 1000)))
+        if cmd.stop_after:
+            self.noop.cancel(task)
+            self._finish(task, ES.FINISHED)
+
+    def _decline(self, cmd: TriggerCheckpoint, reason: str) -> None:
+        log.warning("declining checkpoint %d of %s: %s", cmd.checkpoint_id, cmd.execution_id, reason)
+        self.transport.publish(streams.JM_STREAM, CheckpointDeclined(
+            job_id=cmd.job_id, execution_id=cmd.execution_id, taskmanager_id=self.taskmanager_id,
+            checkpoint_id=cmd.checkpoint_id, reason=reason))
 
     def _force_kill(self, execution_id: str) -> None:
         with self._lock:
@@ -163,6 +213,15 @@ class TaskSupervisor:
                 execution_id=task.spec.execution_id, job_id=task.spec.job_id, batch_id=event.batch_id,
                 num_input_rows=event.num_input_rows, input_rows_per_second=event.input_rows_per_second,
                 processed_rows_per_second=event.processed_rows_per_second))
+        elif isinstance(event, tp.SnapshotTaken):
+            self.transport.publish(streams.JM_STREAM, CheckpointAcknowledged(
+                job_id=task.spec.job_id, execution_id=task.spec.execution_id, taskmanager_id=self.taskmanager_id,
+                checkpoint_id=event.checkpoint_id, path=event.path, batch_id=event.batch_id,
+                state_size=event.state_size, duration_ms=event.duration_ms, source_offsets=event.source_offsets))
+        elif isinstance(event, tp.SnapshotDeclined):
+            self.transport.publish(streams.JM_STREAM, CheckpointDeclined(
+                job_id=task.spec.job_id, execution_id=task.spec.execution_id, taskmanager_id=self.taskmanager_id,
+                checkpoint_id=event.checkpoint_id, reason=event.reason, permanent=event.permanent))
         elif isinstance(event, tp.Finished):
             self._finish(task, ES.FINISHED)
         elif isinstance(event, tp.Canceled):
@@ -175,6 +234,12 @@ class TaskSupervisor:
             self.warm.forget(driver)
         with self._lock:
             task = self._task_of(driver)
+        if task is not None:
+            # The attempt's live Spark checkpoint is never used again (a restart starts from a
+            # copy of a completed snapshot, whose state files are hard links that survive this).
+            live = task.spec.checkpoint_dir
+            threading.Thread(target=shutil.rmtree, args=(live,), kwargs={"ignore_errors": True},
+                             name="live-dir-cleanup", daemon=True).start()
         if task is not None and not task.reported_terminal:
             if task.cancel_requested:
                 self._finish(task, ES.CANCELED)

@@ -245,9 +245,12 @@ def test_parquet_sink_batch_and_streaming(spark, tmp_path):
         q.processAllAvailable()
     finally:
         q.stop()
-    # Read through Spark: its file-sink log decides which files are committed.
+    # Committed files are the only data files (bookkeeping lives under `_headrace/`, which
+    # readers skip), so Spark and plain pyarrow read the same rows.
     rows = spark.read.parquet(str(tmp_path / "stream")).select("i").collect()
     assert sorted(r.i for r in rows) == list(range(900))
+    assert sorted(pq.read_table(tmp_path / "stream").column("i").to_pylist()) == list(range(900))
+    assert not (tmp_path / "stream" / "_spark_metadata").exists()
 
 
 def test_batch_sql_to_parquet_example_seeds_and_aggregates(spark, sqlite_url, tmp_path):

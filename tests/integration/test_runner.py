@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.sql import make_engine
-from shared.task_protocol import CancelTask, RunTask, TaskSpec, decode_event, encode_line
+from shared.task_protocol import CancelRun, RunTask, TaskSpec, decode_event, encode_line
 
 pytestmark = pytest.mark.integration
 
@@ -274,7 +274,7 @@ def test_cancel_by_command_or_sigterm_stops_driver_and_jvm(drivers, tmp_path):
         d.expect("initializing")
         d.expect("running", 60)
     by_cmd.wait_until(lambda e: e.event == "progress", 120)
-    by_cmd.send(encode_line(CancelTask()))
+    by_cmd.send(encode_line(CancelRun()))
     by_term.wait_until(lambda e: e.event == "progress", 120)
     os.kill(by_term.proc.pid, signal.SIGTERM)
     for d in (by_cmd, by_term):

@@ -26,6 +26,7 @@ from .connectors import SinkHandle
 from .connectors import console as console_conn
 from .connectors import datagen as datagen_conn
 from .connectors import files as files_conn
+from .connectors import redis_streams as redis_conn
 from .connectors import sql as sql_conn
 
 
@@ -160,7 +161,7 @@ class Sinks:
         transaction per micro-batch with a commit marker. `overwrite` (batch only) empties the
         table in the same transaction. Struct columns are flattened (window_start, window_end)."""
         return sql_conn.sql_sink(
-            df, url or self._ctx.catalog_url, table, sink_id=f"{self._ctx.job_id}:{table}",
+            df, url or self._ctx.catalog_url, table, sink_id=f"{self._ctx.lineage_id}:{table}",
             key_columns=key_columns, output_mode=output_mode, overwrite=overwrite, trigger=trigger,
         )
 
@@ -175,24 +176,12 @@ class Sinks:
         output_mode: str = "append",
         trigger: str | None = None,
     ) -> SinkHandle:
-        """Packed Arrow entries (`arrow` field), exactly once per micro-batch id."""
-        opts = {
-            "url": url or self._ctx.redis_url,
-            "stream": stream,
-            "rows_per_entry": str(rows_per_entry),
-            "sink_id": f"{self._ctx.job_id}:{stream}",
-        }
-        if maxlen:
-            opts["maxlen"] = str(maxlen)
-
-        def configure(writer):
-            return writer.format("redis_stream").options(**opts)
-
-        def run_batch() -> None:
-            df.write.format("redis_stream").mode("append").options(**opts).save()
-
-        return SinkHandle(name=f"redis-{stream}", df=df, output_mode=output_mode, trigger=trigger,
-                          configure=configure, run_batch=run_batch)
+        """Packed Arrow entries (`arrow` field), exactly once per micro-batch id; a restarted
+        attempt deletes the entries of the batches it re-runs (see connectors.redis_streams)."""
+        return redis_conn.redis_stream_sink(
+            df, url or self._ctx.redis_url, stream, sink_id=f"{self._ctx.lineage_id}:{stream}",
+            rows_per_entry=rows_per_entry, maxlen=maxlen, output_mode=output_mode, trigger=trigger,
+        )
 
     def files(
         self,
@@ -206,7 +195,7 @@ class Sinks:
         trigger: str | None = None,
     ) -> SinkHandle:
         """Parquet/CSV/JSON files under `path` (`mode` applies to batch writes; streaming
-        appends through Spark's file sink)."""
+        appends exactly once per micro-batch, see connectors.files)."""
         return files_conn.file_sink(df, path, format=format, mode=mode, partition_by=partition_by,
                                     options=options, trigger=trigger)
 
@@ -229,6 +218,8 @@ class PipelineContext:
         checkpoint_dir: str = "",
         catalog_url: str = "",
         redis_url: str = "",
+        attempt: int = 0,
+        lineage_id: str | None = None,
     ):
         self.spark = spark
         self.job_id = job_id
@@ -239,6 +230,11 @@ class PipelineContext:
         self.checkpoint_dir = checkpoint_dir
         self.catalog_url = catalog_url
         self.redis_url = redis_url
+        # Informational (e.g. for logs): sinks learn their attempt from SinkHandle.prepare.
+        self.attempt = attempt
+        # Sinks are named by lineage: a job resumed from another job's savepoint takes over
+        # (rewinds and fences) the sinks of the job it continues. Default: this job.
+        self.lineage_id = lineage_id or job_id
         self.bounded = BoundedRegistry()
         self.sources = Sources(self)
         self.sinks = Sinks(self)

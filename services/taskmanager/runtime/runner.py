@@ -17,6 +17,14 @@ bound) finishes once the committed end offset of every source reached its bound;
 then lets Spark run the pending no-data batch (watermark advance) and stops the query. Queries
 with an unbounded source run until canceled.
 
+Checkpoints (a `snapshot` line on stdin, see shared/task_protocol.py): the barrier is a
+micro-batch commit. The request remembers the batch Spark had planned when it arrived and is
+served at the first commit at or after it, by copying the live Spark checkpoint at that batch
+into the target directory (shared/checkpoint_storage.py); `stop_after` stops the query first and
+snapshots its last committed batch (stop-with-savepoint). Restore: an attempt with
+`restore_from` starts from a copy of that snapshot in its own live directory, after the
+compatibility check (plan_signature.py) and after every sink fenced off older attempts.
+
 Cancel (a `cancel` line on stdin or SIGTERM) stops the query and exits 0 after `canceled`.
 A watchdog exits the process when its parent dies, so a killed TaskManager leaves no driver
 behind; the JVM follows because it exits when its stdin (held by this process) closes.
@@ -28,6 +36,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import queue
 import signal
 import sys
 import threading
@@ -38,6 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Callable
 
+from shared import checkpoint_storage as storage
 from shared.task_protocol import (
     Canceled,
     Failed,
@@ -47,13 +57,18 @@ from shared.task_protocol import (
     Ready,
     Running,
     RunTask,
+    SnapshotDeclined,
+    SnapshotTaken,
+    TakeSnapshot,
     TaskSpec,
     decode_command,
     encode_line,
+    snapshot_metadata,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 POLL_S = 0.25
+DRAIN_TIMEOUT_S = 300.0
 
 
 class _Terminate(BaseException):
@@ -235,6 +250,9 @@ class Driver:
         self._query = None
         self._batch_running = False
         self.ctx = None  # the PipelineContext of the task, once built
+        self.snapshot_requests: queue.Queue[TakeSnapshot] = queue.Queue()
+        self.restored_meta: dict | None = None  # metadata of the snapshot this attempt starts from
+        self.lineage: dict = {}
 
     # -- cancellation, from the stdin thread or the SIGTERM handler
     def request_cancel(self) -> None:
@@ -260,13 +278,18 @@ class Driver:
                 line = line.strip()
                 if not line:
                     continue
+                if line == "cancel":
+                    self.request_cancel()
+                    continue
                 try:
-                    is_cancel = line == "cancel" or decode_command(line).cmd == "cancel"
+                    cmd = decode_command(line)
                 except Exception:
                     print(f"ignoring unknown command: {line[:200]}", flush=True)
                     continue
-                if is_cancel:
+                if cmd.cmd == "cancel":
                     self.request_cancel()
+                elif isinstance(cmd, TakeSnapshot):
+                    self.snapshot_requests.put(cmd)
 
         threading.Thread(target=loop, name="stdin", daemon=True).start()
 
@@ -275,6 +298,10 @@ class Driver:
         self.task_started = True
         self.events.emit(Initializing())
         try:
+            self._apply_sql_conf(spec.config)
+            if spec.restore_from:
+                self.restored_meta = storage.read_metadata(spec.restore_from)
+            self.lineage = lineage_of(spec, self.restored_meta)
             handle = self._build(spec)
             if self.cancel_requested.is_set():
                 self.events.emit(Canceled())
@@ -303,6 +330,7 @@ class Driver:
             self.spark, job_id=spec.job_id, job_name=spec.job_name, args=spec.program_args,
             config=spec.config, parallelism=spec.parallelism, checkpoint_dir=spec.checkpoint_dir,
             catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
+            attempt=spec.attempt, lineage_id=self.lineage["id"],
         )
         handle = entry(ctx)
         if not isinstance(handle, SinkHandle):
@@ -311,6 +339,7 @@ class Driver:
         return handle
 
     def _run_batch(self, handle) -> int:
+        threading.Thread(target=self._decline_snapshots_forever, name="no-snapshots", daemon=True).start()
         with self._lock:
             self._batch_running = True
         if self.cancel_requested.is_set():  # came before the cancel thread could see the job
@@ -324,16 +353,52 @@ class Driver:
         self.events.emit(Finished())
         return 0
 
+    @staticmethod
+    def _sql_conf_keys(config: dict) -> dict[str, str]:
+        return {k: str(v) for k, v in (config or {}).items() if isinstance(k, str) and k.startswith("spark.sql.")}
+
+    def _apply_sql_conf(self, config: dict) -> None:
+        """`spark.sql.*` options of the job's configuration apply to its (warm, shared-nothing)
+        session; a restored query keeps what its checkpoint pinned (e.g. shuffle partitions)."""
+        for key, value in self._sql_conf_keys(config).items():
+            self.spark.conf.set(key, value)
+
+    def _prepare_streaming(self, spec: TaskSpec, handle, live: Path) -> int:
+        """Restore the snapshot (if any) into this attempt's fresh live directory and fence the
+        sinks; returns the Spark batch id the attempt resumes after (-1: a fresh start)."""
+        restored_batch = -1
+        meta = self.restored_meta
+        if meta is not None and int(meta.get("spark", {}).get("batch_id", -1)) >= 0:
+            from .plan_signature import check_before_start
+
+            explicit = self._sql_conf_keys(spec.config).get("spark.sql.shuffle.partitions")
+            drop = check_before_start(handle.df, meta, shuffle_partitions=int(explicit) if explicit else None,
+                                      allow_non_restored_state=spec.allow_non_restored_state,
+                                      output_mode=handle.output_mode)
+            storage.restore(spec.restore_from, live, drop_operators=drop)
+            restored_batch = int(meta["spark"]["batch_id"])
+            print(f"restored {spec.restore_from} (batch {restored_batch}) into {live}", flush=True)
+        prepare = getattr(handle, "prepare", None)
+        if prepare is not None:
+            prepare(self.lineage["fence"], restored_batch)
+        return restored_batch
+
     def _run_streaming(self, spec: TaskSpec, handle) -> int:
-        checkpoint = str(Path(spec.checkpoint_dir) / handle.name)
+        live = Path(spec.checkpoint_dir) / handle.name
+        self._prepare_streaming(spec, handle, live)
+        try:
+            self._plan = _plan_of(handle.df, handle.output_mode)
+        except Exception:  # noqa: BLE001 - the signature only enriches snapshot metadata
+            self._plan = None
         with self._lock:
-            query = handle.start(checkpoint, query_name=spec.job_id)
+            query = handle.start(str(live), query_name=spec.job_id)
             self._query = query
         if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves
             query.stop()
         self.events.emit(Running(streaming=True))
         last = -1
         finished = False
+        pending: list[tuple[TakeSnapshot, int | None, float]] = []
         while True:
             terminated = query.awaitTermination(POLL_S)  # raises if the query failed
             progress = query.lastProgress
@@ -342,6 +407,14 @@ class Driver:
                 break
             if self.cancel_requested.is_set():
                 continue  # the cancel thread is stopping the query
+            while not self.snapshot_requests.empty():
+                req = self.snapshot_requests.get_nowait()
+                pending.append((req, storage.latest_planned_batch(live), time.monotonic()))
+            if pending:
+                query, stopped = self._serve_snapshots(spec, handle, query, live, pending)
+                if stopped:
+                    finished = True
+                    break
             if progress is not None and self.ctx.bounded.all_exhausted(
                 [s["endOffset"] for s in progress["sources"]]
             ):
@@ -361,6 +434,79 @@ class Driver:
         self.events.emit(Finished())
         return 0
 
+    def _serve_snapshots(self, spec: TaskSpec, handle, query, live: Path, pending: list) -> tuple[Any, bool]:
+        """Take every requested snapshot whose barrier batch has committed. Returns the query
+        (restarted if a stop-with-savepoint failed after stopping it) and whether the task
+        stopped for good."""
+        for item in list(pending):
+            req, planned, received = item
+            if req.stop_after:
+                pending.remove(item)
+                with self._lock:
+                    query.stop()
+                if req.drain:
+                    try:
+                        self._drain(spec, handle, live)
+                    except Exception as exc:  # noqa: BLE001 - reported; the query resumes below
+                        self.events.emit(SnapshotDeclined(checkpoint_id=req.checkpoint_id,
+                                                          reason=f"drain failed: {type(exc).__name__}: {exc}"))
+                        with self._lock:
+                            query = handle.start(str(live), query_name=spec.job_id)
+                            self._query = query
+                        continue
+                if self._snapshot(spec, req, live, storage.latest_committed_batch(live), received, handle):
+                    return query, True
+                # As in Flink, a failed stop-with-savepoint leaves the job running: resume the
+                # query from its own live checkpoint, which nobody else has touched.
+                with self._lock:
+                    query = handle.start(str(live), query_name=spec.job_id)
+                    self._query = query
+                continue
+            committed = storage.latest_committed_batch(live)
+            if planned is None or (committed is not None and committed >= planned):
+                pending.remove(item)
+                self._snapshot(spec, req, live, committed if planned is not None else None, received, handle)
+        return query, False
+
+    def _drain(self, spec: TaskSpec, handle, live: Path) -> None:
+        """Before a drained stop (the query is stopped): process everything the sources hold now,
+        then run one logged no-data batch whose watermark is the end of event time, so every
+        window still open fires into the sink, as Flink's drain does with MAX_WATERMARK. A job
+        resumed from such a savepoint treats all new events as late: drain is for the end of a
+        pipeline's life, not for upgrades."""
+        for end_event_time in (False, True):
+            if end_event_time:
+                if storage.latest_committed_batch(live) is None:
+                    return  # nothing ever ran: no window is open
+                storage.log_final_watermark_batch(live)
+            with self._lock:
+                q = handle.start(str(live), query_name=spec.job_id, available_now=True)
+                self._query = q
+            if not q.awaitTermination(DRAIN_TIMEOUT_S):
+                q.stop()
+                raise TimeoutError(f"draining did not finish within {DRAIN_TIMEOUT_S:.0f} s")
+            if q.exception() is not None:
+                raise q.exception()
+
+    def _snapshot(self, spec: TaskSpec, req: TakeSnapshot, live: Path, batch: int | None, received: float,
+                  handle) -> bool:
+        meta = snapshot_metadata(spec, kind=req.kind, checkpoint_id=req.checkpoint_id)
+        meta["pipeline"]["plan"] = self._plan
+        meta["query_name"] = handle.name
+        meta["lineage"] = {"id": self.lineage["id"], "generation": self.lineage["generation"]}
+        try:
+            if batch is None:  # no batch ever planned: the state is the empty start
+                info = storage.take_empty_snapshot(Path(req.target), metadata=meta)
+            else:
+                info = storage.take_snapshot(live, Path(req.target), batch_id=batch, metadata=meta)
+        except Exception as exc:  # noqa: BLE001 - every failure is a decline with its reason
+            self.events.emit(SnapshotDeclined(checkpoint_id=req.checkpoint_id, reason=f"{type(exc).__name__}: {exc}"))
+            return False
+        self.events.emit(SnapshotTaken(
+            checkpoint_id=req.checkpoint_id, path=str(info.path), batch_id=info.batch_id, state_size=info.state_size,
+            duration_ms=int((time.monotonic() - received) * 1000), source_offsets=tuple(info.source_offsets)))
+        return True
+
     def _emit_progress(self, query, latest, last: int) -> int:
         """Emit a Progress per batch committed since batch `last`; returns the newest id."""
         if latest is None or latest.batchId <= last:
@@ -377,6 +523,34 @@ class Driver:
                     processed_rows_per_second=_finite(p.processedRowsPerSecond),
                 ))
         return last
+
+
+    def _decline_snapshots_forever(self) -> None:
+        while True:
+            req = self.snapshot_requests.get()
+            self.events.emit(SnapshotDeclined(checkpoint_id=req.checkpoint_id, permanent=True,
+                                              reason="a batch task has no checkpoints"))
+
+
+def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:
+    """Which sink writer this attempt is. Sinks are named by lineage (the first job of a chain
+    of jobs that resumed from each other's savepoints), so a job resumed from a savepoint takes
+    over its predecessor's sinks, rewinds them to the savepoint and fences the predecessor off.
+    The fence token is the JobManager's (it grows with every deployed attempt of any job)."""
+    lineage = (restored or {}).get("lineage") or {}
+    if restored is None or not lineage.get("id"):
+        lin_id, generation = spec.job_id, 0
+    elif restored.get("job_id") == spec.job_id:
+        lin_id, generation = lineage["id"], int(lineage.get("generation", 0))
+    else:
+        lin_id, generation = lineage["id"], int(lineage.get("generation", 0)) + 1
+    return {"id": lin_id, "generation": generation, "fence": spec.fence_token or spec.attempt}
+
+
+def _plan_of(df, output_mode: str) -> dict | None:
+    from .plan_signature import plan_signature
+
+    return plan_signature(df, output_mode=output_mode)
 
 
 def _finite(x: Any) -> float:

@@ -3,6 +3,16 @@
 A source returns a DataFrame; a sink returns a `SinkHandle` that the runner starts (streaming)
 or runs (batch). Handles are lazy so that the runner, not the pipeline, owns the query's
 lifecycle: checkpoint location, progress polling, finish detection and cancellation.
+
+Attempt fencing (streaming): every task attempt runs on its own Spark checkpoint, restored from
+a snapshot at Spark batch r (-1: fresh start). Before the query starts, the runner calls
+`handle.prepare(attempt, r)`. The sink then (1) takes over the sink for this attempt, refusing
+if a newer attempt already holds it, (2) undoes what the discarded lineage committed after r
+(the new attempt re-runs batches r+1, r+2, ... with possibly different contents), and (3) from
+then on checks, atomically with each batch's commit, that this attempt still holds the sink,
+raising `SinkFencedError` otherwise. So a frozen attempt that wakes up after being replaced (a
+zombie) can never write again, whatever batch id it is at. Without `prepare` (batch jobs, tools)
+a sink neither fences nor undoes: it is idempotent per batch id, as before.
 """
 
 from __future__ import annotations
@@ -15,6 +25,24 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 
+class SinkFencedError(RuntimeError):
+    """A batch of an attempt that is no longer the one holding the sink: a newer attempt of the
+    same task took it over (prepare). Raised inside the batch's commit, which writes nothing, so
+    the stale attempt's query fails; the JobManager ignores failures of attempts it replaced."""
+
+    def __init__(self, sink: str, attempt: int, newer: int | None):
+        self.sink, self.attempt, self.newer = sink, attempt, newer
+        holder = f"attempt {newer}" if newer is not None else "no attempt (its fence record is gone)"
+        super().__init__(
+            f"sink {sink}: attempt {attempt} is fenced off, the sink is held by {holder}; "
+            f"this attempt was replaced and may not write any more batches (it is a stale "
+            f"'zombie' attempt: stop it; the newer attempt carries on)"
+        )
+
+    def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
+        return (SinkFencedError, (self.sink, self.attempt, self.newer))
+
+
 @dataclass
 class SinkHandle:
     """What `build(ctx)` returns.
@@ -22,6 +50,8 @@ class SinkHandle:
     `name` names the checkpoint subdirectory, so it must stay stable across attempts of a job.
     Streaming: `configure(writer)` adds the sink's format/options to a `DataStreamWriter` whose
     output mode, trigger and checkpoint the handle applies. Batch: `run_batch()` does the write.
+    `on_prepare(attempt, restored_batch_id)` fences and rewinds the sink (see the module
+    docstring); sinks without external state (console) leave it None.
     """
 
     name: str
@@ -31,19 +61,39 @@ class SinkHandle:
     configure: Callable[["DataStreamWriter"], "DataStreamWriter"] | None = None
     run_batch: Callable[[], None] | None = None
     options: dict[str, str] = field(default_factory=dict)
+    on_prepare: Callable[[int, int], None] | None = None
+    attempt: int | None = None  # set by prepare()
 
     @property
     def streaming(self) -> bool:
         return self.df.isStreaming
 
-    def start(self, checkpoint_location: str, query_name: str | None = None) -> "StreamingQuery":
+    def prepare(self, attempt: int, restored_batch_id: int) -> None:
+        """Take the sink over for `attempt`, which starts from Spark batch `restored_batch_id`
+        (-1 = fresh start). Call once on the driver before `start`. Raises `SinkFencedError`
+        when a newer attempt already holds the sink."""
+        if attempt < 0:
+            raise ValueError(f"sink {self.name}: attempt must be >= 0, got {attempt}")
+        if restored_batch_id < -1:
+            raise ValueError(f"sink {self.name}: restored_batch_id must be >= -1 (-1 = fresh start), "
+                             f"got {restored_batch_id}")
+        self.attempt = attempt
+        if self.on_prepare is not None:
+            self.on_prepare(attempt, restored_batch_id)
+
+    def start(self, checkpoint_location: str, query_name: str | None = None, *,
+              available_now: bool = False) -> "StreamingQuery":
+        """`available_now`: process what the sources hold now, then stop at a committed batch
+        (the runner drains a query so before a final savepoint)."""
         if self.configure is None:
             raise TypeError(f"sink {self.name} does not support streaming DataFrames")
         writer = self.df.writeStream.outputMode(self.output_mode)
         writer = writer.option("checkpointLocation", checkpoint_location)
         if query_name:
             writer = writer.queryName(query_name)
-        if self.trigger:
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        elif self.trigger:
             writer = writer.trigger(processingTime=self.trigger)
         return self.configure(writer).start()
 

@@ -10,9 +10,20 @@ as long as the stream still holds its entries. `max_entries_per_trigger` limits 
 events) per micro-batch, since counting events would mean decoding every entry at planning time.
 
 Sink: executors pack their rows into IPC entries and return them as commit messages; the
-driver-side `commit(messages, batch_id)` XADDs them in one MULTI/EXEC together with the sink's
-last-committed batch id, and skips a batch id at or below it. A re-executed micro-batch thus
-never writes twice, and a crash can never leave half a batch in the stream.
+driver-side `commit(messages, batch_id)` XADDs them in one server-side script together with the
+sink's last-committed batch id (`headrace:sink:<id>:last_batch`), and skips a batch id at or
+below it. A re-executed micro-batch thus never writes twice, and a crash can never leave half a
+batch in the stream. The script also records the entry ids each batch added
+(`headrace:sink:<id>:batches`, batch id -> ids, the last 100,000 batches kept).
+
+Attempt fencing (streaming, after `SinkHandle.prepare(attempt, r)`): `headrace:sink:<id>:attempt`
+names the attempt holding the sink. `prepare` (one script, so atomic) refuses if it names a newer
+attempt, sets it, XDELs the entries of every batch after r (the discarded lineage; the new
+attempt re-runs those batches, possibly with other contents) and resets the last batch to r.
+Each commit checks the fence in the same script as its XADDs and raises `SinkFencedError` unless
+it still names its attempt. Readers that consumed the deleted entries before the prepare have
+seen them: a stream cannot take back what was read, so consumers that must not see a discarded
+batch should read with some delay, or key their effects so that the re-run overwrites them.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import redis
@@ -35,6 +46,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
+
+from . import SinkFencedError, SinkHandle
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 ARROW_FIELD = "arrow"
 JSON_FIELD = "json"
@@ -137,6 +153,9 @@ class _Options:
         ml = o.get("maxlen")
         self.maxlen: int | None = int(ml) if ml else None
         self.sink_id = o.get("sink_id") or f"stream:{self.stream}"
+        # Set by the sink handle's prepare (options reach the commit's Python worker pickled).
+        att = o.get("attempt")
+        self.attempt: int | None = int(att) if att not in (None, "") else None
 
 
 class _LazyClient:
@@ -292,36 +311,137 @@ def _pack_batches(batches: Iterator[pa.RecordBatch], rows_per_entry: int) -> Pac
     return PackedEntries(entries=entries, num_rows=total)
 
 
+RETAINED_BATCH_RECORDS = 100_000  # batches whose entry ids a prepare can still delete
+
+
 def committed_key(sink_id: str) -> str:
     return f"headrace:sink:{sink_id}:last_batch"
 
 
-def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *,
-                   sink_id: str | None, batch_id: int | None, maxlen: int | None = None) -> bool:
-    """XADD all entries atomically; with a batch id, skip (False) if it is already committed.
+def fence_key(sink_id: str) -> str:
+    return f"headrace:sink:{sink_id}:attempt"
 
-    Micro-batch ids only grow and only the last one can be re-run, so one integer per sink is
-    enough to remember what was written.
+
+def batches_key(sink_id: str) -> str:
+    return f"headrace:sink:{sink_id}:batches"
+
+
+# KEYS: stream, last_batch, fence, batches. ARGV: batch id, attempt ("" = not fenced), maxlen
+# ("" = none), retained batch records, entries... Returns {"ok"}, {"skip"} or {"fenced", holder}.
+_COMMIT_SCRIPT = """
+if ARGV[2] ~= '' then
+  local holder = redis.call('GET', KEYS[3])
+  if not holder or tonumber(holder) ~= tonumber(ARGV[2]) then
+    return {'fenced', holder or ''}
+  end
+end
+local batch = tonumber(ARGV[1])
+local last = redis.call('GET', KEYS[2])
+if last and tonumber(last) >= batch then
+  return {'skip'}
+end
+local ids = {}
+for i = 5, #ARGV do
+  if ARGV[3] ~= '' then
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'arrow', ARGV[i])
+  else
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'arrow', ARGV[i])
+  end
+end
+redis.call('HSET', KEYS[4], ARGV[1], table.concat(ids, ' '))
+redis.call('HDEL', KEYS[4], tostring(batch - tonumber(ARGV[4])))
+redis.call('SET', KEYS[2], ARGV[1])
+return {'ok'}
+"""
+
+# KEYS: stream, last_batch, fence, batches. ARGV: attempt, restored batch id.
+# Returns {"fenced", holder}, {"missing", batch} (nothing changed) or {"ok", deleted entries}.
+_PREPARE_SCRIPT = """
+local attempt = tonumber(ARGV[1])
+local r = tonumber(ARGV[2])
+local holder = redis.call('GET', KEYS[3])
+if holder and tonumber(holder) > attempt then
+  return {'fenced', holder}
+end
+local last = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local doomed = {}
+for b = r + 1, last do
+  local ids = redis.call('HGET', KEYS[4], tostring(b))
+  if not ids then
+    return {'missing', tostring(b)}
+  end
+  doomed[#doomed + 1] = ids
+end
+local deleted = 0
+for b = r + 1, last do
+  redis.call('HDEL', KEYS[4], tostring(b))
+end
+for _, ids in ipairs(doomed) do
+  for id in string.gmatch(ids, '%S+') do
+    deleted = deleted + redis.call('XDEL', KEYS[1], id)
+  end
+end
+if last > r then
+  if r >= 0 then
+    redis.call('SET', KEYS[2], tostring(r))
+  else
+    redis.call('DEL', KEYS[2])
+  end
+end
+redis.call('SET', KEYS[3], ARGV[1])
+return {'ok', tostring(deleted)}
+"""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int,
+                 restored_batch_id: int) -> int:
+    """Take the sink over for `attempt` and delete the entries of batches after
+    `restored_batch_id`; returns how many entries were deleted. Raises SinkFencedError when a
+    newer attempt holds the sink, RuntimeError when a batch to undo has no recorded entry ids."""
+    keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
+    status, *rest = [_text(x) for x in client.eval(_PREPARE_SCRIPT, 4, *keys, attempt, restored_batch_id)]
+    if status == "fenced":
+        raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]))
+    if status == "missing":
+        raise RuntimeError(
+            f"Redis stream sink {sink_id}: attempt {attempt} restarts after batch "
+            f"{restored_batch_id} and must delete the entries of batch {rest[0]} from {stream}, "
+            f"but their ids are not recorded in {batches_key(sink_id)} (the batch is older than "
+            f"the last {RETAINED_BATCH_RECORDS} batches, or was written by a Headrace version "
+            f"without attempt fencing), so re-running it would duplicate it. Fix: write the job "
+            f"to a new stream, or remove that batch's entries yourself and set "
+            f"{committed_key(sink_id)} to {restored_batch_id} (delete the key if that is -1)."
+        )
+    return int(rest[0])
+
+
+def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *,
+                   sink_id: str | None, batch_id: int | None, maxlen: int | None = None,
+                   attempt: int | None = None) -> bool:
+    """XADD all entries atomically; with a batch id, skip (False) if it is already committed;
+    with an attempt (a prepared sink), raise SinkFencedError, writing nothing, unless that
+    attempt still holds the sink.
+
+    Micro-batch ids only grow within a lineage and only the last one can be re-run, so one
+    integer per sink is enough to remember what was written (prepare rewinds it).
     """
-    key = committed_key(sink_id) if sink_id is not None and batch_id is not None else None
-    with client.pipeline() as pipe:
-        while True:
-            try:
-                if key is not None:
-                    pipe.watch(key)
-                    last = pipe.get(key)
-                    if last is not None and int(last) >= batch_id:  # type: ignore[operator]
-                        pipe.reset()
-                        return False
-                pipe.multi()
-                for e in entries:
-                    pipe.xadd(stream, {ARROW_FIELD: e}, maxlen=maxlen, approximate=maxlen is not None)
-                if key is not None:
-                    pipe.set(key, batch_id)
-                pipe.execute()
-                return True
-            except redis.WatchError:
-                continue
+    if sink_id is None or batch_id is None:
+        with client.pipeline() as pipe:  # MULTI/EXEC: all entries or none
+            for e in entries:
+                pipe.xadd(stream, {ARROW_FIELD: e}, maxlen=maxlen, approximate=maxlen is not None)
+            pipe.execute()
+        return True
+    keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
+    args = [batch_id, "" if attempt is None else attempt, "" if maxlen is None else maxlen,
+            RETAINED_BATCH_RECORDS, *entries]
+    status, *rest = [_text(x) for x in client.eval(_COMMIT_SCRIPT, 4, *keys, *args)]
+    if status == "fenced":
+        raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]) if rest[0] else None)
+    return status == "ok"
 
 
 class _StreamWriter(_LazyClient, DataSourceStreamArrowWriter):
@@ -334,7 +454,7 @@ class _StreamWriter(_LazyClient, DataSourceStreamArrowWriter):
     def commit(self, messages: list[PackedEntries | None], batchId: int) -> None:
         entries = [e for m in messages if m is not None for e in m.entries]
         commit_entries(self.client, self.opts.stream, entries, sink_id=self.opts.sink_id,
-                       batch_id=batchId, maxlen=self.opts.maxlen)
+                       batch_id=batchId, maxlen=self.opts.maxlen, attempt=self.opts.attempt)
 
     def abort(self, messages: list[PackedEntries | None], batchId: int) -> None:
         pass  # nothing reached Redis: entries are only written at commit
@@ -356,7 +476,7 @@ class _BatchWriter(_LazyClient, DataSourceArrowWriter):
 class RedisStreamDataSource(DataSource):
     """`format("redis_stream")`. Options: url, stream, schema (DDL; or `.schema(...)`),
     start ("0" = whole stream, "$" = only new entries, or an entry id), max_entries_per_trigger,
-    partitions; sink: rows_per_entry, maxlen, sink_id."""
+    partitions; sink: rows_per_entry, maxlen, sink_id, attempt (set by prepare)."""
 
     @classmethod
     def name(cls) -> str:
@@ -377,3 +497,41 @@ class RedisStreamDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         return _BatchWriter(_Options(self.options))
 
+
+
+# ---------------------------------------------------------------- sink handle
+
+def redis_stream_sink(
+    df: "DataFrame",
+    url: str,
+    stream: str,
+    *,
+    sink_id: str,
+    rows_per_entry: int = DEFAULT_ROWS_PER_ENTRY,
+    maxlen: int | None = None,
+    output_mode: str = "append",
+    trigger: str | None = None,
+    name: str | None = None,
+) -> SinkHandle:
+    opts = {"url": url, "stream": stream, "rows_per_entry": str(rows_per_entry), "sink_id": sink_id}
+    if maxlen:
+        opts["maxlen"] = str(maxlen)
+
+    def prepare(attempt: int, restored_batch_id: int) -> None:
+        # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
+        opts["attempt"] = str(attempt)  # read by configure() when the query starts
+        client = redis.Redis.from_url(url)
+        try:
+            prepare_sink(client, stream, sink_id=sink_id, attempt=attempt,
+                         restored_batch_id=restored_batch_id)
+        finally:
+            client.close()
+
+    def configure(writer):
+        return writer.format("redis_stream").options(**opts)
+
+    def run_batch() -> None:
+        df.write.format("redis_stream").mode("append").options(**opts).save()
+
+    return SinkHandle(name=name or f"redis-{stream}", df=df, output_mode=output_mode, trigger=trigger,
+                      configure=configure, run_batch=run_batch, on_prepare=prepare)

@@ -1,19 +1,38 @@
 """SQL tables (PostgreSQL, SQLite) as a bounded source and an exactly-once sink.
 
 Source: the table is read on the driver with SQLAlchemy into Arrow and handed to Spark; meant
-for bounded jobs over modest tables, not for bulk extraction.
+for bounded jobs over modest tables, not for bulk extraction. The sink's bookkeeping columns
+(`_headrace_sink`, `_headrace_batch`) are left out unless asked for by name.
 
 Sink: each (micro-)batch is collected to the driver and written in ONE transaction together
 with a `(sink_id, batch_id)` marker row in `_headrace_sink_commits`. Spark may re-run the last
 micro-batch after a crash; the marker makes the re-run a no-op, and rows are upserted by key
 columns so even a sink without the marker would converge. Timestamps are stored as UTC without
 time zone; naive timestamps read back are taken as UTC.
+
+Attempt fencing (streaming, after `SinkHandle.prepare(attempt, r)`): the row of the sink in
+`_headrace_sink_fences` names the attempt holding it. `prepare`, in one transaction with that
+row locked, refuses if a newer attempt holds it, takes it over and deletes the markers of
+batches > r: those batches belonged to the discarded lineage and the new attempt re-runs them,
+possibly with other contents. Every batch re-reads the fence row (FOR SHARE) inside its own
+transaction and raises `SinkFencedError` unless it still names its attempt, so a batch of a
+replaced attempt never commits, and a prepare waits for a batch in flight to finish.
+
+Undoing the discarded batches' rows:
+  * with key columns (upsert), nothing more is needed: the new lineage re-emits every key the
+    discarded batches touched, and its upserts overwrite them;
+  * without key columns (plain inserts), a table the sink creates gets two bookkeeping columns,
+    `_headrace_sink` and `_headrace_batch` (indexed together), and `prepare` deletes that
+    sink's rows of batches > r in the same transaction. An existing keyless table without those
+    columns cannot be rewound: `prepare` then refuses with an error saying how to fix it
+    (instead of duplicating rows), but only when there actually are batches to undo.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+import hashlib
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -22,9 +41,13 @@ import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from . import SinkHandle, flatten_structs
+from . import SinkFencedError, SinkHandle, flatten_structs
 
 COMMITS_TABLE = "_headrace_sink_commits"
+FENCES_TABLE = "_headrace_sink_fences"
+LINEAGE_SINK = "_headrace_sink"
+LINEAGE_BATCH = "_headrace_batch"
+LINEAGE_COLUMNS = (LINEAGE_SINK, LINEAGE_BATCH)
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -76,7 +99,8 @@ def read_table(url: str, table: str, *, columns: Sequence[str] | None = None) ->
     engine = make_engine(url)
     try:
         tbl = sa.Table(table, sa.MetaData(), autoload_with=engine)
-        cols = [tbl.c[c] for c in columns] if columns else list(tbl.columns)
+        cols = ([tbl.c[c] for c in columns] if columns
+                else [c for c in tbl.columns if c.name not in LINEAGE_COLUMNS])
         schema = pa.schema([(c.name, _arrow_type(c.type)) for c in cols])
         with engine.connect() as conn:
             rows = conn.execute(sa.select(*cols)).all()
@@ -135,6 +159,16 @@ def _commits_table(md: sa.MetaData) -> sa.Table:
     )
 
 
+def _fences_table(md: sa.MetaData) -> sa.Table:
+    return sa.Table(
+        FENCES_TABLE, md,
+        sa.Column("sink_id", sa.String(512), primary_key=True),
+        sa.Column("attempt", sa.BigInteger, nullable=False),
+        sa.Column("restored_batch_id", sa.BigInteger, nullable=False),
+        sa.Column("fenced_at", sa.DateTime, nullable=False),
+    )
+
+
 def _insert(engine: sa.Engine, table: sa.Table):
     if engine.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
@@ -143,6 +177,27 @@ def _insert(engine: sa.Engine, table: sa.Table):
     else:
         raise ValueError(f"SQL sink supports PostgreSQL and SQLite, not {engine.dialect.name}")
     return insert(table)
+
+
+def _sink_engine(url: str) -> sa.Engine:
+    engine = make_engine(url)
+    if engine.dialect.name == "sqlite":
+        # Every sink transaction takes SQLite's write lock at BEGIN: a prepare and a batch then
+        # run one after the other, like the row locks do on PostgreSQL, and a transaction that
+        # reads first never has to upgrade its lock (an upgrade between two writers fails at
+        # once with "database is locked" instead of waiting).
+        @sa.event.listens_for(engine, "connect")
+        def _driver_does_not_begin(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin_immediate(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+    return engine
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 def _plain_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -156,8 +211,14 @@ def _plain_rows(table: pa.Table) -> list[dict[str, Any]]:
     return pa.table(cols, names=table.column_names).to_pylist()
 
 
+def _lineage_index_name(table: str) -> str:
+    # PostgreSQL truncates identifiers at 63 bytes; a digest keeps long table names distinct.
+    return f"ix_headrace_lineage_{hashlib.sha1(table.encode()).hexdigest()[:16]}"
+
+
 class SqlTableSink:
-    """Writes Arrow batches into `table`, idempotently per `(sink_id, batch_id)`.
+    """Writes Arrow batches into `table`, idempotently per `(sink_id, batch_id)`, fenced by
+    attempt once `prepare` was called.
 
     Lives on the driver (foreachBatch runs there), so it may hold an engine.
     """
@@ -169,15 +230,20 @@ class SqlTableSink:
         self.sink_id = sink_id
         self.key_columns = tuple(key_columns)
         self.overwrite = overwrite
+        self.attempt: int | None = None  # the fencing attempt, once prepared
         self._engine: sa.Engine | None = None
         self._table: sa.Table | None = None
-        self._commits: sa.Table | None = None
-        self._commits_checked = False
+        self._lineage = False  # the table has the keyless bookkeeping columns
+        md = sa.MetaData()
+        self._commits = _commits_table(md)
+        self._fences = _fences_table(md)
+        self._bookkeeping_md = md
+        self._bookkeeping_checked = False
 
     @property
     def engine(self) -> sa.Engine:
         if self._engine is None:
-            self._engine = make_engine(self.url)
+            self._engine = _sink_engine(self.url)
         return self._engine
 
     def close(self) -> None:
@@ -185,33 +251,110 @@ class SqlTableSink:
             self._engine.dispose()
             self._engine = None
 
-    def _ensure_tables(self, schema: T.StructType) -> tuple[sa.Table, sa.Table]:
-        if self._table is not None and self._commits is not None:
-            return self._table, self._commits
-        md = sa.MetaData()
-        commits = _commits_table(md)
+    def _ensure_bookkeeping(self) -> None:
+        if not self._bookkeeping_checked:  # once per sink, not per micro-batch
+            _create_all(self._bookkeeping_md, self.engine)
+            self._bookkeeping_checked = True
+
+    def _ensure_tables(self, schema: T.StructType) -> sa.Table:
+        if self._table is not None:
+            return self._table
+        self._ensure_bookkeeping()
         missing = [k for k in self.key_columns if k not in schema.fieldNames()]
         if missing:
             raise ValueError(f"key columns {missing} are not in the output columns {schema.fieldNames()}")
-        sa.Table(
-            self.table_name, md,
-            *[sa.Column(f.name, _sa_type(f.dataType), primary_key=f.name in self.key_columns,
-                        nullable=f.name not in self.key_columns)
-              for f in schema.fields],
-        )
+        md = sa.MetaData()
+        columns: list[Any] = [
+            sa.Column(f.name, _sa_type(f.dataType), primary_key=f.name in self.key_columns,
+                      nullable=f.name not in self.key_columns)
+            for f in schema.fields
+        ]
+        if not self.key_columns:
+            columns += [sa.Column(LINEAGE_SINK, sa.String(512)), sa.Column(LINEAGE_BATCH, sa.BigInteger),
+                        sa.Index(_lineage_index_name(self.table_name), LINEAGE_SINK, LINEAGE_BATCH)]
+        sa.Table(self.table_name, md, *columns)
         _create_all(md, self.engine)
         # An existing table wins over the one we would have created: reflect its real columns.
         self._table = sa.Table(self.table_name, sa.MetaData(), autoload_with=self.engine)
-        self._commits = commits
-        return self._table, self._commits
+        self._lineage = not self.key_columns and all(c in self._table.c for c in LINEAGE_COLUMNS)
+        return self._table
+
+    # -- fencing
+
+    def prepare(self, attempt: int, restored_batch_id: int) -> None:
+        """Take the sink over for `attempt`, restored at Spark batch `restored_batch_id`; undo
+        the batches after it (see the module docstring). Raises `SinkFencedError` if a newer
+        attempt holds the sink, ValueError if a keyless table cannot be rewound."""
+        # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
+        self.attempt = attempt
+        self._ensure_bookkeeping()
+        fences, commits = self._fences, self._commits
+        r = restored_batch_id
+        table_exists, lineage = self._reflect_for_rewind()
+        with self.engine.begin() as conn:
+            # Insert-if-absent, then lock: two first prepares cannot both see "no fence yet".
+            conn.execute(_insert(self.engine, fences).values(
+                sink_id=self.sink_id, attempt=attempt, restored_batch_id=r, fenced_at=_now(),
+            ).on_conflict_do_nothing())
+            holder = conn.execute(
+                sa.select(fences.c.attempt).where(fences.c.sink_id == self.sink_id).with_for_update()
+            ).scalar_one()
+            if holder > attempt:
+                raise SinkFencedError(self.sink_id, attempt, holder)
+            discarded = conn.execute(
+                sa.select(commits.c.batch_id)
+                .where(commits.c.sink_id == self.sink_id, commits.c.batch_id > r)
+                .order_by(commits.c.batch_id)
+            ).scalars().all()
+            if discarded and not self.key_columns:
+                if lineage is not None:
+                    conn.execute(lineage.delete().where(lineage.c[LINEAGE_SINK] == self.sink_id,
+                                                        lineage.c[LINEAGE_BATCH] > r))
+                elif table_exists:
+                    raise ValueError(
+                        f"SQL sink {self.sink_id}: attempt {attempt} restarts after batch {r}, but "
+                        f"batches {discarded[0]}..{discarded[-1]} of the discarded run are already "
+                        f"in table {self.table_name}, which has no key columns and no "
+                        f"{LINEAGE_SINK}/{LINEAGE_BATCH} columns, so their rows cannot be told "
+                        f"apart and re-running them would duplicate rows. Fix: give the sink "
+                        f"key_columns (upsert), or let the sink create the table (it adds those "
+                        f"columns), or add them (ALTER TABLE {self.table_name} ADD COLUMN "
+                        f"{LINEAGE_SINK} VARCHAR(512); ALTER TABLE {self.table_name} ADD COLUMN "
+                        f"{LINEAGE_BATCH} BIGINT) and restart: from then on the sink tags its rows "
+                        f"and can undo them, but the rows already written are untagged, so remove "
+                        f"those of batches {discarded[0]}..{discarded[-1]} by hand or they stay twice."
+                    )
+            conn.execute(commits.delete().where(commits.c.sink_id == self.sink_id,
+                                                commits.c.batch_id > r))
+            conn.execute(fences.update().where(fences.c.sink_id == self.sink_id).values(
+                attempt=attempt, restored_batch_id=r, fenced_at=_now()))
+
+    def _reflect_for_rewind(self) -> tuple[bool, sa.Table | None]:
+        """(does the table exist, the table if it has the keyless bookkeeping columns)."""
+        if self.key_columns or not sa.inspect(self.engine).has_table(self.table_name):
+            return False, None
+        table = sa.Table(self.table_name, sa.MetaData(), autoload_with=self.engine)
+        return True, table if all(c in table.c for c in LINEAGE_COLUMNS) else None
+
+    def _check_fence(self, conn: sa.Connection, *, lock: bool) -> None:
+        """Raise SinkFencedError unless this (prepared) attempt still holds the sink. With
+        `lock`, the fence row stays share-locked until the caller's transaction ends, so no
+        prepare can take the sink over between this check and the batch's commit."""
+        if self.attempt is None:
+            return
+        query = sa.select(self._fences.c.attempt).where(self._fences.c.sink_id == self.sink_id)
+        holder = conn.execute(query.with_for_update(read=True) if lock else query).scalar_one_or_none()
+        if holder != self.attempt:
+            raise SinkFencedError(self.sink_id, self.attempt, holder)
+
+    # -- writing
 
     def is_committed(self, batch_id: int) -> bool:
-        md = sa.MetaData()
-        commits = _commits_table(md)
-        if not self._commits_checked:  # once per sink, not per micro-batch
-            _create_all(md, self.engine)
-            self._commits_checked = True
+        """Whether the batch id is already committed; raises SinkFencedError if fenced off."""
+        self._ensure_bookkeeping()
+        commits = self._commits
         with self.engine.connect() as conn:
+            self._check_fence(conn, lock=False)
             hit = conn.execute(
                 sa.select(commits.c.batch_id).where(commits.c.sink_id == self.sink_id,
                                                     commits.c.batch_id == batch_id)
@@ -219,13 +362,19 @@ class SqlTableSink:
         return hit is not None
 
     def write_arrow(self, data: pa.Table, batch_id: int, schema: T.StructType) -> bool:
-        """Write one batch; False when the batch id was already committed (nothing written)."""
-        table, commits = self._ensure_tables(schema)
+        """Write one batch; False when the batch id was already committed (nothing written).
+        Raises SinkFencedError (nothing written) if a newer attempt holds the sink."""
+        table = self._ensure_tables(schema)
+        commits = self._commits
         rows = _plain_rows(data)
+        if self._lineage:
+            for row in rows:
+                row[LINEAGE_SINK] = self.sink_id
+                row[LINEAGE_BATCH] = batch_id
         with self.engine.begin() as conn:
+            self._check_fence(conn, lock=True)
             marker = _insert(self.engine, commits).values(
-                sink_id=self.sink_id, batch_id=batch_id, num_rows=len(rows),
-                committed_at=dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
+                sink_id=self.sink_id, batch_id=batch_id, num_rows=len(rows), committed_at=_now(),
             ).on_conflict_do_nothing().returning(commits.c.batch_id)
             # The marker insert takes the row lock first, so a concurrent attempt of the same
             # batch waits here and then sees the conflict instead of writing twice. RETURNING,
@@ -286,7 +435,8 @@ def sql_sink(
 
     return SinkHandle(name=name or f"sql-{table}", df=df,
                       output_mode=output_mode if df.isStreaming else "append",
-                      trigger=trigger, configure=configure, run_batch=run_batch)
+                      trigger=trigger, configure=configure, run_batch=run_batch,
+                      on_prepare=sink.prepare)
 
 
 def _create_all(md: sa.MetaData, engine) -> None:

@@ -1,0 +1,152 @@
+"""Plan a pipeline without running it, and print the signature of its state as one JSON line.
+
+    python -m services.taskmanager.runtime.planner --artifact PATH [--entry build]
+        [--args-json '["--x", "1"]'] [--config-json '{...}' | -] [--parallelism P] [--workdir DIR]
+        [--catalog-url URL] [--redis-url URL]
+
+`--config-json -` reads the configuration from stdin; the URLs default to the environment's
+HEADRACE_PLANNER_CATALOG_URL / HEADRACE_PLANNER_REDIS_URL (both keep passwords off the command
+line, where any user of the host can read them).
+
+stdout gets exactly one line, and the exit code is 0 whenever that line was written:
+    {"ok": true, "plan": <plan_signature>, "seconds": 14.2}
+    {"ok": false, "stage": "spark" | "build" | "signature", "error": "...", "traceback": "..."}
+`stage` says whose fault a failure is: "build" is the pipeline's (it cannot be imported or its
+entry function raised), "spark" and "signature" are ours. Everything else (Spark's logs, the
+pipeline's prints) goes to stderr.
+
+The pipeline is loaded exactly as the runner loads it (runner.load_pipeline, a PipelineContext,
+`spark.sql.*` options of the configuration applied first) in a local[1] session without UI or
+warm-up. Building a streaming DataFrame opens no connection (the Redis stream source connects
+when the query starts), so the catalog and Redis URLs may be placeholders: those not given
+point nowhere (`.invalid`), so a pipeline that does connect while building fails clearly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+PLACEHOLDER_REDIS_URL = "redis://headrace-planner.invalid:6379/0"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m services.taskmanager.runtime.planner")
+    p.add_argument("--artifact", required=True, help="the pipeline's .py or .zip")
+    p.add_argument("--entry", default="build")
+    p.add_argument("--args-json", default="[]", help="the program arguments, a JSON list of strings")
+    p.add_argument("--config-json", default="{}", help="the job's configuration, a JSON object; - for stdin")
+    p.add_argument("--parallelism", type=int, default=1, help="what ctx.parallelism says (Spark runs local[1])")
+    p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    p.add_argument("--catalog-url", default=os.environ.get("HEADRACE_PLANNER_CATALOG_URL"))
+    p.add_argument("--redis-url", default=os.environ.get("HEADRACE_PLANNER_REDIS_URL"))
+    return p.parse_args(argv)
+
+
+def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
+    error = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):  # argparse refusing the program arguments, typically
+        error = f"the pipeline exited with code {exc.code} while building (are its program arguments right?)"
+    return {"ok": False, "stage": stage, "error": error,
+            "traceback": "".join(traceback.format_exception(exc))[-8000:]}
+
+
+def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, Any]:
+    from .runner import build_spark, load_pipeline
+
+    t0 = time.monotonic()
+    try:
+        program_args = [str(a) for a in json.loads(args.args_json)]
+        config = dict(json.loads(sys.stdin.read() if args.config_json == "-" else args.config_json))
+    except (ValueError, TypeError) as exc:
+        return _failure("build", exc)
+    try:
+        shuffle = int(config.get("spark.sql.shuffle.partitions") or max(2, args.parallelism))
+        spark = build_spark(1, workdir, shuffle_partitions=shuffle, driver_memory="512m",
+                            app_name="headrace-planner")
+        spark_box.append(spark)
+        # As the runner does: options such as state format versions change the state's shape.
+        for key, value in config.items():
+            if isinstance(key, str) and key.startswith("spark.sql."):
+                spark.conf.set(key, str(value))
+    except Exception as exc:  # noqa: BLE001 - reported on stdout
+        return _failure("spark", exc)
+    try:
+        from .connectors import SinkHandle
+        from .context import PipelineContext
+
+        module = load_pipeline(args.artifact, config, spark)
+        entry = getattr(module, args.entry, None)
+        if not callable(entry):
+            raise AttributeError(f"pipeline {args.artifact} has no function {args.entry}(ctx)")
+        ctx = PipelineContext(
+            spark, job_id="planner", job_name="planner", args=program_args, config=config,
+            parallelism=args.parallelism, checkpoint_dir=str(workdir / "checkpoints"),
+            catalog_url=args.catalog_url or config.get("catalog_url") or f"sqlite:///{workdir / 'placeholder.db'}",
+            redis_url=args.redis_url or config.get("redis_url") or PLACEHOLDER_REDIS_URL,
+        )
+        handle = entry(ctx)
+        if not isinstance(handle, SinkHandle):
+            raise TypeError(f"{args.entry}(ctx) must return a sink handle from ctx.sinks.*, "
+                            f"got {type(handle).__name__}")
+    except BaseException as exc:  # noqa: BLE001 - the pipeline's failure, reported on stdout
+        return _failure("build", exc)
+    try:
+        from .plan_signature import plan_signature
+
+        signature = plan_signature(handle.df, output_mode=handle.output_mode)
+    except Exception as exc:  # noqa: BLE001
+        return _failure("signature", exc)
+    return {"ok": True, "plan": signature, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def _stop(spark) -> None:
+    """Stop Spark and wait for its JVM: a JVM that outlives us is re-parented to init, which may
+    never reap it."""
+    from .runner import stop_spark_quietly
+
+    jvm = getattr(spark.sparkContext._gateway, "proc", None)
+    stop_spark_quietly(spark, 10.0)
+    if jvm is not None:
+        try:
+            jvm.stdin.close()  # the JVM exits when its stdin closes
+            jvm.wait(10)
+        except Exception:  # noqa: BLE001 - the caller kills our process group anyway
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The one result line needs a clean stdout: whatever else prints (the pipeline at import,
+    # the JVM we start) goes to stderr.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    own_workdir = args.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="headrace-planner-") if own_workdir else args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    spark_box: list = []
+    try:
+        result = plan(args, workdir, spark_box)
+    except BaseException as exc:  # noqa: BLE001 - one line, whatever happened
+        result = _failure("spark", exc)
+    out.write(json.dumps(result, default=str) + "\n")
+    out.flush()
+    if spark_box:
+        _stop(spark_box[0])
+    if own_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.stderr.flush()
+    os._exit(0)  # Py4J threads must not keep the process alive
+
+
+if __name__ == "__main__":
+    main()
