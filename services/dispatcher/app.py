@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from services.dispatcher import errors
-from services.dispatcher.routes import jars, jobs, overview, taskmanagers, ui
+from services.dispatcher.routes import checkpoints, jars, jobs, overview, savepoints, taskmanagers, ui
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
 from shared.catalog import Catalog
@@ -17,6 +17,7 @@ from shared.settings import Settings
 from shared.transport.base import Transport
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web-ui"
+API_VERSION_PREFIX = "/v1"
 
 
 def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, web_dir: Path | None = DEFAULT_WEB_DIR,
@@ -36,8 +37,12 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
 
     errors.install(app)
-    for module in (overview, jars, jobs, taskmanagers, ui):
+    api = (overview, jars, jobs, checkpoints, savepoints, taskmanagers)
+    for module in (*api, ui):
         app.include_router(module.router)
+    # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.
+    for module in api:
+        app.include_router(module.router, prefix=API_VERSION_PREFIX, include_in_schema=False)
     if app.state.web_dir is not None:
         app.mount("/web", StaticFiles(directory=app.state.web_dir), name="web")
     return app

@@ -10,6 +10,10 @@ and add the first problem in structured form, so a script or the web UI can poin
 
 `install(app)` makes FastAPI's own validation errors, HTTP errors (404 for unknown routes, 405)
 and catalog `NotFound` answer in this shape too.
+
+Under /v1/, the prefix Flink's own clients use, errors answer Flink's exact ``{"errors": [...]}``
+(the hint appended to each message): Flink's REST client reads any other shape as a malformed
+answer and retries until it gives up with a TimeoutException, hiding the message.
 """
 
 from __future__ import annotations
@@ -115,8 +119,22 @@ def error_body(problems: list[Problem]) -> dict[str, Any]:
     return body
 
 
-def error_response(status: int, problems: list[Problem], headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(problems), status_code=status, headers=headers)
+FLINK_CLIENT_PREFIX = "/v1/"
+
+
+def flink_error_body(problems: list[Problem]) -> dict[str, Any]:
+    """Flink's ErrorResponseBody exactly: its REST client (the `flink` CLI) takes a response for
+    an error only when "errors" is its one key, and otherwise retries until it times out. The
+    hint goes into the message, so the CLI prints it too."""
+    return {"errors": [p.text() + (f" (hint: {p.hint})" if p.hint else "") for p in problems]}
+
+
+def error_response(status: int, problems: list[Problem], headers: dict[str, str] | None = None,
+                   request: Request | None = None) -> JSONResponse:
+    """The shared shape; under /v1/, where Flink's own clients call, Flink's exact one."""
+    flink = request is not None and request.url.path.startswith(FLINK_CLIENT_PREFIX)
+    body = flink_error_body(problems) if flink else error_body(problems)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 # --- pydantic / FastAPI validation errors -> Problems ---------------------------------------
@@ -210,13 +228,13 @@ def problems_from_validation(errors: list[dict[str, Any]]) -> list[Problem]:
 # --- handlers --------------------------------------------------------------------------------
 
 
-async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-    return error_response(exc.status, exc.problems)
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, exc.problems, request=request)
 
 
-async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     # 400, as Flink answers a malformed request; the body names every offending field.
-    return error_response(400, problems_from_validation(list(exc.errors())))
+    return error_response(400, problems_from_validation(list(exc.errors())), request=request)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -226,16 +244,17 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    return error_response(exc.status_code, [Problem(message)], headers=getattr(exc, "headers", None))
+    return error_response(exc.status_code, [Problem(message)], headers=getattr(exc, "headers", None),
+                          request=request)
 
 
-async def _not_found(_request: Request, exc: NotFound) -> JSONResponse:
-    return error_response(404, [Problem(str(exc))])
+async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
+    return error_response(404, [Problem(str(exc))], request=request)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, [Problem(f"Internal server error: {type(exc).__name__}: {exc}")])
+    return error_response(500, [Problem(f"Internal server error: {type(exc).__name__}: {exc}")], request=request)
 
 
 def _document_400_not_422(app: FastAPI) -> None:

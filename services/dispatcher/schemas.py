@@ -259,10 +259,12 @@ class JarRunRequest(_Strict):
     config: dict[str, Any] | None = Field(None, description="job configuration (Spark and Headrace options)")
     flinkConfiguration: dict[str, Any] | None = Field(None, description="merged into `config` (config wins)")
     kind: Kind | None = Field(None, description="'pyspark' (default) or 'noop' (runs nothing, for tests)")
-    savepointPath: str | None = Field(None, description="resume from this savepoint or retained checkpoint")
-    allowNonRestoredState: bool | None = None
-    claimMode: str | None = None
-    restoreMode: str | None = None
+    savepointPath: str | None = Field(None, description="start from this savepoint or retained checkpoint "
+                                                         "(a path, file:///path or file:/path)")
+    allowNonRestoredState: bool | None = Field(None, description="drop snapshot state the new pipeline has no "
+                                                                 "operator for")
+    claimMode: str | None = Field(None, description="NO_CLAIM (default) or CLAIM")
+    restoreMode: str | None = Field(None, description="Flink's older name of claimMode (LEGACY reads as NO_CLAIM)")
 
     @model_validator(mode="after")
     def _one_way_of_args(self) -> "JarRunRequest":

@@ -102,6 +102,10 @@ def job_overview(job: Any, vertices: Sequence[Any], latest: Mapping[str, Any], n
         "duration": _duration(start, end, now_ms),
         "last-modification": ms(job.updated_at),
         "tasks": task_counts(vertices, latest),
+        # Flink 2.x's JobDetails carries these; its REST client refuses a job without them.
+        "jobType": job_type(job.config),
+        "schedulerType": "Default",
+        "pending-operators": 0,
         # Headrace extras for the dashboard's job list.
         "waiting-reason": waiting_reason(job, latest),
         "parallelism": job.parallelism,
@@ -248,6 +252,9 @@ def attempt(ex: Any, now_ms: int) -> dict[str, Any]:
         # The last micro-batch this attempt committed (Spark's commit is the checkpoint barrier).
         "last-batch-id": ex.last_batch_id,
         "read-records": int(ex.rows_processed or 0),
+        # The snapshot this attempt started from (None: a fresh start) and its checkpoint id.
+        "restored-from": ex.restored_from,
+        "restored-checkpoint-id": ex.restored_checkpoint_id,
     }
 
 

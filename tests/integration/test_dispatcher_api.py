@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.dispatcher.app import create_app
-from shared import restart
+from shared import checkpoint_storage, restart
 from shared.catalog import Catalog, repository
 from shared.clock import SystemClock
 from shared.ids import new_execution_id, new_job_id, new_vertex_id
@@ -306,7 +306,9 @@ def test_run_with_defaults_writes_the_job_and_publishes_submit(client, catalog, 
     assert client.get("/jobs").json() == {"jobs": [{"id": job_id, "status": "INITIALIZING"}]}
 
 
-def test_run_with_every_field(client, catalog, transport):
+def test_run_with_every_field(client, catalog, transport, tmp_path):
+    savepoint = tmp_path / "savepoint-012345-0123456789ab"
+    checkpoint_storage.take_empty_snapshot(savepoint, metadata={"job_id": "0" * 32, "kind": "savepoint"})
     jar = upload(client)["id"]
     wanted = "0123456789abcdef0123456789ABCDEF"
     job_id = submit(client, jar, {
@@ -314,14 +316,14 @@ def test_run_with_every_field(client, catalog, transport):
         "jobName": "orders", "kind": "noop", "config": {"checkpoint.interval": "5 s", "x": 1},
         "flinkConfiguration": {"x": "overridden", "y": "2"},
         "restartStrategy": {"type": "exponential-delay", "initial-backoff": "500 ms", "max-backoff": "2 min"},
-        "savepointPath": "/sp/savepoint-1", "allowNonRestoredState": True,
+        "savepointPath": f"file://{savepoint}", "allowNonRestoredState": True,
     })
     assert job_id == wanted.lower()
     job = job_row(catalog, job_id)
     assert (job.name, job.entry, job.parallelism, job.kind) == ("orders", "other", 3, "noop")
     assert job.program_args == ["--topic", "a b", "-v"]
     assert job.config == {"x": 1, "y": "2", "checkpoint.interval": "5 s",
-                          "execution.savepoint.path": "/sp/savepoint-1",
+                          "execution.savepoint.path": str(savepoint),
                           "execution.savepoint.ignore-unclaimed-state": True}
     assert job.restart_strategy == {
         "type": "exponential-delay", "initial-backoff": 0.5, "max-backoff": 120.0, "backoff-multiplier": 1.5,

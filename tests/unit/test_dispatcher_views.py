@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.dispatcher import views
-from services.dispatcher.errors import ApiError, Problem, error_body, problems_from_validation
+from services.dispatcher.errors import ApiError, Problem, error_body, flink_error_body, problems_from_validation
 from services.dispatcher.schemas import JarRunRequest, normalise_restart_strategy, parse_duration
 from shared.states import ExecutionState, JobStatus
 
@@ -41,8 +41,8 @@ def vertex(id="v" * 32, **kw) -> Row:
 def execution(attempt=0, state="RUNNING", **kw) -> Row:
     base = dict(id=f"e{attempt}".ljust(32, "0"), vertex_id="v" * 32, attempt=attempt, state=state,
                 taskmanager_id="tm-1", slots=[0, 1], start_at=at(2), end_at=None, failure_cause=None,
-                waiting_reason=None, rows_processed=10, last_batch_id=7,
-                timestamps={"CREATED": ms(1), "SCHEDULED": ms(1.5), "DEPLOYING": ms(2), "RUNNING": ms(3)})
+                waiting_reason=None, rows_processed=10, last_batch_id=7, restored_from=None,
+                restored_checkpoint_id=None, timestamps={"CREATED": ms(1), "SCHEDULED": ms(1.5), "DEPLOYING": ms(2), "RUNNING": ms(3)})
     base.update(kw)
     return Row(**base)
 
@@ -66,6 +66,8 @@ def test_job_overview_running():
     assert out["tasks"]["total"] == 1 and out["tasks"]["running"] == 1
     assert sum(v for k, v in out["tasks"].items() if k != "total") == 1
     assert all(k == k.lower() for k in out["tasks"])
+    # Flink 2.x's REST client refuses a JobDetails without these (`flink list` failed on it).
+    assert (out["jobType"], out["schedulerType"], out["pending-operators"]) == ("STREAMING", "Default", 0)
 
 
 def test_job_overview_finished_uses_end_time_and_unscheduled_vertices_count_as_created():
@@ -139,7 +141,8 @@ def test_status_duration_stops_at_a_terminal_state():
 
 def test_vertex_details_current_attempt_and_history():
     v = vertex()
-    old = execution(attempt=0, state="FAILED", end_at=at(4), failure_cause="boom", taskmanager_id="tm-1")
+    old = execution(attempt=0, state="FAILED", end_at=at(4), failure_cause="boom", taskmanager_id="tm-1",
+                    restored_from="/sp/savepoint-aaaaaa-0123456789ab", restored_checkpoint_id=4)
     cur = execution(attempt=1, state="SCHEDULED", start_at=None, taskmanager_id=None, slots=[],
                     waiting_reason="waiting for slots", timestamps={"CREATED": ms(5), "SCHEDULED": ms(5)})
     out = views.vertex_details(v, [cur, old], {"tm-1": "worker-1"}, max_par=4, now_ms=ms(10))
@@ -150,8 +153,10 @@ def test_vertex_details_current_attempt_and_history():
     assert out["attempts"][0] == {
         "attempt": 0, "execution-id": old.id, "status": "FAILED", "taskmanager-id": "tm-1", "slots": [0, 1], "start-time": ms(2),
         "end-time": ms(4), "duration": 2000, "timestamps": old.timestamps, "failure-cause": "boom",
-        "waiting-reason": None, "last-batch-id": 7, "read-records": 10}
+        "waiting-reason": None, "last-batch-id": 7, "read-records": 10,
+        "restored-from": "/sp/savepoint-aaaaaa-0123456789ab", "restored-checkpoint-id": 4}
     assert out["attempts"][1]["waiting-reason"] == "waiting for slots"
+    assert (out["attempts"][1]["restored-from"], out["attempts"][1]["restored-checkpoint-id"]) == (None, None)
     assert views.vertex_details(v, [], {}, max_par=4, now_ms=0)["subtasks"] == []
 
 
@@ -259,6 +264,13 @@ def test_error_body_shape():
     assert two["errors"] == ["x: a", "y: b"] and [d["field"] for d in two["details"]] == ["x", "y"]
     assert error_body([Problem("Not found: /x")]) == {"errors": ["Not found: /x"]}
     assert str(ApiError.of(404, "job 'x' not found", field="jobid", prefix=False)) == "job 'x' not found"
+
+
+def test_flink_error_body_has_errors_as_its_only_key():
+    # Flink's REST client takes a body for an error only when "errors" is its one key.
+    body = flink_error_body([Problem("no such job", field="jobid", expected="an id", hint="GET /jobs", prefix=False),
+                             Problem("b", field="y")])
+    assert body == {"errors": ["no such job (hint: GET /jobs)", "y: b"]}
 
 
 @pytest.mark.parametrize("body,field,expected", [

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
-from services.dispatcher import artifacts, views
+from services.dispatcher import artifacts, restore, restore_check, views
 from services.dispatcher.deps import CatalogDep, DefaultRestartDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError
 from services.dispatcher.schemas import (
@@ -105,7 +106,7 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 @router.post("/{jarid}/run", response_model=JarRunResponse, responses={**_ERRORS, 503: {"model": ErrorBody}},
-             summary="Submit a job from an uploaded jar")
+             summary="Submit a job from an uploaded jar (optionally starting from a savepoint or checkpoint)")
 def run_jar(
     jarid: str,
     settings: SettingsDep,
@@ -117,6 +118,8 @@ def run_jar(
     parallelism: Annotated[PositiveInt | None, Query(description="as the body's parallelism")] = None,
     program_args: Annotated[str | None, Query(alias="program-args", description="as programArgs")] = None,
     program_arg: Annotated[str | None, Query(alias="programArg", description="comma-separated arguments")] = None,
+    savepoint_path: Annotated[str | None, Query(alias="savepointPath", description="as the body's")] = None,
+    allow_non_restored: Annotated[bool | None, Query(alias="allowNonRestoredState", description="as the body's")] = None,
 ) -> dict:
     """Body fields win over the query parameters of the same meaning (as in Flink)."""
     req = body or JarRunRequest()
@@ -125,12 +128,6 @@ def run_jar(
     if args is None:
         args = _query_args(program_args, program_arg)
     config = {**(req.flinkConfiguration or {}), **(req.config or {})}
-    if req.savepointPath:
-        config.setdefault("execution.savepoint.path", req.savepointPath)
-    if req.allowNonRestoredState is not None:
-        config.setdefault("execution.savepoint.ignore-unclaimed-state", req.allowNonRestoredState)
-    if req.claimMode or req.restoreMode:
-        config.setdefault("execution.savepoint-restore-mode", req.claimMode or req.restoreMode)
     try:
         restart = stored_restart_strategy(req.restartStrategy) if req.restartStrategy else default_restart
     except InvalidRestartStrategy as exc:
@@ -139,14 +136,27 @@ def run_jar(
     kind = req.kind or "pyspark"
     job_id = req.jobId or new_job_id()
 
+    with catalog.session() as s:
+        try:
+            art = repository.get_artifact(s, jarid)
+        except NotFound:
+            raise _unknown_jar(jarid) from None
+    if kind == "pyspark":
+        _check_entry(art, entry)
+    snapshot = restore.prepare(
+        config, settings,
+        savepoint_path=req.savepointPath if req.savepointPath is not None else savepoint_path,
+        path_field="savepointPath",
+        allow_non_restored=req.allowNonRestoredState if req.allowNonRestoredState is not None else allow_non_restored,
+        mode=req.claimMode if req.claimMode is not None else req.restoreMode,
+        mode_field="claimMode" if req.claimMode is not None else "restoreMode",
+    )
+    if snapshot is not None and kind == "pyspark":
+        _check_restore(settings, art, entry=entry, args=args, config=config,
+                       parallelism=req.parallelism or parallelism or 1, snapshot=snapshot)
+
     try:
         with catalog.session() as s:
-            try:
-                art = repository.get_artifact(s, jarid)
-            except NotFound:
-                raise _unknown_jar(jarid) from None
-            if kind == "pyspark":
-                _check_entry(art, entry)
             if req.jobId:
                 try:
                     existing = repository.get_job(s, job_id)
@@ -159,8 +169,13 @@ def run_jar(
                 parallelism=req.parallelism or parallelism or 1, program_args=args, config=config,
                 restart_strategy=restart, kind=kind,
             )
-    except IntegrityError:  # the same jobId submitted twice at once
-        raise _duplicate(job_id, "INITIALIZING") from None
+    except IntegrityError:  # the same jobId submitted twice at once, or the jar deleted meanwhile
+        with catalog.session() as s:
+            try:
+                existing = repository.get_job(s, job_id)
+            except NotFound:
+                raise _unknown_jar(jarid) from None
+        raise _duplicate(job_id, existing.status) from None
 
     # Published only after the commit, so the JobManager always finds the row it is told about.
     try:
@@ -171,6 +186,21 @@ def run_jar(
                           hint="check that Redis is up (settings.redis_url) and submit again") from None
     log.info("submitted job %s from %s", job_id, jarid)
     return {"jobid": job_id}
+
+
+def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, parallelism: int, snapshot) -> None:
+    """Refuse, before the job exists, a pipeline that Spark could not start from the snapshot
+    (a changed grouping key, another source, another state partition count), instead of a task
+    that fails minutes later and loops through its restarts."""
+    try:
+        restore_check.check_restore(
+            python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry, args=list(args),
+            config=config, parallelism=parallelism, snapshot_meta=snapshot.metadata,
+            catalog_url=settings.catalog, redis_url=settings.redis_url)
+    except restore_check.RestoreIncompatible as exc:
+        raise ApiError.of(400, exc.message, field="savepointPath", expected="a snapshot this pipeline can restore",
+                          got=snapshot.path, hint=exc.hint or "start the job without a savepoint",
+                          prefix=False) from None
 
 
 def _query_args(program_args: str | None, program_arg: str | None) -> list[str]:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.dispatcher import views
+from services.dispatcher import operations, views
 from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError
 from services.dispatcher.schemas import (
@@ -19,7 +19,6 @@ from services.dispatcher.schemas import (
 )
 from shared.catalog import repository
 from shared.catalog.models import Execution, Vertex
-from shared.catalog.repository import NotFound
 from shared.messages import CancelJob
 from shared.states import JobStatus
 from shared.streams import JM_STREAM
@@ -29,20 +28,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 _404 = {404: {"model": ErrorBody}}
 
 
-def _job(s: Session, jobid: str):
-    # Any string is a valid lookup; ones no job could have are answered without a query
-    # (PostgreSQL refuses NUL bytes in text, which would otherwise be a 500).
-    if not jobid or len(jobid) > 64 or any(ord(c) < 32 for c in jobid):
-        raise _unknown_job(jobid)
-    try:
-        return repository.get_job(s, jobid)
-    except NotFound:
-        raise _unknown_job(jobid) from None
-
-
-def _unknown_job(jobid: str) -> ApiError:
-    return ApiError.of(404, f"job {jobid!r} not found", field="jobid", expected="the id of a submitted job",
-                       hint="GET /jobs lists the known job ids", prefix=False)
+_job = operations.get_job
 
 
 def _tm_hosts(s: Session) -> dict[str, str]:

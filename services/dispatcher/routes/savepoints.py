@@ -1,0 +1,156 @@
+"""Savepoints, stop-with-savepoint, rescaling and savepoint disposal, in Flink 2.3's REST shapes.
+
+The JobManager takes savepoints (`RequestSavepoint`); the dispatcher only records the operation
+and reports it. Disposal needs no running job, so the dispatcher does it itself: it is a
+directory delete in checkpoint storage.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+from sqlalchemy import select
+
+from services.dispatcher import operations, restore
+from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
+from services.dispatcher.schemas import ErrorBody, int_at_least
+from services.dispatcher.snapshot_schemas import (
+    AsynchronousOperationResult, SavepointDisposalRequest, SavepointTriggerRequest, StopWithSavepointRequest,
+    TriggerResponse,
+)
+from shared import checkpoint_storage, checkpointing as cp
+from shared.catalog import repository
+from shared.catalog.models import CheckpointRow, Job
+from shared.ids import new_request_id
+from shared.messages import RequestSavepoint
+from shared.settings import Settings
+from shared.states import CheckpointStatus, OperationStatus
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["savepoints"])
+_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody},
+           503: {"model": ErrorBody}}
+SAVEPOINT_KINDS = ("savepoint", "stop")
+MAX_PARALLELISM = 2**31 - 1  # Flink's parallelism is a Java int
+
+
+def default_target(job: Job, settings: Settings) -> str:
+    """Where a savepoint goes when the request names no directory: the job's state.savepoints.dir,
+    else the cluster's."""
+    configured = (job.config or {}).get(cp.SAVEPOINT_DIR)
+    if configured:
+        return restore.local_path(configured, cp.SAVEPOINT_DIR)
+    return str(Path(settings.savepoints).absolute())
+
+
+def _savepoint(settings: Settings, raw_target: str | None, field: str, *, after: str, drain: bool = False,
+               format_type: str | None = None, parallelism: int | None = None) -> operations.Build:
+    # A bad path is refused before anything is recorded.
+    target = restore.local_path(raw_target, field) if raw_target else None
+
+    def build(job: Job, request_id: str) -> tuple[dict[str, Any], RequestSavepoint]:
+        directory = target or default_target(job, settings)
+        params: dict[str, Any] = {"target_directory": directory, "after": after, "drain": drain,
+                                  "format_type": format_type or "CANONICAL"}
+        if parallelism is not None:
+            params["parallelism"] = parallelism
+        return params, RequestSavepoint(job_id=job.id, request_id=request_id, target_directory=directory,
+                                        after=after, drain=drain, parallelism=parallelism)
+    return build
+
+
+@router.post("/jobs/{jobid}/savepoints", status_code=202, response_model=TriggerResponse, responses=_ERRORS,
+             summary="Trigger a savepoint, optionally cancelling the job afterwards")
+def trigger_savepoint(jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
+                      body: Annotated[SavepointTriggerRequest | None, Body()] = None) -> dict:
+    req = body or SavepointTriggerRequest()
+    build = _savepoint(settings, req.target_directory, "target-directory",
+                       after="cancel" if req.cancel_job else "continue", format_type=req.formatType)
+    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="savepoint", action="take a savepoint",
+                                    build=build, trigger_id=req.triggerId)
+    return {"request-id": request_id}
+
+
+@router.get("/jobs/{jobid}/savepoints/{triggerid}", response_model=AsynchronousOperationResult,
+            responses={404: {"model": ErrorBody}},
+            summary="Status of a savepoint or stop-with-savepoint: its location once COMPLETED")
+def savepoint_status(jobid: str, triggerid: str, session: SessionDep) -> dict:
+    return operations.status(session, jobid=jobid, triggerid=triggerid, kinds=SAVEPOINT_KINDS, result="savepoint",
+                             what="savepoint")
+
+
+@router.post("/jobs/{jobid}/stop", status_code=202, response_model=TriggerResponse, responses=_ERRORS,
+             summary="Stop the job with a savepoint (it ends FINISHED); poll /jobs/{jobid}/savepoints/{request-id}")
+def stop_with_savepoint(jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
+                        body: Annotated[StopWithSavepointRequest | None, Body()] = None) -> dict:
+    req = body or StopWithSavepointRequest()
+    build = _savepoint(settings, req.targetDirectory, "targetDirectory", after="stop", drain=bool(req.drain),
+                       format_type=req.formatType)
+    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="stop", action="be stopped",
+                                    build=build, trigger_id=req.triggerId)
+    return {"request-id": request_id}
+
+
+@router.patch("/jobs/{jobid}/rescaling", response_model=TriggerResponse, responses=_ERRORS,
+              summary="Rescale: stop with a savepoint and run again from it with another parallelism")
+def trigger_rescaling(
+    jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
+    parallelism: Annotated[int_at_least(1, MAX_PARALLELISM), Query(description="the new parallelism")],
+) -> dict:
+    build = _savepoint(settings, None, "parallelism", after="rescale", parallelism=parallelism)
+    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="rescale", action="be rescaled",
+                                    build=build)
+    return {"request-id": request_id}
+
+
+@router.get("/jobs/{jobid}/rescaling/{triggerid}", response_model=AsynchronousOperationResult,
+            responses={404: {"model": ErrorBody}}, summary="Status of a rescaling")
+def rescaling_status(jobid: str, triggerid: str, session: SessionDep) -> dict:
+    return operations.status(session, jobid=jobid, triggerid=triggerid, kinds=("rescale",), result="info",
+                             what="rescaling")
+
+
+@router.post("/savepoint-disposal", response_model=TriggerResponse, responses=_ERRORS,
+             summary="Delete a savepoint or retained checkpoint; poll /savepoint-disposal/{request-id}")
+def dispose_savepoint(body: Annotated[SavepointDisposalRequest, Body()], catalog: CatalogDep) -> dict:
+    path = restore.local_path(body.savepoint_path, "savepoint-path")
+    request_id = new_request_id()
+    with catalog.session() as s:
+        repository.create_operation(s, id=request_id, kind="dispose", job_id=None, params={"path": path})
+    try:
+        resolved = str(checkpoint_storage.resolve_snapshot(path))
+        checkpoint_storage.dispose(resolved)
+    except (checkpoint_storage.SnapshotError, OSError, ValueError) as exc:
+        # Flink's contract: the trigger succeeds and the status resource reports the failure.
+        operations.finish(catalog, request_id, OperationStatus.FAILED,
+                          failure_cause=f"cannot dispose of {path}: {exc}")
+        log.info("disposal %s of %s failed: %s", request_id, path, exc)
+        return {"request-id": request_id}
+    with catalog.session() as s:
+        discarded = _discard_rows(s, {path, resolved})
+        repository.finish_operation(s, repository.get_operation(s, request_id, lock=True), OperationStatus.COMPLETED,
+                                    location=resolved)
+    log.info("disposed of %s (%d catalog record(s) discarded)", resolved, discarded)
+    return {"request-id": request_id}
+
+
+def _discard_rows(s, paths: set[str]) -> int:
+    """Mark the completed snapshots recorded at these paths DISCARDED: their files are gone."""
+    candidates = {p.rstrip("/") for p in paths} | {p.rstrip("/") + "/" for p in paths}
+    candidates |= {f"file:{p}" for p in set(candidates)} | {f"file://{p}" for p in set(candidates)}
+    rows = s.execute(select(CheckpointRow).where(CheckpointRow.path.in_(candidates),
+                                                 CheckpointRow.status == CheckpointStatus.COMPLETED.value)
+                     .with_for_update()).scalars().all()
+    for row in rows:
+        repository.transition_checkpoint(s, row, CheckpointStatus.DISCARDED)
+    return len(rows)
+
+
+@router.get("/savepoint-disposal/{triggerid}", response_model=AsynchronousOperationResult,
+            responses={404: {"model": ErrorBody}}, summary="Status of a savepoint disposal")
+def disposal_status(triggerid: str, session: SessionDep) -> dict:
+    return operations.status(session, jobid=None, triggerid=triggerid, kinds=("dispose",), result="info",
+                             what="savepoint disposal")
