@@ -112,14 +112,21 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     cluster = getattr(item, "funcargs", {}).get("cluster")
+    if isinstance(cluster, tuple):  # fixtures that also hand out e.g. a sink database URL
+        cluster = next((c for c in cluster if hasattr(c, "children")), None)
     if not report.failed or cluster is None or not hasattr(cluster, "children"):
         return
-    for child in cluster.children:
+    logs = [(child.name, child.log) for child in cluster.children]
+    # The newest Spark driver logs too: a task stuck before RUNNING is explained there.
+    drivers = sorted(Path(cluster.settings.home).glob("work/taskmanagers/*/logs/driver-*.log"),
+                     key=lambda p: p.stat().st_mtime)[-3:]
+    logs += [(f"{d.parent.parent.name} {d.stem}", d) for d in drivers]
+    for name, path in logs:
         try:
-            lines = child.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
         except OSError as exc:
             lines = [f"(log unreadable: {exc})"]
-        report.sections.append((f"{child.name} log (last {LOG_TAIL_LINES} lines)", "\n".join(lines)))
+        report.sections.append((f"{name} log (last {LOG_TAIL_LINES} lines)", "\n".join(lines)))
 
 
 class ZooKeeperServer:

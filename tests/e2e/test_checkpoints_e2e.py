@@ -1,0 +1,323 @@
+"""Checkpoints and savepoints end to end, on the multi-process cluster with real Redis, Spark and
+PostgreSQL, under an outside producer:
+
+  job A (parallelism 1, a checkpoint every second)
+    -> savepoint -> kill -9 of its TaskManager (restart from the latest checkpoint)
+    -> stop with savepoint (job FINISHED)
+  the savepoint directory is moved elsewhere
+  job B from the moved savepoint with parallelism 2 (a refused incompatible pipeline first)
+    -> kill -9 of its TaskManager -> the producer stops
+  the sink holds exactly the count and sum of every key: nothing lost, nothing twice.
+
+Once with the SQL sink (running totals upserted by key) and once with the Parquet sink (event-time
+windows appended when the watermark closes them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psutil
+import psycopg
+import pyarrow.dataset as pads
+import pytest
+import redis
+
+from tests.clusters import Rest, start_cluster
+from tests.e2e.test_clickstream_e2e import runner_processes
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = 5
+BASE = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
+STEP_MS = 20  # event time advances 20 ms per event: a 10 s window holds 500 events
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    c = start_cluster(tmp_path_factory.mktemp("chk-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
+                      warm_drivers=1, restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"})
+    yield c, pg_url_module
+    c.stop()
+
+
+class Producer:
+    """An outside producer: numbered JSON events at a steady rate, until stopped."""
+
+    def __init__(self, url: str, stream: str, rate: float = 150.0):
+        self.client = redis.Redis.from_url(url)
+        self.stream, self.rate = stream, rate
+        self.produced = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def event(self, n: int, key: str | None = None, when: datetime | None = None) -> dict:
+        t = when or BASE + timedelta(milliseconds=n * STEP_MS)
+        return {"key": key or f"k{n % KEYS}", "n": n, "value": n, "event_time": t.isoformat()}
+
+    def start(self) -> "Producer":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - t0) * self.rate)
+            if due > self.produced:
+                pipe = self.client.pipeline(transaction=False)
+                for n in range(self.produced, due):
+                    pipe.xadd(self.stream, {"json": json.dumps(self.event(n))})
+                pipe.execute()
+                self.produced = due
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(10)
+        return self.produced
+
+    def flush_windows(self) -> None:
+        """One far-future event: the watermark passes every real window, so all of them close."""
+        far = BASE + timedelta(hours=1)
+        self.client.xadd(self.stream, {"json": json.dumps(self.event(10**9, key="_flush", when=far))})
+
+
+def expected_totals(produced: int) -> dict[str, tuple[int, int]]:
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for n in range(produced):
+        out[f"k{n % KEYS}"][0] += 1
+        out[f"k{n % KEYS}"][1] += n
+    return {k: (c, s) for k, (c, s) in out.items()}
+
+
+def expected_windows(produced: int) -> Counter:
+    got: Counter = Counter()
+    for n in range(produced):
+        t = BASE + timedelta(milliseconds=n * STEP_MS)
+        start = t.replace(second=t.second - t.second % 10, microsecond=0)
+        got[(start.replace(tzinfo=None), f"k{n % KEYS}")] += 1
+    return got
+
+
+def sql_totals(pg: str, table: str) -> dict[str, tuple[int, int]]:
+    with psycopg.connect(pg) as conn:
+        rows = conn.execute(f"SELECT key, count, total FROM {table}").fetchall()
+    return {k: (cnt, tot) for k, cnt, tot in rows}
+
+
+def completed_checkpoints(rest: Rest, job: str) -> int:
+    return rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"]
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {value!r})")
+
+
+def savepoint(rest: Rest, job: str, path: str, body: dict) -> str:
+    r = rest.http.post(f"/jobs/{job}/{path}", json=body)
+    assert r.status_code == 202, r.text
+    rid = r.json()["request-id"]
+
+    def done():
+        st = rest.get(f"/jobs/{job}/savepoints/{rid}")
+        return st if st["status"]["id"] == "COMPLETED" else None
+
+    status = wait_for(done, 120, f"savepoint {rid}")
+    assert "location" in status["operation"], status
+    return status["operation"]["location"].removeprefix("file:")
+
+
+def kill_task_taskmanager(c, rest: Rest, job: str) -> str:
+    attempt = rest.attempts(job)[-1]
+    tm = attempt["taskmanager-id"]
+    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
+    proc = psutil.Process(c.child(name).proc.pid)
+    drivers = runner_processes(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for d in drivers:
+        try:
+            os.killpg(d.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=120)
+    c.child(name).proc.wait(10)
+    c.respawn(name)
+    return name
+
+
+def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed: Path | None = None) -> None:
+    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+    config = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 2}
+    a = rest.run(jar, parallelism=1, jobName="counts-a", programArgsList=args, flinkConfiguration=config)
+    rest.wait_attempt_running(a, 0, timeout_s=300)
+    wait_for(lambda: completed_checkpoints(rest, a) >= 2, 90, "two completed checkpoints of job A")
+
+    savepoint(rest, a, "savepoints", {"target-directory": str(tmp / "savepoints")})
+    after_savepoint = completed_checkpoints(rest, a)
+    wait_for(lambda: completed_checkpoints(rest, a) > after_savepoint, 60, "a checkpoint after the savepoint")
+    kill_task_taskmanager(c, rest, a)
+    restored = rest.attempts(a)[-1]["restored-from"]
+    assert restored and "/chk-" in restored, rest.attempts(a)
+    before = completed_checkpoints(rest, a)
+    wait_for(lambda: completed_checkpoints(rest, a) > before, 90, "a checkpoint of the restarted attempt")
+
+    stopped = savepoint(rest, a, "stop", {"targetDirectory": str(tmp / "savepoints"), "drain": False})
+    assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
+    moved = tmp / "elsewhere" / Path(stopped).name
+    moved.parent.mkdir(parents=True)
+    shutil.move(stopped, moved)
+
+    if changed is not None:  # a new grouping key cannot reuse the savepoint's state
+        bad = rest.upload(changed)
+        # The dispatcher plans the changed pipeline in a cold Spark first (15-30 s here).
+        r = rest.http.post(f"/jars/{bad}/run", json={"programArgsList": args, "savepointPath": str(moved)},
+                           timeout=240)
+        assert r.status_code == 400, r.text
+        assert "key" in json.dumps(r.json()).lower(), r.text
+
+    b = rest.run(jar, parallelism=2, jobName="counts-b", programArgsList=args, flinkConfiguration=config,
+                 savepointPath=f"file://{moved}")
+    attempts = rest.wait_attempt_running(b, 0, timeout_s=300)
+    assert attempts[-1]["restored-from"] == str(moved)
+    wait_for(lambda: completed_checkpoints(rest, b) >= 1, 90, "a checkpoint of job B")
+    kill_task_taskmanager(c, rest, b)
+    return b
+
+
+def test_sql_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_path):
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    stream = "e2e-counts-sql"
+    producer = Producer(c.redis_url, stream).start()
+    changed = tmp_path / "keyed_counts_by_parity.py"
+    changed.write_text((ROOT / "examples" / "keyed_counts.py").read_text().replace(
+        'events.groupBy("key")', 'events.groupBy("key", (F.col("value") % 2).alias("parity"))'))
+    args = ["--stream", stream, "--sink", "sql", "--table", "e2e_keyed", "--sink-url", pg,
+            "--trigger", "500 milliseconds"]
+    try:
+        b = drill(c, rest, tmp_path, args, producer, changed=changed)
+    finally:
+        produced = producer.stop()
+    expected = expected_totals(produced)
+
+    wait_for(lambda: sql_totals(pg, "e2e_keyed") == expected, 120, f"the sink to hold exactly {produced} events")
+    rest.cancel(b)
+    assert rest.wait_state(b, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+
+
+def test_parquet_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_path):
+    c, _ = cluster
+    rest = Rest(c.dispatcher_url)
+    stream = "e2e-counts-parquet"
+    out = tmp_path / "windows"
+    producer = Producer(c.redis_url, stream).start()
+    args = ["--stream", stream, "--sink", "parquet", "--path", str(out), "--window", "10 seconds",
+            "--trigger", "500 milliseconds"]
+    try:
+        b = drill(c, rest, tmp_path, args, producer)
+    finally:
+        produced = producer.stop()
+    producer.flush_windows()
+    expected = expected_windows(produced)
+
+    def sink():
+        got = parquet_windows(out)
+        return got if got == expected else None
+
+    wait_for(sink, 120, f"the Parquet windows to hold exactly {produced} events")
+    rest.cancel(b)
+    assert rest.wait_state(b, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+
+
+def test_stop_with_drain_fires_every_open_window(cluster, tmp_path):
+    """A drained stop ends event time: windows the watermark has not closed yet are written
+    before the final savepoint, with no flush event from the producer."""
+    c, _ = cluster
+    rest = Rest(c.dispatcher_url)
+    stream = "e2e-counts-drain"
+    out = tmp_path / "drained"
+    producer = Producer(c.redis_url, stream, rate=400)
+    for n in range(1200):  # 24 s of event time: the last windows stay open without a drain
+        producer.client.xadd(stream, {"json": json.dumps(producer.event(n))})
+    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+    job = rest.run(jar, parallelism=1, jobName="counts-drain",
+                   programArgsList=["--stream", stream, "--sink", "parquet", "--path", str(out),
+                                    "--window", "10 seconds", "--trigger", "500 milliseconds"])
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    # Windows [0 s, 10 s) and [10 s, 20 s) close by themselves (1000 events); [20 s, 30 s) stays open.
+    wait_for(lambda: sum(parquet_windows(out).values()) >= 1000, 120, "the closed windows in the output")
+    assert sum(parquet_windows(out).values()) == 1000
+    location = savepoint(rest, job, "stop", {"targetDirectory": str(tmp_path / "sp"), "drain": True})
+    assert rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
+    assert parquet_windows(out) == expected_windows(1200)
+    assert Path(location).exists()
+
+
+def parquet_windows(out: Path) -> Counter:
+    """(window start in UTC, key) -> count in the Parquet output (the flush key left out)."""
+    got: Counter = Counter()
+    if not out.exists():
+        return got
+    for row in pads.dataset(str(out), format="parquet").to_table().to_pylist():
+        if row["key"] == "_flush":
+            continue
+        start = row["window_start"]
+        start = start.astimezone(timezone.utc).replace(tzinfo=None) if start.tzinfo else start
+        got[(start, row["key"])] += row["count"]
+    return got
+
+
+def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothing(cluster, tmp_path):
+    """SIGSTOP the TaskManager running the task (and its driver) past the heartbeat timeout: the
+    task moves. SIGCONT: the old driver wakes up with its query still running. It has its own
+    live directory, so it cannot break the new attempt (one restart, not two), and the sink
+    fences it off, so the totals stay exact."""
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    stream = "e2e-counts-freeze"
+    producer = Producer(c.redis_url, stream).start()
+    args = ["--stream", stream, "--sink", "sql", "--table", "e2e_freeze", "--sink-url", pg,
+            "--trigger", "500 milliseconds"]
+    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+    try:
+        job = rest.run(jar, parallelism=1, jobName="counts-freeze", programArgsList=args,
+                       flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+        rest.wait_attempt_running(job, 0, timeout_s=300)
+        wait_for(lambda: completed_checkpoints(rest, job) >= 2, 90, "two completed checkpoints")
+        tm = rest.attempts(job)[-1]["taskmanager-id"]
+        name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
+        groups = [c.child(name).proc.pid] + [d.pid for d in runner_processes(c.child(name).proc.pid)]
+        for g in groups:
+            os.killpg(g, signal.SIGSTOP)
+        try:
+            rest.wait_attempt_running(job, 1, timeout_s=120)
+        finally:
+            for g in groups:
+                os.killpg(g, signal.SIGCONT)
+        wait_for(lambda: completed_checkpoints(rest, job) >= 4, 120, "checkpoints after the thaw")
+    finally:
+        produced = producer.stop()
+    expected = expected_totals(produced)
+
+    wait_for(lambda: sql_totals(pg, "e2e_freeze") == expected, 120, f"the sink to hold exactly {produced} events")
+    attempts = rest.attempts(job)
+    assert [a["attempt"] for a in attempts] == [0, 1], attempts  # one restart, not two
+    assert attempts[-1]["status"] == "RUNNING"
+    rest.cancel(job)
+    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
