@@ -145,9 +145,12 @@ class TaskManagerLost(_Body):
     taskmanager_id: str
     reason: str
     allocations: tuple[str, ...] = ()
-    # Wall-clock seconds of its last heartbeat (or registration): the last moment its tasks were
-    # known alive. The restart backoff is counted from there (see JobMaster._fail_execution).
+    # Wall-clock seconds of its last heartbeat (or registration), for people and logs.
     last_heard_at: float | None = None
+    # How long it had been silent when declared lost, measured on the ResourceManager's own
+    # monotonic clock: the restart backoff is counted from its last sign of life (see
+    # JobMaster._fail_execution) without comparing two hosts' clocks.
+    silent_for_s: float | None = None
 
 
 class ResourceManagerStarted(_Body):
@@ -291,6 +294,21 @@ class CheckpointDeclined(_Body):
     permanent: bool = False  # the task can never checkpoint (a batch query): not a failure, stop triggering
 
 
+class CommandRejected(_Body):
+    """A TaskManager refused or could not carry out a JobManager command (it did not decode, its
+    spec failed validation, the deploy broke before the task started): the JobManager fails the
+    attempt over at once instead of waiting for its acknowledgement timeout. `command` is the
+    command's type when it could be read."""
+
+    type: Literal["CommandRejected"] = "CommandRejected"
+    taskmanager_id: str
+    command: str | None = None
+    execution_id: str | None = None
+    job_id: str | None = None
+    reason: str
+    at: float = Field(default_factory=time.time)
+
+
 Message = Annotated[
     Union[
         RegisterTaskManager,
@@ -317,6 +335,7 @@ Message = Annotated[
         TaskProgress,
         CheckpointAcknowledged,
         CheckpointDeclined,
+        CommandRejected,
     ],
     Field(discriminator="type"),
 ]

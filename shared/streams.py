@@ -6,7 +6,8 @@ Streams (consumer group = the receiving service):
                            stream so allocation never waits behind a heartbeat backlog
   hr:stream:jm          -> JobManager: submissions, cancels, slot answers, task states, progress
   hr:stream:tm:{id}     -> one TaskManager's inbox: heartbeat acks from the ResourceManager
-  hr:stream:dlq         dead letters: entries that could not be decoded, with the error
+  hr:stream:dlq         dead letters: entries and commands that could not be read or handled,
+                        with the error (capped: DLQ_MAXLEN entries of at most a few KB each)
 Celery queues: tm.{taskmanager_id}, one per TaskManager, for DeployTask/CancelTask commands.
 """
 
@@ -17,6 +18,9 @@ RM_STREAM = f"{PREFIX}:stream:rm"
 RM_HEARTBEAT_STREAM = f"{PREFIX}:stream:rm:heartbeats"
 JM_STREAM = f"{PREFIX}:stream:jm"
 DLQ_STREAM = f"{PREFIX}:stream:dlq"
+# Dead letters are kept for operators, not forever: about this many (trimmed exactly, it is a
+# quiet stream), each with a bounded copy of the original (shared/transport/dead_letters.py).
+DLQ_MAXLEN = 5_000
 JM_EPOCH_KEY = f"{PREFIX}:jm:epoch"
 RM_SESSION_KEY = f"{PREFIX}:rm:session"  # the RM's half of the heartbeat: refreshed every interval
 RM_STATS_KEY = f"{PREFIX}:rm:stats"  # JSON, refreshed every second: heartbeat rate and lag
@@ -60,3 +64,9 @@ def maxlen_for(stream: str, default: int) -> int:
     """Inboxes hold only recent heartbeat acks; with thousands of TaskManagers a large cap
     per inbox would add up to gigabytes."""
     return INBOX_MAXLEN if stream.startswith(f"{PREFIX}:stream:tm:") else default
+
+
+def jm_liveness_name(contender_id: str) -> str:
+    """Redis CLIENT SETNAME of a JobManager's connections: a standby sees the leader's vanish the
+    moment its process dies and takes over without waiting for its ZooKeeper session to expire."""
+    return f"{PREFIX}-jm-{contender_id}".replace(" ", "_")

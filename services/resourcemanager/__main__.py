@@ -9,9 +9,11 @@ import signal
 from shared import streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock
+from shared.leader_epoch import LeaderEpochFence
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
+from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
 from services.resourcemanager.service import ResourceManager
 
@@ -30,8 +32,10 @@ def run(settings: Settings) -> None:
     def announce(session: str) -> None:
         client.set(streams.RM_SESSION_KEY, session, px=int(settings.heartbeat_timeout_s * 1000))
 
-    rm = ResourceManager(settings, catalog, transport, SystemClock(), ConnectionLiveness(client),
-                         publish_stats=publish_stats, announce=announce)
+    clock = SystemClock()
+    fence = JobManagerFence(LeaderEpochFence.from_redis(client), clock=clock.now)
+    rm = ResourceManager(settings, catalog, transport, clock, ConnectionLiveness(client),
+                         publish_stats=publish_stats, announce=announce, fence=fence)
 
     def stop(*_):
         rm.stopping = True

@@ -22,23 +22,35 @@ from shared.heartbeat import HeartbeatMonitor
 from shared.ids import new_message_id
 from shared.messages import (
     CancelSlotRequest, Envelope, HeartbeatAck, RegisterTaskManager, ReleaseSlots, RequestSlots, ResourceManagerStarted,
-    SlotRequestFailed, SlotRequestPending, SlotsAllocated, TaskManagerHeartbeat, TaskManagerLost,
+    SlotRequestFailed, SlotRequestPending, SlotsAllocated, SlotState, TaskManagerHeartbeat, TaskManagerLost,
     TaskManagerRegistered, UnregisterTaskManager,
 )
 from shared.settings import Settings
+from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
-from services.resourcemanager.slot_manager import Allocation, SlotManager
+from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
 
 log = logging.getLogger("headrace.resourcemanager")
 
 
+# An allocation its TaskManager has not reported yet is in flight (the JobManager's DeployTask
+# is on its way) for this long before a heartbeat without it frees it: Celery drops a command
+# after 60 s (shared/commands.py COMMAND_EXPIRES_S), plus two heartbeats to report it.
+IN_FLIGHT_COMMAND_S = 60.0
+
+
 class ResourceManager:
+    """`fence` decides which JobManager messages are obeyed (services/resourcemanager/fencing.py);
+    None obeys every one, for tests and benchmarks that run without a leader."""
+
     def __init__(self, settings: Settings, catalog: Catalog, transport, clock: Clock,
                  liveness: ConnectionLiveness | None = None, name: str = "resourcemanager",
                  publish_stats: Callable[[dict], None] | None = None,
-                 announce: Callable[[str], None] | None = None):
+                 announce: Callable[[str], None] | None = None, fence: JobManagerFence | None = None):
         self.settings, self.catalog, self.transport, self.clock = settings, catalog, transport, clock
         self.name = name
+        self.fence = fence
+        self.in_flight_grace_s = IN_FLIGHT_COMMAND_S + 2 * settings.heartbeat_interval_s
         self.session = new_message_id()  # changes on every restart: TaskManagers re-register
         self.slots = SlotManager(clock)
         self.heartbeats = HeartbeatMonitor(clock, interval_s=settings.heartbeat_interval_s,
@@ -55,7 +67,6 @@ class ResourceManager:
         self._seen_at: dict[str, datetime] = {}
         self._last_flush = 0.0
         self._last_liveness = 0.0
-        self._max_jm_epoch = 0
         self.stopping = False
         self.publish_stats = publish_stats
         self.announce = announce
@@ -96,6 +107,9 @@ class ResourceManager:
 
     def tick(self) -> None:
         now = self.clock.now()
+        if self.fence is not None and self.fence.held:
+            for env in self.fence.release():
+                self._dispatch(env)
         if self.announce is not None and now - self._last_announce >= self.settings.heartbeat_interval_s / 2:
             # The ResourceManager's half of the heartbeat, to every TaskManager at once.
             self.announce(self.session)
@@ -170,6 +184,11 @@ class ResourceManager:
     # --- handlers ----------------------------------------------------------------------
 
     def handle(self, env: Envelope) -> None:
+        if self.fence is not None and not self.fence.admit(env):
+            return
+        self._dispatch(env)
+
+    def _dispatch(self, env: Envelope) -> None:
         body = env.body
         if isinstance(body, TaskManagerHeartbeat):
             lag_ms = max(0.0, (time.time() - env.sent_at) * 1000)
@@ -181,8 +200,6 @@ class ResourceManager:
         elif isinstance(body, RegisterTaskManager):
             self._on_register(body)
         elif isinstance(body, RequestSlots):
-            if self._fenced(env):
-                return
             self._on_request(body)
         elif isinstance(body, ReleaseSlots):
             released = self.slots.release(body.allocation_id)
@@ -196,30 +213,14 @@ class ResourceManager:
         else:
             log.warning("ResourceManager ignores %s", body.type)
 
-    def _fenced(self, env: Envelope) -> bool:
-        if env.epoch < self._max_jm_epoch:
-            log.warning("dropping %s from stale JobManager epoch %d (newest %d)", env.body.type, env.epoch,
-                        self._max_jm_epoch)
-            return True
-        self._max_jm_epoch = env.epoch
-        return False
-
     def _on_register(self, msg: RegisterTaskManager) -> None:
-        occupied: dict[int, Allocation] = {}
-        for s in msg.slot_report:
-            if s.allocation_id and s.job_id and s.execution_id:
-                occupied[s.index] = Allocation(s.allocation_id, msg.taskmanager_id, msg.queue, s.job_id,
-                                               s.execution_id, s.execution_id, (s.index,))
-        # Slots of one allocation reported separately are merged back into one allocation.
-        merged: dict[str, Allocation] = {}
-        for idx, a in occupied.items():
-            prev = merged.get(a.allocation_id)
-            merged[a.allocation_id] = a if prev is None else Allocation(
-                a.allocation_id, a.taskmanager_id, a.queue, a.job_id, a.execution_id, a.request_id,
-                tuple(sorted(prev.indices + (idx,))))
-        occupied = {i: merged[a.allocation_id] for i, a in occupied.items()}
-        self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host, slots=msg.slots,
-                            cores=msg.cores, memory_bytes=msg.memory_bytes, occupied=occupied)
+        # Its slot report replaces what we held for it (see slot_manager.py).
+        dropped = self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host,
+                                      slots=msg.slots, cores=msg.cores, memory_bytes=msg.memory_bytes,
+                                      occupied=reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+        for alloc in dropped:
+            log.warning("TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
+                        msg.taskmanager_id, alloc.allocation_id, alloc.job_id, alloc.execution_id)
         self.heartbeats.monitor(msg.taskmanager_id)
         if msg.liveness_name:
             self._liveness_names[msg.taskmanager_id] = msg.liveness_name
@@ -237,10 +238,32 @@ class ResourceManager:
     def _on_heartbeat(self, msg: TaskManagerHeartbeat) -> None:
         if self.heartbeats.record(msg.taskmanager_id):
             self._seen_at[msg.taskmanager_id] = datetime.now(timezone.utc)
+            entry = self.slots.taskmanagers.get(msg.taskmanager_id)
+            if entry is not None:
+                drift = self.slots.reconcile(msg.taskmanager_id,
+                                             reported_allocations(msg.taskmanager_id, entry.queue, msg.slot_report),
+                                             grace_s=self.in_flight_grace_s)
+                if drift:
+                    self._repaired(msg.taskmanager_id, drift)
             return
         # An unknown TaskManager (we restarted, or declared it lost) is told to register again.
         self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
                              HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session, known=False)))
+
+    def _repaired(self, tm_id: str, drift: Drift) -> None:
+        for alloc in drift.freed:
+            log.warning("allocation %s (job %s, attempt %s) is not in the slot report of %s: freed",
+                        alloc.allocation_id, alloc.job_id, alloc.execution_id, tm_id)
+        for alloc in drift.evicted:
+            log.warning("allocation %s (job %s, attempt %s) on %s lost its slots %s to a task the TaskManager "
+                        "reports running: freed", alloc.allocation_id, alloc.job_id, alloc.execution_id, tm_id,
+                        list(alloc.indices))
+        for alloc in drift.adopted:
+            log.warning("adopting allocation %s (job %s, attempt %s) on slots %s of %s: the TaskManager reports it "
+                        "and we did not hold it", alloc.allocation_id, alloc.job_id, alloc.execution_id,
+                        list(alloc.indices), tm_id)
+        self._dirty.add(tm_id)
+        self._serve_pending()
 
     def _on_request(self, msg: RequestSlots) -> None:
         alloc = self.slots.request(request_id=msg.request_id, job_id=msg.job_id, execution_id=msg.execution_id,
@@ -272,17 +295,18 @@ class ResourceManager:
             return
         lost = self.slots.remove(tm_id)
         self._registrations.pop(tm_id, None)
-        heard_at = None if last_heard is None else time.time() - max(0.0, self.clock.now() - last_heard)
-        self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost), heard_at)
+        silent = None if last_heard is None else max(0.0, self.clock.now() - last_heard)
+        heard_at = None if silent is None else time.time() - silent
+        self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost), heard_at, silent)
         self._serve_pending()
 
     def _declare_gone(self, tm_id: str, reason: str, allocations: tuple[str, ...],
-                      last_heard_at: float | None = None) -> None:
+                      last_heard_at: float | None = None, silent_for_s: float | None = None) -> None:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
         self._lost_total += 1
         self._gone[tm_id] = ("UNREGISTERED" if "unregistered" in reason else "LOST", reason)
         self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
-                                      last_heard_at=last_heard_at))
+                                      last_heard_at=last_heard_at, silent_for_s=silent_for_s))
 
     def _send_jm(self, body) -> None:
         self._outbox.append((streams.JM_STREAM, body))
@@ -340,3 +364,19 @@ class ResourceManager:
                                                   allocations=self.slots.allocations_of(tm_id))
             repo.touch_taskmanagers(s, seen)
 
+
+def reported_allocations(tm_id: str, queue: str, report: tuple[SlotState, ...]) -> dict[int, Allocation]:
+    """A slot report as slot index -> allocation; the slots of one allocation, reported one by
+    one, are merged back into one allocation."""
+    indices: dict[str, list[int]] = {}
+    first: dict[str, SlotState] = {}
+    for s in report:
+        if s.allocation_id and s.job_id and s.execution_id:
+            indices.setdefault(s.allocation_id, []).append(s.index)
+            first.setdefault(s.allocation_id, s)
+    out: dict[int, Allocation] = {}
+    for alloc_id, idx in indices.items():
+        s = first[alloc_id]
+        alloc = Allocation(alloc_id, tm_id, queue, s.job_id, s.execution_id, s.execution_id, tuple(sorted(idx)))
+        out.update(dict.fromkeys(idx, alloc))
+    return out

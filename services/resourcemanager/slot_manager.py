@@ -5,6 +5,17 @@ A task of parallelism p holds p slots on ONE TaskManager (the local engine runs 
 TaskManager could ever hold (p above every TaskManager's size) does not block the ones behind
 it. Allocation spreads tasks over TaskManagers (the one with the most free slots wins), so warm
 drivers on every TaskManager get used and a TaskManager loss hits as few tasks as possible.
+
+Reconciliation: a TaskManager's slot report is the truth about what runs on it (this class
+only believes what it was told). Registering (again) replaces the allocations held for it by
+the ones it reports. Every heartbeat carries the report too, and `reconcile` repairs drift:
+- held but not reported: freed, unless it is still in flight (made less than the grace period
+  ago and never reported yet: its DeployTask may still be on the way);
+- reported but not held: adopted. Releasing it would not stop the task, only hide it and let
+  its slots be given away twice; whether the task should run is the JobManager's call (it
+  cancels tasks it does not know when the TaskManager registers), and once the task ends the
+  next report frees its slots. A report still listing an allocation the JobManager released a
+  moment ago is older than the release and is not believed for `released_memory_s`.
 """
 
 from __future__ import annotations
@@ -37,6 +48,19 @@ class SlotRequest:
 
 
 @dataclass
+class Drift:
+    """What a slot report changed: allocations freed (held, not reported), adopted (reported,
+    not held), and evicted (held on slots the report shows taken by another allocation)."""
+
+    freed: list[Allocation] = field(default_factory=list)
+    adopted: list[Allocation] = field(default_factory=list)
+    evicted: list[Allocation] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.freed or self.adopted or self.evicted)
+
+
+@dataclass
 class TaskManagerEntry:
     taskmanager_id: str
     queue: str
@@ -54,8 +78,9 @@ class SlotManager:
     """Every operation is O(1) or O(slots of one TaskManager) in the number of TaskManagers and
     pending requests: thousands of TaskManagers and requests are the normal case."""
 
-    def __init__(self, clock: Clock):
+    def __init__(self, clock: Clock, *, released_memory_s: float = 30.0):
         self.clock = clock
+        self.released_memory_s = released_memory_s
         self.taskmanagers: dict[str, TaskManagerEntry] = {}
         self.allocations: dict[str, Allocation] = {}
         self.pending: dict[str, SlotRequest] = {}  # insertion order = arrival order
@@ -63,6 +88,8 @@ class SlotManager:
         self._by_free: dict[int, set[str]] = {}  # free slot count -> TaskManagers with that many
         self._free_total = 0
         self._max_total = 0
+        self._unconfirmed: dict[str, float] = {}  # allocation id -> made at; not reported by its TaskManager yet
+        self._released: dict[str, float] = {}  # allocation id -> released by the JobManager at
 
     def _index(self, entry: TaskManagerEntry, delta_sign: int) -> None:
         """Add (+1) or remove (-1) a TaskManager from the free-count buckets and totals."""
@@ -80,26 +107,91 @@ class SlotManager:
     # --- TaskManagers ------------------------------------------------------------------
 
     def register(self, *, taskmanager_id: str, queue: str, host: str, slots: int, cores: float,
-                 memory_bytes: int, occupied: dict[int, Allocation] | None = None) -> None:
-        """(Re-)register. `occupied` is what the TaskManager reports it is running, so a
-        restarted ResourceManager learns allocations it never made."""
+                 memory_bytes: int, occupied: dict[int, Allocation] | None = None) -> list[Allocation]:
+        """(Re-)register. `occupied` is what the TaskManager reports it is running (slot index ->
+        allocation): it replaces whatever was held for it, so a restarted ResourceManager learns
+        allocations it never made and a returning TaskManager sheds the ones it no longer has.
+        Returns the allocations dropped."""
         old = self.taskmanagers.get(taskmanager_id)
-        entry = TaskManagerEntry(taskmanager_id, queue, host, slots, cores, memory_bytes,
-                                 {i: None for i in range(slots)})
-        if old is not None:
-            for i, alloc_id in old.slots.items():
-                if alloc_id is not None and i < slots:
-                    entry.slots[i] = alloc_id
-        for i, alloc in (occupied or {}).items():
-            if i < slots:
-                entry.slots[i] = alloc.allocation_id
-                self.allocations[alloc.allocation_id] = alloc
+        dropped: list[Allocation] = []
         if old is not None:
             self._index(old, -1)
+            reported = {a.allocation_id for a in (occupied or {}).values()}
+            for alloc_id in {a for a in old.slots.values() if a}:
+                alloc = self._forget(alloc_id)
+                if alloc is not None and alloc_id not in reported:
+                    dropped.append(alloc)
+        entry = TaskManagerEntry(taskmanager_id, queue, host, slots, cores, memory_bytes,
+                                 {i: None for i in range(slots)})
+        for i, alloc in (occupied or {}).items():
+            if 0 <= i < slots:
+                entry.slots[i] = alloc.allocation_id
+                self.allocations[alloc.allocation_id] = alloc
         self.taskmanagers[taskmanager_id] = entry
         self._index(entry, +1)
         if slots > self._max_total or (old is not None and old.total == self._max_total):
             self._refresh_max()
+        return dropped
+
+    def reconcile(self, taskmanager_id: str, reported: dict[int, Allocation], *, grace_s: float) -> Drift:
+        """Repair drift between what is held for a TaskManager and the slot report of its
+        heartbeat (`reported`: slot index -> allocation); see the module docstring."""
+        entry = self.taskmanagers.get(taskmanager_id)
+        drift = Drift()
+        if entry is None:
+            return drift
+        now = self.clock.now()
+        by_id: dict[str, list[int]] = {}
+        for i, alloc in reported.items():
+            if 0 <= i < entry.total:
+                by_id.setdefault(alloc.allocation_id, []).append(i)
+        held = {a for a in entry.slots.values() if a}
+        if held == set(by_id) and not any(a in self._unconfirmed for a in held):
+            return drift  # the common case, in O(slots): nothing to repair
+        self._index(entry, -1)
+        for alloc_id in held - set(by_id):
+            made = self._unconfirmed.get(alloc_id)
+            if made is not None and now - made < grace_s:
+                continue  # its deploy may still be on the way
+            alloc = self._forget(alloc_id)
+            if alloc is not None:
+                drift.freed.append(alloc)
+        for alloc_id, indices in by_id.items():
+            if alloc_id in held:
+                self._unconfirmed.pop(alloc_id, None)  # the TaskManager has it: no longer in flight
+                continue
+            released = self._released.get(alloc_id)
+            if released is not None and now - released < self.released_memory_s:
+                continue  # a report from before the JobManager released it
+            if alloc_id in self.allocations:
+                continue  # held on another TaskManager: that one's report settles it
+            for other in {entry.slots.get(i) for i in indices} - {None, alloc_id}:
+                alloc = self._forget(other)
+                if alloc is not None:
+                    drift.evicted.append(alloc)
+            sample = reported[indices[0]]
+            alloc = Allocation(alloc_id, taskmanager_id, entry.queue, sample.job_id, sample.execution_id,
+                               sample.request_id, tuple(sorted(indices)))
+            for i in alloc.indices:
+                entry.slots[i] = alloc_id
+            self.allocations[alloc_id] = alloc
+            drift.adopted.append(alloc)
+        self._index(entry, +1)
+        return drift
+
+    def _forget(self, allocation_id: str) -> Allocation | None:
+        """Drop an allocation and free its slots; the caller keeps the free-count index right."""
+        alloc = self.allocations.pop(allocation_id, None)
+        self._unconfirmed.pop(allocation_id, None)
+        if alloc is None:
+            return None
+        self._request_allocation.pop(alloc.request_id, None)
+        entry = self.taskmanagers.get(alloc.taskmanager_id)
+        if entry is not None:
+            for i in alloc.indices:
+                if entry.slots.get(i) == allocation_id:
+                    entry.slots[i] = None
+        return alloc
 
     def remove(self, taskmanager_id: str) -> list[Allocation]:
         """The TaskManager is gone (lost or unregistered): its allocations die with it."""
@@ -112,6 +204,7 @@ class SlotManager:
         lost = [self.allocations.pop(a) for a in set(entry.slots.values()) if a and a in self.allocations]
         for a in lost:
             self._request_allocation.pop(a.request_id, None)
+            self._unconfirmed.pop(a.allocation_id, None)
         return lost
 
     # --- requests ----------------------------------------------------------------------
@@ -135,16 +228,16 @@ class SlotManager:
         return self.pending.pop(request_id, None) is not None
 
     def release(self, allocation_id: str) -> Allocation | None:
-        alloc = self.allocations.pop(allocation_id, None)
+        """The JobManager gives the slots back."""
+        self._released[allocation_id] = self.clock.now()
+        alloc = self.allocations.get(allocation_id)
         if alloc is None:
             return None
-        self._request_allocation.pop(alloc.request_id, None)
         entry = self.taskmanagers.get(alloc.taskmanager_id)
         if entry is not None:
             self._index(entry, -1)
-            for i in alloc.indices:
-                if entry.slots.get(i) == allocation_id:
-                    entry.slots[i] = None
+        self._forget(allocation_id)
+        if entry is not None:
             self._index(entry, +1)
         return alloc
 
@@ -164,6 +257,8 @@ class SlotManager:
 
     def expire_pending(self) -> list[tuple[SlotRequest, str]]:
         now = self.clock.now()
+        if self._released:
+            self._released = {a: t for a, t in self._released.items() if now - t < self.released_memory_s}
         expired = []
         for req in list(self.pending.values()):
             if now >= req.deadline:
@@ -185,10 +280,12 @@ class SlotManager:
             ahead = len(self.pending) - 1  # the common case: it was just queued
         else:
             ahead = list(self.pending).index(request_id)
-        reason = f"waiting for {req.slots} slot{'s' if req.slots != 1 else ''}; {self.free_slots()} free"
         if not self._could_ever_fit(req):
-            reason += f"; no TaskManager has {req.slots} slots (largest: {self._max_total})"
-        elif ahead:
+            largest = f"the largest has {self._max_total}" if self.taskmanagers else "none is registered"
+            return (f"parallelism {req.slots} needs {req.slots} slots on one TaskManager; {largest} "
+                    f"(no TaskManager has {req.slots} slots: waiting for one to register)")
+        reason = f"waiting for {req.slots} slot{'s' if req.slots != 1 else ''}; {self.free_slots()} free"
+        if ahead:
             reason += f"; {ahead} request{'s' if ahead != 1 else ''} ahead"
         return reason
 
@@ -239,4 +336,5 @@ class SlotManager:
         self._index(tm, +1)
         self.allocations[alloc.allocation_id] = alloc
         self._request_allocation[req.request_id] = alloc.allocation_id
+        self._unconfirmed[alloc.allocation_id] = self.clock.now()
         return alloc

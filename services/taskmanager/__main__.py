@@ -19,10 +19,11 @@ import redis
 from shared import streams
 from shared.commands import make_celery
 from shared.ids import new_taskmanager_id
+from shared.leader_epoch import LeaderEpochFence
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from services.taskmanager.commands import EpochFence, register_commands
+from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.supervisor import TaskSupervisor
@@ -71,7 +72,11 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                queue_of=(lambda _tm: queues[0]) if simulate else streams.tm_queue,
                                liveness=liveness)
     app = make_celery(settings.redis_url, "headrace-taskmanager")
-    register_commands(app, supervisors, EpochFence())
+    # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
+    # the worker (see shared/transport/kombu_redis.py).
+    app.conf.broker_transport = "shared.transport.kombu_redis:Transport"
+    register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
+                                         transport=transport, dead_letter_client=client))
     link.start()
     for sup in supervisors.values():
         sup._replenish()

@@ -1,73 +1,231 @@
 """Celery command handlers of a TaskManager process: short, fenced, delegating.
 
-Both return as soon as the supervisor has taken the command; a pipeline never runs inside a
-Celery task. Commands from a JobManager epoch older than the newest one seen are dropped.
+Each returns as soon as the supervisor has taken the command; a pipeline never runs inside a
+Celery task. A command is obeyed only if it comes from the JobManager that leads now: sender
+"jobmanager" and the leader epoch currently published in Redis (shared/leader_epoch.py), never
+"the newest epoch seen" (one forged command with a future epoch would make every real one
+after it stale). Then:
+
+- another sender, or an epoch that is not the current one: dropped and logged. A deposed
+  leader's command is routine during a failover, and a forged one is told nothing;
+- unreadable (not an envelope, a spec that does not validate, sent under another command's
+  name): dead-lettered with the error; and if it is the current leader's, reported with
+  `CommandRejected` (with the attempt's ids when they can be read), so the JobManager fails the
+  attempt over at once instead of waiting for its acknowledgement timer;
+- valid, but it cannot be carried out (a TaskManager this process does not run, the supervisor
+  raised): reported with `CommandRejected`.
+
+Items on the queue that are not even Celery messages never get here: the broker transport
+dead-letters them (shared/transport/kombu_redis.py); Celery's own refusals (an unknown task
+name) are dead-lettered through its signals, below.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
 
-from celery import Celery
+from celery import Celery, signals
+from pydantic import ValidationError
 
+from shared import streams
+from shared import task_protocol as tp
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
-from shared.messages import CancelTask, DeployTask, TriggerCheckpoint, UndecodableMessage, decode
+from shared.leader_epoch import LeaderEpochFence
+from shared.messages import (
+    CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode,
+)
+from shared.transport import dead_letters
 
 log = logging.getLogger("headrace.taskmanager.commands")
 
-
-class EpochFence:
-    def __init__(self):
-        self.newest = 0
-        self._lock = threading.Lock()
-
-    def accept(self, epoch: int) -> bool:
-        with self._lock:
-            if epoch < self.newest:
-                return False
-            self.newest = epoch
-            return True
+JOBMANAGER = "jobmanager"
+# The published epoch can be missing for a moment (Redis restarted empty; the leader publishes
+# it again every 2 s): wait this long for it before dropping a command.
+EPOCH_WAIT_S = 5.0
 
 
-def register_commands(app: Celery, supervisors: dict, fence: EpochFence) -> None:
-    def _route(body) -> object | None:
-        sup = supervisors.get(body.taskmanager_id)
-        if sup is None:
-            log.warning("dropping %s for %s: not a TaskManager of this process", body.type, body.taskmanager_id)
-        return sup
+@dataclass(frozen=True)
+class Peek:
+    """What can be read of a command that did not decode: enough to fence and to report it."""
 
-    def _decode(payload: str, expected: type):
+    sender: str | None = None
+    epoch: int | None = None
+    command: str | None = None
+    taskmanager_id: str | None = None
+    execution_id: str | None = None
+    job_id: str | None = None
+
+
+def peek(payload) -> Peek:
+    try:
+        env = json.loads(payload)
+    except (TypeError, ValueError):
+        return Peek()
+    if not isinstance(env, dict):
+        return Peek()
+    body = env.get("body") if isinstance(env.get("body"), dict) else {}
+    spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+
+    def text(*candidates) -> str | None:
+        return next((c for c in candidates if isinstance(c, str)), None)
+
+    epoch = env.get("epoch")
+    return Peek(sender=text(env.get("sender")), epoch=epoch if type(epoch) is int else None,
+                command=text(body.get("type")), taskmanager_id=text(body.get("taskmanager_id")),
+                execution_id=text(body.get("execution_id"), spec.get("execution_id")),
+                job_id=text(body.get("job_id"), spec.get("job_id")))
+
+
+class CommandIntake:
+    """Fences, checks and routes one process's commands (see the module docstring)."""
+
+    def __init__(self, *, supervisors: dict, fence: LeaderEpochFence, transport, dead_letter_client,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.supervisors, self.fence, self.transport = supervisors, fence, transport
+        self.dead_letter_client = dead_letter_client
+        self.clock, self.sleep = clock, sleep
+        self._epoch_missing_since: float | None = None
+
+    def handle(self, expected: type, args: tuple, kwargs: dict, queue: str) -> None:
+        if len(args) != 1 or kwargs or not isinstance(args[0], str):
+            self._dead_letter(queue, expected, f"expected one argument, an envelope's JSON; got {len(args)} "
+                                               f"positional and {len(kwargs)} keyword arguments", repr(args))
+            return
+        payload = args[0]
         try:
             env = decode(payload)
         except UndecodableMessage as exc:
-            log.error("dropping undecodable command: %s", exc)
-            return None
-        if not isinstance(env.body, expected):
-            log.error("dropping %s sent as %s", env.body.type, expected.__name__)
-            return None
-        if not fence.accept(env.epoch):
-            log.warning("dropping %s from stale JobManager epoch %d (newest %d)", env.body.type, env.epoch,
-                        fence.newest)
-            return None
-        return env.body
+            self._undecodable(queue, expected, payload, str(exc))
+            return
+        body = env.body
+        if not self._from_current_leader(env.sender, env.epoch, body.type):
+            return
+        if not isinstance(body, expected):
+            error = f"a {body.type} sent as {expected.__name__}"
+            self._dead_letter(queue, expected, error, payload)
+            self._reject(queue, Peek(command=body.type, taskmanager_id=getattr(body, "taskmanager_id", None),
+                                     execution_id=getattr(body, "execution_id", None),
+                                     job_id=getattr(body, "job_id", None)), error)
+            return
+        if isinstance(body, DeployTask):
+            try:
+                tp.TaskSpec.model_validate(body.spec)
+            except ValidationError as exc:
+                error = f"DeployTask spec does not validate: {_short(exc)}"
+                self._dead_letter(queue, expected, error, payload)
+                self._reject(queue, peek(payload), error)
+                return
+        sup = self.supervisors.get(body.taskmanager_id)
+        if sup is None:
+            self._reject(queue, peek(payload), f"{body.taskmanager_id} is not a TaskManager of this process")
+            return
+        try:
+            ACTIONS[expected](sup, body)
+        except Exception as exc:  # noqa: BLE001 - the JobManager must hear of it, the worker must go on
+            log.exception("%s for %s failed", body.type, body.taskmanager_id)
+            self._reject(queue, peek(payload), f"{body.type} failed on the TaskManager: {type(exc).__name__}: {exc}")
 
-    # Celery task name -> (message type, what the TaskManager's supervisor does with it)
-    handlers = {
-        DEPLOY_TASK: (DeployTask, lambda sup, body: sup.deploy(body)),
-        TRIGGER_CHECKPOINT: (TriggerCheckpoint, lambda sup, body: sup.trigger_checkpoint(body)),
-        CANCEL_TASK: (CancelTask, lambda sup, body: sup.cancel(body.execution_id, body.job_id)),
-    }
-    for name, (expected, act) in handlers.items():
-        app.task(name=name)(_command_task(expected, act, _decode, _route))
+    # --- verdicts ----------------------------------------------------------------------
+
+    def _from_current_leader(self, sender: str | None, epoch: int | None, command: str | None) -> bool:
+        if sender != JOBMANAGER:
+            log.warning("dropping %s from sender %r: commands come only from the JobManager", command, sender)
+            return False
+        if epoch is None or not self._is_current(epoch):
+            log.warning("dropping %s from JobManager epoch %s: the current leader's epoch is %s", command, epoch,
+                        self.fence.epoch)
+            return False
+        return True
+
+    def _is_current(self, epoch: int) -> bool:
+        while True:
+            if self.fence.accept(epoch) or self.fence.epoch is not None:
+                self._epoch_missing_since = None
+                return self.fence.epoch == epoch
+            # Waited for once, not per command: a backlog must not cost EPOCH_WAIT_S each.
+            now = self.clock()
+            if self._epoch_missing_since is None:
+                self._epoch_missing_since = now
+            if now - self._epoch_missing_since >= EPOCH_WAIT_S:
+                return False
+            self.sleep(0.25)
+
+    def _undecodable(self, queue: str, expected: type, payload: str, error: str) -> None:
+        self._dead_letter(queue, expected, f"undecodable command: {error}", payload)
+        seen = peek(payload)
+        if seen.sender == JOBMANAGER and seen.epoch is not None and self.fence.accept(seen.epoch):
+            self._reject(queue, seen, f"undecodable {seen.command or expected.__name__}: {error}")
+
+    def _dead_letter(self, queue: str, expected: type, error: str, payload: str) -> None:
+        log.error("dead-lettering a %s command from queue %s: %s", expected.__name__, queue, error)
+        dead_letters.add_safely(self.dead_letter_client, error=error,
+                                origin={"queue": queue, "task": TASK_NAMES[expected]}, original={"m": payload})
+
+    def _reject(self, queue: str, seen: Peek, reason: str) -> None:
+        tm = seen.taskmanager_id if seen.taskmanager_id in self.supervisors else _taskmanager_of(queue)
+        try:
+            self.transport.publish(streams.JM_STREAM, CommandRejected(
+                taskmanager_id=tm, command=seen.command, execution_id=seen.execution_id, job_id=seen.job_id,
+                reason=reason[:2000]))
+        except Exception:  # noqa: BLE001 - the JobManager's acknowledgement timer is the fallback
+            log.exception("could not report the rejected %s (%s) to the JobManager", seen.command, reason[:200])
 
 
-def _command_task(expected: type, act, decode_body, route):
-    def command(payload: str) -> None:
-        body = decode_body(payload, expected)
-        sup = body and route(body)
-        if sup is not None:
-            act(sup, body)
+def _taskmanager_of(queue: str) -> str:
+    prefix = streams.tm_queue("")
+    return queue[len(prefix):] if queue.startswith(prefix) else queue
+
+
+def _short(exc: ValidationError) -> str:
+    errs = exc.errors()
+    parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or '(spec)'}: {e.get('msg')}" for e in errs[:3]]
+    return "; ".join(parts) + (f" (+{len(errs) - 3} more)" if len(errs) > 3 else "")
+
+
+# Celery task name <-> message type, and what the supervisor does with each.
+TASK_NAMES = {DeployTask: DEPLOY_TASK, CancelTask: CANCEL_TASK, TriggerCheckpoint: TRIGGER_CHECKPOINT}
+ACTIONS: dict[type, Callable] = {
+    DeployTask: lambda sup, body: sup.deploy(body),
+    CancelTask: lambda sup, body: sup.cancel(body.execution_id, body.job_id),
+    TriggerCheckpoint: lambda sup, body: sup.trigger_checkpoint(body),
+}
+
+
+def register_commands(app: Celery, intake: CommandIntake) -> None:
+    for expected, name in TASK_NAMES.items():
+        app.task(name=name, bind=True)(_command_task(expected, intake))
+    _dead_letter_celery_refusals(intake)
+
+
+def _command_task(expected: type, intake: CommandIntake):
+    def command(task, *args, **kwargs) -> None:
+        queue = (task.request.delivery_info or {}).get("routing_key") or "?"
+        intake.handle(expected, args, kwargs, queue)
 
     command.__name__ = f"handle_{expected.__name__}"
     return command
+
+
+def _dead_letter_celery_refusals(intake: CommandIntake) -> None:
+    """Messages Celery itself refuses (an unknown task name, a malformed task message) are
+    logged and dropped by Celery; keep them where an operator looks."""
+
+    def refused(message, why: str) -> None:
+        raw = getattr(message, "_raw", None)
+        original = json.dumps(raw) if isinstance(raw, dict) else getattr(message, "body", b"")
+        queue = ((getattr(message, "delivery_info", None) or {}).get("routing_key")) or "?"
+        dead_letters.add_safely(intake.dead_letter_client, error=why, origin={"queue": queue},
+                                original={"item": original})
+
+    def on_unknown(sender=None, message=None, exc=None, name=None, **_):
+        refused(message, f"unknown task {name!r}: not a Headrace command")
+
+    def on_rejected(sender=None, message=None, exc=None, **_):
+        refused(message, f"Celery refused the message: {exc!r}" if exc else "Celery refused the message")
+
+    signals.task_unknown.connect(on_unknown, weak=False)
+    signals.task_rejected.connect(on_rejected, weak=False)

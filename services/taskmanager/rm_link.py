@@ -26,6 +26,7 @@ from shared import streams
 from shared.messages import (
     HeartbeatAck, RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, UndecodableMessage, decode,
 )
+from shared.transport import dead_letters
 
 log = logging.getLogger("headrace.taskmanager.rm")
 
@@ -138,7 +139,11 @@ class ResourceManagerLink:
                 st.inbox_cursor = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 try:
                     body = decode(fields[b"m"]).body
-                except (UndecodableMessage, KeyError):
+                except (UndecodableMessage, KeyError) as exc:
+                    error = "entry has no 'm' field" if isinstance(exc, KeyError) else str(exc)
+                    log.warning("dead-lettering entry %s of %s: %s", st.inbox_cursor, streams.tm_inbox(tm), error)
+                    dead_letters.add_safely(self.client, error=error, original=fields,
+                                            origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor})
                     continue
                 if isinstance(body, HeartbeatAck):
                     self._on_ack(st, body)

@@ -1,4 +1,9 @@
-"""Redis-streams transport: consumer groups, ack after success, dedup by message id, DLQ."""
+"""Redis-streams transport: consumer groups, ack after success, dedup by message id, DLQ.
+
+A Redis that restarted without its data has lost every stream with its consumer groups: the
+next read of a group answers NOGROUP. `poll` then creates the group again (from "0", so what
+producers sent since the restart is read) and carries on in the same call.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import redis
 
 from shared import streams
 from shared.messages import Envelope, UndecodableMessage, decode, encode, wrap
+from shared.transport import dead_letters
 from shared.transport.base import Handler
 
 log = logging.getLogger(__name__)
@@ -64,16 +70,21 @@ class RedisStreamsTransport:
 
     def poll(self, stream: str, group: str, consumer: str, handler: Handler, *, count: int = 256,
              block_ms: int = 1000, around_batch=None) -> int:
+        kw = dict(count=count, block_ms=block_ms, around_batch=around_batch)
         self.ensure_group(stream, group)
         try:
-            return self._poll(stream, group, consumer, handler, count=count, block_ms=block_ms,
-                              around_batch=around_batch)
+            return self._poll(stream, group, consumer, handler, **kw)
         except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                # Redis restarted empty: the group is gone with the stream; create both again.
-                self._groups.discard((stream, group))
-                self._drained_pending.discard((stream, group, consumer))
-            raise
+            if "NOGROUP" not in str(exc):
+                raise
+        # Redis restarted empty: the group went with the stream, and our pending entries with
+        # it. Create both again and read in this same call (a second NOGROUP is an error).
+        log.warning("consumer group %s of %s is gone (Redis lost its data?); creating it again", group, stream)
+        self._groups.discard((stream, group))
+        self._drained_pending.discard((stream, group, consumer))
+        self._failures.clear()
+        self.ensure_group(stream, group)
+        return self._poll(stream, group, consumer, handler, **kw)
 
     def _poll(self, stream, group, consumer, handler, *, count, block_ms, around_batch) -> int:
         key = (stream, group, consumer)
@@ -110,9 +121,8 @@ class RedisStreamsTransport:
             pipe = self.client.pipeline(transaction=False)
             for entry_id, fields, error in dead:
                 log.warning("dead-lettering entry %s of %s: %s", entry_id, stream, error)
-                dlq = {b"stream": stream, b"entry_id": entry_id, b"group": group, b"error": error}
-                dlq.update({b"orig." + k if isinstance(k, bytes) else f"orig.{k}": v for k, v in fields.items()})
-                pipe.xadd(streams.DLQ_STREAM, dlq, maxlen=self.maxlen, approximate=True)
+                dead_letters.add(pipe, error=error, origin={"stream": stream, "entry_id": entry_id, "group": group},
+                                 original=fields)
                 pipe.xack(stream, group, entry_id)
             pipe.execute()
         if not decoded:
@@ -141,9 +151,9 @@ class RedisStreamsTransport:
                         raise
                     # A poison message: park it where an operator can see it, move on.
                     log.exception("handler failed %d times on %s; dead-lettering", n, entry_id)
-                    pipe.xadd(streams.DLQ_STREAM, {b"stream": stream, b"entry_id": entry_id, b"group": group,
-                                                   b"error": f"handler failed: {exc!r}"[:2000],
-                                                   b"orig.m": encode(env)}, maxlen=self.maxlen, approximate=True)
+                    dead_letters.add(pipe, error=f"handler failed: {exc!r}",
+                                     origin={"stream": stream, "entry_id": entry_id, "group": group},
+                                     original={"m": encode(env)})
                 self._failures.pop(entry_id, None)
                 handled += 1
                 done[env.message_id] = None

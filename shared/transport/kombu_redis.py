@@ -1,0 +1,106 @@
+"""kombu's Redis transport for a TaskManager's command queue, except that an item the worker
+cannot take is dead-lettered instead of killing the worker.
+
+kombu pops a queue item (BRPOP) and parses it as JSON before anything of Celery sees it, and a
+parse error raises out of the worker's event loop: one `LPUSH tm.<id> garbage` made the
+TaskManager exit with "Unrecoverable error: JSONDecodeError". kombu offers no hook before that
+parse (celery/celery#4308, celery/kombu#2421), so this channel reads BRPOP's reply itself, the
+way kombu 5 does, and checks the item before handing it on: a JSON object in kombu's envelope
+whose body is base64 JSON in Celery's protocol 2 shape. Anything else goes to `hr:stream:dlq`
+with the reason (the item has left the queue: nothing is redelivered). A body of any other
+content type is refused unread: a pickle is never decoded.
+
+What passes reaches Celery, whose own checks (an unknown task name, say) and the TaskManager's
+command handlers (services/taskmanager/commands.py) deal with the rest.
+
+Use: `app.conf.broker_transport = "shared.transport.kombu_redis:Transport"`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from queue import Empty
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+
+from shared.transport import dead_letters
+
+log = logging.getLogger(__name__)
+
+
+class UnreadableItem(ValueError):
+    """A queue item that is not a Celery message this worker could take."""
+
+
+def readable_message(item: bytes | str) -> dict:
+    """The item as the dict kombu delivers, or UnreadableItem saying what is wrong with it."""
+    try:
+        message = json.loads(item)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UnreadableItem(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise UnreadableItem(f"not a kombu message: a JSON {type(message).__name__}")
+    props, headers, body = message.get("properties"), message.get("headers"), message.get("body")
+    if not isinstance(props, dict) or not isinstance(props.get("delivery_tag"), str):
+        raise UnreadableItem("not a kombu message: no properties.delivery_tag")
+    if not isinstance(headers, dict) or not isinstance(headers.get("task"), str):
+        raise UnreadableItem("not a Celery task message: no headers.task")
+    if message.get("content-type") != "application/json":
+        raise UnreadableItem(f"content type {message.get('content-type')!r} refused: only application/json")
+    if not isinstance(body, str):
+        raise UnreadableItem("no body")
+    if props.get("body_encoding") == "base64":
+        try:
+            body = base64.b64decode(body, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise UnreadableItem(f"body is not base64 of UTF-8 text: {exc}") from None
+    elif props.get("body_encoding") is not None:
+        raise UnreadableItem(f"body encoding {props.get('body_encoding')!r} refused")
+    try:
+        args = json.loads(body)
+    except ValueError as exc:
+        raise UnreadableItem(f"body is not JSON: {exc}") from None
+    if not (isinstance(args, list) and len(args) == 3 and isinstance(args[0], list) and isinstance(args[1], dict)):
+        raise UnreadableItem("body is not Celery protocol 2: [args, kwargs, embed]")
+    return message
+
+
+class Channel(kombu_redis.Channel):
+    def _brpop_read(self, **options):
+        # kombu 5's Channel._brpop_read, with the item checked before it is delivered.
+        try:
+            try:
+                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            if not dest__item:
+                raise Empty()
+            dest, item = dest__item
+            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            try:
+                message = readable_message(item)
+            except UnreadableItem as exc:
+                self._dead_letter(dest, item, str(exc))
+                raise Empty() from None  # the hub's "nothing for you": it polls on
+            self.connection._deliver(message, dest)
+            return True
+        finally:
+            self._in_poll = None
+            flush = getattr(self, "_flush_brpop_reauth", None)  # kombu >= 5.6
+            if flush is not None:
+                flush()
+
+    def _dead_letter(self, queue: str, item: bytes, error: str) -> None:
+        log.error("dead-lettering an unreadable item of queue %s (%d bytes): %s", queue, len(item), error)
+        with self.conn_or_acquire() as client:
+            dead_letters.add_safely(client, error=error, origin={"queue": queue}, original={"item": item})
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
