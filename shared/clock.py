@@ -15,6 +15,14 @@ class SystemClock:
         return time.monotonic()
 
 
+class WallClock:
+    """Seconds since the epoch: for times stored in the catalog and read by another process
+    (the restart strategy's failure times), where a monotonic clock means nothing."""
+
+    def now(self) -> float:
+        return time.time()
+
+
 class FakeClock:
     def __init__(self, start: float = 1000.0):
         self.t = start

@@ -38,6 +38,13 @@ class RestartStrategy(Protocol):
 
     def backoff_s(self) -> float: ...
 
+    # The counters, as JSON for the catalog: the JobManager stores them in the transaction that
+    # records the failure, so a redelivered failure (rolled back the first time) is not counted
+    # twice, and a new leader continues the budget where the old one left it.
+    def state(self) -> dict: ...
+
+    def load(self, state: dict) -> None: ...
+
 
 _UNITS = {"ms": 0.001, "milli": 0.001, "millis": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1,
           "seconds": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60, "m": 60, "h": 3600,
@@ -82,6 +89,12 @@ class NoRestart:
     def backoff_s(self) -> float:
         return 0.0
 
+    def state(self) -> dict:
+        return {}
+
+    def load(self, state: dict) -> None:
+        pass
+
 
 class FixedDelay:
     def __init__(self, attempts: int = 1, delay_s: float = 1.0):
@@ -92,6 +105,12 @@ class FixedDelay:
 
     def can_restart(self) -> bool:
         return self.failures <= self.attempts
+
+    def state(self) -> dict:
+        return {"failures": self.failures}
+
+    def load(self, state: dict) -> None:
+        self.failures = int(state.get("failures", 0))
 
     def backoff_s(self) -> float:
         return self.delay_s
@@ -110,6 +129,12 @@ class FailureRate:
         while self._failures and now - self._failures[0] > self.interval_s:
             self._failures.popleft()
         return len(self._failures) <= self.max_failures
+
+    def state(self) -> dict:
+        return {"failures": list(self._failures)}
+
+    def load(self, state: dict) -> None:
+        self._failures = deque(float(t) for t in state.get("failures", ()))
 
     def backoff_s(self) -> float:
         return self.delay_s
@@ -137,6 +162,15 @@ class ExponentialDelay:
 
     def can_restart(self) -> bool:
         return self.max_attempts is None or self._attempts <= self.max_attempts
+
+    def state(self) -> dict:
+        return {"current": self._current, "last_failure": self._last_failure, "attempts": self._attempts}
+
+    def load(self, state: dict) -> None:
+        self._current = float(state.get("current", 0.0))
+        last = state.get("last_failure")
+        self._last_failure = float(last) if last is not None else None
+        self._attempts = int(state.get("attempts", 0))
 
     def backoff_s(self) -> float:
         if self.jitter == 0:

@@ -44,6 +44,12 @@ class Settings(BaseSettings):
 
     home: Path = Field(default_factory=default_home, description="state: catalog, artifacts, logs")
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_auth: bool = Field(
+        True, description="headrace up/demo: the redis-server they start requires a password and gives each service "
+                          "its own ACL user (credentials 0600 in $HEADRACE_HOME/redis/); false: no password")
+    pipeline_redis_url: str | None = Field(
+        None, description="the Redis URL a task's pipeline gets by default (ctx.redis_url); default: redis_url. "
+                          "headrace up sets it to its `pipeline` ACL user, which cannot touch the control plane")
     catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home")
     checkpoint_dir: Path | None = Field(None, description="shared by every TaskManager")
     artifact_dir: Path | None = None
@@ -55,6 +61,11 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = 10.0
     slot_request_timeout_s: float = 300.0
     task_cancel_timeout_s: float = 10.0
+    # The JobManager's acknowledgement timers: a deploy the TaskManager never answers (no
+    # INITIALIZING) fails the attempt over; a cancel never confirmed is sent again, then the
+    # attempt is given up as CANCELED and its slots released (its sinks are fenced anyway).
+    deploy_ack_timeout_s: float = 30.0
+    cancel_ack_timeout_s: float = 30.0
 
     restart_strategy: dict[str, Any] = Field(
         default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay": 1.0},

@@ -9,7 +9,9 @@ ZooKeeper holds pointers only, under one root (default `/headrace`):
 A contender blocks in `LeaderElection.campaign()` until it leads, and gets a `Leadership`. The
 leadership is revoked at once when the ZooKeeper connection is SUSPENDED or LOST: a leader that
 cannot prove its session is alive must stop acting, because its lock node may already be gone
-and another JobManager may lead. Revocation is a flag the JobManager loop checks between batches;
+and another JobManager may lead. It is revoked too when its lock node is deleted: a standby that
+found the leader's process dead (`leader_dead`, its Redis connections gone) deletes the leader's
+lock node instead of waiting for its session to expire. Revocation is a flag the JobManager loop checks between batches;
 everything it sends carries its epoch, so anything in flight from a deposed leader is fenced off
 by the ResourceManager, the TaskManagers and the catalog.
 """
@@ -88,10 +90,11 @@ class LeaderElection:
     # --- election ----------------------------------------------------------------------
 
     def campaign(self, *, stop: Callable[[], bool], epoch_floor: Callable[[], int] = lambda: 0,
-                 poll_s: float = 0.5) -> Leadership | None:
+                 poll_s: float = 0.25, leader_dead: Callable[[str], bool] | None = None) -> Leadership | None:
         """Block until this contender leads (returns its Leadership) or `stop()` says so (None).
         The epoch is the ZooKeeper counter's next value, raised above `epoch_floor()` (the
-        catalog's newest epoch) if ZooKeeper lost its data."""
+        catalog's newest epoch) if ZooKeeper lost its data. `leader_dead(contender_id)`: asked
+        about the lock's holder while we wait; True deposes it (see `depose`)."""
         while not stop():
             if self.zk.state != KazooState.CONNECTED:
                 time.sleep(poll_s)
@@ -105,7 +108,10 @@ class LeaderElection:
                 if not self._lock.acquire(timeout=poll_s):
                     continue
             except LockTimeout:
-                continue  # someone else leads; look again (and at `stop`) shortly
+                # Someone else leads; look again (and at `stop`) shortly.
+                if leader_dead is not None:
+                    self._depose_if_dead(leader_dead)
+                continue
             except KazooException as exc:
                 log.warning("election attempt failed (%s); trying again", exc)
                 time.sleep(poll_s)
@@ -119,6 +125,7 @@ class LeaderElection:
                 self._release()
                 raise
             self._current = Leadership(self.contender_id, epoch)
+            self._watch_own_node(self._current)
             if self.zk.state != KazooState.CONNECTED:  # lost while we were winning
                 self._current.revoke("ZooKeeper connection lost while taking leadership")
             log.info("%s leads with epoch %d", self.contender_id, epoch)
@@ -141,7 +148,61 @@ class LeaderElection:
             return None
         return json.loads(data)
 
+    def holder(self) -> tuple[str, str] | None:
+        """(lock node path, contender id) of the contender holding the lock, if any."""
+        base = f"{self.root}/jobmanager/election"
+        try:
+            children = [c for c in self.zk.get_children(base) if "__lock__" in c]
+        except NoNodeError:
+            return None
+        for child in sorted(children, key=lambda c: c[-10:]):  # the sequence suffix orders them
+            try:
+                data, _ = self.zk.get(f"{base}/{child}")
+            except NoNodeError:
+                continue
+            return f"{base}/{child}", data.decode("utf-8", "replace")
+        return None
+
+    def depose(self, contender_id: str) -> bool:
+        """Delete the lock node of `contender_id` if it holds the lock: the next contender
+        leads at once. Only for a leader known dead; a live one is revoked by its node watch
+        and fenced off by its epoch meanwhile."""
+        held = self.holder()
+        if held is None or held[1] != contender_id or contender_id == self.contender_id:
+            return False
+        try:
+            self.zk.delete(held[0])
+        except NoNodeError:
+            return False
+        log.warning("deposed %s (its process is gone) without waiting for its ZooKeeper session to expire",
+                    contender_id)
+        return True
+
     # --- internals ---------------------------------------------------------------------
+
+    def _depose_if_dead(self, leader_dead: Callable[[str], bool]) -> None:
+        try:
+            held = self.holder()
+            if held is not None and held[1] != self.contender_id and leader_dead(held[1]):
+                self.depose(held[1])
+        except KazooException as exc:
+            log.debug("could not look at the lock holder: %s", exc)
+
+    def _watch_own_node(self, lease: Leadership) -> None:
+        node = getattr(self._lock, "node", None)
+        if not node:
+            return
+        path = f"{self._lock.path}/{node}"
+
+        def gone(event) -> None:  # kazoo's thread: only flip the flag
+            if event is not None and event.type == "DELETED":
+                lease.revoke("our lock node was deleted (a standby found this leader dead, or it resigned)")
+
+        try:
+            if self.zk.exists(path, watch=gone) is None:
+                lease.revoke("our lock node is gone")
+        except KazooException:
+            lease.revoke("cannot watch our lock node")
 
     def _next_epoch(self, floor: int) -> int:
         counter = self.zk.Counter(f"{self.root}/jobmanager/epoch")

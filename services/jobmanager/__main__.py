@@ -14,17 +14,18 @@ from typing import Callable
 
 import redis
 
-from shared import streams
+from shared import leader_epoch, streams
 from shared.catalog import Catalog
-from shared.clock import SystemClock
+from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointStore
 from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
+from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.scheduler import JobMaster, LeadershipLost
 
 log = logging.getLogger("headrace.jobmanager")
 
@@ -82,20 +83,39 @@ class JobManagerProcess:
 
 
 def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
-         should_stop: Callable[[], bool], leader_id: str, checkpoint_store: CheckpointStore | None = None) -> None:
+         should_stop: Callable[[], bool], leader_id: str, checkpoint_store: CheckpointStore | None = None,
+         still_leading: Callable[[], bool] = lambda: True) -> bool:
     """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages.
-    `checkpoint_store`: checkpoint ids and pointers (ZooKeeper in HA mode; default the catalog)."""
+    `checkpoint_store`: checkpoint ids and pointers (ZooKeeper in HA mode; default the catalog).
+    `still_leading`: checked before every commit (the ZooKeeper lease). Returns False when it
+    found itself deposed (a newer epoch holds the catalog's leadership row)."""
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
-                       checkpoint_store=checkpoint_store)
+                       checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
+                       restart_clock=WallClock())
     leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
                          "since": int(time.time() * 1000)})
-    proc = JobManagerProcess(master, transport, should_stop,
-                             announce=lambda: client.set(streams.JM_LEADER_KEY, leader, px=streams.JM_LEADER_TTL_MS))
+
+    def announce() -> None:
+        # The epoch too: a Redis that restarted empty learns the leader's epoch back within
+        # seconds (receivers accept only that epoch). It only rises: a deposed leader's
+        # announce cannot lower it.
+        leader_epoch.publish(client, epoch)
+        client.set(streams.JM_LEADER_KEY, leader, px=streams.JM_LEADER_TTL_MS)
+
+    proc = JobManagerProcess(master, transport, should_stop, announce=announce)
     while not should_stop():
         try:
             proc.run()
+        except LeadershipLost as exc:
+            log.warning("deposed: %s", exc)
+            return False
+        except redis.ConnectionError:
+            # Redis restarting: reconnect soon, so a standby does not take this leader's
+            # missing connection for a dead process (services/jobmanager/leader_liveness.py).
+            log.warning("Redis unreachable; retrying in 0.2 s")
+            time.sleep(0.2)
         except Exception:  # noqa: BLE001 - messages stay pending and are redelivered
             log.exception("JobManager loop failed; retrying in 1 s")
             time.sleep(1)
@@ -105,11 +125,24 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             client.delete(streams.JM_LEADER_KEY)
     except Exception:  # noqa: BLE001 - the next leader re-sends it (harmless); the key expires
         log.warning("could not clear the sent outbox entries or the leader key", exc_info=True)
+    return True
+
+
+def contender_id() -> str:
+    return f"jobmanager@{socket.gethostname()}:{os.getpid()}"
+
+
+def named_client(url: str, contender: str) -> redis.Redis:
+    """Every connection of this process carries its liveness name (redis-py sets it again on
+    each reconnect), so its death is visible in CLIENT LIST at once."""
+    return redis.Redis(connection_pool=redis.ConnectionPool.from_url(
+        url, client_name=streams.jm_liveness_name(contender)))
 
 
 def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event) -> None:
     """Contend for leadership; lead while elected; back to standby when revoked."""
-    contender = f"jobmanager@{socket.gethostname()}:{os.getpid()}"
+    contender = contender_id()
+    leader_connection = LeaderConnection(client)
     election = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root, contender_id=contender,
                               session_timeout_s=settings.zookeeper_session_timeout_s)
     while not stopping.is_set():
@@ -126,10 +159,11 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
                 # cluster ran standalone before (its epochs count in Redis): receivers fence
                 # older ones.
                 lease = election.campaign(stop=stopping.is_set, epoch_floor=lambda: max(
-                    newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)))
+                    newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)),
+                    leader_dead=leader_connection.dead)
                 if lease is None:
                     break
-                client.set(streams.JM_EPOCH_KEY, lease.epoch)
+                leader_epoch.publish(client, lease.epoch)
             except Exception:  # noqa: BLE001 - catalog, Redis or ZooKeeper failed while winning
                 log.exception("taking leadership failed; contending again in 1 s")
                 election.resign()
@@ -138,7 +172,8 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
             lead(settings, client, catalog, lease.epoch,
                  should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender,
-                 checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)))
+                 checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)),
+                 still_leading=lambda: not lease.revoked.is_set())
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()
@@ -148,7 +183,8 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
 
 def run(settings: Settings) -> None:
     configure_logging("jobmanager")
-    client = wait_for_redis(settings.redis_url)
+    wait_for_redis(settings.redis_url).close()
+    client = named_client(settings.redis_url, contender_id())
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     stopping = threading.Event()
@@ -159,8 +195,11 @@ def run(settings: Settings) -> None:
     else:
         epoch = acquire_standalone_epoch(client, catalog)
         log.info("JobManager started as leader with epoch %d (standalone)", epoch)
-        lead(settings, client, catalog, epoch, should_stop=stopping.is_set,
-             leader_id=f"jobmanager@{socket.gethostname()}:{os.getpid()}")
+        if not lead(settings, client, catalog, epoch, should_stop=stopping.is_set, leader_id=contender_id()):
+            # Another standalone JobManager took over the catalog: two would only depose each
+            # other in turn. Exit non-zero so whoever supervises this one sees it.
+            log.error("another JobManager leads this catalog with a newer epoch; exiting")
+            raise SystemExit(3)
     log.info("JobManager stopped")
 
 

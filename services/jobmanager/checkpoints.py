@@ -380,6 +380,12 @@ class CheckpointCoordinator:
                 f"Exceeded checkpoint tolerable failure threshold ({tolerable}): {failures} consecutive "
                 f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}")
 
+    def still_pending(self, job_id: str, checkpoint_id: int, execution_id: str) -> bool:
+        """Is checkpoint `checkpoint_id` adopted as pending for that very attempt? (After
+        `recover`, which adopts only the pending checkpoints of running attempts.)"""
+        track = self._tracks.get(job_id)
+        return track is not None and track.execution_id == execution_id and checkpoint_id in track.pending
+
     def _fail_row(self, s, row, cause: str) -> None:
         repo.transition_checkpoint(s, row, CS.FAILED, failure_cause=cause)
         if row.request_id:

@@ -8,14 +8,17 @@ from __future__ import annotations
 import redis
 from sqlalchemy import func, select
 
-from shared import streams
+from shared import leader_epoch, streams
 from shared.catalog import Catalog
+from shared.catalog import repository as repo
 from shared.catalog.models import Job
 
 
 def newest_catalog_epoch(catalog: Catalog) -> int:
+    """The newest epoch the catalog has seen: its leadership row, or any job's owner."""
     with catalog.session() as s:
-        return int(s.execute(select(func.coalesce(func.max(Job.epoch), 0))).scalar_one())
+        jobs = int(s.execute(select(func.coalesce(func.max(Job.epoch), 0))).scalar_one())
+        return max(jobs, repo.leadership_epoch(s))
 
 
 def acquire_standalone_epoch(client: redis.Redis, catalog: Catalog) -> int:
@@ -26,6 +29,5 @@ def acquire_standalone_epoch(client: redis.Redis, catalog: Catalog) -> int:
     newest = newest_catalog_epoch(catalog)
     epoch = int(client.incr(streams.JM_EPOCH_KEY))
     if epoch <= newest:
-        client.set(streams.JM_EPOCH_KEY, newest + 1)
-        epoch = newest + 1
+        epoch = leader_epoch.publish(client, newest + 1)
     return epoch

@@ -10,6 +10,11 @@ and `replay()` sends them later, from this process or from the next JobManager.
 Sending twice is harmless by design: slot requests are idempotent by request id, releases by
 allocation id, cancels by execution id; a deploy is replayed only while its attempt is still
 DEPLOYING (and a TaskManager ignores a deploy for an attempt it already runs).
+
+Epochs are never laundered: an entry goes out only under the epoch that committed it. A new
+leader takes the entries of older epochs out (`take_over`) and decides afresh from the catalog
+what they should become (JobMaster._redecide); a deposed leader's replay sends nothing of a
+newer leader's and deletes nothing unless it still holds the leadership row.
 """
 
 from __future__ import annotations
@@ -105,20 +110,45 @@ class Outbox:
             elif e.kind == CHECKPOINT:
                 self.gateway.trigger_checkpoint(e.target, e.body)
 
+    def take_over(self, s) -> list[Effect]:
+        """In the new leader's first transaction: remove what older epochs left and return it,
+        decoded, for the leader to decide again (it is never sent as it is)."""
+        inherited, drop = [], []
+        for r in repo.pending_outbox(s, limit=None):
+            try:
+                env = decode(r.envelope)
+            except UndecodableMessage as exc:
+                log.error("dropping undecodable outbox entry %s: %s", r.id, exc)
+                drop.append(r.id)
+                continue
+            if env.epoch < self.epoch:
+                inherited.append(Effect(r.id, r.kind, r.target, env.body, r.execution_id))
+                drop.append(r.id)
+        repo.delete_outbox(s, drop)
+        if inherited:
+            log.info("%d outbox entries of earlier leaders are decided again from the catalog", len(inherited))
+        return inherited
+
     def replay(self) -> int:
-        """Send what committed transactions left unsent, oldest first. Returns how many."""
+        """Send what this leader's committed transactions left unsent, oldest first. Returns how
+        many."""
         total = 0
         while True:
             with self.catalog.session() as s:
                 rows = repo.pending_outbox(s, limit=self.REPLAY_BATCH)
                 states = repo.execution_states(s, [r.execution_id for r in rows if r.kind == DEPLOY])
             effects, stale = [], []
+            foreign = 0
             for r in rows:
                 try:
-                    body = decode(r.envelope).body
+                    env = decode(r.envelope)
                 except UndecodableMessage as exc:
                     log.error("dropping undecodable outbox entry %s: %s", r.id, exc)
                     stale.append(r.id)
+                    continue
+                body = env.body
+                if env.epoch != self.epoch:
+                    foreign += 1  # an older leader's (the next take_over decides) or a newer one's
                     continue
                 if r.kind == DEPLOY and states.get(r.execution_id) != ES.DEPLOYING.value:
                     stale.append(r.id)  # the attempt moved on: deploying it now would be wrong
@@ -127,8 +157,9 @@ class Outbox:
             self._send(effects)  # raises if Redis is still down: the loop retries later
             with self.catalog.session() as s:
                 repo.delete_outbox(s, [e.id for e in effects] + stale)
+                repo.check_leadership(s, self.epoch)  # a deposed leader deletes nothing
             total += len(effects)
-            if len(rows) < self.REPLAY_BATCH:
+            if len(rows) < self.REPLAY_BATCH or foreign >= len(rows):
                 break
         if total:
             log.info("sent %d effects left in the outbox", total)

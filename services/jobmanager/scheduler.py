@@ -4,6 +4,16 @@ One instance serves every job of the cluster (a session cluster). Handlers are i
 they read the current state from the catalog and refuse what the state machines in
 `shared.states` do not allow, so a redelivered message changes nothing.
 
+Fencing: a leader claims the catalog's leadership row when it takes over (`recover`), and every
+unit of work checks, just before it commits, that the leadership is still its own (the ZooKeeper
+lease not revoked, the row still holding its epoch, under a row lock). A deposed leader that
+wakes up mid-batch commits nothing and sends nothing; what it sent before is refused by the
+receivers, which accept only the current leader's epoch (shared/leader_epoch.py).
+
+Acknowledgements: a deploy that no TaskManager answers within `deploy_ack_timeout_s` fails the
+attempt over; a cancel not confirmed within `cancel_ack_timeout_s` is sent again, and after a
+second timeout the attempt is given up as CANCELED (its sinks fence it off anyway).
+
 Flow of one attempt:
   SubmitJob -> job CREATED, plan (vertex + execution attempt 0) -> execution SCHEDULED,
   job RUNNING -> RequestSlots -> SlotsAllocated -> execution DEPLOYING -> DeployTask (Celery,
@@ -31,8 +41,8 @@ from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.clock import Clock
 from shared.ids import new_execution_id, new_vertex_id
 from shared.messages import (
-    CancelJob, CancelSlotRequest, CancelTask, CheckpointAcknowledged, CheckpointDeclined, DeployTask, Envelope,
-    ReleaseSlots, RequestCheckpoint, RequestSavepoint, RequestSlots, ResourceManagerStarted, SlotRequestFailed,
+    CancelJob, CancelSlotRequest, CancelTask, CheckpointAcknowledged, CheckpointDeclined, CommandRejected, DeployTask,
+    Envelope, ReleaseSlots, RequestCheckpoint, RequestSavepoint, RequestSlots, ResourceManagerStarted, SlotRequestFailed,
     SlotRequestPending, SlotsAllocated, SubmitJob, TaskManagerLost, TaskManagerRegistered, TaskProgress,
     TaskStateChanged, TriggerCheckpoint,
 )
@@ -65,13 +75,26 @@ def slot_request_timeout(config: dict, default_s: float) -> float:
         return default_s
 
 
+class LeadershipLost(repo.StaleEpoch):
+    """This JobManager is no longer the leader: its unit of work was rolled back."""
+
+
+# A DEPLOYING attempt the registering TaskManager does not report may be a deploy still on its
+# way (sent just before the registration): leave it to the acknowledgement timer for this long.
+DEPLOY_IN_FLIGHT_S = 10.0
+
+
 class JobMaster:
     def __init__(self, settings: Settings, catalog: Catalog, transport, gateway, clock: Clock, *, epoch: int,
-                 checkpoint_store: CheckpointStore | None = None):
+                 checkpoint_store: CheckpointStore | None = None, leader_id: str = "jobmanager",
+                 still_leading: Callable[[], bool] = lambda: True, restart_clock: Clock | None = None):
         self.settings, self.catalog, self.transport = settings, catalog, transport
         self.clock, self.epoch = clock, epoch
+        self.leader_id, self.still_leading = leader_id, still_leading
+        # Failure times stored in the catalog are read by the next leader, on another host:
+        # wall-clock seconds there, the injected clock in tests.
+        self.restart_clock = restart_clock or clock
         self.timers = Timers(clock)
-        self._strategies: dict[str, restart.RestartStrategy] = {}
         self._batch = None  # the session shared by one stream batch (see unit_of_work)
         self._effects: list[Effect] | None = None
         self._post_commit: list[Callable[[], None]] = []
@@ -85,7 +108,7 @@ class JobMaster:
             SlotRequestPending: self.on_slot_pending, SlotRequestFailed: self.on_slot_request_failed,
             TaskStateChanged: self.on_task_state, TaskManagerLost: self.on_taskmanager_lost,
             TaskManagerRegistered: self.on_taskmanager_registered, TaskProgress: self.on_progress,
-            ResourceManagerStarted: self.on_resourcemanager_started,
+            ResourceManagerStarted: self.on_resourcemanager_started, CommandRejected: self.on_command_rejected,
             RequestCheckpoint: self.checkpoints.on_request_checkpoint,
             RequestSavepoint: self.checkpoints.on_request_savepoint,
             CheckpointAcknowledged: self.checkpoints.on_ack, CheckpointDeclined: self.checkpoints.on_decline,
@@ -118,6 +141,7 @@ class JobMaster:
                     self._batch = None
                 # Same transaction as the decisions: they and what they send commit together.
                 deleting = self.outbox.write(s, self._effects)
+                self._check_leadership(s)
         except Exception:
             # The transport redelivers the whole batch; give each message its own savepoint
             # for a while so one bad message cannot keep failing its neighbours.
@@ -150,11 +174,23 @@ class JobMaster:
             if artifact_ids:
                 repo.pin(s, s.execute(select(Artifact).where(Artifact.id.in_(artifact_ids))).scalars().all())
 
+    def _check_leadership(self, s: Session) -> None:
+        """The last statement before a commit: still the leader? (lease, then the catalog row
+        under lock, so nobody can take over between the check and the commit)."""
+        if not self.still_leading():
+            raise LeadershipLost(f"leadership of epoch {self.epoch} was revoked: nothing of this unit of work "
+                                 "is committed")
+        try:
+            repo.check_leadership(s, self.epoch)
+        except repo.StaleEpoch as exc:
+            raise LeadershipLost(str(exc)) from None
+
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Session]:
         if self._batch is None:
             with self.catalog.session() as s:
                 yield s
+                self._check_leadership(s)
         elif self._safe_batches:
             mark = len(self._effects)
             try:
@@ -196,11 +232,17 @@ class JobMaster:
     # --- recovery ----------------------------------------------------------------------
 
     def recover(self) -> None:
-        """After a (re)start: pick up every job this leader must drive to a terminal state."""
+        """After a (re)start: claim the leadership in the catalog and pick up every job this
+        leader must drive to a terminal state. What earlier leaders left in the outbox is not
+        sent as it is: it is decided again from the catalog (`_redecide`)."""
         with self._tx() as s:
+            repo.claim_leadership(s, self.epoch, self.leader_id)
             live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
             todo = [(j.id, JS(j.status)) for j in live]
             self.checkpoints.recover(s)
+            inherited = self.outbox.take_over(s)
+            self._redecide(s, inherited)
+            self._resend_unacknowledged(s)
         for job_id, status in todo:
             if status == JS.INITIALIZING:
                 self.on_submit(SubmitJob(job_id=job_id))
@@ -212,6 +254,114 @@ class JobMaster:
                 self._rerequest_scheduled(job_id)
         if todo:
             log.info("recovered %d unfinished jobs", len(todo))
+
+    def _redecide(self, s: Session, inherited: list[Effect]) -> None:
+        """Entries an earlier leader committed but perhaps never sent. Deploys, cancels and slot
+        requests are re-derived from the executions' states (`_resend_unacknowledged`,
+        `_rerequest_scheduled`); a release or a cancelled slot request still right by the catalog
+        goes out under this epoch, and so does a checkpoint trigger whose checkpoint is still pending
+        for the same attempt (lost, it would block the next checkpoints until its timeout)."""
+        for e in inherited:
+            body = e.body
+            if isinstance(body, ReleaseSlots):
+                holders = s.execute(select(Execution.state).where(Execution.allocation_id == body.allocation_id)).scalars()
+                if all(ES(st).is_terminal for st in holders):
+                    self._emit(body)
+            elif isinstance(body, CancelSlotRequest):
+                try:
+                    if repo.get_execution(s, body.request_id).state != ES.SCHEDULED.value:
+                        self._emit(body)
+                except repo.NotFound:
+                    self._emit(body)
+            elif isinstance(body, TriggerCheckpoint):
+                # Still pending and its attempt still the one running: the trigger is still right
+                # (the driver serves each checkpoint id once).
+                if self.checkpoints.still_pending(body.job_id, body.checkpoint_id, body.execution_id):
+                    self._command(CHECKPOINT, self._queue_of(body.taskmanager_id, s), body)
+
+    def _resend_unacknowledged(self, s: Session) -> None:
+        """Deploys and cancels no TaskManager has confirmed yet: sent again under this epoch
+        (TaskManagers ignore a deploy of an attempt they run and a cancel of one they do not),
+        with fresh acknowledgement timers."""
+        rows = s.execute(select(Execution).where(Execution.state.in_([ES.DEPLOYING.value, ES.CANCELING.value]))).scalars()
+        for ex in rows:
+            if ex.state == ES.DEPLOYING.value:
+                job = repo.get_job(s, ex.job_id)
+                if job.status != JS.RUNNING.value or not ex.taskmanager_id:
+                    continue
+                queue = self._queue_of(ex.taskmanager_id, s)
+                alloc = SlotsAllocated(request_id=ex.id, job_id=ex.job_id, execution_id=ex.id,
+                                       allocation_id=ex.allocation_id or "", taskmanager_id=ex.taskmanager_id,
+                                       queue=queue, slot_indices=tuple(ex.slots or ()))
+                self._command(DEPLOY, queue, self._deploy_command(s, job, ex, alloc, choose_restore=False))
+                self._arm_ack_timer(ex.id, ES.DEPLOYING)
+            else:
+                self._command(CANCEL, self._queue_of(ex.taskmanager_id, s),
+                              CancelTask(taskmanager_id=ex.taskmanager_id or "", execution_id=ex.id, job_id=ex.job_id))
+                self._arm_ack_timer(ex.id, ES.CANCELING)
+
+    # --- acknowledgement timers ----------------------------------------------------------
+
+    def _arm_ack_timer(self, execution_id: str, state: ES, *, resent: bool = False) -> None:
+        timeout = self.settings.deploy_ack_timeout_s if state == ES.DEPLOYING else self.settings.cancel_ack_timeout_s
+        self.timers.call_later(timeout, lambda: self._ack_timed_out(execution_id, state, timeout, resent))
+
+    def _ack_timed_out(self, execution_id: str, state: ES, timeout: float, resent: bool) -> None:
+        with self._tx() as s:
+            try:
+                ex = repo.get_execution(s, execution_id, lock=True)
+            except repo.NotFound:
+                return
+            if ex.state != state.value:
+                return  # acknowledged (or moved on) in time
+            tm, job_id = ex.taskmanager_id, ex.job_id
+        if state == ES.DEPLOYING:
+            self._fail_execution(execution_id, cause_name="DeploymentTimeoutException",
+                                 cause=f"TaskManager {tm} did not acknowledge the deployment within {timeout:g} s "
+                                       "(deploy_ack_timeout_s): the command was lost or refused; failing over",
+                                 expected_tm=None)
+        elif not resent:
+            log.warning("cancel of %s not confirmed by %s within %g s; sending it again", execution_id, tm, timeout)
+            self._command(CANCEL, self._queue_of(tm), CancelTask(taskmanager_id=tm or "", execution_id=execution_id,
+                                                                job_id=job_id))
+            self._arm_ack_timer(execution_id, ES.CANCELING, resent=True)
+        else:
+            self._give_up_cancel(execution_id, f"TaskManager {tm} did not confirm the cancellation within "
+                                               f"{2 * timeout:g} s (cancel_ack_timeout_s, sent twice)")
+
+    def _give_up_cancel(self, execution_id: str, why: str) -> None:
+        """CANCELING -> CANCELED without the TaskManager's word: its slots go back, and its sinks
+        refuse whatever the task may still write (fenced by the next attempt's token)."""
+        release = None
+        with self._tx() as s:
+            ex = repo.get_execution(s, execution_id, lock=True)
+            if ex.state != ES.CANCELING.value:
+                return
+            repo.transition_execution(s, ex, ES.CANCELED, failure_cause=why)
+            repo.record_exception(s, job_id=ex.job_id, exception_name="CancelTimeoutException", stacktrace=why,
+                                  execution_id=ex.id, attempt=ex.attempt, taskmanager_id=ex.taskmanager_id,
+                                  keep=self.settings.exception_history_size)
+            release = ex.allocation_id
+            self.checkpoints.on_execution_ended(s, ex.job_id, ex.id, ES.CANCELED)
+            self._after_terminal(s, ex.job_id)
+        log.warning("%s: %s", execution_id, why)
+        if release:
+            self._emit(ReleaseSlots(allocation_id=release, reason="cancel not confirmed"))
+
+    def on_command_rejected(self, msg: CommandRejected) -> None:
+        if not msg.execution_id:
+            log.warning("TaskManager %s rejected a %s command: %s", msg.taskmanager_id, msg.command or "unreadable",
+                        msg.reason)
+            return
+        if msg.command == "CancelTask":
+            self._give_up_cancel(msg.execution_id, f"TaskManager {msg.taskmanager_id} rejected the cancel: {msg.reason}")
+        elif msg.command in (None, "DeployTask"):
+            self._fail_execution(msg.execution_id, cause_name="CommandRejected",
+                                 cause=f"TaskManager {msg.taskmanager_id} rejected the deployment: {msg.reason}",
+                                 expected_tm=msg.taskmanager_id)
+        else:
+            log.warning("TaskManager %s rejected %s for %s: %s", msg.taskmanager_id, msg.command, msg.execution_id,
+                        msg.reason)
 
     def on_resourcemanager_started(self, msg: ResourceManagerStarted) -> None:
         with self._tx() as s:
@@ -292,6 +442,7 @@ class JobMaster:
                                                                    reason="execution no longer scheduled"))
             return
         self._command(DEPLOY, msg.queue, deploy)
+        self._arm_ack_timer(msg.execution_id, ES.DEPLOYING)
         log.info("deploying %s attempt of job %s to %s slots %s", msg.execution_id, msg.job_id,
                  msg.taskmanager_id, list(msg.slot_indices))
 
@@ -368,7 +519,6 @@ class JobMaster:
             return
         if job.status == JS.CANCELLING.value:
             repo.transition_job(s, job_id, JS.CANCELED, epoch=self.epoch)
-            self._strategies.pop(job_id, None)
             self.checkpoints.on_job_terminal(s, job, JS.CANCELED)
         elif job.status == JS.RUNNING.value and all(e.state == ES.FINISHED.value for e in latest):
             parallelism = self.checkpoints.rescale_after_finish(s, job)
@@ -382,7 +532,6 @@ class JobMaster:
                 log.info("job %s rescaling to parallelism %d", job_id, parallelism)
                 return
             repo.transition_job(s, job_id, JS.FINISHED, epoch=self.epoch)
-            self._strategies.pop(job_id, None)
             self.checkpoints.on_job_terminal(s, job, JS.FINISHED)
             log.info("job %s FINISHED", job_id)
 
@@ -397,32 +546,52 @@ class JobMaster:
             victims = [e.id for e in repo.live_executions_on(s, msg.taskmanager_id)]
         for ex_id in victims:
             self._fail_execution(ex_id, cause_name="TaskManagerLost", cause=msg.reason,
-                                 expected_tm=msg.taskmanager_id, release=False, failed_at=msg.last_heard_at)
+                                 expected_tm=msg.taskmanager_id, release=False, silent_for_s=msg.silent_for_s)
 
     def on_taskmanager_registered(self, msg: TaskManagerRegistered) -> None:
-        """Reconcile what a (re-)registering TaskManager runs with what the catalog believes."""
-        zombies = []
-        for report in msg.running:
-            with self._tx() as s:
+        """Reconcile what a (re-)registering TaskManager runs with what the catalog believes,
+        both ways: what it runs that we gave up on is cancelled; what the catalog places on it
+        that it does not report is gone (it restarted, or the ResourceManager lost track) and
+        fails over now rather than staying RUNNING with nothing running it."""
+        zombies, lost, gone_cancels = [], [], []
+        reported = {r.execution_id for r in msg.running}
+        tm = msg.taskmanager_id
+        with self._tx() as s:
+            for report in msg.running:
                 try:
                     ex = repo.get_execution(s, report.execution_id, lock=True)
                 except repo.NotFound:
                     zombies.append(report)
                     continue
-                if ES(ex.state).is_terminal or ex.taskmanager_id != msg.taskmanager_id:
+                if ES(ex.state).is_terminal or ex.taskmanager_id != tm:
                     zombies.append(report)  # we gave up on it (e.g. TaskManager was frozen)
                 elif report.state == ES.RUNNING and ex.state in (ES.DEPLOYING.value, ES.INITIALIZING.value):
                     repo.transition_execution(s, ex.id, ES.RUNNING)
+            now_ms = time.time() * 1000
+            for ex in repo.live_executions_on(s, tm):
+                if ex.id in reported:
+                    continue
+                deployed_ms = (ex.timestamps or {}).get(ES.DEPLOYING.value, 0)
+                if ex.state == ES.DEPLOYING.value and now_ms - deployed_ms < DEPLOY_IN_FLIGHT_S * 1000:
+                    continue  # the deploy may still be on its way: its acknowledgement timer decides
+                (gone_cancels if ex.state == ES.CANCELING.value else lost).append(ex.id)
         for z in zombies:
-            log.warning("cancelling zombie task %s on %s", z.execution_id, msg.taskmanager_id)
-            self._command(CANCEL, self._queue_of(msg.taskmanager_id),
-                          CancelTask(taskmanager_id=msg.taskmanager_id, execution_id=z.execution_id, job_id=z.job_id))
+            log.warning("cancelling zombie task %s on %s", z.execution_id, tm)
+            self._command(CANCEL, self._queue_of(tm),
+                          CancelTask(taskmanager_id=tm, execution_id=z.execution_id, job_id=z.job_id))
             if z.allocation_id:
                 # The re-registration brought its slots back as allocated; nobody else will free them.
                 self._emit(ReleaseSlots(allocation_id=z.allocation_id, reason="zombie task cancelled"))
+        for ex_id in lost:
+            log.warning("TaskManager %s registered without %s, which the catalog places on it: failing over", tm, ex_id)
+            self._fail_execution(ex_id, cause_name="TaskLostException",
+                                 cause=f"TaskManager {tm} registered again without this task (it restarted or lost "
+                                       "it): nothing runs it any more", expected_tm=tm)
+        for ex_id in gone_cancels:
+            self._give_up_cancel(ex_id, f"TaskManager {tm} registered again without this task: it is gone")
 
     def _fail_execution(self, execution_id: str, *, cause_name: str, cause: str, expected_tm: str | None,
-                        release: bool = True, failed_at: float | None = None) -> None:
+                        release: bool = True, silent_for_s: float | None = None) -> None:
         release_alloc = None
         restart_in: float | None = None
         cancels: list[tuple[str, CancelTask]] = []
@@ -449,20 +618,21 @@ class JobMaster:
             elif job.status == JS.RUNNING.value:
                 strategy = self._strategy(job)
                 strategy.notify_failure()
+                repo.set_restart_state(s, job, strategy.state())
                 cancels = self._cancel_live(s, job.id)
                 if strategy.can_restart() and cause_name not in NON_RECOVERABLE:
                     repo.transition_job(s, job.id, JS.RESTARTING, epoch=self.epoch, reason=cause_name)
                     restart_in = strategy.backoff_s()
-                    if failed_at is not None:
+                    if silent_for_s is not None:
                         # The backoff separates the restart from the failure, not from its
                         # detection: a TaskManager found dead by a 10 s heartbeat timeout has
                         # been gone for 10 s already, and waiting the backoff again on top would
-                        # only delay recovery.
-                        restart_in = max(0.0, restart_in - max(0.0, time.time() - failed_at))
+                        # only delay recovery. (A duration the ResourceManager measured on its
+                        # own clock: no two hosts' clocks are compared.)
+                        restart_in = max(0.0, restart_in - max(0.0, silent_for_s))
                 else:
                     repo.transition_job(s, job.id, JS.FAILING, epoch=self.epoch, reason=cause_name)
                     repo.transition_job(s, job.id, JS.FAILED, epoch=self.epoch, reason=cause_name)
-                    self._strategies.pop(job.id, None)
                     self.checkpoints.on_job_terminal(s, job, JS.FAILED)
                     log.warning("job %s FAILED: %s", job.id, cause.splitlines()[-1] if cause else cause_name)
             job_id = job.id
@@ -489,6 +659,7 @@ class JobMaster:
             else:
                 if state != ES.CANCELING:
                     repo.transition_execution(s, ex, ES.CANCELING)
+                    self._arm_ack_timer(ex.id, ES.CANCELING)
                 out.append((self._queue_of(ex.taskmanager_id, s),
                             CancelTask(taskmanager_id=ex.taskmanager_id, execution_id=ex.id, job_id=job_id)))
         return out
@@ -526,10 +697,12 @@ class JobMaster:
         log.info("job %s restarted (%d tasks)", job_id, len(requests))
 
     def _strategy(self, job: Job) -> restart.RestartStrategy:
-        if job.id not in self._strategies:
-            config = job.restart_strategy or self.settings.restart_strategy
-            self._strategies[job.id] = restart.build(config, clock=self.clock)
-        return self._strategies[job.id]
+        """Built afresh from the job's row each time: its counters live in the catalog, so a
+        rolled-back failure was never counted and a new leader continues the budget."""
+        config = job.restart_strategy or self.settings.restart_strategy
+        strategy = restart.build(config, clock=self.restart_clock)
+        strategy.load(job.restart_state or {})
+        return strategy
 
     # --- cancel ------------------------------------------------------------------------
 

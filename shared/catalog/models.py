@@ -32,6 +32,8 @@ class Artifact(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     uploaded_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # What GET /jars shows (entry points), computed once at upload: a listing never parses files.
+    listing: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class Job(Base):
@@ -56,6 +58,19 @@ class Job(Base):
     # Consecutive failed checkpoints (reset by a completed one): the job fails over when it
     # passes execution.checkpointing.tolerable-failed-checkpoints.
     checkpoint_failures: Mapped[int] = mapped_column(Integer, default=0)
+    # The restart strategy's counters (shared/restart.py), changed in the failure's transaction.
+    restart_state: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+
+
+class Leadership(Base):
+    """One row (id 1): the newest JobManager epoch. A leader's unit of work locks it and commits
+    only if the epoch is still its own, so a deposed leader cannot commit anything."""
+
+    __tablename__ = "leadership"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    leader: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    since: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class JobTransition(Base):

@@ -1,9 +1,11 @@
 """Every catalog write. One function per entity changes its state, inside the caller's
 transaction (`Catalog.session()`), locking the row and refusing what its state machine forbids.
 
-JobManager writes are fenced: a job row remembers the newest leader epoch that wrote it, and a
-write with an older epoch is refused (`StaleEpoch`), so a deposed leader cannot overwrite the
-decisions of its successor.
+JobManager writes are fenced twice. The `leadership` row holds the newest leader epoch: a leader
+claims it when it takes over (`claim_leadership`) and every unit of work locks it and checks its
+own epoch just before committing (`check_leadership`), so a deposed leader commits nothing at
+all, whichever rows it touched. And a job row remembers the newest epoch that wrote it
+(`StaleEpoch` for an older one).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
 from shared.catalog.models import (
-    Artifact, CheckpointRow, ExceptionRow, Execution, Job, JobTransition, Operation, OutboxEntry, Sequence_,
+    Artifact, CheckpointRow, ExceptionRow, Execution, Job, JobTransition, Leadership, Operation, OutboxEntry, Sequence_,
     TaskManagerRow, Vertex, epoch_ms, utcnow,
 )
 from shared.states import (
@@ -67,6 +69,38 @@ def _get(s: Session, model, pk: str, lock: bool):
 
 class StaleEpoch(RuntimeError):
     """A write by a JobManager whose leadership has since passed to a newer epoch."""
+
+
+# --- leadership ----------------------------------------------------------------------------
+
+LEADERSHIP_ROW = 1
+
+
+def claim_leadership(s: Session, epoch: int, leader: str) -> None:
+    """Make `epoch` the catalog's leader epoch; StaleEpoch if a newer leader claimed it already.
+    The row lock waits for a deposed leader's transaction in flight, which then commits before
+    the claim (it was still the leader) or fails its own check after it."""
+    row = s.execute(select(Leadership).where(Leadership.id == LEADERSHIP_ROW).with_for_update()).scalar_one_or_none()
+    if row is None:
+        s.add(Leadership(id=LEADERSHIP_ROW, epoch=epoch, leader=leader, since=utcnow()))
+        s.flush()
+        return
+    if row.epoch > epoch:
+        raise StaleEpoch(f"the catalog's leader epoch is {row.epoch} ({row.leader}); this JobManager has {epoch}")
+    row.epoch, row.leader, row.since = epoch, leader, utcnow()
+
+
+def check_leadership(s: Session, epoch: int) -> None:
+    """Lock the leadership row and raise StaleEpoch unless `epoch` still holds it: the last
+    statement of every unit of work of a leader, so the check and the commit are atomic."""
+    row = s.execute(select(Leadership.epoch).where(Leadership.id == LEADERSHIP_ROW).with_for_update()).scalar_one_or_none()
+    if row != epoch:
+        raise StaleEpoch(f"leadership passed to epoch {row}; this JobManager has epoch {epoch}: nothing it "
+                         "decided in this unit of work is committed")
+
+
+def leadership_epoch(s: Session) -> int:
+    return int(s.execute(select(Leadership.epoch).where(Leadership.id == LEADERSHIP_ROW)).scalar_one_or_none() or 0)
 
 
 # --- counters ------------------------------------------------------------------------------
@@ -282,10 +316,18 @@ def set_execution_waiting_reason(s: Session, execution: str | Execution, reason:
 
 
 def record_progress(s: Session, execution_id: str, *, batch_id: int, rows: int) -> None:
+    """Count a committed batch once: a redelivered report (same batch id) or one overtaken by a
+    later batch changes nothing."""
     s.execute(
-        update(Execution).where(Execution.id == execution_id)
+        update(Execution)
+        .where(Execution.id == execution_id,
+               (Execution.last_batch_id.is_(None)) | (Execution.last_batch_id < batch_id))
         .values(last_batch_id=batch_id, rows_processed=Execution.rows_processed + rows)
     )
+
+
+def set_restart_state(s: Session, job: Job, state: dict) -> None:
+    job.restart_state = state
 
 
 # --- exceptions ----------------------------------------------------------------------------
@@ -365,7 +407,7 @@ def add_outbox(s: Session, entries: list[dict]) -> None:
         s.execute(insert(OutboxEntry), entries)
 
 
-def pending_outbox(s: Session, *, limit: int = 1000) -> Sequence[OutboxEntry]:
+def pending_outbox(s: Session, *, limit: int | None = 1000) -> Sequence[OutboxEntry]:
     return s.execute(select(OutboxEntry).order_by(OutboxEntry.seq).limit(limit)).scalars().all()
 
 

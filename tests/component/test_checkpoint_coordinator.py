@@ -253,6 +253,9 @@ def test_a_new_leader_adopts_pending_checkpoints_and_continues_the_numbering(h):
     h.jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=2)
     with h.jm.unit_of_work():
         h.jm.recover()
+    # The new leader cannot know whether the old one's trigger went out: it sends it again under
+    # its own epoch (the driver serves each checkpoint id once).
+    assert [(t.checkpoint_id, t.execution_id) for t in triggers(h)] == [(1, first.execution_id)]
     ack(h, first)
     assert rows(h, job) == [(1, "checkpoint", "COMPLETED")]
     h.clock.advance(1.0)

@@ -11,9 +11,10 @@ from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.clock import FakeClock
 from shared.ids import new_job_id
+from shared.messages import decode
 from shared.messages import (
-    CancelJob, CancelTask, DeployTask, RegisterTaskManager, SubmitJob, TaskManagerHeartbeat, TaskStateChanged,
-    UnregisterTaskManager,
+    CancelJob, CancelTask, DeployTask, RegisterTaskManager, SlotState, SubmitJob, TaskManagerHeartbeat, TaskReport,
+    TaskStateChanged, UnregisterTaskManager,
 )
 from shared.settings import Settings
 from shared.states import ExecutionState as ES
@@ -45,6 +46,8 @@ class Harness:
         self.t = InMemoryTransport(sender="test", epoch=1)
         self.gw = RecordingGateway()
         self.jm = JobMaster(self.settings, self.catalog, self.t, self.gw, self.clock, epoch=1)
+        with self.jm.unit_of_work():
+            self.jm.recover()  # claims the catalog's leadership row, as a real leader does
         self.rm = ResourceManager(self.settings, self.catalog, self.t, self.clock)
         for i, n in enumerate(slots):
             self.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=f"tm-{i}", host="h", slots=n, cores=2,
@@ -247,16 +250,42 @@ def test_taskmanager_that_registers_again_after_a_resourcemanager_restart_keeps_
     [cmd] = h.deployed()
     h.report(cmd, ES.RUNNING)
     _restart_resourcemanager(h)
+    # The TaskManager that runs the task reports it, and its slots, when it registers again.
+    ex = h.execution(cmd.spec["execution_id"])
+    held = tuple(SlotState(index=i, allocation_id=cmd.allocation_id, job_id=ex.job_id, execution_id=ex.id)
+                 for i in cmd.slot_indices)
+    reports = {tm: (held if tm == ex.taskmanager_id else ()) for tm in ("tm-0", "tm-1")}
+    running = (TaskReport(execution_id=ex.id, job_id=ex.job_id, state=ES.RUNNING, allocation_id=cmd.allocation_id),)
     for tm in ("tm-0", "tm-1"):
-        h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=tm, host="h", slots=4, cores=2,
-                                                           memory_bytes=1, queue=f"tm.{tm}"))
+        h.t.publish(streams.RM_STREAM, RegisterTaskManager(
+            taskmanager_id=tm, host="h", slots=4, cores=2, memory_bytes=1, queue=f"tm.{tm}",
+            slot_report=reports[tm], running=running if tm == ex.taskmanager_id else ()))
     for _ in range(8):
         h.clock.advance(2)
         for tm in ("tm-0", "tm-1"):
-            h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=()))
+            h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=reports[tm]))
         h.pump()
     assert h.execution(cmd.spec["execution_id"]).state == "RUNNING"
     assert h.deployed() == []
+
+
+def test_taskmanager_that_registers_again_without_its_task_fails_it_over(h):
+    job = h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
+    h.pump()
+    [cmd] = h.deployed()
+    h.report(cmd, ES.INITIALIZING, ES.RUNNING)
+    ex = h.execution(cmd.spec["execution_id"])
+    # The same TaskManager id comes back (a restarted process, as in the compose stack), running
+    # nothing: the catalog's RUNNING attempt has nothing behind it and must move at once.
+    _restart_resourcemanager(h)
+    for tm in ("tm-0", "tm-1"):
+        h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=tm, host="h", slots=4, cores=2,
+                                                           memory_bytes=1, queue=f"tm.{tm}"))
+    h.pump()
+    assert h.execution(ex.id).state == "FAILED"
+    assert "registered again without this task" in h.execution(ex.id).failure_cause
+    [again] = h.deployed()
+    assert again.spec["job_id"] == job and again.spec["attempt"] == 1
 
 
 def test_many_jobs_wait_with_reason_and_start_in_submission_order(h):
@@ -326,10 +355,13 @@ def test_effects_of_a_committed_batch_survive_a_failed_send_and_a_jobmanager_res
     # The decision (a SCHEDULED attempt) committed; its slot request could not be sent.
     assert h.attempts(job) == [(0, "SCHEDULED")]
     assert [kind for kind, _ in _outbox_rows(h)] == ["stream"]
-    # A new JobManager (this one died) finds the request in the outbox and sends it.
+    # A new JobManager (this one died) finds the request in the outbox and decides it again
+    # from the catalog (the attempt is still SCHEDULED): it goes out under the new epoch.
     h.jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=2)
-    assert h.jm.outbox.backlog
-    assert h.jm.outbox.replay() == 1
+    with h.jm.unit_of_work():
+        h.jm.recover()
+    with h.catalog.session() as s:  # nothing of epoch 1 is left to be sent as it is
+        assert {decode(r.envelope).epoch for r in repo.pending_outbox(s)} == {2}
     h.pump()
     assert len(h.deployed()) == 1 and _outbox_rows(h) == []
 

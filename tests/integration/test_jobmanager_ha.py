@@ -76,6 +76,12 @@ def test_standby_takes_over_and_restarts_no_task(cluster, rest, jar, how):
     assert rest.wait_state(quick, "FINISHED", timeout_s=60)["state"] == "FINISHED"
     after = leader(cluster)
     assert after["id"] != before["id"] and after["epoch"] > before["epoch"]
+    if how == "kill -9":
+        # The standby saw the dead leader's Redis connections vanish and deposed it, rather than
+        # waiting for its ZooKeeper session to expire.
+        standby = leader_child(cluster)
+        log_text = (cluster.run_dir / "logs" / f"{standby}.log").read_text()
+        assert f"deposed {before['id']} (its process is gone)" in log_text
     # The dashboard's overview names the new leader (it announces itself every 2 s).
     deadline = time.monotonic() + 10
     while (rest.get("/overview")["jobmanager"] or {}).get("epoch") != after["epoch"]:
@@ -111,3 +117,39 @@ def test_zookeeper_outage_stops_leading_and_a_leader_returns_with_it(cluster, re
     assert [(a["attempt"], a["status"]) for a in rest.attempts(endless)] == [(0, "RUNNING")]
     rest.cancel(endless)
     assert rest.wait_state(endless, "CANCELED", timeout_s=30)["state"] == "CANCELED"
+
+
+def test_a_frozen_leader_woken_after_the_standby_took_over_changes_nothing(cluster, rest, jar):
+    """SIGSTOP keeps the leader's sockets open (so it is not deposed as dead): the standby leads
+    once the frozen leader's ZooKeeper session expires, and acts. Woken up, the old leader must
+    find itself deposed and change nothing: no job is written with its epoch again, the running
+    task keeps its attempt."""
+    endless = noop(rest, jar, -1)
+    rest.wait_attempt_running(endless, 0)
+    before = leader(cluster)
+    name = leader_child(cluster)
+    pid = cluster.child(name).proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # The standby leads and acts: it drives a job submitted while the old leader is frozen.
+        quick = noop(rest, jar, 0.2)
+        assert rest.wait_state(quick, "FINISHED", timeout_s=60)["state"] == "FINISHED"
+        after = leader(cluster)
+        assert after["epoch"] > before["epoch"]
+        # A job it starts and keeps running, for the woken leader to trip over.
+        second = noop(rest, jar, -1)
+        rest.wait_attempt_running(second, 0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    log_path = cluster.run_dir / "logs" / f"{name}.log"
+    deadline = time.monotonic() + 30
+    while "revoked" not in log_path.read_text() and "deposed" not in log_path.read_text():
+        assert time.monotonic() < deadline, "the woken leader did not notice it no longer leads"
+        time.sleep(0.3)
+    time.sleep(3)  # let it try whatever it had in hand
+    assert leader(cluster)["epoch"] == after["epoch"]
+    assert (rest.get("/overview")["jobmanager"] or {}).get("epoch") == after["epoch"]
+    for job in (endless, second):
+        assert [(a["attempt"], a["status"]) for a in rest.attempts(job)] == [(0, "RUNNING")]
+        rest.cancel(job)
+        assert rest.wait_state(job, "CANCELED", timeout_s=30)["state"] == "CANCELED"
