@@ -22,8 +22,9 @@ the RocksDB provider, through the job's configuration (spark.sql.streaming.state
 providerClass, applied by the runner as a spark.sql.* option). --provider forces one.
 
 Before the checkpoint window (the savepoint follows it at once) and before the restore, the
-1-minute load average must be below --max-load (waited for up to --load-wait s); the load is
-printed with each figure. A declined checkpoint does not fail the job over here (it is counted
+1-minute load average must be below --max-load: the benchmark waits up to --load-wait s for
+it, then measures anyway and marks the figure busy in its log; the load is printed (and kept in
+the JSON) with each figure. A declined checkpoint does not fail the job over here (it is counted
 instead): see TOLERATE_DECLINES in bench/checkpoint_overhead.py.
 
 usage: python bench/checkpoint_state_sizes.py [--sizes 10MB,100MB,1GB] [--smoke]
