@@ -90,8 +90,9 @@ def up(
     ha: bool = typer.Option(False, "--ha", help="ZooKeeper mode: two JobManagers elect a leader (starts a local "
                                                 "ZooKeeper unless zookeeper_quorum is set)"),
 ) -> None:
-    """Start a whole local cluster as child processes; Ctrl-C stops it."""
+    """Start a whole local cluster as supervised child processes; Ctrl-C stops it."""
     from services.local_cluster import ClusterError, LocalCluster
+    from services.redis_auth import masked
 
     settings = settings_or_fail(dispatcher_port=port)
     ha = ha or settings.high_availability == "zookeeper"
@@ -102,7 +103,12 @@ def up(
     except ClusterError as exc:
         cluster.stop()
         fail(str(exc))
+    # Supervised from here on: a child that exits is restarted with a backoff, and said so here.
+    cluster.supervise(notify=typer.echo)
     typer.echo(f"Headrace is up. Dashboard: {cluster.dispatcher_url}/  (logs: {cluster.run_dir}/logs)")
+    typer.echo(f"Redis: {masked(cluster.redis_url)}" + (
+        f"  (AOF and passwords in {settings.home / 'redis'}; redis-cli: REDISCLI_AUTH from credentials.json)"
+        if "redis_url" not in settings.model_fields_set and settings.redis_auth else ""))
     if cluster.zookeeper_quorum:
         typer.echo(f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}")
     typer.echo("Press Ctrl-C to stop.")
@@ -111,6 +117,24 @@ def up(
     finally:
         typer.echo("stopping the cluster ...")
         cluster.stop()
+
+
+@app.command("redis-auth")
+def redis_auth_files(
+    directory: Path = typer.Argument(Path("deploy"), help="where docker-compose.yml is"),
+    rotate: bool = typer.Option(False, "--rotate", help="new passwords for every user (restart the whole stack)"),
+) -> None:
+    """Write the compose stack's Redis credentials: DIR/.env (passwords, 0600) and
+    DIR/secrets/redis-users.acl (ACL users with password hashes). Existing passwords are kept."""
+    from services.redis_auth import compose_files
+
+    if not directory.is_dir():
+        fail(f"{directory}: no such directory", 2)
+    try:
+        env_file, acl = compose_files(directory, rotate=rotate)
+    except (OSError, ValueError) as exc:
+        fail(str(exc))
+    typer.echo(f"wrote {env_file} (passwords, mode 0600) and {acl} (hashes only)")
 
 
 def _stop_event() -> threading.Event:

@@ -4,9 +4,17 @@ Starts a redis-server on a free port (unless a Redis URL is configured), migrate
 then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum is configured and
 several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
 dispatcher, each a separate process in its own process group with its log under the run
-directory. Stopping sends SIGTERM
-to every group (the TaskManagers stop their Spark drivers), waits, then SIGKILLs what is left:
-no orphan JVMs.
+directory. Stopping ends supervision, then sends SIGTERM to every group (the TaskManagers stop
+their Spark drivers), waits, then SIGKILLs what is left: no orphan JVMs.
+
+The redis-server it starts keeps its data in $HEADRACE_HOME/redis (AOF, fsync every second), so
+streams, consumer groups with their pending entries and the dead letters survive a restart of
+it. Unless `redis_auth` is off it requires a password, and each service connects as its own
+ACL user (services/redis_auth.py): the children read <run>/<service>.yaml (0600), the admin URL
+is in <run>/config.yaml and `LocalCluster.redis_url`, and nothing prints a password.
+
+`supervise()` (as `headrace up` does) restarts any child that exits, with a
+backoff (services/process_supervisor.py).
 """
 
 from __future__ import annotations
@@ -18,14 +26,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import redis
 import yaml
 
+from services import redis_auth
+from services.process_supervisor import RestartPolicy, Supervisor
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.transport.redis_streams import wait_for_redis
@@ -65,6 +77,24 @@ class Child:
     name: str
     proc: subprocess.Popen
     log: Path
+    env: dict = field(default_factory=dict, repr=False)
+
+
+# Which Redis user each child connects as (its config file is <run>/<role>.yaml).
+def role_of(name: str) -> str | None:
+    for role in redis_auth.SERVICES:
+        if name == role or name.startswith(f"{role}-"):
+            return role
+    return None
+
+
+def redis_command(data_dir: Path, port: int, aclfile: Path | None) -> list[str]:
+    """redis-server for the control plane: AOF with an fsync every second (a crash loses at
+    most the last second), no RDB snapshots, no idle timeout (each TaskManager keeps an idle
+    named liveness connection), noeviction (an evicted stream would lose messages silently)."""
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", "",
+           "--appendonly", "yes", "--appendfsync", "everysec", "--timeout", "0", "--maxmemory-policy", "noeviction"]
+    return cmd + (["--aclfile", str(aclfile)] if aclfile else [])
 
 
 @dataclass
@@ -79,7 +109,11 @@ class LocalCluster:
     redis_url: str = ""
     dispatcher_url: str = ""
     zookeeper_quorum: str | None = None
+    service_redis_urls: dict = field(default_factory=dict, repr=False)  # role -> URL with its user
+    supervisor: Supervisor | None = None
     _env: dict = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # guards children
+    _describing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def start(self, *, wait_s: float = 60.0, echo=print) -> "LocalCluster":
         s = self.settings
@@ -87,21 +121,21 @@ class LocalCluster:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         if "redis_url" in s.model_fields_set:
-            self.redis_url = s.redis_url
+            self.redis_url = s.redis_url  # the user's Redis: its persistence and ACLs are theirs to set
+            self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, s.redis_url)
         else:
-            if not shutil.which("redis-server"):
-                raise ClusterError("redis-server is not installed (Debian: apt-get install redis-server), "
-                                   "or set HEADRACE_REDIS_URL to a running Redis")
-            port = free_port()
-            self.redis_url = f"redis://127.0.0.1:{port}/0"
-            self._spawn("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--dir", str(self.run_dir)], env)
-            self._wait_redis()
+            self._start_redis(env)
         config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog}
+        if redis_auth.PIPELINE in self.service_redis_urls:
+            config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
         if self.ha or s.high_availability == "zookeeper":
             self.zookeeper_quorum = s.zookeeper_quorum or self._start_zookeeper(env)
             config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        # Every file holds a Redis password once auth is on: owner-only, like the credentials.
+        redis_auth.write_private(self.run_dir / "config.yaml", yaml.safe_dump(config))
+        for role in redis_auth.SERVICES:
+            redis_auth.write_private(self.run_dir / f"{role}.yaml",
+                                     yaml.safe_dump(config | {"redis_url": self.service_redis_urls[role]}))
         env["HEADRACE_CONFIG"] = str(self.run_dir / "config.yaml")
         # Children read the file; drop inherited overrides that would contradict it.
         for key in [k for k in env if k.startswith("HEADRACE_") and k not in ("HEADRACE_CONFIG", "HEADRACE_LOG_LEVEL")]:
@@ -118,8 +152,32 @@ class LocalCluster:
         self._spawn("dispatcher", py + ["dispatcher"], env)
         self.dispatcher_url = f"http://{s.dispatcher_host}:{s.dispatcher_port}"
         self._wait_ready(wait_s)
-        (self.run_dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
+        self.write_description()
         return self
+
+    def _start_redis(self, env: dict) -> None:
+        s = self.settings
+        if not shutil.which("redis-server"):
+            raise ClusterError("redis-server is not installed (Debian: apt-get install redis-server), "
+                               "or set HEADRACE_REDIS_URL to a running Redis")
+        data_dir = s.home / "redis"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(data_dir, 0o700)
+        port = free_port()
+        base = f"redis://127.0.0.1:{port}/0"
+        aclfile = None
+        if s.redis_auth:
+            passwords = redis_auth.load_or_create_passwords(data_dir)
+            aclfile = data_dir / "users.acl"
+            redis_auth.write_private(aclfile, redis_auth.acl_file(passwords))
+            self.redis_url = redis_auth.url_for(base, redis_auth.ADMIN, passwords[redis_auth.ADMIN])
+            self.service_redis_urls = {u: redis_auth.url_for(base, u, passwords[u])
+                                       for u in (*redis_auth.SERVICES, redis_auth.PIPELINE)}
+        else:
+            self.redis_url = base
+            self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, base)
+        self._spawn("redis", redis_command(data_dir, port, aclfile), env)
+        self._wait_redis()
 
     def _start_zookeeper(self, env: dict) -> str:
         port = free_port()
@@ -135,30 +193,73 @@ class LocalCluster:
         raise ClusterError(f"ZooKeeper did not start; see {child.log}")
 
     def describe(self) -> dict:
-        return {"dispatcher": self.dispatcher_url, "redis": self.redis_url, "catalog": self.settings.catalog,
-                "zookeeper": self.zookeeper_quorum,
-                "run_dir": str(self.run_dir),
-                "processes": {c.name: c.proc.pid for c in self.children}}
+        with self._lock:
+            out = {"dispatcher": self.dispatcher_url, "redis": redis_auth.masked(self.redis_url),
+                   "redis_port": urlsplit(self.redis_url).port,
+                   "catalog": redis_auth.masked(self.settings.catalog), "zookeeper": self.zookeeper_quorum,
+                   "run_dir": str(self.run_dir), "processes": {c.name: c.proc.pid for c in self.children}}
+        if self.supervisor is not None:
+            out["supervision"] = self.supervisor.view()
+        return out
+
+    def write_description(self) -> None:
+        text = json.dumps(self.describe(), indent=2)
+        with self._describing:  # the supervisor's thread writes it too
+            redis_auth.write_private(self.run_dir / "cluster.json", text)
+
+    def supervise(self, *, policy: RestartPolicy | None = None, notify=None) -> Supervisor:
+        """From now on restart every child that exits, until stop()."""
+        if self.supervisor is None:
+            self.supervisor = Supervisor(self, policy=policy, notify=notify).start()
+            self.write_description()
+        return self.supervisor
+
+    # --- what the supervisor sees (process_supervisor.Supervised) ---
+
+    def live_children(self) -> dict[str, tuple[int, int | None, Path]]:
+        with self._lock:
+            return {c.name: (c.proc.pid, c.proc.poll(), c.log) for c in self.children}
+
+    def restart(self, name: str) -> None:
+        self.respawn(name)
+
+    def supervision_changed(self) -> None:
+        try:
+            self.write_description()
+        except OSError:
+            pass  # cluster.json is informative; a full disk must not stop supervision
 
     def respawn(self, name: str) -> Child:
         """Start a stopped (or killed) member again with the same command and environment."""
-        old = self.child(name)
-        if old.proc.poll() is None:
-            raise ClusterError(f"{name} is still running (pid {old.proc.pid})")
-        self.children.remove(old)
-        return self._spawn(name, list(old.proc.args), self._env)
+        with self._lock:
+            old = self.child(name)
+            if old.proc.poll() is None:
+                raise ClusterError(f"{name} is still running (pid {old.proc.pid})")
+            # Whatever the dead process left in its group (a Celery or ZooKeeper helper) must
+            # not compete with its successor.
+            _signal_group(old.proc.pid, signal.SIGKILL)
+            self.children.remove(old)
+            with open(old.log, "ab") as f:
+                f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {name} (pid {old.proc.pid}) "
+                        f"exited with code {old.proc.returncode}; starting it again ---\n".encode())
+            return self._spawn(name, list(old.proc.args), old.env or self._env)
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> Child:
+        role = role_of(name)
+        if role is not None and env.get("HEADRACE_CONFIG"):
+            env = env | {"HEADRACE_CONFIG": str(self.run_dir / f"{role}.yaml")}
         log = self.run_dir / "logs" / f"{name}.log"
         with open(log, "ab") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
-        child = Child(name, proc, log)
-        self.children.append(child)
+        child = Child(name, proc, log, env)
+        with self._lock:
+            self.children.append(child)
         return child
 
     def child(self, name: str) -> Child:
-        return next(c for c in self.children if c.name == name)
+        with self._lock:
+            return next(c for c in self.children if c.name == name)
 
     def _wait_redis(self) -> None:
         try:
@@ -185,11 +286,15 @@ class LocalCluster:
         os.killpg(self.child(name).proc.pid, sig)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        names = [c.name for c in self.children]
+        if self.supervisor is not None:
+            self.supervisor.stop()  # first: nothing may be restarted while the cluster stops
+        with self._lock:
+            names = [c.name for c in self.children]
         front = ["dispatcher"] + [n for n in names if n.startswith("jobmanager")]
         middle = [n for n in names if n.startswith("taskmanager")]
         back = ["resourcemanager", "redis", "zookeeper"]
-        by_name = {c.name: c for c in self.children}
+        with self._lock:
+            by_name = {c.name: c for c in self.children}
         for group in (front, middle, back):
             live = [by_name[n] for n in group if n in by_name and by_name[n].proc.poll() is None]
             for c in live:
