@@ -19,84 +19,29 @@ import json
 import os
 import shutil
 import signal
-import threading
-import time
-from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
+from collections import Counter
+from datetime import timedelta, timezone
 from pathlib import Path
 
 import psutil
-import psycopg
 import pyarrow.dataset as pads
 import pytest
-import redis
 
 from tests.clusters import Rest, start_cluster
+from tests.e2e.counting import (
+    BASE, KEYS, STEP_MS, Producer, completed_checkpoints, expected_totals, sql_totals, wait_for,
+)
 from tests.e2e.test_clickstream_e2e import runner_processes
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = 5
-BASE = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
-STEP_MS = 20  # event time advances 20 ms per event: a 10 s window holds 500 events
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("chk-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
                       warm_drivers=1, restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"})
     yield c, pg_url_module
     c.stop()
-
-
-class Producer:
-    """An outside producer: numbered JSON events at a steady rate, until stopped."""
-
-    def __init__(self, url: str, stream: str, rate: float = 150.0):
-        self.client = redis.Redis.from_url(url)
-        self.stream, self.rate = stream, rate
-        self.produced = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def event(self, n: int, key: str | None = None, when: datetime | None = None) -> dict:
-        t = when or BASE + timedelta(milliseconds=n * STEP_MS)
-        return {"key": key or f"k{n % KEYS}", "n": n, "value": n, "event_time": t.isoformat()}
-
-    def start(self) -> "Producer":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        t0 = time.monotonic()
-        while not self._stop.is_set():
-            due = int((time.monotonic() - t0) * self.rate)
-            if due > self.produced:
-                pipe = self.client.pipeline(transaction=False)
-                for n in range(self.produced, due):
-                    pipe.xadd(self.stream, {"json": json.dumps(self.event(n))})
-                pipe.execute()
-                self.produced = due
-            time.sleep(0.02)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(10)
-        return self.produced
-
-    def flush_windows(self) -> None:
-        """One far-future event: the watermark passes every real window, so all of them close."""
-        far = BASE + timedelta(hours=1)
-        self.client.xadd(self.stream, {"json": json.dumps(self.event(10**9, key="_flush", when=far))})
-
-
-def expected_totals(produced: int) -> dict[str, tuple[int, int]]:
-    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for n in range(produced):
-        out[f"k{n % KEYS}"][0] += 1
-        out[f"k{n % KEYS}"][1] += n
-    return {k: (c, s) for k, (c, s) in out.items()}
 
 
 def expected_windows(produced: int) -> Counter:
@@ -106,27 +51,6 @@ def expected_windows(produced: int) -> Counter:
         start = t.replace(second=t.second - t.second % 10, microsecond=0)
         got[(start.replace(tzinfo=None), f"k{n % KEYS}")] += 1
     return got
-
-
-def sql_totals(pg: str, table: str) -> dict[str, tuple[int, int]]:
-    with psycopg.connect(pg) as conn:
-        rows = conn.execute(f"SELECT key, count, total FROM {table}").fetchall()
-    return {k: (cnt, tot) for k, cnt, tot in rows}
-
-
-def completed_checkpoints(rest: Rest, job: str) -> int:
-    return rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"]
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {value!r})")
 
 
 def savepoint(rest: Rest, job: str, path: str, body: dict) -> str:
