@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     # attempt is given up as CANCELED and its slots released (its sinks are fenced anyway).
     deploy_ack_timeout_s: float = 30.0
     cancel_ack_timeout_s: float = 30.0
+    # A task whose pipeline has not started (imported, built, restored, query started) this long
+    # after its TaskManager took it fails with PipelineStartupTimeout; a job overrides it with
+    # `headrace.task.startup-timeout`.
+    task_startup_timeout_s: float = Field(300.0, gt=0)
+    # The dispatcher refuses larger uploads with 413: bytes, or a size such as "500 MB".
+    max_upload_bytes: int | str = 100 * 1024**2
 
     restart_strategy: dict[str, Any] = Field(
         default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay": 1.0},

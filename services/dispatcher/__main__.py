@@ -6,6 +6,7 @@ import logging
 
 import uvicorn
 
+from services.dispatcher import limits
 from services.dispatcher.app import create_app
 from shared.catalog import Catalog
 from shared.settings import Settings, load_settings
@@ -16,14 +17,19 @@ log = logging.getLogger("services.dispatcher")
 
 def run(settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        max_upload_bytes = limits.upload_limit(settings)
+    except ValueError as exc:
+        raise SystemExit(f"error: invalid settings: {exc}") from None
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     settings.artifacts.mkdir(parents=True, exist_ok=True)
     transport = RedisStreamsTransport.from_url(settings.redis_url, sender="dispatcher",
                                                maxlen=settings.stream_maxlen)
-    app = create_app(settings, catalog, transport)
-    log.info("dispatcher on http://%s:%d (catalog %s, artifacts %s)", settings.dispatcher_host,
-             settings.dispatcher_port, catalog.url.split("@")[-1], settings.artifacts)
+    app = create_app(settings, catalog, transport, max_upload_bytes=max_upload_bytes)
+    log.info("dispatcher on http://%s:%d (catalog %s, artifacts %s, uploads up to %s)", settings.dispatcher_host,
+             settings.dispatcher_port, catalog.url.split("@")[-1], settings.artifacts,
+             limits.human(app.state.max_upload_bytes))
     try:
         uvicorn.run(app, host=settings.dispatcher_host, port=settings.dispatcher_port, log_level="info")
     finally:

@@ -8,7 +8,7 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import errors
+from services.dispatcher import errors, limits
 from services.dispatcher.routes import checkpoints, jars, jobs, overview, savepoints, taskmanagers, ui
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
@@ -21,7 +21,7 @@ API_VERSION_PREFIX = "/v1"
 
 
 def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, web_dir: Path | None = DEFAULT_WEB_DIR,
-               clock_ms: Callable[[], int] | None = None) -> FastAPI:
+               clock_ms: Callable[[], int] | None = None, max_upload_bytes: int | None = None) -> FastAPI:
     app = FastAPI(
         title="Headrace dispatcher",
         version=FLINK_VERSION,
@@ -35,8 +35,10 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     # Validated once at start-up: a bad cluster default fails here, not on the first submission.
     app.state.default_restart_strategy = normalise_restart_strategy(settings.restart_strategy)
     app.state.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
+    app.state.max_upload_bytes = max_upload_bytes or limits.upload_limit(settings)
 
     errors.install(app)
+    app.add_middleware(limits.BodyLimit, upload_limit=app.state.max_upload_bytes)
     api = (overview, jars, jobs, checkpoints, savepoints, taskmanagers)
     for module in (*api, ui):
         app.include_router(module.router)

@@ -4,6 +4,10 @@ Uploads are checked before they are stored, so a typo is reported at upload time
 rather than minutes later by a Spark driver: a .py must compile; a .zip must be a readable zip
 whose .py members all compile, with no member escaping its directory. Files are written
 atomically (temporary name, then rename) under `settings.artifacts`, named by the artifact id.
+
+What a listing shows and a submission checks (the module's top-level functions and names) is
+computed once, at upload, and kept in the catalog (`artifacts.listing`): parsing every stored
+file on every GET /jars made a listing as slow as its largest artifact.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 ACCEPTED_SUFFIXES = (".py", ".zip")
 DEFAULT_ENTRY = "build"
@@ -39,10 +44,18 @@ class CheckedArtifact:
     star_import: bool = False  # `from x import *`: names cannot be known statically
 
 
+MAX_NAME_CHARS = 255  # artifacts.name
+
+
 def safe_filename(filename: str | None) -> str:
-    """The last path component of what the client called the file."""
+    """The last path component of what the client called the file, without control characters
+    (PostgreSQL refuses NUL) and short enough for the catalog, its suffix kept."""
     name = PurePosixPath((filename or "").replace("\\", "/")).name
-    return name.strip() or "upload"
+    name = "".join(c for c in name if ord(c) >= 32).strip() or "upload"
+    if len(name) > MAX_NAME_CHARS:
+        suffix = PurePosixPath(name).suffix[:16]
+        name = name[:MAX_NAME_CHARS - len(suffix)] + suffix
+    return name
 
 
 def check(filename: str, data: bytes) -> CheckedArtifact:
@@ -144,6 +157,30 @@ def module_names(path: Path) -> tuple[tuple[str, ...], frozenset[str], bool] | N
         return _top_level(ast.parse(path.read_bytes().decode("utf-8-sig")))
     except (OSError, SyntaxError, ValueError):
         return None
+
+
+def listing(checked: CheckedArtifact) -> dict[str, Any]:
+    """The catalog's record of what an artifact offers (`artifacts.listing`)."""
+    if checked.kind != "py":
+        return {"kind": checked.kind, "functions": None}
+    return {"kind": "py", "functions": list(checked.functions), "names": sorted(checked.names),
+            "star_import": checked.star_import}
+
+
+def listing_of_file(path: Path) -> dict[str, Any]:
+    """`listing` of an artifact stored before listings were kept: parsed once, then stored."""
+    found = module_names(path)
+    if found is None:
+        return {"kind": path.suffix.lower().lstrip(".") or "unknown", "functions": None}
+    functions, names, star = found
+    return {"kind": "py", "functions": list(functions), "names": sorted(names), "star_import": star}
+
+
+def entry_names(listed: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[str], bool] | None:
+    """(functions, names, star import) of a .py artifact's listing; None when unknown (a zip)."""
+    if listed.get("kind") != "py" or listed.get("functions") is None:
+        return None
+    return (tuple(listed["functions"]), frozenset(listed.get("names") or ()), bool(listed.get("star_import")))
 
 
 def store(directory: Path, artifact_id: str, data: bytes) -> Path:

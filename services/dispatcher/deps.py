@@ -52,3 +52,10 @@ TransportDep = Annotated[Transport, Depends(get_transport)]
 SessionDep = Annotated[Session, Depends(get_session)]
 DefaultRestartDep = Annotated[dict, Depends(get_default_restart_strategy)]
 NowMsDep = Annotated[int, Depends(get_now_ms)]
+
+
+def get_max_upload_bytes(request: Request) -> int:
+    return request.app.state.max_upload_bytes
+
+
+MaxUploadDep = Annotated[int, Depends(get_max_upload_bytes)]

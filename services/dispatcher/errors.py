@@ -9,7 +9,9 @@ and add the first problem in structured form, so a script or the web UI can poin
      "details": [{"field", "expected", "got", "message"}, ...]}   # when there is more than one problem
 
 `install(app)` makes FastAPI's own validation errors, HTTP errors (404 for unknown routes, 405)
-and catalog `NotFound` answer in this shape too.
+and catalog `NotFound` answer in this shape too, and requests that find the catalog unreachable
+(PostgreSQL down, a connection cut, the pool exhausted) answer 503 with `Retry-After`: the
+request did not happen and may simply be sent again, which a 500 would not say.
 
 Under /v1/, the prefix Flink's own clients use, errors answer Flink's exact ``{"errors": [...]}``
 (the hint appended to each message): Flink's REST client reads any other shape as a malformed
@@ -18,13 +20,16 @@ answer and retries until it gives up with a TimeoutException, hiding the message
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from dataclasses import dataclass, field as dc_field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.dispatcher.schemas import RESTART_TYPES
@@ -152,11 +157,20 @@ def _field_name(loc: tuple) -> str | None:
     return ".".join(cleaned) or None
 
 
-def _short(value: Any) -> Any:
+def short_value(value: Any) -> Any:
+    """A value as echoed back in an error: a hostile request may send megabytes, or NaN, which
+    the JSON answer cannot hold."""
     if isinstance(value, (str, bytes)) and len(value) > 80:
         return value[:77] + "..."
     if isinstance(value, (dict, list)) and len(repr(value)) > 200:
         return f"<{type(value).__name__} of {len(value)} items>"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (dict, list)):
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            return repr(value)
     return value
 
 
@@ -169,12 +183,12 @@ def describe(err: dict[str, Any]) -> Problem:
     ctx = err.get("ctx") or {}
     loc = tuple(err.get("loc", ()))
     field = ctx.get("field") or _field_name(loc)
-    got = _short(err["input"]) if "input" in err and etype != "missing" else _MISSING
+    got = short_value(err["input"]) if "input" in err and etype != "missing" else _MISSING
     if ctx.get("subfield"):  # a model-level check that names one of the model's keys
         sub = str(ctx["subfield"])
         field = f"{field}.{sub}" if field else sub
         raw = err.get("input")
-        got = _short(raw[sub]) if isinstance(raw, dict) and sub in raw else _MISSING
+        got = short_value(raw[sub]) if isinstance(raw, dict) and sub in raw else _MISSING
     expected = ctx.get("expected")
     hint = ctx.get("hint") or (FIELD_HINTS.get(field.split(".")[-1]) if field else None)
 
@@ -252,6 +266,37 @@ async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
     return error_response(404, [Problem(str(exc))], request=request)
 
 
+# How long a client should wait before trying again while the catalog is away: PostgreSQL
+# restarts in seconds, and the dashboard polls every second anyway.
+CATALOG_RETRY_AFTER_S = 5
+# Errors that mean "the catalog cannot be reached now", not "this request is wrong": a refused or
+# broken connection, a server shutting down, a full pool, SQLite's lock timeout.
+CATALOG_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
+                       sa_exc.DisconnectionError)
+
+
+def _catalog_where(request: Request) -> str:
+    catalog = getattr(request.app.state, "catalog", None)
+    url = getattr(catalog, "url", "") or ""
+    return url.split("@")[-1]  # never the credentials
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0][:300] if text else type(orig).__name__
+
+
+async def _catalog_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    reason = _first_line(exc)
+    log.warning("catalog unavailable on %s %s: %s", request.method, request.url.path, reason)
+    problem = Problem(
+        f"the catalog ({_catalog_where(request)}) is unavailable: {reason}; the request was not carried out, "
+        f"try again in {CATALOG_RETRY_AFTER_S} s", expected="a reachable catalog",
+        hint="running jobs keep running meanwhile; see docs/runbooks/catalog-outage.md", prefix=False)
+    return error_response(503, [problem], headers={"Retry-After": str(CATALOG_RETRY_AFTER_S)}, request=request)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, [Problem(f"Internal server error: {type(exc).__name__}: {exc}")], request=request)
@@ -288,4 +333,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(NotFound, _not_found)
+    for kind in CATALOG_UNAVAILABLE:
+        app.add_exception_handler(kind, _catalog_unavailable)
     app.add_exception_handler(Exception, _unexpected)

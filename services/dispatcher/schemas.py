@@ -24,9 +24,21 @@ _RESTART_ALIASES = {
     "fixeddelay": "fixed-delay", "failurerate": "failure-rate", "exponentialdelay": "exponential-delay",
 }
 KINDS = ("pyspark", "noop")
+# Flink's parallelism, attempts and counts are Java ints; so are the catalog's columns
+# (PostgreSQL `integer`): a larger value would overflow the insert, a 500 instead of a 400.
+MAX_INT = 2**31 - 1
+MAX_PARALLELISM = MAX_INT
+# Durations end in timers, whose waits Python refuses above ~292 years.
+MAX_DURATION_S = 100 * 365 * 86400.0
 
 
 # --- field validators: each raises a PydanticCustomError whose context says what is expected ---
+
+
+def _repr(value: Any) -> str:
+    """The offending value as echoed in a message: a hostile request may send megabytes."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _fail(kind: str, message: str, expected: str, **ctx: Any) -> PydanticCustomError:
@@ -41,19 +53,23 @@ def _bounds(schema: dict[str, Any], minimum: float | None, maximum: float | None
     return schema
 
 
-def _as_int(value: Any, minimum: int, maximum: int | None = None) -> int:
-    expected = f"integer >= {minimum}" if maximum is None else f"integer between {minimum} and {maximum}"
+def _as_int(value: Any, minimum: int, maximum: int | None = MAX_INT) -> int:
     ok = not isinstance(value, bool) and (
         isinstance(value, int)
         or (isinstance(value, float) and value.is_integer())
-        or (isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value) is not None)
+        # Digits bounded: int() of a longer string raises (CPython refuses > 4300 digits).
+        or (isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,30}\s*", value) is not None)
     )
-    if not ok or int(value) < minimum or (maximum is not None and int(value) > maximum):
-        raise _fail("integer", "must be an {expected}, got {got}", expected, got=repr(value))
+    if ok and maximum is not None and int(value) > maximum:
+        # The upper bound is named only when it is what was crossed: it is rarely the mistake.
+        raise _fail("integer", "must be an {expected}, got {got}", f"integer between {minimum} and {maximum}",
+                    got=_repr(value))
+    if not ok or int(value) < minimum:
+        raise _fail("integer", "must be an {expected}, got {got}", f"integer >= {minimum}", got=_repr(value))
     return int(value)
 
 
-def int_at_least(minimum: int, maximum: int | None = None) -> Any:
+def int_at_least(minimum: int, maximum: int | None = MAX_INT) -> Any:
     return Annotated[int, BeforeValidator(lambda v: _as_int(v, minimum, maximum)),
                      WithJsonSchema(_bounds({"type": "integer"}, minimum, maximum))]
 
@@ -66,7 +82,7 @@ def _as_number(value: Any, minimum: float, maximum: float | None, expected: str)
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < minimum or (maximum is not None and value > maximum):
-        raise _fail("number", "must be a {expected}, got {got}", expected, got=repr(value))
+        raise _fail("number", "must be a {expected}, got {got}", expected, got=_repr(value))
     return float(value)
 
 
@@ -83,32 +99,36 @@ _UNITS = {
     "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }
-_DURATION_EXPECTED = 'seconds as a number (e.g. 10), or a duration string with a unit (e.g. "10 s", "500 ms", "2 min")'
+_DURATION_EXPECTED = ('seconds as a number (e.g. 10), or a duration string with a unit (e.g. "10 s", "500 ms", '
+                      '"2 min"), at most 100 years')
 
 
 def parse_duration(value: Any) -> float:
     """Seconds from a number of seconds or a Flink-style duration string ("10 s", "500 ms")."""
+    seconds = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and value >= 0:
-            return float(value)
+        seconds = float(value)
     elif isinstance(value, str):
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", value)
         if m and m.group(2).lower() in _UNITS:
-            return float(m.group(1)) * _UNITS[m.group(2).lower()]
-    raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=repr(value))
+            seconds = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if seconds is not None and math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S:
+        return seconds
+    raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value))
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema({
     "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "examples": ["10 s", "500 ms", "2 min"]}],
     "description": "seconds, or a duration string with a unit"})]
 PositiveInt = int_at_least(1)
+Parallelism = int_at_least(1, MAX_PARALLELISM)
 
 
 def _job_id(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{32}", value):
         return value.lower()
     raise _fail("job_id", "must be {expected}, got {got}", "32 hexadecimal characters (a Flink JobID)",
-                got=repr(value), hint="leave jobId out to have one generated")
+                got=_repr(value), hint="leave jobId out to have one generated")
 
 
 def _entry(value: Any) -> str:
@@ -116,20 +136,22 @@ def _entry(value: Any) -> str:
             part.isidentifier() for part in re.split(r"[.:]", value)):
         return value
     raise _fail("entry", "must be {expected}, got {got}",
-                "a Python function name such as 'build' (or 'module.function' inside a .zip)", got=repr(value))
+                "a Python function name such as 'build' (or 'module.function' inside a .zip)", got=_repr(value))
 
 
 def _kind(value: Any) -> str:
     if value in KINDS:
         return value
-    raise _fail("kind", "must be {expected}, got {got}", "'pyspark' or 'noop'", got=repr(value))
+    raise _fail("kind", "must be {expected}, got {got}", "'pyspark' or 'noop'", got=_repr(value))
 
 
 def _job_name(value: Any) -> str:
-    if isinstance(value, str) and value.strip() and len(value) <= 255:
+    # Control characters: PostgreSQL refuses NUL in text (a 500), and none belongs in a name.
+    if isinstance(value, str) and value.strip() and len(value) <= 255 and not any(ord(c) < 32 for c in value):
         return value.strip()
-    raise _fail("job_name", "must be {expected}, got {got}", "a non-empty string of at most 255 characters",
-                got=repr(value))
+    raise _fail("job_name", "must be {expected}, got {got}",
+                "a non-empty string of at most 255 characters, without control characters",
+                got=_repr(value))
 
 
 JobIdStr = Annotated[str, BeforeValidator(_job_id), WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{32}$"})]
@@ -216,7 +238,7 @@ def _restart_type(value: Any) -> Any:
                     subfield="type")
     if not isinstance(value, dict):
         raise _fail("restart_object", "must be {expected}, got {got}",
-                    'a JSON object such as {"type": "fixed-delay", "attempts": 3, "delay": "10 s"}', got=repr(value))
+                    'a JSON object such as {"type": "fixed-delay", "attempts": 3, "delay": "10 s"}', got=_repr(value))
     return value
 
 
@@ -250,7 +272,7 @@ class JarRunRequest(_Strict):
     """Flink's JarRunRequestBody plus Headrace's fields. Every field is optional."""
 
     entryClass: EntryName | None = Field(None, description="entry function of the module (default 'build')")
-    parallelism: PositiveInt | None = Field(None, description="Spark parallelism of each task (default 1)")
+    parallelism: Parallelism | None = Field(None, description="Spark parallelism of each task (default 1)")
     programArgs: str | None = Field(None, description="program arguments as one string, split like a shell")
     programArgsList: list[str] | None = Field(None, description="program arguments as a list")
     jobId: JobIdStr | None = Field(None, description="32-hex job id; generated when absent")

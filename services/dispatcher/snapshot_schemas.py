@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from services.dispatcher.schemas import _Out, _Strict, _fail
+from services.dispatcher.schemas import _Out, _Strict, _fail, _repr
 
 FORMAT_TYPES = ("CANONICAL", "NATIVE")
 CHECKPOINT_TYPES = ("CONFIGURED", "FULL", "INCREMENTAL")
@@ -21,14 +21,14 @@ def _trigger_id(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{32}", value):
         return value.lower()
     raise _fail("trigger_id", "must be {expected}, got {got}", "32 hexadecimal characters (a Flink TriggerId)",
-                got=repr(value), hint="leave triggerId out to have one generated")
+                got=_repr(value), hint="leave triggerId out to have one generated")
 
 
 def _upper_choice(choices: tuple[str, ...]):
     def check(value: Any) -> str:
         if isinstance(value, str) and value.strip().upper() in choices:
             return value.strip().upper()
-        raise _fail("choice", "must be {expected}, got {got}", "one of " + ", ".join(choices), got=repr(value))
+        raise _fail("choice", "must be {expected}, got {got}", "one of " + ", ".join(choices), got=_repr(value))
     return check
 
 

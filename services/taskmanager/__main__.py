@@ -52,7 +52,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     for tm in ids:
         sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
                              cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
-                             noop=noop)
+                             noop=noop, startup_timeout_s=settings.task_startup_timeout_s)
         if not simulate:
             def factory(p: int, sup=sup):
                 return sup.make_driver(p, driver_memory=settings.driver_memory,

@@ -25,6 +25,13 @@ from shared import task_protocol as tp
 log = logging.getLogger("headrace.taskmanager.driver")
 _ids = itertools.count(1)
 
+# The driver writes "<marker><phase>" to its log as a task starts ("importing the pipeline
+# module x.py", "building the pipeline (in build(ctx))", ...): a task that does not start in
+# time is reported with the phase it was stuck in.
+PHASE_MARKER = "headrace task phase: "
+# The driver dumps every thread's stack into its log on this signal (faulthandler).
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
 
 class DriverProcess:
     def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
@@ -92,11 +99,33 @@ class DriverProcess:
         except ProcessLookupError:
             pass
 
+    def dump_stacks(self) -> None:
+        """Ask the driver (its Python process only, not the JVM) to write its threads' stacks to
+        its log: where a stuck pipeline is stuck."""
+        if self.proc is None:
+            return
+        try:
+            os.kill(self.proc.pid, STACK_DUMP_SIGNAL)
+        except ProcessLookupError:
+            pass
+
+    def startup_report(self, max_lines: int = 200) -> tuple[str | None, str]:
+        """The start-up phase the driver last announced in its log (None if none), and what it
+        logged since (its thread dump, after `dump_stacks`), at most `max_lines` lines."""
+        lines = self.log_tail(2000).splitlines()
+        phase, since = None, lines
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith(PHASE_MARKER):
+                phase, since = lines[i][len(PHASE_MARKER):].strip() or None, lines[i + 1:]
+                break
+        return phase, "\n".join(_stuck_thread_first(since)[:max_lines])
+
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 16384))
+                f.seek(max(0, f.tell() - max(16384, lines * 300)))
                 return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
         except OSError:
             return ""
@@ -129,3 +158,13 @@ class DriverProcess:
             except Exception:  # noqa: BLE001
                 log.exception("driver %s: handling an event failed (try %d); retrying", self.id, i + 1)
                 time.sleep(min(5.0, 0.2 * 2 ** i))
+
+
+def _stuck_thread_first(lines: list[str]) -> list[str]:
+    """faulthandler prints the thread that took the signal, the main one where the pipeline
+    runs, last ("Current thread ..."): move its block to the front, where a reader looks."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread ")), None)
+    if start is None:
+        return lines
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end] + [""] + lines[:start] + lines[end:]

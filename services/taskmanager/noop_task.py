@@ -2,8 +2,12 @@
 so the control plane can be tested and benchmarked at scale. One timer thread serves every
 no-op task of the process (thousands of simulated tasks cost no threads of their own).
 
-Config keys (job `config`): `noop.duration` seconds (default 1; < 0 runs until cancelled),
-`noop.fail-attempts` fail attempts numbered below this (default 0), `noop.fail-message`.
+Config keys (job `config`): `noop.duration` seconds or a duration such as "2 s" (default 1;
+< 0 runs until cancelled), `noop.fail-attempts` fail attempts numbered below this (default 0),
+`noop.fail-message`, `noop.startup-delay` (default 0: the task stays INITIALIZING this long, like
+a pipeline whose import or build() is slow, and is subject to the start-up timeout).
+The dispatcher refuses values these cannot read (services/dispatcher/job_config.py); a value
+that gets here anyway fails the attempt with `InvalidTaskConfig` naming the option.
 """
 
 from __future__ import annotations
@@ -13,9 +17,35 @@ import logging
 import itertools
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Mapping
 
+from shared import restart
 from shared.states import ExecutionState as ES
+
+
+class InvalidTaskConfig(ValueError):
+    """A job option the task cannot read."""
+
+
+def _seconds(cfg: Mapping[str, Any], key: str, default: float, *, allow_negative: bool = False) -> float:
+    raw = cfg.get(key, default)
+    try:
+        if allow_negative and isinstance(raw, (int, float, str)) and not isinstance(raw, bool) \
+                and str(raw).strip().startswith("-"):
+            return float(raw)
+        return restart.parse_duration(raw, key)
+    except (ValueError, restart.InvalidRestartStrategy):
+        raise InvalidTaskConfig(f"{key}: expected seconds or a duration such as \"2 s\", got {raw!r}") from None
+
+
+def _count(cfg: Mapping[str, Any], key: str) -> int:
+    raw = cfg.get(key, 0)
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        return int(raw)
+    except (TypeError, ValueError):
+        raise InvalidTaskConfig(f"{key}: expected an integer, got {raw!r}") from None
 
 
 class NoopRunner:
@@ -26,17 +56,32 @@ class NoopRunner:
         self._stop = False
         threading.Thread(target=self._loop, name="noop-tasks", daemon=True).start()
 
-    def start(self, task, report: Callable) -> None:
+    def start(self, task, report: Callable, *, startup_timeout_s: float | None = None,
+              on_startup_timeout: Callable | None = None) -> None:
+        """Raises InvalidTaskConfig, before reporting anything, for an option it cannot read. A
+        task still starting after `startup_timeout_s` is handed to `on_startup_timeout(task)`,
+        as a Spark task stuck in its pipeline's build() is."""
         cfg = task.spec.config
-        duration = float(cfg.get("noop.duration", 1.0))
-        fails = task.spec.attempt < int(cfg.get("noop.fail-attempts", 0))
-        report(task, ES.INITIALIZING, None)
-        report(task, ES.RUNNING, None)
-        if duration < 0:
-            return
+        duration = _seconds(cfg, "noop.duration", 1.0, allow_negative=True)
+        delay = _seconds(cfg, "noop.startup-delay", 0.0)
+        fails = task.spec.attempt < _count(cfg, "noop.fail-attempts")
         cause = str(cfg.get("noop.fail-message", f"no-op task failed on request (attempt {task.spec.attempt})"))
-        self._at(time.monotonic() + duration, task,
-                 lambda: report(task, ES.FAILED if fails else ES.FINISHED, cause if fails else None))
+        report(task, ES.INITIALIZING, None)
+        now = time.monotonic()
+        if startup_timeout_s is not None and on_startup_timeout is not None and delay > startup_timeout_s:
+            self._at(now + startup_timeout_s, task, lambda: on_startup_timeout(task))
+            return
+
+        def running() -> None:
+            report(task, ES.RUNNING, None)
+            if duration >= 0:
+                self._at(time.monotonic() + duration, task,
+                         lambda: report(task, ES.FAILED if fails else ES.FINISHED, cause if fails else None))
+
+        if delay > 0:
+            self._at(now + delay, task, running)
+        else:
+            running()
 
     def cancel(self, task) -> None:
         # The task itself carries the verdict (`cancel_requested`), not a set of ids: ids of
@@ -68,3 +113,4 @@ class NoopRunner:
         with self._cv:
             self._stop = True
             self._cv.notify()
+

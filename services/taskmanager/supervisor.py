@@ -4,12 +4,25 @@ It owns the slot table of one TaskManager, turns DeployTask/CancelTask/TriggerCh
 into driver process actions, maps driver events to ExecutionState reports and checkpoint
 acknowledgements for the JobManager, and frees slots when an attempt ends. Celery command handlers call `deploy`/`cancel` and return at once;
 everything long-running happens in driver processes and their reader threads.
+
+A task is reported INITIALIZING as soon as this TaskManager has taken it: that is the JobManager's
+acknowledgement of the deploy, which must not wait for a cold Spark driver (~10-30 s) to start.
+
+Start-up timeout: a task that is not RUNNING `headrace.task.startup-timeout` after its driver got
+it (the pipeline hangs at import, in build(), or while its query starts) fails with
+`PipelineStartupTimeout`: the driver dumps its threads' stacks into its log, the failure cause
+says which phase it was in and where, and the driver is killed. The JobManager then treats it
+like any other failure (restart strategy). A driver that is not ready DRIVER_START_TIMEOUT_S after
+it was handed a task fails it the same way. A deploy that breaks before its task starts (an
+option the task cannot read, a driver that cannot be started) fails the attempt and frees its
+slots, rather than leaving it DEPLOYING.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -17,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from shared import streams
+from shared import restart, streams
 from shared import task_protocol as tp
 from shared.messages import (
     CheckpointAcknowledged, CheckpointDeclined, DeployTask, SlotState, TaskProgress, TaskReport, TaskStateChanged,
@@ -30,6 +43,51 @@ from services.taskmanager.warm_pool import WarmPool
 
 log = logging.getLogger("headrace.taskmanager")
 
+STARTUP_TIMEOUT_OPTION = "headrace.task.startup-timeout"
+STARTUP_TIMEOUT_ENV = "HEADRACE_TASK_STARTUP_TIMEOUT_S"
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_NAME = "PipelineStartupTimeout"
+STACK_DUMP_WAIT_S = 1.0  # for the driver to write its thread dump before it is killed
+# A driver still not ready this long after it got a task is stuck (a cold one takes ~10-30 s);
+# the warm pool gives its own drivers as long (WarmPool.ready_timeout_s).
+DRIVER_START_TIMEOUT_S = 120.0
+
+
+def cluster_startup_timeout_s(environ=os.environ) -> float:
+    """The cluster's default start-up timeout. Read here until Settings has the option
+    (`task_startup_timeout_s`). Raises ValueError for a value it cannot read."""
+    raw = environ.get(STARTUP_TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_STARTUP_TIMEOUT_S
+    try:
+        value = restart.parse_duration(raw, STARTUP_TIMEOUT_ENV)
+    except restart.InvalidRestartStrategy:
+        value = 0.0
+    if not 0 < value < threading.TIMEOUT_MAX:
+        raise ValueError(f"{STARTUP_TIMEOUT_ENV} must be seconds > 0 or a duration such as \"5 min\", got {raw!r}")
+    return value
+
+
+def startup_timeout_s(config: dict, default_s: float) -> float:
+    """The job's `headrace.task.startup-timeout`, else the cluster's. The dispatcher refuses a
+    value that cannot be read; one stored before that check falls back to the default."""
+    raw = (config or {}).get(STARTUP_TIMEOUT_OPTION)
+    if raw is None:
+        return default_s
+    try:
+        value = restart.parse_duration(raw, STARTUP_TIMEOUT_OPTION)
+    except restart.InvalidRestartStrategy:
+        log.warning("ignoring unreadable %s %r; using %.0f s", STARTUP_TIMEOUT_OPTION, raw, default_s)
+        return default_s
+    return value if 0 < value < threading.TIMEOUT_MAX else default_s
+
+
+def startup_timeout_cause(timeout_s: float, phase: str, where: str = "", advice: str | None = None) -> str:
+    """The failure cause of an attempt that did not start in time."""
+    advice = advice or f"If it needs longer, raise the job option {STARTUP_TIMEOUT_OPTION} (e.g. \"10 min\")"
+    text = f"the pipeline did not start within {timeout_s:g} s: it was still {phase}; the task was stopped. {advice}."
+    return f"{text}\n{where}" if where else text
+
 
 @dataclass
 class Task:
@@ -41,14 +99,23 @@ class Task:
     cancel_requested: bool = False
     reported_terminal: bool = False
     handed_over: bool = False
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    startup_timer: threading.Timer | None = None
 
 
 class TaskSupervisor:
     def __init__(self, *, taskmanager_id: str, slots: int, transport, workdir: Path, cancel_timeout_s: float,
                  driver_factory: Callable[..., DriverProcess] | None, warm: WarmPool | None,
-                 noop: NoopRunner):
+                 noop: NoopRunner, startup_timeout_s: float | None = None):
         self.taskmanager_id, self.transport, self.workdir = taskmanager_id, transport, workdir
         self.cancel_timeout_s = cancel_timeout_s
+        if startup_timeout_s is None:
+            try:
+                startup_timeout_s = cluster_startup_timeout_s()
+            except ValueError as exc:
+                log.error("%s; using %.0f s", exc, DEFAULT_STARTUP_TIMEOUT_S)
+                startup_timeout_s = DEFAULT_STARTUP_TIMEOUT_S
+        self.startup_timeout_s = startup_timeout_s
         self.driver_factory, self.warm, self.noop = driver_factory, warm, noop
         self.status_client = getattr(transport, "client", None)
         self.slots: dict[int, str | None] = {i: None for i in range(slots)}
@@ -69,11 +136,28 @@ class TaskSupervisor:
                 return
             for i in cmd.slot_indices:
                 self.slots[i] = cmd.allocation_id
-            task = Task(spec=spec, allocation_id=cmd.allocation_id, slots=tuple(cmd.slot_indices))
+            task = Task(spec=spec, allocation_id=cmd.allocation_id, slots=tuple(cmd.slot_indices),
+                        startup_timeout_s=startup_timeout_s(spec.config, self.startup_timeout_s))
             self.tasks[spec.execution_id] = task
-            if spec.kind == "noop":
-                self.noop.start(task, self._on_noop_state)
-                return
+        try:
+            self._start(task)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the attempt fails and frees its slots
+            log.exception("task %s could not be started", spec.execution_id)
+            with self._lock:
+                task.cancel_requested = True
+                driver = task.driver
+            self._finish(task, ES.FAILED, name=type(exc).__name__,
+                         cause=f"the task could not be started on {self.taskmanager_id}: {exc}")
+            if driver is not None:
+                driver.kill()
+
+    def _start(self, task: Task) -> None:
+        spec = task.spec
+        if spec.kind == "noop":
+            self.noop.start(task, self._on_noop_state, startup_timeout_s=task.startup_timeout_s,
+                            on_startup_timeout=self._startup_expired)
+            return
+        with self._lock:
             driver = self.warm.take(spec.parallelism) if self.warm else None
             kind = "a warm" if driver is not None and driver.ready.is_set() else \
                 "a starting warm" if driver is not None else "a cold"
@@ -83,9 +167,16 @@ class TaskSupervisor:
             task.driver = driver
         log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
                  kind, driver.id)
+        try:
+            self._report(spec, ES.INITIALIZING)  # taken: the deploy is acknowledged
+        except Exception:  # noqa: BLE001 - best effort: RUNNING acknowledges it too
+            log.warning("could not report task %s INITIALIZING", spec.execution_id, exc_info=True)
         if driver.ready.is_set():
             self._hand_over(task)
-        # Otherwise the driver gets its task when it reports ready (see _on_driver_event).
+        else:
+            # The driver gets its task when it reports ready (see _on_driver_event), unless it
+            # never does.
+            self._arm_startup_timer(task, DRIVER_START_TIMEOUT_S, waiting_for_driver=True)
         self._replenish()
 
     def cancel(self, execution_id: str, job_id: str | None = None) -> None:
@@ -187,6 +278,55 @@ class TaskSupervisor:
             return
         if not task.driver.send(tp.RunTask(spec=task.spec)):
             task.driver.kill()  # the exit handler reports the failure
+            return
+        # Counted from here: the time a cold driver takes to start is not the pipeline's.
+        self._arm_startup_timer(task, task.startup_timeout_s)
+
+    def _arm_startup_timer(self, task: Task, timeout_s: float, *, waiting_for_driver: bool = False) -> None:
+        timer = threading.Timer(timeout_s, self._startup_expired, args=(task, timeout_s, waiting_for_driver))
+        timer.daemon = True
+        with self._lock:
+            previous, task.startup_timer = task.startup_timer, timer
+        if previous is not None:
+            previous.cancel()
+        timer.start()
+
+    def _startup_expired(self, task: Task, timeout_s: float | None = None, waiting_for_driver: bool = False) -> None:
+        """The task is not RUNNING `timeout_s` after its driver got it (or its driver is still
+        not ready): fail it with where it was, and stop it."""
+        if not self._still_starting(task) or (waiting_for_driver and task.handed_over):
+            return
+        timeout_s = task.startup_timeout_s if timeout_s is None else timeout_s
+        driver = task.driver
+        advice = None
+        if driver is None:  # a no-op task (noop.startup-delay)
+            phase, where = "starting (a no-op task whose noop.startup-delay is longer)", ""
+        elif not task.handed_over:
+            phase = "waiting for its Spark driver process to start"
+            advice = "The driver's JVM or Spark did not come up: see its log (memory, Java, Spark install)"
+            where = f"The driver's last log lines ({driver.log_path}):\n{driver.log_tail(40)}"
+        else:
+            driver.dump_stacks()  # into its log, read below
+            time.sleep(STACK_DUMP_WAIT_S)
+            phase, logged = driver.startup_report()
+            phase = phase or "importing or building the pipeline"
+            where = f"Where it was (the driver's thread dump and log since, from {driver.log_path}):\n{logged}"
+        with self._lock:
+            if not self._still_starting(task):
+                return  # it started while the stacks were dumped
+            # Its driver's exit is this failure, not another one; a no-op task's timers stop.
+            task.cancel_requested = True
+        log.warning("task %s (job %s attempt %d) did not start within %g s; stopping it", task.spec.execution_id,
+                    task.spec.job_id, task.spec.attempt, timeout_s)
+        self._finish(task, ES.FAILED, name=STARTUP_TIMEOUT_NAME,
+                     cause=startup_timeout_cause(timeout_s, phase, where, advice))
+        if driver is not None:
+            driver.kill()
+
+    def _still_starting(self, task: Task) -> bool:
+        with self._lock:
+            return (self.tasks.get(task.spec.execution_id) is task and not task.reported_terminal
+                    and not task.cancel_requested and task.state not in (ES.RUNNING, ES.CANCELING))
 
     def _task_of(self, driver: DriverProcess) -> Task | None:
         return self.tasks.get(driver.execution_id) if driver.execution_id else None
@@ -202,11 +342,16 @@ class TaskSupervisor:
         if isinstance(event, tp.Ready):
             self._hand_over(task)
         elif isinstance(event, tp.Initializing):
-            self._report(task.spec, ES.INITIALIZING)
+            pass  # reported when this TaskManager took the task
         elif isinstance(event, tp.Running):
             with self._lock:
+                if task.reported_terminal:
+                    return  # failed meanwhile (its start-up timeout): RUNNING would come too late
                 if task.state != ES.CANCELING:
                     task.state = ES.RUNNING
+                timer = task.startup_timer
+            if timer is not None:
+                timer.cancel()
             self._report(task.spec, ES.RUNNING)
         elif isinstance(event, tp.Progress):
             self.transport.publish(streams.JM_STREAM, TaskProgress(
@@ -264,6 +409,8 @@ class TaskSupervisor:
             task.reported_terminal = True
             task.state = state
             self.tasks.pop(task.spec.execution_id, None)
+            if task.startup_timer is not None:
+                task.startup_timer.cancel()
             for i in task.slots:
                 if self.slots.get(i) == task.allocation_id:
                     self.slots[i] = None

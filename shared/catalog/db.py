@@ -33,7 +33,9 @@ class Catalog:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+            # A partitioned server that never answers must not hold a request for the OS's TCP
+            # connect timeout (minutes): five seconds, then the caller's retry or 503.
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 5})
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)

@@ -12,14 +12,17 @@ from typing import Annotated
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
-from services.dispatcher import artifacts, restore, restore_check, views
-from services.dispatcher.deps import CatalogDep, DefaultRestartDep, SessionDep, SettingsDep, TransportDep
-from services.dispatcher.errors import ApiError
+from services.dispatcher import artifacts, job_config, limits, restore, restore_check, views
+from services.dispatcher.deps import (
+    CatalogDep, DefaultRestartDep, MaxUploadDep, SessionDep, SettingsDep, TransportDep,
+)
+from services.dispatcher.errors import ApiError, Problem, short_value
 from services.dispatcher.schemas import (
-    EntryName, ErrorBody, JarListInfo, JarRunRequest, JarRunResponse, JarUploadResponse, PositiveInt,
+    EntryName, ErrorBody, JarListInfo, JarRunRequest, JarRunResponse, JarUploadResponse, Parallelism,
     stored_restart_strategy,
 )
 from shared.catalog import repository
+from shared.catalog.models import Artifact
 from shared.catalog.repository import NotFound
 from shared.ids import new_artifact_id, new_job_id
 from shared.messages import SubmitJob
@@ -29,7 +32,8 @@ from shared.streams import JM_STREAM
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jars", tags=["jars"])
-_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
+_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody},
+           503: {"model": ErrorBody, "description": "the catalog is unreachable; retry after Retry-After seconds"}}
 _LIVE = [s for s in JobStatus if not s.is_terminal]
 
 
@@ -38,15 +42,22 @@ def _unknown_jar(jarid: str) -> ApiError:
                        hint="GET /jars lists the uploaded jars; POST /jars/upload adds one", prefix=False)
 
 
-@router.post("/upload", response_model=JarUploadResponse, responses=_ERRORS,
+@router.post("/upload", response_model=JarUploadResponse,
+             responses={**_ERRORS, 413: {"model": ErrorBody, "description": "above the upload limit"}},
              summary="Upload a job: a .py module or a .zip of .py files")
 def upload_jar(
     jarfile: Annotated[UploadFile, File(description="a .py module (entry function `build`) or a .zip of .py files")],
     settings: SettingsDep,
     catalog: CatalogDep,
+    max_bytes: MaxUploadDep,
 ) -> dict:
     name = artifacts.safe_filename(jarfile.filename)
-    data = jarfile.file.read()
+    # The body limit (limits.BodyLimit) already stopped anything much larger before it was parsed.
+    if jarfile.size is not None and jarfile.size > max_bytes:
+        raise ApiError(413, [limits.upload_too_large(max_bytes, got=jarfile.size)])
+    data = jarfile.file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ApiError(413, [limits.upload_too_large(max_bytes)])
     try:
         checked = artifacts.check(name, data)
     except artifacts.ArtifactRejected as exc:
@@ -60,9 +71,10 @@ def upload_jar(
     path = artifacts.store(settings.artifacts, artifact_id, data)
     try:
         with catalog.session() as s:
-            repository.create_artifact(s, id=artifact_id, name=name, path=str(path), size=checked.size,
-                                       sha256=checked.sha256)
-    except BaseException:
+            row = repository.create_artifact(s, id=artifact_id, name=name, path=str(path), size=checked.size,
+                                             sha256=checked.sha256)
+            row.listing = artifacts.listing(checked)
+    except BaseException:  # the catalog is away, or anything else: no file without its row
         artifacts.remove(path)
         raise
     log.info("stored artifact %s (%s, %d bytes)", artifact_id, name, checked.size)
@@ -70,12 +82,24 @@ def upload_jar(
 
 
 @router.get("", response_model=JarListInfo, summary="List uploaded jobs, newest first")
-def list_jars(request: Request, session: SessionDep) -> dict:
+def list_jars(request: Request, session: SessionDep, catalog: CatalogDep) -> dict:
+    """From the catalog alone: what an artifact offers was recorded at its upload."""
     files = []
     for art in reversed(repository.list_artifacts(session)):
-        found = artifacts.module_names(Path(art.path))
-        files.append(views.jar_file(art, found[0] if found else None))
+        listed = art.listing if art.listing is not None else _backfill_listing(catalog, art)
+        files.append(views.jar_file(art, listed.get("functions")))
     return {"address": str(request.base_url).rstrip("/"), "files": files}
+
+
+def _backfill_listing(catalog, art: Artifact) -> dict:
+    """An artifact uploaded before listings were kept: parse its file this once and store it."""
+    listed = artifacts.listing_of_file(Path(art.path))
+    with catalog.session() as s:
+        row = s.get(Artifact, art.id)
+        if row is not None and row.listing is None:
+            row.listing = listed
+    log.info("recorded the listing of artifact %s (uploaded before listings were kept)", art.id)
+    return listed
 
 
 @router.delete("/{jarid}", responses=_ERRORS, summary="Delete an uploaded job (not while a live job uses it)")
@@ -115,7 +139,7 @@ def run_jar(
     default_restart: DefaultRestartDep,
     body: Annotated[JarRunRequest | None, Body(description="all fields optional")] = None,
     entry_class: Annotated[EntryName | None, Query(alias="entry-class", description="as entryClass")] = None,
-    parallelism: Annotated[PositiveInt | None, Query(description="as the body's parallelism")] = None,
+    parallelism: Annotated[Parallelism | None, Query(description="as the body's parallelism")] = None,
     program_args: Annotated[str | None, Query(alias="program-args", description="as programArgs")] = None,
     program_arg: Annotated[str | None, Query(alias="programArg", description="comma-separated arguments")] = None,
     savepoint_path: Annotated[str | None, Query(alias="savepointPath", description="as the body's")] = None,
@@ -128,8 +152,12 @@ def run_jar(
     if args is None:
         args = _query_args(program_args, program_arg)
     config = {**(req.flinkConfiguration or {}), **(req.config or {})}
+    _check_config(config)
     try:
-        restart = stored_restart_strategy(req.restartStrategy) if req.restartStrategy else default_restart
+        if req.restartStrategy:
+            restart = stored_restart_strategy(req.restartStrategy)
+        else:
+            restart = job_config.restart_strategy_from_config(config) or default_restart
     except InvalidRestartStrategy as exc:
         raise ApiError.of(400, str(exc).split(": ", 1)[-1], field=exc.field, expected="a valid restart strategy",
                           hint="see the restart strategy schema at /docs") from None
@@ -142,7 +170,7 @@ def run_jar(
         except NotFound:
             raise _unknown_jar(jarid) from None
     if kind == "pyspark":
-        _check_entry(art, entry)
+        _check_entry(catalog, art, entry)
     snapshot = restore.prepare(
         config, settings,
         savepoint_path=req.savepointPath if req.savepointPath is not None else savepoint_path,
@@ -196,7 +224,7 @@ def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, 
         restore_check.check_restore(
             python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry, args=list(args),
             config=config, parallelism=parallelism, snapshot_meta=snapshot.metadata,
-            catalog_url=settings.catalog, redis_url=settings.redis_url)
+            catalog_url=settings.catalog, redis_url=settings.pipeline_redis_url or settings.redis_url)
     except restore_check.RestoreIncompatible as exc:
         raise ApiError.of(400, exc.message, field="savepointPath", expected="a snapshot this pipeline can restore",
                           got=snapshot.path, hint=exc.hint or "start the job without a savepoint",
@@ -221,12 +249,25 @@ def _duplicate(job_id: str, status: str) -> ApiError:
                        prefix=False)
 
 
-def _check_entry(art, entry: str) -> None:
+def _check_config(config: dict) -> None:
+    """Every option Headrace reads must be readable (job_config): 400 naming each bad one, its
+    value and a good example, instead of a task that fails (or hangs) on a TaskManager."""
+    found = job_config.problems(config)
+    if found:
+        raise ApiError(400, [Problem(p.message, field=p.option, expected=p.expected,
+                                     got=short_value(p.value) if not p.missing else None,
+                                     hint="options keep Flink's names; durations are seconds or strings such as "
+                                          "\"10 s\", \"500 ms\" or \"2 min\"")
+                             for p in found])
+
+
+def _check_entry(catalog, art, entry: str) -> None:
     """For a .py artifact, the entry must be defined at its top level (a fast, clear failure
     instead of an ImportError in a Spark driver minutes later)."""
     if "." in entry or ":" in entry:
         return
-    found = artifacts.module_names(Path(art.path))
+    listed = art.listing if art.listing is not None else _backfill_listing(catalog, art)
+    found = artifacts.entry_names(listed)
     if found is None:
         return
     functions, names, star = found

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from services.dispatcher import operations, restore
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
-from services.dispatcher.schemas import ErrorBody, int_at_least
+from services.dispatcher.schemas import MAX_PARALLELISM, ErrorBody, int_at_least
 from services.dispatcher.snapshot_schemas import (
     AsynchronousOperationResult, SavepointDisposalRequest, SavepointTriggerRequest, StopWithSavepointRequest,
     TriggerResponse,
@@ -34,7 +34,6 @@ router = APIRouter(tags=["savepoints"])
 _ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody},
            503: {"model": ErrorBody}}
 SAVEPOINT_KINDS = ("savepoint", "stop")
-MAX_PARALLELISM = 2**31 - 1  # Flink's parallelism is a Java int
 
 
 def default_target(job: Job, settings: Settings) -> str:

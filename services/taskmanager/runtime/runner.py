@@ -25,6 +25,11 @@ snapshots its last committed batch (stop-with-savepoint). Restore: an attempt wi
 `restore_from` starts from a copy of that snapshot in its own live directory, after the
 compatibility check (plan_signature.py) and after every sink fenced off older attempts.
 
+Start-up: as a task starts, the driver writes each phase to its log (`PHASE_MARKER`: importing
+the module, building, restoring, starting the query) and dumps every thread's stack there on
+SIGUSR1, so the TaskManager can say where a pipeline that does not start in time is stuck
+(headrace.task.startup-timeout, see services/taskmanager/supervisor.py).
+
 Cancel (a `cancel` line on stdin or SIGTERM) stops the query and exits 0 after `canceled`.
 A watchdog exits the process when its parent dies, so a killed TaskManager leaves no driver
 behind; the JVM follows because it exits when its stdin (held by this process) closes.
@@ -33,6 +38,7 @@ behind; the JVM follows because it exits when its stdin (held by this process) c
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import importlib.util
 import os
@@ -47,6 +53,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Callable
 
+from services.taskmanager.driver_process import PHASE_MARKER, STACK_DUMP_SIGNAL
 from shared import checkpoint_storage as storage
 from shared.task_protocol import (
     Canceled,
@@ -73,6 +80,11 @@ DRAIN_TIMEOUT_S = 300.0
 
 class _Terminate(BaseException):
     """Raised by the SIGTERM handler while no task runs: leave quietly."""
+
+
+def announce_phase(phase: str) -> None:
+    """Tell the log (and through it the TaskManager) what the starting task is doing."""
+    print(f"{PHASE_MARKER}{phase}", flush=True)
 
 
 # ---------------------------------------------------------------- spark session
@@ -322,6 +334,7 @@ class Driver:
 
         if not spec.artifact_path:
             raise ValueError("task has no artifact_path")
+        announce_phase(f"importing the pipeline module {Path(spec.artifact_path).name}")
         module = load_pipeline(spec.artifact_path, spec.config, self.spark)
         entry = getattr(module, spec.entry, None)
         if not callable(entry):
@@ -332,6 +345,7 @@ class Driver:
             catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
             attempt=spec.attempt, lineage_id=self.lineage["id"],
         )
+        announce_phase(f"building the pipeline (in {spec.entry}(ctx))")
         handle = entry(ctx)
         if not isinstance(handle, SinkHandle):
             raise TypeError(f"{spec.entry}(ctx) must return a sink handle from ctx.sinks.*, got {type(handle).__name__}")
@@ -371,6 +385,7 @@ class Driver:
         if meta is not None and int(meta.get("spark", {}).get("batch_id", -1)) >= 0:
             from .plan_signature import check_before_start
 
+            announce_phase(f"restoring the snapshot {spec.restore_from}")
             explicit = self._sql_conf_keys(spec.config).get("spark.sql.shuffle.partitions")
             drop = check_before_start(handle.df, meta, shuffle_partitions=int(explicit) if explicit else None,
                                       allow_non_restored_state=spec.allow_non_restored_state,
@@ -390,6 +405,7 @@ class Driver:
             self._plan = _plan_of(handle.df, handle.output_mode)
         except Exception:  # noqa: BLE001 - the signature only enriches snapshot metadata
             self._plan = None
+        announce_phase("starting the Spark query")
         with self._lock:
             query = handle.start(str(live), query_name=spec.job_id)
             self._query = query
@@ -399,6 +415,9 @@ class Driver:
         last = -1
         finished = False
         pending: list[tuple[TakeSnapshot, int | None, float]] = []
+        # A new JobManager leader sends the triggers it inherited again (it cannot know whether
+        # they went out): each checkpoint id is served once.
+        requested: set[int] = set()
         while True:
             terminated = query.awaitTermination(POLL_S)  # raises if the query failed
             progress = query.lastProgress
@@ -409,6 +428,9 @@ class Driver:
                 continue  # the cancel thread is stopping the query
             while not self.snapshot_requests.empty():
                 req = self.snapshot_requests.get_nowait()
+                if req.checkpoint_id in requested:
+                    continue
+                requested.add(req.checkpoint_id)
                 pending.append((req, storage.latest_planned_batch(live), time.monotonic()))
             if pending:
                 query, stopped = self._serve_snapshots(spec, handle, query, live, pending)
@@ -606,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
             raise _Terminate()
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # Into the log (stderr): works even while the main thread is stuck in C code.
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     start_watchdog(orphaned)
     code = 0
     try:

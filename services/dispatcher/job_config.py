@@ -1,0 +1,385 @@
+"""The options of a job's configuration that Headrace reads, checked at submission.
+
+A value a service cannot read must be refused here, with the option, the value and an example
+of a good one: once the job exists, it is found minutes later by a TaskManager or the JobManager,
+far from the user (a bad `noop.duration` used to leave its attempt DEPLOYING, holding its slots).
+Everything here is pure (no catalog, no settings), so it is tested as unit tests.
+
+What is read, and by whom:
+
+  noop.duration                  TaskManager (no-op tasks): seconds (a negative number: until
+                                 cancelled), or a duration such as "2 s"
+  noop.fail-attempts             TaskManager: attempts numbered below this fail
+  noop.fail-message              TaskManager: the failure cause they report
+  noop.startup-delay             TaskManager: a no-op task stays INITIALIZING this long
+  headrace.task.startup-timeout  TaskManager: a task not RUNNING this long after its driver got
+                                 it fails (the pipeline hangs at import or in build())
+  slot.request.timeout           JobManager / ResourceManager: waiting longer for slots fails
+  restart-strategy.*             dispatcher: Flink's restart options, used when the request
+                                 has no `restartStrategy` (see `restart_strategy_from_config`)
+  execution.checkpointing.*, state.* (shared/checkpointing.py): JobManager
+  spark.sql.shuffle.partitions, pipeline.max-parallelism, maxParallelism: driver / views
+  execution.runtime-mode         views: STREAMING or BATCH
+  module                         driver: the module of a .zip artifact to import
+
+Other keys (Spark's own options, user keys read by a pipeline through ctx.config) pass through
+unchecked, as Flink passes unknown keys through; only the `noop.` namespace is closed, so a
+typo there is reported rather than ignored.
+
+This module imports only `shared`, so the TaskManager and the JobManager can read their
+options through it once it moves to `shared/job_options.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from shared import checkpointing as cp
+from shared import restart
+
+STARTUP_TIMEOUT = "headrace.task.startup-timeout"
+SLOT_REQUEST_TIMEOUT = "slot.request.timeout"
+NOOP_DURATION = "noop.duration"
+NOOP_FAIL_ATTEMPTS = "noop.fail-attempts"
+NOOP_FAIL_MESSAGE = "noop.fail-message"
+NOOP_STARTUP_DELAY = "noop.startup-delay"
+RESTART_PREFIX = "restart-strategy."
+
+# Flink's durations are Java longs of milliseconds; ours end up in timers, whose waits Python
+# refuses above threading.TIMEOUT_MAX (~292 years). A century is beyond any real setting.
+MAX_DURATION_S = 100 * 365 * 86400.0
+MAX_INT = 2**31 - 1  # Flink's counts and parallelisms are Java ints; catalog columns are too
+
+
+@dataclass(frozen=True)
+class OptionProblem:
+    """One option with a value Headrace cannot use."""
+
+    option: str
+    value: Any
+    expected: str
+    example: Any  # a good value, as it would be written in the configuration
+    example_option: str | None = None  # the option the example sets, if not this one (a typo)
+    missing: bool = False  # the option is absent but required by others
+    reason: str | None = None  # what is wrong, when "must be <expected>" does not say it
+
+    @property
+    def message(self) -> str:
+        example = json.dumps({self.example_option or self.option: self.example})
+        if self.reason:
+            return f"{self.reason}, got {_show(self.value)}; for example {example}"
+        if self.missing:
+            return f"is required: {self.expected}; for example {example}"
+        if self.example_option:
+            return f"is not an option ({self.expected}); for example {example}"
+        return f"must be {self.expected}, got {_show(self.value)}; for example {example}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --- value readers: each returns the value or raises ValueError --------------------------------
+
+
+def duration_s(value: Any, *, allow_negative: bool = False, positive: bool = False) -> float:
+    """Seconds from a number or a duration string ("10 s", "500 ms", "2 min", "10")."""
+    if isinstance(value, bool):
+        raise ValueError("not a duration")
+    if allow_negative and isinstance(value, (int, float)) and value < 0:
+        seconds = float(value)
+    elif allow_negative and isinstance(value, str) and re.fullmatch(r"\s*-\d+(\.\d+)?\s*", value):
+        seconds = float(value)
+    else:
+        try:
+            seconds = restart.parse_duration(value, "option")
+        except restart.InvalidRestartStrategy:
+            raise ValueError("not a duration") from None
+    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION_S:
+        raise ValueError("out of range")
+    if positive and seconds <= 0:
+        raise ValueError("not positive")
+    return seconds
+
+
+def integer(value: Any, minimum: int, maximum: int = MAX_INT) -> int:
+    if isinstance(value, bool):
+        raise ValueError("not an integer")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,30}\s*", value):
+        value = int(value)
+    if not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValueError("out of range")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or "\x00" in value:
+        raise ValueError("not a string")
+    return value
+
+
+def _module(value: Any) -> str:
+    if isinstance(value, str) and value and all(p.isidentifier() for p in value.split(".")):
+        return value
+    raise ValueError("not a module name")
+
+
+def _runtime_mode(value: Any) -> str:
+    if isinstance(value, str) and value.strip().upper() in ("STREAMING", "BATCH", "AUTOMATIC"):
+        return value.strip().upper()
+    raise ValueError("not a runtime mode")
+
+
+_DURATION = 'seconds as a number, or a duration string such as "10 s", "500 ms" or "2 min"'
+_POSITIVE_DURATION = f"a duration greater than 0 ({_DURATION})"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    read: Callable[[Any], Any]
+    expected: str | Callable[[Any], str]  # or what to say about this value
+    example: Any
+
+    def expected_for(self, value: Any) -> str:
+        return self.expected(value) if callable(self.expected) else self.expected
+
+
+def _integer_rule(minimum: int, example: int) -> _Rule:
+    return _Rule(lambda v: integer(v, minimum), lambda v: _integer_expected(v, minimum), example)
+
+
+def _integer_expected(value: Any, minimum: int) -> str:
+    """The upper bound is named only when it is what was crossed: it is rarely the mistake."""
+    try:
+        above = integer(value, minimum, maximum=10**4000) > MAX_INT
+    except ValueError:
+        above = False
+    return f"an integer between {minimum} and {MAX_INT}" if above else f"an integer >= {minimum}"
+
+
+RULES: dict[str, _Rule] = {
+    NOOP_DURATION: _Rule(lambda v: duration_s(v, allow_negative=True),
+                         'seconds as a number (negative: run until cancelled), or a duration string such as '
+                         '"10 s", "500 ms" or "2 min"', 2.5),
+    NOOP_FAIL_ATTEMPTS: _integer_rule(0, 2),
+    NOOP_FAIL_MESSAGE: _Rule(_text, "a string", "simulated failure"),
+    NOOP_STARTUP_DELAY: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "2 s"),
+    STARTUP_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "2 min"),
+    SLOT_REQUEST_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "5 min"),
+    "spark.sql.shuffle.partitions": _integer_rule(1, 8),
+    "pipeline.max-parallelism": _integer_rule(1, 128),
+    "maxParallelism": _integer_rule(1, 128),
+    "execution.runtime-mode": _Rule(_runtime_mode, "STREAMING, BATCH or AUTOMATIC", "STREAMING"),
+    "module": _Rule(_module, "the dotted name of a module inside the .zip", "mypipeline.main"),
+}
+
+# Checkpoint options are read by shared/checkpointing.py; these are good values to show.
+CHECKPOINT_EXAMPLES: dict[str, Any] = {
+    cp.INTERVAL: "10 s", cp.TIMEOUT: "10 min", cp.MIN_PAUSE: "500 ms", cp.MAX_CONCURRENT: 1,
+    cp.TOLERABLE: 3, cp.NUM_RETAINED: 3, cp.RETENTION: "RETAIN_ON_CANCELLATION",
+    cp.SAVEPOINT_DIR: "/shared/savepoints", cp.RESTORE_PATH: "/shared/savepoints/savepoint-1a2b3c",
+    cp.ALLOW_NON_RESTORED: True, cp.RESTORE_MODE: "NO_CLAIM",
+}
+_CHECKPOINT_DURATIONS = (cp.INTERVAL, cp.TIMEOUT, cp.MIN_PAUSE)
+_CHECKPOINT_COUNTS = (cp.MAX_CONCURRENT, cp.TOLERABLE, cp.NUM_RETAINED)
+
+# Flink's restart options in a configuration: restart-strategy.type and
+# restart-strategy.<type>.<parameter>; values as shared/restart.py reads them.
+RESTART_PARAMETERS: dict[str, dict[str, tuple[str, Any]]] = {
+    "none": {},
+    "fixed-delay": {"attempts": ("count", 3), "delay": ("duration", "10 s")},
+    "failure-rate": {"max-failures-per-interval": ("count1", 1), "failure-rate-interval": ("duration", "1 min"),
+                     "delay": ("duration", "10 s")},
+    "exponential-delay": {"initial-backoff": ("duration", "1 s"), "max-backoff": ("duration", "1 min"),
+                          "backoff-multiplier": ("multiplier", 1.5),
+                          "reset-backoff-threshold": ("duration", "1 h"), "jitter-factor": ("fraction", 0.1),
+                          "attempts-before-reset-backoff": ("count1", 10)},
+}
+_RESTART_TYPE_ALIASES = {"no": "none", "off": "none", "disable": "none", "norestart": "none",
+                         "fixeddelay": "fixed-delay", "failurerate": "failure-rate",
+                         "exponentialdelay": "exponential-delay"}
+
+
+def _restart_value(kind: str, value: Any) -> Any:
+    if kind == "duration":
+        return duration_s(value)
+    if kind in ("count", "count1"):
+        return integer(value, 0 if kind == "count" else 1)
+    number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
+    if not math.isfinite(number) or (kind == "multiplier" and not 1.0 <= number <= 1e6) \
+            or (kind == "fraction" and not 0.0 <= number <= 1.0):
+        raise ValueError("out of range")
+    return number
+
+
+_RESTART_EXPECTED = {"duration": _DURATION, "multiplier": "a number >= 1", "fraction": "a number between 0 and 1"}
+
+
+# --- the checks --------------------------------------------------------------------------------
+
+
+def problems(config: Mapping[str, Any] | None) -> list[OptionProblem]:
+    """Every option of `config` Headrace would fail to read, in the configuration's order."""
+    found: list[OptionProblem] = []
+    config = config or {}
+    for key, value in config.items():
+        if not isinstance(key, str):
+            continue
+        if not _json_safe(value):
+            # Python's JSON reader takes NaN and Infinity; PostgreSQL's json type refuses them.
+            found.append(OptionProblem(key, value, "a JSON value (NaN and Infinity are not JSON numbers)", 0))
+            continue
+        rule = RULES.get(key)
+        if rule is not None:
+            try:
+                rule.read(value)
+            except (ValueError, TypeError, OverflowError):
+                found.append(OptionProblem(key, value, rule.expected_for(value), rule.example))
+        elif key.startswith("noop."):
+            found.append(_unknown_noop_option(key, value))
+        elif key in cp.KEYS:
+            problem = _checkpoint_problem(key, value)
+            if problem is not None:
+                found.append(problem)
+    found.extend(_restart_problems(config))
+    return found
+
+
+def _json_safe(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_json_safe(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_json_safe(v) for v in value)
+    return True
+
+
+def _unknown_noop_option(key: str, value: Any) -> OptionProblem:
+    noop_options = [k for k in RULES if k.startswith("noop.")]
+    close = difflib.get_close_matches(key, noop_options, n=1, cutoff=0.8)
+    if close:
+        return OptionProblem(key, value, f"did you mean {close[0]!r}?", RULES[close[0]].example,
+                             example_option=close[0])
+    return OptionProblem(key, value, f"one of the no-op task's options: {', '.join(noop_options)}",
+                         RULES[NOOP_DURATION].example, example_option=NOOP_DURATION)
+
+
+def _checkpoint_problem(key: str, value: Any) -> OptionProblem | None:
+    example = CHECKPOINT_EXAMPLES.get(key, "")
+    if key in _CHECKPOINT_DURATIONS and value is not None:
+        if key == cp.INTERVAL and str(value).strip().lower() in ("", "0", "none", "disabled", "off"):
+            return None
+        try:
+            duration_s(value)
+        except ValueError:
+            return OptionProblem(key, value, _DURATION, example)
+    if key in _CHECKPOINT_COUNTS and value is not None:
+        minimum = 0 if key == cp.TOLERABLE else 1
+        try:
+            integer(value, minimum)
+        except ValueError:
+            return OptionProblem(key, value, _integer_expected(value, minimum), example)
+    try:
+        cp.checkpoint_config({key: value})
+    except cp.InvalidCheckpointConfig as exc:
+        text = re.sub(r",? got .*$", "", exc.message)
+        if text.startswith(("expected ", "must be ")):
+            return OptionProblem(key, value, text.removeprefix("expected ").removeprefix("must be "), example)
+        return OptionProblem(key, value, text, example, reason=text)
+    return None
+
+
+def _restart_keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if isinstance(k, str) and k.startswith(RESTART_PREFIX)}
+
+
+def _restart_type(raw: Any) -> str | None:
+    if not isinstance(raw, str):
+        return None
+    t = raw.strip().lower()
+    t = _RESTART_TYPE_ALIASES.get(t, t)
+    return t if t in RESTART_PARAMETERS else None
+
+
+def _restart_problems(config: Mapping[str, Any]) -> list[OptionProblem]:
+    keys = _restart_keys(config)
+    if not keys:
+        return []
+    type_key = RESTART_PREFIX + "type"
+    types = ", ".join(RESTART_PARAMETERS)
+    if type_key not in keys:
+        first = next(iter(keys))
+        return [OptionProblem(type_key, None, f"other restart-strategy options are set ({first}); the type is "
+                              f"one of {types}", "fixed-delay", missing=True)]
+    kind = _restart_type(keys[type_key])
+    if kind is None:
+        return [OptionProblem(type_key, keys[type_key], f"one of {types}", "fixed-delay")]
+    found = []
+    for key, value in keys.items():
+        if key == type_key:
+            continue
+        rest = key[len(RESTART_PREFIX):]
+        owner, _, param = rest.partition(".")
+        owner = _RESTART_TYPE_ALIASES.get(owner, owner)
+        if owner not in RESTART_PARAMETERS or param not in RESTART_PARAMETERS[owner]:
+            params = ", ".join(f"{RESTART_PREFIX}{kind}.{p}" for p in RESTART_PARAMETERS[kind])
+            found.append(OptionProblem(key, value, f"the options of {kind} are: {params}" if params else
+                                       f"{kind} has no options",
+                                       *_first_param_example(kind)))
+            continue
+        if owner != kind:
+            continue  # Flink ignores the parameters of the strategies not chosen
+        what, example = RESTART_PARAMETERS[owner][param]
+        try:
+            _restart_value(what, value)
+        except (ValueError, TypeError, OverflowError):
+            expected = _integer_expected(value, 0 if what == "count" else 1) if what in ("count", "count1") \
+                else _RESTART_EXPECTED[what]
+            found.append(OptionProblem(key, value, expected, example))
+    return found
+
+
+def _first_param_example(kind: str) -> tuple[Any, str]:
+    """A good value and the option it is for: the chosen strategy's first parameter."""
+    params = RESTART_PARAMETERS[kind]
+    if not params:
+        return kind, RESTART_PREFIX + "type"
+    name, (_what, example) = next(iter(params.items()))
+    return example, f"{RESTART_PREFIX}{kind}.{name}"
+
+
+def restart_strategy_from_config(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The restart strategy Flink's options in a configuration describe (shared/restart.py's
+    form: the type plus its parameters), or None if the configuration names none. Call it on a
+    configuration `problems` found nothing wrong with."""
+    keys = _restart_keys(config or {})
+    kind = _restart_type(keys.get(RESTART_PREFIX + "type"))
+    if kind is None:
+        return None
+    out: dict[str, Any] = {"type": kind}
+    for key, value in keys.items():
+        owner, _, param = key[len(RESTART_PREFIX):].partition(".")
+        if _RESTART_TYPE_ALIASES.get(owner, owner) == kind and param in RESTART_PARAMETERS[kind]:
+            out[param] = _restart_value(RESTART_PARAMETERS[kind][param][0], value)
+    return restart.normalise(out)
+
+
+def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> float:
+    """`headrace.task.startup-timeout` of a job, or the cluster's default if it sets none (or,
+    for a job stored before this check existed, one that cannot be read)."""
+    raw = (config or {}).get(STARTUP_TIMEOUT)
+    if raw is None:
+        return default_s
+    try:
+        return duration_s(raw, positive=True)
+    except ValueError:
+        return default_s

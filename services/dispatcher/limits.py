@@ -1,0 +1,160 @@
+"""Request size limits, enforced while a body streams in.
+
+An upload above the limit is refused with 413 before it is parsed: the multipart parser would
+otherwise spool all of it to a temporary file and the route would read it into memory. The
+middleware counts the bytes as they arrive (a Content-Length is not trusted, and chunked bodies
+have none) and stops the request at the limit. The refused remainder is read and discarded (up
+to DRAIN_MAX_BYTES, never stored) so that a client that sends its whole body before reading the
+answer, as httpx and requests do, sees the 413 rather than a broken connection; a client that
+asked `Expect: 100-continue` (curl, for bodies over 1 MB) gets the answer before it sends anything.
+
+The limit is `max_upload_bytes` of the settings when they have it, else the environment variable
+HEADRACE_MAX_UPLOAD_BYTES (bytes, or a size such as "500 MB"), else 100 MB.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.dispatcher.errors import Problem, error_response
+
+UPLOAD_ENV = "HEADRACE_MAX_UPLOAD_BYTES"
+DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024**2
+# JSON requests (a run request, a savepoint trigger) are small; 16 MB is far beyond any real one.
+MAX_JSON_BODY_BYTES = 16 * 1024**2
+# What a multipart body carries besides the file: boundaries, part headers, the file name.
+MULTIPART_SLACK_BYTES = 64 * 1024
+DRAIN_MAX_BYTES = 1024**3
+UPLOAD_PATH = re.compile(r"^(/v1)?/jars/upload/?$")
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
+
+
+def parse_size(raw: Any) -> int:
+    """Bytes from an integer or a size such as "500 MB", "1g", "104857600" (units of 1024, as
+    Flink's MemorySize reads them). Raises ValueError naming what is accepted."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        return raw
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(raw))
+    if m and m.group(2).lower() in _UNITS:
+        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if size > 0:
+            return size
+    raise ValueError(f"{UPLOAD_ENV} must be a positive number of bytes or a size such as \"500 MB\", got {raw!r}")
+
+
+def upload_limit(settings: Any, environ: Mapping[str, str] = os.environ) -> int:
+    configured = getattr(settings, "max_upload_bytes", None)
+    if configured is not None:
+        return parse_size(configured)
+    if environ.get(UPLOAD_ENV):
+        return parse_size(environ[UPLOAD_ENV])
+    return DEFAULT_MAX_UPLOAD_BYTES
+
+
+def human(size: int) -> str:
+    for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if size >= factor:
+            value = size / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def upload_too_large(limit: int, *, got: int | None = None) -> Problem:
+    seen = f"; it is {human(got)} ({got} bytes)" if got is not None and got > limit else ""
+    return Problem(
+        f"the upload is larger than the dispatcher's limit of {human(limit)} ({limit} bytes){seen}",
+        field="jarfile", expected=f"a file of at most {human(limit)}",
+        hint=f"an artifact holds code, not data (read data through a source); to raise the limit set "
+             f"{UPLOAD_ENV} (e.g. {UPLOAD_ENV}=\"{human(max(limit * 2, 200 * 1024**2))}\") for the dispatcher "
+             f"and restart it", prefix=False)
+
+
+def body_too_large(limit: int) -> Problem:
+    return Problem(f"the request body is larger than {human(limit)}, the dispatcher's limit for JSON requests",
+                   expected=f"a body of at most {human(limit)}",
+                   hint="a run request carries options, not data; upload code with POST /jars/upload", prefix=False)
+
+
+class _TooLarge(BaseException):
+    """Raised from `receive` once a body passes its limit. A BaseException, so that the body
+    parsers' `except Exception` (which would answer 400 "error parsing the body") let it through
+    to the middleware."""
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for an upload above `upload_limit` or another body above `json_limit`."""
+
+    def __init__(self, app: ASGIApp, *, upload_limit: int, json_limit: int = MAX_JSON_BODY_BYTES):
+        self.app, self.upload_limit, self.json_limit = app, upload_limit, json_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        upload = UPLOAD_PATH.match(scope["path"]) is not None
+        limit = self.upload_limit + MULTIPART_SLACK_BYTES if upload else self.json_limit
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        length = _int_or_none(headers.get("content-length"))
+        if length is not None and length > limit:
+            drain = "100-continue" not in headers.get("expect", "").lower() and length <= DRAIN_MAX_BYTES
+            await self._refuse(scope, receive, send, upload=upload, got=length, drain=drain)
+            return
+
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _TooLarge()
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except _TooLarge:
+            if started:  # cannot happen: routes answer after reading their body
+                raise RuntimeError("request body over the limit after the response started") from None
+            await self._refuse(scope, receive, send, upload=upload, got=None, drain=True, already=received)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, upload: bool, got: int | None,
+                      drain: bool, already: int = 0) -> None:
+        if drain:
+            already = await _discard(receive, already)
+        problem = upload_too_large(self.upload_limit, got=got or already) if upload else body_too_large(self.json_limit)
+        response = error_response(413, [problem], headers={"Connection": "close"}, request=Request(scope))
+        await response(scope, receive, send)
+
+
+async def _discard(receive: Receive, seen: int) -> int:
+    """Read what is left of a refused body without keeping it, up to DRAIN_MAX_BYTES."""
+    while seen <= DRAIN_MAX_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return seen
+
+
+def _int_or_none(raw: str | None) -> int | None:
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
