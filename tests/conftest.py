@@ -168,3 +168,21 @@ def zookeeper(tmp_path):
     server = ZooKeeperServer(tmp_path)
     yield server
     server.stop()
+
+
+# --- a module's cluster -------------------------------------------------------------------
+# A test module that starts a cluster defines its own module-scoped `cluster` fixture (each wants
+# other sizes and settings); these two then work against it.
+
+
+@pytest.fixture(scope="module")
+def rest(cluster):
+    from tests.clusters import Rest
+
+    return Rest(cluster.dispatcher_url)
+
+
+@pytest.fixture(scope="module")
+def jar(rest, tmp_path_factory):
+    """A no-op pipeline uploaded to the module's cluster."""
+    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))

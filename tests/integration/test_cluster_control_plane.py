@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.clusters import Rest, start_cluster
+from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -21,16 +21,6 @@ def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("cp-home"), catalog_url=pg_url_module, slots=4)
     yield c
     c.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
-def jar(rest, tmp_path_factory):
-    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 def noop(rest, jar, *, duration=0.5, fail_attempts=0, restart=None, parallelism=1, **config):

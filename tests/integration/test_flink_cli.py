@@ -74,11 +74,6 @@ def cluster(flink_cli, tmp_path_factory, pg_url_module):
 
 
 @pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
 def flink(flink_cli, cluster, tmp_path_factory):
     """Starts `flink <args> -m <dispatcher>` in the background; returns its Cli."""
     address = cluster.dispatcher_url.split("://", 1)[1].rstrip("/")

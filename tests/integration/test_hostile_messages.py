@@ -24,7 +24,7 @@ from shared.ids import new_allocation_id, new_execution_id, new_job_id
 from shared.messages import DeployTask, SubmitJob, decode, encode, wrap
 from shared.transport import dead_letters
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from tests.clusters import Rest, start_cluster
+from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -37,16 +37,6 @@ def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("hostile-home"), catalog_url=pg_url_module, taskmanagers=1, slots=2)
     yield c
     c.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
-def jar(rest, tmp_path_factory):
-    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 @pytest.fixture(scope="module")

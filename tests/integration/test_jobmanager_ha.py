@@ -12,7 +12,7 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from tests.clusters import Rest, start_cluster
+from tests.clusters import start_cluster
 from tests.conftest import missing
 
 pytestmark = pytest.mark.integration
@@ -30,16 +30,6 @@ def cluster(tmp_path_factory, pg_url_module):
                       jobmanagers=2, zookeeper_session_timeout_s=SESSION_S)
     yield c
     c.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
-def jar(rest, tmp_path_factory):
-    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 def noop(rest, jar, duration):

@@ -29,7 +29,7 @@ from shared.settings import Settings
 from shared.transport.redis_streams import RedisStreamsTransport
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.service import ResourceManager
-from tests.clusters import Rest, start_cluster
+from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +41,6 @@ def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("fence-home"), catalog_url=pg_url_module, taskmanagers=1, slots=4)
     yield c
     c.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
-def jar(rest, tmp_path_factory):
-    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from shared.ids import new_job_id
 from shared.messages import SubmitJob
 from shared.streams import JM_STREAM
 from shared.transport import RedisStreamsTransport
-from tests.clusters import Rest, start_cluster
+from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -37,16 +37,6 @@ def cluster(tmp_path_factory, pg_url_module):
                       slots=SLOTS, warm_drivers=0)
     yield c
     c.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
-def noop_jar(rest, tmp_path_factory):
-    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 def _drivers_of(cluster) -> list[psutil.Process]:
@@ -82,10 +72,10 @@ def test_a_hanging_build_fails_at_the_startup_timeout_and_restarts(cluster, rest
     assert rest.wait_free_slots(SLOTS, timeout_s=10) == SLOTS
 
 
-def test_a_slow_noop_start_fails_at_the_timeout_and_a_quick_one_runs(rest, noop_jar):
-    slow = rest.run(noop_jar, kind="noop", restartStrategy={"type": "none"},
+def test_a_slow_noop_start_fails_at_the_timeout_and_a_quick_one_runs(rest, jar):
+    slow = rest.run(jar, kind="noop", restartStrategy={"type": "none"},
                     config={"noop.startup-delay": "30 s", "headrace.task.startup-timeout": "1 s"})
-    quick = rest.run(noop_jar, kind="noop", restartStrategy={"type": "none"},
+    quick = rest.run(jar, kind="noop", restartStrategy={"type": "none"},
                      config={"noop.startup-delay": "200 ms", "noop.duration": 0.2,
                              "headrace.task.startup-timeout": "5 s"})
     assert rest.wait_state(slow, ("FAILED", "FINISHED"), timeout_s=20)["state"] == "FAILED"
@@ -93,14 +83,14 @@ def test_a_slow_noop_start_fails_at_the_timeout_and_a_quick_one_runs(rest, noop_
     assert rest.wait_state(quick, ("FAILED", "FINISHED"), timeout_s=20)["state"] == "FINISHED"
 
 
-def test_a_deploy_that_breaks_fails_the_attempt_and_frees_its_slots(cluster, rest, noop_jar):
+def test_a_deploy_that_breaks_fails_the_attempt_and_frees_its_slots(cluster, rest, jar):
     # The dispatcher refuses this option now; a job stored before that check (or written by
     # another client) must still fail rather than stay DEPLOYING holding its slots.
     job_id = new_job_id()
     catalog = Catalog(cluster.settings.catalog)
     try:
         with catalog.session() as s:
-            repository.create_job(s, id=job_id, name="bad-config", artifact_id=noop_jar, entry="build",
+            repository.create_job(s, id=job_id, name="bad-config", artifact_id=jar, entry="build",
                                   parallelism=SLOTS, program_args=[], config={"noop.duration": "abc"},
                                   restart_strategy={"type": "none"}, kind="noop")
     finally:

@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from tests.clusters import Rest, start_cluster
+from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -23,16 +23,6 @@ def cluster(tmp_path_factory, pg_url_module):
     c.supervise()
     yield c
     c.stop()
-
-
-@pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
-def jar(rest, tmp_path_factory):
-    return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
 
 
 def noop(rest, jar, duration):
