@@ -206,8 +206,11 @@ def finish_exactly(env, rest: Rest, job: str, producer: Producer, table: str, fa
                  f"the sink to hold exactly {produced} events")
     finally:
         attempts = robust(lambda: rest.attempts(job)) or []
+        causes = [e.get("exceptionName") for e in
+                  (robust(lambda: rest.get(f"/jobs/{job}/exceptions")) or {}).get("exceptionHistory", {}).get("entries", [])]
         print(f"faults ({len(faults)}): {'; '.join(faults)}")
-        print(f"events: {produced}; attempts: {len(attempts)}; job: {robust(lambda: rest.job(job))['state']}")
+        print(f"events: {produced}; attempts: {len(attempts)} (restarted by: {', '.join(reversed(causes)) or 'none'}); "
+              f"job: {robust(lambda: rest.job(job))['state']}")
     assert robust(lambda: rest.job(job))["state"] == "RUNNING"
     rest.cancel(job)
     assert rest.wait_state(job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"
