@@ -235,6 +235,6 @@ def test_chaos_random_faults_under_a_counting_job(env):
     chaos = Chaos(c, proxy, rest, rng)
     print(f"chaos seed {SEED} (HEADRACE_CHAOS_SEED to replay), {FAULTS} faults")
     for _ in range(FAULTS):
-        time.sleep(rng.uniform(3, 8))
+        time.sleep(rng.uniform(2, 5))
         chaos.random_fault()
     finish_exactly(env, rest, job, producer, "chaos_counts", chaos.log)

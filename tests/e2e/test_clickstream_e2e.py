@@ -117,54 +117,6 @@ def test_clickstream_counts_then_cancel(cluster):
     assert [p.pid for p in task_processes if p.is_running()] == [], "the cancelled task's processes survived"
 
 
-def test_taskmanager_killed_mid_stream_recovers_with_exact_counts(cluster):
-    """kill -9 of the TaskManager (and its driver process group) while the query runs: the
-    ResourceManager sees the TaskManager die, the attempt FAILS with "TaskManager lost", the
-    restart strategy starts attempt 1 on the other TaskManager from the last committed Spark
-    checkpoint, and the sink ends with exactly the expected counts."""
-    import os
-    import signal
-
-    c, pg = cluster
-    rest = Rest(c.dispatcher_url)
-    jar = rest.upload(ROOT / "examples" / "clickstream.py")
-    args = ["--total", str(TOTAL), "--rate", "120", "--seed", str(SEED), "--events-per-minute", "600",
-            "--max-delay-ms", "5000", "--table", "e2e_failover", "--trigger", "1 second"]
-    job = rest.run(jar, parallelism=1, jobName="clickstream-failover", programArgsList=args,
-                   restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "1 s"})
-    rest.wait_attempt_running(job, 0, timeout_s=300)
-    # Wait for a few committed batches, so the restart really resumes mid-stream.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with psycopg.connect(pg) as conn:
-            exists = conn.execute("SELECT to_regclass('e2e_failover')").fetchone()[0]
-            done = conn.execute("SELECT coalesce(sum(count), 0) FROM e2e_failover").fetchone()[0] if exists else 0
-        if done >= 300:
-            break
-        time.sleep(0.5)
-    assert 300 <= done < TOTAL, f"expected to kill mid-stream, sink had {done} of {TOTAL}"
-    victim = rest.attempts(job)[0]["taskmanager-id"]
-    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[victim]
-    tm = psutil.Process(c.child(name).proc.pid)
-    drivers = runner_processes(tm.pid)
-    os.killpg(tm.pid, signal.SIGKILL)
-    for d in drivers:  # "kill -9 of a TaskManager and its task processes"
-        try:
-            os.killpg(d.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    attempts = rest.wait_attempt_running(job, 1, timeout_s=120)
-    assert attempts[0]["status"] == "FAILED" and "TaskManager lost" in attempts[0]["failure-cause"]
-    assert attempts[-1]["taskmanager-id"] != victim
-    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
-    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
-    assert sink_counts(pg, "e2e_failover") == expected_counts()
-    # Leave the shared cluster as we found it: the killed TaskManager comes back.
-    c.child(name).proc.wait(10)
-    c.respawn(name)
-    assert rest.wait_free_slots(4, timeout_s=60) == 4
-
-
 BROKEN_AT_BUILD = '''
 def build(ctx):
     raise ValueError("bad pipeline: the table 'clicks_raw' does not exist")

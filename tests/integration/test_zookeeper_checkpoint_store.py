@@ -76,6 +76,8 @@ def test_a_new_leader_continues_numbering_and_restores_from_the_zookeeper_pointe
     h.pump()
     [pending] = triggers(h)
     h.jm = leader(h, zk, epoch=2)
+    # The new leader sends the inherited trigger again under its epoch (served once by the driver).
+    assert [t.checkpoint_id for t in triggers(h)] == [pending.checkpoint_id]
     ack(h, pending)
     h.clock.advance(1.0)
     h.pump()
