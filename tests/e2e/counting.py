@@ -69,8 +69,12 @@ def expected_totals(produced: int) -> dict[str, tuple[int, int]]:
 
 
 def sql_totals(pg: str, table: str) -> dict[str, tuple[int, int]]:
+    """The sink's rows; empty while the job has not created its table yet (no batch committed)."""
     with psycopg.connect(pg) as conn:
-        rows = conn.execute(f"SELECT key, count, total FROM {table}").fetchall()
+        try:
+            rows = conn.execute(f"SELECT key, count, total FROM {table}").fetchall()
+        except psycopg.errors.UndefinedTable:
+            return {}
     return {k: (cnt, tot) for k, cnt, tot in rows}
 
 
