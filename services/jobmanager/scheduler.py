@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared import restart, streams
+from shared import job_options, restart, streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
@@ -62,15 +62,15 @@ NON_RECOVERABLE = frozenset({"IncompatibleStateError"})
 
 
 def slot_request_timeout(config: dict, default_s: float) -> float:
-    """`slot.request.timeout` from a job's config: seconds or a duration ("5 min"). A value the
-    dispatcher let through but we cannot read falls back to the default rather than failing
-    every message about the job."""
-    raw = config.get("slot.request.timeout")
+    """`slot.request.timeout` from a job's config (shared/job_options.py): seconds or a duration
+    ("5 min"). A value stored before the dispatcher checked it and unreadable falls back to the
+    default rather than failing every message about the job."""
+    raw = (config or {}).get(job_options.SLOT_REQUEST_TIMEOUT)
     if raw is None:
         return default_s
     try:
-        return restart.parse_duration(raw, "slot.request.timeout")
-    except restart.InvalidRestartStrategy:
+        return job_options.duration_s(raw, positive=True)
+    except ValueError:
         log.warning("ignoring unreadable slot.request.timeout %r; using %.0f s", raw, default_s)
         return default_s
 

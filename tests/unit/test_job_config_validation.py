@@ -10,7 +10,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from services.dispatcher import job_config, limits
+from services.dispatcher import limits
+from shared import job_options as job_config
 from services.dispatcher.schemas import MAX_PARALLELISM, JarRunRequest
 from services.taskmanager import supervisor
 from services.taskmanager.noop_task import InvalidTaskConfig, NoopRunner

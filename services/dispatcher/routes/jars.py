@@ -12,7 +12,8 @@ from typing import Annotated
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
-from services.dispatcher import artifacts, job_config, limits, restore, restore_check, views
+from services.dispatcher import artifacts, limits, restore, restore_check, views
+from shared import job_options as job_config
 from services.dispatcher.deps import (
     CatalogDep, DefaultRestartDep, MaxUploadDep, SessionDep, SettingsDep, TransportDep,
 )

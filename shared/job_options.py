@@ -26,8 +26,9 @@ Other keys (Spark's own options, user keys read by a pipeline through ctx.config
 unchecked, as Flink passes unknown keys through; only the `noop.` namespace is closed, so a
 typo there is reported rather than ignored.
 
-This module imports only `shared`, so the TaskManager and the JobManager can read their
-options through it once it moves to `shared/job_options.py`.
+The dispatcher checks with `problems()`; the TaskManager (start-up timeout) and the JobManager
+(slot request timeout) read the same options through this module, so a value the dispatcher let
+through means the same everywhere.
 """
 
 from __future__ import annotations
