@@ -102,6 +102,10 @@ class Progress(_M):
     num_input_rows: int = 0
     input_rows_per_second: float = 0.0
     processed_rows_per_second: float = 0.0
+    batch_duration_ms: int | None = None
+    # Entries the sources hold beyond what this batch read, when a source reports it (Kafka's
+    # maxOffsetsBehindLatest); None when none does.
+    source_lag: float | None = None
 
 
 class Finished(_M):

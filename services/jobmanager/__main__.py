@@ -14,7 +14,7 @@ from typing import Callable
 
 import redis
 
-from shared import leader_epoch, streams
+from shared import leader_epoch, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
@@ -25,6 +25,7 @@ from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointS
 from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
 from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
+from services.jobmanager.metrics import JobManagerMetrics
 from services.jobmanager.scheduler import JobMaster, LeadershipLost
 
 log = logging.getLogger("headrace.jobmanager")
@@ -84,7 +85,7 @@ class JobManagerProcess:
 
 def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
          should_stop: Callable[[], bool], leader_id: str, checkpoint_store: CheckpointStore | None = None,
-         still_leading: Callable[[], bool] = lambda: True) -> bool:
+         still_leading: Callable[[], bool] = lambda: True, jm_metrics: JobManagerMetrics | None = None) -> bool:
     """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages.
     `checkpoint_store`: checkpoint ids and pointers (ZooKeeper in HA mode; default the catalog).
     `still_leading`: checked before every commit (the ZooKeeper lease). Returns False when it
@@ -94,6 +95,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
                        checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
                        restart_clock=WallClock())
+    if jm_metrics is not None:
+        jm_metrics.leading(master, epoch)
     leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
                          "since": int(time.time() * 1000)})
 
@@ -110,6 +113,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             proc.run()
         except LeadershipLost as exc:
             log.warning("deposed: %s", exc)
+            if jm_metrics is not None:
+                jm_metrics.stopped_leading()
             return False
         except redis.ConnectionError:
             # Redis restarting: reconnect soon, so a standby does not take this leader's
@@ -125,6 +130,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             client.delete(streams.JM_LEADER_KEY)
     except Exception:  # noqa: BLE001 - the next leader re-sends it (harmless); the key expires
         log.warning("could not clear the sent outbox entries or the leader key", exc_info=True)
+    if jm_metrics is not None:
+        jm_metrics.stopped_leading()
     return True
 
 
@@ -139,7 +146,8 @@ def named_client(url: str, contender: str) -> redis.Redis:
         url, client_name=streams.jm_liveness_name(contender)))
 
 
-def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event) -> None:
+def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event,
+                       jm_metrics: JobManagerMetrics | None = None) -> None:
     """Contend for leadership; lead while elected; back to standby when revoked."""
     contender = contender_id()
     leader_connection = LeaderConnection(client)
@@ -173,7 +181,7 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
             lead(settings, client, catalog, lease.epoch,
                  should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender,
                  checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)),
-                 still_leading=lambda: not lease.revoked.is_set())
+                 still_leading=lambda: not lease.revoked.is_set(), jm_metrics=jm_metrics)
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()
@@ -190,12 +198,16 @@ def run(settings: Settings) -> None:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    jm_metrics = JobManagerMetrics()
+    metrics.serve(jm_metrics.registry, host=settings.metrics_host, port=settings.jobmanager_metrics_port,
+                  service="jobmanager")
     if settings.high_availability == "zookeeper":
-        run_with_zookeeper(settings, client, catalog, stopping)
+        run_with_zookeeper(settings, client, catalog, stopping, jm_metrics)
     else:
         epoch = acquire_standalone_epoch(client, catalog)
         log.info("JobManager started as leader with epoch %d (standalone)", epoch)
-        if not lead(settings, client, catalog, epoch, should_stop=stopping.is_set, leader_id=contender_id()):
+        if not lead(settings, client, catalog, epoch, should_stop=stopping.is_set, leader_id=contender_id(),
+                    jm_metrics=jm_metrics):
             # Another standalone JobManager took over the catalog: two would only depose each
             # other in turn. Exit non-zero so whoever supervises this one sees it.
             log.error("another JobManager leads this catalog with a newer epoch; exiting")

@@ -6,7 +6,7 @@ import json
 import logging
 import signal
 
-from shared import streams
+from shared import metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock
 from shared.leader_epoch import LeaderEpochFence
@@ -15,6 +15,7 @@ from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
+from services.resourcemanager.metrics import ResourceManagerMetrics
 from services.resourcemanager.service import ResourceManager
 
 log = logging.getLogger("headrace.resourcemanager")
@@ -26,7 +27,12 @@ def run(settings: Settings) -> None:
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     transport = RedisStreamsTransport(client, sender="resourcemanager", maxlen=settings.stream_maxlen)
+    rm_metrics = ResourceManagerMetrics()
+    metrics.serve(rm_metrics.registry, host=settings.metrics_host, port=settings.resourcemanager_metrics_port,
+                  service="resourcemanager")
+
     def publish_stats(stats: dict) -> None:
+        rm_metrics.record(stats)
         client.set(streams.RM_STATS_KEY, json.dumps(stats), ex=60)
 
     def announce(session: str) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from shared import restart, streams
+from shared import job_options, restart, streams
 from shared import task_protocol as tp
 from shared.messages import (
     CheckpointAcknowledged, CheckpointDeclined, DeployTask, SlotState, TaskProgress, TaskReport, TaskStateChanged,
@@ -43,7 +43,7 @@ from services.taskmanager.warm_pool import WarmPool
 
 log = logging.getLogger("headrace.taskmanager")
 
-STARTUP_TIMEOUT_OPTION = "headrace.task.startup-timeout"
+STARTUP_TIMEOUT_OPTION = job_options.STARTUP_TIMEOUT
 STARTUP_TIMEOUT_ENV = "HEADRACE_TASK_STARTUP_TIMEOUT_S"
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 STARTUP_TIMEOUT_NAME = "PipelineStartupTimeout"
@@ -69,16 +69,8 @@ def cluster_startup_timeout_s(environ=os.environ) -> float:
 
 
 def startup_timeout_s(config: dict, default_s: float) -> float:
-    """The job's `headrace.task.startup-timeout`, else the cluster's. The dispatcher refuses a
-    value that cannot be read; one stored before that check falls back to the default."""
-    raw = (config or {}).get(STARTUP_TIMEOUT_OPTION)
-    if raw is None:
-        return default_s
-    try:
-        value = restart.parse_duration(raw, STARTUP_TIMEOUT_OPTION)
-    except restart.InvalidRestartStrategy:
-        log.warning("ignoring unreadable %s %r; using %.0f s", STARTUP_TIMEOUT_OPTION, raw, default_s)
-        return default_s
+    """The job's `headrace.task.startup-timeout`, else the cluster's (shared/job_options.py)."""
+    value = job_options.startup_timeout_s(config, default_s)
     return value if 0 < value < threading.TIMEOUT_MAX else default_s
 
 
@@ -121,6 +113,7 @@ class TaskSupervisor:
         self.slots: dict[int, str | None] = {i: None for i in range(slots)}
         self.tasks: dict[str, Task] = {}
         self._lock = threading.RLock()
+        self.metrics = None  # services.taskmanager.metrics.TaskMetrics, set by the entry point
 
     # --- commands ----------------------------------------------------------------------
 
@@ -354,6 +347,8 @@ class TaskSupervisor:
                 timer.cancel()
             self._report(task.spec, ES.RUNNING)
         elif isinstance(event, tp.Progress):
+            if self.metrics is not None:
+                self.metrics.progress(self.taskmanager_id, task.spec, event)
             self.transport.publish(streams.JM_STREAM, TaskProgress(
                 execution_id=task.spec.execution_id, job_id=task.spec.job_id, batch_id=event.batch_id,
                 num_input_rows=event.num_input_rows, input_rows_per_second=event.input_rows_per_second,
@@ -398,6 +393,8 @@ class TaskSupervisor:
         if state.is_terminal:
             self._finish(task, state, cause=cause, name="NoopTaskFailure" if cause else None)
         else:
+            with self._lock:
+                task.state = state
             self._report(task.spec, state)
 
     # --- bookkeeping -------------------------------------------------------------------
@@ -414,6 +411,8 @@ class TaskSupervisor:
             for i in task.slots:
                 if self.slots.get(i) == task.allocation_id:
                     self.slots[i] = None
+        if self.metrics is not None:
+            self.metrics.forget(self.taskmanager_id, task.spec)
         self._report(task.spec, state, cause=cause, name=name)
         self._replenish()
 

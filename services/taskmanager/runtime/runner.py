@@ -543,6 +543,8 @@ class Driver:
                     num_input_rows=int(p.numInputRows or 0),
                     input_rows_per_second=_finite(p.inputRowsPerSecond),
                     processed_rows_per_second=_finite(p.processedRowsPerSecond),
+                    batch_duration_ms=int(p.batchDuration) if p.batchDuration is not None else None,
+                    source_lag=_source_lag(p),
                 ))
         return last
 
@@ -552,6 +554,20 @@ class Driver:
             req = self.snapshot_requests.get()
             self.events.emit(SnapshotDeclined(checkpoint_id=req.checkpoint_id, permanent=True,
                                               reason="a batch task has no checkpoints"))
+
+
+def _source_lag(progress) -> float | None:
+    """The largest backlog any source of the batch reports in its metrics, or None."""
+    lags = []
+    for source in getattr(progress, "sources", None) or ():
+        metrics = getattr(source, "metrics", None) or {}
+        raw = metrics.get("maxOffsetsBehindLatest")
+        try:
+            if raw is not None:
+                lags.append(float(raw))
+        except (TypeError, ValueError):
+            continue
+    return max(lags) if lags else None
 
 
 def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:

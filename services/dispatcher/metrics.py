@@ -1,0 +1,125 @@
+"""GET /metrics: the cluster-wide numbers, read from the catalog and Redis at scrape time.
+
+Jobs and attempts by state, restarts, failovers, checkpoints, the JobManager's outbox, the
+control-plane streams and the dead letters. Numbers held in one process's memory (slots and
+heartbeats in the ResourceManager, task progress in the TaskManagers) are on those processes'
+own endpoints (docs/runbooks/metrics.md).
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from sqlalchemy import func, select
+
+from shared import metrics, streams
+from shared.catalog.models import CheckpointRow, Execution, Job, JobTransition, OutboxEntry
+from shared.states import CheckpointStatus, ExecutionState, JobStatus
+
+router = APIRouter()
+
+CONTROL_STREAMS = (streams.JM_STREAM, streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM)
+
+
+class ClusterCollector(metrics.CachedCollector):
+    def __init__(self, catalog, redis_client, **kw):
+        super().__init__("dispatcher", **kw)
+        self.catalog, self.redis = catalog, redis_client
+
+    def gather(self):
+        yield from self._catalog_families()
+        yield from self._redis_families()
+
+    def _catalog_families(self):
+        with self.catalog.session() as s:
+            jobs = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+            attempts = dict(s.execute(select(Execution.state, func.count()).group_by(Execution.state)).all())
+            restarts = s.scalar(select(func.count()).select_from(Execution).where(Execution.attempt > 0))
+            failovers = s.scalar(select(func.count()).select_from(JobTransition)
+                                 .where(JobTransition.to_status == JobStatus.RESTARTING.value))
+            outbox = s.scalar(select(func.count()).select_from(OutboxEntry))
+            checkpoints = s.execute(select(CheckpointRow.kind, CheckpointRow.status, func.count())
+                                    .group_by(CheckpointRow.kind, CheckpointRow.status)).all()
+            completed = s.execute(select(CheckpointRow.kind, func.count(CheckpointRow.duration_ms),
+                                         func.coalesce(func.sum(CheckpointRow.duration_ms), 0))
+                                  .where(CheckpointRow.status == CheckpointStatus.COMPLETED.value)
+                                  .group_by(CheckpointRow.kind)).all()
+            newest = (select(CheckpointRow.job_id, func.max(CheckpointRow.checkpoint_id).label("cid"))
+                      .join(Job, Job.id == CheckpointRow.job_id)
+                      .where(Job.status == JobStatus.RUNNING.value,
+                             CheckpointRow.status == CheckpointStatus.COMPLETED.value)
+                      .group_by(CheckpointRow.job_id).subquery())
+            latest = s.execute(select(CheckpointRow.job_id, CheckpointRow.duration_ms, CheckpointRow.state_size)
+                               .join(newest, (newest.c.job_id == CheckpointRow.job_id)
+                                     & (newest.c.cid == CheckpointRow.checkpoint_id))).all()
+
+        g = GaugeMetricFamily(metrics.name("jobs"), "jobs in the catalog by state", labels=["state"])
+        for state in JobStatus:  # every state, zeros too: a series that appears late breaks rate() and alerts
+            g.add_metric([state.value], jobs.get(state.value, 0))
+        yield g
+        g = GaugeMetricFamily(metrics.name("attempts"), "task attempts (executions) by state", labels=["state"])
+        for state in ExecutionState:
+            g.add_metric([state.value], attempts.get(state.value, 0))
+        yield g
+        yield CounterMetricFamily(metrics.name("attempt_restarts"),
+                                  "attempts beyond each task's first (restarts after failures, rescales)",
+                                  value=restarts or 0)
+        yield CounterMetricFamily(metrics.name("job_failovers"),
+                                  "times a job went to RESTARTING (a failure the restart strategy allowed)",
+                                  value=failovers or 0)
+        yield GaugeMetricFamily(metrics.name("outbox_entries"),
+                                "JobManager decisions committed but not yet handed to Redis or Celery",
+                                value=outbox or 0)
+        g = GaugeMetricFamily(metrics.name("checkpoints"), "checkpoints and savepoints by kind and status",
+                              labels=["kind", "status"])
+        for kind, status, n in checkpoints:
+            g.add_metric([kind, status], n)
+        yield g
+        summary = SummaryMetricFamily(metrics.name("checkpoint_duration_seconds"),
+                                      "trigger-to-acknowledgement time of completed checkpoints", labels=["kind"])
+        for kind, n, total_ms in completed:
+            summary.add_metric([kind], count_value=n, sum_value=(total_ms or 0) / 1000)
+        yield summary
+        dur = GaugeMetricFamily(metrics.name("checkpoint_last_duration_seconds"),
+                                "duration of each running job's newest completed checkpoint", labels=["job"])
+        size = GaugeMetricFamily(metrics.name("checkpoint_last_size_bytes"),
+                                 "state size of each running job's newest completed checkpoint", labels=["job"])
+        for job_id, duration_ms, state_size in latest:
+            if duration_ms is not None:
+                dur.add_metric([job_id], duration_ms / 1000)
+            if state_size is not None:
+                size.add_metric([job_id], state_size)
+        yield dur
+        yield size
+
+    def _redis_families(self):
+        if self.redis is None:  # a dispatcher built on an in-memory transport (unit tests)
+            return
+        yield from metrics.stream_group_families(self.redis, CONTROL_STREAMS)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(streams.DLQ_STREAM)
+        pipe.get(streams.JM_LEADER_KEY)
+        dead, leader = pipe.execute()
+        yield GaugeMetricFamily(metrics.name("dead_letters"),
+                                f"entries in the dead-letter stream {streams.DLQ_STREAM} "
+                                f"(docs/runbooks/dead-letters.md)", value=dead or 0)
+        epoch = json.loads(leader).get("epoch") if leader else None
+        yield GaugeMetricFamily(metrics.name("jobmanager_leading"), "1 while a JobManager announces leadership",
+                                value=1 if epoch is not None else 0)
+        if epoch is not None:
+            yield GaugeMetricFamily(metrics.name("jobmanager_epoch"), "leader epoch of the leading JobManager",
+                                    value=epoch)
+
+
+def registry_for(catalog, redis_client) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(catalog, redis_client))
+    return registry
+
+
+@router.get("/metrics", include_in_schema=False)
+def scrape(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

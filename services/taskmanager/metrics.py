@@ -1,0 +1,101 @@
+"""A TaskManager process's metrics: its slots, warm drivers and inbox, and per running task the
+numbers of its newest micro-batch (Spark's StreamingQueryProgress, as the driver reports it).
+
+Per-task series carry the labels job and execution and are dropped when the task ends, so a
+long-lived TaskManager does not accumulate one series per attempt it ever ran."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+
+from shared import metrics, streams
+
+TASK_LABELS = ("taskmanager", "job", "execution")
+
+
+class TaskMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, n = self.registry, metrics.name
+        self._lock = threading.Lock()
+        self._live: set[tuple[str, str, str]] = set()
+        self.batch_id = Gauge(n("task_last_batch_id"), "id of the task's newest completed micro-batch",
+                              TASK_LABELS, registry=r)
+        self.batch_duration = Gauge(n("task_batch_duration_seconds"), "duration of the newest micro-batch",
+                                    TASK_LABELS, registry=r)
+        self.input_rate = Gauge(n("task_input_rows_per_second"), "rows per second arriving at the sources "
+                                "(Spark's inputRowsPerSecond)", TASK_LABELS, registry=r)
+        self.processed_rate = Gauge(n("task_processed_rows_per_second"), "rows per second processed "
+                                    "(Spark's processedRowsPerSecond)", TASK_LABELS, registry=r)
+        self.source_lag = Gauge(n("task_source_lag"), "entries the sources hold beyond what the task read",
+                                TASK_LABELS, registry=r)
+        self.input_rows = Counter(n("task_input_rows"), "rows read by the task's micro-batches",
+                                  TASK_LABELS, registry=r)
+        self._per_task = (self.batch_id, self.batch_duration, self.input_rate, self.processed_rate,
+                          self.source_lag, self.input_rows)
+
+    def progress(self, taskmanager_id: str, spec, event) -> None:
+        """Record one driver Progress event (shared/task_protocol.py)."""
+        key = (taskmanager_id, spec.job_id, spec.execution_id)
+        with self._lock:
+            self._live.add(key)
+            self.batch_id.labels(*key).set(event.batch_id)
+            self.input_rate.labels(*key).set(event.input_rows_per_second)
+            self.processed_rate.labels(*key).set(event.processed_rows_per_second)
+            self.input_rows.labels(*key).inc(max(0, event.num_input_rows))
+            # Newer drivers report these; until then the series stay absent rather than 0.
+            duration_ms = getattr(event, "batch_duration_ms", None)
+            if duration_ms is not None:
+                self.batch_duration.labels(*key).set(duration_ms / 1000)
+            lag = getattr(event, "source_lag", None)
+            if lag is not None:
+                self.source_lag.labels(*key).set(lag)
+
+    def forget(self, taskmanager_id: str, spec) -> None:
+        key = (taskmanager_id, spec.job_id, spec.execution_id)
+        with self._lock:
+            if key not in self._live:
+                return
+            self._live.discard(key)
+            for metric in self._per_task:
+                try:
+                    metric.remove(*key)
+                except KeyError:
+                    pass  # that number was never reported for this task
+
+
+class TaskManagerCollector(metrics.CachedCollector):
+    """Slots and warm drivers from the supervisors' memory, the inbox's consumer group from Redis."""
+
+    def __init__(self, supervisors: dict, redis_client, **kw):
+        super().__init__("taskmanager", **kw)
+        self.supervisors, self.redis = supervisors, redis_client
+
+    def gather(self):
+        n = metrics.name
+        slots = GaugeMetricFamily(n("taskmanager_slots"), "slots of this TaskManager", labels=["taskmanager"])
+        free = GaugeMetricFamily(n("taskmanager_slots_free"), "slots of this TaskManager running no task",
+                                 labels=["taskmanager"])
+        tasks = GaugeMetricFamily(n("taskmanager_tasks"), "tasks this TaskManager holds, by state",
+                                  labels=["taskmanager", "state"])
+        warm = GaugeMetricFamily(n("taskmanager_warm_drivers"), "warm Spark drivers, ready or starting",
+                                 labels=["taskmanager", "status"])
+        for tm, sup in self.supervisors.items():
+            slots.add_metric([tm], len(sup.slots))
+            free.add_metric([tm], sup.free_slots())
+            by_state: dict[str, int] = {}
+            for report in sup.running_reports():
+                state = getattr(report.state, "value", str(report.state))
+                by_state[state] = by_state.get(state, 0) + 1
+            for state, count in sorted(by_state.items()):
+                tasks.add_metric([tm, state], count)
+            if sup.warm is not None:
+                status = sup.warm.status()
+                warm.add_metric([tm, "ready"], status.get("ready", 0))
+                warm.add_metric([tm, "starting"], status.get("starting", 0))
+        yield from (slots, free, tasks, warm)
+        if self.redis is not None and len(self.supervisors) <= 16:  # simulated fleets: too many inboxes to ask
+            yield from metrics.stream_group_families(self.redis, [streams.tm_inbox(tm) for tm in self.supervisors])
