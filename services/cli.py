@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -20,10 +21,13 @@ import httpx
 import typer
 from pydantic import ValidationError
 
+from services import token_cli
 from shared.settings import Settings, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Headrace: a Flink-style control plane for PySpark pipelines.")
+
+app.add_typer(token_cli.app, name="token")
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 
@@ -106,6 +110,9 @@ def up(
     # Supervised from here on: a child that exits is restarted with a backoff, and said so here.
     cluster.supervise(notify=typer.echo)
     typer.echo(f"Headrace is up. Dashboard: {cluster.dispatcher_url}/  (logs: {cluster.run_dir}/logs)")
+    from services.dispatcher.auth import describe_mode
+
+    typer.echo(describe_mode(settings))
     typer.echo(f"Redis: {masked(cluster.redis_url)}" + (
         f"  (AOF and passwords in {settings.home / 'redis'}; redis-cli: REDISCLI_AUTH from credentials.json)"
         if "redis_url" not in settings.model_fields_set and settings.redis_auth else ""))
@@ -148,7 +155,11 @@ def _stop_event() -> threading.Event:
 
 
 def _client(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url.rstrip("/"), timeout=30)
+    """A client of the REST API; with HEADRACE_TOKEN set it sends that bearer token
+    (`headrace token create`, docs/runbooks/auth.md)."""
+    token = os.environ.get("HEADRACE_TOKEN")
+    return httpx.Client(base_url=url.rstrip("/"), timeout=30,
+                        headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 def _call(client: httpx.Client, method: str, path: str, **kw) -> dict:

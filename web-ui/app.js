@@ -37,8 +37,41 @@ class ApiError extends Error {
   }
 }
 
+/* With auth on (docs/runbooks/auth.md) every API call needs a bearer token: it is asked for on
+ * the first 401 and kept in this browser's localStorage. The prompt blocks the page, so polls
+ * that fail meanwhile find the new token stored and retry with it instead of asking again;
+ * after "Cancel" the page stops asking until it is reloaded. */
+const TOKEN_KEY = "headrace.token";
+let tokenDeclined = false;
+
+function askForToken(reason) {
+  if (tokenDeclined) return null;
+  const answer = window.prompt(`${reason}\n\nPaste a Headrace API token ` +
+    "(an admin makes one with: headrace token create --role viewer|operator|admin):");
+  const token = (answer || "").trim();
+  if (token) localStorage.setItem(TOKEN_KEY, token);
+  else tokenDeclined = true;
+  return token || null;
+}
+
+function withToken(options) {
+  const token = localStorage.getItem(TOKEN_KEY);
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  return { ...options, headers };
+}
+
 async function api(path, options = {}) {
-  const res = await fetch(path, { headers: { Accept: "application/json" }, ...options });
+  const sent = localStorage.getItem(TOKEN_KEY);
+  let res = await fetch(path, withToken(options));
+  if (res.status === 401) {
+    // Unknown or revoked: forget it, unless another request has stored a new one meanwhile.
+    if (sent && localStorage.getItem(TOKEN_KEY) === sent) localStorage.removeItem(TOKEN_KEY);
+    const current = localStorage.getItem(TOKEN_KEY);
+    if (current && current !== sent) return api(path, options);
+    const why = sent ? "The stored token was refused (unknown or revoked)." : "This dispatcher requires a token.";
+    if (askForToken(why)) res = await fetch(path, withToken(options));
+  }
   let body = null;
   const text = await res.text();
   if (text) {

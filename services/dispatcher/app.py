@@ -8,7 +8,7 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import errors, limits
+from services.dispatcher import auth, errors, limits, metrics, security
 from services.dispatcher.routes import checkpoints, jars, jobs, overview, savepoints, taskmanagers, ui
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
@@ -39,6 +39,13 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
 
     errors.install(app)
     app.add_middleware(limits.BodyLimit, upload_limit=app.state.max_upload_bytes)
+    # Outermost last: the guard, then the token check, run before a body is read (auth.md).
+    app.state.auth_required = auth.auth_required(settings)
+    auth.log.info("%s", auth.describe_mode(settings))
+    app.add_middleware(auth.RequireToken, enabled=app.state.auth_required)
+    security.install(app, auth_on=app.state.auth_required)
+    app.state.metrics_registry = metrics.registry_for(catalog, getattr(transport, "client", None))
+    app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
     api = (overview, jars, jobs, checkpoints, savepoints, taskmanagers)
     for module in (*api, ui):
         app.include_router(module.router)

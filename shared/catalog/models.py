@@ -212,3 +212,17 @@ class Operation(Base):
     failure_cause: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     done_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class ApiToken(Base):
+    """A REST API bearer token (`headrace token create`). Only the token's SHA-256 is stored: a
+    copy of the catalog does not let anyone call the API. A revoked token keeps its row so that
+    `headrace token list` still shows who had access."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))  # viewer | operator | admin
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
