@@ -4,13 +4,14 @@ Users (Redis 7 ACL syntax; `%R~` read-only keys, `%W~` write-only keys, `~` both
   default          the operator's and the tests' user: everything (`redis-cli -a PASSWORD`)
   dispatcher       publishes to hr:stream:jm; reads hr:*
   jobmanager       consumes hr:stream:jm; owns hr:jm:*; publishes to hr:stream:rm and the
-                   dead-letter stream; sends Celery commands (queues tm.*, kombu's _kombu.*)
+                   dead-letter stream; sends Celery commands (queues tm.*, kombu's _kombu.*) and
+                   their task-sent events (channels /<db>.celeryev/*)
   resourcemanager  consumes hr:stream:rm and hr:stream:rm:heartbeats; owns hr:rm:*; publishes
                    to hr:stream:jm, the TaskManager inboxes hr:stream:tm:* and the dead letters;
                    lists client connections (TaskManager liveness)
   taskmanager      publishes to hr:stream:rm, hr:stream:rm:heartbeats, hr:stream:jm and the
                    dead letters; owns hr:stream:tm:* and hr:tm:*; runs a Celery worker (tm.*,
-                   _kombu.*, unacked*, the worker's pidbox)
+                   _kombu.*, unacked*, the worker's pidbox, its events /<db>.celeryev/*)
   pipeline         what a task's pipeline gets as ctx.redis_url: every key outside the control
                    plane (its source and sink streams, headrace:sink:* fences), none inside it
 Every service user may read hr:* and write only what it owns or publishes to; none may run
@@ -45,6 +46,9 @@ CELERY_WORKER_KEYS = ("tm.*", "_kombu.*", "unacked", "unacked_index", "unacked_m
 # control (pidbox) listens on one with PSUBSCRIBE, which an ACL allows only for a pattern
 # listed literally: one per database number.
 CELERY_WORKER_CHANNELS = tuple(f"/{db}.celery.pidbox" for db in range(16))
+# Celery events (Flower, `celery events`): the TaskManagers' workers and the JobManager's
+# task-sent events PUBLISH to "/<db>.celeryev/<type>"; only the admin user subscribes.
+CELERY_EVENT_CHANNELS = tuple(f"/{db}.celeryev/*" for db in range(16))
 # What a pipeline must never touch: Headrace's own keys and Celery's.
 CONTROL_PLANE_PREFIXES = (f"{streams.PREFIX}:", "tm.", "_kombu.", "unacked")
 
@@ -91,7 +95,8 @@ def rules(user: str) -> str:
         parts = read_all + _keys("", [streams.JM_STREAM])
     elif user == "jobmanager":
         parts = (read_all + _keys("", [streams.JM_STREAM, f"{P}:jm:*", done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
-                 + _keys("%W", [streams.RM_STREAM, streams.DLQ_STREAM]) + ["+client|list"])
+                 + _keys("%W", [streams.RM_STREAM, streams.DLQ_STREAM]) + ["+client|list"]
+                 + [f"&{c}" for c in CELERY_EVENT_CHANNELS])
     elif user == "resourcemanager":
         parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, f"{P}:rm:*",
                                        done(streams.RM_GROUP)])
@@ -102,7 +107,7 @@ def rules(user: str) -> str:
                                        *CELERY_WORKER_KEYS])
                  + _keys("%W", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.JM_STREAM,
                                 streams.DLQ_STREAM])
-                 + [f"&{c}" for c in CELERY_WORKER_CHANNELS])
+                 + [f"&{c}" for c in CELERY_WORKER_CHANNELS + CELERY_EVENT_CHANNELS])
     elif user == PIPELINE:
         parts = _keys("", outside(CONTROL_PLANE_PREFIXES))
     else:

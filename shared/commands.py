@@ -5,6 +5,16 @@
 A command task is short: it hands the work to the TaskManager's supervisor and returns. No
 Celery task ever runs a pipeline (the Redis broker would redeliver one that outlives the
 visibility timeout).
+
+Celery's own tools work against a running cluster: TaskManager workers send task events (and,
+with their heartbeat on, worker heartbeats), the JobManager a task-sent event per command, and
+`celery_app` below is the app for the `celery` command, built on first use from the settings
+(HEADRACE_CONFIG / HEADRACE_REDIS_URL; an operator uses the admin URL of `headrace up`'s
+<run>/config.yaml):
+
+    HEADRACE_CONFIG=~/.headrace/runs/<run>/config.yaml celery -A shared.commands:celery_app inspect ping
+    ... celery -A shared.commands:celery_app inspect active_queues
+    ... celery -A shared.commands:celery_app events      # or: pip install flower; ... flower
 """
 
 from __future__ import annotations
@@ -30,8 +40,32 @@ def make_celery(redis_url: str, name: str) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         broker_transport_options={"visibility_timeout": 300},
+        # Events for Flower and `celery events`: a few small PUBLISHes per command, on Redis
+        # pub/sub channels (nothing is stored when nobody listens).
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     return app
+
+
+def __getattr__(name: str):
+    # Built on first access, not at import: the services import this module with their own
+    # settings, and a missing HEADRACE_CONFIG must not break them.
+    if name == "celery_app":
+        import sys
+
+        from shared.settings import load_settings
+
+        try:
+            settings = load_settings()
+        except ValueError as exc:  # pydantic's ValidationError is one too
+            # The `celery` command would print a traceback; an operator needs the reason.
+            print(f"headrace: invalid settings for the Celery app: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        app = make_celery(settings.redis_url, "headrace")
+        globals()["celery_app"] = app
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CommandGateway:
@@ -53,4 +87,17 @@ class CommandGateway:
         payload = encode(wrap(body, sender=self.sender, epoch=self.epoch)).decode()
         # A command is only useful for seconds; one stuck in a dead TaskManager's queue must
         # not start a task much later when a TaskManager with that id reappears.
-        self.app.send_task(name, args=[payload], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S)
+        self.app.send_task(name, args=[payload], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S,
+                           argsrepr=summary(body, self.epoch))
+
+
+def summary(body, epoch: int) -> str:
+    """What Celery's events (Flower, `celery events`) show of a command instead of its payload:
+    the ids an operator looks for, and nothing of the task spec (its catalog URL may hold a
+    password)."""
+    spec = getattr(body, "spec", None) or {}
+    fields = {"job": getattr(body, "job_id", None) or spec.get("job_id"),
+              "execution": getattr(body, "execution_id", None) or spec.get("execution_id"),
+              "attempt": spec.get("attempt"), "checkpoint": getattr(body, "checkpoint_id", None),
+              "taskmanager": getattr(body, "taskmanager_id", None), "epoch": epoch}
+    return f"{body.type}(" + ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None) + ")"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -56,6 +56,19 @@ class Settings(BaseSettings):
 
     dispatcher_host: str = "127.0.0.1"
     dispatcher_port: int = 8081
+    auth: Literal["off", "required"] | None = Field(
+        None, description="REST API bearer tokens (headrace token create): off | required; default: required "
+                          "unless dispatcher_host is a loopback address (services/dispatcher/auth.py)")
+    allowed_hosts: str | None = Field(
+        None, description="Host header names the dispatcher answers, comma-separated ('*': any); default with "
+                          "auth on: localhost, loopback and IP literals, dispatcher_host and this machine's names")
+
+    # Prometheus endpoints (docs/runbooks/metrics.md); the dispatcher serves GET /metrics on its
+    # REST port. 0: any free port (logged at start); -1: no endpoint.
+    metrics_host: str = Field("127.0.0.1", description="address the metrics endpoints listen on")
+    jobmanager_metrics_port: int = Field(9250, ge=-1, le=65535)
+    resourcemanager_metrics_port: int = Field(9251, ge=-1, le=65535)
+    taskmanager_metrics_port: int = Field(9252, ge=-1, le=65535)
 
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
@@ -70,6 +83,9 @@ class Settings(BaseSettings):
     # after its TaskManager took it fails with PipelineStartupTimeout; a job overrides it with
     # `headrace.task.startup-timeout`.
     task_startup_timeout_s: float = Field(300.0, gt=0)
+    # Warm drivers that may warm up at once on one machine, across its TaskManagers (None: one per
+    # two cores; 0: no limit): JVMs warming up together on a small host each take three times as long.
+    warmup_concurrency: int | None = Field(None, ge=0)
     # The dispatcher refuses larger uploads with 413: bytes, or a size such as "500 MB".
     max_upload_bytes: int | str = 100 * 1024**2
 
@@ -104,6 +120,12 @@ class Settings(BaseSettings):
     zookeeper_root: str = "/headrace"
     zookeeper_session_timeout_s: float = Field(
         10.0, description="a dead leader is replaced after this; a shorter one risks revocations on hiccups")
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _join_hosts(cls, value: Any) -> Any:
+        # YAML may list the names; the environment variable holds them comma-separated.
+        return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

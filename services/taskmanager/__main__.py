@@ -16,7 +16,7 @@ import uuid
 
 import redis
 
-from shared import streams
+from shared import metrics, streams
 from shared.commands import make_celery
 from shared.ids import new_taskmanager_id
 from shared.leader_epoch import LeaderEpochFence
@@ -24,10 +24,11 @@ from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from services.taskmanager.commands import CommandIntake, register_commands
+from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.supervisor import TaskSupervisor
-from services.taskmanager.warm_pool import WarmPool
+from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 
 log = logging.getLogger("headrace.taskmanager")
 
@@ -49,17 +50,20 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
     noop = NoopRunner()
     supervisors = {}
+    task_metrics = TaskMetrics()
     for tm in ids:
         sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
                              cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
                              noop=noop, startup_timeout_s=settings.task_startup_timeout_s)
+        sup.metrics = task_metrics
         if not simulate:
             def factory(p: int, sup=sup):
                 return sup.make_driver(p, driver_memory=settings.driver_memory,
                                        shuffle_partitions=settings.spark_shuffle_partitions)
             sup.driver_factory = factory
             sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism, factory=factory,
-                                max_rss_bytes=settings.warm_driver_max_rss_bytes)
+                                max_rss_bytes=settings.warm_driver_max_rss_bytes,
+                                tokens=WarmupTokens.for_machine(settings.warmup_concurrency))
         supervisors[tm] = sup
 
     # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of
@@ -77,13 +81,16 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     app.conf.broker_transport = "shared.transport.kombu_redis:Transport"
     register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
                                          transport=transport, dead_letter_client=client))
+    task_metrics.registry.register(TaskManagerCollector(supervisors, client))
+    metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
+                  service=f"taskmanager {base_id}")
     link.start()
     for sup in supervisors.values():
         sup._replenish()
     log.info("TaskManager %s started: %d slots%s", base_id, slots, f", {simulate} simulated" if simulate else "")
     worker = app.Worker(queues=queues, pool="solo", concurrency=1,
                         hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
-                        without_heartbeat=True, loglevel=os.environ.get("HEADRACE_LOG_LEVEL", "INFO").upper(),
+                        without_heartbeat=bool(simulate), loglevel=os.environ.get("HEADRACE_LOG_LEVEL", "INFO").upper(),
                         quiet=True)
     try:
         worker.start()

@@ -6,13 +6,29 @@ pool keeps up to `size` drivers of `parallelism` ready, never more than the free
 use, hands the oldest healthy one out, and starts a replacement in the background. A driver
 that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` is
 discarded, never given a task.
+
+Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; two or three
+at once on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's
+take starts) each took 3-8 times longer, and a task handed a starting driver waited for all of
+them. So a driver starts warming only with a token (`WarmupTokens`: flock'ed lock files every
+TaskManager of this user on the host shares; the kernel frees a dead process's token), held
+until the driver is ready or gone; a wanted driver without a token waits, retried every
+RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the oldest one
+already warming (it is ahead of any new JVM), else starts the task's own driver at once, taking
+a free token if there is one so that no new warm-up joins its start; and while a driver this
+pool handed to a task is still starting, the pool starts no warm-up of its own (a replacement
+warming beside it slowed the task's start by half).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -21,14 +37,74 @@ from services.taskmanager.driver_process import DriverProcess
 
 log = logging.getLogger("headrace.taskmanager.warm")
 
+CONCURRENCY_ENV = "HEADRACE_WARMUP_CONCURRENCY"
+RETRY_S = 0.25
+
+
+class WarmupToken:
+    def __init__(self, fd: int):
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
+
+
+class WarmupTokens:
+    """At most `count` drivers warming up at once among all processes using `directory`."""
+
+    def __init__(self, directory: Path | None, count: int | None):
+        self.directory, self.count = directory, count  # count None: no limit
+
+    @classmethod
+    def unlimited(cls) -> "WarmupTokens":
+        return cls(None, None)
+
+    @classmethod
+    def for_machine(cls, count: int | None = None, environ=os.environ) -> "WarmupTokens":
+        """`count` tokens, else HEADRACE_WARMUP_CONCURRENCY (0: no limit), else one per two cores."""
+        raw = str(count) if count is not None else environ.get(CONCURRENCY_ENV, "").strip()
+        try:
+            count = int(raw) if raw else max(1, (os.cpu_count() or 2) // 2)
+        except ValueError:
+            log.error("%s must be a whole number, got %r; using one per two cores", CONCURRENCY_ENV, raw)
+            count = max(1, (os.cpu_count() or 2) // 2)
+        if count <= 0:
+            return cls.unlimited()
+        return cls(Path(tempfile.gettempdir()) / f"headrace-warmup-{os.getuid()}", count)
+
+    def try_acquire(self) -> WarmupToken | None:
+        if self.count is None:
+            return WarmupToken(os.open(os.devnull, os.O_RDONLY))
+        try:
+            self.directory.mkdir(mode=0o700, exist_ok=True)
+            for i in range(self.count):
+                fd = os.open(self.directory / f"token-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return WarmupToken(fd)
+                except BlockingIOError:
+                    os.close(fd)
+        except OSError:
+            # An unusable token directory must not stop every warm-up: warm up unstaggered.
+            log.warning("warm-up tokens in %s are unusable; not staggering", self.directory, exc_info=True)
+            return WarmupToken(os.open(os.devnull, os.O_RDONLY))
+        return None
+
 
 class WarmPool:
     def __init__(self, *, size: int, parallelism: int, factory: Callable[[int], DriverProcess],
-                 max_rss_bytes: int | None = None, ready_timeout_s: float = 120.0):
+                 max_rss_bytes: int | None = None, ready_timeout_s: float = 120.0,
+                 tokens: WarmupTokens | None = None):
         self.size, self.parallelism, self.factory = size, parallelism, factory
         self.max_rss_bytes, self.ready_timeout_s = max_rss_bytes, ready_timeout_s
+        self.tokens = tokens if tokens is not None else WarmupTokens.for_machine()
         self._drivers: list[DriverProcess] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._want = 0
+        self._retrying = False
+        self._task_starts: list[DriverProcess] = []  # handed to a task before they were ready
         # Drivers that die before ready (broken Java or Spark install, no memory) are replaced
         # after a growing pause, not in a tight loop.
         self._failures = 0
@@ -38,7 +114,8 @@ class WarmPool:
     def take(self, parallelism: int) -> DriverProcess | None:
         """A ready driver if there is one; else the oldest one still starting, which will be
         ready sooner than a driver started now (and two JVMs starting at once on a small
-        machine only slow each other down)."""
+        machine only slow each other down); else a driver started for the task now, without
+        waiting for a token (None only once the pool is shut down)."""
         with self._lock:
             for d in list(self._drivers):
                 if d.parallelism == parallelism and d.ready.is_set():
@@ -50,8 +127,18 @@ class WarmPool:
             for d in self._drivers:
                 if d.parallelism == parallelism and d.alive():
                     self._drivers.remove(d)
+                    self._task_starts.append(d)
                     return d
-        return None
+            if self._closed:
+                return None
+            d = self.factory(parallelism)
+            self._task_starts.append(d)
+            token = self.tokens.try_acquire()
+            if token is not None:
+                self._hold_until_ready(d, token)
+            log.info("starting driver %s (local[%d]) for a task%s", d.id, parallelism,
+                     "" if token else " beside a warm-up that holds every token")
+            return d
 
     def healthy(self, d: DriverProcess) -> bool:
         if not d.alive():
@@ -69,19 +156,64 @@ class WarmPool:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""
         want = 0 if self.parallelism <= 0 else min(self.size, free_slots // self.parallelism)
         with self._lock:
+            self._want = want
+            self._top_up()
+
+    def _top_up(self) -> None:
+        with self._lock:
             if self._closed:
                 return  # shutting down: a task driver's exit must not start a new JVM
             self._drop_broken()
-            surplus = len(self._drivers) - want
+            surplus = len(self._drivers) - self._want
             for d in self._drivers[:max(0, surplus)]:
                 self._drivers.remove(d)
                 d.kill()
             if time.monotonic() < self._not_before:
                 return
-            for _ in range(want - len(self._drivers)):
-                d = self.factory(self.parallelism)
+            self._task_starts = [d for d in self._task_starts if not d.ready.is_set() and not d.exited and d.alive()]
+            if self._task_starts and len(self._drivers) < self._want:
+                self._retry_later()
+                return
+            while len(self._drivers) < self._want:
+                token = self.tokens.try_acquire()
+                if token is None:
+                    self._retry_later()
+                    return
+                try:
+                    d = self.factory(self.parallelism)
+                except BaseException:
+                    token.release()
+                    raise
                 self._drivers.append(d)
+                self._hold_until_ready(d, token)
                 log.info("starting warm driver %s (local[%d])", d.id, self.parallelism)
+
+    def _retry_later(self) -> None:
+        if self._retrying:
+            return
+        self._retrying = True
+
+        def retry() -> None:
+            while True:
+                time.sleep(RETRY_S)
+                with self._lock:
+                    self._top_up()
+                    if self._closed or len(self._drivers) >= self._want:
+                        self._retrying = False
+                        return
+
+        threading.Thread(target=retry, name="warm-retry", daemon=True).start()
+
+    def _hold_until_ready(self, d: DriverProcess, token: WarmupToken) -> None:
+        def watch() -> None:
+            try:
+                while not d.ready.wait(RETRY_S) and not d.exited and d.alive():
+                    pass
+            finally:
+                token.release()
+            log.debug("driver %s gave back its warm-up token", d.id)
+
+        threading.Thread(target=watch, name=f"warm-token-{d.id}", daemon=True).start()
 
     def _drop_broken(self) -> None:
         now = time.monotonic()
@@ -109,7 +241,8 @@ class WarmPool:
     def status(self) -> dict:
         with self._lock:
             ready = sum(1 for d in self._drivers if d.ready.is_set())
-            return {"ready": ready, "starting": len(self._drivers) - ready, "parallelism": self.parallelism}
+            return {"ready": ready, "starting": len(self._drivers) - ready,
+                    "waiting": max(0, self._want - len(self._drivers)), "parallelism": self.parallelism}
 
     def shutdown(self) -> None:
         with self._lock:

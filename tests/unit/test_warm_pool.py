@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from services.taskmanager.warm_pool import WarmPool
+from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 
 
 class _Driver:
@@ -21,12 +21,21 @@ class _Driver:
         self.killed = True
 
 
-def _pool(started):
+def _pool(started, tokens=None, size=2):
     def factory(p):
         d = _Driver(p)
         started.append(d)
         return d
-    return WarmPool(size=2, parallelism=1, factory=factory)
+    return WarmPool(size=size, parallelism=1, factory=factory, tokens=tokens or WarmupTokens.unlimited())
+
+
+def _wait_for(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_keeps_no_more_drivers_than_free_slots_can_use():
@@ -48,3 +57,75 @@ def test_a_pool_that_shut_down_starts_nothing():
     assert all(d.killed for d in started)
     pool.replenish(free_slots=2)
     assert len(started) == 2
+
+
+def test_warm_ups_on_one_machine_take_turns(tmp_path):
+    # Two TaskManagers' pools share one token: the second warms up only once the first
+    # driver is ready, not at the same time (on 2 cores both took 3-8 times longer).
+    tokens = WarmupTokens(tmp_path, 1)
+    first, second = [], []
+    a, b = _pool(first, tokens, size=1), _pool(second, tokens, size=1)
+    a.replenish(free_slots=1)
+    b.replenish(free_slots=1)
+    assert len(first) == 1 and second == []
+    assert b.status()["waiting"] == 1
+    first[0].ready.set()
+    assert _wait_for(lambda: len(second) == 1), "the second warm-up never started"
+    a.shutdown()
+    b.shutdown()
+
+
+def test_a_task_never_waits_for_a_token(tmp_path):
+    # All tokens are held by another pool's warm-up: a task on a pool with nothing started
+    # gets its own driver at once, and the pool's replacement waits for its turn.
+    tokens = WarmupTokens(tmp_path, 1)
+    other, mine = [], []
+    busy, pool = _pool(other, tokens, size=1), _pool(mine, tokens, size=1)
+    busy.replenish(free_slots=1)
+    pool.replenish(free_slots=1)
+    assert mine == []
+    d = pool.take(1)
+    assert d is not None and mine == [d]
+    # The other warm-up ends and frees the token: still no warm-up here beside the task's start.
+    busy.shutdown()
+    pool.replenish(free_slots=1)
+    time.sleep(0.6)
+    assert len(mine) == 1
+    d.ready.set()
+    assert _wait_for(lambda: len(mine) == 2), "the replacement never started"
+    pool.shutdown()
+
+
+def test_a_task_takes_the_warm_up_that_is_already_running(tmp_path):
+    tokens = WarmupTokens(tmp_path, 1)
+    started = []
+    pool = _pool(started, tokens, size=1)
+    pool.replenish(free_slots=2)
+    assert pool.take(1) is started[0]
+    # Its replacement waits until the taken driver, still warming, is ready.
+    pool.replenish(free_slots=1)
+    assert len(started) == 1
+    started[0].ready.set()
+    assert _wait_for(lambda: len(started) == 2)
+    pool.shutdown()
+
+
+def test_a_dead_process_gives_its_token_back(tmp_path):
+    import subprocess
+    import sys
+    code = ("import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
+            "fcntl.flock(fd,fcntl.LOCK_EX); print('held',flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "token-0.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        tokens = WarmupTokens(tmp_path, 1)
+        assert tokens.try_acquire() is None
+        holder.kill()
+        holder.wait(5)
+        token = tokens.try_acquire()
+        assert token is not None
+        token.release()
+    finally:
+        holder.kill()
+        holder.wait(5)
