@@ -135,15 +135,16 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, upload: bool, got: int | None,
                       drain: bool, already: int = 0) -> None:
         if drain:
-            already = await _discard(receive, already)
+            already = await discard_body(receive, already)
         problem = upload_too_large(self.upload_limit, got=got or already) if upload else body_too_large(self.json_limit)
         response = error_response(413, [problem], headers={"Connection": "close"}, request=Request(scope))
         await response(scope, receive, send)
 
 
-async def _discard(receive: Receive, seen: int) -> int:
-    """Read what is left of a refused body without keeping it, up to DRAIN_MAX_BYTES."""
-    while seen <= DRAIN_MAX_BYTES:
+async def discard_body(receive: Receive, seen: int = 0, limit: int = DRAIN_MAX_BYTES) -> int:
+    """Read what is left of a refused body without keeping it, up to `limit` bytes, so the
+    client reads the refusal instead of a broken connection. Returns the bytes seen."""
+    while seen <= limit:
         message = await receive()
         if message["type"] != "http.request":
             break

@@ -31,6 +31,7 @@ from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.dispatcher.errors import Problem, error_response
+from services.dispatcher.limits import discard_body
 
 log = logging.getLogger(__name__)
 
@@ -197,14 +198,7 @@ async def refuse(response: Response, scope: Scope, receive: Receive, send: Send)
     """Send a refusal for a request whose body will not be used."""
     headers = {k.lower(): v for k, v in scope.get("headers", ())}
     if scope["method"].upper() not in SAFE_METHODS and b"100-continue" not in headers.get(b"expect", b"").lower():
-        seen = 0
-        while seen <= REFUSED_DRAIN_BYTES:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            seen += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        await discard_body(receive, limit=REFUSED_DRAIN_BYTES)
         response.headers["Connection"] = "close"
     await response(scope, receive, send)
 
