@@ -117,3 +117,41 @@ class Rest:
             time.sleep(0.1)
             free = self.free_slots()
         return free
+
+
+class ServedApp:
+    """An ASGI app (a dispatcher built in the test) served by uvicorn on a free port in a thread,
+    for clients that need real HTTP (the CLI, streamed uploads)."""
+
+    def __init__(self, app, *, start_timeout_s: float = 30):
+        import threading
+
+        import uvicorn
+
+        from tests.conftest import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the app did not start serving on {self.url} within {start_timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def wait_for(what: str, check, timeout_s: float = 30, poll_s: float = 0.1):
+    """`check()`'s first truthy value, or AssertionError naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"{what} not seen within {timeout_s} s")

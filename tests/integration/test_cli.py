@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from services.dispatcher.app import create_app
 from shared import checkpoint_storage
@@ -20,6 +18,7 @@ from shared.settings import Settings
 from shared.states import CheckpointStatus, OperationStatus
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
+from tests.clusters import ServedApp
 from tests.conftest import free_port
 
 
@@ -67,20 +66,11 @@ class Live:
         self.catalog = Catalog(self.settings.catalog)
         self.catalog.migrate()
         self.transport = InMemoryTransport(sender="dispatcher")
-        self.url = f"http://127.0.0.1:{free_port()}"
-        port = int(self.url.rsplit(":", 1)[1])
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.settings, self.catalog, self.transport),
-                                                    host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the dispatcher did not start"
-            time.sleep(0.05)
+        self.served = ServedApp(create_app(self.settings, self.catalog, self.transport))
+        self.url = self.served.url
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.served.stop()
         self.catalog.dispose()
 
     def job(self) -> str:

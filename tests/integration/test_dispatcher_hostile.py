@@ -10,14 +10,12 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from services.dispatcher.app import create_app
@@ -26,7 +24,7 @@ from shared.catalog.models import Artifact, Job
 from shared.settings import Settings
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
-from tests.conftest import free_port
+from tests.clusters import ServedApp
 
 pytestmark = pytest.mark.integration
 
@@ -45,19 +43,11 @@ class Live:
         self.catalog.migrate()
         self.transport = InMemoryTransport(sender="dispatcher")
         self.app = create_app(self.settings, self.catalog, self.transport, max_upload_bytes=max_upload_bytes)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the dispatcher did not start"
-            time.sleep(0.05)
+        self.served = ServedApp(self.app)
+        self.port, self.url = self.served.port, self.served.url
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.served.stop()
         self.catalog.dispose()
 
 

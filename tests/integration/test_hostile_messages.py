@@ -24,7 +24,7 @@ from shared.ids import new_allocation_id, new_execution_id, new_job_id
 from shared.messages import DeployTask, SubmitJob, decode, encode, wrap
 from shared.transport import dead_letters
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from tests.clusters import start_cluster
+from tests.clusters import start_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,16 +69,6 @@ def dead_letters_since(client, last_id: bytes | str) -> list[dict]:
 def dlq_tail(client) -> str:
     newest = client.xrevrange(streams.DLQ_STREAM, count=1)
     return newest[0][0].decode() if newest else "0-0"
-
-
-def wait_for(what: str, check, timeout_s: float = 10):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not seen within {timeout_s} s")
 
 
 def wait_for_at_least(what: str, fetch, n: int, timeout_s: float = 10) -> list:

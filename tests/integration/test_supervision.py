@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from tests.clusters import start_cluster
+from tests.clusters import start_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -51,16 +51,6 @@ def wait_replaced(cluster, name: str, old_pid: int, timeout_s: float = 20) -> in
 def liveness_names(cluster) -> set[str]:
     with redis.Redis.from_url(cluster.redis_url) as r:
         return {c.get("name") for c in r.client_list(_type="normal") if c.get("name", "").startswith("hr-tm-")}
-
-
-def wait_for(what: str, check, timeout_s: float = 30):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} within {timeout_s} s")
 
 
 def runs_on(rest, jar, taskmanager_id: str) -> None:
