@@ -8,7 +8,7 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import auth, errors, limits, metrics, security
+from services.dispatcher import auth, errors, limits, metrics, openapi_security, security
 from services.dispatcher.routes import checkpoints, jars, jobs, overview, savepoints, taskmanagers, ui
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
@@ -52,6 +52,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.
     for module in api:
         app.include_router(module.router, prefix=API_VERSION_PREFIX, include_in_schema=False)
+    openapi_security.install(app)
     if app.state.web_dir is not None:
         app.mount("/web", StaticFiles(directory=app.state.web_dir), name="web")
     return app

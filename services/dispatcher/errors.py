@@ -159,8 +159,10 @@ def _field_name(loc: tuple) -> str | None:
 
 def short_value(value: Any) -> Any:
     """A value as echoed back in an error: a hostile request may send megabytes, or NaN, which
-    the JSON answer cannot hold."""
-    if isinstance(value, (str, bytes)) and len(value) > 80:
+    the JSON answer cannot hold, or raw bytes (a body that is not text)."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and len(value) > 80:
         return value[:77] + "..."
     if isinstance(value, (dict, list)) and len(repr(value)) > 200:
         return f"<{type(value).__name__} of {len(value)} items>"

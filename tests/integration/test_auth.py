@@ -93,9 +93,16 @@ def test_every_endpoint_needs_its_role(secured, role_tokens):
     endpoints = [(m, p) for p, ops in spec["paths"].items() for m in ops if m in methods]
     # The document must list what the matrix is about, or the matrix proves nothing.
     assert ADMIN_EXPECTED | {("post", "/jars/{jarid}/run"), ("patch", "/jobs/{jobid}")} <= set(endpoints)
+    assert spec["components"]["securitySchemes"]["bearerAuth"] == {**spec["components"]["securitySchemes"]["bearerAuth"],
+                                                                  "type": "http", "scheme": "bearer"}
     failures = []
     for method, template in endpoints:
         need = expected_role(method, template)
+        declared = spec["paths"][template][method]
+        if declared.get("security") != ([] if need is None else [{"bearerAuth": []}]) or (
+                need is not None and f"role `{need}`" not in declared.get("description", "")):
+            failures.append(f"{method.upper()} {template}: the document declares {declared.get('security')} "
+                            f"(needs {need})")
         path = re.sub(r"\{[^}]+\}", PLACEHOLDER, template)
         for prefix in ("", "/v1"):
             for who in (None, *ROLES):
