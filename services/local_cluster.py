@@ -266,6 +266,7 @@ class LocalCluster:
         if role is not None and env.get("HEADRACE_CONFIG"):
             env = env | {"HEADRACE_CONFIG": str(self.run_dir / f"{role}.yaml")}
         log = self.run_dir / "logs" / f"{name}.log"
+        env = env | {"HEADRACE_LOG_FILE": str(log)}  # what its metrics port serves at /logs
         with open(log, "ab") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)

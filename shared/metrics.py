@@ -5,18 +5,31 @@ several apps in one interpreter). The JobManager, ResourceManager and TaskManage
 their own port with `serve`; the dispatcher serves it at GET /metrics on its REST port.
 Numbers that live in the catalog or Redis are read at scrape time by a `CachedCollector`, so a
 scrape costs one set of queries, at most one every CACHE_S seconds however many scrapers ask.
+
+The same small server answers GET /logs (the process's log files, `shared/log_files.py`) and
+GET /logs/<name>?tail=<bytes>: the dispatcher fetches a TaskManager's or the leading
+JobManager's logs there (docs/runbooks/logs.md). Like /metrics it carries no token: bind
+metrics_host to an address only the cluster reaches.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import socketserver
 import threading
 import time
-from typing import Iterable
+from typing import Any, Iterable
+from urllib.parse import parse_qs, unquote
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from shared import log_files
+from shared.log_files import LogFiles
 
 log = logging.getLogger("headrace.metrics")
 
@@ -32,22 +45,109 @@ def name(suffix: str) -> str:
     return f"{PREFIX}_{suffix}"
 
 
-def serve(registry: CollectorRegistry, *, host: str, port: int, service: str) -> int | None:
-    """Serve `registry` over HTTP in a daemon thread; returns the port, or None when disabled or
-    when the port is taken. A service without metrics still runs its jobs: a taken port is
-    logged, never fatal."""
+def serve(registry: CollectorRegistry, *, host: str, port: int, service: str,
+          logs: LogFiles | None = None) -> int | None:
+    """Serve `registry` at /metrics and `logs` (default: this process's own log file) at /logs
+    over HTTP in a daemon thread; returns the port, or None when disabled or when the port is
+    taken. A service without metrics still runs its jobs: a taken port is logged, never fatal."""
     if port == DISABLED:
         log.info("%s metrics disabled (port %d)", service, port)
         return None
+    logs = logs if logs is not None else LogFiles.of_this_process()
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        server = make_server(host, port, _app(registry, logs), server_class=_server_class(host),
+                             handler_class=_QuietHandler)
     except OSError as exc:
         log.error("%s metrics not served: cannot listen on %s:%d (%s); set another *_metrics_port "
                   "(0 = any free port, -1 = off)", service, host, port, exc)
         return None
+    threading.Thread(target=server.serve_forever, name=f"metrics-{service}", daemon=True).start()
     actual = server.server_port
-    log.info("%s metrics on http://%s:%d/metrics", service, host, actual)
+    _served[service] = actual
+    log.info("%s metrics on http://%s:%d/metrics, logs on /logs (%s)", service, host, actual,
+             logs.main or "no log file of its own")
     return actual
+
+
+# The port each service of this process serves on (the OS picks it for port 0): what
+# `advertised_url` tells other processes. One entry per service name, written once at start.
+_served: dict[str, int] = {}
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def advertised_host(settings: Any) -> str:
+    """The host other machines reach this process's metrics/log endpoint by: the setting
+    `advertised_host`, else metrics_host, else (a wildcard listen address) this host's name,
+    the one a TaskManager registers with."""
+    explicit = getattr(settings, "advertised_host", None)
+    if explicit:
+        return explicit
+    host = getattr(settings, "metrics_host", "") or ""
+    return socket.gethostname() if host in WILDCARD_HOSTS else host
+
+
+def advertised_url(service: str, settings: Any) -> str | None:
+    """http://host:port of the endpoint `serve` started for `service` in this process; None
+    when it serves none (disabled, or the port was taken)."""
+    port = _served.get(service)
+    if port is None:
+        return None
+    host = advertised_host(settings)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # a scrape every few seconds must not fill the log it serves
+
+
+def _server_class(host: str) -> type[WSGIServer]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class _Server(socketserver.ThreadingMixIn, WSGIServer):
+        address_family = family
+        daemon_threads = True
+
+    return _Server
+
+
+def _app(registry: CollectorRegistry, logs: LogFiles):
+    metrics_app = make_wsgi_app(registry)
+
+    def respond(start_response, status: str, body: bytes, content_type: str):
+        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                                ("Cache-Control", "no-store")])
+        return [body]
+
+    def error(start_response, status: str, message: str):
+        return respond(start_response, status, json.dumps({"errors": [message]}).encode(), "application/json")
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/logs" or path == "/logs/":
+            body = json.dumps({"logs": logs.listing(), "main": logs.main_name}).encode()
+            return respond(start_response, "200 OK", body, "application/json")
+        if path.startswith("/logs/"):
+            name = unquote(path[len("/logs/"):])
+            query = parse_qs(environ.get("QUERY_STRING") or "")
+            try:
+                tail = log_files.parse_tail((query.get("tail") or [None])[0])
+            except ValueError as exc:
+                return error(start_response, "400 Bad Request", str(exc))
+            if not log_files.valid_name(name):
+                return error(start_response, "400 Bad Request", f"not a log file name: {name[:80]!r}")
+            found = logs.path_of(name)
+            if found is None:
+                return error(start_response, "404 Not Found", f"no log file {name!r} here")
+            try:
+                data = log_files.read_tail(found, tail)
+            except OSError as exc:
+                return error(start_response, "404 Not Found", f"log file {name!r} cannot be read: {exc}")
+            return respond(start_response, "200 OK", data, "text/plain; charset=utf-8")
+        return metrics_app(environ, start_response)
+
+    return app
 
 
 class CachedCollector(Collector):

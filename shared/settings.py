@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     jobmanager_metrics_port: int = Field(9250, ge=-1, le=65535)
     resourcemanager_metrics_port: int = Field(9251, ge=-1, le=65535)
     taskmanager_metrics_port: int = Field(9252, ge=-1, le=65535)
+    # The JobManager's and TaskManagers' metrics ports also serve their log files (/logs), which
+    # the dispatcher fetches for GET /taskmanagers/{id}/logs and /jobmanager/logs. This is the
+    # host name the dispatcher is told to use; None: metrics_host, or this machine's host name
+    # when metrics_host is a wildcard address (docs/runbooks/logs.md).
+    advertised_host: str | None = Field(None, description="host name other machines reach this process's "
+                                                          "metrics and log endpoint by")
 
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
@@ -104,6 +110,9 @@ class Settings(BaseSettings):
     driver_memory: str = "1g"
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
     spark_shuffle_partitions: int = 4
+    # Each task's Spark UI on a free port, linked from the dashboard (sparkUi of
+    # GET /jobs/{id}/progress). Off by default: a UI per driver costs memory on a small machine.
+    spark_ui: bool = Field(False, description="run the Spark UI in each task's driver (HEADRACE_SPARK_UI)")
 
     checkpointing: dict[str, Any] = Field(
         default_factory=lambda: {"execution.checkpointing.interval": "10 s"},

@@ -70,3 +70,22 @@ def jm_liveness_name(contender_id: str) -> str:
     """Redis CLIENT SETNAME of a JobManager's connections: a standby sees the leader's vanish the
     moment its process dies and takes over without waiting for its ZooKeeper session to expire."""
     return f"{PREFIX}-jm-{contender_id}".replace(" ", "_")
+
+
+def tm_endpoint_key(taskmanager_id: str) -> str:
+    """JSON {"address": "http://host:port", "log": "<its own log file's name>"}: where the
+    TaskManager serves its metrics and log files; refreshed every heartbeat, expiring after the
+    heartbeat timeout, so a dead TaskManager's address does not linger."""
+    return f"{PREFIX}:tm:{taskmanager_id}:endpoint"
+
+
+def progress_key(execution_id: str) -> str:
+    """Hash of an execution attempt's newest micro-batch figures (batch_id, rates, lag, ...),
+    written by its TaskManager on each progress report, expiring PROGRESS_TTL_S after the last.
+    Under hr:tm:, the keys the TaskManagers' Redis user may write (services/redis_auth.py)."""
+    return f"{PREFIX}:tm:progress:{execution_id}"
+
+
+# Long enough for slow triggers (a batch every few minutes); the TaskManager deletes the hash when
+# the task ends, so this only bounds what a crashed TaskManager leaves behind.
+PROGRESS_TTL_S = 3600

@@ -94,6 +94,8 @@ class Initializing(_M):
 class Running(_M):
     event: Literal["running"] = "running"
     streaming: bool
+    # The driver's Spark UI (sc.uiWebUrl) when the TaskManager's spark_ui setting is on.
+    spark_ui: str | None = None
 
 
 class Progress(_M):
@@ -106,6 +108,9 @@ class Progress(_M):
     # Entries the sources hold beyond what this batch read, when a source reports it (Kafka's
     # maxOffsetsBehindLatest); None when none does.
     source_lag: float | None = None
+    # The driver's Spark UI (sc.uiWebUrl) when it runs one; the TaskManager puts its own
+    # advertised host in it.
+    spark_ui: str | None = None
 
 
 class Finished(_M):

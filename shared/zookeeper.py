@@ -163,6 +163,10 @@ class LeaderElection:
             return f"{base}/{child}", data.decode("utf-8", "replace")
         return None
 
+    def contenders(self) -> list[str]:
+        """Every contender's id, the leader (lowest sequence) first."""
+        return [str(c) for c in self._lock.contenders()]
+
     def depose(self, contender_id: str) -> bool:
         """Delete the lock node of `contender_id` if it holds the lock: the next contender
         leads at once. Only for a leader known dead; a live one is revoked by its node watch

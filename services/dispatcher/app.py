@@ -9,7 +9,8 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from services.dispatcher import auth, errors, limits, metrics, openapi_security, security
-from services.dispatcher.routes import checkpoints, jars, jobs, overview, savepoints, taskmanagers, ui
+from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints,
+                                       taskmanagers, ui)
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
 from shared.catalog import Catalog
@@ -46,7 +47,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     security.install(app, auth_on=app.state.auth_required)
     app.state.metrics_registry = metrics.registry_for(catalog, getattr(transport, "client", None))
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
-    api = (overview, jars, jobs, checkpoints, savepoints, taskmanagers)
+    api = (overview, jars, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager)
     for module in (*api, ui):
         app.include_router(module.router)
     # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.

@@ -50,6 +50,13 @@ OPERATOR_CHANGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("DELETE", r"^/jobs/schedules/[^/]+/?$"),
     ))
 
+# Reads an operator must make: log files may hold what a viewer must not see (connection URLs
+# with passwords, a pipeline's printed records, tracebacks with arguments). docs/runbooks/logs.md
+OPERATOR_READS: tuple[re.Pattern[str], ...] = tuple(re.compile(pattern) for pattern in (
+    r"^/jobmanager/logs?(/.*)?$",
+    r"^/taskmanagers/[^/]+/logs?(/.*)?$",
+))
+
 
 def required_role(method: str, path: str) -> str | None:
     """The least role allowed to make this request; None when it needs no token."""
@@ -57,6 +64,8 @@ def required_role(method: str, path: str) -> str | None:
     if path == FLINK_PREFIX or path.startswith(FLINK_PREFIX + "/"):
         path = path[len(FLINK_PREFIX):] or "/"
     if method in READ_METHODS:
+        if method != "OPTIONS" and any(p.match(path) for p in OPERATOR_READS):
+            return "operator"
         return None if method == "OPTIONS" or OPEN_PATHS.match(path) else "viewer"
     if any(m == method and p.match(path) for m, p in OPERATOR_CHANGES):
         return "operator"

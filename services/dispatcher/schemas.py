@@ -423,6 +423,7 @@ class JobDetailsInfo(_Out):
     waiting_reason: str | None = Field(alias="waiting-reason")
     restart_strategy: dict[str, Any] = Field(alias="restart-strategy")
     attempts: int
+    schedule_id: str | None = Field(None, alias="schedule-id", description="the schedule that started this job")
 
 
 class JobConfigInfo(_Out):
@@ -550,3 +551,60 @@ class ErrorBody(BaseModel):
     expected: str | None = None
     hint: str | None = None
     details: list[dict[str, Any]] | None = None
+
+
+# --- operator endpoints: logs, JobManager facts, live task figures (docs/runbooks/logs.md) ---
+
+
+class LogFileInfo(_Out):
+    name: str
+    size: int = Field(description="bytes")
+    mtime: int = Field(description="epoch ms of the last change")
+
+
+class LogListInfo(_Out):
+    logs: list[LogFileInfo]
+
+
+class ConfigEntry(_Out):
+    key: str
+    value: str = Field(description="the effective value as text; secrets are ******")
+
+
+class JobManagerLeaderRecord(_Out):
+    id: str | None = None
+    epoch: int | None = None
+    mode: str | None = None
+    since: int | None = Field(None, description="epoch ms when it took leadership")
+    address: str | None = Field(None, description="http://host:port where it serves /metrics and /logs")
+
+
+class JobManagerLeaderInfo(_Out):
+    leader: JobManagerLeaderRecord | None
+    epoch: int | None = Field(description="the current fencing epoch (Redis hr:jm:epoch)")
+    contenders: list[str] = Field(description="ZooKeeper mode: contender ids in election order; else []")
+
+
+class TaskProgressInfo(_Out):
+    vertexId: str
+    subtask: int
+    executionId: str
+    attempt: int
+    taskmanagerId: str | None = None
+    batchId: int | None = None
+    inputRowsPerSecond: float | None = None
+    processedRowsPerSecond: float | None = None
+    batchDurationMs: int | None = None
+    sourceLag: float | None = None
+    numInputRows: int | None = None
+    timestamp: int | None = Field(None, description="epoch ms when the TaskManager recorded the batch")
+    sparkUi: str | None = Field(None, description="the driver's Spark UI, when the TaskManager runs it")
+
+
+class JobProgressInfo(_Out):
+    tasks: list[TaskProgressInfo]
+
+
+class MetricValue(_Out):
+    id: str
+    value: str | None = None

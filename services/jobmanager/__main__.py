@@ -98,7 +98,7 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     if jm_metrics is not None:
         jm_metrics.leading(master, epoch)
     leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
-                         "since": int(time.time() * 1000)})
+                         "since": int(time.time() * 1000), "address": metrics.advertised_url("jobmanager", settings)})
 
     def announce() -> None:
         # The epoch too: a Redis that restarted empty learns the leader's epoch back within

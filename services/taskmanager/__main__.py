@@ -8,10 +8,12 @@ thread, while the ResourceManager link and the driver reader threads run beside 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import socket
+import threading
 import uuid
 
 import redis
@@ -20,6 +22,7 @@ from shared import metrics, streams
 from shared.commands import make_celery
 from shared.ids import new_taskmanager_id
 from shared.leader_epoch import LeaderEpochFence
+from shared.log_files import LogFiles
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
@@ -31,6 +34,44 @@ from services.taskmanager.supervisor import TaskSupervisor
 from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 
 log = logging.getLogger("headrace.taskmanager")
+
+SPARK_UI_ENV = "HEADRACE_SPARK_UI"  # read by the driver processes (runtime/runner.py)
+
+
+class EndpointAnnouncer:
+    """Keeps `streams.tm_endpoint_key` of each TaskManager of this process alive: where the
+    dispatcher fetches its log files. Refreshed every heartbeat interval and expiring after the
+    heartbeat timeout, so the key of a TaskManager that died is gone when it is declared lost."""
+
+    def __init__(self, client, taskmanager_ids, *, address: str, main_log: str | None, interval_s: float,
+                 ttl_s: float):
+        self.client, self.ids, self.interval_s = client, list(taskmanager_ids), interval_s
+        self.ttl_ms = max(1000, int(ttl_s * 1000))
+        self.value = json.dumps({"address": address, "log": main_log})
+        self._stop = threading.Event()
+
+    def start(self) -> "EndpointAnnouncer":
+        threading.Thread(target=self._loop, name="endpoint-announcer", daemon=True).start()
+        return self
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for tm in self.ids:
+                    pipe.set(streams.tm_endpoint_key(tm), self.value, px=self.ttl_ms)
+                pipe.execute()
+            except Exception as exc:  # noqa: BLE001 - Redis away: the next round sets it again
+                log.debug("could not announce the log endpoint: %s", exc)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.client.delete(*[streams.tm_endpoint_key(tm) for tm in self.ids])
+        except Exception:  # noqa: BLE001 - it expires anyway
+            pass
 
 
 def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
@@ -50,7 +91,11 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
     noop = NoopRunner()
     supervisors = {}
-    task_metrics = TaskMetrics()
+    if settings.spark_ui:
+        # The drivers inherit this process's environment: a setting given in the YAML file
+        # reaches them this way too.
+        os.environ[SPARK_UI_ENV] = "true"
+    task_metrics = TaskMetrics(client, advertised_host=metrics.advertised_host(settings))
     for tm in ids:
         sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
                              cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
@@ -82,8 +127,17 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
                                          transport=transport, dead_letter_client=client))
     task_metrics.registry.register(TaskManagerCollector(supervisors, client))
+    # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs).
+    logs = LogFiles.of_this_process(workdir / "logs")
+    service = f"taskmanager {base_id}"
     metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
-                  service=f"taskmanager {base_id}")
+                  service=service, logs=logs)
+    address = metrics.advertised_url(service, settings)
+    announcer = None
+    if address is not None and not simulate:
+        announcer = EndpointAnnouncer(client, ids, address=address, main_log=logs.main_name,
+                                      interval_s=settings.heartbeat_interval_s,
+                                      ttl_s=settings.heartbeat_timeout_s).start()
     link.start()
     for sup in supervisors.values():
         sup._replenish()
@@ -96,6 +150,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         worker.start()
     finally:
         log.info("TaskManager %s stopping", base_id)
+        if announcer is not None:
+            announcer.stop()
         link.stop(unregister=True)
         for sup in supervisors.values():
             sup.shutdown()

@@ -2,11 +2,18 @@
 numbers of its newest micro-batch (Spark's StreamingQueryProgress, as the driver reports it).
 
 Per-task series carry the labels job and execution and are dropped when the task ends, so a
-long-lived TaskManager does not accumulate one series per attempt it ever ran."""
+long-lived TaskManager does not accumulate one series per attempt it ever ran.
+
+The same numbers go to Redis too (`streams.progress_key`, a hash per attempt expiring
+PROGRESS_TTL_S after its newest report), where the dispatcher reads them for the dashboard's live
+charts (GET /jobs/{id}/progress) without scraping every TaskManager."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
@@ -14,10 +21,25 @@ from prometheus_client.core import GaugeMetricFamily
 from shared import metrics, streams
 
 TASK_LABELS = ("taskmanager", "job", "execution")
+log = logging.getLogger("headrace.taskmanager.metrics")
+
+
+def rehost(url: str | None, host: str | None) -> str | None:
+    """The driver's Spark UI URL with the host others reach this TaskManager by (the driver
+    binds its UI where Spark chooses, and names it by a host only this machine may resolve)."""
+    if not url or not host:
+        return url or None
+    parts = urlsplit(url)
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 class TaskMetrics:
-    def __init__(self) -> None:
+    def __init__(self, redis_client=None, *, advertised_host: str | None = None,
+                 clock_ms=lambda: int(time.time() * 1000)) -> None:
+        self.redis, self.advertised_host, self.clock_ms = redis_client, advertised_host, clock_ms
         self.registry = CollectorRegistry(auto_describe=True)
         r, n = self.registry, metrics.name
         self._lock = threading.Lock()
@@ -53,9 +75,40 @@ class TaskMetrics:
             lag = getattr(event, "source_lag", None)
             if lag is not None:
                 self.source_lag.labels(*key).set(lag)
+        self._publish(taskmanager_id, spec, event)
+
+    def _publish(self, taskmanager_id: str, spec, event) -> None:
+        """The newest figures of this attempt for the dashboard; best effort (Redis away: the
+        Prometheus series above still have them)."""
+        if self.redis is None:
+            return
+        fields = {"job_id": spec.job_id, "vertex_id": spec.vertex_id, "execution_id": spec.execution_id,
+                  "attempt": spec.attempt, "taskmanager_id": taskmanager_id, "batch_id": event.batch_id,
+                  "input_rows_per_second": event.input_rows_per_second,
+                  "processed_rows_per_second": event.processed_rows_per_second,
+                  "num_input_rows": event.num_input_rows, "timestamp": self.clock_ms()}
+        optional = {"batch_duration_ms": getattr(event, "batch_duration_ms", None),
+                    "source_lag": getattr(event, "source_lag", None),
+                    "spark_ui": rehost(getattr(event, "spark_ui", None), self.advertised_host)}
+        fields.update({k: v for k, v in optional.items() if v is not None})
+        key = streams.progress_key(spec.execution_id)
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            # Replaced whole: a figure the newest batch lacks (lag) must not show an old value.
+            pipe.delete(key)
+            pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+            pipe.expire(key, streams.PROGRESS_TTL_S)
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - figures are best effort, the task is not
+            log.debug("could not publish the progress of %s: %s", spec.execution_id, exc)
 
     def forget(self, taskmanager_id: str, spec) -> None:
         key = (taskmanager_id, spec.job_id, spec.execution_id)
+        if self.redis is not None:
+            try:
+                self.redis.delete(streams.progress_key(spec.execution_id))
+            except Exception:  # noqa: BLE001 - it expires anyway
+                pass
         with self._lock:
             if key not in self._live:
                 return

@@ -81,8 +81,15 @@ def bearer(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+# Logs may hold secrets (connection strings in a traceback): reading them is an operator's.
+OPERATOR_READS = {"/taskmanagers/{tmid}/logs", "/taskmanagers/{tmid}/logs/{name}", "/taskmanagers/{tmid}/log",
+                  "/jobmanager/logs", "/jobmanager/logs/{name}", "/jobmanager/log"}
+
+
 def expected_role(method: str, path: str) -> str | None:
     if method in READS:
+        if method != "options" and path in OPERATOR_READS:
+            return "operator"
         return None if path in OPEN else "viewer"
     return "operator" if (method, path) in OPERATOR else "admin"
 

@@ -1,13 +1,19 @@
-"""/taskmanagers: the registered TaskManagers and their slots, as the ResourceManager recorded them."""
+"""/taskmanagers: the registered TaskManagers and their slots, as the ResourceManager recorded them,
+and their log files, fetched from the TaskManager itself (docs/runbooks/logs.md)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import json
 
-from services.dispatcher import views
-from services.dispatcher.deps import SessionDep
+import redis
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from services.dispatcher import log_fetch, views
+from services.dispatcher.deps import SessionDep, TransportDep
 from services.dispatcher.errors import ApiError
-from services.dispatcher.schemas import ErrorBody, TaskManagerDetailsInfo, TaskManagersInfo
+from services.dispatcher.schemas import ErrorBody, LogListInfo, TaskManagerDetailsInfo, TaskManagersInfo
+from shared import streams
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
 
@@ -22,6 +28,10 @@ def list_taskmanagers(session: SessionDep) -> dict:
 @router.get("/{tmid}", response_model=TaskManagerDetailsInfo, responses={404: {"model": ErrorBody}},
             summary="One TaskManager (also a lost or unregistered one) with its allocated slots")
 def taskmanager_details(tmid: str, session: SessionDep) -> dict:
+    return views.taskmanager_details(_row(session, tmid))
+
+
+def _row(session, tmid: str):
     if not tmid or len(tmid) > 128 or any(ord(c) < 32 for c in tmid):
         row = None
     else:
@@ -32,4 +42,68 @@ def taskmanager_details(tmid: str, session: SessionDep) -> dict:
     if row is None:
         raise ApiError.of(404, f"taskmanager {tmid!r} not found", field="tmid",
                           expected="the id of a TaskManager", hint="GET /taskmanagers lists the registered ones", prefix=False)
-    return views.taskmanager_details(row)
+    return row
+
+
+_LOG_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 502: {"model": ErrorBody},
+               503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+
+
+def _endpoint(session, transport, tmid: str) -> tuple[str, str, str | None]:
+    """(who, address, main log name) of a TaskManager that announces its log endpoint now."""
+    row = _row(session, tmid)
+    who = f"TaskManager {tmid}"
+    client = getattr(transport, "client", None)
+    raw = None
+    if client is not None:
+        try:
+            raw = client.get(streams.tm_endpoint_key(tmid))
+        except redis.RedisError as exc:
+            raise ApiError.of(503, f"Redis, where TaskManagers announce their log endpoints, is unavailable: {exc}",
+                              hint=f"see {log_fetch.RUNBOOK}", prefix=False) from None
+    try:
+        announced = json.loads(raw) if raw else None
+    except ValueError:
+        announced = None
+    if not announced or not announced.get("address"):
+        if row.state != "REGISTERED":
+            raise ApiError.of(404, f"{who} is {row.state}" + (f" ({row.lost_reason})" if row.lost_reason else "")
+                              + ": its logs are no longer served; they stay on its host (see the runbook)",
+                              field="tmid", hint=f"see {log_fetch.RUNBOOK}", prefix=False)
+        raise ApiError.of(503, f"{who} does not announce a log endpoint (its metrics port is off, it runs an "
+                               f"older version, or it stopped heartbeating)",
+                          hint=f"taskmanager_metrics_port must not be -1; see {log_fetch.RUNBOOK}", prefix=False)
+    return who, str(announced["address"]), announced.get("log")
+
+
+@router.get("/{tmid}/logs", response_model=LogListInfo, responses=_LOG_ERRORS,
+            summary="The TaskManager's log files (its own and its Spark drivers'): name, size, mtime (operator)")
+def taskmanager_logs(tmid: str, session: SessionDep, transport: TransportDep) -> dict:
+    who, address, _main = _endpoint(session, transport, tmid)
+    return log_fetch.listing(who, address)
+
+
+@router.get("/{tmid}/logs/{name}", response_class=Response, responses=_LOG_ERRORS,
+            summary="One log file of the TaskManager as text, its last `tail` bytes (operator)")
+def taskmanager_log_file(tmid: str, name: str, session: SessionDep, transport: TransportDep,
+                         tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
+                                                                     "at most 4 MiB")) -> Response:
+    log_fetch.check_name(name)
+    size = log_fetch.check_tail(tail)
+    who, address, _main = _endpoint(session, transport, tmid)
+    return log_fetch.file(who, address, name, size)
+
+
+@router.get("/{tmid}/log", response_class=Response, responses=_LOG_ERRORS,
+            summary="The TaskManager's own log (Flink's path), its last `tail` bytes (operator)")
+def taskmanager_main_log(tmid: str, session: SessionDep, transport: TransportDep,
+                         tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
+                                                                     "at most 4 MiB")) -> Response:
+    size = log_fetch.check_tail(tail)
+    who, address, main = _endpoint(session, transport, tmid)
+    main = main or log_fetch.main_log_name(who, address)
+    if not main:
+        raise ApiError.of(404, f"{who} has no log file of its own (its output goes to a terminal or a pipe)",
+                          hint=f"GET /taskmanagers/{tmid}/logs lists its drivers' logs; see {log_fetch.RUNBOOK}",
+                          prefix=False)
+    return log_fetch.file(who, address, main, size)

@@ -41,6 +41,7 @@ import argparse
 import faulthandler
 import importlib
 import importlib.util
+import json
 import os
 import queue
 import signal
@@ -74,6 +75,8 @@ from shared.task_protocol import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
+SPARK_UI_ENV = "HEADRACE_SPARK_UI"
 POLL_S = 0.25
 DRAIN_TIMEOUT_S = 300.0
 
@@ -101,9 +104,15 @@ def prepare_env() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
 
 
+def spark_ui_wanted(environ=os.environ) -> bool:
+    return environ.get(SPARK_UI_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
-                driver_memory: str = "1g", app_name: str = "headrace-driver"):
-    """A local SparkSession whose scratch files all live under `workdir` (the caller cleans it)."""
+                driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False):
+    """A local SparkSession whose scratch files all live under `workdir` (the caller cleans it).
+    `ui`: run the Spark UI on a free port (several drivers share a host); its kill links are
+    off, a task is cancelled through Headrace."""
     prepare_env()
     from pyspark.sql import SparkSession
 
@@ -120,7 +129,9 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.ui.enabled", "false")
+        .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.ui.port", "0")
+        .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -265,6 +276,7 @@ class Driver:
         self.snapshot_requests: queue.Queue[TakeSnapshot] = queue.Queue()
         self.restored_meta: dict | None = None  # metadata of the snapshot this attempt starts from
         self.lineage: dict = {}
+        self.spark_ui = _ui_url(spark)
 
     # -- cancellation, from the stdin thread or the SIGTERM handler
     def request_cancel(self) -> None:
@@ -359,7 +371,7 @@ class Driver:
         if self.cancel_requested.is_set():  # came before the cancel thread could see the job
             self.events.emit(Canceled())
             return 0
-        self.events.emit(Running(streaming=False))
+        self.events.emit(Running(streaming=False, spark_ui=self.spark_ui))
         handle.run()
         if self.cancel_requested.is_set():
             self.events.emit(Canceled())
@@ -411,7 +423,7 @@ class Driver:
             self._query = query
         if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves
             query.stop()
-        self.events.emit(Running(streaming=True))
+        self.events.emit(Running(streaming=True, spark_ui=self.spark_ui))
         last = -1
         finished = False
         pending: list[tuple[TakeSnapshot, int | None, float]] = []
@@ -545,6 +557,7 @@ class Driver:
                     processed_rows_per_second=_finite(p.processedRowsPerSecond),
                     batch_duration_ms=int(p.batchDuration) if p.batchDuration is not None else None,
                     source_lag=_source_lag(p),
+                    spark_ui=self.spark_ui,
                 ))
         return last
 
@@ -556,18 +569,40 @@ class Driver:
                                               reason="a batch task has no checkpoints"))
 
 
+def _ui_url(spark) -> str | None:
+    try:
+        return spark.sparkContext.uiWebUrl or None
+    except Exception:  # noqa: BLE001 - a link for the dashboard, never worth failing a task
+        return None
+
+
 def _source_lag(progress) -> float | None:
-    """The largest backlog any source of the batch reports in its metrics, or None."""
+    """The largest backlog any source of the batch reports, or None: Kafka's metric
+    maxOffsetsBehindLatest, or the entries a Redis stream source counted beyond its batch (in the
+    latest offset it reports, see connectors/redis_streams.py)."""
     lags = []
     for source in getattr(progress, "sources", None) or ():
         metrics = getattr(source, "metrics", None) or {}
         raw = metrics.get("maxOffsetsBehindLatest")
+        if raw is None:
+            raw = _reported_behind(getattr(source, "latestOffset", None))
         try:
             if raw is not None:
                 lags.append(float(raw))
         except (TypeError, ValueError):
             continue
     return max(lags) if lags else None
+
+
+def _reported_behind(latest: Any) -> Any:
+    from .connectors.redis_streams import BEHIND_KEY  # imported with Spark, as build_spark does
+
+    if isinstance(latest, str):
+        try:
+            latest = json.loads(latest)
+        except ValueError:
+            return None
+    return latest.get(BEHIND_KEY) if isinstance(latest, dict) else None
 
 
 def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:
@@ -653,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         shuffle = args.shuffle_partitions or max(2, args.parallelism)
         spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
-                            driver_memory=args.driver_memory)
+                            driver_memory=args.driver_memory, ui=spark_ui_wanted())
         spark_box[0] = spark
         if not args.no_warmup:
             t_w = time.monotonic()

@@ -9,6 +9,12 @@ Source offsets are stream entry ids `{"id": "<ms>-<seq>"}`: the checkpoint can r
 as long as the stream still holds its entries. `max_entries_per_trigger` limits ENTRIES (not
 events) per micro-batch, since counting events would mean decoding every entry at planning time.
 
+Source lag: after planning a batch the reader counts the entries the stream holds beyond the
+batch's end and reports them in its latest offset (`{"id": <last id>, "entriesBehind": n}`,
+Spark's reportLatestOffset), where the driver reads them for `source_lag` (the Python Data Source
+API has no source metrics). Counted exactly on the server up to LAG_COUNT_CAP entries, above
+that estimated from the ids' times and XLEN; 0 at once when the batch ends at the last entry.
+
 Sink: executors pack their rows into IPC entries and return them as commit messages; the
 driver-side `commit(messages, batch_id)` XADDs them in one server-side script together with the
 sink's last-committed batch id (`headrace:sink:<id>:last_batch`), and skips a batch id at or
@@ -57,6 +63,8 @@ JSON_FIELD = "json"
 DEFAULT_ROWS_PER_ENTRY = 1000
 _MAX_SEQ = 18446744073709551615  # largest sequence number of a stream id
 _READ_PAGE = 256  # entries per XRANGE round trip
+BEHIND_KEY = "entriesBehind"  # in the reported latest offset: entries beyond the planned batch
+LAG_COUNT_CAP = 10_000  # entries counted exactly per batch; a larger backlog is estimated
 
 
 # ---------------------------------------------------------------- packing helpers
@@ -220,12 +228,25 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
         return {"id": _fmt(parse_id(self.opts.start))}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        end = self._latest(start, limit)
+        self._planned_end = end["id"]  # what reportLatestOffset, called next, counts beyond
+        return end
+
+    def _latest(self, start: dict, limit: ReadLimit) -> dict:
         after = start["id"]
         if isinstance(limit, ReadMaxRows):
             entries = self.client.xrange(self.opts.stream, "(" + after, "+", count=limit.max_rows)
             return {"id": entries[-1][0].decode()} if entries else start
         last = self._last_id()
         return {"id": last} if parse_id(last) > parse_id(after) else start
+
+    def reportLatestOffset(self) -> dict | None:
+        """The stream's last entry id, and how many entries lie beyond the batch just planned."""
+        planned = getattr(self, "_planned_end", None)
+        last = self._last_id()
+        if planned is None:
+            return {"id": last}
+        return {"id": last, BEHIND_KEY: entries_after(self.client, self.opts.stream, planned, last)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_entries) if self.opts.max_entries else ReadAllAvailable()
@@ -248,6 +269,38 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+# KEYS: stream. ARGV: exclusive start id, cap. Counts entries after the id on the server, in
+# pages, so their contents never cross the network.
+_COUNT_AFTER = """
+local n, cursor, cap = 0, ARGV[1], tonumber(ARGV[2])
+while n < cap do
+  local want = math.min(200, cap - n)
+  local page = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', want)
+  n = n + #page
+  if #page < want then break end
+  cursor = page[#page][1]
+end
+return n
+"""
+
+
+def entries_after(client: redis.Redis, stream: str, after: str, last: str | None = None,
+                  cap: int = LAG_COUNT_CAP) -> int:
+    """How many entries of `stream` have an id above `after`: exact up to `cap`, estimated above
+    it (XLEN times the share of the stream's time span after `after`)."""
+    if last is not None and parse_id(after) >= parse_id(last):
+        return 0
+    counted = int(client.eval(_COUNT_AFTER, 1, stream, after, cap))
+    if counted < cap:
+        return counted
+    length = client.xlen(stream)
+    first = client.xrange(stream, "-", "+", count=1)
+    last = last or (client.xrevrange(stream, "+", "-", count=1) or [[b"0-0"]])[0][0]
+    t_first, t_after, t_last = parse_id(first[0][0])[0] if first else 0, parse_id(after)[0], parse_id(last)[0]
+    share = (t_last - t_after) / (t_last - t_first) if t_last > t_first else 1.0
+    return max(cap, min(length, int(length * share)))
 
 
 def read_entries(client: redis.Redis, stream: str, after: str, until: str,

@@ -1,0 +1,96 @@
+"""Fetches a process's log listing or one log file from the endpoint it serves them on (its
+metrics port, shared/metrics.py), for /taskmanagers/{id}/logs and /jobmanager/logs.
+
+Every failure becomes an ApiError that says which process and address did not answer and what to
+check, within FETCH_TIMEOUT_S: a TaskManager that died or hangs never hangs a request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from fastapi.responses import Response
+
+from services.dispatcher.errors import ApiError
+from shared import log_files
+
+FETCH_TIMEOUT_S = 2.0
+RUNBOOK = "docs/runbooks/logs.md"
+
+
+def check_name(name: str) -> str:
+    if not log_files.valid_name(name):
+        raise ApiError.of(400, f"not a log file name: {name[:80]!r}", field="name",
+                          expected="a file name from the logs listing (letters, digits, '.', '_', '-')",
+                          got=name[:80], hint="GET the logs listing for the names", prefix=False)
+    return name
+
+
+def check_tail(raw: str | None) -> int:
+    try:
+        return log_files.parse_tail(raw)
+    except ValueError as exc:
+        raise ApiError.of(400, str(exc), field="tail", expected=f"bytes, 1 to {log_files.MAX_TAIL_BYTES}",
+                          got=raw, prefix=False) from None
+
+
+def _get(who: str, address: str, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    try:
+        with httpx.Client(timeout=FETCH_TIMEOUT_S) as client:
+            return client.get(address.rstrip("/") + path, params=params)
+    except httpx.TimeoutException:
+        raise ApiError.of(504, f"{who} did not answer within {FETCH_TIMEOUT_S:g} s at {address}",
+                          hint=f"it may be frozen or overloaded; see {RUNBOOK}", prefix=False) from None
+    except httpx.HTTPError as exc:
+        raise ApiError.of(502, f"{who} is unreachable at {address}: {type(exc).__name__}: {exc}",
+                          hint=f"it may have died or its metrics port may be blocked; see {RUNBOOK}",
+                          prefix=False) from None
+
+
+def _refused(who: str, r: httpx.Response, name: str | None) -> ApiError:
+    try:
+        message = "; ".join(r.json().get("errors") or []) or r.text[:200]
+    except ValueError:
+        message = r.text[:200]
+    if r.status_code == 404 and name is not None:
+        return ApiError.of(404, f"{who} has no log file {name!r} ({message})", field="name",
+                           hint="GET the logs listing for the names", prefix=False)
+    if r.status_code == 400:
+        return ApiError.of(400, f"{who} refused the request: {message}", prefix=False)
+    return ApiError.of(502, f"{who} answered {r.status_code}: {message}",
+                       hint=f"an older process without log serving answers the metrics page instead; see {RUNBOOK}",
+                       prefix=False)
+
+
+def listing(who: str, address: str) -> dict:
+    """{"logs": [{"name", "size", "mtime"}]} as the process serves it."""
+    r = _get(who, address, "/logs")
+    if r.status_code != 200:
+        raise _refused(who, r, None)
+    try:
+        body = r.json()
+        return {"logs": [{"name": str(f["name"]), "size": int(f["size"]), "mtime": int(f["mtime"])}
+                         for f in body["logs"]]}
+    except (ValueError, KeyError, TypeError):
+        raise ApiError.of(502, f"{who} at {address} did not answer a log listing",
+                          hint=f"is that address a Headrace metrics endpoint? see {RUNBOOK}", prefix=False) from None
+
+
+def main_log_name(who: str, address: str) -> str | None:
+    r = _get(who, address, "/logs")
+    if r.status_code != 200:
+        raise _refused(who, r, None)
+    try:
+        return r.json().get("main")
+    except ValueError:
+        return None
+
+
+def file(who: str, address: str, name: str, tail: int) -> Response:
+    """The file's last `tail` bytes as text/plain."""
+    r = _get(who, address, f"/logs/{name}", {"tail": tail})
+    if r.status_code != 200:
+        raise _refused(who, r, name)
+    return Response(content=r.content, media_type="text/plain; charset=utf-8",
+                    headers={"Cache-Control": "no-store"})

@@ -1,0 +1,182 @@
+"""/jobmanager: the cluster's effective settings, who leads, and the leading JobManager's logs
+(Flink's paths and shapes; docs/runbooks/logs.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from services.dispatcher import log_fetch
+from services.dispatcher.deps import SettingsDep, TransportDep
+from services.dispatcher.errors import ApiError
+from services.dispatcher.schemas import ConfigEntry, ErrorBody, JobManagerLeaderInfo, LogListInfo
+from shared import streams
+
+router = APIRouter(prefix="/jobmanager", tags=["jobmanager"])
+
+MASK = "******"
+# Settings whose whole value is a secret, and query parameters of URLs that hold one.
+SECRET_NAME = re.compile(r"(password|passwd|secret|token|credential|api_?key|private)", re.I)
+ZOOKEEPER_TIMEOUT_S = 2.0
+_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 502: {"model": ErrorBody},
+           503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+
+
+def mask_url(value: str) -> str:
+    """The URL with its password and secret query parameters replaced (other text unchanged)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        creds, _, host = netloc.rpartition("@")
+        user, sep, _password = creds.partition(":")
+        netloc = f"{user}:{MASK}@{host}" if sep else netloc
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, MASK if SECRET_NAME.search(k) else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def masked_value(key: str, value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: masked_value(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked_value(key, v) for v in value]
+    if value is not None and SECRET_NAME.search(key):
+        return MASK
+    if isinstance(value, str) and "://" in value:
+        return mask_url(value)
+    return value
+
+
+def effective_config(settings) -> list[dict[str, str]]:
+    """Flink's [{"key", "value"}]: every setting (and the derived locations) as a string."""
+    values = settings.model_dump(mode="json")
+    values.update({"catalog": settings.catalog, "checkpoints": str(settings.checkpoints),
+                   "savepoints": str(settings.savepoints), "artifacts": str(settings.artifacts)})
+    out = []
+    for key in sorted(values):
+        value = masked_value(key, values[key])
+        text = "" if value is None else value if isinstance(value, str) else json.dumps(value)
+        out.append({"key": key, "value": text})
+    return out
+
+
+@router.get("/config", response_model=list[ConfigEntry],
+            summary="The effective cluster settings, secrets masked (Flink's [{key, value}])")
+def jobmanager_config(settings: SettingsDep) -> list[dict[str, str]]:
+    return effective_config(settings)
+
+
+def _redis(transport):
+    client = getattr(transport, "client", None)
+    if client is None:
+        raise ApiError.of(503, "this dispatcher has no Redis connection: the leader is not known", prefix=False)
+    return client
+
+
+def _leader_record(client) -> dict | None:
+    try:
+        raw = client.get(streams.JM_LEADER_KEY)
+    except redis.RedisError as exc:
+        raise ApiError.of(503, f"Redis, where the leading JobManager announces itself, is unavailable: {exc}",
+                          hint=f"see {log_fetch.RUNBOOK}", prefix=False) from None
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _contenders(settings) -> tuple[list[str], str | None]:
+    """The contenders' ids in election order, read from the election znodes (ZooKeeper mode)."""
+    if settings.high_availability != "zookeeper":
+        return [], None
+    from shared.zookeeper import HAUnavailable, LeaderElection
+
+    observer = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root,
+                              contender_id="dispatcher-observer", connect_timeout_s=ZOOKEEPER_TIMEOUT_S)
+    try:
+        observer.start()
+    except HAUnavailable as exc:
+        return [], str(exc)
+    try:
+        return observer.contenders(), None
+    except Exception as exc:  # noqa: BLE001 - the rest of the answer is still worth giving
+        return [], f"{type(exc).__name__}: {exc}"
+    finally:
+        observer.close()
+
+
+@router.get("/leader", response_model=JobManagerLeaderInfo,
+            summary="The leading JobManager, the fencing epoch and the HA contenders")
+def jobmanager_leader(settings: SettingsDep, transport: TransportDep) -> dict:
+    client = _redis(transport)
+    record = _leader_record(client)
+    leader = None
+    if record is not None:
+        leader = {k: record.get(k) for k in ("id", "epoch", "mode", "since", "address")}
+    try:
+        raw_epoch = client.get(streams.JM_EPOCH_KEY)
+    except redis.RedisError as exc:
+        raise ApiError.of(503, f"Redis is unavailable: {exc}", prefix=False) from None
+    contenders, problem = _contenders(settings)
+    out: dict[str, Any] = {"leader": leader, "epoch": int(raw_epoch) if raw_epoch else None, "contenders": contenders}
+    if problem:
+        out["contendersError"] = problem
+    return out
+
+
+def _leader_endpoint(transport) -> tuple[str, str]:
+    record = _leader_record(_redis(transport))
+    if record is None:
+        raise ApiError.of(503, "no JobManager leads right now, so no JobManager log is served",
+                          hint=f"GET /jobmanager/leader; see {log_fetch.RUNBOOK}", prefix=False)
+    who = f"JobManager {record.get('id')} (leader, epoch {record.get('epoch')})"
+    if not record.get("address"):
+        raise ApiError.of(503, f"{who} does not serve its logs (jobmanager_metrics_port is -1, or it runs an "
+                               f"older version)", hint=f"see {log_fetch.RUNBOOK}", prefix=False)
+    return who, str(record["address"])
+
+
+@router.get("/logs", response_model=LogListInfo, responses=_ERRORS,
+            summary="The leading JobManager's log files: name, size, mtime (operator)")
+def jobmanager_logs(transport: TransportDep) -> dict:
+    who, address = _leader_endpoint(transport)
+    return log_fetch.listing(who, address)
+
+
+@router.get("/logs/{name}", response_class=Response, responses=_ERRORS,
+            summary="One log file of the leading JobManager as text, its last `tail` bytes (operator)")
+def jobmanager_log_file(name: str, transport: TransportDep,
+                        tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
+                                                                    "at most 4 MiB")) -> Response:
+    log_fetch.check_name(name)
+    size = log_fetch.check_tail(tail)
+    who, address = _leader_endpoint(transport)
+    return log_fetch.file(who, address, name, size)
+
+
+@router.get("/log", response_class=Response, responses=_ERRORS,
+            summary="The leading JobManager's own log (Flink's path), its last `tail` bytes (operator)")
+def jobmanager_main_log(transport: TransportDep,
+                        tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
+                                                                    "at most 4 MiB")) -> Response:
+    size = log_fetch.check_tail(tail)
+    who, address = _leader_endpoint(transport)
+    main = log_fetch.main_log_name(who, address)
+    if not main:
+        raise ApiError.of(404, f"{who} has no log file of its own (its output goes to a terminal or a pipe)",
+                          hint=f"see {log_fetch.RUNBOOK}", prefix=False)
+    return log_fetch.file(who, address, main, size)
