@@ -21,13 +21,14 @@ import httpx
 import typer
 from pydantic import ValidationError
 
-from services import token_cli
+from services import schedule_cli, token_cli
 from shared.settings import Settings, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Headrace: a Flink-style control plane for PySpark pipelines.")
 
 app.add_typer(token_cli.app, name="token")
+app.add_typer(schedule_cli.app, name="schedule")
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from services.dispatcher import auth, errors, limits, metrics, openapi_security, security
-from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints,
+from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints, schedules,
                                        taskmanagers, ui)
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
@@ -47,7 +47,8 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     security.install(app, auth_on=app.state.auth_required)
     app.state.metrics_registry = metrics.registry_for(catalog, getattr(transport, "client", None))
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
-    api = (overview, jars, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager)
+    # schedules before jobs: /jobs/schedules must not be taken for /jobs/{jobid}.
+    api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager)
     for module in (*api, ui):
         app.include_router(module.router)
     # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.

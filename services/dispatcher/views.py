@@ -173,6 +173,7 @@ def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[str, Any], ti
         "waiting-reason": waiting_reason(job, latest),
         "restart-strategy": dict(job.restart_strategy or {}),
         "attempts": attempts(latest),
+        "schedule-id": getattr(job, "schedule_id", None),  # the schedule that started it, if any
     }
 
 

@@ -26,6 +26,7 @@ from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
 from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.metrics import JobManagerMetrics
+from services.jobmanager.schedule_beat import ScheduleBeat
 from services.jobmanager.scheduler import JobMaster, LeadershipLost
 
 log = logging.getLogger("headrace.jobmanager")
@@ -36,9 +37,11 @@ class JobManagerProcess:
     process is asked to stop or (ZooKeeper mode) when its leadership is revoked."""
 
     def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool],
-                 announce: Callable[[], None] = lambda: None):
+                 announce: Callable[[], None] = lambda: None, beat: ScheduleBeat | None = None):
         self.master, self.transport = master, transport
         self.should_stop, self.announce = should_stop, announce
+        # Scheduled submissions tick only here, in the leader's loop: a standby has no beat.
+        self.beat = beat
         self.recovered = False
 
     OUTBOX_RETRY_S = 1.0
@@ -66,6 +69,8 @@ class JobManagerProcess:
             if master.checkpoints.due():
                 with master.unit_of_work():
                     master.checkpoints.tick()
+            if self.beat is not None and self.beat.due():
+                self.beat.tick()
             if not handled:
                 master.outbox.forget_sent()
 
@@ -107,7 +112,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
         leader_epoch.publish(client, epoch)
         client.set(streams.JM_LEADER_KEY, leader, px=streams.JM_LEADER_TTL_MS)
 
-    proc = JobManagerProcess(master, transport, should_stop, announce=announce)
+    proc = JobManagerProcess(master, transport, should_stop, announce=announce,
+                             beat=ScheduleBeat(master, WallClock()))
     while not should_stop():
         try:
             proc.run()

@@ -60,6 +60,9 @@ class Job(Base):
     checkpoint_failures: Mapped[int] = mapped_column(Integer, default=0)
     # The restart strategy's counters (shared/restart.py), changed in the failure's transaction.
     restart_state: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # The schedule this job is a run of (None: submitted by hand). No foreign key: a deleted
+    # schedule's jobs stay, with the id of what made them.
+    schedule_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
 
 class Leadership(Base):
@@ -226,3 +229,44 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Schedule(Base):
+    """A scheduled submission (`POST /jobs/schedules`): what to run (as POST /jars/{id}/run would),
+    when (a 5-field UTC cron expression or an interval), and what to do when a run is still
+    going (`overlap`) or a tick was missed (`misfire_grace_s`). Only the leading JobManager's
+    beat moves next_fire_at / last_fire_at (services/jobmanager/schedule_beat.py)."""
+
+    __tablename__ = "schedules"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    artifact_id: Mapped[str] = mapped_column(String(160))
+    entry: Mapped[str] = mapped_column(String(255), default="build")
+    kind: Mapped[str] = mapped_column(String(32), default="pyspark")
+    parallelism: Mapped[int] = mapped_column(Integer, default=1)
+    program_args: Mapped[list] = mapped_column(JSON, default=list)
+    config: Mapped[dict] = mapped_column(JSON, default=dict)
+    restart_strategy: Mapped[dict] = mapped_column(JSON, default=dict)
+    cron: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    every_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    overlap: Mapped[str] = mapped_column(String(16), default="skip")  # skip | queue | cancel_previous
+    misfire_grace_s: Mapped[int] = mapped_column(Integer, default=60)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    next_fire_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+    last_fire_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class ScheduleRun(Base):
+    """One tick of a schedule and what became of it. UNIQUE(schedule_id, tick_at): a tick is
+    recorded once, even by two JobManagers that both believe they lead for a moment. No foreign
+    key: the history outlives a deleted schedule."""
+
+    __tablename__ = "schedule_runs"
+    __table_args__ = (UniqueConstraint("schedule_id", "tick_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[str] = mapped_column(String(32), index=True)
+    tick_at: Mapped[datetime] = mapped_column()  # the nominal tick, not when it was handled
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    outcome: Mapped[str] = mapped_column(String(24))  # shared.schedules.OUTCOMES
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -38,7 +38,7 @@ _ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": 
 _LIVE = [s for s in JobStatus if not s.is_terminal]
 
 
-def _unknown_jar(jarid: str) -> ApiError:
+def unknown_jar(jarid: str) -> ApiError:
     return ApiError.of(404, f"jar {jarid} not found", field="jarid", expected="the id of an uploaded jar",
                        hint="GET /jars lists the uploaded jars; POST /jars/upload adds one", prefix=False)
 
@@ -109,13 +109,20 @@ def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
         try:
             art = repository.get_artifact(s, jarid)
         except NotFound:
-            raise _unknown_jar(jarid) from None
+            raise unknown_jar(jarid) from None
         users = [j.id for j in repository.list_jobs(s, statuses=_LIVE) if j.artifact_id == jarid]
         if users:
             raise ApiError.of(409, f"jar {jarid} is used by job(s) that have not finished: {', '.join(users)}",
                               field="jarid", expected="a jar no live job uses",
                               hint="cancel those jobs (PATCH /jobs/{jobid}?mode=cancel) or wait for them to end",
                               prefix=False)
+        schedules = [sc.id for sc in repository.list_schedules(s) if sc.artifact_id == jarid]
+        if schedules:
+            # Its schedules would only record skipped runs from now on.
+            raise ApiError.of(409, f"jar {jarid} is used by schedule(s) {', '.join(schedules)}", field="jarid",
+                              expected="a jar no schedule uses",
+                              hint="delete those schedules first (DELETE /jobs/schedules/{id}, "
+                                   "headrace schedule delete ID)", prefix=False)
         path = Path(art.path)
         repository.delete_artifact(s, jarid)
     if _inside(path, settings.artifacts):
@@ -153,7 +160,7 @@ def run_jar(
     if args is None:
         args = _query_args(program_args, program_arg)
     config = {**(req.flinkConfiguration or {}), **(req.config or {})}
-    _check_config(config)
+    check_config(config)
     try:
         if req.restartStrategy:
             restart = stored_restart_strategy(req.restartStrategy)
@@ -169,9 +176,9 @@ def run_jar(
         try:
             art = repository.get_artifact(s, jarid)
         except NotFound:
-            raise _unknown_jar(jarid) from None
+            raise unknown_jar(jarid) from None
     if kind == "pyspark":
-        _check_entry(catalog, art, entry)
+        check_entry(catalog, art, entry)
     snapshot = restore.prepare(
         config, settings,
         savepoint_path=req.savepointPath if req.savepointPath is not None else savepoint_path,
@@ -203,7 +210,7 @@ def run_jar(
             try:
                 existing = repository.get_job(s, job_id)
             except NotFound:
-                raise _unknown_jar(jarid) from None
+                raise unknown_jar(jarid) from None
         raise _duplicate(job_id, existing.status) from None
 
     # Published only after the commit, so the JobManager always finds the row it is told about.
@@ -250,7 +257,7 @@ def _duplicate(job_id: str, status: str) -> ApiError:
                        prefix=False)
 
 
-def _check_config(config: dict) -> None:
+def check_config(config: dict) -> None:
     """Every option Headrace reads must be readable (job_config): 400 naming each bad one, its
     value and a good example, instead of a task that fails (or hangs) on a TaskManager."""
     found = job_config.problems(config)
@@ -262,7 +269,7 @@ def _check_config(config: dict) -> None:
                              for p in found])
 
 
-def _check_entry(catalog, art, entry: str) -> None:
+def check_entry(catalog, art, entry: str) -> None:
     """For a .py artifact, the entry must be defined at its top level (a fast, clear failure
     instead of an ImportError in a Spark driver minutes later)."""
     if "." in entry or ":" in entry:
