@@ -10,7 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from services.dispatcher import auth, errors, limits, metrics, openapi_security, security
 from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints, schedules,
-                                       taskmanagers, ui)
+                                       taskmanagers, ui, whoami)
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
 from shared.catalog import Catalog
@@ -19,6 +19,16 @@ from shared.transport.base import Transport
 
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web-ui"
 API_VERSION_PREFIX = "/v1"
+
+
+class NoCacheStatic(StaticFiles):
+    """The dashboard's scripts are revalidated on each load (ETag: cheap), so an upgraded
+    index.html is never paired with a browser's cached older scripts."""
+
+    def file_response(self, *args, **kwargs):
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
 
 
 def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, web_dir: Path | None = DEFAULT_WEB_DIR,
@@ -49,12 +59,12 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
     # schedules before jobs: /jobs/schedules must not be taken for /jobs/{jobid}.
     api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager)
-    for module in (*api, ui):
+    for module in (*api, whoami, ui):
         app.include_router(module.router)
     # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.
     for module in api:
         app.include_router(module.router, prefix=API_VERSION_PREFIX, include_in_schema=False)
     openapi_security.install(app)
     if app.state.web_dir is not None:
-        app.mount("/web", StaticFiles(directory=app.state.web_dir), name="web")
+        app.mount("/web", NoCacheStatic(directory=app.state.web_dir), name="web")
     return app

@@ -608,3 +608,9 @@ class JobProgressInfo(_Out):
 class MetricValue(_Out):
     id: str
     value: str | None = None
+
+
+class WhoAmI(_Out):
+    auth: Literal["off", "required"] = Field(description="off: no token needed, anyone may do everything")
+    role: Literal["viewer", "operator", "admin"]
+    name: str | None = Field(None, description="the token's name (headrace token list)")

@@ -275,3 +275,10 @@ def test_flink_cli_sends_a_token_from_its_environment(tmp_path, sqlite_url):
         server.should_exit = True
         thread.join(10)
         catalog.dispose()
+
+
+def test_whoami_tells_a_token_its_role(secured, role_tokens):
+    assert secured.get("/auth/whoami").status_code == 401
+    for role in ROLES:
+        r = secured.get("/auth/whoami", headers=bearer(role_tokens[role]))
+        assert r.status_code == 200 and r.json() == {"auth": "required", "role": role, "name": f"test-{role}"}

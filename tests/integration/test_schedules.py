@@ -93,6 +93,8 @@ def test_rest_validation_and_the_shape_the_dashboard_reads(rest, jar):
         "lastJobId": None, "lastOutcome": None, "runs": 0}
     resumed = rest.http.patch(f"/jobs/schedules/{sid}", json={"enabled": True}).json()
     assert resumed["enabled"] and resumed["nextFire"] % 86_400_000 == 3 * 3_600_000 and resumed["history"] == []
+    r = rest.http.delete(f"/jars/{jar}")  # its schedule would only record skipped runs
+    assert r.status_code == 409 and sid in r.json()["errors"][0] and "headrace schedule delete" in r.json()["hint"]
     assert rest.http.delete(f"/jobs/schedules/{sid}").status_code == 200
     assert rest.http.get(f"/jobs/schedules/{sid}").status_code == 404
 

@@ -1,0 +1,339 @@
+/* Headrace dashboard, shared pieces: the element builder, the REST client with sign-in, and the
+ * formatters. Every value from the server is written with textContent or as an attribute
+ * value, never parsed as HTML; the page's Content-Security-Policy (script-src 'self';
+ * style-src 'self') also forbids inline scripts and style attributes, so styles come from
+ * classes, and sizes from element.style (CSSOM, which the policy allows). */
+"use strict";
+
+const REFRESH_MS = 1000;
+const TERMINAL = new Set(["FINISHED", "FAILED", "CANCELED"]);
+const TASK_STATES = ["created", "scheduled", "deploying", "initializing", "running", "finished",
+  "canceling", "canceled", "failed", "reconciling"];
+
+const $ = (id) => document.getElementById(id);
+
+/* ---------------------------------------------------------------- elements */
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  return fill(el, attrs, children);
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function s(tag, attrs, ...children) {
+  return fill(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+function fill(el, attrs, children) {
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "style") throw new Error("inline styles are refused by the CSP: use a class");
+    if (k === "class") el.setAttribute("class", v);
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function setText(el, value) {
+  const v = value === null || value === undefined ? "" : String(value);
+  if (el.textContent !== v) el.textContent = v;
+}
+
+/* Replace an element's children only when `key` (what they were built from) changed, so the
+ * 1-second refresh does not rebuild (and lose the selection or scroll of) an unchanged block. */
+function replaceIfChanged(el, key, build) {
+  if (el.dataset.v === key) return false;
+  el.dataset.v = key;
+  const out = build();
+  el.replaceChildren(...(Array.isArray(out) ? out : [out]).filter((c) => c !== null && c !== undefined));
+  return true;
+}
+
+/* Keyed table rows: a row is created once per id and updated in place, so a button is never
+ * replaced between mousedown and click by the 1-second refresh. */
+function syncRows(tbody, items, key, create, update) {
+  const existing = new Map();
+  for (const tr of tbody.children) existing.set(tr.dataset.key, tr);
+  const wanted = new Set();
+  items.forEach((item, i) => {
+    const k = key(item);
+    wanted.add(k);
+    let tr = existing.get(k);
+    if (!tr) {
+      tr = create(item);
+      tr.dataset.key = k;
+    }
+    update(tr, item);
+    if (tbody.children[i] !== tr) tbody.insertBefore(tr, tbody.children[i] || null);
+  });
+  for (const [k, tr] of existing) if (!wanted.has(k)) tr.remove();
+}
+
+function badge(state) {
+  return h("span", { class: `badge state-${state}`, text: state });
+}
+
+function fact(label, value) {
+  return h("div", {}, h("dt", { text: label }), value instanceof Node ? h("dd", {}, value) : h("dd", { text: value }));
+}
+
+function link(href, text, attrs) {
+  return h("a", { href, text, ...(attrs || {}) });
+}
+
+const enc = encodeURIComponent;
+const jobHref = (jid, tab) => `#/jobs/${enc(jid)}${tab ? `/${tab}` : ""}`;
+const tmHref = (id) => `#/taskmanagers/${enc(id)}`;
+
+/* ---------------------------------------------------------------- formatting */
+
+const pad = (n) => String(n).padStart(2, "0");
+
+function fmtTime(ms) {
+  if (!ms || ms < 0) return "–";
+  const d = new Date(ms);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+/* Times that arrive as ISO strings (schedules, log files) or epoch seconds/milliseconds. */
+function toMillis(v) {
+  if (v === null || v === undefined || v === "") return null;
+  if (typeof v === "number") return v < 1e11 ? v * 1000 : v;
+  const t = Date.parse(v);
+  return Number.isNaN(t) ? null : t;
+}
+
+function fmtWhen(v) {
+  const ms = toMillis(v);
+  return ms === null ? (v ? String(v) : "–") : fmtTime(ms);
+}
+
+function fmtDuration(ms) {
+  if (ms === null || ms === undefined || ms < 0) return "–";
+  if (ms < 1000) return `${ms}ms`;
+  let sec = Math.floor(ms / 1000);
+  const d = Math.floor(sec / 86400); sec %= 86400;
+  const hh = Math.floor(sec / 3600); sec %= 3600;
+  const m = Math.floor(sec / 60); sec %= 60;
+  const parts = [];
+  if (d) parts.push(`${d}d`);
+  if (hh) parts.push(`${hh}h`);
+  if (m) parts.push(`${m}m`);
+  if (sec || !parts.length) parts.push(`${sec}s`);
+  return parts.slice(0, 3).join(" ");
+}
+
+function fmtBytes(n) {
+  if (!n && n !== 0) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+/* Checkpoint timings are often under a few seconds, where fmtDuration's whole seconds say little. */
+function fmtMillis(ms) {
+  if (ms === null || ms === undefined || ms < 0) return "–";
+  if (ms < 1000) return `${Math.round(ms)}ms`;
+  if (ms < 60000) return `${Number((ms / 1000).toFixed(ms < 10000 ? 2 : 1))}s`;
+  return fmtDuration(ms);
+}
+
+function fmtAgo(ms) {
+  if (!ms || ms < 0) return "–";
+  const sec = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  return sec < 1 ? "just now" : `${fmtDuration(sec * 1000)} ago`;
+}
+
+function fmtNumber(v, digits) {
+  if (v === null || v === undefined || Number.isNaN(Number(v))) return "–";
+  const n = Number(v);
+  return digits === undefined ? n.toLocaleString() : n.toLocaleString(undefined, { maximumFractionDigits: digits });
+}
+
+const dash = (v) => (v === null || v === undefined || v === "" ? "–" : v);
+
+/* ---------------------------------------------------------------- REST client and sign-in */
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const errors = (body && body.errors) || [`HTTP ${status}`];
+    super(errors.map((e) => (typeof e === "string" ? e : JSON.stringify(e))).join("; "));
+    this.status = status;
+    this.body = body || {};
+  }
+
+  /* A 404 from a route the server does not have (an older dispatcher), not a missing job:
+   * the project's 404s for unknown resources name the field that was not found. */
+  get missingEndpoint() { return this.status === 404 && !this.body.field; }
+
+  get forbidden() { return this.status === 403; }
+}
+
+/* With auth on (docs/runbooks/auth.md) every API call needs a bearer token. It is kept in
+ * sessionStorage (this tab only, gone when it closes); a 401 opens the sign-in dialog, and
+ * polls wait for it rather than asking again. */
+const TOKEN_KEY = "headrace.token";
+const ROLE_KEY = "headrace.role";
+const session = {
+  token: () => sessionStorage.getItem(TOKEN_KEY),
+  role: () => sessionStorage.getItem(ROLE_KEY),
+  authRequired: false,
+};
+
+function roleFromMessage(text) {
+  const m = /this token has role (\w+)/.exec(text || "");
+  return m ? m[1] : null;
+}
+
+async function api(path, options = {}) {
+  const { as, ...init } = options;
+  const token = session.token();
+  const headers = { Accept: as === "text" ? "text/plain, application/json" : "application/json", ...(init.headers || {}) };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let res;
+  try {
+    res = await fetch(path, { ...init, headers });
+  } catch (e) {
+    throw new ApiError(0, { errors: [`the dispatcher is unreachable (${e.message})`] });
+  }
+  const text = await res.text();
+  if (res.ok && as === "text") return text;
+  let body = null;
+  if (text) {
+    try { body = JSON.parse(text); } catch (_) { body = { errors: [text.slice(0, 300)] }; }
+  }
+  if (!res.ok) {
+    const err = new ApiError(res.status, body);
+    if (res.status === 401) {
+      session.authRequired = true;
+      if (token && session.token() === token) signOut(false);
+      Auth.ask(token ? "The token was refused: it is unknown or has been revoked." : "This dispatcher requires a token.");
+    } else if (res.status === 403) {
+      const role = roleFromMessage(err.message);
+      if (role && token && session.token() === token) Auth.setRole(role);
+    }
+    throw err;
+  }
+  return body;
+}
+
+function signOut(reload) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(ROLE_KEY);
+  Auth.render();
+  if (reload) Auth.ask("Signed out.", true);
+}
+
+/* A readable sentence for an error shown in place of what could not be done or read. */
+function errorText(e, what) {
+  if (!(e instanceof ApiError)) return `${what ? `${what}: ` : ""}${e && e.message ? e.message : e}`;
+  if (e.status === 403) {
+    const role = roleFromMessage(e.message) || session.role() || "unknown";
+    const need = /needs role (\w+)/.exec(e.message);
+    return `Your token's role ${role} cannot do this${need ? ` (it needs ${need[1]})` : ""}.`;
+  }
+  if (e.status === 401) return "Sign in to see this.";
+  if (e.missingEndpoint) return "Not available on this server.";
+  const b = e.body || {};
+  return `${what ? `${what}: ` : ""}${e.message}${b.hint ? ` — ${b.hint}` : ""}`;
+}
+
+const Auth = {
+  dismissed: false,
+
+  setRole(role) {
+    sessionStorage.setItem(ROLE_KEY, role);
+    this.render();
+  },
+
+  render() {
+    const token = session.token();
+    const role = session.role();
+    setText($("auth-state"), token ? `signed in${role ? ` · ${role}` : ""}` : session.authRequired ? "not signed in" : "");
+    $("auth-signin").hidden = !!token || !session.authRequired; // with auth off there is nothing to sign in to
+    $("auth-signout").hidden = !token;
+    document.body.dataset.role = role || "";
+  },
+
+  /* `explicit`: the user asked (the Sign in button); otherwise a 401 did, and after "Not now"
+   * the polls' 401s do not reopen the dialog every second. */
+  ask(reason, explicit) {
+    this.render();
+    if (explicit) this.dismissed = false;
+    if (this.dismissed) return;
+    const dlg = $("signin");
+    setText($("signin-reason"), reason || "");
+    if (!dlg.open) {
+      $("signin-token").value = "";
+      setText($("signin-message"), "");
+      dlg.showModal();
+    }
+  },
+
+  /* Checks the token and learns its role from GET /auth/whoami. */
+  async signIn(token) {
+    const headers = { Accept: "application/json", Authorization: `Bearer ${token}` };
+    const who = await fetch("/auth/whoami", { headers });
+    if (who.status === 401) throw new Error("This token is unknown or revoked.");
+    if (!who.ok) throw new Error(`The dispatcher answered HTTP ${who.status}.`);
+    const body = await who.json().catch(() => ({}));
+    const role = (body && body.role) || "viewer";
+    sessionStorage.setItem(TOKEN_KEY, token);
+    sessionStorage.setItem(ROLE_KEY, role);
+    this.render();
+    return role;
+  },
+
+  install() {
+    const form = $("signin-form");
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const token = $("signin-token").value.trim();
+      if (!token) { setText($("signin-message"), "Paste a token."); return; }
+      $("signin-submit").disabled = true;
+      setText($("signin-message"), "Checking…");
+      try {
+        const role = await this.signIn(token);
+        setText($("signin-message"), `Signed in with role ${role}.`);
+        $("signin").close();
+        if (typeof refresh === "function") refresh(true);
+      } catch (e) {
+        setText($("signin-message"), e.message);
+      } finally {
+        $("signin-submit").disabled = false;
+      }
+    });
+    $("signin-cancel").addEventListener("click", () => { this.dismissed = true; $("signin").close(); });
+    $("signin").addEventListener("cancel", () => { this.dismissed = true; }); // Escape
+    $("auth-signin").addEventListener("click", () => this.ask("", true));
+    $("auth-signout").addEventListener("click", () => signOut(true));
+    this.render();
+  },
+};
+
+/* ---------------------------------------------------------------- small shared widgets */
+
+function taskBadges(tasks) {
+  const frag = h("span", { class: "tasks" });
+  for (const st of TASK_STATES) {
+    const n = (tasks || {})[st] || 0;
+    if (n) frag.append(h("span", { class: `badge state-${st.toUpperCase()}`, title: st, text: n }));
+  }
+  if (!frag.children.length) frag.append(h("span", { class: "muted", text: "–" }));
+  return frag;
+}
+
+/* An inline status line next to an action: text, kind ok|error|"" */
+function say(el, text, kind) {
+  el.className = `message ${kind || ""}`;
+  setText(el, text);
+}
