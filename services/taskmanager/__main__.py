@@ -102,9 +102,9 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                              noop=noop, startup_timeout_s=settings.task_startup_timeout_s)
         sup.metrics = task_metrics
         if not simulate:
-            def factory(p: int, sup=sup):
+            def factory(p: int, sup=sup, for_task: bool = False):
                 return sup.make_driver(p, driver_memory=settings.driver_memory,
-                                       shuffle_partitions=settings.spark_shuffle_partitions)
+                                       shuffle_partitions=settings.spark_shuffle_partitions, warm_up=not for_task)
             sup.driver_factory = factory
             sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism, factory=factory,
                                 max_rss_bytes=settings.warm_driver_max_rss_bytes,

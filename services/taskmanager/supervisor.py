@@ -155,7 +155,7 @@ class TaskSupervisor:
             kind = "a warm" if driver is not None and driver.ready.is_set() else \
                 "a starting warm" if driver is not None else "a cold"
             if driver is None:
-                driver = self.driver_factory(spec.parallelism)
+                driver = self.driver_factory(spec.parallelism, for_task=True)
             driver.execution_id = spec.execution_id
             task.driver = driver
         log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
@@ -255,10 +255,11 @@ class TaskSupervisor:
 
     # --- driver events -----------------------------------------------------------------
 
-    def make_driver(self, parallelism: int, *, driver_memory: str, shuffle_partitions: int) -> DriverProcess:
+    def make_driver(self, parallelism: int, *, driver_memory: str, shuffle_partitions: int,
+                    warm_up: bool = True) -> DriverProcess:
         return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers", driver_memory=driver_memory,
                              shuffle_partitions=shuffle_partitions, on_event=self._on_driver_event,
-                             on_exit=self._on_driver_exit).start()
+                             on_exit=self._on_driver_exit, warm_up=warm_up).start()
 
     def _hand_over(self, task: Task) -> None:
         # Called from the deploy path and from the driver's Ready event: exactly once.

@@ -131,7 +131,8 @@ class WarmPool:
                     return d
             if self._closed:
                 return None
-            d = self.factory(parallelism)
+            # For a task that waits for it: no warm-up query, the task's own first batch is one.
+            d = self.factory(parallelism, for_task=True)
             self._task_starts.append(d)
             token = self.tokens.try_acquire()
             if token is not None:

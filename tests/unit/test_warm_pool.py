@@ -9,8 +9,9 @@ from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 
 
 class _Driver:
-    def __init__(self, parallelism):
+    def __init__(self, parallelism, for_task=False):
         self.parallelism, self.id, self.pid = parallelism, f"d{id(self)}", None
+        self.for_task = for_task
         self.ready, self.execution_id, self.exited = threading.Event(), None, False
         self.started_at, self.killed = time.monotonic(), False
 
@@ -22,8 +23,8 @@ class _Driver:
 
 
 def _pool(started, tokens=None, size=2):
-    def factory(p):
-        d = _Driver(p)
+    def factory(p, for_task=False):
+        d = _Driver(p, for_task)
         started.append(d)
         return d
     return WarmPool(size=size, parallelism=1, factory=factory, tokens=tokens or WarmupTokens.unlimited())
@@ -86,6 +87,7 @@ def test_a_task_never_waits_for_a_token(tmp_path):
     assert mine == []
     d = pool.take(1)
     assert d is not None and mine == [d]
+    assert d.for_task, "a driver a task waits for must skip the warm-up query"
     # The other warm-up ends and frees the token: still no warm-up here beside the task's start.
     busy.shutdown()
     pool.replenish(free_slots=1)
@@ -93,6 +95,7 @@ def test_a_task_never_waits_for_a_token(tmp_path):
     assert len(mine) == 1
     d.ready.set()
     assert _wait_for(lambda: len(mine) == 2), "the replacement never started"
+    assert not mine[1].for_task  # a driver kept in reserve warms up
     pool.shutdown()
 
 
