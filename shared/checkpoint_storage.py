@@ -338,18 +338,38 @@ _VANISHED_LIVE = ("vanished while taking the snapshot: Spark's maintenance delet
 _VANISHED_SNAPSHOT = "is missing: the snapshot is damaged (a file was deleted from it); restore another one"
 
 
-def _copy_tree(src_root: Path, dst_root: Path, files: Iterable[Path], *, vanished: str) -> tuple[int, int]:
-    """Place each relative path of `files`; returns (files, bytes)."""
+def _copy_tree(src_root: Path, dst_root: Path, files: Iterable[Path], *, vanished: str,
+               may_vanish=lambda rel: False) -> tuple[int, int, list[Path]]:
+    """Place each relative path of `files`; returns (files, bytes, the paths placed). A file that
+    disappears meanwhile is an error unless `may_vanish(rel)`."""
     count = size = 0
+    placed = []
     for rel in files:
         src, dst = src_root / rel, dst_root / rel
         try:
             _place(src, dst, link=_is_state_data(rel))
             size += os.lstat(dst).st_size
         except FileNotFoundError:
+            if may_vanish(rel):
+                continue
             raise SnapshotError(f"{src} {vanished}") from None
         count += 1
-    return count, size
+        placed.append(rel)
+    return count, size, placed
+
+
+def _old_enough_to_vanish(batch_id: int):
+    """Which files of a running query Spark's maintenance may delete while a snapshot of batch_id
+    copies them, without harm to that snapshot: logs of batches before the last two (a restart
+    reads the newest batch's and, when it was not committed, the one before), and state
+    versions (whether the chain to batch_id's state survived is checked after the copy)."""
+    def check(rel: Path) -> bool:
+        top, name = rel.parts[0], rel.parts[-1]
+        if top in ("offsets", "commits", "sources"):
+            m = _SOURCE_LOG.match(name)
+            return m is not None and int(m.group(1)) < batch_id - 1
+        return top == "state" and bool(_STATE_VERSION.match(name))
+    return check
 
 
 def check_state_chains(files: Iterable[Path], selected: Iterable[Path], batch_id: int) -> None:
@@ -442,7 +462,13 @@ def take_snapshot(live: Path, target: Path, *, batch_id: int, metadata: dict) ->
             raise SnapshotError(f"{live}: a directory vanished while listing it ({exc.filename})") from None
         selected = [rel for rel in files if _include(rel, batch_id)]
         check_state_chains(files, selected, batch_id)
-        count, size = _copy_tree(live, spark_dst, selected, vanished=_VANISHED_LIVE)
+        # Spark's maintenance runs beside us: it may delete the oldest retained files of a busy
+        # query (minBatchesToRetain) during the copy. Those are not needed to restore batch_id;
+        # the state chains are checked again on what was actually copied.
+        count, size, placed = _copy_tree(live, spark_dst, selected, vanished=_VANISHED_LIVE,
+                                         may_vanish=_old_enough_to_vanish(batch_id))
+        if len(placed) < len(selected):
+            check_state_chains(files, placed, batch_id)
         info = _finish(work, target, batch_id=batch_id, metadata=metadata, files=count, size=size,
                        started=started)
     except BaseException:
@@ -581,7 +607,7 @@ def restore(snapshot: str | Path, live: Path, *, drop_operators: Iterable[int] =
     work = live.parent / f".{live.name}.restoring-{secrets.token_hex(6)}"
     try:
         work.mkdir()
-        _copy_tree(src, work, rels, vanished=_VANISHED_SNAPSHOT)
+        _copy_tree(src, work, rels, vanished=_VANISHED_SNAPSHOT)  # a snapshot's files never vanish
         # rename(2) replaces an empty directory: the live location appears complete or not at all
         os.rename(work, live)
     except BaseException:

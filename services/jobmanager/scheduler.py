@@ -221,7 +221,11 @@ class JobMaster:
             self._post_commit.append(action)
 
     def fail_over_for_checkpoints(self, execution_id: str, cause: str) -> None:
-        self._fail_execution(execution_id, cause_name="CheckpointException", cause=cause, expected_tm=None)
+        # The task itself still runs: it is cancelled like the job's other attempts, and its
+        # slots return only when its TaskManager confirms (a restart must not be deployed into
+        # a slot the old attempt still occupies).
+        self._fail_execution(execution_id, cause_name="CheckpointException", cause=cause, expected_tm=None,
+                             still_running=True)
 
     def _effect(self, effect: Effect) -> None:
         if self._effects is None:
@@ -592,7 +596,10 @@ class JobMaster:
             self._give_up_cancel(ex_id, f"TaskManager {tm} registered again without this task: it is gone")
 
     def _fail_execution(self, execution_id: str, *, cause_name: str, cause: str, expected_tm: str | None,
-                        release: bool = True, silent_for_s: float | None = None) -> None:
+                        release: bool = True, silent_for_s: float | None = None, still_running: bool = False) -> None:
+        """The attempt failed: record why and restart the job or fail it. `still_running`: the
+        failure was decided here (a checkpoint failover) while the attempt still runs on its
+        TaskManager, so it is cancelled with the others instead of being marked FAILED."""
         release_alloc = None
         restart_in: float | None = None
         cancels: list[tuple[str, CancelTask]] = []
@@ -605,17 +612,19 @@ class JobMaster:
                 return
             if ES(ex.state).is_terminal:
                 return
-            repo.transition_execution(s, ex, ES.FAILED, failure_cause=f"{cause_name}: {cause}"[:20000])
-            self.checkpoints.on_execution_ended(s, ex.job_id, ex.id, ES.FAILED)
-            if release:
-                release_alloc = ex.allocation_id
+            if not still_running:
+                repo.transition_execution(s, ex, ES.FAILED, failure_cause=f"{cause_name}: {cause}"[:20000])
+                self.checkpoints.on_execution_ended(s, ex.job_id, ex.id, ES.FAILED)
+                if release:
+                    release_alloc = ex.allocation_id
             job = repo.get_job(s, ex.job_id, lock=True)
             vertex = next(v for v in repo.job_vertices(s, job.id) if v.id == ex.vertex_id)
             repo.record_exception(s, job_id=job.id, exception_name=cause_name, stacktrace=cause,
                                   execution_id=ex.id, vertex_name=vertex.name, attempt=ex.attempt,
                                   taskmanager_id=ex.taskmanager_id, keep=self.settings.exception_history_size)
             if job.status == JS.CANCELLING.value:
-                self._after_terminal(s, job.id)
+                if not still_running:
+                    self._after_terminal(s, job.id)
             elif job.status == JS.RUNNING.value:
                 strategy = self._strategy(job)
                 strategy.notify_failure()

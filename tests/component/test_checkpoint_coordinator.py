@@ -14,7 +14,8 @@ from shared import streams
 from shared.catalog import repository as repo
 from shared.ids import new_request_id
 from shared.messages import (
-    CheckpointAcknowledged, CheckpointDeclined, DeployTask, RequestCheckpoint, RequestSavepoint, TriggerCheckpoint,
+    CancelTask, CheckpointAcknowledged, CheckpointDeclined, DeployTask, RequestCheckpoint, RequestSavepoint,
+    TriggerCheckpoint,
 )
 from shared.states import ExecutionState as ES
 from services.jobmanager.scheduler import JobMaster
@@ -115,6 +116,30 @@ def test_expired_checkpoint_fails_the_job_over_and_the_restart_restores_the_late
     assert redeploy.spec["restore_from"] == completed and redeploy.spec["restore_checkpoint_id"] == 1
     assert redeploy.spec["checkpoint_dir"] != cmd.spec["checkpoint_dir"]  # never the old attempt's live dir
     assert h.execution(redeploy.spec["execution_id"]).restored_from == completed
+
+
+def test_a_checkpoint_failover_cancels_the_running_attempt_and_keeps_its_slot_until_it_stopped(tmp_path):
+    # One TaskManager with one slot: the restart may only be deployed once the old attempt's
+    # TaskManager confirmed it stopped (else the deploy lands in a slot the old one occupies).
+    h = Harness(tmp_path, slots=(1,))
+    config = {**CONFIG, "execution.checkpointing.timeout": "5 s"}
+    job, cmd = running_job(h, config, restart={"type": "fixed-delay", "attempts": 3, "delay": 0})
+    h.clock.advance(1.0)
+    h.pump()
+    [trig] = triggers(h)
+    h.clock.advance(5.5)
+    h.pump()
+    old = cmd.spec["execution_id"]
+    cancels = [c for _, c in h.gw.sent if isinstance(c, CancelTask)]
+    assert [c.execution_id for c in cancels] == [old]
+    assert h.execution(old).state == ES.CANCELING.value
+    h.clock.advance(2.0)
+    h.pump()
+    assert h.deployed() == [], "a restart was deployed while the old attempt still held the only slot"
+    h.report(cmd, ES.CANCELED)
+    h.pump()
+    [redeploy] = h.deployed()
+    assert redeploy.spec["attempt"] == 1 and redeploy.slot_indices == cmd.slot_indices
 
 
 def test_tolerable_failures_let_declines_pass_and_a_completion_resets_the_count(h):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -204,9 +205,40 @@ def test_file_deleted_by_spark_while_copying_fails_and_leaves_nothing(live, tmp_
         return real_link(src, dst)
 
     monkeypatch.setattr(storage.os, "link", maintenance_races)
-    with pytest.raises(SnapshotError, match=r"2\.delta vanished while taking the snapshot.*minBatchesToRetain"):
+    # Batch 3's state (version 4) is only reachable through 2.delta: the snapshot cannot be taken.
+    with pytest.raises(SnapshotError, match=r"state version 2 is missing.*minBatchesToRetain"):
         storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["live"], "no target, no .inprogress leftover"
+
+
+def test_old_logs_deleted_by_spark_while_copying_do_not_fail_the_snapshot(live, tmp_path, monkeypatch):
+    # A busy query: Spark's maintenance deletes the oldest retained batch's logs during the copy
+    # (seen on a query with a batch every second, 100 batches retained). Batch 3 does not need them.
+    real_copy = shutil.copyfile
+
+    def maintenance_races(src, dst):
+        if Path(src).parent.name in ("offsets", "commits") and Path(src).name == "0":
+            os.unlink(src)
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(storage.shutil, "copyfile", maintenance_races)
+    info = storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
+    spark = Path(info.path) / storage.SPARK_DIR
+    assert not (spark / "offsets" / "0").exists() and (spark / "offsets" / "3").is_file()
+    assert (spark / "commits" / "3").is_file() and (spark / "commits" / "2").is_file()
+
+
+def test_the_newest_logs_vanishing_still_fails(live, tmp_path, monkeypatch):
+    real_copy = shutil.copyfile
+
+    def maintenance_races(src, dst):
+        if Path(src).parent.name == "offsets" and Path(src).name == "2":
+            os.unlink(src)
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(storage.shutil, "copyfile", maintenance_races)
+    with pytest.raises(SnapshotError, match=r"offsets/2 vanished while taking the snapshot"):
+        storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
 
 
 def test_a_hole_in_the_delta_chain_is_refused(tmp_path):
