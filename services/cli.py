@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -87,6 +88,48 @@ def taskmanager(
     run(settings_or_fail(), slots=slots, taskmanager_id=id, simulate=simulate)
 
 
+@app.command("spark-master")
+def spark_master(
+    host: str = typer.Option("0.0.0.0", help="address to listen on (and to advertise)"),
+    port: int = typer.Option(7077, help="the master's port (spark://host:PORT)"),
+    webui_port: int = typer.Option(8080, "--webui-port", help="its web UI"),
+) -> None:
+    """Run a Spark standalone master from pyspark's own jars (replaces this process)."""
+    from services import spark_standalone as ss
+
+    addr = ss.MasterAddress(host, port, webui_port)
+    log_dir = settings_or_fail().home / "spark" / "master"
+    _exec(ss.master_command(addr), ss.environment(os.environ, host=host, log_dir=log_dir))
+
+
+@app.command("spark-worker")
+def spark_worker(
+    master: str = typer.Argument(..., help="spark://host:port of the master"),
+    host: str = typer.Option("0.0.0.0", help="address to listen on"),
+    cores: int = typer.Option(1, min=1, help="cores this worker offers to executors"),
+    memory: str = typer.Option("1g", help="memory this worker offers to executors"),
+    webui_port: int = typer.Option(8081, "--webui-port", help="its web UI"),
+) -> None:
+    """Run a Spark standalone worker from pyspark's own jars (replaces this process). It must see
+    the checkpoint directory at the same path as the TaskManagers (docs/runbooks/shared-storage.md)."""
+    from services import spark_standalone as ss
+
+    m = re.fullmatch(r"spark://([^:/]+):(\d+)", master)
+    if not m:
+        fail(f"the master must be a URL such as spark://spark-master:7077, got {master!r}", 2)
+    addr = ss.MasterAddress(m.group(1), int(m.group(2)), 0)
+    work = settings_or_fail().home / "spark" / "worker"
+    work.mkdir(parents=True, exist_ok=True)
+    _exec(ss.worker_command(addr, host=host, cores=cores, memory=memory, webui_port=webui_port, work_dir=work),
+          ss.environment(os.environ, host=host, log_dir=work, work_dir=work))
+
+
+def _exec(cmd: list[str], env: dict) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(cmd[0], cmd, env)
+
+
 @app.command()
 def up(
     taskmanagers: int = typer.Option(2, "--taskmanagers", "-n", help="how many TaskManagers"),
@@ -94,6 +137,11 @@ def up(
     port: Optional[int] = typer.Option(None, help="dispatcher port (default 8081)"),
     ha: bool = typer.Option(False, "--ha", help="ZooKeeper mode: two JobManagers elect a leader (starts a local "
                                                 "ZooKeeper unless zookeeper_quorum is set)"),
+    spark_workers: int = typer.Option(0, "--spark-workers", min=0, max=16,
+                                      help="also start a Spark standalone master and this many workers; the "
+                                           "tasks' executors run on them"),
+    spark_worker_cores: int = typer.Option(1, "--spark-worker-cores", min=1, help="cores each Spark worker offers"),
+    spark_worker_memory: str = typer.Option("1g", "--spark-worker-memory", help="memory each Spark worker offers"),
 ) -> None:
     """Start a whole local cluster as supervised child processes; Ctrl-C stops it."""
     from services.local_cluster import ClusterError, LocalCluster
@@ -101,7 +149,9 @@ def up(
 
     settings = settings_or_fail(dispatcher_port=port)
     ha = ha or settings.high_availability == "zookeeper"
-    cluster = LocalCluster(settings, taskmanagers=taskmanagers, slots=slots, jobmanagers=2 if ha else 1, ha=ha)
+    cluster = LocalCluster(settings, taskmanagers=taskmanagers, slots=slots, jobmanagers=2 if ha else 1, ha=ha,
+                           spark_workers=spark_workers, spark_worker_cores=spark_worker_cores,
+                           spark_worker_memory=spark_worker_memory)
     stop = _stop_event()
     try:
         cluster.start()
@@ -119,6 +169,9 @@ def up(
         if "redis_url" not in settings.model_fields_set and settings.redis_auth else ""))
     if cluster.zookeeper_quorum:
         typer.echo(f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}")
+    if cluster.spark_master is not None:
+        typer.echo(f"Spark standalone: master {cluster.spark_master.url} with {spark_workers} worker(s); "
+                   f"its web UI at {cluster.spark_master.webui}")
     typer.echo("Press Ctrl-C to stop.")
     try:
         stop.wait()
@@ -396,12 +449,15 @@ def checkpoints(job_id: str, url: str = typer.Option(DEFAULT_URL, "-m", "--jobma
 def demo(
     once: bool = typer.Option(False, "--once", help="stop the cluster after printing the result"),
     port: Optional[int] = typer.Option(None, help="dispatcher port (default 8081)"),
+    spark_workers: int = typer.Option(0, "--spark-workers", min=0, max=16,
+                                      help="run the example's executors on a local Spark standalone cluster "
+                                           "with this many workers"),
 ) -> None:
     """Start a local cluster, run the clickstream example, print its per-window counts."""
     from services.demo import run_demo
 
     run_demo(settings_or_fail(dispatcher_port=port), once=once, echo=typer.echo, fail=fail,
-             stop=_stop_event())
+             stop=_stop_event(), spark_workers=spark_workers)
 
 
 def main() -> None:

@@ -30,15 +30,16 @@ DEMO_TABLE = "demo_clicks_per_minute"
 DEMO_ARGS = ["--total", "3000", "--rate", "3000", "--seed", "42", "--table", DEMO_TABLE]
 
 
-def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Event) -> None:
+def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Event, spark_workers: int = 0) -> None:
     if not EXAMPLE.is_file():
         fail(f"the example pipeline {EXAMPLE} is missing; run the demo from a checkout of the repository")
     if once and "warm_drivers" not in settings.model_fields_set:
         settings = settings.model_copy(update={"warm_drivers": 0})
-    cluster = LocalCluster(settings)
+    cluster = LocalCluster(settings, spark_workers=spark_workers)
     marks = {"start": time.monotonic()}
     try:
-        echo("starting a local cluster (redis-server, JobManager, ResourceManager, 2 TaskManagers, dispatcher) ...")
+        echo("starting a local cluster (redis-server, JobManager, ResourceManager, 2 TaskManagers, dispatcher"
+             + (f", a Spark master and {spark_workers} worker(s)" if spark_workers else "") + ") ...")
         cluster.start(wait_s=120)
         marks["cluster"] = time.monotonic()
         echo(f"dashboard: {cluster.dispatcher_url}/   logs: {cluster.run_dir}/logs")

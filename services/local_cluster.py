@@ -36,7 +36,7 @@ import httpx
 import redis
 import yaml
 
-from services import redis_auth
+from services import redis_auth, spark_standalone
 from services.process_supervisor import RestartPolicy, Supervisor
 from shared.catalog import Catalog
 from shared.settings import Settings
@@ -104,17 +104,35 @@ class LocalCluster:
     slots: int | None = None
     jobmanagers: int = 1
     ha: bool = False  # ZooKeeper mode even if the settings say standalone
+    spark_workers: int = 0  # >0: a Spark standalone master and this many workers run the tasks' executors
+    spark_worker_cores: int = 1
+    spark_worker_memory: str = "1g"
     run_dir: Path | None = None
     children: list[Child] = field(default_factory=list)
     redis_url: str = ""
     dispatcher_url: str = ""
     zookeeper_quorum: str | None = None
+    spark_master: spark_standalone.MasterAddress | None = None
     service_redis_urls: dict = field(default_factory=dict, repr=False)  # role -> URL with its user
     metrics_urls: dict = field(default_factory=dict)  # child name -> its Prometheus endpoint
     supervisor: Supervisor | None = None
     _env: dict = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # guards children
     _describing: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def planned_children(self) -> list[str]:
+        """The processes start() runs for these settings, by name (the compose stack is checked
+        against this list: tests/integration/test_compose_topology.py)."""
+        s = self.settings
+        names = [] if "redis_url" in s.model_fields_set else ["redis"]
+        if (self.ha or s.high_availability == "zookeeper") and not s.zookeeper_quorum:
+            names.append("zookeeper")
+        if self.spark_workers > 0:
+            names += ["spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))]
+        names.append("resourcemanager")
+        names += ["jobmanager" if i == 0 else f"jobmanager-{i + 1}" for i in range(self.jobmanagers)]
+        names += [f"taskmanager-{i + 1}" for i in range(self.taskmanagers)]
+        return names + ["dispatcher"]
 
     def start(self, *, wait_s: float = 60.0, echo=print) -> "LocalCluster":
         s = self.settings
@@ -132,6 +150,9 @@ class LocalCluster:
         if self.ha or s.high_availability == "zookeeper":
             self.zookeeper_quorum = s.zookeeper_quorum or self._start_zookeeper(env)
             config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
+        if self.spark_workers > 0:
+            master = self._start_spark(env)
+            config |= {"spark_master": master.url, "spark_master_ui": master.webui}
         # Every file holds a Redis password once auth is on: owner-only, like the credentials.
         redis_auth.write_private(self.run_dir / "config.yaml", yaml.safe_dump(config))
         for role in redis_auth.SERVICES:
@@ -208,6 +229,28 @@ class LocalCluster:
             time.sleep(0.2)
         raise ClusterError(f"ZooKeeper did not start; see {child.log}")
 
+    def _start_spark(self, env: dict) -> spark_standalone.MasterAddress:
+        host = "127.0.0.1"
+        master = spark_standalone.MasterAddress(host, free_port(), free_port())
+        spark_dir = self.run_dir / "spark"
+        self._spawn("spark-master", spark_standalone.master_command(master),
+                    spark_standalone.environment(env, host=host, log_dir=spark_dir / "master"))
+        for i in range(self.spark_workers):
+            work = spark_dir / f"worker-{i + 1}"
+            work.mkdir(parents=True, exist_ok=True)
+            self._spawn(f"spark-worker-{i + 1}", spark_standalone.worker_command(
+                master, host=host, cores=self.spark_worker_cores, memory=self.spark_worker_memory,
+                webui_port=free_port(), work_dir=work),
+                spark_standalone.environment(env, host=host, log_dir=work, work_dir=work))
+        names = {"spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))}
+        try:
+            spark_standalone.wait_until_ready(master, self.spark_workers, timeout_s=90, alive=lambda: all(
+                c.proc.poll() is None for c in self.children if c.name in names))
+        except spark_standalone.SparkClusterError as exc:
+            raise ClusterError(f"{exc}; see {spark_dir} and {self.run_dir}/logs/spark-*.log") from None
+        self.spark_master = master
+        return master
+
     def describe(self) -> dict:
         with self._lock:
             out = {"dispatcher": self.dispatcher_url, "redis": redis_auth.masked(self.redis_url),
@@ -215,6 +258,9 @@ class LocalCluster:
                    "catalog": redis_auth.masked(self.settings.catalog), "zookeeper": self.zookeeper_quorum,
                    "run_dir": str(self.run_dir), "processes": {c.name: c.proc.pid for c in self.children},
                    "metrics": dict(self.metrics_urls)}
+            if self.spark_master is not None:
+                out["spark"] = {"master": self.spark_master.url, "ui": self.spark_master.webui,
+                                "workers": self.spark_workers}
         if self.supervisor is not None:
             out["supervision"] = self.supervisor.view()
         return out

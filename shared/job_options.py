@@ -166,6 +166,13 @@ def _integer_expected(value: Any, minimum: int) -> str:
     return f"an integer between {minimum} and {MAX_INT}" if above else f"an integer >= {minimum}"
 
 
+def _memory_size(value: Any) -> str:
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"\d+[kmgtKMGT]?", text) or int(re.sub(r"\D", "", text)) < 1:
+        raise ValueError(text)
+    return text
+
+
 RULES: dict[str, _Rule] = {
     NOOP_DURATION: _Rule(lambda v: duration_s(v, allow_negative=True),
                          'seconds as a number (negative: run until cancelled), or a duration string such as '
@@ -176,6 +183,9 @@ RULES: dict[str, _Rule] = {
     STARTUP_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "2 min"),
     SLOT_REQUEST_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "5 min"),
     "spark.sql.shuffle.partitions": _integer_rule(1, 8),
+    # Read by a TaskManager whose tasks run on a Spark standalone cluster (executor size).
+    "spark.executor.cores": _integer_rule(1, 2),
+    "spark.executor.memory": _Rule(_memory_size, "a size such as 512m, 1g or 4g", "2g"),
     "pipeline.max-parallelism": _integer_rule(1, 128),
     "maxParallelism": _integer_rule(1, 128),
     "execution.runtime-mode": _Rule(_runtime_mode, "STREAMING, BATCH or AUTOMATIC", "STREAMING"),

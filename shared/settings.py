@@ -7,6 +7,7 @@ the YAML file named by `HEADRACE_CONFIG` (or passed as `config_file`), then defa
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -113,6 +114,13 @@ class Settings(BaseSettings):
     # Each task's Spark UI on a free port, linked from the dashboard (sparkUi of
     # GET /jobs/{id}/progress). Off by default: a UI per driver costs memory on a small machine.
     spark_ui: bool = Field(False, description="run the Spark UI in each task's driver (HEADRACE_SPARK_UI)")
+    # Where the tasks' drivers send their work: `local` runs it inside the driver (local[p]); a
+    # Spark standalone master URL gives each task executors on that cluster's workers, p cores
+    # in all (spark.cores.max), allocated while the task runs (docs/architecture.md, "Spark clusters").
+    spark_master: str = Field("local", description="local, or spark://host:port[,host:port] (standalone)")
+    spark_executor_cores: int = Field(1, ge=1, description="cores per executor (a job may set spark.executor.cores)")
+    spark_executor_memory: str = Field("1g", description="heap per executor (a job may set spark.executor.memory)")
+    spark_master_ui: str | None = Field(None, description="the Spark master's web UI, linked from the dashboard")
 
     checkpointing: dict[str, Any] = Field(
         default_factory=lambda: {"execution.checkpointing.interval": "10 s"},
@@ -145,6 +153,10 @@ class Settings(BaseSettings):
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be smaller than "
                 f"heartbeat_timeout_s ({self.heartbeat_timeout_s})"
             )
+        if self.spark_master != "local" and not re.fullmatch(r"spark://[^\s/:,]+:\d+(,[^\s/:,]+:\d+)*",
+                                                               self.spark_master):
+            raise ValueError(f"spark_master must be 'local' or a standalone master URL such as "
+                             f"'spark://127.0.0.1:7077'; got {self.spark_master!r}")
         if self.taskmanager_slots < 1:
             raise ValueError("taskmanager_slots must be at least 1")
         if self.high_availability == "zookeeper" and not self.zookeeper_quorum:

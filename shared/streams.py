@@ -89,3 +89,8 @@ def progress_key(execution_id: str) -> str:
 # Long enough for slow triggers (a batch every few minutes); the TaskManager deletes the hash when
 # the task ends, so this only bounds what a crashed TaskManager leaves behind.
 PROGRESS_TTL_S = 3600
+
+
+# Hash: TaskManager id -> the random value of its checkpoint-directory probe file, so each new
+# TaskManager can check it sees the others' files (services/taskmanager/storage_probe.py).
+TM_STORAGE_PROBE_KEY = f"{PREFIX}:tm:storage-probe"

@@ -104,8 +104,22 @@ async function refresh(now) {
   }
 }
 
+/* Where the tasks' executors run: a Spark standalone master gets a link to its own web UI. */
+async function showSparkMaster() {
+  try {
+    const cfg = await api("/config");
+    const link = $("spark-master-link");
+    if (cfg["spark-master-ui"]) {
+      link.href = cfg["spark-master-ui"];
+      link.title = `executors run on ${cfg["spark-master"]}`;
+      link.hidden = false;
+    }
+  } catch (e) { /* an older dispatcher: no link */ }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   Auth.install();
+  showSparkMaster();
   installJobPage();
   installClusterPages();
   installSubmitPages();

@@ -533,6 +533,8 @@ class DashboardConfiguration(_Out):
     flink_version: str = Field(alias="flink-version")
     flink_revision: str = Field(alias="flink-revision")
     features: dict[str, bool]
+    spark_master: str = Field("local", alias="spark-master", description="where the tasks' executors run")
+    spark_master_ui: str | None = Field(None, alias="spark-master-ui", description="the Spark master's web UI")
 
 
 class Health(_Out):

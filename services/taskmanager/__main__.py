@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import threading
@@ -26,6 +27,7 @@ from shared.log_files import LogFiles
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
+from services.taskmanager import storage_probe
 from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
@@ -74,6 +76,38 @@ class EndpointAnnouncer:
             pass
 
 
+# A TaskManager whose checkpoint directory is not the shared one exits with this code at start.
+EXIT_STORAGE_NOT_SHARED = 4
+
+
+EXECUTOR_KEYS = ("spark.executor.cores", "spark.executor.memory")
+_MEMORY = re.compile(r"^\d+[kmgt]?$", re.I)
+
+
+def executor_overrides(config: dict | None) -> dict[str, str]:
+    """The executor settings a job's configuration sets (they fix a driver at its start, so such a
+    task gets a driver of its own instead of a warm one)."""
+    return {k: str((config or {})[k]).strip() for k in EXECUTOR_KEYS if k in (config or {})}
+
+
+def driver_engine_args(settings: Settings, config: dict | None = None) -> list[str]:
+    """Where the drivers' work runs (runner.py): local[p], or executors of a standalone cluster,
+    reaching the driver at this TaskManager's advertised host; executor cores and memory from the
+    job's configuration, else the TaskManager's settings. Raises ValueError for a bad value."""
+    if settings.spark_master == "local":
+        return []
+    over = executor_overrides(config)
+    cores = over.get("spark.executor.cores", str(settings.spark_executor_cores))
+    memory = over.get("spark.executor.memory", settings.spark_executor_memory)
+    if not cores.isdigit() or int(cores) < 1:
+        raise ValueError(f"spark.executor.cores must be a whole number >= 1, got {cores!r}")
+    if not _MEMORY.match(memory):
+        raise ValueError(f"spark.executor.memory must be a size such as 1g or 512m, got {memory!r}")
+    return ["--master", settings.spark_master, "--executor-cores", cores, "--executor-memory", memory,
+            "--executor-timeout", str(settings.slot_request_timeout_s),
+            "--host", settings.advertised_host or "127.0.0.1"]
+
+
 def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
     configure_logging("taskmanager")
     slots = slots or settings.taskmanager_slots
@@ -102,9 +136,10 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                              noop=noop, startup_timeout_s=settings.task_startup_timeout_s)
         sup.metrics = task_metrics
         if not simulate:
-            def factory(p: int, sup=sup, for_task: bool = False):
+            def factory(p: int, sup=sup, for_task: bool = False, config: dict | None = None):
                 return sup.make_driver(p, driver_memory=settings.driver_memory,
-                                       shuffle_partitions=settings.spark_shuffle_partitions, warm_up=not for_task)
+                                       shuffle_partitions=settings.spark_shuffle_partitions,
+                                       engine_args=driver_engine_args(settings, config), warm_up=not for_task)
             sup.driver_factory = factory
             sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism, factory=factory,
                                 max_rss_bytes=settings.warm_driver_max_rss_bytes,
@@ -138,6 +173,16 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         announcer = EndpointAnnouncer(client, ids, address=address, main_log=logs.main_name,
                                       interval_s=settings.heartbeat_interval_s,
                                       ttl_s=settings.heartbeat_timeout_s).start()
+    if not simulate:
+        try:
+            checked = storage_probe.check_shared(settings.checkpoints, base_id, client)
+        except storage_probe.StorageNotShared as exc:
+            log.error("%s", exc)
+            if announcer is not None:
+                announcer.stop()
+            raise SystemExit(EXIT_STORAGE_NOT_SHARED) from None
+        log.info("checkpoint directory %s: writable, and shared with %s", settings.checkpoints,
+                 ", ".join(checked) if checked else "no other running TaskManager")
     link.start()
     for sup in supervisors.values():
         sup._replenish()

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from shared import task_protocol as tp
 
@@ -36,12 +36,14 @@ STACK_DUMP_SIGNAL = signal.SIGUSR1
 class DriverProcess:
     def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
                  on_event: Callable[["DriverProcess", object], None],
-                 on_exit: Callable[["DriverProcess", int], None], warm_up: bool = True):
+                 on_exit: Callable[["DriverProcess", int], None], engine_args: Sequence[str] = (),
+                 warm_up: bool = True):
         self.id = f"d{os.getpid()}-{next(_ids)}"
         self.parallelism = parallelism
         self.workdir = workdir / self.id
         self.log_path = workdir.parent / "logs" / f"driver-{self.id}.log"
         self.driver_memory, self.shuffle_partitions = driver_memory, shuffle_partitions
+        self.engine_args = list(engine_args)  # where its work runs (runner.py --master ...)
         self.warm_up = warm_up  # False: a task waits for this driver, it runs no warm-up query first
         self.on_event, self.on_exit = on_event, on_exit
         self.proc: subprocess.Popen | None = None
@@ -55,11 +57,12 @@ class DriverProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
+        # SPARK_LOCAL_IP: the runner sets it from its --host.
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-                   SPARK_LOCAL_IP="127.0.0.1", TMPDIR=str(self.workdir))
+                   TMPDIR=str(self.workdir))
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
                "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
-               "--shuffle-partitions", str(self.shuffle_partitions),
+               "--shuffle-partitions", str(self.shuffle_partitions), *self.engine_args,
                *(() if self.warm_up else ("--no-warmup",))]
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,

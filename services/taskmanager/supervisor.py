@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from shared import job_options, restart, streams
 from shared import task_protocol as tp
@@ -151,11 +151,13 @@ class TaskSupervisor:
                             on_startup_timeout=self._startup_expired)
             return
         with self._lock:
-            driver = self.warm.take(spec.parallelism) if self.warm else None
+            # A job that sets its executors' size needs a driver started with it.
+            own_executors = any(k in (spec.config or {}) for k in ("spark.executor.cores", "spark.executor.memory"))
+            driver = self.warm.take(spec.parallelism) if self.warm and not own_executors else None
             kind = "a warm" if driver is not None and driver.ready.is_set() else \
                 "a starting warm" if driver is not None else "a cold"
             if driver is None:
-                driver = self.driver_factory(spec.parallelism, for_task=True)
+                driver = self.driver_factory(spec.parallelism, for_task=True, config=spec.config)
             driver.execution_id = spec.execution_id
             task.driver = driver
         log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
@@ -256,10 +258,10 @@ class TaskSupervisor:
     # --- driver events -----------------------------------------------------------------
 
     def make_driver(self, parallelism: int, *, driver_memory: str, shuffle_partitions: int,
-                    warm_up: bool = True) -> DriverProcess:
+                    engine_args: Sequence[str] = (), warm_up: bool = True) -> DriverProcess:
         return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers", driver_memory=driver_memory,
                              shuffle_partitions=shuffle_partitions, on_event=self._on_driver_event,
-                             on_exit=self._on_driver_exit, warm_up=warm_up).start()
+                             on_exit=self._on_driver_exit, engine_args=engine_args, warm_up=warm_up).start()
 
     def _hand_over(self, task: Task) -> None:
         # Called from the deploy path and from the driver's Ready event: exactly once.

@@ -9,7 +9,7 @@ import redis
 from fastapi import APIRouter
 
 from services.dispatcher import views
-from services.dispatcher.deps import SessionDep, TransportDep
+from services.dispatcher.deps import SessionDep, SettingsDep, TransportDep
 from services.dispatcher.schemas import ClusterOverview, DashboardConfiguration, Health
 from shared import streams
 from shared.catalog import repository
@@ -39,10 +39,11 @@ def _leader(transport) -> dict | None:
 
 
 @router.get("/config", response_model=DashboardConfiguration, summary="Settings the web dashboard needs")
-def dashboard_config() -> dict:
+def dashboard_config(settings: SettingsDep) -> dict:
     now = time.localtime()
     return views.dashboard_config(refresh_interval_ms=REFRESH_INTERVAL_MS, timezone_name=now.tm_zone or "UTC",
-                                  timezone_offset_ms=int(now.tm_gmtoff or 0) * 1000)
+                                  timezone_offset_ms=int(now.tm_gmtoff or 0) * 1000,
+                                  spark_master=settings.spark_master, spark_master_ui=settings.spark_master_ui)
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")

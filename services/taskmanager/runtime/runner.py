@@ -74,6 +74,8 @@ from shared.task_protocol import (
     snapshot_metadata,
 )
 
+from .cluster_mode import Engine, ExecutorWatch, NoExecutors
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
 SPARK_UI_ENV = "HEADRACE_SPARK_UI"
@@ -92,11 +94,12 @@ def announce_phase(phase: str) -> None:
 
 # ---------------------------------------------------------------- spark session
 
-def prepare_env() -> None:
-    """Environment every Spark process of ours needs; must run before the JVM starts."""
+def prepare_env(host: str = "127.0.0.1") -> None:
+    """Environment every Spark process of ours needs; must run before the JVM starts. `host`:
+    the address this driver listens on (executors on other machines connect to it)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["SPARK_LOCAL_IP"] = host
     # Python workers are spawned by the JVM with its environment: they must be able to import
     # `services.*` to unpickle our data sources.
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -109,11 +112,13 @@ def spark_ui_wanted(environ=os.environ) -> bool:
 
 
 def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
-                driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False):
-    """A local SparkSession whose scratch files all live under `workdir` (the caller cleans it).
-    `ui`: run the Spark UI on a free port (several drivers share a host); its kill links are
-    off, a task is cancelled through Headrace."""
-    prepare_env()
+                driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False,
+                engine: Engine = Engine()):
+    """A SparkSession whose scratch files all live under `workdir` (the caller cleans it): local,
+    or a driver of a standalone cluster (`engine`, cluster_mode.py). `ui`: run the Spark UI on a
+    free port (several drivers share a host); its kill links are off, a task is cancelled
+    through Headrace."""
+    prepare_env(engine.host)
     from pyspark.sql import SparkSession
 
     work = Path(workdir).resolve()
@@ -121,8 +126,14 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
     local_dir.mkdir(parents=True, exist_ok=True)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     java_opts = f"-Djava.io.tmpdir={tmp_dir}"
+    builder = SparkSession.builder
+    for key, value in engine.spark_conf(parallelism).items():
+        builder = builder.config(key, value)
+    if not engine.local:
+        # Executors import Headrace's connectors to unpickle the data sources, as the drivers do.
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     spark = (
-        SparkSession.builder.master(f"local[{parallelism}]")
+        builder.master(engine.master_url(parallelism))
         .appName(app_name)
         .config("spark.local.dir", str(local_dir))
         .config("spark.driver.extraJavaOptions", java_opts)
@@ -133,8 +144,8 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
         .config("spark.ui.port", "0")
         .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", engine.host)
+        .config("spark.driver.bindAddress", engine.host)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .getOrCreate()
@@ -263,10 +274,12 @@ def _single_top_level(path: Path) -> str:
 # ---------------------------------------------------------------- the task
 
 class Driver:
-    def __init__(self, events: EventWriter, spark, parallelism: int):
+    def __init__(self, events: EventWriter, spark, parallelism: int, engine: Engine = Engine()):
         self.events = events
         self.spark = spark
         self.parallelism = parallelism
+        self.engine = engine
+        self.fatal: BaseException | None = None  # set by a watch that ends the task (NoExecutors)
         self.task_started = False
         self.cancel_requested = threading.Event()
         self._lock = threading.Lock()
@@ -317,28 +330,53 @@ class Driver:
 
         threading.Thread(target=loop, name="stdin", daemon=True).start()
 
+    def _starved(self, exc: NoExecutors) -> None:
+        """No executor came: end the task as failed (not canceled) with that reason."""
+        self.fatal = exc
+        print(f"failing the task: {exc}", flush=True)
+        with self._lock:
+            query = self._query
+        try:
+            if query is not None:
+                query.stop()
+            self.spark.sparkContext.cancelAllJobs()
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+
     # -- running
     def run(self, spec: TaskSpec) -> int:
         self.task_started = True
         self.events.emit(Initializing())
+        watch = ExecutorWatch(self.spark, self.engine, self.parallelism, self._starved).start()
         try:
-            self._apply_sql_conf(spec.config)
-            if spec.restore_from:
-                self.restored_meta = storage.read_metadata(spec.restore_from)
-            self.lineage = lineage_of(spec, self.restored_meta)
-            handle = self._build(spec)
-            if self.cancel_requested.is_set():
-                self.events.emit(Canceled())
-                return 0
-            if handle.streaming:
-                return self._run_streaming(spec, handle)
-            return self._run_batch(handle)
+            code = self._run(spec)
+            if self.fatal is not None:
+                raise self.fatal
+            return code
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then we exit
-            if self.cancel_requested.is_set():
+            if self.fatal is not None:
+                e = self.fatal
+            elif self.cancel_requested.is_set():
                 self.events.emit(Canceled())
                 return 0
             self.events.emit(Failed(error_name=type(e).__name__, traceback=format_failure(e)))
             return 1
+        finally:
+            watch.stop()
+
+    def _run(self, spec: TaskSpec) -> int:
+        """Build and run the task; a failure propagates to run(), which reports it."""
+        self._apply_sql_conf(spec.config)
+        if spec.restore_from:
+            self.restored_meta = storage.read_metadata(spec.restore_from)
+        self.lineage = lineage_of(spec, self.restored_meta)
+        handle = self._build(spec)
+        if self.cancel_requested.is_set():
+            self.events.emit(Canceled())
+            return 0
+        if handle.streaming:
+            return self._run_streaming(spec, handle)
+        return self._run_batch(handle)
 
     def _build(self, spec: TaskSpec):
         from .connectors import SinkHandle
@@ -373,6 +411,8 @@ class Driver:
             return 0
         self.events.emit(Running(streaming=False, spark_ui=self.spark_ui))
         handle.run()
+        if self.fatal is not None:
+            raise self.fatal
         if self.cancel_requested.is_set():
             self.events.emit(Canceled())
             return 0
@@ -459,6 +499,8 @@ class Driver:
                 finished = True
                 query.stop()
                 break
+        if self.fatal is not None:
+            raise self.fatal
         if self.cancel_requested.is_set() and not finished:
             self.events.emit(Canceled())
             return 0
@@ -655,13 +697,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shuffle-partitions", type=int, default=None,
                    help="default: max(2, parallelism)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up job (measurements)")
+    p.add_argument("--master", default="local", help="local, or a standalone master URL spark://host:port")
+    p.add_argument("--executor-cores", type=int, default=1)
+    p.add_argument("--executor-memory", default="1g")
+    p.add_argument("--executor-timeout", type=float, default=300.0,
+                   help="seconds a task's work may wait for its first executor before it fails")
+    p.add_argument("--host", default="127.0.0.1", help="the address executors reach this driver at")
     return p.parse_args(argv)
+
+
+def engine_of(args: argparse.Namespace) -> Engine:
+    return Engine(master=args.master, executor_cores=args.executor_cores, executor_memory=args.executor_memory,
+                  executor_timeout_s=args.executor_timeout, host=args.host)
 
 
 def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     args = parse_args(argv)
-    prepare_env()
+    engine = engine_of(args)
+    prepare_env(engine.host)
     events = EventWriter(args.events_fd)
     spark_box: list[Any] = [None]
     driver_box: list[Driver | None] = [None]
@@ -688,13 +742,13 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         shuffle = args.shuffle_partitions or max(2, args.parallelism)
         spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
-                            driver_memory=args.driver_memory, ui=spark_ui_wanted())
+                            driver_memory=args.driver_memory, ui=spark_ui_wanted(), engine=engine)
         spark_box[0] = spark
         if not args.no_warmup:
             t_w = time.monotonic()
             warm_up(spark, workdir)
             print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
-        driver = Driver(events, spark, args.parallelism)
+        driver = Driver(events, spark, args.parallelism, engine)
         driver_box[0] = driver
         events.emit(Ready(pid=os.getpid(), parallelism=args.parallelism,
                           startup_s=round(time.monotonic() - t0, 3)))

@@ -1,0 +1,75 @@
+"""Tasks on a Spark standalone cluster: `headrace up --spark-workers 2` starts a master and two
+workers from pyspark's own jars; a TaskManager with that master runs each task's driver itself and
+its executors on the workers (dynamic allocation: at most `parallelism` cores, none while idle).
+
+1. The clickstream example with parallelism 2: exact counts in PostgreSQL, and the master saw the
+   application use executors on both workers.
+2. A job asking for executors larger than any worker: its task fails with a clear NoExecutors
+   reason after the slot timeout instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services import spark_standalone
+from tests.clusters import Rest, start_cluster
+from tests.e2e.test_clickstream_e2e import ARGS, TOTAL, expected_counts, sink_counts
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_EXECUTOR_TIMEOUT_S = 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    c = start_cluster(tmp_path_factory.mktemp("standalone"), catalog_url=pg_url_module, taskmanagers=1, slots=2,
+                      spark_workers=2, restart_strategy={"type": "none"},
+                      slot_request_timeout_s=NO_EXECUTOR_TIMEOUT_S)
+    yield c, pg_url_module
+    c.stop()
+
+
+def test_the_dashboard_links_the_master_and_the_workers_run_the_executors(cluster):
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    cfg = rest.get("/config")
+    assert cfg["spark-master"] == c.spark_master.url and cfg["spark-master-ui"] == c.spark_master.webui
+    status = spark_standalone.master_status(c.spark_master.webui)
+    assert len(spark_standalone.alive_workers(status)) == 2
+    # What runs is what the compose check compares against (tests/integration/test_compose_topology.py).
+    assert sorted(c.live_children()) == sorted(c.planned_children())
+
+    jar = rest.upload(ROOT / "examples" / "clickstream.py")
+    job = rest.run(jar, parallelism=2, jobName="clickstream-standalone",
+                   programArgsList=[a if a != "e2e_clicks" else "standalone_clicks" for a in ARGS])
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    got = sink_counts(pg, "standalone_clicks")
+    assert got == expected_counts() and sum(got.values()) == TOTAL
+
+    # The application ran on the cluster: both workers hosted executors of it.
+    status = spark_standalone.master_status(c.spark_master.webui)
+    apps = status.get("activeapps", []) + status.get("completedapps", [])
+    assert any(a.get("name") == "headrace-driver" for a in apps), apps
+    worked = [d for d in (c.run_dir / "spark").glob("worker-*") if any(d.glob("app-*/*/stderr"))]
+    assert len(worked) == 2, f"executors ran under {worked} only"
+
+
+def test_a_task_the_cluster_cannot_serve_fails_with_the_reason(cluster):
+    c, _ = cluster
+    rest = Rest(c.dispatcher_url)
+    jar = rest.upload(ROOT / "examples" / "clickstream.py")
+    job = rest.run(jar, parallelism=1, jobName="too-big",
+                   programArgsList=[a if a != "e2e_clicks" else "too_big_clicks" for a in ARGS],
+                   flinkConfiguration={"spark.executor.memory": "64g"})
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=NO_EXECUTOR_TIMEOUT_S + 120)
+    assert final["state"] == "FAILED"
+    root = rest.get(f"/jobs/{job}/exceptions")["root-exception"]
+    assert "NoExecutors" in root and "gave this task no executor within 20 s" in root and "64g" in root
+    r = httpx.post(f"{c.dispatcher_url}/jars/{jar}/run", json={"flinkConfiguration": {"spark.executor.memory": "lots"}})
+    assert r.status_code == 400 and r.json()["field"] == "spark.executor.memory" and "1g" in r.json()["errors"][0]

@@ -1,0 +1,89 @@
+"""The compose stack (deploy/docker-compose.yml), checked as far as a machine without a Docker
+engine allows: the `docker-compose` tool (Debian's, 1.29) validates and normalises it, and every
+process it runs is one that `headrace up --ha --spark-workers 2` also runs, so the two topologies
+cannot drift apart. Also: a healthcheck on every service, Redis with AOF, one checkpoint volume
+shared by every TaskManager and Spark worker at the path the settings name."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services import redis_auth
+from services.local_cluster import LocalCluster
+from shared.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+# In the stack but not started by `headrace up`, and why: the catalog is SQLite (or the
+# HEADRACE_CATALOG_URL the user gives) locally; Prometheus and Flower are tools pointed at a
+# cluster (docs/runbooks/metrics.md, README: celery flower), not part of it.
+NOT_IN_LOCAL_TOPOLOGY = {"postgres", "prometheus", "flower"}
+IMAGE_ROLES = {"redis": "redis", "zookeeper": "zookeeper", "postgres": "postgres", "prom/prometheus": "prometheus",
+               "mher/flower": "flower"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> dict:
+    tool = shutil.which("docker-compose")
+    if tool is None:
+        pytest.skip("docker-compose is not installed (Debian: apt-get install docker-compose; scripts/bootstrap "
+                    "installs it)")
+    work = tmp_path_factory.mktemp("compose") / "deploy"
+    shutil.copytree(DEPLOY, work, ignore=shutil.ignore_patterns(".env", "secrets"))
+    (work / "secrets").mkdir()
+    (work / "secrets" / "redis-users.acl").write_text("")
+    # Stand-in passwords: `config` only needs the variables set (`headrace redis-auth deploy`
+    # writes the real ones).
+    env_lines = ["COMPOSE_PROJECT_NAME=headrace"] + [
+        f"HEADRACE_REDIS_PASSWORD_{u.upper()}=x" for u in redis_auth.USERS if u != "default"]
+    env_lines.append("HEADRACE_REDIS_PASSWORD_ADMIN=x")
+    (work / ".env").write_text("\n".join(env_lines) + "\n")
+    out = subprocess.run([tool, "-f", str(work / "docker-compose.yml"), "config"], capture_output=True, text=True,
+                         cwd=work, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout)
+
+
+def role(name: str, service: dict) -> str:
+    image = service.get("image", "")
+    if image.startswith("headrace"):
+        return service["command"][0]
+    return IMAGE_ROLES[image.split(":")[0]]
+
+
+def test_every_process_of_the_stack_is_one_headrace_up_runs(stack):
+    services = stack["services"]
+    compose = Counter(role(n, s) for n, s in services.items())
+    local = LocalCluster(Settings(), taskmanagers=2, jobmanagers=2, ha=True, spark_workers=2).planned_children()
+    local_roles = Counter(re.sub(r"-\d+$", "", n) for n in local)
+    assert compose - Counter(NOT_IN_LOCAL_TOPOLOGY) == local_roles, (
+        f"compose runs {dict(compose)}, headrace up --ha --spark-workers 2 runs {dict(local_roles)}; "
+        f"add the process to both, or to NOT_IN_LOCAL_TOPOLOGY with the reason")
+    assert set(compose) >= NOT_IN_LOCAL_TOPOLOGY
+
+
+def test_healthchecks_aof_and_one_shared_checkpoint_volume(stack):
+    services = stack["services"]
+    assert [n for n, s in services.items() if "healthcheck" not in s] == []
+    assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
+    needs_checkpoints = [n for n, s in services.items()
+                         if s.get("image", "").startswith("headrace") and role(n, s) in ("taskmanager", "spark-worker")]
+    assert len(needs_checkpoints) == 4
+    for name in needs_checkpoints:
+        s = services[name]
+        path = s["environment"]["HEADRACE_CHECKPOINT_DIR"]
+        mounts = {(v["source"], v["target"]) for v in s["volumes"] if isinstance(v, dict)} | {
+            tuple(v.split(":")[:2]) for v in s["volumes"] if isinstance(v, str)}
+        assert ("checkpoints", path) in mounts, f"{name} does not mount the checkpoints volume at {path}: {mounts}"
+        if role(name, s) == "taskmanager":
+            assert s["environment"]["HEADRACE_SPARK_MASTER"] == "spark://spark-master:7077"
+            assert s["environment"]["HEADRACE_ADVERTISED_HOST"] == s["hostname"]
+    assert "checkpoints" in stack["volumes"]
