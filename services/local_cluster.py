@@ -88,11 +88,11 @@ def role_of(name: str) -> str | None:
     return None
 
 
-def redis_command(data_dir: Path, port: int, aclfile: Path | None) -> list[str]:
+def redis_command(data_dir: Path, port: int, aclfile: Path | None, bind: tuple[str, ...] = ("127.0.0.1",)) -> list[str]:
     """redis-server for the control plane: AOF with an fsync every second (a crash loses at
     most the last second), no RDB snapshots, no idle timeout (each TaskManager keeps an idle
     named liveness connection), noeviction (an evicted stream would lose messages silently)."""
-    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", "",
+    cmd = ["redis-server", "--port", str(port), "--bind", " ".join(bind), "--dir", str(data_dir), "--save", "",
            "--appendonly", "yes", "--appendfsync", "everysec", "--timeout", "0", "--maxmemory-policy", "noeviction"]
     return cmd + (["--aclfile", str(aclfile)] if aclfile else [])
 
@@ -104,6 +104,9 @@ class LocalCluster:
     slots: int | None = None
     jobmanagers: int = 1
     ha: bool = False  # ZooKeeper mode even if the settings say standalone
+    # Addresses the private redis-server listens on (besides loopback: one that TaskManagers on
+    # other hosts reach; it always requires a password unless redis_auth is off).
+    redis_bind: tuple[str, ...] = ("127.0.0.1",)
     spark_workers: int = 0  # >0: a Spark standalone master and this many workers run the tasks' executors
     spark_worker_cores: int = 1
     spark_worker_memory: str = "1g"
@@ -213,7 +216,7 @@ class LocalCluster:
         else:
             self.redis_url = base
             self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, base)
-        self._spawn("redis", redis_command(data_dir, port, aclfile), env)
+        self._spawn("redis", redis_command(data_dir, port, aclfile, self.redis_bind), env)
         self._wait_redis()
 
     def _start_zookeeper(self, env: dict) -> str:

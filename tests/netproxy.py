@@ -10,10 +10,10 @@ from tests.conftest import free_port
 
 
 class TcpProxy:
-    """127.0.0.1:<port> -> target, which can be switched off (cutting every connection) and on."""
+    """<listen_host>:<port> -> target, which can be switched off (cutting every connection) and on."""
 
-    def __init__(self, target: tuple[str, int]):
-        self.target, self.port = target, free_port()
+    def __init__(self, target: tuple[str, int], *, listen_host: str = "127.0.0.1"):
+        self.target, self.port, self.listen_host = target, free_port(), listen_host
         self._listener: socket.socket | None = None
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -21,7 +21,7 @@ class TcpProxy:
     def start(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.listen_host, self.port))
         listener.listen(64)
         listener.settimeout(0.1)
         self._listener = listener

@@ -153,7 +153,16 @@ class ResourceManagerLink:
         st.last_ack = time.monotonic()
         st.rm_lost = False
         if not ack.known:
-            if st.registered:
+            if st.registered and ack.rm_session == st.rm_session:
+                # The same ResourceManager that knew us forgot us: it declared us lost (we were
+                # cut off or frozen), and the JobManager has run our tasks elsewhere since. Stop
+                # them here at once, as Flink's TaskExecutor does, instead of letting them work
+                # until the JobManager finds them at the re-registration.
+                stopped = self.supervisors[st.taskmanager_id].abandon_tasks(
+                    "the ResourceManager declared this TaskManager lost")
+                log.warning("%s was declared lost by the ResourceManager: stopped its %d task(s); re-registering",
+                            st.taskmanager_id, stopped)
+            elif st.registered:
                 log.info("re-registering %s: the ResourceManager does not know it", st.taskmanager_id)
             st.registered = False
         else:

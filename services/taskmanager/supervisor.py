@@ -452,6 +452,15 @@ class TaskSupervisor:
                                      execution_id=t.spec.execution_id if t else None))
             return tuple(out)
 
+    def abandon_tasks(self, why: str) -> int:
+        """Cancel every task here: they were failed over elsewhere. Returns how many."""
+        with self._lock:
+            ids = [(t.spec.execution_id, t.spec.job_id) for t in self.tasks.values() if not t.reported_terminal]
+        for execution_id, job_id in ids:
+            log.warning("stopping task %s of job %s: %s", execution_id, job_id, why)
+            self.cancel(execution_id, job_id)
+        return len(ids)
+
     def running_reports(self) -> tuple[TaskReport, ...]:
         with self._lock:
             return tuple(TaskReport(execution_id=t.spec.execution_id, job_id=t.spec.job_id, state=t.state,

@@ -1,0 +1,243 @@
+"""A network partition of a TaskManager's host, under a counting job fed from outside.
+
+The TaskManager `tm-ns` runs on a host of its own (a network namespace, tests/netns.py) and runs a
+stateful streaming task (keyed window counts from a Redis stream into PostgreSQL). Its link goes
+down for 20 s: the ResourceManager declares it lost at the heartbeat timeout, the task moves to
+`tm-host` on this machine, and when the link returns the old driver is stopped (its TaskManager
+registers again and the JobManager cancels what it no longer owns) while the sink's batch fencing
+rejects anything it still tries to commit. The sink ends with exactly the produced counts.
+
+Needs root (network namespaces); skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+import yaml
+
+from tests.clusters import Rest, start_cluster, wait_for
+from tests.conftest import free_port
+from tests.e2e.counting import Producer, expected_totals, sql_totals
+from tests.e2e.test_netns_taskmanager_e2e import with_host
+from tests.netns import NetnsHost, cleanup_stale, netns_unavailable
+from tests.netproxy import TcpProxy
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+WHY_NOT = netns_unavailable()
+if WHY_NOT:
+    pytest.skip(f"network namespaces unavailable: {WHY_NOT}", allow_module_level=True)
+
+HEARTBEAT_TIMEOUT_S = 6.0
+CUT_S = 20.0
+
+
+class Env:
+    def __init__(self, home: Path, pg_url: str):
+        cleanup_stale()
+        self.home = home
+        self.host = NetnsHost(2).create()
+        gw = self.host.gateway
+        self.procs: list[subprocess.Popen] = []
+        # The outside world, reachable from both hosts at this machine's address on the link.
+        port = free_port()
+        self.source_proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {gw}", "--save", "", "--appendonly", "no",
+             "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
+        self.source_url = f"redis://{gw}:{port}/0"
+        wait_for("the source redis-server", lambda: _pings(self.source_url), timeout_s=10)
+        self.pg = TcpProxy(("127.0.0.1", 5432), listen_host=gw)
+        self.pg.start()
+        self.sink_url = with_host(pg_url, gw, self.pg.port)  # for the tasks, on either host
+        self.sink_direct = pg_url  # for the test's own checks
+        self.cluster = start_cluster(home / "cluster", catalog_url=pg_url, taskmanagers=0,
+                                     redis_bind=("127.0.0.1", gw), heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+                                     heartbeat_interval_s=1.0,
+                                     restart_strategy={"type": "fixed-delay", "attempts": 100, "delay": "1 s"})
+        self.rest = Rest(self.cluster.dispatcher_url)
+
+    def taskmanager(self, tm_id: str, *, remote: bool) -> subprocess.Popen:
+        config = yaml.safe_load((self.cluster.run_dir / "taskmanager.yaml").read_text())
+        config.update(checkpoint_dir=str(self.cluster.settings.checkpoints),
+                      artifact_dir=str(self.cluster.settings.artifacts), home=str(self.home / tm_id),
+                      taskmanager_metrics_port=0)
+        if remote:
+            config.update(redis_url=with_host(config["redis_url"], self.host.gateway),
+                          advertised_host=self.host.address, metrics_host="0.0.0.0")
+        path = self.home / f"{tm_id}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {"HEADRACE_CONFIG": str(path)}
+        cmd = [sys.executable, "-m", "services.cli", "taskmanager", "--id", tm_id, "--slots", "1"]
+        with open(self.home / f"{tm_id}.log", "ab") as log:
+            kw = dict(env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = self.host.popen(cmd, **kw) if remote else subprocess.Popen(cmd, **kw)
+        self.procs.append(proc)
+        wait_for(f"{tm_id} registered", lambda: tm_id in self.live_taskmanagers(), timeout_s=60)
+        return proc
+
+    def live_taskmanagers(self) -> set[str]:
+        return {t["id"] for t in self.rest.get("/taskmanagers")["taskmanagers"]}
+
+    def stop(self) -> None:
+        for p in self.procs:
+            _kill_group(p)
+        self.cluster.stop()
+        self.pg.stop()
+        _kill_group(self.source_proc)
+        self.host.remove()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def counted(pg: str, table: str) -> int:
+    try:
+        return sum(count for count, _ in sql_totals(pg, table).values())
+    except Exception:  # noqa: BLE001 - the sink table is created by the first batch
+        return 0
+
+
+def driver_processes(tm: subprocess.Popen) -> list[psutil.Process]:
+    # `ip netns exec` execs the TaskManager: the Popen pid is the TaskManager process itself.
+    out = []
+    for p in psutil.Process(tm.pid).children(recursive=True):
+        try:
+            if "services.taskmanager.runtime.runner" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, pg_url_module):
+    e = Env(tmp_path_factory.mktemp("partition"), pg_url_module)
+    yield e
+    e.stop()
+
+
+def test_a_partitioned_taskmanager_is_declared_lost_its_task_moves_and_its_old_driver_counts_nothing(env):
+    rest, table = env.rest, "partition_counts"
+    remote = env.taskmanager("tm-ns", remote=True)
+    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+    producer = Producer(env.source_url, "partition", rate=100.0).start()
+    args = ["--stream", "partition", "--source-url", env.source_url, "--sink", "sql", "--table", table,
+            "--sink-url", env.sink_url, "--trigger", "500 milliseconds"]
+    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
+                   flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    assert rest.attempts(job)[-1]["taskmanager-id"] == "tm-ns"
+    env.taskmanager("tm-host", remote=False)
+    wait_for("batches committed from tm-ns", lambda: counted(env.sink_direct, table) > 0, timeout_s=120)
+
+    cut_at = time.monotonic()
+    env.host.cut()
+    try:
+        wait_for("tm-ns declared lost", lambda: "tm-ns" not in env.live_taskmanagers(), timeout_s=CUT_S)
+        lost_after = time.monotonic() - cut_at
+        attempts = rest.wait_attempt_running(job, 1, timeout_s=CUT_S + 120)
+        assert attempts[-1]["taskmanager-id"] == "tm-host"
+        remaining = CUT_S - (time.monotonic() - cut_at)
+        if remaining > 0:
+            time.sleep(remaining)
+    finally:
+        env.host.heal()
+    assert lost_after <= HEARTBEAT_TIMEOUT_S + 4, f"declared lost after {lost_after:.1f} s"
+
+    # Back on the network: tm-ns registers again and its old driver is stopped.
+    wait_for("tm-ns back", lambda: "tm-ns" in env.live_taskmanagers(), timeout_s=60)
+    wait_for("the old driver on tm-ns stopped", lambda: not driver_processes(remote), timeout_s=60)
+
+    produced = producer.stop()
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(env.sink_direct, table) == expected_totals(produced), timeout_s=180)
+    assert rest.job(job)["state"] == "RUNNING"
+    rest.cancel(job)
+    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+
+
+def test_cut_off_the_control_plane_only_its_still_running_driver_is_fenced(env, tmp_path):
+    """The harder case: tm-ns loses the control plane's Redis but keeps its data path (the source
+    and PostgreSQL). Declared lost, its task moves, yet its old driver keeps reading and tries to
+    commit: the sink's fence refuses it (the old attempt ends there). When the link returns tm-ns
+    registers again; the sink holds exactly the produced counts."""
+    rest, table = env.rest, "control_cut_counts"
+    remote = next(p for p in env.procs if "tm-ns" in " ".join(map(str, p.args)))
+    blocker = occupy_all_but(env, "tm-ns", tmp_path)  # so the job lands on tm-ns
+    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+    producer = Producer(env.source_url, "control_cut", rate=100.0).start()
+    args = ["--stream", "control_cut", "--source-url", env.source_url, "--sink", "sql", "--table", table,
+            "--sink-url", env.sink_url, "--trigger", "500 milliseconds"]
+    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
+                   flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    assert rest.attempts(job)[-1]["taskmanager-id"] == "tm-ns"
+    rest.cancel(blocker)  # tm-host's slot is free for the failover
+    rest.wait_state(blocker, ("CANCELED",), timeout_s=60)
+    wait_for("batches committed from tm-ns", lambda: counted(env.sink_direct, table) > 0, timeout_s=120)
+    assert driver_processes(remote), "the task's driver on tm-ns"
+
+    redis_port = int(env.cluster.redis_url.rsplit(":", 1)[1].split("/")[0])
+    env.host.block(redis_port)
+    try:
+        wait_for("tm-ns declared lost", lambda: "tm-ns" not in env.live_taskmanagers(), timeout_s=CUT_S)
+        attempts = rest.wait_attempt_running(job, 1, timeout_s=120)
+        assert attempts[-1]["taskmanager-id"] == "tm-host"
+        # Both attempts read the same stream now; the old one's next commit is refused.
+        wait_for("the old driver refused by the sink's fence", lambda: fence_refusals(env, "tm-ns"), timeout_s=60)
+        wait_for("the old driver gone", lambda: not driver_processes(remote), timeout_s=60)
+    finally:
+        env.host.unblock(redis_port)
+    wait_for("tm-ns back", lambda: "tm-ns" in env.live_taskmanagers(), timeout_s=60)
+
+    produced = producer.stop()
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(env.sink_direct, table) == expected_totals(produced), timeout_s=180)
+    assert rest.job(job)["state"] == "RUNNING"
+    rest.cancel(job)
+    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+
+
+def occupy_all_but(env, tm_id: str, tmp_path: Path) -> str:
+    """Run endless no-op jobs until the only free slot is `tm_id`'s; returns the blocker's job id."""
+    jar = env.rest.upload_noop_pipeline(tmp_path)
+    extra = []
+    while True:
+        job = env.rest.run(jar, kind="noop", jobName="blocker", flinkConfiguration={"noop.duration": -1})
+        env.rest.wait_attempt_running(job, 0, timeout_s=60)
+        if env.rest.attempts(job)[-1]["taskmanager-id"] != tm_id:
+            break
+        extra.append(job)
+    for other in extra:
+        env.rest.cancel(other)
+        env.rest.wait_state(other, ("CANCELED",), timeout_s=60)
+    return job
+
+
+def fence_refusals(env, tm_id: str) -> bool:
+    logs = (env.home / tm_id / "work" / "taskmanagers" / tm_id / "logs").glob("driver-*.log")
+    return any("SinkFencedError" in p.read_text(errors="replace") for p in logs)
