@@ -18,7 +18,7 @@ from services.dispatcher.deps import CatalogDep, DefaultRestartDep, NowMsDep, Se
 from services.dispatcher.errors import ApiError
 from services.dispatcher.routes.jars import check_config, check_entry, unknown_jar
 from services.dispatcher.schedule_schemas import (
-    ScheduleCreated, ScheduleCreateRequest, ScheduleDetail, ScheduleInfo, ScheduleList, ScheduleUpdateRequest,
+    ScheduleCreated, ScheduleCreateRequest, ScheduleDetail, ScheduleList, ScheduleUpdateRequest,
 )
 from services.dispatcher.schemas import ErrorBody, stored_restart_strategy
 from shared import job_options as job_config
