@@ -373,10 +373,14 @@ class LocalCluster:
             names = [c.name for c in self.children]
         front = ["dispatcher"] + [n for n in names if n.startswith("jobmanager")]
         middle = [n for n in names if n.startswith("taskmanager")]
+        # The Spark workers after the TaskManagers (whose drivers use their executors), and
+        # whatever else runs: nothing started here may outlive stop().
+        spark = [n for n in names if n.startswith("spark-worker")] + ["spark-master"]
         back = ["resourcemanager", "redis", "zookeeper"]
+        rest = [n for n in names if n not in {*front, *middle, *spark, *back}]
         with self._lock:
             by_name = {c.name: c for c in self.children}
-        for group in (front, middle, back):
+        for group in (front, middle, spark, back, rest):
             live = [by_name[n] for n in group if n in by_name and by_name[n].proc.poll() is None]
             for c in live:
                 _signal_group(c.proc.pid, signal.SIGTERM)
