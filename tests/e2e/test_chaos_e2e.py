@@ -9,7 +9,7 @@ outside producer writes numbered events into, at a steady rate, through every fa
 
   test_outages: Redis SHUTDOWN and start, ZooKeeper killed and started, PostgreSQL away for
                 30 s, one after the other.
-  test_chaos:   at least 15 random faults: kill -9 or SIGSTOP of the leading JobManager, kill -9
+  test_chaos:   10 random faults (HEADRACE_CHAOS_FAULTS): kill -9 or SIGSTOP of the leading JobManager, kill -9
                 of a TaskManager, the ResourceManager or the dispatcher, restarts of Redis,
                 ZooKeeper and PostgreSQL. HEADRACE_CHAOS_FAULTS=N for a longer run.
 
@@ -42,7 +42,7 @@ from tests.netproxy import TcpProxy
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-FAULTS = int(os.environ.get("HEADRACE_CHAOS_FAULTS", "15"))
+FAULTS = int(os.environ.get("HEADRACE_CHAOS_FAULTS", "10"))
 SEED = int(os.environ.get("HEADRACE_CHAOS_SEED", str(int(time.time()))))
 
 
