@@ -9,9 +9,10 @@ import shlex
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
 
-from services.dispatcher.schemas import EntryName, JobName, Kind, Parallelism, RestartStrategy, _Strict, int_at_least
+from services.dispatcher.schemas import (
+    EntryName, JobName, Kind, Parallelism, RestartStrategy, _Strict, check_program_args, int_at_least,
+)
 from shared import schedules as sch
 
 Overlap = Literal["skip", "queue", "cancel_previous"]
@@ -42,19 +43,7 @@ class ScheduleCreateRequest(_Strict):
 
     @model_validator(mode="after")
     def _one_way_of_args(self) -> "ScheduleCreateRequest":
-        if self.programArgs is not None and self.programArgsList is not None:
-            raise PydanticCustomError(
-                "confusing_args", "Confusing request: programArgs and programArgsList are both specified",
-                {"subfield": "programArgs", "expected": "only one of programArgs / programArgsList",
-                 "hint": "use only programArgsList"})
-        if self.programArgs is not None:
-            try:
-                shlex.split(self.programArgs)
-            except ValueError as exc:
-                raise PydanticCustomError(
-                    "program_args", "cannot be split into arguments: {error}",
-                    {"subfield": "programArgs", "expected": "a shell-quoted argument string",
-                     "error": str(exc), "hint": "balance the quotes, or send programArgsList"}) from None
+        check_program_args(self.programArgs, self.programArgsList)
         return self
 
     def program_args(self) -> list[str]:

@@ -268,6 +268,23 @@ def normalise_restart_strategy(raw: dict[str, Any]) -> dict[str, Any]:
 # --- POST /jars/{jarid}/run ----------------------------------------------------------------
 
 
+def check_program_args(text: str | None, listed: list[str] | None) -> None:
+    """programArgs (one shell-quoted string) or programArgsList, not both; the string must split."""
+    if text is not None and listed is not None:
+        raise PydanticCustomError(
+            "confusing_args", "Confusing request: programArgs and programArgsList are both specified",
+            {"subfield": "programArgs", "expected": "only one of programArgs / programArgsList",
+             "hint": "use only programArgsList"})
+    if text is not None:
+        try:
+            shlex.split(text)
+        except ValueError as exc:
+            raise PydanticCustomError(
+                "program_args", "cannot be split into arguments: {error}",
+                {"subfield": "programArgs", "expected": "a shell-quoted argument string",
+                 "error": str(exc), "hint": "balance the quotes, or send programArgsList"}) from None
+
+
 class JarRunRequest(_Strict):
     """Flink's JarRunRequestBody plus Headrace's fields. Every field is optional."""
 
@@ -290,19 +307,7 @@ class JarRunRequest(_Strict):
 
     @model_validator(mode="after")
     def _one_way_of_args(self) -> "JarRunRequest":
-        if self.programArgs is not None and self.programArgsList is not None:
-            raise PydanticCustomError(
-                "confusing_args", "Confusing request: programArgs and programArgsList are both specified",
-                {"subfield": "programArgs", "expected": "only one of programArgs / programArgsList",
-                 "hint": "use only programArgsList"})
-        if self.programArgs is not None:
-            try:
-                shlex.split(self.programArgs)
-            except ValueError as exc:
-                raise PydanticCustomError(
-                    "program_args", "cannot be split into arguments: {error}",
-                    {"subfield": "programArgs", "expected": "a shell-quoted argument string",
-                     "error": str(exc), "hint": "balance the quotes, or send programArgsList"}) from None
+        check_program_args(self.programArgs, self.programArgsList)
         return self
 
     def program_args(self) -> list[str] | None:

@@ -161,14 +161,7 @@ def run_jar(
         args = _query_args(program_args, program_arg)
     config = {**(req.flinkConfiguration or {}), **(req.config or {})}
     check_config(config)
-    try:
-        if req.restartStrategy:
-            restart = stored_restart_strategy(req.restartStrategy)
-        else:
-            restart = job_config.restart_strategy_from_config(config) or default_restart
-    except InvalidRestartStrategy as exc:
-        raise ApiError.of(400, str(exc).split(": ", 1)[-1], field=exc.field, expected="a valid restart strategy",
-                          hint="see the restart strategy schema at /docs") from None
+    restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"
     job_id = req.jobId or new_job_id()
 
@@ -255,6 +248,18 @@ def _duplicate(job_id: str, status: str) -> ApiError:
     return ApiError.of(409, f"a job with id {job_id} already exists (state {status})", field="jobId",
                        expected="an id no other job has", hint="leave jobId out to have one generated",
                        prefix=False)
+
+
+def resolve_restart_strategy(requested, config: dict, default: dict) -> dict:
+    """The request's restartStrategy, else Flink's restart-strategy.* options in its configuration,
+    else the cluster default; 400 for one that cannot be read."""
+    try:
+        if requested:
+            return stored_restart_strategy(requested)
+        return job_config.restart_strategy_from_config(config) or default
+    except InvalidRestartStrategy as exc:
+        raise ApiError.of(400, str(exc).split(": ", 1)[-1], field=exc.field, expected="a valid restart strategy",
+                          hint="see the restart strategy schema at /docs") from None
 
 
 def check_config(config: dict) -> None:

@@ -16,17 +16,15 @@ from fastapi import APIRouter, Body
 from services.dispatcher import artifacts
 from services.dispatcher.deps import CatalogDep, DefaultRestartDep, NowMsDep, SessionDep
 from services.dispatcher.errors import ApiError
-from services.dispatcher.routes.jars import check_config, check_entry, unknown_jar
+from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schedule_schemas import (
     ScheduleCreated, ScheduleCreateRequest, ScheduleDetail, ScheduleList, ScheduleUpdateRequest,
 )
-from services.dispatcher.schemas import ErrorBody, stored_restart_strategy
-from shared import job_options as job_config
+from services.dispatcher.schemas import ErrorBody
 from shared import schedules as sch
 from shared.catalog import repository
 from shared.catalog.models import Schedule, epoch_ms
 from shared.catalog.repository import NotFound
-from shared.restart import InvalidRestartStrategy
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs/schedules", tags=["schedules"])
@@ -92,14 +90,7 @@ def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: Cata
     timing = _timing(req)
     config = dict(req.config or {})
     check_config(config)
-    try:
-        if req.restartStrategy:
-            restart = stored_restart_strategy(req.restartStrategy)
-        else:
-            restart = job_config.restart_strategy_from_config(config) or default_restart
-    except InvalidRestartStrategy as exc:
-        raise ApiError.of(400, str(exc).split(": ", 1)[-1], field=exc.field, expected="a valid restart strategy",
-                          hint="see the restart strategy schema at /docs") from None
+    restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"
     entry = req.entryClass or artifacts.DEFAULT_ENTRY
     # null is the default, as if the field were absent

@@ -1,11 +1,16 @@
-"""A network partition of a TaskManager's host, under a counting job fed from outside.
+"""TaskManagers on other hosts, and network partitions, under jobs fed from outside.
 
-The TaskManager `tm-ns` runs on a host of its own (a network namespace, tests/netns.py) and runs a
-stateful streaming task (keyed window counts from a Redis stream into PostgreSQL). Its link goes
-down for 20 s: the ResourceManager declares it lost at the heartbeat timeout, the task moves to
-`tm-host` on this machine, and when the link returns the old driver is stopped (its TaskManager
-registers again and the JobManager cancels what it no longer owns) while the sink's batch fencing
-rejects anything it still tries to commit. The sink ends with exactly the produced counts.
+The TaskManager `tm-ns` runs on a host of its own: a Linux network namespace joined to this machine
+by a veth pair (tests/netns.py), so it has its own address and reaches Redis and PostgreSQL only by
+the addresses it is configured with (this machine's end of the link).
+
+1. It registers, runs the clickstream example with exact counts in PostgreSQL, and the dispatcher
+   reads its logs at the address it advertises.
+2. Its link goes down for 20 s under a stateful streaming task (keyed counts from a Redis stream
+   into PostgreSQL): the ResourceManager declares it lost at the heartbeat timeout, the task moves
+   to `tm-host` on this machine, tm-ns comes back, the sink ends exact.
+3. Only its control plane (Redis) is cut, its data path stays up: the old driver keeps working
+   and is refused by the sink's fence; the sink ends exact.
 
 Needs root (network namespaces); skipped with the reason elsewhere."""
 
@@ -17,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
@@ -26,7 +32,7 @@ import yaml
 from tests.clusters import Rest, start_cluster, wait_for
 from tests.conftest import free_port
 from tests.e2e.counting import Producer, expected_totals, sql_totals
-from tests.e2e.test_netns_taskmanager_e2e import with_host
+from tests.e2e.test_clickstream_e2e import ARGS, TOTAL, expected_counts, sink_counts
 from tests.netns import NetnsHost, cleanup_stale, netns_unavailable
 from tests.netproxy import TcpProxy
 
@@ -48,6 +54,7 @@ class Env:
         self.host = NetnsHost(2).create()
         gw = self.host.gateway
         self.procs: list[subprocess.Popen] = []
+        self.tms: dict[str, subprocess.Popen] = {}
         # The outside world, reachable from both hosts at this machine's address on the link.
         port = free_port()
         self.source_proc = subprocess.Popen(
@@ -66,6 +73,9 @@ class Env:
         self.rest = Rest(self.cluster.dispatcher_url)
 
     def taskmanager(self, tm_id: str, *, remote: bool) -> subprocess.Popen:
+        """Start TaskManager `tm_id` (on tm-ns's host if `remote`) unless it runs already."""
+        if tm_id in self.tms and self.tms[tm_id].poll() is None:
+            return self.tms[tm_id]
         config = yaml.safe_load((self.cluster.run_dir / "taskmanager.yaml").read_text())
         config.update(checkpoint_dir=str(self.cluster.settings.checkpoints),
                       artifact_dir=str(self.cluster.settings.artifacts), home=str(self.home / tm_id),
@@ -81,8 +91,22 @@ class Env:
             kw = dict(env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             proc = self.host.popen(cmd, **kw) if remote else subprocess.Popen(cmd, **kw)
         self.procs.append(proc)
+        self.tms[tm_id] = proc
         wait_for(f"{tm_id} registered", lambda: tm_id in self.live_taskmanagers(), timeout_s=60)
         return proc
+
+    def counting_job_on(self, tm_id: str, table: str) -> tuple[str, Producer]:
+        """keyed_counts over an outside producer's stream (named as the table), one checkpoint a
+        second, running on `tm_id`."""
+        jar = self.rest.upload(ROOT / "examples" / "keyed_counts.py")
+        producer = Producer(self.source_url, table, rate=100.0).start()
+        args = ["--stream", table, "--source-url", self.source_url, "--sink", "sql", "--table", table,
+                "--sink-url", self.sink_url, "--trigger", "500 milliseconds"]
+        job = self.rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
+                            flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+        self.rest.wait_attempt_running(job, 0, timeout_s=300)
+        assert self.rest.attempts(job)[-1]["taskmanager-id"] == tm_id
+        return job, producer
 
     def live_taskmanagers(self) -> set[str]:
         return {t["id"] for t in self.rest.get("/taskmanagers")["taskmanagers"]}
@@ -94,6 +118,15 @@ class Env:
         self.pg.stop()
         _kill_group(self.source_proc)
         self.host.remove()
+
+
+def with_host(url: str, host: str, port: int | None = None) -> str:
+    """`url` with another host (and port), its user and password kept."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{host}:{port or parts.port}"
+    return urlunsplit((parts.scheme, f"{userinfo}@{netloc}" if userinfo else netloc, parts.path, parts.query,
+                       parts.fragment))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -140,17 +173,29 @@ def env(tmp_path_factory, pg_url_module):
     e.stop()
 
 
+def test_a_taskmanager_on_another_host_runs_a_task_with_exact_output(env):
+    rest = env.rest
+    env.taskmanager("tm-ns", remote=True)
+    jar = rest.upload(ROOT / "examples" / "clickstream.py")
+    job = rest.run(jar, parallelism=1, jobName="clickstream-netns",
+                   programArgsList=[a if a != "e2e_clicks" else "netns_clicks" for a in ARGS],
+                   flinkConfiguration={"catalog_url": env.sink_url})  # its sink, at the address tm-ns reaches
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    assert rest.attempts(job)[0]["taskmanager-id"] == "tm-ns"
+    got = sink_counts(env.sink_direct, "netns_clicks")
+    assert got == expected_counts() and sum(got.values()) == TOTAL
+    # The dispatcher reads the other host's logs at the address it advertises.
+    names = [entry["name"] for entry in rest.get("/taskmanagers/tm-ns/logs")["logs"]]
+    assert any(n.startswith("driver-") for n in names), names
+    main_log = rest.http.get("/taskmanagers/tm-ns/log")
+    assert main_log.status_code == 200 and "tm-ns" in main_log.text
+
+
 def test_a_partitioned_taskmanager_is_declared_lost_its_task_moves_and_its_old_driver_counts_nothing(env):
     rest, table = env.rest, "partition_counts"
     remote = env.taskmanager("tm-ns", remote=True)
-    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
-    producer = Producer(env.source_url, "partition", rate=100.0).start()
-    args = ["--stream", "partition", "--source-url", env.source_url, "--sink", "sql", "--table", table,
-            "--sink-url", env.sink_url, "--trigger", "500 milliseconds"]
-    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": "1 s"})
-    rest.wait_attempt_running(job, 0, timeout_s=300)
-    assert rest.attempts(job)[-1]["taskmanager-id"] == "tm-ns"
+    job, producer = env.counting_job_on("tm-ns", table)
     env.taskmanager("tm-host", remote=False)
     wait_for("batches committed from tm-ns", lambda: counted(env.sink_direct, table) > 0, timeout_s=120)
 
@@ -186,16 +231,10 @@ def test_cut_off_the_control_plane_only_its_still_running_driver_is_fenced(env, 
     commit: the sink's fence refuses it (the old attempt ends there). When the link returns tm-ns
     registers again; the sink holds exactly the produced counts."""
     rest, table = env.rest, "control_cut_counts"
-    remote = next(p for p in env.procs if "tm-ns" in " ".join(map(str, p.args)))
+    remote = env.taskmanager("tm-ns", remote=True)
+    env.taskmanager("tm-host", remote=False)
     blocker = occupy_all_but(env, "tm-ns", tmp_path)  # so the job lands on tm-ns
-    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
-    producer = Producer(env.source_url, "control_cut", rate=100.0).start()
-    args = ["--stream", "control_cut", "--source-url", env.source_url, "--sink", "sql", "--table", table,
-            "--sink-url", env.sink_url, "--trigger", "500 milliseconds"]
-    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": "1 s"})
-    rest.wait_attempt_running(job, 0, timeout_s=300)
-    assert rest.attempts(job)[-1]["taskmanager-id"] == "tm-ns"
+    job, producer = env.counting_job_on("tm-ns", table)
     rest.cancel(blocker)  # tm-host's slot is free for the failover
     rest.wait_state(blocker, ("CANCELED",), timeout_s=60)
     wait_for("batches committed from tm-ns", lambda: counted(env.sink_direct, table) > 0, timeout_s=120)
