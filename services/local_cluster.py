@@ -50,7 +50,7 @@ class ClusterError(RuntimeError):
 ZOOKEEPER_HOME = Path(os.environ.get("HEADRACE_ZOOKEEPER_HOME", "/usr/share/zookeeper"))
 
 
-def zookeeper_command(data_dir: Path, port: int) -> list[str]:
+def zookeeper_command(data_dir: Path, port: int, bind: str = "127.0.0.1") -> list[str]:
     """A standalone ZooKeeper server from Debian's `zookeeper` package on 127.0.0.1:port, with
     its data under data_dir. Sessions may be as short as 1 s (tests use short ones)."""
     script = ZOOKEEPER_HOME / "bin" / "zkServer.sh"
@@ -60,7 +60,7 @@ def zookeeper_command(data_dir: Path, port: int) -> list[str]:
     (data_dir / "data").mkdir(parents=True, exist_ok=True)
     cfg = data_dir / "zoo.cfg"
     cfg.write_text("\n".join([
-        "tickTime=500", f"dataDir={data_dir / 'data'}", f"clientPort={port}", "clientPortAddress=127.0.0.1",
+        "tickTime=500", f"dataDir={data_dir / 'data'}", f"clientPort={port}", f"clientPortAddress={bind}",
         "admin.enableServer=false", "minSessionTimeout=1000", "maxSessionTimeout=60000", "",
     ]))
     return [str(script), "start-foreground", str(cfg)]
@@ -107,6 +107,7 @@ class LocalCluster:
     # Addresses the private redis-server listens on (besides loopback: one that TaskManagers on
     # other hosts reach; it always requires a password unless redis_auth is off).
     redis_bind: tuple[str, ...] = ("127.0.0.1",)
+    zookeeper_bind: str = "127.0.0.1"  # 0.0.0.0: JobManagers on other hosts reach the private ZooKeeper
     spark_workers: int = 0  # >0: a Spark standalone master and this many workers run the tasks' executors
     spark_worker_cores: int = 1
     spark_worker_memory: str = "1g"
@@ -221,7 +222,7 @@ class LocalCluster:
 
     def _start_zookeeper(self, env: dict) -> str:
         port = free_port()
-        child = self._spawn("zookeeper", zookeeper_command(self.run_dir / "zookeeper", port), env)
+        child = self._spawn("zookeeper", zookeeper_command(self.run_dir / "zookeeper", port, self.zookeeper_bind), env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # its JVM takes a few seconds to listen
             if child.proc.poll() is not None:

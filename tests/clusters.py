@@ -17,13 +17,14 @@ NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call 
 
 def start_cluster(home: Path, *, catalog_url: str, redis_url: str | None = None, taskmanagers: int = 2,
                   slots: int = 4, warm_drivers: int = 0, jobmanagers: int = 1, ha: bool = False,
-                  spark_workers: int = 0, redis_bind: tuple[str, ...] = ("127.0.0.1",), **settings) -> LocalCluster:
+                  spark_workers: int = 0, redis_bind: tuple[str, ...] = ("127.0.0.1",), zookeeper_bind: str = "127.0.0.1",
+                  **settings) -> LocalCluster:
     kwargs = dict(home=home, catalog_url=catalog_url, dispatcher_port=free_port(), warm_drivers=warm_drivers,
                   taskmanager_slots=slots, **settings)
     if redis_url:
         kwargs["redis_url"] = redis_url
     cluster = LocalCluster(Settings(**kwargs), taskmanagers=taskmanagers, slots=slots, jobmanagers=jobmanagers,
-                           ha=ha, spark_workers=spark_workers, redis_bind=redis_bind)
+                           ha=ha, spark_workers=spark_workers, redis_bind=redis_bind, zookeeper_bind=zookeeper_bind)
     try:
         cluster.start(wait_s=90)
     except Exception:

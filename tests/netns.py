@@ -9,6 +9,7 @@ and `cleanup_stale()` removes what a killed run left."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -17,6 +18,16 @@ import threading
 from pathlib import Path
 
 SUBNET = "10.231"
+LOCK_FILE = "/tmp/headrace-netns.lock"
+
+
+def _free_octet() -> int:
+    """The first 10.231.<n>.0/24 that no interface of this machine has an address in."""
+    used = set(re.findall(rf"inet {re.escape(SUBNET)}\.(\d+)\.", _ip("-o", "addr", "show", check=False).stdout))
+    for n in range(1, 255):
+        if str(n) not in used:
+            return n
+    raise RuntimeError(f"no free /24 left in {SUBNET}.0.0/16 (stale test links? tests/netns.py cleanup_stale)")
 _PREFIX = "hrt"
 _used = set()
 _used_lock = threading.Lock()
@@ -71,13 +82,23 @@ class NetnsHost:
         self.name = f"{_PREFIX}{pid}n{index}"
         # Interface names: at most 15 characters.
         self.host_if, self.ns_if = f"{_PREFIX}{pid}h{index}"[:15], f"{_PREFIX}{pid}v{index}"[:15]
-        self.gateway = f"{SUBNET}.{index}.1"  # this machine, as the namespace sees it
-        self.address = f"{SUBNET}.{index}.2"
+        self.gateway = self.address = ""  # chosen by create(): a /24 no other run uses
         self._created = False
 
     def create(self) -> "NetnsHost":
-        _ip("netns", "add", self.name)
-        self._created = True
+        # Test runs on one machine (CI, a developer's second run) must not share a subnet: two
+        # links with one address would route each other's packets. The choice and the address
+        # assignment happen under one machine-wide lock.
+        with open(LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            octet = _free_octet()
+            self.gateway, self.address = f"{SUBNET}.{octet}.1", f"{SUBNET}.{octet}.2"
+            _ip("netns", "add", self.name)
+            self._created = True
+            self._link()
+        return self
+
+    def _link(self) -> None:
         _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
         _ip("link", "set", self.ns_if, "netns", self.name)
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.host_if)
@@ -86,7 +107,6 @@ class NetnsHost:
         _ip("link", "set", self.ns_if, "up", netns=self.name)
         _ip("link", "set", "lo", "up", netns=self.name)
         _ip("route", "add", "default", "via", self.gateway, netns=self.name)
-        return self
 
     def popen(self, cmd: list[str], **kw) -> subprocess.Popen:
         """A process on this host (in its namespace; same filesystem, same user)."""

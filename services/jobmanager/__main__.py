@@ -40,6 +40,7 @@ class JobManagerProcess:
                  announce: Callable[[], None] = lambda: None, beat: ScheduleBeat | None = None):
         self.master, self.transport = master, transport
         self.should_stop, self.announce = should_stop, announce
+        self.redis_ok_at = time.monotonic()  # the last poll of the stream that Redis answered
         # Scheduled submissions tick only here, in the leader's loop: a standby has no beat.
         self.beat = beat
         self.recovered = False
@@ -65,6 +66,7 @@ class JobManagerProcess:
             block = 100 if due is None else max(1, min(100, int(due * 1000)))
             handled = self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", master.handle,
                                           count=500, block_ms=block, around_batch=master.unit_of_work)
+            self.redis_ok_at = time.monotonic()
             self.run_due_timers()
             if master.checkpoints.due():
                 with master.unit_of_work():
@@ -90,11 +92,15 @@ class JobManagerProcess:
 
 def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
          should_stop: Callable[[], bool], leader_id: str, checkpoint_store: CheckpointStore | None = None,
-         still_leading: Callable[[], bool] = lambda: True, jm_metrics: JobManagerMetrics | None = None) -> bool:
+         still_leading: Callable[[], bool] = lambda: True, jm_metrics: JobManagerMetrics | None = None,
+         resign_unreachable_after_s: float | None = None) -> bool:
     """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages.
     `checkpoint_store`: checkpoint ids and pointers (ZooKeeper in HA mode; default the catalog).
     `still_leading`: checked before every commit (the ZooKeeper lease). Returns False when it
-    found itself deposed (a newer epoch holds the catalog's leadership row)."""
+    found itself deposed (a newer epoch holds the catalog's leadership row).
+    `resign_unreachable_after_s` (ZooKeeper mode): give the leadership up when Redis stays
+    unreachable that long, so a standby that does reach it can lead (a leader cut off from Redis
+    but not from ZooKeeper would otherwise hold its lease and do nothing)."""
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
@@ -114,6 +120,7 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
 
     proc = JobManagerProcess(master, transport, should_stop, announce=announce,
                              beat=ScheduleBeat(master, WallClock()))
+    redis_lost = False
     while not should_stop():
         try:
             proc.run()
@@ -122,23 +129,34 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             if jm_metrics is not None:
                 jm_metrics.stopped_leading()
             return False
-        except redis.ConnectionError:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Redis restarting: reconnect soon, so a standby does not take this leader's
             # missing connection for a dead process (services/jobmanager/leader_liveness.py).
-            log.warning("Redis unreachable; retrying in 0.2 s")
+            silent_s = time.monotonic() - proc.redis_ok_at
+            if resign_unreachable_after_s is not None and silent_s >= resign_unreachable_after_s:
+                log.warning("Redis unreachable for %.0f s (%s): giving up the leadership so a JobManager that "
+                            "reaches it can lead", silent_s, exc)
+                redis_lost = True
+                break
+            log.warning("Redis unreachable (%s); retrying in 0.2 s", exc)
             time.sleep(0.2)
+            continue
         except Exception:  # noqa: BLE001 - messages stay pending and are redelivered
             log.exception("JobManager loop failed; retrying in 1 s")
             time.sleep(1)
     try:
         master.outbox.forget_sent()  # what was sent need not be sent again by the next leader
-        if json.loads(client.get(streams.JM_LEADER_KEY) or "{}").get("epoch") == epoch:
+        # Without Redis the leader key cannot be cleared: it expires within JM_LEADER_TTL_MS.
+        if not redis_lost and json.loads(client.get(streams.JM_LEADER_KEY) or "{}").get("epoch") == epoch:
             client.delete(streams.JM_LEADER_KEY)
     except Exception:  # noqa: BLE001 - the next leader re-sends it (harmless); the key expires
         log.warning("could not clear the sent outbox entries or the leader key", exc_info=True)
     if jm_metrics is not None:
         jm_metrics.stopped_leading()
     return True
+
+
+REDIS_SOCKET_TIMEOUT_S = 5.0
 
 
 def contender_id() -> str:
@@ -149,7 +167,10 @@ def named_client(url: str, contender: str) -> redis.Redis:
     """Every connection of this process carries its liveness name (redis-py sets it again on
     each reconnect), so its death is visible in CLIENT LIST at once."""
     return redis.Redis(connection_pool=redis.ConnectionPool.from_url(
-        url, client_name=streams.jm_liveness_name(contender)))
+        url, client_name=streams.jm_liveness_name(contender),
+        # A silent network (a partition, not a closed port) must raise, not block forever: the
+        # longest blocking read is 0.1 s (XREADGROUP BLOCK in the loop).
+        socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S))
 
 
 def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event,
@@ -187,7 +208,8 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
             lead(settings, client, catalog, lease.epoch,
                  should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender,
                  checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)),
-                 still_leading=lambda: not lease.revoked.is_set(), jm_metrics=jm_metrics)
+                 still_leading=lambda: not lease.revoked.is_set(), jm_metrics=jm_metrics,
+                 resign_unreachable_after_s=settings.heartbeat_timeout_s)
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()

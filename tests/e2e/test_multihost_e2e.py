@@ -44,6 +44,7 @@ if WHY_NOT:
     pytest.skip(f"network namespaces unavailable: {WHY_NOT}", allow_module_level=True)
 
 HEARTBEAT_TIMEOUT_S = 6.0
+ZOOKEEPER_SESSION_S = 4.0
 CUT_S = 20.0
 
 
@@ -66,11 +67,48 @@ class Env:
         self.pg.start()
         self.sink_url = with_host(pg_url, gw, self.pg.port)  # for the tasks, on either host
         self.sink_direct = pg_url  # for the test's own checks
-        self.cluster = start_cluster(home / "cluster", catalog_url=pg_url, taskmanagers=0,
-                                     redis_bind=("127.0.0.1", gw), heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
-                                     heartbeat_interval_s=1.0,
+        # ZooKeeper mode with no JobManager of the cluster's own: the test starts them, one of
+        # them on tm-ns's host, to cut the leader off.
+        self.cluster = start_cluster(home / "cluster", catalog_url=pg_url, taskmanagers=0, ha=True, jobmanagers=0,
+                                     redis_bind=("127.0.0.1", gw), zookeeper_bind="0.0.0.0",
+                                     zookeeper_session_timeout_s=ZOOKEEPER_SESSION_S,
+                                     heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, heartbeat_interval_s=1.0,
                                      restart_strategy={"type": "fixed-delay", "attempts": 100, "delay": "1 s"})
+        self.catalog_remote = with_host(pg_url, gw, self.pg.port)
         self.rest = Rest(self.cluster.dispatcher_url)
+        self.jms: dict[str, subprocess.Popen] = {}
+        self.jobmanager("jm-host", remote=False)
+        wait_for("a leading JobManager", self.leader, timeout_s=60)
+
+    def jobmanager(self, name: str, *, remote: bool) -> subprocess.Popen:
+        config = yaml.safe_load((self.cluster.run_dir / "jobmanager.yaml").read_text())
+        if remote:
+            config.update(redis_url=with_host(config["redis_url"], self.host.gateway),
+                          zookeeper_quorum=f"{self.host.gateway}:{self.cluster.zookeeper_quorum.rsplit(':', 1)[1]}",
+                          catalog_url=self.catalog_remote, advertised_host=self.host.address,
+                          metrics_host="0.0.0.0")
+        config["jobmanager_metrics_port"] = 0
+        path = self.home / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {"HEADRACE_CONFIG": str(path)}
+        cmd = [sys.executable, "-m", "services.cli", "jobmanager"]
+        with open(self.home / f"{name}.log", "ab") as log:
+            kw = dict(env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = self.host.popen(cmd, **kw) if remote else subprocess.Popen(cmd, **kw)
+        self.procs.append(proc)
+        self.jms[name] = proc
+        return proc
+
+    def stop_jobmanager(self, name: str) -> None:
+        _kill_group(self.jms.pop(name))
+
+    def leader(self) -> tuple[str, int] | None:
+        """(name, epoch) of the leading JobManager, as the dispatcher sees it."""
+        info = self.rest.get("/jobmanager/leader")
+        lead = info.get("leader") or {}
+        pid = int(str(lead.get("id", ":0")).rsplit(":", 1)[1] or 0)
+        name = next((n for n, p in self.jms.items() if p.pid == pid), None)
+        return (name, int(lead["epoch"])) if name else None
 
     def taskmanager(self, tm_id: str, *, remote: bool) -> subprocess.Popen:
         """Start TaskManager `tm_id` (on tm-ns's host if `remote`) unless it runs already."""
@@ -95,7 +133,7 @@ class Env:
         wait_for(f"{tm_id} registered", lambda: tm_id in self.live_taskmanagers(), timeout_s=60)
         return proc
 
-    def counting_job_on(self, tm_id: str, table: str) -> tuple[str, Producer]:
+    def counting_job_on(self, tm_id: str | None, table: str) -> tuple[str, Producer]:
         """keyed_counts over an outside producer's stream (named as the table), one checkpoint a
         second, running on `tm_id`."""
         jar = self.rest.upload(ROOT / "examples" / "keyed_counts.py")
@@ -105,7 +143,8 @@ class Env:
         job = self.rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
                             flinkConfiguration={"execution.checkpointing.interval": "1 s"})
         self.rest.wait_attempt_running(job, 0, timeout_s=300)
-        assert self.rest.attempts(job)[-1]["taskmanager-id"] == tm_id
+        if tm_id is not None:
+            assert self.rest.attempts(job)[-1]["taskmanager-id"] == tm_id
         return job, producer
 
     def live_taskmanagers(self) -> set[str]:
@@ -280,3 +319,53 @@ def occupy_all_but(env, tm_id: str, tmp_path: Path) -> str:
 def fence_refusals(env, tm_id: str) -> bool:
     logs = (env.home / tm_id / "work" / "taskmanagers" / tm_id / "logs").glob("driver-*.log")
     return any("SinkFencedError" in p.read_text(errors="replace") for p in logs)
+
+
+def test_a_leader_cut_off_zookeeper_or_redis_hands_over_and_one_leader_acts(env, tmp_path):
+    """The leading JobManager runs on tm-ns's host. Cut off ZooKeeper (Redis still reachable): its
+    lease is revoked at once and the standby leads after the session timeout. Cut off Redis
+    (ZooKeeper still reachable): it gives the leadership up after the heartbeat timeout and the
+    standby leads. Each time the new leader schedules a new job, the epoch rises (receivers obey
+    only the newest), and a counting job running throughout ends exact."""
+    rest, table = env.rest, "leader_cut_counts"
+    if "tm-ns" in env.tms:  # the job must not run on the host whose links this test cuts
+        _kill_group(env.tms.pop("tm-ns"))
+        wait_for("tm-ns gone", lambda: "tm-ns" not in env.live_taskmanagers(), timeout_s=30)
+    env.taskmanager("tm-host", remote=False)
+    job, producer = env.counting_job_on("tm-host", table)
+    env.taskmanager("tm-spare", remote=False)  # a free slot for the jobs that prove a new leader acts
+    noop = rest.upload_noop_pipeline(tmp_path)
+    zk_port = int(env.cluster.zookeeper_quorum.rsplit(":", 1)[1])
+    redis_port = int(env.cluster.redis_url.rsplit(":", 1)[1].split("/")[0])
+    epochs = []
+
+    for cut, port in (("ZooKeeper", zk_port), ("Redis", redis_port)):
+        # Lead from the other host: start a JobManager there, stop this machine's one, start it again.
+        env.jobmanager("jm-ns", remote=True)
+        env.stop_jobmanager("jm-host")
+        name, epoch = wait_for("jm-ns leading", lambda: (env.leader() or (None,))[0] == "jm-ns" and env.leader(),
+                               timeout_s=60)
+        env.jobmanager("jm-host", remote=False)
+        epochs.append(epoch)
+        env.host.block(port)
+        try:
+            name, epoch = wait_for(f"jm-host leading after jm-ns lost {cut}",
+                                   lambda: (env.leader() or (None,))[0] == "jm-host" and env.leader(), timeout_s=60)
+            assert epoch > epochs[-1]
+            epochs.append(epoch)
+            probe = rest.run(noop, kind="noop", jobName=f"during-{cut}-cut", flinkConfiguration={"noop.duration": 0.5})
+            assert rest.wait_state(probe, ("FINISHED", "FAILED"), timeout_s=60)["state"] == "FINISHED"
+        finally:
+            env.host.unblock(port)
+        log = (env.home / "jm-ns.log").read_text(errors="replace")
+        said = "revoked" if cut == "ZooKeeper" else "giving up the leadership"
+        assert said in log, f"jm-ns never said it stopped leading ({said!r}) after losing {cut}"
+        env.stop_jobmanager("jm-ns")
+
+    assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs), epochs
+    produced = producer.stop()
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(env.sink_direct, table) == expected_totals(produced), timeout_s=180)
+    assert rest.job(job)["state"] == "RUNNING" and len(rest.attempts(job)) == 1, "a leader change restarted the task"
+    rest.cancel(job)
+    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
