@@ -29,6 +29,7 @@ import pytest
 import redis
 import yaml
 
+from services import spark_standalone
 from tests.clusters import Rest, start_cluster, wait_for
 from tests.conftest import free_port
 from tests.e2e.counting import Producer, expected_totals, sql_totals
@@ -110,11 +111,11 @@ class Env:
         name = next((n for n, p in self.jms.items() if p.pid == pid), None)
         return (name, int(lead["epoch"])) if name else None
 
-    def taskmanager(self, tm_id: str, *, remote: bool) -> subprocess.Popen:
+    def taskmanager(self, tm_id: str, *, remote: bool, slots: int = 1, **settings) -> subprocess.Popen:
         """Start TaskManager `tm_id` (on tm-ns's host if `remote`) unless it runs already."""
         if tm_id in self.tms and self.tms[tm_id].poll() is None:
             return self.tms[tm_id]
-        config = yaml.safe_load((self.cluster.run_dir / "taskmanager.yaml").read_text())
+        config = yaml.safe_load((self.cluster.run_dir / "taskmanager.yaml").read_text()) | settings
         config.update(checkpoint_dir=str(self.cluster.settings.checkpoints),
                       artifact_dir=str(self.cluster.settings.artifacts), home=str(self.home / tm_id),
                       taskmanager_metrics_port=0)
@@ -124,7 +125,7 @@ class Env:
         path = self.home / f"{tm_id}.yaml"
         path.write_text(yaml.safe_dump(config))
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {"HEADRACE_CONFIG": str(path)}
-        cmd = [sys.executable, "-m", "services.cli", "taskmanager", "--id", tm_id, "--slots", "1"]
+        cmd = [sys.executable, "-m", "services.cli", "taskmanager", "--id", tm_id, "--slots", str(slots)]
         with open(self.home / f"{tm_id}.log", "ab") as log:
             kw = dict(env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             proc = self.host.popen(cmd, **kw) if remote else subprocess.Popen(cmd, **kw)
@@ -210,6 +211,42 @@ def env(tmp_path_factory, pg_url_module):
     e = Env(tmp_path_factory.mktemp("partition"), pg_url_module)
     yield e
     e.stop()
+
+
+def test_spark_executors_on_a_worker_on_another_host(env):
+    """A Spark standalone master on this machine (at its address on the link), its one worker on
+    the namespace host; `tm-spark` here sends its tasks' work there. The executors reach the
+    driver at the TaskManager's advertised address: exact counts."""
+    gw = env.host.gateway
+    master = spark_standalone.MasterAddress(gw, free_port(), free_port())
+    logs = env.home / "spark"
+    with open(env.home / "spark-master.log", "ab") as log:
+        env.procs.append(subprocess.Popen(spark_standalone.master_command(master), stdout=log, stderr=subprocess.STDOUT,
+                                          env=spark_standalone.environment(os.environ, host=gw, log_dir=logs / "m"),
+                                          start_new_session=True))
+    work = env.home / "spark-worker"
+    work.mkdir()
+    with open(env.home / "spark-worker.log", "ab") as log:
+        env.procs.append(env.host.popen(
+            spark_standalone.worker_command(master, host=env.host.address, cores=2, memory="2g", webui_port=free_port(),
+                                            work_dir=work),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=spark_standalone.environment(os.environ, host=env.host.address, log_dir=work, work_dir=work)))
+    status = spark_standalone.wait_until_ready(master, 1, timeout_s=120)
+    assert spark_standalone.alive_workers(status)[0]["host"] == env.host.address
+    rest = env.rest
+    env.taskmanager("tm-spark", remote=False, slots=2, spark_master=master.url, advertised_host=gw)
+    jar = rest.upload(ROOT / "examples" / "clickstream.py")
+    job = rest.run(jar, parallelism=2, jobName="clickstream-remote-executors",
+                   programArgsList=[a if a != "e2e_clicks" else "remote_executor_clicks" for a in ARGS],
+                   flinkConfiguration={"catalog_url": env.sink_url})
+    final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    assert rest.attempts(job)[0]["taskmanager-id"] == "tm-spark"
+    got = sink_counts(env.sink_direct, "remote_executor_clicks")
+    assert got == expected_counts() and sum(got.values()) == TOTAL
+    assert list(work.glob("app-*/*/stderr")), "no executor ran on the worker in the namespace"
+    _kill_group(env.tms.pop("tm-spark"))  # the next tests place their tasks on the other TaskManagers
 
 
 def test_a_taskmanager_on_another_host_runs_a_task_with_exact_output(env):
