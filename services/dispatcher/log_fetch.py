@@ -7,9 +7,11 @@ check, within FETCH_TIMEOUT_S: a TaskManager that died or hangs never hangs a re
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
+import redis
 from fastapi.responses import Response
 
 from services.dispatcher.errors import ApiError
@@ -94,3 +96,17 @@ def file(who: str, address: str, name: str, tail: int) -> Response:
         raise _refused(who, r, name)
     return Response(content=r.content, media_type="text/plain; charset=utf-8",
                     headers={"Cache-Control": "no-store"})
+
+
+def announcement(client, key: str, where: str) -> dict | None:
+    """The JSON record a service keeps under `key` in Redis (its address, for one), or None when
+    there is none or it does not parse; 503 saying `where` when Redis does not answer."""
+    try:
+        raw = client.get(key)
+    except redis.RedisError as exc:
+        raise ApiError.of(503, f"Redis, {where}, is unavailable: {exc}", hint=f"see {RUNBOOK}", prefix=False) from None
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None

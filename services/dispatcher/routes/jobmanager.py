@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from services.dispatcher import log_fetch
@@ -24,6 +25,7 @@ MASK = "******"
 # Settings whose whole value is a secret, and query parameters of URLs that hold one.
 SECRET_NAME = re.compile(r"(password|passwd|secret|token|credential|api_?key|private)", re.I)
 ZOOKEEPER_TIMEOUT_S = 2.0
+CONTENDERS_TTL_S = 5.0
 _ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 502: {"model": ErrorBody},
            503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
 
@@ -87,22 +89,23 @@ def _redis(transport):
 
 
 def _leader_record(client) -> dict | None:
-    try:
-        raw = client.get(streams.JM_LEADER_KEY)
-    except redis.RedisError as exc:
-        raise ApiError.of(503, f"Redis, where the leading JobManager announces itself, is unavailable: {exc}",
-                          hint=f"see {log_fetch.RUNBOOK}", prefix=False) from None
-    try:
-        record = json.loads(raw) if raw else None
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return log_fetch.announcement(client, streams.JM_LEADER_KEY, "where the leading JobManager announces itself")
 
 
-def _contenders(settings) -> tuple[list[str], str | None]:
-    """The contenders' ids in election order, read from the election znodes (ZooKeeper mode)."""
+def _contenders(settings, state) -> tuple[list[str], str | None]:
+    """The contenders' ids in election order (ZooKeeper mode), at most CONTENDERS_TTL_S old: the
+    dashboard asks every second, and each fresh answer costs a ZooKeeper session."""
     if settings.high_availability != "zookeeper":
         return [], None
+    cached = getattr(state, "jm_contenders", None)
+    if cached is not None and time.monotonic() - cached[0] < CONTENDERS_TTL_S:
+        return cached[1]
+    answer = _read_contenders(settings)
+    state.jm_contenders = (time.monotonic(), answer)
+    return answer
+
+
+def _read_contenders(settings) -> tuple[list[str], str | None]:
     from shared.zookeeper import HAUnavailable, LeaderElection
 
     observer = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root,
@@ -121,7 +124,7 @@ def _contenders(settings) -> tuple[list[str], str | None]:
 
 @router.get("/leader", response_model=JobManagerLeaderInfo,
             summary="The leading JobManager, the fencing epoch and the HA contenders")
-def jobmanager_leader(settings: SettingsDep, transport: TransportDep) -> dict:
+def jobmanager_leader(request: Request, settings: SettingsDep, transport: TransportDep) -> dict:
     client = _redis(transport)
     record = _leader_record(client)
     leader = None
@@ -131,7 +134,7 @@ def jobmanager_leader(settings: SettingsDep, transport: TransportDep) -> dict:
         raw_epoch = client.get(streams.JM_EPOCH_KEY)
     except redis.RedisError as exc:
         raise ApiError.of(503, f"Redis is unavailable: {exc}", prefix=False) from None
-    contenders, problem = _contenders(settings)
+    contenders, problem = _contenders(settings, request.app.state)
     out: dict[str, Any] = {"leader": leader, "epoch": int(raw_epoch) if raw_epoch else None, "contenders": contenders}
     if problem:
         out["contendersError"] = problem

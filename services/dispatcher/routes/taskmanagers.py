@@ -3,9 +3,6 @@ and their log files, fetched from the TaskManager itself (docs/runbooks/logs.md)
 
 from __future__ import annotations
 
-import json
-
-import redis
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
@@ -54,17 +51,8 @@ def _endpoint(session, transport, tmid: str) -> tuple[str, str, str | None]:
     row = _row(session, tmid)
     who = f"TaskManager {tmid}"
     client = getattr(transport, "client", None)
-    raw = None
-    if client is not None:
-        try:
-            raw = client.get(streams.tm_endpoint_key(tmid))
-        except redis.RedisError as exc:
-            raise ApiError.of(503, f"Redis, where TaskManagers announce their log endpoints, is unavailable: {exc}",
-                              hint=f"see {log_fetch.RUNBOOK}", prefix=False) from None
-    try:
-        announced = json.loads(raw) if raw else None
-    except ValueError:
-        announced = None
+    announced = None if client is None else log_fetch.announcement(
+        client, streams.tm_endpoint_key(tmid), "where TaskManagers announce their log endpoints")
     if not announced or not announced.get("address"):
         if row.state != "REGISTERED":
             raise ApiError.of(404, f"{who} is {row.state}" + (f" ({row.lost_reason})" if row.lost_reason else "")
