@@ -148,6 +148,15 @@ class Env:
             assert self.rest.attempts(job)[-1]["taskmanager-id"] == tm_id
         return job, producer
 
+    def finish_exactly(self, job: str, producer: Producer, table: str) -> None:
+        """Stop the producer; the sink must reach exactly its counts with the job still RUNNING."""
+        produced = producer.stop()
+        wait_for(f"the sink to hold exactly {produced} events",
+                 lambda: sql_totals(self.sink_direct, table) == expected_totals(produced), timeout_s=180)
+        assert self.rest.job(job)["state"] == "RUNNING"
+        self.rest.cancel(job)
+        assert self.rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+
     def live_taskmanagers(self) -> set[str]:
         return {t["id"] for t in self.rest.get("/taskmanagers")["taskmanagers"]}
 
@@ -293,12 +302,7 @@ def test_a_partitioned_taskmanager_is_declared_lost_its_task_moves_and_its_old_d
     wait_for("tm-ns back", lambda: "tm-ns" in env.live_taskmanagers(), timeout_s=60)
     wait_for("the old driver on tm-ns stopped", lambda: not driver_processes(remote), timeout_s=60)
 
-    produced = producer.stop()
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(env.sink_direct, table) == expected_totals(produced), timeout_s=180)
-    assert rest.job(job)["state"] == "RUNNING"
-    rest.cancel(job)
-    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+    env.finish_exactly(job, producer, table)
 
 
 def test_cut_off_the_control_plane_only_its_still_running_driver_is_fenced(env, tmp_path):
@@ -329,12 +333,7 @@ def test_cut_off_the_control_plane_only_its_still_running_driver_is_fenced(env, 
         env.host.unblock(redis_port)
     wait_for("tm-ns back", lambda: "tm-ns" in env.live_taskmanagers(), timeout_s=60)
 
-    produced = producer.stop()
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(env.sink_direct, table) == expected_totals(produced), timeout_s=180)
-    assert rest.job(job)["state"] == "RUNNING"
-    rest.cancel(job)
-    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+    env.finish_exactly(job, producer, table)
 
 
 def occupy_all_but(env, tm_id: str, tmp_path: Path) -> str:
@@ -400,9 +399,5 @@ def test_a_leader_cut_off_zookeeper_or_redis_hands_over_and_one_leader_acts(env,
         env.stop_jobmanager("jm-ns")
 
     assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs), epochs
-    produced = producer.stop()
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(env.sink_direct, table) == expected_totals(produced), timeout_s=180)
-    assert rest.job(job)["state"] == "RUNNING" and len(rest.attempts(job)) == 1, "a leader change restarted the task"
-    rest.cancel(job)
-    assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+    assert len(rest.attempts(job)) == 1, "a leader change restarted the task"
+    env.finish_exactly(job, producer, table)
