@@ -107,7 +107,9 @@ class Settings(BaseSettings):
     taskmanager_cores: float = Field(default_factory=lambda: float(os.cpu_count() or 1))
     taskmanager_memory_bytes: int = 8 * 1024**3
     warm_drivers: int = Field(1, description="warm Spark drivers each TaskManager keeps ready")
-    warm_parallelism: int = 1
+    # local[N] of the warm drivers; None: the TaskManager's slots, so that with the local engine
+    # one warm driver serves a task of any parallelism the TaskManager can hold (warm_pool.py).
+    warm_parallelism: int | None = Field(None, ge=1, description="parallelism of warm drivers (default: slots)")
     driver_memory: str = "1g"
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
     spark_shuffle_partitions: int = 4

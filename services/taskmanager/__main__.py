@@ -141,9 +141,10 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                        shuffle_partitions=settings.spark_shuffle_partitions,
                                        engine_args=driver_engine_args(settings, config), warm_up=not for_task)
             sup.driver_factory = factory
-            sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism, factory=factory,
-                                max_rss_bytes=settings.warm_driver_max_rss_bytes,
-                                tokens=WarmupTokens.for_machine(settings.warmup_concurrency))
+            sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
+                                factory=factory, max_rss_bytes=settings.warm_driver_max_rss_bytes,
+                                tokens=WarmupTokens.for_machine(settings.warmup_concurrency),
+                                serves_smaller=settings.spark_master == "local")
         supervisors[tm] = sup
 
     # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of

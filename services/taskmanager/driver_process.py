@@ -4,6 +4,13 @@ The driver runs in its own session (process group), so killing the group takes i
 Python workers with it. Its Spark local and temporary directories live under a directory the
 TaskManager owns and deletes when the process ends (a kill -9 leaves spark-*, blockmgr-* and
 RocksDB copies behind otherwise).
+
+A driver started in reserve (a warm driver) warms up at the lowest CPU priority: a JVM warming
+up takes a whole core for 10-15 s, and on a small machine the running tasks' drivers must not
+lose that core to a driver nobody asked for yet. The task that takes it raises it back to the
+TaskManager's own priority (`raise_priority`; every thread of the process group). Where the
+TaskManager could not raise it back (not root and RLIMIT_NICE too low), warm drivers keep the
+normal priority instead.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -31,6 +39,13 @@ _ids = itertools.count(1)
 PHASE_MARKER = "headrace task phase: "
 # The driver dumps every thread's stack into its log on this signal (faulthandler).
 STACK_DUMP_SIGNAL = signal.SIGUSR1
+WARMUP_NICE = 19
+
+
+def may_raise_priority() -> bool:
+    """Whether this process may give a niced child its own priority back."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[1] >= 20 - own
 
 
 class DriverProcess:
@@ -45,6 +60,7 @@ class DriverProcess:
         self.driver_memory, self.shuffle_partitions = driver_memory, shuffle_partitions
         self.engine_args = list(engine_args)  # where its work runs (runner.py --master ...)
         self.warm_up = warm_up  # False: a task waits for this driver, it runs no warm-up query first
+        self.niced = False  # warming up in reserve at WARMUP_NICE (see the module docstring)
         self.on_event, self.on_exit = on_event, on_exit
         self.proc: subprocess.Popen | None = None
         self.ready = threading.Event()
@@ -68,6 +84,14 @@ class DriverProcess:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
                                          pass_fds=(write_fd,), start_new_session=True, env=env)
         os.close(write_fd)
+        if self.warm_up and may_raise_priority():
+            # Before the runner starts its JVM (importing PySpark alone takes a second): every
+            # later thread and child inherits the priority.
+            try:
+                os.setpriority(os.PRIO_PGRP, self.proc.pid, WARMUP_NICE)
+                self.niced = True
+            except OSError:
+                log.warning("could not lower the priority of warm driver %s", self.id, exc_info=True)
         threading.Thread(target=self._read_events, args=(read_fd,), name=f"events-{self.id}", daemon=True).start()
         return self
 
@@ -77,6 +101,18 @@ class DriverProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def raise_priority(self) -> None:
+        """A task took this driver: every thread of its group back to the TaskManager's priority."""
+        if not self.niced or self.proc is None:
+            return
+        try:
+            os.setpriority(os.PRIO_PGRP, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+            self.niced = False
+        except ProcessLookupError:
+            pass
+        except OSError:
+            log.warning("could not raise the priority of driver %s for its task", self.id, exc_info=True)
 
     def send(self, command) -> bool:
         try:

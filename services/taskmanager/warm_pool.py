@@ -17,7 +17,15 @@ RETRY_S. A task never waits for a token: `take` hands it a ready driver, else th
 already warming (it is ahead of any new JVM), else starts the task's own driver at once, taking
 a free token if there is one so that no new warm-up joins its start; and while a driver this
 pool handed to a task is still starting, the pool starts no warm-up of its own (a replacement
-warming beside it slowed the task's start by half).
+warming beside it slowed the task's start by half). Drivers in reserve warm up at the lowest CPU
+priority, raised when a task takes one (driver_process.py), so a replacement warming up while a
+task runs takes only the CPU the task leaves idle.
+
+Which task a driver can serve: with the local engine a warm driver runs `local[N]` and serves a
+task of any parallelism p <= N (`serves_smaller`; the task still reads with p partitions, and
+the TaskManager's slots share its cores as Flink's do), so warm drivers default to the
+TaskManager's slot count and one of them can take any task the TaskManager can hold. A driver on
+a Spark standalone cluster asks for exactly p cores when it starts, so there only p == N fits.
 """
 
 from __future__ import annotations
@@ -96,8 +104,9 @@ class WarmupTokens:
 class WarmPool:
     def __init__(self, *, size: int, parallelism: int, factory: Callable[[int], DriverProcess],
                  max_rss_bytes: int | None = None, ready_timeout_s: float = 120.0,
-                 tokens: WarmupTokens | None = None):
+                 tokens: WarmupTokens | None = None, serves_smaller: bool = False):
         self.size, self.parallelism, self.factory = size, parallelism, factory
+        self.serves_smaller = serves_smaller
         self.max_rss_bytes, self.ready_timeout_s = max_rss_bytes, ready_timeout_s
         self.tokens = tokens if tokens is not None else WarmupTokens.for_machine()
         self._drivers: list[DriverProcess] = []
@@ -117,17 +126,21 @@ class WarmPool:
         machine only slow each other down); else a driver started for the task now, without
         waiting for a token (None only once the pool is shut down)."""
         with self._lock:
-            for d in list(self._drivers):
-                if d.parallelism == parallelism and d.ready.is_set():
-                    self._drivers.remove(d)
-                    if self.healthy(d):
-                        return d
-                    log.warning("discarding unhealthy warm driver %s", d.id)
-                    d.kill()
-            for d in self._drivers:
-                if d.parallelism == parallelism and d.alive():
+            # An exact fit first, then the smallest larger one.
+            fitting = sorted((d for d in self._drivers if self.fits(d, parallelism)),
+                             key=lambda d: d.parallelism != parallelism)
+            for d in [d for d in fitting if d.ready.is_set()]:
+                self._drivers.remove(d)
+                if self.healthy(d):
+                    d.raise_priority()
+                    return d
+                log.warning("discarding unhealthy warm driver %s", d.id)
+                d.kill()
+            for d in fitting:
+                if not d.ready.is_set() and d.alive():
                     self._drivers.remove(d)
                     self._task_starts.append(d)
+                    d.raise_priority()
                     return d
             if self._closed:
                 return None
@@ -140,6 +153,9 @@ class WarmPool:
             log.info("starting driver %s (local[%d]) for a task%s", d.id, parallelism,
                      "" if token else " beside a warm-up that holds every token")
             return d
+
+    def fits(self, d: DriverProcess, parallelism: int) -> bool:
+        return d.parallelism == parallelism or (self.serves_smaller and d.parallelism > parallelism)
 
     def healthy(self, d: DriverProcess) -> bool:
         if not d.alive():
@@ -155,7 +171,9 @@ class WarmPool:
 
     def replenish(self, free_slots: int) -> None:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""
-        want = 0 if self.parallelism <= 0 else min(self.size, free_slots // self.parallelism)
+        # A driver that serves smaller tasks is worth keeping while any slot is free.
+        per_driver = 1 if self.serves_smaller else self.parallelism
+        want = 0 if self.parallelism <= 0 else min(self.size, free_slots // per_driver)
         with self._lock:
             self._want = want
             self._top_up()

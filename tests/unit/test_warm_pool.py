@@ -21,13 +21,17 @@ class _Driver:
     def kill(self):
         self.killed = True
 
+    def raise_priority(self):
+        self.raised = True
 
-def _pool(started, tokens=None, size=2):
+
+def _pool(started, tokens=None, size=2, parallelism=1, serves_smaller=False):
     def factory(p, for_task=False):
         d = _Driver(p, for_task)
         started.append(d)
         return d
-    return WarmPool(size=size, parallelism=1, factory=factory, tokens=tokens or WarmupTokens.unlimited())
+    return WarmPool(size=size, parallelism=parallelism, factory=factory, tokens=tokens or WarmupTokens.unlimited(),
+                    serves_smaller=serves_smaller)
 
 
 def _wait_for(predicate, timeout_s=5.0):
@@ -132,3 +136,39 @@ def test_a_dead_process_gives_its_token_back(tmp_path):
     finally:
         holder.kill()
         holder.wait(5)
+
+
+def test_a_local_warm_driver_serves_a_task_of_lower_parallelism_and_gets_its_priority_back():
+    started = []
+    pool = _pool(started, size=1, parallelism=2, serves_smaller=True)
+    pool.replenish(free_slots=1)  # one free slot is enough for a driver that serves p=1 too
+    assert len(started) == 1 and started[0].parallelism == 2
+    started[0].ready.set()
+    taken = pool.take(1)
+    assert taken is started[0] and getattr(taken, "raised", False)
+    # A task larger than every warm driver gets a driver of its own.
+    bigger = pool.take(3)
+    assert bigger.parallelism == 3 and bigger.for_task
+
+
+def test_an_exact_fit_is_taken_before_a_larger_driver():
+    started = []
+    pool = _pool(started, size=2, parallelism=2, serves_smaller=True)
+    pool.replenish(free_slots=2)
+    exact = pool.factory(1)
+    exact.ready.set()
+    pool._drivers.append(exact)
+    for d in started:
+        d.ready.set()
+    assert pool.take(1) is exact
+
+
+def test_a_standalone_driver_serves_only_its_own_parallelism():
+    started = []
+    pool = _pool(started, size=1, parallelism=2, serves_smaller=False)
+    pool.replenish(free_slots=1)
+    assert started == []  # one free slot cannot hold a p=2 task
+    pool.replenish(free_slots=2)
+    started[0].ready.set()
+    own = pool.take(1)
+    assert own is not started[0] and own.parallelism == 1

@@ -14,6 +14,9 @@ batch's end and reports them in its latest offset (`{"id": <last id>, "entriesBe
 Spark's reportLatestOffset), where the driver reads them for `source_lag` (the Python Data Source
 API has no source metrics). Counted exactly on the server up to LAG_COUNT_CAP entries, above
 that estimated from the ids' times and XLEN; 0 at once when the batch ends at the last entry.
+The cap is small on purpose: counting walks the entries inside Redis, payloads and all (a packed
+entry is ~30 KB), and blocks every other client meanwhile: 10,000 packed entries took 0.65 s
+per planned batch, which halved a backlogged query's throughput (docs/benchmarks.md).
 
 Sink: executors pack their rows into IPC entries and return them as commit messages; the
 driver-side `commit(messages, batch_id)` XADDs them in one server-side script together with the
@@ -64,7 +67,7 @@ DEFAULT_ROWS_PER_ENTRY = 1000
 _MAX_SEQ = 18446744073709551615  # largest sequence number of a stream id
 _READ_PAGE = 256  # entries per XRANGE round trip
 BEHIND_KEY = "entriesBehind"  # in the reported latest offset: entries beyond the planned batch
-LAG_COUNT_CAP = 10_000  # entries counted exactly per batch; a larger backlog is estimated
+LAG_COUNT_CAP = 256  # entries counted exactly per batch (one page); a larger backlog is estimated
 
 
 # ---------------------------------------------------------------- packing helpers

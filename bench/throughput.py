@@ -1,0 +1,204 @@
+"""Throughput of one stateful job through Headrace versus the same pipeline on bare PySpark,
+alternating in one run on one machine.
+
+An outside redis-server holds N click events (packed Arrow entries of 1000 events, 100 keys, 10,000
+events per second of event time). Each run reads the whole stream with
+bench/pipelines/click_windows.py (count per key per 10 s tumbling window, watermark 10 s) into a
+PostgreSQL table of its own, parallelism 2:
+  headrace  submitted over REST (POST /jars/{id}/run) to a local cluster like `headrace up`'s
+            (2 TaskManagers with 2 slots each, warm drivers as configured, PostgreSQL catalog);
+            before each run every TaskManager has its warm drivers ready
+  bare      the same file through bench/bare_spark.py: one python process, a plain SparkSession
+            with the TaskManager driver's settings, the same connectors
+Runs alternate headrace, bare, headrace, bare, ... PostgreSQL is polled (every 0.1 s) for both:
+  total   N / (submission or process start -> sum(count) == N)
+  steady  events after the first committed batch / the time from it to the last
+and the ratio headrace / bare of the medians of each.
+
+usage: python bench/throughput.py [--events 10000000] [--rounds 3] [--max-entries 1000] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._procs import Procs  # noqa: E402
+from bench.checkpoint_overhead import (  # noqa: E402
+    BASE_TIME_US, DEFAULT_PG, append_entries, drop_pg, fresh_pg, machine, pg_engine, sink_batches, sink_sum,
+)
+from bench.submit_latency import wait_warm  # noqa: E402
+from services.taskmanager.runtime.connectors.redis_streams import pack_events  # noqa: E402
+from tests.clusters import Rest, start_cluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINE = ROOT / "bench" / "pipelines" / "click_windows.py"
+BARE = ROOT / "bench" / "bare_spark.py"
+KEYS = 100
+EVENTS_PER_EVENT_SECOND = 10_000
+CLICK_SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("value", pa.int64()),
+                          ("event_time", pa.timestamp("us", tz="UTC"))])
+POLL_S = 0.1
+
+
+def click_entries(count: int, per_entry: int = 1000, first: int = 0):
+    """Packed entries of clicks numbered first..first+count-1: key = url<n mod 100>, event time
+    growing 0.1 ms per event (so nothing is late and 10M events fill 100 windows per key)."""
+    names = pa.array([f"/page/{i}" for i in range(KEYS)])
+    step_us = 1_000_000 // EVENTS_PER_EVENT_SECOND
+    for start in range(first, first + count, per_entry):
+        n = np.arange(start, min(start + per_entry, first + count), dtype=np.int64)
+        yield pack_events(pa.table({
+            "key": names.take(pa.array(n % KEYS)), "n": pa.array(n), "value": pa.array(n % 7),
+            "event_time": pa.array(BASE_TIME_US + n * step_us, type=pa.timestamp("us", tz="UTC")),
+        }, schema=CLICK_SCHEMA))
+
+
+def pipeline_args(source: str, sink_url: str, table: str, max_entries: int | None) -> list[str]:
+    a = ["--stream", "clicks", "--source-url", source, "--sink-url", sink_url, "--table", table]
+    return a + (["--max-entries-per-trigger", str(max_entries)] if max_entries else [])
+
+
+def watch_sink(engine, table: str, events: int, t0: float, timeout_s: float, alive=lambda: True) -> dict:
+    t_first = s_first = None
+    deadline = t0 + timeout_s
+    while True:
+        total = sink_sum(engine, table)
+        now = time.monotonic()
+        if total and t_first is None:
+            t_first, s_first = now, total
+        if total is not None and total >= events:
+            break
+        if now > deadline:
+            raise SystemExit(f"{table}: {total} of {events} events after {timeout_s:.0f} s")
+        if not alive():
+            raise SystemExit(f"{table}: the run ended with {total} of {events} events in the sink")
+        time.sleep(POLL_S)
+    if total != events:
+        raise SystemExit(f"{table}: the sink counted {total} events, not {events}")
+    steady = now - t_first
+    return {"first_s": round(t_first - t0, 2), "total_s": round(now - t0, 2),
+            "total_eps": round(events / (now - t0)),
+            "steady_eps": round((events - s_first) / steady) if steady > 0 else None,
+            "batches": sink_batches(engine, table)}
+
+
+def run_headrace(rest: Rest, jar: str, engine, *, table: str, events: int, args: list[str],
+                 timeout_s: float) -> dict:
+    t0 = time.monotonic()
+    job = rest.run(jar, parallelism=2, jobName=table, programArgsList=args)
+    try:
+        return watch_sink(engine, table, events, t0, timeout_s)
+    finally:
+        rest.cancel(job)
+        rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
+
+
+def run_bare(home: Path, engine, *, table: str, events: int, args: list[str], timeout_s: float,
+             shuffle_partitions: int, driver_memory: str) -> dict:
+    log = open(home / "logs" / f"{table}.log", "ab")
+    cmd = [sys.executable, str(BARE), "--parallelism", "2", "--checkpoint", str(home / "bare-checkpoints" / table),
+           "--shuffle-partitions", str(shuffle_partitions), "--driver-memory", driver_memory, str(PIPELINE),
+           "--", *args]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return watch_sink(engine, table, events, t0, timeout_s, alive=lambda: proc.poll() is None)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--events", type=int, default=10_000_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-entries", type=int, default=1000,
+                   help="max_entries_per_trigger: packed entries of 1000 events per micro-batch (0: the "
+                        "connector's default, all that is available)")
+    p.add_argument("--warm", type=int, default=1, help="warm drivers per TaskManager (HEADRACE_WARM_DRIVERS)")
+    p.add_argument("--warm-parallelism", type=int, default=None, help="HEADRACE_WARM_PARALLELISM")
+    p.add_argument("--only", choices=("headrace", "bare"), default=None)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark still works")
+    args = p.parse_args()
+    if args.smoke:
+        args.events, args.rounds, args.max_entries = 50_000, 1, 20
+    home = Path(tempfile.mkdtemp(prefix="hr-throughput-"))
+    procs = Procs(home, {})
+    sink_url, catalog_url = fresh_pg(DEFAULT_PG), fresh_pg(DEFAULT_PG)
+    engine = pg_engine(sink_url)
+    cluster = None
+    try:
+        source = procs.redis()
+        t = time.monotonic()
+        append_entries(source, "clicks", click_entries(args.events))
+        print(f"preloaded {args.events:,} events in {time.monotonic() - t:.1f} s", flush=True)
+        extra = {} if args.warm_parallelism is None else {"warm_parallelism": args.warm_parallelism}
+        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2,
+                                warm_drivers=args.warm, restart_strategy={"type": "none"}, **extra)
+        settings = cluster.settings
+        rest = Rest(cluster.dispatcher_url)
+        jar = rest.upload(PIPELINE)
+        print(f"machine: {machine()}; {args.events:,} events, max entries per trigger {args.max_entries}, "
+              f"parallelism 2, warm drivers {args.warm}", flush=True)
+        kinds = [args.only] if args.only else ["headrace", "bare"]
+        results: dict[str, list[dict]] = {k: [] for k in kinds}
+        for rnd in range(args.rounds):
+            for kind in kinds:
+                table = f"{kind}_{rnd}"
+                pargs = pipeline_args(source, sink_url, table, args.max_entries)
+                if kind == "headrace":
+                    if args.warm:
+                        wait_warm(cluster, args.warm)
+                    load = round(os.getloadavg()[0], 2)
+                    r = run_headrace(rest, jar, engine, table=table, events=args.events, args=pargs,
+                                     timeout_s=args.timeout)
+                else:
+                    load = round(os.getloadavg()[0], 2)
+                    r = run_bare(home, engine, table=table, events=args.events, args=pargs, timeout_s=args.timeout,
+                                 shuffle_partitions=settings.spark_shuffle_partitions,
+                                 driver_memory=settings.driver_memory)
+                r["load"] = load
+                results[kind].append(r)
+                print(f"round {rnd + 1} {kind:8s} first batch {r['first_s']:6.2f} s  all {r['total_s']:6.2f} s  "
+                      f"total {r['total_eps']:>9,} ev/s  steady {r['steady_eps'] or 0:>9,} ev/s  "
+                      f"{r['batches']} batches  (load {load})", flush=True)
+        med = {k: {m: statistics.median(x[m] or 0 for x in v) for m in ("total_eps", "steady_eps", "first_s")}
+               for k, v in results.items()}
+        for k, m in med.items():
+            print(f"median {k:8s}: total {m['total_eps']:,.0f} ev/s, steady {m['steady_eps']:,.0f} ev/s, "
+                  f"first batch after {m['first_s']:.2f} s")
+        if len(med) == 2:
+            print(f"ratio headrace / bare: total {med['headrace']['total_eps'] / med['bare']['total_eps']:.2f}, "
+                  f"steady {med['headrace']['steady_eps'] / max(1, med['bare']['steady_eps']):.2f}")
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        procs.stop()
+        engine.dispose()
+        for url in (sink_url, catalog_url):
+            drop_pg(DEFAULT_PG, url)
+
+
+if __name__ == "__main__":
+    main()
