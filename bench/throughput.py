@@ -106,26 +106,37 @@ def run_headrace(rest: Rest, jar: str, engine, *, table: str, events: int, args:
         rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
 
 
-def run_bare(home: Path, engine, *, table: str, events: int, args: list[str], timeout_s: float,
-             shuffle_partitions: int, driver_memory: str) -> dict:
-    log = open(home / "logs" / f"{table}.log", "ab")
+def start_bare(home: Path, *, table: str, args: list[str], shuffle_partitions: int,
+               driver_memory: str) -> subprocess.Popen:
+    """bench/bare_spark.py running PIPELINE in its own process group (stop it with stop_bare)."""
+    (home / "logs").mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(BARE), "--parallelism", "2", "--checkpoint", str(home / "bare-checkpoints" / table),
            "--shuffle-partitions", str(shuffle_partitions), "--driver-memory", driver_memory, str(PIPELINE),
            "--", *args]
+    with open(home / "logs" / f"{table}.log", "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_bare(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_bare(home: Path, engine, *, table: str, events: int, args: list[str], timeout_s: float,
+             shuffle_partitions: int, driver_memory: str) -> dict:
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_bare(home, table=table, args=args, shuffle_partitions=shuffle_partitions,
+                      driver_memory=driver_memory)
     try:
         return watch_sink(engine, table, events, t0, timeout_s, alive=lambda: proc.poll() is None)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        stop_bare(proc)
 
 
 def main() -> None:

@@ -87,9 +87,14 @@ class _Terminate(BaseException):
     """Raised by the SIGTERM handler while no task runs: leave quietly."""
 
 
+_task_t0: list[float] = []  # when the task arrived, for the timings in the log
+
+
 def announce_phase(phase: str) -> None:
-    """Tell the log (and through it the TaskManager) what the starting task is doing."""
-    print(f"{PHASE_MARKER}{phase}", flush=True)
+    """Tell the log (and through it the TaskManager) what the starting task is doing, and when
+    (seconds since the task arrived): where a slow start spends its time."""
+    at = f" (+{time.monotonic() - _task_t0[0]:.3f} s)" if _task_t0 else ""
+    print(f"{PHASE_MARKER}{phase}{at}", flush=True)
 
 
 # ---------------------------------------------------------------- spark session
@@ -157,26 +162,41 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
     return spark
 
 
-def warm_up(spark, workdir: str | Path) -> None:
-    """Run what the first real query would otherwise pay for: a shuffle job, then a tiny
-    stateful streaming query through a Python data source into foreachBatch (Python planner
-    and worker processes, the Py4J callback server, codegen of the windowed aggregation, the
-    state store). Measured: the first micro-batch of a task drops from ~10 s to ~2-3 s."""
+def warm_up(spark, workdir: str | Path, parallelism: int = 1) -> None:
+    """Run what the first micro-batch of a task's query would otherwise pay for (measured in
+    docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
+    (SQLAlchemy, the PostgreSQL driver) and in the Python workers the task will reuse, a shuffle
+    job, then a stateful streaming query shaped like most pipelines: a Python data source read
+    with `parallelism` partitions, a watermarked window aggregation with several aggregates, and
+    a foreachBatch that collects each batch as Arrow, as the SQL sink does (Py4J callback server,
+    Arrow collection, code generation of the aggregation, the state store)."""
     from pyspark.sql import functions as F
 
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
+    from .connectors.sql import warm_drivers as warm_sql_drivers
 
+    warm_sql_drivers()
+    parts = max(1, parallelism)
+    spark.sparkContext.parallelize(range(parts), parts).mapPartitions(_import_connectors).collect()
     spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
     cp = Path(workdir) / "warmup-checkpoint"
     q = (
-        spark.readStream.format("datagen").option("total", "8").option("partitions", "1").load()
+        spark.readStream.format("datagen").option("total", "64").option("partitions", str(parts)).load()
         .withWatermark("event_time", "10 seconds")
-        .groupBy(F.window("event_time", "1 minute"), "url").count()
-        .writeStream.foreachBatch(lambda df, _id: df.write.format("noop").mode("overwrite").save())
+        .groupBy(F.window("event_time", "1 minute"), "url")
+        .agg(F.count("*").alias("count"), F.max("i").alias("last"))
+        .writeStream.foreachBatch(lambda df, _id: df.toArrow())
         .outputMode("update").trigger(availableNow=True)
         .option("checkpointLocation", str(cp)).start()
     )
     q.awaitTermination()
+
+
+def _import_connectors(rows):
+    """In a Python worker: import what reading a Redis stream needs, once per reused worker."""
+    from .connectors import redis_streams  # noqa: F401
+
+    return list(rows)
 
 
 # ---------------------------------------------------------------- protocol plumbing
@@ -345,6 +365,7 @@ class Driver:
 
     # -- running
     def run(self, spec: TaskSpec) -> int:
+        _task_t0[:] = [time.monotonic()]
         self.task_started = True
         self.events.emit(Initializing())
         watch = ExecutorWatch(self.spark, self.engine, self.parallelism, self._starved).start()
@@ -464,6 +485,7 @@ class Driver:
         if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves
             query.stop()
         self.events.emit(Running(streaming=True, spark_ui=self.spark_ui))
+        announce_phase("running")
         last = -1
         finished = False
         pending: list[tuple[TakeSnapshot, int | None, float]] = []
@@ -591,6 +613,8 @@ class Driver:
         batches = [latest] if latest.batchId == last + 1 else query.recentProgress
         for p in batches:
             if p.batchId > last:
+                if last < 0:
+                    announce_phase(f"first batch {p.batchId} committed: {json.dumps(p.durationMs)}")
                 last = p.batchId
                 self.events.emit(Progress(
                     batch_id=p.batchId,
@@ -746,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         spark_box[0] = spark
         if not args.no_warmup:
             t_w = time.monotonic()
-            warm_up(spark, workdir)
+            warm_up(spark, workdir, args.parallelism)
             print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
         driver = Driver(events, spark, args.parallelism, engine)
         driver_box[0] = driver

@@ -179,6 +179,19 @@ def _insert(engine: sa.Engine, table: sa.Table):
     return insert(table)
 
 
+def warm_drivers() -> None:
+    """Import both dialects and the PostgreSQL driver, and compile one upsert of each, without
+    connecting anywhere: a warm Spark driver does this so that a task's first batch does not
+    (services/taskmanager/runtime/runner.py, warm_up)."""
+    import psycopg  # noqa: F401
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    table = sa.Table("warm", sa.MetaData(), sa.Column("k", sa.String, primary_key=True), sa.Column("v", sa.BigInteger))
+    for dialect, module in ((postgresql.dialect(), postgresql), (sqlite.dialect(), sqlite)):
+        stmt = module.insert(table)
+        stmt.on_conflict_do_update(index_elements=["k"], set_={"v": stmt.excluded.v}).compile(dialect=dialect)
+
+
 def _sink_engine(url: str) -> sa.Engine:
     engine = make_engine(url)
     if engine.dialect.name == "sqlite":
@@ -401,6 +414,7 @@ class SqlTableSink:
 
     def write_batch(self, df: DataFrame, batch_id: int) -> bool:
         """foreachBatch entry point; also used once (batch id 0) for bounded DataFrames."""
+        import sys as _s, time as _t; print("TIMING write_batch", _t.time(), file=_s.stderr, flush=True)
         flat = flatten_structs(df)
         if self.is_committed(batch_id):
             # Pitfall: a foreachBatch that does not evaluate its DataFrame fails the query with

@@ -1,0 +1,107 @@
+"""Cluster start: `headrace up` -> ready with its TaskManagers and their warm drivers.
+
+Each run starts `headrace up` (a fresh HEADRACE_HOME, a free dispatcher port, the defaults: its own
+redis-server, SQLite catalog, one JobManager, one ResourceManager, 2 TaskManagers with one warm
+driver each, the dispatcher) and times, from the command's start:
+  up     the command prints "Headrace is up" (every TaskManager registered, the dispatcher answers)
+  warm   every TaskManager reports a warm driver ready (hr:tm:<id>:warm in the cluster's Redis),
+         so a submission would start at once
+then stops it with SIGINT (as Ctrl-C does) and waits for it to exit.
+
+usage: python bench/cluster_start.py [--runs 3] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._procs import free_port  # noqa: E402
+from bench.checkpoint_overhead import machine  # noqa: E402
+from shared import streams  # noqa: E402
+
+
+def one_start(timeout_s: float, taskmanagers: int = 2) -> dict:
+    home = Path(tempfile.mkdtemp(prefix="hr-start-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
+    env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port())}
+    out = home / "up.log"
+    t0 = time.monotonic()
+    with open(out, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "-n", str(taskmanagers)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    up = warm = None
+    client = None
+    try:
+        deadline = t0 + timeout_s
+        while warm is None:
+            now = time.monotonic()
+            if now > deadline:
+                raise SystemExit(f"not ready with warm drivers after {timeout_s:.0f} s; see {out}")
+            if proc.poll() is not None:
+                raise SystemExit(f"headrace up exited with {proc.returncode}; see {out}")
+            if up is None and b"Headrace is up" in out.read_bytes():
+                up = now - t0
+            if client is None:
+                config = next(iter(home.glob("runs/*/config.yaml")), None)
+                if config is not None:
+                    client = redis.Redis.from_url(yaml.safe_load(config.read_text())["redis_url"])
+            if client is not None:
+                try:
+                    ready = [json.loads(client.get(streams.tm_warm_key(f"tm-{i + 1}")) or "{}").get("ready", 0)
+                             for i in range(taskmanagers)]
+                except (redis.RedisError, ValueError):
+                    ready = []
+                if ready and all(r >= 1 for r in ready) and up is not None:
+                    warm = now - t0
+            time.sleep(0.05)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(60)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if client is not None:
+            client.close()
+    return {"up_s": round(up, 2), "warm_s": round(warm, 2)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=180)
+    p.add_argument("--smoke", action="store_true", help="one run: checks the benchmark still works")
+    args = p.parse_args()
+    if args.smoke:
+        args.runs = 1
+    print(f"machine: {machine()}", flush=True)
+    runs = []
+    for i in range(args.runs):
+        load = round(os.getloadavg()[0], 2)
+        r = one_start(args.timeout)
+        runs.append(r)
+        print(f"run {i + 1}: up after {r['up_s']:.2f} s, warm drivers ready after {r['warm_s']:.2f} s "
+              f"(load {load})", flush=True)
+        time.sleep(3)
+    print(f"median: up {statistics.median(r['up_s'] for r in runs):.2f} s, "
+          f"warm {statistics.median(r['warm_s'] for r in runs):.2f} s")
+
+
+if __name__ == "__main__":
+    main()
