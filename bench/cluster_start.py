@@ -8,7 +8,7 @@ driver each, the dispatcher) and times, from the command's start:
          so a submission would start at once
 then stops it with SIGINT (as Ctrl-C does) and waits for it to exit.
 
-usage: python bench/cluster_start.py [--runs 3] [--smoke]
+usage: python bench/cluster_start.py [--runs 3] [--concurrency 1,2] [--smoke]
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from bench.checkpoint_overhead import machine  # noqa: E402
 from shared import streams  # noqa: E402
 
 
-def one_start(timeout_s: float, taskmanagers: int = 2) -> dict:
+def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") -> dict:
     home = Path(tempfile.mkdtemp(prefix="hr-start-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port())}
+    if concurrency:
+        env["HEADRACE_WARMUP_CONCURRENCY"] = concurrency
     out = home / "up.log"
     t0 = time.monotonic()
     with open(out, "wb") as log:
@@ -86,21 +88,26 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timeout", type=float, default=180)
+    p.add_argument("--concurrency", default="",
+                   help="comma-separated HEADRACE_WARMUP_CONCURRENCY values to alternate (default: the default)")
     p.add_argument("--smoke", action="store_true", help="one run: checks the benchmark still works")
     args = p.parse_args()
     if args.smoke:
         args.runs = 1
     print(f"machine: {machine()}", flush=True)
-    runs = []
+    variants = args.concurrency.split(",") if args.concurrency else [""]
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     for i in range(args.runs):
-        load = round(os.getloadavg()[0], 2)
-        r = one_start(args.timeout)
-        runs.append(r)
-        print(f"run {i + 1}: up after {r['up_s']:.2f} s, warm drivers ready after {r['warm_s']:.2f} s "
-              f"(load {load})", flush=True)
-        time.sleep(3)
-    print(f"median: up {statistics.median(r['up_s'] for r in runs):.2f} s, "
-          f"warm {statistics.median(r['warm_s'] for r in runs):.2f} s")
+        for v in variants:
+            load = round(os.getloadavg()[0], 2)
+            r = one_start(args.timeout, concurrency=v)
+            runs[v].append(r)
+            print(f"run {i + 1} (warm-up concurrency {v or 'default'}): up after {r['up_s']:.2f} s, "
+                  f"warm drivers ready after {r['warm_s']:.2f} s (load {load})", flush=True)
+            time.sleep(3)
+    for v, rs in runs.items():
+        print(f"median (warm-up concurrency {v or 'default'}): up {statistics.median(r['up_s'] for r in rs):.2f} s, "
+              f"warm {statistics.median(r['warm_s'] for r in rs):.2f} s")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -51,7 +52,11 @@ class Catalog:
                 yield s
 
     def migrate(self) -> None:
-        """`alembic upgrade head`, serialised across processes on PostgreSQL."""
+        """`alembic upgrade head`, serialised across processes on PostgreSQL. A catalog already at
+        the head is left alone without importing Alembic: every service migrates at start, and
+        Alembic's modules stayed resident in each (8 MB of each service's memory, issue 10)."""
+        if self.at_head():
+            return
         from alembic import command
         from alembic.config import Config
 
@@ -71,8 +76,31 @@ class Catalog:
                     conn.execute(text("SELECT pg_advisory_unlock(7243)"))
                     conn.commit()
 
+    def at_head(self) -> bool:
+        """Whether the catalog's schema is the newest migration (False when unsure)."""
+        try:
+            with self.engine.connect() as conn:
+                current = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        except Exception:  # noqa: BLE001 - no table yet, or unreachable: let Alembic decide and say
+            return False
+        return current == [head_revision()]
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_REVISION = re.compile(r"^(down_revision|revision)\s*=\s*['\"]?([\w]+)['\"]?", re.M)
+
+
+def head_revision(versions: Path = MIGRATIONS / "versions") -> str | None:
+    """The revision no other migration builds on, read from the files (Alembic's own
+    ScriptDirectory agrees; tests/unit/test_catalog_head.py checks it)."""
+    revisions, parents = set(), set()
+    for path in versions.glob("*.py"):
+        for key, value in _REVISION.findall(path.read_text()):
+            (revisions if key == "revision" else parents).add(value)
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

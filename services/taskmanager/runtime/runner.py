@@ -165,11 +165,12 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
 def warm_up(spark, workdir: str | Path, parallelism: int = 1) -> None:
     """Run what the first micro-batch of a task's query would otherwise pay for (measured in
     docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
-    (SQLAlchemy, the PostgreSQL driver) and in the Python workers the task will reuse, a shuffle
-    job, then a stateful streaming query shaped like most pipelines: a Python data source read
-    with `parallelism` partitions, a watermarked window aggregation with several aggregates, and
-    a foreachBatch that collects each batch as Arrow, as the SQL sink does (Py4J callback server,
-    Arrow collection, code generation of the aggregation, the state store)."""
+    (SQLAlchemy, the PostgreSQL driver), a shuffle job, then a stateful streaming query shaped
+    like most pipelines: a Python data source read with `parallelism` partitions (Spark's Python
+    planner and worker daemons, which the task reuses), a watermarked window aggregation with
+    several aggregates, and a foreachBatch that collects each batch as Arrow, as the SQL sink
+    does (Py4J callback server, Arrow collection, code generation of the aggregation, the state
+    store). No RDD job: RDD Python workers run under a daemon of their own that SQL never uses."""
     from pyspark.sql import functions as F
 
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
@@ -177,7 +178,6 @@ def warm_up(spark, workdir: str | Path, parallelism: int = 1) -> None:
 
     warm_sql_drivers()
     parts = max(1, parallelism)
-    spark.sparkContext.parallelize(range(parts), parts).mapPartitions(_import_connectors).collect()
     spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
     cp = Path(workdir) / "warmup-checkpoint"
     q = (
@@ -190,13 +190,6 @@ def warm_up(spark, workdir: str | Path, parallelism: int = 1) -> None:
         .option("checkpointLocation", str(cp)).start()
     )
     q.awaitTermination()
-
-
-def _import_connectors(rows):
-    """In a Python worker: import what reading a Redis stream needs, once per reused worker."""
-    from .connectors import redis_streams  # noqa: F401
-
-    return list(rows)
 
 
 # ---------------------------------------------------------------- protocol plumbing
