@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     # `headrace.task.startup-timeout`.
     task_startup_timeout_s: float = Field(300.0, gt=0)
     # Warm drivers that may warm up at once on one machine, across its TaskManagers (None: one per
-    # two cores; 0: no limit): JVMs warming up together on a small host each take three times as long.
+    # core; 0: no limit): more JVMs warming up together than cores each take three times as long.
     warmup_concurrency: int | None = Field(None, ge=0)
     # The dispatcher refuses larger uploads with 413: bytes, or a size such as "500 MB".
     max_upload_bytes: int | str = 100 * 1024**2
@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     driver_memory: str = "1g"
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
     spark_shuffle_partitions: int = 4
+    # A class-data-sharing archive of the Spark driver JVM's classes, built once per machine and
+    # JDK/PySpark version (services/taskmanager/runtime/class_archive.py): drivers start ~2 s
+    # faster. Outside HEADRACE_HOME so that every cluster on the machine shares it; off: false.
+    driver_class_archive: bool = Field(True, description="share the driver JVM's classes through an AppCDS archive")
+    driver_class_archive_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "headrace" / "cds",
+                                           description="where the driver class archive is kept")
     # Each task's Spark UI on a free port, linked from the dashboard (sparkUi of
     # GET /jobs/{id}/progress). Off by default: a UI per driver costs memory on a small machine.
     spark_ui: bool = Field(False, description="run the Spark UI in each task's driver (HEADRACE_SPARK_UI)")

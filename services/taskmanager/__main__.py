@@ -32,6 +32,7 @@ from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
+from services.taskmanager.runtime import class_archive
 from services.taskmanager.supervisor import TaskSupervisor
 from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 
@@ -130,6 +131,11 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         # reaches them this way too.
         os.environ[SPARK_UI_ENV] = "true"
     task_metrics = TaskMetrics(client, advertised_host=metrics.advertised_host(settings))
+    archive = None
+    if settings.driver_class_archive and not simulate:
+        archive = class_archive.archive_path(settings.driver_class_archive_dir)
+        class_archive.ensure_started(archive, workdir / "logs" / "class-archive.log")
+    archive_args = ["--class-archive", str(archive)] if archive is not None else []
     for tm in ids:
         sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
                              cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
@@ -139,7 +145,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
             def factory(p: int, sup=sup, for_task: bool = False, config: dict | None = None):
                 return sup.make_driver(p, driver_memory=settings.driver_memory,
                                        shuffle_partitions=settings.spark_shuffle_partitions,
-                                       engine_args=driver_engine_args(settings, config), warm_up=not for_task)
+                                       engine_args=driver_engine_args(settings, config) + archive_args,
+                                       warm_up=not for_task)
             sup.driver_factory = factory
             sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
                                 factory=factory, max_rss_bytes=settings.warm_driver_max_rss_bytes,

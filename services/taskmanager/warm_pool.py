@@ -7,10 +7,10 @@ use, hands the oldest healthy one out, and starts a replacement in the backgroun
 that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` is
 discarded, never given a task.
 
-Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; two or three
-at once on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's
-take starts) each took 3-8 times longer, and a task handed a starting driver waited for all of
-them. So a driver starts warming only with a token (`WarmupTokens`: flock'ed lock files every
+Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; three at
+once on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's take
+starts) each took 3-8 times longer, and a task handed a starting driver waited for all of them;
+one per core is what the cores can carry. So a driver starts warming only with a token (`WarmupTokens`: flock'ed lock files every
 TaskManager of this user on the host shares; the kernel frees a dead process's token), held
 until the driver is ready or gone; a wanted driver without a token waits, retried every
 RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the oldest one
@@ -71,13 +71,15 @@ class WarmupTokens:
 
     @classmethod
     def for_machine(cls, count: int | None = None, environ=os.environ) -> "WarmupTokens":
-        """`count` tokens, else HEADRACE_WARMUP_CONCURRENCY (0: no limit), else one per two cores."""
+        """`count` tokens, else HEADRACE_WARMUP_CONCURRENCY (0: no limit), else one per core (two
+        JVMs warming up on 2 cores: both ready after 19 s, one after the other 24 s; three or more
+        only slow each other down)."""
         raw = str(count) if count is not None else environ.get(CONCURRENCY_ENV, "").strip()
         try:
-            count = int(raw) if raw else max(1, (os.cpu_count() or 2) // 2)
+            count = int(raw) if raw else max(1, os.cpu_count() or 1)
         except ValueError:
-            log.error("%s must be a whole number, got %r; using one per two cores", CONCURRENCY_ENV, raw)
-            count = max(1, (os.cpu_count() or 2) // 2)
+            log.error("%s must be a whole number, got %r; using one per core", CONCURRENCY_ENV, raw)
+            count = max(1, os.cpu_count() or 1)
         if count <= 0:
             return cls.unlimited()
         return cls(Path(tempfile.gettempdir()) / f"headrace-warmup-{os.getuid()}", count)

@@ -74,6 +74,7 @@ from shared.task_protocol import (
     snapshot_metadata,
 )
 
+from . import class_archive
 from .cluster_mode import Engine, ExecutorWatch, NoExecutors
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -118,11 +119,11 @@ def spark_ui_wanted(environ=os.environ) -> bool:
 
 def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
                 driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False,
-                engine: Engine = Engine()):
+                engine: Engine = Engine(), extra_java_options: str = ""):
     """A SparkSession whose scratch files all live under `workdir` (the caller cleans it): local,
     or a driver of a standalone cluster (`engine`, cluster_mode.py). `ui`: run the Spark UI on a
     free port (several drivers share a host); its kill links are off, a task is cancelled
-    through Headrace."""
+    through Headrace. `extra_java_options`: for the driver's JVM only (class_archive.py)."""
     prepare_env(engine.host)
     from pyspark.sql import SparkSession
 
@@ -141,7 +142,7 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
         builder.master(engine.master_url(parallelism))
         .appName(app_name)
         .config("spark.local.dir", str(local_dir))
-        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.driver.extraJavaOptions", java_opts + extra_java_options)
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -720,6 +721,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--executor-timeout", type=float, default=300.0,
                    help="seconds a task's work may wait for its first executor before it fails")
     p.add_argument("--host", default="127.0.0.1", help="the address executors reach this driver at")
+    p.add_argument("--class-archive", type=Path, default=None,
+                   help="the driver JVM's class-data-sharing archive, used if it exists (class_archive.py)")
     return p.parse_args(argv)
 
 
@@ -759,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         shuffle = args.shuffle_partitions or max(2, args.parallelism)
         spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
-                            driver_memory=args.driver_memory, ui=spark_ui_wanted(), engine=engine)
+                            driver_memory=args.driver_memory, ui=spark_ui_wanted(), engine=engine,
+                            extra_java_options=class_archive.java_options(args.class_archive))
         spark_box[0] = spark
         if not args.no_warmup:
             t_w = time.monotonic()
