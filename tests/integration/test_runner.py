@@ -43,11 +43,11 @@ FAKE_TASKMANAGER = textwrap.dedent("""
 class Driver:
     """A runner process, its event stream and its process tree."""
 
-    def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False):
+    def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False, extra: tuple[str, ...] = ()):
         workdir.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", "2",
-               "--workdir", str(workdir), "--events-fd", str(w), "--shuffle-partitions", "2"]
+               "--workdir", str(workdir), "--events-fd", str(w), "--shuffle-partitions", "2", *extra]
         if not warm:
             cmd.append("--no-warmup")
         if via_parent:
@@ -291,3 +291,17 @@ def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path)
     fake_tm.kill()  # kill -9 of the TaskManager
     d.proc.wait(10)
     d.assert_tree_gone(timeout=30)
+
+
+def test_a_broken_class_archive_costs_only_the_speed_up(tmp_path):
+    """A half-written or foreign class-data-sharing archive must not keep a driver from starting:
+    the JVM ignores an archive it cannot map (class_archive.py)."""
+    archive = tmp_path / "broken.jsa"
+    archive.write_bytes(b"not an archive" * 1000)
+    d = Driver(tmp_path / "d", extra=("--class-archive", str(archive)))
+    try:
+        ready = d.ready()
+        assert ready.parallelism == 2
+    finally:
+        d.proc.stdin.close()
+        d.proc.wait(60)

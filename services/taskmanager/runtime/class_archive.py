@@ -124,9 +124,11 @@ def build(path: Path) -> int:
         jvm = spark.sparkContext._gateway.proc
         spark.stop()
         jvm.stdin.close()  # the JVM exits when its stdin closes, and dumps the archive on the way
-        jvm.wait(BUILD_TIMEOUT_S)
-        if not tmp.is_file() or tmp.stat().st_size == 0:
-            print(f"the JVM wrote no archive at {tmp}", flush=True)
+        code = jvm.wait(BUILD_TIMEOUT_S)
+        if code != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+            # A JVM that died while dumping may have left half a file: never put that in place.
+            print(f"the JVM exited with {code} and wrote {'no' if not tmp.is_file() else 'an unusable'} "
+                  f"archive at {tmp}", flush=True)
             return 1
         os.replace(tmp, path)
         print(f"built {path} ({path.stat().st_size >> 20} MB) in {time.monotonic() - started:.1f} s", flush=True)
