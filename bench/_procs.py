@@ -20,6 +20,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
+    """Signal the process group `proc` leads (started with start_new_session), wait for it, and
+    SIGKILL the group if it outlives `timeout_s`."""
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class Procs:
     def __init__(self, workdir: Path, env: dict[str, str]):
         self.workdir = workdir

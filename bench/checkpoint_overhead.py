@@ -174,6 +174,34 @@ def sink_batches(engine: sa.Engine, table: str) -> int:
                              {"s": f"%:{table}"}).scalar())
 
 
+def watch_sink(engine: sa.Engine, table: str, events: int, t0: float, timeout_s: float, alive=lambda: True,
+               poll_s: float = 0.1) -> dict:
+    """Poll the sink until sum(count) == `events` (exactly: more fails the run) and time it from
+    `t0`: the first committed batch, the last, and the rates over the whole run and after the
+    first batch (steady). `alive()` False ends the wait early, as a failure."""
+    t_first = s_first = None
+    deadline = t0 + timeout_s
+    while True:
+        total = sink_sum(engine, table)
+        now = time.monotonic()
+        if total and t_first is None:
+            t_first, s_first = now, total
+        if total is not None and total >= events:
+            break
+        if now > deadline:
+            raise SystemExit(f"{table}: {total} of {events} events after {timeout_s:.0f} s")
+        if not alive():
+            raise SystemExit(f"{table}: the run ended with {total} of {events} events in the sink")
+        time.sleep(poll_s)
+    if total != events:
+        raise SystemExit(f"{table}: the sink counted {total} events, not {events}")
+    steady = now - t_first
+    return {"first_s": round(t_first - t0, 2), "total_s": round(now - t0, 2), "steady_s": round(steady, 2),
+            "total_eps": round(events / (now - t0)),
+            "steady_eps": round((events - s_first) / steady) if steady > 0 else None,
+            "batches": sink_batches(engine, table)}
+
+
 # ---------------------------------------------------------------- checkpoints of a job
 
 

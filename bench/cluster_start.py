@@ -29,7 +29,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import free_port  # noqa: E402
+from bench._procs import free_port, stop_group  # noqa: E402
 from bench.checkpoint_overhead import machine  # noqa: E402
 from shared import streams  # noqa: E402
 
@@ -71,14 +71,7 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") ->
                     warm = now - t0
             time.sleep(0.05)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(60)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, signal.SIGINT)  # as Ctrl-C does
         if client is not None:
             client.close()
     return {"up_s": round(up, 2), "warm_s": round(warm, 2)}

@@ -32,10 +32,10 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs  # noqa: E402
+from bench._procs import Procs, stop_group  # noqa: E402
 from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine, percentile, pg_engine  # noqa: E402
 from bench.submit_latency import wait_warm  # noqa: E402
-from bench.throughput import KEYS, PIPELINE, start_bare, stop_bare  # noqa: E402
+from bench.throughput import KEYS, PIPELINE, start_bare  # noqa: E402
 from tests.clusters import Rest, start_cluster  # noqa: E402
 
 
@@ -160,7 +160,7 @@ def main() -> None:
                                 duration_s=args.duration_s, poll_s=args.poll_ms / 1000,
                                 alive=lambda: proc.poll() is None)
                 finally:
-                    stop_bare(proc)
+                    stop_group(proc)
             r["load"] = load
             results[kind] = r
             print(f"{kind:8s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "

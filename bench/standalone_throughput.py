@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs  # noqa: E402
 from bench.checkpoint_overhead import (  # noqa: E402
-    DEFAULT_PG, append_entries, cycling_keys, drop_pg, event_entries, fresh_pg, machine, pg_engine, sink_sum,
+    DEFAULT_PG, append_entries, cycling_keys, drop_pg, event_entries, fresh_pg, machine, pg_engine, watch_sink,
 )
 from tests.clusters import Rest, start_cluster  # noqa: E402
 
@@ -42,27 +42,12 @@ def run_once(rest: Rest, jar: str, engine, *, name: str, events: int, source: st
                    programArgsList=["--stream", "events", "--source-url", source, "--sink", "sql", "--table", table,
                                     "--sink-url", sink_url, "--max-entries-per-trigger", str(max_entries)],
                    flinkConfiguration={"execution.checkpointing.interval": "1 h"})
-    t_first = s_first = None
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            total = sink_sum(engine, table)
-            now = time.monotonic()
-            if total and t_first is None:
-                t_first, s_first = now, total
-            if total is not None and total >= events:
-                break
-            if now > deadline:
-                raise SystemExit(f"{name}: {total} of {events} events after {timeout_s:.0f} s")
-            time.sleep(0.02)
-        if total != events:
-            raise SystemExit(f"{name}: the sink counted {total} events, not {events}")
+        r = watch_sink(engine, table, events, t_submit, timeout_s, poll_s=0.02)
     finally:
         rest.cancel(job)
         rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
-    steady_s = now - t_first
-    return {"start_s": round(t_first - t_submit, 2), "steady_s": round(steady_s, 2),
-            "events_per_s": round((events - s_first) / steady_s) if steady_s > 0 else None}
+    return {"start_s": r["first_s"], "steady_s": r["steady_s"], "events_per_s": r["steady_eps"]}
 
 
 def main() -> None:

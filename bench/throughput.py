@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,9 +34,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs  # noqa: E402
+from bench._procs import Procs, stop_group  # noqa: E402
 from bench.checkpoint_overhead import (  # noqa: E402
-    BASE_TIME_US, DEFAULT_PG, append_entries, drop_pg, fresh_pg, machine, pg_engine, sink_batches, sink_sum,
+    BASE_TIME_US, DEFAULT_PG, append_entries, drop_pg, fresh_pg, machine, pg_engine, watch_sink,
 )
 from bench.submit_latency import wait_warm  # noqa: E402
 from services.taskmanager.runtime.connectors.redis_streams import pack_events  # noqa: E402
@@ -50,7 +49,6 @@ KEYS = 100
 EVENTS_PER_EVENT_SECOND = 10_000
 CLICK_SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("value", pa.int64()),
                           ("event_time", pa.timestamp("us", tz="UTC"))])
-POLL_S = 0.1
 
 
 def click_entries(count: int, per_entry: int = 1000, first: int = 0):
@@ -69,30 +67,6 @@ def click_entries(count: int, per_entry: int = 1000, first: int = 0):
 def pipeline_args(source: str, sink_url: str, table: str, max_entries: int | None) -> list[str]:
     a = ["--stream", "clicks", "--source-url", source, "--sink-url", sink_url, "--table", table]
     return a + (["--max-entries-per-trigger", str(max_entries)] if max_entries else [])
-
-
-def watch_sink(engine, table: str, events: int, t0: float, timeout_s: float, alive=lambda: True) -> dict:
-    t_first = s_first = None
-    deadline = t0 + timeout_s
-    while True:
-        total = sink_sum(engine, table)
-        now = time.monotonic()
-        if total and t_first is None:
-            t_first, s_first = now, total
-        if total is not None and total >= events:
-            break
-        if now > deadline:
-            raise SystemExit(f"{table}: {total} of {events} events after {timeout_s:.0f} s")
-        if not alive():
-            raise SystemExit(f"{table}: the run ended with {total} of {events} events in the sink")
-        time.sleep(POLL_S)
-    if total != events:
-        raise SystemExit(f"{table}: the sink counted {total} events, not {events}")
-    steady = now - t_first
-    return {"first_s": round(t_first - t0, 2), "total_s": round(now - t0, 2),
-            "total_eps": round(events / (now - t0)),
-            "steady_eps": round((events - s_first) / steady) if steady > 0 else None,
-            "batches": sink_batches(engine, table)}
 
 
 def run_headrace(rest: Rest, jar: str, engine, *, table: str, events: int, args: list[str],
@@ -117,17 +91,6 @@ def start_bare(home: Path, *, table: str, args: list[str], shuffle_partitions: i
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def stop_bare(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def run_bare(home: Path, engine, *, table: str, events: int, args: list[str], timeout_s: float,
              shuffle_partitions: int, driver_memory: str) -> dict:
     t0 = time.monotonic()
@@ -136,7 +99,7 @@ def run_bare(home: Path, engine, *, table: str, events: int, args: list[str], ti
     try:
         return watch_sink(engine, table, events, t0, timeout_s, alive=lambda: proc.poll() is None)
     finally:
-        stop_bare(proc)
+        stop_group(proc)
 
 
 def main() -> None:
