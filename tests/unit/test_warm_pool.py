@@ -172,3 +172,19 @@ def test_a_standalone_driver_serves_only_its_own_parallelism():
     started[0].ready.set()
     own = pool.take(1)
     assert own is not started[0] and own.parallelism == 1
+
+
+def test_a_starved_low_priority_warm_up_gets_its_priority_back_instead_of_being_discarded():
+    started = []
+    pool = _pool(started, size=1)
+    pool.ready_timeout_s = 0.05
+    pool.replenish(free_slots=1)
+    d = started[0]
+    d.niced = True
+    time.sleep(0.1)
+    pool.replenish(free_slots=1)
+    assert getattr(d, "raised", False) and not d.killed and len(started) == 1
+    time.sleep(0.1)  # still not ready a full timeout after that: stuck after all
+    d.niced = False
+    pool.replenish(free_slots=1)
+    assert d.killed
