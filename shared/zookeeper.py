@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, LockTimeout, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError, ConnectionLoss, KazooException, LockTimeout, NodeExistsError, NoNodeError,
+)
 
 log = logging.getLogger("headrace.zookeeper")
 
@@ -263,58 +265,89 @@ class ZooKeeperCheckpointStore:
         <root>/jobs/<job-id>/checkpoints/<id, 19 digits> JSON {"id", "path", "batch_id", "kind", "at"}
 
     Runs on the leader's own ZooKeeper session; a ZooKeeper error raises (KazooException), which
-    fails the unit of work like any catalog error.
+    fails the unit of work like any catalog error. No call waits for ZooKeeper longer than
+    `op_timeout_s`, and none is sent while the session is not connected: kazoo queues a request
+    made while SUSPENDED until the connection comes back, and a leader cut off ZooKeeper sat in
+    such a call for as long as the cut lasted, inside a catalog transaction whose row locks held
+    up the new leader (tests/e2e/test_multihost_e2e.py, the ZooKeeper cut).
     """
 
-    def __init__(self, zk: KazooClient, root: str = "/headrace"):
+    def __init__(self, zk: KazooClient, root: str = "/headrace", op_timeout_s: float = 5.0):
         self.zk = zk
         self.root = "/" + root.strip("/")
+        self.op_timeout_s = op_timeout_s
 
     def _job(self, job_id: str) -> str:
         return f"{self.root}/jobs/{job_id}"
 
+    def _wait(self, request):
+        """The result of an async kazoo request, or ConnectionLoss after op_timeout_s."""
+        try:
+            return request.get(timeout=self.op_timeout_s)
+        except self.zk.handler.timeout_exception:
+            raise ConnectionLoss(f"ZooKeeper did not answer within {self.op_timeout_s:g} s") from None
+
+    def _connected(self) -> None:
+        if not self.zk.connected:
+            raise ConnectionLoss(f"not connected to ZooKeeper (state {self.zk.state})")
+
     def next_id(self, job_id: str, *, floor: int = 0) -> int:
-        counter = self.zk.Counter(f"{self._job(job_id)}/checkpoint-counter")
-        counter += 1
-        value = counter.value
-        if value <= floor:  # ZooKeeper lost its data: never hand out an id the catalog has seen
-            counter += floor + 1 - value
-            value = counter.value
-        return value
+        """Increment the job's counter by compare-and-set; never below `floor` + 1."""
+        path = f"{self._job(job_id)}/checkpoint-counter"
+        while True:
+            self._connected()
+            try:
+                data, stat = self._wait(self.zk.get_async(path))
+            except NoNodeError:
+                try:
+                    self._wait(self.zk.create_async(path, str(max(1, floor + 1)).encode(), makepath=True))
+                    return max(1, floor + 1)
+                except NodeExistsError:
+                    continue  # another writer created it: read it again
+            value = max(int(data or b"0") + 1, floor + 1)
+            try:
+                self._wait(self.zk.set_async(path, str(value).encode(), version=stat.version))
+                return value
+            except BadVersionError:
+                continue
 
     def add(self, job_id: str, checkpoint_id: int, pointer: dict) -> None:
         path = f"{self._job(job_id)}/checkpoints/{checkpoint_id:019d}"
         data = json.dumps({"id": checkpoint_id, **pointer}).encode()
+        self._connected()
         try:
-            self.zk.create(path, data, makepath=True)
+            self._wait(self.zk.create_async(path, data, makepath=True))
         except NodeExistsError:
-            self.zk.set(path, data)
+            self._wait(self.zk.set_async(path, data))
 
     def completed(self, job_id: str) -> list[dict]:
         """Pointers to the job's retained completed checkpoints, oldest first."""
         base = f"{self._job(job_id)}/checkpoints"
+        self._connected()
         try:
-            children = sorted(self.zk.get_children(base))
+            children = sorted(self._wait(self.zk.get_children_async(base)))
         except NoNodeError:
             return []
         out = []
         for child in children:
             try:
-                data, _ = self.zk.get(f"{base}/{child}")
+                data, _ = self._wait(self.zk.get_async(f"{base}/{child}"))
                 out.append(json.loads(data))
             except (NoNodeError, ValueError):
                 continue
         return out
 
     def remove(self, job_id: str, checkpoint_id: int) -> None:
+        self._connected()
         try:
-            self.zk.delete(f"{self._job(job_id)}/checkpoints/{checkpoint_id:019d}")
+            self._wait(self.zk.delete_async(f"{self._job(job_id)}/checkpoints/{checkpoint_id:019d}"))
         except NoNodeError:
             pass
 
     def remove_job(self, job_id: str) -> None:
         """A globally terminal job's HA data goes; its checkpoint files stay as retention says."""
+        self._connected()
         try:
-            self.zk.delete(self._job(job_id), recursive=True)
+            self.zk.delete(self._job(job_id), recursive=True)  # several requests: kazoo's own helper
         except NoNodeError:
             pass
