@@ -3,8 +3,8 @@ an operator grep logs (TaskManager ids carry the host name)."""
 
 from __future__ import annotations
 
+import os
 import socket
-import uuid
 from typing import NewType
 
 JobId = NewType("JobId", str)
@@ -18,7 +18,9 @@ RequestId = NewType("RequestId", str)
 
 
 def _hex() -> str:
-    return uuid.uuid4().hex
+    # 128 random bits, as Flink's ids; os.urandom(16).hex() is a quarter of uuid4().hex's cost,
+    # which showed when one process sends 10,000 heartbeats a second.
+    return os.urandom(16).hex()
 
 
 def new_job_id() -> JobId:

@@ -348,13 +348,14 @@ class ResourceManager:
 
     def _write_catalog(self, dirty, seen, registrations, gone) -> None:
         with self.catalog.session() as s:
+            rows = []
             for tm_id, msg in registrations.items():
                 entry = self.slots.taskmanagers.get(tm_id)
-                if entry is None:
-                    continue
-                repo.register_taskmanager(s, id=tm_id, host=msg.host, queue=msg.queue, slots_total=msg.slots,
-                                          slots_free=len(entry.free_indices()), cores=msg.cores,
-                                          memory_bytes=msg.memory_bytes, allocations=self.slots.allocations_of(tm_id))
+                if entry is not None:
+                    rows.append(dict(id=tm_id, host=msg.host, queue=msg.queue, slots_total=msg.slots,
+                                     slots_free=len(entry.free_indices()), cores=msg.cores,
+                                     memory_bytes=msg.memory_bytes, allocations=self.slots.allocations_of(tm_id)))
+            repo.register_taskmanagers(s, rows)
             for tm_id, (state, reason) in gone.items():
                 repo.mark_taskmanager_gone(s, tm_id, state=state, reason=reason)
             for tm_id in dirty - set(registrations):

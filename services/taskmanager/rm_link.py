@@ -40,6 +40,23 @@ class LinkState:
     rm_lost: bool = False
     inbox_cursor: str = "0"
     seq: int = 0
+    # A registration not yet answered: when it was sent, and how long to wait before sending it
+    # again (doubling, as Flink's TaskExecutor retries its registration).
+    registration_sent: float | None = None
+    registration_retry_s: float = 0.0
+
+
+def registration_due(st: LinkState, now: float, *, interval_s: float, timeout_s: float) -> bool:
+    """Send a registration now? Once at first, then again after a delay that doubles up to
+    half the heartbeat timeout: a ResourceManager with a backlog answers every registration
+    eventually, and resending each one every interval (10,000 TaskManagers at 1 Hz) only
+    lengthened the backlog until nobody was answered in time. An answer resets it (_on_ack)."""
+    if st.registration_sent is not None and now - st.registration_sent < st.registration_retry_s:
+        return False
+    st.registration_retry_s = interval_s if st.registration_sent is None else min(timeout_s / 2,
+                                                                                 st.registration_retry_s * 2)
+    st.registration_sent = now
+    return True
 
 
 class ResourceManagerLink:
@@ -113,7 +130,8 @@ class ResourceManagerLink:
                 log.warning("ResourceManager lost for %s (no answer for %.0f s); tasks keep running", tm,
                             self.timeout_s)
             if not st.registered:
-                out.append((streams.RM_STREAM, self._registration(tm, sup)))
+                if registration_due(st, now, interval_s=self.interval_s, timeout_s=self.timeout_s):
+                    out.append((streams.RM_STREAM, self._registration(tm, sup)))
             else:
                 st.seq += 1
                 sup.publish_warm_status()  # refreshes the key's TTL while the process lives
@@ -167,4 +185,5 @@ class ResourceManagerLink:
             st.registered = False
         else:
             st.registered = True
+        st.registration_sent = None  # answered: the next registration (if any) goes at once
         st.rm_session = ack.rm_session

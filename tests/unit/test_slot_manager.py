@@ -90,3 +90,19 @@ def test_cancelled_request_leaves_the_queue():
     req(sm, "r2", 1)
     assert sm.cancel_request("r2")
     assert not sm.pending
+
+
+def test_largest_taskmanager_is_tracked_through_registrations_and_removals():
+    sm = make(tms=(("tm-a", 2), ("tm-b", 4), ("tm-c", 4)))
+    assert sm._max_total == 4
+    sm.remove("tm-b")
+    assert sm._max_total == 4  # tm-c still has 4
+    sm.register(taskmanager_id="tm-c", queue="tm.tm-c", host="h", slots=1, cores=2, memory_bytes=1)
+    assert sm._max_total == 2  # re-registered smaller
+    assert req(sm, "r1", 3) is None and "the largest has 2" in sm.waiting_reason("r1")
+    sm.register(taskmanager_id="tm-d", queue="tm.tm-d", host="h", slots=8, cores=2, memory_bytes=1)
+    assert sm._max_total == 8
+    sm.remove("tm-d")
+    sm.remove("tm-a")
+    sm.remove("tm-c")
+    assert sm._max_total == 0
