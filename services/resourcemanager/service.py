@@ -138,6 +138,10 @@ class ResourceManager:
             self._send_jm(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
                                             job_id=req.job_id, reason=message))
         self._serve_pending()
+        if self._gone:
+            # A verdict reaches the catalog before the JobManager acts on it: whoever sees the
+            # task moved (GET /taskmanagers/{id}, the dashboard) also sees its TaskManager LOST.
+            self._flush_catalog_before_outbox(now)
         self.flush_outbox()
         if now - self._last_flush >= 0.5:
             self._last_flush = now
@@ -323,6 +327,13 @@ class ResourceManager:
                 # (an allocation the JobManager never hears of would hold its slots forever).
                 self._outbox = items + self._outbox
                 raise
+
+    def _flush_catalog_before_outbox(self, now: float) -> None:
+        try:
+            self._last_flush = now
+            self.flush_catalog()
+        except Exception as exc:  # noqa: BLE001 - kept for the next flush; the verdict still goes out
+            log.warning("catalog write failed (%s); TaskManager verdicts are written on the next flush", exc)
 
     def flush_catalog(self) -> None:
         """One transaction for everything that changed since the last flush (every 0.5 s)."""

@@ -14,7 +14,7 @@ from shared.ids import new_job_id
 from shared.messages import decode
 from shared.messages import (
     CancelJob, CancelTask, DeployTask, RegisterTaskManager, SlotState, SubmitJob, TaskManagerHeartbeat, TaskReport,
-    TaskStateChanged, UnregisterTaskManager,
+    TaskManagerLost, TaskStateChanged, UnregisterTaskManager,
 )
 from shared.settings import Settings
 from shared.states import ExecutionState as ES
@@ -228,6 +228,21 @@ def test_taskmanager_that_died_while_the_resourcemanager_was_down_is_declared_lo
     assert h.job(job).status == "RUNNING"
     with h.catalog.session() as s:
         assert repo.get_taskmanager(s, dead).state == "LOST"
+
+
+def test_a_lost_verdict_is_in_the_catalog_before_the_jobmanager_hears_of_it(h):
+    # The periodic catalog flush (every 0.5 s) has just run: only the verdict itself can write.
+    h.clock.advance(h.settings.heartbeat_timeout_s)
+    h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()))
+    h.pump(rounds=1)
+    h.clock.advance(0.3)  # tm-0 silent for longer than the timeout; the next scan is due
+    h.t.drain(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, h.rm.handle)
+    h.rm.tick()
+    # Published, not yet read by the JobManager; what it will act on is already in the catalog.
+    assert [m.taskmanager_id for m in h.t.bodies(streams.JM_STREAM) if isinstance(m, TaskManagerLost)] == ["tm-0"]
+    with h.catalog.session() as s:
+        assert repo.get_taskmanager(s, "tm-0").state == "LOST"
+        assert repo.get_taskmanager(s, "tm-1").state == "REGISTERED"
 
 
 def test_taskmanager_that_unregistered_while_the_resourcemanager_was_down_is_gone_at_once(h):
