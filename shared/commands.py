@@ -19,6 +19,10 @@ with their heartbeat on, worker heartbeats), the JobManager a task-sent event pe
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Iterator
+
 from celery import Celery
 
 from shared.messages import CancelTask, DeployTask, TriggerCheckpoint, encode, wrap
@@ -73,6 +77,23 @@ class CommandGateway:
 
     def __init__(self, app: Celery, *, sender: str, epoch: int):
         self.app, self.sender, self.epoch = app, sender, epoch
+        self._local = threading.local()  # the producer of a batch open on this thread
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Commands sent inside go to Redis in one pipeline when the block ends (kombu's
+        Producer.batch), each with its task-sent event, instead of two round trips each: 2,000
+        deploys cost the JobManager ~1 ms apiece one by one. If the block raises, what was not
+        yet flushed is discarded; the caller's outbox keeps those commands for a retry."""
+        if getattr(self._local, "producer", None) is not None:
+            yield  # nested: the outer batch sends
+            return
+        with self.app.producer_or_acquire() as producer, producer.batch():
+            self._local.producer = producer
+            try:
+                yield
+            finally:
+                self._local.producer = None
 
     def deploy(self, queue: str, command: DeployTask) -> None:
         self._send(DEPLOY_TASK, queue, command)
@@ -88,7 +109,7 @@ class CommandGateway:
         # A command is only useful for seconds; one stuck in a dead TaskManager's queue must
         # not start a task much later when a TaskManager with that id reappears.
         self.app.send_task(name, args=[payload], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S,
-                           argsrepr=summary(body, self.epoch))
+                           argsrepr=summary(body, self.epoch), producer=getattr(self._local, "producer", None))
 
 
 def summary(body, epoch: int) -> str:

@@ -47,6 +47,58 @@ def _catalog_max_id(s: Session, job_id: str) -> int:
                      ).scalar() or 0
 
 
+def _catalog_latest_many(s: Session, job_ids: list[str]) -> dict[str, dict | None]:
+    out: dict[str, dict | None] = dict.fromkeys(job_ids)
+    for i in range(0, len(job_ids), 1000):
+        rows = s.execute(select(CheckpointRow.job_id, CheckpointRow.checkpoint_id, CheckpointRow.path,
+                                CheckpointRow.kind, CheckpointRow.batch_id)
+                         .where(CheckpointRow.job_id.in_(job_ids[i:i + 1000]),
+                                CheckpointRow.status == CheckpointStatus.COMPLETED.value)).all()
+        for r in rows:
+            best = out[r.job_id]
+            if best is None or r.checkpoint_id > best["id"]:
+                out[r.job_id] = {"id": r.checkpoint_id, "path": r.path, "kind": r.kind, "batch_id": r.batch_id}
+    return out
+
+
+class BatchLatest:
+    """Any store, with the latest pointer of a batch's jobs read in one go (`prefetch`) instead
+    of one query per deployed attempt: 2,000 deploys were 2,000 queries, each flushing the
+    batch's pending writes. A pointer added or removed later in the same batch drops the job's
+    prefetched answer, so a restart never restores from a superseded checkpoint."""
+
+    def __init__(self, store: CheckpointStore):
+        self.inner = store
+        self._latest: dict[str, dict | None] = {}
+
+    def prefetch(self, s: Session, job_ids: list[str]) -> None:
+        latest_many = getattr(self.inner, "latest_many", None)
+        self._latest = latest_many(s, job_ids) if latest_many is not None and job_ids else {}
+
+    def clear(self) -> None:
+        self._latest = {}
+
+    def next_id(self, s: Session, job_id: str) -> int:
+        return self.inner.next_id(s, job_id)
+
+    def add(self, s: Session, job_id: str, checkpoint_id: int, pointer: dict) -> None:
+        self._latest.pop(job_id, None)
+        self.inner.add(s, job_id, checkpoint_id, pointer)
+
+    def latest(self, s: Session, job_id: str) -> dict | None:
+        if job_id in self._latest:
+            return self._latest[job_id]
+        return self.inner.latest(s, job_id)
+
+    def remove(self, s: Session, job_id: str, checkpoint_id: int) -> None:
+        self._latest.pop(job_id, None)
+        self.inner.remove(s, job_id, checkpoint_id)
+
+    def remove_job(self, s: Session, job_id: str) -> None:
+        self._latest.pop(job_id, None)
+        self.inner.remove_job(s, job_id)
+
+
 class CatalogCheckpointStore:
     """Standalone mode: everything in the catalog, in the caller's transaction."""
 
@@ -62,6 +114,9 @@ class CatalogCheckpointStore:
 
     def latest(self, s: Session, job_id: str) -> dict | None:
         return _catalog_latest(s, job_id)
+
+    def latest_many(self, s: Session, job_ids: list[str]) -> dict[str, dict | None]:
+        return _catalog_latest_many(s, job_ids)
 
     def remove(self, s: Session, job_id: str, checkpoint_id: int) -> None:
         pass

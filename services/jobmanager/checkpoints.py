@@ -46,6 +46,7 @@ from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
 from shared.states import JobStatus as JS
 from shared.states import OperationStatus as OS
+from services.jobmanager.checkpoint_store import BatchLatest
 
 if TYPE_CHECKING:
     from services.jobmanager.checkpoint_store import CheckpointStore
@@ -94,7 +95,7 @@ class CheckpointCoordinator:
 
     def __init__(self, master: "JobMaster", store: "CheckpointStore"):
         self.master = master
-        self.store = store
+        self.store = BatchLatest(store)
         self.settings = master.settings
         self._tracks: dict[str, _Track] = {}
         self._next_tick = 0.0

@@ -19,6 +19,7 @@ newer leader's and deletes nothing unless it still holds the leadership row.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -102,13 +103,18 @@ class Outbox:
         publishes = [(e.target, e.body) for e in effects if e.kind == STREAM]
         if publishes:
             self.transport.publish_many(publishes)
-        for e in effects:
-            if e.kind == DEPLOY:
-                self.gateway.deploy(e.target, e.body)
-            elif e.kind == CANCEL:
-                self.gateway.cancel(e.target, e.body)
-            elif e.kind == CHECKPOINT:
-                self.gateway.trigger_checkpoint(e.target, e.body)
+        commands = [e for e in effects if e.kind in (DEPLOY, CANCEL, CHECKPOINT)]
+        if not commands:
+            return
+        batch = getattr(self.gateway, "batch", None)
+        with batch() if batch is not None else contextlib.nullcontext():
+            for e in commands:
+                if e.kind == DEPLOY:
+                    self.gateway.deploy(e.target, e.body)
+                elif e.kind == CANCEL:
+                    self.gateway.cancel(e.target, e.body)
+                else:
+                    self.gateway.trigger_checkpoint(e.target, e.body)
 
     def take_over(self, s) -> list[Effect]:
         """In the new leader's first transaction: remove what older epochs left and return it,

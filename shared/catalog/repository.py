@@ -277,6 +277,16 @@ def live_executions_on(s: Session, taskmanager_id: str) -> Sequence[Execution]:
                                              Execution.state.not_in(terminal))).scalars().all()
 
 
+def live_executions_on_any(s: Session, taskmanager_ids: Sequence[str]) -> list[Execution]:
+    terminal = [e.value for e in ExecutionState if e.is_terminal]
+    out: list[Execution] = []
+    ids = list(dict.fromkeys(taskmanager_ids))
+    for i in range(0, len(ids), 1000):
+        out.extend(s.execute(select(Execution).where(Execution.taskmanager_id.in_(ids[i:i + 1000]),
+                                                     Execution.state.not_in(terminal))).scalars())
+    return out
+
+
 def transition_execution(
     s: Session, execution_id: str | Execution, target: ExecutionState, *, at_ms: int | None = None,
     taskmanager_id: str | None = None, allocation_id: str | None = None,
