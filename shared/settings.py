@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     warmup_concurrency: int | None = Field(None, ge=0)
     # The dispatcher refuses larger uploads with 413: bytes, or a size such as "500 MB".
     max_upload_bytes: int | str = 100 * 1024**2
+    # How long the dispatcher serves one encoded answer of GET /jobs/overview before building it
+    # again (services/dispatcher/overview_cache.py): it may lag the catalog by this much, except
+    # after this dispatcher's own submissions. 0: built on every request.
+    overview_cache_ms: int = Field(1000, ge=0, description="GET /jobs/overview is rebuilt at most this often "
+                                                           "(milliseconds; 0: on every request)")
 
     restart_strategy: dict[str, Any] = Field(
         default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay": 1.0},

@@ -1,5 +1,9 @@
 """Typed dependencies. Everything comes from `app.state`, filled by `create_app` from what the
-entry point built; nothing is created at import time."""
+entry point built; nothing is created at import time.
+
+The ones that only read `app.state` and that GET /jobs/overview takes are `async`: FastAPI runs a
+plain function dependency in a worker thread, a round trip per dependency per request that cost
+more than answering the overview from its cache."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Annotated, Callable, Iterator
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from services.dispatcher.overview_cache import OverviewCache
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.transport.base import Transport
@@ -18,12 +23,16 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_catalog(request: Request) -> Catalog:
+async def get_catalog(request: Request) -> Catalog:
     return request.app.state.catalog
 
 
 def get_transport(request: Request) -> Transport:
     return request.app.state.transport
+
+
+async def get_overview_cache(request: Request) -> OverviewCache:
+    return request.app.state.overview_cache
 
 
 def get_default_restart_strategy(request: Request) -> dict:
@@ -38,7 +47,7 @@ def get_session(catalog: Annotated[Catalog, Depends(get_catalog)]) -> Iterator[S
         yield s
 
 
-def get_clock(request: Request) -> Callable[[], int]:
+async def get_clock(request: Request) -> Callable[[], int]:
     return getattr(request.app.state, "clock_ms", None) or (lambda: int(time.time() * 1000))
 
 
@@ -52,6 +61,8 @@ TransportDep = Annotated[Transport, Depends(get_transport)]
 SessionDep = Annotated[Session, Depends(get_session)]
 DefaultRestartDep = Annotated[dict, Depends(get_default_restart_strategy)]
 NowMsDep = Annotated[int, Depends(get_now_ms)]
+ClockDep = Annotated[Callable[[], int], Depends(get_clock)]
+OverviewCacheDep = Annotated[OverviewCache, Depends(get_overview_cache)]
 
 
 def get_max_upload_bytes(request: Request) -> int:

@@ -19,6 +19,8 @@ UNASSIGNED = "(unassigned)"  # Flink's endpoint for a task that has no TaskManag
 # Flink reports how long a subtask spent in each of these states.
 _STATUS_DURATION_STATES = ("CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING")
 _NON_TERMINAL_JOB = [s for s in JobStatus if not s.is_terminal]
+# Iterating the enum costs more than the rest of a job's overview (called per job and vertex).
+_EXECUTION_STATES = tuple(s.value for s in ExecutionState)
 
 
 def ms(dt: datetime | None) -> int:
@@ -37,7 +39,7 @@ def _state(ex: Any | None) -> str:
 
 def execution_state_counts(states: Iterable[str]) -> dict[str, int]:
     """Flink's `status-counts`: every ExecutionState name, upper case, with a count."""
-    counts = {s.value: 0 for s in ExecutionState}
+    counts = dict.fromkeys(_EXECUTION_STATES, 0)
     for st in states:
         counts[st] = counts.get(st, 0) + 1
     return counts

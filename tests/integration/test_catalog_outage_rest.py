@@ -76,7 +76,7 @@ def _wait_back(client, path: str, timeout_s: float = 10.0) -> None:
 
 
 def test_reads_answer_503_with_retry_after_while_the_catalog_is_down(dispatcher):
-    client, proxy, _transport, _settings = dispatcher
+    client, proxy, _transport, settings = dispatcher
     jar, job = _seed(client)
     reads = ["/jobs/overview", "/jobs", f"/jobs/{job}", f"/jobs/{job}/config", f"/jobs/{job}/exceptions",
              f"/jobs/{job}/checkpoints", f"/jobs/{job}/checkpoints/config", "/overview", "/jars", "/taskmanagers",
@@ -85,6 +85,9 @@ def test_reads_answer_503_with_retry_after_while_the_catalog_is_down(dispatcher)
         assert client.get(path).status_code == 200, path
 
     proxy.stop()
+    # /jobs/overview answers from its cache until its time-to-live ends (overview_cache.py), then
+    # asks the catalog again.
+    time.sleep(settings.overview_cache_ms / 1000)
     for path in reads:
         _assert_unavailable(client.get(path), path)
     assert client.get("/healthz").status_code == 200  # liveness needs no catalog

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from services.dispatcher import artifacts, limits, restore, restore_check, views
 from shared import job_options as job_config
 from services.dispatcher.deps import (
-    CatalogDep, DefaultRestartDep, MaxUploadDep, SessionDep, SettingsDep, TransportDep,
+    CatalogDep, DefaultRestartDep, MaxUploadDep, OverviewCacheDep, SessionDep, SettingsDep, TransportDep,
 )
 from services.dispatcher.errors import ApiError, Problem, short_value
 from services.dispatcher.schemas import (
@@ -145,6 +145,7 @@ def run_jar(
     catalog: CatalogDep,
     transport: TransportDep,
     default_restart: DefaultRestartDep,
+    overview: OverviewCacheDep,
     body: Annotated[JarRunRequest | None, Body(description="all fields optional")] = None,
     entry_class: Annotated[EntryName | None, Query(alias="entry-class", description="as entryClass")] = None,
     parallelism: Annotated[Parallelism | None, Query(description="as the body's parallelism")] = None,
@@ -205,12 +206,15 @@ def run_jar(
             except NotFound:
                 raise unknown_jar(jarid) from None
         raise _duplicate(job_id, existing.status) from None
+    # The next GET /jobs/overview is built afresh: a client that submits, then lists, sees its job.
+    overview.invalidate()
 
     # Published only after the commit, so the JobManager always finds the row it is told about.
     try:
         transport.publish(JM_STREAM, SubmitJob(job_id=job_id))
     except Exception as exc:  # noqa: BLE001 - any transport failure
         _fail_unpublished(catalog, job_id, exc)
+        overview.invalidate()
         raise ApiError.of(503, f"job {job_id} was not submitted: the JobManager stream is unreachable ({exc})",
                           hint="check that Redis is up (settings.redis_url) and submit again") from None
     log.info("submitted job %s from %s", job_id, jarid)
