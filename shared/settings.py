@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     driver_class_archive: bool = Field(True, description="share the driver JVM's classes through an AppCDS archive")
     driver_class_archive_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "headrace" / "cds",
                                            description="where the driver class archive is kept")
+    # A fork server per local driver with PySpark and the connectors imported, which starts the
+    # Python process Spark spawns per streaming query of a Python source (~0.5 s sooner:
+    # services/taskmanager/runtime/python_forkserver.py). ~60 MB per driver; off: false.
+    driver_python_forkserver: bool = Field(True, description="fork Spark's per-query Python source runner "
+                                                              "from a preloaded process")
     # Each task's Spark UI on a free port, linked from the dashboard (sparkUi of
     # GET /jobs/{id}/progress). Off by default: a UI per driver costs memory on a small machine.
     spark_ui: bool = Field(False, description="run the Spark UI in each task's driver (HEADRACE_SPARK_UI)")

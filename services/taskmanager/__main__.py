@@ -136,6 +136,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         archive = class_archive.archive_path(settings.driver_class_archive_dir)
         class_archive.ensure_started(archive, workdir / "logs" / "class-archive.log")
     archive_args = ["--class-archive", str(archive)] if archive is not None else []
+    if settings.driver_python_forkserver:
+        archive_args.append("--python-forkserver")
     for tm in ids:
         sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
                              cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,

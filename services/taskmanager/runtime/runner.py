@@ -119,12 +119,19 @@ def spark_ui_wanted(environ=os.environ) -> bool:
 
 def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
                 driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False,
-                engine: Engine = Engine(), extra_java_options: str = ""):
+                engine: Engine = Engine(), extra_java_options: str = "", python_forkserver: bool = False):
     """A SparkSession whose scratch files all live under `workdir` (the caller cleans it): local,
     or a driver of a standalone cluster (`engine`, cluster_mode.py). `ui`: run the Spark UI on a
     free port (several drivers share a host); its kill links are off, a task is cancelled
-    through Headrace. `extra_java_options`: for the driver's JVM only (class_archive.py)."""
+    through Headrace. `extra_java_options`: for the driver's JVM only (class_archive.py).
+    `python_forkserver`: with a local engine, Spark's Python processes start through a fork
+    server's launcher (python_forkserver.py); executors elsewhere could not run it."""
     prepare_env(engine.host)
+    if python_forkserver and engine.local:
+        from . import python_forkserver as forkserver
+
+        launcher, _server = forkserver.start(str(Path(workdir).resolve() / "forkserver"))
+        os.environ["PYSPARK_PYTHON"] = launcher  # SparkContext reads it once, when it is created
     from pyspark.sql import SparkSession
 
     work = Path(workdir).resolve()
@@ -723,6 +730,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="the address executors reach this driver at")
     p.add_argument("--class-archive", type=Path, default=None,
                    help="the driver JVM's class-data-sharing archive, used if it exists (class_archive.py)")
+    p.add_argument("--python-forkserver", action="store_true",
+                   help="local engine: start Spark's per-query Python source runner from a preloaded fork "
+                        "server (python_forkserver.py)")
     return p.parse_args(argv)
 
 
@@ -763,7 +773,8 @@ def main(argv: list[str] | None = None) -> int:
         shuffle = args.shuffle_partitions or max(2, args.parallelism)
         spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
                             driver_memory=args.driver_memory, ui=spark_ui_wanted(), engine=engine,
-                            extra_java_options=class_archive.java_options(args.class_archive))
+                            extra_java_options=class_archive.java_options(args.class_archive),
+                            python_forkserver=args.python_forkserver)
         spark_box[0] = spark
         if not args.no_warmup:
             t_w = time.monotonic()

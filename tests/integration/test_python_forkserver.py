@@ -1,0 +1,139 @@
+"""The driver's Python fork server (services/taskmanager/runtime/python_forkserver.py), as Spark
+meets it: a launcher executable started with `-m MODULE`, pipes for its stdio, an exit status
+to read, and sometimes a signal or a kill. `json.tool` stands in for Spark's source runner: it
+reads stdin, writes stdout, fails with a status on bad input and blocks while stdin is open."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.taskmanager.runtime import python_forkserver as fs
+
+REPO = Path(__file__).resolve().parents[2]
+ROUTED = ("json.tool", "probe_mod")
+
+
+@pytest.fixture
+def server(tmp_path):
+    sock = str(tmp_path / "fs.sock")
+    log = open(tmp_path / "server.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "services.taskmanager.runtime.python_forkserver", "--serve", sock,
+                             str(os.getpid()), *ROUTED], cwd=REPO, stdin=subprocess.DEVNULL, stderr=log,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        assert proc.poll() is None, "fork server exited"
+        assert time.monotonic() < deadline, "fork server did not listen within 30 s"
+        time.sleep(0.05)
+    launcher = fs.write_launcher(str(tmp_path), sys.executable, sock, ROUTED)
+    yield launcher, tmp_path / "server.log", proc
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def forked_pids(log: Path) -> list[int]:
+    return [int(m) for m in re.findall(r"as pid (\d+)", log.read_text())]
+
+
+def run(launcher: str, *args: str, stdin: bytes, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([launcher, *args], input=stdin, capture_output=True, cwd=cwd, timeout=30,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_a_routed_start_is_forked_with_the_callers_stdio_cwd_and_status(server, tmp_path):
+    launcher, log, _ = server
+    ok = run(launcher, "-m", "json.tool", stdin=b'{"a": [1, 2]}', cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.decode().split() == ['{', '"a":', '[', '1,', '2', ']', '}']
+    bad = run(launcher, "-m", "json.tool", stdin=b"{not json", cwd=tmp_path)
+    assert bad.returncode == 1 and b"Expecting property name" in bad.stderr
+    assert len(forked_pids(log)) == 2  # both went through the server, not a fresh interpreter
+
+
+def test_the_child_sees_the_callers_environment_and_working_directory(server, tmp_path):
+    launcher, log, _ = server
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "probe_mod.py").write_text("import json, os, sys\n"
+                                       "json.dump({'cwd': os.getcwd(), 'x': os.environ.get('PROBE_X')}, sys.stdout)\n")
+    # probe_mod exists only on the caller's PYTHONPATH, which the server never had.
+    out = run(launcher, "-m", "probe_mod", stdin=b"", cwd=work, env={"PROBE_X": "42", "PYTHONPATH": str(work)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f'{{"cwd": "{work}", "x": "42"}}'.encode()
+    assert len(forked_pids(log)) == 1
+
+
+def test_other_modules_and_plain_scripts_run_on_the_real_interpreter(server, tmp_path):
+    launcher, log, _ = server
+    out = run(launcher, "-c", "import sys; print(sys.executable)", stdin=b"", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.decode().strip() == sys.executable
+    out = run(launcher, "-m", "json.tool", "--sort-keys", stdin=b'{"b": 1, "a": 2}', cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.decode().index('"a"') < out.stdout.decode().index('"b"')
+    assert forked_pids(log) == []  # extra arguments: not a routed start
+
+
+def test_without_a_server_the_launcher_runs_the_real_interpreter(tmp_path):
+    launcher = fs.write_launcher(str(tmp_path), sys.executable, str(tmp_path / "nobody.sock"), ROUTED)
+    out = run(launcher, "-m", "json.tool", stdin=b"[1]", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.split() == [b"[", b"1", b"]"]
+
+
+def _started_child(launcher: str, log: Path, cwd: Path) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([launcher, "-m", "json.tool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd)
+    deadline = time.monotonic() + 20
+    while not forked_pids(log):
+        assert time.monotonic() < deadline, "no child was forked"
+        time.sleep(0.05)
+    return proc, forked_pids(log)[-1]
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    """Exited (a zombie counts: an orphan's reaper here may be slow or absent)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_to_the_launcher_reaches_the_child(server, tmp_path):
+    launcher, log, _ = server
+    proc, child = _started_child(launcher, log, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 128 + signal.SIGTERM
+    assert _gone(child, 5)
+
+
+def test_a_killed_launcher_takes_its_child_with_it(server, tmp_path):
+    launcher, log, _ = server
+    proc, child = _started_child(launcher, log, tmp_path)
+    proc.kill()  # what Spark's destroyForcibly does
+    proc.wait(10)
+    assert _gone(child, 5), "the child of a killed launcher still runs"
+
+
+def test_the_server_leaves_when_its_driver_is_gone(tmp_path):
+    sock = tmp_path / "fs.sock"
+    # The driver: a process that starts the server and exits at once.
+    driver = subprocess.run(
+        [sys.executable, "-c",
+         "import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-m', "
+         "'services.taskmanager.runtime.python_forkserver', '--serve', sys.argv[1], str(os.getpid()), 'json.tool'], "
+         "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)",
+         str(sock)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    server_pid = int(driver.stdout.strip())
+    assert _gone(server_pid, 15), "the fork server outlived its driver"
