@@ -5,8 +5,8 @@ PostgreSQL catalog, its own redis-server), waits until both warm drivers are rea
 settles, then reads the RSS of every process:
   services     JobManager, ResourceManager, dispatcher, each TaskManager process alone
   warm driver  each warm driver's process tree, split into its Python driver process, its JVM and
-               Spark's Python daemons and the workers they forked, as PSS (shared pages counted
-               once) and as a plain sum of RSS
+               Spark's Python daemons and the workers they forked, and its Python fork server
+               (python_forkserver.py), as PSS (shared pages counted once) and as a plain sum of RSS
 The budget of issue 10: JobManager + ResourceManager + dispatcher <= 300 MB together, a TaskManager
 <= 150 MB without its warm drivers.
 
@@ -53,15 +53,17 @@ def driver_parts(driver: psutil.Process) -> dict[str, float]:
     """PSS of a warm driver's tree: the runner (Python), its JVM, and Spark's Python daemons and
     workers under the JVM; and the plain RSS sum for comparison."""
     parts = {"python driver": pss(driver) / MB, "jvm": 0.0, "python workers": 0.0, "workers": 0,
-             "rss sum": rss(driver) / MB}
+             "fork server": 0.0, "rss sum": rss(driver) / MB}
     for child in driver.children(recursive=True):
         try:
-            name = child.name()
+            name, cmdline = child.name(), " ".join(child.cmdline())
         except psutil.Error:
             continue
         parts["rss sum"] += rss(child) / MB
         if name == "java":
             parts["jvm"] += pss(child) / MB
+        elif "python_forkserver" in cmdline:  # services/taskmanager/runtime/python_forkserver.py
+            parts["fork server"] += pss(child) / MB
         else:
             parts["python workers"] += pss(child) / MB
             parts["workers"] += 1
@@ -99,10 +101,10 @@ def main() -> None:
         print(f"TaskManager alone: max {max(tms):.1f} MB (budget 150 MB)")
         for name, d in drivers:
             parts = driver_parts(d)
-            total = parts["python driver"] + parts["jvm"] + parts["python workers"]
+            total = parts["python driver"] + parts["jvm"] + parts["python workers"] + parts["fork server"]
             print(f"warm driver of {name}: {total:.1f} MB (PSS) = Python driver {parts['python driver']} + JVM "
-                  f"{parts['jvm']} + {parts['workers']} Python daemons and workers {parts['python workers']}; "
-                  f"RSS summed: {parts['rss sum']} MB")
+                  f"{parts['jvm']} + {parts['workers']} Python daemons and workers {parts['python workers']} + "
+                  f"Python fork server {parts['fork server']}; RSS summed: {parts['rss sum']} MB")
     finally:
         if cluster is not None:
             cluster.stop()

@@ -126,7 +126,7 @@ class Settings(BaseSettings):
                                            description="where the driver class archive is kept")
     # A fork server per local driver with PySpark and the connectors imported, which starts the
     # Python process Spark spawns per streaming query of a Python source (~0.5 s sooner:
-    # services/taskmanager/runtime/python_forkserver.py). ~60 MB per driver; off: false.
+    # services/taskmanager/runtime/python_forkserver.py). ~45 MB per driver; off: false.
     driver_python_forkserver: bool = Field(True, description="fork Spark's per-query Python source runner "
                                                               "from a preloaded process")
     # Each task's Spark UI on a free port, linked from the dashboard (sparkUi of
