@@ -27,6 +27,7 @@ import psutil
 import pyarrow.dataset as pads
 import pytest
 
+from shared import checkpoint_storage as storage
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import (
     BASE, KEYS, STEP_MS, Producer, completed_checkpoints, expected_totals, sql_totals, wait_for,
@@ -107,6 +108,8 @@ def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed
     moved = tmp / "elsewhere" / Path(stopped).name
     moved.parent.mkdir(parents=True)
     shutil.move(stopped, moved)
+    # The plan's signature is worked out at the first snapshot, off the task's start: it is there.
+    assert storage.read_metadata(moved)["pipeline"]["plan"]["operators"], storage.read_metadata(moved)["pipeline"]
 
     if changed is not None:  # a new grouping key cannot reuse the savepoint's state
         bad = rest.upload(changed)

@@ -307,6 +307,8 @@ class Driver:
         self._query = None
         self._batch_running = False
         self.ctx = None  # the PipelineContext of the task, once built
+        self._plan_of: tuple | None = None  # (DataFrame, output mode) whose signature is not read yet
+        self._plan: dict | None = None
         self.snapshot_requests: queue.Queue[TakeSnapshot] = queue.Queue()
         self.restored_meta: dict | None = None  # metadata of the snapshot this attempt starts from
         self.lineage: dict = {}
@@ -474,11 +476,11 @@ class Driver:
 
     def _run_streaming(self, spec: TaskSpec, handle) -> int:
         live = Path(spec.checkpoint_dir) / handle.name
+        announce_phase("fencing the sinks")
         self._prepare_streaming(spec, handle, live)
-        try:
-            self._plan = _plan_of(handle.df, handle.output_mode)
-        except Exception:  # noqa: BLE001 - the signature only enriches snapshot metadata
-            self._plan = None
+        # Read at the first snapshot, not here: the analysis took 0.12-0.17 s on the path to the
+        # task's first result (docs/benchmarks.md, "Submission to first result").
+        self._plan_of = (handle.df, handle.output_mode)
         announce_phase("starting the Spark query")
         with self._lock:
             query = handle.start(str(live), query_name=spec.job_id)
@@ -587,10 +589,21 @@ class Driver:
             if q.exception() is not None:
                 raise q.exception()
 
+    def _plan_signature(self) -> dict | None:
+        """The streaming query's plan signature (plan_signature.py), worked out once."""
+        if self._plan_of is not None:
+            df, output_mode = self._plan_of
+            self._plan_of = None
+            try:
+                self._plan = _plan_of(df, output_mode)
+            except Exception as exc:  # noqa: BLE001 - the signature only enriches snapshot metadata
+                print(f"plan signature unavailable: {exc!r}", file=sys.stderr, flush=True)
+        return self._plan
+
     def _snapshot(self, spec: TaskSpec, req: TakeSnapshot, live: Path, batch: int | None, received: float,
                   handle) -> bool:
         meta = snapshot_metadata(spec, kind=req.kind, checkpoint_id=req.checkpoint_id)
-        meta["pipeline"]["plan"] = self._plan
+        meta["pipeline"]["plan"] = self._plan_signature()
         meta["query_name"] = handle.name
         meta["lineage"] = {"id": self.lineage["id"], "generation": self.lineage["generation"]}
         try:
