@@ -137,3 +137,23 @@ def test_the_server_leaves_when_its_driver_is_gone(tmp_path):
          str(sock)], cwd=REPO, capture_output=True, text=True, timeout=30)
     server_pid = int(driver.stdout.strip())
     assert _gone(server_pid, 15), "the fork server outlived its driver"
+
+
+def test_a_silent_connection_holds_up_the_next_launcher_only_until_the_handshake_timeout(server, tmp_path):
+    launcher, log, proc = server
+    import socket
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(tmp_path / "fs.sock"))  # connects, never sends its request
+    t0 = time.monotonic()
+    out = run(launcher, "-m", "json.tool", stdin=b"[1]", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.split() == [b"[", b"1", b"]"], out.stderr
+    assert time.monotonic() - t0 < fs.HANDSHAKE_TIMEOUT_S + 10
+    # Either outcome of the race between the two 5 s timeouts runs the module exactly once: forked,
+    # or (the launcher gave up first) on the real interpreter, its forked copy killed.
+    assert proc.poll() is None  # the server survived both
+    forked = len(forked_pids(log))
+    # The silent connection is still open: the server has given up on it and serves the next.
+    again = run(launcher, "-m", "json.tool", stdin=b"[2]", cwd=tmp_path)
+    assert again.returncode == 0 and len(forked_pids(log)) == forked + 1
+    silent.close()

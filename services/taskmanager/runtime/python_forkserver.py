@@ -37,6 +37,10 @@ import struct
 import sys
 
 SOCKET_ENV = "HEADRACE_FORKSERVER_SOCKET"
+# How long either side waits for the other's request or answer before giving up on it: the server
+# is single-threaded (a silent connection would hold up every launcher behind it), and a launcher
+# that gets no answer starts the real interpreter instead.
+HANDSHAKE_TIMEOUT_S = 5.0
 REAL_PYTHON_ENV = "HEADRACE_FORKSERVER_PYTHON"
 # One-shot processes worth forking: started per query, on a task's path to its first batch.
 ROUTED = ("pyspark.sql.streaming.python_streaming_source_runner",)
@@ -96,6 +100,7 @@ def client(args: list[str]) -> None:
     path = os.environ.pop(SOCKET_ENV, "")
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.connect(path)
         request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
         conn.sendmsg([_LEN.pack(len(request)) + request],
@@ -105,7 +110,10 @@ def client(args: list[str]) -> None:
             raise OSError(f"fork server refused: {reply[:200]!r}")
         pid = int(reply.split()[1])
     except (OSError, ValueError):
-        os.execv(python, [python, *args])  # what Spark would have run; never returns
+        # No server, a refusal or no answer in time (closing the connection makes the server
+        # kill a child it may have forked meanwhile): what Spark would have run. Never returns.
+        os.execv(python, [python, *args])
+    conn.settimeout(None)  # the child's exit status comes when the query ends
 
     def forward(signum, _frame):
         try:
@@ -186,6 +194,7 @@ def serve(path: str, parent: int, routed: tuple[str, ...] = ROUTED) -> None:
 def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed: tuple[str, ...]) -> int | None:
     fds: list[int] = []
     try:
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
         head, fds, _flags, _addr = _recv_fds(conn, _LEN.size, 3)
         (size,) = _LEN.unpack(head)
         body = b""
@@ -216,8 +225,16 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
         _child(args[1], fds, request["env"], request["cwd"])
     for fd in fds:
         os.close(fd)
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:  # the launcher gave up waiting and runs the real interpreter: one runner only
+        _kill(pid)
+        conn.close()
+        print(f"python fork server: {args[1]} as pid {pid} killed, its launcher went away", file=sys.stderr,
+              flush=True)
+        return None
+    conn.settimeout(None)
     print(f"python fork server: started {args[1]} as pid {pid}", file=sys.stderr, flush=True)
-    conn.sendall(f"pid {pid}\n".encode())
     return pid
 
 
@@ -271,7 +288,7 @@ def _child(module: str, fds: list[int], env: dict, cwd: str) -> None:
 
 
 def _reap(children: dict, sel) -> None:
-    while children:
+    while True:  # also children no launcher waits for any more (killed in _spawn)
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
