@@ -61,6 +61,9 @@ class ResourceManager:
         self._dirty: set[str] = set()
         self._registrations: dict[str, RegisterTaskManager] = {}
         self._gone: dict[str, tuple[str, str]] = {}
+        # A verdict made since the last early flush: written before it is sent (see tick). Only
+        # once per verdict: while the catalog is down, the periodic flush retries, not every tick.
+        self._new_verdict = False
         self._backlog = False
         self._last_scan = -1e9
         self._last_times_flush = -1e9
@@ -138,7 +141,8 @@ class ResourceManager:
             self._send_jm(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
                                             job_id=req.job_id, reason=message))
         self._serve_pending()
-        if self._gone:
+        if self._new_verdict:
+            self._new_verdict = False
             # A verdict reaches the catalog before the JobManager acts on it: whoever sees the
             # task moved (GET /taskmanagers/{id}, the dashboard) also sees its TaskManager LOST.
             self._flush_catalog_before_outbox(now)
@@ -309,6 +313,7 @@ class ResourceManager:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
         self._lost_total += 1
         self._gone[tm_id] = ("UNREGISTERED" if "unregistered" in reason else "LOST", reason)
+        self._new_verdict = True
         self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
                                       last_heard_at=last_heard_at, silent_for_s=silent_for_s))
 

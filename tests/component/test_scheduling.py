@@ -245,6 +245,28 @@ def test_a_lost_verdict_is_in_the_catalog_before_the_jobmanager_hears_of_it(h):
         assert repo.get_taskmanager(s, "tm-1").state == "REGISTERED"
 
 
+def test_while_the_catalog_is_down_a_verdict_is_tried_once_early_then_with_the_periodic_flush(h):
+    class Down:
+        attempts = 0
+
+        def session(self):
+            Down.attempts += 1
+            raise ConnectionError("catalog unreachable")
+
+    h.clock.advance(h.settings.heartbeat_timeout_s)
+    h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()))
+    h.pump(rounds=1)  # the periodic flush has just run
+    h.rm.catalog = Down()
+    h.clock.advance(0.3)
+    h.t.drain(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, h.rm.handle)
+    for _ in range(5):  # ticks within the next 0.5 s: no write is due but the verdict's own
+        h.rm.tick()
+        h.clock.advance(0.05)
+    assert Down.attempts == 1
+    # Sent anyway: the JobManager acts on it without waiting for the catalog.
+    assert [m.taskmanager_id for m in h.t.bodies(streams.JM_STREAM) if isinstance(m, TaskManagerLost)] == ["tm-0"]
+
+
 def test_taskmanager_that_unregistered_while_the_resourcemanager_was_down_is_gone_at_once(h):
     h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
     h.pump()
