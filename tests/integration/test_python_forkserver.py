@@ -157,3 +157,25 @@ def test_a_silent_connection_holds_up_the_next_launcher_only_until_the_handshake
     again = run(launcher, "-m", "json.tool", stdin=b"[2]", cwd=tmp_path)
     assert again.returncode == 0 and len(forked_pids(log)) == forked + 1
     silent.close()
+
+
+@pytest.mark.parametrize("payload", [
+    b"[1, 2]",                                               # JSON, but not a request
+    b'{"args": ["-m", "json.tool"], "env": [], "cwd": 3}',  # a request of the wrong types
+    b"\xff\xfe not json",
+])
+def test_garbage_requests_are_refused_and_the_server_goes_on(server, tmp_path, payload):
+    launcher, log, proc = server
+    import socket
+    import struct
+
+    for head, body in ((struct.pack("!I", len(payload)), payload), (struct.pack("!I", 2**31), b"")):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(10)
+        conn.connect(str(tmp_path / "fs.sock"))
+        conn.sendall(head + body)  # no stdio fds either
+        assert conn.recv(200).startswith(b"refused ")
+        conn.close()
+    assert proc.poll() is None and forked_pids(log) == []
+    ok = run(launcher, "-m", "json.tool", stdin=b"[3]", cwd=tmp_path)
+    assert ok.returncode == 0 and len(forked_pids(log)) == 1

@@ -41,6 +41,7 @@ SOCKET_ENV = "HEADRACE_FORKSERVER_SOCKET"
 # is single-threaded (a silent connection would hold up every launcher behind it), and a launcher
 # that gets no answer starts the real interpreter instead.
 HANDSHAKE_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 16 * 1024 * 1024  # arguments, environment and directory of one start
 REAL_PYTHON_ENV = "HEADRACE_FORKSERVER_PYTHON"
 # One-shot processes worth forking: started per query, on a task's path to its first batch.
 ROUTED = ("pyspark.sql.streaming.python_streaming_source_runner",)
@@ -197,6 +198,8 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         head, fds, _flags, _addr = _recv_fds(conn, _LEN.size, 3)
         (size,) = _LEN.unpack(head)
+        if size > MAX_REQUEST_BYTES:
+            raise ValueError(f"request of {size} bytes (at most {MAX_REQUEST_BYTES})")
         body = b""
         while len(body) < size:
             chunk = conn.recv(size - len(body))
@@ -207,7 +210,9 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
         args = request["args"]
         if len(args) != 2 or args[0] != "-m" or args[1] not in routed or len(fds) != 3:
             raise ValueError(f"not a routed start: {args!r}")
-    except (OSError, ValueError, KeyError, struct.error) as exc:
+        if not isinstance(request["env"], dict) or not isinstance(request["cwd"], str):
+            raise ValueError("env must be an object and cwd a string")
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         for fd in fds:
             os.close(fd)  # the caller's pipes: a copy kept here would keep its reader waiting for EOF
         try:
