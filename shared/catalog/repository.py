@@ -272,9 +272,7 @@ def latest_executions(s: Session, job_id: str) -> dict[str, Execution]:
 
 
 def live_executions_on(s: Session, taskmanager_id: str) -> Sequence[Execution]:
-    terminal = [e.value for e in ExecutionState if e.is_terminal]
-    return s.execute(select(Execution).where(Execution.taskmanager_id == taskmanager_id,
-                                             Execution.state.not_in(terminal))).scalars().all()
+    return live_executions_on_any(s, [taskmanager_id])
 
 
 def live_executions_on_any(s: Session, taskmanager_ids: Sequence[str]) -> list[Execution]:
