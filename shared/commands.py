@@ -23,8 +23,10 @@ import contextlib
 import threading
 from typing import Iterator
 
+import redis
 from celery import Celery
 
+from shared.celery_wire import CeleryWire
 from shared.messages import CancelTask, DeployTask, TriggerCheckpoint, encode, wrap
 
 DEPLOY_TASK = "headrace.deploy_task"
@@ -73,27 +75,40 @@ def __getattr__(name: str):
 
 
 class CommandGateway:
-    """The JobManager's side: TaskExecutorGateway.submitTask / cancelTask, in Flink's words."""
+    """The JobManager's side: TaskExecutorGateway.submitTask / cancelTask, in Flink's words.
 
-    def __init__(self, app: Celery, *, sender: str, epoch: int):
-        self.app, self.sender, self.epoch = app, sender, epoch
-        self._local = threading.local()  # the producer of a batch open on this thread
+    Given the Redis client of the broker, commands are written as Celery would write them
+    (shared/celery_wire.py) without its per-message cost; without one, through `send_task`."""
+
+    def __init__(self, app: Celery, *, sender: str, epoch: int, client: redis.Redis | None = None):
+        self.app, self.sender, self.epoch, self.client = app, sender, epoch, client
+        self.wire = CeleryWire(app, db=client.connection_pool.connection_kwargs.get("db", 0)) if client else None
+        self._local = threading.local()  # the producer or wire batch open on this thread
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        """Commands sent inside go to Redis in one pipeline when the block ends (kombu's
-        Producer.batch), each with its task-sent event, instead of two round trips each: 2,000
-        deploys cost the JobManager ~1 ms apiece one by one. If the block raises, what was not
-        yet flushed is discarded; the caller's outbox keeps those commands for a retry."""
-        if getattr(self._local, "producer", None) is not None:
+        """Commands sent inside go to Redis in one pipeline when the block ends, each with its
+        task-sent event, instead of two round trips each: 2,000 deploys cost the JobManager
+        ~1 ms apiece one by one. If the block raises, nothing of it is sent; the caller's
+        outbox keeps those commands for a retry."""
+        if getattr(self._local, "open", False):
             yield  # nested: the outer batch sends
             return
+        if self.wire is not None:
+            self._local.open, self._local.items = True, []
+            try:
+                yield
+                items = self._local.items
+            finally:
+                self._local.open, self._local.items = False, None
+            self._write(items)
+            return
         with self.app.producer_or_acquire() as producer, producer.batch():
-            self._local.producer = producer
+            self._local.open, self._local.producer = True, producer
             try:
                 yield
             finally:
-                self._local.producer = None
+                self._local.open, self._local.producer = False, None
 
     def deploy(self, queue: str, command: DeployTask) -> None:
         self._send(DEPLOY_TASK, queue, command)
@@ -108,8 +123,26 @@ class CommandGateway:
         payload = encode(wrap(body, sender=self.sender, epoch=self.epoch)).decode()
         # A command is only useful for seconds; one stuck in a dead TaskManager's queue must
         # not start a task much later when a TaskManager with that id reappears.
+        if self.wire is not None:
+            item = (queue, *self.wire.task(name, queue, [payload], argsrepr=summary(body, self.epoch),
+                                           expires_s=COMMAND_EXPIRES_S))
+            if getattr(self._local, "open", False):
+                self._local.items.append(item)
+            else:
+                self._write([item])
+            return
         self.app.send_task(name, args=[payload], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S,
                            argsrepr=summary(body, self.epoch), producer=getattr(self._local, "producer", None))
+
+    def _write(self, items: list[tuple[str, bytes, bytes | None]]) -> None:
+        if not items:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for queue, message, event in items:
+            pipe.lpush(queue, message)
+            if event is not None:
+                pipe.publish(self.wire.event_channel, event)
+        pipe.execute()
 
 
 def summary(body, epoch: int) -> str:

@@ -102,7 +102,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     unreachable that long, so a standby that does reach it can lead (a leader cut off from Redis
     but not from ZooKeeper would otherwise hold its lease and do nothing)."""
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
-    gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch)
+    gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch,
+                             client=client)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
                        checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
                        restart_clock=WallClock())

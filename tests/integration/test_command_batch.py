@@ -1,6 +1,8 @@
 """The JobManager's commands of one unit of work go to Redis in one pipeline (CommandGateway.batch):
 nothing is visible before the block ends, everything after, in order and in the shape the
-TaskManager's worker accepts; a block that raises sends nothing of what it had not flushed."""
+TaskManager's worker accepts; a block that raises sends nothing of what it had not flushed. Both
+ways of writing commands (Celery's send_task, and shared/celery_wire.py given the broker's
+client) behave alike, and write the same messages and task-sent events."""
 
 from __future__ import annotations
 
@@ -29,9 +31,14 @@ def queued(client: redis.Redis, queue: str) -> list[str]:
     return out
 
 
-def test_batched_commands_arrive_together_in_order(redis_url):
+@pytest.fixture(params=["send_task", "wire"])
+def gateway(request, redis_url):
+    client = redis.Redis.from_url(redis_url) if request.param == "wire" else None
+    return CommandGateway(make_celery(redis_url, "test"), sender="jobmanager", epoch=3, client=client)
+
+
+def test_batched_commands_arrive_together_in_order(redis_url, gateway):
     client = redis.Redis.from_url(redis_url)
-    gateway = CommandGateway(make_celery(redis_url, "test"), sender="jobmanager", epoch=3)
     with gateway.batch():
         for i in range(5):
             gateway.cancel("tm.tm-1", cancel(i))
@@ -41,9 +48,8 @@ def test_batched_commands_arrive_together_in_order(redis_url):
     assert client.llen("tm.tm-1") == 6
 
 
-def test_a_failed_block_sends_nothing(redis_url):
+def test_a_failed_block_sends_nothing(redis_url, gateway):
     client = redis.Redis.from_url(redis_url)
-    gateway = CommandGateway(make_celery(redis_url, "test"), sender="jobmanager", epoch=3)
     with pytest.raises(RuntimeError):
         with gateway.batch():
             gateway.cancel("tm.tm-1", cancel(1))
@@ -52,3 +58,49 @@ def test_a_failed_block_sends_nothing(redis_url):
     with gateway.batch():  # the gateway is usable again
         gateway.cancel("tm.tm-1", cancel(2))
     assert queued(client, "tm.tm-1") == [f"{2:032x}"]
+
+
+def _shape(raw: bytes) -> dict:
+    """A kombu message with what differs per message (ids, times, the node name) blanked, and
+    its base64 body decoded to JSON."""
+    msg = json.loads(raw)
+    body = json.loads(base64.b64decode(msg["body"]))
+    volatile = {"id", "root_id", "correlation_id", "delivery_tag", "expires", "timestamp", "clock", "uuid",
+                "reply_to", "origin", "hostname", "pid", "message_id", "sent_at"}
+
+    def blank(x):
+        if isinstance(x, dict):
+            return {k: ("*" if k in volatile else blank(v)) for k, v in x.items()}
+        if isinstance(x, list):
+            return [blank(v) for v in x]
+        if isinstance(x, str) and x.startswith('{"schema_version'):
+            return blank(json.loads(x))  # the envelope inside the task's args
+        return x
+
+    msg["body"] = blank(body)
+    return blank(msg)
+
+
+def test_the_wire_writes_what_send_task_writes(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    events = client.pubsub()
+    events.psubscribe("*celeryev*")
+    events.get_message(timeout=1)  # the subscription's confirmation
+    written = {}
+    for mode in ("send_task", "wire"):
+        gateway = CommandGateway(make_celery(redis_url, "test"), sender="jobmanager", epoch=3,
+                                 client=client if mode == "wire" else None)
+        with gateway.batch():
+            gateway.cancel(f"tm.{mode}", cancel(7))
+        [item] = client.lrange(f"tm.{mode}", 0, -1)
+        event = events.get_message(timeout=2)
+        assert event is not None, f"{mode}: no task-sent event"
+        written[mode] = (_shape(item), event["channel"], _shape(event["data"]))
+    assert written["wire"][0] == {**written["send_task"][0], "properties": {
+        **written["send_task"][0]["properties"], "delivery_info": {"exchange": "", "routing_key": "tm.wire"}},
+        "body": written["wire"][0]["body"]}
+    assert written["wire"][0]["body"] == written["send_task"][0]["body"]
+    assert written["wire"][1] == written["send_task"][1]
+    sent_task, sent_wire = written["send_task"][2], written["wire"][2]
+    assert sent_wire["body"] == {**sent_task["body"], "queue": "tm.wire", "routing_key": "tm.wire"}
+    assert {k: v for k, v in sent_wire.items() if k != "body"} == {k: v for k, v in sent_task.items() if k != "body"}
