@@ -1,0 +1,119 @@
+"""The JobManager's own cost of starting N no-op tasks, alone: no ResourceManager process, no
+TaskManagers, no other process on the cores. A real JobMaster (PostgreSQL catalog, real
+CommandGateway sending Celery messages to a throwaway redis-server) is fed, in stream batches of
+500 as the service polls them:
+  submit   N SubmitJob                           -> N RequestSlots
+  deploy   N SlotsAllocated (answered as the RM would) -> N DeployTask commands
+  running  N TaskStateChanged INITIALIZING, then N RUNNING
+and each phase is timed (wall and this process's CPU). What control_plane_scale.py measures
+end to end is this plus the hops between processes; this isolates the JobManager's share so
+its changes can be compared side by side (two checkouts, alternating).
+
+usage: python bench/jobmanager_alone.py [--tasks 2000] [--runs 3]
+       [--catalog postgresql://postgres@127.0.0.1:5432/postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._procs import Procs  # noqa: E402
+from bench.control_plane_scale import drop_pg, fresh_pg  # noqa: E402
+from shared import streams  # noqa: E402
+from shared.catalog import Catalog  # noqa: E402
+from shared.catalog import repository as repo  # noqa: E402
+from shared.clock import SystemClock  # noqa: E402
+from shared.commands import CommandGateway, make_celery  # noqa: E402
+from shared.ids import new_allocation_id, new_job_id  # noqa: E402
+from shared.messages import RequestSlots, SlotsAllocated, SubmitJob, TaskStateChanged, decode  # noqa: E402
+from shared.settings import Settings  # noqa: E402
+from shared.states import ExecutionState as ES  # noqa: E402
+from shared.transport import InMemoryTransport  # noqa: E402
+from services.jobmanager.scheduler import JobMaster  # noqa: E402
+
+BATCH = 500  # what the service asks its stream for per poll
+
+
+def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
+    settings = Settings(home=home, catalog=catalog_url, redis_url=redis_url)
+    catalog = Catalog(catalog_url)
+    catalog.migrate()
+    t = InMemoryTransport(sender="bench", epoch=1)
+    gateway = CommandGateway(make_celery(redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=1,
+                             client=redis.Redis.from_url(redis_url))
+    jm = JobMaster(settings, catalog, t, gateway, SystemClock(), epoch=1)
+    with jm.unit_of_work():
+        jm.recover()
+    ids = [new_job_id() for _ in range(tasks)]
+    with catalog.session() as s:
+        for i, jid in enumerate(ids):
+            repo.create_job(s, id=jid, name=f"noop-{i}", artifact_id=None, entry="build", parallelism=1,
+                            program_args=[], config={"noop.duration": -1}, restart_strategy={"type": "none"},
+                            kind="noop")
+
+    def feed(bodies) -> dict:
+        for b in bodies:
+            t.publish(streams.JM_STREAM, b)
+        w0, c0 = time.perf_counter(), time.process_time()
+        while t.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", jm.handle, count=BATCH,
+                     around_batch=jm.unit_of_work):
+            pass
+        return {"wall_s": round(time.perf_counter() - w0, 3), "cpu_s": round(time.process_time() - c0, 3)}
+
+    out = {"submit": feed(SubmitJob(job_id=j) for j in ids)}
+    requests = [decode(raw).body for _, raw in t._streams[streams.RM_STREAM]]
+    requests = [r for r in requests if isinstance(r, RequestSlots)]
+    assert len(requests) == tasks, f"{len(requests)} slot requests for {tasks} jobs"
+    queue = streams.tm_queue("bench-sim")
+    out["deploy"] = feed(SlotsAllocated(request_id=r.request_id, execution_id=r.execution_id, job_id=r.job_id,
+                                        allocation_id=new_allocation_id(), taskmanager_id=f"bench-sim{i:05d}",
+                                        queue=queue, slot_indices=(0,)) for i, r in enumerate(requests))
+    placed = {r.execution_id: (r.job_id, f"bench-sim{i:05d}") for i, r in enumerate(requests)}
+    out["running"] = feed(TaskStateChanged(execution_id=e, job_id=j, taskmanager_id=tm, state=st)
+                          for st in (ES.INITIALIZING, ES.RUNNING) for e, (j, tm) in placed.items())
+    with catalog.session() as s:
+        running = repo.execution_states(s, list(placed)).values()
+    assert sum(1 for st in running if st == ES.RUNNING.value) == tasks, "not every execution is RUNNING"
+    catalog.engine.dispose()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--catalog", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="headrace-bench-"))
+    procs = Procs(work, {})
+    runs = []
+    try:
+        redis_url = procs.redis()
+        for i in range(a.runs):
+            url = fresh_pg(a.catalog)
+            try:
+                runs.append(one_run(url, redis_url, a.tasks, work / f"run{i}"))
+            finally:
+                drop_pg(a.catalog, url)
+    finally:
+        procs.stop()
+    result = {"tasks": a.tasks, "runs": runs}
+    for phase in ("submit", "deploy", "running"):
+        result[f"{phase}_cpu_ms_per_task_median"] = round(
+            statistics.median(r[phase]["cpu_s"] for r in runs) * 1000 / a.tasks, 3)
+    result["total_wall_s_median"] = round(statistics.median(sum(r[p]["wall_s"] for p in r) for r in runs), 2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
