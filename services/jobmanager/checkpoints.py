@@ -29,6 +29,7 @@ work. File deletions run after the transaction committed.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -92,6 +93,7 @@ def job_checkpoint_config(job: Job, cluster_default: dict, savepoint_dir: str) -
 
 class CheckpointCoordinator:
     TICK_S = 0.2
+    CONFIG_CACHE_SIZE = 1024
 
     def __init__(self, master: "JobMaster", store: "CheckpointStore"):
         self.master = master
@@ -99,11 +101,21 @@ class CheckpointCoordinator:
         self.settings = master.settings
         self._tracks: dict[str, _Track] = {}
         self._next_tick = 0.0
+        # Effective options by the job's own (kind, options): read on every submit, deploy and
+        # RUNNING report, and most jobs share a few option sets. Frozen values, so sharing is safe.
+        self._configs: dict[tuple[str, str], checkpointing.CheckpointConfig] = {}
 
     # --- configuration and paths -------------------------------------------------------
 
     def config(self, job: Job) -> checkpointing.CheckpointConfig:
-        return job_checkpoint_config(job, self.settings.checkpointing, str(self.settings.savepoints))
+        key = (job.kind or "", json.dumps(job.config or {}, sort_keys=True, default=str))
+        cfg = self._configs.get(key)
+        if cfg is None:
+            if len(self._configs) >= self.CONFIG_CACHE_SIZE:
+                self._configs.clear()
+            cfg = self._configs[key] = job_checkpoint_config(job, self.settings.checkpointing,
+                                                             str(self.settings.savepoints))
+        return cfg
 
     def checkpoint_path(self, job_id: str, checkpoint_id: int) -> Path:
         return self.settings.checkpoints / job_id / f"chk-{checkpoint_id}"

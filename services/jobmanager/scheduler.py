@@ -180,9 +180,13 @@ class JobMaster:
         executions = repo.lock_rows(s, Execution, {b.execution_id for b in bodies if hasattr(b, "execution_id")})
         job_ids = {b.job_id for b in bodies if hasattr(b, "job_id")} | {e.job_id for e in executions}
         jobs = repo.lock_rows(s, Job, job_ids)
-        if jobs:
-            repo.pin(s, s.execute(select(Vertex).where(Vertex.job_id.in_([j.id for j in jobs]))).scalars().all())
-            artifact_ids = {j.artifact_id for j in jobs if j.artifact_id}
+        # Vertices and artifacts only for the deploys: state reports and submissions do not read
+        # them, and loading 500 of each per batch of reports cost more than the reports.
+        wanted = set(deploying)
+        deploying_jobs = [j for j in jobs if j.id in wanted]
+        if deploying_jobs:
+            repo.pin(s, s.execute(select(Vertex).where(Vertex.job_id.in_([j.id for j in deploying_jobs]))).scalars().all())
+            artifact_ids = {j.artifact_id for j in deploying_jobs if j.artifact_id}
             if artifact_ids:
                 repo.pin(s, s.execute(select(Artifact).where(Artifact.id.in_(artifact_ids))).scalars().all())
         return live_on, deploying
