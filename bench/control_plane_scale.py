@@ -55,6 +55,27 @@ def drop_pg(admin_url: str, catalog_url: str) -> None:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def process_cpu(procs: Procs) -> dict[str, float]:
+    """User + system CPU seconds of each benchmark process (with its children), and of the
+    PostgreSQL server's processes together."""
+    out = {}
+    for name, p in procs.procs.items():
+        try:
+            ps = psutil.Process(p.pid)
+            out[name] = sum(sum(x.cpu_times()[:2]) for x in [ps] + ps.children(recursive=True))
+        except psutil.Error:
+            pass
+    pg = 0.0
+    for ps in psutil.process_iter(["name"]):
+        if (ps.info["name"] or "").startswith("postgres"):
+            try:
+                pg += sum(ps.cpu_times()[:2])
+            except psutil.Error:
+                pass
+    out["postgresql"] = pg
+    return out
+
+
 def main() -> None:
     # SIGTERM must run the `finally` below, or the benchmark's services outlive it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -118,6 +139,7 @@ def main() -> None:
                 repo.create_job(s, id=jid, name=f"noop-{i}", artifact_id=None, entry="build", parallelism=1,
                                 program_args=[], config={"noop.duration": -1}, restart_strategy={"type": "none"},
                                 kind="noop")
+        cpu_before = process_cpu(procs)
         t_submit = time.monotonic()
         transport.publish_many([(streams.JM_STREAM, SubmitJob(job_id=j)) for j in ids])
         running = 0
@@ -130,6 +152,10 @@ def main() -> None:
                 print(f"{time.monotonic() - t_submit:6.2f}s {hist}", file=sys.stderr)
         result["all_tasks_running_s"] = round(time.monotonic() - t_submit, 2) if running >= a.tasks else None
         result["tasks_running"] = running
+        # Where the task phase's CPU went (seconds of CPU, from submission to the last RUNNING):
+        # the machine's two cores are shared by all of these, simulated fleet included.
+        cpu_after = process_cpu(procs)
+        result["task_phase_cpu_s"] = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
     finally:
         procs.stop()
         if catalog_url != a.catalog:
