@@ -9,7 +9,7 @@ and each phase is timed (wall and this process's CPU). What control_plane_scale.
 end to end is this plus the hops between processes; this isolates the JobManager's share so
 its changes can be compared side by side (two checkouts, alternating).
 
-usage: python bench/jobmanager_alone.py [--tasks 2000] [--runs 3]
+usage: python bench/jobmanager_alone.py [--tasks 2000] [--runs 3] [--smoke]
        [--catalog postgresql://postgres@127.0.0.1:5432/postgres]
 """
 
@@ -95,7 +95,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--catalog", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--smoke", action="store_true", help="20 tasks, one run: checks the benchmark still works")
     a = ap.parse_args()
+    if a.smoke:
+        a.tasks, a.runs = 20, 1
     work = Path(tempfile.mkdtemp(prefix="headrace-bench-"))
     procs = Procs(work, {})
     runs = []

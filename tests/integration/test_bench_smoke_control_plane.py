@@ -1,0 +1,19 @@
+"""The JobManager-alone benchmark still runs (a few seconds, so always): 20 no-op tasks go from
+SubmitJob to RUNNING through a real JobMaster, PostgreSQL catalog and Redis commands written by
+shared/celery_wire.py; the script itself fails unless every execution ends RUNNING."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_bench_smoke_checkpoints import BENCH_PG, run_bench
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_jobmanager_alone_smoke_starts_every_task(pg_url):
+    result = run_bench("jobmanager_alone.py", "--catalog", BENCH_PG, timeout_s=150)
+    assert result["tasks"] == 20
+    [run] = result["runs"]
+    assert set(run) == {"submit", "deploy", "running"}
+    assert all(run[phase]["cpu_s"] > 0 for phase in run)
