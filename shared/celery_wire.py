@@ -4,9 +4,9 @@ Redis transport: what `Celery.send_task` puts in Redis, without its per-message 
 Why: starting 2,000 tasks at once, `send_task` cost the JobManager ~0.5 ms per command (queue
 declaration checks, the event dispatcher, kombu's producer and entity copies), a quarter of its
 time. The bytes are the same: a TaskManager's Celery worker, `celery inspect`, `celery events`
-and Flower see the messages and events they see from `send_task` (tests/integration/test_command_batch.py
-compares both field by field). Only commands to an anonymous-exchange queue are built here, the
-only kind the JobManager sends.
+and Flower see the messages and events they see from `send_task`
+(tests/integration/test_command_batch.py compares both field by field). Only commands to an
+anonymous-exchange queue are built here, the only kind the JobManager sends.
 
 Wire format (kombu's virtual transport on Redis): a task is a JSON document LPUSHed to the list
 named after the queue (priority 0 is the plain name); an event is a JSON document PUBLISHed on
