@@ -36,7 +36,7 @@ from shared.catalog import repository as repo  # noqa: E402
 from shared.clock import SystemClock  # noqa: E402
 from shared.commands import CommandGateway, make_celery  # noqa: E402
 from shared.ids import new_allocation_id, new_job_id  # noqa: E402
-from shared.messages import RequestSlots, SlotsAllocated, SubmitJob, TaskStateChanged, decode  # noqa: E402
+from shared.messages import RequestSlots, SlotsAllocated, SubmitJob, TaskStateChanged  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.states import ExecutionState as ES  # noqa: E402
 from shared.transport import InMemoryTransport  # noqa: E402
@@ -73,8 +73,10 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
         return {"wall_s": round(time.perf_counter() - w0, 3), "cpu_s": round(time.process_time() - c0, 3)}
 
     out = {"submit": feed(SubmitJob(job_id=j) for j in ids)}
-    requests = [decode(raw).body for _, raw in t._streams[streams.RM_STREAM]]
-    requests = [r for r in requests if isinstance(r, RequestSlots)]
+    # Read as the ResourceManager would: its consumer group on its stream.
+    requests: list[RequestSlots] = []
+    t.drain(streams.RM_STREAM, streams.RM_GROUP,
+            lambda env: requests.append(env.body) if isinstance(env.body, RequestSlots) else None)
     assert len(requests) == tasks, f"{len(requests)} slot requests for {tasks} jobs"
     queue = streams.tm_queue("bench-sim")
     out["deploy"] = feed(SlotsAllocated(request_id=r.request_id, execution_id=r.execution_id, job_id=r.job_id,
