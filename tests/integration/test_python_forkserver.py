@@ -118,6 +118,33 @@ def test_sigterm_to_the_launcher_reaches_the_child(server, tmp_path):
     assert _gone(child, 5)
 
 
+def test_sigterm_before_the_server_answers_stops_the_launcher_at_once_and_runs_nothing(tmp_path):
+    """The window the test above only sometimes hits: the server has the request but has not
+    named a child yet. The launcher must not die of the signal (no one would pass it on) nor run
+    the module anyway; it gives up the handshake and exits 128 + SIGTERM."""
+    import socket
+
+    sock = tmp_path / "mute.sock"
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(sock))
+    mute.listen(1)
+    mute.settimeout(20)
+    launcher = fs.write_launcher(str(tmp_path), sys.executable, str(sock), ROUTED)
+    proc = subprocess.Popen([launcher, "-m", "json.tool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    conn, _ = mute.accept()
+    conn.settimeout(20)
+    assert conn.recv(4)  # its request is arriving: the launcher waits for the answer now
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.stdin.close()
+    assert proc.wait(10) == 128 + signal.SIGTERM, proc.stderr.read()
+    assert time.monotonic() - t0 < fs.HANDSHAKE_TIMEOUT_S  # at once, not after the handshake timeout
+    assert proc.stdout.read() == b""  # json.tool never ran on the real interpreter
+    conn.close()
+    mute.close()
+
+
 def test_a_killed_launcher_takes_its_child_with_it(server, tmp_path):
     launcher, log, _ = server
     proc, child = _started_child(launcher, log, tmp_path)

@@ -17,7 +17,7 @@ only; everything heavy is imported inside `serve`):
 - `client(args)`: the launcher's side. Connects, sends the request and its fds 0-2
   (SCM_RIGHTS), forwards SIGTERM/SIGINT/SIGHUP to the child, and exits with the child's status.
   No server, or a refused request: it execs the real interpreter, exactly what Spark would
-  have run.
+  have run. Such a signal before the server named the child: it runs nothing and exits 128+sig.
 - `serve(socket, driver_pid)`: the server. Single-threaded; forks a child per request; reports each child's
   exit status to its launcher; kills the child (SIGKILL) when its launcher goes away (Spark
   destroyed it); exits when its parent (the driver) is gone.
@@ -96,10 +96,31 @@ def _sh(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
+class _StoppedBeforeStart(OSError):
+    """A stop signal came before the server named the child: give up the handshake."""
+
+
 def client(args: list[str]) -> None:
     python = os.environ.pop(REAL_PYTHON_ENV, sys.executable)
     path = os.environ.pop(SOCKET_ENV, "")
+    # Spark may stop the query (SIGTERM) while the server is still forking. A signal before the
+    # child's pid is known ends the handshake (closing the connection makes the server kill what
+    # it forked) and this launcher exits as if killed by it; after, it is passed to the child.
+    child: list[int] = []
+    held: list[int] = []
+
+    def forward(signum, _frame):
+        if not child:
+            held.append(signum)
+            raise _StoppedBeforeStart(f"signal {signum} before the child started")
+        try:
+            os.kill(child[0], signum)
+        except ProcessLookupError:
+            pass
+
     try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, forward)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.connect(path)
@@ -109,21 +130,15 @@ def client(args: list[str]) -> None:
         reply = _read_line(conn)
         if not reply.startswith(b"pid "):
             raise OSError(f"fork server refused: {reply[:200]!r}")
-        pid = int(reply.split()[1])
+        child.append(int(reply.split()[1]))
     except (OSError, ValueError):
+        if held:
+            sys.exit(128 + held[0])  # told to stop before anything ran: nothing to start
         # No server, a refusal or no answer in time (closing the connection makes the server
-        # kill a child it may have forked meanwhile): what Spark would have run. Never returns.
+        # kill a child it may have forked meanwhile): what Spark would have run. Never returns;
+        # exec resets the handlers to the defaults.
         os.execv(python, [python, *args])
     conn.settimeout(None)  # the child's exit status comes when the query ends
-
-    def forward(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
     status = _read_line(conn)
     sys.exit(int(status.split()[1]) if status.startswith(b"exit ") else 1)
 
