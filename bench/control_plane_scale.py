@@ -55,6 +55,14 @@ def drop_pg(admin_url: str, catalog_url: str) -> None:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def stream_lag(client: redis.Redis, stream: str, group: str) -> int | None:
+    """Entries of `stream` the consumer group has not read yet."""
+    for g in client.xinfo_groups(stream):
+        if g["name"].decode() == group:
+            return g.get("lag")
+    return None
+
+
 def process_cpu(procs: Procs) -> dict[str, float]:
     """User + system CPU seconds of each benchmark process (with its children), and of the
     PostgreSQL server's processes together."""
@@ -149,7 +157,12 @@ def main() -> None:
                 hist = dict(s.execute(select(Execution.state, func.count()).group_by(Execution.state)).all())
                 running = hist.get("RUNNING", 0)
             if a.verbose:
-                print(f"{time.monotonic() - t_submit:6.2f}s {hist}", file=sys.stderr)
+                # Where the work waits: messages not yet read by the JobManager and the
+                # ResourceManager, commands not yet taken by the simulated TaskManagers.
+                backlog = {g: stream_lag(client, st, g) for st, g in
+                           ((streams.JM_STREAM, streams.JM_GROUP), (streams.RM_STREAM, streams.RM_GROUP))}
+                backlog["tm_queue"] = client.llen(streams.tm_queue("sim"))
+                print(f"{time.monotonic() - t_submit:6.2f}s {hist} waiting {backlog}", file=sys.stderr)
         result["all_tasks_running_s"] = round(time.monotonic() - t_submit, 2) if running >= a.tasks else None
         result["tasks_running"] = running
         # Where the task phase's CPU went (seconds of CPU, from submission to the last RUNNING):

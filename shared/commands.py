@@ -3,8 +3,10 @@
 `Envelope`, so the receiver can fence by leader epoch like any other message.
 
 A command task is short: it hands the work to the TaskManager's supervisor and returns. No
-Celery task ever runs a pipeline (the Redis broker would redeliver one that outlives the
-visibility timeout).
+Celery task ever runs a pipeline. Commands are acknowledged when the worker takes them, and the
+TaskManager's transport keeps no "unacked" copy (shared/transport/kombu_redis.py): a command
+lost with a TaskManager is the JobManager's acknowledgement timer's to handle, never
+redelivered minutes later.
 
 Celery's own tools work against a running cluster: TaskManager workers send task events (and,
 with their heartbeat on, worker heartbeats), the JobManager a task-sent event per command, and

@@ -113,6 +113,7 @@ class TaskSupervisor:
         self.slots: dict[int, str | None] = {i: None for i in range(slots)}
         self.tasks: dict[str, Task] = {}
         self._lock = threading.RLock()
+        self._held = threading.local()  # reports held back while a no-op task starts (see _start)
         self.metrics = None  # services.taskmanager.metrics.TaskMetrics, set by the entry point
 
     # --- commands ----------------------------------------------------------------------
@@ -147,8 +148,17 @@ class TaskSupervisor:
     def _start(self, task: Task) -> None:
         spec = task.spec
         if spec.kind == "noop":
-            self.noop.start(task, self._on_noop_state, startup_timeout_s=task.startup_timeout_s,
-                            on_startup_timeout=self._startup_expired)
+            # A no-op task reports INITIALIZING and RUNNING within this call: one round trip
+            # to Redis for both instead of one each (the no-op runner's thread reports later
+            # states on its own).
+            self._held.reports = []
+            try:
+                self.noop.start(task, self._on_noop_state, startup_timeout_s=task.startup_timeout_s,
+                                on_startup_timeout=self._startup_expired)
+            finally:
+                held, self._held.reports = self._held.reports, None
+                if held:
+                    self.transport.publish_many(held)
             return
         with self._lock:
             # A job that sets its executors' size needs a driver started with it.
@@ -420,9 +430,14 @@ class TaskSupervisor:
         self._replenish()
 
     def _report(self, spec: tp.TaskSpec, state: ES, *, cause: str | None = None, name: str | None = None) -> None:
-        self.transport.publish(streams.JM_STREAM, TaskStateChanged(
-            execution_id=spec.execution_id, job_id=spec.job_id, taskmanager_id=self.taskmanager_id, state=state,
-            failure_cause=cause, failure_name=name))
+        report = TaskStateChanged(execution_id=spec.execution_id, job_id=spec.job_id,
+                                  taskmanager_id=self.taskmanager_id, state=state, failure_cause=cause,
+                                  failure_name=name)
+        held = getattr(self._held, "reports", None)
+        if held is not None:
+            held.append((streams.JM_STREAM, report))
+        else:
+            self.transport.publish(streams.JM_STREAM, report)
 
     def _replenish(self) -> None:
         if self.warm is not None:

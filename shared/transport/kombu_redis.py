@@ -69,7 +69,32 @@ def readable_message(item: bytes | str) -> dict:
     return message
 
 
+# Items one read may take from a queue with a backlog (see Channel._deliver_backlog).
+MORE_PER_READ = 50
+
+
 class Channel(kombu_redis.Channel):
+    # Commands are acknowledged as soon as the worker takes them (task_acks_late=False), so
+    # kombu's "unacked" hash held each one only for the moment before its ack, at two Redis
+    # round trips per command; its one effect would be to put a command taken by a worker that
+    # died in that moment back in the queue after the visibility timeout, minutes after the
+    # JobManager's acknowledgement timer failed that deploy over.
+    ack_emulation = False
+    _sync_client = None
+
+    def _create_client(self, asynchronous=False):
+        # kombu builds a new redis.Redis for every ack, every unacked-hash entry and every
+        # worker event: its constructor copies ~200 response callbacks, and with a backlog of
+        # commands that was a tenth of a TaskManager's time. A client over the channel's pool is
+        # safe to share (each command checks a connection out of the pool); the asynchronous one
+        # (BRPOP, whose connection the poller holds) is still made afresh.
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool
+        if self._sync_client is None or self._sync_client.connection_pool is not pool:
+            self._sync_client = super()._create_client()
+        return self._sync_client
+
     def _brpop_read(self, **options):
         # kombu 5's Channel._brpop_read, with the item checked before it is delivered.
         try:
@@ -80,8 +105,8 @@ class Channel(kombu_redis.Channel):
                 raise
             if not dest__item:
                 raise Empty()
-            dest, item = dest__item
-            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            key, item = dest__item
+            dest = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
             try:
                 message = readable_message(item)
@@ -89,12 +114,36 @@ class Channel(kombu_redis.Channel):
                 self._dead_letter(dest, item, str(exc))
                 raise Empty() from None  # the hub's "nothing for you": it polls on
             self.connection._deliver(message, dest)
+            self._deliver_backlog(key, dest)
             return True
         finally:
             self._in_poll = None
             flush = getattr(self, "_flush_brpop_reauth", None)  # kombu >= 5.6
             if flush is not None:
                 flush()
+
+    def _deliver_backlog(self, key: bytes, queue: str) -> None:
+        """After one item, up to MORE_PER_READ - 1 more of the same queue in one RPOP instead of
+        a BRPOP round trip and an event-loop turn each: with thousands of commands queued (a
+        burst of deploys) that turn, and the worker-event publish each turn flushes, were most
+        of a TaskManager's time. An empty queue costs one RPOP that returns nothing. If a
+        delivery raises, what was popped but not delivered goes back to the head of the queue."""
+        with self.conn_or_acquire() as client:
+            items = client.rpop(key, MORE_PER_READ - 1) or []
+        for i, item in enumerate(items):
+            try:
+                message = readable_message(item)
+            except UnreadableItem as exc:
+                self._dead_letter(queue, item, str(exc))
+                continue
+            try:
+                self.connection._deliver(message, queue)
+            except BaseException:
+                rest = items[i + 1:]
+                if rest:
+                    with self.conn_or_acquire() as client:
+                        client.rpush(key, *reversed(rest))  # BRPOP takes from the right
+                raise
 
     def _dead_letter(self, queue: str, item: bytes, error: str) -> None:
         log.error("dead-lettering an unreadable item of queue %s (%d bytes): %s", queue, len(item), error)

@@ -1,0 +1,105 @@
+"""A TaskManager's command queue with a backlog (shared/transport/kombu_redis.py): after one
+BRPOP the channel takes up to MORE_PER_READ - 1 more items in one RPOP. Against a real Redis,
+through kombu's own consumer API as the Celery worker uses it: every command arrives once, in the
+order it was queued; unreadable items among them are dead-lettered without costing their
+neighbours; and when a delivery fails, what was popped but not delivered is back at the head of
+the queue, in order."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import pytest
+import redis
+from kombu import Connection, Consumer, Queue
+
+from shared import streams
+from shared.transport import kombu_redis
+
+pytestmark = pytest.mark.integration
+
+
+def item(queue: str, n: int) -> bytes:
+    """A Celery protocol-2 message as kombu stores it in the queue list; its task id is `cmd-<n>`."""
+    body = base64.b64encode(json.dumps([[n], {}, {"callbacks": None, "errbacks": None, "chain": None,
+                                                  "chord": None}]).encode()).decode()
+    return json.dumps({
+        "body": body, "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": {"lang": "py", "task": "headrace.test", "id": f"cmd-{n}", "retries": 0},
+        "properties": {"delivery_mode": 2, "priority": 0, "body_encoding": "base64",
+                       "delivery_info": {"exchange": "", "routing_key": queue}, "delivery_tag": str(uuid.uuid4())},
+    }).encode()
+
+
+def queue_in_order(client: redis.Redis, queue: str, items: list[bytes]) -> None:
+    """LPUSH each in turn, as producers do: the first pushed is the first BRPOP takes."""
+    pipe = client.pipeline(transaction=False)
+    for it in items:
+        pipe.lpush(queue, it)
+    pipe.execute()
+
+
+def drain(conn: Connection, queue: str, on_message, *, until) -> None:
+    with Consumer(conn.channel(), queues=[Queue(queue, routing_key=queue)], callbacks=[on_message],
+                  accept=["json"]):
+        for _ in range(200):
+            if until():
+                return
+            try:
+                conn.drain_events(timeout=0.2)
+            except TimeoutError:
+                pass
+    raise AssertionError("the queue was not drained")
+
+
+def test_a_backlog_arrives_complete_in_order_and_unreadable_items_are_dead_lettered(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    queue = "tm.backlog-1"
+    total = 3 * kombu_redis.MORE_PER_READ + 7  # several reads' worth, the last one partial
+    garbage = {10: b"not json", 11: b'{"a": 1}', kombu_redis.MORE_PER_READ + 3: b"[]"}
+    items = [garbage.get(i) or item(queue, i) for i in range(total)]
+    queue_in_order(client, queue, items)
+    seen: list[str] = []
+
+    def on_message(_body, message):
+        seen.append(message.headers["id"])
+        message.ack()
+
+    with Connection(redis_url, transport=kombu_redis.Transport) as conn:
+        drain(conn, queue, on_message, until=lambda: len(seen) == total - len(garbage))
+    assert seen == [f"cmd-{i}" for i in range(total) if i not in garbage]
+    assert client.llen(queue) == 0
+    letters = client.xrange(streams.DLQ_STREAM)
+    assert len(letters) == len(garbage)
+    assert all(fields[b"queue"] == queue.encode() for _, fields in letters)
+
+
+def test_what_a_failed_delivery_left_undelivered_goes_back_to_the_head_of_the_queue(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    queue = "tm.backlog-2"
+    total = 30
+    queue_in_order(client, queue, [item(queue, i) for i in range(total)])
+    seen: list[str] = []
+    failed = []
+
+    def failing_once_on_5(_body, message):
+        if message.headers["id"] == "cmd-5" and not failed:
+            failed.append(True)
+            raise RuntimeError("the worker could not take cmd-5")
+        seen.append(message.headers["id"])
+        message.ack()
+
+    with Connection(redis_url, transport=kombu_redis.Transport) as conn:
+        with pytest.raises(RuntimeError, match="cmd-5"):
+            drain(conn, queue, failing_once_on_5, until=lambda: False)
+        assert seen == [f"cmd-{i}" for i in range(5)]
+        # cmd-6 .. cmd-29 were popped with cmd-5 but not delivered: back, in order, at the head.
+        assert client.llen(queue) == total - 6
+    # cmd-5 itself was delivered and never acknowledged: kombu puts it back, at the tail, when
+    # the channel closes. Every command arrives once.
+    with Connection(redis_url, transport=kombu_redis.Transport) as conn:
+        drain(conn, queue, failing_once_on_5, until=lambda: len(seen) == total)
+    assert seen == [f"cmd-{i}" for i in range(total) if i != 5] + ["cmd-5"]
+    assert client.llen(queue) == 0
