@@ -374,11 +374,13 @@ class ResourceManager:
             repo.register_taskmanagers(s, rows)
             for tm_id, (state, reason) in gone.items():
                 repo.mark_taskmanager_gone(s, tm_id, state=state, reason=reason)
+            changed = []
             for tm_id in dirty - set(registrations):
                 entry = self.slots.taskmanagers.get(tm_id)
                 if entry is not None:
-                    repo.update_taskmanager_slots(s, tm_id, slots_free=len(entry.free_indices()),
-                                                  allocations=self.slots.allocations_of(tm_id))
+                    changed.append(dict(id=tm_id, slots_free=len(entry.free_indices()),
+                                        allocations=self.slots.allocations_of(tm_id)))
+            repo.update_taskmanager_slots(s, changed)
             repo.touch_taskmanagers(s, seen)
 
 

@@ -398,9 +398,12 @@ def register_taskmanagers(s: Session, rows: list[dict]) -> None:
         s.execute(update(TaskManagerRow), old)
 
 
-def update_taskmanager_slots(s: Session, taskmanager_id: str, *, slots_free: int, allocations: list[dict]) -> None:
-    s.execute(update(TaskManagerRow).where(TaskManagerRow.id == taskmanager_id)
-              .values(slots_free=slots_free, allocations=allocations))
+def update_taskmanager_slots(s: Session, rows: list[dict]) -> None:
+    """Free slot counts and allocations of many TaskManagers (keys: id, slots_free, allocations)
+    in one executemany: when thousands of tasks start at once, an UPDATE statement each was half
+    of the ResourceManager's time."""
+    if rows:
+        s.execute(update(TaskManagerRow), rows)
 
 
 def touch_taskmanagers(s: Session, last_seen: dict[str, datetime]) -> None:
