@@ -182,9 +182,12 @@ def list_jobs(s: Session, *, statuses: Iterable[JobStatus] | None = None) -> Seq
 
 def transition_job(
     s: Session, job_id: str | Job, target: JobStatus, *, epoch: int | None = None, reason: str | None = None,
+    history: list[dict] | None = None,
 ) -> Job:
     """The only function that changes `jobs.status`. Raises IllegalTransition or StaleEpoch.
-    Pass the row itself when the caller already holds it locked, to save a round trip."""
+    Pass the row itself when the caller already holds it locked, to save a round trip.
+    `history`: collect the transition's row there (for `add_job_transitions`, one bulk INSERT
+    for many jobs) instead of adding it to the session."""
     job = job_id if isinstance(job_id, Job) else get_job(s, job_id, lock=True)
     job_id = job.id
     if epoch is not None:
@@ -201,8 +204,17 @@ def transition_job(
     if target.is_terminal:
         job.end_at = now
         job.waiting_reason = None
-    s.add(JobTransition(job_id=job_id, from_status=current.value, to_status=target.value, at=now, reason=reason))
+    row = dict(job_id=job_id, from_status=current.value, to_status=target.value, at=now, reason=reason)
+    if history is not None:
+        history.append(row)
+    else:
+        s.add(JobTransition(**row))
     return job
+
+
+def add_job_transitions(s: Session, rows: list[dict]) -> None:
+    if rows:
+        s.execute(insert(JobTransition.__table__), rows)
 
 
 def set_job_waiting_reason(s: Session, job: str | Job, reason: str | None) -> None:
@@ -229,6 +241,16 @@ def create_vertex(s: Session, *, id: str, job_id: str, name: str, parallelism: i
     v = Vertex(id=id, job_id=job_id, name=name, parallelism=parallelism, idx=idx)
     s.add(v)
     return v
+
+
+def add_plans(s: Session, vertices: list[dict], executions: list[dict]) -> None:
+    """Vertices and their first executions for many jobs, in two bulk INSERTs (Core: thousands
+    of new ORM objects cost more to track than to write). Column keys as in the models; the
+    executions' `slots`, `timestamps` and `rows_processed` must be given."""
+    if vertices:
+        s.execute(insert(Vertex.__table__), vertices)
+    if executions:
+        s.execute(insert(Execution.__table__), executions)
 
 
 def job_vertices(s: Session, job_id: str) -> Sequence[Vertex]:

@@ -65,13 +65,14 @@ class Harness:
                 with self.jm.unit_of_work():
                     self.jm.checkpoints.tick()
 
-    def submit(self, parallelism=1, restart=None, name="job", config=None) -> str:
+    def submit(self, parallelism=1, restart=None, name="job", config=None, announce=True) -> str:
         job_id = new_job_id()
         with self.catalog.session() as s:
             repo.create_job(s, id=job_id, name=name, artifact_id=None, entry="build", parallelism=parallelism,
                             program_args=[], config=config or {}, restart_strategy=restart or {"type": "none"},
                             kind="noop")
-        self.t.publish(streams.JM_STREAM, SubmitJob(job_id=job_id))
+        if announce:
+            self.t.publish(streams.JM_STREAM, SubmitJob(job_id=job_id))
         return job_id
 
     def deployed(self) -> list[DeployTask]:
@@ -359,6 +360,34 @@ def test_redelivered_submission_changes_nothing(h):
     h.t.publish(streams.JM_STREAM, SubmitJob(job_id=job))
     h.pump()
     assert len(h.deployed()) == 1 and len(h.attempts(job)) == 1
+
+
+def test_submissions_of_one_batch_start_together_and_keep_the_order_of_the_batch(h):
+    """One stream batch: A submitted then cancelled, B submitted twice, C cancelled before its
+    submission, D submitted. The batch's submissions are written set-based; the outcome must be
+    what handling the messages one by one gives."""
+    ids = {}
+    for name in "ABCD":
+        ids[name] = h.submit(name=name, announce=False)
+    for body in (SubmitJob(job_id=ids["A"]), CancelJob(job_id=ids["A"]), SubmitJob(job_id=ids["B"]),
+                 CancelJob(job_id=ids["C"]), SubmitJob(job_id=ids["B"]), SubmitJob(job_id=ids["C"]),
+                 SubmitJob(job_id=ids["D"])):
+        h.t.publish(streams.JM_STREAM, body)
+    h.pump()
+    assert h.job(ids["A"]).status == "CANCELED" and h.attempts(ids["A"]) == [(0, "CANCELED")]
+    assert h.job(ids["C"]).status == "CANCELED" and h.attempts(ids["C"]) == []  # never planned
+    deployed = {c.spec["job_id"]: c for c in h.deployed()}
+    assert set(deployed) == {ids["B"], ids["D"]}
+    for name in "BD":
+        assert h.job(ids[name]).status == "RUNNING" and h.attempts(ids[name]) == [(0, "DEPLOYING")]
+        h.report(deployed[ids[name]], ES.INITIALIZING, ES.RUNNING, ES.FINISHED)
+        assert h.job(ids[name]).status == "FINISHED"
+        with h.catalog.session() as s:
+            assert list(repo.job_state_timestamps(s, ids[name])) == ["INITIALIZING", "CREATED", "RUNNING", "FINISHED"]
+            [ex] = repo.job_executions(s, ids[name])
+            assert set(ex.timestamps) == {"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "FINISHED"}
+            assert len(ex.slots) == 1
+    assert h.rm.slots.free_slots() == 8
 
 
 class _Unreachable:
