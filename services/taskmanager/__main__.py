@@ -26,9 +26,11 @@ from shared.leader_epoch import LeaderEpochFence
 from shared.log_files import LogFiles
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
+from shared.transport import kombu_redis
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from services.taskmanager import storage_probe
 from services.taskmanager.commands import CommandIntake, register_commands
+from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
@@ -125,6 +127,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     workdir = settings.workdir / "taskmanagers" / base_id
     shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
     noop = NoopRunner()
+    reports = HeldReports(transport)
     supervisors = {}
     if settings.spark_ui:
         # The drivers inherit this process's environment: a setting given in the YAML file
@@ -141,7 +144,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     for tm in ids:
         sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
                              cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
-                             noop=noop, startup_timeout_s=settings.task_startup_timeout_s)
+                             noop=noop, startup_timeout_s=settings.task_startup_timeout_s, reports=reports)
         sup.metrics = task_metrics
         if not simulate:
             def factory(p: int, sup=sup, for_task: bool = False, config: dict | None = None):
@@ -169,6 +172,9 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
     # the worker (see shared/transport/kombu_redis.py).
     app.conf.broker_transport = "shared.transport.kombu_redis:Transport"
+    # The reports of the commands taken in one read of the queue go out together.
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}
     register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
                                          transport=transport, dead_letter_client=client))
     task_metrics.registry.register(TaskManagerCollector(supervisors, client))

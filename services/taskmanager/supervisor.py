@@ -38,6 +38,7 @@ from shared.messages import (
 )
 from shared.states import ExecutionState as ES
 from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.warm_pool import WarmPool
 
@@ -98,7 +99,7 @@ class Task:
 class TaskSupervisor:
     def __init__(self, *, taskmanager_id: str, slots: int, transport, workdir: Path, cancel_timeout_s: float,
                  driver_factory: Callable[..., DriverProcess] | None, warm: WarmPool | None,
-                 noop: NoopRunner, startup_timeout_s: float | None = None):
+                 noop: NoopRunner, startup_timeout_s: float | None = None, reports: HeldReports | None = None):
         self.taskmanager_id, self.transport, self.workdir = taskmanager_id, transport, workdir
         self.cancel_timeout_s = cancel_timeout_s
         if startup_timeout_s is None:
@@ -113,7 +114,7 @@ class TaskSupervisor:
         self.slots: dict[int, str | None] = {i: None for i in range(slots)}
         self.tasks: dict[str, Task] = {}
         self._lock = threading.RLock()
-        self._held = threading.local()  # reports held back while a no-op task starts (see _start)
+        self.reports = reports or HeldReports(transport)  # shared by the process's TaskManagers
         self.metrics = None  # services.taskmanager.metrics.TaskMetrics, set by the entry point
 
     # --- commands ----------------------------------------------------------------------
@@ -149,16 +150,10 @@ class TaskSupervisor:
         spec = task.spec
         if spec.kind == "noop":
             # A no-op task reports INITIALIZING and RUNNING within this call: one round trip
-            # to Redis for both instead of one each (the no-op runner's thread reports later
-            # states on its own).
-            self._held.reports = []
-            try:
+            # to Redis for both (or for a whole burst of deploys, see held_reports.py).
+            with self.reports.hold():
                 self.noop.start(task, self._on_noop_state, startup_timeout_s=task.startup_timeout_s,
                                 on_startup_timeout=self._startup_expired)
-            finally:
-                held, self._held.reports = self._held.reports, None
-                if held:
-                    self.transport.publish_many(held)
             return
         with self._lock:
             # A job that sets its executors' size needs a driver started with it.
@@ -430,14 +425,9 @@ class TaskSupervisor:
         self._replenish()
 
     def _report(self, spec: tp.TaskSpec, state: ES, *, cause: str | None = None, name: str | None = None) -> None:
-        report = TaskStateChanged(execution_id=spec.execution_id, job_id=spec.job_id,
-                                  taskmanager_id=self.taskmanager_id, state=state, failure_cause=cause,
-                                  failure_name=name)
-        held = getattr(self._held, "reports", None)
-        if held is not None:
-            held.append((streams.JM_STREAM, report))
-        else:
-            self.transport.publish(streams.JM_STREAM, report)
+        self.reports.publish(streams.JM_STREAM, TaskStateChanged(
+            execution_id=spec.execution_id, job_id=spec.job_id, taskmanager_id=self.taskmanager_id, state=state,
+            failure_cause=cause, failure_name=name))
 
     def _replenish(self) -> None:
         if self.warm is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 from queue import Empty
@@ -71,6 +72,9 @@ def readable_message(item: bytes | str) -> dict:
 
 # Items one read may take from a queue with a backlog (see Channel._deliver_backlog).
 MORE_PER_READ = 50
+# Transport option: a callable returning a context manager that is entered around the deliveries
+# of one read (the TaskManager sends the reports of the commands it took in one round trip).
+AROUND_READ = "headrace_around_read"
 
 
 class Channel(kombu_redis.Channel):
@@ -113,8 +117,10 @@ class Channel(kombu_redis.Channel):
             except UnreadableItem as exc:
                 self._dead_letter(dest, item, str(exc))
                 raise Empty() from None  # the hub's "nothing for you": it polls on
-            self.connection._deliver(message, dest)
-            self._deliver_backlog(key, dest)
+            around = self.connection.client.transport_options.get(AROUND_READ)
+            with around() if around is not None else contextlib.nullcontext():
+                self.connection._deliver(message, dest)
+                self._deliver_backlog(key, dest)
             return True
         finally:
             self._in_poll = None

@@ -8,6 +8,7 @@ the queue, in order."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import uuid
 
@@ -67,9 +68,21 @@ def test_a_backlog_arrives_complete_in_order_and_unreadable_items_are_dead_lette
         seen.append(message.headers["id"])
         message.ack()
 
-    with Connection(redis_url, transport=kombu_redis.Transport) as conn:
+    reads, inside = [], []
+
+    @contextlib.contextmanager
+    def around_read():  # the TaskManager sends its reports of one read together this way
+        reads.append(len(seen))
+        yield
+        inside.append(len(seen) - reads[-1])
+
+    with Connection(redis_url, transport=kombu_redis.Transport,
+                    transport_options={kombu_redis.AROUND_READ: around_read}) as conn:
         drain(conn, queue, on_message, until=lambda: len(seen) == total - len(garbage))
     assert seen == [f"cmd-{i}" for i in range(total) if i not in garbage]
+    # Every command was delivered inside a read's hook, up to MORE_PER_READ per read.
+    assert sum(inside) == len(seen) and max(inside) <= kombu_redis.MORE_PER_READ
+    assert len(reads) <= -(-total // kombu_redis.MORE_PER_READ) + 1
     assert client.llen(queue) == 0
     letters = client.xrange(streams.DLQ_STREAM)
     assert len(letters) == len(garbage)
