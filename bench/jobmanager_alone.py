@@ -30,6 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs  # noqa: E402
 from bench.control_plane_scale import drop_pg, fresh_pg  # noqa: E402
+
+# Older checkouts, compared side by side, have no collector settings (and an editable install
+# would find this checkout's module instead: only the one beside this script counts).
+if (Path(__file__).resolve().parent.parent / "shared" / "gc_tuning.py").exists():
+    from shared import gc_tuning  # noqa: E402
+else:
+    gc_tuning = None
 from shared import streams  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.catalog import repository as repo  # noqa: E402
@@ -54,6 +61,8 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
     wire = {"client": redis.Redis.from_url(redis_url)} if "client" in inspect.signature(CommandGateway).parameters else {}
     gateway = CommandGateway(make_celery(redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=1, **wire)
     jm = JobMaster(settings, catalog, t, gateway, SystemClock(), epoch=1)
+    if gc_tuning is not None:
+        gc_tuning.tune()  # as the service does once it has started
     with jm.unit_of_work():
         jm.recover()
     ids = [new_job_id() for _ in range(tasks)]

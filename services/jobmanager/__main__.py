@@ -14,7 +14,7 @@ from typing import Callable
 
 import redis
 
-from shared import leader_epoch, metrics, streams
+from shared import gc_tuning, leader_epoch, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
@@ -230,6 +230,7 @@ def run(settings: Settings) -> None:
     jm_metrics = JobManagerMetrics()
     metrics.serve(jm_metrics.registry, host=settings.metrics_host, port=settings.jobmanager_metrics_port,
                   service="jobmanager")
+    gc_tuning.tune()
     if settings.high_availability == "zookeeper":
         run_with_zookeeper(settings, client, catalog, stopping, jm_metrics)
     else:

@@ -6,7 +6,7 @@ import json
 import logging
 import signal
 
-from shared import metrics, streams
+from shared import gc_tuning, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock
 from shared.leader_epoch import LeaderEpochFence
@@ -48,6 +48,7 @@ def run(settings: Settings) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    gc_tuning.tune()
     while not rm.stopping:
         try:
             rm.run()

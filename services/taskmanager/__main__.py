@@ -19,7 +19,7 @@ import uuid
 
 import redis
 
-from shared import metrics, streams
+from shared import gc_tuning, metrics, streams
 from shared.commands import make_celery
 from shared.ids import new_taskmanager_id
 from shared.leader_epoch import LeaderEpochFence
@@ -203,6 +203,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     for sup in supervisors.values():
         sup._replenish()
     log.info("TaskManager %s started: %d slots%s", base_id, slots, f", {simulate} simulated" if simulate else "")
+    gc_tuning.tune()
     worker = app.Worker(queues=queues, pool="solo", concurrency=1,
                         hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
                         without_heartbeat=bool(simulate), loglevel=os.environ.get("HEADRACE_LOG_LEVEL", "INFO").upper(),
