@@ -55,6 +55,12 @@ def drop_pg(admin_url: str, catalog_url: str) -> None:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def scale_env(work: Path, catalog_url: str) -> dict[str, str]:
+    """The services' settings for a simulated fleet: 1 s heartbeats, 10 s timeout, quiet logs."""
+    return {"HEADRACE_HOME": str(work), "HEADRACE_CATALOG_URL": catalog_url, "HEADRACE_HEARTBEAT_INTERVAL_S": "1",
+            "HEADRACE_HEARTBEAT_TIMEOUT_S": "10", "HEADRACE_LOG_LEVEL": "WARNING"}
+
+
 def stream_lag(client: redis.Redis, stream: str, group: str) -> int | None:
     """Entries of `stream` the consumer group has not read yet."""
     for g in client.xinfo_groups(stream):
@@ -97,9 +103,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="headrace-bench-"))
     catalog_url = fresh_pg(a.catalog) if a.catalog.startswith("postgres") else a.catalog
-    env = {"HEADRACE_HOME": str(work), "HEADRACE_CATALOG_URL": catalog_url, "HEADRACE_HEARTBEAT_INTERVAL_S": "1",
-           "HEADRACE_HEARTBEAT_TIMEOUT_S": "10", "HEADRACE_LOG_LEVEL": "WARNING"}
-    procs = Procs(work, env)
+    procs = Procs(work, scale_env(work, catalog_url))
     result: dict = {"taskmanagers": a.taskmanagers, "tasks": a.tasks, "catalog": catalog_url.split("://")[0]}
     try:
         url = procs.redis()

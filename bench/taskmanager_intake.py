@@ -27,7 +27,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs, stop_group  # noqa: E402
-from bench.control_plane_scale import drop_pg, fresh_pg  # noqa: E402
+from bench.control_plane_scale import drop_pg, fresh_pg, scale_env  # noqa: E402
 from shared import leader_epoch, streams  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.commands import CommandGateway, make_celery  # noqa: E402
@@ -105,9 +105,7 @@ def main() -> None:
     slots = -(-a.tasks // a.taskmanagers)
     work = Path(tempfile.mkdtemp(prefix="headrace-bench-"))
     catalog_url = fresh_pg(a.catalog) if a.catalog.startswith("postgres") else a.catalog
-    procs = Procs(work, {"HEADRACE_HOME": str(work), "HEADRACE_CATALOG_URL": catalog_url,
-                         "HEADRACE_HEARTBEAT_INTERVAL_S": "1", "HEADRACE_HEARTBEAT_TIMEOUT_S": "10",
-                         "HEADRACE_LOG_LEVEL": "WARNING"})
+    procs = Procs(work, scale_env(work, catalog_url))
     result: dict = {"tasks": a.tasks, "taskmanagers": a.taskmanagers}
     runs = []
     try:
