@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from shared import job_options, restart, streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from shared.catalog.models import Artifact, Execution, Job, Vertex, epoch_ms, utcnow
+from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.clock import Clock
 from shared.ids import new_execution_id, new_vertex_id
 from shared.messages import (
@@ -453,15 +453,12 @@ class JobMaster:
             repo.transition_job(s, job, JS.CREATED, epoch=self.epoch, history=history)
             self.checkpoints.on_submitted(s, job)
             vertex_id, execution_id = new_vertex_id(), new_execution_id()
-            now_ms = epoch_ms(utcnow())
             vertices.append(dict(id=vertex_id, job_id=job.id, name=job.name, idx=0, parallelism=job.parallelism))
-            executions.append(dict(
-                id=execution_id, job_id=job.id, vertex_id=vertex_id, attempt=0, state=ES.SCHEDULED.value,
-                timestamps={ES.CREATED.value: now_ms, ES.SCHEDULED.value: now_ms}, slots=[], rows_processed=0))
+            executions.append(dict(id=execution_id, job_id=job.id, vertex_id=vertex_id, attempt=0))
             repo.transition_job(s, job, JS.RUNNING, epoch=self.epoch, history=history)
             requests.append(self._request(job, job.parallelism, execution_id))
             log.info("job %s (%s) submitted, parallelism %d", job.id, job.name, job.parallelism)
-        repo.add_plans(s, vertices, executions)
+        repo.add_scheduled_plans(s, vertices, executions)
         repo.add_job_transitions(s, history)
         for r in requests:
             self._emit(r)

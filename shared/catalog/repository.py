@@ -243,14 +243,20 @@ def create_vertex(s: Session, *, id: str, job_id: str, name: str, parallelism: i
     return v
 
 
-def add_plans(s: Session, vertices: list[dict], executions: list[dict]) -> None:
+def add_scheduled_plans(s: Session, vertices: list[dict], executions: list[dict]) -> None:
     """Vertices and their first executions for many jobs, in two bulk INSERTs (Core: thousands
-    of new ORM objects cost more to track than to write). Column keys as in the models; the
-    executions' `slots`, `timestamps` and `rows_processed` must be given."""
+    of new ORM objects cost more to track than to write). Keys: a vertex's columns; an
+    execution's id, job_id, vertex_id and attempt. Each execution is created and scheduled at
+    once, as create_execution and transition_execution(SCHEDULED) would leave it."""
     if vertices:
         s.execute(insert(Vertex.__table__), vertices)
     if executions:
-        s.execute(insert(Execution.__table__), executions)
+        check_execution_transition(ExecutionState.CREATED, ExecutionState.SCHEDULED)
+        now_ms = epoch_ms(utcnow())
+        stamps = {ExecutionState.CREATED.value: now_ms, ExecutionState.SCHEDULED.value: now_ms}
+        s.execute(insert(Execution.__table__), [
+            dict(e, state=ExecutionState.SCHEDULED.value, timestamps=stamps, slots=[], rows_processed=0)
+            for e in executions])
 
 
 def job_vertices(s: Session, job_id: str) -> Sequence[Vertex]:
