@@ -133,7 +133,8 @@ class Channel(kombu_redis.Channel):
         a BRPOP round trip and an event-loop turn each: with thousands of commands queued (a
         burst of deploys) that turn, and the worker-event publish each turn flushes, were most
         of a TaskManager's time. An empty queue costs one RPOP that returns nothing. If a
-        delivery raises, what was popped but not delivered goes back to the head of the queue."""
+        delivery raises, what was popped but not delivered goes back to the head of the queue.
+        (RPOP with a count needs Redis 6.2 or newer: Debian 12 has 7.0, the compose stack redis:7.)"""
         with self.conn_or_acquire() as client:
             items = client.rpop(key, MORE_PER_READ - 1) or []
         for i, item in enumerate(items):
