@@ -61,6 +61,20 @@ def scale_env(work: Path, catalog_url: str) -> dict[str, str]:
             "HEADRACE_HEARTBEAT_TIMEOUT_S": "10", "HEADRACE_LOG_LEVEL": "WARNING"}
 
 
+def wait_registered(client: redis.Redis, n: int, timeout_s: float = 120) -> float:
+    """Seconds until the ResourceManager's stats count `n` TaskManagers; SystemExit after
+    `timeout_s`."""
+    t0 = time.monotonic()
+    while True:
+        raw = client.get(streams.RM_STATS_KEY)
+        seen = json.loads(raw).get("taskmanagers", 0) if raw else 0
+        if seen >= n:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit(f"only {seen} of {n} TaskManagers registered after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def stream_lag(client: redis.Redis, stream: str, group: str) -> int | None:
     """Entries of `stream` the consumer group has not read yet."""
     for g in client.xinfo_groups(stream):
@@ -118,12 +132,7 @@ def main() -> None:
             raw = client.get(streams.RM_STATS_KEY)
             return json.loads(raw) if raw else {}
 
-        t0 = time.monotonic()
-        while stats().get("taskmanagers", 0) < a.taskmanagers:
-            if time.monotonic() - t0 > 120:
-                raise SystemExit(f"only {stats().get('taskmanagers')} TaskManagers registered after 120 s")
-            time.sleep(0.5)
-        result["registration_s"] = round(time.monotonic() - t0, 2)
+        result["registration_s"] = round(wait_registered(client, a.taskmanagers), 2)
         time.sleep(3)  # let registration bursts settle
 
         rm_ps = psutil.Process(rm.pid)

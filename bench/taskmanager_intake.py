@@ -27,7 +27,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs, stop_group  # noqa: E402
-from bench.control_plane_scale import drop_pg, fresh_pg, scale_env  # noqa: E402
+from bench.control_plane_scale import drop_pg, fresh_pg, scale_env, wait_registered  # noqa: E402
 from shared import leader_epoch, streams  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.commands import CommandGateway, make_celery  # noqa: E402
@@ -35,6 +35,7 @@ from shared.ids import new_allocation_id, new_execution_id, new_job_id, new_vert
 from shared.messages import DeployTask, TaskStateChanged, UndecodableMessage, decode  # noqa: E402
 from shared.states import ExecutionState as ES  # noqa: E402
 from shared.task_protocol import TaskSpec  # noqa: E402
+from shared.transport.redis_streams import FIELD  # noqa: E402
 
 IDLE_WINDOW_S = 2.0
 FLEET = "sim"  # the simulated TaskManagers are sim-sim00000, sim-sim00001, ... on queue tm.sim
@@ -50,17 +51,6 @@ def deploys(n: int, taskmanagers: int, redis_url: str, catalog_url: str) -> list
         out.append(DeployTask(taskmanager_id=f"{FLEET}-sim{i % taskmanagers:05d}", allocation_id=new_allocation_id(),
                               slot_indices=(i // taskmanagers,), spec=spec.model_dump()))
     return out
-
-
-def wait_registered(client: redis.Redis, n: int, timeout_s: float = 120) -> float:
-    t0 = time.monotonic()
-    while True:
-        raw = client.get(streams.RM_STATS_KEY)
-        if raw and json.loads(raw).get("taskmanagers", 0) >= n:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            raise SystemExit(f"the simulated TaskManagers did not all register within {timeout_s:.0f} s")
-        time.sleep(0.2)
 
 
 def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask], tm: psutil.Process,
@@ -81,7 +71,7 @@ def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask]
             for entry_id, fields in entries:
                 last_id = entry_id
                 try:
-                    body = decode(fields[b"m"]).body
+                    body = decode(fields[FIELD]).body
                 except (UndecodableMessage, KeyError):
                     continue
                 if isinstance(body, TaskStateChanged) and body.state == ES.RUNNING and body.execution_id in wanted:
