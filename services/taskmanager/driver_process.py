@@ -8,7 +8,8 @@ RocksDB copies behind otherwise).
 A driver started in reserve (a warm driver) warms up at the lowest CPU priority: a JVM warming
 up takes a whole core for 10-15 s, and on a small machine the running tasks' drivers must not
 lose that core to a driver nobody asked for yet. The task that takes it raises it back to the
-TaskManager's own priority (`raise_priority`; every thread of the process group). Where the
+TaskManager's own priority (`raise_priority`; every thread of its session: Spark's Python
+daemons leave the driver's process group, and the task's Python workers fork from them). Where the
 TaskManager could not raise it back (not root and RLIMIT_NICE too low), warm drivers keep the
 normal priority instead.
 """
@@ -46,6 +47,26 @@ def may_raise_priority() -> bool:
     """Whether this process may give a niced child its own priority back."""
     own = os.getpriority(os.PRIO_PROCESS, 0)
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[1] >= 20 - own
+
+
+def session_groups(session: int) -> set[int]:
+    """The process groups of every process in `session` (Linux /proc; empty elsewhere)."""
+    groups = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return groups
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if len(fields) > 3 and int(fields[3]) == session:  # state, ppid, pgrp, session
+            groups.add(int(fields[2]))
+    return groups
 
 
 class DriverProcess:
@@ -103,16 +124,29 @@ class DriverProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def raise_priority(self) -> None:
-        """A task took this driver: every thread of its group back to the TaskManager's priority."""
+        """A task took this driver: every thread of its session back to the TaskManager's
+        priority. The session, not only the group: Spark's Python worker daemons (started during
+        the warm-up, so niced too) move to process groups of their own, and the task's Python
+        workers are forked from them."""
         if not self.niced or self.proc is None:
             return
+        own = os.getpriority(os.PRIO_PROCESS, 0)
         try:
-            os.setpriority(os.PRIO_PGRP, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+            os.setpriority(os.PRIO_PGRP, self.proc.pid, own)
             self.niced = False
         except ProcessLookupError:
-            pass
+            return
         except OSError:
             log.warning("could not raise the priority of driver %s for its task", self.id, exc_info=True)
+            return
+        for group in session_groups(self.proc.pid) - {self.proc.pid}:
+            try:
+                os.setpriority(os.PRIO_PGRP, group, own)
+            except ProcessLookupError:
+                pass
+            except OSError:
+                log.warning("could not raise the priority of process group %d of driver %s", group, self.id,
+                            exc_info=True)
 
     def send(self, command) -> bool:
         try:

@@ -1,0 +1,71 @@
+"""A warm driver warms up niced; the task that takes it gets every process of the driver back at
+the TaskManager's priority, Spark's Python daemons included: they leave the driver's process
+group (pyspark/daemon.py calls setpgid), and the task's Python workers are forked from them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from services.taskmanager.driver_process import WARMUP_NICE, DriverProcess, may_raise_priority
+
+pytestmark = pytest.mark.skipif(not may_raise_priority(), reason="needs root or RLIMIT_NICE to raise a priority")
+
+# A stand-in driver: a child that moves to its own process group, as PySpark's daemon does, and
+# a grandchild of it, as the daemon's forked workers are; prints their pids, waits for stdin.
+TREE = textwrap.dedent("""
+    import os, sys
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setpgid(0, 0)
+        if os.fork() == 0:
+            sys.stdin.read(); os._exit(0)
+        sys.stdin.read(); os._exit(0)
+    print(os.getpid(), flush=True)
+    sys.stdin.read()
+""")
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def tree(root: int) -> list[int]:
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        for t in os.listdir(f"/proc/{pid}/task"):
+            todo += [int(c) for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    return out
+
+
+def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
+    d = DriverProcess(parallelism=1, workdir=tmp_path / "work", driver_memory="1g", shuffle_partitions=1,
+                      on_event=lambda *_: None, on_exit=lambda *_: None)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    d.proc = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              start_new_session=True, preexec_fn=lambda: os.nice(WARMUP_NICE))
+    try:
+        d.niced = True
+        assert d.proc.stdout.readline()
+        deadline = time.monotonic() + 10
+        while len(tree(d.proc.pid)) < 3:
+            assert time.monotonic() < deadline, "the stand-in driver did not fork its daemon and worker"
+            time.sleep(0.05)
+        pids = tree(d.proc.pid)
+        groups = {os.getpgid(p) for p in pids}
+        assert len(groups) == 2  # the "daemon" and its "worker" left the driver's group
+        assert {nice_of(p) for p in pids} == {min(own + WARMUP_NICE, 19)}
+        d.raise_priority()
+        assert {nice_of(p) for p in pids} == {own}
+        assert not d.niced
+    finally:
+        d.proc.stdin.close()  # all three wait for it to close
+        d.proc.wait(10)
