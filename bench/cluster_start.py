@@ -34,6 +34,13 @@ from bench.checkpoint_overhead import machine  # noqa: E402
 from shared import streams  # noqa: E402
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (user, nice, system, irq, softirq):
+    the difference over a start is what every process of it used, on a machine otherwise idle."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(f) for f in fields[:3] + fields[5:7]) / os.sysconf("SC_CLK_TCK")
+
+
 def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") -> dict:
     home = Path(tempfile.mkdtemp(prefix="hr-start-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
@@ -41,11 +48,11 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") ->
     if concurrency:
         env["HEADRACE_WARMUP_CONCURRENCY"] = concurrency
     out = home / "up.log"
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), busy_cpu_s()
     with open(out, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "-n", str(taskmanagers)], stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    up = warm = None
+    up = warm = cpu = None
     client = None
     try:
         deadline = t0 + timeout_s
@@ -68,13 +75,13 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") ->
                 except (redis.RedisError, ValueError):
                     ready = []
                 if ready and all(r >= 1 for r in ready) and up is not None:
-                    warm = now - t0
+                    warm, cpu = now - t0, busy_cpu_s() - cpu0
             time.sleep(0.05)
     finally:
         stop_group(proc, signal.SIGINT)  # as Ctrl-C does
         if client is not None:
             client.close()
-    return {"up_s": round(up, 2), "warm_s": round(warm, 2)}
+    return {"up_s": round(up, 2), "warm_s": round(warm, 2), "cpu_s": round(cpu, 1)}
 
 
 def main() -> None:
@@ -96,7 +103,8 @@ def main() -> None:
             r = one_start(args.timeout, concurrency=v)
             runs[v].append(r)
             print(f"run {i + 1} (warm-up concurrency {v or 'default'}): up after {r['up_s']:.2f} s, "
-                  f"warm drivers ready after {r['warm_s']:.2f} s (load {load})", flush=True)
+                  f"warm drivers ready after {r['warm_s']:.2f} s, machine busy {r['cpu_s']:.1f} CPU-s until then "
+                  f"(load {load})", flush=True)
             time.sleep(3)
     for v, rs in runs.items():
         print(f"median (warm-up concurrency {v or 'default'}): up {statistics.median(r['up_s'] for r in rs):.2f} s, "

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
+from services.taskmanager.runtime import jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.sql import make_engine
 from shared.task_protocol import CancelRun, RunTask, TaskSpec, decode_event, encode_line
@@ -281,6 +282,42 @@ def test_cancel_by_command_or_sigterm_stops_driver_and_jvm(drivers, tmp_path):
         d.wait_until(lambda e: e.event == "canceled", 60)
         assert d.proc.wait(30) == 0
         d.assert_tree_gone()
+
+
+def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_runs(drivers, pg_url, tmp_path):
+    """With the fork server, Spark's worker daemons are forked from it (the server's children,
+    PySpark already imported); while the driver waits in reserve its JVM's C2 compiler thread
+    runs under SCHED_IDLE, and the task gets it back at its first batch. Both must leave the
+    task's results exact and no process behind."""
+    d = drivers(tmp_path / "warm", warm=True, extra=("--python-forkserver",))
+    d.ready()
+
+    def cmdline(p: psutil.Process) -> list[str]:
+        try:
+            return p.cmdline()
+        except psutil.Error:  # ended (a zombie) since the tree was taken
+            return []
+
+    # Forked children keep the server's command line: the server is the one the driver started.
+    server = [p for p in d.tree if "--serve" in cmdline(p) and p.ppid() == d.proc.pid]
+    assert len(server) == 1, [cmdline(p) for p in d.tree]
+    daemons = [p for p in d.tree if cmdline(p) and p.ppid() == server[0].pid]
+    assert len(daemons) >= 3, "the warm-up's data source query needs pyspark.worker and the planner's daemons"
+    cold = [cmdline(p) for p in d.tree if cmdline(p)[1:3] == ["-m", "pyspark.daemon"]]  # the launchers exec this
+    assert cold == [], f"daemons started by a fresh interpreter instead of the fork server: {cold}"
+    c2 = jit_in_reserve.c2_threads(d.proc.pid)
+    assert c2, "no C2 compiler thread found in the driver's JVM"
+    assert {os.sched_getscheduler(t) for t in c2} == {os.SCHED_IDLE}
+
+    d.run(spec(tmp_path, CLICKSTREAM, "--total", "600", "--rate", "300", "--seed", "5", "--sink-url", pg_url))
+    d.expect("initializing")
+    d.expect("running", 60)
+    d.wait_until(lambda e: e.event == "progress", 120)
+    assert {os.sched_getscheduler(t) for t in jit_in_reserve.c2_threads(d.proc.pid)} == {os.SCHED_OTHER}
+    assert d.wait_until(lambda e: e.event == "finished", 120).event == "finished"
+    assert d.proc.wait(30) == 0
+    assert window_counts(pg_url, "clicks_per_minute") == expected_counts(5, 600)
+    d.assert_tree_gone()
 
 
 def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path):

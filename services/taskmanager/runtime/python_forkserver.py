@@ -9,11 +9,17 @@ warm driver runs a fork server that has all of that imported; Spark's Python exe
 small launcher that hands such a start to the server, which forks a child that runs the module
 with the launcher's stdin/stdout/stderr, environment, working directory and arguments.
 
+Spark's worker daemons go the same way (`python -m pyspark.daemon WORKER_MODULE`, one per worker
+module: pyspark.worker and the data source planner's pyspark.sql.worker.*, four per driver as its
+warm-up starts them). Each started cold imports PySpark, and each worker it forks imports its
+worker module after the fork; forked from the server, both are already in memory. On 2 cores that
+was ~7 of a warm driver's ~30 CPU-s of start-up (docs/benchmarks.md, "Cluster start").
+
 Three parts, one file (the launcher runs with `python -S` and may import the standard library
 only; everything heavy is imported inside `serve`):
 
 - `write_launcher(dir, python, socket)`: the executable Spark gets as PYSPARK_PYTHON. Anything
-  but a module in ROUTED goes straight to the real interpreter (`exec`), the daemon included.
+  but a module in ROUTED goes straight to the real interpreter (`exec`).
 - `client(args)`: the launcher's side. Connects, sends the request and its fds 0-2
   (SCM_RIGHTS), forwards SIGTERM/SIGINT/SIGHUP to the child, and exits with the child's status.
   No server, or a refused request: it execs the real interpreter, exactly what Spark would
@@ -31,6 +37,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -43,8 +50,12 @@ SOCKET_ENV = "HEADRACE_FORKSERVER_SOCKET"
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # arguments, environment and directory of one start
 REAL_PYTHON_ENV = "HEADRACE_FORKSERVER_PYTHON"
-# One-shot processes worth forking: started per query, on a task's path to its first batch.
-ROUTED = ("pyspark.sql.streaming.python_streaming_source_runner",)
+DAEMON = "pyspark.daemon"
+# Processes worth forking: the source runner starts per query, on a task's path to its first
+# batch; the daemons start with every driver.
+ROUTED = ("pyspark.sql.streaming.python_streaming_source_runner", DAEMON)
+# The one argument a routed module may take: the daemon's worker module (PySpark's own only).
+_WORKER_MODULE = re.compile(r"pyspark(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
 _LEN = struct.Struct("!I")
 
 
@@ -161,7 +172,12 @@ def _read_line(conn: socket.socket) -> bytes:
 def preload() -> None:
     """What a routed process would import first: PySpark's runner, Arrow, our connectors (the
     data source it unpickles lives there)."""
+    import pyspark.daemon  # noqa: F401
     import pyspark.sql.streaming.python_streaming_source_runner  # noqa: F401
+    import pyspark.sql.worker.create_data_source  # noqa: F401
+    import pyspark.sql.worker.lookup_data_sources  # noqa: F401
+    import pyspark.sql.worker.plan_data_source_read  # noqa: F401
+    import pyspark.worker  # noqa: F401
     import pyarrow  # noqa: F401
 
     import services.taskmanager.runtime.connectors  # noqa: F401
@@ -223,7 +239,7 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
             body += chunk
         request = json.loads(body)
         args = request["args"]
-        if len(args) != 2 or args[0] != "-m" or args[1] not in routed or len(fds) != 3:
+        if not routed_start(args, routed) or len(fds) != 3:
             raise ValueError(f"not a routed start: {args!r}")
         if not isinstance(request["env"], dict) or not isinstance(request["cwd"], str):
             raise ValueError("env must be an object and cwd a string")
@@ -242,7 +258,7 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
         for other in children.values():
             other.close()
         conn.close()
-        _child(args[1], fds, request["env"], request["cwd"])
+        _child(args[1], args[2:], fds, request["env"], request["cwd"])
     for fd in fds:
         os.close(fd)
     try:
@@ -258,6 +274,16 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
     return pid
 
 
+def routed_start(args: list, routed: tuple[str, ...]) -> bool:
+    """`-m MODULE` of a routed module, or `-m pyspark.daemon WORKER_MODULE` if the daemon is routed."""
+    if len(args) < 2 or args[0] != "-m" or args[1] not in routed:
+        return False
+    if len(args) == 2:
+        return True
+    return (len(args) == 3 and args[1] == DAEMON and isinstance(args[2], str)
+            and _WORKER_MODULE.match(args[2]) is not None)
+
+
 def _recv_fds(conn: socket.socket, size: int, max_fds: int):
     fds = array.array("i")
     msg, ancdata, flags, addr = conn.recvmsg(size, socket.CMSG_LEN(max_fds * fds.itemsize))
@@ -267,7 +293,7 @@ def _recv_fds(conn: socket.socket, size: int, max_fds: int):
     return msg, list(fds), flags, addr
 
 
-def _child(module: str, fds: list[int], env: dict, cwd: str) -> None:
+def _child(module: str, arguments: list[str], fds: list[int], env: dict, cwd: str) -> None:
     import runpy
     import traceback
 
@@ -287,7 +313,7 @@ def _child(module: str, fds: list[int], env: dict, cwd: str) -> None:
         for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        sys.argv = [module]
+        sys.argv = [module, *arguments]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

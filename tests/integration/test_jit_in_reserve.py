@@ -1,0 +1,106 @@
+"""services/taskmanager/runtime/jit_in_reserve.py against real processes and threads: a stand-in
+"JVM" (a process named `java` whose threads carry HotSpot's compiler thread names) below this one.
+A real driver's JVM is covered by tests/integration/test_runner.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from services.taskmanager.runtime import jit_in_reserve as jit
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+
+# Names itself `java`, starts a C1 and a C2 thread at once and a second C2 thread when told (as
+# HotSpot adds compiler threads as its queue grows), then waits for stdin to close.
+FAKE_JVM = textwrap.dedent("""
+    import ctypes, sys, threading
+    ctypes.CDLL(None).prctl(15, b"java", 0, 0, 0)  # PR_SET_NAME: the process's comm
+
+    def thread(name):
+        def run():
+            with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+                f.write(name)
+            threading.Event().wait()
+        threading.Thread(target=run, daemon=True).start()
+
+    thread("C1 CompilerThre")
+    thread("C2 CompilerThre")
+    print("up", flush=True)
+    for line in sys.stdin:
+        thread("C2 CompilerThre")
+        print("more", flush=True)
+""")
+
+
+def policies(root: int, name: str) -> dict[int, int]:
+    out = {}
+    for pid in jit._descendants(root):
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                if open(f"/proc/{pid}/task/{t}/comm").read().strip() == name:
+                    out[int(t)] = os.sched_getscheduler(int(t))
+            except OSError:
+                pass
+    return out
+
+
+def wait_for(pred, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def fake_jvm():
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_JVM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    yield proc
+    proc.kill()
+    proc.wait(10)
+
+
+def test_c2_threads_idle_in_reserve_and_come_back_on_release(fake_jvm):
+    me = os.getpid()
+    optimizer = jit.OptimizerInReserve(me).start()
+    try:
+        wait_for(lambda: set(policies(me, "C2 CompilerThre").values()) == {os.SCHED_IDLE})
+        assert set(policies(me, "C1 CompilerThre").values()) == {os.SCHED_OTHER}  # C1 carries the warm-up
+        fake_jvm.stdin.write("grow\n")
+        fake_jvm.stdin.flush()
+        assert fake_jvm.stdout.readline().strip() == "more"
+        # A C2 thread the JVM adds later is found too.
+        wait_for(lambda: list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_IDLE] * 2)
+    finally:
+        optimizer.release()
+    assert list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_OTHER] * 2
+    optimizer.idle_new_threads()  # released for good: nothing goes idle again
+    assert list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_OTHER] * 2
+
+
+def test_release_after_a_grace_period_without_a_first_batch(fake_jvm):
+    me = os.getpid()
+    optimizer = jit.OptimizerInReserve(me).start()
+    wait_for(lambda: set(policies(me, "C2 CompilerThre").values()) == {os.SCHED_IDLE})
+    optimizer.release_after(0.3)
+    wait_for(lambda: set(policies(me, "C2 CompilerThre").values()) == {os.SCHED_OTHER}, timeout=5)
+
+
+def test_threads_of_other_processes_are_left_alone(fake_jvm):
+    """Only JVMs below the given process: a `java` elsewhere keeps its policy."""
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        optimizer = jit.OptimizerInReserve(unrelated.pid).start()
+        time.sleep(0.5)
+        assert set(policies(os.getpid(), "C2 CompilerThre").values()) == {os.SCHED_OTHER}
+        assert optimizer.idled == set()
+        optimizer.release()
+    finally:
+        unrelated.kill()
+        unrelated.wait(10)
