@@ -76,7 +76,8 @@ def test_c2_threads_idle_in_reserve_and_come_back_on_release(fake_jvm):
         fake_jvm.stdin.flush()
         assert fake_jvm.stdout.readline().strip() == "more"
         # A C2 thread the JVM adds later is found too.
-        wait_for(lambda: list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_IDLE] * 2)
+        wait_for(lambda: list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_IDLE] * 2,
+                 timeout=jit.POLL_S + 10)
     finally:
         optimizer.release()
     assert list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_OTHER] * 2

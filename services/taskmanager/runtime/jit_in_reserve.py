@@ -28,7 +28,8 @@ log = logging.getLogger("headrace.taskmanager.jit")
 
 C2_THREAD_NAME = "C2 CompilerThre"
 FIRST_POLL_S = 0.05  # until the JVM's C2 thread is found: it compiles from the JVM's first second
-POLL_S = 0.5
+# Then rarely: a poll reads every thread's name (~2-3 ms of CPU), for as long as the driver waits.
+POLL_S = 5.0
 # A task that took the driver gets C2 back at its first committed batch, or this long after it arrived.
 TASK_GRACE_S = 5.0
 
