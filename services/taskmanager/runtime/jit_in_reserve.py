@@ -13,7 +13,7 @@ SCHED_OTHER, at the nice value the thread has then (the TaskManager raises a tak
 priority, driver_process.py). HotSpot itself drops queued compilations of methods that went cold
 meanwhile, so starved work is partly never done at all. C2 threads are found by name
 ("C2 CompilerThre", as Linux truncates it) among the threads of every `java` process under this
-one, polled until released: the JVM starts after this does, and HotSpot may add C2 threads as
+one (or the given one), polled until released: the JVM starts after this does, and HotSpot may add C2 threads as
 its queue grows (UseDynamicNumberOfCompilerThreads). Linux only; elsewhere it does nothing.
 """
 
@@ -59,9 +59,9 @@ def _comm(path: Path) -> str:
 
 
 def c2_threads(root_pid: int) -> list[int]:
-    """Thread ids of every C2 compiler thread of the JVMs below `root_pid`."""
+    """Thread ids of every C2 compiler thread of the JVMs at or below `root_pid`."""
     tids = []
-    for pid in _descendants(root_pid):
+    for pid in [root_pid, *_descendants(root_pid)]:
         proc = Path(f"/proc/{pid}")
         if _comm(proc) != "java":
             continue
