@@ -170,8 +170,9 @@ def _read_line(conn: socket.socket) -> bytes:
 # ------------------------------------------------------------------------------ server
 
 def preload() -> None:
-    """What a routed process would import first: PySpark's runner, Arrow, our connectors (the
-    data source it unpickles lives there)."""
+    """What a routed process would import first: PySpark's source runner, the daemon and the
+    worker modules its workers import after each fork, Arrow, our connectors (the data sources
+    they unpickle live there)."""
     import pyspark.daemon  # noqa: F401
     import pyspark.sql.streaming.python_streaming_source_runner  # noqa: F401
     import pyspark.sql.worker.create_data_source  # noqa: F401
