@@ -8,7 +8,7 @@ driver each, the dispatcher) and times, from the command's start:
          so a submission would start at once
 then stops it with SIGINT (as Ctrl-C does) and waits for it to exit.
 
-usage: python bench/cluster_start.py [--runs 3] [--concurrency 1,2] [--smoke]
+usage: python bench/cluster_start.py [--runs 3] [--concurrency 1,2] [--profile] [--smoke]
 """
 
 from __future__ import annotations
@@ -41,7 +41,65 @@ def busy_cpu_s() -> float:
     return sum(int(f) for f in fields[:3] + fields[5:7]) / os.sysconf("SC_CLK_TCK")
 
 
-def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") -> dict:
+def _stat(path: Path) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds used so far) of a process or thread, from its stat file."""
+    try:
+        fields = path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _kind(pid: int) -> str:
+    """What a process of the cluster is, named as docs/benchmarks.md names it."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "gone"
+    text = b" ".join(cmd).decode(errors="replace")
+    if comm == "java":
+        return "driver JVM"
+    if "redis-server" in text:
+        return "redis-server"
+    for marker, kind in (("pyspark.daemon", "Spark Python daemons and workers"),
+                         ("python_forkserver", "Python fork servers"),
+                         ("runtime.runner", "Python drivers"),
+                         ("python_streaming_source_runner", "Spark Python daemons and workers"),
+                         ("pyspark", "Spark Python daemons and workers")):
+        if marker in text:
+            return kind
+    return "services (headrace up and its five processes)"
+
+
+def cpu_profile(root: int) -> dict[str, float]:
+    """CPU seconds used so far by every living process below `root`, by kind; a JVM's compiler
+    threads apart. Forked children (a daemon's workers) count under their parent's kind."""
+    parents, cpu = {}, {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and (st := _stat(proc / "stat")) is not None:
+            parents[int(proc.name)], cpu[int(proc.name)] = st
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += [c for c, p in parents.items() if p == pid]
+    out: dict[str, float] = {}
+    for pid in tree:
+        kind = _kind(pid)
+        if kind == "Python fork servers" and parents.get(pid) in tree and _kind(parents[pid]) == kind:
+            kind = "Spark Python daemons and workers"  # a process the fork server forked for Spark
+        out[kind] = out.get(kind, 0.0) + cpu[pid]
+        if kind == "driver JVM":
+            for thread in Path(f"/proc/{pid}/task").iterdir():
+                name = (thread / "comm").read_text().strip() if (thread / "comm").exists() else ""
+                if name.startswith(("C2 CompilerThre", "C1 CompilerThre")):
+                    key = f"  of which {name[:2]} compiler"
+                    out[key] = out.get(key, 0.0) + (_stat(thread / "stat") or (0, 0.0))[1]
+    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", profile: bool = False) -> dict:
     home = Path(tempfile.mkdtemp(prefix="hr-start-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port())}
@@ -76,6 +134,8 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "") ->
                     ready = []
                 if ready and all(r >= 1 for r in ready) and up is not None:
                     warm, cpu = now - t0, busy_cpu_s() - cpu0
+                    if profile:
+                        print(f"  CPU-s by process at ready: {cpu_profile(proc.pid)}", flush=True)
             time.sleep(0.05)
     finally:
         stop_group(proc, signal.SIGINT)  # as Ctrl-C does
@@ -91,6 +151,7 @@ def main() -> None:
     p.add_argument("--concurrency", default="",
                    help="comma-separated HEADRACE_WARMUP_CONCURRENCY values to alternate (default: the default)")
     p.add_argument("--smoke", action="store_true", help="one run: checks the benchmark still works")
+    p.add_argument("--profile", action="store_true", help="print CPU-s by process kind at ready")
     args = p.parse_args()
     if args.smoke:
         args.runs = 1
@@ -100,7 +161,7 @@ def main() -> None:
     for i in range(args.runs):
         for v in variants:
             load = round(os.getloadavg()[0], 2)
-            r = one_start(args.timeout, concurrency=v)
+            r = one_start(args.timeout, concurrency=v, profile=args.profile)
             runs[v].append(r)
             print(f"run {i + 1} (warm-up concurrency {v or 'default'}): up after {r['up_s']:.2f} s, "
                   f"warm drivers ready after {r['warm_s']:.2f} s, machine busy {r['cpu_s']:.1f} CPU-s until then "

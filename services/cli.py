@@ -16,14 +16,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import httpx
 import typer
 from pydantic import ValidationError
 
 from services import schedule_cli, token_cli
 from shared.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    import httpx
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Headrace: a Flink-style control plane for PySpark pipelines.")
@@ -161,7 +163,7 @@ def up(
     # Supervised from here on: a child that exits is restarted with a backoff, and said so here.
     cluster.supervise(notify=typer.echo)
     typer.echo(f"Headrace is up. Dashboard: {cluster.dispatcher_url}/  (logs: {cluster.run_dir}/logs)")
-    from services.dispatcher.auth import describe_mode
+    from services.dispatcher.auth_mode import describe_mode
 
     typer.echo(describe_mode(settings))
     typer.echo(f"Redis: {masked(cluster.redis_url)}" + (
@@ -211,12 +213,18 @@ def _stop_event() -> threading.Event:
 def _client(url: str) -> httpx.Client:
     """A client of the REST API; with HEADRACE_TOKEN set it sends that bearer token
     (`headrace token create`, docs/runbooks/auth.md)."""
+    # Imported here, not at the top: every service process starts through this module, and
+    # httpx (ssl, httpcore, h11) would cost each ~0.15 s of CPU at cluster start for nothing.
+    import httpx
+
     token = os.environ.get("HEADRACE_TOKEN")
     return httpx.Client(base_url=url.rstrip("/"), timeout=30,
                         headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 def _call(client: httpx.Client, method: str, path: str, **kw) -> dict:
+    import httpx
+
     try:
         r = client.request(method, path, **kw)
     except httpx.HTTPError:

@@ -19,6 +19,7 @@ backoff (services/process_supervisor.py).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -32,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import redis
 import yaml
 
@@ -337,21 +337,29 @@ class LocalCluster:
 
     def _wait_ready(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
+        url = urlsplit(self.dispatcher_url)
         while time.monotonic() < deadline:
             for c in self.children:
                 if c.proc.poll() is not None:
                     raise ClusterError(f"{c.name} exited with code {c.proc.returncode}; see {c.log}")
+            # The standard library's client, not httpx: its import and SSL context cost ~0.5 s of
+            # CPU while the TaskManagers' drivers start on the same cores (docs/benchmarks.md).
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=1)
             try:
-                r = httpx.get(f"{self.dispatcher_url}/overview", timeout=1)
-                if r.status_code == 401:
+                conn.request("GET", "/overview")
+                r = conn.getresponse()
+                body = r.read()
+                if r.status == 401:
                     # Auth required (HEADRACE_AUTH): the dispatcher answers, the catalog says
                     # how many TaskManagers registered.
                     if self._registered_taskmanagers() >= self.taskmanagers:
                         return
-                elif r.json().get("taskmanagers", 0) >= self.taskmanagers:
+                elif r.status == 200 and json.loads(body).get("taskmanagers", 0) >= self.taskmanagers:
                     return
-            except (httpx.HTTPError, ValueError):
-                pass
+            except (OSError, http.client.HTTPException, ValueError, AttributeError):
+                pass  # not listening yet, or an answer that is not the overview: ask again
+            finally:
+                conn.close()
             time.sleep(0.2)
         raise ClusterError(f"cluster not ready within {wait_s:.0f} s; logs in {self.run_dir}/logs")
 

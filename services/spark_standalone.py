@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -78,6 +77,8 @@ def worker_command(master: MasterAddress, *, host: str, cores: int, memory: str,
 
 def master_status(webui: str, *, timeout_s: float = 2.0) -> dict:
     """The master's own status document (`/json/` on its web UI): workers, cores, applications."""
+    import httpx  # here: `headrace up` imports this module, and most clusters have no Spark master
+
     r = httpx.get(f"{webui}/json/", timeout=timeout_s)
     r.raise_for_status()
     return r.json()
@@ -91,6 +92,8 @@ def wait_until_ready(master: MasterAddress, workers: int, *, timeout_s: float = 
     """The master answers and `workers` workers registered ALIVE; else SparkClusterError saying
     which of the two it was still waiting for. `alive()` is False once a process it waits for
     exited (the caller knows its children)."""
+    import httpx
+
     deadline = time.monotonic() + timeout_s
     reason = f"the master's status page {master.webui}/json/ to answer"
     while time.monotonic() < deadline:

@@ -15,7 +15,6 @@ dispatcher listens on a loopback address only.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 from typing import Any
@@ -25,6 +24,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.dispatcher import errors, security
+from services.dispatcher.auth_mode import auth_required, describe_mode, is_loopback  # noqa: F401
 from services.dispatcher.errors import Problem, error_response
 from shared.catalog import tokens
 
@@ -70,36 +70,6 @@ def required_role(method: str, path: str) -> str | None:
     if any(m == method and p.match(path) for m, p in OPERATOR_CHANGES):
         return "operator"
     return "admin"
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip().strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def auth_required(settings: Any) -> bool:
-    mode = getattr(settings, "auth", None)
-    if mode is not None:
-        return mode == "required"
-    return not is_loopback(getattr(settings, "dispatcher_host", "127.0.0.1"))
-
-
-def describe_mode(settings: Any) -> str:
-    """One line for the start-up log: whether tokens are needed and why."""
-    host = getattr(settings, "dispatcher_host", "127.0.0.1")
-    explicit = getattr(settings, "auth", None) is not None
-    if auth_required(settings):
-        why = "auth=required" if explicit else f"dispatcher_host {host} is not a loopback address"
-        return (f"authentication required ({why}): every API call needs 'Authorization: Bearer <token>' "
-                f"(headrace token create --role viewer|operator|admin)")
-    why = "auth=off" if explicit else f"dispatcher_host {host} is loopback only"
-    return (f"authentication OFF ({why}): anyone who can reach the port may run, cancel and upload; "
-            f"set HEADRACE_AUTH=required to require tokens")
 
 
 def bearer_token(scope: Scope) -> str | None:
