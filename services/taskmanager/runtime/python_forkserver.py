@@ -297,6 +297,7 @@ def _recv_fds(conn: socket.socket, size: int, max_fds: int):
 def _child(module: str, arguments: list[str], fds: list[int], env: dict, cwd: str) -> None:
     import runpy
     import traceback
+    import warnings
 
     code = 1
     try:
@@ -315,6 +316,10 @@ def _child(module: str, arguments: list[str], fds: list[int], env: dict, cwd: st
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         sys.argv = [module, *arguments]
+        # The module was preloaded on purpose; runpy would warn about it in the driver's log at
+        # every daemon start.
+        warnings.filterwarnings("ignore", message=".* found in sys.modules after import of package",
+                                category=RuntimeWarning, module="runpy")
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
