@@ -158,13 +158,18 @@ class DriverProcess:
             return False
 
     def kill(self) -> None:
-        """SIGKILL the whole process group: driver, JVM, Python workers."""
+        """SIGKILL every process group of the driver's session: driver, JVM, and Spark's Python
+        daemons and workers, which left the driver's group (see raise_priority). Without them a
+        worker stuck in a pipeline's loop would outlive its driver, never noticing the JVM gone."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # The groups first: once the leader is dead its session is only found through them.
+        groups = session_groups(self.proc.pid) | {self.proc.pid}
+        for group in sorted(groups, key=lambda g: g != self.proc.pid):
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def terminate(self) -> None:
         if self.proc is None:

@@ -1,6 +1,7 @@
 """A warm driver warms up niced; the task that takes it gets every process of the driver back at
 the TaskManager's priority, Spark's Python daemons included: they leave the driver's process
-group (pyspark/daemon.py calls setpgid), and the task's Python workers are forked from them."""
+group (pyspark/daemon.py calls setpgid), and the task's Python workers are forked from them.
+For the same reason a killed driver's kill reaches every group of its session."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from services.taskmanager.driver_process import WARMUP_NICE, DriverProcess, may_raise_priority
 
-pytestmark = pytest.mark.skipif(not may_raise_priority(), reason="needs root or RLIMIT_NICE to raise a priority")
+needs_nice = pytest.mark.skipif(not may_raise_priority(), reason="needs root or RLIMIT_NICE to raise a priority")
 
 # A stand-in driver: a child that moves to its own process group, as PySpark's daemon does, and
 # a grandchild of it, as the daemon's forked workers are; prints their pids, waits for stdin.
@@ -46,6 +47,7 @@ def tree(root: int) -> list[int]:
     return out
 
 
+@needs_nice
 def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
     d = DriverProcess(parallelism=1, workdir=tmp_path / "work", driver_memory="1g", shuffle_partitions=1,
                       on_event=lambda *_: None, on_exit=lambda *_: None)
@@ -69,3 +71,51 @@ def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
     finally:
         d.proc.stdin.close()  # all three wait for it to close
         d.proc.wait(10)
+
+
+# As TREE, but the "daemon" and its "worker" never end by themselves (a worker stuck in a
+# pipeline's loop does not notice its JVM is gone).
+STUCK_TREE = textwrap.dedent("""
+    import os, sys, time
+    if os.fork() == 0:
+        os.setpgid(0, 0)
+        os.fork()
+        while True:
+            time.sleep(1)
+    print(os.getpid(), flush=True)
+    sys.stdin.read()
+""")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_kill_ends_the_processes_that_left_the_drivers_group(tmp_path):
+    d = DriverProcess(parallelism=1, workdir=tmp_path / "work", driver_memory="1g", shuffle_partitions=1,
+                      on_event=lambda *_: None, on_exit=lambda *_: None)
+    d.proc = subprocess.Popen([sys.executable, "-c", STUCK_TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              start_new_session=True)
+    pids: list[int] = []
+    try:
+        assert d.proc.stdout.readline()
+        deadline = time.monotonic() + 10
+        while len(pids := tree(d.proc.pid)) < 3:
+            assert time.monotonic() < deadline, "the stand-in driver did not fork its daemon and worker"
+            time.sleep(0.05)
+        assert len({os.getpgid(p) for p in pids}) == 2
+        d.kill()
+        d.proc.wait(10)
+        deadline = time.monotonic() + 5
+        while not all(gone(p) for p in pids):
+            assert time.monotonic() < deadline, f"left behind: {[p for p in pids if not gone(p)]}"
+            time.sleep(0.05)
+    finally:
+        for p in pids:  # a failed run must not leave the stand-ins looping
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass
