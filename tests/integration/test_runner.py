@@ -34,10 +34,11 @@ CLICKSTREAM = REPO / "examples" / "clickstream.py"
 START_TIMEOUT = 240  # a cold JVM on a busy 2-core machine
 
 # A stand-in TaskManager that only starts the runner and waits: killing it orphans the runner.
+# Starts the runner as services/taskmanager/driver_process.py does: in a session of its own.
 FAKE_TASKMANAGER = textwrap.dedent("""
     import os, subprocess, sys
     fd = int(os.environ["EVENTS_FD"])
-    sys.exit(subprocess.Popen(sys.argv[1:], pass_fds=(fd,)).wait())
+    sys.exit(subprocess.Popen(sys.argv[1:], pass_fds=(fd,), start_new_session=True).wait())
 """)
 
 
@@ -330,6 +331,29 @@ def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path)
     fake_tm.kill()  # kill -9 of the TaskManager
     d.proc.wait(10)
     d.assert_tree_gone(timeout=30)
+
+
+def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path):
+    """The TaskManager dies while the driver's JVM starts, before that JVM reads its stdin (as
+    when it cannot write its connection file because a restarted TaskManager removed the old
+    work dir): the JVM would never see the runner go. Stood in for by a stopped JVM."""
+    d = drivers(tmp_path / "orphan-starting", via_parent=True)
+    fake_tm = psutil.Process(d.proc.pid)
+    deadline = time.monotonic() + START_TIMEOUT
+    jvm = None
+    while jvm is None:
+        assert time.monotonic() < deadline, "no JVM started under the driver"
+        jvm = next((p for p in fake_tm.children(recursive=True) if p.name() == "java"), None)
+        time.sleep(0.02)
+    d.tree = [fake_tm, *fake_tm.children(recursive=True)]
+    jvm.suspend()
+    fake_tm.kill()
+    d.proc.wait(10)
+    try:
+        d.assert_tree_gone(timeout=30)
+    finally:
+        if jvm.is_running():
+            jvm.kill()
 
 
 def test_a_broken_class_archive_costs_only_the_speed_up(tmp_path):

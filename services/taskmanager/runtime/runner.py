@@ -243,6 +243,25 @@ def start_watchdog(on_orphaned: Callable[[], None], interval: float = 0.5) -> th
     return t
 
 
+def end_own_session() -> None:
+    """SIGKILL every process of this driver's session, this one last; only when this process
+    leads its session, as a TaskManager starts it (a runner started by hand shares its caller's).
+    A JVM that has not yet reached its read of stdin (it does so after writing its connection
+    file, which fails when a restarted TaskManager has removed the old work dir) never sees this
+    process die and waits for Py4J connections forever; Spark's Python daemons are in groups of
+    their own."""
+    from services.taskmanager.driver_process import session_groups
+
+    me = os.getpid()
+    if os.getsid(0) != me or os.getpgrp() != me:
+        return
+    for group in sorted(session_groups(me), key=lambda g: g == me):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def stop_spark_quietly(spark, timeout: float) -> None:
     """spark.stop() that cannot hang the exit path."""
     if spark is None:
@@ -770,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     def orphaned() -> None:
         print("parent process died: exiting", file=sys.stderr, flush=True)
         stop_spark_quietly(spark_box[0], 3.0)
+        end_own_session()
         os._exit(1)
 
     def on_sigterm(signum, frame) -> None:
