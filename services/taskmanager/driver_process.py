@@ -9,7 +9,9 @@ A driver started in reserve (a warm driver) warms up at the lowest CPU priority:
 up takes a whole core for 10-15 s, and on a small machine the running tasks' drivers must not
 lose that core to a driver nobody asked for yet. The task that takes it raises it back to the
 TaskManager's own priority (`raise_priority`; every thread of its session: Spark's Python
-daemons leave the driver's process group, and the task's Python workers fork from them). Where the
+daemons leave the driver's process group, and the task's Python workers fork from them). The
+session's autogroup gets the same nice value: with autogroup scheduling, sessions share the CPU
+as equals whatever their processes' nice values (`set_autogroup_nice`). Where the
 TaskManager could not raise it back (not root and RLIMIT_NICE too low), warm drivers keep the
 normal priority instead.
 """
@@ -69,6 +71,23 @@ def session_groups(session: int) -> set[int]:
     return groups
 
 
+def set_autogroup_nice(leader: int, nice: int) -> bool:
+    """Set the nice value of the autogroup of `leader`'s session. With autogroup scheduling on
+    (/proc/sys/kernel/sched_autogroup_enabled, the default of many distributions' kernels), a
+    process's own nice weighs only against the processes of its session; sessions share the CPU
+    as equals. A driver is a session of its own, so without this a warm-up at nice 19 took as
+    much CPU as the running task beside it (docs/benchmarks.md, "Throughput")."""
+    try:
+        with open(f"/proc/{leader}/autogroup", "w") as f:
+            f.write(str(nice))
+        return True
+    except FileNotFoundError:
+        return False  # no such process, or a kernel without autogroups
+    except OSError:
+        log.warning("could not set the autogroup nice of session %d to %d", leader, nice, exc_info=True)
+        return False
+
+
 class DriverProcess:
     def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
                  on_event: Callable[["DriverProcess", object], None],
@@ -108,11 +127,7 @@ class DriverProcess:
         if self.warm_up and may_raise_priority():
             # Before the runner starts its JVM (importing PySpark alone takes a second): every
             # later thread and child inherits the priority.
-            try:
-                os.setpriority(os.PRIO_PGRP, self.proc.pid, WARMUP_NICE)
-                self.niced = True
-            except OSError:
-                log.warning("could not lower the priority of warm driver %s", self.id, exc_info=True)
+            self.lower_priority()
         threading.Thread(target=self._read_events, args=(read_fd,), name=f"events-{self.id}", daemon=True).start()
         return self
 
@@ -122,6 +137,16 @@ class DriverProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def lower_priority(self) -> None:
+        """Warm up at WARMUP_NICE: the driver's process group and its session's autogroup."""
+        try:
+            os.setpriority(os.PRIO_PGRP, self.proc.pid, WARMUP_NICE)
+            self.niced = True
+        except OSError:
+            log.warning("could not lower the priority of warm driver %s", self.id, exc_info=True)
+            return
+        set_autogroup_nice(self.proc.pid, WARMUP_NICE)
 
     def raise_priority(self) -> None:
         """A task took this driver: every thread of its session back to the TaskManager's
@@ -139,6 +164,7 @@ class DriverProcess:
         except OSError:
             log.warning("could not raise the priority of driver %s for its task", self.id, exc_info=True)
             return
+        set_autogroup_nice(self.proc.pid, own)
         for group in session_groups(self.proc.pid) - {self.proc.pid}:
             try:
                 os.setpriority(os.PRIO_PGRP, group, own)

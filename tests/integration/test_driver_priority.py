@@ -37,6 +37,15 @@ def nice_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
+# With autogroup scheduling, sessions share the CPU as equals whatever their processes' nice:
+# a warm driver's session must be niced as a whole (driver_process.set_autogroup_nice).
+AUTOGROUPS = Path("/proc/self/autogroup").exists()
+
+
+def autogroup_nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
 def tree(root: int) -> list[int]:
     out, todo = [], [root]
     while todo:
@@ -55,7 +64,8 @@ def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
     d.proc = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               start_new_session=True, preexec_fn=lambda: os.nice(WARMUP_NICE))
     try:
-        d.niced = True
+        d.lower_priority()  # as DriverProcess.start does for a warm driver
+        assert d.niced
         assert d.proc.stdout.readline()
         deadline = time.monotonic() + 10
         while len(tree(d.proc.pid)) < 3:
@@ -65,8 +75,12 @@ def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
         groups = {os.getpgid(p) for p in pids}
         assert len(groups) == 2  # the "daemon" and its "worker" left the driver's group
         assert {nice_of(p) for p in pids} == {min(own + WARMUP_NICE, 19)}
+        if AUTOGROUPS:  # the whole session shares one autogroup, niced with the driver
+            assert {autogroup_nice(p) for p in pids} == {WARMUP_NICE}
         d.raise_priority()
         assert {nice_of(p) for p in pids} == {own}
+        if AUTOGROUPS:
+            assert {autogroup_nice(p) for p in pids} == {own}
         assert not d.niced
     finally:
         d.proc.stdin.close()  # all three wait for it to close
