@@ -189,11 +189,11 @@ def test_contenders_are_read_from_the_election_znodes(zookeeper):
     stop = threading.Event()
     elections = [LeaderElection(zookeeper.quorum, root="/headrace-ops", contender_id=f"jobmanager@test:{i}")
                  for i in (1, 2)]
+    standby = threading.Thread(target=elections[1].campaign, kwargs={"stop": stop.is_set}, daemon=True)
     try:
         for e in elections:
             e.start()
         assert elections[0].campaign(stop=stop.is_set) is not None  # leads
-        standby = threading.Thread(target=elections[1].campaign, kwargs={"stop": stop.is_set}, daemon=True)
         standby.start()
         got = wait_for("both contenders", lambda: (lambda c: c if len(c[0]) == 2 else None)(_read_contenders(settings)),
                        timeout_s=15, poll_s=0.2)
@@ -202,6 +202,8 @@ def test_contenders_are_read_from_the_election_znodes(zookeeper):
         assert _contenders(settings, state) == got
     finally:
         stop.set()
+        if standby.is_alive():
+            standby.join(5)  # out of its campaign before the leader lets go: else it wins on a closing client
         for e in elections:
             e.close()
     settings.zookeeper_quorum = "127.0.0.1:1"  # nothing listens: an error in the answer, not a hang
