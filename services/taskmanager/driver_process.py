@@ -118,7 +118,8 @@ class DriverProcess:
                    TMPDIR=str(self.workdir))
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
                "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
-               "--shuffle-partitions", str(self.shuffle_partitions), *self.engine_args,
+               "--shuffle-partitions", str(self.shuffle_partitions), "--parent-pid", str(os.getpid()),
+               *self.engine_args,
                *(() if self.warm_up else ("--no-warmup",))]
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,

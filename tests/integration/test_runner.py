@@ -333,6 +333,15 @@ def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path)
     d.assert_tree_gone(timeout=30)
 
 
+def test_a_driver_whose_taskmanager_died_before_it_started_watching_exits(drivers, tmp_path):
+    """A TaskManager killed right after it spawned the driver: the driver's parent is init by the
+    time its watchdog starts. It is told the TaskManager's pid, so it still knows it is orphaned."""
+    d = drivers(tmp_path / "born-orphan", extra=("--parent-pid", str(2**22 + 1)))  # no such process
+    assert d.proc.wait(60) != 0
+    assert "parent process died" in d.log_tail()
+    d.tree = []
+
+
 def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path):
     """The TaskManager dies while the driver's JVM starts, before that JVM reads its stdin (as
     when it cannot write its connection file because a restarted TaskManager removed the old

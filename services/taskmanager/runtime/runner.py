@@ -228,8 +228,12 @@ class EventWriter:
                 pass  # reader gone: the parent is dying and the watchdog will end us
 
 
-def start_watchdog(on_orphaned: Callable[[], None], interval: float = 0.5) -> threading.Thread:
-    parent = os.getppid()
+def start_watchdog(on_orphaned: Callable[[], None], interval: float = 0.5,
+                   parent: int | None = None) -> threading.Thread:
+    """Call `on_orphaned` once this process's parent is no longer `parent` (default: the parent
+    it has now). The TaskManager passes its pid: a TaskManager killed before this runs would
+    otherwise leave init as the parent to watch, and the driver would never notice."""
+    parent = parent or os.getppid()
 
     def watch() -> None:
         while True:
@@ -758,6 +762,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shuffle-partitions", type=int, default=None,
                    help="default: max(2, parallelism)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up job (measurements)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="the TaskManager's pid: exit once it is no longer the parent (default: the parent at start)")
     p.add_argument("--master", default="local", help="local, or a standalone master URL spark://host:port")
     p.add_argument("--executor-cores", type=int, default=1)
     p.add_argument("--executor-memory", default="1g")
@@ -802,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     # Into the log (stderr): works even while the main thread is stuck in C code.
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
-    start_watchdog(orphaned)
+    start_watchdog(orphaned, parent=args.parent_pid)
     code = 0
     try:
         workdir = Path(args.workdir)
