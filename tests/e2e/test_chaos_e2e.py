@@ -81,7 +81,8 @@ def env(tmp_path_factory, pg_url_module, source):
     proxy = TcpProxy((pg.host or "127.0.0.1", pg.port or 5432))
     proxy.start()
     proxied = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    c = start_cluster(tmp_path_factory.mktemp("chaos-home"), catalog_url=proxied, taskmanagers=2, slots=2,
+    home = tmp_path_factory.mktemp("chaos-home")
+    c = start_cluster(home, catalog_url=proxied, taskmanagers=2, slots=2,
                       warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=4,
                       restart_strategy={"type": "fixed-delay", "attempts": 1000, "delay": "1 s"})
     # As `headrace up` does, with a short backoff: a fault every few seconds must not leave a
@@ -90,6 +91,36 @@ def env(tmp_path_factory, pg_url_module, source):
     yield c, proxy, proxied, source, pg_url_module
     c.stop()
     proxy.stop()
+    # Killed TaskManagers' drivers end by themselves (runner.py's parent watchdog): none of this
+    # cluster's runners, JVMs or Python workers may outlive it.
+    left = _processes_under(home)
+    deadline = time.monotonic() + 30
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _processes_under(home)
+    for pid, _ in left:  # stop them before failing: they would load the rest of the suite
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes of the chaos cluster left behind: {left}"
+
+
+def _processes_under(home) -> list[tuple[int, str]]:
+    """Living processes whose command line names a path under `home` (drivers' --workdir, their
+    JVMs' java.io.tmpdir)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(home) in cmd and state != "Z":
+            found.append((int(proc.name), cmd[:160]))
+    return found
 
 
 class Chaos:
