@@ -71,6 +71,18 @@ def session_groups(session: int) -> set[int]:
     return groups
 
 
+def kill_session(session: int, *, leader_last: bool = False) -> None:
+    """SIGKILL every process group of `session` (its leader's group first, or last when the
+    caller is the leader and must finish the others first)."""
+    # The groups first: once the leader is dead its session is only found through them.
+    groups = session_groups(session) | {session}
+    for group in sorted(groups, key=lambda g: (g == session) == leader_last):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def set_autogroup_nice(leader: int, nice: int) -> bool:
     """Set the nice value of the autogroup of `leader`'s session. With autogroup scheduling on
     (/proc/sys/kernel/sched_autogroup_enabled, the default of many distributions' kernels), a
@@ -190,13 +202,7 @@ class DriverProcess:
         worker stuck in a pipeline's loop would outlive its driver, never noticing the JVM gone."""
         if self.proc is None:
             return
-        # The groups first: once the leader is dead its session is only found through them.
-        groups = session_groups(self.proc.pid) | {self.proc.pid}
-        for group in sorted(groups, key=lambda g: g != self.proc.pid):
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_session(self.proc.pid)
 
     def terminate(self) -> None:
         if self.proc is None:

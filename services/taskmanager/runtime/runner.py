@@ -254,16 +254,11 @@ def end_own_session() -> None:
     file, which fails when a restarted TaskManager has removed the old work dir) never sees this
     process die and waits for Py4J connections forever; Spark's Python daemons are in groups of
     their own."""
-    from services.taskmanager.driver_process import session_groups
+    from services.taskmanager.driver_process import kill_session
 
     me = os.getpid()
-    if os.getsid(0) != me or os.getpgrp() != me:
-        return
-    for group in sorted(session_groups(me), key=lambda g: g == me):
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if os.getsid(0) == me and os.getpgrp() == me:
+        kill_session(me, leader_last=True)
 
 
 def stop_spark_quietly(spark, timeout: float) -> None:
