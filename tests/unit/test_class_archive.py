@@ -34,3 +34,11 @@ def test_no_builder_when_the_archive_exists_or_another_builds_it(tmp_path):
     path.write_bytes(b"x")
     assert class_archive.ensure_started(path, tmp_path / "build.log") is None
     assert class_archive.ensure_started(None, tmp_path / "build.log") is None
+
+
+def test_the_installer_step_builds_nothing_when_the_archive_is_there(tmp_path, capsys):
+    path = class_archive.archive_path(tmp_path)
+    path.write_bytes(b"x")
+    assert class_archive.ensure(tmp_path) == 0
+    assert "is there" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no lock, no log, no build

@@ -19,6 +19,9 @@ before it exists run without it. The builder outlives a TaskManager that stops m
 short-lived cluster would otherwise never get one), for BUILD_TIMEOUT_S at most.
 
     python -m services.taskmanager.runtime.class_archive --build PATH   (what the builder runs)
+    python -m services.taskmanager.runtime.class_archive --ensure       (scripts/bootstrap: build the
+        archive for the configured directory now, in the foreground, unless it exists, so that even
+        the first `headrace up` on a new machine starts its drivers from it)
 """
 
 from __future__ import annotations
@@ -139,10 +142,56 @@ def build(path: Path) -> int:
         os.close(lock)
 
 
+def ensure(directory: Path) -> int:
+    """Build the archive for this machine into `directory` now unless it is there (an install
+    step: the TaskManagers' background build would make the first cluster's drivers start slowly)."""
+    path = archive_path(directory)
+    if path is None:
+        print("class archive: no java or pyspark found; drivers will start without one", flush=True)
+        return 0
+    if path.is_file():
+        print(f"class archive: {path} is there", flush=True)
+        return 0
+    log_file = path.with_name(path.name + ".log")
+    print(f"class archive: building {path} (a Spark warm-up in a JVM that dumps its classes: "
+          f"about half a minute; log: {log_file})", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "wb") as out:  # Spark's own start-up chatter stays out of the installer's
+        try:
+            code = subprocess.run(
+                [sys.executable, "-m", "services.taskmanager.runtime.class_archive", "--build", str(path)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S + 30).returncode
+        except subprocess.TimeoutExpired:  # build() ends itself by alarm first; this is a backstop
+            code = 1
+    if code != 0:
+        tail = log_file.read_text(errors="replace").splitlines()[-5:]
+        print("class archive: the build failed (exit %s); last lines of its log:\n  %s"
+              % (code, "\n  ".join(tail)), flush=True)
+    elif path.is_file():
+        print(f"class archive: built ({path.stat().st_size >> 20} MB)", flush=True)
+    else:
+        print("class archive: another process is building it; TaskManagers will use it once it is "
+              "there", flush=True)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m services.taskmanager.runtime.class_archive")
-    p.add_argument("--build", required=True, type=Path, help="where the archive goes")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--build", type=Path, help="where the archive goes")
+    what.add_argument("--ensure", action="store_true",
+                      help="build the archive in the configured directory (HEADRACE_DRIVER_CLASS_ARCHIVE_DIR, "
+                           "default ~/.cache/headrace/cds) unless it is there")
     args = p.parse_args(argv)
+    if args.ensure:
+        from shared.settings import load_settings
+
+        settings = load_settings()
+        if not settings.driver_class_archive:
+            print("class archive: off (HEADRACE_DRIVER_CLASS_ARCHIVE=false)", flush=True)
+            return 0
+        return ensure(settings.driver_class_archive_dir)
     return build(args.build)
 
 
