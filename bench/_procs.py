@@ -20,6 +20,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def code_dir() -> Path:
+    """The checkout whose services a benchmark runs: the first PYTHONPATH entry if one is given
+    (comparing an older checkout: `PYTHONPATH=/tmp/pre python3 bench/...`), else this one.
+    Services start with it as their working directory, because `python -m` imports from the
+    working directory before PYTHONPATH: started from this checkout, they would run its code."""
+    given = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    return Path(given[0]).resolve() if given else Path(__file__).resolve().parent.parent
+
+
 def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
     """Signal the process group `proc` leads (started with start_new_session), wait for it, and
     SIGKILL the group if it outlives `timeout_s`."""
@@ -61,7 +70,7 @@ class Procs:
     def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / "logs" / f"{name}.log", "ab")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, **(env or {})),
-                             start_new_session=True)
+                             start_new_session=True, cwd=code_dir())
         self.procs[name] = p
         return p
 

@@ -29,7 +29,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import free_port, stop_group  # noqa: E402
+from bench._procs import code_dir, free_port, stop_group  # noqa: E402
 from bench.checkpoint_overhead import machine  # noqa: E402
 from shared import streams  # noqa: E402
 
@@ -109,7 +109,7 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", pr
     t0, cpu0 = time.monotonic(), busy_cpu_s()
     with open(out, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "-n", str(taskmanagers)], stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=code_dir())
     up = warm = cpu = None
     client = None
     try:

@@ -54,15 +54,20 @@ def driver_parts(driver: psutil.Process) -> dict[str, float]:
     workers under the JVM; and the plain RSS sum for comparison."""
     parts = {"python driver": pss(driver) / MB, "jvm": 0.0, "python workers": 0.0, "workers": 0,
              "fork server": 0.0, "rss sum": rss(driver) / MB}
+    tree = []
     for child in driver.children(recursive=True):
         try:
-            name, cmdline = child.name(), " ".join(child.cmdline())
+            tree.append((child, child.name(), " ".join(child.cmdline()), child.ppid()))
         except psutil.Error:
             continue
+    # services/taskmanager/runtime/python_forkserver.py; the daemons it forks (and their workers)
+    # carry its command line too, and count as daemons and workers.
+    forked = {c.pid for c, _, cmdline, _ in tree if "python_forkserver" in cmdline}
+    for child, name, cmdline, parent in tree:
         parts["rss sum"] += rss(child) / MB
         if name == "java":
             parts["jvm"] += pss(child) / MB
-        elif "python_forkserver" in cmdline:  # services/taskmanager/runtime/python_forkserver.py
+        elif child.pid in forked and parent not in forked:
             parts["fork server"] += pss(child) / MB
         else:
             parts["python workers"] += pss(child) / MB
