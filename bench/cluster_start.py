@@ -91,8 +91,15 @@ def cpu_profile(root: int) -> dict[str, float]:
             kind = "Spark Python daemons and workers"  # a process the fork server forked for Spark
         out[kind] = out.get(kind, 0.0) + cpu[pid]
         if kind == "driver JVM":
-            for thread in Path(f"/proc/{pid}/task").iterdir():
-                name = (thread / "comm").read_text().strip() if (thread / "comm").exists() else ""
+            try:
+                threads = list(Path(f"/proc/{pid}/task").iterdir())
+            except OSError:
+                threads = []  # the JVM exited since the scan
+            for thread in threads:
+                try:
+                    name = (thread / "comm").read_text().strip()
+                except OSError:
+                    continue  # a thread that ended since the listing
                 if name.startswith(("C2 CompilerThre", "C1 CompilerThre")):
                     key = f"  of which {name[:2]} compiler"
                     out[key] = out.get(key, 0.0) + (_stat(thread / "stat") or (0, 0.0))[1]

@@ -42,3 +42,10 @@ def test_the_installer_step_builds_nothing_when_the_archive_is_there(tmp_path, c
     assert class_archive.ensure(tmp_path) == 0
     assert "is there" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no lock, no log, no build
+
+
+def test_the_installer_step_says_so_when_it_cannot_write(tmp_path, capsys):
+    blocked = tmp_path / "a-file"
+    blocked.write_bytes(b"")  # a directory cannot be made below a file
+    assert class_archive.ensure(blocked / "cds") == 1
+    assert "HEADRACE_DRIVER_CLASS_ARCHIVE_DIR" in capsys.readouterr().out

@@ -153,10 +153,16 @@ def ensure(directory: Path) -> int:
         print(f"class archive: {path} is there", flush=True)
         return 0
     log_file = path.with_name(path.name + ".log")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log_file, "wb")  # Spark's own start-up chatter stays out of the installer's
+    except OSError as exc:
+        print(f"class archive: cannot write in {path.parent} ({exc}); set HEADRACE_DRIVER_CLASS_ARCHIVE_DIR "
+              f"to a writable directory", flush=True)
+        return 1
     print(f"class archive: building {path} (a Spark warm-up in a JVM that dumps its classes: "
           f"about half a minute; log: {log_file})", flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "wb") as out:  # Spark's own start-up chatter stays out of the installer's
+    with out:
         try:
             code = subprocess.run(
                 [sys.executable, "-m", "services.taskmanager.runtime.class_archive", "--build", str(path)],
