@@ -146,6 +146,13 @@ class Settings(BaseSettings):
                     "a job's own configuration overrides each of them",
     )
     savepoint_dir: Path | None = Field(None, description="default target of savepoints (state.savepoints.dir)")
+    # Directories a savepoint may be written to, restored from or disposed of, and a job's own
+    # state.checkpoints.dir may name (shared/storage_roots.py); the services write there as
+    # their own user, so a REST caller must not be able to point them at /etc.
+    storage_roots: str | None = Field(
+        None, description="allowed roots of savepoint targets, restore paths and per-job checkpoint "
+                          "directories, comma-separated (YAML: a list); always includes the checkpoint and "
+                          "savepoint dirs")
 
     stream_maxlen: int = 100_000
 
@@ -156,10 +163,10 @@ class Settings(BaseSettings):
     zookeeper_session_timeout_s: float = Field(
         10.0, description="a dead leader is replaced after this; a shorter one risks revocations on hiccups")
 
-    @field_validator("allowed_hosts", mode="before")
+    @field_validator("allowed_hosts", "storage_roots", mode="before")
     @classmethod
     def _join_hosts(cls, value: Any) -> Any:
-        # YAML may list the names; the environment variable holds them comma-separated.
+        # YAML may list them; the environment variable holds them comma-separated.
         return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
     @model_validator(mode="after")
