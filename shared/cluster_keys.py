@@ -87,6 +87,12 @@ def sender_key(secret: bytes, sender: str) -> bytes:
     return derive(secret, "sender", sender)
 
 
+def service_key(secret: bytes, service: str) -> bytes:
+    # The control plane's own signing keys, in a namespace of their own: a TaskManager someone
+    # named "jobmanager" must not hold the JobManager's key (shared/message_auth.py).
+    return derive(secret, "service", service)
+
+
 def command_key(secret: bytes, taskmanager_id: str) -> bytes:
     return derive(secret, "command", taskmanager_id)
 

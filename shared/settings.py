@@ -156,6 +156,17 @@ class Settings(BaseSettings):
 
     stream_maxlen: int = 100_000
 
+    # Message authentication (shared/message_auth.py, docs/runbooks/auth.md "Signed messages").
+    cluster_secret: str | None = Field(
+        None, description="hex; control plane only (JobManager, ResourceManager, dispatcher): every key is derived "
+                          "from it. Default: $HEADRACE_HOME/secrets/cluster-secret, created 0600 on first use")
+    taskmanager_key: str | None = Field(
+        None, description="hex: this TaskManager's sender key (headrace credentials taskmanager ID); default: "
+                          "derived from the cluster secret file if this process can read it")
+    taskmanager_command_key: str | None = Field(
+        None, description="hex: the key this TaskManager checks the JobManager's commands with; default as "
+                          "taskmanager_key")
+
     high_availability: Literal["none", "zookeeper"] = Field(
         "none", description="none: one JobManager (standalone); zookeeper: leader election among several")
     zookeeper_quorum: str | None = Field(None, description="host:port[,host:port...]")
