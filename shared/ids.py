@@ -50,7 +50,12 @@ def new_request_id() -> RequestId:
 def new_artifact_id(filename: str) -> ArtifactId:
     # Flink's jar ids are "<uuid>_<filename>"; keep that shape so scripts written for Flink's
     # REST API recognise it.
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in filename)[:80]
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in filename)
+    if len(safe) > 80:
+        # The stored file is named by the id, and the driver picks .py or .zip by its suffix:
+        # a long name cut at 80 characters made a file no driver could load.
+        stem, dot, suffix = safe.rpartition(".")
+        safe = safe[:80] if not dot or len(suffix) > 16 else f"{stem[:79 - len(suffix)]}.{suffix}"
     return ArtifactId(f"{_hex()}_{safe}")
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from services.dispatcher.schemas import (
     EntryName, JobName, Kind, Parallelism, RestartStrategy, _Strict, check_program_args, int_at_least,
 )
+from services.dispatcher.strict_fields import StrictBool
 from shared import schedules as sch
 
 Overlap = Literal["skip", "queue", "cancel_previous"]
@@ -39,7 +40,7 @@ class ScheduleCreateRequest(_Strict):
     misfireGraceSeconds: int_at_least(0, sch.MAX_MISFIRE_GRACE_S) | None = Field(
         sch.DEFAULT_MISFIRE_GRACE_S, description="after a leader change or downtime, the newest missed tick still "
                                                  "runs if it is at most this old; older ones are skipped_misfire")
-    enabled: bool | None = Field(True, description="false: created paused (null: the default)")
+    enabled: StrictBool | None = Field(True, description="false: created paused (null: the default)")
 
     @model_validator(mode="after")
     def _one_way_of_args(self) -> "ScheduleCreateRequest":
@@ -55,7 +56,7 @@ class ScheduleCreateRequest(_Strict):
 
 
 class ScheduleUpdateRequest(_Strict):
-    enabled: bool = Field(description="false pauses the schedule, true resumes it (from the next tick: "
+    enabled: StrictBool = Field(description="false pauses the schedule, true resumes it (from the next tick: "
                                       "ticks that fell while paused are not run)")
 
 

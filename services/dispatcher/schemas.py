@@ -15,6 +15,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from services.dispatcher.strict_fields import EntryName, StrictBool  # noqa: F401 - EntryName re-exported
 from shared import restart
 
 RESTART_TYPES = restart.STRATEGY_TYPES  # ("none", "fixed-delay", "failure-rate", "exponential-delay")
@@ -131,14 +132,6 @@ def _job_id(value: Any) -> str:
                 got=_repr(value), hint="leave jobId out to have one generated")
 
 
-def _entry(value: Any) -> str:
-    if isinstance(value, str) and len(value) <= 255 and all(
-            part.isidentifier() for part in re.split(r"[.:]", value)):
-        return value
-    raise _fail("entry", "must be {expected}, got {got}",
-                "a Python function name such as 'build' (or 'module.function' inside a .zip)", got=_repr(value))
-
-
 def _kind(value: Any) -> str:
     if value in KINDS:
         return value
@@ -155,7 +148,6 @@ def _job_name(value: Any) -> str:
 
 
 JobIdStr = Annotated[str, BeforeValidator(_job_id), WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{32}$"})]
-EntryName = Annotated[str, BeforeValidator(_entry)]
 Kind = Annotated[Literal["pyspark", "noop"], BeforeValidator(_kind)]
 JobName = Annotated[str, BeforeValidator(_job_name)]
 
@@ -300,7 +292,7 @@ class JarRunRequest(_Strict):
     kind: Kind | None = Field(None, description="'pyspark' (default) or 'noop' (runs nothing, for tests)")
     savepointPath: str | None = Field(None, description="start from this savepoint or retained checkpoint "
                                                          "(a path, file:///path or file:/path)")
-    allowNonRestoredState: bool | None = Field(None, description="drop snapshot state the new pipeline has no "
+    allowNonRestoredState: StrictBool | None = Field(None, description="drop snapshot state the new pipeline has no "
                                                                  "operator for")
     claimMode: str | None = Field(None, description="NO_CLAIM (default) or CLAIM")
     restoreMode: str | None = Field(None, description="Flink's older name of claimMode (LEGACY reads as NO_CLAIM)")

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from services.dispatcher.schemas import _Out, _Strict, _fail, _repr
+from services.dispatcher.strict_fields import StrictBool
 
 FORMAT_TYPES = ("CANONICAL", "NATIVE")
 CHECKPOINT_TYPES = ("CONFIGURED", "FULL", "INCREMENTAL")
@@ -45,7 +46,7 @@ class SavepointTriggerRequest(_Strict):
 
     target_directory: str | None = Field(None, alias="target-directory",
                                          description="plain path or file:// URI; default: state.savepoints.dir")
-    cancel_job: bool | None = Field(None, alias="cancel-job", description="cancel the job once the savepoint is taken")
+    cancel_job: StrictBool | None = Field(None, alias="cancel-job", description="cancel the job once the savepoint is taken")
     formatType: FormatType | None = Field(None, description="CANONICAL (default) or NATIVE; both are the same here")
     triggerId: TriggerIdStr | None = Field(None, description="idempotency key: the same id never triggers twice")
 
@@ -54,7 +55,7 @@ class StopWithSavepointRequest(_Strict):
     """Flink's StopWithSavepointRequestBody."""
 
     targetDirectory: str | None = Field(None, description="plain path or file:// URI; default: state.savepoints.dir")
-    drain: bool | None = Field(None, description="advance the event-time watermark to the end first, so every "
+    drain: StrictBool | None = Field(None, description="advance the event-time watermark to the end first, so every "
                                                  "open window fires")
     formatType: FormatType | None = None
     triggerId: TriggerIdStr | None = None

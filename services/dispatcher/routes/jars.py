@@ -18,6 +18,7 @@ from services.dispatcher.deps import (
     CatalogDep, DefaultRestartDep, MaxUploadDep, OverviewCacheDep, SessionDep, SettingsDep, TransportDep,
 )
 from services.dispatcher.errors import ApiError, Problem, short_value
+from services.dispatcher.strict_fields import StrictBool
 from services.dispatcher.schemas import (
     EntryName, ErrorBody, JarListInfo, JarRunRequest, JarRunResponse, JarUploadResponse, Parallelism,
     stored_restart_strategy,
@@ -152,7 +153,7 @@ def run_jar(
     program_args: Annotated[str | None, Query(alias="program-args", description="as programArgs")] = None,
     program_arg: Annotated[str | None, Query(alias="programArg", description="comma-separated arguments")] = None,
     savepoint_path: Annotated[str | None, Query(alias="savepointPath", description="as the body's")] = None,
-    allow_non_restored: Annotated[bool | None, Query(alias="allowNonRestoredState", description="as the body's")] = None,
+    allow_non_restored: Annotated[StrictBool | None, Query(alias="allowNonRestoredState", description="as the body's")] = None,
 ) -> dict:
     """Body fields win over the query parameters of the same meaning (as in Flink)."""
     req = body or JarRunRequest()
@@ -281,8 +282,6 @@ def check_config(config: dict) -> None:
 def check_entry(catalog, art, entry: str) -> None:
     """For a .py artifact, the entry must be defined at its top level (a fast, clear failure
     instead of an ImportError in a Spark driver minutes later)."""
-    if "." in entry or ":" in entry:
-        return
     listed = art.listing if art.listing is not None else _backfill_listing(catalog, art)
     found = artifacts.entry_names(listed)
     if found is None:
