@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +46,9 @@ from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
 from shared.states import JobStatus as JS
 from shared.states import OperationStatus as OS
+from shared.storage_roots import confine
 from services.jobmanager.checkpoint_store import BatchLatest
+from services.jobmanager.snapshot_files import discard_files
 
 if TYPE_CHECKING:
     from services.jobmanager.checkpoint_store import CheckpointStore
@@ -166,7 +167,7 @@ class CheckpointCoordinator:
                 self._fail_row(s, row, cause)
                 if row.path:
                     # The driver may have begun writing it; no ack will come to claim it.
-                    self.master.after_commit(lambda p=row.path: discard_files([p]))
+                    self.master.after_commit(lambda p=row.path: self._discard([p]))
 
     def on_job_terminal(self, s, job: Job, status: JS) -> None:
         self._tracks.pop(job.id, None)
@@ -183,7 +184,7 @@ class CheckpointCoordinator:
                     paths.append(row.path)
                 repo.transition_checkpoint(s, row, CS.DISCARDED)
             if paths:
-                self.master.after_commit(lambda: discard_files(paths))
+                self.master.after_commit(lambda: self._discard(paths))
         self.store.remove_job(s, job.id)
 
     # --- REST requests -----------------------------------------------------------------
@@ -210,7 +211,13 @@ class CheckpointCoordinator:
                     repo.finish_operation(s, op, OS.FAILED, failure_cause="rescaling needs a parallelism")
                     return
                 op.params = {**(op.params or {}), "parallelism": msg.parallelism}
-            target = new_savepoint_dir(msg.target_directory, job.id)
+            try:  # the dispatcher checked it too; a message on the stream is not proof of that
+                parent = confine(msg.target_directory, self.settings, what="savepoint target")
+            except ValueError as exc:
+                repo.finish_operation(s, op, OS.FAILED, failure_cause=str(exc))
+                log.warning("savepoint of job %s refused: %s", msg.job_id, exc)
+                return
+            target = new_savepoint_dir(parent, job.id)
             row = self._trigger(s, job, ex, kind="savepoint", request_id=op.id, target=target, after=msg.after,
                                 drain=msg.drain)
             repo.set_operation_checkpoint(s, op, row.checkpoint_id)
@@ -301,13 +308,17 @@ class CheckpointCoordinator:
             try:
                 row = repo.get_checkpoint(s, msg.job_id, msg.checkpoint_id, lock=True)
             except repo.NotFound:
-                self.master.after_commit(lambda: discard_files([msg.path]))
-                return
+                return  # no record, so no path of ours: the message's own path is not trusted
             if row.status != CS.IN_PROGRESS.value or row.execution_id != msg.execution_id:
-                if row.status == CS.FAILED.value:  # late: expired or aborted meanwhile
-                    self.master.after_commit(lambda: discard_files([msg.path]))
+                if row.status == CS.FAILED.value and row.path:  # late: expired or aborted meanwhile
+                    self.master.after_commit(lambda p=row.path: self._discard([p]))
                 return
-            repo.transition_checkpoint(s, row, CS.COMPLETED, path=msg.path, batch_id=msg.batch_id,
+            if row.path and msg.path != row.path:
+                # The snapshot was written where the trigger said, or it is not ours to record
+                # (a path recorded here is deleted by retention later).
+                log.warning("checkpoint %d of job %s acknowledged at %s, triggered into %s: recording the "
+                            "trigger's path", msg.checkpoint_id, msg.job_id, msg.path, row.path)
+            repo.transition_checkpoint(s, row, CS.COMPLETED, path=row.path or msg.path, batch_id=msg.batch_id,
                                        state_size=msg.state_size, duration_ms=msg.duration_ms,
                                        source_offsets=list(msg.source_offsets))
             job = repo.get_job(s, msg.job_id, lock=True)
@@ -315,7 +326,7 @@ class CheckpointCoordinator:
             if track is not None:
                 track.pending.pop(row.checkpoint_id, None)
                 track.last_completed = self.master.clock.now()
-            self.store.add(s, job.id, row.checkpoint_id, {"path": msg.path, "batch_id": msg.batch_id,
+            self.store.add(s, job.id, row.checkpoint_id, {"path": row.path, "batch_id": msg.batch_id,
                                                           "kind": row.kind, "at": time.time()})
             if row.kind == "checkpoint":
                 repo.set_checkpoint_failures(s, job, 0)
@@ -323,7 +334,7 @@ class CheckpointCoordinator:
             if row.request_id:
                 try:
                     op = repo.get_operation(s, row.request_id, lock=True)
-                    repo.finish_operation(s, op, OS.COMPLETED, location=msg.path, checkpoint_id=row.checkpoint_id)
+                    repo.finish_operation(s, op, OS.COMPLETED, location=row.path, checkpoint_id=row.checkpoint_id)
                 except repo.NotFound:
                     pass
             after = row.after
@@ -331,6 +342,9 @@ class CheckpointCoordinator:
                  msg.batch_id, msg.state_size, msg.duration_ms)
         if after == "cancel":
             self.master.on_cancel(CancelJob(job_id=msg.job_id))
+
+    def _discard(self, paths: list[str]) -> None:
+        discard_files(paths, self.settings)
 
     def _prune(self, s, job: Job) -> None:
         keep = self.config(job).num_retained
@@ -342,7 +356,7 @@ class CheckpointCoordinator:
             if row.path:
                 paths.append(row.path)
         if paths:
-            self.master.after_commit(lambda: discard_files(paths))
+            self.master.after_commit(lambda: self._discard(paths))
 
     def on_decline(self, msg: CheckpointDeclined) -> None:
         permanent = msg.permanent
@@ -372,7 +386,7 @@ class CheckpointCoordinator:
                 return
             self._count_failure(s, row, EXPIRED, counts=True)
             if row.path:
-                self.master.after_commit(lambda p=row.path: discard_files([p]))
+                self.master.after_commit(lambda p=row.path: self._discard([p]))
         log.warning("checkpoint %d of job %s expired", checkpoint_id, job_id)
 
     def _count_failure(self, s, row, cause: str, *, counts: bool) -> None:
@@ -449,24 +463,3 @@ class CheckpointCoordinator:
             else:
                 self._fail_row(s, row, "its task attempt is no longer running (JobManager change)")
 
-
-def discard_files(paths: list[str]) -> None:
-    """Delete snapshot directories (after the catalog stopped pointing at them). A directory
-    that is not a snapshot is left alone: deleting a user's directory by mistake is worse than
-    a leftover."""
-    from shared.checkpoint_storage import SnapshotError, dispose
-
-    for p in paths:
-        if not p:
-            continue
-        try:
-            dispose(p)
-        except SnapshotError:
-            # Half-written (its `_metadata` never landed): only our own in-progress names.
-            path = Path(p)
-            if path.is_dir() and not any(path.iterdir()):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                log.warning("not deleting %s: it holds no snapshot metadata", p)
-        except OSError as exc:
-            log.warning("could not delete snapshot %s: %s", p, exc)
