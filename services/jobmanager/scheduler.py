@@ -58,7 +58,8 @@ from services.jobmanager.timers import Timers
 log = logging.getLogger("headrace.jobmanager")
 
 # Failures a restart cannot cure: the job fails at once instead of looping through its restarts.
-NON_RECOVERABLE = frozenset({"IncompatibleStateError"})
+# SinkOwnedError: the sink's target belongs to another lineage; every retry is refused alike.
+NON_RECOVERABLE = frozenset({"IncompatibleStateError", "SinkOwnedError"})
 
 
 def slot_request_timeout(config: dict, default_s: float) -> float:

@@ -492,7 +492,11 @@ class Driver:
             print(f"restored {spec.restore_from} (batch {restored_batch}) into {live}", flush=True)
         prepare = getattr(handle, "prepare", None)
         if prepare is not None:
-            prepare(self.lineage["fence"], restored_batch)
+            from .connectors import SinkOwner
+
+            # The owner lets each sink refuse a target another lineage owns (connectors/ownership.py).
+            prepare(self.lineage["fence"], restored_batch, owner=SinkOwner(
+                lineage=self.lineage["id"], job_id=spec.job_id, generation=self.lineage["generation"]))
         return restored_batch
 
     def _run_streaming(self, spec: TaskSpec, handle) -> int:

@@ -13,12 +13,23 @@ then on checks, atomically with each batch's commit, that this attempt still hol
 raising `SinkFencedError` otherwise. So a frozen attempt that wakes up after being replaced (a
 zombie) can never write again, whatever batch id it is at. Without `prepare` (batch jobs, tools)
 a sink neither fences nor undoes: it is idempotent per batch id, as before.
+
+Ownership (ownership.py): the fence token orders attempts within one lineage only, so `prepare`
+also gets the attempt's `SinkOwner` (lineage, job). Each target records the lineage that owns
+it, and a prepare by another lineage raises `SinkOwnedError` before anything is written or
+deleted: a fresh job can neither undo another job's committed output nor start a fencing
+tug-of-war with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
+
+from .ownership import SinkOwnedError, SinkOwner
+
+__all__ = ["SinkFencedError", "SinkHandle", "SinkOwnedError", "SinkOwner", "flatten_structs",
+           "register_data_sources"]
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,8 +61,8 @@ class SinkHandle:
     `name` names the checkpoint subdirectory, so it must stay stable across attempts of a job.
     Streaming: `configure(writer)` adds the sink's format/options to a `DataStreamWriter` whose
     output mode, trigger and checkpoint the handle applies. Batch: `run_batch()` does the write.
-    `on_prepare(attempt, restored_batch_id)` fences and rewinds the sink (see the module
-    docstring); sinks without external state (console) leave it None.
+    `on_prepare(attempt, restored_batch_id, owner)` checks ownership, fences and rewinds the sink
+    (see the module docstring); sinks without external state (console) leave it None.
     """
 
     name: str
@@ -61,17 +72,19 @@ class SinkHandle:
     configure: Callable[["DataStreamWriter"], "DataStreamWriter"] | None = None
     run_batch: Callable[[], None] | None = None
     options: dict[str, str] = field(default_factory=dict)
-    on_prepare: Callable[[int, int], None] | None = None
+    on_prepare: Callable[[int, int, SinkOwner | None], None] | None = None
     attempt: int | None = None  # set by prepare()
 
     @property
     def streaming(self) -> bool:
         return self.df.isStreaming
 
-    def prepare(self, attempt: int, restored_batch_id: int) -> None:
+    def prepare(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None = None) -> None:
         """Take the sink over for `attempt`, which starts from Spark batch `restored_batch_id`
         (-1 = fresh start). Call once on the driver before `start`. Raises `SinkFencedError`
-        when a newer attempt already holds the sink."""
+        when a newer attempt already holds the sink, `SinkOwnedError` when `owner`'s lineage
+        does not own it (without `owner`, as tools call it, ownership is neither checked nor
+        recorded)."""
         if attempt < 0:
             raise ValueError(f"sink {self.name}: attempt must be >= 0, got {attempt}")
         if restored_batch_id < -1:
@@ -79,7 +92,7 @@ class SinkHandle:
                              f"got {restored_batch_id}")
         self.attempt = attempt
         if self.on_prepare is not None:
-            self.on_prepare(attempt, restored_batch_id)
+            self.on_prepare(attempt, restored_batch_id, owner)
 
     def start(self, checkpoint_location: str, query_name: str | None = None, *,
               available_now: bool = False) -> "StreamingQuery":

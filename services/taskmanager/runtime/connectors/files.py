@@ -8,6 +8,7 @@ bookkeeping lives under `<path>/_headrace/` (readers skip `_`-prefixed entries, 
 
     lock                  fcntl.flock'ed around every commit and every prepare
     fence.json            {"attempt", "restored_batch_id"}: the attempt holding the sink
+    owner.json            {"lineage", "job_id", "generation"}: the lineage owning the directory
     commits/<b>.json      batch b is committed: its attempt and the files it added
     staging/a<a>-b<b>-<hex>/   where attempt a writes batch b before committing it
 
@@ -19,8 +20,9 @@ renames the data files into `<path>/` (keeping partition subdirectories) as
 always means all of its files are in place. Files without rows (Spark writes one for an empty
 DataFrame, e.g. a batch that only advanced the watermark) are not kept.
 
-`prepare(attempt, r)` (under the lock): refuses if the fence names a newer attempt, sets the
-fence, deletes every marker of a batch > r and the files it lists (that lineage was discarded;
+`prepare(attempt, r, owner)` (under the lock): refuses (`SinkOwnedError`, ownership.py) if
+owner.json names another lineage, refuses if the fence names a newer attempt, sets the fence
+and the owner, deletes every marker of a batch > r and the files it lists (that lineage was discarded;
 the new attempt re-runs those batches), deletes data files named `b<b>-a<a>-` that no marker
 claims (leftovers of an attempt that died mid-commit) and empties `staging/`.
 
@@ -32,7 +34,9 @@ consumed before a failover). A reader wanting whole batches only can list `_head
 The lock needs a filesystem with working flock (local disks; NFS emulates it with POSIX locks).
 
 A directory written by Spark's own streaming file sink (it has `_spark_metadata/`, which
-Spark's readers would trust over the directory listing) is refused: write to a new path.
+Spark's readers would trust over the directory listing) is refused: write to a new path. So is
+a batch write (`run_batch`) into a directory a streaming lineage owns: its default mode
+(overwrite) would delete that lineage's files and bookkeeping.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from typing import Any, Iterator, Sequence
 from pyspark.sql import DataFrame
 
 from . import SinkFencedError, SinkHandle, flatten_structs
+from .ownership import UNKNOWN, SinkOwnedError, SinkOwner, check_claim
 
 FORMATS = ("parquet", "csv", "json")
 _DATA_NAME = re.compile(r"^b(\d+)-a(\d+)-")
@@ -105,6 +110,17 @@ class FileSink:
         except FileNotFoundError:
             return None
 
+    def _read_owner(self) -> SinkOwner | None:
+        try:
+            return SinkOwner.from_record(json.loads((self.meta / "owner.json").read_text()))
+        except FileNotFoundError:
+            return None
+
+    @property
+    def release_hint(self) -> str:
+        return (f"cancel the owner's job, then delete the directory (`rm -rf {self.path}`; "
+                f"this deletes its output) or move it away")
+
     def _check_fence(self) -> None:
         if self.attempt is None:
             return
@@ -115,18 +131,25 @@ class FileSink:
 
     # -- fencing
 
-    def prepare(self, attempt: int, restored_batch_id: int) -> None:
+    def prepare(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None = None) -> None:
         """Take the directory over for `attempt` restored at Spark batch `restored_batch_id`
-        and remove what the discarded lineage and crashed commits left (module docstring)."""
+        and remove what the discarded run and crashed commits left (module docstring).
+        With `owner`, refuse (SinkOwnedError) a directory another lineage owns."""
         # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
         self.attempt = attempt
         self._ensure_layout()
         r = restored_batch_id
         with self._locked():
+            if owner is not None:
+                check_claim("directory", str(self.path), owner, self._read_owner(), restored_batch_id=r,
+                            has_commits=any((self.meta / "commits").glob("*.json")),
+                            release=self.release_hint)
             fence = self._read_fence()
             if fence is not None and fence["attempt"] > attempt:
                 raise SinkFencedError(self.sink_name, attempt, fence["attempt"])
             _write_json(self.meta / "fence.json", {"attempt": attempt, "restored_batch_id": r})
+            if owner is not None:
+                _write_json(self.meta / "owner.json", owner.record())
             kept: set[tuple[int, int]] = set()
             for marker in sorted((self.meta / "commits").glob("*.json")):
                 commit = json.loads(marker.read_text())
@@ -144,6 +167,14 @@ class FileSink:
                 shutil.rmtree(staged, ignore_errors=True)
             for tmp in (self.meta / "commits").glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
+
+    def refuse_if_owned(self) -> None:
+        """For batch writes: a directory a streaming lineage prepared is that lineage's alone."""
+        if not (self.meta / "fence.json").exists() and not (self.meta / "owner.json").exists():
+            return
+        current = self._read_owner()
+        lineage, job = (current.lineage, current.job_id) if current else (UNKNOWN, UNKNOWN)
+        raise SinkOwnedError("directory", str(self.path), lineage, job, "a batch write", self.release_hint)
 
     def _data_files(self) -> Iterator[Path]:
         """Files of the output (partition subdirectories included), bookkeeping excluded."""
@@ -252,6 +283,7 @@ def file_sink(
         return writer.foreachBatch(lambda batch_df, batch_id: sink.write_batch(batch_df, batch_id))
 
     def run_batch() -> None:
+        sink.refuse_if_owned()
         writer = flat.write.format(format).mode(mode).options(**opts)
         if partition_by:
             writer = writer.partitionBy(*partition_by)

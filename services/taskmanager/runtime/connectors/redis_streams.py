@@ -33,6 +33,8 @@ Each commit checks the fence in the same script as its XADDs and raises `SinkFen
 it still names its attempt. Readers that consumed the deleted entries before the prepare have
 seen them: a stream cannot take back what was read, so consumers that must not see a discarded
 batch should read with some delay, or key their effects so that the re-run overwrites them.
+The scripts, the keys and the sink's owner record (a prepare refuses a sink id another lineage
+owns) are in redis_sink_fence.py.
 """
 
 from __future__ import annotations
@@ -56,12 +58,22 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from . import SinkFencedError, SinkHandle
+from . import SinkHandle
+from .ownership import SinkOwner
+from .redis_sink_fence import (  # noqa: F401 - the sink's fence protocol, re-exported
+    ARROW_FIELD,
+    RETAINED_BATCH_RECORDS,
+    batches_key,
+    commit_entries,
+    committed_key,
+    fence_key,
+    owner_key,
+    prepare_sink,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-ARROW_FIELD = "arrow"
 JSON_FIELD = "json"
 DEFAULT_ROWS_PER_ENTRY = 1000
 _MAX_SEQ = 18446744073709551615  # largest sequence number of a stream id
@@ -367,137 +379,6 @@ def _pack_batches(batches: Iterator[pa.RecordBatch], rows_per_entry: int) -> Pac
     return PackedEntries(entries=entries, num_rows=total)
 
 
-RETAINED_BATCH_RECORDS = 100_000  # batches whose entry ids a prepare can still delete
-
-
-def committed_key(sink_id: str) -> str:
-    return f"headrace:sink:{sink_id}:last_batch"
-
-
-def fence_key(sink_id: str) -> str:
-    return f"headrace:sink:{sink_id}:attempt"
-
-
-def batches_key(sink_id: str) -> str:
-    return f"headrace:sink:{sink_id}:batches"
-
-
-# KEYS: stream, last_batch, fence, batches. ARGV: batch id, attempt ("" = not fenced), maxlen
-# ("" = none), retained batch records, entries... Returns {"ok"}, {"skip"} or {"fenced", holder}.
-_COMMIT_SCRIPT = """
-if ARGV[2] ~= '' then
-  local holder = redis.call('GET', KEYS[3])
-  if not holder or tonumber(holder) ~= tonumber(ARGV[2]) then
-    return {'fenced', holder or ''}
-  end
-end
-local batch = tonumber(ARGV[1])
-local last = redis.call('GET', KEYS[2])
-if last and tonumber(last) >= batch then
-  return {'skip'}
-end
-local ids = {}
-for i = 5, #ARGV do
-  if ARGV[3] ~= '' then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'arrow', ARGV[i])
-  else
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'arrow', ARGV[i])
-  end
-end
-redis.call('HSET', KEYS[4], ARGV[1], table.concat(ids, ' '))
-redis.call('HDEL', KEYS[4], tostring(batch - tonumber(ARGV[4])))
-redis.call('SET', KEYS[2], ARGV[1])
-return {'ok'}
-"""
-
-# KEYS: stream, last_batch, fence, batches. ARGV: attempt, restored batch id.
-# Returns {"fenced", holder}, {"missing", batch} (nothing changed) or {"ok", deleted entries}.
-_PREPARE_SCRIPT = """
-local attempt = tonumber(ARGV[1])
-local r = tonumber(ARGV[2])
-local holder = redis.call('GET', KEYS[3])
-if holder and tonumber(holder) > attempt then
-  return {'fenced', holder}
-end
-local last = tonumber(redis.call('GET', KEYS[2]) or '-1')
-local doomed = {}
-for b = r + 1, last do
-  local ids = redis.call('HGET', KEYS[4], tostring(b))
-  if not ids then
-    return {'missing', tostring(b)}
-  end
-  doomed[#doomed + 1] = ids
-end
-local deleted = 0
-for b = r + 1, last do
-  redis.call('HDEL', KEYS[4], tostring(b))
-end
-for _, ids in ipairs(doomed) do
-  for id in string.gmatch(ids, '%S+') do
-    deleted = deleted + redis.call('XDEL', KEYS[1], id)
-  end
-end
-if last > r then
-  if r >= 0 then
-    redis.call('SET', KEYS[2], tostring(r))
-  else
-    redis.call('DEL', KEYS[2])
-  end
-end
-redis.call('SET', KEYS[3], ARGV[1])
-return {'ok', tostring(deleted)}
-"""
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int,
-                 restored_batch_id: int) -> int:
-    """Take the sink over for `attempt` and delete the entries of batches after
-    `restored_batch_id`; returns how many entries were deleted. Raises SinkFencedError when a
-    newer attempt holds the sink, RuntimeError when a batch to undo has no recorded entry ids."""
-    keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
-    status, *rest = [_text(x) for x in client.eval(_PREPARE_SCRIPT, 4, *keys, attempt, restored_batch_id)]
-    if status == "fenced":
-        raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]))
-    if status == "missing":
-        raise RuntimeError(
-            f"Redis stream sink {sink_id}: attempt {attempt} restarts after batch "
-            f"{restored_batch_id} and must delete the entries of batch {rest[0]} from {stream}, "
-            f"but their ids are not recorded in {batches_key(sink_id)} (the batch is older than "
-            f"the last {RETAINED_BATCH_RECORDS} batches, or was written by a Headrace version "
-            f"without attempt fencing), so re-running it would duplicate it. Fix: write the job "
-            f"to a new stream, or remove that batch's entries yourself and set "
-            f"{committed_key(sink_id)} to {restored_batch_id} (delete the key if that is -1)."
-        )
-    return int(rest[0])
-
-
-def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *,
-                   sink_id: str | None, batch_id: int | None, maxlen: int | None = None,
-                   attempt: int | None = None) -> bool:
-    """XADD all entries atomically; with a batch id, skip (False) if it is already committed;
-    with an attempt (a prepared sink), raise SinkFencedError, writing nothing, unless that
-    attempt still holds the sink.
-
-    Micro-batch ids only grow within a lineage and only the last one can be re-run, so one
-    integer per sink is enough to remember what was written (prepare rewinds it).
-    """
-    if sink_id is None or batch_id is None:
-        with client.pipeline() as pipe:  # MULTI/EXEC: all entries or none
-            for e in entries:
-                pipe.xadd(stream, {ARROW_FIELD: e}, maxlen=maxlen, approximate=maxlen is not None)
-            pipe.execute()
-        return True
-    keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
-    args = [batch_id, "" if attempt is None else attempt, "" if maxlen is None else maxlen,
-            RETAINED_BATCH_RECORDS, *entries]
-    status, *rest = [_text(x) for x in client.eval(_COMMIT_SCRIPT, 4, *keys, *args)]
-    if status == "fenced":
-        raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]) if rest[0] else None)
-    return status == "ok"
 
 
 class _StreamWriter(_LazyClient, DataSourceStreamArrowWriter):
@@ -573,13 +454,13 @@ def redis_stream_sink(
     if maxlen:
         opts["maxlen"] = str(maxlen)
 
-    def prepare(attempt: int, restored_batch_id: int) -> None:
+    def prepare(attempt: int, restored_batch_id: int, owner: SinkOwner | None = None) -> None:
         # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
         opts["attempt"] = str(attempt)  # read by configure() when the query starts
         client = redis.Redis.from_url(url)
         try:
             prepare_sink(client, stream, sink_id=sink_id, attempt=attempt,
-                         restored_batch_id=restored_batch_id)
+                         restored_batch_id=restored_batch_id, owner=owner)
         finally:
             client.close()
 

@@ -16,7 +16,9 @@ row locked, refuses if a newer attempt holds it, takes it over and deletes the m
 batches > r: those batches belonged to the discarded lineage and the new attempt re-runs them,
 possibly with other contents. Every batch re-reads the fence row (FOR SHARE) inside its own
 transaction and raises `SinkFencedError` unless it still names its attempt, so a batch of a
-replaced attempt never commits, and a prepare waits for a batch in flight to finish.
+replaced attempt never commits, and a prepare waits for a batch in flight to finish. Given the
+attempt's `SinkOwner`, `prepare` also refuses a sink id that another lineage owns
+(`_headrace_sink_owners`, sql_owners.py) before it changes anything.
 
 Undoing the discarded batches' rows:
   * with key columns (upsert), nothing more is needed: the new lineage re-emits every key the
@@ -42,6 +44,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from . import SinkFencedError, SinkHandle, flatten_structs
+from . import sql_owners
+from .ownership import SinkOwner
 
 COMMITS_TABLE = "_headrace_sink_commits"
 FENCES_TABLE = "_headrace_sink_fences"
@@ -250,6 +254,7 @@ class SqlTableSink:
         md = sa.MetaData()
         self._commits = _commits_table(md)
         self._fences = _fences_table(md)
+        self._owners = sql_owners.owners_table(md)
         self._bookkeeping_md = md
         self._bookkeeping_checked = False
 
@@ -294,10 +299,11 @@ class SqlTableSink:
 
     # -- fencing
 
-    def prepare(self, attempt: int, restored_batch_id: int) -> None:
+    def prepare(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None = None) -> None:
         """Take the sink over for `attempt`, restored at Spark batch `restored_batch_id`; undo
-        the batches after it (see the module docstring). Raises `SinkFencedError` if a newer
-        attempt holds the sink, ValueError if a keyless table cannot be rewound."""
+        the batches after it (see the module docstring). Raises `SinkOwnedError` if another
+        lineage than `owner`'s owns the sink id, `SinkFencedError` if a newer attempt holds it,
+        ValueError if a keyless table cannot be rewound."""
         # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
         self.attempt = attempt
         self._ensure_bookkeeping()
@@ -312,6 +318,9 @@ class SqlTableSink:
             holder = conn.execute(
                 sa.select(fences.c.attempt).where(fences.c.sink_id == self.sink_id).with_for_update()
             ).scalar_one()
+            if owner is not None:  # before the fence: another lineage's token means nothing here
+                sql_owners.claim(conn, self._owners, commits, sink_id=self.sink_id, table=self.table_name,
+                                 owner=owner, restored_batch_id=r, fences_table=FENCES_TABLE)
             if holder > attempt:
                 raise SinkFencedError(self.sink_id, attempt, holder)
             discarded = conn.execute(
@@ -414,7 +423,6 @@ class SqlTableSink:
 
     def write_batch(self, df: DataFrame, batch_id: int) -> bool:
         """foreachBatch entry point; also used once (batch id 0) for bounded DataFrames."""
-        import sys as _s, time as _t; print("TIMING write_batch", _t.time(), file=_s.stderr, flush=True)
         flat = flatten_structs(df)
         if self.is_committed(batch_id):
             # Pitfall: a foreachBatch that does not evaluate its DataFrame fails the query with
