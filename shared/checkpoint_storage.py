@@ -622,6 +622,8 @@ def dispose(path: str | Path) -> None:
     directory = _snapshot_dir(path)
     if not os.path.lexists(directory):
         return
+    if os.path.islink(directory):  # renaming it would move the link and leave the link's target
+        raise SnapshotError(f"{directory} is a symlink; a snapshot is disposed of by its real path only")
     meta_path = directory / METADATA_FILE
     if not directory.is_dir() or not meta_path.is_file():
         raise SnapshotError(f"{directory} is not a snapshot (no {METADATA_FILE}); refusing to delete it")

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from services.dispatcher import storage_guard
 from services.dispatcher.errors import ApiError
 from shared import checkpoint_storage, checkpointing as cp
 from shared.settings import Settings
@@ -89,6 +90,9 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
         savepoint_path, path_field = config[cp.RESTORE_PATH], cp.RESTORE_PATH
     snapshot = None
     if savepoint_path is not None:
+        # Reading a snapshot is confined like writing one: no restore from /etc.
+        storage_guard.confined(local_path(savepoint_path, path_field), settings, field=path_field,
+                               what="restore path")
         snapshot = resolve_snapshot(savepoint_path, path_field)
         config[cp.RESTORE_PATH] = snapshot.path
     if allow_non_restored is not None:
@@ -98,7 +102,9 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
     elif config.get(cp.RESTORE_MODE) is not None:
         config[cp.RESTORE_MODE] = claim_mode(config[cp.RESTORE_MODE], cp.RESTORE_MODE)
     if config.get(cp.SAVEPOINT_DIR):
-        config[cp.SAVEPOINT_DIR] = local_path(config[cp.SAVEPOINT_DIR], cp.SAVEPOINT_DIR)
+        config[cp.SAVEPOINT_DIR] = storage_guard.confined(local_path(config[cp.SAVEPOINT_DIR], cp.SAVEPOINT_DIR),
+                                                          settings, field=cp.SAVEPOINT_DIR,
+                                                          what="the job's savepoint directory")
     try:
         cp.checkpoint_config(config, settings.checkpointing, savepoint_dir=str(settings.savepoints))
     except cp.InvalidCheckpointConfig as exc:

@@ -10,22 +10,34 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from services.dispatcher.app import create_app
 from shared import checkpoint_storage
 from shared.catalog import repository
+from shared.catalog.models import Operation
 from shared.ids import new_request_id
 from shared.messages import RequestCheckpoint, RequestSavepoint
+from shared.settings import Settings
 from shared.states import CheckpointStatus as CS, JobStatus as J, OperationStatus as OS
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
 from tests.integration.test_dispatcher_api import (  # noqa: F401 - fixtures
-    catalog, catalog_url, client, deploy, schedule, settings, submit, transport, upload,
+    catalog, catalog_url, client, deploy, schedule, submit, transport, upload,
 )
 
 pytestmark = pytest.mark.integration
 
 TRIGGER_KEYS = {"request-id"}
+
+
+@pytest.fixture
+def settings(tmp_path, catalog_url) -> Settings:
+    # The directories these tests name as savepoint targets and snapshot locations are storage
+    # roots, as an operator lists them; /etc and the like stay outside.
+    return Settings(home=tmp_path / "home", catalog_url=catalog_url,
+                    restart_strategy={"type": "fixed-delay", "attempts": 3, "delay": 1.0},
+                    storage_roots=["/data/sp", "/srv/sp", "/sp", str(tmp_path / "roots")])
 
 
 def running_job(client, catalog, body: dict | None = None) -> tuple[str, str, str]:
@@ -396,12 +408,12 @@ def test_every_endpoint_is_also_served_under_v1(client, catalog, transport):
 
 def test_disposal_deletes_the_snapshot_and_discards_its_record(client, catalog, tmp_path):
     job_id, _, _ = running_job(client, catalog)
-    sp = snapshot(tmp_path / "sp" / "savepoint-abcdef-0123456789ab", job_id)
+    sp = snapshot(tmp_path / "roots" / "sp" / "savepoint-abcdef-0123456789ab", job_id)
     add_checkpoint(catalog, job_id, 4, kind="savepoint", path=str(sp))
     r = client.post("/savepoint-disposal", json={"savepoint-path": f"file://{sp}"})
     assert r.status_code == 200 and set(r.json()) == TRIGGER_KEYS  # Flink answers this trigger with 200
     rid = r.json()["request-id"]
-    assert not sp.exists() and (tmp_path / "sp").is_dir()
+    assert not sp.exists() and (tmp_path / "roots" / "sp").is_dir()
     assert client.get(f"/savepoint-disposal/{rid}").json() == {"status": {"id": "COMPLETED"}, "operation": {}}
     op = operation(catalog, rid)
     assert (op.kind, op.status, op.job_id) == ("dispose", "COMPLETED", None)
@@ -412,27 +424,108 @@ def test_disposal_deletes_the_snapshot_and_discards_its_record(client, catalog, 
 
 
 def test_disposal_of_what_is_not_a_snapshot_fails_and_deletes_nothing(client, catalog, tmp_path):
-    keep = tmp_path / "precious"
-    keep.mkdir()
+    keep = tmp_path / "roots" / "precious"
+    keep.mkdir(parents=True)
     (keep / "data.txt").write_text("mine")
-    for path in (str(keep), str(tmp_path / "missing")):
+    for path in (str(keep), str(tmp_path / "roots" / "missing")):
         r = client.post("/v1/savepoint-disposal", json={"savepoint-path": path})
-        assert r.status_code == 200
-        body = client.get(f"/v1/savepoint-disposal/{r.json()['request-id']}").json()
-        assert body["status"] == {"id": "COMPLETED"} and set(body["operation"]) == {"failure-cause"}
-        assert path in body["operation"]["failure-cause"]["stack-trace"]
+        assert r.status_code == 404, r.text
+        assert "not a savepoint this cluster knows" in r.json()["errors"][0] and path in r.json()["errors"][0]
     assert (keep / "data.txt").read_text() == "mine"
     r = client.post("/savepoint-disposal", json={"savepoint-path": "s3://bucket/sp"})
     assert r.status_code == 400 and r.json()["field"] == "savepoint-path"
     r = client.post("/savepoint-disposal", json={})
     assert r.status_code == 400 and r.json()["field"] == "savepoint-path"
+    with catalog.session() as s:
+        assert not s.execute(select(Operation).where(Operation.kind == "dispose")).first()
+
+
+def test_a_copied_metadata_file_does_not_make_a_directory_disposable(client, catalog, tmp_path):
+    """Issue 21: a directory holding a copy of a real snapshot's _metadata was deleted, with an
+    `important/` folder beside the copy. Only what the catalog records is disposed of."""
+    job_id, _, _ = running_job(client, catalog)
+    real = snapshot(tmp_path / "roots" / "savepoint-abcdef-0123456789ab", job_id)
+    add_checkpoint(catalog, job_id, 4, kind="savepoint", path=str(real))
+    decoy = tmp_path / "roots" / "projects"
+    (decoy / "important").mkdir(parents=True)
+    (decoy / "important" / "thesis.tex").write_text("years of work")
+    (decoy / "spark").mkdir()
+    (decoy / "_metadata").write_bytes((real / "_metadata").read_bytes())
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    for path in (str(decoy), f"file://{decoy}/_metadata"):
+        r = client.post("/savepoint-disposal", json={"savepoint-path": path})
+        assert r.status_code == 404 and "not a savepoint this cluster knows" in r.json()["errors"][0], r.text
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert (decoy / "important" / "thesis.tex").read_text() == "years of work"
+
+
+def test_a_symlink_to_a_real_savepoint_is_refused_and_not_renamed(client, catalog, tmp_path):
+    """Issue 21: disposal through a symlink renamed the link to `.…disposing-…` and left it."""
+    job_id, _, _ = running_job(client, catalog)
+    real = snapshot(tmp_path / "roots" / "savepoint-abcdef-0123456789ab", job_id)
+    add_checkpoint(catalog, job_id, 4, kind="savepoint", path=str(real))
+    link = tmp_path / "roots" / "latest"
+    link.symlink_to(real)
+    linked_dir = tmp_path / "roots" / "via"
+    linked_dir.symlink_to(tmp_path / "roots")
+    # The catalog may even record the link's path: a symlink is refused before anything else.
+    add_checkpoint(catalog, job_id, 5, kind="savepoint", path=str(link))
+    for path in (str(link), str(linked_dir / real.name)):
+        r = client.post("/savepoint-disposal", json={"savepoint-path": path})
+        assert r.status_code == 400, r.text
+        assert "symlink" in r.json()["errors"][0] and r.json()["field"] == "savepoint-path"
+    assert link.is_symlink() and linked_dir.is_symlink() and (real / "_metadata").is_file()
+    assert sorted(p.name for p in (tmp_path / "roots").iterdir()) == ["latest", real.name, "via"]
+
+
+def test_disposal_outside_the_storage_roots_is_refused(client, catalog, tmp_path):
+    job_id, _, _ = running_job(client, catalog)
+    outside = snapshot(tmp_path / "elsewhere" / "savepoint-abcdef-0123456789ab", job_id)
+    add_checkpoint(catalog, job_id, 4, kind="savepoint", path=str(outside))
+    r = client.post("/savepoint-disposal", json={"savepoint-path": str(outside)})
+    assert r.status_code == 400 and "not under an allowed storage root" in r.json()["errors"][0]
+    assert "storage_roots" in r.json()["errors"][0] and (outside / "_metadata").is_file()
+
+
+@pytest.mark.parametrize("route,field", [("savepoints", "target-directory"), ("stop", "targetDirectory")])
+def test_savepoint_targets_outside_the_storage_roots_are_400(client, catalog, transport, settings, tmp_path,
+                                                             route, field):
+    """Issue 21: `POST /jobs/{id}/savepoints {"target-directory": "/etc/…"}` wrote there."""
+    job_id, _, _ = running_job(client, catalog)
+    inside = tmp_path / "roots"
+    inside.mkdir()
+    (inside / "escape").symlink_to("/etc")
+    for target in ("/etc/headrace-x", "file:///etc", f"{settings.savepoints}/../../etc", str(inside / "escape")):
+        r = client.post(f"/jobs/{job_id}/{route}", json={field: target})
+        assert r.status_code == 400, (target, r.text)
+        err = r.json()
+        assert err["field"] == field and "outside the allowed storage roots" in err["errors"][0], err
+        assert "storage_roots" in err["errors"][0] and str(settings.savepoints) in err["errors"][0]
+        assert str(settings.savepoints) in err["allowed-roots"]
+    assert not [b for b in transport.bodies(JM_STREAM) if isinstance(b, RequestSavepoint)]
+    with catalog.session() as s:
+        assert not s.execute(select(Operation).where(Operation.job_id == job_id)).first()
+        assert repository.get_job(s, job_id).status == J.RUNNING.value
+    assert not Path("/etc/headrace-x").exists()
+
+
+def test_a_jobs_savepoint_dir_and_restore_path_outside_the_roots_are_400(client, catalog, transport, tmp_path):
+    sp = snapshot(tmp_path / "elsewhere" / "savepoint-abcdef-0123456789ab")
+    jar = upload(client)["id"]
+    for body, field in (({"savepointPath": str(sp)}, "savepointPath"),
+                        ({"flinkConfiguration": {"execution.savepoint.path": str(sp)}}, "execution.savepoint.path"),
+                        ({"flinkConfiguration": {"state.savepoints.dir": "/etc"}}, "state.savepoints.dir")):
+        r = client.post(f"/jars/{jar}/run", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["field"] == field and "outside the allowed storage roots" in r.json()["errors"][0]
+    assert client.get("/jobs").json() == {"jobs": []}
 
 
 # --- submitting from a snapshot -----------------------------------------------------------------
 
 
 def test_run_from_a_savepoint_stores_the_resolved_local_path(client, catalog, transport, tmp_path):
-    sp = snapshot(tmp_path / "savepoint-abcdef-0123456789ab")
+    sp = snapshot(tmp_path / "roots" / "savepoint-abcdef-0123456789ab")
     jar = upload(client)["id"]
     job_id = submit(client, jar, {"savepointPath": f"file://{sp}/", "allowNonRestoredState": True,
                                   "claimMode": "claim"})
@@ -449,11 +542,11 @@ def test_run_from_a_savepoint_stores_the_resolved_local_path(client, catalog, tr
 
 def bad_run_bodies(tmp: Path) -> list[tuple[dict, str, str]]:
     return [
-        ({"savepointPath": f"{tmp}/nothing-here"}, "savepointPath", "no completed checkpoint or savepoint at"),
-        ({"savepointPath": str(tmp)}, "savepointPath", "no completed checkpoint or savepoint at"),
+        ({"savepointPath": f"{tmp}/roots/nothing-here"}, "savepointPath", "no completed checkpoint or savepoint at"),
+        ({"savepointPath": f"{tmp}/roots"}, "savepointPath", "no completed checkpoint or savepoint at"),
         ({"savepointPath": "s3://bucket/sp"}, "savepointPath", "scheme 's3' is not supported"),
         ({"savepointPath": "sp/relative"}, "savepointPath", "absolute path"),
-        ({"flinkConfiguration": {"execution.savepoint.path": f"{tmp}/nothing"}}, "execution.savepoint.path",
+        ({"flinkConfiguration": {"execution.savepoint.path": f"{tmp}/roots/nothing"}}, "execution.savepoint.path",
          "no completed checkpoint or savepoint at"),
         ({"claimMode": "STEAL"}, "claimMode", "NO_CLAIM or CLAIM"),
         ({"restoreMode": "STEAL"}, "restoreMode", "NO_CLAIM or CLAIM"),

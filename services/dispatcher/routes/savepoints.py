@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
-from services.dispatcher import operations, restore
+from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.schemas import MAX_PARALLELISM, ErrorBody, int_at_least
 from services.dispatcher.snapshot_schemas import (
@@ -41,7 +41,8 @@ def default_target(job: Job, settings: Settings) -> str:
     else the cluster's."""
     configured = (job.config or {}).get(cp.SAVEPOINT_DIR)
     if configured:
-        return restore.local_path(configured, cp.SAVEPOINT_DIR)
+        return storage_guard.confined(restore.local_path(configured, cp.SAVEPOINT_DIR), settings,
+                                      field=cp.SAVEPOINT_DIR, what="the job's savepoint directory")
     return str(Path(settings.savepoints).absolute())
 
 
@@ -49,6 +50,8 @@ def _savepoint(settings: Settings, raw_target: str | None, field: str, *, after:
                format_type: str | None = None, parallelism: int | None = None) -> operations.Build:
     # A bad path is refused before anything is recorded.
     target = restore.local_path(raw_target, field) if raw_target else None
+    if target is not None:
+        target = storage_guard.confined(target, settings, field=field, what="savepoint target")
 
     def build(job: Job, request_id: str) -> tuple[dict[str, Any], RequestSavepoint]:
         directory = target or default_target(job, settings)
@@ -114,10 +117,13 @@ def rescaling_status(jobid: str, triggerid: str, session: SessionDep) -> dict:
 
 @router.post("/savepoint-disposal", response_model=TriggerResponse, responses=_ERRORS,
              summary="Delete a savepoint or retained checkpoint; poll /savepoint-disposal/{request-id}")
-def dispose_savepoint(body: Annotated[SavepointDisposalRequest, Body()], catalog: CatalogDep) -> dict:
+def dispose_savepoint(body: Annotated[SavepointDisposalRequest, Body()], catalog: CatalogDep,
+                      settings: SettingsDep) -> dict:
     path = restore.local_path(body.savepoint_path, "savepoint-path")
     request_id = new_request_id()
     with catalog.session() as s:
+        # Refused before a row is written or a file renamed: only what the catalog records.
+        path = storage_guard.known_snapshot(s, path, settings, field="savepoint-path")
         repository.create_operation(s, id=request_id, kind="dispose", job_id=None, params={"path": path})
     try:
         resolved = str(checkpoint_storage.resolve_snapshot(path))
