@@ -112,7 +112,7 @@ def test_writes_answer_503_and_leave_nothing_half_done(dispatcher):
         ("POST", f"/jars/{jar}/run", {"json": {"kind": "noop"}}),
         ("POST", f"/v1/jars/{jar}/run", {"json": {"kind": "noop"}}),
         ("PATCH", f"/jobs/{job}", {"params": {"mode": "cancel"}}),
-        ("POST", f"/jobs/{job}/savepoints", {"json": {"target-directory": str(settings.home / "sp")}}),
+        ("POST", f"/jobs/{job}/savepoints", {"json": {"target-directory": str(settings.savepoints / "sp")}}),
         ("DELETE", f"/jars/{jar}", {}),
     ]
     for method, path, kw in writes:

@@ -307,7 +307,7 @@ def test_run_with_defaults_writes_the_job_and_publishes_submit(client, catalog, 
 
 
 def test_run_with_every_field(client, catalog, transport, tmp_path):
-    savepoint = tmp_path / "savepoint-012345-0123456789ab"
+    savepoint = tmp_path / "home" / "savepoints" / "savepoint-012345-0123456789ab"  # inside the storage roots
     checkpoint_storage.take_empty_snapshot(savepoint, metadata={"job_id": "0" * 32, "kind": "savepoint"})
     jar = upload(client)["id"]
     wanted = "0123456789abcdef0123456789ABCDEF"
