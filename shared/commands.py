@@ -1,6 +1,9 @@
 """Celery adapter: the only module that knows Celery. Commands to TaskManagers (deploy, cancel)
 (and checkpoint triggers) travel as Celery tasks routed to one queue per TaskManager; the payload is an encoded
-`Envelope`, so the receiver can fence by leader epoch like any other message.
+`Envelope`, so the receiver can fence by leader epoch like any other message, and the second
+argument is its HMAC under the command key of the TaskManager it is for (shared/message_auth.py):
+only the control plane can make one, and it covers the epoch, so it proves "the leader of this
+epoch sent this to that TaskManager".
 
 A command task is short: it hands the work to the TaskManager's supervisor and returns. No
 Celery task ever runs a pipeline. Commands are acknowledged when the worker takes them, and the
@@ -29,6 +32,7 @@ import redis
 from celery import Celery
 
 from shared.celery_wire import CeleryWire
+from shared.message_auth import ClusterAuth
 from shared.messages import CancelTask, DeployTask, TriggerCheckpoint, encode, wrap
 
 DEPLOY_TASK = "headrace.deploy_task"
@@ -82,8 +86,10 @@ class CommandGateway:
     Given the Redis client of the broker, commands are written as Celery would write them
     (shared/celery_wire.py) without its per-message cost; without one, through `send_task`."""
 
-    def __init__(self, app: Celery, *, sender: str, epoch: int, client: redis.Redis | None = None):
+    def __init__(self, app: Celery, *, sender: str, epoch: int, client: redis.Redis | None = None,
+                 auth: ClusterAuth | None = None):
         self.app, self.sender, self.epoch, self.client = app, sender, epoch, client
+        self.auth = auth or ClusterAuth.ephemeral()  # without the cluster's keys no TaskManager obeys
         self.wire = CeleryWire(app, db=client.connection_pool.connection_kwargs.get("db", 0)) if client else None
         self._local = threading.local()  # the producer or wire batch open on this thread
 
@@ -122,18 +128,19 @@ class CommandGateway:
         self._send(TRIGGER_CHECKPOINT, queue, command)
 
     def _send(self, name: str, queue: str, body) -> None:
-        payload = encode(wrap(body, sender=self.sender, epoch=self.epoch)).decode()
+        raw = encode(wrap(body, sender=self.sender, epoch=self.epoch))
+        payload, signature = raw.decode(), self.auth.sign_command(body.taskmanager_id, raw)
         # A command is only useful for seconds; one stuck in a dead TaskManager's queue must
         # not start a task much later when a TaskManager with that id reappears.
         if self.wire is not None:
-            item = (queue, *self.wire.task(name, queue, [payload], argsrepr=summary(body, self.epoch),
+            item = (queue, *self.wire.task(name, queue, [payload, signature], argsrepr=summary(body, self.epoch),
                                            expires_s=COMMAND_EXPIRES_S))
             if getattr(self._local, "open", False):
                 self._local.items.append(item)
             else:
                 self._write([item])
             return
-        self.app.send_task(name, args=[payload], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S,
+        self.app.send_task(name, args=[payload, signature], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S,
                            argsrepr=summary(body, self.epoch), producer=getattr(self._local, "producer", None))
 
     def _write(self, items: list[tuple[str, bytes, bytes | None]]) -> None:

@@ -95,6 +95,15 @@ class Settings(BaseSettings):
     warmup_concurrency: int | None = Field(None, ge=0)
     # The dispatcher refuses larger uploads with 413: bytes, or a size such as "500 MB".
     max_upload_bytes: int | str = 100 * 1024**2
+    # What the dispatcher will unpack or parse of an upload (services/dispatcher/archive_bounds.py):
+    # a 646 KB zip of a 300 MB .py took it to 1.85 GB. Bytes, or sizes such as "200 MB".
+    max_artifact_uncompressed_bytes: int | str = 200 * 1024**2
+    max_artifact_members: int = Field(10_000, ge=1)
+    max_artifact_source_bytes: int | str = 10 * 1024**2
+    # Slow clients (services/dispatcher/slow_clients.py): 408 and the connection closed.
+    request_header_timeout_s: float = Field(10.0, gt=0)
+    request_body_idle_timeout_s: float = Field(15.0, gt=0)
+    request_body_timeout_s: float = Field(300.0, gt=0)
     # How long the dispatcher serves one encoded answer of GET /jobs/overview before building it
     # again (services/dispatcher/overview_cache.py): it may lag the catalog by this much, except
     # after this dispatcher's own submissions. 0: built on every request.

@@ -10,6 +10,7 @@ from services.dispatcher import limits
 from services.dispatcher.app import create_app
 from shared.catalog import Catalog
 from shared.settings import Settings, load_settings
+from shared.message_auth import control_plane_auth
 from shared.transport import RedisStreamsTransport
 
 log = logging.getLogger("services.dispatcher")
@@ -25,7 +26,7 @@ def run(settings: Settings) -> None:
     catalog.migrate()
     settings.artifacts.mkdir(parents=True, exist_ok=True)
     transport = RedisStreamsTransport.from_url(settings.redis_url, sender="dispatcher",
-                                               maxlen=settings.stream_maxlen)
+                                               maxlen=settings.stream_maxlen, auth=control_plane_auth(settings))
     app = create_app(settings, catalog, transport, max_upload_bytes=max_upload_bytes)
     log.info("dispatcher on http://%s:%d (catalog %s, artifacts %s, uploads up to %s)", settings.dispatcher_host,
              settings.dispatcher_port, catalog.url.split("@")[-1], settings.artifacts,

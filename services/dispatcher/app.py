@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from services.dispatcher import auth, errors, limits, metrics, openapi_security, security
+from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints, schedules,
                                        taskmanagers, ui, whoami)
@@ -48,6 +49,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.default_restart_strategy = normalise_restart_strategy(settings.restart_strategy)
     app.state.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
     app.state.max_upload_bytes = max_upload_bytes or limits.upload_limit(settings)
+    app.state.artifact_limits = ArtifactLimits.from_settings(settings)
     # GET /jobs/overview's encoded answer, rebuilt at most every overview_cache_ms (overview_cache.py).
     app.state.overview_cache = OverviewCache(settings.overview_cache_ms / 1000)
 

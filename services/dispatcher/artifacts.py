@@ -1,9 +1,10 @@
 """Uploaded job artifacts: a Python module (.py) or a zip of Python files (.zip).
 
-Uploads are checked before they are stored, so a typo is reported at upload time with its line
+Uploads are checked before they are kept, so a typo is reported at upload time with its line
 rather than minutes later by a Spark driver: a .py must compile; a .zip must be a readable zip
-whose .py members all compile, with no member escaping its directory. Files are written
-atomically (temporary name, then rename) under `settings.artifacts`, named by the artifact id.
+whose .py members all compile, with no member escaping its directory. An upload is copied to a
+temporary file beside its final place as it arrives and checked there, within the bounds of
+archive_bounds.py (never read whole into memory), then renamed to the artifact id.
 
 What a listing shows and a submission checks (the module's top-level functions and names) is
 computed once, at upload, and kept in the catalog (`artifacts.listing`): parsing every stored
@@ -13,25 +14,15 @@ file on every GET /jars made a listing as slow as its largest artifact.
 from __future__ import annotations
 
 import ast
-import hashlib
-import io
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
+
+from services.dispatcher.archive_bounds import ArtifactLimits, ArtifactRejected, read_source, spool, zip_sources
 
 ACCEPTED_SUFFIXES = (".py", ".zip")
 DEFAULT_ENTRY = "build"
-
-
-class ArtifactRejected(ValueError):
-    """An upload that cannot be a job: wrong type, does not compile, broken zip."""
-
-    def __init__(self, message: str, *, line: int | None = None, member: str | None = None):
-        super().__init__(message)
-        self.line = line
-        self.member = member
 
 
 @dataclass(frozen=True)
@@ -42,6 +33,7 @@ class CheckedArtifact:
     functions: tuple[str, ...] = ()  # top-level functions of a .py, in source order
     names: frozenset[str] = field(default_factory=frozenset)  # every top-level binding of a .py
     star_import: bool = False  # `from x import *`: names cannot be known statically
+    not_callable: frozenset[str] = field(default_factory=frozenset)  # bound by `import x` or `class`
 
 
 MAX_NAME_CHARS = 255  # artifacts.name
@@ -58,22 +50,42 @@ def safe_filename(filename: str | None) -> str:
     return name
 
 
-def check(filename: str, data: bytes) -> CheckedArtifact:
-    """Validate an upload; raises ArtifactRejected with a message that says how to fix it."""
-    suffix = Path(filename).suffix.lower()
-    if suffix not in ACCEPTED_SUFFIXES:
+def check_suffix(filename: str) -> None:
+    if Path(filename).suffix.lower() not in ACCEPTED_SUFFIXES:
         raise ArtifactRejected(
             f"'{filename}' is not a Python job: upload a .py module (with a top-level "
             f"'{DEFAULT_ENTRY}' function) or a .zip of .py files")
-    if not data:
+
+
+def receive(src: IO[bytes], directory: Path, artifact_id: str, max_bytes: int) -> tuple[Path, int, str]:
+    """Copy an upload beside its final place: (temporary path, size, sha256). A size above
+    max_bytes means the copy stopped there (the caller refuses it and removes the file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{artifact_id}.part"
+    size, digest = spool(src, tmp, max_bytes)
+    return tmp, size, digest
+
+
+def check_file(filename: str, path: Path, size: int, sha256: str, limits: ArtifactLimits) -> CheckedArtifact:
+    """Validate an upload copied to `path`; raises ArtifactRejected saying how to fix it."""
+    check_suffix(filename)
+    if size == 0:
         raise ArtifactRejected(f"'{filename}' is empty")
-    digest = hashlib.sha256(data).hexdigest()
-    if suffix == ".py":
-        tree = _compile_module(filename, data)
-        functions, names, star = _top_level(tree)
-        return CheckedArtifact("py", len(data), digest, functions, names, star)
-    _check_zip(filename, data)
-    return CheckedArtifact("zip", len(data), digest)
+    if Path(filename).suffix.lower() == ".py":
+        tree = _compile_module(filename, read_source(path, limits, filename))
+        functions, names, star, not_callable = _top_level(tree)
+        return CheckedArtifact("py", size, sha256, functions, names, star, not_callable)
+    for member, source in zip_sources(path, limits, filename):
+        _compile_module(filename, source, member=member)
+    return CheckedArtifact("zip", size, sha256)
+
+
+def module_entries(source: bytes) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]] | None:
+    """`_top_level` of a module's source; None when it does not parse."""
+    try:
+        return _top_level(ast.parse(source.decode("utf-8-sig")))
+    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+        return None
 
 
 def _compile_module(filename: str, data: bytes, *, member: str | None = None) -> ast.Module:
@@ -97,9 +109,10 @@ def _compile_module(filename: str, data: bytes, *, member: str | None = None) ->
         raise ArtifactRejected(f"{where} does not compile: {exc}", member=member) from None
 
 
-def _top_level(tree: ast.Module) -> tuple[tuple[str, ...], frozenset[str], bool]:
+def _top_level(tree: ast.Module) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]]:
     functions: list[str] = []
     names: set[str] = set()
+    not_callable: set[str] = set()  # a pipeline's entry is never a module or a class
     star = False
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -107,6 +120,7 @@ def _top_level(tree: ast.Module) -> tuple[tuple[str, ...], frozenset[str], bool]
             names.add(node.name)
         elif isinstance(node, ast.ClassDef):
             names.add(node.name)
+            not_callable.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -117,54 +131,43 @@ def _top_level(tree: ast.Module) -> tuple[tuple[str, ...], frozenset[str], bool]
                     star = True
                 else:
                     names.add((alias.asname or alias.name).split(".")[0])
+                    if isinstance(node, ast.Import):
+                        not_callable.add((alias.asname or alias.name).split(".")[0])
         elif isinstance(node, (ast.If, ast.Try)):
             # Definitions under `if`/`try` at module level (optional imports, fallbacks).
             inner = ast.Module(body=[n for n in ast.walk(node) if isinstance(n, ast.stmt) and n is not node],
                                type_ignores=[])
-            _f, inner_names, inner_star = _top_level(inner)
+            _f, inner_names, inner_star, _n = _top_level(inner)
             names |= inner_names
             star = star or inner_star
-    return tuple(functions), frozenset(names), star
+    # A name also bound as a function or an assignment somewhere may be callable after all.
+    return tuple(functions), frozenset(names), star, frozenset(not_callable - set(functions))
 
 
-def _check_zip(filename: str, data: bytes) -> None:
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
-        raise ArtifactRejected(f"'{filename}' is not a valid zip archive ({exc})") from None
-    with zf:
-        bad = zf.testzip()
-        if bad is not None:
-            raise ArtifactRejected(f"'{filename}' is corrupt: member {bad} fails its CRC check")
-        py = []
-        for info in zf.infolist():
-            p = PurePosixPath(info.filename)
-            if p.is_absolute() or ".." in p.parts:
-                raise ArtifactRejected(f"'{filename}' member {info.filename} points outside the archive")
-            if not info.is_dir() and p.suffix == ".py":
-                py.append(info)
-        if not py:
-            raise ArtifactRejected(f"'{filename}' contains no .py files: zip your pipeline's Python modules")
-        for info in py:
-            _compile_module(filename, zf.read(info), member=info.filename)
-
-
-def module_names(path: Path) -> tuple[tuple[str, ...], frozenset[str], bool] | None:
-    """Top-level functions/names of a stored .py artifact, or None if it is not readable .py."""
+def module_names(path: Path, limits: ArtifactLimits = ArtifactLimits()
+                 ) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]] | None:
+    """Top-level functions/names of a stored .py artifact, or None if it is not readable .py
+    (or larger than the dispatcher parses)."""
     if path.suffix.lower() != ".py":
         return None
     try:
-        return _top_level(ast.parse(path.read_bytes().decode("utf-8-sig")))
-    except (OSError, SyntaxError, ValueError):
+        if path.stat().st_size > limits.source:
+            return None
+        return module_entries(path.read_bytes())
+    except OSError:
         return None
+
+
+def _listed(functions, names, star, not_callable) -> dict[str, Any]:
+    return {"kind": "py", "functions": list(functions), "names": sorted(names), "star_import": star,
+            "not_callable": sorted(not_callable)}
 
 
 def listing(checked: CheckedArtifact) -> dict[str, Any]:
     """The catalog's record of what an artifact offers (`artifacts.listing`)."""
     if checked.kind != "py":
         return {"kind": checked.kind, "functions": None}
-    return {"kind": "py", "functions": list(checked.functions), "names": sorted(checked.names),
-            "star_import": checked.star_import}
+    return _listed(checked.functions, checked.names, checked.star_import, checked.not_callable)
 
 
 def listing_of_file(path: Path) -> dict[str, Any]:
@@ -172,25 +175,21 @@ def listing_of_file(path: Path) -> dict[str, Any]:
     found = module_names(path)
     if found is None:
         return {"kind": path.suffix.lower().lstrip(".") or "unknown", "functions": None}
-    functions, names, star = found
-    return {"kind": "py", "functions": list(functions), "names": sorted(names), "star_import": star}
+    return _listed(*found)
 
 
-def entry_names(listed: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[str], bool] | None:
-    """(functions, names, star import) of a .py artifact's listing; None when unknown (a zip)."""
+def entry_names(listed: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]] | None:
+    """(functions, names, star import, names that cannot be an entry) of a .py artifact's
+    listing; None when unknown (a zip)."""
     if listed.get("kind") != "py" or listed.get("functions") is None:
         return None
-    return (tuple(listed["functions"]), frozenset(listed.get("names") or ()), bool(listed.get("star_import")))
+    return (tuple(listed["functions"]), frozenset(listed.get("names") or ()), bool(listed.get("star_import")),
+            frozenset(listed.get("not_callable") or ()))
 
 
-def store(directory: Path, artifact_id: str, data: bytes) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+def commit(tmp: Path, directory: Path, artifact_id: str) -> Path:
+    """Give a checked upload its final name (atomically: a reader never sees half a file)."""
     target = directory / artifact_id
-    tmp = directory / f".{artifact_id}.part"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, target)
     return target
 

@@ -13,6 +13,7 @@ from typing import Annotated, Callable, Iterator
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from shared.catalog import Catalog
 from shared.settings import Settings
@@ -70,3 +71,10 @@ def get_max_upload_bytes(request: Request) -> int:
 
 
 MaxUploadDep = Annotated[int, Depends(get_max_upload_bytes)]
+
+
+def get_artifact_limits(request: Request) -> ArtifactLimits:
+    return request.app.state.artifact_limits
+
+
+ArtifactLimitsDep = Annotated[ArtifactLimits, Depends(get_artifact_limits)]

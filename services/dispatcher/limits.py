@@ -36,7 +36,7 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb":
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
 
 
-def parse_size(raw: Any) -> int:
+def parse_size(raw: Any, *, setting: str = UPLOAD_ENV) -> int:
     """Bytes from an integer or a size such as "500 MB", "1g", "104857600" (units of 1024, as
     Flink's MemorySize reads them). Raises ValueError naming what is accepted."""
     if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
@@ -46,7 +46,7 @@ def parse_size(raw: Any) -> int:
         size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
         if size > 0:
             return size
-    raise ValueError(f"{UPLOAD_ENV} must be a positive number of bytes or a size such as \"500 MB\", got {raw!r}")
+    raise ValueError(f"{setting} must be a positive number of bytes or a size such as \"500 MB\", got {raw!r}")
 
 
 def upload_limit(settings: Any, environ: Mapping[str, str] = os.environ) -> int:

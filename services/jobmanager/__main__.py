@@ -19,6 +19,7 @@ from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
 from shared.logs import configure_logging
+from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointStore
@@ -101,14 +102,17 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     `resign_unreachable_after_s` (ZooKeeper mode): give the leadership up when Redis stays
     unreachable that long, so a standby that does reach it can lead (a leader cut off from Redis
     but not from ZooKeeper would otherwise hold its lease and do nothing)."""
-    transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen)
+    auth = control_plane_auth(settings)
+    transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen,
+                                      auth=auth)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch,
-                             client=client)
+                             client=client, auth=auth)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
                        checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
                        restart_clock=WallClock())
     if jm_metrics is not None:
         jm_metrics.leading(master, epoch)
+        transport.on_refused = jm_metrics.count_refused
     leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
                          "since": int(time.time() * 1000), "address": metrics.advertised_url("jobmanager", settings)})
 

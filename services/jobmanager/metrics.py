@@ -22,9 +22,16 @@ class JobManagerMetrics:
                                ["type"], registry=r)
         self.failed = Counter(n("jobmanager_messages_failed"), "messages whose handler raised (redelivered)",
                               ["type"], registry=r)
+        self.refused = Counter(n("messages_refused"), "messages dead-lettered unread because their sender may not "
+                                                      "send them (unsigned, forged, a report from a TaskManager "
+                                                      "that does not hold the execution)", ["stream", "type"],
+                               registry=r)
         self._master = None
         Gauge(n("jobmanager_outbox_backlog"), "1 while committed decisions wait to be sent again",
               registry=r).set_function(lambda: 1 if self._master is not None and self._master.outbox.backlog else 0)
+
+    def count_refused(self, stream: str, message_type: str) -> None:
+        self.refused.labels(stream=stream, type=message_type).inc()
 
     def leading(self, master, epoch: int) -> None:
         self._master = master

@@ -53,6 +53,7 @@ from shared.task_protocol import TaskSpec
 from services.jobmanager.checkpoint_store import CatalogCheckpointStore, CheckpointStore
 from services.jobmanager.checkpoints import CheckpointCoordinator
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, STREAM, Effect, Outbox
+from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.timers import Timers
 
 log = logging.getLogger("headrace.jobmanager")
@@ -121,6 +122,9 @@ class JobMaster:
         if handler is None:
             log.warning("JobManager ignores %s", env.body.type)
             return
+        if isinstance(env.body, REPORTS):
+            with self._tx() as s:
+                check_report_sender(env, s)  # raises RefusedMessage: dead-lettered by the transport
         handler(env.body)
 
     # --- unit of work ------------------------------------------------------------------

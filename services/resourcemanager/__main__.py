@@ -11,6 +11,7 @@ from shared.catalog import Catalog
 from shared.clock import SystemClock
 from shared.leader_epoch import LeaderEpochFence
 from shared.logs import configure_logging
+from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from services.resourcemanager.fencing import JobManagerFence
@@ -26,8 +27,10 @@ def run(settings: Settings) -> None:
     client = wait_for_redis(settings.redis_url)
     catalog = Catalog(settings.catalog)
     catalog.migrate()
-    transport = RedisStreamsTransport(client, sender="resourcemanager", maxlen=settings.stream_maxlen)
+    transport = RedisStreamsTransport(client, sender="resourcemanager", maxlen=settings.stream_maxlen,
+                                      auth=control_plane_auth(settings))
     rm_metrics = ResourceManagerMetrics()
+    transport.on_refused = rm_metrics.count_refused
     metrics.serve(rm_metrics.registry, host=settings.metrics_host, port=settings.resourcemanager_metrics_port,
                   service="resourcemanager")
 

@@ -25,6 +25,12 @@ class ResourceManagerMetrics:
         self.lost = Counter(n("taskmanagers_lost"), "TaskManagers declared lost since this process started",
                             registry=r)
         self._lost_seen = 0
+        self.refused = Counter(n("messages_refused"), "messages dead-lettered unread because their sender may not "
+                                                      "send them (unsigned, forged, another TaskManager's "
+                                                      "registration or heartbeat)", ["stream", "type"], registry=r)
+
+    def count_refused(self, stream: str, message_type: str) -> None:
+        self.refused.labels(stream=stream, type=message_type).inc()
 
     def record(self, stats: dict) -> None:
         """Takes the dict the ResourceManager publishes to hr:rm:stats."""

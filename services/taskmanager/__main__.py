@@ -24,11 +24,13 @@ from shared.commands import make_celery
 from shared.ids import new_taskmanager_id
 from shared.leader_epoch import LeaderEpochFence
 from shared.log_files import LogFiles
+from shared.message_auth import MissingKey, taskmanager_auth
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport import kombu_redis
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from services.taskmanager import storage_probe
+from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
@@ -81,6 +83,8 @@ class EndpointAnnouncer:
 
 # A TaskManager whose checkpoint directory is not the shared one exits with this code at start.
 EXIT_STORAGE_NOT_SHARED = 4
+# A TaskManager without keys to sign its reports and check its commands exits with this code.
+EXIT_NO_KEYS = 5
 
 
 EXECUTOR_KEYS = ("spark.executor.cores", "spark.executor.memory")
@@ -116,13 +120,19 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     slots = slots or settings.taskmanager_slots
     base_id = taskmanager_id or new_taskmanager_id()
     ids = [f"{base_id}-sim{i:05d}" for i in range(simulate)] if simulate else [base_id]
+    try:
+        auth = taskmanager_auth(settings, ids)
+    except (MissingKey, ValueError) as exc:
+        log.error("TaskManager %s cannot start: %s (docs/runbooks/auth.md, \"Signed messages\")", base_id, exc)
+        raise SystemExit(EXIT_NO_KEYS) from None
     client = wait_for_redis(settings.redis_url)
     process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     liveness_name = streams.liveness_name(process_id)
     # A dedicated named connection: the ResourceManager watches for it to vanish.
     liveness = redis.Redis.from_url(settings.redis_url, client_name=liveness_name)
     liveness.ping()
-    transport = RedisStreamsTransport(client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen)
+    transport = RedisStreamsTransport(client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen,
+                                      auth=auth)
 
     workdir = settings.workdir / "taskmanagers" / base_id
     shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
@@ -176,7 +186,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                          kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}
     register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
-                                         transport=transport, dead_letter_client=client))
+                                         transport=transport, dead_letter_client=client, auth=auth,
+                                         artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
     task_metrics.registry.register(TaskManagerCollector(supervisors, client))
     # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs).
     logs = LogFiles.of_this_process(workdir / "logs")

@@ -1,10 +1,13 @@
 """Celery command handlers of a TaskManager process: short, fenced, delegating.
 
 Each returns as soon as the supervisor has taken the command; a pipeline never runs inside a
-Celery task. A command is obeyed only if it comes from the JobManager that leads now: sender
-"jobmanager" and the leader epoch currently published in Redis (shared/leader_epoch.py), never
-"the newest epoch seen" (one forged command with a future epoch would make every real one
-after it stale). Then:
+Celery task. First of all a command must carry, as its second argument, the HMAC of its payload
+under the command key of the TaskManager it is for (shared/message_auth.py): one that is unsigned,
+badly signed or signed for another TaskManager is dead-lettered and nobody is told (a forger
+learns nothing, and cannot make this TaskManager fail a real attempt by rejecting it). Then it
+is obeyed only if it comes from the JobManager that leads now: sender "jobmanager" and the
+leader epoch currently published in Redis (shared/leader_epoch.py), never "the newest epoch
+seen" (one forged command with a future epoch would make every real one after it stale). Then:
 
 - another sender, or an epoch that is not the current one: dropped and logged. A deposed
   leader's command is routine during a failover, and a forged one is told nothing;
@@ -12,6 +15,9 @@ after it stale). Then:
   name): dead-lettered with the error; and if it is the current leader's, reported with
   `CommandRejected` (with the attempt's ids when they can be read), so the JobManager fails the
   attempt over at once instead of waiting for its acknowledgement timer;
+- a deploy whose artifact is not the catalog's (outside the artifact directory, or its sha256
+  is not the one recorded at upload: services/taskmanager/artifact_check.py): dead-lettered and
+  reported with `CommandRejected`; nothing runs;
 - valid, but it cannot be carried out (a TaskManager this process does not run, the supervisor
   raised): reported with `CommandRejected`.
 
@@ -35,6 +41,7 @@ from shared import streams
 from shared import task_protocol as tp
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
 from shared.leader_epoch import LeaderEpochFence
+from shared.message_auth import ClusterAuth
 from shared.messages import (
     CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode,
 )
@@ -84,18 +91,30 @@ class CommandIntake:
     """Fences, checks and routes one process's commands (see the module docstring)."""
 
     def __init__(self, *, supervisors: dict, fence: LeaderEpochFence, transport, dead_letter_client,
+                 auth: ClusterAuth, artifacts=None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.supervisors, self.fence, self.transport = supervisors, fence, transport
         self.dead_letter_client = dead_letter_client
+        self.auth = auth
+        self.artifacts = artifacts  # an ArtifactChecker; None only where no pipeline can run
         self.clock, self.sleep = clock, sleep
         self._epoch_missing_since: float | None = None
 
     def handle(self, expected: type, args: tuple, kwargs: dict, queue: str) -> None:
-        if len(args) != 1 or kwargs or not isinstance(args[0], str):
-            self._dead_letter(queue, expected, f"expected one argument, an envelope's JSON; got {len(args)} "
-                                               f"positional and {len(kwargs)} keyword arguments", repr(args))
+        if len(args) == 1 and not kwargs and isinstance(args[0], str):
+            self._dead_letter(queue, expected, "unsigned command: the JobManager signs every command with the "
+                                               "TaskManager's command key", args[0])
             return
-        payload = args[0]
+        if len(args) != 2 or kwargs or not all(isinstance(a, str) for a in args):
+            self._dead_letter(queue, expected, f"expected two arguments, an envelope's JSON and its signature; got "
+                                               f"{len(args)} positional and {len(kwargs)} keyword arguments",
+                              repr(args))
+            return
+        payload, signature = args
+        refused = self.auth.check_command(self._addressee(payload, queue), payload.encode(), signature)
+        if refused is not None:
+            self._dead_letter(queue, expected, refused, payload)
+            return
         try:
             env = decode(payload)
         except UndecodableMessage as exc:
@@ -113,11 +132,16 @@ class CommandIntake:
             return
         if isinstance(body, DeployTask):
             try:
-                tp.TaskSpec.model_validate(body.spec)
+                spec = tp.TaskSpec.model_validate(body.spec)
             except ValidationError as exc:
                 error = f"DeployTask spec does not validate: {_short(exc)}"
                 self._dead_letter(queue, expected, error, payload)
                 self._reject(queue, peek(payload), error)
+                return
+            refused = self.artifacts.refusal(spec) if self.artifacts is not None else None
+            if refused is not None:
+                self._dead_letter(queue, expected, f"DeployTask refused: {refused}", payload)
+                self._reject(queue, peek(payload), refused)
                 return
         sup = self.supervisors.get(body.taskmanager_id)
         if sup is None:
@@ -128,6 +152,15 @@ class CommandIntake:
         except Exception as exc:  # noqa: BLE001 - the JobManager must hear of it, the worker must go on
             log.exception("%s for %s failed", body.type, body.taskmanager_id)
             self._reject(queue, peek(payload), f"{body.type} failed on the TaskManager: {type(exc).__name__}: {exc}")
+
+    def _addressee(self, payload: str, queue: str) -> str:
+        """Whose command key checks this command: the one TaskManager of this process, or (a
+        process serving several) the one the command names; a command meant for anyone else
+        then fails the check."""
+        if len(self.supervisors) == 1:
+            return next(iter(self.supervisors))
+        named = peek(payload).taskmanager_id
+        return named if named in self.supervisors else _taskmanager_of(queue)
 
     # --- verdicts ----------------------------------------------------------------------
 

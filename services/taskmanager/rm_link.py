@@ -26,6 +26,7 @@ from shared import streams
 from shared.messages import (
     HeartbeatAck, RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, UndecodableMessage, decode,
 )
+from shared.message_auth import SIGNATURE_FIELD
 from shared.transport import dead_letters
 
 log = logging.getLogger("headrace.taskmanager.rm")
@@ -156,15 +157,20 @@ class ResourceManagerLink:
             for entry_id, fields in entries:
                 st.inbox_cursor = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 try:
-                    body = decode(fields[b"m"]).body
+                    env = decode(fields[b"m"])
+                    # Only the control plane signs an inbox entry (with this TaskManager's command
+                    # key): a forged "unknown TaskManager" must not make it stop its tasks.
+                    error = self.transport.auth.check(streams.tm_inbox(tm), env, fields[b"m"],
+                                                      fields.get(SIGNATURE_FIELD))
                 except (UndecodableMessage, KeyError) as exc:
                     error = "entry has no 'm' field" if isinstance(exc, KeyError) else str(exc)
+                if error is not None:
                     log.warning("dead-lettering entry %s of %s: %s", st.inbox_cursor, streams.tm_inbox(tm), error)
                     dead_letters.add_safely(self.client, error=error, original=fields,
                                             origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor})
                     continue
-                if isinstance(body, HeartbeatAck):
-                    self._on_ack(st, body)
+                if isinstance(env.body, HeartbeatAck):
+                    self._on_ack(st, env.body)
 
     def _on_ack(self, st: LinkState, ack: HeartbeatAck) -> None:
         """Registration confirmed (known) or refused as unknown (register again)."""

@@ -1,5 +1,10 @@
 """Redis-streams transport: consumer groups, ack after success, dedup by message id, DLQ.
 
+Every entry is signed (shared/message_auth.py): `m` holds the envelope's exact bytes and `s`
+their HMAC under the sender's key; an entry that is unsigned, badly signed or against the sender
+rules is dead-lettered before any handler sees it, and so is one a handler refuses with
+`RefusedMessage`.
+
 A Redis that restarted without its data has lost every stream with its consumer groups: the
 next read of a group answers NOGROUP. `poll` then creates the group again (from "0", so what
 producers sent since the restart is read) and carries on in the same call.
@@ -10,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import Callable
 
 import redis
 
 from shared import streams
+from shared.message_auth import SIGNATURE_FIELD, ClusterAuth, RefusedMessage
 from shared.messages import Envelope, UndecodableMessage, decode, encode, wrap
 from shared.transport import dead_letters
 from shared.transport.base import Handler
@@ -30,9 +37,16 @@ def _no_unit_of_work(_envelopes):
 
 
 class RedisStreamsTransport:
-    def __init__(self, client: redis.Redis, *, sender: str, epoch: int = 0, maxlen: int = 100_000):
+    def __init__(self, client: redis.Redis, *, sender: str, epoch: int = 0, maxlen: int = 100_000,
+                 auth: ClusterAuth | None = None):
         self.client = client
         self.sender = sender
+        # Called with (stream, message type) for each entry refused by the sender checks: the
+        # services count them (headrace_messages_refused_total).
+        self.on_refused: Callable[[str, str], None] | None = None
+        # Without keys of its own, a transport signs under a secret nobody else has: what it
+        # sends is dead-lettered elsewhere rather than trusted (ClusterAuth.ephemeral).
+        self.auth = auth or ClusterAuth.ephemeral()
         self.epoch = epoch
         self.maxlen = maxlen
         self._groups: set[tuple[str, str]] = set()
@@ -42,19 +56,29 @@ class RedisStreamsTransport:
         self._failures: dict[bytes, int] = {}
 
     @classmethod
-    def from_url(cls, url: str, *, sender: str, epoch: int = 0, maxlen: int = 100_000):
-        return cls(redis.Redis.from_url(url), sender=sender, epoch=epoch, maxlen=maxlen)
+    def from_url(cls, url: str, *, sender: str, epoch: int = 0, maxlen: int = 100_000,
+                 auth: ClusterAuth | None = None):
+        return cls(redis.Redis.from_url(url), sender=sender, epoch=epoch, maxlen=maxlen, auth=auth)
 
-    def publish(self, stream: str, body, *, epoch: int | None = None) -> str:
-        env = wrap(body, sender=self.sender, epoch=self.epoch if epoch is None else epoch)
-        self.client.xadd(stream, {FIELD: encode(env)}, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
-        return env.message_id
+    def signed(self, stream: str, body, *, epoch: int | None, sender: str | None) -> tuple[str, dict]:
+        """(message id, the entry's fields): the envelope's bytes and their signature."""
+        sender = sender or self.auth.sender_for(body, self.sender)
+        env = wrap(body, sender=sender, epoch=self.epoch if epoch is None else epoch)
+        raw = encode(env)
+        return env.message_id, {FIELD: raw, SIGNATURE_FIELD: self.auth.sign(stream, sender, raw)}
 
-    def publish_many(self, items: list[tuple[str, object]], *, epoch: int | None = None) -> None:
+    def publish(self, stream: str, body, *, epoch: int | None = None, sender: str | None = None) -> str:
+        """`sender`: speak as another sender this transport's keys can sign for (tests, benchmarks)."""
+        message_id, fields = self.signed(stream, body, epoch=epoch, sender=sender)
+        self.client.xadd(stream, fields, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
+        return message_id
+
+    def publish_many(self, items: list[tuple[str, object]], *, epoch: int | None = None,
+                     sender: str | None = None) -> None:
         pipe = self.client.pipeline(transaction=False)
         for stream, body in items:
-            env = wrap(body, sender=self.sender, epoch=self.epoch if epoch is None else epoch)
-            pipe.xadd(stream, {FIELD: encode(env)}, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
+            _, fields = self.signed(stream, body, epoch=epoch, sender=sender)
+            pipe.xadd(stream, fields, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
         pipe.execute()
 
     def ensure_group(self, stream: str, group: str) -> None:
@@ -114,9 +138,16 @@ class RedisStreamsTransport:
             try:
                 if raw is None:
                     raise UndecodableMessage(f"entry has no '{FIELD.decode()}' field")
-                decoded.append((entry_id, decode(raw)))
+                env = decode(raw)
             except UndecodableMessage as exc:
                 dead.append((entry_id, fields or {}, str(exc)))
+                continue
+            refused = self.auth.check(stream, env, raw, fields.get(SIGNATURE_FIELD))
+            if refused is not None:
+                dead.append((entry_id, fields, refused))
+                self._count_refusal(stream, env.body.type)
+            else:
+                decoded.append((entry_id, env))
         if dead:
             pipe = self.client.pipeline(transaction=False)
             for entry_id, fields, error in dead:
@@ -145,6 +176,12 @@ class RedisStreamsTransport:
                     continue  # handled before, or earlier in this very batch (a producer retried)
                 try:
                     handler(env)
+                except RefusedMessage as exc:
+                    log.warning("dead-lettering %s %s of %s from %s: %s", env.body.type, entry_id, stream, env.sender,
+                                exc)
+                    dead_letters.add(pipe, error=str(exc), original={"m": encode(env)},
+                                     origin={"stream": stream, "entry_id": entry_id, "group": group})
+                    self._count_refusal(stream, env.body.type)
                 except Exception as exc:
                     n = self._failures[entry_id] = self._failures.get(entry_id, 0) + 1
                     if n < MAX_HANDLER_FAILURES:
@@ -164,6 +201,10 @@ class RedisStreamsTransport:
         pipe.xack(stream, group, *[entry_id for entry_id, _ in decoded])
         pipe.execute()
         return handled
+
+    def _count_refusal(self, stream: str, message_type: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(stream, message_type)
 
     def dead_letters(self, count: int = 100) -> list[dict]:
         return [{k.decode(): v for k, v in f.items()} | {"id": i.decode()}

@@ -77,7 +77,7 @@ def test_a_deposed_leader_commits_nothing_even_for_jobs_the_new_leader_has_not_t
 def _env(body):
     from shared.messages import wrap
 
-    return wrap(body, sender="taskmanager")
+    return wrap(body, sender=f"taskmanager:{body.taskmanager_id}")
 
 
 def test_a_deposed_leader_neither_sends_nor_deletes_the_new_leaders_outbox_entries(h):
@@ -191,11 +191,12 @@ def test_the_restart_budget_survives_a_leader_change(h):
 def test_a_redelivered_progress_report_is_counted_once(h):
     job, cmd = running(h)
     p = TaskProgress(execution_id=cmd.spec["execution_id"], job_id=job, batch_id=0, num_input_rows=500)
+    sender = f"taskmanager:{cmd.taskmanager_id}"
     for _ in range(2):
-        h.t.publish(streams.JM_STREAM, p)
+        h.t.publish(streams.JM_STREAM, p, sender=sender)
         h.pump()
     h.t.publish(streams.JM_STREAM, TaskProgress(execution_id=cmd.spec["execution_id"], job_id=job, batch_id=1,
-                                                num_input_rows=7))
+                                                num_input_rows=7), sender=sender)
     h.pump()
     ex = h.execution(cmd.spec["execution_id"])
     assert (ex.last_batch_id, ex.rows_processed) == (1, 507)

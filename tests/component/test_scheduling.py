@@ -10,6 +10,7 @@ from shared import streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.clock import FakeClock
+from shared.message_auth import TASKMANAGER_MESSAGES, ClusterAuth, taskmanager_sender
 from shared.ids import new_job_id
 from shared.messages import decode
 from shared.messages import (
@@ -37,13 +38,23 @@ class RecordingGateway:
         self.sent.append((queue, cmd))
 
 
+class PlaysEveryTaskManager(ClusterAuth):
+    """The bus of a harness that scripts the TaskManagers: what a TaskManager would send goes out
+    signed as the TaskManager it names, so the sender checks of the JobManager and the
+    ResourceManager apply as on a cluster (shared/message_auth.py)."""
+
+    def sender_for(self, body, default: str) -> str:
+        tm = getattr(body, "taskmanager_id", None)
+        return taskmanager_sender(tm) if isinstance(body, TASKMANAGER_MESSAGES) and tm else default
+
+
 class Harness:
     def __init__(self, tmp_path, slots=(4, 4)):
         self.clock = FakeClock()
         self.settings = Settings(home=tmp_path, heartbeat_interval_s=2, heartbeat_timeout_s=10)
         self.catalog = Catalog(self.settings.catalog)
         self.catalog.migrate()
-        self.t = InMemoryTransport(sender="test", epoch=1)
+        self.t = InMemoryTransport(sender="test", epoch=1, auth=PlaysEveryTaskManager.ephemeral())
         self.gw = RecordingGateway()
         self.jm = JobMaster(self.settings, self.catalog, self.t, self.gw, self.clock, epoch=1)
         with self.jm.unit_of_work():

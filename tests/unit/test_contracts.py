@@ -35,7 +35,7 @@ def test_in_memory_transport_dead_letters_and_dedups():
     seen = []
     t.append_raw(streams.JM_STREAM, b"garbage")
     mid = t.publish(streams.JM_STREAM, SubmitJob(job_id="a"))
-    t.append_raw(streams.JM_STREAM, encode(wrap(SubmitJob(job_id="a"), sender="x").model_copy(update={"message_id": mid})))
+    t.publish_envelope(streams.JM_STREAM, wrap(SubmitJob(job_id="a"), sender="x").model_copy(update={"message_id": mid}))
     t.drain(streams.JM_STREAM, "g", lambda env: seen.append(env.body.job_id))
     assert seen == ["a"]
     assert len(t.dead) == 1

@@ -12,6 +12,7 @@ from shared.catalog import Catalog
 from shared.clock import FakeClock
 from shared.ids import new_allocation_id, new_execution_id, new_job_id
 from shared.leader_epoch import LeaderEpochFence
+from shared.message_auth import ClusterAuth
 from shared.messages import (
     CancelSlotRequest, CancelTask, CommandRejected, DeployTask, RegisterTaskManager, ReleaseSlots, RequestSlots,
     SlotsAllocated, encode, wrap,
@@ -74,7 +75,7 @@ class RM:
                                       queue="tm.tm-1"), sender="taskmanager:tm-1", epoch=0)
 
     def send(self, body, *, sender="jobmanager", epoch=5):
-        self.t.append_raw(streams.RM_STREAM, encode(wrap(body, sender=sender, epoch=epoch)))
+        self.t.publish_envelope(streams.RM_STREAM, wrap(body, sender=sender, epoch=epoch))
         self.t.drain(streams.RM_STREAM, streams.RM_GROUP, self.rm.handle)
         self.rm.tick()
 
@@ -114,9 +115,11 @@ def test_resourcemanager_refuses_every_jobmanager_message_of_another_epoch(rm):
 
 
 def test_resourcemanager_refuses_jobmanager_messages_from_other_senders(rm):
-    rm.send(request(), sender="taskmanager:tm-1")
+    rm.send(request(), sender="taskmanager:tm-1")  # a TaskManager's: refused before the fence
     rm.send(request(), sender="operator")
-    assert rm.allocated() == [] and rm.fence.refused == 2
+    assert rm.allocated() == [] and rm.fence.refused == 1
+    assert [d["error"] for d in rm.t.dead] == ["a TaskManager (taskmanager:tm-1) may not send RequestSlots: only "
+                                               "the control plane does"]
 
 
 def test_resourcemanager_holds_jobmanager_messages_while_no_epoch_is_published(tmp_path):
@@ -183,14 +186,18 @@ class TM:
             self.slept += s
             self.clock.advance(s)
 
+        self.control_plane = ClusterAuth.ephemeral()
         self.intake = CommandIntake(supervisors={"tm-1": self.sup}, fence=fence_for(self.published, self.clock),
-                                    transport=self.t, dead_letter_client=self.dlq, clock=self.clock.now, sleep=sleep)
+                                    transport=self.t, dead_letter_client=self.dlq, clock=self.clock.now, sleep=sleep,
+                                    auth=self.control_plane)
 
     def send(self, body, *, epoch=5, sender="jobmanager"):
         self.send_raw(type(body), encode(wrap(body, sender=sender, epoch=epoch)).decode())
 
-    def send_raw(self, expected, payload):
-        self.intake.handle(expected, (payload,), {}, "tm.tm-1")
+    def send_raw(self, expected, payload, signature: str | None = None):
+        # Signed for tm-1 as the JobManager would: what is tested here comes after the signature.
+        signature = signature or self.control_plane.sign_command("tm-1", payload.encode())
+        self.intake.handle(expected, (payload, signature), {}, "tm.tm-1")
 
     def rejected(self) -> list[CommandRejected]:
         return [b for b in self.t.bodies(streams.JM_STREAM) if isinstance(b, CommandRejected)]
@@ -255,6 +262,20 @@ def test_a_command_that_cannot_be_carried_out_is_rejected():
     assert "RuntimeError: no driver" in reasons["a" * 32]
     assert "tm-9 is not a TaskManager of this process" in reasons["b" * 32]
     assert tm.dlq.entries == []
+
+
+def test_unsigned_or_foreign_signed_commands_are_dead_lettered_and_nobody_is_told():
+    tm = TM()
+    cp = tm.control_plane
+    unsigned, for_tm2, by_tm1 = (encode(wrap(cancel(n), sender="jobmanager", epoch=5)).decode()
+                                 for n in ("unsigned", "for-tm-2", "by-tm-1"))
+    tm.intake.handle(CancelTask, (unsigned,), {}, "tm.tm-1")
+    tm.send_raw(CancelTask, for_tm2, cp.sign_command("tm-2", for_tm2.encode()))
+    tm.send_raw(CancelTask, by_tm1, cp.sign(streams.JM_STREAM, "taskmanager:tm-1", by_tm1.encode()))
+    assert tm.sup.calls == [] and tm.rejected() == []
+    errors = [e["error"] for e in tm.dlq.entries]
+    assert errors[0].startswith(b"unsigned command") and all(b"bad signature" in e for e in errors[1:]), errors
+    assert len(errors) == 3
 
 
 def test_taskmanager_waits_a_little_for_a_missing_epoch_then_drops():

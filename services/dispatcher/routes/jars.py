@@ -12,11 +12,12 @@ from typing import Annotated
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
-from services.dispatcher import artifacts, limits, restore, restore_check, views
+from services.dispatcher import artifacts, checkpoint_dir_option, entry_check, limits, restore, restore_check, views
 from shared import job_options as job_config
 from services.dispatcher.deps import (
-    CatalogDep, DefaultRestartDep, MaxUploadDep, OverviewCacheDep, SessionDep, SettingsDep, TransportDep,
+    ArtifactLimitsDep, CatalogDep, DefaultRestartDep, MaxUploadDep, OverviewCacheDep, SessionDep, SettingsDep, TransportDep,
 )
+from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.errors import ApiError, Problem, short_value
 from services.dispatcher.strict_fields import StrictBool
 from services.dispatcher.schemas import (
@@ -45,32 +46,38 @@ def unknown_jar(jarid: str) -> ApiError:
 
 
 @router.post("/upload", response_model=JarUploadResponse,
-             responses={**_ERRORS, 413: {"model": ErrorBody, "description": "above the upload limit"}},
+             responses={**_ERRORS, 413: {"model": ErrorBody, "description": "above the upload limit, or an archive "
+                                                                            "that unpacks to more than its limits"}},
              summary="Upload a job: a .py module or a .zip of .py files")
 def upload_jar(
     jarfile: Annotated[UploadFile, File(description="a .py module (entry function `build`) or a .zip of .py files")],
     settings: SettingsDep,
     catalog: CatalogDep,
     max_bytes: MaxUploadDep,
+    bounds: ArtifactLimitsDep,
 ) -> dict:
     name = artifacts.safe_filename(jarfile.filename)
     # The body limit (limits.BodyLimit) already stopped anything much larger before it was parsed.
     if jarfile.size is not None and jarfile.size > max_bytes:
         raise ApiError(413, [limits.upload_too_large(max_bytes, got=jarfile.size)])
-    data = jarfile.file.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ApiError(413, [limits.upload_too_large(max_bytes)])
     try:
-        checked = artifacts.check(name, data)
+        artifacts.check_suffix(name)
     except artifacts.ArtifactRejected as exc:
-        extra = {"line": exc.line} if exc.line is not None else {}
-        if exc.member:
-            extra["member"] = exc.member
-        raise ApiError.of(400, str(exc), field="jarfile",
-                          expected="a .py module that compiles, or a .zip archive of .py files that compile",
-                          hint="fix the file and upload it again", prefix=False, **extra) from None
+        raise _rejected(exc) from None
     artifact_id = new_artifact_id(name)
-    path = artifacts.store(settings.artifacts, artifact_id, data)
+    # Copied to disk and checked there: never the whole upload, nor a whole member, in memory.
+    tmp, size, sha256 = artifacts.receive(jarfile.file, settings.artifacts, artifact_id, max_bytes)
+    try:
+        if size > max_bytes:
+            raise ApiError(413, [limits.upload_too_large(max_bytes)])
+        try:
+            checked = artifacts.check_file(name, tmp, size, sha256, bounds)
+        except artifacts.ArtifactRejected as exc:
+            raise _rejected(exc) from None
+        path = artifacts.commit(tmp, settings.artifacts, artifact_id)
+    except BaseException:
+        artifacts.remove(tmp)
+        raise
     try:
         with catalog.session() as s:
             row = repository.create_artifact(s, id=artifact_id, name=name, path=str(path), size=checked.size,
@@ -83,6 +90,20 @@ def upload_jar(
     return {"filename": str(path), "status": "success", "id": artifact_id}
 
 
+def _rejected(exc: artifacts.ArtifactRejected) -> ApiError:
+    extra: dict = {"line": exc.line} if exc.line is not None else {}
+    if exc.member:
+        extra["member"] = exc.member
+    if exc.status == 413:
+        extra.update(setting=exc.setting, limit=exc.limit)
+        return ApiError.of(413, str(exc), field="jarfile", expected=f"an artifact within {exc.setting}",
+                           hint=f"shrink the artifact, or raise {exc.setting} (HEADRACE_{exc.setting.upper()}) "
+                                f"and restart the dispatcher", prefix=False, **extra)
+    return ApiError.of(400, str(exc), field="jarfile",
+                       expected="a .py module that compiles, or a .zip archive of .py files that compile",
+                       hint="fix the file and upload it again", prefix=False, **extra)
+
+
 @router.get("", response_model=JarListInfo, summary="List uploaded jobs, newest first")
 def list_jars(request: Request, session: SessionDep, catalog: CatalogDep) -> dict:
     """From the catalog alone: what an artifact offers was recorded at its upload."""
@@ -91,6 +112,10 @@ def list_jars(request: Request, session: SessionDep, catalog: CatalogDep) -> dic
         listed = art.listing if art.listing is not None else _backfill_listing(catalog, art)
         files.append(views.jar_file(art, listed.get("functions")))
     return {"address": str(request.base_url).rstrip("/"), "files": files}
+
+
+def _listing(catalog, art: Artifact) -> dict:
+    return art.listing if art.listing is not None else _backfill_listing(catalog, art)
 
 
 def _backfill_listing(catalog, art: Artifact) -> dict:
@@ -147,6 +172,7 @@ def run_jar(
     transport: TransportDep,
     default_restart: DefaultRestartDep,
     overview: OverviewCacheDep,
+    bounds: ArtifactLimitsDep,
     body: Annotated[JarRunRequest | None, Body(description="all fields optional")] = None,
     entry_class: Annotated[EntryName | None, Query(alias="entry-class", description="as entryClass")] = None,
     parallelism: Annotated[Parallelism | None, Query(description="as the body's parallelism")] = None,
@@ -163,6 +189,7 @@ def run_jar(
         args = _query_args(program_args, program_arg)
     config = {**(req.flinkConfiguration or {}), **(req.config or {})}
     check_config(config)
+    checkpoint_dir_option.check(config, settings)
     restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"
     job_id = req.jobId or new_job_id()
@@ -173,7 +200,7 @@ def run_jar(
         except NotFound:
             raise unknown_jar(jarid) from None
     if kind == "pyspark":
-        check_entry(catalog, art, entry)
+        check_entry(catalog, art, entry, config, bounds)
     snapshot = restore.prepare(
         config, settings,
         savepoint_path=req.savepointPath if req.savepointPath is not None else savepoint_path,
@@ -279,22 +306,9 @@ def check_config(config: dict) -> None:
                              for p in found])
 
 
-def check_entry(catalog, art, entry: str) -> None:
-    """For a .py artifact, the entry must be defined at its top level (a fast, clear failure
-    instead of an ImportError in a Spark driver minutes later)."""
-    listed = art.listing if art.listing is not None else _backfill_listing(catalog, art)
-    found = artifacts.entry_names(listed)
-    if found is None:
-        return
-    functions, names, star = found
-    if star or entry in names:
-        return
-    if functions:
-        hint = f"pass entryClass with one of the module's top-level functions: {', '.join(functions)}"
-    else:
-        hint = f"define `def {entry}(ctx): ...` at the top level of {art.name}"
-    raise ApiError.of(400, f"function {entry!r} is not defined at the top level of {art.name}",
-                      field="entryClass", expected=f"a top-level function of {art.name}", got=entry, hint=hint, prefix=False)
+def check_entry(catalog, art, entry: str, config: dict | None = None, bounds: ArtifactLimits | None = None) -> None:
+    """400 unless `entry` is a function the driver can call in the artifact (entry_check.py)."""
+    entry_check.check_entry(art, entry, config or {}, lambda: _listing(catalog, art), bounds or ArtifactLimits())
 
 
 def _fail_unpublished(catalog, job_id: str, exc: Exception) -> None:

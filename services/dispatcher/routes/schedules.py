@@ -13,8 +13,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from services.dispatcher import artifacts
-from services.dispatcher.deps import CatalogDep, DefaultRestartDep, NowMsDep, SessionDep
+from services.dispatcher import artifacts, checkpoint_dir_option
+from services.dispatcher.deps import (
+    ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep,
+)
 from services.dispatcher.errors import ApiError
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schedule_schemas import (
@@ -86,10 +88,12 @@ def _detail(s, row: Schedule) -> dict:
 @router.post("", status_code=201, response_model=ScheduleCreated, responses=_ERRORS,
              summary="Create a schedule: run a jar on a cron expression or every N seconds")
 def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: CatalogDep,
-                    default_restart: DefaultRestartDep, now_ms: NowMsDep) -> dict:
+                    default_restart: DefaultRestartDep, now_ms: NowMsDep, bounds: ArtifactLimitsDep,
+                    settings: SettingsDep) -> dict:
     timing = _timing(req)
     config = dict(req.config or {})
     check_config(config)
+    checkpoint_dir_option.check(config, settings)
     restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"
     entry = req.entryClass or artifacts.DEFAULT_ENTRY
@@ -103,7 +107,7 @@ def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: Cata
         except NotFound:
             raise unknown_jar(req.jarId) from None
     if kind == "pyspark":
-        check_entry(catalog, art, entry)
+        check_entry(catalog, art, entry, config, bounds)
     schedule_id = sch.new_schedule_id()
     with catalog.session() as s:
         repository.create_schedule(

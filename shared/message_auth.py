@@ -1,0 +1,288 @@
+"""Signed messages: who may say what on the bus (issue 21; docs/runbooks/auth.md "Signed messages").
+
+Every stream entry carries, beside the envelope's exact bytes (`m`), an HMAC-SHA256 of those
+bytes (`s`) under its sender's key, and every command to a TaskManager carries one under that
+TaskManager's command key (shared/commands.py). The keys come from the cluster secret
+(shared/cluster_keys.py):
+
+    sender "taskmanager:<id>"       sender_key(secret, id): what that TaskManager publishes
+    any other sender                service_key(secret, name): the control plane (jobmanager,
+                                    resourcemanager, dispatcher), which holds the secret
+    an entry of <id>'s inbox        command_key(secret, id), so the TaskManager can check it
+    a Celery command to <id>        command_key(secret, id), over the envelope with its epoch
+
+`ClusterAuth` holds the secret (the control plane): it signs as anyone and verifies everyone.
+`TaskManagerAuth` holds only its TaskManagers' derived keys: it signs as them and checks what is
+addressed to them, nothing else. A signature proves the sender; `rule_violation` then says what
+that sender may send at all (a TaskManager only its own reports), and the receivers check the
+rest against their state (the JobManager: is this the TaskManager that holds the execution?).
+Whatever fails is dead-lettered, never handled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared import cluster_keys, streams
+from shared.messages import (
+    CheckpointAcknowledged, CheckpointDeclined, CommandRejected, Envelope, RegisterTaskManager, TaskManagerHeartbeat,
+    TaskProgress, TaskStateChanged, UnregisterTaskManager,
+)
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_FIELD = b"s"
+TASKMANAGER_PREFIX = "taskmanager:"
+SECRETS_DIR = "secrets"
+_INBOX_PREFIX = streams.tm_inbox("")
+# Inbox entries are signed with the command key too: a distinct prefix keeps an inbox signature
+# from ever passing as a command's.
+_INBOX_DOMAIN = b"hr-inbox\0"
+_CACHE_MAX = 200_000  # derived keys kept per process (10,000 TaskManagers need 20,000)
+
+# What a TaskManager may publish; each names itself where the body has a taskmanager_id.
+TASKMANAGER_MESSAGES = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, TaskStateChanged,
+                        TaskProgress, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
+# What only the TaskManager it names may send (the ResourceManager's sender check).
+SELF_ONLY = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager)
+
+
+class RefusedMessage(Exception):
+    """Raised by a handler for a message that authenticated but may not be obeyed (a report from
+    a TaskManager that does not hold the execution): the transport dead-letters it with this
+    reason at once instead of retrying it."""
+
+
+class MissingKey(ValueError):
+    """This process holds no key to sign as a sender, or to check what it was sent."""
+
+
+def taskmanager_sender(taskmanager_id: str) -> str:
+    return TASKMANAGER_PREFIX + taskmanager_id
+
+
+def taskmanager_of(sender: str | None) -> str | None:
+    if sender and sender.startswith(TASKMANAGER_PREFIX):
+        return sender[len(TASKMANAGER_PREFIX):]
+    return None
+
+
+def rule_violation(env: Envelope) -> str | None:
+    """What is wrong with this (authenticated) sender sending this message, or None."""
+    body, tm = env.body, taskmanager_of(env.sender)
+    if tm is not None:
+        if not isinstance(body, TASKMANAGER_MESSAGES):
+            return f"a TaskManager ({env.sender}) may not send {body.type}: only the control plane does"
+        named = getattr(body, "taskmanager_id", None)
+        if named is not None and named != tm:
+            return f"{body.type} names TaskManager {named!r} but was sent by TaskManager {tm!r}"
+        return None
+    if isinstance(body, SELF_ONLY):
+        return (f"{body.type} of TaskManager {body.taskmanager_id!r} must come from that TaskManager, not from "
+                f"{env.sender!r}")
+    return None
+
+
+def _sign(key: bytes, payload: bytes) -> str:
+    return hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+def _matches(key: bytes, payload: bytes, signature) -> bool:
+    if isinstance(signature, bytes):
+        try:
+            signature = signature.decode("ascii")
+        except UnicodeDecodeError:
+            return False
+    return isinstance(signature, str) and hmac.compare_digest(_sign(key, payload), signature)
+
+
+def inbox_owner(stream: str) -> str | None:
+    return stream[len(_INBOX_PREFIX):] if stream.startswith(_INBOX_PREFIX) else None
+
+
+def _unsigned(sender: str) -> str:
+    return (f"unsigned message from {sender!r}: every message on the bus carries an HMAC of its sender's key "
+            f"(a producer without the cluster's keys, or an old version)")
+
+
+class ClusterAuth:
+    """The control plane's view: holds the cluster secret, derives every key (cached)."""
+
+    def __init__(self, secret: bytes):
+        self._secret = secret
+        self._senders: dict[str, bytes] = {}
+        self._commands: dict[str, bytes] = {}
+
+    @classmethod
+    def ephemeral(cls) -> "ClusterAuth":
+        """A secret of its own: for a transport nobody gave keys (tests, one process talking to
+        itself). Nothing signed with it passes anywhere else, so a service wired without its keys
+        shows up as dead letters, never as an open door."""
+        return cls(cluster_keys.parse_secret(cluster_keys.new_secret()))
+
+    def sender_for(self, body, default: str) -> str:
+        return default
+
+    def sender_key(self, sender: str) -> bytes:
+        key = self._senders.get(sender)
+        if key is None:
+            tm = taskmanager_of(sender)
+            key = (cluster_keys.sender_key(self._secret, tm) if tm is not None
+                   else cluster_keys.service_key(self._secret, sender))
+            if len(self._senders) >= _CACHE_MAX:
+                self._senders.clear()
+            self._senders[sender] = key
+        return key
+
+    def command_key(self, taskmanager_id: str) -> bytes:
+        key = self._commands.get(taskmanager_id)
+        if key is None:
+            key = cluster_keys.command_key(self._secret, taskmanager_id)
+            if len(self._commands) >= _CACHE_MAX:
+                self._commands.clear()
+            self._commands[taskmanager_id] = key
+        return key
+
+    def sign(self, stream: str, sender: str, raw: bytes) -> str:
+        tm = inbox_owner(stream)
+        if tm is not None:
+            return _sign(self.command_key(tm), _INBOX_DOMAIN + raw)
+        return _sign(self.sender_key(sender), raw)
+
+    def check(self, stream: str, env: Envelope, raw: bytes, signature) -> str | None:
+        """Why this entry may not be handled (unsigned, forged, against the sender rules), or None."""
+        if signature is None:
+            return _unsigned(env.sender)
+        tm = inbox_owner(stream)
+        try:
+            if tm is not None:
+                ok = _matches(self.command_key(tm), _INBOX_DOMAIN + raw, signature)
+            else:
+                ok = _matches(self.sender_key(env.sender), raw, signature)
+        except MissingKey as exc:
+            return str(exc)
+        if not ok:
+            return (f"bad signature: this {env.body.type} claims sender {env.sender!r} but is not signed with "
+                    f"its key (forged, or signed under another cluster secret)")
+        return rule_violation(env)
+
+    def sign_command(self, taskmanager_id: str, payload: bytes) -> str:
+        return _sign(self.command_key(taskmanager_id), payload)
+
+    def check_command(self, taskmanager_id: str, payload: bytes, signature) -> str | None:
+        if signature is None:
+            return "unsigned command: the JobManager signs every command for its TaskManager"
+        try:
+            key = self.command_key(taskmanager_id)
+        except MissingKey as exc:
+            return str(exc)
+        if not _matches(key, payload, signature):
+            return (f"bad signature: the command is not signed with TaskManager {taskmanager_id!r}'s command key "
+                    f"(forged, meant for another TaskManager, or signed under another cluster secret)")
+        return None
+
+
+@dataclass(frozen=True)
+class TaskManagerKeys:
+    sender: bytes
+    command: bytes
+
+    @classmethod
+    def derive(cls, secret: bytes, taskmanager_id: str) -> "TaskManagerKeys":
+        return cls(cluster_keys.sender_key(secret, taskmanager_id), cluster_keys.command_key(secret, taskmanager_id))
+
+
+class TaskManagerAuth(ClusterAuth):
+    """A TaskManager process's view: its own TaskManagers' keys and nothing else. With the
+    secret at hand (one machine, or a process simulating thousands of TaskManagers) it derives
+    them for the ids it serves, and only for those."""
+
+    def __init__(self, taskmanager_ids, *, keys: dict[str, TaskManagerKeys] | None = None,
+                 secret: bytes | None = None):
+        super().__init__(b"")
+        self._ids = frozenset(taskmanager_ids)
+        self._keys = dict(keys or {})
+        self._derive_from = secret
+        missing = [tm for tm in self._ids if tm not in self._keys]
+        if missing and secret is None:
+            raise MissingKey(f"no keys for TaskManager(s) {', '.join(sorted(missing)[:5])}: set taskmanager_key and "
+                             f"taskmanager_command_key (`headrace credentials taskmanager ID`)")
+
+    def _of(self, taskmanager_id: str | None) -> TaskManagerKeys:
+        if taskmanager_id not in self._ids:
+            raise MissingKey(f"this process holds no keys of TaskManager {taskmanager_id!r}")
+        keys = self._keys.get(taskmanager_id)
+        if keys is None:
+            keys = self._keys[taskmanager_id] = TaskManagerKeys.derive(self._derive_from, taskmanager_id)
+        return keys
+
+    def sender_for(self, body, default: str) -> str:
+        # One process may speak for several TaskManagers (simulated ones): each report goes out
+        # as the TaskManager it is about.
+        tm = getattr(body, "taskmanager_id", None)
+        return taskmanager_sender(tm) if tm in self._ids else default
+
+    def sender_key(self, sender: str) -> bytes:
+        return self._of(taskmanager_of(sender)).sender
+
+    def command_key(self, taskmanager_id: str) -> bytes:
+        return self._of(taskmanager_id).command
+
+    def sign(self, stream: str, sender: str, raw: bytes) -> str:
+        if inbox_owner(stream) is not None:
+            raise MissingKey("a TaskManager does not write to inboxes")
+        return _sign(self.sender_key(sender), raw)
+
+    def check(self, stream: str, env: Envelope, raw: bytes, signature) -> str | None:
+        if inbox_owner(stream) not in self._ids:
+            return f"a TaskManager checks only its own inbox, not {stream}"
+        return super().check(stream, env, raw, signature)
+
+
+def load_secret(settings, *, create: bool) -> bytes | None:
+    """The cluster secret from settings.cluster_secret, else from $HEADRACE_HOME/secrets/
+    cluster-secret (created there when `create`, for the control plane; a TaskManager only reads
+    it, and gets None when it is absent or unreadable)."""
+    if settings.cluster_secret:
+        return cluster_keys.parse_secret(settings.cluster_secret, what="cluster_secret setting")
+    directory = Path(settings.home) / SECRETS_DIR
+    if create:
+        return cluster_keys.load_or_create_secret(directory)
+    try:
+        text = (directory / cluster_keys.SECRET_FILE).read_text()
+    except OSError:
+        return None
+    return cluster_keys.parse_secret(text, what=f"cluster secret in {directory}")
+
+
+def control_plane_auth(settings) -> ClusterAuth:
+    return ClusterAuth(load_secret(settings, create=True))
+
+
+def taskmanager_auth(settings, taskmanager_ids) -> TaskManagerAuth:
+    """Keys from taskmanager_key / taskmanager_command_key (one TaskManager per process), else
+    derived from the cluster secret file when this process may read it; MissingKey otherwise."""
+    ids = list(taskmanager_ids)
+    if settings.taskmanager_key or settings.taskmanager_command_key:
+        if not (settings.taskmanager_key and settings.taskmanager_command_key):
+            raise MissingKey("set both taskmanager_key and taskmanager_command_key (or neither)")
+        if len(ids) != 1:
+            raise MissingKey("taskmanager_key serves one TaskManager; a simulating process needs the cluster secret")
+        keys = TaskManagerKeys(_hex_key(settings.taskmanager_key, "taskmanager_key"),
+                               _hex_key(settings.taskmanager_command_key, "taskmanager_command_key"))
+        return TaskManagerAuth(ids, keys={ids[0]: keys})
+    return TaskManagerAuth(ids, secret=load_secret(settings, create=False))
+
+
+def _hex_key(text: str, what: str) -> bytes:
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise MissingKey(f"{what} must be hexadecimal, as `headrace credentials taskmanager ID` prints it") from None
+    if len(key) != 32:
+        raise MissingKey(f"{what} must be 32 bytes (64 hex digits); it has {len(key)}")
+    return key
