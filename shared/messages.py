@@ -138,6 +138,9 @@ class SlotRequestFailed(_Body):
     execution_id: str
     job_id: str
     reason: str
+    # No registered TaskManager could ever hold the request: a restart would only queue it again,
+    # so the JobManager fails the job instead of restarting it.
+    permanent: bool = False
 
 
 class TaskManagerLost(_Body):
