@@ -33,7 +33,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.add_typer(token_cli.app, name="token")
 app.add_typer(schedule_cli.app, name="schedule")
 
-DEFAULT_URL = "http://127.0.0.1:8081"
+URL_HELP = "dispatcher URL (default: dispatcher_host/dispatcher_port of the settings, HEADRACE_CONFIG)"
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -210,15 +210,18 @@ def _stop_event() -> threading.Event:
 # --- client verbs ------------------------------------------------------------------------
 
 
-def _client(url: str) -> httpx.Client:
-    """A client of the REST API; with HEADRACE_TOKEN set it sends that bearer token
+def _client(url: str | None) -> httpx.Client:
+    """A client of the REST API at `url`, or at the settings' dispatcher address
+    (services/client_address.py); with HEADRACE_TOKEN set it sends that bearer token
     (`headrace token create`, docs/runbooks/auth.md)."""
     # Imported here, not at the top: every service process starts through this module, and
     # httpx (ssl, httpcore, h11) would cost each ~0.15 s of CPU at cluster start for nothing.
     import httpx
 
     token = os.environ.get("HEADRACE_TOKEN")
-    return httpx.Client(base_url=url.rstrip("/"), timeout=30,
+    return httpx.Client(base_url=dispatcher_url(url, settings_or_fail), timeout=30,
+    from services.client_address import dispatcher_url
+
                         headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
@@ -242,7 +245,7 @@ def _call(client: httpx.Client, method: str, path: str, **kw) -> dict:
 def run(
     file: Path = typer.Argument(..., help="pipeline: a .py file or a .zip of a package"),
     parallelism: int = typer.Option(1, "-p", "--parallelism"),
-    url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager", help="dispatcher URL"),
+    url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP),
     entry: str = typer.Option("build", "--entry", help="entry function"),
     name: Optional[str] = typer.Option(None, "--name", help="job name"),
     restart: Optional[str] = typer.Option(None, "--restart-strategy", help='JSON, e.g. {"type":"none"}'),
@@ -306,7 +309,7 @@ def wait_for_terminal(c: httpx.Client, job_id: str, timeout_s: float = 3600) -> 
 
 
 @app.command("list")
-def list_jobs(url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager")) -> None:
+def list_jobs(url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP)) -> None:
     """List jobs."""
     with _client(url) as c:
         jobs = _call(c, "GET", "/jobs/overview")["jobs"]
@@ -319,7 +322,7 @@ def list_jobs(url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager")) -> Non
 
 
 @app.command()
-def cancel(job_id: str, url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager")) -> None:
+def cancel(job_id: str, url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP)) -> None:
     """Cancel a job."""
     with _client(url) as c:
         _call(c, "PATCH", f"/jobs/{job_id}", params={"mode": "cancel"})
@@ -371,7 +374,7 @@ def savepoint(
     directory: Optional[str] = typer.Argument(None, help="target directory (default: state.savepoints.dir)"),
     dispose: Optional[str] = typer.Option(None, "-d", "--dispose", help="delete this savepoint instead"),
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="seconds to wait for the result"),
-    url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager", help="dispatcher URL"),
+    url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP),
 ) -> None:
     """Take a savepoint of a running job (prints its path last), or dispose of one (-d PATH)."""
     _check_timeout(timeout)
@@ -401,7 +404,7 @@ def stop(
         None, "-p", "--savepoint-path", "--savepointPath", help="target directory (default: state.savepoints.dir)"),
     drain: bool = typer.Option(False, "-d", "--drain", help="fire every open event-time window before stopping"),
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="seconds to wait for the result"),
-    url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager", help="dispatcher URL"),
+    url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP),
 ) -> None:
     """Stop a job with a savepoint (it ends FINISHED); prints the savepoint's path last."""
     _check_timeout(timeout)
@@ -439,7 +442,7 @@ def checkpoint_table(stats: dict) -> list[str]:
 
 
 @app.command()
-def checkpoints(job_id: str, url: str = typer.Option(DEFAULT_URL, "-m", "--jobmanager")) -> None:
+def checkpoints(job_id: str, url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP)) -> None:
     """A job's recent checkpoints and savepoints, newest first."""
     with _client(url) as c:
         stats = _call(c, "GET", f"/jobs/{job_id}/checkpoints")

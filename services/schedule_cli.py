@@ -12,16 +12,15 @@ from typing import List, Optional
 import typer
 
 OVERLAPS = ("skip", "queue", "cancel_previous")
-DEFAULT_URL = "http://127.0.0.1:8081"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Scheduled submissions: run a jar on a cron expression (UTC) or every N seconds; "
                        "see docs/runbooks/schedules.md.")
 
-URL = typer.Option(DEFAULT_URL, "-m", "--jobmanager", help="dispatcher URL")
+URL = typer.Option(None, "-m", "--jobmanager", help="dispatcher URL (default: from the settings, HEADRACE_CONFIG)")
 
 
-def _rest(url: str, method: str, path: str, **kw) -> dict:
+def _rest(url: Optional[str], method: str, path: str, **kw) -> dict:
     from services import cli
 
     with cli._client(url) as c:
@@ -51,7 +50,7 @@ def create(
     kind: Optional[str] = typer.Option(None, "--kind", help="pyspark (default) or noop"),
     paused: bool = typer.Option(False, "--paused", help="create it paused"),
     args: Optional[List[str]] = typer.Argument(None, help="program arguments, after --"),
-    url: str = URL,
+    url: Optional[str] = URL,
 ) -> None:
     """Create a schedule; prints its id."""
     if (cron is None) == (every is None):
@@ -79,7 +78,7 @@ def _timing(s: dict) -> str:
 
 
 @app.command("list")
-def list_schedules(url: str = URL) -> None:
+def list_schedules(url: Optional[str] = URL) -> None:
     """List the schedules: state, timing, next and last run."""
     rows = _rest(url, "GET", "/jobs/schedules")["schedules"]
     if not rows:
@@ -94,7 +93,7 @@ def list_schedules(url: str = URL) -> None:
 
 
 @app.command()
-def show(schedule_id: str = typer.Argument(..., metavar="ID"), url: str = URL) -> None:
+def show(schedule_id: str = typer.Argument(..., metavar="ID"), url: Optional[str] = URL) -> None:
     """One schedule and its newest ticks (what each became)."""
     s = _rest(url, "GET", f"/jobs/schedules/{schedule_id}")
     typer.echo(f"{s['name']} ({s['id']}): {'active' if s['enabled'] else 'paused'}, {_timing(s)}, overlap "
@@ -106,26 +105,26 @@ def show(schedule_id: str = typer.Argument(..., metavar="ID"), url: str = URL) -
         typer.echo(f"{_when(run['tick'])}  {run['outcome']:<20}  {run.get('jobId') or '-'}")
 
 
-def _set_enabled(schedule_id: str, enabled: bool, url: str) -> dict:
+def _set_enabled(schedule_id: str, enabled: bool, url: Optional[str]) -> dict:
     return _rest(url, "PATCH", f"/jobs/schedules/{schedule_id}", json={"enabled": enabled})
 
 
 @app.command()
-def pause(schedule_id: str = typer.Argument(..., metavar="ID"), url: str = URL) -> None:
+def pause(schedule_id: str = typer.Argument(..., metavar="ID"), url: Optional[str] = URL) -> None:
     """Pause a schedule (a running job of it goes on)."""
     _set_enabled(schedule_id, False, url)
     typer.echo(f"Schedule {schedule_id} paused.")
 
 
 @app.command()
-def resume(schedule_id: str = typer.Argument(..., metavar="ID"), url: str = URL) -> None:
+def resume(schedule_id: str = typer.Argument(..., metavar="ID"), url: Optional[str] = URL) -> None:
     """Resume a schedule from its next tick (ticks that fell while paused do not run)."""
     s = _set_enabled(schedule_id, True, url)
     typer.echo(f"Schedule {schedule_id} resumed; next run {_when(s.get('nextFire'))}.")
 
 
 @app.command()
-def delete(schedule_id: str = typer.Argument(..., metavar="ID"), url: str = URL) -> None:
+def delete(schedule_id: str = typer.Argument(..., metavar="ID"), url: Optional[str] = URL) -> None:
     """Delete a schedule (its past runs and their jobs stay)."""
     _rest(url, "DELETE", f"/jobs/schedules/{schedule_id}")
     typer.echo(f"Schedule {schedule_id} deleted.")

@@ -6,7 +6,7 @@ import logging
 
 import uvicorn
 
-from services.dispatcher import limits
+from services.dispatcher import limits, slow_clients
 from services.dispatcher.app import create_app
 from shared.catalog import Catalog
 from shared.settings import Settings, load_settings
@@ -32,7 +32,8 @@ def run(settings: Settings) -> None:
              settings.dispatcher_port, catalog.url.split("@")[-1], settings.artifacts,
              limits.human(app.state.max_upload_bytes))
     try:
-        uvicorn.run(app, host=settings.dispatcher_host, port=settings.dispatcher_port, log_level="info")
+        uvicorn.run(app, host=settings.dispatcher_host, port=settings.dispatcher_port, log_level="info",
+                    **slow_clients.server_options(settings))
     finally:
         transport.close()
         catalog.dispose()

@@ -8,7 +8,7 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import auth, errors, limits, metrics, openapi_security, security
+from services.dispatcher import auth, errors, limits, metrics, openapi_security, security, slow_clients
 from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints, schedules,
@@ -60,6 +60,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     auth.log.info("%s", auth.describe_mode(settings))
     app.add_middleware(auth.RequireToken, enabled=app.state.auth_required)
     security.install(app, auth_on=app.state.auth_required)
+    slow_clients.install(app, settings)  # outside the guard: a refusal's drain is timed too
     app.state.metrics_registry = metrics.registry_for(catalog, getattr(transport, "client", None))
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
     # schedules before jobs: /jobs/schedules must not be taken for /jobs/{jobid}.

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import socket
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.dispatcher.errors import Problem, error_response
 from services.dispatcher.limits import discard_body
+from services.dispatcher.slow_clients import SlowBody
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +190,35 @@ class BrowserGuard:
         headers.setdefault("Content-Security-Policy", CSP_DOCS if docs else CSP)
 
 
-# A refused request's body is read and dropped up to this size, so that a client that sends all
-# of it before reading the answer (httpx, requests) sees the refusal, not a broken connection;
-# a larger one is cut off: nobody unauthenticated gets to make the dispatcher read a gigabyte.
+# A refused request is answered before any of its body is read. Then up to this much of the
+# body, for up to REFUSED_DRAIN_S, is read and dropped before the connection closes, so that a
+# client that sends all of a small body before reading the answer (httpx, requests) sees the
+# refusal, not a reset; nobody unauthenticated gets to make the dispatcher read more.
 REFUSED_DRAIN_BYTES = 1024**2
+REFUSED_DRAIN_S = 2.0
 
 
 async def refuse(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
     """Send a refusal for a request whose body will not be used."""
+    if scope["method"].upper() in SAFE_METHODS:
+        return await response(scope, receive, send)
+    response.headers["Connection"] = "close"
+
+    async def hold_last(message: Message) -> None:
+        # The answer goes out whole, but its end is held back until the drain below is over:
+        # once a response is complete, the server hands the app no more of the body.
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            message = {**message, "more_body": True}
+        await send(message)
+
+    await response(scope, receive, hold_last)
     headers = {k.lower(): v for k, v in scope.get("headers", ())}
-    if scope["method"].upper() not in SAFE_METHODS and b"100-continue" not in headers.get(b"expect", b"").lower():
-        await discard_body(receive, limit=REFUSED_DRAIN_BYTES)
-        response.headers["Connection"] = "close"
-    await response(scope, receive, send)
+    if b"100-continue" not in headers.get(b"expect", b"").lower():  # such a client sends nothing now
+        try:
+            await asyncio.wait_for(discard_body(receive, limit=REFUSED_DRAIN_BYTES), REFUSED_DRAIN_S)
+        except (asyncio.TimeoutError, SlowBody):
+            pass
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def install(app: Any, *, auth_on: bool) -> None:
