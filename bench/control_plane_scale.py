@@ -33,7 +33,9 @@ from shared.catalog import Catalog  # noqa: E402
 from shared.catalog import repository as repo  # noqa: E402
 from shared.catalog.models import Execution  # noqa: E402
 from shared.ids import new_job_id  # noqa: E402
+from shared.message_auth import control_plane_auth  # noqa: E402
 from shared.messages import SubmitJob  # noqa: E402
+from shared.settings import Settings  # noqa: E402
 from shared.transport.redis_streams import RedisStreamsTransport  # noqa: E402
 
 
@@ -118,6 +120,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="headrace-bench-"))
     catalog_url = fresh_pg(a.catalog) if a.catalog.startswith("postgres") else a.catalog
     procs = Procs(work, scale_env(work, catalog_url))
+    # The cluster secret exists before any service starts: the simulated fleet derives its keys
+    # from it and would exit without them (a ResourceManager creates it too, but maybe later).
+    auth = control_plane_auth(Settings(home=work))
     result: dict = {"taskmanagers": a.taskmanagers, "tasks": a.tasks, "catalog": catalog_url.split("://")[0]}
     try:
         url = procs.redis()
@@ -153,7 +158,7 @@ def main() -> None:
         result["heartbeat_lag_median_of_max_ms"] = sorted(lags)[len(lags) // 2]
         result["false_lost_verdicts"] = stats().get("taskmanagers_lost_total", 0) - lost0
 
-        transport = RedisStreamsTransport.from_url(url, sender="bench")
+        transport = RedisStreamsTransport.from_url(url, sender="bench", auth=auth)  # signed as the control plane
         ids = [new_job_id() for _ in range(a.tasks)]
         with catalog.session() as s:
             for i, jid in enumerate(ids):

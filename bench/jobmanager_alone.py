@@ -59,6 +59,8 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
     t = InMemoryTransport(sender="bench", epoch=1)
     # As the service builds it (older checkouts, compared side by side, take no client).
     wire = {"client": redis.Redis.from_url(redis_url)} if "client" in inspect.signature(CommandGateway).parameters else {}
+    if "auth" in inspect.signature(CommandGateway).parameters:
+        wire["auth"] = t.auth
     gateway = CommandGateway(make_celery(redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=1, **wire)
     jm = JobMaster(settings, catalog, t, gateway, SystemClock(), epoch=1)
     if gc_tuning is not None:
@@ -72,9 +74,14 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
                             program_args=[], config={"noop.duration": -1}, restart_strategy={"type": "none"},
                             kind="noop")
 
+    # Task reports go out signed as the TaskManager they name (checkouts before signed messages
+    # take no sender).
+    as_taskmanager = "sender" in inspect.signature(t.publish).parameters
+
     def feed(bodies) -> dict:
         for b in bodies:
-            t.publish(streams.JM_STREAM, b)
+            tm = getattr(b, "taskmanager_id", None) if isinstance(b, TaskStateChanged) else None
+            t.publish(streams.JM_STREAM, b, **({"sender": f"taskmanager:{tm}"} if tm and as_taskmanager else {}))
         w0, c0 = time.perf_counter(), time.process_time()
         while t.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", jm.handle, count=BATCH,
                      around_batch=jm.unit_of_work):

@@ -32,7 +32,9 @@ from shared import leader_epoch, streams  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.commands import CommandGateway, make_celery  # noqa: E402
 from shared.ids import new_allocation_id, new_execution_id, new_job_id, new_vertex_id  # noqa: E402
+from shared.message_auth import control_plane_auth  # noqa: E402
 from shared.messages import DeployTask, TaskStateChanged, UndecodableMessage, decode  # noqa: E402
+from shared.settings import Settings  # noqa: E402
 from shared.states import ExecutionState as ES  # noqa: E402
 from shared.task_protocol import TaskSpec  # noqa: E402
 from shared.transport.redis_streams import FIELD  # noqa: E402
@@ -103,7 +105,10 @@ def main() -> None:
         Catalog(catalog_url).migrate()
         client = redis.Redis.from_url(url)
         leader_epoch.publish(client, 1)
-        gateway = CommandGateway(make_celery(url, "headrace-jobmanager"), sender="jobmanager", epoch=1, client=client)
+        # Commands signed with the fleet's keys: the simulated TaskManagers derive theirs from the
+        # secret the services keep in `work`.
+        gateway = CommandGateway(make_celery(url, "headrace-jobmanager"), sender="jobmanager", epoch=1, client=client,
+                                 auth=control_plane_auth(Settings(home=work)))
         for i in range(a.runs):
             # A fresh ResourceManager and fleet per run: free slots, an empty queue, fresh counts.
             client.delete(streams.RM_STATS_KEY)

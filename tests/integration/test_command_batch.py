@@ -75,6 +75,8 @@ def _shape(raw: bytes) -> dict:
             return [blank(v) for v in x]
         if isinstance(x, str) and x.startswith('{"schema_version'):
             return blank(json.loads(x))  # the envelope inside the task's args
+        if isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x):
+            return "*"  # the envelope's signature, different with every message id
         return x
 
     msg["body"] = blank(body)

@@ -21,6 +21,7 @@ import redis
 from shared import leader_epoch, streams
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, CommandGateway, make_celery
 from shared.ids import new_allocation_id, new_execution_id, new_job_id
+from shared.message_auth import control_plane_auth
 from shared.messages import DeployTask, SubmitJob, decode, encode, wrap
 from shared.transport import dead_letters
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
@@ -142,11 +143,16 @@ def test_invalid_command_of_the_current_leader_is_dead_lettered_and_rejected(clu
                                          sender="jobmanager", epoch=epoch)))
     del undecodable["body"]["allocation_id"]
     app = make_celery(cluster.redis_url, "forger")
+    # Signed with the cluster's keys: a JobManager's own bad command (the unsigned kind is
+    # tests/integration/test_signed_messages.py's).
+    auth = control_plane_auth(cluster.settings)
     try:
-        CommandGateway(app, sender="jobmanager", epoch=epoch).deploy(QUEUE, bad_spec)
-        app.send_task(DEPLOY_TASK, args=[json.dumps(undecodable)], queue=QUEUE, routing_key=QUEUE, expires=60)
+        CommandGateway(app, sender="jobmanager", epoch=epoch, auth=auth).deploy(QUEUE, bad_spec)
+        payload = json.dumps(undecodable)
+        app.send_task(DEPLOY_TASK, args=[payload, auth.sign_command(TM, payload.encode())], queue=QUEUE,
+                      routing_key=QUEUE, expires=60)
         # The same bad spec from an older epoch: dropped and logged, nobody is told.
-        CommandGateway(app, sender="jobmanager", epoch=epoch - 1).deploy(
+        CommandGateway(app, sender="jobmanager", epoch=epoch - 1, auth=auth).deploy(
             QUEUE, bad_spec.model_copy(update={"spec": {"execution_id": ex3}}))
     finally:
         app.close()

@@ -21,6 +21,7 @@ from shared.clock import FakeClock
 from shared.commands import CommandGateway, make_celery
 from shared.ids import new_execution_id, new_job_id
 from shared.leader_epoch import LeaderEpochFence
+from shared.message_auth import ClusterAuth, control_plane_auth
 from shared.messages import (
     CancelTask, RegisterTaskManager, ReleaseSlots, RequestSlots, SlotState, TaskManagerHeartbeat, decode, encode,
     wrap,
@@ -55,16 +56,20 @@ def noop(rest, jar, *, duration=-1, parallelism=1):
                     config={"noop.duration": duration})
 
 
+# The forgers here hold the cluster's keys (signed messages are tests/integration/
+# test_signed_messages.py's): what is tested is the epoch fence behind the signature check.
 def forge_command(cluster, queue: str, body, *, epoch: int, sender: str = "jobmanager") -> None:
     app = make_celery(cluster.redis_url, "forger")
     try:
-        CommandGateway(app, sender=sender, epoch=epoch).cancel(queue, body)
+        CommandGateway(app, sender=sender, epoch=epoch, auth=control_plane_auth(cluster.settings)).cancel(queue, body)
     finally:
         app.close()
 
 
-def forge_rm_message(client, body, *, epoch: int, sender: str = "jobmanager") -> None:
-    client.xadd(streams.RM_STREAM, {b"m": encode(wrap(body, sender=sender, epoch=epoch))})
+def forge_rm_message(cluster, client, body, *, epoch: int, sender: str = "jobmanager") -> None:
+    raw = encode(wrap(body, sender=sender, epoch=epoch))
+    client.xadd(streams.RM_STREAM, {b"m": raw, b"s": control_plane_auth(cluster.settings).sign(streams.RM_STREAM,
+                                                                                                sender, raw)})
 
 
 def wait_consumed(client, timeout_s: float = 10) -> None:
@@ -82,8 +87,8 @@ def wait_consumed(client, timeout_s: float = 10) -> None:
 
 def test_forged_future_epoch_does_not_make_real_messages_stale(cluster, rest, jar, client):
     # Like a hostile local user: a slot request and a cancel with an epoch far in the future.
-    forge_rm_message(client, RequestSlots(request_id=new_execution_id(), job_id=new_job_id(),
-                                          execution_id=new_execution_id(), slots=1, timeout_s=30),
+    forge_rm_message(cluster, client, RequestSlots(request_id=new_execution_id(), job_id=new_job_id(),
+                                                   execution_id=new_execution_id(), slots=1, timeout_s=30),
                      epoch=FORGED_EPOCH)
     forge_command(cluster, streams.tm_queue("tm-1"), CancelTask(
         taskmanager_id="tm-1", execution_id=new_execution_id(), job_id=new_job_id()), epoch=FORGED_EPOCH)
@@ -116,8 +121,8 @@ def test_forged_slot_requests_are_refused(cluster, rest, client):
     forged = [(FORGED_EPOCH, "jobmanager"), (current - 1, "jobmanager"), (current, "taskmanager:tm-1")]
     before = client.xlen(streams.JM_STREAM)
     for epoch, sender in forged:
-        forge_rm_message(client, RequestSlots(request_id=new_execution_id(), job_id=new_job_id(),
-                                              execution_id=new_execution_id(), slots=4, timeout_s=30),
+        forge_rm_message(cluster, client, RequestSlots(request_id=new_execution_id(), job_id=new_job_id(),
+                                                       execution_id=new_execution_id(), slots=4, timeout_s=30),
                          epoch=epoch, sender=sender)
     wait_consumed(client)
     time.sleep(0.7)  # the ResourceManager answers in its next tick
@@ -153,11 +158,13 @@ class RMOnRedis:
         catalog = Catalog(settings.catalog)
         catalog.migrate()
         fence = JobManagerFence(LeaderEpochFence.from_redis(self.client), clock=self.clock.now)
-        self.rm = ResourceManager(settings, catalog, RedisStreamsTransport(self.client, sender="resourcemanager"),
+        auth = ClusterAuth.ephemeral()  # one cluster: the three transports share its keys
+        self.rm = ResourceManager(settings, catalog,
+                                  RedisStreamsTransport(self.client, sender="resourcemanager", auth=auth),
                                   self.clock, fence=fence)
         self.rm.adopt_previous_taskmanagers()
-        self.jm = RedisStreamsTransport(self.client, sender="jobmanager", epoch=3)
-        self.tm = RedisStreamsTransport(self.client, sender="taskmanager:tm-1")
+        self.jm = RedisStreamsTransport(self.client, sender="jobmanager", epoch=3, auth=auth)
+        self.tm = RedisStreamsTransport(self.client, sender="taskmanager:tm-1", auth=auth)
         self.register(())
 
     def pump(self):

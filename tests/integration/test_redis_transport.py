@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared import streams
+from shared.message_auth import ClusterAuth
 from shared.messages import SubmitJob, encode, wrap
 from shared.transport.redis_streams import RedisStreamsTransport
 
@@ -59,11 +60,12 @@ def test_handler_failure_redelivers_then_dead_letters_a_poison_message(transport
 
 
 def test_unacknowledged_entries_are_redelivered_to_a_restarted_consumer(redis_url):
-    first = RedisStreamsTransport.from_url(redis_url, sender="t")
+    auth = ClusterAuth.ephemeral()  # one cluster's keys, held by both incarnations
+    first = RedisStreamsTransport.from_url(redis_url, sender="t", auth=auth)
     first.publish(streams.RM_STREAM, SubmitJob(job_id="x"))
     with pytest.raises(RuntimeError):
         first.poll(streams.RM_STREAM, "g", "c", lambda env: (_ for _ in ()).throw(RuntimeError("crash")), block_ms=10)
-    restarted = RedisStreamsTransport.from_url(redis_url, sender="t")  # same consumer name, new process
+    restarted = RedisStreamsTransport.from_url(redis_url, sender="t", auth=auth)  # same consumer name, new process
     seen = []
     drain(restarted, lambda env: seen.append(env.body.job_id), stream=streams.RM_STREAM)
     assert seen == ["x"]
@@ -71,8 +73,9 @@ def test_unacknowledged_entries_are_redelivered_to_a_restarted_consumer(redis_ur
 
 def test_same_message_id_is_handled_once(transport):
     env = wrap(SubmitJob(job_id="once"), sender="x")
-    transport.client.xadd(streams.JM_STREAM, {b"m": encode(env)})
-    transport.client.xadd(streams.JM_STREAM, {b"m": encode(env)})  # a producer retried
+    fields = {b"m": encode(env), b"s": transport.auth.sign(streams.JM_STREAM, "x", encode(env))}
+    transport.client.xadd(streams.JM_STREAM, fields)
+    transport.client.xadd(streams.JM_STREAM, fields)  # a producer retried
     seen = []
     drain(transport, lambda e: seen.append(e.body.job_id))
     assert seen == ["once"]
