@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from pydantic import ValidationError
 
-from services import schedule_cli, token_cli
+from services import credentials_cli, schedule_cli, token_cli
 from shared.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 app.add_typer(token_cli.app, name="token")
 app.add_typer(schedule_cli.app, name="schedule")
+app.add_typer(credentials_cli.app, name="credentials")
 
 URL_HELP = "dispatcher URL (default: dispatcher_host/dispatcher_port of the settings, HEADRACE_CONFIG)"
 
@@ -185,11 +186,12 @@ def up(
 @app.command("redis-auth")
 def redis_auth_files(
     directory: Path = typer.Argument(Path("deploy"), help="where docker-compose.yml is"),
-    rotate: bool = typer.Option(False, "--rotate", help="new passwords for every user (restart the whole stack)"),
+    rotate: bool = typer.Option(False, "--rotate", help="new passwords and cluster secret (restart the whole stack)"),
 ) -> None:
-    """Write the compose stack's Redis credentials: DIR/.env (passwords, 0600) and
-    DIR/secrets/redis-users.acl (ACL users with password hashes). Existing passwords are kept."""
-    from services.redis_auth import compose_files
+    """Write the compose stack's credentials: DIR/.env (Redis passwords, the cluster secret and
+    each TaskManager's derived keys; 0600) and DIR/secrets/redis-users.acl (ACL users with
+    password hashes). Existing passwords and the secret are kept."""
+    from services.compose_credentials import compose_files
 
     if not directory.is_dir():
         fail(f"{directory}: no such directory", 2)

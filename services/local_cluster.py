@@ -36,9 +36,10 @@ from urllib.parse import urlsplit
 import redis
 import yaml
 
-from services import redis_auth, spark_standalone
+from services import redis_auth, spark_standalone, taskmanager_credentials
 from services.process_supervisor import RestartPolicy, Supervisor
 from shared.catalog import Catalog
+from shared.message_auth import load_secret
 from shared.settings import Settings
 from shared.transport.redis_streams import wait_for_redis
 
@@ -82,10 +83,17 @@ class Child:
 
 # Which Redis user each child connects as (its config file is <run>/<role>.yaml).
 def role_of(name: str) -> str | None:
-    for role in redis_auth.SERVICES:
+    for role in (*redis_auth.SERVICES, redis_auth.TASKMANAGER):
         if name == role or name.startswith(f"{role}-"):
             return role
     return None
+
+
+def config_name(name: str) -> str | None:
+    """Whose <run>/<config>.yaml a child reads: taskmanager-3 is TaskManager tm-3, with a file
+    (and Redis user) of its own; the other services one per role."""
+    role = role_of(name)
+    return f"tm-{name.rsplit('-', 1)[1]}" if role == redis_auth.TASKMANAGER else role
 
 
 def redis_command(data_dir: Path, port: int, aclfile: Path | None, bind: tuple[str, ...] = ("127.0.0.1",)) -> list[str]:
@@ -162,6 +170,10 @@ class LocalCluster:
         for role in redis_auth.SERVICES:
             redis_auth.write_private(self.run_dir / f"{role}.yaml",
                                      yaml.safe_dump(config | {"redis_url": self.service_redis_urls[role]}))
+        for tm in self._taskmanager_ids():  # each with only its own credentials, never the cluster secret
+            tm_config = taskmanager_credentials.taskmanager_config(
+                config, tm, self.service_redis_urls.get(tm, self.redis_url), load_secret(s, create=True))
+            redis_auth.write_private(self.run_dir / f"{tm}.yaml", yaml.safe_dump(tm_config))
         env["HEADRACE_CONFIG"] = str(self.run_dir / "config.yaml")
         # Children read the file; drop inherited overrides that would contradict it.
         for key in [k for k in env if k.startswith("HEADRACE_") and k not in ("HEADRACE_CONFIG", "HEADRACE_LOG_LEVEL")]:
@@ -184,6 +196,9 @@ class LocalCluster:
         self._wait_ready(wait_s)
         self.write_description()
         return self
+
+    def _taskmanager_ids(self) -> list[str]:
+        return [f"tm-{i + 1}" for i in range(self.taskmanagers)]
 
     def _metrics_env(self, name: str, env: dict) -> dict:
         """Several members of one role run on this host: each gets its own free metrics port (kept
@@ -210,10 +225,15 @@ class LocalCluster:
         if s.redis_auth:
             passwords = redis_auth.load_or_create_passwords(data_dir)
             aclfile = data_dir / "users.acl"
-            redis_auth.write_private(aclfile, redis_auth.acl_file(passwords))
+            # TaskManagers added by `headrace credentials` (saved in the file) keep their users.
+            tms = taskmanager_credentials.passwords(load_secret(s, create=True), dict.fromkeys(
+                [*self._taskmanager_ids(), *taskmanager_credentials.ids_in_acl_file(aclfile)]))
+            redis_auth.write_private(aclfile, redis_auth.acl_file(passwords, tms))
             self.redis_url = redis_auth.url_for(base, redis_auth.ADMIN, passwords[redis_auth.ADMIN])
             self.service_redis_urls = {u: redis_auth.url_for(base, u, passwords[u])
                                        for u in (*redis_auth.SERVICES, redis_auth.PIPELINE)}
+            self.service_redis_urls |= {tm: redis_auth.url_for(base, redis_auth.taskmanager_user(tm), pw)
+                                        for tm, pw in tms.items()}
         else:
             self.redis_url = base
             self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, base)
@@ -312,7 +332,7 @@ class LocalCluster:
             return self._spawn(name, list(old.proc.args), old.env or self._env)
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> Child:
-        role = role_of(name)
+        role = config_name(name)
         if role is not None and env.get("HEADRACE_CONFIG"):
             env = env | {"HEADRACE_CONFIG": str(self.run_dir / f"{role}.yaml")}
         log = self.run_dir / "logs" / f"{name}.log"

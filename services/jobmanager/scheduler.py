@@ -52,6 +52,7 @@ from shared.states import IllegalTransition, JobStatus as JS
 from shared.task_protocol import TaskSpec
 from services.jobmanager.checkpoint_store import CatalogCheckpointStore, CheckpointStore
 from services.jobmanager.checkpoints import CheckpointCoordinator
+from services.jobmanager import restore_fallback
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, STREAM, Effect, Outbox
 from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.timers import Timers
@@ -548,7 +549,7 @@ class JobMaster:
 
     def on_slot_request_failed(self, msg: SlotRequestFailed) -> None:
         self._fail_execution(msg.execution_id, cause_name="NoResourceAvailableException", cause=msg.reason,
-                             expected_tm=None)
+                             expected_tm=None, permanent=msg.permanent)
 
     # --- task reports ------------------------------------------------------------------
 
@@ -670,10 +671,12 @@ class JobMaster:
         return [ex for ex in prefetched if ex.taskmanager_id == tm and not ES(ex.state).is_terminal]
 
     def _fail_execution(self, execution_id: str, *, cause_name: str, cause: str, expected_tm: str | None,
-                        release: bool = True, silent_for_s: float | None = None, still_running: bool = False) -> None:
+                        release: bool = True, silent_for_s: float | None = None, still_running: bool = False,
+                        permanent: bool = False) -> None:
         """The attempt failed: record why and restart the job or fail it. `still_running`: the
         failure was decided here (a checkpoint failover) while the attempt still runs on its
-        TaskManager, so it is cancelled with the others instead of being marked FAILED."""
+        TaskManager, so it is cancelled with the others instead of being marked FAILED.
+        `permanent`: no restart could help, the job fails whatever its restart strategy."""
         release_alloc = None
         restart_in: float | None = None
         cancels: list[tuple[str, CancelTask]] = []
@@ -692,6 +695,8 @@ class JobMaster:
                 if release:
                     release_alloc = ex.allocation_id
             job = repo.get_job(s, ex.job_id, lock=True)
+            if cause_name == restore_fallback.RESTORE_FAILED:  # never the same damaged snapshot again
+                cause, permanent = restore_fallback.fall_back(s, self.checkpoints, job, ex, cause)
             vertex = next(v for v in repo.job_vertices(s, job.id) if v.id == ex.vertex_id)
             repo.record_exception(s, job_id=job.id, exception_name=cause_name, stacktrace=cause,
                                   execution_id=ex.id, vertex_name=vertex.name, attempt=ex.attempt,
@@ -704,7 +709,7 @@ class JobMaster:
                 strategy.notify_failure()
                 repo.set_restart_state(s, job, strategy.state())
                 cancels = self._cancel_live(s, job.id)
-                if strategy.can_restart() and cause_name not in NON_RECOVERABLE:
+                if strategy.can_restart() and cause_name not in NON_RECOVERABLE and not permanent:
                     repo.transition_job(s, job.id, JS.RESTARTING, epoch=self.epoch, reason=cause_name)
                     restart_in = strategy.backoff_s()
                     if silent_for_s is not None:

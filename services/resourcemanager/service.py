@@ -29,6 +29,7 @@ from shared.settings import Settings
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
 from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
+from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
 
 log = logging.getLogger("headrace.resourcemanager")
 
@@ -53,6 +54,7 @@ class ResourceManager:
         self.in_flight_grace_s = IN_FLIGHT_COMMAND_S + 2 * settings.heartbeat_interval_s
         self.session = new_message_id()  # changes on every restart: TaskManagers re-register
         self.slots = SlotManager(clock)
+        self.unsatisfiable = UnsatisfiableRequests(clock, grace_s=settings.heartbeat_timeout_s)
         self.heartbeats = HeartbeatMonitor(clock, interval_s=settings.heartbeat_interval_s,
                                            timeout_s=settings.heartbeat_timeout_s)
         self.liveness = liveness
@@ -140,6 +142,10 @@ class ResourceManager:
             log.warning("slot request %s timed out: %s", req.request_id, message)
             self._send_jm(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
                                             job_id=req.job_id, reason=message))
+        for req, message in (self.unsatisfiable.take(self.slots) if scan else ()):
+            log.warning("slot request %s can never be served: %s", req.request_id, message)
+            self._send_jm(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
+                                            job_id=req.job_id, reason=message, permanent=True))
         self._serve_pending()
         if self._new_verdict:
             self._new_verdict = False
@@ -302,6 +308,7 @@ class ResourceManager:
                 self._declare_gone(tm_id, reason, ())  # e.g. it unregistered while we were down
             return
         lost = self.slots.remove(tm_id)
+        self.unsatisfiable.taskmanager_left()
         self._registrations.pop(tm_id, None)
         silent = None if last_heard is None else max(0.0, self.clock.now() - last_heard)
         heard_at = None if silent is None else time.time() - silent

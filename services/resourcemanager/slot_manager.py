@@ -3,7 +3,7 @@
 A task of parallelism p holds p slots on ONE TaskManager (the local engine runs its driver as
 `local[p]`). Requests are served in submission order; a request that no registered
 TaskManager could ever hold (p above every TaskManager's size) does not block the ones behind
-it. Allocation spreads tasks over TaskManagers (the one with the most free slots wins), so warm
+it, and fails for good once the cluster has settled (unsatisfiable.py). Allocation spreads tasks over TaskManagers (the one with the most free slots wins), so warm
 drivers on every TaskManager get used and a TaskManager loss hits as few tasks as possible.
 
 Reconciliation: a TaskManager's slot report is the truth about what runs on it (this class
@@ -111,6 +111,10 @@ class SlotManager:
     @property
     def _max_total(self) -> int:
         return max(self._totals, default=0)
+
+    def largest_taskmanager(self) -> int:
+        """The slot count of the largest registered TaskManager (0: none registered)."""
+        return self._max_total
 
     # --- TaskManagers ------------------------------------------------------------------
 

@@ -182,6 +182,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
     # the worker (see shared/transport/kombu_redis.py).
     app.conf.broker_transport = "shared.transport.kombu_redis:Transport"
+    # Celery's remote control answers inspection only: no `celery control shutdown` stops it.
+    app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"
     # The reports of the commands taken in one read of the queue go out together.
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                          kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}

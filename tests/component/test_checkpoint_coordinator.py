@@ -193,10 +193,10 @@ def operation(h, rid):
 
 def test_savepoint_completes_its_operation_and_is_never_pruned(h, tmp_path):
     job, _ = running_job(h)
-    rid = request(h, job, target_directory=str(tmp_path / "sp"))
+    rid = request(h, job, target_directory=str(h.settings.savepoints / "sp"))
     [trig] = triggers(h)
     assert trig.kind == "savepoint" and not trig.stop_after
-    assert Path(trig.target).parent == tmp_path / "sp" and Path(trig.target).name.startswith(f"savepoint-{job[:6]}-")
+    assert Path(trig.target).parent == h.settings.savepoints / "sp" and Path(trig.target).name.startswith(f"savepoint-{job[:6]}-")
     location = ack(h, trig)
     op = operation(h, rid)
     assert (op.status, op.location, op.checkpoint_id) == ("COMPLETED", location, trig.checkpoint_id)
@@ -214,7 +214,7 @@ def test_stop_with_savepoint_ends_the_job_finished_and_deletes_its_checkpoints(h
     h.pump()
     [chk] = triggers(h)
     chk_path = ack(h, chk)
-    rid = request(h, job, target_directory=str(tmp_path / "sp"), after="stop")
+    rid = request(h, job, target_directory=str(h.settings.savepoints / "sp"), after="stop")
     [trig] = triggers(h)
     assert trig.stop_after
     sp = ack(h, trig)
@@ -227,7 +227,7 @@ def test_stop_with_savepoint_ends_the_job_finished_and_deletes_its_checkpoints(h
 def test_savepoint_of_a_job_without_a_running_task_fails_with_a_reason(h, tmp_path):
     job = h.submit(config=CONFIG)
     h.pump()
-    rid = request(h, job, target_directory=str(tmp_path / "sp"))
+    rid = request(h, job, target_directory=str(h.settings.savepoints / "sp"))
     op = operation(h, rid)
     assert op.status == "FAILED" and "no RUNNING task" in op.failure_cause
 
@@ -247,7 +247,7 @@ def test_pending_checkpoints_of_an_ended_attempt_fail_without_counting(h):
 
 def test_rescale_restarts_from_the_savepoint_with_the_new_parallelism(h, tmp_path):
     job, cmd = running_job(h)
-    rid = request(h, job, target_directory=str(tmp_path / "sp"), after="rescale", parallelism=3)
+    rid = request(h, job, target_directory=str(h.settings.savepoints / "sp"), after="rescale", parallelism=3)
     [trig] = triggers(h)
     assert trig.stop_after
     sp = ack(h, trig)

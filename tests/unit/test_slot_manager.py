@@ -1,5 +1,6 @@
 from shared.clock import FakeClock
 from services.resourcemanager.slot_manager import SlotManager
+from services.resourcemanager.unsatisfiable import UnsatisfiableRequests, permanent_reason
 
 
 def make(clock=None, tms=(("tm-a", 4), ("tm-b", 4))):
@@ -106,3 +107,47 @@ def test_largest_taskmanager_is_tracked_through_registrations_and_removals():
     sm.remove("tm-a")
     sm.remove("tm-c")
     assert sm._max_total == 0
+
+
+# --- requests no TaskManager could ever hold (unsatisfiable.py) --------------------------------
+
+def _unsatisfiable(clock, grace_s=10):
+    return UnsatisfiableRequests(clock, grace_s=grace_s)
+
+
+def test_a_request_above_every_taskmanager_fails_only_once_the_cluster_settled():
+    clock = FakeClock()
+    sm, watch = make(clock, tms=(("tm-a", 2), ("tm-b", 2))), _unsatisfiable(clock)
+    assert req(sm, "big", 3) is None and req(sm, "fits", 2) is not None
+    clock.advance(9.9)
+    assert watch.take(sm) == []  # a larger TaskManager may still register again
+    clock.advance(0.1)
+    [(request, reason)] = watch.take(sm)
+    assert request.request_id == "big" and "big" not in sm.pending
+    assert reason.startswith("parallelism 3 needs 3 slots on one TaskManager; the largest registered TaskManager "
+                             "has 2 (tm-a, tm-b; 2 registered)")
+    assert watch.take(sm) == []
+
+
+def test_a_lost_taskmanager_restarts_the_grace_and_no_taskmanager_is_no_verdict():
+    clock = FakeClock()
+    sm, watch = make(clock, tms=(("tm-a", 2), ("tm-b", 4))), _unsatisfiable(clock)
+    clock.advance(20)
+    sm.remove("tm-b")
+    watch.taskmanager_left()
+    req(sm, "big", 3)
+    clock.advance(5)
+    assert watch.take(sm) == []
+    clock.advance(5)
+    assert [r.request_id for r, _ in watch.take(sm)] == ["big"]
+    empty = make(clock, tms=())
+    req(empty, "any", 1)
+    assert watch.take(empty) == [] and "any" in empty.pending
+
+
+def test_the_reason_names_a_few_taskmanagers_and_counts_the_rest():
+    sm = make(tms=tuple((f"tm-{i:02d}", 2) for i in range(8)) + (("tm-small", 1),))
+    req(sm, "big", 5)
+    reason = permanent_reason(sm.pending["big"], sm, sm.largest_taskmanager())
+    assert "has 2 (tm-00, tm-01, tm-02, tm-03, tm-04 and 3 more; 9 registered)" in reason
+    assert "resubmit with parallelism 2 or less" in reason and "--slots 5" in reason

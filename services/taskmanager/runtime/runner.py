@@ -56,6 +56,7 @@ from typing import IO, Any, Callable
 
 from services.taskmanager.driver_process import PHASE_MARKER, STACK_DUMP_SIGNAL
 from shared import checkpoint_storage as storage
+from shared import restore_failure
 from shared.task_protocol import (
     Canceled,
     Failed,
@@ -413,7 +414,8 @@ class Driver:
         """Build and run the task; a failure propagates to run(), which reports it."""
         self._apply_sql_conf(spec.config)
         if spec.restore_from:
-            self.restored_meta = storage.read_metadata(spec.restore_from)
+            with restore_failure.restoring(spec.restore_from):  # damaged: the JobManager falls back
+                self.restored_meta = storage.read_metadata(spec.restore_from)
         self.lineage = lineage_of(spec, self.restored_meta)
         handle = self._build(spec)
         if self.cancel_requested.is_set():
@@ -487,7 +489,9 @@ class Driver:
             drop = check_before_start(handle.df, meta, shuffle_partitions=int(explicit) if explicit else None,
                                       allow_non_restored_state=spec.allow_non_restored_state,
                                       output_mode=handle.output_mode)
-            storage.restore(spec.restore_from, live, drop_operators=drop)
+            with restore_failure.restoring(spec.restore_from):
+                restore_failure.verify(spec.restore_from, meta)
+                storage.restore(spec.restore_from, live, drop_operators=drop)
             restored_batch = int(meta["spark"]["batch_id"])
             print(f"restored {spec.restore_from} (batch {restored_batch}) into {live}", flush=True)
         prepare = getattr(handle, "prepare", None)
