@@ -1,24 +1,29 @@
-"""Who may do what in the control-plane Redis: one password-protected ACL user per service.
+"""Who may do what in the control-plane Redis: one password-protected ACL user per service and
+one per TaskManager.
 
-Users (Redis 7 ACL syntax; `%R~` read-only keys, `%W~` write-only keys, `~` both):
+Users (Redis 7 ACL syntax; `%R~` read-only keys, `~` read and write; a `(...)` selector grants
+its commands on its keys only):
   default          the operator's and the tests' user: everything (`redis-cli -a PASSWORD`)
-  dispatcher       publishes to hr:stream:jm; reads hr:*
-  jobmanager       consumes hr:stream:jm; owns hr:jm:*; publishes to hr:stream:rm and the
-                   dead-letter stream; sends Celery commands (queues tm.*, kombu's _kombu.*) and
-                   their task-sent events (channels /<db>.celeryev/*)
-  resourcemanager  consumes hr:stream:rm and hr:stream:rm:heartbeats; owns hr:rm:*; publishes
-                   to hr:stream:jm, the TaskManager inboxes hr:stream:tm:* and the dead letters;
+  dispatcher       reads hr:*; XADDs to hr:stream:jm and the dead letters
+  jobmanager       consumes hr:stream:jm; owns hr:jm:*; XADDs to hr:stream:rm and the dead
+                   letters; LPUSHes Celery commands onto tm.* (and kombu's _kombu.* tables) and
+                   publishes their task-sent events (channels /<db>.celeryev/*)
+  resourcemanager  consumes hr:stream:rm and hr:stream:rm:heartbeats; owns hr:rm:*; XADDs to
+                   hr:stream:jm, the TaskManager inboxes hr:stream:tm:* and the dead letters;
                    lists client connections (TaskManager liveness)
-  taskmanager      publishes to hr:stream:rm, hr:stream:rm:heartbeats, hr:stream:jm and the
-                   dead letters; owns hr:stream:tm:* and hr:tm:*; runs a Celery worker (tm.*,
-                   _kombu.*, unacked*, the worker's pidbox, its events /<db>.celeryev/*)
+  taskmanager.<id> one per TaskManager, its password derived from the cluster secret
+                   (shared/cluster_keys.redis_password): consumes only its own queue tm.<id> and
+                   inbox hr:stream:tm:<id>, owns hr:tm:<id>:*, XADDs its reports to hr:stream:rm,
+                   hr:stream:rm:heartbeats, hr:stream:jm and the dead letters; its Celery worker
+                   may listen on the remote-control channel but not publish to it
   pipeline         what a task's pipeline gets as ctx.redis_url: every key outside the control
                    plane (its source and sink streams, headrace:sink:* fences), none inside it
-Every service user may read hr:* and write only what it owns or publishes to; none may run
-the dangerous commands (FLUSHALL, KEYS, CONFIG, SHUTDOWN, ...). Each consumer also owns its
-dedup hashes hr:done:<group>:*.
+A stream is deleted, trimmed or has its groups changed only by its consumer and the admin:
+publishers get XADD alone (an XADD with MAXLEN is still XADD; Redis cannot tell it apart, see
+docs/runbooks/auth.md "Redis users"). Nobody but the admin may trim or delete the dead letters.
+No service user may run the dangerous commands (FLUSHALL, KEYS, CONFIG, SHUTDOWN, ...).
 
-Passwords are random, stored 0600 in the directory given (for `headrace up`:
+Service passwords are random, stored 0600 in the directory given (for `headrace up`:
 $HEADRACE_HOME/redis/credentials.json) and reused, so an operator's `REDISCLI_AUTH` keeps
 working across restarts. The ACL file holds SHA-256 hashes only.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -35,13 +41,28 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from shared import streams
 
 ADMIN = "default"
-SERVICES = ("dispatcher", "jobmanager", "resourcemanager", "taskmanager")
+SERVICES = ("dispatcher", "jobmanager", "resourcemanager")
+TASKMANAGER = "taskmanager"  # the role; each TaskManager's user is taskmanager_user(its id)
 PIPELINE = "pipeline"
 USERS = (ADMIN, *SERVICES, PIPELINE)
+TASKMANAGER_USER_PREFIX = f"{TASKMANAGER}."
+# A TaskManager id goes into key patterns and a user name: no glob characters, no spaces.
+TASKMANAGER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What may follow "tm.<id>" in one of its queue's keys (kombu's priority queues "tm.<id>\x06\x16<n>")
+# but never continues an id: so tm-1's patterns do not reach tm-10's queue.
+NOT_IN_AN_ID = "[^-a-zA-Z0-9._]"
 
 # Keys Celery (kombu's Redis transport, shared/commands.py) uses without a prefix of ours.
-CELERY_PRODUCER_KEYS = ("tm.*", "_kombu.*")
-CELERY_WORKER_KEYS = ("tm.*", "_kombu.*", "unacked", "unacked_index", "unacked_mutex", "*.celery.pidbox*")
+CELERY_PRODUCER_KEYS = ("_kombu.*",)
+CELERY_QUEUES = "tm.*"
+# The remote-control (pidbox) binding tables every worker refreshes and kombu's sweep of expired
+# ones (a script over _kombu.binding_deadlines); the TaskManager's transport keeps no unacked copy
+# (shared/transport/kombu_redis.py), so none of kombu's unacked* keys.
+CELERY_PIDBOX_KEYS = ("_kombu.binding.celery.pidbox", "_kombu.binding_permanent.celery.pidbox",
+                      "_kombu.binding.reply.celery.pidbox", "_kombu.binding_permanent.reply.celery.pidbox",
+                      "_kombu.binding_deadlines")
+# The reply queues of `celery inspect` (<ticket>.reply.celery.pidbox): a worker answers there.
+CELERY_REPLY_QUEUES = "*.reply.celery.pidbox"
 # kombu's fanout exchanges are pub/sub channels "/<db>.<exchange>"; the worker's remote
 # control (pidbox) listens on one with PSUBSCRIBE, which an ACL allows only for a pattern
 # listed literally: one per database number.
@@ -53,6 +74,29 @@ CELERY_EVENT_CHANNELS = tuple(f"/{db}.celeryev/*" for db in range(16))
 CONTROL_PLANE_PREFIXES = (f"{streams.PREFIX}:", "tm.", "_kombu.", "unacked")
 
 SERVICE_COMMANDS = "+@all -@dangerous"
+
+
+def check_taskmanager_id(taskmanager_id: str) -> str:
+    if not isinstance(taskmanager_id, str) or not TASKMANAGER_ID.fullmatch(taskmanager_id):
+        raise ValueError(f"TaskManager id {taskmanager_id!r} must be 1-100 letters, digits, '.', '_' or '-', "
+                         f"starting with a letter or digit (it names a Redis user and its keys)")
+    return taskmanager_id
+
+
+def taskmanager_user(taskmanager_id: str) -> str:
+    return TASKMANAGER_USER_PREFIX + check_taskmanager_id(taskmanager_id)
+
+
+def taskmanager_of(user: str) -> str | None:
+    """The TaskManager id of a per-TaskManager user name, else None."""
+    if user.startswith(TASKMANAGER_USER_PREFIX) and TASKMANAGER_ID.fullmatch(user[len(TASKMANAGER_USER_PREFIX):]):
+        return user[len(TASKMANAGER_USER_PREFIX):]
+    return None
+
+
+def _only(command: str, patterns) -> str:
+    """A selector: `command` alone on these keys (e.g. XADD to a stream one only publishes to)."""
+    return "(" + " ".join(f"~{p}" for p in patterns) + f" +{command})"
 
 
 def outside(prefixes: tuple[str, ...]) -> list[str]:
@@ -85,44 +129,73 @@ def _keys(mode: str, patterns) -> list[str]:
 
 
 def rules(user: str) -> str:
-    """The ACL rules of `user`, without its password."""
+    """The ACL rules of `user` (a service, the pipeline, or a TaskManager's taskmanager.<id>),
+    without its password."""
     P = streams.PREFIX
     done = lambda group: f"{P}:done:{group}:*"  # noqa: E731 - transport.redis_streams' dedup hashes
     if user == ADMIN:
         return "~* &* +@all"
+    tm = taskmanager_of(user)
+    if tm is not None:
+        return taskmanager_rules(tm)
     read_all = _keys("%R", [f"{P}:*"])
     if user == "dispatcher":
-        parts = read_all + _keys("", [streams.JM_STREAM])
+        parts = read_all + [_only("xadd", [streams.JM_STREAM, streams.DLQ_STREAM])]
     elif user == "jobmanager":
         parts = (read_all + _keys("", [streams.JM_STREAM, f"{P}:jm:*", done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
-                 + _keys("%W", [streams.RM_STREAM, streams.DLQ_STREAM]) + ["+client|list"]
-                 + [f"&{c}" for c in CELERY_EVENT_CHANNELS])
+                 + ["+client|list"] + [f"&{c}" for c in CELERY_EVENT_CHANNELS]
+                 + [_only("xadd", [streams.RM_STREAM, streams.DLQ_STREAM]), _only("lpush", [CELERY_QUEUES])])
     elif user == "resourcemanager":
         parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, f"{P}:rm:*",
                                        done(streams.RM_GROUP)])
-                 + _keys("%W", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])
-                 + ["+client|list"])
-    elif user == "taskmanager":
-        parts = (read_all + _keys("", [streams.tm_inbox("*"), f"{P}:tm:*", done(streams.TM_GROUP),
-                                       *CELERY_WORKER_KEYS])
-                 + _keys("%W", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.JM_STREAM,
-                                streams.DLQ_STREAM])
-                 + [f"&{c}" for c in CELERY_WORKER_CHANNELS + CELERY_EVENT_CHANNELS])
+                 + ["+client|list"]
+                 + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])])
     elif user == PIPELINE:
         parts = _keys("", outside(CONTROL_PLANE_PREFIXES))
     else:
-        raise ValueError(f"unknown Redis user {user!r}; one of {', '.join(USERS)}")
+        raise ValueError(f"unknown Redis user {user!r}; one of {', '.join(USERS)} or "
+                         f"{TASKMANAGER_USER_PREFIX}<TaskManager id>")
     return f"resetchannels {SERVICE_COMMANDS} {' '.join(parts)}"
+
+
+def taskmanager_rules(taskmanager_id: str) -> str:
+    """One TaskManager's rules: its own queue, inbox and keys; XADD alone on what it reports to;
+    the remote-control channel to listen on, never to publish to (so no `celery control`
+    command can come from a TaskManager)."""
+    P = streams.PREFIX
+    tm = check_taskmanager_id(taskmanager_id)
+    queue = streams.tm_queue(tm)
+    # What it reads of others: the leader epoch, the ResourceManager's session, the other
+    # TaskManagers' endpoints (storage probe); no other stream, queue or inbox.
+    reads = _keys("%R", [f"{P}:jm:*", f"{P}:rm:*", f"{P}:tm:*"])
+    # Progress hashes are named by execution, not TaskManager (streams.progress_key): shared.
+    own = _keys("", [streams.tm_inbox(tm), f"{P}:tm:{tm}:*", streams.progress_key("*"), queue,
+                     f"{queue}{NOT_IN_AN_ID}*", f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
+                     f"{tm}@*.celery.pidbox*", *CELERY_PIDBOX_KEYS])  # its worker <id>@<host>'s own pidbox
+    selectors = [
+        _only("xadd", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.JM_STREAM, streams.DLQ_STREAM]),
+        _only("hset", [streams.TM_STORAGE_PROBE_KEY]),
+        _only("lpush", [CELERY_REPLY_QUEUES]),
+        "(" + " ".join(f"&{c}" for c in CELERY_WORKER_CHANNELS) + " +psubscribe +subscribe)",
+        "(" + " ".join(f"&{c}" for c in CELERY_EVENT_CHANNELS) + " +publish)",
+    ]
+    return f"resetchannels {SERVICE_COMMANDS} {' '.join(reads + own + selectors)}"
 
 
 def password_hash(password: str) -> str:
     return hashlib.sha256(password.encode()).hexdigest()
 
 
-def acl_file(passwords: dict[str, str]) -> str:
-    """An ACL file for redis-server --aclfile. It names `default` too: a user left out of the
-    file would be Redis's own default, which needs no password and may do anything."""
-    return "".join(f"user {u} on #{password_hash(passwords[u])} {rules(u)}\n" for u in USERS)
+def acl_line(user: str, password: str) -> str:
+    return f"user {user} on #{password_hash(password)} {rules(user)}\n"
+
+
+def acl_file(passwords: dict[str, str], taskmanagers: dict[str, str] | None = None) -> str:
+    """An ACL file for redis-server --aclfile: the services' users and one per TaskManager
+    (id -> its password). It names `default` too: a user left out of the file would be Redis's
+    own default, which needs no password and may do anything."""
+    return "".join([acl_line(u, passwords[u]) for u in USERS]
+                   + [acl_line(taskmanager_user(tm), pw) for tm, pw in sorted((taskmanagers or {}).items())])
 
 
 def new_passwords() -> dict[str, str]:
@@ -174,36 +247,3 @@ def masked(url: str) -> str:
     user = f"{parts.username}:" if parts.username else ":"
     netloc = f"{user}****@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def compose_variable(user: str) -> str:
-    return f"HEADRACE_REDIS_PASSWORD_{'ADMIN' if user == ADMIN else user.upper()}"
-
-
-def compose_files(directory: Path, *, rotate: bool = False) -> tuple[Path, Path]:
-    """The compose stack's credentials: directory/.env, one password per user for compose's
-    variable interpolation (0600), and directory/secrets/redis-users.acl, the ACL file the
-    Redis container loads (hashes only, so readable by the container's redis user)."""
-    env_file = directory / ".env"
-    kept: dict[str, str] = {}
-    lines: list[str] = []
-    if env_file.exists():
-        for line in env_file.read_text().splitlines():
-            name, sep, value = line.partition("=")
-            by_var = {compose_variable(u): u for u in USERS}
-            if sep and name.strip() in by_var:
-                kept[by_var[name.strip()]] = value.strip()
-            else:
-                lines.append(line)  # the operator's own variables stay
-    passwords = new_passwords() | ({} if rotate else {u: p for u, p in kept.items() if p})
-    if not any(line.startswith("COMPOSE_PROJECT_NAME=") for line in lines):
-        # docker-compose 1.29 has no top-level `name:`; both it and compose v2 read this.
-        lines.insert(0, "COMPOSE_PROJECT_NAME=headrace")
-    lines += [f"{compose_variable(u)}={passwords[u]}" for u in USERS]
-    write_private(env_file, "\n".join(lines) + "\n")
-    secrets_dir = directory / "secrets"
-    secrets_dir.mkdir(exist_ok=True)
-    os.chmod(secrets_dir, 0o700)
-    acl = secrets_dir / "redis-users.acl"
-    write_private(acl, acl_file(passwords), mode=0o644)
-    return env_file, acl

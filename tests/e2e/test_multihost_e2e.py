@@ -111,11 +111,21 @@ class Env:
         name = next((n for n, p in self.jms.items() if p.pid == pid), None)
         return (name, int(lead["epoch"])) if name else None
 
+    def credentials(self, tm_id: str) -> dict:
+        """tm_id's own config (Redis user and keys), as `headrace credentials taskmanager` writes it."""
+        path = self.home / f"{tm_id}.credentials.yaml"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
+        made = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", tm_id, "--out",
+                               str(path)], env=env | {"HEADRACE_CONFIG": str(self.cluster.run_dir / "config.yaml")},
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        return yaml.safe_load(path.read_text())
+
     def taskmanager(self, tm_id: str, *, remote: bool, slots: int = 1, **settings) -> subprocess.Popen:
         """Start TaskManager `tm_id` (on tm-ns's host if `remote`) unless it runs already."""
         if tm_id in self.tms and self.tms[tm_id].poll() is None:
             return self.tms[tm_id]
-        config = yaml.safe_load((self.cluster.run_dir / "taskmanager.yaml").read_text()) | settings
+        config = self.credentials(tm_id) | settings
         config.update(checkpoint_dir=str(self.cluster.settings.checkpoints),
                       artifact_dir=str(self.cluster.settings.artifacts), home=str(self.home / tm_id),
                       taskmanager_metrics_port=0)

@@ -132,7 +132,7 @@ def test_without_the_password_nobody_writes_to_the_streams(cluster):
             anonymous.xadd(streams.JM_STREAM, {"m": b"{}"})
         with pytest.raises(redis.AuthenticationError):
             anonymous.lpush("tm.tm-1", b"garbage")
-    with redis.Redis(host=url.hostname, port=url.port, username="taskmanager", password="guess") as guessing:
+    with redis.Redis(host=url.hostname, port=url.port, username="taskmanager.tm-1", password="guess") as guessing:
         with pytest.raises(redis.AuthenticationError):
             guessing.ping()
 
@@ -144,6 +144,11 @@ def test_each_service_connects_as_its_own_user_with_only_what_it_needs(cluster):
         assert stat.S_IMODE(config.stat().st_mode) == 0o600
         urls[role] = yaml.safe_load(config.read_text())["redis_url"]
         assert urlsplit(urls[role]).username == role
+    for i in range(TASKMANAGERS):  # one user per TaskManager (tests/integration/test_redis_acl_taskmanagers.py)
+        config = cluster.run_dir / f"tm-{i + 1}.yaml"
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        urls[f"tm-{i + 1}"] = yaml.safe_load(config.read_text())["redis_url"]
+        assert urlsplit(urls[f"tm-{i + 1}"]).username == f"taskmanager.tm-{i + 1}"
     urls["pipeline"] = yaml.safe_load((cluster.run_dir / "jobmanager.yaml").read_text())["pipeline_redis_url"]
     with redis.Redis.from_url(urls["dispatcher"]) as dispatcher:
         dispatcher.xadd("hr:stream:jm", {"probe": 1}, maxlen=100_000, approximate=True)
@@ -152,7 +157,7 @@ def test_each_service_connects_as_its_own_user_with_only_what_it_needs(cluster):
             dispatcher.xadd(streams.RM_STREAM, {"m": b"{}"})
         with pytest.raises(redis.exceptions.NoPermissionError):
             dispatcher.lpush("tm.tm-1", b"garbage")
-    with redis.Redis.from_url(urls["taskmanager"]) as tm:
+    with redis.Redis.from_url(urls["tm-1"]) as tm:
         with pytest.raises(redis.exceptions.NoPermissionError):
             tm.set(streams.JM_EPOCH_KEY, 10**12)  # forging a leader epoch
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -169,8 +174,14 @@ def test_no_password_is_printed_or_readable_by_others(cluster):
     home = cluster.settings.home
     passwords = json.loads((home / "redis" / "credentials.json").read_text())
     assert set(passwords) == set(redis_auth.USERS)
+    tm_configs = [yaml.safe_load((cluster.run_dir / f"tm-{i + 1}.yaml").read_text()) for i in range(TASKMANAGERS)]
+    for i, config in enumerate(tm_configs):
+        passwords[f"tm-{i + 1}"] = urlsplit(config["redis_url"]).password
+        passwords[f"tm-{i + 1} key"] = config["taskmanager_key"]
+        passwords[f"tm-{i + 1} command key"] = config["taskmanager_command_key"]
     for private in (home / "redis" / "credentials.json", home / "redis" / "users.acl",
-                    cluster.run_dir / "config.yaml", cluster.run_dir / "cluster.json"):
+                    cluster.run_dir / "config.yaml", cluster.run_dir / "cluster.json",
+                    *(cluster.run_dir / f"tm-{i + 1}.yaml" for i in range(TASKMANAGERS))):
         assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
     assert stat.S_IMODE((home / "redis").stat().st_mode) == 0o700
     shown = [(cluster.run_dir / "cluster.json").read_text(), (home / "redis" / "users.acl").read_text()]

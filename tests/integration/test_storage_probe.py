@@ -54,13 +54,19 @@ def test_an_unusable_directory_says_so(redis_server, tmp_path):
 def test_a_taskmanager_process_with_a_host_local_directory_exits_with_the_reason(tmp_path, pg_url):
     cluster = start_cluster(tmp_path / "home", catalog_url=pg_url, taskmanagers=1, slots=1)
     try:
-        config = yaml.safe_load((cluster.run_dir / "taskmanager.yaml").read_text())
+        path = tmp_path / "tm-2.yaml"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
+        # tm-2's own credentials, as an operator adds a TaskManager (docs/runbooks/auth.md).
+        made = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-2", "--out",
+                               str(path)], env=env | {"HEADRACE_CONFIG": str(cluster.run_dir / "config.yaml")},
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        config = yaml.safe_load(path.read_text())
         config["checkpoint_dir"] = str(tmp_path / "elsewhere")
         config["taskmanager_metrics_port"] = 0
-        path = tmp_path / "tm-2.yaml"
         path.write_text(yaml.safe_dump(config))
         wait_for("tm-1's endpoint", lambda: cluster_redis(cluster).exists(streams.tm_endpoint_key("tm-1")))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {"HEADRACE_CONFIG": str(path)}
+        env |= {"HEADRACE_CONFIG": str(path)}
         proc = subprocess.run([sys.executable, "-m", "services.cli", "taskmanager", "--id", "tm-2"], env=env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == EXIT_STORAGE_NOT_SHARED, proc.stderr[-2000:]
