@@ -11,12 +11,15 @@ import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from services import redis_auth
+from services.compose_credentials import SECRET_VARIABLE, compose_files
 from services.local_cluster import LocalCluster
+from shared import cluster_keys
 from shared.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -38,18 +41,14 @@ def stack(tmp_path_factory) -> dict:
                     "installs it)")
     work = tmp_path_factory.mktemp("compose") / "deploy"
     shutil.copytree(DEPLOY, work, ignore=shutil.ignore_patterns(".env", "secrets"))
-    (work / "secrets").mkdir()
-    (work / "secrets" / "redis-users.acl").write_text("")
-    # Stand-in passwords: `config` only needs the variables set (`headrace redis-auth deploy`
-    # writes the real ones).
-    env_lines = ["COMPOSE_PROJECT_NAME=headrace"] + [
-        f"HEADRACE_REDIS_PASSWORD_{u.upper()}=x" for u in redis_auth.USERS if u != "default"]
-    env_lines.append("HEADRACE_REDIS_PASSWORD_ADMIN=x")
-    (work / ".env").write_text("\n".join(env_lines) + "\n")
+    # What `headrace redis-auth deploy` writes: passwords, the cluster secret, each TaskManager's keys.
+    compose_files(work)
     out = subprocess.run([tool, "-f", str(work / "docker-compose.yml"), "config"], capture_output=True, text=True,
                          cwd=work, timeout=60)
     assert out.returncode == 0, out.stderr
-    return yaml.safe_load(out.stdout)
+    stack = yaml.safe_load(out.stdout)
+    stack["x-deploy-dir"] = work
+    return stack
 
 
 def role(name: str, service: dict) -> str:
@@ -87,3 +86,40 @@ def test_healthchecks_aof_and_one_shared_checkpoint_volume(stack):
             assert s["environment"]["HEADRACE_SPARK_MASTER"] == "spark://spark-master:7077"
             assert s["environment"]["HEADRACE_ADVERTISED_HOST"] == s["hostname"]
     assert "checkpoints" in stack["volumes"]
+
+
+def test_each_taskmanager_gets_only_its_own_credentials_and_the_control_plane_the_secret(stack):
+    services = stack["services"]
+    env = dict(line.split("=", 1) for line in (stack["x-deploy-dir"] / ".env").read_text().splitlines() if "=" in line)
+    secret = cluster_keys.parse_secret(env[SECRET_VARIABLE])
+    acl = (stack["x-deploy-dir"] / "secrets" / "redis-users.acl").read_text()
+    assert "user taskmanager " not in acl  # no shared TaskManager user any more
+    taskmanagers = [s for s in services.values() if s.get("image", "").startswith("headrace")
+                    and s["command"][0] == "taskmanager"]
+    assert len(taskmanagers) == 2
+    for s in taskmanagers:
+        tm = s["command"][s["command"].index("--id") + 1]
+        e = s["environment"]
+        assert SECRET_VARIABLE not in e, f"{tm} must not hold the cluster secret"
+        url = urlsplit(e["HEADRACE_REDIS_URL"])
+        assert url.username == redis_auth.taskmanager_user(tm)
+        assert url.password == cluster_keys.redis_password(secret, tm)
+        assert e["HEADRACE_TASKMANAGER_KEY"] == cluster_keys.sender_key(secret, tm).hex()
+        assert e["HEADRACE_TASKMANAGER_COMMAND_KEY"] == cluster_keys.command_key(secret, tm).hex()
+        assert f"user {url.username} on #{redis_auth.password_hash(url.password)} " in acl
+        assert url.password not in acl
+    for name, s in services.items():
+        if s.get("image", "").startswith("headrace") and s["command"][0] in ("jobmanager", "resourcemanager",
+                                                                             "dispatcher"):
+            assert s["environment"][SECRET_VARIABLE] == env[SECRET_VARIABLE], name
+        elif s.get("image", "").startswith("headrace"):
+            assert SECRET_VARIABLE not in s["environment"], name
+    # Run again: the secret and every password stay (a running stack keeps working).
+    before = (stack["x-deploy-dir"] / ".env").read_text()
+    compose_files(stack["x-deploy-dir"])
+    assert (stack["x-deploy-dir"] / ".env").read_text() == before
+    compose_files(stack["x-deploy-dir"], rotate=True)
+    rotated = dict(line.split("=", 1) for line in (stack["x-deploy-dir"] / ".env").read_text().splitlines()
+                   if "=" in line)
+    assert rotated[SECRET_VARIABLE] != env[SECRET_VARIABLE]
+    assert rotated["HEADRACE_TASKMANAGER_KEY_TM_1"] != env["HEADRACE_TASKMANAGER_KEY_TM_1"]
