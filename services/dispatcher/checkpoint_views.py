@@ -128,6 +128,8 @@ def checkpoint_statistics(row: Any, now_ms: int, *, tasks: bool = False) -> dict
     if completed:
         out["external_path"] = location_uri(row.path)
         out["discarded"] = row.status == CheckpointStatus.DISCARDED.value
+        if row.failure_cause:  # discarded because it could not be restored (restore_fallback.py)
+            out["failure_message"] = row.failure_cause
     elif failed:
         out["failure_timestamp"] = trigger + duration if duration else (ack if ack >= 0 else trigger)
         out["failure_message"] = row.failure_cause
