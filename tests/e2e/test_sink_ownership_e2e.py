@@ -93,7 +93,7 @@ def test_a_second_job_on_the_directory_fails_once_and_the_first_runs_on(cluster,
     rest.wait_attempt_running(z, 0, timeout_s=300)
     wait_for("job Z's batches", lambda: len(markers(out)) >= restored + 3, timeout_s=120)
     owner = json.loads((out / "_headrace" / "owner.json").read_text())
-    assert owner == {"lineage": x, "job_id": z, "generation": 1}
+    assert owner == {"lineage": x, "job_id": z, "generation": 1, "replaced": [x]}
     now = listing(out)
     assert {k: now.get(k) for k in kept} == kept, "X's batches up to the savepoint are kept as they were"
     rest.cancel(z)

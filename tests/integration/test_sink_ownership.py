@@ -73,6 +73,11 @@ def markers(out: Path) -> list[int]:
     return sorted(int(p.stem) for p in (out / "_headrace" / "commits").glob("*.json"))
 
 
+def owner_of(out: Path, with_replaced: bool = False) -> dict:
+    rec = json.loads((out / "_headrace" / "owner.json").read_text())
+    return rec if with_replaced else {k: v for k, v in rec.items() if k != "replaced"}
+
+
 def file_rows(spark, out: Path) -> list[tuple]:
     return sorted((r.k, r.v, r.src) for r in spark.read.parquet(str(out)).collect())
 
@@ -123,7 +128,7 @@ def test_fresh_jobs_on_a_directory_are_refused_and_the_owners_20_batches_stay(sp
                 sink.write_batch(frame(spark, rows(y.job_id, 0)), 0)
     assert listing(out) == before
     assert json.loads((out / "_headrace" / "fence.json").read_text()) == {"attempt": 4, "restored_batch_id": 19}
-    assert json.loads((out / "_headrace" / "owner.json").read_text()) == X.record()
+    assert owner_of(out) == X.record()
     expected = sorted(r for b in range(BATCHES) for r in rows("x", b))
     assert file_rows(spark, out) == expected
     # X is not fenced off by any of them: its next batch commits.
@@ -140,10 +145,10 @@ def test_a_restore_in_the_owners_lineage_undoes_only_batches_after_its_snapshot(
     sink.prepare(7, 11, x2)
     assert markers(out) == list(range(12))
     assert file_rows(spark, out) == sorted(r for b in range(12) for r in rows("x", b))
-    assert json.loads((out / "_headrace" / "owner.json").read_text()) == x2.record()
+    assert owner_of(out) == x2.record()
     for b in range(12, 15):
         assert sink.write_batch(frame(spark, rows("x2", b)), b) is True
-    with pytest.raises(SinkFencedError):  # X's frozen attempt stays fenced off
+    with pytest.raises(SinkOwnedError, match="replaced"):  # X, replaced by X2, stays out
         FileSink(str(out)).prepare(3, 19, X)
     # The lineage's latest job is the one a refusal names.
     with pytest.raises(SinkOwnedError, match=r"lineage job-x \(job job-x2\)"):
@@ -151,6 +156,33 @@ def test_a_restore_in_the_owners_lineage_undoes_only_batches_after_its_snapshot(
     expected = sorted([r for b in range(12) for r in rows("x", b)] + [r for b in range(12, 15) for r in rows("x2", b)])
     assert file_rows(spark, out) == expected
     assert markers(out) == list(range(15))
+
+
+def test_a_replaced_job_of_the_lineage_cannot_take_the_directory_back(spark, x_dir, tmp_path):
+    """Job X2 resumed from a savepoint of X while X still ran: X's later restart (a newer
+    token) used to take the directory back and undo X2's batches, and X2's restart the same."""
+    out = copy_of(x_dir, tmp_path)
+    x2 = SinkOwner(lineage="job-x", job_id="job-x2", generation=1)
+    sink = FileSink(str(out))
+    sink.prepare(7, 11, x2)
+    for b in range(12, 15):
+        assert sink.write_batch(frame(spark, rows("x2", b)), b) is True
+    before = listing(out)
+    with pytest.raises(SinkOwnedError) as refused:
+        FileSink(str(out)).prepare(8, 19, X)  # X restarts from its own latest checkpoint
+    assert str(refused.value).startswith(
+        f"directory {out} is the sink of lineage job-x, taken over by its newer job job-x2; "
+        f"job job-x (lineage job-x) was replaced by that job")
+    assert listing(out) == before and markers(out) == list(range(15))
+    assert sink.write_batch(frame(spark, rows("x2", 15)), 15) is True  # X2 is not fenced off
+    # A rollback is a new job from an older savepoint of the lineage: it may take the directory.
+    w = SinkOwner(lineage="job-x", job_id="job-w", generation=1)
+    FileSink(str(out)).prepare(9, 5, w)
+    assert markers(out) == list(range(6))
+    assert owner_of(out, with_replaced=True) == w.record() | {"replaced": ["job-x", "job-x2"]}
+    with pytest.raises(SinkOwnedError, match="taken over by its newer job job-w; job job-x2"):
+        FileSink(str(out)).prepare(10, 15, x2)
+    assert file_rows(spark, out) == sorted(r for b in range(6) for r in rows("x", b))
 
 
 def test_a_batch_write_into_an_owned_directory_is_refused(spark, x_dir, tmp_path):
@@ -172,7 +204,7 @@ def test_deleting_the_directory_releases_it(spark, x_dir, tmp_path):
     sink.prepare(31, -1, y)
     assert sink.write_batch(frame(spark, rows("y", 0)), 0) is True
     assert markers(out) == [0] and file_rows(spark, out) == rows("y", 0)
-    assert json.loads((out / "_headrace" / "owner.json").read_text()) == y.record()
+    assert owner_of(out) == y.record()
 
 
 def test_a_directory_from_before_owners_is_adopted_by_a_restore_and_refused_to_a_fresh_start(spark, x_dir, tmp_path):
@@ -184,7 +216,7 @@ def test_a_directory_from_before_owners_is_adopted_by_a_restore_and_refused_to_a
     assert listing(out) == before
     FileSink(str(out)).prepare(41, 17, X)
     assert markers(out) == list(range(18))
-    assert json.loads((out / "_headrace" / "owner.json").read_text()) == X.record()
+    assert owner_of(out) == X.record()
 
 
 # ---------------------------------------------------------------- sql
@@ -236,6 +268,25 @@ def test_a_fresh_job_reusing_a_sql_sink_id_is_refused_and_the_owners_rows_stay(s
     x.close()
 
 
+def test_a_replaced_job_cannot_take_a_sql_sink_back(spark, db_url):
+    x = SqlTableSink(db_url, "events", sink_id="job-x:events")
+    x.prepare(3, -1, X)
+    for b in range(BATCHES):
+        x.write_batch(frame(spark, rows("x", b)), b)
+    x2 = SqlTableSink(db_url, "events", sink_id="job-x:events")
+    x2.prepare(7, 11, SinkOwner(lineage="job-x", job_id="job-x2", generation=1))
+    assert x2.write_batch(frame(spark, rows("x2", 12)), 12) is True
+    again = SqlTableSink(db_url, "events", sink_id="job-x:events")
+    with pytest.raises(SinkOwnedError, match="taken over by its newer job job-x2; job job-x "):
+        again.prepare(8, 19, X)
+    expected = sorted([r for b in range(12) for r in rows("x", b)] + rows("x2", 12))
+    assert sql_rows(db_url, "events") == expected
+    assert sql_scalar(db_url, "select replaced from _headrace_sink_owners where sink_id = 'job-x:events'") == "job-x"
+    assert x2.write_batch(frame(spark, rows("x2", 13)), 13) is True
+    for s in (x, x2, again):
+        s.close()
+
+
 def test_lineages_sharing_a_table_undo_only_their_own_rows(spark, pg_url):
     """`ctx.sinks.sql_table` names sinks `<lineage>:<table>`: two lineages may share a table."""
     x = SqlTableSink(pg_url, "events", sink_id="job-x:events")
@@ -285,12 +336,33 @@ def test_a_fresh_job_reusing_a_redis_sink_id_is_refused_and_the_owners_entries_s
             f"Redis stream sink 'shared:out' (stream out) is the sink of lineage job-x (job job-x); job {y.job_id}")
     assert stream_rows(r, "out") == expected and r.xlen("out") == BATCHES
     assert int(r.get(committed_key(sink))) == BATCHES - 1 and int(r.get(fence_key(sink))) == 3
-    assert r.hgetall(owner_key(sink)) == {b"lineage": b"job-x", b"job_id": b"job-x", b"generation": b"0"}
+    assert r.hgetall(owner_key(sink)) == {b"lineage": b"job-x", b"job_id": b"job-x", b"generation": b"0",
+                                          b"replaced": b""}
     assert commit_entries(r, "out", [packed(rows("x", BATCHES))], sink_id=sink, batch_id=BATCHES, attempt=3)
     # A restore in X's lineage rewinds X's entries as before.
     assert prepare_sink(r, "out", sink_id=sink, attempt=9, restored_batch_id=9,
                         owner=SinkOwner(lineage="job-x", job_id="job-x2", generation=1)) == BATCHES + 1 - 10
     assert stream_rows(r, "out") == sorted(r_ for b in range(10) for r_ in rows("x", b))
+
+
+def test_a_replaced_job_cannot_take_a_redis_sink_back(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    sink = "job-x:out"
+    prepare_sink(r, "out", sink_id=sink, attempt=3, restored_batch_id=-1, owner=X)
+    for b in range(BATCHES):
+        commit_entries(r, "out", [packed(rows("x", b))], sink_id=sink, batch_id=b, attempt=3)
+    x2 = SinkOwner(lineage="job-x", job_id="job-x2", generation=1)
+    assert prepare_sink(r, "out", sink_id=sink, attempt=7, restored_batch_id=11, owner=x2) == 8
+    with pytest.raises(SinkOwnedError, match="taken over by its newer job job-x2; job job-x "):
+        prepare_sink(r, "out", sink_id=sink, attempt=8, restored_batch_id=19, owner=X)
+    assert r.xlen("out") == 12 and int(r.get(fence_key(sink))) == 7
+    assert r.hget(owner_key(sink), "replaced") == b"job-x"
+    w = SinkOwner(lineage="job-x", job_id="job-w", generation=1)
+    assert prepare_sink(r, "out", sink_id=sink, attempt=9, restored_batch_id=5, owner=w) == 6
+    assert r.hget(owner_key(sink), "replaced") == b"job-x job-x2"
+    with pytest.raises(SinkOwnedError, match="taken over by its newer job job-w; job job-x2 "):
+        prepare_sink(r, "out", sink_id=sink, attempt=10, restored_batch_id=11, owner=x2)
+    assert stream_rows(r, "out") == sorted(r_ for b in range(6) for r_ in rows("x", b))
 
 
 def test_lineages_sharing_a_stream_undo_only_their_own_entries(redis_url):

@@ -8,7 +8,8 @@ bookkeeping lives under `<path>/_headrace/` (readers skip `_`-prefixed entries, 
 
     lock                  fcntl.flock'ed around every commit and every prepare
     fence.json            {"attempt", "restored_batch_id"}: the attempt holding the sink
-    owner.json            {"lineage", "job_id", "generation"}: the lineage owning the directory
+    owner.json            {"lineage", "job_id", "generation", "replaced"}: the lineage owning
+                          the directory, its latest job and the jobs that one replaced
     commits/<b>.json      batch b is committed: its attempt and the files it added
     staging/a<a>-b<b>-<hex>/   where attempt a writes batch b before committing it
 
@@ -54,7 +55,7 @@ from typing import Any, Iterator, Sequence
 from pyspark.sql import DataFrame
 
 from . import SinkFencedError, SinkHandle, flatten_structs
-from .ownership import UNKNOWN, SinkOwnedError, SinkOwner, check_claim
+from .ownership import UNKNOWN, SinkOwnedError, SinkOwner, check_claim, replaced_after
 
 FORMATS = ("parquet", "csv", "json")
 _DATA_NAME = re.compile(r"^b(\d+)-a(\d+)-")
@@ -110,11 +111,13 @@ class FileSink:
         except FileNotFoundError:
             return None
 
-    def _read_owner(self) -> SinkOwner | None:
+    def _read_owner(self) -> tuple[SinkOwner | None, list[str]]:
+        """The owner and the job ids it replaced."""
         try:
-            return SinkOwner.from_record(json.loads((self.meta / "owner.json").read_text()))
+            rec = json.loads((self.meta / "owner.json").read_text())
         except FileNotFoundError:
-            return None
+            return None, []
+        return SinkOwner.from_record(rec), list(rec.get("replaced", []))
 
     @property
     def release_hint(self) -> str:
@@ -140,16 +143,18 @@ class FileSink:
         self._ensure_layout()
         r = restored_batch_id
         with self._locked():
+            current, replaced = self._read_owner()
             if owner is not None:
-                check_claim("directory", str(self.path), owner, self._read_owner(), restored_batch_id=r,
+                check_claim("directory", str(self.path), owner, current, restored_batch_id=r,
                             has_commits=any((self.meta / "commits").glob("*.json")),
-                            release=self.release_hint)
+                            release=self.release_hint, replaced=replaced)
             fence = self._read_fence()
             if fence is not None and fence["attempt"] > attempt:
                 raise SinkFencedError(self.sink_name, attempt, fence["attempt"])
             _write_json(self.meta / "fence.json", {"attempt": attempt, "restored_batch_id": r})
             if owner is not None:
-                _write_json(self.meta / "owner.json", owner.record())
+                _write_json(self.meta / "owner.json",
+                            owner.record() | {"replaced": replaced_after(owner, current, replaced)})
             kept: set[tuple[int, int]] = set()
             for marker in sorted((self.meta / "commits").glob("*.json")):
                 commit = json.loads(marker.read_text())
@@ -172,7 +177,7 @@ class FileSink:
         """For batch writes: a directory a streaming lineage prepared is that lineage's alone."""
         if not (self.meta / "fence.json").exists() and not (self.meta / "owner.json").exists():
             return
-        current = self._read_owner()
+        current, _ = self._read_owner()
         lineage, job = (current.lineage, current.job_id) if current else (UNKNOWN, UNKNOWN)
         raise SinkOwnedError("directory", str(self.path), lineage, job, "a batch write", self.release_hint)
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import redis
 
 from . import SinkFencedError
-from .ownership import UNKNOWN, SinkOwnedError, SinkOwner
+from .ownership import MAX_REPLACED, UNKNOWN, SinkOwnedError, SinkOwner
 
 ARROW_FIELD = "arrow"  # the field of a packed entry (what the commit script writes)
 
@@ -71,18 +71,30 @@ return {'ok'}
 """
 
 # KEYS: stream, last_batch, fence, batches, owner. ARGV: attempt, restored batch id, lineage
-# ("" = no ownership check), job id, generation. Returns {"owned", lineage, job} ("" when the
-# owner is unknown), {"fenced", holder}, {"missing", batch} (nothing changed in all three) or
-# {"ok", deleted entries}. The ownership rules are ownership.check_claim's.
+# ("" = no ownership check), job id, generation, replaced ids kept. Returns {"owned", lineage,
+# job} ("" when the owner is unknown), {"replaced", lineage, job}, {"fenced", holder},
+# {"missing", batch} (nothing changed in all four) or {"ok", deleted entries}. The ownership
+# rules are ownership.check_claim's and replaced_after's.
 _PREPARE_SCRIPT = """
 local attempt = tonumber(ARGV[1])
 local r = tonumber(ARGV[2])
-local lineage = ARGV[3]
+local lineage, job = ARGV[3], ARGV[4]
+local owner = redis.call('HMGET', KEYS[5], 'lineage', 'job_id', 'replaced')
+local replaced = {}
+for id in string.gmatch(owner[3] or '', '%S+') do
+  replaced[#replaced + 1] = id
+end
 if lineage ~= '' then
-  local owner = redis.call('HMGET', KEYS[5], 'lineage', 'job_id')
   if owner[1] then
     if owner[1] ~= lineage then
       return {'owned', owner[1], owner[2] or ''}
+    end
+    if owner[2] ~= job then
+      for _, id in ipairs(replaced) do
+        if id == job then
+          return {'replaced', owner[1], owner[2]}
+        end
+      end
     end
   elseif r < 0 and redis.call('EXISTS', KEYS[2]) == 1 then
     return {'owned', '', ''}
@@ -119,7 +131,22 @@ if last > r then
 end
 redis.call('SET', KEYS[3], ARGV[1])
 if lineage ~= '' then
-  redis.call('HSET', KEYS[5], 'lineage', lineage, 'job_id', ARGV[4], 'generation', ARGV[5])
+  if owner[1] and owner[2] ~= job then
+    local kept = {}
+    for _, id in ipairs(replaced) do
+      if id ~= owner[2] then
+        kept[#kept + 1] = id
+      end
+    end
+    local keep = tonumber(ARGV[6]) - 1
+    replaced = {}
+    for i = math.max(1, #kept - keep + 1), #kept do
+      replaced[#replaced + 1] = kept[i]
+    end
+    replaced[#replaced + 1] = owner[2]
+  end
+  redis.call('HSET', KEYS[5], 'lineage', lineage, 'job_id', job, 'generation', ARGV[5],
+             'replaced', table.concat(replaced, ' '))
 end
 return {'ok', tostring(deleted)}
 """
@@ -136,14 +163,16 @@ def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int
     another lineage than `owner`'s owns the sink id, SinkFencedError when a newer attempt holds
     the sink, RuntimeError when a batch to undo has no recorded entry ids."""
     keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id), owner_key(sink_id)]
-    args = [attempt, restored_batch_id, *((owner.lineage, owner.job_id, owner.generation) if owner else ("", "", 0))]
+    args = [attempt, restored_batch_id, *((owner.lineage, owner.job_id, owner.generation) if owner else ("", "", 0)),
+            MAX_REPLACED]
     status, *rest = [_text(x) for x in client.eval(_PREPARE_SCRIPT, 5, *keys, *args)]
-    if status == "owned":
+    if status in ("owned", "replaced"):
         release = (f"cancel the owner's job, then DEL {owner_key(sink_id)} {fence_key(sink_id)} "
                    f"{committed_key(sink_id)} {batches_key(sink_id)} (its entries stay in {stream})")
         lineage, job = (rest[0], rest[1]) if rest[0] else (UNKNOWN, UNKNOWN)
         raise SinkOwnedError("Redis stream sink", f"{sink_id!r} (stream {stream})", lineage, job,
-                             f"job {owner.job_id} (lineage {owner.lineage})", release)
+                             f"job {owner.job_id} (lineage {owner.lineage})", release,
+                             replaced=status == "replaced")
     if status == "fenced":
         raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]))
     if status == "missing":

@@ -18,7 +18,7 @@ import datetime as dt
 
 import sqlalchemy as sa
 
-from .ownership import SinkOwner, check_claim
+from .ownership import SinkOwner, check_claim, replaced_after
 
 OWNERS_TABLE = "_headrace_sink_owners"
 
@@ -30,6 +30,7 @@ def owners_table(md: sa.MetaData) -> sa.Table:
         sa.Column("lineage", sa.String(512), nullable=False),
         sa.Column("job_id", sa.String(512), nullable=False),
         sa.Column("generation", sa.BigInteger, nullable=False),
+        sa.Column("replaced", sa.Text, nullable=False),  # space-separated job ids (ownership.py)
         sa.Column("claimed_at", sa.DateTime, nullable=False),
     )
 
@@ -46,15 +47,17 @@ def claim(conn: sa.Connection, owners: sa.Table, commits: sa.Table, *, sink_id: 
           owner: SinkOwner, restored_batch_id: int, fences_table: str) -> None:
     """Refuse (SinkOwnedError) unless `owner`'s lineage may prepare `sink_id`, then record it.
     Call inside the prepare's transaction with the fence row locked."""
-    row = conn.execute(sa.select(owners.c.lineage, owners.c.job_id, owners.c.generation)
+    row = conn.execute(sa.select(owners.c.lineage, owners.c.job_id, owners.c.generation, owners.c.replaced)
                        .where(owners.c.sink_id == sink_id)).first()
     current = SinkOwner(lineage=row.lineage, job_id=row.job_id, generation=row.generation) if row else None
+    replaced = row.replaced.split() if row else []
     has_commits = conn.execute(sa.select(commits.c.batch_id).where(commits.c.sink_id == sink_id)
                                .limit(1)).first() is not None
     check_claim("SQL sink", f"{sink_id!r} (table {table})", owner, current,
                 restored_batch_id=restored_batch_id, has_commits=has_commits,
-                release=release_hint(sink_id, table, commits.name, fences_table))
+                release=release_hint(sink_id, table, commits.name, fences_table), replaced=replaced)
     values = dict(lineage=owner.lineage, job_id=owner.job_id, generation=owner.generation,
+                  replaced=" ".join(replaced_after(owner, current, replaced)),
                   claimed_at=dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
     if row is None:
         conn.execute(owners.insert().values(sink_id=sink_id, **values))
