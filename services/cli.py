@@ -220,10 +220,10 @@ def _client(url: str | None) -> httpx.Client:
     # httpx (ssl, httpcore, h11) would cost each ~0.15 s of CPU at cluster start for nothing.
     import httpx
 
-    token = os.environ.get("HEADRACE_TOKEN")
-    return httpx.Client(base_url=dispatcher_url(url, settings_or_fail), timeout=30,
     from services.client_address import dispatcher_url
 
+    token = os.environ.get("HEADRACE_TOKEN")
+    return httpx.Client(base_url=dispatcher_url(url, settings_or_fail), timeout=30,
                         headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
