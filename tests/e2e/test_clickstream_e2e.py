@@ -156,3 +156,14 @@ def test_failing_pipeline_ends_failed_with_its_traceback(cluster, tmp_path, sour
     assert "Traceback" in exceptions["root-exception"]
     assert exceptions["exceptionHistory"]["entries"][0]["taskManagerId"] in ("tm-1", "tm-2")
     assert rest.wait_free_slots(4) == 4
+
+
+def test_no_service_was_refused_by_redis(cluster):
+    """After real jobs ran, failed and were cancelled, Redis's ACL log holds no refusal: each
+    service's and TaskManager's user (services/redis_auth.py) allows all it does."""
+    import redis
+
+    c, _ = cluster
+    refused = [{k: e.get(k) for k in ("username", "reason", "object", "context")}
+               for e in redis.Redis.from_url(c.redis_url).acl_log(count=50)]
+    assert refused == [], refused
