@@ -126,6 +126,17 @@ class Settings(BaseSettings):
     warm_parallelism: int | None = Field(None, ge=1, description="parallelism of warm drivers (default: slots)")
     driver_memory: str = "1g"
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
+    # The driver sandbox (services/taskmanager/driver_user.py, task_processes.py, memory_limit.py).
+    driver_user: str = Field("headrace-driver", description="OS user the Spark drivers run as (the TaskManager "
+                                                             "must be root); \"\": its own user, no isolation")
+    driver_memory_limit: str | None = Field(None, description="a task's processes above this are killed and the "
+                                                              "task fails; default driver_memory + 2g; off: none")
+    driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
+    driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
+    driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")
+    pipeline_catalog_url: str | None = Field(
+        None, description="the database a pipeline's SQL sources and sinks use by default (ctx.catalog_url); "
+                          "never the control catalog; none: a pipeline must name its database")
     spark_shuffle_partitions: int = 4
     # A class-data-sharing archive of the Spark driver JVM's classes, built once per machine and
     # JDK/PySpark version (services/taskmanager/runtime/class_archive.py): drivers start ~2 s

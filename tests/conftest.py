@@ -19,6 +19,11 @@ from pathlib import Path
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# pytest keeps its temporary directories 0700 to others (and resets that at every session's
+# start), so a driver running as the unprivileged driver user could not reach a cluster whose
+# home is one of them. Test clusters run drivers as the test's own user unless the environment
+# says otherwise; tests/integration/test_driver_sandbox.py starts its own with the driver user.
+os.environ.setdefault("HEADRACE_DRIVER_USER", "")
 PG_ADMIN_URL = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
