@@ -38,6 +38,7 @@ import yaml
 
 from services import redis_auth, spark_standalone, taskmanager_credentials
 from services.process_supervisor import RestartPolicy, Supervisor
+from services.taskmanager import task_processes
 from shared.catalog import Catalog
 from shared.message_auth import load_secret
 from shared.settings import Settings
@@ -424,6 +425,9 @@ class LocalCluster:
                     c.proc.wait(5)
                 except subprocess.TimeoutExpired:
                     pass
+            if group is middle:  # what a pipeline started outside its driver's session ends too
+                workdir = self.settings.workdir
+                task_processes.sweep(workdir, task_processes.cluster_cgroups(workdir))
 
     def __enter__(self) -> "LocalCluster":
         return self

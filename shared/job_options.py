@@ -14,6 +14,8 @@ What is read, and by whom:
   noop.startup-delay             TaskManager: a no-op task stays INITIALIZING this long
   headrace.task.startup-timeout  TaskManager: a task not RUNNING this long after its driver got
                                  it fails (the pipeline hangs at import or in build())
+  headrace.task.memory-limit     TaskManager: a task whose processes hold more memory than this
+                                 is killed and fails (services/taskmanager/memory_limit.py)
   slot.request.timeout           JobManager / ResourceManager: waiting longer for slots fails
   restart-strategy.*             dispatcher: Flink's restart options, used when the request
                                  has no `restartStrategy` (see `restart_strategy_from_config`)
@@ -44,6 +46,7 @@ from shared import checkpointing as cp
 from shared import restart
 
 STARTUP_TIMEOUT = "headrace.task.startup-timeout"
+MEMORY_LIMIT = "headrace.task.memory-limit"
 SLOT_REQUEST_TIMEOUT = "slot.request.timeout"
 NOOP_DURATION = "noop.duration"
 NOOP_FAIL_ATTEMPTS = "noop.fail-attempts"
@@ -181,6 +184,7 @@ RULES: dict[str, _Rule] = {
     NOOP_FAIL_MESSAGE: _Rule(_text, "a string", "simulated failure"),
     NOOP_STARTUP_DELAY: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "2 s"),
     STARTUP_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "2 min"),
+    MEMORY_LIMIT: _Rule(lambda v: memory_bytes(v), 'a size such as "3g", "2500m" or "4 GB"', "4g"),
     SLOT_REQUEST_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "5 min"),
     "spark.sql.shuffle.partitions": _integer_rule(1, 8),
     # Read by a TaskManager whose tasks run on a Spark standalone cluster (executor size).
@@ -382,6 +386,20 @@ def restart_strategy_from_config(config: Mapping[str, Any] | None) -> dict[str, 
         if _RESTART_TYPE_ALIASES.get(owner, owner) == kind and param in RESTART_PARAMETERS[kind]:
             out[param] = _restart_value(RESTART_PARAMETERS[kind][param][0], value)
     return restart.normalise(out)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+
+
+def memory_bytes(value: Any) -> int:
+    """Bytes of a size: a number of bytes, or "3g", "2500m", "4 GB", "1.5GiB" (powers of 1024)."""
+    match = _SIZE.match(str(value)) if not isinstance(value, bool) else None
+    if match is None:
+        raise ValueError(f"not a size: {value!r}")
+    size = int(float(match.group(1)) * 1024 ** "bkmgt".index((match.group(2) or "b").lower()))
+    if size < 1:
+        raise ValueError(f"not a size above 0: {value!r}")
+    return size
 
 
 def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> float:

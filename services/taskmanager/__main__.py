@@ -29,7 +29,7 @@ from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.transport import kombu_redis
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from services.taskmanager import storage_probe
+from services.taskmanager import driver_sandbox, storage_probe
 from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.held_reports import HeldReports
@@ -135,6 +135,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                       auth=auth)
 
     workdir = settings.workdir / "taskmanagers" / base_id
+    # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
+    sandbox = None if simulate else driver_sandbox.start_sandbox(settings, base_id, workdir)
     shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
     noop = NoopRunner()
     reports = HeldReports(transport)
@@ -161,7 +163,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                 return sup.make_driver(p, driver_memory=settings.driver_memory,
                                        shuffle_partitions=settings.spark_shuffle_partitions,
                                        engine_args=driver_engine_args(settings, config) + archive_args,
-                                       warm_up=not for_task)
+                                       warm_up=not for_task, sandbox=sandbox)
             sup.driver_factory = factory
             sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
                                 factory=factory, max_rss_bytes=settings.warm_driver_max_rss_bytes,
@@ -230,6 +232,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         link.stop(unregister=True)
         for sup in supervisors.values():
             sup.shutdown()
+        if sandbox is not None:  # what left its driver's session and cgroup-less tracking missed
+            driver_sandbox.sweep_drivers(settings, base_id, workdir)
         shutil.rmtree(workdir / "drivers", ignore_errors=True)
         liveness.close()
 

@@ -32,6 +32,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from shared import task_protocol as tp
+from services.taskmanager import memory_limit
+from services.taskmanager.driver_env import driver_environment
+from services.taskmanager.driver_sandbox import DriverSandbox
+from services.taskmanager.rotating_log import RotatingLog
+from services.taskmanager.task_processes import TaskProcesses
 
 log = logging.getLogger("headrace.taskmanager.driver")
 _ids = itertools.count(1)
@@ -104,7 +109,7 @@ class DriverProcess:
     def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
                  on_event: Callable[["DriverProcess", object], None],
                  on_exit: Callable[["DriverProcess", int], None], engine_args: Sequence[str] = (),
-                 warm_up: bool = True):
+                 warm_up: bool = True, sandbox: DriverSandbox | None = None):
         self.id = f"d{os.getpid()}-{next(_ids)}"
         self.parallelism = parallelism
         self.workdir = workdir / self.id
@@ -120,23 +125,46 @@ class DriverProcess:
         self.execution_id: str | None = None
         self.exited = False
         self._lock = threading.Lock()
+        # Its user, cgroup, memory limit and log cap (driver_sandbox.py); none of them by default.
+        self.sandbox = sandbox or DriverSandbox()
+        user = self.sandbox.user
+        self.processes = TaskProcesses(str(self.workdir), uid=user.uid if user.isolated else os.geteuid())
+        self.log = RotatingLog(self.log_path, max_bytes=self.sandbox.log_max_bytes, backups=self.sandbox.log_backups)
+        # (failure name, cause) when this TaskManager ended the driver for its task's sake (memory):
+        # the task fails with it, whatever the driver reports while it dies.
+        self.exit_reason: tuple[str, str] | None = None
+        self._memory: memory_limit.MemoryWatch | None = None
 
     def start(self) -> "DriverProcess":
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sandbox.user.hand_over(self.workdir, 0o700)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.sandbox.cgroups is not None:
+            self.processes.cgroup = self.sandbox.cgroups.for_driver(self.id)
         read_fd, write_fd = os.pipe()
-        # SPARK_LOCAL_IP: the runner sets it from its --host.
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-                   TMPDIR=str(self.workdir))
+        log_read, log_write = os.pipe()
+        # An allow-list, not this process's environment (driver_env.py); SPARK_LOCAL_IP: the
+        # runner sets it from its --host.
+        env = driver_environment(os.environ, workdir=self.workdir, user=self.sandbox.user.name)
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
                "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
                "--shuffle-partitions", str(self.shuffle_partitions), "--parent-pid", str(os.getpid()),
                *self.engine_args,
-               *(() if self.warm_up else ("--no-warmup",))]
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
-                                         pass_fds=(write_fd,), start_new_session=True, env=env)
-        os.close(write_fd)
+               *(() if self.warm_up else ("--no-warmup",)), *(("--spark-ui",) if self.sandbox.spark_ui else ())]
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_write, stderr=subprocess.STDOUT,
+                                         pass_fds=(write_fd,), start_new_session=True, env=env, cwd=self.workdir,
+                                         **self.sandbox.user.popen_kwargs())
+        except BaseException:
+            os.close(read_fd)
+            os.close(log_read)
+            raise
+        finally:
+            os.close(write_fd)
+            os.close(log_write)
+        self.processes.attach(self.proc.pid)
+        self.log.start(log_read, self.id)
+        threading.Thread(target=self._reap, name=f"reap-{self.id}", daemon=True).start()
         if self.warm_up and may_raise_priority():
             # Before the runner starts its JVM (importing PySpark alone takes a second): every
             # later thread and child inherits the priority.
@@ -187,7 +215,70 @@ class DriverProcess:
                 log.warning("could not raise the priority of process group %d of driver %s", group, self.id,
                             exc_info=True)
 
+    def run_task(self, spec: tp.TaskSpec) -> bool:
+        """Hand the task to the driver as the sandbox shapes it, and watch its memory from now on.
+        False if the driver cannot take it (exit_reason says why when it was the hand-over)."""
+        try:
+            spec = self.sandbox.task_spec(spec, self.workdir)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the task fails with it
+            log.warning("task %s could not be handed to driver %s", spec.execution_id, self.id, exc_info=True)
+            self.exit_reason = ("TaskHandOverFailed", f"the task could not be handed to its Spark driver: "
+                                                      f"{type(exc).__name__}: {exc}")
+            return False
+        if not self.send(tp.RunTask(spec=spec)):
+            return False
+        limit = memory_limit.task_limit(spec.config, self.sandbox.memory_limit)
+        if limit is not None:
+            self._watch_memory(limit)
+        return True
+
+    def _watch_memory(self, limit: int) -> None:
+        limit_file = self.processes.memory_file("memory.max")
+        oom_events = None
+        measure = self.processes.rss_bytes
+        if limit_file is not None:
+            try:
+                limit_file.write_text(str(limit))
+                oom_group = self.processes.memory_file("memory.oom.group")
+                if oom_group is not None:
+                    oom_group.write_text("1")  # the kernel kills the whole task, not one process of it
+                oom_events = self._oom_kills
+                measure = self._cgroup_memory
+            except OSError:
+                log.warning("could not set memory.max of driver %s; watching its RSS instead", self.id, exc_info=True)
+        self._memory = memory_limit.MemoryWatch(limit=limit, measure=measure, oom_events=oom_events,
+                                                on_exceeded=self._memory_exceeded).start(self.id)
+
+    def _oom_kills(self) -> int:
+        events = self.processes.memory_file("memory.events")
+        for line in events.read_text().splitlines() if events is not None else ():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def _cgroup_memory(self) -> int:
+        for name in ("memory.peak", "memory.current"):
+            f = self.processes.memory_file(name)
+            if f is not None:
+                return int(f.read_text().split()[0])
+        return 0
+
+    def _memory_exceeded(self, cause: str) -> None:
+        log.warning("driver %s (task %s): %s", self.id, self.execution_id, cause)
+        self.exit_reason = (memory_limit.NAME, cause)
+        self.kill()
+
+    def memory_bytes(self) -> int:
+        """Resident memory of every process of the driver (the warm pool's measure too)."""
+        return self.processes.rss_bytes()
+
     def send(self, command) -> bool:
+        if isinstance(command, tp.TakeSnapshot):
+            try:
+                self.sandbox.prepare_target(Path(command.target))
+            except OSError:
+                log.warning("could not prepare the snapshot target %s for driver %s", command.target, self.id,
+                            exc_info=True)  # the driver's decline says what failed
         try:
             assert self.proc and self.proc.stdin
             self.proc.stdin.write(tp.encode_line(command))
@@ -197,12 +288,14 @@ class DriverProcess:
             return False
 
     def kill(self) -> None:
-        """SIGKILL every process group of the driver's session: driver, JVM, and Spark's Python
-        daemons and workers, which left the driver's group (see raise_priority). Without them a
-        worker stuck in a pipeline's loop would outlive its driver, never noticing the JVM gone."""
+        """SIGKILL every process of the driver: its session's groups (driver, JVM, and Spark's
+        Python daemons and workers, which left the driver's group, see raise_priority: a worker
+        stuck in a pipeline's loop would outlive its driver, never noticing the JVM gone), and
+        whatever left the session (its cgroup, else descendants and its mark: task_processes.py)."""
         if self.proc is None:
             return
         kill_session(self.proc.pid)
+        self.processes.kill()
 
     def terminate(self) -> None:
         if self.proc is None:
@@ -235,13 +328,14 @@ class DriverProcess:
 
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - max(16384, lines * 300)))
-                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-        except OSError:
-            return ""
+        data = self.log.tail(max(16384, lines * 300))
+        return b"\n".join(data.splitlines()[-lines:]).decode(errors="replace")
+
+    def _reap(self) -> None:
+        """When the driver exits, so does everything it started: a process it forked holds its
+        events pipe, which would otherwise never reach EOF (and its exit never be handled)."""
+        self.proc.wait()
+        self.kill()
 
     def _read_events(self, fd: int) -> None:
         with os.fdopen(fd, "rb") as stream:
@@ -253,10 +347,15 @@ class DriverProcess:
                     continue
                 if isinstance(event, tp.Ready):
                     self.ready.set()
+                if self.exit_reason is not None:
+                    continue  # being killed for its task's sake: that is the task's end
                 self._deliver(lambda: self.on_event(self, event))
         code = self.proc.wait() if self.proc else -1
+        if self._memory is not None:
+            self._memory.stop()
         # The group may still hold a JVM whose parent just died; make sure nothing survives.
         self.kill()
+        self.processes.release()
         self.exited = True
         shutil.rmtree(self.workdir, ignore_errors=True)
         self._deliver(lambda: self.on_exit(self, code))

@@ -263,10 +263,11 @@ class TaskSupervisor:
     # --- driver events -----------------------------------------------------------------
 
     def make_driver(self, parallelism: int, *, driver_memory: str, shuffle_partitions: int,
-                    engine_args: Sequence[str] = (), warm_up: bool = True) -> DriverProcess:
+                    engine_args: Sequence[str] = (), warm_up: bool = True, sandbox=None) -> DriverProcess:
         return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers", driver_memory=driver_memory,
                              shuffle_partitions=shuffle_partitions, on_event=self._on_driver_event,
-                             on_exit=self._on_driver_exit, engine_args=engine_args, warm_up=warm_up).start()
+                             on_exit=self._on_driver_exit, engine_args=engine_args, warm_up=warm_up,
+                             sandbox=sandbox).start()
 
     def _hand_over(self, task: Task) -> None:
         # Called from the deploy path and from the driver's Ready event: exactly once.
@@ -277,7 +278,7 @@ class TaskSupervisor:
         if task.cancel_requested:
             task.driver.kill()
             return
-        if not task.driver.send(tp.RunTask(spec=task.spec)):
+        if not task.driver.run_task(task.spec):
             task.driver.kill()  # the exit handler reports the failure
             return
         # Counted from here: the time a cold driver takes to start is not the pipeline's.
@@ -391,6 +392,8 @@ class TaskSupervisor:
         if task is not None and not task.reported_terminal:
             if task.cancel_requested:
                 self._finish(task, ES.CANCELED)
+            elif driver.exit_reason is not None:  # ended by this TaskManager (its memory limit)
+                self._finish(task, ES.FAILED, name=driver.exit_reason[0], cause=driver.exit_reason[1])
             else:
                 self._finish(task, ES.FAILED, name="DriverProcessExited",
                              cause=f"Spark driver process exited with code {code} before the task ended; "

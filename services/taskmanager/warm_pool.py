@@ -40,8 +40,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import psutil
-
 from services.taskmanager.driver_process import DriverProcess
 
 log = logging.getLogger("headrace.taskmanager.warm")
@@ -165,12 +163,8 @@ class WarmPool:
             return False
         if self.max_rss_bytes is None or d.pid is None:
             return True
-        try:
-            proc = psutil.Process(d.pid)
-            rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
-        except psutil.Error:
-            return False
-        return rss <= self.max_rss_bytes
+        # The same measure as a task's memory limit (memory_limit.py): every process of the driver.
+        return d.memory_bytes() <= self.max_rss_bytes
 
     def replenish(self, free_slots: int) -> None:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Iterator
@@ -32,6 +33,9 @@ class Catalog:
             path = self.url.split("///", 1)[-1]
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # Owner-only from the start (SQLite gives its journals the file's mode): no pipeline,
+                # whatever user it runs as, may read the tokens or write the jobs.
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
             kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
             # A partitioned server that never answers must not hold a request for the OS's TCP

@@ -765,6 +765,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shuffle-partitions", type=int, default=None,
                    help="default: max(2, parallelism)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up job (measurements)")
+    p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="the TaskManager's pid: exit once it is no longer the parent (default: the parent at start)")
     p.add_argument("--master", default="local", help="local, or a standalone master URL spark://host:port")
@@ -820,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         # A driver that warms up waits in reserve for a task: its JIT's C2 only on idle CPU until then.
         optimizer = None if args.no_warmup else jit_in_reserve.OptimizerInReserve().start()
         spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
-                            driver_memory=args.driver_memory, ui=spark_ui_wanted(), engine=engine,
+                            driver_memory=args.driver_memory, ui=args.spark_ui or spark_ui_wanted(), engine=engine,
                             extra_java_options=class_archive.java_options(args.class_archive),
                             python_forkserver=args.python_forkserver)
         spark_box[0] = spark
