@@ -1,7 +1,7 @@
 """Bounded batch job: SQL table -> per-URL daily statistics -> Parquet.
 
-Reads the click table (`--table`, default `clicks`) from `--source-url` (default the catalog
-DB: embedded SQLite or PostgreSQL), computes per (day, url) the number of clicks, distinct
+Reads the click table (`--table`, default `clicks`) from `--source-url` (default the pipeline
+database, `ctx.catalog_url`: SQLite or PostgreSQL), computes per (day, url) the number of clicks, distinct
 users and first/last click time, and writes Parquet files to `--output`.
 
 If the input table does not exist it is first created and filled with `--seed-events`
@@ -23,7 +23,7 @@ from services.taskmanager.runtime.connectors import datagen, sql
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="batch_sql_to_parquet")
     p.add_argument("--table", default="clicks")
-    p.add_argument("--source-url", default=None, help="SQLAlchemy URL; default the catalog DB")
+    p.add_argument("--source-url", default=None, help="SQLAlchemy URL; default the pipeline database (ctx.catalog_url)")
     p.add_argument("--output", default=None, help="directory; default <checkpoint_dir>/output")
     p.add_argument("--seed-events", type=int, default=2000, help="rows to create if the table is missing")
     p.add_argument("--seed", type=int, default=1)

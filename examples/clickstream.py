@@ -25,7 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-delay-ms", type=int, default=5000, help="out-of-orderness of event time")
     p.add_argument("--watermark", default="10 seconds")
     p.add_argument("--table", default="clicks_per_minute")
-    p.add_argument("--sink-url", default=None, help="SQLAlchemy URL; default the catalog DB")
+    p.add_argument("--sink-url", default=None, help="SQLAlchemy URL; default the pipeline database (ctx.catalog_url)")
     p.add_argument("--trigger", default=None, help='processing-time trigger, e.g. "1 second"')
     return p.parse_args(argv)
 

@@ -35,6 +35,8 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
         fail(f"the example pipeline {EXAMPLE} is missing; run the demo from a checkout of the repository")
     if once and "warm_drivers" not in settings.model_fields_set:
         settings = settings.model_copy(update={"warm_drivers": 0})
+    # The pipeline writes into a database of its own, never into the control catalog.
+    sink_url = settings.pipeline_catalog_url or pipeline_database(settings)
     cluster = LocalCluster(settings, spark_workers=spark_workers)
     marks = {"start": time.monotonic()}
     try:
@@ -47,7 +49,7 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
             with open(EXAMPLE, "rb") as f:
                 jar = http.post("/jars/upload", files={"jarfile": (EXAMPLE.name, f)}).json()
             run = http.post(f"/jars/{jar['id']}/run", json={"parallelism": 1, "jobName": "clickstream-demo",
-                                                            "programArgsList": DEMO_ARGS})
+                                                            "programArgsList": [*DEMO_ARGS, "--sink-url", sink_url]})
             if run.status_code != 200:
                 fail(f"submission refused: {run.text}")
             job_id = run.json()["jobid"]
@@ -57,7 +59,7 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
                 exc = http.get(f"/jobs/{job_id}/exceptions").json().get("root-exception") or ""
                 fail(f"job {job_id} ended {state}: {exc.strip().splitlines()[-1] if exc.strip() else 'no exception'}")
         marks["finished"] = time.monotonic()
-        _print_windows(settings.catalog, echo)
+        _print_windows(sink_url, echo)
         marks["result"] = time.monotonic()
         echo(timings(marks))
         echo(f"dashboard: {cluster.dispatcher_url}/")
@@ -105,6 +107,16 @@ def _wait(http: httpx.Client, job_id: str, stop: threading.Event, echo, marks: d
             return job["state"]
         time.sleep(0.2)
     return last or "UNKNOWN"
+
+
+def pipeline_database(settings: Settings) -> str:
+    """An SQLite file in a directory the drivers' user owns (SQLite writes its journal beside it)."""
+    from services.taskmanager.driver_user import give_to_driver_user
+
+    directory = settings.home / "demo"
+    directory.mkdir(parents=True, exist_ok=True)
+    give_to_driver_user(directory, settings.driver_user)
+    return f"sqlite:///{directory / 'sink.db'}"
 
 
 def _print_windows(catalog_url: str, echo) -> None:

@@ -52,7 +52,8 @@ class TaskSpec(_M):
     # same lineage (a restart, a job resumed from a savepoint, a rollback to an older savepoint)
     # takes over its sinks and every earlier attempt is fenced off. 0: use `attempt`.
     fence_token: int = 0
-    catalog_url: str
+    # The pipeline's own database (pipeline_catalog_url), "" for none; never the control catalog.
+    catalog_url: str = ""
     redis_url: str
     config: dict[str, Any] = Field(default_factory=dict)
 

@@ -533,7 +533,8 @@ class JobMaster:
             restore_from=restore_from, restore_checkpoint_id=restore_id,
             allow_non_restored_state=self.checkpoints.config(job).allow_non_restored_state,
             artifact_sha256=artifact.sha256 if artifact is not None else None, fence_token=self._next_fence(),
-            catalog_url=self.settings.catalog, redis_url=self.settings.pipeline_redis_url or self.settings.redis_url,
+            catalog_url=self.settings.pipeline_catalog_url or "",
+            redis_url=self.settings.pipeline_redis_url or self.settings.redis_url,
             config=dict(job.config or {}),
         )
         self._queues[msg.taskmanager_id] = msg.queue

@@ -9,6 +9,9 @@
 
 Sources return DataFrames; sinks return a `SinkHandle` that the runner starts. Connection
 settings default to the task's own (`redis_url`, `catalog_url`) and can be overridden per call.
+`catalog_url` is the pipeline's own database (the job option `catalog_url`, else the cluster's
+`pipeline_catalog_url`), never the control plane's catalog; without one, a SQL source or sink
+must be given `url=`.
 Bounded streaming sources register themselves so the runner knows when a query is done.
 """
 
@@ -139,7 +142,7 @@ class Sources:
     def sql_table(self, table: str, *, url: str | None = None,
                   columns: Sequence[str] | None = None) -> DataFrame:
         """A bounded (batch) DataFrame of a whole table, read on the driver."""
-        return sql_conn.sql_source(self._ctx.spark, url or self._ctx.catalog_url, table, columns=columns)
+        return sql_conn.sql_source(self._ctx.spark, self._ctx.database_url(url, "sources"), table, columns=columns)
 
 
 class Sinks:
@@ -161,7 +164,7 @@ class Sinks:
         transaction per micro-batch with a commit marker. `overwrite` (batch only) empties the
         table in the same transaction. Struct columns are flattened (window_start, window_end)."""
         return sql_conn.sql_sink(
-            df, url or self._ctx.catalog_url, table, sink_id=f"{self._ctx.lineage_id}:{table}",
+            df, self._ctx.database_url(url, "sinks"), table, sink_id=f"{self._ctx.lineage_id}:{table}",
             key_columns=key_columns, output_mode=output_mode, overwrite=overwrite, trigger=trigger,
         )
 
@@ -238,3 +241,12 @@ class PipelineContext:
         self.bounded = BoundedRegistry()
         self.sources = Sources(self)
         self.sinks = Sinks(self)
+
+    def database_url(self, url: str | None, kind: str = "sinks") -> str:
+        """`url`, else the task's own database; a clear error when there is neither."""
+        if url or self.catalog_url:
+            return url or self.catalog_url
+        raise ValueError(
+            f"ctx.{kind}.sql_table(...) has no database: pass url=..., or set the job option catalog_url, or "
+            "the cluster setting pipeline_catalog_url (HEADRACE_PIPELINE_CATALOG_URL). Pipelines are not given "
+            "the control plane's catalog")
