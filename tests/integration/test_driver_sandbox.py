@@ -1,0 +1,256 @@
+"""The driver sandbox on a real local cluster (redis-server with ACL users, SQLite catalog, one
+TaskManager as root starting its drivers as the unprivileged driver user), probed as a hostile
+pipeline author would: a pipeline that reads its environment and opens the services' files, a
+build() that allocates past its memory limit, a build() that forks and setsid()s a sleeper, a
+pipeline that prints 100 MB.
+
+The clusters live under a directory of /tmp of their own: pytest's temporary directories are 0700
+to others, so the driver user could not reach a home inside them (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from services.taskmanager import driver_env
+from services.taskmanager.driver_user import DEFAULT_NAME, give_to_driver_user
+from tests.clusters import Rest, start_cluster
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as another user needs root"),
+]
+
+LOG_CAP = 4 * 1024**2
+DONE = ("FINISHED", "FAILED", "CANCELED")
+
+
+def driver_uid() -> int:
+    try:
+        return pwd.getpwnam(DEFAULT_NAME).pw_uid
+    except KeyError:
+        pytest.skip(f"no user {DEFAULT_NAME}: run scripts/bootstrap as root")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, timeout_s: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+def sandbox_cluster(root: Path, name: str, **settings):
+    home = root / name
+    home.mkdir()
+    return start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=1, slots=2,
+                         warm_drivers=0, driver_user=DEFAULT_NAME, **settings), home
+
+
+@pytest.fixture(scope="module")
+def root():
+    driver_uid()
+    path = Path(tempfile.mkdtemp(prefix="headrace-sandbox-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(root):
+    c, home = sandbox_cluster(root, "home", driver_log_max_bytes=LOG_CAP, driver_log_backups=2)
+    yield c
+    c.stop()
+
+
+def outbox(cluster) -> Path:
+    """A directory the pipelines may write their findings into."""
+    out = cluster.settings.home / "probe"
+    out.mkdir(exist_ok=True)
+    give_to_driver_user(out, DEFAULT_NAME)
+    return out
+
+
+def submit(rest: Rest, tmp_path: Path, name: str, source: str, *args: str, **body) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    body.setdefault("restartStrategy", {"type": "none"})
+    return rest.run(rest.upload(path), parallelism=1, programArgsList=list(args), **body)
+
+
+PROBE = """
+    import json, os
+
+    def attempt(path, write):
+        try:
+            if write:
+                open(path, "ab").close()
+                return "written"
+            if os.path.isdir(path):
+                os.listdir(path)
+                return "listed"
+            with open(path, "rb") as f:
+                f.read(1)
+            return "read"
+        except OSError as exc:
+            return type(exc).__name__
+
+    def build(ctx):
+        out, *paths = ctx.args
+        seen = {"uid": os.getuid(), "env": dict(os.environ), "catalog_url": ctx.catalog_url,
+                "redis_url": ctx.redis_url,
+                "paths": {p: attempt(p.split(":", 1)[-1], p.startswith("w:")) for p in paths}}
+        with open(out, "w") as f:
+            json.dump(seen, f)
+        return ctx.sinks.console(ctx.sources.datagen(total=1, streaming=False))
+"""
+
+
+def test_a_pipeline_reaches_none_of_the_services_secrets(cluster, rest, tmp_path):
+    home = cluster.settings.home
+    report = outbox(cluster) / "probe.json"
+    secrets = [*sorted(str(p) for p in cluster.run_dir.glob("*.yaml")), str(home / "redis" / "credentials.json"),
+               str(home / "secrets" / "cluster-secret"), str(home / "catalog.db"), f"w:{home / 'catalog.db'}",
+               str(home), str(home / "artifacts"), str(cluster.run_dir),
+               str(home / "work" / "taskmanagers" / "tm-1" / "logs")]
+    job = submit(rest, tmp_path, "probe.py", PROBE, str(report), *secrets)
+    assert rest.wait_state(job, DONE, timeout_s=240)["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    seen = json.loads(report.read_text())
+    assert seen["uid"] == driver_uid()
+    assert seen["paths"] == dict.fromkeys(secrets, "PermissionError"), seen["paths"]
+    # No control catalog, and nothing of the TaskManager's environment beyond the allow-list.
+    assert seen["catalog_url"] == ""
+    env = seen["env"]
+    assert "HEADRACE_CONFIG" not in env
+    assert [k for k in env if k.startswith("HEADRACE_") and k != driver_env.MARK
+            and not k.startswith("HEADRACE_FORKSERVER_")] == []
+    credentials = json.loads((home / "redis" / "credentials.json").read_text())
+    passwords = [v for v in credentials.values() if isinstance(v, str)] or list(credentials)
+    leaked = [k for k, v in env.items() for pw in passwords if pw and pw in v]
+    assert leaked == []
+    assert "catalog.db" not in json.dumps(env)
+    # The pipeline's Redis URL is the pipeline ACL user's, nothing more.
+    assert seen["redis_url"].startswith("redis://pipeline:")
+
+
+MEMORY_HOG = """
+    import time
+
+    def build(ctx):
+        hold = []
+        for _ in range(200):
+            hold.append(b"\\x01" * (32 * 1024 * 1024))
+            time.sleep(0.02)
+        raise RuntimeError("allocated 6.4 GB and was never stopped")
+"""
+
+
+def test_a_build_past_its_memory_limit_fails_the_task_through_the_restart_strategy(cluster, rest, tmp_path):
+    job = submit(rest, tmp_path, "memory_hog.py", MEMORY_HOG, config={"headrace.task.memory-limit": "1500m"},
+                 restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "100 ms"})
+    final = rest.wait_state(job, DONE, timeout_s=300)
+    assert final["state"] == "FAILED"
+    attempts = rest.attempts(job)
+    assert [a["status"] for a in attempts] == ["FAILED", "FAILED"]
+    for a in attempts:
+        cause = a["failure-cause"]
+        assert "the task's processes used" in cause and "above its limit of 1.5 GB (headrace.task.memory-limit" in cause
+        assert "never stopped" not in cause
+    history = rest.get(f"/jobs/{job}/exceptions")["exceptionHistory"]["entries"]
+    assert [e["exceptionName"] for e in history] == ["MemoryLimitExceeded"] * 2
+    assert rest.wait_free_slots(2, timeout_s=20) == 2
+
+
+FORKER = """
+    import os, time
+
+    def build(ctx):
+        out, mode = ctx.args
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.setsid()  # out of the driver's session
+            if os.fork() == 0:  # and, once its parent exits, re-parented to init
+                os.write(w, f"{os.getpid()}\\n".encode())
+                time.sleep(3600)
+            os._exit(0)
+        os.close(w)
+        sleeper = int(os.read(r, 64).split()[0])
+        with open(out, "w") as f:
+            f.write(f"{sleeper} {os.getpid()}")
+        if mode == "fail":
+            raise RuntimeError("failing with a sleeper started")
+        return ctx.sinks.console(ctx.sources.datagen(rows_per_second=1))
+"""
+
+
+def forked(cluster, rest, tmp_path, mode: str) -> tuple[str, int, int]:
+    out = outbox(cluster) / f"forker-{mode}.txt"
+    job = submit(rest, tmp_path, f"forker_{mode}.py", FORKER, str(out), mode)
+    deadline = time.monotonic() + 240
+    while not out.exists() or not out.read_text().strip():
+        assert time.monotonic() < deadline, "the pipeline did not start its sleeper"
+        assert rest.job(job)["state"] not in DONE or mode == "fail", rest.get(f"/jobs/{job}/exceptions")
+        time.sleep(0.2)
+    sleeper, driver = map(int, out.read_text().split())
+    return job, sleeper, driver
+
+
+def test_a_sleeper_that_left_the_drivers_session_ends_with_its_task(cluster, rest, tmp_path):
+    job, sleeper, driver = forked(cluster, rest, tmp_path, "fail")
+    assert rest.wait_state(job, DONE, timeout_s=120)["state"] == "FAILED"
+    assert wait_gone([sleeper, driver]) == [], "a process of the failed task is still alive"
+
+
+def test_without_cgroups_the_tasks_processes_end_with_the_task_and_with_the_cluster(root, tmp_path):
+    c, _ = sandbox_cluster(root, "no-cgroups", driver_cgroups=False)
+    try:
+        rest = Rest(c.dispatcher_url)
+        job, sleeper, driver = forked(c, rest, tmp_path, "fail")
+        assert rest.wait_state(job, DONE, timeout_s=120)["state"] == "FAILED"
+        assert wait_gone([sleeper, driver]) == [], "found neither by session nor by ancestry: by its mark"
+        job, sleeper, driver = forked(c, rest, tmp_path, "run")
+        rest.wait_attempt_running(job, 0, timeout_s=120)
+        assert os.getsid(sleeper) != os.getsid(driver), "the sleeper must have left the driver's session"
+        tree = [driver, sleeper, *(p.pid for p in psutil.Process(driver).children(recursive=True))]
+        assert any("java" in psutil.Process(p).name() for p in tree if alive(p)), "no JVM under the driver"
+    finally:
+        c.stop()
+    assert wait_gone(tree, 10) == [], "a process of the running task outlived the cluster"
+
+
+LOUD = """
+    import sys
+
+    def build(ctx):
+        block = ("x" * 1023 + "\\n") * 1024
+        for _ in range(100):
+            sys.stdout.write(block)
+        print("headrace probe: printed 100 MB", flush=True)
+        return ctx.sinks.console(ctx.sources.datagen(total=1, streaming=False))
+"""
+
+
+def test_a_pipeline_printing_100_mb_leaves_bounded_rotated_logs(cluster, rest, tmp_path):
+    job = submit(rest, tmp_path, "loud.py", LOUD)
+    assert rest.wait_state(job, DONE, timeout_s=240)["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    logs = cluster.settings.home / "work" / "taskmanagers" / "tm-1" / "logs"
+    loud = next(p for p in logs.glob("driver-*.log") if b"printed 100 MB" in p.read_bytes()[-4096:])
+    files = sorted(logs.glob(loud.name + "*"))
+    assert [f.name for f in files] == [loud.name, f"{loud.name}.1", f"{loud.name}.2"]
+    assert all(f.stat().st_size <= LOG_CAP for f in files), [(f.name, f.stat().st_size) for f in files]
+    listed = {entry["name"] for entry in rest.get("/taskmanagers/tm-1/logs")["logs"]}
+    assert {f.name for f in files} <= listed
