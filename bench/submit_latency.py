@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sqlite3
 import statistics
@@ -29,6 +30,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from services.taskmanager.driver_user import DEFAULT_NAME, give_to_driver_user  # noqa: E402
 from shared import streams  # noqa: E402
 from tests.clusters import Rest, start_cluster  # noqa: E402
 
@@ -87,8 +89,12 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=1)
     a = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="headrace-submit-"))
+    # The pipelines write into a database of their own (never the control catalog).
+    sink_db = home / "sink" / "sink.db"
+    sink_db.parent.mkdir()
+    give_to_driver_user(sink_db.parent, os.environ.get("HEADRACE_DRIVER_USER", DEFAULT_NAME))
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=2,
-                            warm_drivers=a.warm)
+                            warm_drivers=a.warm, pipeline_catalog_url=f"sqlite:///{sink_db}")
     rest = Rest(cluster.dispatcher_url)
     result: dict = {}
     try:
@@ -98,7 +104,7 @@ def main() -> None:
             c.name: rss_mb(c.proc.pid) for c in cluster.children if c.name.startswith("taskmanager")}
         jar = rest.upload(ROOT / "examples" / "clickstream.py")
         to_running, to_batch, to_result = [], [], []
-        catalog = sqlite3.connect(home / "catalog.db", timeout=30)
+        catalog = sqlite3.connect(sink_db, timeout=30)
         for run in range(a.runs):
             t0 = time.monotonic()
             r = httpx.post(f"{cluster.dispatcher_url}/jars/{jar}/run", json={

@@ -74,7 +74,9 @@ def settled_drivers(c, names, timeout_s: float = 60) -> dict[str, set[int]]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
     pg = pg_url_module
-    c = start_cluster(tmp_path_factory.mktemp("e2e-home"), catalog_url=pg, taskmanagers=2, slots=2, warm_drivers=1,
+    # The pipelines' own database (ctx.catalog_url): here the same server as the catalog.
+    c = start_cluster(tmp_path_factory.mktemp("e2e-home"), catalog_url=pg, pipeline_catalog_url=pg,
+                      taskmanagers=2, slots=2, warm_drivers=1,
                       restart_strategy={"type": "none"})
     yield c, pg
     c.stop()

@@ -31,6 +31,7 @@ NO_EXECUTOR_TIMEOUT_S = 20
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("standalone"), catalog_url=pg_url_module, taskmanagers=1, slots=2,
+                      pipeline_catalog_url=pg_url_module,  # the pipeline's own database
                       spark_workers=2, restart_strategy={"type": "none"},
                       slot_request_timeout_s=NO_EXECUTOR_TIMEOUT_S)
     yield c, pg_url_module
