@@ -14,6 +14,7 @@ import redis
 
 from shared.catalog import Catalog, repository
 from shared.ids import new_job_id
+from shared.message_auth import control_plane_auth
 from shared.messages import SubmitJob
 from shared.streams import JM_STREAM
 from shared.transport import RedisStreamsTransport
@@ -97,7 +98,9 @@ def test_a_deploy_that_breaks_fails_the_attempt_and_frees_its_slots(cluster, res
         catalog.dispose()
     client = redis.Redis.from_url(cluster.redis_url)
     try:
-        RedisStreamsTransport(client, sender="test").publish(JM_STREAM, SubmitJob(job_id=job_id))
+        # As the dispatcher submits: signed with the cluster's keys (shared/message_auth.py).
+        RedisStreamsTransport(client, sender="test", auth=control_plane_auth(cluster.settings)).publish(
+            JM_STREAM, SubmitJob(job_id=job_id))
     finally:
         client.close()
     final = rest.wait_state(job_id, ("FAILED", "FINISHED"), timeout_s=30)
