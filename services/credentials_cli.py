@@ -49,10 +49,10 @@ def taskmanager(
     where = redis_auth.masked(settings.redis_url)
     try:
         if revoke:
-            deleted, saved = creds.revoke(admin, taskmanager_id)
+            deleted, not_saved = creds.revoke(admin, taskmanager_id)
             typer.echo(f"revoked {redis_auth.taskmanager_user(taskmanager_id)} at {where}; its connections are closed"
                        if deleted else f"{redis_auth.taskmanager_user(taskmanager_id)} had no user at {where}")
-            _say_saved(saved)
+            _say_saved(not_saved)
             return
         try:
             secret = load_secret(settings, create=False)
@@ -61,7 +61,7 @@ def taskmanager(
         if secret is None:
             _fail(f"no cluster secret: set HEADRACE_CLUSTER_SECRET, or run this with the control plane's settings "
                   f"(HEADRACE_CONFIG=<run>/config.yaml) where {settings.home}/secrets/cluster-secret is readable", 2)
-        saved = creds.grant(admin, secret, taskmanager_id)
+        not_saved = creds.grant(admin, secret, taskmanager_id)
     except redis.exceptions.NoPermissionError:
         _fail(f"the Redis user of HEADRACE_REDIS_URL ({where}) may not manage ACL users: use the admin (default) "
               f"user's URL, e.g. HEADRACE_CONFIG=<run>/config.yaml of headrace up")
@@ -80,12 +80,12 @@ def taskmanager(
     except OSError as exc:
         _fail(f"cannot write {path}: {exc}")
     typer.echo(f"created Redis user {redis_auth.taskmanager_user(taskmanager_id)} at {where}")
-    _say_saved(saved)
+    _say_saved(not_saved)
     typer.echo(f"wrote {path} (mode 0600; its Redis password and keys, not the cluster secret); start it with:\n"
                f"  HEADRACE_CONFIG={path} headrace taskmanager --id {taskmanager_id}")
 
 
-def _say_saved(saved: bool) -> None:
-    if not saved:
-        typer.echo("warning: this Redis has no ACL file: the change lasts until it restarts (start it with "
-                   "--aclfile, or repeat this after each restart)", err=True)
+def _say_saved(not_saved: str | None) -> None:
+    if not_saved:
+        typer.echo(f"warning: {not_saved}: the change lasts until this Redis restarts (give it a writable --aclfile, "
+                   f"or in the compose stack use headrace redis-auth deploy)", err=True)

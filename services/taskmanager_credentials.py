@@ -61,18 +61,21 @@ def ids_in_acl_file(path: Path) -> list[str]:
     return ids
 
 
-def _save_acl(admin: redis.Redis) -> bool:
-    """ACL SAVE when the server has an ACL file, so that a restarted server keeps the change;
-    False when it has none (its users live until it stops: say so to the operator)."""
+def _save_acl(admin: redis.Redis) -> str | None:
+    """ACL SAVE, so that a restarted server keeps the change. None when saved, else why not
+    (the user then lives until the server stops: the operator must be told)."""
     if not admin.config_get("aclfile").get("aclfile"):
-        return False
-    admin.execute_command("ACL", "SAVE")
-    return True
+        return "this Redis has no ACL file"
+    try:
+        admin.execute_command("ACL", "SAVE")
+    except redis.ResponseError as exc:  # e.g. compose's ACL file, a read-only secret
+        return f"ACL SAVE failed ({exc})"
+    return None
 
 
-def grant(admin: redis.Redis, secret: bytes, taskmanager_id: str) -> bool:
-    """Create (or reset to today's rules) the TaskManager's Redis user. True when the server's
-    ACL file now holds it."""
+def grant(admin: redis.Redis, secret: bytes, taskmanager_id: str) -> str | None:
+    """Create (or reset to today's rules) the TaskManager's Redis user; None when the server's
+    ACL file now holds it, else why not."""
     user = redis_auth.taskmanager_user(taskmanager_id)
     password = cluster_keys.redis_password(secret, taskmanager_id)
     admin.execute_command("ACL", "SETUSER", user, "reset", "on", f"#{redis_auth.password_hash(password)}",
@@ -80,8 +83,9 @@ def grant(admin: redis.Redis, secret: bytes, taskmanager_id: str) -> bool:
     return _save_acl(admin)
 
 
-def revoke(admin: redis.Redis, taskmanager_id: str) -> tuple[bool, bool]:
+def revoke(admin: redis.Redis, taskmanager_id: str) -> tuple[bool, str | None]:
     """Delete the TaskManager's user; Redis closes every connection it has open (its worker,
-    its liveness connection: the ResourceManager sees it gone at once). (deleted, saved)."""
+    its liveness connection: the ResourceManager sees it gone at once). (deleted, why the ACL
+    file could not be saved or None)."""
     deleted = bool(admin.execute_command("ACL", "DELUSER", redis_auth.taskmanager_user(taskmanager_id)))
     return deleted, _save_acl(admin)

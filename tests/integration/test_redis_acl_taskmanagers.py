@@ -230,3 +230,22 @@ def test_a_taskmanager_added_by_hand_works_survives_an_acl_reload_and_is_revoked
 def _state(rest, tm: str) -> str | None:
     r = rest.http.get(f"/taskmanagers/{tm}")
     return r.json().get("state") if r.status_code == 200 else None
+
+
+def test_on_a_redis_without_an_acl_file_the_user_works_and_the_operator_is_warned(redis_server, tmp_path):
+    from shared import cluster_keys
+
+    secret = cluster_keys.new_secret()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {
+        "HEADRACE_REDIS_URL": redis_server.url, "HEADRACE_CLUSTER_SECRET": secret, "HEADRACE_HOME": str(tmp_path)}
+    path = tmp_path / "tm-5.yaml"
+    out = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-5", "--out", str(path)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "warning: this Redis has no ACL file: the change lasts until this Redis restarts" in out.stderr
+    assert secret not in path.read_text()
+    with redis.Redis.from_url(yaml.safe_load(path.read_text())["redis_url"]) as tm5:
+        assert tm5.acl_whoami() == "taskmanager.tm-5"
+        tm5.lpush("tm.tm-5", b"its own queue")
+        with pytest.raises(NOPERM):
+            tm5.lpush("tm.tm-1", b"another's")
