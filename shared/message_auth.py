@@ -87,17 +87,34 @@ def rule_violation(env: Envelope) -> str | None:
     return None
 
 
-def _sign(key: bytes, payload: bytes) -> str:
-    return hmac.new(key, payload, hashlib.sha256).hexdigest()
+class _Mac:
+    """HMAC-SHA256 under one key with its two padded-key hash states computed once: the same
+    value as hmac.new(key, payload, sha256), at half its cost (a ResourceManager checks 10,000
+    heartbeats a second)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes):
+        block = hashlib.sha256(key).digest() if len(key) > 64 else key
+        block = block.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def hexdigest(self, payload: bytes) -> str:
+        inner = self._inner.copy()
+        inner.update(payload)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()
 
 
-def _matches(key: bytes, payload: bytes, signature) -> bool:
+def _same(expected: str, signature) -> bool:
     if isinstance(signature, bytes):
         try:
             signature = signature.decode("ascii")
         except UnicodeDecodeError:
             return False
-    return isinstance(signature, str) and hmac.compare_digest(_sign(key, payload), signature)
+    return isinstance(signature, str) and hmac.compare_digest(expected, signature)
 
 
 def inbox_owner(stream: str) -> str | None:
@@ -116,6 +133,18 @@ class ClusterAuth:
         self._secret = secret
         self._senders: dict[str, bytes] = {}
         self._commands: dict[str, bytes] = {}
+        self._macs: dict[bytes, _Mac] = {}
+
+    def _sign(self, key: bytes, payload: bytes) -> str:
+        mac = self._macs.get(key)
+        if mac is None:
+            if len(self._macs) >= _CACHE_MAX:
+                self._macs.clear()
+            mac = self._macs[key] = _Mac(key)
+        return mac.hexdigest(payload)
+
+    def _matches(self, key: bytes, payload: bytes, signature) -> bool:
+        return _same(self._sign(key, payload), signature)
 
     @classmethod
     def ephemeral(cls) -> "ClusterAuth":
@@ -150,8 +179,8 @@ class ClusterAuth:
     def sign(self, stream: str, sender: str, raw: bytes) -> str:
         tm = inbox_owner(stream)
         if tm is not None:
-            return _sign(self.command_key(tm), _INBOX_DOMAIN + raw)
-        return _sign(self.sender_key(sender), raw)
+            return self._sign(self.command_key(tm), _INBOX_DOMAIN + raw)
+        return self._sign(self.sender_key(sender), raw)
 
     def check(self, stream: str, env: Envelope, raw: bytes, signature) -> str | None:
         """Why this entry may not be handled (unsigned, forged, against the sender rules), or None."""
@@ -160,9 +189,9 @@ class ClusterAuth:
         tm = inbox_owner(stream)
         try:
             if tm is not None:
-                ok = _matches(self.command_key(tm), _INBOX_DOMAIN + raw, signature)
+                ok = self._matches(self.command_key(tm), _INBOX_DOMAIN + raw, signature)
             else:
-                ok = _matches(self.sender_key(env.sender), raw, signature)
+                ok = self._matches(self.sender_key(env.sender), raw, signature)
         except MissingKey as exc:
             return str(exc)
         if not ok:
@@ -171,7 +200,7 @@ class ClusterAuth:
         return rule_violation(env)
 
     def sign_command(self, taskmanager_id: str, payload: bytes) -> str:
-        return _sign(self.command_key(taskmanager_id), payload)
+        return self._sign(self.command_key(taskmanager_id), payload)
 
     def check_command(self, taskmanager_id: str, payload: bytes, signature) -> str | None:
         if signature is None:
@@ -180,7 +209,7 @@ class ClusterAuth:
             key = self.command_key(taskmanager_id)
         except MissingKey as exc:
             return str(exc)
-        if not _matches(key, payload, signature):
+        if not self._matches(key, payload, signature):
             return (f"bad signature: the command is not signed with TaskManager {taskmanager_id!r}'s command key "
                     f"(forged, meant for another TaskManager, or signed under another cluster secret)")
         return None
@@ -235,7 +264,7 @@ class TaskManagerAuth(ClusterAuth):
     def sign(self, stream: str, sender: str, raw: bytes) -> str:
         if inbox_owner(stream) is not None:
             raise MissingKey("a TaskManager does not write to inboxes")
-        return _sign(self.sender_key(sender), raw)
+        return self._sign(self.sender_key(sender), raw)
 
     def check(self, stream: str, env: Envelope, raw: bytes, signature) -> str | None:
         if inbox_owner(stream) not in self._ids:

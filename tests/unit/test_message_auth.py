@@ -44,6 +44,14 @@ def test_the_control_plane_verifies_what_a_taskmanager_signs_with_its_own_keys()
     assert "bad signature" in ClusterAuth(ck.parse_secret(ck.new_secret())).check(streams.RM_STREAM, env, raw, sig)
 
 
+def test_signatures_are_plain_hmac_sha256_of_the_exact_bytes():
+    cp = ClusterAuth(SECRET)
+    for raw in (b"", b"x" * 351, b"y" * 5000):
+        assert cp.sign(streams.JM_STREAM, "taskmanager:tm-1", raw) == ck.sign(ck.sender_key(SECRET, "tm-1"), raw)
+        assert cp.sign(streams.JM_STREAM, "dispatcher", raw) == ck.sign(ck.service_key(SECRET, "dispatcher"), raw)
+        assert cp.sign_command("tm-1", raw) == ck.sign(ck.command_key(SECRET, "tm-1"), raw)
+
+
 def test_a_taskmanager_cannot_sign_as_another_or_as_the_control_plane():
     tm1 = TaskManagerAuth(["tm-1"], keys={"tm-1": TaskManagerKeys.derive(SECRET, "tm-1")})
     for sender in ("taskmanager:tm-2", "taskmanager:evil", "jobmanager", "dispatcher"):
