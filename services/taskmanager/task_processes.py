@@ -194,8 +194,8 @@ def scan(*, session: int | None = None, mark: str | None = None, uid: int | None
             continue  # gone meanwhile
         ppid, sid = int(fields[1]), int(fields[3])
         parents[entry] = ppid
-        if entry == me:
-            continue
+        if entry == me or fields[0] == b"Z":
+            continue  # a zombie is dead already: only its parent's wait() removes it
         if session is not None and sid == session:
             found.add(entry)
         elif wanted is not None and _marked(entry, wanted, uid):
