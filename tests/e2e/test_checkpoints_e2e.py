@@ -39,8 +39,10 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
+    # Savepoints go to (and are moved between) the tests' own directories: a storage root here.
     c = start_cluster(tmp_path_factory.mktemp("chk-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"})
+                      warm_drivers=1, restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+                      storage_roots=str(tmp_path_factory.getbasetemp()))
     yield c, pg_url_module
     c.stop()
 

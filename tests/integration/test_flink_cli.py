@@ -68,7 +68,9 @@ def flink_cli() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(flink_cli, tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("flink-cli-home"), catalog_url=pg_url_module, taskmanagers=1, slots=5)
+    # Savepoints go to the test's own directories: pytest's temp dir is a storage root here.
+    c = start_cluster(tmp_path_factory.mktemp("flink-cli-home"), catalog_url=pg_url_module, taskmanagers=1, slots=5,
+                      storage_roots=str(tmp_path_factory.getbasetemp()))
     yield c
     c.stop()
 
