@@ -10,7 +10,7 @@ to another name's key (HMAC-SHA256 is a one-way, keyed function):
                                         so a message signed with tm-2's key never passes as tm-1's
     command_key(secret, "tm-1")         signs the JobManager's commands to tm-1; tm-1 holds it to
                                         check them, and no other TaskManager or pipeline has it
-    redis_password(secret, "tm-1")      tm-1's own Redis ACL user (services/redis_auth.py)
+    redis_password(secret, "tm-1")      tm-1's own Redis ACL user (services/cluster/redis_auth.py)
 
 A TaskManager is given its three derived values (the operator's `headrace credentials
 taskmanager ID`, or `headrace up` for the ones it starts) and never the secret, so a

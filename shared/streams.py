@@ -82,7 +82,7 @@ def tm_endpoint_key(taskmanager_id: str) -> str:
 def progress_key(execution_id: str) -> str:
     """Hash of an execution attempt's newest micro-batch figures (batch_id, rates, lag, ...),
     written by its TaskManager on each progress report, expiring PROGRESS_TTL_S after the last.
-    Under hr:tm:, the keys the TaskManagers' Redis user may write (services/redis_auth.py)."""
+    Under hr:tm:, the keys the TaskManagers' Redis user may write (services/cluster/redis_auth.py)."""
     return f"{PREFIX}:tm:progress:{execution_id}"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from services.local_cluster import LocalCluster, free_port
+from services.cluster.local_cluster import LocalCluster, free_port
 from shared.settings import Settings
 
 TERMINAL = ("FINISHED", "FAILED", "CANCELED")

@@ -5,7 +5,7 @@ tasks, add or cancel the queues it consumes, change its rate and time limits, re
 its pool. On a TaskManager none of that is Celery's to do: the worker lives and dies with its
 TaskManager process (stopped by its supervisor: `headrace up`, systemd, compose), and commands
 reach it only through its own queue, signed by the JobManager. The TaskManagers' Redis users may
-not publish to that channel at all (services/redis_auth.py), and this worker answers only the
+not publish to that channel at all (services/cluster/redis_auth.py), and this worker answers only the
 inspection commands below, so `celery control shutdown` does not stop it even when the admin
 user sends it. Flower and `celery inspect` keep working.
 

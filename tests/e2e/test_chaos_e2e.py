@@ -33,7 +33,7 @@ import redis
 from kazoo.client import KazooClient
 from sqlalchemy.engine import make_url
 
-from services.process_supervisor import RestartPolicy
+from services.cluster.process_supervisor import RestartPolicy
 from tests.clusters import Rest, start_cluster
 from tests.conftest import free_port, missing
 from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
@@ -73,7 +73,7 @@ def _pings(client) -> bool:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, pg_url_module, source):
-    from services.local_cluster import ZOOKEEPER_HOME
+    from services.cluster.local_cluster import ZOOKEEPER_HOME
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")

@@ -162,7 +162,7 @@ def test_failing_pipeline_ends_failed_with_its_traceback(cluster, tmp_path, sour
 
 def test_no_service_was_refused_by_redis(cluster):
     """After real jobs ran, failed and were cancelled, Redis's ACL log holds no refusal: each
-    service's and TaskManager's user (services/redis_auth.py) allows all it does."""
+    service's and TaskManager's user (services/cluster/redis_auth.py) allows all it does."""
     import redis
 
     c, _ = cluster

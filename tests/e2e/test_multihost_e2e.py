@@ -29,7 +29,7 @@ import pytest
 import redis
 import yaml
 
-from services import spark_standalone
+from services.cluster import spark_standalone
 from tests.clusters import Rest, start_cluster, wait_for
 from tests.conftest import free_port
 from tests.e2e.counting import Producer, expected_totals, sql_totals

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from services import spark_standalone
+from services.cluster import spark_standalone
 from tests.clusters import Rest, start_cluster
 from tests.e2e.test_clickstream_e2e import ARGS, TOTAL, expected_counts, sink_counts
 

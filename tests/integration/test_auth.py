@@ -21,7 +21,7 @@ import yaml
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from services import cli
+from services.cli import app as cli
 from services.dispatcher.app import create_app
 from shared.catalog import Catalog, tokens
 from shared.settings import Settings

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from services import redis_auth
-from services.compose_credentials import SECRET_VARIABLE, compose_files
-from services.local_cluster import LocalCluster
+from services.cluster import redis_auth
+from services.cluster.compose_credentials import SECRET_VARIABLE, compose_files
+from services.cluster.local_cluster import LocalCluster
 from shared import cluster_keys
 from shared.settings import Settings
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 import yaml
 
-from services import redis_auth
+from services.cluster import redis_auth
 from shared import streams
 from tests.clusters import start_cluster
 

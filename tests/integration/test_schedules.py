@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from services import cli
+from services.cli import app as cli
 from shared.catalog import Catalog
 from shared.catalog.models import Job, ScheduleRun
 from tests.clusters import start_cluster, wait_for
@@ -34,7 +34,7 @@ TERMINAL = ("FINISHED", "FAILED", "CANCELED")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    from services.local_cluster import ZOOKEEPER_HOME
+    from services.cluster.local_cluster import ZOOKEEPER_HOME
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")

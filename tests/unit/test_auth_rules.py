@@ -93,6 +93,6 @@ def test_tokens_are_hashed_and_roles_ordered():
 
 
 def test_the_cli_knows_the_catalogs_roles():
-    from services import token_cli
+    from services.cli import tokens as token_cli
 
     assert token_cli.ROLES == tokens.ROLES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic_core import PydanticCustomError
 
-from services.client_address import dispatcher_url
+from services.cli.client_address import dispatcher_url
 from services.dispatcher.strict_fields import entry_problem, strict_bool
 from shared.ids import new_artifact_id
 from shared.settings import Settings

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.process_supervisor import ChildRecord, RestartPolicy, Supervisor
-from services.redis_auth import outside
+from services.cluster.process_supervisor import ChildRecord, RestartPolicy, Supervisor
+from services.cluster.redis_auth import outside
 
 
 class FakeClock:

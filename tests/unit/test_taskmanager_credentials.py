@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services import compose_credentials, redis_auth, taskmanager_credentials as creds
+from services.cluster import compose_credentials, redis_auth, taskmanager_credentials as creds
 from services.taskmanager import remote_control
 from shared import cluster_keys
 

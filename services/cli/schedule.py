@@ -1,8 +1,7 @@
 """`headrace schedule create|list|show|pause|resume|delete`: scheduled submissions over the
 dispatcher's REST API (/jobs/schedules), with HEADRACE_TOKEN like every client command.
 
-Kept apart from services/cli.py, which registers it; the REST helpers are services/cli.py's own
-(imported when a command runs, so neither module imports the other at load time)."""
+services/cli/app.py registers it; the REST client is services/cli/common.py's."""
 
 from __future__ import annotations
 
@@ -10,6 +9,8 @@ import time
 from typing import List, Optional
 
 import typer
+
+from services.cli.common import call, client, fail
 
 OVERLAPS = ("skip", "queue", "cancel_previous")
 
@@ -21,15 +22,8 @@ URL = typer.Option(None, "-m", "--jobmanager", help="dispatcher URL (default: fr
 
 
 def _rest(url: Optional[str], method: str, path: str, **kw) -> dict:
-    from services import cli
-
-    with cli._client(url) as c:
-        return cli._call(c, method, path, **kw)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    with client(url) as c:
+        return call(c, method, path, **kw)
 
 
 def _when(ms: int | None) -> str:
@@ -54,13 +48,13 @@ def create(
 ) -> None:
     """Create a schedule; prints its id."""
     if (cron is None) == (every is None):
-        _fail("give exactly one of --cron EXPR and --every SECONDS", 2)
+        fail("give exactly one of --cron EXPR and --every SECONDS", 2)
     if every is not None and every < 1:
-        _fail("--every must be at least 1 second", 2)
+        fail("--every must be at least 1 second", 2)
     if overlap not in OVERLAPS:
-        _fail(f"--overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}", 2)
+        fail(f"--overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}", 2)
     if parallelism is not None and parallelism < 1:
-        _fail("-p/--parallelism must be at least 1", 2)
+        fail("-p/--parallelism must be at least 1", 2)
     body: dict = {"jarId": jar, "overlap": overlap, "enabled": not paused}
     for key, value in (("cron", cron), ("everySeconds", every), ("name", name), ("entryClass", entry),
                        ("parallelism", parallelism), ("misfireGraceSeconds", misfire_grace), ("kind", kind)):

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, inspect, text
 
-from services.local_cluster import ClusterError, LocalCluster
+from services.cluster.local_cluster import ClusterError, LocalCluster
 from shared.catalog.db import normalise_url
 from shared.settings import Settings
 

@@ -10,11 +10,11 @@ their Spark drivers), waits, then SIGKILLs what is left: no orphan JVMs.
 The redis-server it starts keeps its data in $HEADRACE_HOME/redis (AOF, fsync every second), so
 streams, consumer groups with their pending entries and the dead letters survive a restart of
 it. Unless `redis_auth` is off it requires a password, and each service connects as its own
-ACL user (services/redis_auth.py): the children read <run>/<service>.yaml (0600), the admin URL
+ACL user (services/cluster/redis_auth.py): the children read <run>/<service>.yaml (0600), the admin URL
 is in <run>/config.yaml and `LocalCluster.redis_url`, and nothing prints a password.
 
 `supervise()` (as `headrace up` does) restarts any child that exits, with a
-backoff (services/process_supervisor.py).
+backoff (services/cluster/process_supervisor.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 import redis
 import yaml
 
-from services import redis_auth, spark_standalone, taskmanager_credentials
-from services.process_supervisor import RestartPolicy, Supervisor
+from services.cluster import redis_auth, spark_standalone, taskmanager_credentials
+from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
 from shared.catalog import Catalog
 from shared.message_auth import load_secret

@@ -2,7 +2,7 @@
 by whoever holds the cluster secret (the operator's `headrace credentials taskmanager ID`, or
 `headrace up` for the TaskManagers it starts). A TaskManager gets these and never the secret.
 
-The Redis user is `taskmanager.<id>` (services/redis_auth.taskmanager_rules), its password
+The Redis user is `taskmanager.<id>` (services/cluster/redis_auth.taskmanager_rules), its password
 cluster_keys.redis_password(secret, id): the same secret always gives the same password, so a
 restarted Redis or a new `headrace up` needs no stored copy, and a new secret revokes them all.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from services import redis_auth
+from services.cluster import redis_auth
 from shared import cluster_keys
 
 # Settings only the control plane may hold: a TaskManager's config file never carries them.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from services import redis_auth
+from services.cluster import redis_auth
 from shared import cluster_keys
 
 SECRET_VARIABLE = "HEADRACE_CLUSTER_SECRET"

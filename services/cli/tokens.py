@@ -1,8 +1,8 @@
 """`headrace token create|list|revoke`: the REST API's bearer tokens, kept in the cluster's
 catalog (found from HEADRACE_CONFIG / HEADRACE_* like every other command).
 
-Kept apart from services/cli.py; the catalog (SQLAlchemy, Alembic) is imported only when a
-token command runs, so other commands start as fast as before.
+The catalog (SQLAlchemy, Alembic) is imported only when a token command runs, so other commands
+do not pay for it.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ from typing import Iterator, Optional
 import typer
 from pydantic import ValidationError
 
+from services.cli.common import fail
 from shared.settings import load_settings
 
 ROLES = ("viewer", "operator", "admin")  # shared.catalog.tokens.ROLES, without importing the catalog
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Bearer tokens for the REST API (roles: viewer, operator, admin); see docs/runbooks/auth.md.")
-
-
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 @contextlib.contextmanager
@@ -36,7 +32,7 @@ def _session() -> Iterator:
         settings = load_settings()
     except (ValidationError, ValueError) as exc:
         msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        _fail(f"invalid settings: {msg}", 2)
+        fail(f"invalid settings: {msg}", 2)
     catalog = Catalog(settings.catalog)
     where = catalog.url.split("@")[-1]  # never the credentials
     try:
@@ -45,10 +41,10 @@ def _session() -> Iterator:
         with catalog.session() as s:
             yield s
     except tokens.TokenError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     except sa_exc.SQLAlchemyError as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        _fail(f"the catalog ({where}) cannot be used: {first[0] if first else type(exc).__name__} "
+        fail(f"the catalog ({where}) cannot be used: {first[0] if first else type(exc).__name__} "
               f"(is HEADRACE_CONFIG pointing at the cluster's settings?)")
     finally:
         catalog.dispose()
@@ -69,7 +65,7 @@ def create(
 
     role = role.strip().lower()
     if role not in ROLES:
-        _fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}", 2)
+        fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}", 2)
     with _session() as s:
         info, token = tokens.create(s, role, name)
     typer.echo(f"created token {info.id} ({info.name}, role {info.role}); it is shown only this once, "

@@ -1,5 +1,5 @@
 """`headrace credentials taskmanager ID [--out FILE] [--revoke]`: give one more TaskManager its
-own credentials, or take them away (services/taskmanager_credentials.py).
+own credentials, or take them away (services/cluster/taskmanager_credentials.py).
 
 Run with the control plane's settings (HEADRACE_CONFIG=<run>/config.yaml under `headrace up`):
 they hold the admin Redis URL and lead to the cluster secret. The file written holds the
@@ -14,13 +14,10 @@ from typing import Optional
 import typer
 from pydantic import ValidationError
 
+from services.cli.common import fail
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Credentials of TaskManagers (Redis user and signing keys); see docs/runbooks/auth.md.")
-
-
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 @app.command("taskmanager")
@@ -33,7 +30,7 @@ def taskmanager(
     import redis
     import yaml
 
-    from services import redis_auth, taskmanager_credentials as creds
+    from services.cluster import redis_auth, taskmanager_credentials as creds
     from shared.cluster_keys import ClusterSecretError
     from shared.message_auth import load_secret
     from shared.settings import load_settings
@@ -42,9 +39,9 @@ def taskmanager(
         redis_auth.check_taskmanager_id(taskmanager_id)
         settings = load_settings()
     except ValidationError as exc:
-        _fail(f"invalid settings: {exc.errors()[0]['msg']}", 2)
+        fail(f"invalid settings: {exc.errors()[0]['msg']}", 2)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     admin = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     where = redis_auth.masked(settings.redis_url)
     try:
@@ -57,18 +54,18 @@ def taskmanager(
         try:
             secret = load_secret(settings, create=False)
         except ClusterSecretError as exc:
-            _fail(str(exc), 2)
+            fail(str(exc), 2)
         if secret is None:
-            _fail(f"no cluster secret: set HEADRACE_CLUSTER_SECRET, or run this with the control plane's settings "
+            fail(f"no cluster secret: set HEADRACE_CLUSTER_SECRET, or run this with the control plane's settings "
                   f"(HEADRACE_CONFIG=<run>/config.yaml) where {settings.home}/secrets/cluster-secret is readable", 2)
         not_saved = creds.grant(admin, secret, taskmanager_id)
     except redis.exceptions.NoPermissionError:
-        _fail(f"the Redis user of HEADRACE_REDIS_URL ({where}) may not manage ACL users: use the admin (default) "
+        fail(f"the Redis user of HEADRACE_REDIS_URL ({where}) may not manage ACL users: use the admin (default) "
               f"user's URL, e.g. HEADRACE_CONFIG=<run>/config.yaml of headrace up")
     except redis.exceptions.AuthenticationError as exc:
-        _fail(f"Redis at {where} refused the login ({exc}): use the admin (default) user's URL")
+        fail(f"Redis at {where} refused the login ({exc}): use the admin (default) user's URL")
     except redis.exceptions.RedisError as exc:
-        _fail(f"Redis at {where}: {exc}")
+        fail(f"Redis at {where}: {exc}")
     finally:
         admin.close()
     url = redis_auth.url_for(settings.redis_url, redis_auth.taskmanager_user(taskmanager_id),
@@ -78,7 +75,7 @@ def taskmanager(
     try:
         redis_auth.write_private(path, yaml.safe_dump(config))
     except OSError as exc:
-        _fail(f"cannot write {path}: {exc}")
+        fail(f"cannot write {path}: {exc}")
     typer.echo(f"created Redis user {redis_auth.taskmanager_user(taskmanager_id)} at {where}")
     _say_saved(not_saved)
     typer.echo(f"wrote {path} (mode 0600; its Redis password and keys, not the cluster secret); start it with:\n"
