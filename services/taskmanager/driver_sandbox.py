@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import task_protocol as tp
+from shared.storage_roots import configured_roots
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_user import DriverUser, resolve, runtime_paths, unreachable
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
@@ -60,7 +61,7 @@ class DriverSandbox:
                       memory_limit=memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory),
                       log_max_bytes=settings.driver_log_max_bytes, log_backups=settings.driver_log_backups,
                       spark_ui=settings.spark_ui, control_catalog=settings.catalog,
-                      writable_roots=(settings.checkpoints, settings.savepoints))
+                      writable_roots=tuple(Path(r) for r in configured_roots(settings)))
         log.info("drivers run as %s; their processes are tracked by %s; task memory limit %s, enforced by %s",
                  user.name or "this TaskManager's own user (no isolation)",
                  f"the cgroup {cgroups.root}" if cgroups else "a /proc scan (session, descendants, environment mark)",
@@ -114,19 +115,21 @@ class DriverSandbox:
         self._open_chain(target.parent)
 
     def _open_chain(self, directory: Path) -> None:
-        """Create `directory` and hand every directory from below a writable root down to it to the
-        driver user (a directory elsewhere is created, never handed over)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        if not self.user.isolated:
-            return
+        """Create `directory` for the driver to write in. Under a storage root (the checkpoint and
+        savepoint directories, `storage_roots`), the directories created here and `directory`
+        itself become the driver user's, and those above it traversable; elsewhere (a target no
+        root allows, refused by the JobManager anyway) it is only created."""
         root = next((r for r in self.writable_roots if directory == r or r in directory.parents), None)
-        if root is None:
+        created = [d for d in (directory, *directory.parents) if root is not None and root in d.parents
+                   and not d.exists()]
+        directory.mkdir(parents=True, exist_ok=True)
+        if root is None or not self.user.isolated:
             return
-        # The root itself only when the driver writes directly in it (a savepoint directory).
-        chain = [directory, *[p for p in directory.parents if root in p.parents]]
-        for d in reversed(chain):
-            if self.user.blocked_at(d, write=True) is not None:
-                self.user.hand_over(d)
+        self.user.make_traversable(directory / "x")
+        for d in reversed(created):
+            self.user.hand_over(d)
+        if self.user.blocked_at(directory, write=True) is not None:
+            self.user.hand_over(directory)
 
 
 def _restrict(path: Path, *, keep_traversal: bool) -> None:
