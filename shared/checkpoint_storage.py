@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 from urllib.parse import unquote, urlparse
 
+from shared.errors import StateError
+
 FORMAT = "headrace-snapshot/1"
 METADATA_FILE = "_metadata"
 SPARK_DIR = "spark"
@@ -51,7 +53,7 @@ _STATE_VERSION = re.compile(r"^(\d+)(?:_[0-9A-Za-z-]+)?\.(delta|snapshot|zip|cha
 _FULL_KINDS = {"snapshot", "zip"}
 
 
-class SnapshotError(Exception):
+class SnapshotError(StateError):
     """A snapshot cannot be taken, read, restored or disposed of; the message names the path."""
 
 

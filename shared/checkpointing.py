@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from shared.restart import InvalidRestartStrategy, parse_duration
+from shared.durations import InvalidDuration, parse_duration
+from shared.errors import ConfigError
 
 INTERVAL = "execution.checkpointing.interval"
 TIMEOUT = "execution.checkpointing.timeout"
@@ -50,7 +51,7 @@ Retention = Literal["RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION"]
 RestoreMode = Literal["NO_CLAIM", "CLAIM"]
 
 
-class InvalidCheckpointConfig(ValueError):
+class InvalidCheckpointConfig(ConfigError, ValueError):
     """A checkpoint option with a value we cannot use; `field` is the option's name."""
 
     def __init__(self, field: str, message: str):
@@ -88,8 +89,8 @@ class CheckpointConfig:
 
 def _duration(raw: Any, key: str) -> float:
     try:
-        return parse_duration(raw, key)
-    except InvalidRestartStrategy as exc:
+        return parse_duration(raw)
+    except InvalidDuration as exc:
         raise InvalidCheckpointConfig(key, str(exc).split(": ", 1)[-1]) from None
 
 

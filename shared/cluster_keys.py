@@ -29,11 +29,13 @@ import os
 import secrets
 from pathlib import Path
 
+from shared.errors import ConfigError
+
 SECRET_BYTES = 32
 SECRET_FILE = "cluster-secret"
 
 
-class ClusterSecretError(ValueError):
+class ClusterSecretError(ConfigError, ValueError):
     """A cluster secret (or a key derived from it) that is missing or malformed."""
 
 

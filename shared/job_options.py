@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from shared import checkpointing as cp
-from shared import restart
+from shared import durations, restart
 
 STARTUP_TIMEOUT = "headrace.task.startup-timeout"
 MEMORY_LIMIT = "headrace.task.memory-limit"
@@ -54,10 +54,10 @@ NOOP_FAIL_MESSAGE = "noop.fail-message"
 NOOP_STARTUP_DELAY = "noop.startup-delay"
 RESTART_PREFIX = "restart-strategy."
 
-# Flink's durations are Java longs of milliseconds; ours end up in timers, whose waits Python
-# refuses above threading.TIMEOUT_MAX (~292 years). A century is beyond any real setting.
-MAX_DURATION_S = 100 * 365 * 86400.0
-MAX_INT = 2**31 - 1  # Flink's counts and parallelisms are Java ints; catalog columns are too
+MAX_DURATION_S = durations.MAX_DURATION_S
+# Flink's counts and parallelisms are Java ints; so are the catalog's columns (PostgreSQL
+# `integer`): a larger value would overflow the insert, a 500 instead of a 400.
+MAX_INT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ def _show(value: Any) -> str:
 
 
 def duration_s(value: Any, *, allow_negative: bool = False, positive: bool = False) -> float:
-    """Seconds from a number or a duration string ("10 s", "500 ms", "2 min", "10")."""
+    """Seconds from a number or a duration string ("10 s", "500 ms", "2 min", "10"): the one
+    parser of shared/durations.py, plus a negative number where the option allows one."""
     if isinstance(value, bool):
         raise ValueError("not a duration")
     if allow_negative and isinstance(value, (int, float)) and value < 0:
@@ -101,10 +102,7 @@ def duration_s(value: Any, *, allow_negative: bool = False, positive: bool = Fal
     elif allow_negative and isinstance(value, str) and re.fullmatch(r"\s*-\d+(\.\d+)?\s*", value):
         seconds = float(value)
     else:
-        try:
-            seconds = restart.parse_duration(value, "option")
-        except restart.InvalidRestartStrategy:
-            raise ValueError("not a duration") from None
+        seconds = durations.parse_duration(value)  # InvalidDuration is a ValueError
     if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION_S:
         raise ValueError("out of range")
     if positive and seconds <= 0:
@@ -218,9 +216,7 @@ RESTART_PARAMETERS: dict[str, dict[str, tuple[str, Any]]] = {
                           "reset-backoff-threshold": ("duration", "1 h"), "jitter-factor": ("fraction", 0.1),
                           "attempts-before-reset-backoff": ("count1", 10)},
 }
-_RESTART_TYPE_ALIASES = {"no": "none", "off": "none", "disable": "none", "norestart": "none",
-                         "fixeddelay": "fixed-delay", "failurerate": "failure-rate",
-                         "exponentialdelay": "exponential-delay"}
+_RESTART_TYPE_ALIASES = restart.TYPE_ALIASES
 
 
 def _restart_value(kind: str, value: Any) -> Any:
@@ -318,11 +314,7 @@ def _restart_keys(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _restart_type(raw: Any) -> str | None:
-    if not isinstance(raw, str):
-        return None
-    t = raw.strip().lower()
-    t = _RESTART_TYPE_ALIASES.get(t, t)
-    return t if t in RESTART_PARAMETERS else None
+    return restart.strategy_type(raw)
 
 
 def _restart_problems(config: Mapping[str, Any]) -> list[OptionProblem]:

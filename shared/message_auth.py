@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared import cluster_keys, streams
+from shared.errors import MessageError
 from shared.messages import (
     CheckpointAcknowledged, CheckpointDeclined, CommandRejected, Envelope, RegisterTaskManager, TaskManagerHeartbeat,
     TaskProgress, TaskStateChanged, UnregisterTaskManager,
@@ -51,13 +52,13 @@ TASKMANAGER_MESSAGES = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTas
 SELF_ONLY = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager)
 
 
-class RefusedMessage(Exception):
+class RefusedMessage(MessageError):
     """Raised by a handler for a message that authenticated but may not be obeyed (a report from
     a TaskManager that does not hold the execution): the transport dead-letters it with this
     reason at once instead of retrying it."""
 
 
-class MissingKey(ValueError):
+class MissingKey(MessageError, ValueError):
     """This process holds no key to sign as a sender, or to check what it was sent."""
 
 

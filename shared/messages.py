@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from shared.errors import MessageError
 from shared.ids import new_message_id
 from shared.states import ExecutionState
 
@@ -362,7 +363,7 @@ class Envelope(BaseModel):
 _ENVELOPE = TypeAdapter(Envelope)
 
 
-class UndecodableMessage(ValueError):
+class UndecodableMessage(MessageError, ValueError):
     """A stream entry that is not a valid envelope of a known schema version."""
 
 

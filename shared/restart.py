@@ -12,20 +12,22 @@ Flink's options without the `restart-strategy.<type>.` prefix:
                      reset-backoff-threshold=1 h, jitter-factor=0.1,
                      attempts-before-reset-backoff=unlimited
 
-Durations are seconds (number) or strings such as "500 ms", "10 s", "2 min", "1 h".
+Durations are read by shared/durations.py: seconds (number) or strings such as "500 ms", "10 s",
+"2 min", "1 h". Type names are Flink's, in any of its spellings (`strategy_type`).
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections import deque
 from typing import Any, Protocol
 
+from shared import durations
 from shared.clock import Clock
+from shared.errors import ConfigError
 
 
-class InvalidRestartStrategy(ValueError):
+class InvalidRestartStrategy(ConfigError, ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
@@ -46,23 +48,12 @@ class RestartStrategy(Protocol):
     def load(self, state: dict) -> None: ...
 
 
-_UNITS = {"ms": 0.001, "milli": 0.001, "millis": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1,
-          "seconds": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60, "m": 60, "h": 3600,
-          "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
-
-
 def parse_duration(value: Any, field: str) -> float:
-    if isinstance(value, bool):
-        raise InvalidRestartStrategy(field, f"expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise InvalidRestartStrategy(field, f"must be >= 0, got {value}")
-        return float(value)
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
-        if m and (not m.group(2) or m.group(2).lower() in _UNITS):
-            return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1 if not m.group(2) else 0)
-    raise InvalidRestartStrategy(field, f"expected seconds or a duration like '10 s' or '1 min', got {value!r}")
+    """Seconds of a duration (shared/durations.py); InvalidRestartStrategy naming `field` if not one."""
+    try:
+        return durations.parse_duration(value)
+    except durations.InvalidDuration as exc:
+        raise InvalidRestartStrategy(field, str(exc)) from None
 
 
 def _int(params: dict, key: str, default: int, field_prefix: str, minimum: int = 0) -> int:
@@ -180,8 +171,22 @@ class ExponentialDelay:
 
 
 STRATEGY_TYPES = ("none", "fixed-delay", "failure-rate", "exponential-delay")
-_ALIASES = {"off": "none", "disable": "none", "fixeddelay": "fixed-delay", "failurerate": "failure-rate",
-            "exponentialdelay": "exponential-delay"}
+# Flink's spellings of `restart-strategy.type` (RestartStrategyOptions), any letter case; "no" and
+# "norestart" are Headrace's own, accepted by its REST API and job options since they existed.
+TYPE_ALIASES = {"off": "none", "disable": "none", "no": "none", "norestart": "none",
+                "fixeddelay": "fixed-delay", "failurerate": "failure-rate",
+                "exponentialdelay": "exponential-delay"}
+
+
+def strategy_type(raw: Any) -> str | None:
+    """The canonical name of a strategy type as written (`"FixedDelay"` -> "fixed-delay"), or None."""
+    if not isinstance(raw, str):
+        return None
+    name = raw.strip().lower()
+    name = TYPE_ALIASES.get(name, name)
+    return name if name in STRATEGY_TYPES else None
+
+
 _KNOWN_KEYS = {
     "none": set(),
     "fixed-delay": {"attempts", "delay"},
@@ -198,9 +203,8 @@ def normalise(config: dict[str, Any] | None, *, field: str = "restartStrategy") 
         return {}
     if not isinstance(config, dict):
         raise InvalidRestartStrategy(field, "expected an object such as {\"type\": \"fixed-delay\", \"attempts\": 3}")
-    raw_type = str(config.get("type", "")).lower()
-    kind = _ALIASES.get(raw_type, raw_type)
-    if kind not in STRATEGY_TYPES:
+    kind = strategy_type(config.get("type"))
+    if kind is None:
         raise InvalidRestartStrategy(f"{field}.type", f"expected one of {', '.join(STRATEGY_TYPES)}, got {config.get('type')!r}")
     unknown = set(config) - _KNOWN_KEYS[kind] - {"type"}
     if unknown:
@@ -218,7 +222,7 @@ class _NullClock:
 
 def build(config: dict[str, Any], *, clock: Clock, field: str = "restartStrategy",
           rng: random.Random | None = None) -> RestartStrategy:
-    kind = _ALIASES.get(str(config.get("type", "none")).lower(), str(config.get("type", "none")).lower())
+    kind = strategy_type(config.get("type", "none")) or str(config.get("type"))
     p = config
     if kind == "none":
         return NoRestart()

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Iterator
 
 from shared.checkpoint_storage import SPARK_DIR, SnapshotError, local_path, resolve_snapshot, spark_conf_at
+from shared.errors import StateError
 
 
-class SnapshotRestoreError(Exception):
+class SnapshotRestoreError(StateError):
     """The snapshot an attempt starts from could not be restored; the message says which and why."""
 
 

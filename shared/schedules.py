@@ -20,6 +20,8 @@ from datetime import datetime, timedelta, timezone
 
 from celery.schedules import crontab, schedule
 
+from shared.errors import ConfigError
+
 OVERLAP_POLICIES = ("skip", "queue", "cancel_previous")
 DEFAULT_MISFIRE_GRACE_S = 60
 MAX_MISFIRE_GRACE_S = 86400
@@ -36,7 +38,7 @@ SKIPPED_MISFIRE = "skipped_misfire"
 OUTCOMES = (SUBMITTED, QUEUED, SKIPPED_OVERLAP, SKIPPED_MISFIRE)
 
 
-class CronError(ValueError):
+class CronError(ConfigError, ValueError):
     """A cron expression that cannot be used; the message says what is wrong."""
 
 

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from shared.errors import HeadraceError
+
 
 class JobStatus(str, Enum):
     INITIALIZING = "INITIALIZING"
@@ -119,7 +121,7 @@ EXECUTION_TRANSITIONS: dict[ExecutionState, frozenset[ExecutionState]] = {
 assert all(s in EXECUTION_TRANSITIONS for s in _ANY_LIVE)
 
 
-class IllegalTransition(ValueError):
+class IllegalTransition(HeadraceError, ValueError):
     """A state change its state machine does not allow."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from shared.checkpoint_storage import SnapshotError, local_path
+from shared.errors import ConfigError
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 SETTING = "storage_roots (HEADRACE_STORAGE_ROOTS)"
 
 
-class OutsideStorageRoots(ValueError):
+class OutsideStorageRoots(ConfigError, ValueError):
     """A path outside every allowed root, or one reached through a symlink where that is refused.
     `roots` are the allowed roots, for the caller's error body."""
 

@@ -30,10 +30,12 @@ from kazoo.exceptions import (
     BadVersionError, ConnectionLoss, KazooException, LockTimeout, NodeExistsError, NoNodeError,
 )
 
+from shared.errors import CoordinationError
+
 log = logging.getLogger("headrace.zookeeper")
 
 
-class HAUnavailable(RuntimeError):
+class HAUnavailable(CoordinationError, RuntimeError):
     """ZooKeeper cannot be reached (at start) within the connection timeout."""
 
 

@@ -39,13 +39,14 @@ import yaml
 from services.cluster import redis_auth, spark_standalone, taskmanager_credentials
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
+from shared import errors
 from shared.catalog import Catalog
 from shared.message_auth import load_secret
 from shared.settings import Settings
 from shared.transport.redis_streams import wait_for_redis
 
 
-class ClusterError(RuntimeError):
+class ClusterError(errors.ClusterError, RuntimeError):
     pass
 
 

@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.errors import ClusterError
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 
-class SparkClusterError(RuntimeError):
+class SparkClusterError(ClusterError, RuntimeError):
     """The standalone cluster did not come up as asked; the message says what it waited for."""
 
 

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Iterator
 
 from services.dispatcher.limits import human, parse_size
+from shared.errors import ConfigError
 
 CHUNK_BYTES = 256 * 1024
 DEFAULT_MAX_UNCOMPRESSED = 200 * 1024**2
@@ -31,7 +32,7 @@ DEFAULT_MAX_MEMBERS = 10_000
 DEFAULT_MAX_SOURCE = 10 * 1024**2
 
 
-class ArtifactRejected(ValueError):
+class ArtifactRejected(ConfigError, ValueError):
     """An upload that cannot be a job (400) or is above a limit (413, with `setting` and `limit`)."""
 
     def __init__(self, message: str, *, line: int | None = None, member: str | None = None, status: int = 400,

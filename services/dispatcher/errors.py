@@ -9,7 +9,8 @@ and add the first problem in structured form, so a script or the web UI can poin
      "details": [{"field", "expected", "got", "message"}, ...]}   # when there is more than one problem
 
 `install(app)` makes FastAPI's own validation errors, HTTP errors (404 for unknown routes, 405)
-and catalog `NotFound` answer in this shape too, and requests that find the catalog unreachable
+and the errors of shared/errors.py (`STATUS_BY_ERROR`: catalog `NotFound` is a 404) answer in
+this shape too, and requests that find the catalog unreachable
 (PostgreSQL down, a connection cut, the pool exhausted) answer 503 with `Retry-After`: the
 request did not happen and may simply be sent again, which a 500 would not say.
 
@@ -33,7 +34,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.dispatcher.schemas import RESTART_TYPES
-from shared.catalog.repository import NotFound
+from shared.errors import ConfigError, CoordinationError, HeadraceError, NotFoundError, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Problem:
 
 
 @dataclass
-class ApiError(Exception):
+class ApiError(RequestError):
     """Raised by routes; rendered by `install`'s handler in the shared shape."""
 
     status: int
@@ -264,8 +265,27 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
                           request=request)
 
 
-async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
-    return error_response(404, [Problem(str(exc))], request=request)
+# The status of every error of shared/errors.py that reaches the REST layer without a route
+# turning it into an ApiError of its own: the first row the error is an instance of answers.
+# A route that knows the field or a hint raises ApiError instead (400 with field and expected).
+STATUS_BY_ERROR: tuple[tuple[type[HeadraceError], int], ...] = (
+    (NotFoundError, 404),  # shared.catalog.repository.NotFound: "job ... not found"
+    (ConfigError, 400),  # a value the request carried that Headrace cannot use
+    (CoordinationError, 503),  # no leader or ZooKeeper away: the request may be sent again
+    (HeadraceError, 500),
+)
+
+
+def status_of(exc: HeadraceError) -> int:
+    return next(status for kind, status in STATUS_BY_ERROR if isinstance(exc, kind))
+
+
+async def _headrace_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HeadraceError)
+    status = status_of(exc)
+    if status >= 500:
+        return await _unexpected(request, exc)
+    return error_response(status, [Problem(str(exc))], request=request)
 
 
 # How long a client should wait before trying again while the catalog is away: PostgreSQL
@@ -334,7 +354,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(NotFound, _not_found)
+    app.add_exception_handler(HeadraceError, _headrace_error)
     for kind in CATALOG_UNAVAILABLE:
         app.add_exception_handler(kind, _catalog_unavailable)
     app.add_exception_handler(Exception, _unexpected)

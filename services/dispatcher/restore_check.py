@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from shared import checkpointing, restore_compat
+from shared.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PLANNER_MODULE = "services.taskmanager.runtime.planner"
 
 
-class RestoreIncompatible(Exception):
+class RestoreIncompatible(StateError):
     """The pipeline cannot start from the snapshot. `message` says what changed, `hint` what
     to do; `problems` and `hints` list them one by one."""
 

@@ -16,21 +16,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from services.dispatcher.strict_fields import EntryName, StrictBool  # noqa: F401 - EntryName re-exported
-from shared import restart
+from shared import durations, restart
+from shared.job_options import MAX_INT
 
 RESTART_TYPES = restart.STRATEGY_TYPES  # ("none", "fixed-delay", "failure-rate", "exponential-delay")
-# Flink accepts these spellings of the same strategies in `restart-strategy.type`.
-_RESTART_ALIASES = {
-    "no": "none", "off": "none", "disable": "none", "norestart": "none",
-    "fixeddelay": "fixed-delay", "failurerate": "failure-rate", "exponentialdelay": "exponential-delay",
-}
 KINDS = ("pyspark", "noop")
-# Flink's parallelism, attempts and counts are Java ints; so are the catalog's columns
-# (PostgreSQL `integer`): a larger value would overflow the insert, a 500 instead of a 400.
-MAX_INT = 2**31 - 1
 MAX_PARALLELISM = MAX_INT
-# Durations end in timers, whose waits Python refuses above ~292 years.
-MAX_DURATION_S = 100 * 365 * 86400.0
 
 
 # --- field validators: each raises a PydanticCustomError whose context says what is expected ---
@@ -93,29 +84,16 @@ def number_between(minimum: float, maximum: float | None = None) -> Any:
                      WithJsonSchema(_bounds({"type": "number"}, minimum, maximum))]
 
 
-_UNITS = {
-    "ms": 0.001, "milli": 0.001, "millis": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
-}
-_DURATION_EXPECTED = ('seconds as a number (e.g. 10), or a duration string with a unit (e.g. "10 s", "500 ms", '
-                      '"2 min"), at most 100 years')
+_DURATION_EXPECTED = f"{durations.EXPECTED}, at most 100 years"
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number of seconds or a Flink-style duration string ("10 s", "500 ms")."""
-    seconds = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            seconds = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if seconds is not None and math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S:
-        return seconds
-    raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value))
+    """Seconds from a number of seconds or a Flink-style duration string ("10 s", "500 ms"):
+    shared/durations.py, with the error pydantic reports."""
+    try:
+        return durations.parse_duration(value)
+    except durations.InvalidDuration:
+        raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value)) from None
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema({
@@ -223,8 +201,7 @@ class ExponentialDelay(_Strict):
 
 def _restart_type(value: Any) -> Any:
     if isinstance(value, dict) and isinstance(value.get("type"), str):
-        t = value["type"].strip().lower()
-        return {**value, "type": _RESTART_ALIASES.get(t, t)}
+        return {**value, "type": restart.strategy_type(value["type"]) or value["type"].strip().lower()}
     if isinstance(value, dict) and "type" not in value:
         raise _fail("restart_type", "field required: must be {expected}", "one of " + ", ".join(RESTART_TYPES),
                     subfield="type")

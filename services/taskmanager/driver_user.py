@@ -32,6 +32,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.errors import TaskError
+
 log = logging.getLogger("headrace.taskmanager.driver_user")
 
 DEFAULT_NAME = "headrace-driver"
@@ -39,7 +41,7 @@ SETTING = "driver_user (HEADRACE_DRIVER_USER)"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class DriverUserError(RuntimeError):
+class DriverUserError(TaskError, RuntimeError):
     """The TaskManager cannot run its drivers as the configured user; the message says why and what to do."""
 
 

@@ -19,11 +19,12 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from shared import restart
+from shared import durations
+from shared.errors import ConfigError
 from shared.states import ExecutionState as ES
 
 
-class InvalidTaskConfig(ValueError):
+class InvalidTaskConfig(ConfigError, ValueError):
     """A job option the task cannot read."""
 
 
@@ -33,8 +34,8 @@ def _seconds(cfg: Mapping[str, Any], key: str, default: float, *, allow_negative
         if allow_negative and isinstance(raw, (int, float, str)) and not isinstance(raw, bool) \
                 and str(raw).strip().startswith("-"):
             return float(raw)
-        return restart.parse_duration(raw, key)
-    except (ValueError, restart.InvalidRestartStrategy):
+        return durations.parse_duration(raw)
+    except ValueError:
         raise InvalidTaskConfig(f"{key}: expected seconds or a duration such as \"2 s\", got {raw!r}") from None
 
 

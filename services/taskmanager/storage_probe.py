@@ -11,11 +11,12 @@ import secrets
 from pathlib import Path
 
 from shared import streams
+from shared.errors import TaskError
 
 PROBE_DIR = ".headrace-probe"
 
 
-class StorageNotShared(RuntimeError):
+class StorageNotShared(TaskError, RuntimeError):
     """The checkpoint directory is not usable, or not the same one the other TaskManagers use."""
 
 

@@ -21,13 +21,14 @@ from shared.catalog.models import (
     Artifact, CheckpointRow, ExceptionRow, Execution, Job, JobTransition, Leadership, Operation, OutboxEntry, Sequence_,
     TaskManagerRow, Vertex, epoch_ms, utcnow,
 )
+from shared.errors import CoordinationError, NotFoundError
 from shared.states import (
     CheckpointStatus, ExecutionState, IllegalTransition, JobStatus, OperationStatus, check_checkpoint_transition,
     check_execution_transition, check_job_transition,
 )
 
 
-class NotFound(LookupError):
+class NotFound(NotFoundError, LookupError):
     pass
 
 
@@ -67,7 +68,7 @@ def _get(s: Session, model, pk: str, lock: bool):
     return row
 
 
-class StaleEpoch(RuntimeError):
+class StaleEpoch(CoordinationError, RuntimeError):
     """A write by a JobManager whose leadership has since passed to a newer epoch."""
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.catalog.models import ApiToken, utcnow
+from shared.errors import ConfigError
 
 # Lowest first: each role may do everything the roles before it may.
 ROLES = ("viewer", "operator", "admin")
@@ -26,7 +27,7 @@ TOKEN_PREFIX = "hr_"
 MAX_NAME_LENGTH = 255
 
 
-class TokenError(ValueError):
+class TokenError(ConfigError, ValueError):
     """A request to create or revoke a token that cannot be carried out; the message says why."""
 
 

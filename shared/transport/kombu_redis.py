@@ -28,12 +28,13 @@ from queue import Empty
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 
+from shared.errors import MessageError
 from shared.transport import dead_letters
 
 log = logging.getLogger(__name__)
 
 
-class UnreadableItem(ValueError):
+class UnreadableItem(MessageError, ValueError):
     """A queue item that is not a Celery message this worker could take."""
 
 

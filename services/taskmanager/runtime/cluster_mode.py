@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from shared.errors import TaskError
+
 # An executor idle this long goes back to the cluster; long enough to outlive the pause between
 # two micro-batches of a busy streaming query, short enough that a finished warm-up frees it.
 EXECUTOR_IDLE_TIMEOUT = "60s"
@@ -51,7 +53,7 @@ class Engine:
         }
 
 
-class NoExecutors(RuntimeError):
+class NoExecutors(TaskError, RuntimeError):
     """The Spark cluster gave this task no executor while it had work waiting."""
 
 

@@ -40,6 +40,7 @@ import json
 from typing import Any, Iterator, Mapping
 
 from shared import restore_compat
+from shared.errors import StateError
 
 SIGNATURE_VERSION = 1
 
@@ -79,7 +80,7 @@ _KINDS_BY_NODE = {
 }
 
 
-class IncompatibleStateError(Exception):
+class IncompatibleStateError(StateError):
     """The query cannot start from the snapshot; str() says what changed and what to do."""
 
     def __init__(self, verdict: restore_compat.Verdict, snapshot: str = "this snapshot"):

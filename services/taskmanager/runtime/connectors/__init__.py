@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from shared.errors import TaskError
+
 from .ownership import SinkOwnedError, SinkOwner
 
 __all__ = ["SinkFencedError", "SinkHandle", "SinkOwnedError", "SinkOwner", "flatten_structs",
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 
-class SinkFencedError(RuntimeError):
+class SinkFencedError(TaskError, RuntimeError):
     """A batch of an attempt that is no longer the one holding the sink: a newer attempt of the
     same task took it over (prepare). Raised inside the batch's commit, which writes nothing, so
     the stale attempt's query fails; the JobManager ignores failures of attempts it replaced."""

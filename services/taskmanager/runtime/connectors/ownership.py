@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from shared.errors import TaskError
+
 UNKNOWN = "unknown (written before Headrace recorded sink owners)"
 MAX_REPLACED = 32  # replaced job ids an owner record keeps
 
@@ -59,7 +61,7 @@ class SinkOwner:
                    generation=int(rec.get("generation", 0)))
 
 
-class SinkOwnedError(RuntimeError):
+class SinkOwnedError(TaskError, RuntimeError):
     """A task (or batch write) found its sink target owned by another lineage. Raised before
     anything is written or deleted; restarting cannot help (the JobManager fails the job at
     once, services/jobmanager/scheduler.py NON_RECOVERABLE)."""
