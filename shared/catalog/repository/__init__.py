@@ -1,0 +1,63 @@
+"""Every catalog write. One function per entity changes its state, inside the caller's
+transaction (`Catalog.session()`), locking the row and refusing what its state machine forbids.
+
+JobManager writes are fenced twice. The `leadership` row holds the newest leader epoch: a leader
+claims it when it takes over (`claim_leadership`) and every unit of work locks it and checks its
+own epoch just before committing (`check_leadership`), so a deposed leader commits nothing at
+all, whichever rows it touched. And a job row remembers the newest epoch that wrote it
+(`StaleEpoch` for an older one).
+
+One module per entity; this package re-exports their functions, so callers write
+`repository.create_job(...)`.
+"""
+
+from shared.catalog.repository.artifacts import create_artifact, delete_artifact, get_artifact, list_artifacts
+from shared.catalog.repository.checkpoints import (
+    create_checkpoint, get_checkpoint, list_checkpoints, pending_checkpoints, transition_checkpoint,
+)
+from shared.catalog.repository.executions import (
+    add_scheduled_plans, create_execution, create_vertex, execution_states, get_execution, job_executions,
+    job_vertices, latest_executions, live_executions_on, live_executions_on_any, record_progress,
+    set_execution_restore, set_execution_waiting_reason, set_vertex_parallelism, transition_execution,
+    vertex_executions,
+)
+from shared.catalog.repository.jobs import (
+    add_job_transitions, count_jobs_by_status, create_job, get_job, job_exceptions, job_state_timestamps,
+    job_transitions, list_jobs, record_exception, set_checkpoint_failures, set_job_waiting_reason,
+    set_restart_state, transition_job,
+)
+from shared.catalog.repository.leadership import LEADERSHIP_ROW, check_leadership, claim_leadership, leadership_epoch
+from shared.catalog.repository.operations import (
+    create_operation, finish_operation, get_operation, job_operations, set_operation_checkpoint,
+)
+from shared.catalog.repository.outbox import add_outbox, delete_outbox, pending_outbox
+from shared.catalog.repository.rows import NotFound, StaleEpoch, lock_rows, next_value, pin
+from shared.catalog.repository.schedules import (
+    advance_schedule, create_schedule, create_scheduled_job, delete_schedule, due_schedules, get_schedule,
+    last_schedule_job, latest_schedule_runs, list_schedules, queued_schedule_runs, record_schedule_run,
+    schedule_run_counts, schedule_runs, set_schedule_enabled, set_schedule_run,
+)
+from shared.catalog.repository.taskmanagers import (
+    get_taskmanager, list_taskmanagers, mark_taskmanager_gone, register_taskmanager, register_taskmanagers,
+    touch_taskmanagers, update_taskmanager_slots,
+)
+from shared.states import IllegalTransition
+
+__all__ = [
+    "IllegalTransition", "LEADERSHIP_ROW", "NotFound", "StaleEpoch", "add_job_transitions", "add_outbox",
+    "add_scheduled_plans", "advance_schedule", "check_leadership", "claim_leadership", "count_jobs_by_status",
+    "create_artifact", "create_checkpoint", "create_execution", "create_job", "create_operation", "create_schedule",
+    "create_scheduled_job", "create_vertex", "delete_artifact", "delete_outbox", "delete_schedule", "due_schedules",
+    "execution_states", "finish_operation", "get_artifact", "get_checkpoint", "get_execution", "get_job",
+    "get_operation", "get_schedule", "get_taskmanager", "job_exceptions", "job_executions", "job_operations",
+    "job_state_timestamps", "job_transitions", "job_vertices", "last_schedule_job", "latest_executions",
+    "latest_schedule_runs", "leadership_epoch", "list_artifacts", "list_checkpoints", "list_jobs", "list_schedules",
+    "list_taskmanagers", "live_executions_on", "live_executions_on_any", "lock_rows", "mark_taskmanager_gone",
+    "next_value", "pending_checkpoints", "pending_outbox", "pin", "queued_schedule_runs", "record_exception",
+    "record_progress", "record_schedule_run", "register_taskmanager", "register_taskmanagers",
+    "schedule_run_counts", "schedule_runs", "set_checkpoint_failures", "set_execution_restore",
+    "set_execution_waiting_reason", "set_job_waiting_reason", "set_operation_checkpoint", "set_restart_state",
+    "set_schedule_enabled", "set_schedule_run", "set_vertex_parallelism", "touch_taskmanagers",
+    "transition_checkpoint", "transition_execution", "transition_job", "update_taskmanager_slots",
+    "vertex_executions",
+]

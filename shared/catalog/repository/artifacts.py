@@ -1,0 +1,36 @@
+"""Uploaded artifacts (the jars of Flink's API): create, get, list, delete."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared.catalog.models import Artifact
+from shared.catalog.repository.rows import NotFound
+
+
+def create_artifact(s: Session, *, id: str, name: str, path: str, size: int, sha256: str) -> Artifact:
+    row = Artifact(id=id, name=name, path=path, size=size, sha256=sha256)
+    s.add(row)
+    s.flush()
+    return row
+
+
+def get_artifact(s: Session, artifact_id: str) -> Artifact:
+    row = s.get(Artifact, artifact_id)
+    if row is None:
+        raise NotFound(f"artifact {artifact_id} not found")
+    return row
+
+
+def list_artifacts(s: Session) -> Sequence[Artifact]:
+    return s.execute(select(Artifact).order_by(Artifact.uploaded_at)).scalars().all()
+
+
+def delete_artifact(s: Session, artifact_id: str) -> Artifact:
+    row = get_artifact(s, artifact_id)
+    s.delete(row)
+    s.flush()
+    return row

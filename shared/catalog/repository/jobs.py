@@ -1,0 +1,131 @@
+"""Jobs: creation, the one function that changes `jobs.status` (`transition_job`), their
+transition history, exceptions, restart and checkpoint-failure counters."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from shared.catalog.models import ExceptionRow, Job, JobTransition, epoch_ms, utcnow
+from shared.catalog.repository.rows import NotFound, StaleEpoch, get_row, next_value
+from shared.states import JobStatus, check_job_transition
+
+
+def create_job(
+    s: Session, *, id: str, name: str, artifact_id: str | None, entry: str, parallelism: int,
+    program_args: list[str], config: dict[str, Any], restart_strategy: dict[str, Any],
+    kind: str = "pyspark",
+) -> Job:
+    now = utcnow()
+    job = Job(
+        id=id, seq=next_value(s, "job"), name=name, artifact_id=artifact_id, entry=entry,
+        parallelism=parallelism, program_args=list(program_args), config=dict(config),
+        restart_strategy=dict(restart_strategy), kind=kind, status=JobStatus.INITIALIZING.value,
+        created_at=now, updated_at=now,
+    )
+    s.add(job)
+    s.add(JobTransition(job_id=id, from_status=None, to_status=JobStatus.INITIALIZING.value, at=now))
+    s.flush()
+    return job
+
+
+def get_job(s: Session, job_id: str, *, lock: bool = False) -> Job:
+    row = get_row(s, Job, job_id, lock)
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    return row
+
+
+def list_jobs(s: Session, *, statuses: Iterable[JobStatus] | None = None) -> Sequence[Job]:
+    q = select(Job).order_by(Job.seq)
+    if statuses is not None:
+        q = q.where(Job.status.in_([st.value for st in statuses]))
+    return s.execute(q).scalars().all()
+
+
+def transition_job(
+    s: Session, job_id: str | Job, target: JobStatus, *, epoch: int | None = None, reason: str | None = None,
+    history: list[dict] | None = None,
+) -> Job:
+    """The only function that changes `jobs.status`. Raises IllegalTransition or StaleEpoch.
+    Pass the row itself when the caller already holds it locked, to save a round trip.
+    `history`: collect the transition's row there (for `add_job_transitions`, one bulk INSERT
+    for many jobs) instead of adding it to the session."""
+    job = job_id if isinstance(job_id, Job) else get_job(s, job_id, lock=True)
+    job_id = job.id
+    if epoch is not None:
+        if job.epoch > epoch:
+            raise StaleEpoch(f"job {job_id} is owned by epoch {job.epoch}; this writer has {epoch}")
+        job.epoch = epoch
+    current = JobStatus(job.status)
+    if current == target:
+        return job
+    check_job_transition(current, target)
+    now = utcnow()
+    job.status = target.value
+    job.updated_at = now
+    if target.is_terminal:
+        job.end_at = now
+        job.waiting_reason = None
+    row = dict(job_id=job_id, from_status=current.value, to_status=target.value, at=now, reason=reason)
+    if history is not None:
+        history.append(row)
+    else:
+        s.add(JobTransition(**row))
+    return job
+
+
+def add_job_transitions(s: Session, rows: list[dict]) -> None:
+    if rows:
+        s.execute(insert(JobTransition.__table__), rows)
+
+
+def set_job_waiting_reason(s: Session, job: str | Job, reason: str | None) -> None:
+    if isinstance(job, Job):
+        if job.waiting_reason != reason:
+            job.waiting_reason = reason
+        return
+    s.execute(update(Job).where(Job.id == job).values(waiting_reason=reason))
+
+
+def job_transitions(s: Session, job_id: str) -> Sequence[JobTransition]:
+    return s.execute(select(JobTransition).where(JobTransition.job_id == job_id).order_by(JobTransition.id)).scalars().all()
+
+
+def job_state_timestamps(s: Session, job_id: str) -> dict[str, int]:
+    """Flink's `timestamps` map: the last time the job entered each state, in epoch ms."""
+    return {t.to_status: epoch_ms(t.at) for t in job_transitions(s, job_id)}
+
+
+def count_jobs_by_status(s: Session) -> dict[str, int]:
+    return dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+
+
+def set_restart_state(s: Session, job: Job, state: dict) -> None:
+    job.restart_state = state
+
+
+def set_checkpoint_failures(s: Session, job: Job, value: int) -> None:
+    job.checkpoint_failures = value
+
+
+def record_exception(
+    s: Session, *, job_id: str, exception_name: str, stacktrace: str, execution_id: str | None = None,
+    vertex_name: str | None = None, attempt: int | None = None, taskmanager_id: str | None = None,
+    keep: int = 16,
+) -> ExceptionRow:
+    row = ExceptionRow(job_id=job_id, execution_id=execution_id, vertex_name=vertex_name, attempt=attempt,
+                       taskmanager_id=taskmanager_id, exception_name=exception_name, stacktrace=stacktrace)
+    s.add(row)
+    s.flush()
+    old = s.execute(select(ExceptionRow.id).where(ExceptionRow.job_id == job_id)
+                    .order_by(ExceptionRow.id.desc()).offset(keep)).scalars().all()
+    if old:
+        s.execute(delete(ExceptionRow).where(ExceptionRow.id.in_(old)))
+    return row
+
+
+def job_exceptions(s: Session, job_id: str) -> Sequence[ExceptionRow]:
+    return s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc())).scalars().all()
