@@ -8,13 +8,14 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
 from shared.catalog.models import Sequence_
+from shared.errors import CoordinationError, NotFoundError
 
 
-class NotFound(LookupError):
+class NotFound(NotFoundError, LookupError):
     pass
 
 
-class StaleEpoch(RuntimeError):
+class StaleEpoch(CoordinationError, RuntimeError):
     """A write by a JobManager whose leadership has since passed to a newer epoch."""
 
 
