@@ -28,7 +28,8 @@ from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.metrics import JobManagerMetrics
 from services.jobmanager.schedule_beat import ScheduleBeat
-from services.jobmanager.scheduler import JobMaster, LeadershipLost
+from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost
 
 log = logging.getLogger("headrace.jobmanager")
 

@@ -34,13 +34,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shared import checkpointing
 from shared.catalog import repository as repo
 from shared.catalog.models import Execution, Job
 from shared.messages import (
-    CancelJob, CheckpointAcknowledged, CheckpointDeclined, RequestCheckpoint, RequestSavepoint, TriggerCheckpoint,
+    CheckpointAcknowledged, CheckpointDeclined, RequestCheckpoint, RequestSavepoint, TriggerCheckpoint,
 )
 from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
@@ -51,8 +51,10 @@ from services.jobmanager.checkpoint_store import BatchLatest
 from services.jobmanager.snapshot_files import discard_files
 
 if TYPE_CHECKING:
+    from shared.clock import Clock
+    from shared.settings import Settings
     from services.jobmanager.checkpoint_store import CheckpointStore
-    from services.jobmanager.scheduler import JobMaster
+    from services.jobmanager.unit_of_work import UnitOfWork
 
 log = logging.getLogger("headrace.jobmanager.checkpoints")
 
@@ -60,6 +62,17 @@ EXPIRED = "Checkpoint expired before completing."
 # Failures that are not the checkpoint's fault do not count toward the tolerable failures (as
 # Flink's CheckpointFailureManager ignores e.g. a task that is not running).
 ABORTED_BY_TASK_END = "the task attempt ended before the checkpoint completed"
+
+
+class CheckpointPort(Protocol):
+    """What the coordinator asks of the job master: send a trigger (after commit), fail an
+    attempt over when its checkpoints keep failing, cancel a job after its savepoint."""
+
+    def trigger(self, queue: str, cmd: TriggerCheckpoint) -> None: ...
+
+    def fail_over(self, execution_id: str, cause: str) -> None: ...
+
+    def cancel(self, job_id: str) -> None: ...
 
 
 @dataclass
@@ -96,10 +109,10 @@ class CheckpointCoordinator:
     TICK_S = 0.2
     CONFIG_CACHE_SIZE = 1024
 
-    def __init__(self, master: "JobMaster", store: "CheckpointStore"):
-        self.master = master
-        self.store = BatchLatest(store)
-        self.settings = master.settings
+    def __init__(self, settings: Settings, clock: Clock, uow: UnitOfWork, port: CheckpointPort,
+                 store: CheckpointStore):
+        self.settings, self.clock, self.uow, self.port = settings, clock, uow, port
+        self.store = BatchLatest(store, after_commit=uow.after_commit)
         self._tracks: dict[str, _Track] = {}
         self._next_tick = 0.0
         # Effective options by the job's own (kind, options): read on every submit, deploy and
@@ -149,7 +162,7 @@ class CheckpointCoordinator:
 
     def on_execution_running(self, s, job: Job, ex: Execution) -> None:
         cfg = self.config(job)
-        now = self.master.clock.now()
+        now = self.clock.now()
         old = self._tracks.get(job.id)
         if old is not None and old.execution_id == ex.id:
             return
@@ -167,7 +180,7 @@ class CheckpointCoordinator:
                 self._fail_row(s, row, cause)
                 if row.path:
                     # The driver may have begun writing it; no ack will come to claim it.
-                    self.master.after_commit(lambda p=row.path: self._discard([p]))
+                    self.uow.after_commit(lambda p=row.path: self._discard([p]))
 
     def on_job_terminal(self, s, job: Job, status: JS) -> None:
         self._tracks.pop(job.id, None)
@@ -184,13 +197,13 @@ class CheckpointCoordinator:
                     paths.append(row.path)
                 repo.transition_checkpoint(s, row, CS.DISCARDED)
             if paths:
-                self.master.after_commit(lambda: self._discard(paths))
+                self.uow.after_commit(lambda: self._discard(paths))
         self.store.remove_job(s, job.id)
 
     # --- REST requests -----------------------------------------------------------------
 
     def on_request_checkpoint(self, msg: RequestCheckpoint) -> None:
-        with self.master._tx() as s:
+        with self.uow.tx() as s:
             accepted = self._accept(s, msg.request_id, msg.job_id)
             if accepted is None:
                 return
@@ -201,7 +214,7 @@ class CheckpointCoordinator:
     def on_request_savepoint(self, msg: RequestSavepoint) -> None:
         from shared.checkpoint_storage import new_savepoint_dir
 
-        with self.master._tx() as s:
+        with self.uow.tx() as s:
             accepted = self._accept(s, msg.request_id, msg.job_id)
             if accepted is None:
                 return
@@ -266,21 +279,21 @@ class CheckpointCoordinator:
         cmd = TriggerCheckpoint(taskmanager_id=ex.taskmanager_id, job_id=job.id, execution_id=ex.id,
                                 checkpoint_id=cid, kind=kind, target=str(target),
                                 stop_after=after in ("stop", "rescale"), drain=drain)
-        self.master.trigger_command(self.master._queue_of(ex.taskmanager_id, s), cmd)
+        self.port.trigger(self.uow.queue_of(ex.taskmanager_id, s), cmd)
         track = self._tracks.get(job.id)
         if track is None or track.execution_id != ex.id:
-            track = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or "", self.config(job), next_due=self.master.clock.now())
+            track = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or "", self.config(job), next_due=self.clock.now())
             self._tracks[job.id] = track
-        track.pending[cid] = self.master.clock.now()
+        track.pending[cid] = self.clock.now()
         return row
 
     def due(self) -> bool:
-        return bool(self._tracks) and self.master.clock.now() >= self._next_tick
+        return bool(self._tracks) and self.clock.now() >= self._next_tick
 
     def tick(self) -> None:
         """Time out old pending checkpoints and trigger periodic ones that are due. Runs in a unit
         of work of its own, every TICK_S while any job is tracked."""
-        now = self.master.clock.now()
+        now = self.clock.now()
         self._next_tick = now + self.TICK_S
         for job_id, track in list(self._tracks.items()):
             for cid, started in list(track.pending.items()):
@@ -294,7 +307,7 @@ class CheckpointCoordinator:
             if now - track.last_completed < track.config.min_pause_s:
                 continue
             track.next_due = now + track.config.interval_s
-            with self.master._tx() as s:
+            with self.uow.tx() as s:
                 found = self._running_attempt(s, job_id)
                 if isinstance(found, str) or found[1].id != track.execution_id:
                     continue  # the job moved on; its hooks will update the track
@@ -304,14 +317,14 @@ class CheckpointCoordinator:
     # --- acknowledgements --------------------------------------------------------------
 
     def on_ack(self, msg: CheckpointAcknowledged) -> None:
-        with self.master._tx() as s:
+        with self.uow.tx() as s:
             try:
                 row = repo.get_checkpoint(s, msg.job_id, msg.checkpoint_id, lock=True)
             except repo.NotFound:
                 return  # no record, so no path of ours: the message's own path is not trusted
             if row.status != CS.IN_PROGRESS.value or row.execution_id != msg.execution_id:
                 if row.status == CS.FAILED.value and row.path:  # late: expired or aborted meanwhile
-                    self.master.after_commit(lambda p=row.path: self._discard([p]))
+                    self.uow.after_commit(lambda p=row.path: self._discard([p]))
                 return
             if row.path and msg.path != row.path:
                 # The snapshot was written where the trigger said, or it is not ours to record
@@ -325,7 +338,7 @@ class CheckpointCoordinator:
             track = self._tracks.get(job.id)
             if track is not None:
                 track.pending.pop(row.checkpoint_id, None)
-                track.last_completed = self.master.clock.now()
+                track.last_completed = self.clock.now()
             self.store.add(s, job.id, row.checkpoint_id, {"path": row.path, "batch_id": msg.batch_id,
                                                           "kind": row.kind, "at": time.time()})
             if row.kind == "checkpoint":
@@ -341,7 +354,7 @@ class CheckpointCoordinator:
         log.info("checkpoint %d of job %s completed at batch %d (%d bytes, %d ms)", msg.checkpoint_id, msg.job_id,
                  msg.batch_id, msg.state_size, msg.duration_ms)
         if after == "cancel":
-            self.master.on_cancel(CancelJob(job_id=msg.job_id))
+            self.port.cancel(msg.job_id)
 
     def _discard(self, paths: list[str]) -> None:
         discard_files(paths, self.settings)
@@ -356,11 +369,11 @@ class CheckpointCoordinator:
             if row.path:
                 paths.append(row.path)
         if paths:
-            self.master.after_commit(lambda: self._discard(paths))
+            self.uow.after_commit(lambda: self._discard(paths))
 
     def on_decline(self, msg: CheckpointDeclined) -> None:
         permanent = msg.permanent
-        with self.master._tx() as s:
+        with self.uow.tx() as s:
             try:
                 row = repo.get_checkpoint(s, msg.job_id, msg.checkpoint_id, lock=True)
             except repo.NotFound:
@@ -377,7 +390,7 @@ class CheckpointCoordinator:
         track = self._tracks.get(job_id)
         if track is not None:
             track.pending.pop(checkpoint_id, None)
-        with self.master._tx() as s:
+        with self.uow.tx() as s:
             try:
                 row = repo.get_checkpoint(s, job_id, checkpoint_id, lock=True)
             except repo.NotFound:
@@ -386,7 +399,7 @@ class CheckpointCoordinator:
                 return
             self._count_failure(s, row, EXPIRED, counts=True)
             if row.path:
-                self.master.after_commit(lambda p=row.path: self._discard([p]))
+                self.uow.after_commit(lambda p=row.path: self._discard([p]))
         log.warning("checkpoint %d of job %s expired", checkpoint_id, job_id)
 
     def _count_failure(self, s, row, cause: str, *, counts: bool) -> None:
@@ -402,7 +415,7 @@ class CheckpointCoordinator:
         repo.set_checkpoint_failures(s, job, failures)
         if failures > tolerable and job.status == JS.RUNNING.value and row.execution_id:
             repo.set_checkpoint_failures(s, job, 0)
-            self.master.fail_over_for_checkpoints(
+            self.port.fail_over(
                 row.execution_id,
                 f"Exceeded checkpoint tolerable failure threshold ({tolerable}): {failures} consecutive "
                 f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}")
@@ -449,7 +462,8 @@ class CheckpointCoordinator:
         """A new leader adopts the pending checkpoints of its predecessor (their acks may still
         come) with their original trigger times, and tracks every running attempt again."""
         self._tracks.clear()
-        for job in repo.list_jobs(s, statuses=[JS.RUNNING]):
+        live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
+        for job in (j for j in live if j.status == JS.RUNNING.value):
             for ex in repo.latest_executions(s, job.id).values():
                 if ex.state == ES.RUNNING.value:
                     self.on_execution_running(s, job, ex)
@@ -459,7 +473,8 @@ class CheckpointCoordinator:
             trigger_at = row.trigger_at.timestamp() if row.trigger_at else now_wall
             age = max(0.0, now_wall - trigger_at)
             if track is not None and track.execution_id == row.execution_id:
-                track.pending[row.checkpoint_id] = self.master.clock.now() - age
+                track.pending[row.checkpoint_id] = self.clock.now() - age
             else:
                 self._fail_row(s, row, "its task attempt is no longer running (JobManager change)")
+        self.store.reconcile(s, [job.id for job in live])
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -42,7 +42,10 @@ from shared.clock import Clock, WallClock
 from shared.ids import new_job_id
 from shared.messages import CancelJob, SubmitJob
 from shared.states import JobStatus as JS
-from services.jobmanager.scheduler import JobMaster, LeadershipLost
+from services.jobmanager.unit_of_work import LeadershipLost
+
+if TYPE_CHECKING:
+    from services.jobmanager.scheduler import JobMaster
 
 log = logging.getLogger("headrace.jobmanager.schedules")
 
@@ -60,7 +63,7 @@ class ScheduleBeat:
     # among it) before judging whether a schedule's previous run still lives.
     FIRST_PASS_AFTER_S = 1.0
 
-    def __init__(self, master: JobMaster, clock: Clock | None = None, *, interval_s: float = INTERVAL_S,
+    def __init__(self, master: "JobMaster", clock: Clock | None = None, *, interval_s: float = INTERVAL_S,
                  first_pass_after_s: float = FIRST_PASS_AFTER_S, monotonic: Callable[[], float] = time.monotonic):
         self.master, self.clock = master, clock or WallClock()
         self.interval_s, self.monotonic = interval_s, monotonic
@@ -108,7 +111,7 @@ class ScheduleBeat:
     def fire(self, schedule_id: str, now: datetime) -> None:
         submit: list[str] = []
         cancel: list[str] = []
-        with self.master._tx() as s:  # the unit of work's session (as checkpoints.py uses it)
+        with self.master.uow.tx() as s:  # the session of the unit of work `tick` opened
             try:
                 sched = repo.get_schedule(s, schedule_id, lock=True)
             except repo.NotFound:

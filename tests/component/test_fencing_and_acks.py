@@ -15,7 +15,8 @@ from shared.messages import (
     TaskStateChanged, decode,
 )
 from shared.states import ExecutionState as ES
-from services.jobmanager.scheduler import JobMaster, LeadershipLost
+from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost
 from tests.component.test_scheduling import Harness, _executions
 
 

@@ -19,7 +19,8 @@ from shared.messages import CancelJob
 from shared.settings import Settings
 from shared.transport import InMemoryTransport
 from services.jobmanager.schedule_beat import ScheduleBeat
-from services.jobmanager.scheduler import JobMaster, LeadershipLost
+from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost
 
 UTC = timezone.utc
 T0 = datetime(2027, 1, 4, 12, 0, 0, tzinfo=UTC)  # a Monday, at a whole minute

@@ -1,0 +1,81 @@
+"""From a scheduled attempt to its task: the slot request it sends the ResourceManager and the
+deploy command its TaskManager gets (with the restore point and a fence token)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sqlalchemy.orm import Session
+
+from shared import job_options
+from shared.catalog import repository as repo
+from shared.catalog.models import Artifact, Execution, Job, Vertex
+from shared.messages import DeployTask, RequestSlots, SlotsAllocated
+from shared.settings import Settings
+from shared.task_protocol import TaskSpec
+from services.jobmanager.checkpoints import CheckpointCoordinator
+
+log = logging.getLogger("headrace.jobmanager")
+
+
+def slot_request_timeout(config: dict, default_s: float) -> float:
+    """`slot.request.timeout` from a job's config (shared/job_options.py): seconds or a duration
+    ("5 min"). A value stored before the dispatcher checked it and unreadable falls back to the
+    default rather than failing every message about the job."""
+    raw = (config or {}).get(job_options.SLOT_REQUEST_TIMEOUT)
+    if raw is None:
+        return default_s
+    try:
+        return job_options.duration_s(raw, positive=True)
+    except ValueError:
+        log.warning("ignoring unreadable slot.request.timeout %r; using %.0f s", raw, default_s)
+        return default_s
+
+
+class Deployment:
+    def __init__(self, settings: Settings, checkpoints: CheckpointCoordinator):
+        self.settings, self.checkpoints = settings, checkpoints
+        self._last_fence = 0
+
+    def request(self, job: Job, parallelism: int, execution_id: str) -> RequestSlots:
+        timeout = slot_request_timeout(job.config, self.settings.slot_request_timeout_s)
+        return RequestSlots(request_id=execution_id, job_id=job.id, execution_id=execution_id, slots=parallelism,
+                            timeout_s=timeout, submitted_seq=job.seq)
+
+    def slot_request(self, job: Job, vertex: Vertex, ex: Execution) -> RequestSlots:
+        return self.request(job, vertex.parallelism, ex.id)
+
+    def command(self, s: Session, job: Job, ex: Execution, msg: SlotsAllocated, *, choose_restore: bool) -> DeployTask:
+        """`choose_restore`: a first deploy picks (and records) the restore point; a redelivered
+        one keeps the point chosen the first time."""
+        vertex = s.get(Vertex, ex.vertex_id)  # prefetched with the batch: no SQL
+        assert vertex is not None, f"attempt {ex.id} has no vertex"
+        artifact = s.get(Artifact, job.artifact_id) if job.artifact_id else None
+        artifact_path = artifact.path if artifact is not None else None
+        if choose_restore:
+            restore_from, restore_id = self.checkpoints.restore_point(s, job)
+            repo.set_execution_restore(s, ex, path=restore_from, checkpoint_id=restore_id)
+        else:
+            restore_from, restore_id = ex.restored_from, ex.restored_checkpoint_id
+        spec = TaskSpec(
+            job_id=job.id, job_name=job.name, vertex_id=vertex.id, execution_id=ex.id, attempt=ex.attempt,
+            parallelism=vertex.parallelism, kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
+            artifact_path=artifact_path, entry=job.entry, program_args=tuple(job.program_args or ()),
+            checkpoint_dir=str(self.checkpoints.live_dir(job.id, vertex.id, ex.id)),
+            restore_from=restore_from, restore_checkpoint_id=restore_id,
+            allow_non_restored_state=self.checkpoints.config(job).allow_non_restored_state,
+            artifact_sha256=artifact.sha256 if artifact is not None else None, fence_token=self.next_fence(),
+            catalog_url=self.settings.pipeline_catalog_url or "",
+            redis_url=self.settings.pipeline_redis_url or self.settings.redis_url,
+            config=dict(job.config or {}),
+        )
+        return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
+                          slot_indices=msg.slot_indices, spec=spec.model_dump())
+
+    def next_fence(self) -> int:
+        """Wall-clock microseconds, strictly increasing within this process: across JobManagers
+        (a new leader, another cluster a job moved to) the clock keeps it growing, since the next
+        attempt of a lineage is deployed seconds after the previous one, far beyond clock skew."""
+        self._last_fence = max(time.time_ns() // 1000, self._last_fence + 1)
+        return self._last_fence
