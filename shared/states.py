@@ -7,8 +7,6 @@ JobStatus (one per job)::
                                   |  \\-> RESTARTING -> RUNNING | CANCELLING | FAILED
                                   \\-> CANCELLING -> CANCELED
     INITIALIZING | CREATED -> FAILED | CANCELED   (rejected or cancelled before scheduling)
-    any non-terminal -> SUSPENDED                 (JobManager lost leadership, HA only)
-    SUSPENDED -> CREATED                          (a new leader recovers the job)
 
 ExecutionState (one per attempt of a task)::
 
@@ -48,12 +46,6 @@ class JobStatus(str, Enum):
     CANCELED = "CANCELED"
     FINISHED = "FINISHED"
     RESTARTING = "RESTARTING"
-    SUSPENDED = "SUSPENDED"
-    RECONCILING = "RECONCILING"
-
-    @property
-    def is_globally_terminal(self) -> bool:
-        return self in _JOB_TERMINAL
 
     @property
     def is_terminal(self) -> bool:
@@ -70,7 +62,6 @@ class ExecutionState(str, Enum):
     CANCELING = "CANCELING"
     CANCELED = "CANCELED"
     FAILED = "FAILED"
-    RECONCILING = "RECONCILING"
 
     @property
     def is_terminal(self) -> bool:
@@ -91,14 +82,12 @@ _EXEC_TERMINAL = {ExecutionState.FINISHED, ExecutionState.CANCELED, ExecutionSta
 
 J = JobStatus
 JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    J.INITIALIZING: frozenset({J.CREATED, J.FAILED, J.CANCELED, J.SUSPENDED}),
-    J.CREATED: frozenset({J.RUNNING, J.FAILED, J.CANCELLING, J.CANCELED, J.SUSPENDED}),
-    J.RUNNING: frozenset({J.FINISHED, J.FAILING, J.RESTARTING, J.CANCELLING, J.SUSPENDED}),
-    J.FAILING: frozenset({J.FAILED, J.RESTARTING, J.CANCELLING, J.SUSPENDED}),
-    J.RESTARTING: frozenset({J.RUNNING, J.FAILED, J.CANCELLING, J.CANCELED, J.SUSPENDED}),
-    J.CANCELLING: frozenset({J.CANCELED, J.SUSPENDED}),
-    J.SUSPENDED: frozenset({J.CREATED, J.RECONCILING}),
-    J.RECONCILING: frozenset({J.RUNNING, J.CREATED, J.FAILED}),
+    J.INITIALIZING: frozenset({J.CREATED, J.FAILED, J.CANCELED}),
+    J.CREATED: frozenset({J.RUNNING, J.FAILED, J.CANCELLING, J.CANCELED}),
+    J.RUNNING: frozenset({J.FINISHED, J.FAILING, J.RESTARTING, J.CANCELLING}),
+    J.FAILING: frozenset({J.FAILED, J.RESTARTING, J.CANCELLING}),
+    J.RESTARTING: frozenset({J.RUNNING, J.FAILED, J.CANCELLING, J.CANCELED}),
+    J.CANCELLING: frozenset({J.CANCELED}),
     J.FAILED: frozenset(),
     J.CANCELED: frozenset(),
     J.FINISHED: frozenset(),
@@ -113,12 +102,18 @@ EXECUTION_TRANSITIONS: dict[ExecutionState, frozenset[ExecutionState]] = {
     E.INITIALIZING: frozenset({E.RUNNING, E.FINISHED, E.CANCELING, E.FAILED}),
     E.RUNNING: frozenset({E.FINISHED, E.CANCELING, E.FAILED}),
     E.CANCELING: frozenset({E.CANCELED, E.FAILED, E.FINISHED}),
-    E.RECONCILING: frozenset({E.RUNNING, E.FAILED, E.CANCELING}),
     E.FINISHED: frozenset(),
     E.CANCELED: frozenset(),
     E.FAILED: frozenset(),
 }
 assert all(s in EXECUTION_TRANSITIONS for s in _ANY_LIVE)
+
+# Flink's REST API and metrics also name these states. No Headrace job or attempt enters them (a
+# new leader picks jobs up as they are, without suspending them), so they are reported as zeros.
+FLINK_ONLY_JOB_STATES = ("SUSPENDED", "RECONCILING")
+FLINK_ONLY_EXECUTION_STATES = ("RECONCILING",)
+JOB_STATE_NAMES = (*(s.value for s in JobStatus), *FLINK_ONLY_JOB_STATES)
+EXECUTION_STATE_NAMES = (*(s.value for s in ExecutionState), *FLINK_ONLY_EXECUTION_STATES)
 
 
 class IllegalTransition(HeadraceError, ValueError):

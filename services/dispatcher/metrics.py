@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from shared import metrics, streams
 from shared.catalog.models import CheckpointRow, Execution, Job, JobTransition, OutboxEntry
-from shared.states import CheckpointStatus, ExecutionState, JobStatus
+from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, CheckpointStatus, JobStatus
 
 router = APIRouter()
 
@@ -57,12 +57,12 @@ class ClusterCollector(metrics.CachedCollector):
                                      & (newest.c.cid == CheckpointRow.checkpoint_id))).all()
 
         g = GaugeMetricFamily(metrics.name("jobs"), "jobs in the catalog by state", labels=["state"])
-        for state in JobStatus:  # every state, zeros too: a series that appears late breaks rate() and alerts
-            g.add_metric([state.value], jobs.get(state.value, 0))
+        for name in JOB_STATE_NAMES:  # every state, zeros too: a series that appears late breaks rate() and alerts
+            g.add_metric([name], jobs.get(name, 0))
         yield g
         g = GaugeMetricFamily(metrics.name("attempts"), "task attempts (executions) by state", labels=["state"])
-        for state in ExecutionState:
-            g.add_metric([state.value], attempts.get(state.value, 0))
+        for name in EXECUTION_STATE_NAMES:
+            g.add_metric([name], attempts.get(name, 0))
         yield g
         yield CounterMetricFamily(metrics.name("attempt_restarts"),
                                   "attempts beyond each task's first (restarts after failures, rescales)",

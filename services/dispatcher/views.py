@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from shared.catalog.models import epoch_ms
-from shared.states import ExecutionState, JobStatus
+from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, ExecutionState, JobStatus
 
 FLINK_VERSION = "headrace-0.1.0"
 FLINK_COMMIT = "unknown"
@@ -20,7 +20,7 @@ UNASSIGNED = "(unassigned)"  # Flink's endpoint for a task that has no TaskManag
 _STATUS_DURATION_STATES = ("CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING")
 _NON_TERMINAL_JOB = [s for s in JobStatus if not s.is_terminal]
 # Iterating the enum costs more than the rest of a job's overview (called per job and vertex).
-_EXECUTION_STATES = tuple(s.value for s in ExecutionState)
+_EXECUTION_STATES = EXECUTION_STATE_NAMES
 
 
 def ms(dt: datetime | None) -> int:
@@ -155,7 +155,7 @@ def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[str, Any], ti
                 *, max_par: int, now_ms: int) -> dict[str, Any]:
     """Flink's JobDetailsInfo plus `waiting-reason`, `restart-strategy` and `attempts`."""
     start, end = ms(job.created_at), ms(job.end_at)
-    stamps = {s.value: 0 for s in JobStatus}
+    stamps = dict.fromkeys(JOB_STATE_NAMES, 0)
     stamps.update({k: int(v) for k, v in timestamps.items()})
     return {
         "jid": job.id,

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from services.dispatcher import views
 from services.dispatcher.errors import ApiError, Problem, error_body, flink_error_body, problems_from_validation
 from services.dispatcher.schemas import JarRunRequest, normalise_restart_strategy, parse_duration
-from shared.states import ExecutionState, JobStatus
+from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 T0_MS = int(T0.timestamp() * 1000)
@@ -75,7 +75,7 @@ def test_job_overview_finished_uses_end_time_and_unscheduled_vertices_count_as_c
     out = views.job_overview(job(status="FINISHED", end_at=at(4)), [v1, v2], {v1.id: execution(state="FINISHED")},
                              now_ms=ms(100))
     assert out["end-time"] == ms(4) and out["duration"] == 4000
-    assert out["tasks"] == {**{s.value.lower(): 0 for s in ExecutionState}, "total": 2, "finished": 1, "created": 1}
+    assert out["tasks"] == {**{s.lower(): 0 for s in EXECUTION_STATE_NAMES}, "total": 2, "finished": 1, "created": 1}
 
 
 def test_job_details_timestamps_vertices_and_extras():
@@ -83,13 +83,13 @@ def test_job_details_timestamps_vertices_and_extras():
     ex = execution(attempt=2, waiting_reason=None)
     out = views.job_details(job(config={"spark.sql.shuffle.partitions": "8"}), [v], {v.id: ex},
                             {"INITIALIZING": T0_MS, "CREATED": ms(1), "RUNNING": ms(2)}, max_par=8, now_ms=ms(10))
-    assert set(out["timestamps"]) == {s.value for s in JobStatus}
+    assert set(out["timestamps"]) == set(JOB_STATE_NAMES)  # Flink's SUSPENDED and RECONCILING too
     assert out["timestamps"]["RUNNING"] == ms(2) and out["timestamps"]["FAILED"] == 0
     assert out["now"] == ms(10) and out["maxParallelism"] == 8 and out["isStoppable"] is False
     [vi] = out["vertices"]
     assert vi == {"id": v.id, "name": v.name, "maxParallelism": 8, "parallelism": 2, "status": "RUNNING",
                   "start-time": ms(2), "end-time": -1, "duration": 8000,
-                  "tasks": {**{s.value: 0 for s in ExecutionState}, "RUNNING": 1},
+                  "tasks": {**dict.fromkeys(EXECUTION_STATE_NAMES, 0), "RUNNING": 1},
                   "metrics": {"read-records": 10, "read-records-complete": False}}
     assert out["status-counts"]["RUNNING"] == 1
     assert out["plan"] == {"jid": "a" * 32, "name": "clicks", "type": "STREAMING", "nodes": [
