@@ -61,7 +61,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.add_middleware(auth.RequireToken, enabled=app.state.auth_required)
     security.install(app, auth_on=app.state.auth_required)
     slow_clients.install(app, settings)  # outside the guard: a refusal's drain is timed too
-    app.state.metrics_registry = metrics.registry_for(catalog, getattr(transport, "client", None))
+    app.state.metrics_registry = metrics.registry_for(catalog, transport.redis_client)
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
     # schedules before jobs: /jobs/schedules must not be taken for /jobs/{jobid}.
     api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager)

@@ -8,20 +8,20 @@ to DRAIN_MAX_BYTES, never stored) so that a client that sends its whole body bef
 answer, as httpx and requests do, sees the 413 rather than a broken connection; a client that
 asked `Expect: 100-continue` (curl, for bodies over 1 MB) gets the answer before it sends anything.
 
-The limit is `max_upload_bytes` of the settings when they have it, else the environment variable
-HEADRACE_MAX_UPLOAD_BYTES (bytes, or a size such as "500 MB"), else 100 MB.
+The limit is the setting `max_upload_bytes` (HEADRACE_MAX_UPLOAD_BYTES: bytes, or a size such as
+"500 MB"; 100 MB by default), read through Settings as every setting is.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from typing import Any, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.dispatcher.errors import Problem, error_response
+from shared.settings import Settings
 
 UPLOAD_ENV = "HEADRACE_MAX_UPLOAD_BYTES"
 DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024**2
@@ -49,13 +49,8 @@ def parse_size(raw: Any, *, setting: str = UPLOAD_ENV) -> int:
     raise ValueError(f"{setting} must be a positive number of bytes or a size such as \"500 MB\", got {raw!r}")
 
 
-def upload_limit(settings: Any, environ: Mapping[str, str] = os.environ) -> int:
-    configured = getattr(settings, "max_upload_bytes", None)
-    if configured is not None:
-        return parse_size(configured)
-    if environ.get(UPLOAD_ENV):
-        return parse_size(environ[UPLOAD_ENV])
-    return DEFAULT_MAX_UPLOAD_BYTES
+def upload_limit(settings: Settings) -> int:
+    return parse_size(settings.max_upload_bytes)
 
 
 def human(size: int) -> str:

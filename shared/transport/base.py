@@ -1,14 +1,23 @@
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from shared.messages import Envelope
+
+if TYPE_CHECKING:
+    import redis
 
 Handler = Callable[[Envelope], None]
 
 
 class Transport(Protocol):
     sender: str
+
+    @property
+    def redis_client(self) -> "redis.Redis | None":
+        """The Redis connection beside the streams, for what services publish outside them (the
+        leader's announcement, task figures, log endpoints); None for a transport without Redis
+        (the in-memory one of tests), where those reads find nothing."""
 
     def publish(self, stream: str, body, *, epoch: int | None = None, sender: str | None = None) -> str: ...
 

@@ -29,6 +29,10 @@ class InMemoryTransport:
         self._done: set[tuple[str, str]] = set()
         self.dead: list[dict] = []
 
+    @property
+    def redis_client(self) -> None:
+        return None
+
     def publish(self, stream: str, body, *, epoch: int | None = None, sender: str | None = None) -> str:
         sender = sender or self.auth.sender_for(body, self.sender)
         env = wrap(body, sender=sender, epoch=self.epoch if epoch is None else epoch)

@@ -55,6 +55,10 @@ class RedisStreamsTransport:
         self._drained_pending: set[tuple[str, str, str]] = set()
         self._failures: dict[bytes, int] = {}
 
+    @property
+    def redis_client(self) -> redis.Redis:
+        return self.client
+
     @classmethod
     def from_url(cls, url: str, *, sender: str, epoch: int = 0, maxlen: int = 100_000,
                  auth: ClusterAuth | None = None):

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from services.dispatcher import limits
 from shared import job_options as job_config
+from shared.settings import Settings
 from services.dispatcher.schemas import MAX_PARALLELISM, JarRunRequest
 from services.taskmanager import supervisor
 from services.taskmanager.noop_task import InvalidTaskConfig, NoopRunner
@@ -225,12 +226,11 @@ def test_upload_limit_refuses_what_it_cannot_read(raw):
         limits.parse_size(raw)
 
 
-def test_upload_limit_default_and_environment():
-    class _Settings:
-        pass
-
-    assert limits.upload_limit(_Settings(), {}) == limits.DEFAULT_MAX_UPLOAD_BYTES
-    assert limits.upload_limit(_Settings(), {"HEADRACE_MAX_UPLOAD_BYTES": "1 MB"}) == 1024**2
+def test_upload_limit_default_and_environment(monkeypatch):
+    monkeypatch.delenv("HEADRACE_MAX_UPLOAD_BYTES", raising=False)
+    assert limits.upload_limit(Settings()) == limits.DEFAULT_MAX_UPLOAD_BYTES
+    monkeypatch.setenv("HEADRACE_MAX_UPLOAD_BYTES", "1 MB")
+    assert limits.upload_limit(Settings()) == 1024**2
 
 
 def test_nan_and_infinity_anywhere_in_the_configuration_are_refused():

@@ -66,7 +66,7 @@ def _current_figures(session, transport, job_id: str, vertex_id: str | None = No
     # A crashed TaskManager's hashes outlive its attempts: only live attempts' figures are current.
     executions = [ex for ex in repository.latest_executions(session, job.id).values()
                   if (vertex_id is None or ex.vertex_id == vertex_id) and not ExecutionState(ex.state).is_terminal]
-    client = getattr(transport, "client", None)
+    client = transport.redis_client
     if not executions or client is None:
         return []
     try:

@@ -82,7 +82,7 @@ def jobmanager_config(settings: SettingsDep) -> list[dict[str, str]]:
 
 
 def _redis(transport):
-    client = getattr(transport, "client", None)
+    client = transport.redis_client
     if client is None:
         raise ApiError.of(503, "this dispatcher has no Redis connection: the leader is not known", prefix=False)
     return client

@@ -28,7 +28,7 @@ def cluster_overview(session: SessionDep, transport: TransportDep) -> dict:
 
 def _leader(transport) -> dict | None:
     """What the leading JobManager announces in Redis; None if nobody does (or Redis is away)."""
-    client = getattr(transport, "client", None)
+    client = transport.redis_client
     if client is None:
         return None
     try:

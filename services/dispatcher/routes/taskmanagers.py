@@ -50,7 +50,7 @@ def _endpoint(session, transport, tmid: str) -> tuple[str, str, str | None]:
     """(who, address, main log name) of a TaskManager that announces its log endpoint now."""
     row = _row(session, tmid)
     who = f"TaskManager {tmid}"
-    client = getattr(transport, "client", None)
+    client = transport.redis_client
     announced = None if client is None else log_fetch.announcement(
         client, streams.tm_endpoint_key(tmid), "where TaskManagers announce their log endpoints")
     if not announced or not announced.get("address"):
