@@ -1,0 +1,210 @@
+"""The compose dev stack, run for real (issue 26): every image built here (deploy/local-images),
+deploy/docker-compose.yml with deploy/docker-compose.local.yml started on a Docker engine, and in
+that one stack:
+
+  every service healthy -> an operator token made inside the dispatcher container
+  -> the counting pipeline uploaded and run through the published REST port, reading a Redis
+     stream outside the stack and writing to a PostgreSQL outside it (at the network's gateway)
+  -> docker kill of the TaskManager container running the task: the task RUNNING on the other one
+  -> docker kill of the leading JobManager container: the standby leads, the task keeps running
+  -> docker-compose stop, then start: the job back from its latest checkpoint (catalog and
+     checkpoints kept on their volumes)
+  -> docker-compose down -v: no container, network or volume of the project left.
+After each step the sink holds exactly the count and sum of every event written so far.
+
+It starts its own dockerd when none runs (tests/docker_engine.py) and is skipped, with the reason,
+only where no engine can start. Phase timings go to stdout (and to HEADRACE_STACK_TIMINGS as JSON,
+for bench/compose_stack.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.clusters import Rest
+from tests.compose_stack import ComposeStack
+from tests.conftest import free_port
+from tests.docker_engine import DockerEngine, EngineUnavailable
+from tests.e2e.counting import Producer, completed_checkpoints, expected_totals, sql_totals, wait_for
+from tests.netproxy import TcpProxy
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = 14  # every service of deploy/docker-compose.yml
+IMAGES_TIMEOUT_S = 1800  # a cold build (Debian base, JRE, every wheel) on a loaded machine
+HEALTHY_TIMEOUT_S = 420
+TASK_TIMEOUT_S = 420
+BURST = 400  # events written per step
+TM_SERVICE = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    try:
+        e = DockerEngine.find_or_start(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
+    except EngineUnavailable as exc:
+        pytest.skip(f"no Docker engine can run here: {exc}")
+    yield e
+    e.stop()
+
+
+class Outside:
+    """The data services outside the stack, reachable from its containers at the network's gateway:
+    a throwaway redis-server (the source stream) and a TCP proxy to the test PostgreSQL (the sink)."""
+
+    def __init__(self, home: Path, gateway: str, pg_url: str):
+        port = free_port()
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {gateway}", "--save", "", "--appendonly",
+             "no", "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
+        self.source_local = f"redis://127.0.0.1:{port}/0"
+        self.source_url = f"redis://{gateway}:{port}/0"
+        wait_for(lambda: _pings(self.source_local), 10, "the outside redis-server")
+        self.pg = TcpProxy(("127.0.0.1", 5432), listen_host=gateway)
+        self.pg.start()
+        user_db = pg_url.split("://", 1)[1]
+        self.sink_url = f"postgresql://{user_db.split('@')[0]}@{gateway}:{self.pg.port}/{user_db.rsplit('/', 1)[1]}"
+
+    def stop(self) -> None:
+        self.pg.stop()
+        self.redis.terminate()
+        self.redis.wait(10)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return redis.Redis.from_url(url, socket_timeout=1).ping()
+    except redis.RedisError:
+        return False
+
+
+class Timings(dict):
+    def phase(self, name: str, t0: float) -> None:
+        self[name] = round(time.monotonic() - t0, 1)
+        print(f"stack timing: {name} {self[name]} s", flush=True)
+
+
+def leader(rest: Rest) -> tuple[str, int] | None:
+    """(compose service, epoch) of the leading JobManager: its id is jobmanager@<hostname>:<pid>."""
+    lead = rest.get("/jobmanager/leader").get("leader") or {}
+    if not lead.get("id"):
+        return None
+    return lead["id"].split("@", 1)[1].rsplit(":", 1)[0], int(lead["epoch"])
+
+
+# Warm: about 10-15 minutes on 2 loaded cores; cold adds the image build (docs/benchmarks.md).
+@pytest.mark.timeout(3600)
+def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, pg_url):
+    timings = Timings()
+    t0 = time.monotonic()
+    built = subprocess.run([sys.executable, str(ROOT / "deploy" / "local-images")], capture_output=True, text=True,
+                           timeout=IMAGES_TIMEOUT_S, env=engine.env)
+    assert built.returncode == 0, built.stdout + built.stderr
+    print(built.stdout, flush=True)
+    timings.phase("images", t0)
+
+    stack = ComposeStack(engine, tmp_path / "deploy", project=f"hrtest{os.getpid()}")
+    outside = None
+    try:
+        t0 = time.monotonic()
+        stack.compose("up", "-d", "--no-build", timeout=600)
+        stack.wait_healthy(SERVICES, HEALTHY_TIMEOUT_S)
+        timings.phase("up_to_healthy", t0)
+
+        # Tokens are made where the catalog is: inside the dispatcher's container.
+        admin = stack.exec("dispatcher", "headrace", "token", "create", "--role", "admin").split()[-1]
+        operator = stack.exec("dispatcher", "headrace", "token", "create", "--role", "operator").split()[-1]
+        rest = Rest(stack.dispatcher_url)
+        assert rest.http.get("/jobs/overview").status_code == 401  # the stack requires a token
+        outside = Outside(tmp_path, stack.gateway(), pg_url)
+        producer = Producer(outside.source_local, "compose-counts")
+        written = 0
+
+        def burst() -> None:
+            nonlocal written
+            pipe = producer.client.pipeline(transaction=False)
+            for n in range(written, written + BURST):
+                pipe.xadd(producer.stream, {"json": json.dumps(producer.event(n))})
+            pipe.execute()
+            written += BURST
+
+        def exact(what: str, timeout_s: float = 180) -> None:
+            expected = expected_totals(written)
+            wait_for(lambda: sql_totals(pg_url, "compose_counts") == expected, timeout_s,
+                     f"the sink to hold exactly the {written} events written ({what})")
+
+        rest.http.headers["Authorization"] = f"Bearer {admin}"
+        jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+        rest.http.headers["Authorization"] = f"Bearer {operator}"
+        job = rest.run(jar, parallelism=1, jobName="compose-counts",
+                       programArgsList=["--stream", "compose-counts", "--source-url", outside.source_url,
+                                        "--sink", "sql", "--table", "compose_counts", "--sink-url", outside.sink_url,
+                                        "--trigger", "500 milliseconds"],
+                       flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+        t0 = time.monotonic()
+        attempts = rest.wait_attempt_running(job, 0, timeout_s=TASK_TIMEOUT_S)
+        timings.phase("submit_to_running", t0)
+        burst()
+        exact("first run")
+        wait_for(lambda: completed_checkpoints(rest, job) >= 2, 120, "two completed checkpoints")
+
+        # A TaskManager container dies with the task: it runs again on the other one.
+        first_tm = attempts[-1]["taskmanager-id"]
+        t0 = time.monotonic()
+        stack.kill(TM_SERVICE[first_tm])
+        burst()  # written while the task is down: read after the restart, nothing lost
+        attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=TASK_TIMEOUT_S)
+        timings.phase("taskmanager_kill_to_running", t0)
+        assert attempts[-1]["taskmanager-id"] != first_tm, attempts
+        assert "/chk-" in (attempts[-1]["restored-from"] or ""), attempts
+        exact("after the TaskManager container was killed")
+
+        # The leading JobManager's container dies: the standby leads, the task is left running.
+        old_leader, old_epoch = wait_for(lambda: leader(rest), 60, "a leading JobManager")
+        running = attempts[-1]["attempt"]
+        t0 = time.monotonic()
+        stack.kill(old_leader)
+        new_leader = wait_for(lambda: (lambda l: l if l and l[1] > old_epoch else None)(leader(rest)), 120,
+                              "a new leader after the kill")
+        timings.phase("jobmanager_kill_to_new_leader", t0)
+        assert new_leader[0] != old_leader, (old_leader, new_leader)
+        burst()
+        exact("after the leading JobManager container was killed")
+        attempts = rest.attempts(job)
+        assert attempts[-1]["attempt"] == running and attempts[-1]["status"] == "RUNNING", attempts
+
+        # The whole stack stopped and started: the job resumes from its latest checkpoint.
+        wait_for(lambda: completed_checkpoints(rest, job) >= 1, 60, "a completed checkpoint")
+        t0 = time.monotonic()
+        stack.compose("stop", "--timeout", "30", timeout=600)
+        burst()  # written while the whole stack is down
+        stack.compose("start", timeout=600)
+        stack.wait_healthy(SERVICES, HEALTHY_TIMEOUT_S)
+        timings.phase("stop_start_to_healthy", t0)
+        attempts = rest.wait_attempt_running(job, running + 1, timeout_s=TASK_TIMEOUT_S)
+        timings.phase("stop_start_to_running", t0)
+        assert "/chk-" in (attempts[-1]["restored-from"] or ""), attempts
+        exact("after docker-compose stop and start")
+        rest.cancel(job)
+        assert rest.wait_state(job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"
+    except Exception:
+        print(stack.logs(), file=sys.stderr)
+        raise
+    finally:
+        if outside is not None:
+            outside.stop()
+        t0 = time.monotonic()
+        stack.down()
+        timings.phase("down", t0)
+        if os.environ.get("HEADRACE_STACK_TIMINGS"):
+            Path(os.environ["HEADRACE_STACK_TIMINGS"]).write_text(json.dumps(timings, indent=1))
+    assert stack.leftovers() == {"containers": [], "networks": [], "volumes": []}
