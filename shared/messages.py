@@ -4,6 +4,10 @@ Commands are imperative (`RequestSlots`, `DeployTask`), events past tense (`Slot
 `TaskStateChanged`). Messages carry ids, never objects. Every body is frozen and has a literal
 `type` so a stream entry decodes to exactly one class.
 
+Ids are the types of `shared.ids` (JobId, ExecutionId, TaskManagerId, ...): plain strings on
+the wire, distinct types to a type checker, so a job id cannot be passed where an execution id
+is expected.
+
 Which stream carries what is in `shared.streams`.
 """
 
@@ -15,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import MessageError
-from shared.ids import new_message_id
+from shared.ids import AllocationId, ExecutionId, JobId, MessageId, RequestId, TaskManagerId, new_message_id
 from shared.states import ExecutionState
 
 SCHEMA_VERSION = 1
@@ -29,18 +33,18 @@ class SlotState(_Body):
     """One slot in a slot report: free, or held by an allocation for a job's execution."""
 
     index: int
-    allocation_id: str | None = None
-    job_id: str | None = None
-    execution_id: str | None = None
+    allocation_id: AllocationId | None = None
+    job_id: JobId | None = None
+    execution_id: ExecutionId | None = None
 
 
 class TaskReport(_Body):
     """What a TaskManager is running, sent on (re-)registration so a new RM/JM can reconcile."""
 
-    execution_id: str
-    job_id: str
+    execution_id: ExecutionId
+    job_id: JobId
     state: ExecutionState
-    allocation_id: str | None = None
+    allocation_id: AllocationId | None = None
 
 
 # --- TaskManager -> ResourceManager ------------------------------------------------------
@@ -48,7 +52,7 @@ class TaskReport(_Body):
 
 class RegisterTaskManager(_Body):
     type: Literal["RegisterTaskManager"] = "RegisterTaskManager"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     host: str
     slots: int
     cores: float
@@ -63,14 +67,14 @@ class RegisterTaskManager(_Body):
 
 class TaskManagerHeartbeat(_Body):
     type: Literal["TaskManagerHeartbeat"] = "TaskManagerHeartbeat"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     slot_report: tuple[SlotState, ...]
     seq: int = 0
 
 
 class UnregisterTaskManager(_Body):
     type: Literal["UnregisterTaskManager"] = "UnregisterTaskManager"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     reason: str = "shutdown"
 
 
@@ -82,7 +86,7 @@ class HeartbeatAck(_Body):
     restarts, which tells the TaskManager to register again."""
 
     type: Literal["HeartbeatAck"] = "HeartbeatAck"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     rm_session: str
     known: bool = True
 
@@ -92,9 +96,9 @@ class HeartbeatAck(_Body):
 
 class RequestSlots(_Body):
     type: Literal["RequestSlots"] = "RequestSlots"
-    request_id: str
-    job_id: str
-    execution_id: str
+    request_id: RequestId
+    job_id: JobId
+    execution_id: ExecutionId
     slots: int
     timeout_s: float
     submitted_seq: int = 0
@@ -102,12 +106,12 @@ class RequestSlots(_Body):
 
 class CancelSlotRequest(_Body):
     type: Literal["CancelSlotRequest"] = "CancelSlotRequest"
-    request_id: str
+    request_id: RequestId
 
 
 class ReleaseSlots(_Body):
     type: Literal["ReleaseSlots"] = "ReleaseSlots"
-    allocation_id: str
+    allocation_id: AllocationId
     reason: str = ""
 
 
@@ -116,28 +120,28 @@ class ReleaseSlots(_Body):
 
 class SlotsAllocated(_Body):
     type: Literal["SlotsAllocated"] = "SlotsAllocated"
-    request_id: str
-    execution_id: str
-    job_id: str
-    allocation_id: str
-    taskmanager_id: str
+    request_id: RequestId
+    execution_id: ExecutionId
+    job_id: JobId
+    allocation_id: AllocationId
+    taskmanager_id: TaskManagerId
     queue: str
     slot_indices: tuple[int, ...]
 
 
 class SlotRequestPending(_Body):
     type: Literal["SlotRequestPending"] = "SlotRequestPending"
-    request_id: str
-    execution_id: str
-    job_id: str
+    request_id: RequestId
+    execution_id: ExecutionId
+    job_id: JobId
     reason: str
 
 
 class SlotRequestFailed(_Body):
     type: Literal["SlotRequestFailed"] = "SlotRequestFailed"
-    request_id: str
-    execution_id: str
-    job_id: str
+    request_id: RequestId
+    execution_id: ExecutionId
+    job_id: JobId
     reason: str
     # No registered TaskManager could ever hold the request: a restart would only queue it again,
     # so the JobManager fails the job instead of restarting it.
@@ -146,7 +150,7 @@ class SlotRequestFailed(_Body):
 
 class TaskManagerLost(_Body):
     type: Literal["TaskManagerLost"] = "TaskManagerLost"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     reason: str
     allocations: tuple[str, ...] = ()
     # Wall-clock seconds of its last heartbeat (or registration), for people and logs.
@@ -166,7 +170,7 @@ class ResourceManagerStarted(_Body):
 
 class TaskManagerRegistered(_Body):
     type: Literal["TaskManagerRegistered"] = "TaskManagerRegistered"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     running: tuple[TaskReport, ...] = ()
 
 
@@ -175,12 +179,12 @@ class TaskManagerRegistered(_Body):
 
 class SubmitJob(_Body):
     type: Literal["SubmitJob"] = "SubmitJob"
-    job_id: str
+    job_id: JobId
 
 
 class CancelJob(_Body):
     type: Literal["CancelJob"] = "CancelJob"
-    job_id: str
+    job_id: JobId
 
 
 SnapshotKind = Literal["checkpoint", "savepoint"]
@@ -195,16 +199,16 @@ class RequestCheckpoint(_Body):
     catalog operation the dispatcher created; the JobManager completes or fails it."""
 
     type: Literal["RequestCheckpoint"] = "RequestCheckpoint"
-    job_id: str
-    request_id: str
+    job_id: JobId
+    request_id: RequestId
 
 
 class RequestSavepoint(_Body):
     """Savepoint (optionally followed by cancel, stop or rescale) of a running job."""
 
     type: Literal["RequestSavepoint"] = "RequestSavepoint"
-    job_id: str
-    request_id: str
+    job_id: JobId
+    request_id: RequestId
     target_directory: str  # where the savepoint directory is created (already resolved, local path)
     after: AfterSnapshot = "continue"
     drain: bool = False
@@ -216,17 +220,17 @@ class RequestSavepoint(_Body):
 
 class DeployTask(_Body):
     type: Literal["DeployTask"] = "DeployTask"
-    taskmanager_id: str  # one process may serve several TaskManagers from one queue (--simulate)
-    allocation_id: str
+    taskmanager_id: TaskManagerId  # one process may serve several TaskManagers from one queue (--simulate)
+    allocation_id: AllocationId
     slot_indices: tuple[int, ...]
     spec: dict[str, Any]  # a shared.task_protocol.TaskSpec
 
 
 class CancelTask(_Body):
     type: Literal["CancelTask"] = "CancelTask"
-    taskmanager_id: str
-    execution_id: str
-    job_id: str
+    taskmanager_id: TaskManagerId
+    execution_id: ExecutionId
+    job_id: JobId
 
 
 class TriggerCheckpoint(_Body):
@@ -236,9 +240,9 @@ class TriggerCheckpoint(_Body):
     the query once the snapshot is taken (stop-with-savepoint, rescale), so the task FINISHES."""
 
     type: Literal["TriggerCheckpoint"] = "TriggerCheckpoint"
-    taskmanager_id: str
-    job_id: str
-    execution_id: str
+    taskmanager_id: TaskManagerId
+    job_id: JobId
+    execution_id: ExecutionId
     checkpoint_id: int
     kind: SnapshotKind = "checkpoint"
     target: str
@@ -251,9 +255,9 @@ class TriggerCheckpoint(_Body):
 
 class TaskStateChanged(_Body):
     type: Literal["TaskStateChanged"] = "TaskStateChanged"
-    execution_id: str
-    job_id: str
-    taskmanager_id: str
+    execution_id: ExecutionId
+    job_id: JobId
+    taskmanager_id: TaskManagerId
     state: ExecutionState
     failure_cause: str | None = None
     failure_name: str | None = None
@@ -264,8 +268,8 @@ class TaskProgress(_Body):
     """A committed micro-batch: Spark's commit is the checkpoint barrier (see DESIGN.md)."""
 
     type: Literal["TaskProgress"] = "TaskProgress"
-    execution_id: str
-    job_id: str
+    execution_id: ExecutionId
+    job_id: JobId
     batch_id: int
     num_input_rows: int = 0
     input_rows_per_second: float = 0.0
@@ -277,9 +281,9 @@ class CheckpointAcknowledged(_Body):
     """The task took snapshot `checkpoint_id` at Spark batch `batch_id` (its commit is the barrier)."""
 
     type: Literal["CheckpointAcknowledged"] = "CheckpointAcknowledged"
-    job_id: str
-    execution_id: str
-    taskmanager_id: str
+    job_id: JobId
+    execution_id: ExecutionId
+    taskmanager_id: TaskManagerId
     checkpoint_id: int
     path: str
     batch_id: int
@@ -290,9 +294,9 @@ class CheckpointAcknowledged(_Body):
 
 class CheckpointDeclined(_Body):
     type: Literal["CheckpointDeclined"] = "CheckpointDeclined"
-    job_id: str
-    execution_id: str
-    taskmanager_id: str
+    job_id: JobId
+    execution_id: ExecutionId
+    taskmanager_id: TaskManagerId
     checkpoint_id: int
     reason: str
     permanent: bool = False  # the task can never checkpoint (a batch query): not a failure, stop triggering
@@ -305,10 +309,10 @@ class CommandRejected(_Body):
     command's type when it could be read."""
 
     type: Literal["CommandRejected"] = "CommandRejected"
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     command: str | None = None
-    execution_id: str | None = None
-    job_id: str | None = None
+    execution_id: ExecutionId | None = None
+    job_id: JobId | None = None
     reason: str
     at: float = Field(default_factory=time.time)
 
@@ -347,13 +351,14 @@ Message = Annotated[
 
 class Envelope(BaseModel):
     """What goes on the wire. `epoch` is the fencing token of the JobManager leader that sent
-    (or, for non-JobManager senders, last saw) the message; receivers drop JobManager commands
-    whose epoch is older than the newest they have seen."""
+    (or, for non-JobManager senders, last saw) the message; receivers accept a JobManager
+    message only if its epoch is the current leader's, as published in Redis
+    (shared/leader_epoch.py), never merely the highest one seen."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
-    message_id: str = Field(default_factory=new_message_id)
+    message_id: MessageId = Field(default_factory=new_message_id)
     sender: str
     sent_at: float = Field(default_factory=time.time)
     epoch: int = 0
