@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from shared import checkpointing, restore_compat
+from shared import checkpointing, restore_compat, untrusted_code
 from shared.errors import StateError
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,15 @@ def same_pipeline(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, ent
 
 def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entry: str, args: list[str],
                   config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
-                  catalog_url: str | None = None, redis_url: str | None = None) -> None:
+                  catalog_url: str | None = None, redis_url: str | None = None,
+                  run_as: str | None = None) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
 
-    `catalog_url` / `redis_url`: what the task would get (the cluster's settings). Streaming
-    sources never connect while planning, but a pipeline may read a static table from the
-    catalog while it builds; without them the planner uses placeholders that point nowhere."""
+    `catalog_url` / `redis_url`: what the task would get (the pipeline's database and Redis user,
+    never the control catalog). Streaming sources never connect while planning, but a pipeline
+    may read a static table while it builds; without them the planner uses placeholders that
+    point nowhere. `run_as`: the drivers' OS user (settings.driver_user)."""
     plan = None
     # An empty snapshot (its query never committed a batch) holds no state and no offsets: any
     # pipeline can start from it, so there is nothing to plan.
@@ -91,7 +94,7 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
     if holds_state and not same_pipeline(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
         result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
                              parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                             redis_url=redis_url)
+                             redis_url=redis_url, run_as=run_as)
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
             log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
@@ -130,27 +133,45 @@ def _why(result: Mapping[str, Any] | None) -> str:
 
 def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
                 parallelism: int, timeout_s: float, catalog_url: str | None = None,
-                redis_url: str | None = None) -> dict[str, Any] | None:
+                redis_url: str | None = None, run_as: str | None = None) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
-    when it timed out or died without one."""
+    when it timed out or died without one.
+
+    The planner runs the pipeline's own code (its import and build()), so it is started as a
+    driver is (shared/untrusted_code.py): as the drivers' OS user `run_as` when this process may
+    switch to it, with an allow-listed environment, on a copy of the artifact in a directory of
+    its own; never with the dispatcher's settings, secrets or catalog."""
+    user = untrusted_code.switchable_user(run_as)
+    if user is None:
+        log.warning("restore check: cannot run the planner as %r (this dispatcher is not root, or the user does "
+                    "not exist: scripts/bootstrap creates it); it runs as the dispatcher's own user, with a "
+                    "scrubbed environment", run_as)
+        user = untrusted_code.switchable_user(None)
+    assert user is not None
     with tempfile.TemporaryDirectory(prefix="headrace-restore-check-") as tmp:
         log_path = Path(tmp) / "planner.log"
+        home = Path(tmp) / "work"
+        home.mkdir()
+        artifact_copy = home / Path(artifact_path).name
+        shutil.copyfile(artifact_path, artifact_copy)
+        for path in (home, artifact_copy):
+            user.own(path)
+        os.chmod(tmp, 0o711)  # the planner passes through to its own directory, and sees nothing else
         # The configuration and URLs may hold passwords: stdin and environment, not the command line.
-        cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_path), "--entry", entry,
+        cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_copy), "--entry", entry,
                "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
-               "--parallelism", str(parallelism), "--workdir", str(Path(tmp) / "work")]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+               "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
+        env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=REPO_ROOT)
         for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url)):
-            env.pop(name, None)
             if value:
                 env[name] = value
         t0 = time.monotonic()
         with open(log_path, "wb") as err:
             # Its own process group: the planner's JVM goes with it when a timeout kills it.
             try:
-                proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+                proc = subprocess.Popen(cmd, cwd=str(home), env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+                                        **user.popen_kwargs())
             except OSError as exc:
                 log.warning("restore check: cannot start the planner with %s: %s", python, exc)
                 return {"reason": f"cannot start {python}: {exc}"}

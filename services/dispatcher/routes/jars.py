@@ -257,7 +257,8 @@ def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, 
         restore_check.check_restore(
             python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry, args=list(args),
             config=config, parallelism=parallelism, snapshot_meta=snapshot.metadata,
-            catalog_url=settings.catalog, redis_url=settings.pipeline_redis_url or settings.redis_url)
+            catalog_url=settings.pipeline_catalog_url, redis_url=settings.pipeline_redis_url or settings.redis_url,
+            run_as=settings.driver_user)
     except restore_check.RestoreIncompatible as exc:
         raise ApiError.of(400, exc.message, field="savepointPath", expected="a snapshot this pipeline can restore",
                           got=snapshot.path, hint=exc.hint or "start the job without a savepoint",
