@@ -81,6 +81,11 @@ def rule_violation(env: Envelope) -> str | None:
         named = getattr(body, "taskmanager_id", None)
         if named is not None and named != tm:
             return f"{body.type} names TaskManager {named!r} but was sent by TaskManager {tm!r}"
+        if isinstance(body, RegisterTaskManager) and body.queue != streams.tm_queue(tm) and not body.simulated:
+            # Its deploys would go to another TaskManager's queue, signed for this one. (A
+            # benchmark's simulated TaskManagers share their process's queue; they run no-op tasks.)
+            return (f"TaskManager {tm!r} registers with queue {body.queue!r}; its command queue is "
+                    f"{streams.tm_queue(tm)!r}")
         return None
     if isinstance(body, SELF_ONLY):
         return (f"{body.type} of TaskManager {body.taskmanager_id!r} must come from that TaskManager, not from "

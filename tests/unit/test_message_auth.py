@@ -24,8 +24,9 @@ from shared.transport import InMemoryTransport
 SECRET = ck.parse_secret(ck.new_secret())
 
 
-def register(tm: str) -> RegisterTaskManager:
-    return RegisterTaskManager(taskmanager_id=tm, host="h", slots=2, cores=1, memory_bytes=1, queue=f"tm.{tm}")
+def register(tm: str, queue: str | None = None) -> RegisterTaskManager:
+    return RegisterTaskManager(taskmanager_id=tm, host="h", slots=2, cores=1, memory_bytes=1,
+                               queue=queue or f"tm.{tm}")
 
 
 def entry(auth, stream, body, sender):
@@ -79,6 +80,7 @@ def test_a_taskmanager_named_like_a_service_holds_no_service_key():
     ("dispatcher", register("tm-1"), "must come from that TaskManager"),
     ("resourcemanager", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), "must come from that"),
     ("taskmanager:tm-1", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), None),
+    ("taskmanager:tm-1", register("tm-1", queue="tm.tm-2"), "its command queue is 'tm.tm-1'"),
     ("taskmanager:tm-1", TaskProgress(execution_id="e", job_id="j", batch_id=1), None),
     ("dispatcher", SubmitJob(job_id="j"), None),
 ])
