@@ -17,8 +17,10 @@ import redis
 from services.cluster import redis_auth
 from shared import cluster_keys
 
-# Settings only the control plane may hold: a TaskManager's config file never carries them.
-CONTROL_PLANE_ONLY = ("cluster_secret",)
+# Settings only the control plane may hold: a TaskManager's config file never carries them. A
+# TaskManager never opens the catalog (its tasks get the pipeline's own database), so a host
+# that is taken over learns no catalog password and cannot write the catalog (API tokens included).
+CONTROL_PLANE_ONLY = ("cluster_secret", "catalog_url")
 KEY_SETTING = "taskmanager_key"
 COMMAND_KEY_SETTING = "taskmanager_command_key"
 # One ACL rule argument: a whole selector "( ... )" or one plain token.

@@ -46,10 +46,12 @@ def test_every_publisher_gets_xadd_alone_on_streams_it_does_not_consume():
         assert "hr:stream:dlq" not in full, service  # nobody but the admin trims the dead letters
 
 
-def test_config_carries_the_derived_keys_and_never_the_secret():
-    config = creds.taskmanager_config({"cluster_secret": SECRET.hex(), "home": "/h"}, "tm-2",
+def test_config_carries_the_derived_keys_and_never_the_secret_or_the_catalog():
+    catalog = "postgresql://headrace:catalog-password@db:5432/headrace"
+    config = creds.taskmanager_config({"cluster_secret": SECRET.hex(), "home": "/h", "catalog_url": catalog}, "tm-2",
                                       "redis://taskmanager.tm-2:pw@h:1/0", SECRET)
     assert "cluster_secret" not in config and SECRET.hex() not in str(config)
+    assert "catalog_url" not in config and "catalog-password" not in str(config)
     assert config["taskmanager_key"] == cluster_keys.sender_key(SECRET, "tm-2").hex()
     assert config["taskmanager_command_key"] == cluster_keys.command_key(SECRET, "tm-2").hex()
 
