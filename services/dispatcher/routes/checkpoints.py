@@ -12,7 +12,7 @@ from services.dispatcher import checkpoint_views, operations
 from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError
 from services.dispatcher.schemas import ErrorBody, int_at_least
-from services.dispatcher.snapshot_schemas import (
+from services.dispatcher.schemas.snapshots import (
     AsynchronousOperationResult, CheckpointConfigInfo, CheckpointingStatistics, CheckpointTriggerRequest,
     TriggerResponse,
 )

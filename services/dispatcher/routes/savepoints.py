@@ -17,7 +17,7 @@ from sqlalchemy import select
 from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.schemas import MAX_PARALLELISM, ErrorBody, int_at_least
-from services.dispatcher.snapshot_schemas import (
+from services.dispatcher.schemas.snapshots import (
     AsynchronousOperationResult, SavepointDisposalRequest, SavepointTriggerRequest, StopWithSavepointRequest,
     TriggerResponse,
 )

@@ -19,10 +19,10 @@ from services.dispatcher.deps import (
 )
 from services.dispatcher.errors import ApiError
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
-from services.dispatcher.schedule_schemas import (
+from services.dispatcher.schemas import ErrorBody
+from services.dispatcher.schemas.schedules import (
     ScheduleCreated, ScheduleCreateRequest, ScheduleDetail, ScheduleList, ScheduleUpdateRequest,
 )
-from services.dispatcher.schemas import ErrorBody
 from shared import schedules as sch
 from shared.catalog import repository
 from shared.catalog.models import Schedule, epoch_ms

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from services.dispatcher.schemas import _Out, _Strict, _fail, _repr
+from services.dispatcher.schemas.fields import _Out, _Strict, _fail, _repr
 from services.dispatcher.strict_fields import StrictBool
 
 FORMAT_TYPES = ("CANONICAL", "NATIVE")

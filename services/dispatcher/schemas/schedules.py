@@ -10,10 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.dispatcher.schemas import (
-    EntryName, JobName, Kind, Parallelism, RestartStrategy, _Strict, check_program_args, int_at_least,
-)
-from services.dispatcher.strict_fields import StrictBool
+from services.dispatcher.schemas.fields import JobName, Kind, Parallelism, _Strict, int_at_least
+from services.dispatcher.schemas.jars import check_program_args
+from services.dispatcher.schemas.restart import RestartStrategy
+from services.dispatcher.strict_fields import EntryName, StrictBool
 from shared import schedules as sch
 
 Overlap = Literal["skip", "queue", "cancel_previous"]

@@ -1,0 +1,90 @@
+"""POST /jars/upload, GET /jars and POST /jars/{jarid}/run: the run request and the jar responses."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from services.dispatcher.schemas.fields import JobIdStr, JobName, Kind, Parallelism, _Out, _Strict
+from services.dispatcher.schemas.restart import RestartStrategy
+from services.dispatcher.strict_fields import EntryName, StrictBool
+
+
+def check_program_args(text: str | None, listed: list[str] | None) -> None:
+    """programArgs (one shell-quoted string) or programArgsList, not both; the string must split."""
+    if text is not None and listed is not None:
+        raise PydanticCustomError(
+            "confusing_args", "Confusing request: programArgs and programArgsList are both specified",
+            {"subfield": "programArgs", "expected": "only one of programArgs / programArgsList",
+             "hint": "use only programArgsList"})
+    if text is not None:
+        try:
+            shlex.split(text)
+        except ValueError as exc:
+            raise PydanticCustomError(
+                "program_args", "cannot be split into arguments: {error}",
+                {"subfield": "programArgs", "expected": "a shell-quoted argument string",
+                 "error": str(exc), "hint": "balance the quotes, or send programArgsList"}) from None
+
+
+class JarRunRequest(_Strict):
+    """Flink's JarRunRequestBody plus Headrace's fields. Every field is optional."""
+
+    entryClass: EntryName | None = Field(None, description="entry function of the module (default 'build')")
+    parallelism: Parallelism | None = Field(None, description="Spark parallelism of each task (default 1)")
+    programArgs: str | None = Field(None, description="program arguments as one string, split like a shell")
+    programArgsList: list[str] | None = Field(None, description="program arguments as a list")
+    jobId: JobIdStr | None = Field(None, description="32-hex job id; generated when absent")
+    jobName: JobName | None = Field(None, description="default: the uploaded file's name without extension")
+    restartStrategy: RestartStrategy | None = Field(None, description="default: the cluster's restart strategy")
+    config: dict[str, Any] | None = Field(None, description="job configuration (Spark and Headrace options)")
+    flinkConfiguration: dict[str, Any] | None = Field(None, description="merged into `config` (config wins)")
+    kind: Kind | None = Field(None, description="'pyspark' (default) or 'noop' (runs nothing, for tests)")
+    savepointPath: str | None = Field(None, description="start from this savepoint or retained checkpoint "
+                                                         "(a path, file:///path or file:/path)")
+    allowNonRestoredState: StrictBool | None = Field(None, description="drop snapshot state the new pipeline has no "
+                                                                 "operator for")
+    claimMode: str | None = Field(None, description="NO_CLAIM (default) or CLAIM")
+    restoreMode: str | None = Field(None, description="Flink's older name of claimMode (LEGACY reads as NO_CLAIM)")
+
+    @model_validator(mode="after")
+    def _one_way_of_args(self) -> "JarRunRequest":
+        check_program_args(self.programArgs, self.programArgsList)
+        return self
+
+    def program_args(self) -> list[str] | None:
+        if self.programArgsList is not None:
+            return list(self.programArgsList)
+        if self.programArgs is not None:
+            return shlex.split(self.programArgs)
+        return None
+
+
+class JarUploadResponse(_Out):
+    filename: str = Field(description="where the file is stored")
+    status: Literal["success"] = "success"
+    id: str = Field(description="the jar id to use in /jars/{jarid}/run")
+
+
+class JarEntryInfo(_Out):
+    name: str
+    description: str | None = None
+
+
+class JarFileInfo(_Out):
+    id: str
+    name: str
+    uploaded: int = Field(description="epoch ms")
+    entry: list[JarEntryInfo]
+
+
+class JarListInfo(_Out):
+    address: str
+    files: list[JarFileInfo]
+
+
+class JarRunResponse(_Out):
+    jobid: str
