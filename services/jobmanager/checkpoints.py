@@ -36,17 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from sqlalchemy.orm import Session
+
 from shared import checkpointing
 from shared.catalog import repository as repo
-from shared.catalog.models import Execution, Job
-from shared.messages import (
-    CheckpointAcknowledged, CheckpointDeclined, RequestCheckpoint, RequestSavepoint, TriggerCheckpoint,
-)
+from shared.catalog.models import CheckpointRow, Execution, Job
+from shared.messages import CheckpointAcknowledged, CheckpointDeclined, TriggerCheckpoint
 from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
 from shared.states import JobStatus as JS
 from shared.states import OperationStatus as OS
-from shared.storage_roots import confine
 from services.jobmanager.checkpoint_store import BatchLatest
 from services.jobmanager.snapshot_files import discard_files
 
@@ -103,6 +102,22 @@ def job_checkpoint_config(job: Job, cluster_default: dict, savepoint_dir: str) -
     except checkpointing.InvalidCheckpointConfig as exc:
         log.warning("job %s: ignoring its checkpoint options (%s); using the cluster default", job.id, exc)
         return checkpointing.checkpoint_config({}, default, savepoint_dir=savepoint_dir)
+
+
+def running_attempt(s: Session, job_id: str) -> tuple[Job, Execution] | str:
+    """The job and its one RUNNING attempt, locked; else why a snapshot cannot be taken now."""
+    try:
+        job = repo.get_job(s, job_id, lock=True)
+    except repo.NotFound:
+        return f"job {job_id} not found"
+    if job.status != JS.RUNNING.value:
+        return f"job {job_id} is {job.status}: snapshots need a RUNNING job"
+    latest = list(repo.latest_executions(s, job_id).values())
+    running = [e for e in latest if e.state == ES.RUNNING.value]
+    if not latest or len(running) != len(latest):
+        states = ", ".join(f"attempt {e.attempt} {e.state}" for e in latest) or "no task yet"
+        return f"job {job_id} has no RUNNING task to snapshot ({states}); try again once it runs"
+    return job, running[0]
 
 
 class CheckpointCoordinator:
@@ -200,78 +215,11 @@ class CheckpointCoordinator:
                 self.uow.after_commit(lambda: self._discard(paths))
         self.store.remove_job(s, job.id)
 
-    # --- REST requests -----------------------------------------------------------------
-
-    def on_request_checkpoint(self, msg: RequestCheckpoint) -> None:
-        with self.uow.tx() as s:
-            accepted = self._accept(s, msg.request_id, msg.job_id)
-            if accepted is None:
-                return
-            op, job, ex = accepted
-            row = self._trigger(s, job, ex, kind="checkpoint", request_id=op.id)
-            repo.set_operation_checkpoint(s, op, row.checkpoint_id)
-
-    def on_request_savepoint(self, msg: RequestSavepoint) -> None:
-        from shared.checkpoint_storage import new_savepoint_dir
-
-        with self.uow.tx() as s:
-            accepted = self._accept(s, msg.request_id, msg.job_id)
-            if accepted is None:
-                return
-            op, job, ex = accepted
-            if msg.after == "rescale":
-                if not msg.parallelism:
-                    repo.finish_operation(s, op, OS.FAILED, failure_cause="rescaling needs a parallelism")
-                    return
-                op.params = {**(op.params or {}), "parallelism": msg.parallelism}
-            try:  # the dispatcher checked it too; a message on the stream is not proof of that
-                parent = confine(msg.target_directory, self.settings, what="savepoint target")
-            except ValueError as exc:
-                repo.finish_operation(s, op, OS.FAILED, failure_cause=str(exc))
-                log.warning("savepoint of job %s refused: %s", msg.job_id, exc)
-                return
-            target = new_savepoint_dir(parent, job.id)
-            row = self._trigger(s, job, ex, kind="savepoint", request_id=op.id, target=target, after=msg.after,
-                                drain=msg.drain)
-            repo.set_operation_checkpoint(s, op, row.checkpoint_id)
-        log.info("savepoint %d of job %s triggered into %s (then %s)", row.checkpoint_id, msg.job_id, target,
-                 msg.after)
-
-    def _accept(self, s, request_id: str, job_id: str):
-        """(operation, job, running attempt) of a REST snapshot request, or None when there is
-        nothing to do: a redelivered request, or a job without a running task (the operation
-        then FAILS with the reason, so the caller polling it learns why)."""
-        try:
-            op = repo.get_operation(s, request_id, lock=True)
-        except repo.NotFound:
-            log.warning("snapshot request %s has no operation row; ignored", request_id)
-            return None
-        if op.status != OS.IN_PROGRESS.value:
-            return None
-        found = self._running_attempt(s, job_id)
-        if isinstance(found, str):
-            repo.finish_operation(s, op, OS.FAILED, failure_cause=found)
-            return None
-        return (op, *found)
-
-    def _running_attempt(self, s, job_id: str) -> tuple[Job, Execution] | str:
-        try:
-            job = repo.get_job(s, job_id, lock=True)
-        except repo.NotFound:
-            return f"job {job_id} not found"
-        if job.status != JS.RUNNING.value:
-            return f"job {job_id} is {job.status}: snapshots need a RUNNING job"
-        latest = list(repo.latest_executions(s, job_id).values())
-        running = [e for e in latest if e.state == ES.RUNNING.value]
-        if not latest or len(running) != len(latest):
-            states = ", ".join(f"attempt {e.attempt} {e.state}" for e in latest) or "no task yet"
-            return f"job {job_id} has no RUNNING task to snapshot ({states}); try again once it runs"
-        return job, running[0]
-
     # --- triggering --------------------------------------------------------------------
 
-    def _trigger(self, s, job: Job, ex: Execution, *, kind: str, request_id: str | None = None,
-                 target: Path | None = None, after: str = "continue", drain: bool = False):
+    def trigger(self, s: Session, job: Job, ex: Execution, *, kind: str, request_id: str | None = None,
+                target: Path | None = None, after: str = "continue", drain: bool = False) -> CheckpointRow:
+        """A checkpoint or savepoint of the attempt: its row, and the trigger sent after commit."""
         cid = self.store.next_id(s, job.id)
         target = target or self.checkpoint_path(job.id, cid)
         row = repo.create_checkpoint(s, job_id=job.id, checkpoint_id=cid, kind=kind, execution_id=ex.id,
@@ -308,11 +256,11 @@ class CheckpointCoordinator:
                 continue
             track.next_due = now + track.config.interval_s
             with self.uow.tx() as s:
-                found = self._running_attempt(s, job_id)
+                found = running_attempt(s, job_id)
                 if isinstance(found, str) or found[1].id != track.execution_id:
                     continue  # the job moved on; its hooks will update the track
                 job, ex = found
-                self._trigger(s, job, ex, kind="checkpoint")
+                self.trigger(s, job, ex, kind="checkpoint")
 
     # --- acknowledgements --------------------------------------------------------------
 
@@ -434,27 +382,6 @@ class CheckpointCoordinator:
                 repo.finish_operation(s, op, OS.FAILED, failure_cause=cause, checkpoint_id=row.checkpoint_id)
             except repo.NotFound:
                 pass
-
-    # --- rescaling ---------------------------------------------------------------------
-
-    def rescale_after_finish(self, s, job: Job) -> int | None:
-        """The job's task finished because a rescale savepoint stopped it: the parallelism to
-        restart with (from that savepoint), or None when the job really finished."""
-        latest = self.store.latest(s, job.id)
-        if not latest or latest.get("id") is None:
-            return None
-        try:
-            row = repo.get_checkpoint(s, job.id, int(latest["id"]))
-            if row.after != "rescale" or not row.request_id:
-                return None
-            op = repo.get_operation(s, row.request_id, lock=True)
-        except repo.NotFound:
-            return None
-        params = dict(op.params or {})
-        if params.get("applied"):
-            return None  # already restarted with it: this FINISHED is a real end
-        op.params = {**params, "applied": True}
-        return int(params.get("parallelism") or 0) or None
 
     # --- leader change -----------------------------------------------------------------
 

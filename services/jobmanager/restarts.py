@@ -22,6 +22,7 @@ from services.jobmanager import transitions as tr
 from services.jobmanager.context import Context
 from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL
+from services.jobmanager.snapshot_requests import rescale_after_finish
 from services.jobmanager.transitions import Fx
 
 log = logging.getLogger("headrace.jobmanager")
@@ -124,7 +125,7 @@ class Restarts:
         latest = list(repo.latest_executions(s, job_id).values())
         decision = tr.settle(JS(job.status), [ES(e.state) for e in latest])
         if JS.FINISHED in decision.job:
-            parallelism = ctx.checkpoints.rescale_after_finish(s, job)
+            parallelism = rescale_after_finish(s, ctx.checkpoints.store, job)
             if parallelism is not None:
                 # The task stopped for a rescale savepoint: start again from it with the new
                 # parallelism (the state partition count travels with the savepoint).

@@ -10,6 +10,7 @@ The rooms it wires together, each in its module:
   ack_timers.py      unacknowledged deploys and cancels
   reconciliation.py  a new leader's recovery, (re-)registering and lost TaskManagers
   checkpoints.py     the checkpoint coordinator (through a narrow port: trigger, fail over, cancel)
+  snapshot_requests.py  the REST API's checkpoints, savepoints, stops and rescales
 
 Handlers are idempotent: they read the current state from the catalog and refuse what the state
 machines in `shared.states` do not allow, so a redelivered message changes nothing.
@@ -56,6 +57,7 @@ from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Outbox
 from services.jobmanager.reconciliation import Reconciliation
 from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.restarts import Restarts
+from services.jobmanager.snapshot_requests import SnapshotRequests
 from services.jobmanager.timers import Timers
 from services.jobmanager.transitions import Fx
 from services.jobmanager.unit_of_work import UnitOfWork
@@ -90,6 +92,7 @@ class JobMaster:
         self.uow = UnitOfWork(catalog, self.outbox, epoch=epoch, still_leading=still_leading)
         self.checkpoints = CheckpointCoordinator(settings, clock, self.uow, _CheckpointPort(self),
                                                  checkpoint_store or CatalogCheckpointStore())
+        self.snapshots = SnapshotRequests(settings, self.uow, self.checkpoints)
         ctx = Context(settings, self.uow, self.checkpoints, self.timers, epoch, restart_clock or clock)
         self.deployment = Deployment(settings, self.checkpoints)
         self.restarts = Restarts(ctx, self.deployment, arm_ack=lambda ex, state: self.acks.arm(ex, state))
@@ -105,8 +108,8 @@ class JobMaster:
             TaskStateChanged: self.on_task_state, TaskProgress: self.on_progress,
             TaskManagerLost: rec.on_taskmanager_lost, TaskManagerRegistered: rec.on_taskmanager_registered,
             ResourceManagerStarted: rec.on_resourcemanager_started, CommandRejected: self.acks.on_command_rejected,
-            RequestCheckpoint: self.checkpoints.on_request_checkpoint,
-            RequestSavepoint: self.checkpoints.on_request_savepoint,
+            RequestCheckpoint: self.snapshots.on_request_checkpoint,
+            RequestSavepoint: self.snapshots.on_request_savepoint,
             CheckpointAcknowledged: self.checkpoints.on_ack, CheckpointDeclined: self.checkpoints.on_decline,
         }
 

@@ -2,7 +2,7 @@
 
 A lineage is the chain of jobs that restore from each other's snapshots: a restart, a job
 resumed from a savepoint or a retained checkpoint, a rollback to an older savepoint. Its id is
-the id of its first job (runner.lineage_of). The fence token orders the attempts *within* one
+the id of its first job (restore.lineage_of). The fence token orders the attempts *within* one
 lineage; it cannot tell two lineages apart, because the JobManager hands out growing tokens to
 every job. A fence keyed by the target alone therefore let a fresh job (a new lineage, higher
 token, restored batch -1) take a directory over and undo every batch of the job that wrote it,
@@ -64,7 +64,7 @@ class SinkOwner:
 class SinkOwnedError(TaskError, RuntimeError):
     """A task (or batch write) found its sink target owned by another lineage. Raised before
     anything is written or deleted; restarting cannot help (the JobManager fails the job at
-    once, services/jobmanager/scheduler.py NON_RECOVERABLE)."""
+    once, services/jobmanager/transitions.py NON_RECOVERABLE)."""
 
     def __init__(self, kind: str, target: str, owner_lineage: str, owner_job: str, claimant: str,
                  release: str, replaced: bool = False):
