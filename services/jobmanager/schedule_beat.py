@@ -30,27 +30,39 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, ContextManager, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from shared import schedules as sch
+from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Schedule
 from shared.clock import Clock, WallClock
 from shared.ids import new_job_id
 from shared.messages import CancelJob, SubmitJob
 from shared.states import JobStatus as JS
-from services.jobmanager.unit_of_work import LeadershipLost
-
-if TYPE_CHECKING:
-    from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost, UnitOfWork
 
 log = logging.getLogger("headrace.jobmanager.schedules")
 
 SKIPPED_MISSING_JAR = "skipped_missing_jar"
 SKIPPED_DELETED = "skipped_deleted"
+
+
+class Submitter(Protocol):
+    """What the beat asks of the leader's job master: its catalog and unit of work, and the
+    submission and cancellation of a run's job inside it."""
+
+    catalog: Catalog
+    uow: UnitOfWork
+
+    def unit_of_work(self) -> ContextManager[None]: ...
+
+    def on_submit(self, msg: SubmitJob) -> None: ...
+
+    def on_cancel(self, msg: CancelJob) -> None: ...
 
 
 class ScheduleBeat:
@@ -63,7 +75,7 @@ class ScheduleBeat:
     # among it) before judging whether a schedule's previous run still lives.
     FIRST_PASS_AFTER_S = 1.0
 
-    def __init__(self, master: "JobMaster", clock: Clock | None = None, *, interval_s: float = INTERVAL_S,
+    def __init__(self, master: Submitter, clock: Clock | None = None, *, interval_s: float = INTERVAL_S,
                  first_pass_after_s: float = FIRST_PASS_AFTER_S, monotonic: Callable[[], float] = time.monotonic):
         self.master, self.clock = master, clock or WallClock()
         self.interval_s, self.monotonic = interval_s, monotonic
