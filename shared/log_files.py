@@ -5,7 +5,7 @@ plus every file of the directories it names (a TaskManager's drivers write their
 its own). A requested name is looked up in that listing, never joined to a path, so no name can
 reach another file (`../etc/passwd`, a symlink, another service's log in the same directory).
 
-Which file is the main log: HEADRACE_LOG_FILE if set, else the regular file this process's
+Which file is the main log: the setting log_file (HEADRACE_LOG_FILE) if set, else the regular file this process's
 stderr is written to (`headrace up` starts every service with stdout and stderr appended to
 run_dir/logs/<name>.log), else none.
 """
@@ -28,9 +28,9 @@ def valid_name(name: str) -> bool:
     return bool(NAME.match(name)) and ".." not in name
 
 
-def own_log_file(environ=os.environ) -> Path | None:
-    """This process's main log file, or None (stderr is a terminal or a pipe)."""
-    explicit = environ.get(LOG_FILE_ENV)
+def own_log_file(explicit: str | None = None) -> Path | None:
+    """This process's main log file: `explicit` (the setting log_file), else the regular file
+    its stderr goes to, else None (stderr is a terminal or a pipe)."""
     if explicit:
         return Path(explicit)
     try:
@@ -49,8 +49,8 @@ class LogFiles:
     directories: tuple[Path, ...] = ()
 
     @classmethod
-    def of_this_process(cls, *directories: Path) -> "LogFiles":
-        return cls(own_log_file(), tuple(directories))
+    def of_this_process(cls, *directories: Path, main: str | None = None) -> "LogFiles":
+        return cls(own_log_file(main), tuple(directories))
 
     def _candidates(self) -> dict[str, Path]:
         found: dict[str, Path] = {}

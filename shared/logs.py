@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 
-def configure_logging(service: str) -> None:
-    level = os.environ.get("HEADRACE_LOG_LEVEL", "INFO").upper()
+def configure_logging(service: str, level: str) -> None:
+    """Log to stderr at `level` (the setting log_level), each line naming the service."""
+    level = level.upper()
     logging.basicConfig(
         level=level, stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",

@@ -46,14 +46,15 @@ def name(suffix: str) -> str:
 
 
 def serve(registry: CollectorRegistry, *, host: str, port: int, service: str,
-          logs: LogFiles | None = None) -> int | None:
-    """Serve `registry` at /metrics and `logs` (default: this process's own log file) at /logs
+          logs: LogFiles | None = None, log_file: str | None = None) -> int | None:
+    """Serve `registry` at /metrics and `logs` (default: this process's own log file, `log_file`
+    if the setting names one) at /logs
     over HTTP in a daemon thread; returns the port, or None when disabled or when the port is
     taken. A service without metrics still runs its jobs: a taken port is logged, never fatal."""
     if port == DISABLED:
         log.info("%s metrics disabled (port %d)", service, port)
         return None
-    logs = logs if logs is not None else LogFiles.of_this_process()
+    logs = logs if logs is not None else LogFiles.of_this_process(main=log_file)
     try:
         server = make_server(host, port, _app(registry, logs), server_class=_server_class(host),
                              handler_class=_QuietHandler)

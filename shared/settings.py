@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     warmup_concurrency: int | None = Field(None, ge=0)
     # The dispatcher refuses larger uploads with 413: bytes, or a size such as "500 MB".
     max_upload_bytes: int | str = 100 * 1024**2
+    # Every service logs at this level (Python's names: DEBUG, INFO, WARNING, ...).
+    log_level: str = "INFO"
+    # This process's main log, served at /logs of its metrics port; None: the regular file its
+    # stderr is redirected to, if any (shared/log_files.py).
+    log_file: str | None = None
     # What the dispatcher will unpack or parse of an upload (services/dispatcher/archive_bounds.py):
     # a 646 KB zip of a 300 MB .py took it to 1.85 GB. Bytes, or sizes such as "200 MB".
     max_artifact_uncompressed_bytes: int | str = 200 * 1024**2

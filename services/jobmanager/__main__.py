@@ -224,7 +224,7 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
 
 
 def run(settings: Settings) -> None:
-    configure_logging("jobmanager")
+    configure_logging("jobmanager", settings.log_level)
     wait_for_redis(settings.redis_url).close()
     client = named_client(settings.redis_url, contender_id())
     catalog = Catalog(settings.catalog)
@@ -234,7 +234,7 @@ def run(settings: Settings) -> None:
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     jm_metrics = JobManagerMetrics()
     metrics.serve(jm_metrics.registry, host=settings.metrics_host, port=settings.jobmanager_metrics_port,
-                  service="jobmanager")
+                  service="jobmanager", log_file=settings.log_file)
     gc_tuning.tune()
     if settings.high_availability == "zookeeper":
         run_with_zookeeper(settings, client, catalog, stopping, jm_metrics)

@@ -23,7 +23,7 @@ log = logging.getLogger("headrace.resourcemanager")
 
 
 def run(settings: Settings) -> None:
-    configure_logging("resourcemanager")
+    configure_logging("resourcemanager", settings.log_level)
     client = wait_for_redis(settings.redis_url)
     catalog = Catalog(settings.catalog)
     catalog.migrate()
@@ -32,7 +32,7 @@ def run(settings: Settings) -> None:
     rm_metrics = ResourceManagerMetrics()
     transport.on_refused = rm_metrics.count_refused
     metrics.serve(rm_metrics.registry, host=settings.metrics_host, port=settings.resourcemanager_metrics_port,
-                  service="resourcemanager")
+                  service="resourcemanager", log_file=settings.log_file)
 
     def publish_stats(stats: dict) -> None:
         rm_metrics.record(stats)

@@ -116,7 +116,7 @@ def driver_engine_args(settings: Settings, config: dict | None = None) -> list[s
 
 
 def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
-    configure_logging("taskmanager")
+    configure_logging("taskmanager", settings.log_level)
     slots = slots or settings.taskmanager_slots
     base_id = taskmanager_id or new_taskmanager_id()
     ids = [f"{base_id}-sim{i:05d}" for i in range(simulate)] if simulate else [base_id]
@@ -194,7 +194,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                          artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
     task_metrics.registry.register(TaskManagerCollector(supervisors, client))
     # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs).
-    logs = LogFiles.of_this_process(workdir / "logs")
+    logs = LogFiles.of_this_process(workdir / "logs", main=settings.log_file)
     service = f"taskmanager {base_id}"
     metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
                   service=service, logs=logs)
@@ -221,7 +221,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     gc_tuning.tune()
     worker = app.Worker(queues=queues, pool="solo", concurrency=1,
                         hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
-                        without_heartbeat=bool(simulate), loglevel=os.environ.get("HEADRACE_LOG_LEVEL", "INFO").upper(),
+                        without_heartbeat=bool(simulate), loglevel=settings.log_level.upper(),
                         quiet=True)
     try:
         worker.start()
