@@ -72,7 +72,7 @@ def sink_has_rows(catalog: sqlite3.Connection, table: str) -> bool:
 
 
 def driver_phases(home: Path) -> list[str]:
-    """The phases the driver of the newest task logged (see runner.announce_phase)."""
+    """The phases the driver of the newest task logged (see runtime/driver_io.py, PhaseLog)."""
     logs = sorted(home.glob("work/taskmanagers/*/logs/driver-*.log"), key=lambda p: p.stat().st_mtime)
     for log in reversed(logs):
         lines = [ln.split("headrace task phase: ", 1)[1].strip() for ln in log.read_text(errors="replace").splitlines()

@@ -58,7 +58,7 @@ def _zip_module_entries(path: Path, config: dict, limits: ArtifactLimits):
 
 
 def _single_top_level(path: Path) -> str | None:
-    """As runner._single_top_level, without raising: the driver reports a zip with several."""
+    """As pipeline_loader.single_top_level, without raising: the driver reports a zip with several."""
     import zipfile
 
     try:

@@ -4,7 +4,7 @@ pydantic's `bool` reads "yes", "on", "1", "y" and 1 as true: `"cancel-job": "yes
 job nobody asked to cancel. Flink's own REST mapper (Jackson) takes JSON true/false and the
 strings "true"/"false"; so does `StrictBool`, in any letter case, and nothing else.
 
-An entry function is looked up with `getattr(module, entry)` by the driver (runner._build), so a
+An entry function is looked up with `getattr(module, entry)` by the driver (runtime/driver.py, Driver._build), so a
 dotted name such as "os.system" can never be found: `EntryName` is one Python identifier.
 """
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.taskmanager.runtime.connectors.datagen import generate_events
-from services.taskmanager.runtime.runner import build_spark
+from services.taskmanager.runtime.spark_session import build_spark
 from shared import checkpoint_storage as storage
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from services.taskmanager.runtime.connectors.redis_streams import (
 )
 from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine
 from services.taskmanager.runtime.context import PipelineContext
-from services.taskmanager.runtime.runner import build_spark
+from services.taskmanager.runtime.spark_session import build_spark
 
 pytestmark = pytest.mark.integration
 
@@ -274,7 +274,7 @@ def test_batch_sql_to_parquet_example_seeds_and_aggregates(spark, sqlite_url, tm
 def test_zip_pipeline_is_importable_on_workers(spark, tmp_path):
     import zipfile
 
-    from services.taskmanager.runtime.runner import load_pipeline
+    from services.taskmanager.runtime.pipeline_loader import load_pipeline
 
     artifact = tmp_path / "pipeline.zip"
     with zipfile.ZipFile(artifact, "w") as z:

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from services.dispatcher import restore_check
 from services.taskmanager.runtime.plan_signature import IncompatibleStateError, check_before_start, plan_signature
-from services.taskmanager.runtime.runner import build_spark
+from services.taskmanager.runtime.spark_session import build_spark
 from shared import checkpoint_storage as storage
 from shared import restore_compat
 

@@ -41,7 +41,7 @@ from services.taskmanager.runtime.connectors.redis_streams import (
     unpack_entry,
 )
 from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine, read_table
-from services.taskmanager.runtime.runner import build_spark
+from services.taskmanager.runtime.spark_session import build_spark
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from services.taskmanager.runtime.connectors.redis_streams import (
     unpack_entry,
 )
 from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine
-from services.taskmanager.runtime.runner import build_spark
+from services.taskmanager.runtime.spark_session import build_spark
 
 pytestmark = pytest.mark.integration
 

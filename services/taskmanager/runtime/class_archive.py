@@ -113,7 +113,7 @@ def build(path: Path) -> int:
     lock = _try_lock(path)
     if lock is None or path.is_file():
         return 0
-    from .runner import build_spark, prepare_env, warm_up
+    from .spark_session import build_spark, prepare_env, warm_up
 
     signal.alarm(int(BUILD_TIMEOUT_S))  # never left running: its JVM follows it when it dies
     prepare_env()

@@ -111,7 +111,7 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
 def _stop(spark) -> None:
     """Stop Spark and wait for its JVM: a JVM that outlives us is re-parented to init, which may
     never reap it."""
-    from .runner import stop_spark_quietly
+    from .driver_io import stop_spark_quietly
 
     jvm = getattr(spark.sparkContext._gateway, "proc", None)
     stop_spark_quietly(spark, 10.0)

@@ -1,0 +1,120 @@
+"""The driver's SparkSession: the environment every Spark process of ours needs, the session
+itself (local, or a driver of a standalone cluster), and the warm-up that pays a task's first
+micro-batch costs before any task arrives. Used by the runner and by the class archive builder
+(class_archive.py), which runs the same warm-up in a JVM that dumps its classes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .cluster_mode import Engine
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
+SPARK_UI_ENV = "HEADRACE_SPARK_UI"
+
+
+def prepare_env(host: str = "127.0.0.1") -> None:
+    """Environment every Spark process of ours needs; must run before the JVM starts. `host`:
+    the address this driver listens on (executors on other machines connect to it)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = host
+    # Python workers are spawned by the JVM with its environment: they must be able to import
+    # `services.*` to unpickle our data sources.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+
+
+def spark_ui_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(SPARK_UI_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
+                driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False,
+                engine: Engine = Engine(), extra_java_options: str = "", python_forkserver: bool = False) -> Any:
+    """A SparkSession whose scratch files all live under `workdir` (the caller cleans it): local,
+    or a driver of a standalone cluster (`engine`, cluster_mode.py). `ui`: run the Spark UI on a
+    free port (several drivers share a host); its kill links are off, a task is cancelled
+    through Headrace. `extra_java_options`: for the driver's JVM only (class_archive.py).
+    `python_forkserver`: with a local engine, Spark's Python processes start through a fork
+    server's launcher (python_forkserver.py); executors elsewhere could not run it."""
+    prepare_env(engine.host)
+    if python_forkserver and engine.local:
+        from . import python_forkserver as forkserver
+
+        launcher, _server = forkserver.start(str(Path(workdir).resolve() / "forkserver"))
+        os.environ["PYSPARK_PYTHON"] = launcher  # SparkContext reads it once, when it is created
+        # The JVM starts the data source lookup's daemon with the driver's Python.
+        os.environ["PYSPARK_DRIVER_PYTHON"] = launcher
+    from pyspark.sql import SparkSession
+
+    work = Path(workdir).resolve()
+    local_dir, tmp_dir = work / "spark-local", work / "tmp"
+    local_dir.mkdir(parents=True, exist_ok=True)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    java_opts = f"-Djava.io.tmpdir={tmp_dir}"
+    builder = SparkSession.builder
+    for key, value in engine.spark_conf(parallelism).items():
+        builder = builder.config(key, value)
+    if not engine.local:
+        # Executors import Headrace's connectors to unpickle the data sources, as the drivers do.
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+    spark = (
+        builder.master(engine.master_url(parallelism))
+        .appName(app_name)
+        .config("spark.local.dir", str(local_dir))
+        .config("spark.driver.extraJavaOptions", java_opts + extra_java_options)
+        .config("spark.executor.extraJavaOptions", java_opts)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.ui.port", "0")
+        .config("spark.ui.killEnabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", engine.host)
+        .config("spark.driver.bindAddress", engine.host)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    from .connectors import register_data_sources
+
+    register_data_sources(spark)
+    return spark
+
+
+def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1) -> None:
+    """Run what the first micro-batch of a task's query would otherwise pay for (measured in
+    docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
+    (SQLAlchemy, the PostgreSQL driver), a shuffle job, then a stateful streaming query shaped
+    like most pipelines: a Python data source read with `parallelism` partitions (Spark's Python
+    planner and worker daemons, which the task reuses), a watermarked window aggregation with
+    several aggregates, and a foreachBatch that collects each batch as Arrow, as the SQL sink
+    does (Py4J callback server, Arrow collection, code generation of the aggregation, the state
+    store). No RDD job: RDD Python workers run under a daemon of their own that SQL never uses."""
+    from pyspark.sql import functions as F
+
+    from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
+    from .connectors.sql import warm_drivers as warm_sql_drivers
+
+    warm_sql_drivers()
+    parts = max(1, parallelism)
+    spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
+    cp = Path(workdir) / "warmup-checkpoint"
+    q = (
+        spark.readStream.format("datagen").option("total", "64").option("partitions", str(parts)).load()
+        .withWatermark("event_time", "10 seconds")
+        .groupBy(F.window("event_time", "1 minute"), "url")
+        .agg(F.count("*").alias("count"), F.max("i").alias("last"))
+        .writeStream.foreachBatch(lambda df, _id: df.toArrow())
+        .outputMode("update").trigger(availableNow=True)
+        .option("checkpointLocation", str(cp)).start()
+    )
+    q.awaitTermination()
