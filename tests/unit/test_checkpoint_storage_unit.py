@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shared import checkpoint_storage as storage
-from shared.checkpoint_storage import SnapshotError
+from shared.checkpoint_storage import SnapshotError, copying
 
 KEY_SCHEMA = {"type": "struct", "fields": [{"name": "url", "type": "string", "nullable": True, "metadata": {}}]}
 VALUE_SCHEMA = {"type": "struct", "fields": [{"name": "count", "type": "long", "nullable": True, "metadata": {}}]}
@@ -153,7 +153,7 @@ def test_filesystems_without_hard_links_get_copies(live, tmp_path, monkeypatch):
     def no_links(src, dst):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(storage.os, "link", no_links)
+    monkeypatch.setattr(os, "link", no_links)
     info = storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
     copied = Path(info.path) / "spark" / "state" / "0" / "0" / "4.delta"
     assert copied.read_text() == "delta 0/0/4"
@@ -204,7 +204,7 @@ def test_file_deleted_by_spark_while_copying_fails_and_leaves_nothing(live, tmp_
             os.unlink(src)  # Spark's maintenance deletes it between our listing and the link
         return real_link(src, dst)
 
-    monkeypatch.setattr(storage.os, "link", maintenance_races)
+    monkeypatch.setattr(os, "link", maintenance_races)
     # Batch 3's state (version 4) is only reachable through 2.delta: the snapshot cannot be taken.
     with pytest.raises(SnapshotError, match=r"state version 2 is missing.*minBatchesToRetain"):
         storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
@@ -221,7 +221,7 @@ def test_old_logs_deleted_by_spark_while_copying_do_not_fail_the_snapshot(live, 
             os.unlink(src)
         return real_copy(src, dst)
 
-    monkeypatch.setattr(storage.shutil, "copyfile", maintenance_races)
+    monkeypatch.setattr(shutil, "copyfile", maintenance_races)
     info = storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
     spark = Path(info.path) / storage.SPARK_DIR
     assert not (spark / "offsets" / "0").exists() and (spark / "offsets" / "3").is_file()
@@ -236,7 +236,7 @@ def test_the_newest_logs_vanishing_still_fails(live, tmp_path, monkeypatch):
             os.unlink(src)
         return real_copy(src, dst)
 
-    monkeypatch.setattr(storage.shutil, "copyfile", maintenance_races)
+    monkeypatch.setattr(shutil, "copyfile", maintenance_races)
     with pytest.raises(SnapshotError, match=r"offsets/2 vanished while taking the snapshot"):
         storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
 
@@ -345,7 +345,7 @@ def test_crash_before_the_rename_leaves_only_an_unfinished_dir(live, tmp_path, m
     def crash(*a, **kw):
         raise KeyboardInterrupt  # stands for the process dying while writing _metadata
 
-    monkeypatch.setattr(storage, "_write_json_atomic", crash)
+    monkeypatch.setattr(copying, "_write_json_atomic", crash)  # where take_snapshot writes it
     with pytest.raises(KeyboardInterrupt):
         storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
     assert not (tmp_path / "chk").exists()
@@ -425,7 +425,7 @@ def test_restore_of_a_damaged_snapshot_fails_and_leaves_nothing(live, tmp_path, 
         os.unlink(src)
         return real_link(src, dst)
 
-    monkeypatch.setattr(storage.os, "link", lose_a_file)
+    monkeypatch.setattr(os, "link", lose_a_file)
     with pytest.raises(SnapshotError, match=r"\.delta is missing: the snapshot is damaged"):
         storage.restore(info.path, tmp_path / "target")
     assert not (tmp_path / "target").exists()
