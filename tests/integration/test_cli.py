@@ -132,11 +132,12 @@ def test_a_failed_savepoint_prints_its_cause_and_exits_1(live):
     assert "Traceback" not in out + err
 
 
-def test_waiting_has_a_timeout_with_a_clear_message(live):
+def test_waiting_has_a_timeout_with_a_clear_message(live, tmp_path):
     job_id = live.job()
-    result = headrace("stop", job_id, "--savepoint-path", "/data/sp", "--drain", "--timeout", "1", "-m", live.url)
+    target = str(tmp_path / "sp")  # inside the storage roots: elsewhere is refused before anything waits
+    result = headrace("stop", job_id, "--savepoint-path", target, "--drain", "--timeout", "1", "-m", live.url)
     req = live.requested(RequestSavepoint)
-    assert (req.after, req.drain, req.target_directory) == ("stop", True, "/data/sp")
+    assert (req.after, req.drain, req.target_directory) == ("stop", True, target)
     assert result.returncode == 1 and "still in progress after 1 s" in result.stderr
     assert f"/jobs/{job_id}/savepoints/{req.request_id}" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
