@@ -16,6 +16,7 @@ import shutil
 import socket
 import threading
 import uuid
+from typing import Callable
 
 import redis
 
@@ -37,7 +38,8 @@ from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
-from services.taskmanager.supervisor import TaskSupervisor
+from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.supervisor import DriverLaunch, TaskSupervisor
 from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 
 log = logging.getLogger("headrace.taskmanager")
@@ -115,6 +117,20 @@ def driver_engine_args(settings: Settings, config: dict | None = None) -> list[s
             "--host", settings.advertised_host or "127.0.0.1"]
 
 
+def driver_launch(settings: Settings, slots: int, archive_args: list[str],
+                  sandbox: driver_sandbox.DriverSandbox | None) -> DriverLaunch:
+    """How the TaskManager's supervisors start drivers, and their warm pools."""
+    def warm_pool(factory: Callable[..., DriverProcess]) -> WarmPool:
+        return WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
+                        factory=factory, max_rss_bytes=settings.warm_driver_max_rss_bytes,
+                        tokens=WarmupTokens.for_machine(settings.warmup_concurrency),
+                        serves_smaller=settings.spark_master == "local")
+
+    return DriverLaunch(driver_memory=settings.driver_memory, shuffle_partitions=settings.spark_shuffle_partitions,
+                        engine_args=lambda config: driver_engine_args(settings, config) + archive_args,
+                        sandbox=sandbox, warm_pool=warm_pool)
+
+
 def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
     configure_logging("taskmanager", settings.log_level)
     slots = slots or settings.taskmanager_slots
@@ -153,23 +169,12 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     archive_args = ["--class-archive", str(archive)] if archive is not None else []
     if settings.driver_python_forkserver:
         archive_args.append("--python-forkserver")
+    launch = None if simulate else driver_launch(settings, slots, archive_args, sandbox)
     for tm in ids:
-        sup = TaskSupervisor(taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
-                             cancel_timeout_s=settings.task_cancel_timeout_s, driver_factory=None, warm=None,
-                             noop=noop, startup_timeout_s=settings.task_startup_timeout_s, reports=reports)
-        sup.metrics = task_metrics
-        if not simulate:
-            def factory(p: int, sup=sup, for_task: bool = False, config: dict | None = None):
-                return sup.make_driver(p, driver_memory=settings.driver_memory,
-                                       shuffle_partitions=settings.spark_shuffle_partitions,
-                                       engine_args=driver_engine_args(settings, config) + archive_args,
-                                       warm_up=not for_task, sandbox=sandbox)
-            sup.driver_factory = factory
-            sup.warm = WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
-                                factory=factory, max_rss_bytes=settings.warm_driver_max_rss_bytes,
-                                tokens=WarmupTokens.for_machine(settings.warmup_concurrency),
-                                serves_smaller=settings.spark_master == "local")
-        supervisors[tm] = sup
+        supervisors[tm] = TaskSupervisor(
+            taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
+            cancel_timeout_s=settings.task_cancel_timeout_s, noop=noop, drivers=launch,
+            startup_timeout_s=settings.task_startup_timeout_s, reports=reports, metrics=task_metrics)
 
     # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of
     # queues spends its time building BRPOP commands instead of running commands.
@@ -216,7 +221,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                  ", ".join(checked) if checked else "no other running TaskManager")
     link.start()
     for sup in supervisors.values():
-        sup._replenish()
+        sup.start()
     log.info("TaskManager %s started: %d slots%s", base_id, slots, f", {simulate} simulated" if simulate else "")
     gc_tuning.tune()
     worker = app.Worker(queues=queues, pool="solo", concurrency=1,

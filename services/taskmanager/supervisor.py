@@ -22,64 +22,47 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
-from shared import job_options, restart, streams
+from shared import streams
 from shared import task_protocol as tp
 from shared.messages import (
-    CheckpointAcknowledged, CheckpointDeclined, DeployTask, SlotState, TaskProgress, TaskReport, TaskStateChanged,
-    TriggerCheckpoint,
+    CheckpointAcknowledged, CheckpointDeclined, DeployTask, SlotState, TaskReport, TaskStateChanged, TriggerCheckpoint,
 )
 from shared.states import ExecutionState as ES
+from shared.transport.base import Transport
+from services.taskmanager.driver_events import ENDINGS, FORWARDED
 from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
+from services.taskmanager.startup_timeout import (
+    DEFAULT_STARTUP_TIMEOUT_S, DRIVER_START_TIMEOUT_S, STACK_DUMP_WAIT_S, STARTUP_TIMEOUT_NAME, startup_timeout_cause,
+    startup_timeout_s,
+)
 from services.taskmanager.warm_pool import WarmPool
+
+if TYPE_CHECKING:
+    from services.taskmanager.metrics import TaskMetrics
 
 log = logging.getLogger("headrace.taskmanager")
 
-STARTUP_TIMEOUT_OPTION = job_options.STARTUP_TIMEOUT
-STARTUP_TIMEOUT_ENV = "HEADRACE_TASK_STARTUP_TIMEOUT_S"
-DEFAULT_STARTUP_TIMEOUT_S = 300.0
-STARTUP_TIMEOUT_NAME = "PipelineStartupTimeout"
-STACK_DUMP_WAIT_S = 1.0  # for the driver to write its thread dump before it is killed
-# A driver still not ready this long after it got a task is stuck (a cold one takes ~10-30 s);
-# the warm pool gives its own drivers as long (WarmPool.ready_timeout_s).
-DRIVER_START_TIMEOUT_S = 120.0
 
+@dataclass(frozen=True)
+class DriverLaunch:
+    """How a TaskManager starts its Spark driver processes (none for simulated TaskManagers)."""
 
-def cluster_startup_timeout_s(environ=os.environ) -> float:
-    """The cluster's default start-up timeout. Read here until Settings has the option
-    (`task_startup_timeout_s`). Raises ValueError for a value it cannot read."""
-    raw = environ.get(STARTUP_TIMEOUT_ENV)
-    if not raw:
-        return DEFAULT_STARTUP_TIMEOUT_S
-    try:
-        value = restart.parse_duration(raw, STARTUP_TIMEOUT_ENV)
-    except restart.InvalidRestartStrategy:
-        value = 0.0
-    if not 0 < value < threading.TIMEOUT_MAX:
-        raise ValueError(f"{STARTUP_TIMEOUT_ENV} must be seconds > 0 or a duration such as \"5 min\", got {raw!r}")
-    return value
-
-
-def startup_timeout_s(config: dict, default_s: float) -> float:
-    """The job's `headrace.task.startup-timeout`, else the cluster's (shared/job_options.py)."""
-    value = job_options.startup_timeout_s(config, default_s)
-    return value if 0 < value < threading.TIMEOUT_MAX else default_s
-
-
-def startup_timeout_cause(timeout_s: float, phase: str, where: str = "", advice: str | None = None) -> str:
-    """The failure cause of an attempt that did not start in time."""
-    advice = advice or f"If it needs longer, raise the job option {STARTUP_TIMEOUT_OPTION} (e.g. \"10 min\")"
-    text = f"the pipeline did not start within {timeout_s:g} s: it was still {phase}; the task was stopped. {advice}."
-    return f"{text}\n{where}" if where else text
+    driver_memory: str
+    shuffle_partitions: int
+    engine_args: Callable[[dict | None], list[str]]  # a job's configuration -> the runner's arguments
+    sandbox: DriverSandbox | None
+    # The warm pool, given the supervisor's driver factory; None: every task gets a cold driver.
+    warm_pool: Callable[[Callable[..., DriverProcess]], WarmPool] | None = None
 
 
 @dataclass
@@ -97,25 +80,24 @@ class Task:
 
 
 class TaskSupervisor:
-    def __init__(self, *, taskmanager_id: str, slots: int, transport, workdir: Path, cancel_timeout_s: float,
-                 driver_factory: Callable[..., DriverProcess] | None, warm: WarmPool | None,
-                 noop: NoopRunner, startup_timeout_s: float | None = None, reports: HeldReports | None = None):
+    def __init__(self, *, taskmanager_id: str, slots: int, transport: Transport, workdir: Path,
+                 cancel_timeout_s: float, noop: NoopRunner, drivers: DriverLaunch | None = None,
+                 startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, reports: HeldReports | None = None,
+                 metrics: TaskMetrics | None = None) -> None:
         self.taskmanager_id, self.transport, self.workdir = taskmanager_id, transport, workdir
         self.cancel_timeout_s = cancel_timeout_s
-        if startup_timeout_s is None:
-            try:
-                startup_timeout_s = cluster_startup_timeout_s()
-            except ValueError as exc:
-                log.error("%s; using %.0f s", exc, DEFAULT_STARTUP_TIMEOUT_S)
-                startup_timeout_s = DEFAULT_STARTUP_TIMEOUT_S
         self.startup_timeout_s = startup_timeout_s
-        self.driver_factory, self.warm, self.noop = driver_factory, warm, noop
-        self.status_client = getattr(transport, "client", None)
+        self.drivers, self.noop, self.metrics = drivers, noop, metrics
+        self.warm = drivers.warm_pool(self._new_driver) if drivers is not None and drivers.warm_pool else None
+        self.status_client = transport.redis_client
         self.slots: dict[int, str | None] = {i: None for i in range(slots)}
         self.tasks: dict[str, Task] = {}
         self._lock = threading.RLock()
         self.reports = reports or HeldReports(transport)  # shared by the process's TaskManagers
-        self.metrics = None  # services.taskmanager.metrics.TaskMetrics, set by the entry point
+
+    def start(self) -> None:
+        """Start warming up the drivers the free slots may want."""
+        self._replenish()
 
     # --- commands ----------------------------------------------------------------------
 
@@ -162,7 +144,7 @@ class TaskSupervisor:
             kind = "a warm" if driver is not None and driver.ready.is_set() else \
                 "a starting warm" if driver is not None else "a cold"
             if driver is None:
-                driver = self.driver_factory(spec.parallelism, for_task=True, config=spec.config)
+                driver = self._new_driver(spec.parallelism, for_task=True, config=spec.config)
             driver.execution_id = spec.execution_id
             task.driver = driver
         log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
@@ -262,12 +244,16 @@ class TaskSupervisor:
 
     # --- driver events -----------------------------------------------------------------
 
-    def make_driver(self, parallelism: int, *, driver_memory: str, shuffle_partitions: int,
-                    engine_args: Sequence[str] = (), warm_up: bool = True, sandbox=None) -> DriverProcess:
-        return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers", driver_memory=driver_memory,
-                             shuffle_partitions=shuffle_partitions, on_event=self._on_driver_event,
-                             on_exit=self._on_driver_exit, engine_args=engine_args, warm_up=warm_up,
-                             sandbox=sandbox).start()
+    def _new_driver(self, parallelism: int, for_task: bool = False, config: dict | None = None) -> DriverProcess:
+        """A started driver process; `for_task`: a task waits for it (no warm-up query first)."""
+        launch = self.drivers
+        if launch is None:
+            raise RuntimeError(f"{self.taskmanager_id} is simulated: it runs no-op tasks only")
+        return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers",
+                             driver_memory=launch.driver_memory, shuffle_partitions=launch.shuffle_partitions,
+                             on_event=self._on_driver_event, on_exit=self._on_driver_exit,
+                             engine_args=launch.engine_args(config), warm_up=not for_task,
+                             sandbox=launch.sandbox).start()
 
     def _hand_over(self, task: Task) -> None:
         # Called from the deploy path and from the driver's Ready event: exactly once.
@@ -333,7 +319,7 @@ class TaskSupervisor:
     def _task_of(self, driver: DriverProcess) -> Task | None:
         return self.tasks.get(driver.execution_id) if driver.execution_id else None
 
-    def _on_driver_event(self, driver: DriverProcess, event) -> None:
+    def _on_driver_event(self, driver: DriverProcess, event: Any) -> None:
         with self._lock:
             task = self._task_of(driver)
         if task is None:
@@ -341,42 +327,32 @@ class TaskSupervisor:
                 log.info("warm driver %s ready after %.1f s", driver.id, event.startup_s)
                 self.publish_warm_status()
             return
-        if isinstance(event, tp.Ready):
-            self._hand_over(task)
-        elif isinstance(event, tp.Initializing):
-            pass  # reported when this TaskManager took the task
-        elif isinstance(event, tp.Running):
-            with self._lock:
-                if task.reported_terminal:
-                    return  # failed meanwhile (its start-up timeout): RUNNING would come too late
-                if task.state != ES.CANCELING:
-                    task.state = ES.RUNNING
-                timer = task.startup_timer
-            if timer is not None:
-                timer.cancel()
-            self._report(task.spec, ES.RUNNING)
-        elif isinstance(event, tp.Progress):
-            if self.metrics is not None:
+        forward = FORWARDED.get(type(event))
+        if forward is not None:
+            if isinstance(event, tp.Progress) and self.metrics is not None:
                 self.metrics.progress(self.taskmanager_id, task.spec, event)
-            self.transport.publish(streams.JM_STREAM, TaskProgress(
-                execution_id=task.spec.execution_id, job_id=task.spec.job_id, batch_id=event.batch_id,
-                num_input_rows=event.num_input_rows, input_rows_per_second=event.input_rows_per_second,
-                processed_rows_per_second=event.processed_rows_per_second))
-        elif isinstance(event, tp.SnapshotTaken):
-            self.transport.publish(streams.JM_STREAM, CheckpointAcknowledged(
-                job_id=task.spec.job_id, execution_id=task.spec.execution_id, taskmanager_id=self.taskmanager_id,
-                checkpoint_id=event.checkpoint_id, path=event.path, batch_id=event.batch_id,
-                state_size=event.state_size, duration_ms=event.duration_ms, source_offsets=event.source_offsets))
-        elif isinstance(event, tp.SnapshotDeclined):
-            self.transport.publish(streams.JM_STREAM, CheckpointDeclined(
-                job_id=task.spec.job_id, execution_id=task.spec.execution_id, taskmanager_id=self.taskmanager_id,
-                checkpoint_id=event.checkpoint_id, reason=event.reason, permanent=event.permanent))
-        elif isinstance(event, tp.Finished):
-            self._finish(task, ES.FINISHED)
-        elif isinstance(event, tp.Canceled):
-            self._finish(task, ES.CANCELED)
-        elif isinstance(event, tp.Failed):
-            self._finish(task, ES.FAILED, cause=event.traceback, name=event.error_name)
+            self.transport.publish(streams.JM_STREAM, forward(task.spec, self.taskmanager_id, event))
+            return
+        ending = ENDINGS.get(type(event))
+        if ending is not None:
+            state, cause, name = ending(event)
+            self._finish(task, state, cause=cause, name=name)
+        elif isinstance(event, tp.Ready):
+            self._hand_over(task)
+        elif isinstance(event, tp.Running):
+            self._on_running(task)
+        # Initializing: reported when this TaskManager took the task
+
+    def _on_running(self, task: Task) -> None:
+        with self._lock:
+            if task.reported_terminal:
+                return  # failed meanwhile (its start-up timeout): RUNNING would come too late
+            if task.state != ES.CANCELING:
+                task.state = ES.RUNNING
+            timer = task.startup_timer
+        if timer is not None:
+            timer.cancel()
+        self._report(task.spec, ES.RUNNING)
 
     def _on_driver_exit(self, driver: DriverProcess, code: int) -> None:
         if self.warm:

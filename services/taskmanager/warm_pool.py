@@ -44,7 +44,6 @@ from services.taskmanager.driver_process import DriverProcess
 
 log = logging.getLogger("headrace.taskmanager.warm")
 
-CONCURRENCY_ENV = "HEADRACE_WARMUP_CONCURRENCY"
 RETRY_S = 0.25
 
 
@@ -69,15 +68,11 @@ class WarmupTokens:
         return cls(None, None)
 
     @classmethod
-    def for_machine(cls, count: int | None = None, environ=os.environ) -> "WarmupTokens":
-        """`count` tokens, else HEADRACE_WARMUP_CONCURRENCY (0: no limit), else one per core (two
-        JVMs warming up on 2 cores: both ready after 19 s, one after the other 24 s; three or more
+    def for_machine(cls, count: int | None = None) -> "WarmupTokens":
+        """`count` tokens (Settings.warmup_concurrency; 0: no limit), else one per core (two JVMs
+        warming up on 2 cores: both ready after 19 s, one after the other 24 s; three or more
         only slow each other down)."""
-        raw = str(count) if count is not None else environ.get(CONCURRENCY_ENV, "").strip()
-        try:
-            count = int(raw) if raw else max(1, os.cpu_count() or 1)
-        except ValueError:
-            log.error("%s must be a whole number, got %r; using one per core", CONCURRENCY_ENV, raw)
+        if count is None:
             count = max(1, os.cpu_count() or 1)
         if count <= 0:
             return cls.unlimited()

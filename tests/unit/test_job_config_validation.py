@@ -14,7 +14,7 @@ from services.dispatcher import limits
 from shared import job_options as job_config
 from shared.settings import Settings
 from services.dispatcher.schemas import MAX_PARALLELISM, JarRunRequest
-from services.taskmanager import supervisor
+from services.taskmanager import startup_timeout
 from services.taskmanager.noop_task import InvalidTaskConfig, NoopRunner
 
 
@@ -167,22 +167,23 @@ def test_run_request_accepts_the_largest_parallelism():
 
 
 def test_startup_timeout_job_option_wins_and_unreadable_falls_back():
-    assert supervisor.startup_timeout_s({"headrace.task.startup-timeout": "2 min"}, 300) == 120
-    assert supervisor.startup_timeout_s({}, 300) == 300
-    assert supervisor.startup_timeout_s({"headrace.task.startup-timeout": "abc"}, 300) == 300
-    assert supervisor.startup_timeout_s({"headrace.task.startup-timeout": 0}, 300) == 300
+    assert startup_timeout.startup_timeout_s({"headrace.task.startup-timeout": "2 min"}, 300) == 120
+    assert startup_timeout.startup_timeout_s({}, 300) == 300
+    assert startup_timeout.startup_timeout_s({"headrace.task.startup-timeout": "abc"}, 300) == 300
+    assert startup_timeout.startup_timeout_s({"headrace.task.startup-timeout": 0}, 300) == 300
 
 
-def test_cluster_startup_timeout_from_the_environment():
-    assert supervisor.cluster_startup_timeout_s({}) == supervisor.DEFAULT_STARTUP_TIMEOUT_S
-    assert supervisor.cluster_startup_timeout_s({"HEADRACE_TASK_STARTUP_TIMEOUT_S": "90"}) == 90
-    assert supervisor.cluster_startup_timeout_s({"HEADRACE_TASK_STARTUP_TIMEOUT_S": "2 min"}) == 120
-    with pytest.raises(ValueError, match="HEADRACE_TASK_STARTUP_TIMEOUT_S"):
-        supervisor.cluster_startup_timeout_s({"HEADRACE_TASK_STARTUP_TIMEOUT_S": "soon"})
+def test_cluster_startup_timeout_from_the_settings(monkeypatch):
+    assert Settings().task_startup_timeout_s == startup_timeout.DEFAULT_STARTUP_TIMEOUT_S
+    monkeypatch.setenv("HEADRACE_TASK_STARTUP_TIMEOUT_S", "90")
+    assert Settings().task_startup_timeout_s == 90
+    monkeypatch.setenv("HEADRACE_TASK_STARTUP_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="task_startup_timeout_s"):
+        Settings()
 
 
 def test_startup_timeout_cause_says_how_long_where_and_what_to_change():
-    cause = supervisor.startup_timeout_cause(120, "building the pipeline (in build(ctx))", "File x.py, line 3")
+    cause = startup_timeout.startup_timeout_cause(120, "building the pipeline (in build(ctx))", "File x.py, line 3")
     assert cause.startswith("the pipeline did not start within 120 s: it was still building the pipeline")
     assert "headrace.task.startup-timeout" in cause and cause.endswith("File x.py, line 3")
 

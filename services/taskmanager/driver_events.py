@@ -1,0 +1,46 @@
+"""What a driver's protocol events (shared/task_protocol.py) become for the JobManager, as
+tables: the events forwarded as a message of their own, and the events that end a task."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shared import task_protocol as tp
+from shared.messages import CheckpointAcknowledged, CheckpointDeclined, Message, TaskProgress
+from shared.states import ExecutionState as ES
+
+
+def _progress(spec: tp.TaskSpec, tm: str, e: tp.Progress) -> Message:
+    return TaskProgress(
+        execution_id=spec.execution_id, job_id=spec.job_id, batch_id=e.batch_id,
+        num_input_rows=e.num_input_rows, input_rows_per_second=e.input_rows_per_second,
+        processed_rows_per_second=e.processed_rows_per_second)
+
+
+def _snapshot_taken(spec: tp.TaskSpec, tm: str, e: tp.SnapshotTaken) -> Message:
+    return CheckpointAcknowledged(
+        job_id=spec.job_id, execution_id=spec.execution_id, taskmanager_id=tm,
+        checkpoint_id=e.checkpoint_id, path=e.path, batch_id=e.batch_id,
+        state_size=e.state_size, duration_ms=e.duration_ms, source_offsets=e.source_offsets)
+
+
+def _snapshot_declined(spec: tp.TaskSpec, tm: str, e: tp.SnapshotDeclined) -> Message:
+    return CheckpointDeclined(
+        job_id=spec.job_id, execution_id=spec.execution_id, taskmanager_id=tm,
+        checkpoint_id=e.checkpoint_id, reason=e.reason, permanent=e.permanent)
+
+
+# event type -> the message to the JobManager's stream (spec, taskmanager id, event)
+FORWARDED: dict[type, Callable[[tp.TaskSpec, str, Any], Message]] = {
+    tp.Progress: _progress,
+    tp.SnapshotTaken: _snapshot_taken,
+    tp.SnapshotDeclined: _snapshot_declined,
+}
+
+# event type -> (final state, failure cause, failure name)
+ENDINGS: dict[type, Callable[[Any], tuple[ES, str | None, str | None]]] = {
+    tp.Finished: lambda e: (ES.FINISHED, None, None),
+    tp.Canceled: lambda e: (ES.CANCELED, None, None),
+    tp.Failed: lambda e: (ES.FAILED, e.traceback, e.error_name),
+}
