@@ -19,7 +19,6 @@ backoff (services/cluster/process_supervisor.py).
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ from urllib.parse import urlsplit
 import redis
 import yaml
 
-from services.cluster import redis_auth, spark_standalone, taskmanager_credentials
+from services.cluster import readiness, redis_auth, spark_standalone, taskmanager_credentials
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
 from shared import errors
@@ -195,7 +194,10 @@ class LocalCluster:
         self._spawn("dispatcher", py + ["dispatcher"], env)
         self.dispatcher_url = f"http://{s.dispatcher_host}:{s.dispatcher_port}"
         self.metrics_urls["dispatcher"] = f"{self.dispatcher_url}/metrics"
-        self._wait_ready(wait_s)
+        problem = readiness.wait_until_ready(self.dispatcher_url, self.children, self.taskmanagers,
+                                             self.settings.catalog, wait_s, self.run_dir / "logs")
+        if problem is not None:
+            raise ClusterError(problem)
         self.write_description()
         return self
 
@@ -356,43 +358,6 @@ class LocalCluster:
             wait_for_redis(self.redis_url, timeout_s=10).close()
         except redis.ConnectionError:
             raise ClusterError(f"redis-server did not start; see {self.run_dir}/logs/redis.log") from None
-
-    def _wait_ready(self, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        url = urlsplit(self.dispatcher_url)
-        while time.monotonic() < deadline:
-            for c in self.children:
-                if c.proc.poll() is not None:
-                    raise ClusterError(f"{c.name} exited with code {c.proc.returncode}; see {c.log}")
-            # The standard library's client, not httpx: its import and SSL context cost ~0.5 s of
-            # CPU while the TaskManagers' drivers start on the same cores (docs/benchmarks.md).
-            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=1)
-            try:
-                conn.request("GET", "/overview")
-                r = conn.getresponse()
-                body = r.read()
-                if r.status == 401:
-                    # Auth required (HEADRACE_AUTH): the dispatcher answers, the catalog says
-                    # how many TaskManagers registered.
-                    if self._registered_taskmanagers() >= self.taskmanagers:
-                        return
-                elif r.status == 200 and json.loads(body).get("taskmanagers", 0) >= self.taskmanagers:
-                    return
-            except (OSError, http.client.HTTPException, ValueError, AttributeError):
-                pass  # not listening yet, or an answer that is not the overview: ask again
-            finally:
-                conn.close()
-            time.sleep(0.2)
-        raise ClusterError(f"cluster not ready within {wait_s:.0f} s; logs in {self.run_dir}/logs")
-
-    def _registered_taskmanagers(self) -> int:
-        from shared.catalog import repository as repo
-
-        try:
-            with Catalog(self.settings.catalog).session() as session:
-                return len(repo.list_taskmanagers(session))
-        except Exception:  # noqa: BLE001 - not migrated yet, or briefly locked: ask again
-            return 0
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         os.killpg(self.child(name).proc.pid, sig)
