@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from shared import streams
 from shared import task_protocol as tp
 from shared.messages import (
-    CheckpointAcknowledged, CheckpointDeclined, DeployTask, SlotState, TaskReport, TaskStateChanged, TriggerCheckpoint,
+    CheckpointDeclined, DeployTask, SlotState, TaskReport, TaskStateChanged, TriggerCheckpoint,
 )
 from shared.states import ExecutionState as ES
 from shared.transport.base import Transport
@@ -41,6 +41,7 @@ from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
+from services.taskmanager.noop_tasks import NOOP_KIND, NoopTasks
 from services.taskmanager.startup_timeout import (
     DEFAULT_STARTUP_TIMEOUT_S, DRIVER_START_TIMEOUT_S, STACK_DUMP_WAIT_S, STARTUP_TIMEOUT_NAME, startup_timeout_cause,
     startup_timeout_s,
@@ -94,6 +95,9 @@ class TaskSupervisor:
         self.tasks: dict[str, Task] = {}
         self._lock = threading.RLock()
         self.reports = reports or HeldReports(transport)  # shared by the process's TaskManagers
+        self.noop_tasks = NoopTasks(noop, taskmanager_id=taskmanager_id, transport=transport, reports=self.reports,
+                                    on_state=self._on_noop_state, on_startup_timeout=self._startup_expired,
+                                    finish=self._finish, decline=self._decline)
 
     def start(self) -> None:
         """Start warming up the drivers the free slots may want."""
@@ -130,12 +134,9 @@ class TaskSupervisor:
 
     def _start(self, task: Task) -> None:
         spec = task.spec
-        if spec.kind == "noop":
-            # A no-op task reports INITIALIZING and RUNNING within this call: one round trip
-            # to Redis for both (or for a whole burst of deploys, see held_reports.py).
-            with self.reports.hold():
-                self.noop.start(task, self._on_noop_state, startup_timeout_s=task.startup_timeout_s,
-                                on_startup_timeout=self._startup_expired)
+        noop = self._noop_of(task)
+        if noop is not None:
+            noop.start(task)
             return
         with self._lock:
             # A job that sets its executors' size needs a driver started with it.
@@ -175,9 +176,9 @@ class TaskSupervisor:
             if task.reported_terminal:
                 return
             task.cancel_requested = True
-            if task.spec.kind == "noop":
-                self.noop.cancel(task)
-                self._finish(task, ES.CANCELED)
+            noop = self._noop_of(task)
+            if noop is not None:
+                noop.cancel(task)
                 return
             driver = task.driver
             task.state = ES.CANCELING
@@ -199,8 +200,9 @@ class TaskSupervisor:
         if task is None or task.reported_terminal or task.cancel_requested:
             self._decline(cmd, f"task {cmd.execution_id} is not running on {self.taskmanager_id}")
             return
-        if task.spec.kind == "noop":
-            self._noop_snapshot(task, cmd)
+        noop = self._noop_of(task)
+        if noop is not None:
+            noop.snapshot(task, cmd)
             return
         if state != ES.RUNNING or task.driver is None:
             self._decline(cmd, f"task {cmd.execution_id} is {state.value if state else 'unknown'}, not RUNNING yet")
@@ -208,25 +210,6 @@ class TaskSupervisor:
         if not task.driver.send(tp.TakeSnapshot(checkpoint_id=cmd.checkpoint_id, kind=cmd.kind, target=cmd.target,
                                                 stop_after=cmd.stop_after, drain=cmd.drain)):
             self._decline(cmd, "the task's Spark driver process does not accept commands (it is exiting)")
-
-    def _noop_snapshot(self, task: Task, cmd: TriggerCheckpoint) -> None:
-        """A no-op task has no state: its snapshot is the metadata alone."""
-        from shared import checkpoint_storage as storage
-
-        started = time.monotonic()
-        try:
-            info = storage.take_empty_snapshot(Path(cmd.target), metadata=tp.snapshot_metadata(
-                task.spec, kind=cmd.kind, checkpoint_id=cmd.checkpoint_id))
-        except Exception as exc:  # noqa: BLE001 - any failure is a decline with its reason
-            self._decline(cmd, f"{type(exc).__name__}: {exc}")
-            return
-        self.transport.publish(streams.JM_STREAM, CheckpointAcknowledged(
-            job_id=cmd.job_id, execution_id=cmd.execution_id, taskmanager_id=self.taskmanager_id,
-            checkpoint_id=cmd.checkpoint_id, path=info.path, batch_id=info.batch_id, state_size=info.state_size,
-            duration_ms=int((time.monotonic() - started) * 1000)))
-        if cmd.stop_after:
-            self.noop.cancel(task)
-            self._finish(task, ES.FINISHED)
 
     def _decline(self, cmd: TriggerCheckpoint, reason: str) -> None:
         log.warning("declining checkpoint %d of %s: %s", cmd.checkpoint_id, cmd.execution_id, reason)
@@ -315,6 +298,10 @@ class TaskSupervisor:
         with self._lock:
             return (self.tasks.get(task.spec.execution_id) is task and not task.reported_terminal
                     and not task.cancel_requested and task.state not in (ES.RUNNING, ES.CANCELING))
+
+    def _noop_of(self, task: Task) -> NoopTasks | None:
+        """Where no-op tasks part from the others: every branch for them asks here."""
+        return self.noop_tasks if task.spec.kind == NOOP_KIND else None
 
     def _task_of(self, driver: DriverProcess) -> Task | None:
         return self.tasks.get(driver.execution_id) if driver.execution_id else None
