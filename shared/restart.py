@@ -205,11 +205,12 @@ def normalise(config: dict[str, Any] | None, *, field: str = "restartStrategy") 
         raise InvalidRestartStrategy(field, "expected an object such as {\"type\": \"fixed-delay\", \"attempts\": 3}")
     kind = strategy_type(config.get("type"))
     if kind is None:
-        raise InvalidRestartStrategy(f"{field}.type", f"expected one of {', '.join(STRATEGY_TYPES)}, got {config.get('type')!r}")
+        raise InvalidRestartStrategy(f"{field}.type",
+                                     f"expected one of {', '.join(STRATEGY_TYPES)}, got {config.get('type')!r}")
     unknown = set(config) - _KNOWN_KEYS[kind] - {"type"}
     if unknown:
-        raise InvalidRestartStrategy(f"{field}.{sorted(unknown)[0]}",
-                                     f"not a parameter of {kind}; known: {', '.join(sorted(_KNOWN_KEYS[kind])) or 'none'}")
+        known = ", ".join(sorted(_KNOWN_KEYS[kind])) or "none"
+        raise InvalidRestartStrategy(f"{field}.{sorted(unknown)[0]}", f"not a parameter of {kind}; known: {known}")
     out = {**config, "type": kind}
     build(out, clock=_NullClock(), field=field)  # validates every parameter
     return out

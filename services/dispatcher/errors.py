@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 from fastapi import FastAPI, Request
