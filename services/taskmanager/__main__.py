@@ -16,9 +16,11 @@ import shutil
 import socket
 import threading
 import uuid
+from pathlib import Path
 from typing import Callable
 
 import redis
+from celery import Celery
 
 from shared import gc_tuning, metrics, streams
 from shared.commands import make_celery
@@ -117,6 +119,20 @@ def driver_engine_args(settings: Settings, config: dict | None = None) -> list[s
             "--host", settings.advertised_host or "127.0.0.1"]
 
 
+def start_up_args(settings: Settings, workdir: Path) -> list[str]:
+    """The runner's arguments that speed up a driver's start: the class archive (whose build
+    starts here in the background if it is missing) and the Python fork server."""
+    args: list[str] = []
+    if settings.driver_class_archive:
+        archive = class_archive.archive_path(settings.driver_class_archive_dir)
+        class_archive.ensure_started(archive, workdir / "logs" / "class-archive.log")
+        if archive is not None:
+            args += ["--class-archive", str(archive)]
+    if settings.driver_python_forkserver:
+        args.append("--python-forkserver")
+    return args
+
+
 def driver_launch(settings: Settings, slots: int, archive_args: list[str],
                   sandbox: driver_sandbox.DriverSandbox | None) -> DriverLaunch:
     """How the TaskManager's supervisors start drivers, and their warm pools."""
@@ -129,6 +145,35 @@ def driver_launch(settings: Settings, slots: int, archive_args: list[str],
     return DriverLaunch(driver_memory=settings.driver_memory, shuffle_partitions=settings.spark_shuffle_partitions,
                         engine_args=lambda config: driver_engine_args(settings, config) + archive_args,
                         sandbox=sandbox, warm_pool=warm_pool)
+
+
+def celery_app(settings: Settings, reports: HeldReports) -> Celery:
+    """The Celery app whose worker consumes this process's TaskManager queues."""
+    app = make_celery(settings.redis_url, "headrace-taskmanager")
+    # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
+    # the worker (see shared/transport/kombu_redis.py).
+    app.conf.broker_transport = "shared.transport.kombu_redis:Transport"
+    # Celery's remote control answers inspection only: no `celery control shutdown` stops it.
+    app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"
+    # The reports of the commands taken in one read of the queue go out together.
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}
+    return app
+
+
+def check_storage(settings: Settings, base_id: str, client: redis.Redis,
+                  announcer: EndpointAnnouncer | None) -> None:
+    """Exit (EXIT_STORAGE_NOT_SHARED) unless the checkpoint directory is the one shared with
+    the other TaskManagers."""
+    try:
+        checked = storage_probe.check_shared(settings.checkpoints, base_id, client)
+    except storage_probe.StorageNotShared as exc:
+        log.error("%s", exc)
+        if announcer is not None:
+            announcer.stop()
+        raise SystemExit(EXIT_STORAGE_NOT_SHARED) from None
+    log.info("checkpoint directory %s: writable, and shared with %s", settings.checkpoints,
+             ", ".join(checked) if checked else "no other running TaskManager")
 
 
 def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
@@ -162,14 +207,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         # reaches them this way too.
         os.environ[SPARK_UI_ENV] = "true"
     task_metrics = TaskMetrics(client, advertised_host=metrics.advertised_host(settings))
-    archive = None
-    if settings.driver_class_archive and not simulate:
-        archive = class_archive.archive_path(settings.driver_class_archive_dir)
-        class_archive.ensure_started(archive, workdir / "logs" / "class-archive.log")
-    archive_args = ["--class-archive", str(archive)] if archive is not None else []
-    if settings.driver_python_forkserver:
-        archive_args.append("--python-forkserver")
-    launch = None if simulate else driver_launch(settings, slots, archive_args, sandbox)
+    launch = None if simulate else driver_launch(settings, slots, start_up_args(settings, workdir), sandbox)
     for tm in ids:
         supervisors[tm] = TaskSupervisor(
             taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
@@ -185,15 +223,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                liveness_name=liveness_name, simulated=bool(simulate),
                                queue_of=(lambda _tm: queues[0]) if simulate else streams.tm_queue,
                                liveness=liveness)
-    app = make_celery(settings.redis_url, "headrace-taskmanager")
-    # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
-    # the worker (see shared/transport/kombu_redis.py).
-    app.conf.broker_transport = "shared.transport.kombu_redis:Transport"
-    # Celery's remote control answers inspection only: no `celery control shutdown` stops it.
-    app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"
-    # The reports of the commands taken in one read of the queue go out together.
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options,
-                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}
+    app = celery_app(settings, reports)
     register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
                                          transport=transport, dead_letter_client=client, auth=auth,
                                          artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
@@ -210,15 +240,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                       interval_s=settings.heartbeat_interval_s,
                                       ttl_s=settings.heartbeat_timeout_s).start()
     if not simulate:
-        try:
-            checked = storage_probe.check_shared(settings.checkpoints, base_id, client)
-        except storage_probe.StorageNotShared as exc:
-            log.error("%s", exc)
-            if announcer is not None:
-                announcer.stop()
-            raise SystemExit(EXIT_STORAGE_NOT_SHARED) from None
-        log.info("checkpoint directory %s: writable, and shared with %s", settings.checkpoints,
-                 ", ".join(checked) if checked else "no other running TaskManager")
+        check_storage(settings, base_id, client, announcer)
     link.start()
     for sup in supervisors.values():
         sup.start()
