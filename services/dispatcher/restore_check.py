@@ -153,7 +153,12 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         home = Path(tmp) / "work"
         home.mkdir()
         artifact_copy = home / Path(artifact_path).name
-        shutil.copyfile(artifact_path, artifact_copy)
+        try:
+            shutil.copyfile(artifact_path, artifact_copy)
+        except OSError as exc:
+            log.warning("restore check: cannot start the planner with %s: the artifact cannot be read (%s)",
+                        python, exc)
+            return {"reason": f"cannot read the artifact {artifact_path}: {exc}"}
         for path in (home, artifact_copy):
             user.own(path)
         os.chmod(tmp, 0o711)  # the planner passes through to its own directory, and sees nothing else
