@@ -52,8 +52,12 @@ def test_slot_request_that_cannot_be_met_fails_with_message(rest, jar):
     job = noop(rest, jar, parallelism=5, **{"slot.request.timeout": 2})
     final = rest.wait_state(job, ("FAILED",), timeout_s=30)
     root = rest.get(f"/jobs/{job}/exceptions")["root-exception"]
-    assert "could not allocate 5 slots" in root and "slots free" in root
+    # No registered TaskManager has 5 slots: refused for good once the ResourceManager has seen its
+    # TaskManagers register (a heartbeat timeout after its start), else after the request's timeout.
+    assert ("parallelism 5 needs 5 slots on one TaskManager" in root
+            or ("could not allocate 5 slots" in root and "slots free" in root)), root
     assert final["state"] == "FAILED"
+    assert len(rest.attempts(job)) <= 1 or "could not allocate" in root  # a permanent refusal is not restarted
 
 
 def test_cancel_running_job_frees_its_slots(rest, jar):
