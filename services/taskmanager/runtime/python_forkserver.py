@@ -73,7 +73,9 @@ def start(directory: str, routed: tuple[str, ...] = ROUTED) -> tuple[str, object
     if len(path.encode()) > 100:
         import tempfile
 
-        path = os.path.join(tempfile.mkdtemp(prefix="hr-fs-"), "fs.sock")
+        # Not TMPDIR: a driver's TMPDIR is its own work directory, as long as `directory`.
+        short = "/tmp" if os.path.isdir("/tmp") else None
+        path = os.path.join(tempfile.mkdtemp(prefix="hr-fs-", dir=short), "fs.sock")
     server = subprocess.Popen([sys.executable, "-m", "services.taskmanager.runtime.python_forkserver", "--serve", path,
                                str(os.getpid()), *routed], stdin=subprocess.DEVNULL)
     return write_launcher(directory, sys.executable, path, routed), server
