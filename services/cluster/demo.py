@@ -23,7 +23,7 @@ from services.cluster.local_cluster import ClusterError, LocalCluster
 from shared.catalog.db import normalise_url
 from shared.settings import Settings
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "clickstream.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clickstream.py"
 DEMO_TABLE = "demo_clicks_per_minute"
 # --rate only paces the generator (event times, hence the counts, come from the seed and
 # --events-per-minute): the 3000 events arrive within a second instead of three.

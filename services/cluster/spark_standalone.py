@@ -44,7 +44,7 @@ def environment(base: dict, *, host: str, log_dir: Path, work_dir: Path | None =
     if work_dir is not None:
         env["SPARK_WORKER_DIR"] = str(work_dir)
     # The executors import Headrace's connectors from the repository, as the drivers do.
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([repo, *[p for p in paths if p != repo]])
     return env
