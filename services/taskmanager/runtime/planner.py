@@ -15,7 +15,7 @@ stdout gets exactly one line, and the exit code is 0 whenever that line was writ
 entry function raised), "spark" and "signature" are ours. Everything else (Spark's logs, the
 pipeline's prints) goes to stderr.
 
-The pipeline is loaded exactly as the runner loads it (runner.load_pipeline, a PipelineContext,
+The pipeline is loaded exactly as the runner loads it (pipeline_loader.load_pipeline, a PipelineContext,
 `spark.sql.*` options of the configuration applied first) in a local[1] session without UI or
 warm-up. Building a streaming DataFrame opens no connection (the Redis stream source connects
 when the query starts), so the catalog and Redis URLs may be placeholders: those not given
@@ -60,7 +60,8 @@ def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, Any]:
-    from .runner import build_spark, load_pipeline
+    from .pipeline_loader import load_pipeline
+    from .spark_session import build_spark
 
     t0 = time.monotonic()
     try:
