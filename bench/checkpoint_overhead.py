@@ -47,6 +47,7 @@ from services.jobmanager.checkpoints import ABORTED_BY_TASK_END  # noqa: E402
 from shared import checkpoint_storage  # noqa: E402
 from shared.catalog.models import CheckpointRow  # noqa: E402
 from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.sink_db import sink_db_url  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"
@@ -338,7 +339,8 @@ def main() -> None:
     result: dict = {"machine": machine(), "events": a.events, "keys": a.keys, "events_per_entry": a.events_per_entry,
                     "max_entries_per_trigger": a.max_entries_per_trigger, "interval": a.interval, "runs": []}
     try:
-        cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1)
+        cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1,
+                                pipeline_catalog_url=sink_db_url(home))
         rest = Rest(cluster.dispatcher_url)
         t = time.monotonic()
         entries = append_entries(cluster.redis_url, "events",

@@ -59,6 +59,7 @@ from bench.checkpoint_overhead import (  # noqa: E402
 from bench.submit_latency import wait_warm  # noqa: E402
 from shared import checkpoint_storage  # noqa: E402
 from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.sink_db import sink_db_url  # noqa: E402
 
 PIPELINE = Path(__file__).resolve().parent / "pipelines" / "keyed_state.py"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -351,7 +352,8 @@ def main() -> None:
     cluster = None
     ok = False
     try:
-        cluster = start_cluster(home, catalog_url=a.catalog, taskmanagers=2, slots=2, warm_drivers=1)
+        cluster = start_cluster(home, catalog_url=a.catalog, taskmanagers=2, slots=2, warm_drivers=1,
+                                pipeline_catalog_url=sink_db_url(home))
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
         for target in sizes:

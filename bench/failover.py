@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.submit_latency import wait_warm  # noqa: E402
 from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.sink_db import sink_db_url  # noqa: E402
 
 STREAM = Path(__file__).resolve().parent / "pipelines" / "endless_stream.py"
 NOOP = "def build(ctx):\n    raise RuntimeError('no-op')\n"
@@ -37,7 +38,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="headrace-failover-"))
     catalog = a.catalog or f"sqlite:///{home / 'catalog.db'}"
     cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2,
-                            warm_drivers=1 if a.kind == "pyspark" else 0)
+                            warm_drivers=1 if a.kind == "pyspark" else 0, pipeline_catalog_url=sink_db_url(home))
     rest = Rest(cluster.dispatcher_url)
     times, detail = [], []
     try:
