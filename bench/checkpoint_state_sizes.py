@@ -53,13 +53,19 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoint_overhead import (  # noqa: E402
-    TOLERATE_DECLINES, append_entries, checkpoint_rows, checkpoint_summary, event_entries, machine,
-    snapshot_copy_ms, wait_quiet,
+    TOLERATE_DECLINES,
+    append_entries,
+    checkpoint_rows,
+    checkpoint_summary,
+    event_entries,
+    machine,
+    snapshot_copy_ms,
+    wait_quiet,
 )
+from bench.sink_db import sink_db_url  # noqa: E402
 from bench.submit_latency import wait_warm  # noqa: E402
 from shared import checkpoint_storage  # noqa: E402
 from tests.clusters import Rest, start_cluster  # noqa: E402
-from bench.sink_db import sink_db_url  # noqa: E402
 
 PIPELINE = Path(__file__).resolve().parent / "pipelines" / "keyed_state.py"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -37,6 +37,7 @@ if (Path(__file__).resolve().parent.parent / "shared" / "gc_tuning.py").exists()
     from shared import gc_tuning  # noqa: E402
 else:
     gc_tuning = None
+from services.jobmanager.scheduler import JobMaster  # noqa: E402
 from shared import streams  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.catalog import repository as repo  # noqa: E402
@@ -47,7 +48,6 @@ from shared.messages import RequestSlots, SlotsAllocated, SubmitJob, TaskStateCh
 from shared.settings import Settings  # noqa: E402
 from shared.states import ExecutionState as ES  # noqa: E402
 from shared.transport import InMemoryTransport  # noqa: E402
-from services.jobmanager.scheduler import JobMaster  # noqa: E402
 
 BATCH = 500  # what the service asks its stream for per poll
 
@@ -58,7 +58,9 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
     catalog.migrate()
     t = InMemoryTransport(sender="bench", epoch=1)
     # As the service builds it (older checkouts, compared side by side, take no client).
-    wire = {"client": redis.Redis.from_url(redis_url)} if "client" in inspect.signature(CommandGateway).parameters else {}
+    wire = (
+        {"client": redis.Redis.from_url(redis_url)} if "client" in inspect.signature(CommandGateway).parameters else {}
+    )
     if "auth" in inspect.signature(CommandGateway).parameters:
         wire["auth"] = t.auth
     gateway = CommandGateway(make_celery(redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=1, **wire)

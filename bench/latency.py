@@ -158,7 +158,7 @@ def main() -> None:
                         time.sleep(0.2)
                     r = measure(engine, kind, source, stream, rate=args.rate, warmup_s=args.warmup_s,
                                 duration_s=args.duration_s, poll_s=args.poll_ms / 1000,
-                                alive=lambda: proc.poll() is None)
+                                alive=lambda: proc.poll() is None)  # noqa: B023 - used within this iteration
                 finally:
                     stop_group(proc)
             r["load"] = load

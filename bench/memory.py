@@ -63,7 +63,7 @@ def driver_parts(driver: psutil.Process) -> dict[str, float]:
     # services/taskmanager/runtime/python_forkserver.py; the daemons it forks (and their workers)
     # carry its command line too, and count as daemons and workers.
     forked = {c.pid for c, _, cmdline, _ in tree if "python_forkserver" in cmdline}
-    for child, name, cmdline, parent in tree:
+    for child, name, _cmdline, parent in tree:
         parts["rss sum"] += rss(child) / MB
         if name == "java":
             parts["jvm"] += pss(child) / MB

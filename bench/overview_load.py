@@ -75,9 +75,15 @@ def load(url: str, rate: float, duration_s: float) -> dict:
     for t in threads:
         t.join(duration_s + 60)
     elapsed = time.monotonic() - start
-    return {"requests": len(latencies), "rate": round(len(latencies) / elapsed, 1),
-            "p50_ms": round(percentile(latencies, 0.5) * 1000, 1), "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-            "max_ms": round(max(latencies) * 1000, 1), "failures": len(failures), "failure_kinds": sorted(set(failures))}
+    return {
+        "requests": len(latencies),
+        "rate": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "max_ms": round(max(latencies) * 1000, 1),
+        "failures": len(failures),
+        "failure_kinds": sorted(set(failures)),
+    }
 
 
 def main() -> None:

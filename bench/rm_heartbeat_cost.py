@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs  # noqa: E402
+from services.resourcemanager.service import ResourceManager  # noqa: E402
 from shared import cluster_keys, streams  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.clock import SystemClock  # noqa: E402
@@ -25,7 +26,6 @@ from shared.message_auth import ClusterAuth, TaskManagerAuth  # noqa: E402
 from shared.messages import RegisterTaskManager, SlotState, TaskManagerHeartbeat  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.transport.redis_streams import RedisStreamsTransport  # noqa: E402
-from services.resourcemanager.service import ResourceManager  # noqa: E402
 
 
 def main() -> None:
@@ -43,8 +43,9 @@ def main() -> None:
         n = a.taskmanagers
         # Signed and checked as on a cluster: each heartbeat as the TaskManager it is from.
         secret = cluster_keys.parse_secret(cluster_keys.new_secret())
-        rm = ResourceManager(settings, catalog, RedisStreamsTransport.from_url(url, sender="rm", auth=ClusterAuth(secret)),
-                             SystemClock())
+        rm = ResourceManager(
+            settings, catalog, RedisStreamsTransport.from_url(url, sender="rm", auth=ClusterAuth(secret)), SystemClock()
+        )
         tms = RedisStreamsTransport.from_url(url, sender="tm",
                                              auth=TaskManagerAuth([f"tm-{i}" for i in range(n)], secret=secret))
         tms.publish_many([(streams.RM_STREAM, RegisterTaskManager(

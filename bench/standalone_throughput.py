@@ -26,7 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs  # noqa: E402
 from bench.checkpoint_overhead import (  # noqa: E402
-    DEFAULT_PG, append_entries, cycling_keys, drop_pg, event_entries, fresh_pg, machine, pg_engine, watch_sink,
+    DEFAULT_PG,
+    append_entries,
+    cycling_keys,
+    drop_pg,
+    event_entries,
+    fresh_pg,
+    machine,
+    pg_engine,
+    watch_sink,
 )
 from tests.clusters import Rest, start_cluster  # noqa: E402
 

@@ -36,7 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs, stop_group  # noqa: E402
 from bench.checkpoint_overhead import (  # noqa: E402
-    BASE_TIME_US, DEFAULT_PG, append_entries, drop_pg, fresh_pg, machine, pg_engine, watch_sink,
+    BASE_TIME_US,
+    DEFAULT_PG,
+    append_entries,
+    drop_pg,
+    fresh_pg,
+    machine,
+    pg_engine,
+    watch_sink,
 )
 from bench.submit_latency import wait_warm  # noqa: E402
 from services.taskmanager.runtime.connectors.redis_streams import pack_events  # noqa: E402

@@ -26,7 +26,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sink", choices=("sql", "parquet"), default="sql")
     p.add_argument("--table", default="keyed_counts", help="SQL sink: output table")
     p.add_argument("--path", default=None, help="parquet sink: output directory")
-    p.add_argument("--sink-url", default=None, help="SQL sink: SQLAlchemy URL; default the pipeline database (ctx.catalog_url)")
+    p.add_argument(
+        "--sink-url", default=None, help="SQL sink: SQLAlchemy URL; default the pipeline database (ctx.catalog_url)"
+    )
     p.add_argument("--window", default="10 seconds", help="parquet sink: tumbling window")
     p.add_argument("--watermark", default="0 seconds", help="parquet sink: watermark delay")
     p.add_argument("--trigger", default=None, help='processing-time trigger, e.g. "500 milliseconds"')

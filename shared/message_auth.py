@@ -30,8 +30,15 @@ from pathlib import Path
 from shared import cluster_keys, streams
 from shared.errors import MessageError
 from shared.messages import (
-    CheckpointAcknowledged, CheckpointDeclined, CommandRejected, Envelope, RegisterTaskManager, TaskManagerHeartbeat,
-    TaskProgress, TaskStateChanged, UnregisterTaskManager,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    CommandRejected,
+    Envelope,
+    RegisterTaskManager,
+    TaskManagerHeartbeat,
+    TaskProgress,
+    TaskStateChanged,
+    UnregisterTaskManager,
 )
 
 log = logging.getLogger(__name__)

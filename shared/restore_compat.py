@@ -143,7 +143,7 @@ def _fmt(types: Sequence[str] | None, names: Sequence[str] | None = None) -> str
     if types is None:
         return "(unknown)"
     if names and len(names) == len(types):
-        return "(" + ", ".join(f"{n}: {t}" for n, t in zip(names, types)) + ")"
+        return "(" + ", ".join(f"{n}: {t}" for n, t in zip(names, types, strict=True)) + ")"
     return "(" + ", ".join(types) + ")"
 
 
@@ -310,7 +310,7 @@ def _check_sources(v: Verdict, old_plan: Mapping[str, Any] | None, spark: Mappin
                    new: Sequence[Mapping[str, Any]]) -> None:
     if old_plan and old_plan.get("sources") is not None:
         old = old_plan["sources"]
-        for i, (a, b) in enumerate(zip(old, new)):
+        for i, (a, b) in enumerate(zip(old, new, strict=False)):
             oa, ob = a.get("options") or {}, b.get("options") or {}
             # Only options both signatures recorded: a newer signature may identify sources by more.
             differs = a.get("format") != b.get("format") or any(oa[k] != ob[k] for k in oa.keys() & ob.keys())
@@ -406,4 +406,6 @@ def _names_differ(a: Iterable[str] | None, b: Iterable[str] | None) -> bool:
     if a is None or b is None:
         return False
     a, b = list(a), list(b)
-    return len(a) == len(b) and any(x != y and not _synthetic(x) and not _synthetic(y) for x, y in zip(a, b))
+    return len(a) == len(b) and any(
+        x != y and not _synthetic(x) and not _synthetic(y) for x, y in zip(a, b, strict=True)
+    )

@@ -52,7 +52,7 @@ def parse_cron(expr: str) -> crontab:
         raise CronError(f"has {len(fields)} field{'s' if len(fields) != 1 else ''}, a cron expression has 5 "
                         "(minute hour day-of-month month day-of-week)")
     names = ("minute", "hour", "day-of-month", "month", "day-of-week")
-    for name, value in zip(names, fields):
+    for name, value in zip(names, fields, strict=True):
         try:
             # Field by field, so the message can name the one that is wrong.
             crontab(**{_CELERY_FIELD[name]: value})

@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (
-    BadVersionError, ConnectionLoss, KazooException, LockTimeout, NodeExistsError, NoNodeError,
-)
+from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, LockTimeout, NodeExistsError, NoNodeError
 
 from shared.errors import CoordinationError
 

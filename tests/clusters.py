@@ -15,10 +15,21 @@ TERMINAL = ("FINISHED", "FAILED", "CANCELED")
 NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n"
 
 
-def start_cluster(home: Path, *, catalog_url: str, redis_url: str | None = None, taskmanagers: int = 2,
-                  slots: int = 4, warm_drivers: int = 0, jobmanagers: int = 1, ha: bool = False,
-                  spark_workers: int = 0, redis_bind: tuple[str, ...] = ("127.0.0.1",), zookeeper_bind: str = "127.0.0.1",
-                  **settings) -> LocalCluster:
+def start_cluster(
+    home: Path,
+    *,
+    catalog_url: str,
+    redis_url: str | None = None,
+    taskmanagers: int = 2,
+    slots: int = 4,
+    warm_drivers: int = 0,
+    jobmanagers: int = 1,
+    ha: bool = False,
+    spark_workers: int = 0,
+    redis_bind: tuple[str, ...] = ("127.0.0.1",),
+    zookeeper_bind: str = "127.0.0.1",
+    **settings,
+) -> LocalCluster:
     kwargs = dict(home=home, catalog_url=catalog_url, dispatcher_port=free_port(), warm_drivers=warm_drivers,
                   taskmanager_slots=slots, **settings)
     if redis_url:

@@ -45,7 +45,9 @@ class ComposeStack:
                str(self.work / "docker-compose.local.yml"), *args]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.engine.env, cwd=self.work)
         if check and out.returncode != 0:
-            raise RuntimeError(f"docker-compose {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()[-3000:]}")
+            raise RuntimeError(
+                f"docker-compose {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()[-3000:]}"
+            )
         return out.stdout
 
     def containers(self) -> dict[str, str]:

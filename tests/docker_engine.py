@@ -55,7 +55,9 @@ class DockerEngine:
     @classmethod
     def find_or_start(cls, log: Path) -> "DockerEngine":
         if shutil.which("docker") is None or shutil.which("docker-compose") is None:
-            raise EngineUnavailable("the docker client or docker-compose is missing (Debian: docker.io, docker-compose)")
+            raise EngineUnavailable(
+                "the docker client or docker-compose is missing (Debian: docker.io, docker-compose)"
+            )
         ours = f"unix://{run_dir(cache_root() / 'docker' / 'data') / 'docker.sock'}"
         for host in filter(None, (os.environ.get("DOCKER_HOST"), "unix:///var/run/docker.sock", ours)):
             if answers(host):

@@ -30,7 +30,8 @@ def taskmanager(
     import redis
     import yaml
 
-    from services.cluster import redis_auth, taskmanager_credentials as creds
+    from services.cluster import redis_auth
+    from services.cluster import taskmanager_credentials as creds
     from shared.cluster_keys import ClusterSecretError
     from shared.message_auth import load_secret
     from shared.settings import load_settings

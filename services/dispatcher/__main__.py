@@ -9,8 +9,8 @@ import uvicorn
 from services.dispatcher import limits, slow_clients
 from services.dispatcher.app import create_app
 from shared.catalog import Catalog
-from shared.settings import Settings, load_settings
 from shared.message_auth import control_plane_auth
+from shared.settings import Settings, load_settings
 from shared.transport import RedisStreamsTransport
 
 log = logging.getLogger("services.dispatcher")

@@ -11,8 +11,19 @@ from fastapi.staticfiles import StaticFiles
 from services.dispatcher import auth, errors, limits, metrics, openapi_security, security, slow_clients
 from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
-from services.dispatcher.routes import (checkpoints, jars, job_metrics, jobmanager, jobs, overview, savepoints, schedules,
-                                       taskmanagers, ui, whoami)
+from services.dispatcher.routes import (
+    checkpoints,
+    jars,
+    job_metrics,
+    jobmanager,
+    jobs,
+    overview,
+    savepoints,
+    schedules,
+    taskmanagers,
+    ui,
+    whoami,
+)
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
 from shared.catalog import Catalog

@@ -12,7 +12,8 @@ from typing import Any
 
 from services.dispatcher import storage_guard
 from services.dispatcher.errors import ApiError
-from shared import checkpoint_storage, checkpointing as cp
+from shared import checkpoint_storage
+from shared import checkpointing as cp
 from shared.settings import Settings
 
 _PATH_EXPECTED = "an absolute path or a file:// URI"

@@ -14,6 +14,13 @@ from typing import Callable
 
 import redis
 
+from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
+from services.jobmanager.leader_liveness import LeaderConnection
+from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
+from services.jobmanager.metrics import JobManagerMetrics
+from services.jobmanager.schedule_beat import ScheduleBeat
+from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost
 from shared import gc_tuning, leader_epoch, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
@@ -23,13 +30,6 @@ from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointStore
-from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
-from services.jobmanager.leader_liveness import LeaderConnection
-from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
-from services.jobmanager.metrics import JobManagerMetrics
-from services.jobmanager.schedule_beat import ScheduleBeat
-from services.jobmanager.scheduler import JobMaster
-from services.jobmanager.unit_of_work import LeadershipLost
 
 log = logging.getLogger("headrace.jobmanager")
 
@@ -211,10 +211,13 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
                 stopping.wait(1.0)
                 continue
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
+            # The lambdas below are called only inside lead(), within this iteration's lease.
             lead(settings, client, catalog, lease.epoch,
-                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set(), leader_id=contender,
+                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set(),  # noqa: B023
+                 leader_id=contender,
                  checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)),
-                 still_leading=lambda: not lease.revoked.is_set(), jm_metrics=jm_metrics,
+                 still_leading=lambda: not lease.revoked.is_set(),  # noqa: B023
+                 jm_metrics=jm_metrics,
                  resign_unreachable_after_s=settings.heartbeat_timeout_s)
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)

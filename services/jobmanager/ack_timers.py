@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import logging
 
-from shared.catalog import repository as repo
-from shared.messages import CancelTask, CommandRejected, ReleaseSlots
-from shared.states import ExecutionState as ES
 from services.jobmanager import transitions as tr
 from services.jobmanager.context import Context
 from services.jobmanager.outbox import CANCEL
 from services.jobmanager.restarts import Restarts
 from services.jobmanager.transitions import Fx
+from shared.catalog import repository as repo
+from shared.messages import CancelTask, CommandRejected, ReleaseSlots
+from shared.states import ExecutionState as ES
 
 log = logging.getLogger("headrace.jobmanager")
 

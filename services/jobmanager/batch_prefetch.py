@@ -11,9 +11,20 @@ from sqlalchemy.orm import Session
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.messages import (
-    CancelJob, CheckpointAcknowledged, CheckpointDeclined, CommandRejected, Envelope, RequestCheckpoint,
-    RequestSavepoint, SlotRequestFailed, SlotRequestPending, SlotsAllocated, SubmitJob, TaskManagerRegistered,
-    TaskProgress, TaskStateChanged,
+    CancelJob,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    CommandRejected,
+    Envelope,
+    RequestCheckpoint,
+    RequestSavepoint,
+    SlotRequestFailed,
+    SlotRequestPending,
+    SlotsAllocated,
+    SubmitJob,
+    TaskManagerRegistered,
+    TaskProgress,
+    TaskStateChanged,
 )
 
 # The messages about one attempt, and those about one job (every message about an attempt is).

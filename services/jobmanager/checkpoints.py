@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.checkpoint_store import BatchLatest
+from services.jobmanager.snapshot_files import discard_files
 from shared import checkpointing
 from shared.catalog import repository as repo
 from shared.catalog.models import CheckpointRow, Execution, Job
@@ -46,14 +48,12 @@ from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
 from shared.states import JobStatus as JS
 from shared.states import OperationStatus as OS
-from services.jobmanager.checkpoint_store import BatchLatest
-from services.jobmanager.snapshot_files import discard_files
 
 if TYPE_CHECKING:
-    from shared.clock import Clock
-    from shared.settings import Settings
     from services.jobmanager.checkpoint_store import CheckpointStore
     from services.jobmanager.unit_of_work import UnitOfWork
+    from shared.clock import Clock
+    from shared.settings import Settings
 
 log = logging.getLogger("headrace.jobmanager.checkpoints")
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shared.clock import Clock
-    from shared.settings import Settings
     from services.jobmanager.checkpoints import CheckpointCoordinator
     from services.jobmanager.timers import Timers
     from services.jobmanager.unit_of_work import UnitOfWork
+    from shared.clock import Clock
+    from shared.settings import Settings
 
 
 @dataclass(frozen=True)

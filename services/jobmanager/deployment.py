@@ -8,13 +8,13 @@ import time
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.checkpoints import CheckpointCoordinator
 from shared import job_options
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.messages import DeployTask, RequestSlots, SlotsAllocated
 from shared.settings import Settings
 from shared.task_protocol import TaskSpec
-from services.jobmanager.checkpoints import CheckpointCoordinator
 
 log = logging.getLogger("headrace.jobmanager")
 

@@ -13,14 +13,6 @@ from typing import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.catalog import repository as repo
-from shared.catalog.models import Execution
-from shared.messages import (
-    CancelSlotRequest, CancelTask, ReleaseSlots, ResourceManagerStarted, SlotsAllocated, TaskManagerLost,
-    TaskManagerRegistered, TriggerCheckpoint,
-)
-from shared.states import ExecutionState as ES
-from shared.states import JobStatus as JS
 from services.jobmanager import transitions as tr
 from services.jobmanager.ack_timers import AckTimers
 from services.jobmanager.context import Context
@@ -28,6 +20,20 @@ from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Effect, Outbox
 from services.jobmanager.restarts import Restarts
 from services.jobmanager.transitions import Fx
+from shared.catalog import repository as repo
+from shared.catalog.models import Execution
+from shared.messages import (
+    CancelSlotRequest,
+    CancelTask,
+    ReleaseSlots,
+    ResourceManagerStarted,
+    SlotsAllocated,
+    TaskManagerLost,
+    TaskManagerRegistered,
+    TriggerCheckpoint,
+)
+from shared.states import ExecutionState as ES
+from shared.states import JobStatus as JS
 
 log = logging.getLogger("headrace.jobmanager")
 

@@ -19,7 +19,12 @@ from sqlalchemy.orm import Session
 from shared.catalog.models import Execution
 from shared.message_auth import RefusedMessage, taskmanager_of
 from shared.messages import (
-    CheckpointAcknowledged, CheckpointDeclined, CommandRejected, Envelope, TaskProgress, TaskStateChanged,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    CommandRejected,
+    Envelope,
+    TaskProgress,
+    TaskStateChanged,
 )
 
 REPORTS = (TaskStateChanged, TaskProgress, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)

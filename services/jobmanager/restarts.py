@@ -10,13 +10,6 @@ from typing import Callable
 
 from sqlalchemy.orm import Session
 
-from shared import restart
-from shared.catalog import repository as repo
-from shared.catalog.models import Job
-from shared.ids import new_execution_id
-from shared.messages import CancelSlotRequest, CancelTask, ReleaseSlots
-from shared.states import ExecutionState as ES
-from shared.states import JobStatus as JS
 from services.jobmanager import restore_fallback
 from services.jobmanager import transitions as tr
 from services.jobmanager.context import Context
@@ -24,6 +17,13 @@ from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL
 from services.jobmanager.snapshot_requests import rescale_after_finish
 from services.jobmanager.transitions import Fx
+from shared import restart
+from shared.catalog import repository as repo
+from shared.catalog.models import Job
+from shared.ids import new_execution_id
+from shared.messages import CancelSlotRequest, CancelTask, ReleaseSlots
+from shared.states import ExecutionState as ES
+from shared.states import JobStatus as JS
 
 log = logging.getLogger("headrace.jobmanager")
 

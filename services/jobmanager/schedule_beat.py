@@ -35,6 +35,7 @@ from typing import Callable, ContextManager, Protocol
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from services.jobmanager.unit_of_work import LeadershipLost, UnitOfWork
 from shared import schedules as sch
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
@@ -43,7 +44,6 @@ from shared.clock import Clock, WallClock
 from shared.ids import new_job_id
 from shared.messages import CancelJob, SubmitJob
 from shared.states import JobStatus as JS
-from services.jobmanager.unit_of_work import LeadershipLost, UnitOfWork
 
 log = logging.getLogger("headrace.jobmanager.schedules")
 

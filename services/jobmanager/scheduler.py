@@ -32,20 +32,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from sqlalchemy.orm import Session
 
-from shared.catalog import Catalog
-from shared.catalog import repository as repo
-from shared.clock import Clock
-from shared.ids import new_execution_id, new_vertex_id
-from shared.messages import (
-    CancelJob, CheckpointAcknowledged, CheckpointDeclined, CommandRejected, DeployTask, Envelope, ReleaseSlots,
-    RequestCheckpoint, RequestSavepoint, ResourceManagerStarted, SlotRequestFailed, SlotRequestPending,
-    SlotsAllocated, SubmitJob, TaskManagerLost, TaskManagerRegistered, TaskProgress, TaskStateChanged,
-    TriggerCheckpoint,
-)
-from shared.settings import Settings
-from shared.states import ExecutionState as ES
-from shared.states import IllegalTransition
-from shared.states import JobStatus as JS
 from services.jobmanager import transitions as tr
 from services.jobmanager.ack_timers import AckTimers
 from services.jobmanager.batch_prefetch import job_of, prefetch
@@ -61,6 +47,35 @@ from services.jobmanager.snapshot_requests import SnapshotRequests
 from services.jobmanager.timers import Timers
 from services.jobmanager.transitions import Fx
 from services.jobmanager.unit_of_work import UnitOfWork
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.clock import Clock
+from shared.ids import new_execution_id, new_vertex_id
+from shared.messages import (
+    CancelJob,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    CommandRejected,
+    DeployTask,
+    Envelope,
+    ReleaseSlots,
+    RequestCheckpoint,
+    RequestSavepoint,
+    ResourceManagerStarted,
+    SlotRequestFailed,
+    SlotRequestPending,
+    SlotsAllocated,
+    SubmitJob,
+    TaskManagerLost,
+    TaskManagerRegistered,
+    TaskProgress,
+    TaskStateChanged,
+    TriggerCheckpoint,
+)
+from shared.settings import Settings
+from shared.states import ExecutionState as ES
+from shared.states import IllegalTransition
+from shared.states import JobStatus as JS
 
 log = logging.getLogger("headrace.jobmanager")
 

@@ -9,6 +9,9 @@ import logging
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.checkpoint_store import BatchLatest
+from services.jobmanager.checkpoints import CheckpointCoordinator, running_attempt
+from services.jobmanager.unit_of_work import UnitOfWork
 from shared.catalog import repository as repo
 from shared.catalog.models import Execution, Job, Operation
 from shared.checkpoint_storage import new_savepoint_dir
@@ -16,9 +19,6 @@ from shared.messages import RequestCheckpoint, RequestSavepoint
 from shared.settings import Settings
 from shared.states import OperationStatus as OS
 from shared.storage_roots import confine
-from services.jobmanager.checkpoint_store import BatchLatest
-from services.jobmanager.checkpoints import CheckpointCoordinator, running_attempt
-from services.jobmanager.unit_of_work import UnitOfWork
 
 log = logging.getLogger("headrace.jobmanager.checkpoints")
 

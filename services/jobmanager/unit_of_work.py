@@ -21,12 +21,12 @@ from typing import Any, Callable, Iterator
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.outbox import STREAM, Effect, Outbox
 from shared import streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.errors import CoordinationError
 from shared.messages import DeployTask
-from services.jobmanager.outbox import STREAM, Effect, Outbox
 
 log = logging.getLogger("headrace.jobmanager")
 

@@ -6,6 +6,10 @@ import json
 import logging
 import signal
 
+from services.resourcemanager.fencing import JobManagerFence
+from services.resourcemanager.liveness import ConnectionLiveness
+from services.resourcemanager.metrics import ResourceManagerMetrics
+from services.resourcemanager.service import ResourceManager
 from shared import gc_tuning, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock
@@ -14,10 +18,6 @@ from shared.logs import configure_logging
 from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from services.resourcemanager.fencing import JobManagerFence
-from services.resourcemanager.liveness import ConnectionLiveness
-from services.resourcemanager.metrics import ResourceManagerMetrics
-from services.resourcemanager.service import ResourceManager
 
 log = logging.getLogger("headrace.resourcemanager")
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timezone
-
 from typing import Callable
 
+from services.resourcemanager.fencing import JobManagerFence
+from services.resourcemanager.liveness import ConnectionLiveness
+from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
+from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
 from shared import streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
@@ -21,15 +24,23 @@ from shared.clock import Clock
 from shared.heartbeat import HeartbeatMonitor
 from shared.ids import new_message_id
 from shared.messages import (
-    CancelSlotRequest, Envelope, HeartbeatAck, RegisterTaskManager, ReleaseSlots, RequestSlots, ResourceManagerStarted,
-    SlotRequestFailed, SlotRequestPending, SlotsAllocated, SlotState, TaskManagerHeartbeat, TaskManagerLost,
-    TaskManagerRegistered, UnregisterTaskManager,
+    CancelSlotRequest,
+    Envelope,
+    HeartbeatAck,
+    RegisterTaskManager,
+    ReleaseSlots,
+    RequestSlots,
+    ResourceManagerStarted,
+    SlotRequestFailed,
+    SlotRequestPending,
+    SlotsAllocated,
+    SlotState,
+    TaskManagerHeartbeat,
+    TaskManagerLost,
+    TaskManagerRegistered,
+    UnregisterTaskManager,
 )
 from shared.settings import Settings
-from services.resourcemanager.fencing import JobManagerFence
-from services.resourcemanager.liveness import ConnectionLiveness
-from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
-from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
 
 log = logging.getLogger("headrace.resourcemanager")
 
@@ -178,8 +189,12 @@ class ResourceManager:
             del self._awaiting[tm_id]
             # Its allocations died with the previous ResourceManager's memory; the JobManager
             # fails whatever the catalog says still runs there.
-            self._declare_gone(tm_id, f"TaskManager lost: it did not register again within "
-                                      f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager restarted", ())
+            self._declare_gone(
+                tm_id,
+                f"TaskManager lost: it did not register again within "
+                f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager restarted",
+                (),
+            )
 
     def _emit_stats(self, now: float) -> None:
         w = self._stats_window

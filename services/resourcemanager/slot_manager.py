@@ -1,10 +1,11 @@
 """Slot accounting: pure logic, no I/O, driven with a clock so it is unit-tested directly.
 
 A task of parallelism p holds p slots on ONE TaskManager (the local engine runs its driver as
-`local[p]`). Requests are served in submission order; a request that no registered
-TaskManager could ever hold (p above every TaskManager's size) does not block the ones behind
-it, and fails for good once the cluster has settled (unsatisfiable.py). Allocation spreads tasks over TaskManagers (the one with the most free slots wins), so warm
-drivers on every TaskManager get used and a TaskManager loss hits as few tasks as possible.
+`local[p]`). Requests are served in submission order; a request that no registered TaskManager
+could ever hold (p above every TaskManager's size) does not block the ones behind it, and fails
+for good once the cluster has settled (unsatisfiable.py). Allocation spreads tasks over
+TaskManagers (the one with the most free slots wins), so warm drivers on every TaskManager get
+used and a TaskManager loss hits as few tasks as possible.
 
 Reconciliation: a TaskManager's slot report is the truth about what runs on it (this class
 only believes what it was told). Registering (again) replaces the allocations held for it by

@@ -17,8 +17,8 @@ Pure logic over the SlotManager's public state, driven by a clock, unit-tested d
 
 from __future__ import annotations
 
-from shared.clock import Clock
 from services.resourcemanager.slot_manager import SlotManager, SlotRequest
+from shared.clock import Clock
 
 NAMES_SHOWN = 5
 

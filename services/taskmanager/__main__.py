@@ -22,27 +22,27 @@ from typing import Callable
 import redis
 from celery import Celery
 
-from shared import gc_tuning, metrics, streams
-from shared.commands import make_celery
-from shared.ids import new_taskmanager_id
-from shared.leader_epoch import LeaderEpochFence
-from shared.log_files import LogFiles
-from shared.message_auth import MissingKey, taskmanager_auth
-from shared.logs import configure_logging
-from shared.settings import Settings, load_settings
-from shared.transport import kombu_redis
-from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from services.taskmanager import driver_sandbox, storage_probe
 from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
+from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
-from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.supervisor import DriverLaunch, TaskSupervisor
 from services.taskmanager.warm_pool import WarmPool, WarmupTokens
+from shared import gc_tuning, metrics, streams
+from shared.commands import make_celery
+from shared.ids import new_taskmanager_id
+from shared.leader_epoch import LeaderEpochFence
+from shared.log_files import LogFiles
+from shared.logs import configure_logging
+from shared.message_auth import MissingKey, taskmanager_auth
+from shared.settings import Settings, load_settings
+from shared.transport import kombu_redis
+from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 
 log = logging.getLogger("headrace.taskmanager")
 

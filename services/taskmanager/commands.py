@@ -42,9 +42,7 @@ from shared import task_protocol as tp
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
 from shared.leader_epoch import LeaderEpochFence
 from shared.message_auth import ClusterAuth
-from shared.messages import (
-    CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode,
-)
+from shared.messages import CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode
 from shared.transport import dead_letters
 
 log = logging.getLogger("headrace.taskmanager.commands")

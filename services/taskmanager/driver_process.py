@@ -18,6 +18,7 @@ normal priority instead.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -31,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from shared import task_protocol as tp
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_env import driver_environment
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.task_processes import TaskProcesses
+from shared import task_protocol as tp
 
 log = logging.getLogger("headrace.taskmanager.driver")
 _ids = itertools.count(1)
@@ -349,7 +350,7 @@ class DriverProcess:
                     self.ready.set()
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end
-                self._deliver(lambda: self.on_event(self, event))
+                self._deliver(functools.partial(self.on_event, self, event))
         code = self.proc.wait() if self.proc else -1
         if self._memory is not None:
             self._memory.stop()

@@ -19,11 +19,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared import task_protocol as tp
-from shared.storage_roots import configured_roots
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_user import DriverUser, resolve, runtime_paths, unreachable
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
+from shared import task_protocol as tp
+from shared.storage_roots import configured_roots
 
 log = logging.getLogger("headrace.taskmanager.sandbox")
 

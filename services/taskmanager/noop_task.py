@@ -13,8 +13,8 @@ that gets here anyway fails the attempt with `InvalidTaskConfig` naming the opti
 from __future__ import annotations
 
 import heapq
-import logging
 import itertools
+import logging
 import threading
 import time
 from typing import Any, Callable, Mapping

@@ -9,13 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.taskmanager.held_reports import HeldReports
+from services.taskmanager.noop_task import NoopRunner
 from shared import streams
 from shared import task_protocol as tp
 from shared.messages import CheckpointAcknowledged, TriggerCheckpoint
 from shared.states import ExecutionState as ES
 from shared.transport.base import Transport
-from services.taskmanager.held_reports import HeldReports
-from services.taskmanager.noop_task import NoopRunner
 
 NOOP_KIND = "noop"
 
@@ -25,7 +25,12 @@ class NoopTasks:
                  on_state: Callable[[Any, ES, str | None], None], on_startup_timeout: Callable[..., None],
                  finish: Callable[[Any, ES], None], decline: Callable[[TriggerCheckpoint, str], None]) -> None:
         self.runner, self.taskmanager_id, self.transport, self.reports = runner, taskmanager_id, transport, reports
-        self.on_state, self.on_startup_timeout, self.finish, self.decline = on_state, on_startup_timeout, finish, decline
+        self.on_state, self.on_startup_timeout, self.finish, self.decline = (
+            on_state,
+            on_startup_timeout,
+            finish,
+            decline,
+        )
 
     def start(self, task: Any) -> None:
         # A no-op task reports INITIALIZING and RUNNING within this call: one round trip

@@ -23,10 +23,15 @@ from dataclasses import dataclass
 import redis
 
 from shared import streams
-from shared.messages import (
-    HeartbeatAck, RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, UndecodableMessage, decode,
-)
 from shared.message_auth import SIGNATURE_FIELD
+from shared.messages import (
+    HeartbeatAck,
+    RegisterTaskManager,
+    TaskManagerHeartbeat,
+    UndecodableMessage,
+    UnregisterTaskManager,
+    decode,
+)
 from shared.transport import dead_letters
 
 log = logging.getLogger("headrace.taskmanager.rm")
@@ -136,8 +141,12 @@ class ResourceManagerLink:
             else:
                 st.seq += 1
                 sup.publish_warm_status()  # refreshes the key's TTL while the process lives
-                out.append((streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=sup.slot_report(),
-                                                                    seq=st.seq)))
+                out.append(
+                    (
+                        streams.RM_HEARTBEAT_STREAM,
+                        TaskManagerHeartbeat(taskmanager_id=tm, slot_report=sup.slot_report(), seq=st.seq),
+                    )
+                )
         self.transport.publish_many(out)
 
     def _registration(self, tm: str, sup) -> RegisterTaskManager:

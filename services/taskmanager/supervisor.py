@@ -2,8 +2,9 @@
 
 It owns the slot table of one TaskManager, turns DeployTask/CancelTask/TriggerCheckpoint commands
 into driver process actions, maps driver events to ExecutionState reports and checkpoint
-acknowledgements for the JobManager, and frees slots when an attempt ends. Celery command handlers call `deploy`/`cancel` and return at once;
-everything long-running happens in driver processes and their reader threads.
+acknowledgements for the JobManager, and frees slots when an attempt ends. Celery command handlers
+call `deploy`/`cancel` and return at once; everything long-running happens in driver processes and
+their reader threads.
 
 A task is reported INITIALIZING as soon as this TaskManager has taken it: that is the JobManager's
 acknowledgement of the deploy, which must not wait for a cold Spark driver (~10-30 s) to start.
@@ -29,13 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from shared import streams
-from shared import task_protocol as tp
-from shared.messages import (
-    CheckpointDeclined, DeployTask, SlotState, TaskReport, TaskStateChanged, TriggerCheckpoint,
-)
-from shared.states import ExecutionState as ES
-from shared.transport.base import Transport
 from services.taskmanager.driver_events import ENDINGS, FORWARDED
 from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.driver_sandbox import DriverSandbox
@@ -43,10 +37,19 @@ from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.noop_tasks import NOOP_KIND, NoopTasks
 from services.taskmanager.startup_timeout import (
-    DEFAULT_STARTUP_TIMEOUT_S, DRIVER_START_TIMEOUT_S, STACK_DUMP_WAIT_S, STARTUP_TIMEOUT_NAME, startup_timeout_cause,
+    DEFAULT_STARTUP_TIMEOUT_S,
+    DRIVER_START_TIMEOUT_S,
+    STACK_DUMP_WAIT_S,
+    STARTUP_TIMEOUT_NAME,
+    startup_timeout_cause,
     startup_timeout_s,
 )
 from services.taskmanager.warm_pool import WarmPool
+from shared import streams
+from shared import task_protocol as tp
+from shared.messages import CheckpointDeclined, DeployTask, SlotState, TaskReport, TaskStateChanged, TriggerCheckpoint
+from shared.states import ExecutionState as ES
+from shared.transport.base import Transport
 
 if TYPE_CHECKING:
     from services.taskmanager.metrics import TaskMetrics

@@ -7,20 +7,20 @@ use, hands the oldest healthy one out, and starts a replacement in the backgroun
 that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` is
 discarded, never given a task.
 
-Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; three at
-once on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's take
-starts) each took 3-8 times longer, and a task handed a starting driver waited for all of them;
-one per core is what the cores can carry. So a driver starts warming only with a token
-(`WarmupTokens`: flock'ed lock files every TaskManager of this user on the host shares; the
-kernel frees a dead process's token), held until the driver is ready or gone; a wanted driver without a token waits, retried every
-RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the oldest one
-already warming (it is ahead of any new JVM), else starts the task's own driver at once, taking
-a free token if there is one so that no new warm-up joins its start; and while a driver this
-pool handed to a task is still starting, the pool starts no warm-up of its own (a replacement
-warming beside it slowed the task's start by half). Drivers in reserve warm up at the lowest CPU
-priority, raised when a task takes one (driver_process.py), so a replacement warming up while a
-task runs takes only the CPU the task leaves idle (one that got none for `ready_timeout_s` gets
-the normal priority, rather than being thrown away as stuck).
+Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; three at once
+on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's take starts)
+each took 3-8 times longer, and a task handed a starting driver waited for all of them; one per
+core is what the cores can carry. So a driver starts warming only with a token (`WarmupTokens`:
+flock'ed lock files every TaskManager of this user on the host shares; the kernel frees a dead
+process's token), held until the driver is ready or gone; a wanted driver without a token waits,
+retried every RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the
+oldest one already warming (it is ahead of any new JVM), else starts the task's own driver at
+once, taking a free token if there is one so that no new warm-up joins its start; and while a
+driver this pool handed to a task is still starting, the pool starts no warm-up of its own (a
+replacement warming beside it slowed the task's start by half). Drivers in reserve warm up at the
+lowest CPU priority, raised when a task takes one (driver_process.py), so a replacement warming up
+while a task runs takes only the CPU the task leaves idle (one that got none for `ready_timeout_s`
+gets the normal priority, rather than being thrown away as stuck).
 
 Which task a driver can serve: with the local engine a warm driver runs `local[N]` and serves a
 task of any parallelism p <= N (`serves_smaller`; the task still reads with p partitions, and

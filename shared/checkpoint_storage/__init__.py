@@ -31,11 +31,24 @@ copying (taking a snapshot, restoring one) and disposal; this package re-exports
 from shared.checkpoint_storage.copying import check_state_chains, restore, take_empty_snapshot, take_snapshot
 from shared.checkpoint_storage.disposal import dispose
 from shared.checkpoint_storage.layout import (
-    FORMAT, INPROGRESS, METADATA_FILE, SPARK_DIR, SnapshotError, SnapshotInfo, dir_size, local_path,
-    new_savepoint_dir, read_metadata, resolve_snapshot,
+    FORMAT,
+    INPROGRESS,
+    METADATA_FILE,
+    SPARK_DIR,
+    SnapshotError,
+    SnapshotInfo,
+    dir_size,
+    local_path,
+    new_savepoint_dir,
+    read_metadata,
+    resolve_snapshot,
 )
 from shared.checkpoint_storage.spark_files import (
-    END_OF_TIME_MS, latest_committed_batch, latest_planned_batch, log_final_watermark_batch, spark_conf_at,
+    END_OF_TIME_MS,
+    latest_committed_batch,
+    latest_planned_batch,
+    log_final_watermark_batch,
+    spark_conf_at,
     state_operators,
 )
 

@@ -13,12 +13,27 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from shared.checkpoint_storage.layout import (
-    FORMAT, METADATA_FILE, SPARK_DIR, SnapshotError, SnapshotInfo, _fsync, _inprogress_dir, _load,
-    _write_json_atomic, local_path,
+    FORMAT,
+    METADATA_FILE,
+    SPARK_DIR,
+    SnapshotError,
+    SnapshotInfo,
+    _fsync,
+    _inprogress_dir,
+    _load,
+    _write_json_atomic,
+    local_path,
 )
 from shared.checkpoint_storage.spark_files import (
-    _FULL_KINDS, _NUMBERED, _SOURCE_LOG, _STATE_VERSION, _leading_int, _offset_log, _state_partitions,
-    latest_committed_batch, state_operators,
+    _FULL_KINDS,
+    _NUMBERED,
+    _SOURCE_LOG,
+    _STATE_VERSION,
+    _leading_int,
+    _offset_log,
+    _state_partitions,
+    latest_committed_batch,
+    state_operators,
 )
 
 

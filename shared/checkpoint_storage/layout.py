@@ -14,7 +14,6 @@ from urllib.parse import unquote, urlparse
 
 from shared.errors import StateError
 
-
 FORMAT = "headrace-snapshot/1"
 METADATA_FILE = "_metadata"
 SPARK_DIR = "spark"

@@ -12,7 +12,6 @@ from typing import Any, Iterator
 
 from shared.checkpoint_storage.layout import SnapshotError
 
-
 _NUMBERED = re.compile(r"^(\d+)$")
 _SOURCE_LOG = re.compile(r"^(\d+)(\.compact)?$")
 

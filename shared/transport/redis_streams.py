@@ -175,7 +175,7 @@ class RedisStreamsTransport:
         # succeeded; if anything raises, every entry of the batch stays pending and is
         # redelivered, which idempotent handlers tolerate.
         with around_batch([env for _, env in decoded]):
-            for (entry_id, env), seen_a, seen_b in zip(decoded, now_seen, before_seen):
+            for (entry_id, env), seen_a, seen_b in zip(decoded, now_seen, before_seen, strict=True):
                 if seen_a or seen_b or env.message_id in done:
                     continue  # handled before, or earlier in this very batch (a producer retried)
                 try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser.pipelines import EXCEPTION_PROBE, FAILING, STREAMING
-from tests.clusters import Rest, start_cluster, wait_for
+from tests.clusters import Rest, start_cluster
 from tests.conftest import IN_CI
 
 CHROMIUM = Path(os.environ.get("HEADRACE_CHROMIUM", "/usr/bin/chromium"))
@@ -44,9 +44,7 @@ if _why:
     pytest.skip(f"browser tests skipped: {_why}", allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import (  # noqa: E402
-    NoAlertPresentException, StaleElementReferenceException, TimeoutException,
-)
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
@@ -229,7 +227,9 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
     # Filters: by name (the probe contains "onerror") and by state.
     name_filter = page.el("#jobs-filter-name")
     name_filter.send_keys("no-such-job")
-    page.wait("the name filter hiding the job", lambda d: not page.els(row) and "No job matches" in page.text("#jobs-empty"))
+    page.wait(
+        "the name filter hiding the job", lambda d: not page.els(row) and "No job matches" in page.text("#jobs-empty")
+    )
     name_filter.clear()
     name_filter.send_keys("onerror")
     page.wait("the name filter keeping the job", lambda d: page.els(row))
@@ -278,8 +278,11 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
         "return [...document.querySelectorAll('img')].filter(i => (i.getAttribute('src') || '') === 'x').length") == 0
     assert page.d.execute_script(
         "return [...document.querySelectorAll('script')].filter(s => s.textContent.includes('__xss')).length") == 0
-    names = page.d.execute_script("return [...document.querySelectorAll('a, span, div, td')]"
-                                  ".filter(e => e.children.length === 0 && e.textContent === arguments[0]).length", XSS_NAME)
+    names = page.d.execute_script(
+        "return [...document.querySelectorAll('a, span, div, td')]"
+        ".filter(e => e.children.length === 0 && e.textContent === arguments[0]).length",
+        XSS_NAME,
+    )
     assert names >= 1
 
 

@@ -9,16 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from services.jobmanager.scheduler import JobMaster
 from shared import checkpoint_storage as storage
 from shared import streams
 from shared.catalog import repository as repo
 from shared.ids import new_request_id
 from shared.messages import (
-    CancelTask, CheckpointAcknowledged, CheckpointDeclined, DeployTask, RequestCheckpoint, RequestSavepoint,
+    CancelTask,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    DeployTask,
+    RequestCheckpoint,
+    RequestSavepoint,
     TriggerCheckpoint,
 )
 from shared.states import ExecutionState as ES
-from services.jobmanager.scheduler import JobMaster
 from tests.component.test_scheduling import Harness
 
 CONFIG = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 2}
@@ -196,7 +201,9 @@ def test_savepoint_completes_its_operation_and_is_never_pruned(h, tmp_path):
     rid = request(h, job, target_directory=str(h.settings.savepoints / "sp"))
     [trig] = triggers(h)
     assert trig.kind == "savepoint" and not trig.stop_after
-    assert Path(trig.target).parent == h.settings.savepoints / "sp" and Path(trig.target).name.startswith(f"savepoint-{job[:6]}-")
+    assert Path(trig.target).parent == h.settings.savepoints / "sp" and Path(trig.target).name.startswith(
+        f"savepoint-{job[:6]}-"
+    )
     location = ack(h, trig)
     op = operation(h, rid)
     assert (op.status, op.location, op.checkpoint_id) == ("COMPLETED", location, trig.checkpoint_id)
@@ -290,7 +297,7 @@ def test_a_new_leader_adopts_pending_checkpoints_and_continues_the_numbering(h):
 
 def test_noop_jobs_do_not_checkpoint_by_cluster_default(h):
     assert h.settings.checkpointing.get("execution.checkpointing.interval")
-    job = h.submit()
+    h.submit()
     h.pump()
     [cmd] = h.deployed()
     h.report(cmd, ES.INITIALIZING, ES.RUNNING)

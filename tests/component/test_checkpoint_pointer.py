@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared.catalog import repository as repo
-from shared.states import ExecutionState as ES
 from services.jobmanager.checkpoint_store import ZooKeeperStore
 from services.jobmanager.scheduler import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
+from shared.catalog import repository as repo
+from shared.states import ExecutionState as ES
 from tests.component.test_checkpoint_coordinator import CONFIG, ack, triggers
 from tests.component.test_scheduling import Harness
 

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import pytest
 
+from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost
 from shared import streams
 from shared.catalog import repository as repo
 from shared.messages import (
-    CancelJob, CancelTask, CommandRejected, DeployTask, SlotState, TaskManagerHeartbeat, TaskProgress,
-    TaskStateChanged, decode,
+    CancelJob,
+    CancelTask,
+    CommandRejected,
+    DeployTask,
+    SlotState,
+    TaskManagerHeartbeat,
+    TaskProgress,
+    TaskStateChanged,
+    decode,
 )
 from shared.states import ExecutionState as ES
-from services.jobmanager.scheduler import JobMaster
-from services.jobmanager.unit_of_work import LeadershipLost
 from tests.component.test_scheduling import Harness, _executions
 
 
@@ -85,7 +92,9 @@ def test_a_deposed_leader_neither_sends_nor_deletes_the_new_leaders_outbox_entri
     job = h.submit()
     old = h.jm
     h.jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=2)
-    h.jm.outbox.transport = type("Down", (), {"publish_many": lambda *a, **k: (_ for _ in ()).throw(ConnectionError())})()
+    h.jm.outbox.transport = type(
+        "Down", (), {"publish_many": lambda *a, **k: (_ for _ in ()).throw(ConnectionError())}
+    )()
     with h.jm.unit_of_work():
         h.jm.recover()  # claims; re-derives nothing yet
     h.t.drain(streams.JM_STREAM, streams.JM_GROUP, h.jm.handle, around_batch=h.jm.unit_of_work)

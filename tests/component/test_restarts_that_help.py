@@ -21,7 +21,11 @@ from shared import streams
 from shared.catalog import repository as repo
 from shared.ids import new_request_id
 from shared.messages import (
-    RegisterTaskManager, RequestSavepoint, TaskManagerHeartbeat, TaskStateChanged, TriggerCheckpoint,
+    RegisterTaskManager,
+    RequestSavepoint,
+    TaskManagerHeartbeat,
+    TaskStateChanged,
+    TriggerCheckpoint,
     UnregisterTaskManager,
 )
 from shared.restore_failure import SnapshotRestoreError
@@ -93,7 +97,9 @@ def test_losing_the_only_big_taskmanager_gives_it_the_grace_to_come_back(tmp_pat
     wait(h, h.settings.heartbeat_timeout_s - 2)
     assert h.job(job).status == "RUNNING"  # the big one may be restarting
     wait(h, 3)
-    assert h.job(job).status == "FAILED" and "the largest registered TaskManager has 2 (tm-0;" in exceptions(h, job)[0][1]
+    assert (
+        h.job(job).status == "FAILED" and "the largest registered TaskManager has 2 (tm-0;" in exceptions(h, job)[0][1]
+    )
 
 
 def test_no_taskmanager_at_all_is_a_cluster_still_starting_not_a_permanent_failure(tmp_path):

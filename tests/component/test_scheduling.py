@@ -6,22 +6,31 @@ from __future__ import annotations
 
 import pytest
 
+from services.jobmanager.scheduler import JobMaster
+from services.resourcemanager.service import ResourceManager
 from shared import streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.clock import FakeClock
-from shared.message_auth import TASKMANAGER_MESSAGES, ClusterAuth, taskmanager_sender
 from shared.ids import new_job_id
-from shared.messages import decode
+from shared.message_auth import TASKMANAGER_MESSAGES, ClusterAuth, taskmanager_sender
 from shared.messages import (
-    CancelJob, CancelTask, DeployTask, RegisterTaskManager, SlotState, SubmitJob, TaskManagerHeartbeat, TaskReport,
-    TaskManagerLost, TaskStateChanged, UnregisterTaskManager,
+    CancelJob,
+    CancelTask,
+    DeployTask,
+    RegisterTaskManager,
+    SlotState,
+    SubmitJob,
+    TaskManagerHeartbeat,
+    TaskManagerLost,
+    TaskReport,
+    TaskStateChanged,
+    UnregisterTaskManager,
+    decode,
 )
 from shared.settings import Settings
 from shared.states import ExecutionState as ES
 from shared.transport import InMemoryTransport
-from services.jobmanager.scheduler import JobMaster
-from services.resourcemanager.service import ResourceManager
 
 
 class RecordingGateway:

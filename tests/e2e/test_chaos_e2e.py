@@ -237,8 +237,12 @@ def finish_exactly(env, rest: Rest, job: str, producer: Producer, table: str, fa
                  f"the sink to hold exactly {produced} events")
     finally:
         attempts = robust(lambda: rest.attempts(job)) or []
-        causes = [e.get("exceptionName") for e in
-                  (robust(lambda: rest.get(f"/jobs/{job}/exceptions")) or {}).get("exceptionHistory", {}).get("entries", [])]
+        causes = [
+            e.get("exceptionName")
+            for e in (robust(lambda: rest.get(f"/jobs/{job}/exceptions")) or {})
+            .get("exceptionHistory", {})
+            .get("entries", [])
+        ]
         print(f"faults ({len(faults)}): {'; '.join(faults)}")
         print(f"events: {produced}; attempts: {len(attempts)} (restarted by: {', '.join(reversed(causes)) or 'none'}); "
               f"job: {robust(lambda: rest.job(job))['state']}")

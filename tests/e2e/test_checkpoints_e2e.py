@@ -30,7 +30,14 @@ import pytest
 from shared import checkpoint_storage as storage
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import (
-    BASE, KEYS, STEP_MS, Producer, completed_checkpoints, expected_totals, sql_totals, wait_for,
+    BASE,
+    KEYS,
+    STEP_MS,
+    Producer,
+    completed_checkpoints,
+    expected_totals,
+    sql_totals,
+    wait_for,
 )
 from tests.e2e.test_clickstream_e2e import runner_processes
 

@@ -172,7 +172,7 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         running = attempts[-1]["attempt"]
         t0 = time.monotonic()
         stack.kill(old_leader)
-        new_leader = wait_for(lambda: (lambda l: l if l and l[1] > old_epoch else None)(leader(rest)), 120,
+        new_leader = wait_for(lambda: (lambda seen: seen if seen and seen[1] > old_epoch else None)(leader(rest)), 120,
                               "a new leader after the kill")
         timings.phase("jobmanager_kill_to_new_leader", t0)
         assert new_leader[0] != old_leader, (old_leader, new_leader)

@@ -77,6 +77,10 @@ def test_a_task_the_cluster_cannot_serve_fails_with_the_reason(cluster):
     final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=NO_EXECUTOR_TIMEOUT_S + 120)
     assert final["state"] == "FAILED"
     root = rest.get(f"/jobs/{job}/exceptions")["root-exception"]
-    assert "NoExecutors" in root and f"gave this task no executor within {NO_EXECUTOR_TIMEOUT_S} s" in root and "64g" in root
+    assert (
+        "NoExecutors" in root
+        and f"gave this task no executor within {NO_EXECUTOR_TIMEOUT_S} s" in root
+        and "64g" in root
+    )
     r = httpx.post(f"{c.dispatcher_url}/jars/{jar}/run", json={"flinkConfiguration": {"spark.executor.memory": "lots"}})
     assert r.status_code == 400 and r.json()["field"] == "spark.executor.memory" and "1g" in r.json()["errors"][0]

@@ -143,7 +143,10 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
         def restored_from_previous():
             attempts = rest.attempts(job)
             last = attempts[-1]
-            return last["status"] == "RUNNING" and (last["restored-from"] or "").endswith(f"/chk-{previous}") and attempts
+            return (
+                last["status"] == "RUNNING" and (last["restored-from"] or "").endswith(f"/chk-{previous}") and attempts
+            )
+
         attempts = wait_for(restored_from_previous, 300, f"an attempt restored from chk-{previous}")
         assert any(a["restored-from"] and a["restored-from"].endswith(f"/chk-{latest}") and a["status"] == "FAILED"
                    for a in attempts), attempts

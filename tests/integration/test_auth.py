@@ -100,8 +100,11 @@ def test_every_endpoint_needs_its_role(secured, role_tokens):
     endpoints = [(m, p) for p, ops in spec["paths"].items() for m in ops if m in methods]
     # The document must list what the matrix is about, or the matrix proves nothing.
     assert ADMIN_EXPECTED | {("post", "/jars/{jarid}/run"), ("patch", "/jobs/{jobid}")} <= set(endpoints)
-    assert spec["components"]["securitySchemes"]["bearerAuth"] == {**spec["components"]["securitySchemes"]["bearerAuth"],
-                                                                  "type": "http", "scheme": "bearer"}
+    assert spec["components"]["securitySchemes"]["bearerAuth"] == {
+        **spec["components"]["securitySchemes"]["bearerAuth"],
+        "type": "http",
+        "scheme": "bearer",
+    }
     failures = []
     for method, template in endpoints:
         need = expected_role(method, template)

@@ -160,8 +160,12 @@ def test_errors_of_the_api_are_one_line(live):
     job_id = live.job()
     result = headrace("savepoint", job_id, "s3://bucket/sp", "-m", live.url)
     assert result.returncode == 1 and "scheme 's3' is not supported" in result.stderr
-    for res in (result, headrace("savepoint", "-m", live.url), headrace("savepoint", job_id, "-d", "/x", "-m", live.url),
-                headrace("savepoint", job_id, "--timeout", "0", "-m", live.url)):
+    for res in (
+        result,
+        headrace("savepoint", "-m", live.url),
+        headrace("savepoint", job_id, "-d", "/x", "-m", live.url),
+        headrace("savepoint", job_id, "--timeout", "0", "-m", live.url),
+    ):
         assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert "Traceback" not in res.stderr + res.stdout
 

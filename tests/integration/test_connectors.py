@@ -14,11 +14,7 @@ import sqlalchemy as sa
 
 from services.taskmanager.runtime.connectors import SinkHandle
 from services.taskmanager.runtime.connectors.datagen import generate_batch, generate_events
-from services.taskmanager.runtime.connectors.redis_streams import (
-    commit_entries,
-    pack_events,
-    unpack_entry,
-)
+from services.taskmanager.runtime.connectors.redis_streams import commit_entries, pack_events, unpack_entry
 from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine
 from services.taskmanager.runtime.context import PipelineContext
 from services.taskmanager.runtime.spark_session import build_spark
@@ -148,7 +144,10 @@ def test_redis_sink_writes_packed_entries_once_per_batch(spark, redis_url, tmp_p
 
     # The commit itself is idempotent per batch id.
     before = r.xlen("out")
-    assert commit_entries(r, "out", [pack_events(generate_events(0, 0, 2))], sink_id="job-redis:out", batch_id=rerun) is False
+    assert (
+        commit_entries(r, "out", [pack_events(generate_events(0, 0, 2))], sink_id="job-redis:out", batch_id=rerun)
+        is False
+    )
     assert r.xlen("out") == before
 
 

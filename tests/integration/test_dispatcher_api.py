@@ -21,7 +21,9 @@ from shared.clock import SystemClock
 from shared.ids import new_execution_id, new_job_id, new_vertex_id
 from shared.messages import CancelJob, SubmitJob, decode
 from shared.settings import Settings
-from shared.states import JOB_STATE_NAMES, ExecutionState as E, JobStatus as J
+from shared.states import JOB_STATE_NAMES
+from shared.states import ExecutionState as E
+from shared.states import JobStatus as J
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport, RedisStreamsTransport
 

@@ -19,11 +19,20 @@ from shared.catalog.models import Operation
 from shared.ids import new_request_id
 from shared.messages import RequestCheckpoint, RequestSavepoint
 from shared.settings import Settings
-from shared.states import CheckpointStatus as CS, JobStatus as J, OperationStatus as OS
+from shared.states import CheckpointStatus as CS
+from shared.states import JobStatus as J
+from shared.states import OperationStatus as OS
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
 from tests.integration.test_dispatcher_api import (  # noqa: F401 - fixtures
-    catalog, catalog_url, client, deploy, schedule, submit, transport, upload,
+    catalog,
+    catalog_url,
+    client,
+    deploy,
+    schedule,
+    submit,
+    transport,
+    upload,
 )
 
 pytestmark = pytest.mark.integration

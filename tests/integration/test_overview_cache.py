@@ -23,7 +23,17 @@ from shared.settings import Settings
 from shared.states import JobStatus as J
 from shared.transport import InMemoryTransport
 from tests.integration.test_dispatcher_api import (  # noqa: F401 - fixtures
-    catalog, catalog_url, deploy, fail_attempt, finish, register_tm, schedule, settings, submit, transport, upload,
+    catalog,
+    catalog_url,
+    deploy,
+    fail_attempt,
+    finish,
+    register_tm,
+    schedule,
+    settings,
+    submit,
+    transport,
+    upload,
 )
 
 pytestmark = pytest.mark.integration

@@ -149,7 +149,7 @@ def test_signature_predicts_the_state_spark_writes(spark, checkpoints, name):
     signature = plan_signature(make(spark, 40), output_mode=mode)
     written = state_operators(checkpoints(name))
     assert [o["id"] for o in signature["operators"]] == [o["id"] for o in written]
-    for predicted, actual in zip(signature["operators"], written):
+    for predicted, actual in zip(signature["operators"], written, strict=True):
         assert predicted["spark_name"] == actual["name"]
         stores = {s["name"]: s for s in predicted["stores"]}
         assert sorted(stores) == sorted(s["name"] for s in actual["stores"])

@@ -14,6 +14,8 @@ import time
 import pytest
 import redis
 
+from services.resourcemanager.fencing import JobManagerFence
+from services.resourcemanager.service import ResourceManager
 from shared import leader_epoch, streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
@@ -23,13 +25,18 @@ from shared.ids import new_execution_id, new_job_id
 from shared.leader_epoch import LeaderEpochFence
 from shared.message_auth import ClusterAuth, control_plane_auth
 from shared.messages import (
-    CancelTask, RegisterTaskManager, ReleaseSlots, RequestSlots, SlotState, TaskManagerHeartbeat, decode, encode,
+    CancelTask,
+    RegisterTaskManager,
+    ReleaseSlots,
+    RequestSlots,
+    SlotState,
+    TaskManagerHeartbeat,
+    decode,
+    encode,
     wrap,
 )
 from shared.settings import Settings
 from shared.transport.redis_streams import RedisStreamsTransport
-from services.resourcemanager.fencing import JobManagerFence
-from services.resourcemanager.service import ResourceManager
 from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration

@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import pytest
 import redis
@@ -87,6 +88,15 @@ def test_a_taskmanager_cannot_touch_another_ones_queue_or_inbox(cluster):
     assert tm1.llen("tm.tm-1") >= 0 and tm1.xlen(streams.tm_inbox("tm-1")) >= 0
 
 
+def stream_changes_a_publisher_may_not_make(user: redis.Redis, stream: str) -> list[Callable[[], object]]:
+    return [lambda: user.delete(stream), lambda: user.xtrim(stream, maxlen=0),
+            lambda: user.xgroup_destroy(stream, "jobmanager"), lambda: user.xgroup_create(stream, "mine", id="0"),
+            lambda: user.xdel(stream, "0-1"), lambda: user.execute_command("XSETID", stream, "0-1"),
+            lambda: user.xclaim(stream, "jobmanager", "me", 0, ["0-1"]),
+            lambda: user.xautoclaim(stream, "jobmanager", "me", 0),
+            lambda: user.rename(stream, "mine"), lambda: user.expire(stream, 1)]
+
+
 def test_a_taskmanager_only_xadds_to_the_streams_it_reports_on(cluster):
     admin = redis.Redis.from_url(cluster.redis_url)
     tm1 = client(cluster, "tm-1")
@@ -95,13 +105,7 @@ def test_a_taskmanager_only_xadds_to_the_streams_it_reports_on(cluster):
     # this unsigned entry, so the dead letters grow by one.
     tm1.xadd(streams.JM_STREAM, {"m": b"not an envelope"}, maxlen=100_000, approximate=True)
     for stream in PUBLISHED_STREAMS:
-        for forbidden in (lambda: tm1.delete(stream), lambda: tm1.xtrim(stream, maxlen=0),
-                          lambda: tm1.xgroup_destroy(stream, "jobmanager"),
-                          lambda: tm1.xgroup_create(stream, "mine", id="0"),
-                          lambda: tm1.xdel(stream, "0-1"), lambda: tm1.execute_command("XSETID", stream, "0-1"),
-                          lambda: tm1.xclaim(stream, "jobmanager", "me", 0, ["0-1"]),
-                          lambda: tm1.xautoclaim(stream, "jobmanager", "me", 0),
-                          lambda: tm1.rename(stream, "mine"), lambda: tm1.expire(stream, 1)):
+        for forbidden in stream_changes_a_publisher_may_not_make(tm1, stream):
             with pytest.raises(NOPERM):
                 forbidden()
     # Nothing was lost: every stream is at least as long as before.
@@ -126,8 +130,7 @@ def test_services_only_xadd_to_streams_they_do_not_consume(cluster, service, str
     for stream in streams_it_publishes_to:
         before = admin.xlen(stream)
         user.xadd(stream, {"probe": b"1"}, maxlen=100_000, approximate=True)
-        for forbidden in (lambda: user.delete(stream), lambda: user.xtrim(stream, maxlen=0),
-                          lambda: user.xgroup_destroy(stream, "any"), lambda: user.xdel(stream, "0-1")):
+        for forbidden in stream_changes_a_publisher_may_not_make(user, stream):
             with pytest.raises(NOPERM):
                 forbidden()
         # (the probe may already be consumed and acknowledged, never deleted)
@@ -239,8 +242,13 @@ def test_on_a_redis_without_an_acl_file_the_user_works_and_the_operator_is_warne
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {
         "HEADRACE_REDIS_URL": redis_server.url, "HEADRACE_CLUSTER_SECRET": secret, "HEADRACE_HOME": str(tmp_path)}
     path = tmp_path / "tm-5.yaml"
-    out = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-5", "--out", str(path)],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-5", "--out", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "warning: this Redis has no ACL file: the change lasts until this Redis restarts" in out.stderr
     assert secret not in path.read_text()

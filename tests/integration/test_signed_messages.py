@@ -22,12 +22,19 @@ from shared.commands import CANCEL_TASK, DEPLOY_TASK, CommandGateway, make_celer
 from shared.ids import new_allocation_id, new_execution_id, new_job_id, new_vertex_id
 from shared.message_auth import TaskManagerAuth, TaskManagerKeys, control_plane_auth, load_secret
 from shared.messages import (
-    CancelJob, CancelTask, DeployTask, RegisterTaskManager, TaskManagerHeartbeat, TaskStateChanged, decode, encode,
+    CancelJob,
+    CancelTask,
+    DeployTask,
+    RegisterTaskManager,
+    TaskManagerHeartbeat,
+    TaskStateChanged,
+    decode,
+    encode,
     wrap,
 )
 from shared.states import ExecutionState as ES
 from shared.task_protocol import TaskSpec
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
 from tests.integration.test_hostile_messages import dead_letters_since, dlq_tail, wait_for_at_least
 
 pytestmark = pytest.mark.integration

@@ -135,6 +135,15 @@ def run_two_attempts(spark, make_sink, emit):
     return old, new
 
 
+def prepare_at_barrier(prepare, attempt: int, barrier: threading.Barrier, outcome: dict[int, object]) -> None:
+    barrier.wait()
+    try:
+        prepare(attempt)
+        outcome[attempt] = "prepared"
+    except SinkFencedError as e:
+        outcome[attempt] = e
+
+
 def test_sql_upsert_sink_rewinds_to_the_snapshot_and_fences_the_old_attempt(spark, db_url):
     def make():
         return SqlTableSink(db_url, "totals", sink_id="job-1:totals", key_columns=["k"])
@@ -241,15 +250,9 @@ def race_prepares(prepare, hold_lock) -> None:
         outcome: dict[int, object] = {}
         barrier = threading.Barrier(3)
 
-        def run(attempt: int) -> None:
-            barrier.wait()
-            try:
-                prepare(attempt)
-                outcome[attempt] = "prepared"
-            except SinkFencedError as e:
-                outcome[attempt] = e
-
-        threads = [threading.Thread(target=run, args=(a,)) for a in (low, high)]
+        threads = [
+            threading.Thread(target=prepare_at_barrier, args=(prepare, a, barrier, outcome)) for a in (low, high)
+        ]
         with hold_lock():
             for t in threads:
                 t.start()
@@ -320,7 +323,9 @@ def test_file_sink_rewinds_to_the_snapshot_and_fences_the_old_attempt(spark, tmp
 
     def arrow_rows():
         t = pads.dataset(str(out), format="parquet", partitioning="hive").to_table()
-        return sorted(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), t.column("src").to_pylist()))
+        return sorted(
+            zip(t.column("k").to_pylist(), t.column("v").to_pylist(), t.column("src").to_pylist(), strict=True)
+        )
 
     assert spark_rows() == expected
     assert arrow_rows() == expected
@@ -396,7 +401,9 @@ def entries_by_batch(r: redis.Redis, stream: str) -> list[tuple[str, int, str]]:
     rows = []
     for _, fields in r.xrange(stream):
         t = unpack_entry(fields)
-        rows += list(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), t.column("src").to_pylist()))
+        rows += list(
+            zip(t.column("k").to_pylist(), t.column("v").to_pylist(), t.column("src").to_pylist(), strict=True)
+        )
     return sorted(rows)
 
 

@@ -314,7 +314,7 @@ def stream_rows(r: redis.Redis, stream: str) -> list[tuple]:
     out = []
     for _, fields in r.xrange(stream):
         t = unpack_entry(fields)
-        out += list(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), t.column("src").to_pylist()))
+        out += list(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), t.column("src").to_pylist(), strict=True))
     return sorted(out)
 
 
@@ -377,5 +377,7 @@ def test_lineages_sharing_a_stream_undo_only_their_own_entries(redis_url):
     deleted = prepare_sink(r, "out", sink_id="job-y0:out", attempt=5, restored_batch_id=2,
                            owner=SinkOwner(lineage="job-y0", job_id="job-y0b", generation=1))
     assert deleted == 2
-    expected = sorted([r_ for b in range(BATCHES) for r_ in rows("x", b)] + [r_ for b in range(3) for r_ in rows("y", b)])
+    expected = sorted(
+        [r_ for b in range(BATCHES) for r_ in rows("x", b)] + [r_ for b in range(3) for r_ in rows("y", b)]
+    )
     assert stream_rows(r, "out") == expected

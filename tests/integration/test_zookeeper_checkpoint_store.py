@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
+from services.jobmanager.checkpoint_store import ZooKeeperStore
+from services.jobmanager.scheduler import JobMaster
 from shared.catalog import repository as repo
 from shared.states import ExecutionState as ES
 from shared.zookeeper import ZooKeeperCheckpointStore
-from services.jobmanager.checkpoint_store import ZooKeeperStore
-from services.jobmanager.scheduler import JobMaster
 from tests.component.test_checkpoint_coordinator import CONFIG, ack, triggers
 from tests.component.test_scheduling import Harness
 

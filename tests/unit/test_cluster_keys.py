@@ -27,7 +27,9 @@ def test_sign_and_verify():
     assert not ck.verify(ck.command_key(ck.parse_secret(ck.new_secret()), "tm-1"), b"payload", sig)
 
 
-@pytest.mark.parametrize("text, message", [("zz" * 32, "hexadecimal"), ("ab" * 8, "at least 32 bytes"), ("", "at least")])
+@pytest.mark.parametrize(
+    "text, message", [("zz" * 32, "hexadecimal"), ("ab" * 8, "at least 32 bytes"), ("", "at least")]
+)
 def test_bad_secrets_are_refused_with_the_reason(text, message):
     with pytest.raises(ck.ClusterSecretError, match=message):
         ck.parse_secret(text)

@@ -1,13 +1,12 @@
 import pytest
+from pydantic import ValidationError
 
 from shared import streams
 from shared.clock import FakeClock
 from shared.heartbeat import HeartbeatMonitor
 from shared.messages import SubmitJob, TaskStateChanged, UndecodableMessage, decode, encode, wrap
 from shared.settings import Settings
-from shared.states import (
-    ExecutionState, IllegalTransition, JobStatus, check_execution_transition, check_job_transition,
-)
+from shared.states import ExecutionState, IllegalTransition, JobStatus, check_execution_transition, check_job_transition
 from shared.transport import InMemoryTransport
 
 
@@ -19,7 +18,7 @@ def test_envelope_round_trip_keeps_epoch_and_type():
 
 def test_messages_are_frozen():
     msg = SubmitJob(job_id="x")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         msg.job_id = "y"
 
 
@@ -35,7 +34,9 @@ def test_in_memory_transport_dead_letters_and_dedups():
     seen = []
     t.append_raw(streams.JM_STREAM, b"garbage")
     mid = t.publish(streams.JM_STREAM, SubmitJob(job_id="a"))
-    t.publish_envelope(streams.JM_STREAM, wrap(SubmitJob(job_id="a"), sender="x").model_copy(update={"message_id": mid}))
+    t.publish_envelope(
+        streams.JM_STREAM, wrap(SubmitJob(job_id="a"), sender="x").model_copy(update={"message_id": mid})
+    )
     t.drain(streams.JM_STREAM, "g", lambda env: seen.append(env.body.job_id))
     assert seen == ["a"]
     assert len(t.dead) == 1

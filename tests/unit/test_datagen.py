@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from services.taskmanager.runtime.connectors.datagen import (
     DEFAULT_BASE_TIME,
@@ -18,7 +20,6 @@ from services.taskmanager.runtime.connectors.datagen import (
     is_exhausted,
     split_range,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 
 def test_event_is_a_pure_function_of_seed_and_index():
@@ -66,7 +67,7 @@ def test_fields_cover_their_domains_with_skew():
 def test_split_range_is_contiguous_and_complete():
     parts = split_range(10, 107, 4)
     assert [(p.start, p.end) for p in parts][0][0] == 10 and parts[-1].end == 107
-    assert all(a.end == b.start for a, b in zip(parts, parts[1:]))
+    assert all(a.end == b.start for a, b in itertools.pairwise(parts))
     assert sum(p.end - p.start for p in parts) == 97
     assert split_range(5, 5, 3) == []
     assert len(split_range(0, 2, 8)) == 2

@@ -8,6 +8,7 @@ from types import SimpleNamespace as Row
 
 import pytest
 from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
 
 from services.dispatcher import views
 from services.dispatcher.errors import ApiError, Problem, error_body, flink_error_body, problems_from_validation
@@ -39,10 +40,23 @@ def vertex(id="v" * 32, **kw) -> Row:
 
 
 def execution(attempt=0, state="RUNNING", **kw) -> Row:
-    base = dict(id=f"e{attempt}".ljust(32, "0"), vertex_id="v" * 32, attempt=attempt, state=state,
-                taskmanager_id="tm-1", slots=[0, 1], start_at=at(2), end_at=None, failure_cause=None,
-                waiting_reason=None, rows_processed=10, last_batch_id=7, restored_from=None,
-                restored_checkpoint_id=None, timestamps={"CREATED": ms(1), "SCHEDULED": ms(1.5), "DEPLOYING": ms(2), "RUNNING": ms(3)})
+    base = dict(
+        id=f"e{attempt}".ljust(32, "0"),
+        vertex_id="v" * 32,
+        attempt=attempt,
+        state=state,
+        taskmanager_id="tm-1",
+        slots=[0, 1],
+        start_at=at(2),
+        end_at=None,
+        failure_cause=None,
+        waiting_reason=None,
+        rows_processed=10,
+        last_batch_id=7,
+        restored_from=None,
+        restored_checkpoint_id=None,
+        timestamps={"CREATED": ms(1), "SCHEDULED": ms(1.5), "DEPLOYING": ms(2), "RUNNING": ms(3)},
+    )
     base.update(kw)
     return Row(**base)
 
@@ -151,10 +165,22 @@ def test_vertex_details_current_attempt_and_history():
     assert st["start-time"] == -1 and st["duration"] == -1
     assert [a["attempt"] for a in out["attempts"]] == [0, 1]
     assert out["attempts"][0] == {
-        "attempt": 0, "execution-id": old.id, "status": "FAILED", "taskmanager-id": "tm-1", "slots": [0, 1], "start-time": ms(2),
-        "end-time": ms(4), "duration": 2000, "timestamps": old.timestamps, "failure-cause": "boom",
-        "waiting-reason": None, "last-batch-id": 7, "read-records": 10,
-        "restored-from": "/sp/savepoint-aaaaaa-0123456789ab", "restored-checkpoint-id": 4}
+        "attempt": 0,
+        "execution-id": old.id,
+        "status": "FAILED",
+        "taskmanager-id": "tm-1",
+        "slots": [0, 1],
+        "start-time": ms(2),
+        "end-time": ms(4),
+        "duration": 2000,
+        "timestamps": old.timestamps,
+        "failure-cause": "boom",
+        "waiting-reason": None,
+        "last-batch-id": 7,
+        "read-records": 10,
+        "restored-from": "/sp/savepoint-aaaaaa-0123456789ab",
+        "restored-checkpoint-id": 4,
+    }
     assert out["attempts"][1]["waiting-reason"] == "waiting for slots"
     assert (out["attempts"][1]["restored-from"], out["attempts"][1]["restored-checkpoint-id"]) == (None, None)
     assert views.vertex_details(v, [], {}, max_par=4, now_ms=0)["subtasks"] == []
@@ -300,7 +326,7 @@ def test_parse_duration(value, seconds):
 
 @pytest.mark.parametrize("value", ["-10", -1, True, "ten s", None])
 def test_parse_duration_refuses(value):
-    with pytest.raises(Exception):
+    with pytest.raises(PydanticCustomError):
         parse_duration(value)
 
 

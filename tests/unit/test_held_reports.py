@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
+from services.taskmanager.held_reports import HeldReports
 from shared.messages import TaskStateChanged
 from shared.states import ExecutionState as ES
 from shared.transport import InMemoryTransport
-from services.taskmanager.held_reports import HeldReports
 
 
 class CountingTransport(InMemoryTransport):

@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from services.dispatcher import limits
-from shared import job_options as job_config
-from shared.settings import Settings
 from services.dispatcher.schemas import MAX_PARALLELISM, JarRunRequest
 from services.taskmanager import startup_timeout
 from services.taskmanager.noop_task import InvalidTaskConfig, NoopRunner
+from shared import job_options as job_config
+from shared.settings import Settings
 
 
 def _only(config: dict) -> job_config.OptionProblem:

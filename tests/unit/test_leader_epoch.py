@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.resourcemanager.fencing import JobManagerFence
+from services.resourcemanager.service import ResourceManager
+from services.taskmanager.commands import CommandIntake
 from shared import streams
 from shared.catalog import Catalog
 from shared.clock import FakeClock
@@ -14,14 +17,19 @@ from shared.ids import new_allocation_id, new_execution_id, new_job_id
 from shared.leader_epoch import LeaderEpochFence
 from shared.message_auth import ClusterAuth
 from shared.messages import (
-    CancelSlotRequest, CancelTask, CommandRejected, DeployTask, RegisterTaskManager, ReleaseSlots, RequestSlots,
-    SlotsAllocated, encode, wrap,
+    CancelSlotRequest,
+    CancelTask,
+    CommandRejected,
+    DeployTask,
+    RegisterTaskManager,
+    ReleaseSlots,
+    RequestSlots,
+    SlotsAllocated,
+    encode,
+    wrap,
 )
 from shared.settings import Settings
 from shared.transport import InMemoryTransport
-from services.resourcemanager.fencing import JobManagerFence
-from services.resourcemanager.service import ResourceManager
-from services.taskmanager.commands import CommandIntake
 
 FORGED = 10**12
 

@@ -11,11 +11,24 @@ import pytest
 from shared import cluster_keys as ck
 from shared import streams
 from shared.message_auth import (
-    ClusterAuth, MissingKey, TaskManagerAuth, TaskManagerKeys, load_secret, rule_violation, taskmanager_auth,
+    ClusterAuth,
+    MissingKey,
+    TaskManagerAuth,
+    TaskManagerKeys,
+    load_secret,
+    rule_violation,
+    taskmanager_auth,
 )
 from shared.messages import (
-    CancelJob, HeartbeatAck, RegisterTaskManager, SubmitJob, TaskManagerHeartbeat, TaskProgress, TaskStateChanged,
-    encode, wrap,
+    CancelJob,
+    HeartbeatAck,
+    RegisterTaskManager,
+    SubmitJob,
+    TaskManagerHeartbeat,
+    TaskProgress,
+    TaskStateChanged,
+    encode,
+    wrap,
 )
 from shared.settings import Settings
 from shared.states import ExecutionState as ES

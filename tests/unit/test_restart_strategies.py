@@ -45,7 +45,9 @@ def test_failure_rate_counts_only_failures_inside_the_interval():
 
 def test_failure_rate_forgets_old_failures():
     clock = FakeClock()
-    s = restart.build({"type": "failure-rate", "max-failures-per-interval": 1, "failure-rate-interval": 60}, clock=clock)
+    s = restart.build(
+        {"type": "failure-rate", "max-failures-per-interval": 1, "failure-rate-interval": 60}, clock=clock
+    )
     s.notify_failure()
     clock.advance(61)
     s.notify_failure()

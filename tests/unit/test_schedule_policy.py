@@ -10,6 +10,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select
 
+from services.jobmanager.schedule_beat import ScheduleBeat
+from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.unit_of_work import LeadershipLost
 from shared import schedules as sch
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
@@ -18,9 +21,6 @@ from shared.clock import FakeClock
 from shared.messages import CancelJob
 from shared.settings import Settings
 from shared.transport import InMemoryTransport
-from services.jobmanager.schedule_beat import ScheduleBeat
-from services.jobmanager.scheduler import JobMaster
-from services.jobmanager.unit_of_work import LeadershipLost
 
 UTC = timezone.utc
 T0 = datetime(2027, 1, 4, 12, 0, 0, tzinfo=UTC)  # a Monday, at a whole minute

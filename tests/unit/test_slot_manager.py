@@ -1,6 +1,6 @@
-from shared.clock import FakeClock
 from services.resourcemanager.slot_manager import SlotManager
 from services.resourcemanager.unsatisfiable import UnsatisfiableRequests, permanent_reason
+from shared.clock import FakeClock
 
 
 def make(clock=None, tms=(("tm-a", 4), ("tm-b", 4))):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.cluster import compose_credentials, redis_auth, taskmanager_credentials as creds
+from services.cluster import compose_credentials, redis_auth
+from services.cluster import taskmanager_credentials as creds
 from services.taskmanager import remote_control
 from shared import cluster_keys
 
@@ -68,7 +69,9 @@ def test_compose_taskmanagers_need_fixed_distinct_ids(tmp_path):
     compose = tmp_path / "docker-compose.yml"
     compose.write_text("services:\n  a: {command: [taskmanager, --id, tm-1]}\n  b: {command: [jobmanager]}\n")
     assert compose_credentials.compose_taskmanagers(compose) == ["tm-1"]
-    compose.write_text("services:\n  a: {command: [taskmanager, --id, tm-1]}\n  b: {command: [taskmanager, --id, tm_1]}\n")
+    compose.write_text(
+        "services:\n  a: {command: [taskmanager, --id, tm-1]}\n  b: {command: [taskmanager, --id, tm_1]}\n"
+    )
     with pytest.raises(ValueError, match="share variable names"):
         compose_credentials.compose_taskmanagers(compose)
     compose.write_text("services:\n  a: {command: [taskmanager, --slots, '2']}\n")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from shared.states import ExecutionState as ES
-from shared.states import JobStatus as JS
 from services.jobmanager import transitions as tr
 from services.jobmanager.transitions import Fx
+from shared.states import ExecutionState as ES
+from shared.states import JobStatus as JS
 
 F = ES.FINISHED
 

@@ -13,7 +13,10 @@ from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsD
 from services.dispatcher.errors import ApiError
 from services.dispatcher.schemas import ErrorBody, int_at_least
 from services.dispatcher.schemas.snapshots import (
-    AsynchronousOperationResult, CheckpointConfigInfo, CheckpointingStatistics, CheckpointTriggerRequest,
+    AsynchronousOperationResult,
+    CheckpointConfigInfo,
+    CheckpointingStatistics,
+    CheckpointTriggerRequest,
     TriggerResponse,
 )
 from shared import checkpointing as cp
@@ -89,7 +92,9 @@ def checkpoint_config(jobid: str, session: SessionDep, settings: SettingsDep) ->
 
 @router.get("/{jobid}/checkpoints/details/{checkpointid}", responses=_404,
             summary="One checkpoint's statistics, with its task and source offsets")
-def checkpoint_details(jobid: str, checkpointid: Annotated[int_at_least(0, 2**63 - 1), Path()], session: SessionDep, now_ms: NowMsDep) -> dict:
+def checkpoint_details(
+    jobid: str, checkpointid: Annotated[int_at_least(0, 2**63 - 1), Path()], session: SessionDep, now_ms: NowMsDep
+) -> dict:
     job = operations.get_job(session, jobid)
     try:
         row = repository.get_checkpoint(session, job.id, checkpointid)

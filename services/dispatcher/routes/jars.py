@@ -13,17 +13,30 @@ from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
 from services.dispatcher import artifacts, checkpoint_dir_option, entry_check, limits, restore, restore_check, views
-from shared import job_options as job_config
-from services.dispatcher.deps import (
-    ArtifactLimitsDep, CatalogDep, DefaultRestartDep, MaxUploadDep, OverviewCacheDep, SessionDep, SettingsDep, TransportDep,
-)
 from services.dispatcher.archive_bounds import ArtifactLimits
+from services.dispatcher.deps import (
+    ArtifactLimitsDep,
+    CatalogDep,
+    DefaultRestartDep,
+    MaxUploadDep,
+    OverviewCacheDep,
+    SessionDep,
+    SettingsDep,
+    TransportDep,
+)
 from services.dispatcher.errors import ApiError, Problem, short_value
-from services.dispatcher.strict_fields import StrictBool
 from services.dispatcher.schemas import (
-    EntryName, ErrorBody, JarListInfo, JarRunRequest, JarRunResponse, JarUploadResponse, Parallelism,
+    EntryName,
+    ErrorBody,
+    JarListInfo,
+    JarRunRequest,
+    JarRunResponse,
+    JarUploadResponse,
+    Parallelism,
     stored_restart_strategy,
 )
+from services.dispatcher.strict_fields import StrictBool
+from shared import job_options as job_config
 from shared.catalog import repository
 from shared.catalog.models import Artifact
 from shared.catalog.repository import NotFound
@@ -179,7 +192,9 @@ def run_jar(
     program_args: Annotated[str | None, Query(alias="program-args", description="as programArgs")] = None,
     program_arg: Annotated[str | None, Query(alias="programArg", description="comma-separated arguments")] = None,
     savepoint_path: Annotated[str | None, Query(alias="savepointPath", description="as the body's")] = None,
-    allow_non_restored: Annotated[StrictBool | None, Query(alias="allowNonRestoredState", description="as the body's")] = None,
+    allow_non_restored: Annotated[
+        StrictBool | None, Query(alias="allowNonRestoredState", description="as the body's")
+    ] = None,
 ) -> dict:
     """Body fields win over the query parameters of the same meaning (as in Flink)."""
     req = body or JarRunRequest()

@@ -77,7 +77,7 @@ def _current_figures(session, transport, job_id: str, vertex_id: str | None = No
     except redis.RedisError as exc:
         raise ApiError.of(503, f"Redis, where the TaskManagers publish task figures, is unavailable: {exc}",
                           hint="the Prometheus series headrace_task_* carry the same numbers", prefix=False) from None
-    return [task_figures(ex, fields) for ex, fields in zip(executions, answers) if fields]
+    return [task_figures(ex, fields) for ex, fields in zip(executions, answers, strict=True) if fields]
 
 
 @router.get("/{jobid}/progress", response_model=JobProgressInfo, responses=_404,

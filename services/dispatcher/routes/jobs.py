@@ -14,12 +14,26 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from services.dispatcher import operations, views
-from services.dispatcher.deps import (CatalogDep, ClockDep, NowMsDep, OverviewCacheDep, SessionDep, SettingsDep,
-                                      TransportDep)
+from services.dispatcher.deps import (
+    CatalogDep,
+    ClockDep,
+    NowMsDep,
+    OverviewCacheDep,
+    SessionDep,
+    SettingsDep,
+    TransportDep,
+)
 from services.dispatcher.errors import ApiError
 from services.dispatcher.schemas import (
-    Empty, ErrorBody, JobConfigInfo, JobDetailsInfo, JobExceptionsInfoWithHistory, JobIdsWithStatusOverview,
-    JobVertexDetailsInfo, MultipleJobsDetails, int_at_least,
+    Empty,
+    ErrorBody,
+    JobConfigInfo,
+    JobDetailsInfo,
+    JobExceptionsInfoWithHistory,
+    JobIdsWithStatusOverview,
+    JobVertexDetailsInfo,
+    MultipleJobsDetails,
+    int_at_least,
 )
 from shared.catalog import repository
 from shared.catalog.models import Execution, Job, Vertex
@@ -93,7 +107,9 @@ def list_jobs(session: SessionDep) -> dict:
 
 
 # response_model only documents the answer: a Response is sent as it is, unvalidated.
-@router.get("/overview", response_model=MultipleJobsDetails, summary="Every job with times and task counts, newest first")
+@router.get(
+    "/overview", response_model=MultipleJobsDetails, summary="Every job with times and task counts, newest first"
+)
 async def jobs_overview(catalog: CatalogDep, cache: OverviewCacheDep, clock: ClockDep) -> Response:
     def build() -> bytes:
         with catalog.session() as s:

@@ -18,10 +18,14 @@ from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.schemas import MAX_PARALLELISM, ErrorBody, int_at_least
 from services.dispatcher.schemas.snapshots import (
-    AsynchronousOperationResult, SavepointDisposalRequest, SavepointTriggerRequest, StopWithSavepointRequest,
+    AsynchronousOperationResult,
+    SavepointDisposalRequest,
+    SavepointTriggerRequest,
+    StopWithSavepointRequest,
     TriggerResponse,
 )
-from shared import checkpoint_storage, checkpointing as cp
+from shared import checkpoint_storage
+from shared import checkpointing as cp
 from shared.catalog import repository
 from shared.catalog.models import CheckpointRow, Job
 from shared.ids import new_request_id

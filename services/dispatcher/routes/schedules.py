@@ -14,14 +14,16 @@ from typing import Annotated
 from fastapi import APIRouter, Body
 
 from services.dispatcher import artifacts, checkpoint_dir_option
-from services.dispatcher.deps import (
-    ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep,
-)
+from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
 from services.dispatcher.errors import ApiError
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schemas import ErrorBody
 from services.dispatcher.schemas.schedules import (
-    ScheduleCreated, ScheduleCreateRequest, ScheduleDetail, ScheduleList, ScheduleUpdateRequest,
+    ScheduleCreated,
+    ScheduleCreateRequest,
+    ScheduleDetail,
+    ScheduleList,
+    ScheduleUpdateRequest,
 )
 from shared import schedules as sch
 from shared.catalog import repository

@@ -37,8 +37,14 @@ def _row(session, tmid: str):
         except NotFound:
             row = None
     if row is None:
-        raise ApiError.of(404, f"taskmanager {tmid!r} not found", field="tmid",
-                          expected="the id of a TaskManager", hint="GET /taskmanagers lists the registered ones", prefix=False)
+        raise ApiError.of(
+            404,
+            f"taskmanager {tmid!r} not found",
+            field="tmid",
+            expected="the id of a TaskManager",
+            hint="GET /taskmanagers lists the registered ones",
+            prefix=False,
+        )
     return row
 
 

@@ -16,7 +16,6 @@ from pydantic_core import PydanticCustomError
 from shared import durations, restart
 from shared.job_options import MAX_INT
 
-
 RESTART_TYPES = restart.STRATEGY_TYPES  # ("none", "fixed-delay", "failure-rate", "exponential-delay")
 KINDS = ("pyspark", "noop")
 MAX_PARALLELISM = MAX_INT

@@ -9,7 +9,13 @@ from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
 from pydantic_core import PydanticCustomError
 
 from services.dispatcher.schemas.fields import (
-    RESTART_TYPES, Seconds, _Strict, _fail, _repr, int_at_least, number_between,
+    RESTART_TYPES,
+    Seconds,
+    _fail,
+    _repr,
+    _Strict,
+    int_at_least,
+    number_between,
 )
 from shared import restart
 

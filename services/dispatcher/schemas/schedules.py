@@ -35,8 +35,11 @@ class ScheduleCreateRequest(_Strict):
                                                                "day-of-month month day-of-week, e.g. '*/5 * * * *'")
     everySeconds: int_at_least(1, MAX_EVERY_S) | None = Field(
         None, description="instead of cron: a tick every N seconds (at multiples of N since the Unix epoch)")
-    overlap: Overlap | None = Field("skip", description="when the previous run has not ended: skip the tick, queue it (at "
-                                                 "most one waits), or cancel_previous and run the new one")
+    overlap: Overlap | None = Field(
+        "skip",
+        description="when the previous run has not ended: skip the tick, queue it (at "
+        "most one waits), or cancel_previous and run the new one",
+    )
     misfireGraceSeconds: int_at_least(0, sch.MAX_MISFIRE_GRACE_S) | None = Field(
         sch.DEFAULT_MISFIRE_GRACE_S, description="after a leader change or downtime, the newest missed tick still "
                                                  "runs if it is at most this old; older ones are skipped_misfire")

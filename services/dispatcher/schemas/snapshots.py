@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from services.dispatcher.schemas.fields import _Out, _Strict, _fail, _repr
+from services.dispatcher.schemas.fields import _fail, _Out, _repr, _Strict
 from services.dispatcher.strict_fields import StrictBool
 
 FORMAT_TYPES = ("CANONICAL", "NATIVE")
@@ -46,7 +46,9 @@ class SavepointTriggerRequest(_Strict):
 
     target_directory: str | None = Field(None, alias="target-directory",
                                          description="plain path or file:// URI; default: state.savepoints.dir")
-    cancel_job: StrictBool | None = Field(None, alias="cancel-job", description="cancel the job once the savepoint is taken")
+    cancel_job: StrictBool | None = Field(
+        None, alias="cancel-job", description="cancel the job once the savepoint is taken"
+    )
     formatType: FormatType | None = Field(None, description="CANONICAL (default) or NATIVE; both are the same here")
     triggerId: TriggerIdStr | None = Field(None, description="idempotency key: the same id never triggers twice")
 

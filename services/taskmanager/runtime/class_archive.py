@@ -33,8 +33,8 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile

@@ -60,7 +60,7 @@ class BoundedRegistry:
         if not offsets or len(offsets) > len(self.sources):
             return False
         for chosen in itertools.permutations(self.sources, len(offsets)):
-            if all(src.exhausted(off) for src, off in zip(chosen, offsets)):
+            if all(src.exhausted(off) for src, off in zip(chosen, offsets, strict=True)):
                 return True
         return False
 

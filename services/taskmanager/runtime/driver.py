@@ -120,7 +120,7 @@ class Driver:
             if self.fatal is not None:
                 raise self.fatal
             return code
-        except BaseException as e:  # noqa: BLE001 - every failure is reported, then we exit
+        except BaseException:  # noqa: BLE001 - every failure is reported, then we exit
             if self.fatal is not None:
                 e = self.fatal
             elif self.cancel_requested.is_set():
@@ -166,7 +166,9 @@ class Driver:
         self.phases.announce(f"building the pipeline (in {spec.entry}(ctx))")
         handle = entry(ctx)
         if not isinstance(handle, SinkHandle):
-            raise TypeError(f"{spec.entry}(ctx) must return a sink handle from ctx.sinks.*, got {type(handle).__name__}")
+            raise TypeError(
+                f"{spec.entry}(ctx) must return a sink handle from ctx.sinks.*, got {type(handle).__name__}"
+            )
         self.ctx = ctx
         return handle
 

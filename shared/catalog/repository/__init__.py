@@ -13,33 +13,80 @@ One module per entity; this package re-exports their functions, so callers write
 
 from shared.catalog.repository.artifacts import create_artifact, delete_artifact, get_artifact, list_artifacts
 from shared.catalog.repository.checkpoints import (
-    create_checkpoint, get_checkpoint, list_checkpoints, pending_checkpoints, transition_checkpoint,
+    create_checkpoint,
+    get_checkpoint,
+    list_checkpoints,
+    pending_checkpoints,
+    transition_checkpoint,
 )
 from shared.catalog.repository.executions import (
-    add_scheduled_plans, create_execution, create_vertex, execution_states, get_execution, job_executions,
-    job_vertices, latest_executions, live_executions_on, live_executions_on_any, record_progress,
-    set_execution_restore, set_execution_waiting_reason, set_vertex_parallelism, transition_execution,
+    add_scheduled_plans,
+    create_execution,
+    create_vertex,
+    execution_states,
+    get_execution,
+    job_executions,
+    job_vertices,
+    latest_executions,
+    live_executions_on,
+    live_executions_on_any,
+    record_progress,
+    set_execution_restore,
+    set_execution_waiting_reason,
+    set_vertex_parallelism,
+    transition_execution,
     vertex_executions,
 )
 from shared.catalog.repository.jobs import (
-    add_job_transitions, count_jobs_by_status, create_job, get_job, job_exceptions, job_state_timestamps,
-    job_transitions, list_jobs, record_exception, set_checkpoint_failures, set_job_waiting_reason,
-    set_restart_state, transition_job,
+    add_job_transitions,
+    count_jobs_by_status,
+    create_job,
+    get_job,
+    job_exceptions,
+    job_state_timestamps,
+    job_transitions,
+    list_jobs,
+    record_exception,
+    set_checkpoint_failures,
+    set_job_waiting_reason,
+    set_restart_state,
+    transition_job,
 )
 from shared.catalog.repository.leadership import LEADERSHIP_ROW, check_leadership, claim_leadership, leadership_epoch
 from shared.catalog.repository.operations import (
-    create_operation, finish_operation, get_operation, job_operations, set_operation_checkpoint,
+    create_operation,
+    finish_operation,
+    get_operation,
+    job_operations,
+    set_operation_checkpoint,
 )
 from shared.catalog.repository.outbox import add_outbox, delete_outbox, pending_outbox
 from shared.catalog.repository.rows import NotFound, StaleEpoch, lock_rows, next_value, pin
 from shared.catalog.repository.schedules import (
-    advance_schedule, create_schedule, create_scheduled_job, delete_schedule, due_schedules, get_schedule,
-    last_schedule_job, latest_schedule_runs, list_schedules, queued_schedule_runs, record_schedule_run,
-    schedule_run_counts, schedule_runs, set_schedule_enabled, set_schedule_run,
+    advance_schedule,
+    create_schedule,
+    create_scheduled_job,
+    delete_schedule,
+    due_schedules,
+    get_schedule,
+    last_schedule_job,
+    latest_schedule_runs,
+    list_schedules,
+    queued_schedule_runs,
+    record_schedule_run,
+    schedule_run_counts,
+    schedule_runs,
+    set_schedule_enabled,
+    set_schedule_run,
 )
 from shared.catalog.repository.taskmanagers import (
-    get_taskmanager, list_taskmanagers, mark_taskmanager_gone, register_taskmanager, register_taskmanagers,
-    touch_taskmanagers, update_taskmanager_slots,
+    get_taskmanager,
+    list_taskmanagers,
+    mark_taskmanager_gone,
+    register_taskmanager,
+    register_taskmanagers,
+    touch_taskmanagers,
+    update_taskmanager_slots,
 )
 from shared.states import IllegalTransition
 

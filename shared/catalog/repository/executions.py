@@ -64,7 +64,9 @@ def get_execution(s: Session, execution_id: str, *, lock: bool = False) -> Execu
 
 
 def vertex_executions(s: Session, vertex_id: str) -> Sequence[Execution]:
-    return s.execute(select(Execution).where(Execution.vertex_id == vertex_id).order_by(Execution.attempt)).scalars().all()
+    return (
+        s.execute(select(Execution).where(Execution.vertex_id == vertex_id).order_by(Execution.attempt)).scalars().all()
+    )
 
 
 def job_executions(s: Session, job_id: str) -> Sequence[Execution]:

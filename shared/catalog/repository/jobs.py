@@ -91,7 +91,11 @@ def set_job_waiting_reason(s: Session, job: str | Job, reason: str | None) -> No
 
 
 def job_transitions(s: Session, job_id: str) -> Sequence[JobTransition]:
-    return s.execute(select(JobTransition).where(JobTransition.job_id == job_id).order_by(JobTransition.id)).scalars().all()
+    return (
+        s.execute(select(JobTransition).where(JobTransition.job_id == job_id).order_by(JobTransition.id))
+        .scalars()
+        .all()
+    )
 
 
 def job_state_timestamps(s: Session, job_id: str) -> dict[str, int]:
@@ -128,4 +132,8 @@ def record_exception(
 
 
 def job_exceptions(s: Session, job_id: str) -> Sequence[ExceptionRow]:
-    return s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc())).scalars().all()
+    return (
+        s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc()))
+        .scalars()
+        .all()
+    )

@@ -9,7 +9,6 @@ from sqlalchemy.orm import Session
 from shared.catalog.models import Leadership, utcnow
 from shared.catalog.repository.rows import StaleEpoch
 
-
 LEADERSHIP_ROW = 1
 
 
@@ -30,7 +29,9 @@ def claim_leadership(s: Session, epoch: int, leader: str) -> None:
 def check_leadership(s: Session, epoch: int) -> None:
     """Lock the leadership row and raise StaleEpoch unless `epoch` still holds it: the last
     statement of every unit of work of a leader, so the check and the commit are atomic."""
-    row = s.execute(select(Leadership.epoch).where(Leadership.id == LEADERSHIP_ROW).with_for_update()).scalar_one_or_none()
+    row = s.execute(
+        select(Leadership.epoch).where(Leadership.id == LEADERSHIP_ROW).with_for_update()
+    ).scalar_one_or_none()
     if row != epoch:
         raise StaleEpoch(f"leadership passed to epoch {row}; this JobManager has epoch {epoch}: nothing it "
                          "decided in this unit of work is committed")

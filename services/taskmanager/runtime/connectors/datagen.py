@@ -14,18 +14,14 @@ Offsets are `{"i": n}`: the next event index to read.
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    InputPartition,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
@@ -186,7 +182,7 @@ def split_range(start: int, end: int, parts: int) -> list[_Range]:
         return []
     parts = max(1, min(parts, n))
     bounds = [start + n * k // parts for k in range(parts + 1)]
-    return [_Range(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [_Range(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def _read_range(opts: _Options, part: _Range, chunk: int = 65_536) -> Iterator[pa.RecordBatch]:

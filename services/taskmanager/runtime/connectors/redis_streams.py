@@ -40,6 +40,7 @@ owns) are in redis_sink_fence.py.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
@@ -222,7 +223,7 @@ def split_id_range(after: str, until: str, parts: int) -> list[_IdRange]:
         bounds.append(_fmt((a[0] + span * k // parts, _MAX_SEQ)))
     bounds.append(until)
     out = []
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         if parse_id(lo) < parse_id(hi):
             out.append(_IdRange(lo, hi))
     return out

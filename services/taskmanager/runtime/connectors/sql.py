@@ -43,8 +43,7 @@ import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from . import SinkFencedError, SinkHandle, flatten_structs
-from . import sql_owners
+from . import SinkFencedError, SinkHandle, flatten_structs, sql_owners
 from .ownership import SinkOwner
 
 COMMITS_TABLE = "_headrace_sink_commits"
@@ -221,7 +220,7 @@ def _plain_rows(table: pa.Table) -> list[dict[str, Any]]:
     # Drop the time zone (values stay UTC): a tz-aware parameter against a `timestamp without
     # time zone` column would be shifted by the DB session's time zone.
     cols = []
-    for name, col in zip(table.column_names, table.columns):
+    for col in table.columns:
         if pa.types.is_timestamp(col.type) and col.type.tz is not None:
             col = pc.cast(col, pa.timestamp(col.type.unit))
         cols.append(col)

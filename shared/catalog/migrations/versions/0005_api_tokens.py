@@ -3,9 +3,8 @@
 Revision ID: 0005
 Revises: 0004
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0005'
 down_revision = '0004'

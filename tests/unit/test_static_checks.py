@@ -1,0 +1,24 @@
+"""The linters are gates: the suite fails when ruff finds anything in the repository (its rules and
+exceptions are in pyproject.toml, [tool.ruff])."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(tool: str, *args: str) -> subprocess.CompletedProcess:
+    if shutil.which(tool) is None and subprocess.run([sys.executable, "-m", tool, "--version"],
+                                                     capture_output=True).returncode != 0:
+        pytest.fail(f"{tool} is not installed: ./scripts/bootstrap installs it (pip install -e '.[dev]')")
+    return subprocess.run([sys.executable, "-m", tool, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_ruff_finds_nothing():
+    out = run("ruff", "check", "--output-format", "concise", ".")
+    assert out.returncode == 0, f"ruff check . found:\n{out.stdout}{out.stderr}"
