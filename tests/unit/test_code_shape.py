@@ -23,12 +23,7 @@ CLASSES_ALLOWED_OVER: set[str] = {
     "services/resourcemanager/service.py::ResourceManager",
     "services/taskmanager/supervisor.py::TaskSupervisor",
 }
-CYCLES_ALLOWED: set[frozenset[str]] = {
-    # The package's __init__ imports redis_streams, which imports the package back (and through
-    # redis_sink_fence).
-    frozenset({"services.taskmanager.runtime.connectors", "services.taskmanager.runtime.connectors.redis_streams",
-               "services.taskmanager.runtime.connectors.redis_sink_fence"}),
-}
+CYCLES_ALLOWED: set[frozenset[str]] = set()
 
 
 def _sources() -> dict[str, Path]:

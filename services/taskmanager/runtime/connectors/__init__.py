@@ -23,99 +23,16 @@ tug-of-war with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
-
-from shared.errors import TaskError
+from typing import TYPE_CHECKING
 
 from .ownership import SinkOwnedError, SinkOwner
+from .sinks import SinkFencedError, SinkHandle, flatten_structs
 
 __all__ = ["SinkFencedError", "SinkHandle", "SinkOwnedError", "SinkOwner", "flatten_structs",
            "register_data_sources"]
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
-
-
-class SinkFencedError(TaskError, RuntimeError):
-    """A batch of an attempt that is no longer the one holding the sink: a newer attempt of the
-    same task took it over (prepare). Raised inside the batch's commit, which writes nothing, so
-    the stale attempt's query fails; the JobManager ignores failures of attempts it replaced."""
-
-    def __init__(self, sink: str, attempt: int, newer: int | None):
-        self.sink, self.attempt, self.newer = sink, attempt, newer
-        holder = f"attempt {newer}" if newer is not None else "no attempt (its fence record is gone)"
-        super().__init__(
-            f"sink {sink}: attempt {attempt} is fenced off, the sink is held by {holder}; "
-            f"this attempt was replaced and may not write any more batches (it is a stale "
-            f"'zombie' attempt: stop it; the newer attempt carries on)"
-        )
-
-    def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
-        return (SinkFencedError, (self.sink, self.attempt, self.newer))
-
-
-@dataclass
-class SinkHandle:
-    """What `build(ctx)` returns.
-
-    `name` names the checkpoint subdirectory, so it must stay stable across attempts of a job.
-    Streaming: `configure(writer)` adds the sink's format/options to a `DataStreamWriter` whose
-    output mode, trigger and checkpoint the handle applies. Batch: `run_batch()` does the write.
-    `on_prepare(attempt, restored_batch_id, owner)` checks ownership, fences and rewinds the sink
-    (see the module docstring); sinks without external state (console) leave it None.
-    """
-
-    name: str
-    df: "DataFrame"
-    output_mode: str = "append"
-    trigger: str | None = None
-    configure: Callable[["DataStreamWriter"], "DataStreamWriter"] | None = None
-    run_batch: Callable[[], None] | None = None
-    options: dict[str, str] = field(default_factory=dict)
-    on_prepare: Callable[[int, int, SinkOwner | None], None] | None = None
-    attempt: int | None = None  # set by prepare()
-
-    @property
-    def streaming(self) -> bool:
-        return self.df.isStreaming
-
-    def prepare(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None = None) -> None:
-        """Take the sink over for `attempt`, which starts from Spark batch `restored_batch_id`
-        (-1 = fresh start). Call once on the driver before `start`. Raises `SinkFencedError`
-        when a newer attempt already holds the sink, `SinkOwnedError` when `owner`'s lineage
-        does not own it (without `owner`, as tools call it, ownership is neither checked nor
-        recorded)."""
-        if attempt < 0:
-            raise ValueError(f"sink {self.name}: attempt must be >= 0, got {attempt}")
-        if restored_batch_id < -1:
-            raise ValueError(f"sink {self.name}: restored_batch_id must be >= -1 (-1 = fresh start), "
-                             f"got {restored_batch_id}")
-        self.attempt = attempt
-        if self.on_prepare is not None:
-            self.on_prepare(attempt, restored_batch_id, owner)
-
-    def start(self, checkpoint_location: str, query_name: str | None = None, *,
-              available_now: bool = False) -> "StreamingQuery":
-        """`available_now`: process what the sources hold now, then stop at a committed batch
-        (the runner drains a query so before a final savepoint)."""
-        if self.configure is None:
-            raise TypeError(f"sink {self.name} does not support streaming DataFrames")
-        writer = self.df.writeStream.outputMode(self.output_mode)
-        writer = writer.option("checkpointLocation", checkpoint_location)
-        if query_name:
-            writer = writer.queryName(query_name)
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        elif self.trigger:
-            writer = writer.trigger(processingTime=self.trigger)
-        return self.configure(writer).start()
-
-    def run(self) -> None:
-        if self.run_batch is None:
-            raise TypeError(f"sink {self.name} does not support batch DataFrames")
-        self.run_batch()
+    from pyspark.sql import SparkSession
 
 
 def register_data_sources(spark: "SparkSession") -> None:
@@ -125,18 +42,3 @@ def register_data_sources(spark: "SparkSession") -> None:
 
     spark.dataSource.register(DatagenDataSource)
     spark.dataSource.register(RedisStreamDataSource)
-
-
-def flatten_structs(df: "DataFrame") -> "DataFrame":
-    """Struct columns become `<col>_<field>` columns (a window becomes window_start/window_end):
-    tables and files want flat rows."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
-
-    cols = []
-    for f in df.schema.fields:
-        if isinstance(f.dataType, StructType):
-            cols += [F.col(f"`{f.name}`.`{s.name}`").alias(f"{f.name}_{s.name}") for s in f.dataType.fields]
-        else:
-            cols.append(F.col(f"`{f.name}`"))
-    return df.select(*cols)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from . import SinkHandle
+from .sinks import SinkHandle
 
 
 def console_sink(

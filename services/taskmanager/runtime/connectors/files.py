@@ -54,8 +54,8 @@ from typing import Any, Iterator, Sequence
 
 from pyspark.sql import DataFrame
 
-from . import SinkFencedError, SinkHandle, flatten_structs
 from .ownership import UNKNOWN, SinkOwnedError, SinkOwner, check_claim, replaced_after
+from .sinks import SinkFencedError, SinkHandle, flatten_structs
 
 FORMATS = ("parquet", "csv", "json")
 _DATA_NAME = re.compile(r"^b(\d+)-a(\d+)-")

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import redis
 
-from . import SinkFencedError
 from .ownership import MAX_REPLACED, UNKNOWN, SinkOwnedError, SinkOwner
+from .sinks import SinkFencedError
 
 ARROW_FIELD = "arrow"  # the field of a packed entry (what the commit script writes)
 

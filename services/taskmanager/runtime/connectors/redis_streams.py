@@ -59,7 +59,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from . import SinkHandle
 from .ownership import SinkOwner
 from .redis_sink_fence import (  # noqa: F401 - the sink's fence protocol, re-exported
     ARROW_FIELD,
@@ -71,6 +70,7 @@ from .redis_sink_fence import (  # noqa: F401 - the sink's fence protocol, re-ex
     owner_key,
     prepare_sink,
 )
+from .sinks import SinkHandle
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
