@@ -23,7 +23,9 @@ from services.cluster.local_cluster import ClusterError, LocalCluster
 from shared.catalog.db import normalise_url
 from shared.settings import Settings
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clickstream.py"
+# Package data: in a checkout examples links to the repository's examples/, in an installed
+# wheel it is a copy (pyproject.toml, package-data).
+EXAMPLE = (Path(__file__).parent / "examples" / "clickstream.py").resolve()
 DEMO_TABLE = "demo_clicks_per_minute"
 # --rate only paces the generator (event times, hence the counts, come from the seed and
 # --events-per-minute): the 3000 events arrive within a second instead of three.
@@ -32,7 +34,7 @@ DEMO_ARGS = ["--total", "3000", "--rate", "3000", "--seed", "42", "--table", DEM
 
 def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Event, spark_workers: int = 0) -> None:
     if not EXAMPLE.is_file():
-        fail(f"the example pipeline {EXAMPLE} is missing; run the demo from a checkout of the repository")
+        fail(f"the example pipeline {EXAMPLE} is missing: this copy of Headrace was installed without its package data")
     if once and "warm_drivers" not in settings.model_fields_set:
         settings = settings.model_copy(update={"warm_drivers": 0})
     # The pipeline writes into a database of its own, never into the control catalog.

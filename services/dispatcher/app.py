@@ -30,7 +30,9 @@ from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.transport.base import Transport
 
-DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web-ui"
+# The dashboard is package data: in a checkout web_ui links to the repository's web-ui/, in an
+# installed wheel it is a copy (pyproject.toml, package-data).
+DEFAULT_WEB_DIR = (Path(__file__).parent / "web_ui").resolve()
 API_VERSION_PREFIX = "/v1"
 
 
