@@ -23,6 +23,10 @@ What is read, and by whom:
   spark.sql.shuffle.partitions, pipeline.max-parallelism, maxParallelism: driver / views
   execution.runtime-mode         views: STREAMING or BATCH
   module                         driver: the module of a .zip artifact to import
+  sink.max-retry-time            driver (SQL sinks): how long a batch waits for an unreachable
+                                 database before the task fails (default 60 s, 0: no wait)
+  sink.max-retries               driver (SQL sinks): at most this many retries per step (Flink's
+                                 JDBC option name; default: no count limit, only the time)
 
 Other keys (Spark's own options, user keys read by a pipeline through ctx.config) pass through
 unchecked, as Flink passes unknown keys through; only the `noop.` namespace is closed, so a
@@ -53,6 +57,8 @@ NOOP_FAIL_ATTEMPTS = "noop.fail-attempts"
 NOOP_FAIL_MESSAGE = "noop.fail-message"
 NOOP_STARTUP_DELAY = "noop.startup-delay"
 RESTART_PREFIX = "restart-strategy."
+SINK_MAX_RETRY_TIME = "sink.max-retry-time"
+SINK_MAX_RETRIES = "sink.max-retries"
 
 MAX_DURATION_S = durations.MAX_DURATION_S
 # Flink's counts and parallelisms are Java ints; so are the catalog's columns (PostgreSQL
@@ -192,6 +198,8 @@ RULES: dict[str, _Rule] = {
     "maxParallelism": _integer_rule(1, 128),
     "execution.runtime-mode": _Rule(_runtime_mode, "STREAMING, BATCH or AUTOMATIC", "STREAMING"),
     "module": _Rule(_module, "the dotted name of a module inside the .zip", "mypipeline.main"),
+    SINK_MAX_RETRY_TIME: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "60 s"),
+    SINK_MAX_RETRIES: _integer_rule(0, 3),
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.

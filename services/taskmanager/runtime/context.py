@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .connectors import SinkHandle
+from .connectors import SinkHandle, sql_retry
 from .connectors import console as console_conn
 from .connectors import datagen as datagen_conn
 from .connectors import files as files_conn
@@ -159,13 +159,21 @@ class Sinks:
         output_mode: str = "update",
         overwrite: bool = False,
         trigger: str | None = None,
+        max_retry_time: str | float | None = None,
+        max_retries: int | None = None,
     ) -> SinkHandle:
         """Exactly-once table sink: upsert by `key_columns` (plain insert without them), one
         transaction per micro-batch with a commit marker. `overwrite` (batch only) empties the
-        table in the same transaction. Struct columns are flattened (window_start, window_end)."""
+        table in the same transaction. Struct columns are flattened (window_start, window_end).
+        A batch waits for an unreachable database up to `max_retry_time` (default: the job option
+        sink.max-retry-time, else 60 s) and `max_retries` retries (sink.max-retries, else no
+        count limit) before the task fails (connectors/sql_retry.py)."""
+        retry = sql_retry.RetryPolicy.from_options(self._ctx.config, max_retry_time=max_retry_time,
+                                                   max_retries=max_retries)
         return sql_conn.sql_sink(
             df, self._ctx.database_url(url, "sinks"), table, sink_id=f"{self._ctx.lineage_id}:{table}",
             key_columns=key_columns, output_mode=output_mode, overwrite=overwrite, trigger=trigger,
+            retry=retry,
         )
 
     def redis_stream(

@@ -28,6 +28,11 @@ Undoing the discarded batches' rows:
     sink's rows of batches > r in the same transaction. An existing keyless table without those
     columns cannot be rewound: `prepare` then refuses with an error saying how to fix it
     (instead of duplicating rows), but only when there actually are batches to undo.
+
+Database outages: every step that touches the database (prepare, a batch's check and its
+transaction) waits out an unreachable database with bounded retries, which the steps above make
+idempotent (sql_retry.py; `sink.max-retry-time`, default 60 s), so an outage shorter than the
+bound costs no task restart.
 """
 
 from __future__ import annotations
@@ -45,19 +50,14 @@ from pyspark.sql import types as T
 
 from . import SinkFencedError, SinkHandle, flatten_structs, sql_owners
 from .ownership import SinkOwner
+from .sql_engine import make_engine, sink_engine
+from .sql_retry import Retrier, RetryPolicy, describe_database
 
 COMMITS_TABLE = "_headrace_sink_commits"
 FENCES_TABLE = "_headrace_sink_fences"
 LINEAGE_SINK = "_headrace_sink"
 LINEAGE_BATCH = "_headrace_batch"
 LINEAGE_COLUMNS = (LINEAGE_SINK, LINEAGE_BATCH)
-
-
-def make_engine(url: str) -> sa.Engine:
-    # psycopg 3 is the installed driver; plain postgresql:// URLs would ask for psycopg2.
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    return sa.create_engine(url, pool_pre_ping=True)
 
 
 # ---------------------------------------------------------------- source
@@ -195,23 +195,6 @@ def warm_drivers() -> None:
         stmt.on_conflict_do_update(index_elements=["k"], set_={"v": stmt.excluded.v}).compile(dialect=dialect)
 
 
-def _sink_engine(url: str) -> sa.Engine:
-    engine = make_engine(url)
-    if engine.dialect.name == "sqlite":
-        # Every sink transaction takes SQLite's write lock at BEGIN: a prepare and a batch then
-        # run one after the other, like the row locks do on PostgreSQL, and a transaction that
-        # reads first never has to upgrade its lock (an upgrade between two writers fails at
-        # once with "database is locked" instead of waiting).
-        @sa.event.listens_for(engine, "connect")
-        def _driver_does_not_begin(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None
-
-        @sa.event.listens_for(engine, "begin")
-        def _begin_immediate(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-    return engine
-
-
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
@@ -240,7 +223,7 @@ class SqlTableSink:
     """
 
     def __init__(self, url: str, table: str, *, sink_id: str, key_columns: Sequence[str] = (),
-                 overwrite: bool = False):
+                 overwrite: bool = False, retry: RetryPolicy | None = None):
         self.url = url
         self.table_name = table
         self.sink_id = sink_id
@@ -256,11 +239,13 @@ class SqlTableSink:
         self._owners = sql_owners.owners_table(md)
         self._bookkeeping_md = md
         self._bookkeeping_checked = False
+        # Every step that touches the database waits out an outage of it (sql_retry.py).
+        self.retrier = Retrier(retry or RetryPolicy(), sink_id=sink_id, database=describe_database(url))
 
     @property
     def engine(self) -> sa.Engine:
         if self._engine is None:
-            self._engine = _sink_engine(self.url)
+            self._engine = sink_engine(self.url)
         return self._engine
 
     def close(self) -> None:
@@ -305,6 +290,10 @@ class SqlTableSink:
         ValueError if a keyless table cannot be rewound."""
         # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
         self.attempt = attempt
+        self.retrier.run(f"preparing attempt {attempt}",
+                         lambda: self._prepare_once(attempt, restored_batch_id, owner))
+
+    def _prepare_once(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None) -> None:
         self._ensure_bookkeeping()
         fences, commits = self._fences, self._commits
         r = restored_batch_id
@@ -372,6 +361,9 @@ class SqlTableSink:
 
     def is_committed(self, batch_id: int) -> bool:
         """Whether the batch id is already committed; raises SinkFencedError if fenced off."""
+        return self.retrier.run(f"checking batch {batch_id}", lambda: self._is_committed_once(batch_id))
+
+    def _is_committed_once(self, batch_id: int) -> bool:
         self._ensure_bookkeeping()
         commits = self._commits
         with self.engine.connect() as conn:
@@ -385,9 +377,13 @@ class SqlTableSink:
     def write_arrow(self, data: pa.Table, batch_id: int, schema: T.StructType) -> bool:
         """Write one batch; False when the batch id was already committed (nothing written).
         Raises SinkFencedError (nothing written) if a newer attempt holds the sink."""
+        rows = _plain_rows(data)
+        return self.retrier.run(f"writing batch {batch_id}", lambda: self._write_once(rows, batch_id, schema))
+
+    def _write_once(self, rows: list[dict[str, Any]], batch_id: int, schema: T.StructType) -> bool:
+        """One try of a batch's transaction: all of it or nothing, so it may be tried again."""
         table = self._ensure_tables(schema)
         commits = self._commits
-        rows = _plain_rows(data)
         if self._lineage:
             for row in rows:
                 row[LINEAGE_SINK] = self.sink_id
@@ -442,8 +438,10 @@ def sql_sink(
     overwrite: bool = False,
     trigger: str | None = None,
     name: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> SinkHandle:
-    sink = SqlTableSink(url, table, sink_id=sink_id, key_columns=key_columns, overwrite=overwrite)
+    """`retry`: how long a batch waits for an unreachable database (sql_retry.py; default 60 s)."""
+    sink = SqlTableSink(url, table, sink_id=sink_id, key_columns=key_columns, overwrite=overwrite, retry=retry)
 
     def configure(writer):
         return writer.foreachBatch(lambda batch_df, batch_id: sink.write_batch(batch_df, batch_id))
