@@ -47,6 +47,13 @@ def new_request_id() -> RequestId:
     return RequestId(_hex())
 
 
+def slot_request_id(execution_id: ExecutionId) -> RequestId:
+    """An attempt asks for its slots once, so its slot request is named by the attempt: a request
+    sent again after a JobManager failover is the same request (the ResourceManager serves it
+    once), and an allocation adopted from a slot report gets its request id back."""
+    return RequestId(execution_id)
+
+
 def new_artifact_id(filename: str) -> ArtifactId:
     # Flink's jar ids are "<uuid>_<filename>"; keep that shape so scripts written for Flink's
     # REST API recognise it.

@@ -1,20 +1,24 @@
 """The ResourceManager's event loop: registrations, heartbeats, slot requests and releases.
 
 Everything runs on one thread: handlers mutate the SlotManager, replies are collected and sent
-in one pipeline per batch, the catalog is written in the periodic tick (one transaction for all
-TaskManagers whose slots changed), so 2,000 heartbeating TaskManagers cost a few round trips
-per batch rather than a few per heartbeat.
+in one pipeline per batch, the catalog is written in the periodic tick (catalog_sync.py: one
+transaction for all TaskManagers whose slots changed), so 2,000 heartbeating TaskManagers cost a
+few round trips per batch rather than a few per heartbeat. The other rooms: slot accounting
+(slot_manager.py), requests that can never be served (unsatisfiable.py), which JobManager is
+obeyed (fencing.py), the published figures (loop_stats.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
 from typing import Callable
 
+from services.resourcemanager.catalog_sync import TaskManagerCatalogSync
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
+from services.resourcemanager.loop_stats import LoopStats
+from services.resourcemanager.returning import ReturningTaskManagers
 from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
 from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
 from shared import streams
@@ -22,11 +26,12 @@ from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.clock import Clock
 from shared.heartbeat import HeartbeatMonitor
-from shared.ids import new_message_id
+from shared.ids import AllocationId, TaskManagerId, new_message_id, slot_request_id
 from shared.messages import (
     CancelSlotRequest,
     Envelope,
     HeartbeatAck,
+    Message,
     RegisterTaskManager,
     ReleaseSlots,
     RequestSlots,
@@ -41,6 +46,7 @@ from shared.messages import (
     UnregisterTaskManager,
 )
 from shared.settings import Settings
+from shared.transport.base import Transport
 
 log = logging.getLogger("headrace.resourcemanager")
 
@@ -55,7 +61,7 @@ class ResourceManager:
     """`fence` decides which JobManager messages are obeyed (services/resourcemanager/fencing.py);
     None obeys every one, for tests and benchmarks that run without a leader."""
 
-    def __init__(self, settings: Settings, catalog: Catalog, transport, clock: Clock,
+    def __init__(self, settings: Settings, catalog: Catalog, transport: Transport, clock: Clock,
                  liveness: ConnectionLiveness | None = None, name: str = "resourcemanager",
                  publish_stats: Callable[[dict], None] | None = None,
                  announce: Callable[[str], None] | None = None, fence: JobManagerFence | None = None):
@@ -66,39 +72,30 @@ class ResourceManager:
         self.session = new_message_id()  # changes on every restart: TaskManagers re-register
         self.slots = SlotManager(clock)
         self.unsatisfiable = UnsatisfiableRequests(clock, grace_s=settings.heartbeat_timeout_s)
-        self.heartbeats = HeartbeatMonitor(clock, interval_s=settings.heartbeat_interval_s,
-                                           timeout_s=settings.heartbeat_timeout_s)
+        self.heartbeats: HeartbeatMonitor[TaskManagerId] = HeartbeatMonitor(
+            clock, interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s)
         self.liveness = liveness
-        self._liveness_names: dict[str, str] = {}  # taskmanager id -> connection name
+        self._liveness_names: dict[TaskManagerId, str] = {}  # taskmanager id -> connection name
         self._outbox: list[tuple[str, object]] = []
-        self._dirty: set[str] = set()
-        self._registrations: dict[str, RegisterTaskManager] = {}
-        self._gone: dict[str, tuple[str, str]] = {}
+        self.catalog_sync = TaskManagerCatalogSync(catalog, self.slots, clock)
+        self.stats = LoopStats(clock, publish_stats)
         # A verdict made since the last early flush: written before it is sent (see tick). Only
         # once per verdict: while the catalog is down, the periodic flush retries, not every tick.
         self._new_verdict = False
         self._backlog = False
         self._last_scan = -1e9
-        self._last_times_flush = -1e9
-        self._seen_at: dict[str, datetime] = {}
         self._last_flush = 0.0
         self._last_liveness = 0.0
         self.stopping = False
-        self.publish_stats = publish_stats
         self.announce = announce
         self._last_announce = -1e9
-        self._stats_window = {"heartbeats": 0, "max_lag_ms": 0.0, "lag_sum_ms": 0.0}
-        self._lost_total = 0
-        self._last_stats = 0.0
-        # TaskManagers a previous incarnation had registered, each with the time by which it must
-        # register again with us; one that never does died while no ResourceManager watched.
-        self._awaiting: dict[str, float] | None = None
+        self.returning = ReturningTaskManagers(clock, timeout_s=settings.heartbeat_timeout_s)
 
     # --- loop --------------------------------------------------------------------------
 
     def run(self) -> None:
         log.info("ResourceManager %s started (session %s)", self.name, self.session)
-        if self._awaiting is None:
+        if not self.returning.expected:
             self.adopt_previous_taskmanagers()
         self.transport.publish(streams.JM_STREAM, ResourceManagerStarted(rm_session=self.session))
         while not self.stopping:
@@ -119,7 +116,6 @@ class ResourceManager:
 
     BATCH = 1000
     SCAN_INTERVAL_S = 0.25
-    HEARTBEAT_TIMES_FLUSH_S = 2.0
 
     def tick(self) -> None:
         now = self.clock.now()
@@ -138,8 +134,12 @@ class ResourceManager:
         if scan:
             self._last_scan = now
         if scan and not self._backlog:
-            if self._awaiting:
-                self._expire_unreturned(now)
+            for tm_id in self.returning.overdue():
+                # Its allocations died with the previous ResourceManager's memory; the JobManager
+                # fails whatever the catalog says still runs there.
+                self._declare_gone(tm_id, f"TaskManager lost: it did not register again within "
+                                          f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager "
+                                          f"restarted", ())
             for tm_id, last in self.heartbeats.silent():
                 self._lose(tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s",
                            last_heard=last)
@@ -167,48 +167,17 @@ class ResourceManager:
         if now - self._last_flush >= 0.5:
             self._last_flush = now
             self.flush_catalog()
-        if self.publish_stats is not None and now - self._last_stats >= 1.0:
-            self._emit_stats(now)
+        self.stats.publish_due(now, self.slots)
 
     def adopt_previous_taskmanagers(self) -> None:
-        """Learn which TaskManagers the previous ResourceManager had registered (the catalog
-        says), and give each one heartbeat timeout to register again. Without this, a
-        TaskManager that died while no ResourceManager ran would stay REGISTERED in the catalog
-        forever and its tasks would look RUNNING forever."""
+        """Give each TaskManager the previous ResourceManager had registered heartbeat timeout
+        to register again (returning.py)."""
         with self.catalog.session() as s:
             previous = [tm.id for tm in repo.list_taskmanagers(s)]
-        deadline = self.clock.now() + self.settings.heartbeat_timeout_s
-        self._awaiting = {tm_id: deadline for tm_id in previous if tm_id not in self.slots.taskmanagers}
-        if self._awaiting:
+        waiting = self.returning.expect(previous, self.slots.taskmanagers)
+        if waiting:
             log.info("waiting up to %g s for %d TaskManagers of the previous ResourceManager to register again",
-                     self.settings.heartbeat_timeout_s, len(self._awaiting))
-
-    def _expire_unreturned(self, now: float) -> None:
-        overdue = [tm_id for tm_id, deadline in self._awaiting.items() if now >= deadline]
-        for tm_id in overdue:
-            del self._awaiting[tm_id]
-            # Its allocations died with the previous ResourceManager's memory; the JobManager
-            # fails whatever the catalog says still runs there.
-            self._declare_gone(
-                tm_id,
-                f"TaskManager lost: it did not register again within "
-                f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager restarted",
-                (),
-            )
-
-    def _emit_stats(self, now: float) -> None:
-        w = self._stats_window
-        elapsed = max(1e-9, now - self._last_stats) if self._last_stats else 1.0
-        self.publish_stats({
-            "taskmanagers": len(self.slots.taskmanagers), "slots_total": self.slots.total_slots(),
-            "slots_free": self.slots.free_slots(), "pending_requests": len(self.slots.pending),
-            "heartbeats_per_s": round(w["heartbeats"] / elapsed, 1),
-            "heartbeat_lag_max_ms": round(w["max_lag_ms"], 1),
-            "heartbeat_lag_avg_ms": round(w["lag_sum_ms"] / w["heartbeats"], 1) if w["heartbeats"] else 0.0,
-            "taskmanagers_lost_total": self._lost_total, "at": time.time(),
-        })
-        self._last_stats = now
-        self._stats_window = {"heartbeats": 0, "max_lag_ms": 0.0, "lag_sum_ms": 0.0}
+                     self.settings.heartbeat_timeout_s, waiting)
 
     # --- handlers ----------------------------------------------------------------------
 
@@ -220,11 +189,7 @@ class ResourceManager:
     def _dispatch(self, env: Envelope) -> None:
         body = env.body
         if isinstance(body, TaskManagerHeartbeat):
-            lag_ms = max(0.0, (time.time() - env.sent_at) * 1000)
-            w = self._stats_window
-            w["heartbeats"] += 1
-            w["lag_sum_ms"] += lag_ms
-            w["max_lag_ms"] = max(w["max_lag_ms"], lag_ms)
+            self.stats.heartbeat(env.sent_at)
             self._on_heartbeat(body)
         elif isinstance(body, RegisterTaskManager):
             self._on_register(body)
@@ -233,7 +198,7 @@ class ResourceManager:
         elif isinstance(body, ReleaseSlots):
             released = self.slots.release(body.allocation_id)
             if released is not None:
-                self._dirty.add(released.taskmanager_id)
+                self.catalog_sync.slots_changed(released.taskmanager_id)
             self._serve_pending()
         elif isinstance(body, CancelSlotRequest):
             self.slots.cancel_request(body.request_id)
@@ -253,10 +218,8 @@ class ResourceManager:
         self.heartbeats.monitor(msg.taskmanager_id)
         if msg.liveness_name:
             self._liveness_names[msg.taskmanager_id] = msg.liveness_name
-        self._registrations[msg.taskmanager_id] = msg
-        self._gone.pop(msg.taskmanager_id, None)
-        if self._awaiting:
-            self._awaiting.pop(msg.taskmanager_id, None)
+        self.catalog_sync.registered(msg)
+        self.returning.returned(msg.taskmanager_id)
         log.info("TaskManager %s registered with %d slots (%d running)", msg.taskmanager_id, msg.slots,
                  len(msg.running))
         self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
@@ -266,7 +229,7 @@ class ResourceManager:
 
     def _on_heartbeat(self, msg: TaskManagerHeartbeat) -> None:
         if self.heartbeats.record(msg.taskmanager_id):
-            self._seen_at[msg.taskmanager_id] = datetime.now(timezone.utc)
+            self.catalog_sync.heard_from(msg.taskmanager_id)
             entry = self.slots.taskmanagers.get(msg.taskmanager_id)
             if entry is not None:
                 drift = self.slots.reconcile(msg.taskmanager_id,
@@ -279,7 +242,7 @@ class ResourceManager:
         self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
                              HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session, known=False)))
 
-    def _repaired(self, tm_id: str, drift: Drift) -> None:
+    def _repaired(self, tm_id: TaskManagerId, drift: Drift) -> None:
         for alloc in drift.freed:
             log.warning("allocation %s (job %s, attempt %s) is not in the slot report of %s: freed",
                         alloc.allocation_id, alloc.job_id, alloc.execution_id, tm_id)
@@ -291,7 +254,7 @@ class ResourceManager:
             log.warning("adopting allocation %s (job %s, attempt %s) on slots %s of %s: the TaskManager reports it "
                         "and we did not hold it", alloc.allocation_id, alloc.job_id, alloc.execution_id,
                         list(alloc.indices), tm_id)
-        self._dirty.add(tm_id)
+        self.catalog_sync.slots_changed(tm_id)
         self._serve_pending()
 
     def _on_request(self, msg: RequestSlots) -> None:
@@ -308,38 +271,37 @@ class ResourceManager:
             self._allocated(alloc)
 
     def _allocated(self, alloc: Allocation) -> None:
-        self._dirty.add(alloc.taskmanager_id)
+        self.catalog_sync.slots_changed(alloc.taskmanager_id)
         self._send_jm(SlotsAllocated(request_id=alloc.request_id, execution_id=alloc.execution_id,
                                      job_id=alloc.job_id, allocation_id=alloc.allocation_id,
                                      taskmanager_id=alloc.taskmanager_id, queue=alloc.queue,
                                      slot_indices=alloc.indices))
 
-    def _lose(self, tm_id: str, reason: str, last_heard: float | None = None) -> None:
+    def _lose(self, tm_id: TaskManagerId, reason: str, last_heard: float | None = None) -> None:
         last_heard = last_heard if last_heard is not None else self.heartbeats.last(tm_id)
         self.heartbeats.unmonitor(tm_id)
         self._liveness_names.pop(tm_id, None)
         if tm_id not in self.slots.taskmanagers:
-            if self._awaiting and self._awaiting.pop(tm_id, None) is not None:
+            if self.returning.returned(tm_id):
                 self._declare_gone(tm_id, reason, ())  # e.g. it unregistered while we were down
             return
         lost = self.slots.remove(tm_id)
         self.unsatisfiable.taskmanager_left()
-        self._registrations.pop(tm_id, None)
         silent = None if last_heard is None else max(0.0, self.clock.now() - last_heard)
         heard_at = None if silent is None else time.time() - silent
         self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost), heard_at, silent)
         self._serve_pending()
 
-    def _declare_gone(self, tm_id: str, reason: str, allocations: tuple[str, ...],
+    def _declare_gone(self, tm_id: TaskManagerId, reason: str, allocations: tuple[AllocationId, ...],
                       last_heard_at: float | None = None, silent_for_s: float | None = None) -> None:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
-        self._lost_total += 1
-        self._gone[tm_id] = ("UNREGISTERED" if "unregistered" in reason else "LOST", reason)
+        self.stats.taskmanager_lost()
+        self.catalog_sync.gone(tm_id, state="UNREGISTERED" if "unregistered" in reason else "LOST", reason=reason)
         self._new_verdict = True
         self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
                                       last_heard_at=last_heard_at, silent_for_s=silent_for_s))
 
-    def _send_jm(self, body) -> None:
+    def _send_jm(self, body: Message) -> None:
         self._outbox.append((streams.JM_STREAM, body))
 
     # --- output ------------------------------------------------------------------------
@@ -363,54 +325,14 @@ class ResourceManager:
             log.warning("catalog write failed (%s); TaskManager verdicts are written on the next flush", exc)
 
     def flush_catalog(self) -> None:
-        """One transaction for everything that changed since the last flush (every 0.5 s)."""
-        dirty, self._dirty = self._dirty, set()
-        seen: dict = {}
-        if self.clock.now() - self._last_times_flush >= self.HEARTBEAT_TIMES_FLUSH_S:
-            # Heartbeat times are for display (timeSinceLastHeartbeat): every 2 s is plenty.
-            self._last_times_flush = self.clock.now()
-            seen, self._seen_at = self._seen_at, {}
-        registrations, self._registrations = self._registrations, {}
-        gone, self._gone = self._gone, {}
-        if not (dirty or seen or registrations or gone):
-            return
-        try:
-            self._write_catalog(dirty, seen, registrations, gone)
-        except Exception:
-            # Catalog unreachable: keep every change for the next flush (newer ones win).
-            self._dirty |= dirty
-            self._seen_at = seen | self._seen_at
-            self._registrations = registrations | self._registrations
-            self._gone = gone | self._gone
-            raise
-
-    def _write_catalog(self, dirty, seen, registrations, gone) -> None:
-        with self.catalog.session() as s:
-            rows = []
-            for tm_id, msg in registrations.items():
-                entry = self.slots.taskmanagers.get(tm_id)
-                if entry is not None:
-                    rows.append(dict(id=tm_id, host=msg.host, queue=msg.queue, slots_total=msg.slots,
-                                     slots_free=len(entry.free_indices()), cores=msg.cores,
-                                     memory_bytes=msg.memory_bytes, allocations=self.slots.allocations_of(tm_id)))
-            repo.register_taskmanagers(s, rows)
-            for tm_id, (state, reason) in gone.items():
-                repo.mark_taskmanager_gone(s, tm_id, state=state, reason=reason)
-            changed = []
-            for tm_id in dirty - set(registrations):
-                entry = self.slots.taskmanagers.get(tm_id)
-                if entry is not None:
-                    changed.append(dict(id=tm_id, slots_free=len(entry.free_indices()),
-                                        allocations=self.slots.allocations_of(tm_id)))
-            repo.update_taskmanager_slots(s, changed)
-            repo.touch_taskmanagers(s, seen)
+        self.catalog_sync.flush()
 
 
-def reported_allocations(tm_id: str, queue: str, report: tuple[SlotState, ...]) -> dict[int, Allocation]:
+def reported_allocations(tm_id: TaskManagerId, queue: str, report: tuple[SlotState, ...]) -> dict[int, Allocation]:
     """A slot report as slot index -> allocation; the slots of one allocation, reported one by
     one, are merged back into one allocation."""
-    indices: dict[str, list[int]] = {}
-    first: dict[str, SlotState] = {}
+    indices: dict[AllocationId, list[int]] = {}
+    first: dict[AllocationId, SlotState] = {}
     for s in report:
         if s.allocation_id and s.job_id and s.execution_id:
             indices.setdefault(s.allocation_id, []).append(s.index)
@@ -418,6 +340,9 @@ def reported_allocations(tm_id: str, queue: str, report: tuple[SlotState, ...]) 
     out: dict[int, Allocation] = {}
     for alloc_id, idx in indices.items():
         s = first[alloc_id]
-        alloc = Allocation(alloc_id, tm_id, queue, s.job_id, s.execution_id, s.execution_id, tuple(sorted(idx)))
+        job_id, execution_id = s.job_id, s.execution_id
+        assert job_id is not None and execution_id is not None  # only such slots were collected
+        alloc = Allocation(alloc_id, tm_id, queue, job_id, execution_id, slot_request_id(execution_id),
+                           tuple(sorted(idx)))
         out.update(dict.fromkeys(idx, alloc))
     return out

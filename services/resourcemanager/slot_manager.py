@@ -25,25 +25,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from shared.clock import Clock
-from shared.ids import new_allocation_id
+from shared.ids import AllocationId, ExecutionId, JobId, RequestId, TaskManagerId, new_allocation_id
 
 
 @dataclass(frozen=True)
 class Allocation:
-    allocation_id: str
-    taskmanager_id: str
+    allocation_id: AllocationId
+    taskmanager_id: TaskManagerId
     queue: str
-    job_id: str
-    execution_id: str
-    request_id: str
+    job_id: JobId
+    execution_id: ExecutionId
+    request_id: RequestId
     indices: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class SlotRequest:
-    request_id: str
-    job_id: str
-    execution_id: str
+    request_id: RequestId
+    job_id: JobId
+    execution_id: ExecutionId
     slots: int
     deadline: float
     seq: int = 0
@@ -64,13 +64,13 @@ class Drift:
 
 @dataclass
 class TaskManagerEntry:
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     queue: str
     host: str
     total: int
     cores: float
     memory_bytes: int
-    slots: dict[int, str | None] = field(default_factory=dict)  # index -> allocation id
+    slots: dict[int, AllocationId | None] = field(default_factory=dict)
 
     def free_indices(self) -> list[int]:
         return [i for i, a in sorted(self.slots.items()) if a is None]
@@ -83,17 +83,17 @@ class SlotManager:
     def __init__(self, clock: Clock, *, released_memory_s: float = 30.0):
         self.clock = clock
         self.released_memory_s = released_memory_s
-        self.taskmanagers: dict[str, TaskManagerEntry] = {}
-        self.allocations: dict[str, Allocation] = {}
-        self.pending: dict[str, SlotRequest] = {}  # insertion order = arrival order
-        self._request_allocation: dict[str, str] = {}
-        self._by_free: dict[int, set[str]] = {}  # free slot count -> TaskManagers with that many
+        self.taskmanagers: dict[TaskManagerId, TaskManagerEntry] = {}
+        self.allocations: dict[AllocationId, Allocation] = {}
+        self.pending: dict[RequestId, SlotRequest] = {}  # insertion order = arrival order
+        self._request_allocation: dict[RequestId, AllocationId] = {}
+        self._by_free: dict[int, set[TaskManagerId]] = {}  # free slot count -> TaskManagers with that many
         self._free_total = 0
         # How many TaskManagers have each slot total: the largest is then known without a scan
         # (a scan per registration made 10,000 registrations quadratic).
         self._totals: Counter[int] = Counter()
-        self._unconfirmed: dict[str, float] = {}  # allocation id -> made at; not reported by its TaskManager yet
-        self._released: dict[str, float] = {}  # allocation id -> released by the JobManager at
+        self._unconfirmed: dict[AllocationId, float] = {}  # made at; not reported by its TaskManager yet
+        self._released: dict[AllocationId, float] = {}  # released by the JobManager at
 
     def _index(self, entry: TaskManagerEntry, delta_sign: int) -> None:
         """Add (+1) or remove (-1) a TaskManager from the free-count buckets and totals."""
@@ -119,7 +119,7 @@ class SlotManager:
 
     # --- TaskManagers ------------------------------------------------------------------
 
-    def register(self, *, taskmanager_id: str, queue: str, host: str, slots: int, cores: float,
+    def register(self, *, taskmanager_id: TaskManagerId, queue: str, host: str, slots: int, cores: float,
                  memory_bytes: int, occupied: dict[int, Allocation] | None = None) -> list[Allocation]:
         """(Re-)register. `occupied` is what the TaskManager reports it is running (slot index ->
         allocation): it replaces whatever was held for it, so a restarted ResourceManager learns
@@ -144,7 +144,7 @@ class SlotManager:
         self._index(entry, +1)
         return dropped
 
-    def reconcile(self, taskmanager_id: str, reported: dict[int, Allocation], *, grace_s: float) -> Drift:
+    def reconcile(self, taskmanager_id: TaskManagerId, reported: dict[int, Allocation], *, grace_s: float) -> Drift:
         """Repair drift between what is held for a TaskManager and the slot report of its
         heartbeat (`reported`: slot index -> allocation); see the module docstring."""
         entry = self.taskmanagers.get(taskmanager_id)
@@ -152,7 +152,7 @@ class SlotManager:
         if entry is None:
             return drift
         now = self.clock.now()
-        by_id: dict[str, list[int]] = {}
+        by_id: dict[AllocationId, list[int]] = {}
         for i, alloc in reported.items():
             if 0 <= i < entry.total:
                 by_id.setdefault(alloc.allocation_id, []).append(i)
@@ -164,9 +164,9 @@ class SlotManager:
             made = self._unconfirmed.get(alloc_id)
             if made is not None and now - made < grace_s:
                 continue  # its deploy may still be on the way
-            alloc = self._forget(alloc_id)
-            if alloc is not None:
-                drift.freed.append(alloc)
+            freed = self._forget(alloc_id)
+            if freed is not None:
+                drift.freed.append(freed)
         for alloc_id, indices in by_id.items():
             if alloc_id in held:
                 self._unconfirmed.pop(alloc_id, None)  # the TaskManager has it: no longer in flight
@@ -176,10 +176,10 @@ class SlotManager:
                 continue  # a report from before the JobManager released it
             if alloc_id in self.allocations:
                 continue  # held on another TaskManager: that one's report settles it
-            for other in {entry.slots.get(i) for i in indices} - {None, alloc_id}:
-                alloc = self._forget(other)
-                if alloc is not None:
-                    drift.evicted.append(alloc)
+            for other in {entry.slots.get(i) for i in indices}:
+                evicted = self._forget(other) if other is not None and other != alloc_id else None
+                if evicted is not None:
+                    drift.evicted.append(evicted)
             sample = reported[indices[0]]
             alloc = Allocation(alloc_id, taskmanager_id, entry.queue, sample.job_id, sample.execution_id,
                                sample.request_id, tuple(sorted(indices)))
@@ -190,7 +190,7 @@ class SlotManager:
         self._index(entry, +1)
         return drift
 
-    def _forget(self, allocation_id: str) -> Allocation | None:
+    def _forget(self, allocation_id: AllocationId) -> Allocation | None:
         """Drop an allocation and free its slots; the caller keeps the free-count index right."""
         alloc = self.allocations.pop(allocation_id, None)
         self._unconfirmed.pop(allocation_id, None)
@@ -204,7 +204,7 @@ class SlotManager:
                     entry.slots[i] = None
         return alloc
 
-    def remove(self, taskmanager_id: str) -> list[Allocation]:
+    def remove(self, taskmanager_id: TaskManagerId) -> list[Allocation]:
         """The TaskManager is gone (lost or unregistered): its allocations die with it."""
         entry = self.taskmanagers.pop(taskmanager_id, None)
         if entry is None:
@@ -218,7 +218,7 @@ class SlotManager:
 
     # --- requests ----------------------------------------------------------------------
 
-    def request(self, *, request_id: str, job_id: str, execution_id: str, slots: int, timeout_s: float,
+    def request(self, *, request_id: RequestId, job_id: JobId, execution_id: ExecutionId, slots: int, timeout_s: float,
                 seq: int = 0) -> Allocation | None:
         """Allocate now if the queue is empty and something fits; else queue. Idempotent."""
         if request_id in self._request_allocation:
@@ -233,10 +233,10 @@ class SlotManager:
         self.pending[request_id] = req
         return None
 
-    def cancel_request(self, request_id: str) -> bool:
+    def cancel_request(self, request_id: RequestId) -> bool:
         return self.pending.pop(request_id, None) is not None
 
-    def release(self, allocation_id: str) -> Allocation | None:
+    def release(self, allocation_id: AllocationId) -> Allocation | None:
         """The JobManager gives the slots back."""
         self._released[allocation_id] = self.clock.now()
         alloc = self.allocations.get(allocation_id)
@@ -283,7 +283,7 @@ class SlotManager:
     def total_slots(self) -> int:
         return sum(tm.total for tm in self.taskmanagers.values())
 
-    def waiting_reason(self, request_id: str) -> str:
+    def waiting_reason(self, request_id: RequestId) -> str:
         req = self.pending[request_id]
         if next(reversed(self.pending)) == request_id:
             ahead = len(self.pending) - 1  # the common case: it was just queued
@@ -307,7 +307,7 @@ class SlotManager:
             f"{self.total_slots()} slots free ({per_tm or 'no TaskManagers registered'})"
         )
 
-    def allocations_of(self, taskmanager_id: str) -> list[dict]:
+    def allocations_of(self, taskmanager_id: TaskManagerId) -> list[dict]:
         entry = self.taskmanagers.get(taskmanager_id)
         if entry is None:
             return []

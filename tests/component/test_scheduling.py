@@ -277,7 +277,7 @@ def test_while_the_catalog_is_down_a_verdict_is_tried_once_early_then_with_the_p
     h.clock.advance(h.settings.heartbeat_timeout_s)
     h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()))
     h.pump(rounds=1)  # the periodic flush has just run
-    h.rm.catalog = Down()
+    h.rm.catalog_sync.catalog = Down()  # where the ResourceManager's writes go
     h.clock.advance(0.3)
     h.t.drain(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, h.rm.handle)
     for _ in range(5):  # ticks within the next 0.5 s: no write is due but the verdict's own
@@ -511,3 +511,18 @@ def test_restart_backoff_after_a_task_failure_is_waited_in_full(h):
     h.clock.advance(1.5)
     h.pump()
     assert len(h.deployed()) == 1
+
+
+def test_a_taskmanager_back_within_one_flush_keeps_its_last_loss_in_the_catalog(h):
+    # A supervisor restarts a killed TaskManager within seconds: the loss and the new
+    # registration can reach the ResourceManager before its next catalog write.
+    h.t.publish(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id="tm-0", reason="shutdown"))
+    h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id="tm-0", host="h", slots=4, cores=2,
+                                                       memory_bytes=1, queue="tm.tm-0"))
+    h.pump()
+    h.rm.flush_catalog()
+    with h.catalog.session() as s:
+        back = repo.get_taskmanager(s, "tm-0")
+        assert (back.state, back.lost_reason) == ("REGISTERED", None)
+        assert back.last_lost_reason == "TaskManager unregistered: shutdown" and back.last_lost_at is not None
+        assert repo.get_taskmanager(s, "tm-1").last_lost_at is None
