@@ -29,10 +29,10 @@ import stat
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import TaskError
+from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.taskmanager.driver_user")
 
@@ -45,22 +45,10 @@ class DriverUserError(TaskError, RuntimeError):
     """The TaskManager cannot run its drivers as the configured user; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
-class DriverUser:
-    name: str | None  # None: the TaskManager's own user, no isolation
-    uid: int
-    gid: int
-
-    @property
-    def isolated(self) -> bool:
-        return self.name is not None
-
-    def popen_kwargs(self) -> dict:
-        """subprocess.Popen arguments that start a process as this user, with no supplementary groups
-        (root's would follow it otherwise) and a umask that keeps what it writes to itself."""
-        if not self.isolated:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": [], "umask": 0o077}
+class DriverUser(UntrustedUser):
+    """The untrusted-code user (shared/untrusted_code.py: how its processes start) as the
+    TaskManager prepares it: the directories its drivers write are handed over, the paths they
+    read made traversable. Name None: the TaskManager's own user, no isolation."""
 
     def hand_over(self, path: Path, mode: int | None = None) -> None:
         """Make `path` (a directory the driver writes in) this user's."""
