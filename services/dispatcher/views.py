@@ -355,6 +355,8 @@ def taskmanager_info(tm: Any) -> dict[str, Any]:
         },
         "memoryConfiguration": {"totalProcessMemory": tm.memory_bytes},
         "blocked": False,
+        "last-lost-at": ms(tm.last_lost_at) if tm.last_lost_at else None,
+        "last-lost-reason": tm.last_lost_reason,
     }
 
 

@@ -5,6 +5,8 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from shared.ids import AllocationId, ArtifactId, ExecutionId, JobId, TaskManagerId, VertexId
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -26,7 +28,7 @@ class Base(DeclarativeBase):
 
 class Artifact(Base):
     __tablename__ = "artifacts"
-    id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    id: Mapped[ArtifactId] = mapped_column(String(160), primary_key=True)
     name: Mapped[str] = mapped_column(String(255))
     path: Mapped[str] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger)
@@ -38,11 +40,11 @@ class Artifact(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    id: Mapped[JobId] = mapped_column(String(32), primary_key=True)
     # Submission order: slot requests are served first come, first served.
     seq: Mapped[int] = mapped_column(BigInteger, unique=True)
     name: Mapped[str] = mapped_column(String(255))
-    artifact_id: Mapped[str | None] = mapped_column(ForeignKey("artifacts.id", ondelete="SET NULL"))
+    artifact_id: Mapped[ArtifactId | None] = mapped_column(ForeignKey("artifacts.id", ondelete="SET NULL"))
     entry: Mapped[str] = mapped_column(String(255), default="build")
     kind: Mapped[str] = mapped_column(String(32), default="pyspark")  # pyspark | noop
     parallelism: Mapped[int] = mapped_column(Integer, default=1)
@@ -79,7 +81,7 @@ class Leadership(Base):
 class JobTransition(Base):
     __tablename__ = "job_transitions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[JobId] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     from_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
     to_status: Mapped[str] = mapped_column(String(16))
     at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -88,8 +90,8 @@ class JobTransition(Base):
 
 class Vertex(Base):
     __tablename__ = "vertices"
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    id: Mapped[VertexId] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[JobId] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(255))
     idx: Mapped[int] = mapped_column(Integer, default=0)
     parallelism: Mapped[int] = mapped_column(Integer)
@@ -100,13 +102,13 @@ class Execution(Base):
 
     __tablename__ = "executions"
     __table_args__ = (UniqueConstraint("vertex_id", "attempt"),)
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    vertex_id: Mapped[str] = mapped_column(ForeignKey("vertices.id", ondelete="CASCADE"), index=True)
+    id: Mapped[ExecutionId] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[JobId] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    vertex_id: Mapped[VertexId] = mapped_column(ForeignKey("vertices.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), index=True)
-    taskmanager_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    allocation_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    taskmanager_id: Mapped[TaskManagerId | None] = mapped_column(String(128), nullable=True)
+    allocation_id: Mapped[AllocationId | None] = mapped_column(String(32), nullable=True)
     slots: Mapped[list] = mapped_column(JSON, default=list)
     timestamps: Mapped[dict] = mapped_column(JSON, default=dict)  # state -> epoch ms
     failure_cause: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -126,7 +128,7 @@ class Execution(Base):
 
 class TaskManagerRow(Base):
     __tablename__ = "taskmanagers"
-    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    id: Mapped[TaskManagerId] = mapped_column(String(128), primary_key=True)
     host: Mapped[str] = mapped_column(String(255))
     queue: Mapped[str] = mapped_column(String(160))
     state: Mapped[str] = mapped_column(String(16))  # REGISTERED | LOST | UNREGISTERED
@@ -138,16 +140,19 @@ class TaskManagerRow(Base):
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat: Mapped[datetime] = mapped_column(default=utcnow)
     lost_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The latest loss or unregistration, kept when it registers again (lost_reason is cleared).
+    last_lost_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_lost_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ExceptionRow(Base):
     __tablename__ = "exceptions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    job_id: Mapped[JobId] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    execution_id: Mapped[ExecutionId | None] = mapped_column(String(32), nullable=True)
     vertex_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    taskmanager_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    taskmanager_id: Mapped[TaskManagerId | None] = mapped_column(String(128), nullable=True)
     exception_name: Mapped[str] = mapped_column(String(255))
     stacktrace: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -172,7 +177,7 @@ class OutboxEntry(Base):
     seq: Mapped[int] = mapped_column(BigInteger, index=True)  # sending order
     kind: Mapped[str] = mapped_column(String(16))  # stream | deploy | cancel
     target: Mapped[str] = mapped_column(String(160))  # stream key or TaskManager queue
-    execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    execution_id: Mapped[ExecutionId | None] = mapped_column(String(32), nullable=True)
     envelope: Mapped[str] = mapped_column(Text)  # the encoded Envelope as first written
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -182,12 +187,12 @@ class CheckpointRow(Base):
     checkpoint storage under `path`; this row is the catalog's record of them."""
 
     __tablename__ = "checkpoints"
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[JobId] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     checkpoint_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))  # checkpoint | savepoint
     status: Mapped[str] = mapped_column(String(16), index=True)  # shared.states.CheckpointStatus
-    execution_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    vertex_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    execution_id: Mapped[ExecutionId | None] = mapped_column(String(32), nullable=True)
+    vertex_id: Mapped[VertexId | None] = mapped_column(String(32), nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the operation that asked
     after: Mapped[str] = mapped_column(String(16), default="continue")  # continue | cancel | stop | rescale
     trigger_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -207,7 +212,7 @@ class Operation(Base):
     __tablename__ = "operations"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
-    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True, index=True)
     status: Mapped[str] = mapped_column(String(16))  # shared.states.OperationStatus
     params: Mapped[dict] = mapped_column(JSON, default=dict)
     checkpoint_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -240,7 +245,7 @@ class Schedule(Base):
     __tablename__ = "schedules"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(255))
-    artifact_id: Mapped[str] = mapped_column(String(160))
+    artifact_id: Mapped[ArtifactId] = mapped_column(String(160))
     entry: Mapped[str] = mapped_column(String(255), default="build")
     kind: Mapped[str] = mapped_column(String(32), default="pyspark")
     parallelism: Mapped[int] = mapped_column(Integer, default=1)
@@ -267,6 +272,6 @@ class ScheduleRun(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     schedule_id: Mapped[str] = mapped_column(String(32), index=True)
     tick_at: Mapped[datetime] = mapped_column()  # the nominal tick, not when it was handled
-    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
     outcome: Mapped[str] = mapped_column(String(24))  # shared.schedules.OUTCOMES
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

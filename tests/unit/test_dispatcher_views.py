@@ -64,7 +64,7 @@ def execution(attempt=0, state="RUNNING", **kw) -> Row:
 def tm(**kw) -> Row:
     base = dict(id="tm-1", host="worker-1", queue="tm.tm-1", state="REGISTERED", slots_total=4, slots_free=1,
                 cores=8.0, memory_bytes=16 * 2**30, allocations=[], registered_at=at(0), last_heartbeat=at(9),
-                lost_reason=None)
+                lost_reason=None, last_lost_at=None, last_lost_reason=None)
     base.update(kw)
     return Row(**base)
 
@@ -245,6 +245,14 @@ def test_taskmanager_details_lists_allocated_slots():
     out = views.taskmanager_details(tm(allocations=[alloc], state="LOST", lost_reason="heartbeat timeout"))
     assert out["allocatedSlots"] == [{k: v for k, v in alloc.items() if k != "extra"}]
     assert out["state"] == "LOST" and out["lost-reason"] == "heartbeat timeout"
+
+
+def test_a_taskmanager_registered_again_still_shows_its_last_loss():
+    never = views.taskmanager_info(tm())
+    assert never["last-lost-at"] is None and never["last-lost-reason"] is None
+    back = views.taskmanager_details(tm(last_lost_at=at(5), last_lost_reason="TaskManager lost: its process exited"))
+    assert back["state"] == "REGISTERED" and back["lost-reason"] is None
+    assert back["last-lost-at"] == ms(5) and back["last-lost-reason"] == "TaskManager lost: its process exited"
 
 
 def test_taskmanager_without_slots():

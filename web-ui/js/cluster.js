@@ -194,7 +194,7 @@ async function refreshTaskManager() {
   const st = $("tmd-state");
   st.className = `badge state-${tm.state || "RUNNING"}`;
   setText(st, tm.state || "");
-  replaceIfChanged($("tmd-facts"), JSON.stringify([tm.host, tm.path, tm.registered, tm["lost-reason"], tm.slotsNumber, tm.freeSlots,
+  replaceIfChanged($("tmd-facts"), JSON.stringify([tm.host, tm.path, tm.registered, tm["lost-reason"], tm["last-lost-at"], tm.slotsNumber, tm.freeSlots,
     Math.round((Date.now() - tm.timeSinceLastHeartbeat) / 1000)]), () => [
     fact("Host", dash(tm.host)),
     fact("Queue", h("span", { class: "mono", text: dash(tm.path) })),
@@ -202,6 +202,8 @@ async function refreshTaskManager() {
     fact("Last Heartbeat", fmtAgo(tm.timeSinceLastHeartbeat)),
     fact("Slots", `${tm.freeSlots} free of ${tm.slotsNumber}`),
     tm["lost-reason"] ? fact("Lost Because", tm["lost-reason"]) : null,
+    // Kept after it registered again: a supervisor restarts a killed TaskManager within seconds.
+    tm["last-lost-at"] ? fact("Last Lost", `${fmtTime(tm["last-lost-at"])}: ${tm["last-lost-reason"] || ""}`) : null,
   ].filter(Boolean));
   replaceIfChanged($("tmd-resources"), JSON.stringify([tm.hardware, tm.totalResource, tm.freeResource]), () => resourceRows(tm));
   const allocated = new Map((tm.allocatedSlots || []).map((a) => [a.index, a]));

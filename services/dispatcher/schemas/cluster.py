@@ -45,6 +45,11 @@ class TaskManagerInfo(_Out):
     hardware: dict[str, Any]
     memoryConfiguration: dict[str, Any]
     blocked: bool
+    last_lost_at: int | None = Field(None, alias="last-lost-at", description=(
+        "epoch ms of its latest loss or unregistration (Headrace addition), kept after it registered again; "
+        "null: never"))
+    last_lost_reason: str | None = Field(None, alias="last-lost-reason", description="why, as the "
+                                         "ResourceManager declared it (e.g. its process exited)")
 
 
 class TaskManagersInfo(_Out):
@@ -60,7 +65,9 @@ class SlotInfo(_Out):
 
 class TaskManagerDetailsInfo(TaskManagerInfo):
     allocatedSlots: list[SlotInfo]
-    state: str
+    state: str = Field(description="REGISTERED, LOST or UNREGISTERED")
+    lost_reason: str | None = Field(None, alias="lost-reason", description="why it is LOST or UNREGISTERED now; "
+                                    "null while REGISTERED (last-lost-reason keeps it)")
     metrics: dict[str, Any]
 
 

@@ -9,11 +9,12 @@ from typing import Sequence
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
+from shared.ids import TaskManagerId
 from shared.catalog.models import TaskManagerRow, utcnow
 from shared.catalog.repository.rows import NotFound
 
 
-def register_taskmanager(s: Session, *, id: str, host: str, queue: str, slots_total: int, slots_free: int,
+def register_taskmanager(s: Session, *, id: TaskManagerId, host: str, queue: str, slots_total: int, slots_free: int,
                          cores: float, memory_bytes: int, allocations: list[dict]) -> TaskManagerRow:
     row = s.get(TaskManagerRow, id)
     now = utcnow()
@@ -35,7 +36,7 @@ def register_taskmanagers(s: Session, rows: list[dict]) -> None:
         return
     now = utcnow()
     ids = [r["id"] for r in rows]
-    existing: set[str] = set()
+    existing: set[TaskManagerId] = set()
     for i in range(0, len(ids), 1000):
         existing.update(s.execute(select(TaskManagerRow.id).where(TaskManagerRow.id.in_(ids[i:i + 1000]))).scalars())
     values = [dict(r, state="REGISTERED", last_heartbeat=now, lost_reason=None) for r in rows]
@@ -55,16 +56,24 @@ def update_taskmanager_slots(s: Session, rows: list[dict]) -> None:
         s.execute(update(TaskManagerRow), rows)
 
 
-def touch_taskmanagers(s: Session, last_seen: dict[str, datetime]) -> None:
+def touch_taskmanagers(s: Session, last_seen: dict[TaskManagerId, datetime]) -> None:
     """Heartbeat times of many TaskManagers in one executemany (an UPDATE each would cost
     thousands of round trips per second at scale)."""
     if last_seen:
         s.execute(update(TaskManagerRow), [{"id": tm_id, "last_heartbeat": at} for tm_id, at in last_seen.items()])
 
 
-def mark_taskmanager_gone(s: Session, taskmanager_id: str, *, state: str, reason: str) -> None:
+def mark_taskmanager_gone(s: Session, taskmanager_id: TaskManagerId, *, state: str, reason: str) -> None:
     s.execute(update(TaskManagerRow).where(TaskManagerRow.id == taskmanager_id)
               .values(state=state, lost_reason=reason, slots_free=0, allocations=[]))
+
+
+def record_taskmanager_losses(s: Session, losses: dict[TaskManagerId, tuple[datetime, str]]) -> None:
+    """The latest loss (when, why) of many TaskManagers. Kept in its own columns, which a new
+    registration leaves alone: a TaskManager restarted within seconds still shows it was lost."""
+    if losses:
+        s.execute(update(TaskManagerRow), [{"id": tm_id, "last_lost_at": at, "last_lost_reason": reason}
+                                           for tm_id, (at, reason) in losses.items()])
 
 
 def list_taskmanagers(s: Session, *, include_gone: bool = False) -> Sequence[TaskManagerRow]:
@@ -74,7 +83,7 @@ def list_taskmanagers(s: Session, *, include_gone: bool = False) -> Sequence[Tas
     return s.execute(q).scalars().all()
 
 
-def get_taskmanager(s: Session, taskmanager_id: str) -> TaskManagerRow:
+def get_taskmanager(s: Session, taskmanager_id: TaskManagerId) -> TaskManagerRow:
     row = s.get(TaskManagerRow, taskmanager_id)
     if row is None:
         raise NotFound(f"taskmanager {taskmanager_id} not found")
