@@ -14,7 +14,8 @@ from shared.settings import Settings, load_settings
 if TYPE_CHECKING:
     import httpx
 
-URL_HELP = "dispatcher URL (default: dispatcher_host/dispatcher_port of the settings, HEADRACE_CONFIG)"
+URL_HELP = ("dispatcher URL (default: dispatcher_host/dispatcher_port of the settings, HEADRACE_CONFIG; "
+            "without them the running `headrace up` cluster of HEADRACE_HOME)")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
