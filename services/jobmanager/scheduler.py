@@ -107,8 +107,8 @@ class JobMaster:
         self.uow = UnitOfWork(catalog, self.outbox, epoch=epoch, still_leading=still_leading)
         self.checkpoints = CheckpointCoordinator(settings, clock, self.uow, _CheckpointPort(self),
                                                  checkpoint_store or CatalogCheckpointStore())
-        self.snapshots = SnapshotRequests(settings, self.uow, self.checkpoints)
         ctx = Context(settings, self.uow, self.checkpoints, self.timers, epoch, restart_clock or clock)
+        self.snapshots = SnapshotRequests(ctx)
         self.deployment = Deployment(settings, self.checkpoints)
         self.restarts = Restarts(ctx, self.deployment, arm_ack=lambda ex, state: self.acks.arm(ex, state))
         self.acks = AckTimers(ctx, self.restarts)
@@ -156,8 +156,10 @@ class JobMaster:
                 self.checkpoints.store.clear()
 
     def recover(self) -> None:
-        """After a (re)start: see Reconciliation.recover."""
+        """After a (re)start: see Reconciliation.recover; then the snapshot requests that wait
+        for their task to run are watched again."""
         self.reconciliation.recover()
+        self.snapshots.recover()
 
     def fail_over_for_checkpoints(self, execution_id: str, cause: str) -> None:
         # The task itself still runs: it is cancelled like the job's other attempts, and its

@@ -231,12 +231,13 @@ def test_stop_with_savepoint_ends_the_job_finished_and_deletes_its_checkpoints(h
     assert Path(sp).exists() and not Path(chk_path).exists()
 
 
-def test_savepoint_of_a_job_without_a_running_task_fails_with_a_reason(h, tmp_path):
-    job = h.submit(config=CONFIG)
-    h.pump()
+def test_savepoint_of_a_job_whose_task_will_not_run_again_fails_with_a_reason(h, tmp_path):
+    # (One whose task is still on its way waits for it: tests/component/test_waiting_snapshots.py.)
+    job, cmd = running_job(h)
+    h.report(cmd, ES.FINISHED)
     rid = request(h, job, target_directory=str(h.settings.savepoints / "sp"))
     op = operation(h, rid)
-    assert op.status == "FAILED" and "no RUNNING task" in op.failure_cause
+    assert op.status == "FAILED" and "is FINISHED: snapshots need a RUNNING job" in op.failure_cause
 
 
 def test_pending_checkpoints_of_an_ended_attempt_fail_without_counting(h):

@@ -8,12 +8,13 @@ from typing import Iterable, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shared.ids import JobId
 from shared.catalog.models import Operation, utcnow
 from shared.catalog.repository.rows import NotFound, get_row
 from shared.states import OperationStatus
 
 
-def create_operation(s: Session, *, id: str, kind: str, job_id: str | None, params: dict | None = None) -> Operation:
+def create_operation(s: Session, *, id: str, kind: str, job_id: JobId | None, params: dict | None = None) -> Operation:
     row = Operation(id=id, kind=kind, job_id=job_id, status=OperationStatus.IN_PROGRESS.value,
                     params=dict(params or {}), created_at=utcnow())
     s.add(row)
@@ -28,11 +29,17 @@ def get_operation(s: Session, operation_id: str, *, lock: bool = False) -> Opera
     return row
 
 
-def job_operations(s: Session, job_id: str, *, statuses: Iterable[OperationStatus] | None = None
+def job_operations(s: Session, job_id: JobId, *, statuses: Iterable[OperationStatus] | None = None
                    ) -> Sequence[Operation]:
     q = select(Operation).where(Operation.job_id == job_id)
     if statuses is not None:
         q = q.where(Operation.status.in_([st.value for st in statuses]))
+    return s.execute(q.order_by(Operation.created_at)).scalars().all()
+
+
+def in_progress_operations(s: Session) -> Sequence[Operation]:
+    """Every operation not ended yet, of any job (a new JobManager leader resumes their waits)."""
+    q = select(Operation).where(Operation.status == OperationStatus.IN_PROGRESS.value)
     return s.execute(q.order_by(Operation.created_at)).scalars().all()
 
 
