@@ -8,9 +8,9 @@ from typing import Iterable, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.ids import JobId
 from shared.catalog.models import Operation, utcnow
 from shared.catalog.repository.rows import NotFound, get_row
+from shared.ids import JobId
 from shared.states import OperationStatus
 
 
