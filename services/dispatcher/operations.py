@@ -16,7 +16,7 @@ from services.dispatcher.errors import ApiError
 from shared.catalog import Catalog, repository
 from shared.catalog.models import Job
 from shared.catalog.repository import NotFound
-from shared.ids import new_request_id
+from shared.ids import JobId, new_request_id
 from shared.states import JobStatus, OperationStatus
 from shared.streams import JM_STREAM
 from shared.transport.base import Transport
@@ -43,7 +43,7 @@ def get_job(s: Session, jobid: str) -> Job:
     if not _plausible_id(jobid):
         raise unknown_job(jobid)
     try:
-        return repository.get_job(s, jobid)
+        return repository.get_job(s, JobId(jobid))
     except NotFound:
         raise unknown_job(jobid) from None
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from shared.catalog.models import epoch_ms
+from shared.ids import VertexId
 from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, ExecutionState, JobStatus
 
 FLINK_VERSION = "headrace-0.1.0"
@@ -45,7 +46,7 @@ def execution_state_counts(states: Iterable[str]) -> dict[str, int]:
     return counts
 
 
-def task_counts(vertices: Sequence[Any], latest: Mapping[str, Any]) -> dict[str, int]:
+def task_counts(vertices: Sequence[Any], latest: Mapping[VertexId, Any]) -> dict[str, int]:
     """`tasks` of /jobs/overview: lower-case state names plus `total`. A task is one vertex's
     Spark query (its current attempt); a vertex not yet scheduled counts as created."""
     counts = execution_state_counts(_state(latest.get(v.id)) for v in vertices)
@@ -72,7 +73,7 @@ def job_type(config: Mapping[str, Any] | None) -> str:
     return "BATCH" if mode == "BATCH" else "STREAMING"
 
 
-def waiting_reason(job: Any, latest: Mapping[str, Any]) -> str | None:
+def waiting_reason(job: Any, latest: Mapping[VertexId, Any]) -> str | None:
     if job.waiting_reason:
         return job.waiting_reason
     for ex in latest.values():
@@ -81,7 +82,7 @@ def waiting_reason(job: Any, latest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def attempts(latest: Mapping[str, Any]) -> int:
+def attempts(latest: Mapping[VertexId, Any]) -> int:
     """How many attempts the job's tasks have made (attempt numbers start at 0, as in Flink)."""
     return max((ex.attempt + 1 for ex in latest.values()), default=0)
 
@@ -93,7 +94,7 @@ def job_ids(jobs: Iterable[Any]) -> dict[str, Any]:
     return {"jobs": [{"id": j.id, "status": j.status} for j in jobs]}
 
 
-def job_overview(job: Any, vertices: Sequence[Any], latest: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
+def job_overview(job: Any, vertices: Sequence[Any], latest: Mapping[VertexId, Any], now_ms: int) -> dict[str, Any]:
     start, end = ms(job.created_at), ms(job.end_at)
     return {
         "jid": job.id,
@@ -151,7 +152,7 @@ def job_plan(job: Any, vertices: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[str, Any], timestamps: Mapping[str, int],
+def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[VertexId, Any], timestamps: Mapping[str, int],
                 *, max_par: int, now_ms: int) -> dict[str, Any]:
     """Flink's JobDetailsInfo plus `waiting-reason`, `restart-strategy` and `attempts`."""
     start, end = ms(job.created_at), ms(job.end_at)

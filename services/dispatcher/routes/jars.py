@@ -24,7 +24,7 @@ from services.dispatcher.deps import (
     SettingsDep,
     TransportDep,
 )
-from services.dispatcher.errors import ApiError, Problem, short_value
+from services.dispatcher.errors import ApiError, Problem, error_responses, short_value
 from services.dispatcher.schemas import (
     EntryName,
     ErrorBody,
@@ -40,7 +40,7 @@ from shared import job_options as job_config
 from shared.catalog import repository
 from shared.catalog.models import Artifact
 from shared.catalog.repository import NotFound
-from shared.ids import new_artifact_id, new_job_id
+from shared.ids import ArtifactId, JobId, new_artifact_id, new_job_id
 from shared.messages import SubmitJob
 from shared.restart import InvalidRestartStrategy
 from shared.states import JobStatus
@@ -48,8 +48,8 @@ from shared.streams import JM_STREAM
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jars", tags=["jars"])
-_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody},
-           503: {"model": ErrorBody, "description": "the catalog is unreachable; retry after Retry-After seconds"}}
+_ERRORS = error_responses(400, 404, 409,
+                          described={503: "the catalog is unreachable; retry after Retry-After seconds"})
 _LIVE = [s for s in JobStatus if not s.is_terminal]
 
 
@@ -146,7 +146,7 @@ def _backfill_listing(catalog, art: Artifact) -> dict:
 def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
     with catalog.session() as s:
         try:
-            art = repository.get_artifact(s, jarid)
+            art = repository.get_artifact(s, ArtifactId(jarid))
         except NotFound:
             raise unknown_jar(jarid) from None
         users = [j.id for j in repository.list_jobs(s, statuses=_LIVE) if j.artifact_id == jarid]
@@ -163,7 +163,7 @@ def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
                               hint="delete those schedules first (DELETE /jobs/schedules/{id}, "
                                    "headrace schedule delete ID)", prefix=False)
         path = Path(art.path)
-        repository.delete_artifact(s, jarid)
+        repository.delete_artifact(s, ArtifactId(jarid))
     if _inside(path, settings.artifacts):
         artifacts.remove(path)
     return {}
@@ -207,11 +207,11 @@ def run_jar(
     checkpoint_dir_option.check(config, settings)
     restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"
-    job_id = req.jobId or new_job_id()
+    job_id = JobId(req.jobId) if req.jobId else new_job_id()
 
     with catalog.session() as s:
         try:
-            art = repository.get_artifact(s, jarid)
+            art = repository.get_artifact(s, ArtifactId(jarid))
         except NotFound:
             raise unknown_jar(jarid) from None
     if kind == "pyspark":
@@ -327,7 +327,7 @@ def check_entry(catalog, art, entry: str, config: dict | None = None, bounds: Ar
     entry_check.check_entry(art, entry, config or {}, lambda: _listing(catalog, art), bounds or ArtifactLimits())
 
 
-def _fail_unpublished(catalog, job_id: str, exc: Exception) -> None:
+def _fail_unpublished(catalog, job_id: JobId, exc: Exception) -> None:
     reason = f"dispatcher could not publish SubmitJob: {type(exc).__name__}: {exc}"
     log.error("job %s: %s", job_id, reason)
     try:

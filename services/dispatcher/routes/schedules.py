@@ -15,9 +15,8 @@ from fastapi import APIRouter, Body
 
 from services.dispatcher import artifacts, checkpoint_dir_option
 from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
-from services.dispatcher.errors import ApiError
+from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
-from services.dispatcher.schemas import ErrorBody
 from services.dispatcher.schemas.schedules import (
     ScheduleCreated,
     ScheduleCreateRequest,
@@ -29,11 +28,11 @@ from shared import schedules as sch
 from shared.catalog import repository
 from shared.catalog.models import Schedule, epoch_ms
 from shared.catalog.repository import NotFound
+from shared.ids import ArtifactId
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs/schedules", tags=["schedules"])
-_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody},
-           503: {"model": ErrorBody, "description": "the catalog is unreachable; retry after Retry-After seconds"}}
+_ERRORS = error_responses(400, 404, described={503: "the catalog is unreachable; retry after Retry-After seconds"})
 HISTORY = 50
 
 
@@ -105,7 +104,7 @@ def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: Cata
     enabled = req.enabled is not False
     with catalog.session() as s:
         try:
-            art = repository.get_artifact(s, req.jarId)
+            art = repository.get_artifact(s, ArtifactId(req.jarId))
         except NotFound:
             raise unknown_jar(req.jarId) from None
     if kind == "pyspark":

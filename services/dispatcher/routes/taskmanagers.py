@@ -8,11 +8,12 @@ from fastapi.responses import Response
 
 from services.dispatcher import log_fetch, views
 from services.dispatcher.deps import SessionDep, TransportDep
-from services.dispatcher.errors import ApiError
+from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import ErrorBody, LogListInfo, TaskManagerDetailsInfo, TaskManagersInfo
 from shared import streams
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
+from shared.ids import TaskManagerId
 
 router = APIRouter(prefix="/taskmanagers", tags=["taskmanagers"])
 
@@ -33,7 +34,7 @@ def _row(session, tmid: str):
         row = None
     else:
         try:
-            row = repository.get_taskmanager(session, tmid)
+            row = repository.get_taskmanager(session, TaskManagerId(tmid))
         except NotFound:
             row = None
     if row is None:
@@ -48,8 +49,7 @@ def _row(session, tmid: str):
     return row
 
 
-_LOG_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 502: {"model": ErrorBody},
-               503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+_LOG_ERRORS = error_responses(400, 404, 502, 503, 504)
 
 
 def _endpoint(session, transport, tmid: str) -> tuple[str, str, str | None]:

@@ -9,16 +9,17 @@ from sqlalchemy.orm import Session
 
 from shared.catalog.models import Artifact
 from shared.catalog.repository.rows import NotFound
+from shared.ids import ArtifactId
 
 
-def create_artifact(s: Session, *, id: str, name: str, path: str, size: int, sha256: str) -> Artifact:
+def create_artifact(s: Session, *, id: ArtifactId, name: str, path: str, size: int, sha256: str) -> Artifact:
     row = Artifact(id=id, name=name, path=path, size=size, sha256=sha256)
     s.add(row)
     s.flush()
     return row
 
 
-def get_artifact(s: Session, artifact_id: str) -> Artifact:
+def get_artifact(s: Session, artifact_id: ArtifactId) -> Artifact:
     row = s.get(Artifact, artifact_id)
     if row is None:
         raise NotFound(f"artifact {artifact_id} not found")
@@ -29,7 +30,7 @@ def list_artifacts(s: Session) -> Sequence[Artifact]:
     return s.execute(select(Artifact).order_by(Artifact.uploaded_at)).scalars().all()
 
 
-def delete_artifact(s: Session, artifact_id: str) -> Artifact:
+def delete_artifact(s: Session, artifact_id: ArtifactId) -> Artifact:
     row = get_artifact(s, artifact_id)
     s.delete(row)
     s.flush()

@@ -10,11 +10,12 @@ from sqlalchemy.orm import Session
 
 from shared.catalog.models import CheckpointRow, utcnow
 from shared.catalog.repository.rows import NotFound
+from shared.ids import ExecutionId, JobId, VertexId
 from shared.states import CheckpointStatus, check_checkpoint_transition
 
 
-def create_checkpoint(s: Session, *, job_id: str, checkpoint_id: int, kind: str, execution_id: str | None,
-                      vertex_id: str | None, request_id: str | None = None, after: str = "continue",
+def create_checkpoint(s: Session, *, job_id: JobId, checkpoint_id: int, kind: str, execution_id: ExecutionId | None,
+                      vertex_id: VertexId | None, request_id: str | None = None, after: str = "continue",
                       path: str | None = None) -> CheckpointRow:
     row = CheckpointRow(job_id=job_id, checkpoint_id=checkpoint_id, kind=kind,
                         status=CheckpointStatus.IN_PROGRESS.value, execution_id=execution_id, vertex_id=vertex_id,
@@ -24,7 +25,7 @@ def create_checkpoint(s: Session, *, job_id: str, checkpoint_id: int, kind: str,
     return row
 
 
-def get_checkpoint(s: Session, job_id: str, checkpoint_id: int, *, lock: bool = False) -> CheckpointRow:
+def get_checkpoint(s: Session, job_id: JobId, checkpoint_id: int, *, lock: bool = False) -> CheckpointRow:
     q = select(CheckpointRow).where(CheckpointRow.job_id == job_id, CheckpointRow.checkpoint_id == checkpoint_id)
     if lock:
         q = q.with_for_update()
@@ -34,7 +35,7 @@ def get_checkpoint(s: Session, job_id: str, checkpoint_id: int, *, lock: bool = 
     return row
 
 
-def list_checkpoints(s: Session, job_id: str, *, statuses: Iterable[CheckpointStatus] | None = None,
+def list_checkpoints(s: Session, job_id: JobId, *, statuses: Iterable[CheckpointStatus] | None = None,
                      kind: str | None = None, newest_first: bool = True, limit: int | None = None
                      ) -> Sequence[CheckpointRow]:
     q = select(CheckpointRow).where(CheckpointRow.job_id == job_id)

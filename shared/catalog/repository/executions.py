@@ -10,10 +10,11 @@ from sqlalchemy.orm import Session
 
 from shared.catalog.models import Execution, Vertex, epoch_ms, utcnow
 from shared.catalog.repository.rows import NotFound, get_row
+from shared.ids import AllocationId, ExecutionId, JobId, TaskManagerId, VertexId
 from shared.states import ExecutionState, check_execution_transition
 
 
-def create_vertex(s: Session, *, id: str, job_id: str, name: str, parallelism: int, idx: int = 0) -> Vertex:
+def create_vertex(s: Session, *, id: VertexId, job_id: JobId, name: str, parallelism: int, idx: int = 0) -> Vertex:
     v = Vertex(id=id, job_id=job_id, name=name, parallelism=parallelism, idx=idx)
     s.add(v)
     return v
@@ -35,7 +36,7 @@ def add_scheduled_plans(s: Session, vertices: list[dict], executions: list[dict]
             for e in executions])
 
 
-def job_vertices(s: Session, job_id: str) -> Sequence[Vertex]:
+def job_vertices(s: Session, job_id: JobId) -> Sequence[Vertex]:
     return s.execute(select(Vertex).where(Vertex.job_id == job_id).order_by(Vertex.idx)).scalars().all()
 
 
@@ -43,7 +44,7 @@ def set_vertex_parallelism(s: Session, vertex: Vertex, parallelism: int) -> None
     vertex.parallelism = parallelism
 
 
-def create_execution(s: Session, *, id: str, job_id: str, vertex_id: str, attempt: int,
+def create_execution(s: Session, *, id: ExecutionId, job_id: JobId, vertex_id: VertexId, attempt: int,
                      keep_history: int = 16) -> Execution:
     now_ms = epoch_ms(utcnow())
     ex = Execution(id=id, job_id=job_id, vertex_id=vertex_id, attempt=attempt,
@@ -56,36 +57,36 @@ def create_execution(s: Session, *, id: str, job_id: str, vertex_id: str, attemp
     return ex
 
 
-def get_execution(s: Session, execution_id: str, *, lock: bool = False) -> Execution:
+def get_execution(s: Session, execution_id: ExecutionId, *, lock: bool = False) -> Execution:
     ex = get_row(s, Execution, execution_id, lock)
     if ex is None:
         raise NotFound(f"execution {execution_id} not found")
     return ex
 
 
-def vertex_executions(s: Session, vertex_id: str) -> Sequence[Execution]:
+def vertex_executions(s: Session, vertex_id: VertexId) -> Sequence[Execution]:
     return (
         s.execute(select(Execution).where(Execution.vertex_id == vertex_id).order_by(Execution.attempt)).scalars().all()
     )
 
 
-def job_executions(s: Session, job_id: str) -> Sequence[Execution]:
+def job_executions(s: Session, job_id: JobId) -> Sequence[Execution]:
     return s.execute(select(Execution).where(Execution.job_id == job_id).order_by(Execution.attempt)).scalars().all()
 
 
-def latest_executions(s: Session, job_id: str) -> dict[str, Execution]:
+def latest_executions(s: Session, job_id: JobId) -> dict[VertexId, Execution]:
     """vertex id -> its current (highest) attempt."""
-    out: dict[str, Execution] = {}
+    out: dict[VertexId, Execution] = {}
     for ex in job_executions(s, job_id):
         out[ex.vertex_id] = ex
     return out
 
 
-def live_executions_on(s: Session, taskmanager_id: str) -> Sequence[Execution]:
+def live_executions_on(s: Session, taskmanager_id: TaskManagerId) -> Sequence[Execution]:
     return live_executions_on_any(s, [taskmanager_id])
 
 
-def live_executions_on_any(s: Session, taskmanager_ids: Sequence[str]) -> list[Execution]:
+def live_executions_on_any(s: Session, taskmanager_ids: Sequence[TaskManagerId]) -> list[Execution]:
     terminal = [e.value for e in ExecutionState if e.is_terminal]
     out: list[Execution] = []
     ids = list(dict.fromkeys(taskmanager_ids))
@@ -95,7 +96,7 @@ def live_executions_on_any(s: Session, taskmanager_ids: Sequence[str]) -> list[E
     return out
 
 
-def execution_states(s: Session, execution_ids: Iterable[str]) -> dict[str, str]:
+def execution_states(s: Session, execution_ids: Iterable[ExecutionId]) -> dict[ExecutionId, str]:
     ids = list(set(execution_ids))
     if not ids:
         return {}
@@ -103,8 +104,8 @@ def execution_states(s: Session, execution_ids: Iterable[str]) -> dict[str, str]
 
 
 def transition_execution(
-    s: Session, execution_id: str | Execution, target: ExecutionState, *, at_ms: int | None = None,
-    taskmanager_id: str | None = None, allocation_id: str | None = None,
+    s: Session, execution_id: ExecutionId | Execution, target: ExecutionState, *, at_ms: int | None = None,
+    taskmanager_id: TaskManagerId | None = None, allocation_id: AllocationId | None = None,
     slots: list[int] | None = None, failure_cause: str | None = None,
 ) -> Execution:
     """The only function that changes `executions.state`. Raises IllegalTransition.
@@ -133,14 +134,14 @@ def transition_execution(
     return ex
 
 
-def set_execution_waiting_reason(s: Session, execution: str | Execution, reason: str | None) -> None:
+def set_execution_waiting_reason(s: Session, execution: ExecutionId | Execution, reason: str | None) -> None:
     if isinstance(execution, Execution):
         execution.waiting_reason = reason
         return
     s.execute(update(Execution).where(Execution.id == execution).values(waiting_reason=reason))
 
 
-def record_progress(s: Session, execution_id: str, *, batch_id: int, rows: int) -> None:
+def record_progress(s: Session, execution_id: ExecutionId, *, batch_id: int, rows: int) -> None:
     """Count a committed batch once: a redelivered report (same batch id) or one overtaken by a
     later batch changes nothing."""
     s.execute(

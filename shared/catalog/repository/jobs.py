@@ -10,11 +10,12 @@ from sqlalchemy.orm import Session
 
 from shared.catalog.models import ExceptionRow, Job, JobTransition, epoch_ms, utcnow
 from shared.catalog.repository.rows import NotFound, StaleEpoch, get_row, next_value
+from shared.ids import ArtifactId, ExecutionId, JobId, TaskManagerId
 from shared.states import JobStatus, check_job_transition
 
 
 def create_job(
-    s: Session, *, id: str, name: str, artifact_id: str | None, entry: str, parallelism: int,
+    s: Session, *, id: JobId, name: str, artifact_id: ArtifactId | None, entry: str, parallelism: int,
     program_args: list[str], config: dict[str, Any], restart_strategy: dict[str, Any],
     kind: str = "pyspark",
 ) -> Job:
@@ -31,7 +32,7 @@ def create_job(
     return job
 
 
-def get_job(s: Session, job_id: str, *, lock: bool = False) -> Job:
+def get_job(s: Session, job_id: JobId, *, lock: bool = False) -> Job:
     row = get_row(s, Job, job_id, lock)
     if row is None:
         raise NotFound(f"job {job_id} not found")
@@ -46,7 +47,7 @@ def list_jobs(s: Session, *, statuses: Iterable[JobStatus] | None = None) -> Seq
 
 
 def transition_job(
-    s: Session, job_id: str | Job, target: JobStatus, *, epoch: int | None = None, reason: str | None = None,
+    s: Session, job_id: JobId | Job, target: JobStatus, *, epoch: int | None = None, reason: str | None = None,
     history: list[dict] | None = None,
 ) -> Job:
     """The only function that changes `jobs.status`. Raises IllegalTransition or StaleEpoch.
@@ -82,7 +83,7 @@ def add_job_transitions(s: Session, rows: list[dict]) -> None:
         s.execute(insert(JobTransition.__table__), rows)
 
 
-def set_job_waiting_reason(s: Session, job: str | Job, reason: str | None) -> None:
+def set_job_waiting_reason(s: Session, job: JobId | Job, reason: str | None) -> None:
     if isinstance(job, Job):
         if job.waiting_reason != reason:
             job.waiting_reason = reason
@@ -90,7 +91,7 @@ def set_job_waiting_reason(s: Session, job: str | Job, reason: str | None) -> No
     s.execute(update(Job).where(Job.id == job).values(waiting_reason=reason))
 
 
-def job_transitions(s: Session, job_id: str) -> Sequence[JobTransition]:
+def job_transitions(s: Session, job_id: JobId) -> Sequence[JobTransition]:
     return (
         s.execute(select(JobTransition).where(JobTransition.job_id == job_id).order_by(JobTransition.id))
         .scalars()
@@ -98,7 +99,7 @@ def job_transitions(s: Session, job_id: str) -> Sequence[JobTransition]:
     )
 
 
-def job_state_timestamps(s: Session, job_id: str) -> dict[str, int]:
+def job_state_timestamps(s: Session, job_id: JobId) -> dict[str, int]:
     """Flink's `timestamps` map: the last time the job entered each state, in epoch ms."""
     return {t.to_status: epoch_ms(t.at) for t in job_transitions(s, job_id)}
 
@@ -116,8 +117,8 @@ def set_checkpoint_failures(s: Session, job: Job, value: int) -> None:
 
 
 def record_exception(
-    s: Session, *, job_id: str, exception_name: str, stacktrace: str, execution_id: str | None = None,
-    vertex_name: str | None = None, attempt: int | None = None, taskmanager_id: str | None = None,
+    s: Session, *, job_id: JobId, exception_name: str, stacktrace: str, execution_id: ExecutionId | None = None,
+    vertex_name: str | None = None, attempt: int | None = None, taskmanager_id: TaskManagerId | None = None,
     keep: int = 16,
 ) -> ExceptionRow:
     row = ExceptionRow(job_id=job_id, execution_id=execution_id, vertex_name=vertex_name, attempt=attempt,
@@ -131,7 +132,7 @@ def record_exception(
     return row
 
 
-def job_exceptions(s: Session, job_id: str) -> Sequence[ExceptionRow]:
+def job_exceptions(s: Session, job_id: JobId) -> Sequence[ExceptionRow]:
     return (
         s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc()))
         .scalars()

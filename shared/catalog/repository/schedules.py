@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from shared.catalog.models import Job, Schedule, ScheduleRun, utcnow
 from shared.catalog.repository.jobs import create_job, get_job
 from shared.catalog.repository.rows import NotFound
+from shared.ids import JobId
 
 
 def create_schedule(s: Session, **fields: Any) -> Schedule:
@@ -65,7 +66,7 @@ def advance_schedule(s: Session, row: Schedule, *, next_fire_at: datetime, fired
 
 
 def record_schedule_run(s: Session, *, schedule_id: str, tick_at: datetime, outcome: str,
-                        job_id: str | None = None) -> ScheduleRun:
+                        job_id: JobId | None = None) -> ScheduleRun:
     """Flushed at once: a tick recorded already (UNIQUE(schedule_id, tick_at)) raises
     IntegrityError here, inside the caller's unit of work, which then commits nothing."""
     row = ScheduleRun(schedule_id=schedule_id, tick_at=tick_at, outcome=outcome, job_id=job_id, created_at=utcnow())
@@ -113,13 +114,13 @@ def queued_schedule_runs(s: Session, schedule_id: str | None = None) -> Sequence
     return s.execute(q).scalars().all()
 
 
-def set_schedule_run(s: Session, run: ScheduleRun, *, outcome: str, job_id: str | None = None) -> None:
+def set_schedule_run(s: Session, run: ScheduleRun, *, outcome: str, job_id: JobId | None = None) -> None:
     run.outcome = outcome
     if job_id is not None:
         run.job_id = job_id
 
 
-def create_scheduled_job(s: Session, schedule: Schedule, job_id: str) -> Job:
+def create_scheduled_job(s: Session, schedule: Schedule, job_id: JobId) -> Job:
     """A run of `schedule`: the job row POST /jars/{id}/run would insert from the same request
     (INITIALIZING, with its first transition), linked to its schedule."""
     job = create_job(s, id=job_id, name=schedule.name, artifact_id=schedule.artifact_id, entry=schedule.entry,

@@ -9,9 +9,9 @@ from typing import Sequence
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from shared.ids import TaskManagerId
 from shared.catalog.models import TaskManagerRow, utcnow
 from shared.catalog.repository.rows import NotFound
+from shared.ids import TaskManagerId
 
 
 def register_taskmanager(s: Session, *, id: TaskManagerId, host: str, queue: str, slots_total: int, slots_free: int,
