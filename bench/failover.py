@@ -1,8 +1,19 @@
-"""TaskManager failover: kill -9 (or SIGSTOP) the TaskManager running a streaming job and time
-until the job's next attempt is RUNNING on the other TaskManager. Median of N runs, warm
-cluster, default heartbeat settings (2 s / 10 s) unless overridden.
+"""TaskManager failover: kill -9 (or SIGSTOP) the TaskManager running a job and time until the
+job's next attempt is RUNNING on the other TaskManager.
+
+--case warm (the default): a streaming job on a warm cluster (default heartbeats, 2 s / 10 s);
+    before each kill the survivor has a ready warm driver. Median of N runs.
+--case just-started (issue 23): per run a fresh cluster, supervised as `headrace up` runs it (a
+    killed TaskManager is started again). Right after it is up (--ready up: the moment `headrace
+    up` prints "Headrace is up"; --ready warm: once it prints that the warm drivers are ready) a
+    stateful counting job (examples/keyed_counts.py, fed by an outside producer at 100 events/s,
+    checkpoints every second) is submitted; as soon as its first output is committed the
+    TaskManager running it is killed (kill -9 of its process group and of its drivers' sessions),
+    and 30 s after that kill the one running it then. Each kill is timed to the next attempt
+    RUNNING; at the end the sink must hold exactly the count and sum of every key produced.
 
 usage: python bench/failover.py [--kind pyspark|noop] [--signal KILL|STOP] [--runs 5]
+       python bench/failover.py --case just-started [--ready up|warm] [--runs 3]
 """
 
 from __future__ import annotations
@@ -34,7 +45,16 @@ def main() -> None:
     ap.add_argument("--signal", choices=["KILL", "STOP"], default="KILL")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--catalog", default=None, help="catalog URL (default SQLite in a temp home)")
+    ap.add_argument("--case", choices=["warm", "just-started"], default="warm")
+    ap.add_argument("--ready", choices=["up", "warm"], default="up",
+                    help="just-started: submit when the cluster is up, or once its warm drivers are ready")
+    ap.add_argument("--second-kill-after", type=float, default=30.0, help="just-started: seconds after the first")
     a = ap.parse_args()
+    if a.case == "just-started":
+        from bench.failover_after_start import run_series
+
+        run_series(runs=a.runs, ready=a.ready, second_kill_after_s=a.second_kill_after)
+        return
     home = Path(tempfile.mkdtemp(prefix="headrace-failover-"))
     catalog = a.catalog or f"sqlite:///{home / 'catalog.db'}"
     cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2,

@@ -15,7 +15,14 @@ Runs alternate headrace, bare, headrace, bare, ... PostgreSQL is polled (every 0
   steady  events after the first committed batch / the time from it to the last
 and the ratio headrace / bare of the medians of each.
 
+--case just-started (issue 23): no bare runs; each round starts a fresh cluster and submits the
+job as soon as it is up (the moment `headrace up` prints "Headrace is up", its warm drivers still
+warming), then, on the same cluster once every TaskManager has a ready warm driver, submits it
+again: just-started and warm side by side. Besides the figures above, from the task's RUNNING
+(the attempt reported RUNNING) to the last event in PostgreSQL.
+
 usage: python bench/throughput.py [--events 10000000] [--rounds 3] [--max-entries 1000] [--smoke]
+       python bench/throughput.py --case just-started --events 3000000 --rounds 3
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -80,11 +88,86 @@ def run_headrace(rest: Rest, jar: str, engine, *, table: str, events: int, args:
                  timeout_s: float) -> dict:
     t0 = time.monotonic()
     job = rest.run(jar, parallelism=2, jobName=table, programArgsList=args)
+    running = RunningWatch(rest.http.base_url, job)
     try:
-        return watch_sink(engine, table, events, t0, timeout_s)
+        r = watch_sink(engine, table, events, t0, timeout_s)
+        if running.at is not None:
+            r["running_s"] = round(running.at - t0, 2)
+            r["from_running_eps"] = round(events / (t0 + r["total_s"] - running.at))
+        return r
     finally:
+        running.stop()
         rest.cancel(job)
         rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
+
+
+class RunningWatch:
+    """When the job's first attempt is reported RUNNING, watched from a thread of its own."""
+
+    def __init__(self, url, job: str):
+        self.at: float | None = None
+        self._stop = threading.Event()
+        self._rest = Rest(str(url))
+        self._job = job
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while self.at is None and not self._stop.is_set():
+            try:
+                attempts = self._rest.attempts(self._job)
+            except Exception:  # noqa: BLE001 - a slow answer under load: ask again
+                attempts = []
+            if attempts and attempts[-1]["status"] == "RUNNING":
+                self.at = time.monotonic()
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def just_started_vs_warm(args, source: str, sink_url: str, engine, home: Path) -> None:
+    """--case just-started: see the module docstring."""
+    print(f"machine: {machine()}; {args.events:,} events, max entries per trigger {args.max_entries}, "
+          f"parallelism 2, warm drivers {args.warm}; a fresh cluster per round", flush=True)
+    results: dict[str, list[dict]] = {"just-started": [], "warm": []}
+    for rnd in range(args.rounds):
+        catalog_url = fresh_pg(DEFAULT_PG)
+        cluster = None
+        try:
+            cluster = start_cluster(home / f"cluster-{rnd}", catalog_url=catalog_url, taskmanagers=2, slots=2,
+                                    warm_drivers=args.warm, restart_strategy={"type": "none"})
+            rest = Rest(cluster.dispatcher_url)
+            jar = rest.upload(PIPELINE)
+            for kind in ("just-started", "warm"):
+                if kind == "warm":
+                    wait_warm(cluster, args.warm)
+                table = f"{kind.replace('-', '_')}_{rnd}"
+                load = round(os.getloadavg()[0], 2)
+                r = run_headrace(rest, jar, engine, table=table, events=args.events,
+                                 args=pipeline_args(source, sink_url, table, args.max_entries), timeout_s=args.timeout)
+                r["load"] = load
+                results[kind].append(r)
+                print(f"round {rnd + 1} {kind:12s} RUNNING after {r.get('running_s', float('nan')):6.2f} s  "
+                      f"first batch {r['first_s']:6.2f} s  all {r['total_s']:6.2f} s  "
+                      f"from RUNNING {r.get('from_running_eps', 0):>9,} ev/s  total {r['total_eps']:>9,} ev/s  "
+                      f"steady {r['steady_eps'] or 0:>9,} ev/s  (load {load})", flush=True)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+            drop_pg(DEFAULT_PG, catalog_url)
+    print("| case | RUNNING after submit | first batch | all | events/s from RUNNING | events/s whole run | "
+          "steady events/s |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, rs in results.items():
+        print(f"| {kind} (median of {len(rs)}) | {median_of(rs, 'running_s'):.2f} s | {median_of(rs, 'first_s'):.2f} s "
+              f"| {median_of(rs, 'total_s'):.2f} s | {median_of(rs, 'from_running_eps'):,.0f} "
+              f"| {median_of(rs, 'total_eps'):,.0f} | {median_of(rs, 'steady_eps'):,.0f} |")
+    warm, started = (median_of(results[k], "from_running_eps") for k in ("warm", "just-started"))
+    print(f"just-started / warm, from RUNNING: {started / max(1, warm):.2f}")
+
+
+def median_of(results: list[dict], key: str) -> float:
+    return statistics.median(r.get(key) or 0 for r in results)
 
 
 def start_bare(home: Path, *, table: str, args: list[str], shuffle_partitions: int,
@@ -121,6 +204,9 @@ def main() -> None:
     p.add_argument("--only", choices=("headrace", "bare"), default=None)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark still works")
+    p.add_argument("--case", choices=("bare", "just-started"), default="bare",
+                   help="bare: Headrace against bare PySpark on a warm cluster; just-started: a cluster just up "
+                        "against the same cluster warm")
     args = p.parse_args()
     if args.smoke:
         args.events, args.rounds, args.max_entries = 50_000, 1, 20
@@ -134,6 +220,9 @@ def main() -> None:
         t = time.monotonic()
         append_entries(source, "clicks", click_entries(args.events))
         print(f"preloaded {args.events:,} events in {time.monotonic() - t:.1f} s", flush=True)
+        if args.case == "just-started":
+            just_started_vs_warm(args, source, sink_url, engine, home)
+            return
         extra = {} if args.warm_parallelism is None else {"warm_parallelism": args.warm_parallelism}
         cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2,
                                 warm_drivers=args.warm, restart_strategy={"type": "none"}, **extra)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -58,11 +59,39 @@ def up(
         typer.echo(f"Spark standalone: master {cluster.spark_master.url} with {spark_workers} worker(s); "
                    f"its web UI at {cluster.spark_master.webui}")
     typer.echo("Press Ctrl-C to stop.")
+    announce_warm_drivers(cluster, settings, stop)
     try:
         stop.wait()
     finally:
         typer.echo("stopping the cluster ...")
         cluster.stop()
+
+
+WARM_DRIVERS_WAIT_S = 180.0
+
+
+def announce_warm_drivers(cluster, settings, stop: threading.Event) -> None:
+    """Say when every TaskManager has a warm Spark driver ready: from then on a submission, and a
+    failover to another TaskManager, starts in about a second; before, it may wait for a driver
+    still warming up."""
+    from services.cluster.readiness import wait_for_warm_drivers
+
+    if settings.warm_drivers <= 0:
+        return
+    taskmanagers = [f"tm-{i + 1}" for i in range(cluster.taskmanagers)]
+    typer.echo(f"Warming up a Spark driver on each TaskManager (up to {WARM_DRIVERS_WAIT_S:.0f} s); "
+               "jobs may be submitted meanwhile.")
+    started = time.monotonic()
+    waiting = wait_for_warm_drivers(cluster.redis_url, taskmanagers, WARM_DRIVERS_WAIT_S, stopped=stop.is_set)
+    if stop.is_set():
+        return
+    if waiting:
+        typer.echo(f"No warm driver ready on {', '.join(waiting)} after {WARM_DRIVERS_WAIT_S:.0f} s: tasks there "
+                   f"start on a driver still warming up (see {cluster.run_dir}/logs and "
+                   "docs/runbooks/slow-pipeline.md, \"Warm drivers\").")
+    else:
+        typer.echo(f"Warm drivers ready on every TaskManager ({time.monotonic() - started:.1f} s later): "
+                   "submissions and failovers start in about a second.")
 
 
 @commands.command("redis-auth")

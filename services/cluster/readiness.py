@@ -1,5 +1,6 @@
 """When a local cluster is up: the dispatcher answers and counts every TaskManager registered
-(or, when it asks for a token, the catalog does)."""
+(or, when it asks for a token, the catalog does); and, later, when every TaskManager has a warm
+Spark driver ready, so that a submission or a failover starts in about a second."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import http.client
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 from urllib.parse import urlsplit
 
+import redis
+
+from shared import streams
 from shared.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -56,3 +60,35 @@ def registered_taskmanagers(catalog_url: str) -> int:
             return len(repo.list_taskmanagers(session))
     except Exception:  # noqa: BLE001 - not migrated yet, or briefly locked: ask again
         return 0
+
+
+def wait_for_warm_drivers(redis_url: str, taskmanager_ids: Sequence[str], wait_s: float,
+                          stopped: Callable[[], bool] = lambda: False) -> list[str]:
+    """Wait until every TaskManager reports a ready warm driver (hr:tm:<id>:warm, which each one
+    refreshes with its heartbeat), or wants none (no free slot a driver would fit). Returns the
+    TaskManagers still without one after `wait_s`, or when `stopped()` (Ctrl-C) says so: a task
+    submitted before then may start on a driver still warming, and a failover to such a
+    TaskManager waits for its warm-up."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=2)
+    deadline = time.monotonic() + wait_s
+    waiting = list(taskmanager_ids)
+    try:
+        while waiting and time.monotonic() < deadline and not stopped():
+            waiting = [tm for tm in waiting if not _has_warm_driver(client, tm)]
+            if waiting:
+                time.sleep(0.2)
+    finally:
+        client.close()
+    return waiting
+
+
+def _has_warm_driver(client: redis.Redis, taskmanager_id: str) -> bool:
+    try:
+        raw = client.get(streams.tm_warm_key(taskmanager_id))
+    except redis.RedisError:
+        return False  # Redis restarting under the supervisor: ask again
+    if not raw:
+        return False  # the TaskManager has not published its pool yet
+    status = json.loads(raw)
+    wants_none = not (status.get("starting") or status.get("waiting"))
+    return status.get("ready", 0) > 0 or wants_none

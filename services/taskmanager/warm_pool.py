@@ -13,14 +13,25 @@ each took 3-8 times longer, and a task handed a starting driver waited for all o
 core is what the cores can carry. So a driver starts warming only with a token (`WarmupTokens`:
 flock'ed lock files every TaskManager of this user on the host shares; the kernel frees a dead
 process's token), held until the driver is ready or gone; a wanted driver without a token waits,
-retried every RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the
+retried every RETRY_S. Waiting warm-ups take their turn by rank (`WarmPool.rank`): a TaskManager
+with no driver ready or warming and no task of its own (URGENT: the next task or failover lands
+there) before one that runs the task it handed its driver to (REPLACING), before one that has a
+ready driver and wants another (SPARE). A waiting warm-up says so with a flock'ed claim file
+named by its rank beside the tokens; a warm-up of a higher rank takes no token while a living
+claim of a lower one exists (a dead process's claim is unlocked, and removed by the next one to
+look). Without this, a just-started cluster's second TaskManager lost the token to the first
+one's replacement, and a failover to it waited 14 s for a driver still warming. A task never
+waits for a token: `take` hands it a ready driver, else the
 oldest one already warming (it is ahead of any new JVM), else starts the task's own driver at
 once, taking a free token if there is one so that no new warm-up joins its start; and while a
 driver this pool handed to a task is still starting, the pool starts no warm-up of its own (a
 replacement warming beside it slowed the task's start by half). Drivers in reserve warm up at the
 lowest CPU priority, raised when a task takes one (driver_process.py), so a replacement warming up
 while a task runs takes only the CPU the task leaves idle (one that got none for `ready_timeout_s`
-gets the normal priority, rather than being thrown away as stuck).
+gets the normal priority, rather than being thrown away as stuck). An URGENT warm-up is the
+exception: it warms up at the TaskManager's priority, because the running tasks of the machine
+need it as the place to fail over to (niced, it got no CPU beside a busy task for as long as the
+task ran: docs/benchmarks.md, "Failover on a just-started cluster").
 
 Which task a driver can serve: with the local engine a warm driver runs `local[N]` and serves a
 task of any parallelism p <= N (`serves_smaller`; the task still reads with p partitions, and
@@ -32,6 +43,7 @@ a Spark standalone cluster asks for exactly p cores when it starts, so there onl
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import tempfile
@@ -45,6 +57,13 @@ from services.taskmanager.driver_process import DriverProcess
 log = logging.getLogger("headrace.taskmanager.warm")
 
 RETRY_S = 0.25
+# A warm-up's rank in the machine-wide line for tokens (WarmPool.rank): lower goes first.
+URGENT = 0  # the TaskManager has no ready driver and runs no task of its pool: the next task or failover lands here
+REPLACING = 1  # no ready driver, but it runs the task it handed its driver to
+SPARE = 2  # it has a ready driver and wants another
+RANK_NAMES = {URGENT: "urgent", REPLACING: "replacing", SPARE: "spare"}
+CLAIM_PREFIX = "waiting-rank-"
+_claims = itertools.count(1)
 
 
 class WarmupToken:
@@ -78,11 +97,14 @@ class WarmupTokens:
             return cls.unlimited()
         return cls(Path(tempfile.gettempdir()) / f"headrace-warmup-{os.getuid()}", count)
 
-    def try_acquire(self) -> WarmupToken | None:
+    def try_acquire(self, rank: int = URGENT) -> WarmupToken | None:
+        """A free token, unless a warm-up of a lower (more urgent) `rank` is waiting for one."""
         if self.count is None:
             return WarmupToken(os.open(os.devnull, os.O_RDONLY))
         try:
             self.directory.mkdir(mode=0o700, exist_ok=True)
+            if rank > URGENT and self.outranked(rank):
+                return None
             for i in range(self.count):
                 fd = os.open(self.directory / f"token-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
                 try:
@@ -94,6 +116,65 @@ class WarmupTokens:
             # An unusable token directory must not stop every warm-up: warm up unstaggered.
             log.warning("warm-up tokens in %s are unusable; not staggering", self.directory, exc_info=True)
             return WarmupToken(os.open(os.devnull, os.O_RDONLY))
+        return None
+
+    def wait_in_line(self, rank: int) -> "WaitingClaim | None":
+        """Say that a warm-up of `rank` waits for a token: until the claim is dropped (or its
+        process dies, which drops its flock) no warm-up of a higher rank takes one."""
+        directory = self.directory
+        if self.count is None or directory is None:
+            return None
+        try:
+            directory.mkdir(mode=0o700, exist_ok=True)
+            path = directory / f"{CLAIM_PREFIX}{rank}-{os.getpid()}-{next(_claims)}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a new file nobody else has: granted at once
+        except OSError:
+            log.warning("cannot queue a warm-up in %s; it takes its turn unranked", self.directory, exc_info=True)
+            return None
+        return WaitingClaim(rank, path, fd)
+
+    def outranked(self, rank: int) -> bool:
+        """Whether a living process waits with a claim of a lower rank than `rank`."""
+        if self.directory is None:
+            return False
+        for path in self.directory.glob(f"{CLAIM_PREFIX}*.lock"):
+            claim_rank = _claim_rank(path.name)
+            if claim_rank is None or claim_rank >= rank:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # dropped meanwhile
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True  # its holder lives and waits
+            else:
+                path.unlink(missing_ok=True)  # left by a process that died waiting
+            finally:
+                os.close(fd)
+        return False
+
+
+class WaitingClaim:
+    """A warm-up waiting for a token, as a flock'ed file named by its rank (WarmupTokens.wait_in_line)."""
+
+    def __init__(self, rank: int, path: Path, fd: int):
+        self.rank, self.path = rank, path
+        self._fd: int | None = fd
+
+    def drop(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+
+
+def _claim_rank(name: str) -> int | None:
+    try:
+        return int(name[len(CLAIM_PREFIX):].split("-", 1)[0])
+    except ValueError:
         return None
 
 
@@ -110,6 +191,8 @@ class WarmPool:
         self._want = 0
         self._retrying = False
         self._task_starts: list[DriverProcess] = []  # handed to a task before they were ready
+        self._handed: list[DriverProcess] = []  # handed to a task, until they exit
+        self._claim: WaitingClaim | None = None  # while a wanted warm-up waits for a token
         # Drivers that die before ready (broken Java or Spark install, no memory) are replaced
         # after a growing pause, not in a tight loop.
         self._failures = 0
@@ -129,6 +212,7 @@ class WarmPool:
                 self._drivers.remove(d)
                 if self.healthy(d):
                     d.raise_priority()
+                    self._handed.append(d)
                     return d
                 log.warning("discarding unhealthy warm driver %s", d.id)
                 d.kill()
@@ -136,6 +220,7 @@ class WarmPool:
                 if not d.ready.is_set() and d.alive():
                     self._drivers.remove(d)
                     self._task_starts.append(d)
+                    self._handed.append(d)
                     d.raise_priority()
                     return d
             if self._closed:
@@ -143,6 +228,7 @@ class WarmPool:
             # For a task that waits for it: no warm-up query, the task's own first batch is one.
             d = self.factory(parallelism, for_task=True)
             self._task_starts.append(d)
+            self._handed.append(d)
             token = self.tokens.try_acquire()
             if token is not None:
                 self._hold_until_ready(d, token)
@@ -170,24 +256,39 @@ class WarmPool:
             self._want = want
             self._top_up()
 
+    def rank(self) -> int:
+        """This pool's place in the machine's line for warm-up tokens: URGENT while it has no
+        driver ready or warming and runs no task it handed one to (the next task or failover
+        lands on such a TaskManager, and would wait for a cold JVM), REPLACING while it has none
+        but runs such a task, SPARE once it has one."""
+        with self._lock:
+            if self._drivers:
+                return SPARE
+            self._handed = [d for d in self._handed if not d.exited and d.alive()]
+            return REPLACING if self._handed else URGENT
+
     def _top_up(self) -> None:
         with self._lock:
             if self._closed:
+                self._leave_line()
                 return  # shutting down: a task driver's exit must not start a new JVM
             self._drop_broken()
             surplus = len(self._drivers) - self._want
             for d in self._drivers[:max(0, surplus)]:
                 self._drivers.remove(d)
                 d.kill()
-            if time.monotonic() < self._not_before:
-                return
             self._task_starts = [d for d in self._task_starts if not d.ready.is_set() and not d.exited and d.alive()]
-            if self._task_starts and len(self._drivers) < self._want:
-                self._retry_later()
+            if time.monotonic() < self._not_before or (self._task_starts and len(self._drivers) < self._want):
+                self._leave_line()  # not asking for a token now: no warm-up should wait for this one
+                if self._task_starts:
+                    self._retry_later()
                 return
+            self._promote_if_urgent()
             while len(self._drivers) < self._want:
-                token = self.tokens.try_acquire()
+                rank = self.rank()
+                token = self.tokens.try_acquire(rank)
                 if token is None:
+                    self._wait_in_line(rank)
                     self._retry_later()
                     return
                 try:
@@ -195,9 +296,36 @@ class WarmPool:
                 except BaseException:
                     token.release()
                     raise
+                if rank == URGENT:
+                    # Every running task of the machine may fail over here: this warm-up is theirs.
+                    d.raise_priority()
                 self._drivers.append(d)
                 self._hold_until_ready(d, token)
-                log.info("starting warm driver %s (local[%d])", d.id, self.parallelism)
+                log.info("starting warm driver %s (local[%d], %s)", d.id, self.parallelism, RANK_NAMES[rank])
+            self._leave_line()
+
+    def _promote_if_urgent(self) -> None:
+        """A warm-up started at the lowest priority beside this pool's task, whose task has
+        ended since: with no ready driver here, it is the one a failover would wait for."""
+        self._handed = [d for d in self._handed if not d.exited and d.alive()]
+        if self._handed or any(d.ready.is_set() for d in self._drivers):
+            return
+        for d in self._drivers:
+            if getattr(d, "niced", False):
+                log.info("warm driver %s is now this TaskManager's only prospect; warming it at full priority", d.id)
+                d.raise_priority()
+                return
+
+    def _wait_in_line(self, rank: int) -> None:
+        if self._claim is not None and self._claim.rank == rank:
+            return
+        self._leave_line()
+        self._claim = self.tokens.wait_in_line(rank)
+
+    def _leave_line(self) -> None:
+        if self._claim is not None:
+            self._claim.drop()
+            self._claim = None
 
     def _retry_later(self) -> None:
         if self._retrying:
@@ -260,12 +388,14 @@ class WarmPool:
     def status(self) -> dict:
         with self._lock:
             ready = sum(1 for d in self._drivers if d.ready.is_set())
-            return {"ready": ready, "starting": len(self._drivers) - ready,
-                    "waiting": max(0, self._want - len(self._drivers)), "parallelism": self.parallelism}
+            waiting = max(0, self._want - len(self._drivers))
+            return {"ready": ready, "starting": len(self._drivers) - ready, "waiting": waiting,
+                    "parallelism": self.parallelism, "rank": RANK_NAMES[self.rank()] if waiting else None}
 
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
+            self._leave_line()
             for d in self._drivers:
                 d.kill()
             self._drivers.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from services.taskmanager.warm_pool import WarmPool, WarmupTokens
+from services.taskmanager.warm_pool import REPLACING, RETRY_S, URGENT, WarmPool, WarmupTokens
 
 
 class _Driver:
@@ -188,3 +188,70 @@ def test_a_starved_low_priority_warm_up_gets_its_priority_back_instead_of_being_
     d.niced = False
     pool.replenish(free_slots=1)
     assert d.killed
+
+
+def test_a_taskmanager_without_any_driver_gets_the_next_token_before_one_replacing_its_tasks_driver(tmp_path):
+    # One token, held by a third pool's warm-up. Waiting: `replacing` (it handed its only driver
+    # to a task) asked first, `urgent` (no driver at all, no task: a failover would land there)
+    # asked second. The freed token goes to `urgent`, then the next one to `replacing`.
+    tokens = WarmupTokens(tmp_path, 1)
+    holder, replacing_started, urgent_started = [], [], []
+    holder_pool = _pool(holder, tokens, size=1)
+    replacing = _pool(replacing_started, tokens, size=1)
+    urgent = _pool(urgent_started, tokens, size=1)
+    holder_pool.replenish(free_slots=1)
+    task_driver = replacing.take(1)  # no token free: the task's own driver starts at once anyway
+    task_driver.ready.set()
+    replacing.replenish(free_slots=1)
+    urgent.replenish(free_slots=1)
+    assert replacing.rank() == REPLACING and urgent.rank() == URGENT
+    assert replacing.status()["rank"] == "replacing" and urgent.status()["rank"] == "urgent"
+    assert len(replacing_started) == 1 and urgent_started == []
+    holder[0].ready.set()  # its warm-up ends: the token is free
+    assert _wait_for(lambda: len(urgent_started) == 1), "the urgent warm-up never got the token"
+    time.sleep(3 * RETRY_S)
+    assert len(replacing_started) == 1, "a replacement took the token from a TaskManager with no driver"
+    urgent_started[0].ready.set()
+    assert _wait_for(lambda: len(replacing_started) == 2), "the replacement never got its turn"
+    assert list(tmp_path.glob("waiting-rank-*")) == [], "a claim outlived its warm-up's start"
+    for p in (holder_pool, replacing, urgent):
+        p.shutdown()
+
+
+def test_an_urgent_warm_up_runs_at_full_priority_and_a_replacement_beside_a_task_does_not():
+    started = []
+    pool = _pool(started, size=1)
+    pool.replenish(free_slots=2)
+    assert getattr(started[0], "raised", False), "a TaskManager's only prospect warmed up niced"
+    started[0].ready.set()
+    task = pool.take(1)
+    pool.replenish(free_slots=1)
+    replacement = started[1]
+    assert not getattr(replacement, "raised", False), "a replacement beside its task warmed up at full priority"
+    replacement.niced = True
+    task.killed = True  # the task ended: the replacement is now all this TaskManager has coming
+    pool.replenish(free_slots=2)
+    assert getattr(replacement, "raised", False)
+    pool.shutdown()
+
+
+def test_a_claim_left_by_a_dead_process_holds_nobody_back(tmp_path):
+    import subprocess
+    import sys
+    code = ("import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
+            "fcntl.flock(fd,fcntl.LOCK_EX); print('held',flush=True); time.sleep(60)")
+    claim = tmp_path / "waiting-rank-0-99999-1.lock"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(claim)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        tokens = WarmupTokens(tmp_path, 1)
+        assert tokens.outranked(REPLACING) and not tokens.outranked(URGENT)
+        assert tokens.try_acquire(REPLACING) is None
+        holder.kill()
+        holder.wait(5)
+        token = tokens.try_acquire(REPLACING)
+        assert token is not None and not claim.exists()
+        token.release()
+    finally:
+        holder.kill()
+        holder.wait(5)

@@ -1,0 +1,68 @@
+"""`headrace up` says when every TaskManager has a warm Spark driver ready (after "Headrace is
+up", which comes as soon as they are registered): from then on a submission, and a failover to
+the other TaskManager, starts in about a second. The TaskManagers' first warm-ups are urgent
+(services/taskmanager/warm_pool.py: no driver, no task), and their logs say so."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from shared import streams
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+WARM_LINE = "Warm drivers ready on every TaskManager"
+
+
+def test_headrace_up_says_when_every_taskmanager_has_a_ready_warm_driver(tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
+    # A TMPDIR of its own: the machine's warm-up tokens live under it, and other clusters of the
+    # suite may hold the shared ones for a while.
+    (tmp_path / "tmp").mkdir()
+    env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port()), "TMPDIR": str(tmp_path / "tmp")}
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(WARM_LINE in line for line in seen):
+            assert time.monotonic() < deadline, f"no warm-drivers line within 300 s: {seen}"
+            assert proc.poll() is None or not lines.empty(), f"headrace up exited: {seen}"
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+            assert "No warm driver ready" not in seen[-1], seen
+        order = [next(i for i, line in enumerate(seen) if text in line)
+                 for text in ("Headrace is up", "Warming up a Spark driver on each TaskManager", WARM_LINE)]
+        assert order == sorted(order), seen
+        config = next(home.glob("runs/*/config.yaml"))
+        with redis.Redis.from_url(yaml.safe_load(config.read_text())["redis_url"]) as client:
+            for tm in ("tm-1", "tm-2"):
+                assert json.loads(client.get(streams.tm_warm_key(tm)))["ready"] >= 1, tm
+        logs = "".join(p.read_text() for p in home.glob("runs/*/logs/taskmanager-*.log"))
+        assert logs.count("(local[2], urgent)") == 2, "each TaskManager's first warm-up is urgent"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
