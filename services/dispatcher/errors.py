@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.dispatcher.schemas import RESTART_TYPES
+from services.dispatcher.schemas import RESTART_TYPES, ErrorBody
 from shared.errors import ConfigError, CoordinationError, HeadraceError, NotFoundError, RequestError
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,15 @@ def error_response(status: int, problems: list[Problem], headers: dict[str, str]
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def error_responses(*statuses: int, described: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route that answers these statuses in the shared shape (for /docs),
+    with a description where the status alone does not say what happened."""
+    out: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in statuses}
+    for status, description in (described or {}).items():
+        out[status] = {"model": ErrorBody, "description": description}
+    return out
+
+
 # --- pydantic / FastAPI validation errors -> Problems ---------------------------------------
 
 _LOC_SOURCES = {"body", "query", "path", "header", "cookie"}
@@ -246,16 +255,20 @@ def problems_from_validation(errors: list[dict[str, Any]]) -> list[Problem]:
 # --- handlers --------------------------------------------------------------------------------
 
 
-async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette types every handler for Exception; install() registers each for its own kind.
+    assert isinstance(exc, ApiError)
     return error_response(exc.status, exc.problems, request=request)
 
 
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
     # 400, as Flink answers a malformed request; the body names every offending field.
     return error_response(400, problems_from_validation(list(exc.errors())), request=request)
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 404 and exc.detail in (None, "Not Found"):
         message = f"Not found: {request.url.path} (no such resource; the API is described at /docs)"
     elif exc.status_code == 405:

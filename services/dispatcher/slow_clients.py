@@ -128,7 +128,9 @@ def protocol_class(header_timeout_s: float) -> Any:
     class HeaderDeadlineProtocol(HttpToolsProtocol):
         headrace_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        # uvicorn's signature, which narrows asyncio's BaseTransport to Transport: mypy checks the
+        # override against asyncio's protocol too.
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.headrace_arm()
 

@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 
 from services.dispatcher import checkpoint_views, operations
 from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsDep, TransportDep
-from services.dispatcher.errors import ApiError
-from services.dispatcher.schemas import ErrorBody, int_at_least
+from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.schemas import IntRange
 from services.dispatcher.schemas.snapshots import (
     AsynchronousOperationResult,
     CheckpointConfigInfo,
@@ -27,7 +27,7 @@ from shared.messages import RequestCheckpoint
 from shared.states import CheckpointStatus
 
 router = APIRouter(prefix="/jobs", tags=["checkpoints"])
-_404 = {404: {"model": ErrorBody}}
+_404 = error_responses(404)
 _COMPLETED = (CheckpointStatus.COMPLETED, CheckpointStatus.DISCARDED)
 SUMMARY_WINDOW = 1000  # completed checkpoints the summary covers (Flink's histograms are windows too)
 
@@ -61,7 +61,7 @@ def checkpoint_statistics(jobid: str, session: SessionDep, now_ms: NowMsDep) -> 
 
 
 @router.post("/{jobid}/checkpoints", status_code=202, response_model=TriggerResponse,
-             responses={**_404, 400: {"model": ErrorBody}, 409: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+             responses=error_responses(400, 404, 409, 503),
              summary="Trigger a checkpoint now, outside the interval")
 def trigger_checkpoint(jobid: str, catalog: CatalogDep, transport: TransportDep,
                        body: Annotated[CheckpointTriggerRequest | None, Body()] = None) -> dict:
@@ -93,7 +93,7 @@ def checkpoint_config(jobid: str, session: SessionDep, settings: SettingsDep) ->
 @router.get("/{jobid}/checkpoints/details/{checkpointid}", responses=_404,
             summary="One checkpoint's statistics, with its task and source offsets")
 def checkpoint_details(
-    jobid: str, checkpointid: Annotated[int_at_least(0, 2**63 - 1), Path()], session: SessionDep, now_ms: NowMsDep
+    jobid: str, checkpointid: Annotated[int, IntRange(0, 2**63 - 1), Path()], session: SessionDep, now_ms: NowMsDep
 ) -> dict:
     job = operations.get_job(session, jobid)
     try:

@@ -107,7 +107,7 @@ def _rejected(exc: artifacts.ArtifactRejected) -> ApiError:
     extra: dict = {"line": exc.line} if exc.line is not None else {}
     if exc.member:
         extra["member"] = exc.member
-    if exc.status == 413:
+    if exc.status == 413 and exc.setting is not None:
         extra.update(setting=exc.setting, limit=exc.limit)
         return ApiError.of(413, str(exc), field="jarfile", expected=f"an artifact within {exc.setting}",
                            hint=f"shrink the artifact, or raise {exc.setting} (HEADRACE_{exc.setting.upper()}) "

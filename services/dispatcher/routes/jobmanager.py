@@ -15,8 +15,8 @@ from fastapi.responses import Response
 
 from services.dispatcher import log_fetch
 from services.dispatcher.deps import SettingsDep, TransportDep
-from services.dispatcher.errors import ApiError
-from services.dispatcher.schemas import ConfigEntry, ErrorBody, JobManagerLeaderInfo, LogListInfo
+from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.schemas import ConfigEntry, JobManagerLeaderInfo, LogListInfo
 from shared import streams
 
 router = APIRouter(prefix="/jobmanager", tags=["jobmanager"])
@@ -26,8 +26,7 @@ MASK = "******"
 SECRET_NAME = re.compile(r"(password|passwd|secret|token|credential|api_?key|private)", re.I)
 ZOOKEEPER_TIMEOUT_S = 2.0
 CONTENDERS_TTL_S = 5.0
-_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 502: {"model": ErrorBody},
-           503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+_ERRORS = error_responses(400, 404, 502, 503, 504)
 
 
 def mask_url(value: str) -> str:

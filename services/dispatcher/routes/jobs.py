@@ -23,17 +23,16 @@ from services.dispatcher.deps import (
     SettingsDep,
     TransportDep,
 )
-from services.dispatcher.errors import ApiError
+from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import (
     Empty,
-    ErrorBody,
     JobConfigInfo,
     JobDetailsInfo,
     JobExceptionsInfoWithHistory,
     JobIdsWithStatusOverview,
     JobVertexDetailsInfo,
     MultipleJobsDetails,
-    int_at_least,
+    PositiveInt,
 )
 from shared.catalog import repository
 from shared.catalog.models import Execution, Job, Vertex
@@ -43,7 +42,7 @@ from shared.streams import JM_STREAM
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-_404 = {404: {"model": ErrorBody}}
+_404 = error_responses(404)
 
 
 _job = operations.get_job
@@ -117,7 +116,9 @@ async def jobs_overview(catalog: CatalogDep, cache: OverviewCacheDep, clock: Clo
 
     # A fresh answer (or the earlier one while another request rebuilds it) is sent from the event
     # loop; otherwise a worker thread runs the rebuild, or waits for it, as its queries block.
-    entry = cache.peek() or await run_in_threadpool(cache.get, build)
+    entry = cache.peek()
+    if entry is None:
+        entry = await run_in_threadpool(cache.get, build)
     # Age (RFC 9111): how old the answer is; it lags the catalog by at most overview_cache_ms.
     return Response(entry.body, media_type="application/json", headers={"Age": str(int(cache.age_s(entry)))})
 
@@ -158,7 +159,7 @@ def vertex_details(jobid: str, vertexid: str, session: SessionDep, settings: Set
             summary="The job's exception history, newest first")
 def job_exceptions(
     jobid: str, session: SessionDep, settings: SettingsDep,
-    maxExceptions: Annotated[int_at_least(1) | None, Query(description="at most this many entries")] = None,
+    maxExceptions: Annotated[PositiveInt | None, Query(description="at most this many entries")] = None,
 ) -> dict:
     job = _job(session, jobid)
     limit = min(maxExceptions or settings.exception_history_size, settings.exception_history_size)
@@ -166,7 +167,7 @@ def job_exceptions(
 
 
 @router.patch("/{jobid}", status_code=202, response_model=Empty,
-              responses={**_404, 400: {"model": ErrorBody}, 409: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+              responses=error_responses(400, 404, 409, 503),
               summary="Cancel a job (mode=cancel)")
 def cancel_job(
     jobid: str, catalog: CatalogDep, transport: TransportDep,

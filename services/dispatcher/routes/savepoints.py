@@ -16,7 +16,8 @@ from sqlalchemy import select
 
 from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
-from services.dispatcher.schemas import MAX_PARALLELISM, ErrorBody, int_at_least
+from services.dispatcher.errors import error_responses
+from services.dispatcher.schemas import ErrorBody, Parallelism
 from services.dispatcher.schemas.snapshots import (
     AsynchronousOperationResult,
     SavepointDisposalRequest,
@@ -35,8 +36,7 @@ from shared.states import CheckpointStatus, OperationStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["savepoints"])
-_ERRORS = {400: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody},
-           503: {"model": ErrorBody}}
+_ERRORS = error_responses(400, 404, 409, 503)
 SAVEPOINT_KINDS = ("savepoint", "stop")
 
 
@@ -104,7 +104,7 @@ def stop_with_savepoint(jobid: str, settings: SettingsDep, catalog: CatalogDep, 
               summary="Rescale: stop with a savepoint and run again from it with another parallelism")
 def trigger_rescaling(
     jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
-    parallelism: Annotated[int_at_least(1, MAX_PARALLELISM), Query(description="the new parallelism")],
+    parallelism: Annotated[Parallelism, Query(description="the new parallelism")],
 ) -> dict:
     build = _savepoint(settings, None, "parallelism", after="rescale", parallelism=parallelism)
     request_id = operations.trigger(catalog, transport, jobid=jobid, kind="rescale", action="be rescaled",

@@ -8,10 +8,20 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from shared import durations, restart
 from shared.job_options import MAX_INT
@@ -55,9 +65,20 @@ def _as_int(value: Any, minimum: int, maximum: int | None = MAX_INT) -> int:
     return int(value)
 
 
-def int_at_least(minimum: int, maximum: int | None = MAX_INT) -> Any:
-    return Annotated[int, BeforeValidator(lambda v: _as_int(v, minimum, maximum)),
-                     WithJsonSchema(_bounds({"type": "integer"}, minimum, maximum))]
+@dataclass(frozen=True)
+class IntRange:
+    """Field metadata, `Annotated[int, IntRange(1)]`: an integer in [minimum, maximum] (also
+    "3" and 3.0), refused with a message that names the range."""
+
+    minimum: int
+    maximum: int | None = MAX_INT
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_before_validator_function(
+            lambda v: _as_int(v, self.minimum, self.maximum), handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return _bounds({"type": "integer"}, self.minimum, self.maximum)
 
 
 def _as_number(value: Any, minimum: float, maximum: float | None, expected: str) -> float:
@@ -72,10 +93,22 @@ def _as_number(value: Any, minimum: float, maximum: float | None, expected: str)
     return float(value)
 
 
-def number_between(minimum: float, maximum: float | None = None) -> Any:
-    expected = f"number >= {minimum}" if maximum is None else f"number between {minimum} and {maximum}"
-    return Annotated[float, BeforeValidator(lambda v: _as_number(v, minimum, maximum, expected)),
-                     WithJsonSchema(_bounds({"type": "number"}, minimum, maximum))]
+@dataclass(frozen=True)
+class NumberRange:
+    """Field metadata, `Annotated[float, NumberRange(0.0, 1.0)]`: a finite number in [minimum,
+    maximum] (also "0.5"), refused with a message that names the range."""
+
+    minimum: float
+    maximum: float | None = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        expected = (f"number >= {self.minimum}" if self.maximum is None
+                    else f"number between {self.minimum} and {self.maximum}")
+        return core_schema.no_info_before_validator_function(
+            lambda v: _as_number(v, self.minimum, self.maximum, expected), handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return _bounds({"type": "number"}, self.minimum, self.maximum)
 
 
 _DURATION_EXPECTED = f"{durations.EXPECTED}, at most 100 years"
@@ -95,8 +128,8 @@ Seconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema({
     "description": "seconds, or a duration string with a unit"})]
 
 
-PositiveInt = int_at_least(1)
-Parallelism = int_at_least(1, MAX_PARALLELISM)
+PositiveInt = Annotated[int, IntRange(1)]
+Parallelism = Annotated[int, IntRange(1, MAX_PARALLELISM)]
 
 
 def _job_id(value: Any) -> str:

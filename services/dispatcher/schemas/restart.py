@@ -8,15 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
 from pydantic_core import PydanticCustomError
 
-from services.dispatcher.schemas.fields import (
-    RESTART_TYPES,
-    Seconds,
-    _fail,
-    _repr,
-    _Strict,
-    int_at_least,
-    number_between,
-)
+from services.dispatcher.schemas.fields import RESTART_TYPES, IntRange, NumberRange, Seconds, _fail, _repr, _Strict
 from shared import restart
 
 
@@ -30,7 +22,7 @@ class FixedDelay(_Strict):
     """Restart up to `attempts` times, waiting `delay` between attempts."""
 
     type: Literal["fixed-delay"]
-    attempts: int_at_least(0) = 1
+    attempts: Annotated[int, IntRange(0)] = 1
     delay: Seconds = 1.0
 
 
@@ -38,7 +30,7 @@ class FailureRate(_Strict):
     """Restart unless more than `max-failures-per-interval` failures happen within `failure-rate-interval`."""
 
     type: Literal["failure-rate"]
-    max_failures_per_interval: int_at_least(1) = Field(1, alias="max-failures-per-interval")
+    max_failures_per_interval: Annotated[int, IntRange(1)] = Field(1, alias="max-failures-per-interval")
     failure_rate_interval: Seconds = Field(60.0, alias="failure-rate-interval")
     delay: Seconds = 1.0
 
@@ -49,10 +41,10 @@ class ExponentialDelay(_Strict):
     type: Literal["exponential-delay"]
     initial_backoff: Seconds = Field(1.0, alias="initial-backoff")
     max_backoff: Seconds = Field(60.0, alias="max-backoff")
-    backoff_multiplier: number_between(1.0) = Field(1.5, alias="backoff-multiplier")
+    backoff_multiplier: Annotated[float, NumberRange(1.0)] = Field(1.5, alias="backoff-multiplier")
     reset_backoff_threshold: Seconds = Field(3600.0, alias="reset-backoff-threshold")
-    jitter_factor: number_between(0.0, 1.0) = Field(0.1, alias="jitter-factor")
-    attempts_before_reset_backoff: int_at_least(1) | None = Field(
+    jitter_factor: Annotated[float, NumberRange(0.0, 1.0)] = Field(0.1, alias="jitter-factor")
+    attempts_before_reset_backoff: Annotated[int, IntRange(1)] | None = Field(
         None, alias="attempts-before-reset-backoff", description="default: unlimited")
 
     @model_validator(mode="after")
@@ -77,15 +69,16 @@ def _restart_type(value: Any) -> Any:
     return value
 
 
+RestartModel = Union[NoRestart, FixedDelay, FailureRate, ExponentialDelay]
 RestartStrategy = Annotated[
-    Union[NoRestart, FixedDelay, FailureRate, ExponentialDelay],
+    RestartModel,
     Field(discriminator="type"),
     BeforeValidator(_restart_type),
 ]
-_RESTART = TypeAdapter(RestartStrategy)
+_RESTART: TypeAdapter[RestartModel] = TypeAdapter(RestartStrategy)
 
 
-def stored_restart_strategy(strategy: NoRestart | FixedDelay | FailureRate | ExponentialDelay) -> dict[str, Any]:
+def stored_restart_strategy(strategy: RestartModel) -> dict[str, Any]:
     """A restart strategy as stored in the catalog and read by `shared.restart`: Flink's
     kebab-case names, defaults filled in, durations in seconds. `shared.restart.normalise` has the
     last word (raises InvalidRestartStrategy), so the dispatcher never stores what the

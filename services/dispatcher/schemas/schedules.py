@@ -6,11 +6,11 @@ page reads."""
 from __future__ import annotations
 
 import shlex
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.dispatcher.schemas.fields import JobName, Kind, Parallelism, _Strict, int_at_least
+from services.dispatcher.schemas.fields import IntRange, JobName, Kind, Parallelism, _Strict
 from services.dispatcher.schemas.jars import check_program_args
 from services.dispatcher.schemas.restart import RestartStrategy
 from services.dispatcher.strict_fields import EntryName, StrictBool
@@ -33,14 +33,14 @@ class ScheduleCreateRequest(_Strict):
     restartStrategy: RestartStrategy | None = Field(None, description="default: the cluster's restart strategy")
     cron: str | None = Field(None, max_length=255, description="5-field cron expression, UTC: minute hour "
                                                                "day-of-month month day-of-week, e.g. '*/5 * * * *'")
-    everySeconds: int_at_least(1, MAX_EVERY_S) | None = Field(
+    everySeconds: Annotated[int, IntRange(1, MAX_EVERY_S)] | None = Field(
         None, description="instead of cron: a tick every N seconds (at multiples of N since the Unix epoch)")
     overlap: Overlap | None = Field(
         "skip",
         description="when the previous run has not ended: skip the tick, queue it (at "
         "most one waits), or cancel_previous and run the new one",
     )
-    misfireGraceSeconds: int_at_least(0, sch.MAX_MISFIRE_GRACE_S) | None = Field(
+    misfireGraceSeconds: Annotated[int, IntRange(0, sch.MAX_MISFIRE_GRACE_S)] | None = Field(
         sch.DEFAULT_MISFIRE_GRACE_S, description="after a leader change or downtime, the newest missed tick still "
                                                  "runs if it is at most this old; older ones are skipped_misfire")
     enabled: StrictBool | None = Field(True, description="false: created paused (null: the default)")
