@@ -26,6 +26,7 @@ import hmac
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from shared import cluster_keys, streams
 from shared.errors import MessageError
@@ -285,6 +286,10 @@ class TaskManagerAuth(ClusterAuth):
         return super().check(stream, env, raw, signature)
 
 
+@overload
+def load_secret(settings, *, create: Literal[True]) -> bytes: ...
+@overload
+def load_secret(settings, *, create: bool) -> bytes | None: ...
 def load_secret(settings, *, create: bool) -> bytes | None:
     """The cluster secret from settings.cluster_secret, else from $HEADRACE_HOME/secrets/
     cluster-secret (created there when `create`, for the control plane; a TaskManager only reads

@@ -80,6 +80,7 @@ class Child:
     proc: subprocess.Popen
     log: Path
     env: dict = field(default_factory=dict, repr=False)
+    cmd: list[str] = field(default_factory=list)  # what respawn() runs again
 
 
 # Which Redis user each child connects as (its config file is <run>/<role>.yaml).
@@ -201,6 +202,13 @@ class LocalCluster:
         self.write_description()
         return self
 
+    @property
+    def run_path(self) -> Path:
+        """The run's directory (configs, logs, cluster.json): chosen by start()."""
+        if self.run_dir is None:
+            raise ClusterError("the cluster has not been started: it has no run directory yet")
+        return self.run_dir
+
     def _taskmanager_ids(self) -> list[str]:
         return [f"tm-{i + 1}" for i in range(self.taskmanagers)]
 
@@ -246,7 +254,7 @@ class LocalCluster:
 
     def _start_zookeeper(self, env: dict) -> str:
         port = free_port()
-        child = self._spawn("zookeeper", zookeeper_command(self.run_dir / "zookeeper", port, self.zookeeper_bind), env)
+        child = self._spawn("zookeeper", zookeeper_command(self.run_path / "zookeeper", port, self.zookeeper_bind), env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # its JVM takes a few seconds to listen
             if child.proc.poll() is not None:
@@ -260,7 +268,7 @@ class LocalCluster:
     def _start_spark(self, env: dict) -> spark_standalone.MasterAddress:
         host = "127.0.0.1"
         master = spark_standalone.MasterAddress(host, free_port(), free_port())
-        spark_dir = self.run_dir / "spark"
+        spark_dir = self.run_path / "spark"
         self._spawn("spark-master", spark_standalone.master_command(master),
                     spark_standalone.environment(env, host=host, log_dir=spark_dir / "master"))
         for i in range(self.spark_workers):
@@ -296,7 +304,7 @@ class LocalCluster:
     def write_description(self) -> None:
         text = json.dumps(self.describe(), indent=2)
         with self._describing:  # the supervisor's thread writes it too
-            redis_auth.write_private(self.run_dir / "cluster.json", text)
+            redis_auth.write_private(self.run_path / "cluster.json", text)
 
     def supervise(self, *, policy: RestartPolicy | None = None, notify=None) -> Supervisor:
         """From now on restart every child that exits, until stop()."""
@@ -333,18 +341,18 @@ class LocalCluster:
             with open(old.log, "ab") as f:
                 f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {name} (pid {old.proc.pid}) "
                         f"exited with code {old.proc.returncode}; starting it again ---\n".encode())
-            return self._spawn(name, list(old.proc.args), old.env or self._env)
+            return self._spawn(name, old.cmd, old.env or self._env)
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> Child:
         role = config_name(name)
         if role is not None and env.get("HEADRACE_CONFIG"):
-            env = env | {"HEADRACE_CONFIG": str(self.run_dir / f"{role}.yaml")}
-        log = self.run_dir / "logs" / f"{name}.log"
+            env = env | {"HEADRACE_CONFIG": str(self.run_path / f"{role}.yaml")}
+        log = self.run_path / "logs" / f"{name}.log"
         env = env | {"HEADRACE_LOG_FILE": str(log)}  # what its metrics port serves at /logs
         with open(log, "ab") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
-        child = Child(name, proc, log, env)
+        child = Child(name, proc, log, env, cmd=list(cmd))
         with self._lock:
             self.children.append(child)
         return child

@@ -148,7 +148,7 @@ class Supervisor:
                     continue
                 if rec.restart_at is None:
                     exited = self._note_exit(rec, code, now)
-                due = now >= rec.restart_at
+                due = rec.restart_at is not None and now >= rec.restart_at  # _note_exit has set it
             if exited is not None:
                 self._say(f"{name} (pid {pid}) {exited}; see {log_path}", warning=True)
                 self.cluster.supervision_changed()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def spark_class() -> str:
     return str(path)
 
 
-def environment(base: dict, *, host: str, log_dir: Path, work_dir: Path | None = None) -> dict:
+def environment(base: Mapping[str, str], *, host: str, log_dir: Path, work_dir: Path | None = None) -> dict[str, str]:
     """What a master or worker process needs: Spark's home, its own log and scratch folders, and
     the Python every executor's Python workers run (the same as the drivers', or pickled
     functions would not load)."""
