@@ -126,7 +126,8 @@ class WarmupTokens:
             return None
         try:
             directory.mkdir(mode=0o700, exist_ok=True)
-            path = directory / f"{CLAIM_PREFIX}{rank}-{os.getpid()}-{next(_claims)}.lock"
+            # Unique even when a pid comes back while a dead process's claim is still there.
+            path = directory / f"{CLAIM_PREFIX}{rank}-{os.getpid()}-{next(_claims)}-{os.urandom(4).hex()}.lock"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)  # a new file nobody else has: granted at once
         except OSError:
@@ -135,13 +136,13 @@ class WarmupTokens:
         return WaitingClaim(rank, path, fd)
 
     def outranked(self, rank: int) -> bool:
-        """Whether a living process waits with a claim of a lower rank than `rank`."""
+        """Whether a living process waits with a claim of a lower rank than `rank`. Claims left
+        by processes that died waiting (of any rank) are removed on the way."""
         if self.directory is None:
             return False
+        found = False
         for path in self.directory.glob(f"{CLAIM_PREFIX}*.lock"):
             claim_rank = _claim_rank(path.name)
-            if claim_rank is None or claim_rank >= rank:
-                continue
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -149,12 +150,12 @@ class WarmupTokens:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return True  # its holder lives and waits
+                found = found or (claim_rank is not None and claim_rank < rank)  # its holder lives and waits
             else:
-                path.unlink(missing_ok=True)  # left by a process that died waiting
+                path.unlink(missing_ok=True)
             finally:
                 os.close(fd)
-        return False
+        return found
 
 
 class WaitingClaim:
