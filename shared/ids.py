@@ -54,6 +54,16 @@ def slot_request_id(execution_id: ExecutionId) -> RequestId:
     return RequestId(execution_id)
 
 
+def slot_request_execution(request_id: RequestId) -> ExecutionId:
+    """The attempt a slot request is for (see slot_request_id)."""
+    return ExecutionId(request_id)
+
+
+# Where an attempt not placed yet is said to run: a command addressed to it reaches no
+# TaskManager, and a TaskManager ignores it.
+NO_TASKMANAGER = TaskManagerId("")
+
+
 def new_artifact_id(filename: str) -> ArtifactId:
     # Flink's jar ids are "<uuid>_<filename>"; keep that shape so scripts written for Flink's
     # REST API recognise it.

@@ -25,6 +25,7 @@ from shared import gc_tuning, leader_epoch, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
+from shared.errors import ConfigError
 from shared.logs import configure_logging
 from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
@@ -184,6 +185,8 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
     """Contend for leadership; lead while elected; back to standby when revoked."""
     contender = contender_id()
     leader_connection = LeaderConnection(client)
+    if settings.zookeeper_quorum is None:  # Settings refuses high_availability 'zookeeper' without one
+        raise ConfigError("high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM)")
     election = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root, contender_id=contender,
                               session_timeout_s=settings.zookeeper_session_timeout_s)
     while not stopping.is_set():

@@ -13,6 +13,7 @@ from services.jobmanager.outbox import CANCEL
 from services.jobmanager.restarts import Restarts
 from services.jobmanager.transitions import Fx
 from shared.catalog import repository as repo
+from shared.ids import NO_TASKMANAGER, ExecutionId
 from shared.messages import CancelTask, CommandRejected, ReleaseSlots
 from shared.states import ExecutionState as ES
 
@@ -23,12 +24,12 @@ class AckTimers:
     def __init__(self, ctx: Context, restarts: Restarts):
         self.ctx, self.restarts = ctx, restarts
 
-    def arm(self, execution_id: str, state: ES, *, resent: bool = False) -> None:
+    def arm(self, execution_id: ExecutionId, state: ES, *, resent: bool = False) -> None:
         settings = self.ctx.settings
         timeout = settings.deploy_ack_timeout_s if state == ES.DEPLOYING else settings.cancel_ack_timeout_s
         self.ctx.timers.call_later(timeout, lambda: self._timed_out(execution_id, state, timeout, resent))
 
-    def _timed_out(self, execution_id: str, state: ES, timeout: float, resent: bool) -> None:
+    def _timed_out(self, execution_id: ExecutionId, state: ES, timeout: float, resent: bool) -> None:
         with self.ctx.uow.tx() as s:
             try:
                 ex = repo.get_execution(s, execution_id, lock=True)
@@ -43,14 +44,15 @@ class AckTimers:
                                expected_tm=None)
         elif Fx.RESEND_CANCEL in decision:
             log.warning("cancel of %s not confirmed by %s within %g s; sending it again", execution_id, tm, timeout)
-            self.ctx.uow.command(CANCEL, self.ctx.uow.queue_of(tm or ""),
-                                 CancelTask(taskmanager_id=tm or "", execution_id=execution_id, job_id=job_id))
+            target = tm or NO_TASKMANAGER
+            self.ctx.uow.command(CANCEL, self.ctx.uow.queue_of(target),
+                                 CancelTask(taskmanager_id=target, execution_id=execution_id, job_id=job_id))
             self.arm(execution_id, ES.CANCELING, resent=True)
         elif Fx.GIVE_UP_CANCEL in decision:
             self.give_up_cancel(execution_id, f"TaskManager {tm} did not confirm the cancellation within "
                                               f"{2 * timeout:g} s (cancel_ack_timeout_s, sent twice)")
 
-    def give_up_cancel(self, execution_id: str, why: str) -> None:
+    def give_up_cancel(self, execution_id: ExecutionId, why: str) -> None:
         """CANCELING -> CANCELED without the TaskManager's word: its slots go back, and its sinks
         refuse whatever the task may still write (fenced by the next attempt's token)."""
         ctx = self.ctx

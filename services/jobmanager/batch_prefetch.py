@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
+from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.messages import (
     CancelJob,
     CheckpointAcknowledged,
@@ -25,23 +26,24 @@ from shared.messages import (
     TaskManagerRegistered,
     TaskProgress,
     TaskStateChanged,
+    TaskWaiting,
 )
 
 # The messages about one attempt, and those about one job (every message about an attempt is).
 ABOUT_EXECUTION = (SlotsAllocated, SlotRequestPending, SlotRequestFailed, TaskStateChanged, TaskProgress,
-                   CommandRejected, CheckpointAcknowledged, CheckpointDeclined)
+                   TaskWaiting, CommandRejected, CheckpointAcknowledged, CheckpointDeclined)
 ABOUT_JOB = (*ABOUT_EXECUTION, SubmitJob, CancelJob, RequestCheckpoint, RequestSavepoint)
 
 
-def execution_of(body: object) -> str | None:
+def execution_of(body: object) -> ExecutionId | None:
     return body.execution_id if isinstance(body, ABOUT_EXECUTION) else None
 
 
-def job_of(body: object) -> str | None:
+def job_of(body: object) -> JobId | None:
     return body.job_id if isinstance(body, ABOUT_JOB) else None
 
 
-def prefetch(s: Session, envelopes: Sequence[Envelope]) -> tuple[dict[str, list[Execution]], list[str]]:
+def prefetch(s: Session, envelopes: Sequence[Envelope]) -> tuple[dict[TaskManagerId, list[Execution]], list[JobId]]:
     """Load and lock, in four statements, every row the batch's handlers will touch, so they run
     without a round trip each (executions before jobs: the handlers' lock order). Returns the
     live executions the catalog places on each TaskManager that registers in this batch (one
@@ -50,10 +52,10 @@ def prefetch(s: Session, envelopes: Sequence[Envelope]) -> tuple[dict[str, list[
     bodies = [e.body for e in envelopes]
     deploying = list(dict.fromkeys(b.job_id for b in bodies if isinstance(b, SlotsAllocated)))
     registering = [b.taskmanager_id for b in bodies if isinstance(b, TaskManagerRegistered)]
-    live_on: dict[str, list[Execution]] = {tm: [] for tm in registering}
+    live_on: dict[TaskManagerId, list[Execution]] = {tm: [] for tm in registering}
     if registering:
         for ex in repo.live_executions_on_any(s, registering):
-            live_on[ex.taskmanager_id].append(ex)
+            live_on[ex.placed_on()].append(ex)
     executions = repo.lock_rows(s, Execution, {x for b in bodies if (x := execution_of(b))})
     job_ids = {j for b in bodies if (j := job_of(b))} | {e.job_id for e in executions}
     jobs = repo.lock_rows(s, Job, job_ids)

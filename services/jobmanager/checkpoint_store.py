@@ -15,6 +15,7 @@ The data of a checkpoint is never here: it lives in checkpoint storage (`shared.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from sqlalchemy import func, select
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from shared.catalog import repository as repo
 from shared.catalog.models import CheckpointRow
+from shared.ids import JobId
 from shared.states import CheckpointStatus
 
 log = logging.getLogger("headrace.jobmanager.checkpoints")
@@ -33,18 +35,18 @@ class CheckpointStore(Protocol):
     them), so a rolled-back unit leaves no pointer behind; they get no session then and must be
     idempotent."""
 
-    def next_id(self, s: Session, job_id: str) -> int: ...
+    def next_id(self, s: Session, job_id: JobId) -> int: ...
 
-    def add(self, s: Session | None, job_id: str, checkpoint_id: int, pointer: dict) -> None: ...
+    def add(self, s: Session | None, job_id: JobId, checkpoint_id: int, pointer: dict) -> None: ...
 
-    def latest(self, s: Session, job_id: str) -> dict | None: ...
+    def latest(self, s: Session, job_id: JobId) -> dict | None: ...
 
-    def remove(self, s: Session | None, job_id: str, checkpoint_id: int) -> None: ...
+    def remove(self, s: Session | None, job_id: JobId, checkpoint_id: int) -> None: ...
 
-    def remove_job(self, s: Session | None, job_id: str) -> None: ...
+    def remove_job(self, s: Session | None, job_id: JobId) -> None: ...
 
 
-def _catalog_latest(s: Session, job_id: str) -> dict | None:
+def _catalog_latest(s: Session, job_id: JobId) -> dict | None:
     rows = repo.list_checkpoints(s, job_id, statuses=[CheckpointStatus.COMPLETED], limit=1)
     if not rows:
         return None
@@ -52,10 +54,10 @@ def _catalog_latest(s: Session, job_id: str) -> dict | None:
     return {"id": r.checkpoint_id, "path": r.path, "kind": r.kind, "batch_id": r.batch_id}
 
 
-def catalog_pointers(s: Session, job_ids: list[str]) -> dict[str, list[dict]]:
+def catalog_pointers(s: Session, job_ids: list[JobId]) -> dict[JobId, list[dict]]:
     """The completed checkpoints of those jobs that have any, by the catalog, oldest first: what
     their pointers must be."""
-    out: dict[str, list[dict]] = {}
+    out: dict[JobId, list[dict]] = {}
     for i in range(0, len(job_ids), 1000):
         rows = s.execute(select(CheckpointRow).where(CheckpointRow.job_id.in_(job_ids[i:i + 1000]),
                                                      CheckpointRow.status == CheckpointStatus.COMPLETED.value)
@@ -69,13 +71,13 @@ def catalog_pointers(s: Session, job_ids: list[str]) -> dict[str, list[dict]]:
     return out
 
 
-def _catalog_max_id(s: Session, job_id: str) -> int:
+def _catalog_max_id(s: Session, job_id: JobId) -> int:
     return s.execute(select(func.max(CheckpointRow.checkpoint_id)).where(CheckpointRow.job_id == job_id)
                      ).scalar() or 0
 
 
-def _catalog_latest_many(s: Session, job_ids: list[str]) -> dict[str, dict | None]:
-    out: dict[str, dict | None] = dict.fromkeys(job_ids)
+def _catalog_latest_many(s: Session, job_ids: list[JobId]) -> dict[JobId, dict | None]:
+    out: dict[JobId, dict | None] = dict.fromkeys(job_ids)
     for i in range(0, len(job_ids), 1000):
         rows = s.execute(select(CheckpointRow.job_id, CheckpointRow.checkpoint_id, CheckpointRow.path,
                                 CheckpointRow.kind, CheckpointRow.batch_id)
@@ -98,37 +100,37 @@ class BatchLatest:
     def __init__(self, store: CheckpointStore,
                  after_commit: Callable[[Callable[[], None]], None] | None = None):
         self.inner = store
-        self._latest: dict[str, dict | None] = {}
+        self._latest: dict[JobId, dict | None] = {}
         self._after_commit = after_commit or (lambda action: action())
 
-    def prefetch(self, s: Session, job_ids: list[str]) -> None:
+    def prefetch(self, s: Session, job_ids: list[JobId]) -> None:
         latest_many = getattr(self.inner, "latest_many", None)
         self._latest = latest_many(s, job_ids) if latest_many is not None and job_ids else {}
 
     def clear(self) -> None:
         self._latest = {}
 
-    def next_id(self, s: Session, job_id: str) -> int:
+    def next_id(self, s: Session, job_id: JobId) -> int:
         return self.inner.next_id(s, job_id)
 
-    def add(self, s: Session | None, job_id: str, checkpoint_id: int, pointer: dict) -> None:
+    def add(self, s: Session | None, job_id: JobId, checkpoint_id: int, pointer: dict) -> None:
         self._latest.pop(job_id, None)
         self._after_commit(lambda: self.inner.add(None, job_id, checkpoint_id, pointer))
 
-    def latest(self, s: Session, job_id: str) -> dict | None:
+    def latest(self, s: Session, job_id: JobId) -> dict | None:
         if job_id in self._latest:
             return self._latest[job_id]
         return self.inner.latest(s, job_id)
 
-    def remove(self, s: Session | None, job_id: str, checkpoint_id: int) -> None:
+    def remove(self, s: Session | None, job_id: JobId, checkpoint_id: int) -> None:
         self._latest.pop(job_id, None)
         self._after_commit(lambda: self.inner.remove(None, job_id, checkpoint_id))
 
-    def remove_job(self, s: Session | None, job_id: str) -> None:
+    def remove_job(self, s: Session | None, job_id: JobId) -> None:
         self._latest.pop(job_id, None)
         self._after_commit(lambda: self.inner.remove_job(None, job_id))
 
-    def reconcile(self, s: Session, job_ids: list[str]) -> None:
+    def reconcile(self, s: Session, job_ids: list[JobId]) -> None:
         """A new leader's pointers follow the catalog: a completion its predecessor committed but
         could not point to, or a pointer whose unit of work rolled back, is set right."""
         reconcile = getattr(self.inner, "reconcile", None)
@@ -142,26 +144,26 @@ class BatchLatest:
 class CatalogCheckpointStore:
     """Standalone mode: everything in the catalog, in the caller's transaction."""
 
-    def next_id(self, s: Session, job_id: str) -> int:
+    def next_id(self, s: Session, job_id: JobId) -> int:
         value = repo.next_value(s, f"checkpoint:{job_id}")
         floor = _catalog_max_id(s, job_id)
         while value <= floor:  # counter row lost or behind (e.g. a restored catalog)
             value = repo.next_value(s, f"checkpoint:{job_id}")
         return value
 
-    def add(self, s: Session | None, job_id: str, checkpoint_id: int, pointer: dict) -> None:
+    def add(self, s: Session | None, job_id: JobId, checkpoint_id: int, pointer: dict) -> None:
         pass  # the COMPLETED row written by the same transaction is the pointer
 
-    def latest(self, s: Session, job_id: str) -> dict | None:
+    def latest(self, s: Session, job_id: JobId) -> dict | None:
         return _catalog_latest(s, job_id)
 
-    def latest_many(self, s: Session, job_ids: list[str]) -> dict[str, dict | None]:
+    def latest_many(self, s: Session, job_ids: list[JobId]) -> dict[JobId, dict | None]:
         return _catalog_latest_many(s, job_ids)
 
-    def remove(self, s: Session | None, job_id: str, checkpoint_id: int) -> None:
+    def remove(self, s: Session | None, job_id: JobId, checkpoint_id: int) -> None:
         pass
 
-    def remove_job(self, s: Session | None, job_id: str) -> None:
+    def remove_job(self, s: Session | None, job_id: JobId) -> None:
         pass
 
 
@@ -176,31 +178,31 @@ class ZooKeeperStore:
         self.zk = zk_store
         self._retry: list[Callable[[], None]] = []
 
-    def next_id(self, s: Session, job_id: str) -> int:
+    def next_id(self, s: Session, job_id: JobId) -> int:
         # Inside the transaction: an id taken by a unit that rolls back is skipped, never reused.
         return self.zk.next_id(job_id, floor=_catalog_max_id(s, job_id))
 
-    def latest(self, s: Session, job_id: str) -> dict | None:
+    def latest(self, s: Session, job_id: JobId) -> dict | None:
         return _catalog_latest(s, job_id)
 
-    def latest_many(self, s: Session, job_ids: list[str]) -> dict[str, dict | None]:
+    def latest_many(self, s: Session, job_ids: list[JobId]) -> dict[JobId, dict | None]:
         return _catalog_latest_many(s, job_ids)
 
-    def add(self, s: Session | None, job_id: str, checkpoint_id: int, pointer: dict) -> None:
+    def add(self, s: Session | None, job_id: JobId, checkpoint_id: int, pointer: dict) -> None:
         self._write(lambda: self.zk.add(job_id, checkpoint_id, pointer))
 
-    def remove(self, s: Session | None, job_id: str, checkpoint_id: int) -> None:
+    def remove(self, s: Session | None, job_id: JobId, checkpoint_id: int) -> None:
         self._write(lambda: self.zk.remove(job_id, checkpoint_id))
 
-    def remove_job(self, s: Session | None, job_id: str) -> None:
+    def remove_job(self, s: Session | None, job_id: JobId) -> None:
         self._write(lambda: self.zk.remove_job(job_id))
 
-    def reconcile(self, wanted: dict[str, list[dict]]) -> None:
+    def reconcile(self, wanted: dict[JobId, list[dict]]) -> None:
         """Make each job's pointers exactly the catalog's completed checkpoints."""
         for job_id, pointers in wanted.items():
-            self._write(lambda j=job_id, p=pointers: self._sync(j, p))
+            self._write(partial(self._sync, job_id, pointers))
 
-    def _sync(self, job_id: str, pointers: list[dict]) -> None:
+    def _sync(self, job_id: JobId, pointers: list[dict]) -> None:
         have = {int(p["id"]) for p in self.zk.completed(job_id)}
         want = {int(p["id"]): p for p in pointers}
         for cid in sorted(have - set(want)):

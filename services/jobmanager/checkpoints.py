@@ -33,6 +33,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,6 +44,7 @@ from services.jobmanager.snapshot_files import discard_files
 from shared import checkpointing
 from shared.catalog import repository as repo
 from shared.catalog.models import CheckpointRow, Execution, Job
+from shared.ids import NO_TASKMANAGER, ExecutionId, JobId, TaskManagerId, VertexId
 from shared.messages import CheckpointAcknowledged, CheckpointDeclined, TriggerCheckpoint
 from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
@@ -69,18 +71,18 @@ class CheckpointPort(Protocol):
 
     def trigger(self, queue: str, cmd: TriggerCheckpoint) -> None: ...
 
-    def fail_over(self, execution_id: str, cause: str) -> None: ...
+    def fail_over(self, execution_id: ExecutionId, cause: str) -> None: ...
 
-    def cancel(self, job_id: str) -> None: ...
+    def cancel(self, job_id: JobId) -> None: ...
 
 
 @dataclass
 class _Track:
     """One job's running attempt, as far as checkpointing is concerned."""
 
-    execution_id: str
-    vertex_id: str
-    taskmanager_id: str
+    execution_id: ExecutionId
+    vertex_id: VertexId
+    taskmanager_id: TaskManagerId
     config: checkpointing.CheckpointConfig
     next_due: float
     last_completed: float = float("-inf")
@@ -104,7 +106,7 @@ def job_checkpoint_config(job: Job, cluster_default: dict, savepoint_dir: str) -
         return checkpointing.checkpoint_config({}, default, savepoint_dir=savepoint_dir)
 
 
-def running_attempt(s: Session, job_id: str) -> tuple[Job, Execution] | str:
+def running_attempt(s: Session, job_id: JobId) -> tuple[Job, Execution] | str:
     """The job and its one RUNNING attempt, locked; else why a snapshot cannot be taken now."""
     try:
         job = repo.get_job(s, job_id, lock=True)
@@ -128,7 +130,7 @@ class CheckpointCoordinator:
                  store: CheckpointStore):
         self.settings, self.clock, self.uow, self.port = settings, clock, uow, port
         self.store = BatchLatest(store, after_commit=uow.after_commit)
-        self._tracks: dict[str, _Track] = {}
+        self._tracks: dict[JobId, _Track] = {}
         self._next_tick = 0.0
         # Effective options by the job's own (kind, options): read on every submit, deploy and
         # RUNNING report, and most jobs share a few option sets. Frozen values, so sharing is safe.
@@ -146,10 +148,10 @@ class CheckpointCoordinator:
                                                              str(self.settings.savepoints))
         return cfg
 
-    def checkpoint_path(self, job_id: str, checkpoint_id: int) -> Path:
+    def checkpoint_path(self, job_id: JobId, checkpoint_id: int) -> Path:
         return self.settings.checkpoints / job_id / f"chk-{checkpoint_id}"
 
-    def live_dir(self, job_id: str, vertex_id: str, execution_id: str) -> Path:
+    def live_dir(self, job_id: JobId, vertex_id: VertexId, execution_id: ExecutionId) -> Path:
         return self.settings.checkpoints / job_id / vertex_id / "live" / execution_id
 
     # --- lifecycle hooks (called by the JobMaster inside its unit of work) ---------------
@@ -182,9 +184,9 @@ class CheckpointCoordinator:
         if old is not None and old.execution_id == ex.id:
             return
         due = now + (cfg.interval_s or 0.0)
-        self._tracks[job.id] = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or "", cfg, next_due=due)
+        self._tracks[job.id] = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or NO_TASKMANAGER, cfg, next_due=due)
 
-    def on_execution_ended(self, s, job_id: str, execution_id: str, state: ES) -> None:
+    def on_execution_ended(self, s, job_id: JobId, execution_id: ExecutionId, state: ES) -> None:
         """Pending checkpoints of an attempt that ended can never complete."""
         track = self._tracks.get(job_id)
         if track is not None and track.execution_id == execution_id:
@@ -195,7 +197,7 @@ class CheckpointCoordinator:
                 self._fail_row(s, row, cause)
                 if row.path:
                     # The driver may have begun writing it; no ack will come to claim it.
-                    self.uow.after_commit(lambda p=row.path: self._discard([p]))
+                    self.uow.after_commit(partial(self._discard, [row.path]))
 
     def on_job_terminal(self, s, job: Job, status: JS) -> None:
         self._tracks.pop(job.id, None)
@@ -224,13 +226,13 @@ class CheckpointCoordinator:
         target = target or self.checkpoint_path(job.id, cid)
         row = repo.create_checkpoint(s, job_id=job.id, checkpoint_id=cid, kind=kind, execution_id=ex.id,
                                      vertex_id=ex.vertex_id, request_id=request_id, after=after, path=str(target))
-        cmd = TriggerCheckpoint(taskmanager_id=ex.taskmanager_id, job_id=job.id, execution_id=ex.id,
+        cmd = TriggerCheckpoint(taskmanager_id=ex.placed_on(), job_id=job.id, execution_id=ex.id,
                                 checkpoint_id=cid, kind=kind, target=str(target),
                                 stop_after=after in ("stop", "rescale"), drain=drain)
-        self.port.trigger(self.uow.queue_of(ex.taskmanager_id, s), cmd)
+        self.port.trigger(self.uow.queue_of(cmd.taskmanager_id, s), cmd)
         track = self._tracks.get(job.id)
         if track is None or track.execution_id != ex.id:
-            track = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or "", self.config(job), next_due=self.clock.now())
+            track = _Track(ex.id, ex.vertex_id, cmd.taskmanager_id, self.config(job), next_due=self.clock.now())
             self._tracks[job.id] = track
         track.pending[cid] = self.clock.now()
         return row
@@ -243,13 +245,13 @@ class CheckpointCoordinator:
         of work of its own, every TICK_S while any job is tracked."""
         now = self.clock.now()
         self._next_tick = now + self.TICK_S
-        for job_id, track in list(self._tracks.items()):
-            for cid, started in list(track.pending.items()):
-                if now - started > track.config.timeout_s:
+        for job_id, before in list(self._tracks.items()):
+            for cid, started in list(before.pending.items()):
+                if now - started > before.config.timeout_s:
                     self._expire(job_id, cid)
-            track = self._tracks.get(job_id)
-            if track is None or not track.config.periodic or not track.checkpointable:
-                continue
+            track = self._tracks.get(job_id)  # an expiry may have failed the job over
+            if track is None or track.config.interval_s is None or not track.checkpointable:
+                continue  # interval_s None: not periodic
             if len(track.pending) >= track.config.max_concurrent or now < track.next_due:
                 continue
             if now - track.last_completed < track.config.min_pause_s:
@@ -272,7 +274,7 @@ class CheckpointCoordinator:
                 return  # no record, so no path of ours: the message's own path is not trusted
             if row.status != CS.IN_PROGRESS.value or row.execution_id != msg.execution_id:
                 if row.status == CS.FAILED.value and row.path:  # late: expired or aborted meanwhile
-                    self.uow.after_commit(lambda p=row.path: self._discard([p]))
+                    self.uow.after_commit(partial(self._discard, [row.path]))
                 return
             if row.path and msg.path != row.path:
                 # The snapshot was written where the trigger said, or it is not ours to record
@@ -334,7 +336,7 @@ class CheckpointCoordinator:
             self._count_failure(s, row, f"declined by the task: {msg.reason}", counts=not permanent)
         log.warning("checkpoint %d of job %s declined: %s", msg.checkpoint_id, msg.job_id, msg.reason)
 
-    def _expire(self, job_id: str, checkpoint_id: int) -> None:
+    def _expire(self, job_id: JobId, checkpoint_id: int) -> None:
         track = self._tracks.get(job_id)
         if track is not None:
             track.pending.pop(checkpoint_id, None)
@@ -347,7 +349,7 @@ class CheckpointCoordinator:
                 return
             self._count_failure(s, row, EXPIRED, counts=True)
             if row.path:
-                self.uow.after_commit(lambda p=row.path: self._discard([p]))
+                self.uow.after_commit(partial(self._discard, [row.path]))
         log.warning("checkpoint %d of job %s expired", checkpoint_id, job_id)
 
     def _count_failure(self, s, row, cause: str, *, counts: bool) -> None:
@@ -368,7 +370,7 @@ class CheckpointCoordinator:
                 f"Exceeded checkpoint tolerable failure threshold ({tolerable}): {failures} consecutive "
                 f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}")
 
-    def still_pending(self, job_id: str, checkpoint_id: int, execution_id: str) -> bool:
+    def still_pending(self, job_id: JobId, checkpoint_id: int, execution_id: ExecutionId) -> bool:
         """Is checkpoint `checkpoint_id` adopted as pending for that very attempt? (After
         `recover`, which adopts only the pending checkpoints of running attempts.)"""
         track = self._tracks.get(job_id)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from shared.ids import new_message_id
+from shared.ids import ExecutionId, new_message_id
 from shared.messages import UndecodableMessage, decode, encode, wrap
 from shared.states import ExecutionState as ES
 
@@ -41,7 +41,7 @@ class Effect:
     kind: str  # STREAM | DEPLOY | CANCEL | CHECKPOINT
     target: str  # stream key, or the TaskManager's queue
     body: object
-    execution_id: str | None = None
+    execution_id: ExecutionId | None = None
 
 
 class Outbox:
@@ -55,7 +55,7 @@ class Outbox:
         self.backlog = True
 
     @staticmethod
-    def effect(kind: str, target: str, body, execution_id: str | None = None) -> Effect:
+    def effect(kind: str, target: str, body, execution_id: ExecutionId | None = None) -> Effect:
         return Effect(new_message_id(), kind, target, body, execution_id)
 
     def write(self, s, effects: list[Effect]) -> list[str]:
@@ -142,7 +142,7 @@ class Outbox:
         while True:
             with self.catalog.session() as s:
                 rows = repo.pending_outbox(s, limit=self.REPLAY_BATCH)
-                states = repo.execution_states(s, [r.execution_id for r in rows if r.kind == DEPLOY])
+                states = repo.execution_states(s, [r.execution_id for r in rows if r.kind == DEPLOY and r.execution_id])
             effects, stale = [], []
             foreign = 0
             for r in rows:
@@ -156,7 +156,7 @@ class Outbox:
                 if env.epoch != self.epoch:
                     foreign += 1  # an older leader's (the next take_over decides) or a newer one's
                     continue
-                if r.kind == DEPLOY and states.get(r.execution_id) != ES.DEPLOYING.value:
+                if r.kind == DEPLOY and (not r.execution_id or states.get(r.execution_id) != ES.DEPLOYING.value):
                     stale.append(r.id)  # the attempt moved on: deploying it now would be wrong
                     continue
                 effects.append(Effect(r.id, r.kind, r.target, body, r.execution_id))

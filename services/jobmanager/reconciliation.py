@@ -22,6 +22,7 @@ from services.jobmanager.restarts import Restarts
 from services.jobmanager.transitions import Fx
 from shared.catalog import repository as repo
 from shared.catalog.models import Execution
+from shared.ids import NO_TASKMANAGER, JobId, TaskManagerId, slot_request_execution
 from shared.messages import (
     CancelSlotRequest,
     CancelTask,
@@ -40,11 +41,12 @@ log = logging.getLogger("headrace.jobmanager")
 
 class Reconciliation:
     def __init__(self, ctx: Context, outbox: Outbox, deployment: Deployment, restarts: Restarts, acks: AckTimers,
-                 *, leader_id: str, submit: Callable[[str], None], cancel: Callable[[str], None]):
+                 *, leader_id: str, submit: Callable[[JobId], None], cancel: Callable[[JobId], None]):
         self.ctx, self.outbox, self.deployment = ctx, outbox, deployment
         self.restarts, self.acks = restarts, acks
         self.leader_id, self.submit, self.cancel = leader_id, submit, cancel
-        self.live_on: dict[str, list[Execution]] | None = None  # the batch's prefetch (JobMaster.unit_of_work)
+        # The batch's prefetch (JobMaster.unit_of_work).
+        self.live_on: dict[TaskManagerId, list[Execution]] | None = None
 
     # --- a new leader ------------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class Reconciliation:
                     uow.emit(body)
             elif isinstance(body, CancelSlotRequest):
                 try:
-                    if repo.get_execution(s, body.request_id).state != ES.SCHEDULED.value:
+                    if repo.get_execution(s, slot_request_execution(body.request_id)).state != ES.SCHEDULED.value:
                         uow.emit(body)
                 except repo.NotFound:
                     uow.emit(body)
@@ -120,8 +122,9 @@ class Reconciliation:
                 uow.command(DEPLOY, queue, self.deployment.command(s, job, ex, alloc, choose_restore=False))
                 self.acks.arm(ex.id, ES.DEPLOYING)
             else:
-                uow.command(CANCEL, uow.queue_of(ex.taskmanager_id, s),
-                            CancelTask(taskmanager_id=ex.taskmanager_id or "", execution_id=ex.id, job_id=ex.job_id))
+                tm = ex.taskmanager_id or NO_TASKMANAGER
+                uow.command(CANCEL, uow.queue_of(tm, s),
+                            CancelTask(taskmanager_id=tm, execution_id=ex.id, job_id=ex.job_id))
                 self.acks.arm(ex.id, ES.CANCELING)
 
     # --- the ResourceManager and the TaskManagers --------------------------------------
@@ -132,7 +135,7 @@ class Reconciliation:
         for job_id in job_ids:
             self.rerequest_scheduled(job_id)
 
-    def rerequest_scheduled(self, job_id: str) -> None:
+    def rerequest_scheduled(self, job_id: JobId) -> None:
         requests = []
         with self.ctx.uow.tx() as s:
             job = repo.get_job(s, job_id)
@@ -197,7 +200,7 @@ class Reconciliation:
         for ex_id in gone_cancels:
             self.acks.give_up_cancel(ex_id, f"TaskManager {tm} registered again without this task: it is gone")
 
-    def _live_executions_on(self, s: Session, tm: str) -> list[Execution]:
+    def _live_executions_on(self, s: Session, tm: TaskManagerId) -> list[Execution]:
         """From the batch's prefetch when it has them, re-checked: an earlier handler of the
         same batch may have ended an attempt or moved it (one it placed here just now is
         DEPLOYING, which the caller leaves to its acknowledgement timer anyway)."""

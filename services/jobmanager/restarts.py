@@ -20,8 +20,9 @@ from services.jobmanager.transitions import Fx
 from shared import restart
 from shared.catalog import repository as repo
 from shared.catalog.models import Job
-from shared.ids import new_execution_id
+from shared.ids import ExecutionId, JobId, TaskManagerId, new_execution_id
 from shared.messages import CancelSlotRequest, CancelTask, ReleaseSlots
+from shared.restart import RestartStrategy
 from shared.states import ExecutionState as ES
 from shared.states import JobStatus as JS
 
@@ -29,10 +30,10 @@ log = logging.getLogger("headrace.jobmanager")
 
 
 class Restarts:
-    def __init__(self, ctx: Context, deployment: Deployment, arm_ack: Callable[[str, ES], None]):
+    def __init__(self, ctx: Context, deployment: Deployment, arm_ack: Callable[[ExecutionId, ES], None]):
         self.ctx, self.deployment, self.arm_ack = ctx, deployment, arm_ack
 
-    def fail(self, execution_id: str, *, cause_name: str, cause: str, expected_tm: str | None,
+    def fail(self, execution_id: ExecutionId, *, cause_name: str, cause: str, expected_tm: TaskManagerId | None,
              release: bool = True, silent_for_s: float | None = None, still_running: bool = False,
              permanent: bool = False) -> None:
         """The attempt failed: record why and restart the job or fail it. `still_running`: the
@@ -101,7 +102,7 @@ class Restarts:
             log.info("job %s RESTARTING in %.2f s after %s", job_id, restart_in, cause_name)
             self.restart_later(job_id, restart_in)
 
-    def cancel_live(self, s: Session, job_id: str) -> list[tuple[str, CancelTask]]:
+    def cancel_live(self, s: Session, job_id: JobId) -> list[tuple[str, CancelTask]]:
         """Stop the job's other attempts (a restart is global to the job, like Flink's full
         restart); returns the cancel commands to send after commit."""
         out = []
@@ -114,11 +115,12 @@ class Restarts:
             if Fx.ARM_ACK_TIMER in decision:
                 self.arm_ack(ex.id, ES.CANCELING)
             if Fx.CANCEL_TASK in decision:
-                out.append((self.ctx.uow.queue_of(ex.taskmanager_id, s),
-                            CancelTask(taskmanager_id=ex.taskmanager_id, execution_id=ex.id, job_id=job_id)))
+                tm = ex.placed_on()  # a task to cancel was deployed somewhere
+                out.append((self.ctx.uow.queue_of(tm, s), CancelTask(taskmanager_id=tm, execution_id=ex.id,
+                                                                     job_id=job_id)))
         return out
 
-    def settle(self, s: Session, job_id: str) -> None:
+    def settle(self, s: Session, job_id: JobId) -> None:
         """An attempt ended well (FINISHED or CANCELED): maybe the whole job did."""
         ctx = self.ctx
         job = repo.get_job(s, job_id, lock=True)
@@ -141,10 +143,10 @@ class Restarts:
             if target == JS.FINISHED:
                 log.info("job %s FINISHED", job_id)
 
-    def restart_later(self, job_id: str, delay_s: float) -> None:
+    def restart_later(self, job_id: JobId, delay_s: float) -> None:
         self.ctx.timers.call_later(delay_s, lambda: self.restart(job_id))
 
-    def restart(self, job_id: str) -> None:
+    def restart(self, job_id: JobId) -> None:
         ctx = self.ctx
         requests = []
         with ctx.uow.tx() as s:
@@ -167,7 +169,7 @@ class Restarts:
             ctx.uow.emit(r)
         log.info("job %s restarted (%d tasks)", job_id, len(requests))
 
-    def strategy(self, job: Job) -> restart.RestartStrategy:
+    def strategy(self, job: Job) -> RestartStrategy:
         """Built afresh from the job's row each time: its counters live in the catalog, so a
         rolled-back failure was never counted and a new leader continues the budget."""
         config = job.restart_strategy or self.ctx.settings.restart_strategy

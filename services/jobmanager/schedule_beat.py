@@ -41,7 +41,7 @@ from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Schedule
 from shared.clock import Clock, WallClock
-from shared.ids import new_job_id
+from shared.ids import JobId, new_job_id
 from shared.messages import CancelJob, SubmitJob
 from shared.states import JobStatus as JS
 
@@ -121,8 +121,8 @@ class ScheduleBeat:
     # --- one schedule, inside the leader's unit of work --------------------------------------
 
     def fire(self, schedule_id: str, now: datetime) -> None:
-        submit: list[str] = []
-        cancel: list[str] = []
+        submit: list[JobId] = []
+        cancel: list[JobId] = []
         with self.master.uow.tx() as s:  # the session of the unit of work `tick` opened
             try:
                 sched = repo.get_schedule(s, schedule_id, lock=True)
@@ -140,9 +140,11 @@ class ScheduleBeat:
         for job_id in submit:
             self.master.on_submit(SubmitJob(job_id=job_id))
 
-    def _fire_due_ticks(self, s, sched: Schedule, now: datetime, submit: list[str], cancel: list[str]) -> None:
+    def _fire_due_ticks(self, s, sched: Schedule, now: datetime, submit: list[JobId], cancel: list[JobId]) -> None:
+        due_at = sched.next_fire_at
+        assert due_at is not None  # due_schedules selects only schedules with a next tick
         timing = sch.Timing(cron=sched.cron, every_s=sched.every_s)
-        plan = sch.catch_up(timing, _utc(sched.next_fire_at), now, sched.misfire_grace_s)
+        plan = sch.catch_up(timing, _utc(due_at), now, sched.misfire_grace_s)
         for tick in plan.misfired:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=sch.SKIPPED_MISFIRE)
         if plan.misfired or plan.dropped:
@@ -153,7 +155,7 @@ class ScheduleBeat:
             self._fire_tick(s, sched, plan.fire, submit, cancel)
         repo.advance_schedule(s, sched, next_fire_at=plan.next_fire_at, fired_at=plan.fire)
 
-    def _fire_tick(self, s, sched: Schedule, tick: datetime, submit: list[str], cancel: list[str]) -> None:
+    def _fire_tick(self, s, sched: Schedule, tick: datetime, submit: list[JobId], cancel: list[JobId]) -> None:
         if s.get(Artifact, sched.artifact_id) is None:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=SKIPPED_MISSING_JAR)
             log.warning("schedule %s (%s): jar %s no longer exists; tick %s skipped", sched.id, sched.name,
@@ -171,9 +173,9 @@ class ScheduleBeat:
         if action == sch.QUEUE:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=sch.QUEUED)
             log.info("schedule %s (%s): tick %s queued behind job %s", sched.id, sched.name, tick.isoformat(),
-                     previous.id)
+                     previous.id if previous else "(none)")
             return
-        if action == sch.CANCEL_AND_SUBMIT:
+        if action == sch.CANCEL_AND_SUBMIT and previous is not None:  # chosen only while it runs
             cancel.append(previous.id)
             log.info("schedule %s (%s): cancelling job %s for tick %s", sched.id, sched.name, previous.id,
                      tick.isoformat())
@@ -182,7 +184,7 @@ class ScheduleBeat:
         submit.append(job.id)
         log.info("schedule %s (%s): tick %s submitted job %s", sched.id, sched.name, tick.isoformat(), job.id)
 
-    def _release_queued(self, s, sched: Schedule) -> list[str]:
+    def _release_queued(self, s, sched: Schedule) -> list[JobId]:
         """A queued tick whose previous run has ended is submitted now."""
         waiting = repo.queued_schedule_runs(s, sched.id)
         if not waiting:

@@ -50,7 +50,7 @@ from services.jobmanager.unit_of_work import UnitOfWork
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.clock import Clock
-from shared.ids import new_execution_id, new_vertex_id
+from shared.ids import ExecutionId, JobId, new_execution_id, new_vertex_id
 from shared.messages import (
     CancelJob,
     CheckpointAcknowledged,
@@ -70,6 +70,7 @@ from shared.messages import (
     TaskManagerRegistered,
     TaskProgress,
     TaskStateChanged,
+    TaskWaiting,
     TriggerCheckpoint,
 )
 from shared.settings import Settings
@@ -89,10 +90,10 @@ class _CheckpointPort:
     def trigger(self, queue: str, cmd: TriggerCheckpoint) -> None:
         self._master.uow.command(CHECKPOINT, queue, cmd)
 
-    def fail_over(self, execution_id: str, cause: str) -> None:
+    def fail_over(self, execution_id: ExecutionId, cause: str) -> None:
         self._master.fail_over_for_checkpoints(execution_id, cause)
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: JobId) -> None:
         self._master.on_cancel(CancelJob(job_id=job_id))
 
 
@@ -120,7 +121,7 @@ class JobMaster:
         self._handlers: dict[type, Callable[[Any], None]] = {
             SubmitJob: self.on_submit, CancelJob: self.on_cancel, SlotsAllocated: self.on_slots_allocated,
             SlotRequestPending: self.on_slot_pending, SlotRequestFailed: self.on_slot_request_failed,
-            TaskStateChanged: self.on_task_state, TaskProgress: self.on_progress,
+            TaskStateChanged: self.on_task_state, TaskProgress: self.on_progress, TaskWaiting: self.on_waiting,
             TaskManagerLost: rec.on_taskmanager_lost, TaskManagerRegistered: rec.on_taskmanager_registered,
             ResourceManagerStarted: rec.on_resourcemanager_started, CommandRejected: self.acks.on_command_rejected,
             RequestCheckpoint: self.snapshots.on_request_checkpoint,
@@ -161,7 +162,7 @@ class JobMaster:
         self.reconciliation.recover()
         self.snapshots.recover()
 
-    def fail_over_for_checkpoints(self, execution_id: str, cause: str) -> None:
+    def fail_over_for_checkpoints(self, execution_id: ExecutionId, cause: str) -> None:
         # The task itself still runs: it is cancelled like the job's other attempts, and its
         # slots return only when its TaskManager confirms (a restart must not be deployed into
         # a slot the old attempt still occupies).
@@ -199,8 +200,8 @@ class JobMaster:
         concerns its job, so handling it first changes nothing; `on_submit` then finds the job
         RUNNING and does nothing, as for a redelivered submission. Not in the savepoint-per-message
         batches after a failure (see UnitOfWork.batch): there every message goes alone."""
-        mentioned: set[str] = set()
-        first: list[str] = []
+        mentioned: set[JobId] = set()
+        first: list[JobId] = []
         for env in envelopes:
             job_id = job_of(env.body)
             if isinstance(env.body, SubmitJob) and job_id not in mentioned:
@@ -301,6 +302,17 @@ class JobMaster:
     def on_progress(self, msg: TaskProgress) -> None:
         with self.uow.tx() as s:
             repo.record_progress(s, msg.execution_id, batch_id=msg.batch_id, rows=msg.num_input_rows)
+
+    def on_waiting(self, msg: TaskWaiting) -> None:
+        """A RUNNING attempt waits for something outside Headrace (a SQL sink's database): its
+        waiting reason says so until the task reports it goes on (reason None)."""
+        with self.uow.tx() as s:
+            try:
+                ex = repo.get_execution(s, msg.execution_id, lock=True)
+            except repo.NotFound:
+                return
+            if ES(ex.state) == ES.RUNNING:
+                repo.set_execution_waiting_reason(s, ex, msg.reason)
 
     # --- cancel ------------------------------------------------------------------------
 

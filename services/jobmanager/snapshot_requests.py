@@ -25,6 +25,7 @@ from shared.catalog import repository as repo
 from shared.catalog.models import Execution, Job, Operation
 from shared.catalog.repository.operations import in_progress_operations
 from shared.checkpoint_storage import new_savepoint_dir
+from shared.ids import JobId
 from shared.messages import RequestCheckpoint, RequestSavepoint
 from shared.states import JobStatus as JS
 from shared.states import OperationStatus as OS
@@ -76,18 +77,19 @@ class SnapshotRequests:
     # --- waiting for the task ------------------------------------------------------------
 
     def _trigger_or_wait(self, s: Session, op: Operation) -> None:
-        found = running_attempt(s, op.job_id or "")
+        job_id = op.job_id or JobId("")  # a snapshot operation always names its job
+        found = running_attempt(s, job_id)
         if not isinstance(found, str):
             self._trigger(s, op, *found)
             return
-        why = _not_running_yet(s, op.job_id or "")
+        why = _not_running_yet(s, job_id)
         if why is None:  # it never will: a job that is failing, cancelling, ended or unknown
             repo.finish_operation(s, op, OS.FAILED, failure_cause=found)
             return
         now = self.ctx.restart_clock.now()
         waiting = dict((op.params or {}).get(WAITING) or {})
         if not waiting:
-            bound = self.ctx.checkpoints.config(repo.get_job(s, op.job_id or "")).timeout_s
+            bound = self.ctx.checkpoints.config(repo.get_job(s, job_id)).timeout_s
             waiting = {"since": now, "deadline": now + bound, "bound_s": bound}
             log.info("%s %s of job %s waits for its task to run (%s), at most %g s", op.kind, op.id, op.job_id, why,
                      bound)
@@ -165,7 +167,7 @@ def _new_request(s: Session, request_id: str) -> Operation | None:
     return op
 
 
-def _not_running_yet(s: Session, job_id: str) -> str | None:
+def _not_running_yet(s: Session, job_id: JobId) -> str | None:
     """Where the job's task is on its way to RUNNING, or None when it will not get there."""
     try:
         job = repo.get_job(s, job_id)

@@ -5,6 +5,7 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from shared.errors import StateError
 from shared.ids import AllocationId, ArtifactId, ExecutionId, JobId, TaskManagerId, VertexId
 
 
@@ -124,6 +125,12 @@ class Execution(Base):
     # Never loaded by the code (ids are used); declared so one flush inserts a new vertex
     # before the executions that reference it, without a flush per submission.
     vertex: Mapped["Vertex"] = relationship(lazy="raise")
+
+    def placed_on(self) -> TaskManagerId:
+        """The TaskManager of an attempt that has been placed (DEPLOYING and after)."""
+        if self.taskmanager_id is None:
+            raise StateError(f"attempt {self.id} ({self.state}) has no TaskManager")
+        return self.taskmanager_id
 
 
 class TaskManagerRow(Base):
