@@ -47,10 +47,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from shared import checkpointing as cp
-from shared import durations, restart
+from shared import durations, restart, sizes
 
 STARTUP_TIMEOUT = "headrace.task.startup-timeout"
 MEMORY_LIMIT = "headrace.task.memory-limit"
+EXECUTOR_MEMORY = "spark.executor.memory"
 SLOT_REQUEST_TIMEOUT = "slot.request.timeout"
 NOOP_DURATION = "noop.duration"
 NOOP_FAIL_ATTEMPTS = "noop.fail-attempts"
@@ -173,11 +174,21 @@ def _integer_expected(value: Any, minimum: int) -> str:
     return f"an integer between {minimum} and {MAX_INT}" if above else f"an integer >= {minimum}"
 
 
-def _memory_size(value: Any) -> str:
-    text = str(value).strip()
-    if isinstance(value, bool) or not re.fullmatch(r"\d+[kmgtKMGT]?", text) or int(re.sub(r"\D", "", text)) < 1:
-        raise ValueError(text)
-    return text
+MEMORY_LIMIT_OFF = ("off", "none", "0", "false")
+
+
+def memory_limit_bytes(value: Any) -> int | None:
+    """headrace.task.memory-limit (and the cluster's driver_memory_limit): bytes, or None for
+    one of MEMORY_LIMIT_OFF (no limit). Raises ValueError."""
+    if isinstance(value, str) and value.strip().lower() in MEMORY_LIMIT_OFF:
+        return None
+    return sizes.parse_bytes(value, what=MEMORY_LIMIT)
+
+
+def spark_executor_memory(value: Any) -> str:
+    """spark.executor.memory as Spark reads it (a bare number is mebibytes, Spark's rule for
+    this key), spelled the way Spark takes it: "2 gb" -> "2g"."""
+    return sizes.spark_spelling(sizes.parse_bytes(value, what=EXECUTOR_MEMORY, default_unit="m"))
 
 
 RULES: dict[str, _Rule] = {
@@ -188,12 +199,13 @@ RULES: dict[str, _Rule] = {
     NOOP_FAIL_MESSAGE: _Rule(_text, "a string", "simulated failure"),
     NOOP_STARTUP_DELAY: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "2 s"),
     STARTUP_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "2 min"),
-    MEMORY_LIMIT: _Rule(lambda v: memory_bytes(v), 'a size such as "3g", "2500m" or "4 GB"', "4g"),
+    MEMORY_LIMIT: _Rule(memory_limit_bytes, 'a size such as "3g", "2500m" or "4 gb" (Flink\'s spellings), or "off"',
+                        "4g"),
     SLOT_REQUEST_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "5 min"),
     "spark.sql.shuffle.partitions": _integer_rule(1, 8),
     # Read by a TaskManager whose tasks run on a Spark standalone cluster (executor size).
     "spark.executor.cores": _integer_rule(1, 2),
-    "spark.executor.memory": _Rule(_memory_size, "a size such as 512m, 1g or 4g", "2g"),
+    EXECUTOR_MEMORY: _Rule(spark_executor_memory, "a size such as 512m, 1g or 4g (a bare number: mebibytes)", "2g"),
     "pipeline.max-parallelism": _integer_rule(1, 128),
     "maxParallelism": _integer_rule(1, 128),
     "execution.runtime-mode": _Rule(_runtime_mode, "STREAMING, BATCH or AUTOMATIC", "STREAMING"),
@@ -386,20 +398,6 @@ def restart_strategy_from_config(config: Mapping[str, Any] | None) -> dict[str, 
         if _RESTART_TYPE_ALIASES.get(owner, owner) == kind and param in RESTART_PARAMETERS[kind]:
             out[param] = _restart_value(RESTART_PARAMETERS[kind][param][0], value)
     return restart.normalise(out)
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
-
-
-def memory_bytes(value: Any) -> int:
-    """Bytes of a size: a number of bytes, or "3g", "2500m", "4 GB", "1.5GiB" (powers of 1024)."""
-    match = _SIZE.match(str(value)) if not isinstance(value, bool) else None
-    if match is None:
-        raise ValueError(f"not a size: {value!r}")
-    size = int(float(match.group(1)) * 1024 ** "bkmgt".index((match.group(2) or "b").lower()))
-    if size < 1:
-        raise ValueError(f"not a size above 0: {value!r}")
-    return size
 
 
 def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> float:

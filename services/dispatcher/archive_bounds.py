@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Iterator
 
-from services.dispatcher.limits import human, parse_size
+from services.dispatcher.limits import human
+from shared import sizes
 from shared.errors import ConfigError
 
 CHUNK_BYTES = 256 * 1024
@@ -53,7 +54,7 @@ class ArtifactLimits:
         """Raises ValueError naming the setting when one is not a positive size."""
         def size(name: str, default: int) -> int:
             raw = getattr(settings, name, None)
-            return default if raw is None else parse_size(raw, setting=name)
+            return default if raw is None else sizes.parse_bytes(raw, what=name)
 
         return cls(uncompressed=size("max_artifact_uncompressed_bytes", DEFAULT_MAX_UNCOMPRESSED),
                    members=int(getattr(settings, "max_artifact_members", None) or DEFAULT_MAX_MEMBERS),

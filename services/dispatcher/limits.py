@@ -9,18 +9,19 @@ answer, as httpx and requests do, sees the 413 rather than a broken connection; 
 asked `Expect: 100-continue` (curl, for bodies over 1 MB) gets the answer before it sends anything.
 
 The limit is the setting `max_upload_bytes` (HEADRACE_MAX_UPLOAD_BYTES: bytes, or a size such as
-"500 MB"; 100 MB by default), read through Settings as every setting is.
+"500 mb" as Flink spells sizes, shared/sizes.py; 100 MB by default), read through Settings as every
+setting is.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.dispatcher.errors import Problem, error_response
+from shared import sizes
 from shared.settings import Settings
 
 UPLOAD_ENV = "HEADRACE_MAX_UPLOAD_BYTES"
@@ -32,25 +33,10 @@ MULTIPART_SLACK_BYTES = 64 * 1024
 DRAIN_MAX_BYTES = 1024**3
 UPLOAD_PATH = re.compile(r"^(/v1)?/jars/upload/?$")
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
-          "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
-
-
-def parse_size(raw: Any, *, setting: str = UPLOAD_ENV) -> int:
-    """Bytes from an integer or a size such as "500 MB", "1g", "104857600" (units of 1024, as
-    Flink's MemorySize reads them). Raises ValueError naming what is accepted."""
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
-        return raw
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(raw))
-    if m and m.group(2).lower() in _UNITS:
-        size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-        if size > 0:
-            return size
-    raise ValueError(f"{setting} must be a positive number of bytes or a size such as \"500 MB\", got {raw!r}")
-
 
 def upload_limit(settings: Settings) -> int:
-    return parse_size(settings.max_upload_bytes)
+    """Raises shared.sizes.InvalidSize (a ValueError) naming the setting."""
+    return sizes.parse_bytes(settings.max_upload_bytes, what=UPLOAD_ENV)
 
 
 def human(size: int) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import threading
@@ -33,7 +32,7 @@ from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
 from services.taskmanager.supervisor import DriverLaunch, TaskSupervisor
 from services.taskmanager.warm_pool import WarmPool, WarmupTokens
-from shared import gc_tuning, metrics, streams
+from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
 from shared.ids import new_taskmanager_id
 from shared.leader_epoch import LeaderEpochFence
@@ -91,8 +90,7 @@ EXIT_STORAGE_NOT_SHARED = 4
 EXIT_NO_KEYS = 5
 
 
-EXECUTOR_KEYS = ("spark.executor.cores", "spark.executor.memory")
-_MEMORY = re.compile(r"^\d+[kmgt]?$", re.I)
+EXECUTOR_KEYS = ("spark.executor.cores", job_options.EXECUTOR_MEMORY)
 
 
 def executor_overrides(config: dict | None) -> dict[str, str]:
@@ -112,8 +110,7 @@ def driver_engine_args(settings: Settings, config: dict | None = None) -> list[s
     memory = over.get("spark.executor.memory", settings.spark_executor_memory)
     if not cores.isdigit() or int(cores) < 1:
         raise ValueError(f"spark.executor.cores must be a whole number >= 1, got {cores!r}")
-    if not _MEMORY.match(memory):
-        raise ValueError(f"spark.executor.memory must be a size such as 1g or 512m, got {memory!r}")
+    memory = job_options.spark_executor_memory(memory)  # InvalidSize (a ValueError) names the key
     return ["--master", settings.spark_master, "--executor-cores", cores, "--executor-memory", memory,
             "--executor-timeout", str(settings.slot_request_timeout_s),
             "--host", settings.advertised_host or "127.0.0.1"]

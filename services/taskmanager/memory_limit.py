@@ -21,7 +21,7 @@ import logging
 import threading
 from typing import Callable
 
-from shared import job_options
+from shared import job_options, sizes
 
 log = logging.getLogger("headrace.taskmanager.memory")
 
@@ -30,19 +30,16 @@ SETTING = "driver_memory_limit (HEADRACE_DRIVER_MEMORY_LIMIT)"
 ALLOWANCE_BYTES = 2 * 1024**3
 WATCH_INTERVAL_S = 0.25
 NAME = "MemoryLimitExceeded"
-OFF = ("off", "none", "0", "false")
 
 
 def default_limit(setting: str | None, driver_memory: str) -> int | None:
     """The cluster's limit from the settings; raises ValueError naming the setting."""
-    if setting is not None and str(setting).strip().lower() in OFF:
-        return None
     if setting is not None and str(setting).strip():
         try:
-            return job_options.memory_bytes(setting)
+            return job_options.memory_limit_bytes(setting)
         except ValueError:
             raise ValueError(f"{SETTING} must be a size such as \"3g\" or \"off\", got {setting!r}") from None
-    return job_options.memory_bytes(driver_memory) + ALLOWANCE_BYTES
+    return sizes.parse_bytes(driver_memory, what="driver_memory") + ALLOWANCE_BYTES
 
 
 def task_limit(config: dict | None, default: int | None) -> int | None:
@@ -50,10 +47,8 @@ def task_limit(config: dict | None, default: int | None) -> int | None:
     raw = (config or {}).get(OPTION)
     if raw is None:
         return default
-    if str(raw).strip().lower() in OFF:
-        return None
     try:
-        return job_options.memory_bytes(raw)
+        return job_options.memory_limit_bytes(raw)
     except ValueError:
         return default
 

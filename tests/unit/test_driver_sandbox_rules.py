@@ -26,16 +26,16 @@ def test_the_driver_environment_keeps_only_the_allow_list(tmp_path):
     assert "AWS_SECRET_ACCESS_KEY" not in env and "pw@" not in repr(env)
     assert env["HOME"] == env["TMPDIR"] == env[driver_env.MARK] == str(tmp_path)
     assert env["USER"] == "headrace-driver" and env["LC_ALL"] == "C" and env["SPARK_HOME"] == "/s"
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(driver_env.REPO_ROOT), "/extra"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(driver_env.IMPORT_ROOT), "/extra"]
 
 
-@pytest.mark.parametrize("raw, expected", [("3g", 3 * 1024**3), ("4 GB", 4 * 1024**3), ("1.5GiB", 1536 * 1024**2),
+@pytest.mark.parametrize("raw, expected", [("3g", 3 * 1024**3), ("4 GB", 4 * 1024**3), ("1536m", 1536 * 1024**2),
                                            ("512m", 512 * 1024**2), (1024, 1024)])
 def test_memory_sizes(raw, expected):
-    assert job_options.memory_bytes(raw) == expected
+    assert job_options.memory_limit_bytes(raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["lots", "-1g", "0", True, "3 parsecs"])
+@pytest.mark.parametrize("raw", ["lots", "-1g", True, "3 parsecs", "1.5GiB"])
 def test_bad_memory_sizes_are_refused_at_submission(raw):
     assert [p.option for p in job_options.problems({memory_limit.OPTION: raw})] == [memory_limit.OPTION]
 

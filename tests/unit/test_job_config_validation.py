@@ -218,13 +218,13 @@ def test_a_noop_task_refuses_an_unreadable_option_before_reporting(config, optio
     ("104857600", 100 * 1024**2), ("100 MB", 100 * 1024**2), ("1g", 1024**3), ("512k", 512 * 1024), (2048, 2048),
 ])
 def test_upload_limit_sizes(raw, size):
-    assert limits.parse_size(raw) == size
+    assert limits.upload_limit(Settings(max_upload_bytes=raw)) == size
 
 
 @pytest.mark.parametrize("raw", ["", "0", "-5", "lots", "5 PB"])
 def test_upload_limit_refuses_what_it_cannot_read(raw):
     with pytest.raises(ValueError, match="HEADRACE_MAX_UPLOAD_BYTES"):
-        limits.parse_size(raw)
+        limits.upload_limit(Settings(max_upload_bytes=raw))
 
 
 def test_upload_limit_default_and_environment(monkeypatch):
