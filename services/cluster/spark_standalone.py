@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import ClusterError
+from shared.import_root import IMPORT_ROOT
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -44,10 +45,10 @@ def environment(base: Mapping[str, str], *, host: str, log_dir: Path, work_dir: 
                SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     if work_dir is not None:
         env["SPARK_WORKER_DIR"] = str(work_dir)
-    # The executors import Headrace's connectors from the repository, as the drivers do.
-    repo = str(Path(__file__).resolve().parents[2])
+    # The executors import Headrace's connectors from where the drivers do.
+    root = str(IMPORT_ROOT)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([repo, *[p for p in paths if p != repo]])
+    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in paths if p != root]])
     return env
 
 

@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 
 from shared import checkpointing, restore_compat, untrusted_code
 from shared.errors import StateError
+from shared.import_root import IMPORT_ROOT
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PLANNER_MODULE = "services.taskmanager.runtime.planner"
 
 
@@ -166,7 +166,7 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_copy), "--entry", entry,
                "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
                "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
-        env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=REPO_ROOT)
+        env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=IMPORT_ROOT)
         for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url)):
             if value:
                 env[name] = value

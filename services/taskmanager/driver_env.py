@@ -13,18 +13,17 @@ from pathlib import Path
 from typing import Mapping
 
 from shared import untrusted_code
+from shared.import_root import IMPORT_ROOT
 
 # Set on every driver: its work directory. It marks every process of the driver, whatever its
 # session (task_processes.py finds orphans re-parented to init by it).
 MARK = "HEADRACE_DRIVER_DIR"
-# `python -m services...` from the driver's own work directory: the checkout must be importable.
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def driver_environment(environ: Mapping[str, str], *, workdir: Path, user: str | None) -> dict[str, str]:
     """The environment of a driver working in `workdir` (its HOME and TMPDIR too), run as `user`
     (None: the TaskManager's own): what shared/untrusted_code.py gives any pipeline code, and
     the driver's mark."""
-    env = untrusted_code.environment(environ, home=workdir, user=user, import_root=REPO_ROOT)
+    env = untrusted_code.environment(environ, home=workdir, user=user, import_root=IMPORT_ROOT)
     env[MARK] = str(workdir)
     return env

@@ -32,13 +32,13 @@ import sysconfig
 from pathlib import Path
 
 from shared.errors import TaskError
+from shared.import_root import IMPORT_ROOT
 from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.taskmanager.driver_user")
 
 DEFAULT_NAME = "headrace-driver"
 SETTING = "driver_user (HEADRACE_DRIVER_USER)"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class DriverUserError(TaskError, RuntimeError):
@@ -159,7 +159,7 @@ def give_to_driver_user(directory: Path, name: str | None) -> None:
 def runtime_paths(class_archive_dir: Path | None = None) -> list[Path]:
     """What every driver reads: the interpreter, its packages, the checkout, the class archive."""
     paths = [Path(os.path.realpath(sys.executable)), Path(sysconfig.get_paths()["purelib"]),
-             Path(sysconfig.get_paths()["platlib"]), REPO_ROOT / "services"]
+             Path(sysconfig.get_paths()["platlib"]), IMPORT_ROOT / "services"]
     if class_archive_dir is not None:
         paths.append(class_archive_dir)
     return list(dict.fromkeys(paths))

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.import_root import IMPORT_ROOT
+
 from .cluster_mode import Engine
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 # Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
 SPARK_UI_ENV = "HEADRACE_SPARK_UI"
 
@@ -27,8 +28,8 @@ def prepare_env(host: str = "127.0.0.1") -> None:
     # Python workers are spawned by the JVM with its environment: they must be able to import
     # `services.*` to unpickle our data sources.
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(REPO_ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+    if str(IMPORT_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(IMPORT_ROOT), *paths])
 
 
 def spark_ui_wanted(environ: Mapping[str, str] = os.environ) -> bool:
