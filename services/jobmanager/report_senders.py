@@ -25,9 +25,10 @@ from shared.messages import (
     Envelope,
     TaskProgress,
     TaskStateChanged,
+    TaskWaiting,
 )
 
-REPORTS = (TaskStateChanged, TaskProgress, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
+REPORTS = (TaskStateChanged, TaskProgress, TaskWaiting, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
 
 
 def check_report_sender(env: Envelope, s: Session) -> None:

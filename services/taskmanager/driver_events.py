@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared import task_protocol as tp
-from shared.messages import CheckpointAcknowledged, CheckpointDeclined, Message, TaskProgress
+from shared.messages import CheckpointAcknowledged, CheckpointDeclined, Message, TaskProgress, TaskWaiting
 from shared.states import ExecutionState as ES
 
 
@@ -31,9 +31,14 @@ def _snapshot_declined(spec: tp.TaskSpec, tm: str, e: tp.SnapshotDeclined) -> Me
         checkpoint_id=e.checkpoint_id, reason=e.reason, permanent=e.permanent)
 
 
+def _waiting(spec: tp.TaskSpec, tm: str, e: tp.Waiting) -> Message:
+    return TaskWaiting(execution_id=spec.execution_id, job_id=spec.job_id, reason=e.reason)
+
+
 # event type -> the message to the JobManager's stream (spec, taskmanager id, event)
 FORWARDED: dict[type, Callable[[tp.TaskSpec, str, Any], Message]] = {
     tp.Progress: _progress,
+    tp.Waiting: _waiting,
     tp.SnapshotTaken: _snapshot_taken,
     tp.SnapshotDeclined: _snapshot_declined,
 }

@@ -173,7 +173,7 @@ class Sinks:
         return sql_conn.sql_sink(
             df, self._ctx.database_url(url, "sinks"), table, sink_id=f"{self._ctx.lineage_id}:{table}",
             key_columns=key_columns, output_mode=output_mode, overwrite=overwrite, trigger=trigger,
-            retry=retry,
+            retry=retry, on_wait=self._ctx.report_waiting,
         )
 
     def redis_stream(
@@ -231,6 +231,7 @@ class PipelineContext:
         redis_url: str = "",
         attempt: int = 0,
         lineage_id: str | None = None,
+        report_waiting: Callable[[str | None], None] | None = None,
     ):
         self.spark = spark
         self.job_id = job_id
@@ -246,6 +247,8 @@ class PipelineContext:
         # Sinks are named by lineage: a job resumed from another job's savepoint takes over
         # (rewinds and fences) the sinks of the job it continues. Default: this job.
         self.lineage_id = lineage_id or job_id
+        # What a sink waiting for an outside system tells the task's status (driver.py).
+        self.report_waiting = report_waiting
         self.bounded = BoundedRegistry()
         self.sources = Sources(self)
         self.sinks = Sinks(self)

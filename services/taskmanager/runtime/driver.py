@@ -26,6 +26,7 @@ from shared.task_protocol import (
     Running,
     TakeSnapshot,
     TaskSpec,
+    Waiting,
     decode_command,
 )
 
@@ -162,6 +163,7 @@ class Driver:
             config=spec.config, parallelism=spec.parallelism, checkpoint_dir=spec.checkpoint_dir,
             catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
             attempt=spec.attempt, lineage_id=self.lineage["id"],
+            report_waiting=lambda reason: self.events.emit(Waiting(reason=reason)),
         )
         self.phases.announce(f"building the pipeline (in {spec.entry}(ctx))")
         handle = entry(ctx)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import hashlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -223,7 +223,8 @@ class SqlTableSink:
     """
 
     def __init__(self, url: str, table: str, *, sink_id: str, key_columns: Sequence[str] = (),
-                 overwrite: bool = False, retry: RetryPolicy | None = None):
+                 overwrite: bool = False, retry: RetryPolicy | None = None,
+                 on_wait: Callable[[str | None], None] | None = None):
         self.url = url
         self.table_name = table
         self.sink_id = sink_id
@@ -240,7 +241,8 @@ class SqlTableSink:
         self._bookkeeping_md = md
         self._bookkeeping_checked = False
         # Every step that touches the database waits out an outage of it (sql_retry.py).
-        self.retrier = Retrier(retry or RetryPolicy(), sink_id=sink_id, database=describe_database(url))
+        self.retrier = Retrier(retry or RetryPolicy(), sink_id=sink_id, database=describe_database(url),
+                               on_wait=on_wait)
 
     @property
     def engine(self) -> sa.Engine:
@@ -439,9 +441,12 @@ def sql_sink(
     trigger: str | None = None,
     name: str | None = None,
     retry: RetryPolicy | None = None,
+    on_wait: Callable[[str | None], None] | None = None,
 ) -> SinkHandle:
-    """`retry`: how long a batch waits for an unreachable database (sql_retry.py; default 60 s)."""
-    sink = SqlTableSink(url, table, sink_id=sink_id, key_columns=key_columns, overwrite=overwrite, retry=retry)
+    """`retry`: how long a batch waits for an unreachable database (sql_retry.py; default 60 s);
+    `on_wait(reason or None)` hears when it starts and stops waiting."""
+    sink = SqlTableSink(url, table, sink_id=sink_id, key_columns=key_columns, overwrite=overwrite, retry=retry,
+                        on_wait=on_wait)
 
     def configure(writer):
         return writer.foreachBatch(lambda batch_df, batch_id: sink.write_batch(batch_df, batch_id))

@@ -142,7 +142,8 @@ def _first_line(exc: BaseException) -> str:
 
 class Retrier:
     """Runs sink steps under a RetryPolicy. `on_wait(reason or None)` hears when the sink starts
-    waiting for its database (a reason) and when it stops (None)."""
+    waiting for its database (a reason, once per outage) and when it stops (None): the driver
+    sends it on as the attempt's waiting reason (shared/task_protocol.py `Waiting`)."""
 
     def __init__(self, policy: RetryPolicy, *, sink_id: str, database: str,
                  on_wait: Callable[[str | None], None] | None = None,
@@ -181,9 +182,11 @@ class Retrier:
                                 "for it (%s %.0f s), retry %d", self.sink_id, self.database, step,
                                 _first_line(exc), remaining, MAX_RETRY_TIME, self.policy.max_retry_time_s,
                                 retries)
-                self._set_waiting(f"SQL sink {self.sink_id}: waiting for database {self.database} "
-                                  f"(unreachable for {waited:.0f} s of at most "
-                                  f"{self.policy.max_retry_time_s:.0f} s)")
+                if retries == 1:
+                    since = time.strftime("%H:%M:%S", time.gmtime())
+                    self._set_waiting(f"SQL sink {self.sink_id}: waiting for database {self.database}, "
+                                      f"unreachable since {since} UTC (the task fails after "
+                                      f"{self.policy.max_retry_time_s:.0f} s, {MAX_RETRY_TIME})")
                 self.sleep(min(self.policy.backoff(retries), remaining))
                 continue
             if started is not None:
@@ -195,7 +198,9 @@ class Retrier:
     def _set_waiting(self, reason: str | None) -> None:
         if reason == self.waiting_reason:
             return
-        first_or_last = (reason is None) != (self.waiting_reason is None)
         self.waiting_reason = reason
-        if self.on_wait is not None and first_or_last:
-            self.on_wait(reason)
+        if self.on_wait is not None:
+            try:
+                self.on_wait(reason)
+            except Exception:  # noqa: BLE001 - a status for operators, never worth failing the batch
+                log.exception("SQL sink %s: could not report its waiting state", self.sink_id)
