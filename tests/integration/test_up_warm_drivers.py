@@ -66,3 +66,23 @@ def test_headrace_up_says_when_every_taskmanager_has_a_ready_warm_driver(tmp_pat
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def test_the_wait_for_warm_drivers_ends_when_each_taskmanager_has_one_or_wants_none(redis_url):
+    from services.cluster.readiness import wait_for_warm_drivers
+
+    def publish(tm: str, ready: int, starting: int = 0, waiting: int = 0) -> None:
+        client.set(streams.tm_warm_key(tm), json.dumps({"ready": ready, "starting": starting, "waiting": waiting,
+                                                       "parallelism": 2}))
+
+    with redis.Redis.from_url(redis_url) as client:
+        publish("tm-1", ready=1)
+        publish("tm-2", ready=0, starting=1)
+        publish("tm-4", ready=0)  # no free slot a driver would fit: nothing to wait for
+        # tm-3 has published nothing yet: not ready
+        assert wait_for_warm_drivers(redis_url, ["tm-1", "tm-2", "tm-3", "tm-4"], 0.5) == ["tm-2", "tm-3"]
+        assert wait_for_warm_drivers(redis_url, ["tm-2"], 30, stopped=lambda: True) == ["tm-2"]
+        threading.Timer(0.5, lambda: publish("tm-2", ready=1)).start()
+        started = time.monotonic()
+        assert wait_for_warm_drivers(redis_url, ["tm-1", "tm-2"], 30) == []
+        assert time.monotonic() - started < 10
