@@ -1,0 +1,141 @@
+"""The runbooks taskmanager-loss, jobmanager-restart and savepoint-upgrade, followed to the letter.
+
+Their ```sh blocks run in order, one bash per runbook under `set -eu`, after the shell setup that
+docs/runbooks/README.md marks `<!-- runbook-test: setup -->`, against one `headrace up --ha`
+cluster (its supervisor included) that the test starts on a free port with its own
+HEADRACE_HOME: the `headrace` commands in the blocks find it the way a user's shell does, with
+no -m. Every other shell block of those runbooks must say why it is not run (a
+`<!-- not run by the runbook test: why -->` line before it), so none can drift unseen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.cluster.local_cluster import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOKS = ROOT / "docs" / "runbooks"
+TESTED = ("taskmanager-loss.md", "jobmanager-restart.md", "savepoint-upgrade.md")  # in this order
+SETUP_MARK = "<!-- runbook-test: setup"
+SKIP_MARK = "<!-- not run by the runbook test:"
+SHELLS = ("sh", "bash", "shell")
+CLUSTER_START_S = 300
+RUNBOOK_TIMEOUT_S = 900
+FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
+PLACEHOLDER = re.compile(r"(?<!<)<[a-z][\w .-]*>")  # <job id>, <pgid>: what a reader must fill in
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    code: str
+    line: int  # of the opening fence, 1-based
+    note: str  # the last non-blank line before the fence
+
+
+def code_blocks(path: Path) -> list[Block]:
+    lines = path.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, lang = opening.group(1), opening.group(2)
+        note = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        assert end is not None, f"{path.name}:{i + 1}: code block never closed"
+        body = "\n".join(line[len(indent):] if line.startswith(indent) else line for line in lines[i + 1:end])
+        blocks.append(Block(lang, textwrap.dedent(body), i + 1, note))
+        i = end + 1
+    return blocks
+
+
+def setup_script() -> str:
+    marked = [b.code for b in code_blocks(RUNBOOKS / "README.md") if b.note.startswith(SETUP_MARK)]
+    assert len(marked) >= 3, "README.md's headrace up setup, hr_op and jm_leader blocks must be marked"
+    return "\n".join(marked)
+
+
+def runbook_script(name: str) -> str:
+    parts = ["set -eu", setup_script()]
+    for block in code_blocks(RUNBOOKS / name):
+        if block.lang == "sh":
+            parts.append(f"echo '### {name}:{block.line}' >&2\n{block.code}")
+    return "\n".join(parts) + "\n"
+
+
+def test_every_shell_block_is_run_or_says_why_not():
+    for name in TESTED:
+        blocks = code_blocks(RUNBOOKS / name)
+        assert sum(b.lang == "sh" for b in blocks) >= 3, f"{name}: no runnable (sh) blocks"
+        unexplained = [b.line for b in blocks
+                       if b.lang in SHELLS and b.lang != "sh" and not b.note.startswith(SKIP_MARK)]
+        assert not unexplained, f"{name}: shell blocks at lines {unexplained} are neither sh nor marked as not run"
+        for block in blocks:
+            if block.lang == "sh":
+                commands = re.sub(r"(^|\s)#.*$", "", block.code, flags=re.M)  # a comment may show a shape
+                assert not PLACEHOLDER.search(commands), f"{name}:{block.line}: a placeholder in a block that is run"
+
+
+class HeadraceUp:
+    """`headrace up --ha` as a user starts it, in its own session; stopped with Ctrl-C's signal."""
+
+    def __init__(self, home: Path, log: Path):
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
+        # Drivers as the test's own user: pytest's directories are closed to a driver user.
+        self.env |= {"HEADRACE_HOME": str(home), "HEADRACE_DRIVER_USER": os.environ.get("HEADRACE_DRIVER_USER", "")}
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--ha", "--port",
+                                          str(free_port())], cwd=ROOT, env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + CLUSTER_START_S
+        while "Press Ctrl-C to stop." not in log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"headrace up --ha not ready within {CLUSTER_START_S} s:\n"
+                                     f"{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+
+    def run(self, script: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", script], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=RUNBOOK_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.mark.e2e
+def test_the_runbooks_work_as_written_on_headrace_up_ha(tmp_path):
+    cluster = HeadraceUp(tmp_path / "home", tmp_path / "headrace-up.log")
+    try:
+        for name in TESTED:
+            started = time.monotonic()
+            done = cluster.run(runbook_script(name))
+            took = time.monotonic() - started
+            last = [line for line in done.stderr.splitlines() if line.startswith("### ")][-1:]
+            assert done.returncode == 0, (
+                f"{name} failed (exit {done.returncode}) in the block at {last} after {took:.0f} s\n"
+                f"--- stdout (end)\n{done.stdout[-4000:]}\n--- stderr (end)\n{done.stderr[-4000:]}\n"
+                f"--- headrace up\n{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-2000:]}")
+            print(f"{name}: {took:.0f} s")
+    finally:
+        cluster.stop()
