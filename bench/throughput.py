@@ -126,7 +126,11 @@ class RunningWatch:
 
 
 def just_started_vs_warm(args, source: str, sink_url: str, engine, home: Path) -> None:
-    """--case just-started: see the module docstring."""
+    """--case just-started: see the module docstring. The clusters get a private TMPDIR, so their
+    warm-up tokens (services/taskmanager/warm_pool.py) are not shared with other clusters that may
+    run on the machine meanwhile (test suites); the CPU stays shared."""
+    (home / "tmp").mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(home / "tmp")  # the clusters' children inherit it
     print(f"machine: {machine()}; {args.events:,} events, max entries per trigger {args.max_entries}, "
           f"parallelism 2, warm drivers {args.warm}; a fresh cluster per round", flush=True)
     results: dict[str, list[dict]] = {"just-started": [], "warm": []}
