@@ -39,6 +39,7 @@ from shared.messages import (
     TaskManagerHeartbeat,
     TaskProgress,
     TaskStateChanged,
+    TaskWaiting,
     UnregisterTaskManager,
 )
 
@@ -55,7 +56,7 @@ _CACHE_MAX = 200_000  # derived keys kept per process (10,000 TaskManagers need 
 
 # What a TaskManager may publish; each names itself where the body has a taskmanager_id.
 TASKMANAGER_MESSAGES = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, TaskStateChanged,
-                        TaskProgress, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
+                        TaskProgress, TaskWaiting, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
 # What only the TaskManager it names may send (the ResourceManager's sender check).
 SELF_ONLY = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager)
 
@@ -256,10 +257,12 @@ class TaskManagerAuth(ClusterAuth):
                              f"taskmanager_command_key (`headrace credentials taskmanager ID`)")
 
     def _of(self, taskmanager_id: str | None) -> TaskManagerKeys:
-        if taskmanager_id not in self._ids:
+        if taskmanager_id is None or taskmanager_id not in self._ids:
             raise MissingKey(f"this process holds no keys of TaskManager {taskmanager_id!r}")
         keys = self._keys.get(taskmanager_id)
         if keys is None:
+            if self._derive_from is None:  # refused by __init__ already: every id without keys needs the secret
+                raise MissingKey(f"no keys for TaskManager {taskmanager_id!r} and no cluster secret to derive them")
             keys = self._keys[taskmanager_id] = TaskManagerKeys.derive(self._derive_from, taskmanager_id)
         return keys
 
@@ -267,7 +270,7 @@ class TaskManagerAuth(ClusterAuth):
         # One process may speak for several TaskManagers (simulated ones): each report goes out
         # as the TaskManager it is about.
         tm = getattr(body, "taskmanager_id", None)
-        return taskmanager_sender(tm) if tm in self._ids else default
+        return taskmanager_sender(tm) if tm is not None and tm in self._ids else default
 
     def sender_key(self, sender: str) -> bytes:
         return self._of(taskmanager_of(sender)).sender
@@ -307,7 +310,10 @@ def load_secret(settings, *, create: bool) -> bytes | None:
 
 
 def control_plane_auth(settings) -> ClusterAuth:
-    return ClusterAuth(load_secret(settings, create=True))
+    secret = load_secret(settings, create=True)
+    if secret is None:  # create=True makes one where there is none
+        raise MissingKey(f"no cluster secret in {Path(settings.home) / SECRETS_DIR}")
+    return ClusterAuth(secret)
 
 
 def taskmanager_auth(settings, taskmanager_ids) -> TaskManagerAuth:

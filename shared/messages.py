@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from shared.errors import MessageError
 from shared.ids import AllocationId, ExecutionId, JobId, MessageId, RequestId, TaskManagerId, new_message_id
 from shared.states import ExecutionState
+from shared.task_protocol import TaskSpec
 
 SCHEMA_VERSION = 1
 
@@ -223,7 +224,7 @@ class DeployTask(_Body):
     taskmanager_id: TaskManagerId  # one process may serve several TaskManagers from one queue (--simulate)
     allocation_id: AllocationId
     slot_indices: tuple[int, ...]
-    spec: dict[str, Any]  # a shared.task_protocol.TaskSpec
+    spec: TaskSpec
 
 
 class CancelTask(_Body):
@@ -274,6 +275,17 @@ class TaskProgress(_Body):
     num_input_rows: int = 0
     input_rows_per_second: float = 0.0
     processed_rows_per_second: float = 0.0
+    at: float = Field(default_factory=time.time)
+
+
+class TaskWaiting(_Body):
+    """A running task waits for something outside Headrace (a SQL sink's database away): `reason`
+    says what, None once it goes on. The JobManager keeps it as the attempt's waiting reason."""
+
+    type: Literal["TaskWaiting"] = "TaskWaiting"
+    execution_id: ExecutionId
+    job_id: JobId
+    reason: str | None = None
     at: float = Field(default_factory=time.time)
 
 
@@ -341,6 +353,7 @@ Message = Annotated[
         TriggerCheckpoint,
         TaskStateChanged,
         TaskProgress,
+        TaskWaiting,
         CheckpointAcknowledged,
         CheckpointDeclined,
         CommandRejected,

@@ -22,16 +22,21 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from shared.ids import ExecutionId, JobId, VertexId
+
 
 class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class TaskSpec(_M):
-    job_id: str
+    """One attempt's task: what the JobManager deploys (shared.messages.DeployTask carries it, so
+    it is validated once, when the command decodes) and what the driver runs."""
+
+    job_id: JobId
     job_name: str = ""
-    vertex_id: str
-    execution_id: str
+    vertex_id: VertexId
+    execution_id: ExecutionId
     attempt: int
     parallelism: int
     kind: Literal["pyspark", "noop"] = "pyspark"
@@ -114,6 +119,14 @@ class Progress(_M):
     spark_ui: str | None = None
 
 
+class Waiting(_M):
+    """The running task waits for something outside Headrace (a SQL sink's database); `reason`
+    None: it goes on. The attempt's `waiting-reason` shows it meanwhile."""
+
+    event: Literal["waiting"] = "waiting"
+    reason: str | None = None
+
+
 class Finished(_M):
     event: Literal["finished"] = "finished"
 
@@ -146,12 +159,13 @@ class SnapshotDeclined(_M):
 
 
 DriverEvent = Annotated[
-    Union[Ready, Initializing, Running, Progress, Finished, Failed, Canceled, SnapshotTaken, SnapshotDeclined],
+    Union[Ready, Initializing, Running, Progress, Waiting, Finished, Failed, Canceled, SnapshotTaken,
+          SnapshotDeclined],
     Field(discriminator="event"),
 ]
 
-_CMD = TypeAdapter(DriverCommand)
-_EVT = TypeAdapter(DriverEvent)
+_CMD: TypeAdapter[DriverCommand] = TypeAdapter(DriverCommand)
+_EVT: TypeAdapter[DriverEvent] = TypeAdapter(DriverEvent)
 
 
 def encode_line(msg: _M) -> bytes:
