@@ -17,6 +17,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LOG_FILE_ENV = "HEADRACE_LOG_FILE"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -76,7 +77,7 @@ class LogFiles:
 
     def listing(self) -> list[dict]:
         """Flink's shape: [{"name", "size", "mtime" (ms)}], the main log first, then newest first."""
-        out = []
+        out: list[dict[str, Any]] = []
         for name, path in self._candidates().items():
             try:
                 st = path.stat()

@@ -86,6 +86,7 @@ class Timing:
     def celery_schedule(self):
         if self.cron is not None:
             return parse_cron(self.cron)
+        assert self.every_s is not None  # __post_init__: a cron expression or an interval
         return schedule(run_every=timedelta(seconds=self.every_s))
 
     def next_after(self, t: datetime) -> datetime:

@@ -99,7 +99,8 @@ _REVISION = re.compile(r"^(down_revision|revision)\s*=\s*['\"]?([\w]+)['\"]?", r
 def head_revision(versions: Path = MIGRATIONS / "versions") -> str | None:
     """The revision no other migration builds on, read from the files (Alembic's own
     ScriptDirectory agrees; tests/unit/test_catalog_head.py checks it)."""
-    revisions, parents = set(), set()
+    revisions: set[str] = set()
+    parents: set[str] = set()
     for path in versions.glob("*.py"):
         for key, value in _REVISION.findall(path.read_text()):
             (revisions if key == "revision" else parents).add(value)

@@ -124,7 +124,7 @@ class Channel(kombu_redis.Channel):
                 self._deliver_backlog(key, dest)
             return True
         finally:
-            self._in_poll = None
+            self._in_poll = None  # type: ignore[assignment]  # as kombu's own: it declares a bool, stores a connection
             flush = getattr(self, "_flush_brpop_reauth", None)  # kombu >= 5.6
             if flush is not None:
                 flush()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Callable
+from typing import Any, Callable, Mapping, cast
 
 import redis
 
@@ -28,6 +28,8 @@ from shared.transport.base import Handler
 log = logging.getLogger(__name__)
 
 FIELD = b"m"
+# A stream entry as this client (bytes, not decoded) reads it; the fields of a deleted entry are None.
+Entry = tuple[bytes, "dict[bytes, bytes] | None"]
 DONE_TTL_S = 2 * 3600
 MAX_HANDLER_FAILURES = 3
 
@@ -116,15 +118,14 @@ class RedisStreamsTransport:
 
     def _poll(self, stream, group, consumer, handler, *, count, block_ms, around_batch) -> int:
         key = (stream, group, consumer)
-        entries = []
+        entries: list[Entry] = []
         if key not in self._drained_pending:
-            resp = self.client.xreadgroup(group, consumer, {stream: "0"}, count=count)
-            entries = resp[0][1] if resp else []
+            entries = _entries(self.client.xreadgroup(group, consumer, {stream: "0"}, count=count))
             if not entries:
                 self._drained_pending.add(key)
         if not entries:
-            resp = self.client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms or None)
-            entries = resp[0][1] if resp else []
+            entries = _entries(self.client.xreadgroup(group, consumer, {stream: ">"}, count=count,
+                                                      block=block_ms or None))
         if not entries:
             return 0
         try:
@@ -134,9 +135,9 @@ class RedisStreamsTransport:
             self._drained_pending.discard(key)
             raise
 
-    def _deliver(self, stream: str, group: str, entries, handler: Handler, around_batch) -> int:
-        decoded: list[tuple[bytes, Envelope | None]] = []
-        dead: list[tuple[bytes, dict, str]] = []
+    def _deliver(self, stream: str, group: str, entries: list[Entry], handler: Handler, around_batch) -> int:
+        decoded: list[tuple[bytes, Envelope]] = []
+        dead: list[tuple[bytes, Mapping[Any, dead_letters.Value], str]] = []
         for entry_id, fields in entries:
             raw = (fields or {}).get(FIELD)
             try:
@@ -146,18 +147,18 @@ class RedisStreamsTransport:
             except UndecodableMessage as exc:
                 dead.append((entry_id, fields or {}, str(exc)))
                 continue
-            refused = self.auth.check(stream, env, raw, fields.get(SIGNATURE_FIELD))
+            refused = self.auth.check(stream, env, raw, fields.get(SIGNATURE_FIELD) if fields else None)
             if refused is not None:
-                dead.append((entry_id, fields, refused))
+                dead.append((entry_id, fields or {}, refused))
                 self._count_refusal(stream, env.body.type)
             else:
                 decoded.append((entry_id, env))
         if dead:
             pipe = self.client.pipeline(transaction=False)
-            for entry_id, fields, error in dead:
+            for entry_id, original, error in dead:
                 log.warning("dead-lettering entry %s of %s: %s", entry_id, stream, error)
                 dead_letters.add(pipe, error=error, origin={"stream": stream, "entry_id": entry_id, "group": group},
-                                 original=fields)
+                                 original=original)
                 pipe.xack(stream, group, entry_id)
             pipe.execute()
         if not decoded:
@@ -211,8 +212,9 @@ class RedisStreamsTransport:
             self.on_refused(stream, message_type)
 
     def dead_letters(self, count: int = 100) -> list[dict]:
-        return [{k.decode(): v for k, v in f.items()} | {"id": i.decode()}
-                for i, f in self.client.xrevrange(streams.DLQ_STREAM, count=count)]
+        # redis-py types an answer for every client mode; this client's are bytes.
+        rows = cast("list[tuple[bytes, dict[bytes, bytes]]]", self.client.xrevrange(streams.DLQ_STREAM, count=count))
+        return [{k.decode(): v for k, v in f.items()} | {"id": i.decode()} for i, f in rows]
 
     def close(self) -> None:
         self.client.close()
@@ -229,3 +231,8 @@ def wait_for_redis(url: str, timeout_s: float = 30.0) -> redis.Redis:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def _entries(response: Any) -> list[Entry]:
+    """XREADGROUP's answer for one stream, [[stream, [(id, fields), ...]]], or none."""
+    return response[0][1] if response else []

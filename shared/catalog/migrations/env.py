@@ -10,7 +10,10 @@ target_metadata = Base.metadata
 def run_migrations_online() -> None:
     conn = config.attributes.get("connection")
     if conn is None:
-        engine = create_engine(config.get_main_option("sqlalchemy.url"))
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:  # shared/catalog/db.py sets it, or passes a connection
+            raise RuntimeError("alembic: neither a connection nor sqlalchemy.url was given")
+        engine = create_engine(url)
         with engine.connect() as conn:
             context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
             with context.begin_transaction():

@@ -9,7 +9,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.catalog.models import Execution, Vertex, epoch_ms, utcnow
-from shared.catalog.repository.rows import NotFound, get_row
+from shared.catalog.repository.rows import NotFound, get_row, table_of
 from shared.ids import AllocationId, ExecutionId, JobId, TaskManagerId, VertexId
 from shared.states import ExecutionState, check_execution_transition
 
@@ -26,12 +26,12 @@ def add_scheduled_plans(s: Session, vertices: list[dict], executions: list[dict]
     execution's id, job_id, vertex_id and attempt. Each execution is created and scheduled at
     once, as create_execution and transition_execution(SCHEDULED) would leave it."""
     if vertices:
-        s.execute(insert(Vertex.__table__), vertices)
+        s.execute(insert(table_of(Vertex)), vertices)
     if executions:
         check_execution_transition(ExecutionState.CREATED, ExecutionState.SCHEDULED)
         now_ms = epoch_ms(utcnow())
         stamps = {ExecutionState.CREATED.value: now_ms, ExecutionState.SCHEDULED.value: now_ms}
-        s.execute(insert(Execution.__table__), [
+        s.execute(insert(table_of(Execution)), [
             dict(e, state=ExecutionState.SCHEDULED.value, timestamps=stamps, slots=[], rows_processed=0)
             for e in executions])
 

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.catalog.models import ExceptionRow, Job, JobTransition, epoch_ms, utcnow
-from shared.catalog.repository.rows import NotFound, StaleEpoch, get_row, next_value
+from shared.catalog.repository.rows import NotFound, StaleEpoch, get_row, next_value, table_of
 from shared.ids import ArtifactId, ExecutionId, JobId, TaskManagerId
 from shared.states import JobStatus, check_job_transition
 
@@ -80,7 +80,7 @@ def transition_job(
 
 def add_job_transitions(s: Session, rows: list[dict]) -> None:
     if rows:
-        s.execute(insert(JobTransition.__table__), rows)
+        s.execute(insert(table_of(JobTransition)), rows)
 
 
 def set_job_waiting_reason(s: Session, job: JobId | Job, reason: str | None) -> None:

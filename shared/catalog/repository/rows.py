@@ -3,11 +3,13 @@ named counters."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from typing import Sequence
+
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
-from shared.catalog.models import Sequence_
+from shared.catalog.models import Base, Sequence_
 from shared.errors import CoordinationError, NotFoundError
 
 
@@ -24,7 +26,7 @@ def _locked(s: Session) -> set:
     return s.info.setdefault("headrace_locked", set())
 
 
-def lock_rows(s: Session, model, ids) -> list:
+def lock_rows(s: Session, model, ids) -> Sequence:
     """Load and lock many rows in one statement; later get_* calls for them cost no SQL."""
     ids = list(ids)
     if not ids:
@@ -33,6 +35,15 @@ def lock_rows(s: Session, model, ids) -> list:
     _locked(s).update(identity_key(model, r.id) for r in rows)
     pin(s, rows)
     return rows
+
+
+def table_of(model: type[Base]) -> Table:
+    """The model's Core table, for bulk INSERTs (thousands of ORM objects cost more to track than
+    to write). Declarative types `__table__` as any FromClause; a mapped class's is a Table."""
+    table = model.__table__
+    if not isinstance(table, Table):
+        raise TypeError(f"{model.__name__} is not mapped to a table")
+    return table
 
 
 def pin(s: Session, rows) -> None:
