@@ -51,13 +51,13 @@ def deploys(n: int, taskmanagers: int, redis_url: str, catalog_url: str) -> list
                         checkpoint_dir=f"/tmp/headrace-bench-unused/{i}", fence_token=i + 1,
                         catalog_url=catalog_url, redis_url=redis_url, config={"noop.duration": -1})
         out.append(DeployTask(taskmanager_id=f"{FLEET}-sim{i % taskmanagers:05d}", allocation_id=new_allocation_id(),
-                              slot_indices=(i // taskmanagers,), spec=spec.model_dump()))
+                              slot_indices=(i // taskmanagers,), spec=spec))
     return out
 
 
 def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask], tm: psutil.Process,
             timeout_s: float) -> dict:
-    wanted = {c.spec["execution_id"] for c in cmds}
+    wanted = {c.spec.execution_id for c in cmds}
     last_id = client.xinfo_stream(streams.JM_STREAM)["last-generated-id"] if client.exists(streams.JM_STREAM) else "0"
     cpu0 = sum(tm.cpu_times()[:2])
     t0 = time.perf_counter()

@@ -146,11 +146,14 @@ class CommandGateway:
     def _write(self, items: list[tuple[str, bytes, bytes | None]]) -> None:
         if not items:
             return
-        pipe = self.client.pipeline(transaction=False)
+        client, wire = self.client, self.wire
+        if client is None or wire is None:  # items are made by the wire, which exists with a client
+            raise RuntimeError("Celery wire items written without a Redis client")
+        pipe = client.pipeline(transaction=False)
         for queue, message, event in items:
             pipe.lpush(queue, message)
             if event is not None:
-                pipe.publish(self.wire.event_channel, event)
+                pipe.publish(wire.event_channel, event)
         pipe.execute()
 
 
@@ -158,9 +161,9 @@ def summary(body, epoch: int) -> str:
     """What Celery's events (Flower, `celery events`) show of a command instead of its payload:
     the ids an operator looks for, and nothing of the task spec (its catalog URL may hold a
     password)."""
-    spec = getattr(body, "spec", None) or {}
-    fields = {"job": getattr(body, "job_id", None) or spec.get("job_id"),
-              "execution": getattr(body, "execution_id", None) or spec.get("execution_id"),
-              "attempt": spec.get("attempt"), "checkpoint": getattr(body, "checkpoint_id", None),
+    spec = getattr(body, "spec", None)
+    fields = {"job": getattr(body, "job_id", None) or getattr(spec, "job_id", None),
+              "execution": getattr(body, "execution_id", None) or getattr(spec, "execution_id", None),
+              "attempt": getattr(spec, "attempt", None), "checkpoint": getattr(body, "checkpoint_id", None),
               "taskmanager": getattr(body, "taskmanager_id", None), "epoch": epoch}
     return f"{body.type}(" + ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None) + ")"

@@ -12,6 +12,7 @@ from services.jobmanager.checkpoints import CheckpointCoordinator
 from shared import job_options
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
+from shared.ids import ExecutionId, slot_request_id
 from shared.messages import DeployTask, RequestSlots, SlotsAllocated
 from shared.settings import Settings
 from shared.task_protocol import TaskSpec
@@ -38,10 +39,10 @@ class Deployment:
         self.settings, self.checkpoints = settings, checkpoints
         self._last_fence = 0
 
-    def request(self, job: Job, parallelism: int, execution_id: str) -> RequestSlots:
+    def request(self, job: Job, parallelism: int, execution_id: ExecutionId) -> RequestSlots:
         timeout = slot_request_timeout(job.config, self.settings.slot_request_timeout_s)
-        return RequestSlots(request_id=execution_id, job_id=job.id, execution_id=execution_id, slots=parallelism,
-                            timeout_s=timeout, submitted_seq=job.seq)
+        return RequestSlots(request_id=slot_request_id(execution_id), job_id=job.id, execution_id=execution_id,
+                            slots=parallelism, timeout_s=timeout, submitted_seq=job.seq)
 
     def slot_request(self, job: Job, vertex: Vertex, ex: Execution) -> RequestSlots:
         return self.request(job, vertex.parallelism, ex.id)
@@ -71,7 +72,7 @@ class Deployment:
             config=dict(job.config or {}),
         )
         return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
-                          slot_indices=msg.slot_indices, spec=spec.model_dump())
+                          slot_indices=msg.slot_indices, spec=spec)
 
     def next_fence(self) -> int:
         """Wall-clock microseconds, strictly increasing within this process: across JobManagers

@@ -26,6 +26,7 @@ from shared import streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.errors import CoordinationError
+from shared.ids import TaskManagerId
 from shared.messages import DeployTask
 
 log = logging.getLogger("headrace.jobmanager")
@@ -135,7 +136,7 @@ class UnitOfWork:
 
     def command(self, kind: str, queue: str, cmd: Any) -> None:
         """A command to a TaskManager's queue (`kind`: outbox.DEPLOY, CANCEL or CHECKPOINT)."""
-        execution_id = cmd.spec["execution_id"] if isinstance(cmd, DeployTask) else cmd.execution_id
+        execution_id = cmd.spec.execution_id if isinstance(cmd, DeployTask) else cmd.execution_id
         self._add(Outbox.effect(kind, queue, cmd, execution_id))
 
     def after_commit(self, action: Callable[[], None]) -> None:
@@ -156,10 +157,10 @@ class UnitOfWork:
 
     # --- where commands go -------------------------------------------------------------
 
-    def learn_queue(self, taskmanager_id: str, queue: str) -> None:
+    def learn_queue(self, taskmanager_id: TaskManagerId, queue: str) -> None:
         self._queues[taskmanager_id] = queue
 
-    def queue_of(self, taskmanager_id: str, s: Session | None = None) -> str:
+    def queue_of(self, taskmanager_id: TaskManagerId, s: Session | None = None) -> str:
         """The Celery queue of a TaskManager: learned from slot offers, else from the catalog."""
         if taskmanager_id not in self._queues and s is not None:
             try:

@@ -72,7 +72,7 @@ def test_periodic_checkpoints_complete_and_only_the_retained_ones_stay(h):
         h.clock.advance(1.0)
         h.pump()
         [trig] = triggers(h)
-        assert (trig.checkpoint_id, trig.kind, trig.execution_id) == (n, "checkpoint", cmd.spec["execution_id"])
+        assert (trig.checkpoint_id, trig.kind, trig.execution_id) == (n, "checkpoint", cmd.spec.execution_id)
         assert trig.target == str(h.settings.checkpoints / job / f"chk-{n}")
         paths.append(ack(h, trig, batch_id=10 * n))
     assert rows(h, job) == [(1, "checkpoint", "DISCARDED"), (2, "checkpoint", "DISCARDED"),
@@ -117,10 +117,10 @@ def test_expired_checkpoint_fails_the_job_over_and_the_restart_restores_the_late
     h.report(cmd, ES.CANCELED)  # the failed-over attempt's task stops
     h.pump()
     [redeploy] = h.deployed()
-    assert redeploy.spec["attempt"] == 1
-    assert redeploy.spec["restore_from"] == completed and redeploy.spec["restore_checkpoint_id"] == 1
-    assert redeploy.spec["checkpoint_dir"] != cmd.spec["checkpoint_dir"]  # never the old attempt's live dir
-    assert h.execution(redeploy.spec["execution_id"]).restored_from == completed
+    assert redeploy.spec.attempt == 1
+    assert redeploy.spec.restore_from == completed and redeploy.spec.restore_checkpoint_id == 1
+    assert redeploy.spec.checkpoint_dir != cmd.spec.checkpoint_dir  # never the old attempt's live dir
+    assert h.execution(redeploy.spec.execution_id).restored_from == completed
 
 
 def test_a_checkpoint_failover_cancels_the_running_attempt_and_keeps_its_slot_until_it_stopped(tmp_path):
@@ -134,7 +134,7 @@ def test_a_checkpoint_failover_cancels_the_running_attempt_and_keeps_its_slot_un
     [trig] = triggers(h)
     h.clock.advance(5.5)
     h.pump()
-    old = cmd.spec["execution_id"]
+    old = cmd.spec.execution_id
     cancels = [c for _, c in h.gw.sent if isinstance(c, CancelTask)]
     assert [c.execution_id for c in cancels] == [old]
     assert h.execution(old).state == ES.CANCELING.value
@@ -144,7 +144,7 @@ def test_a_checkpoint_failover_cancels_the_running_attempt_and_keeps_its_slot_un
     h.report(cmd, ES.CANCELED)
     h.pump()
     [redeploy] = h.deployed()
-    assert redeploy.spec["attempt"] == 1 and redeploy.slot_indices == cmd.slot_indices
+    assert redeploy.spec.attempt == 1 and redeploy.slot_indices == cmd.slot_indices
 
 
 def test_tolerable_failures_let_declines_pass_and_a_completion_resets_the_count(h):
@@ -262,8 +262,8 @@ def test_rescale_restarts_from_the_savepoint_with_the_new_parallelism(h, tmp_pat
     h.report(cmd, ES.FINISHED)
     h.pump()
     [redeploy] = h.deployed()
-    assert redeploy.spec["parallelism"] == 3 and len(redeploy.slot_indices) == 3
-    assert redeploy.spec["restore_from"] == sp
+    assert redeploy.spec.parallelism == 3 and len(redeploy.slot_indices) == 3
+    assert redeploy.spec.restore_from == sp
     assert h.job(job).status == "RUNNING" and operation(h, rid).status == "COMPLETED"
 
 

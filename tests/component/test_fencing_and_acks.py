@@ -51,8 +51,8 @@ def wait(h, seconds: float, *deploys: DeployTask) -> None:
     """Let `seconds` pass with both TaskManagers heartbeating, reporting the slots of `deploys`."""
     reports = {"tm-0": [], "tm-1": []}
     for d in deploys:
-        reports[d.taskmanager_id] += [SlotState(index=i, allocation_id=d.allocation_id, job_id=d.spec["job_id"],
-                                                execution_id=d.spec["execution_id"]) for i in d.slot_indices]
+        reports[d.taskmanager_id] += [SlotState(index=i, allocation_id=d.allocation_id, job_id=d.spec.job_id,
+                                                execution_id=d.spec.execution_id) for i in d.slot_indices]
     left = seconds
     while left > 0:
         step = min(2.0, left)
@@ -64,7 +64,7 @@ def wait(h, seconds: float, *deploys: DeployTask) -> None:
 
 
 def fail_report(cmd: DeployTask, ex_tm: str) -> TaskStateChanged:
-    return TaskStateChanged(execution_id=cmd.spec["execution_id"], job_id=cmd.spec["job_id"], taskmanager_id=ex_tm,
+    return TaskStateChanged(execution_id=cmd.spec.execution_id, job_id=cmd.spec.job_id, taskmanager_id=ex_tm,
                             state=ES.FAILED, failure_cause="boom")
 
 
@@ -72,11 +72,11 @@ def test_a_deposed_leader_commits_nothing_even_for_jobs_the_new_leader_has_not_t
     job, cmd = running(h, restart={"type": "fixed-delay", "attempts": 3, "delay": 0})
     old = h.jm
     h.jm = new_leader(h, epoch=2)  # the old one was paused; it wakes up with a batch to finish
-    ex_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    ex_tm = h.execution(cmd.spec.execution_id).taskmanager_id
     with pytest.raises(LeadershipLost):
         with old.unit_of_work():
             old.handle(_env(fail_report(cmd, ex_tm)))
-    assert h.execution(cmd.spec["execution_id"]).state == "RUNNING"
+    assert h.execution(cmd.spec.execution_id).state == "RUNNING"
     assert h.job(job).status == "RUNNING" and h.job(job).restart_state is None
     with h.catalog.session() as s:
         assert repo.pending_outbox(s) == []  # and nothing it decided waits to be sent
@@ -125,7 +125,7 @@ def test_a_deploy_committed_by_the_old_leader_goes_out_only_under_the_new_epoch(
     with h.jm.unit_of_work():
         h.jm.recover()
     [(_, epoch, cmd)] = sent
-    assert epoch == 2 and cmd.spec["execution_id"] == ex_id
+    assert epoch == 2 and cmd.spec.execution_id == ex_id
     with h.catalog.session() as s:
         assert {decode(r.envelope).epoch for r in repo.pending_outbox(s)} <= {2}
 
@@ -135,26 +135,26 @@ def test_a_deploy_never_acknowledged_fails_over_after_the_timeout(h):
     h.pump()
     [cmd] = h.deployed()  # "lost": the TaskManager never answers
     wait(h, h.settings.deploy_ack_timeout_s - 1, cmd)
-    assert h.execution(cmd.spec["execution_id"]).state == "DEPLOYING"
+    assert h.execution(cmd.spec.execution_id).state == "DEPLOYING"
     wait(h, 2, cmd)
-    ex = h.execution(cmd.spec["execution_id"])
+    ex = h.execution(cmd.spec.execution_id)
     assert ex.state == "FAILED" and "did not acknowledge the deployment" in ex.failure_cause
     [again] = h.deployed()
-    assert again.spec["attempt"] == 1 and again.spec["job_id"] == job
+    assert again.spec.attempt == 1 and again.spec.job_id == job
 
 
 def test_a_rejected_deploy_fails_over_at_once(h):
     job = h.submit(restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
     h.pump()
     [cmd] = h.deployed()
-    tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    tm = h.execution(cmd.spec.execution_id).taskmanager_id
     h.t.publish(streams.JM_STREAM, CommandRejected(taskmanager_id=tm, command="DeployTask",
-                                                   execution_id=cmd.spec["execution_id"], job_id=job,
+                                                   execution_id=cmd.spec.execution_id, job_id=job,
                                                    reason="spec failed validation: parallelism: must be > 0"))
     h.pump()
-    assert "spec failed validation" in h.execution(cmd.spec["execution_id"]).failure_cause
+    assert "spec failed validation" in h.execution(cmd.spec.execution_id).failure_cause
     [again] = h.deployed()
-    assert again.spec["attempt"] == 1
+    assert again.spec.attempt == 1
 
 
 def test_a_cancel_never_confirmed_is_sent_again_then_given_up_and_its_slots_freed(h):
@@ -166,16 +166,16 @@ def test_a_cancel_never_confirmed_is_sent_again_then_given_up_and_its_slots_free
     assert [type(c) for _, c in h.gw.sent] == [CancelTask]
     wait(h, h.settings.cancel_ack_timeout_s + 1, cmd)
     assert [type(c) for _, c in h.gw.sent] == [CancelTask, CancelTask]
-    assert h.execution(cmd.spec["execution_id"]).state == "CANCELING"
+    assert h.execution(cmd.spec.execution_id).state == "CANCELING"
     wait(h, h.settings.cancel_ack_timeout_s + 1, cmd)
-    assert h.execution(cmd.spec["execution_id"]).state == "CANCELED"
+    assert h.execution(cmd.spec.execution_id).state == "CANCELED"
     assert h.job(job).status == "CANCELED"
     assert h.rm.slots.free_slots() == free + len(cmd.slot_indices)
 
 
 def test_a_failure_redelivered_after_a_rollback_uses_one_restart_not_two(h):
     job, cmd = running(h, restart={"type": "fixed-delay", "attempts": 1, "delay": 0})
-    ex_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    ex_tm = h.execution(cmd.spec.execution_id).taskmanager_id
     # The first delivery is handled, then its unit of work rolls back (the catalog failed at commit).
     with pytest.raises(RuntimeError):
         with h.jm.unit_of_work():
@@ -185,7 +185,7 @@ def test_a_failure_redelivered_after_a_rollback_uses_one_restart_not_two(h):
     h.pump()
     assert h.job(job).restart_state == {"failures": 1}
     [again] = h.deployed()  # one restart allowed, one used: the job restarted, it did not fail
-    assert again.spec["attempt"] == 1 and h.job(job).status == "RUNNING"
+    assert again.spec.attempt == 1 and h.job(job).status == "RUNNING"
 
 
 def test_the_restart_budget_survives_a_leader_change(h):
@@ -200,13 +200,13 @@ def test_the_restart_budget_survives_a_leader_change(h):
 
 def test_a_redelivered_progress_report_is_counted_once(h):
     job, cmd = running(h)
-    p = TaskProgress(execution_id=cmd.spec["execution_id"], job_id=job, batch_id=0, num_input_rows=500)
+    p = TaskProgress(execution_id=cmd.spec.execution_id, job_id=job, batch_id=0, num_input_rows=500)
     sender = f"taskmanager:{cmd.taskmanager_id}"
     for _ in range(2):
         h.t.publish(streams.JM_STREAM, p, sender=sender)
         h.pump()
-    h.t.publish(streams.JM_STREAM, TaskProgress(execution_id=cmd.spec["execution_id"], job_id=job, batch_id=1,
+    h.t.publish(streams.JM_STREAM, TaskProgress(execution_id=cmd.spec.execution_id, job_id=job, batch_id=1,
                                                 num_input_rows=7), sender=sender)
     h.pump()
-    ex = h.execution(cmd.spec["execution_id"])
+    ex = h.execution(cmd.spec.execution_id)
     assert (ex.last_batch_id, ex.rows_processed) == (1, 507)

@@ -130,7 +130,7 @@ def completed(h, job, cid, kind="checkpoint") -> str:
 
 
 def fail(h, cmd, name: str, cause: str) -> None:
-    ex = h.execution(cmd.spec["execution_id"])
+    ex = h.execution(cmd.spec.execution_id)
     h.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=ex.id, job_id=ex.job_id,
                                                     taskmanager_id=ex.taskmanager_id, state=ES.FAILED,
                                                     failure_name=name, failure_cause=cause))
@@ -140,7 +140,7 @@ def fail(h, cmd, name: str, cause: str) -> None:
 def restore_failed(h, cmd, why="spark/offsets/2: not a Spark offset log") -> None:
     fail(h, cmd, SnapshotRestoreError.__name__,
          f"Traceback (most recent call last):\n  ...\nshared.restore_failure.SnapshotRestoreError: the snapshot "
-         f"{cmd.spec['restore_from']} could not be restored: {why}\n")
+         f"{cmd.spec.restore_from} could not be restored: {why}\n")
 
 
 def checkpoint_rows(h, job):
@@ -157,10 +157,10 @@ def test_a_checkpoint_that_cannot_be_restored_is_marked_and_the_restart_uses_the
     one, two = completed(h, job, 1), completed(h, job, 2)
     fail(h, first, "TaskFailure", "boom")
     [second] = h.deployed()
-    assert second.spec["restore_from"] == two and second.spec["restore_checkpoint_id"] == 2
+    assert second.spec.restore_from == two and second.spec.restore_checkpoint_id == 2
     restore_failed(h, second)
     [third] = h.deployed()
-    assert third.spec["restore_from"] == one and third.spec["restore_checkpoint_id"] == 1
+    assert third.spec.restore_from == one and third.spec.restore_checkpoint_id == 1
     assert checkpoint_rows(h, job) == {2: ("DISCARDED", "restore failed: the snapshot " + two + " could not be "
                                           "restored: spark/offsets/2: not a Spark offset log"), 1: ("COMPLETED", None)}
     assert Path(two, "_metadata").is_file()  # kept for inspection: retention never deletes it
@@ -173,7 +173,7 @@ def test_a_checkpoint_that_cannot_be_restored_is_marked_and_the_restart_uses_the
     three = completed(h, job, 3)
     fail(h, third, "TaskFailure", "boom again")
     [fourth] = h.deployed()
-    assert fourth.spec["restore_from"] == three
+    assert fourth.spec.restore_from == three
 
 
 def test_nothing_older_to_fall_back_to_fails_the_job_instead_of_starting_over(tmp_path):
@@ -199,7 +199,7 @@ def test_the_savepoint_a_job_was_submitted_with_is_never_silently_replaced(tmp_p
     job = h.submit(restart=RESTARTS, config={"execution.savepoint.path": str(sp)})
     h.pump()
     [first] = h.deployed()
-    assert first.spec["restore_from"] == str(sp) and first.spec["restore_checkpoint_id"] is None
+    assert first.spec.restore_from == str(sp) and first.spec.restore_checkpoint_id is None
     restore_failed(h, first, why="spark/: 3 files, its metadata counted 4")
     assert h.job(job).status == "FAILED" and h.deployed() == []
     text = exceptions(h, job)[0][1]
@@ -218,7 +218,7 @@ def test_other_failures_still_restart_from_the_latest_checkpoint(tmp_path):
     [second] = h.deployed()
     fail(h, second, "Py4JJavaError", "a pipeline bug, not the snapshot's")
     [third] = h.deployed()
-    assert third.spec["restore_from"] == two and checkpoint_rows(h, job)[2] == ("COMPLETED", None)
+    assert third.spec.restore_from == two and checkpoint_rows(h, job)[2] == ("COMPLETED", None)
 
 
 # --- savepoint targets on the JobManager's side --------------------------------------------

@@ -101,10 +101,10 @@ class Harness:
         return out
 
     def report(self, cmd: DeployTask, *states: ES, cause=None):
-        tm = cmd.spec["execution_id"]
-        ex_tm = self.execution(cmd.spec["execution_id"]).taskmanager_id
+        tm = cmd.spec.execution_id
+        ex_tm = self.execution(cmd.spec.execution_id).taskmanager_id
         for st in states:
-            self.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=tm, job_id=cmd.spec["job_id"],
+            self.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=tm, job_id=cmd.spec.job_id,
                                                                taskmanager_id=ex_tm, state=st, failure_cause=cause))
         self.pump()
 
@@ -188,14 +188,14 @@ def test_cancel_running_job_sends_cancel_and_ends_canceled(h):
     h.pump()
     assert h.job(job).status == "CANCELLING"
     cancels = [c for _, c in h.gw.sent if isinstance(c, CancelTask)]
-    assert [c.execution_id for c in cancels] == [cmd.spec["execution_id"]]
+    assert [c.execution_id for c in cancels] == [cmd.spec.execution_id]
     h.report(cmd, ES.CANCELED)
     assert h.job(job).status == "CANCELED" and h.rm.slots.free_slots() == 8
 
 
 def _lose_the_taskmanager_of(h, cmd) -> str:
     """Only the other TaskManager keeps heartbeating, for 12 s; returns it."""
-    lost_tm = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    lost_tm = h.execution(cmd.spec.execution_id).taskmanager_id
     survivor = "tm-1" if lost_tm == "tm-0" else "tm-0"
     for _ in range(6):
         h.clock.advance(2)
@@ -211,9 +211,9 @@ def test_taskmanager_lost_restarts_on_the_other_one(h):
     h.report(cmd, ES.RUNNING)
     survivor = _lose_the_taskmanager_of(h, cmd)
     [cmd2] = h.deployed()
-    ex1 = h.execution(cmd.spec["execution_id"])
+    ex1 = h.execution(cmd.spec.execution_id)
     assert ex1.state == "FAILED" and "TaskManager lost" in ex1.failure_cause
-    assert h.execution(cmd2.spec["execution_id"]).taskmanager_id == survivor
+    assert h.execution(cmd2.spec.execution_id).taskmanager_id == survivor
     assert h.job(job).status == "RUNNING"
 
 
@@ -228,7 +228,7 @@ def test_taskmanager_that_died_while_the_resourcemanager_was_down_is_declared_lo
     h.pump()
     [cmd] = h.deployed()
     h.report(cmd, ES.RUNNING)
-    dead = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    dead = h.execution(cmd.spec.execution_id).taskmanager_id
     survivor = "tm-1" if dead == "tm-0" else "tm-0"
     _restart_resourcemanager(h)
     # Only the survivor registers again, as TaskManagers do when they see a new session.
@@ -238,14 +238,14 @@ def test_taskmanager_that_died_while_the_resourcemanager_was_down_is_declared_lo
     h.clock.advance(h.settings.heartbeat_timeout_s - 1)
     h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
     h.pump()
-    assert h.execution(cmd.spec["execution_id"]).state == "RUNNING"  # still within its grace
+    assert h.execution(cmd.spec.execution_id).state == "RUNNING"  # still within its grace
     h.clock.advance(2)
     h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
     h.pump()
-    ex = h.execution(cmd.spec["execution_id"])
+    ex = h.execution(cmd.spec.execution_id)
     assert ex.state == "FAILED" and "did not register again" in ex.failure_cause
     [cmd2] = h.deployed()
-    assert h.execution(cmd2.spec["execution_id"]).taskmanager_id == survivor
+    assert h.execution(cmd2.spec.execution_id).taskmanager_id == survivor
     assert h.job(job).status == "RUNNING"
     with h.catalog.session() as s:
         assert repo.get_taskmanager(s, dead).state == "LOST"
@@ -293,11 +293,11 @@ def test_taskmanager_that_unregistered_while_the_resourcemanager_was_down_is_gon
     h.pump()
     [cmd] = h.deployed()
     h.report(cmd, ES.RUNNING)
-    stopped = h.execution(cmd.spec["execution_id"]).taskmanager_id
+    stopped = h.execution(cmd.spec.execution_id).taskmanager_id
     h.t.publish(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id=stopped, reason="shutdown"))
     _restart_resourcemanager(h)  # the unregistration waits in the stream for the new one
     h.pump()
-    assert h.execution(cmd.spec["execution_id"]).state == "FAILED"
+    assert h.execution(cmd.spec.execution_id).state == "FAILED"
     with h.catalog.session() as s:
         assert repo.get_taskmanager(s, stopped).state == "UNREGISTERED"
 
@@ -309,7 +309,7 @@ def test_taskmanager_that_registers_again_after_a_resourcemanager_restart_keeps_
     h.report(cmd, ES.RUNNING)
     _restart_resourcemanager(h)
     # The TaskManager that runs the task reports it, and its slots, when it registers again.
-    ex = h.execution(cmd.spec["execution_id"])
+    ex = h.execution(cmd.spec.execution_id)
     held = tuple(SlotState(index=i, allocation_id=cmd.allocation_id, job_id=ex.job_id, execution_id=ex.id)
                  for i in cmd.slot_indices)
     reports = {tm: (held if tm == ex.taskmanager_id else ()) for tm in ("tm-0", "tm-1")}
@@ -323,7 +323,7 @@ def test_taskmanager_that_registers_again_after_a_resourcemanager_restart_keeps_
         for tm in ("tm-0", "tm-1"):
             h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=reports[tm]))
         h.pump()
-    assert h.execution(cmd.spec["execution_id"]).state == "RUNNING"
+    assert h.execution(cmd.spec.execution_id).state == "RUNNING"
     assert h.deployed() == []
 
 
@@ -332,7 +332,7 @@ def test_taskmanager_that_registers_again_without_its_task_fails_it_over(h):
     h.pump()
     [cmd] = h.deployed()
     h.report(cmd, ES.INITIALIZING, ES.RUNNING)
-    ex = h.execution(cmd.spec["execution_id"])
+    ex = h.execution(cmd.spec.execution_id)
     # The same TaskManager id comes back (a restarted process, as in the compose stack), running
     # nothing: the catalog's RUNNING attempt has nothing behind it and must move at once.
     _restart_resourcemanager(h)
@@ -343,7 +343,7 @@ def test_taskmanager_that_registers_again_without_its_task_fails_it_over(h):
     assert h.execution(ex.id).state == "FAILED"
     assert "registered again without this task" in h.execution(ex.id).failure_cause
     [again] = h.deployed()
-    assert again.spec["job_id"] == job and again.spec["attempt"] == 1
+    assert again.spec.job_id == job and again.spec.attempt == 1
 
 
 def test_many_jobs_wait_with_reason_and_start_in_submission_order(h):
@@ -351,11 +351,11 @@ def test_many_jobs_wait_with_reason_and_start_in_submission_order(h):
     h.pump()
     first = h.deployed()
     assert len(first) == 4  # 2 TaskManagers x 4 slots / 2 slots each
-    assert {c.spec["job_id"] for c in first} == set(jobs[:4])
+    assert {c.spec.job_id for c in first} == set(jobs[:4])
     assert h.job(jobs[4]).waiting_reason == "waiting for 2 slots; 0 free"
     h.report(first[2], ES.RUNNING, ES.FINISHED)
     [nxt] = h.deployed()
-    assert nxt.spec["job_id"] == jobs[4]
+    assert nxt.spec.job_id == jobs[4]
 
 
 def test_slot_request_timeout_fails_job_with_message(tmp_path):
@@ -396,7 +396,7 @@ def test_submissions_of_one_batch_start_together_and_keep_the_order_of_the_batch
     h.pump()
     assert h.job(ids["A"]).status == "CANCELED" and h.attempts(ids["A"]) == [(0, "CANCELED")]
     assert h.job(ids["C"]).status == "CANCELED" and h.attempts(ids["C"]) == []  # never planned
-    deployed = {c.spec["job_id"]: c for c in h.deployed()}
+    deployed = {c.spec.job_id: c for c in h.deployed()}
     assert set(deployed) == {ids["B"], ids["D"]}
     for name in "BD":
         assert h.job(ids[name]).status == "RUNNING" and h.attempts(ids[name]) == [(0, "DEPLOYING")]

@@ -87,10 +87,12 @@ def test_commands_show_up_as_celery_events(cluster, rest, jar):
 def test_a_command_is_summarised_by_its_ids():
     from shared.commands import summary
     from shared.messages import CancelTask, DeployTask
+    from shared.task_protocol import TaskSpec
 
     deploy = DeployTask(taskmanager_id="tm-1", allocation_id="a", slot_indices=(0,),
-                        spec={"job_id": "j1", "execution_id": "e1", "attempt": 2,
-                              "catalog_url": "postgresql://u:secret@db/headrace"})
+                        spec=TaskSpec(job_id="j1", vertex_id="v1", execution_id="e1", attempt=2, parallelism=1,
+                                      checkpoint_dir="/tmp/x", redis_url="redis://",
+                                      catalog_url="postgresql://u:secret@db/headrace"))
     assert summary(deploy, 7) == "DeployTask(job=j1, execution=e1, attempt=2, taskmanager=tm-1, epoch=7)"
     assert summary(CancelTask(taskmanager_id="tm-1", execution_id="e1", job_id="j1"), 7) == \
         "CancelTask(job=j1, execution=e1, taskmanager=tm-1, epoch=7)"

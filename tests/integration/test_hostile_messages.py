@@ -19,10 +19,11 @@ import pytest
 import redis
 
 from shared import leader_epoch, streams
-from shared.commands import CANCEL_TASK, DEPLOY_TASK, CommandGateway, make_celery
-from shared.ids import new_allocation_id, new_execution_id, new_job_id
+from shared.commands import CANCEL_TASK, DEPLOY_TASK, make_celery
+from shared.ids import new_allocation_id, new_execution_id, new_job_id, new_vertex_id
 from shared.message_auth import control_plane_auth
 from shared.messages import DeployTask, SubmitJob, decode, encode, wrap
+from shared.task_protocol import TaskSpec
 from shared.transport import dead_letters
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from tests.clusters import start_cluster, wait_for
@@ -135,25 +136,22 @@ def test_invalid_command_of_the_current_leader_is_dead_lettered_and_rejected(clu
     epoch = leader_epoch.current(client)
     mark, jm_len = dlq_tail(client), client.xlen(streams.JM_STREAM)
     ex1, job1, ex2, job2, ex3 = new_execution_id(), new_job_id(), new_execution_id(), new_job_id(), new_execution_id()
-    # A spec without vertex, attempt, parallelism, ...: the envelope decodes, the spec does not validate.
-    bad_spec = DeployTask(taskmanager_id=TM, allocation_id=new_allocation_id(), slot_indices=(0,),
-                          spec={"execution_id": ex1, "job_id": job1, "kind": "noop"})
-    # An envelope that no longer decodes (allocation_id missing) but still names its attempt.
-    undecodable = json.loads(encode(wrap(bad_spec.model_copy(update={"spec": {"execution_id": ex2, "job_id": job2}}),
-                                         sender="jobmanager", epoch=epoch)))
+    # A spec without vertex, attempt, parallelism, ...: the envelope does not decode (the spec
+    # is typed), and it still names its attempt.
+    bad_spec = deploy_with_spec(epoch, {"execution_id": ex1, "job_id": job1, "kind": "noop"})
+    # An envelope that does not decode for another reason (allocation_id missing).
+    undecodable = deploy_with_spec(epoch, {"execution_id": ex2, "job_id": job2})
     del undecodable["body"]["allocation_id"]
     app = make_celery(cluster.redis_url, "forger")
     # Signed with the cluster's keys: a JobManager's own bad command (the unsigned kind is
     # tests/integration/test_signed_messages.py's).
     auth = control_plane_auth(cluster.settings)
     try:
-        CommandGateway(app, sender="jobmanager", epoch=epoch, auth=auth).deploy(QUEUE, bad_spec)
-        payload = json.dumps(undecodable)
-        app.send_task(DEPLOY_TASK, args=[payload, auth.sign_command(TM, payload.encode())], queue=QUEUE,
-                      routing_key=QUEUE, expires=60)
-        # The same bad spec from an older epoch: dropped and logged, nobody is told.
-        CommandGateway(app, sender="jobmanager", epoch=epoch - 1, auth=auth).deploy(
-            QUEUE, bad_spec.model_copy(update={"spec": {"execution_id": ex3}}))
+        # The last: the same bad spec from an older epoch: dead-lettered, nobody is told.
+        for envelope in (bad_spec, undecodable, deploy_with_spec(epoch - 1, {"execution_id": ex3})):
+            payload = json.dumps(envelope)
+            app.send_task(DEPLOY_TASK, args=[payload, auth.sign_command(TM, payload.encode())], queue=QUEUE,
+                          routing_key=QUEUE, expires=60)
     finally:
         app.close()
     rejected = wait_for_at_least("CommandRejected", lambda: command_rejections(client, jm_len), 2)
@@ -162,11 +160,22 @@ def test_invalid_command_of_the_current_leader_is_dead_lettered_and_rejected(clu
     assert by_execution[ex1].job_id == job1 and by_execution[ex1].command == "DeployTask"
     assert by_execution[ex2].job_id == job2
     assert all(r.taskmanager_id == TM and r.reason for r in rejected)
-    letters = wait_for_at_least("dead letter", lambda: dead_letters_since(client, mark), 2)
-    assert len(letters) == 2 and all(d["queue"] == QUEUE.encode() for d in letters)
+    letters = wait_for_at_least("dead letter", lambda: dead_letters_since(client, mark), 3)
+    assert len(letters) == 3 and all(d["queue"] == QUEUE.encode() for d in letters)
     time.sleep(0.5)
     assert ex3 not in {r.execution_id for r in command_rejections(client, jm_len)}
     assert_taskmanager_alive(cluster)
+
+
+def deploy_with_spec(epoch: int, raw_spec: dict) -> dict:
+    """A JobManager's DeployTask envelope carrying `raw_spec` as it is (one that does not
+    validate cannot be built as a DeployTask)."""
+    spec = TaskSpec(job_id=new_job_id(), vertex_id=new_vertex_id(), execution_id=new_execution_id(), attempt=0,
+                    parallelism=1, kind="noop", checkpoint_dir="/tmp/x", redis_url="redis://")
+    envelope = json.loads(encode(wrap(DeployTask(taskmanager_id=TM, allocation_id=new_allocation_id(),
+                                                 slot_indices=(0,), spec=spec), sender="jobmanager", epoch=epoch)))
+    envelope["body"]["spec"] = raw_spec
+    return envelope
 
 
 def test_undecodable_entry_on_a_taskmanager_inbox_is_dead_lettered(cluster, client):

@@ -74,7 +74,7 @@ def deploy_for(tm: str, artifact_path: str, sha256: str | None) -> DeployTask:
                     kind="pyspark", artifact_path=artifact_path, artifact_sha256=sha256,
                     checkpoint_dir=f"/tmp/{ex}", catalog_url="sqlite://", redis_url="redis://")
     return DeployTask(taskmanager_id=tm, allocation_id=new_allocation_id(), slot_indices=(0,),
-                      spec=spec.model_dump())
+                      spec=spec)
 
 
 def send_command(cluster, task: str, queue: str, args: list) -> None:
@@ -147,7 +147,7 @@ def test_a_forged_deploy_never_runs_whatever_it_is_signed_with(cluster, client, 
     finally:
         app.close()
     [rejected] = wait_for_at_least("CommandRejected", lambda: jm_reports(client, jm_len, "CommandRejected"), 1)
-    assert rejected.execution_id == outside.spec["execution_id"] and rejected.taskmanager_id == "tm-2"
+    assert rejected.execution_id == outside.spec.execution_id and rejected.taskmanager_id == "tm-2"
     assert "outside this TaskManager's artifact directory" in rejected.reason, rejected.reason
     time.sleep(2)  # a driver started for any of them would have imported the file by now
     assert not marker.exists(), "a forged deploy ran its file"

@@ -89,8 +89,8 @@ def test_a_new_leader_continues_numbering_and_restores_from_the_zookeeper_pointe
     h.pump()
     [redeploy] = h.deployed()
     newest = ZooKeeperCheckpointStore(zk, "/hr").completed(job)[-1]
-    assert newest["id"] == 4 and redeploy.spec["restore_from"] == newest["path"]
-    assert redeploy.spec["restore_checkpoint_id"] == 4
+    assert newest["id"] == 4 and redeploy.spec.restore_from == newest["path"]
+    assert redeploy.spec.restore_checkpoint_id == 4
     with h.catalog.session() as s:
         statuses = {r.checkpoint_id: r.status for r in repo.list_checkpoints(s, job)}
     assert statuses == {1: "DISCARDED", 2: "DISCARDED", 3: "COMPLETED", 4: "COMPLETED", 5: "FAILED"}

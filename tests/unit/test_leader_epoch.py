@@ -5,6 +5,8 @@ tests/integration/test_receiver_fencing.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.resourcemanager.fencing import JobManagerFence
@@ -163,7 +165,7 @@ class Supervisor:
     def deploy(self, cmd):
         if self.fail:
             raise RuntimeError("no driver")
-        self.calls.append(("deploy", cmd.spec["execution_id"]))
+        self.calls.append(("deploy", cmd.spec.execution_id))
 
     def cancel(self, execution_id, job_id=None):
         self.calls.append(("cancel", execution_id))
@@ -219,7 +221,15 @@ def spec(execution_id: str, job_id: str, **extra) -> dict:
 def deploy(execution_id=None, job_id=None, **spec_fields) -> DeployTask:
     ex, job = execution_id or new_execution_id(), job_id or new_job_id()
     return DeployTask(taskmanager_id="tm-1", allocation_id=new_allocation_id(), slot_indices=(0,),
-                      spec=spec_fields.pop("raw", None) or spec(ex, job, **spec_fields))
+                      spec=spec(ex, job, **spec_fields))
+
+
+def with_spec(raw_spec: dict, *, epoch: int = 5) -> str:
+    """A DeployTask envelope carrying `raw_spec` as it is: a spec that does not validate cannot
+    be built as a DeployTask, only written by a broken or hostile sender."""
+    envelope = json.loads(encode(wrap(deploy(), sender="jobmanager", epoch=epoch)))
+    envelope["body"]["spec"] = raw_spec
+    return json.dumps(envelope)
 
 
 def cancel(ex="e" * 32) -> CancelTask:
@@ -239,14 +249,16 @@ def test_taskmanager_obeys_only_the_current_leader_after_a_forged_future_epoch()
 
 def test_invalid_spec_of_the_current_leader_is_dead_lettered_and_rejected_with_its_ids():
     tm = TM()
-    bad = deploy(raw={"execution_id": "x" * 32, "job_id": "y" * 32, "kind": "noop"})
-    tm.send(bad)
-    tm.send(deploy(raw={"execution_id": "z" * 32}), epoch=4)  # stale: dropped, not reported
+    tm.send_raw(DeployTask, with_spec({"execution_id": "x" * 32, "job_id": "y" * 32, "kind": "noop"}))
+    # A spec that does not validate makes the command undecodable: a stale one is kept as a dead
+    # letter too, but not reported.
+    tm.send_raw(DeployTask, with_spec({"execution_id": "z" * 32}, epoch=4))
     [r] = tm.rejected()
     assert (r.execution_id, r.job_id, r.command, r.taskmanager_id) == ("x" * 32, "y" * 32, "DeployTask", "tm-1")
-    assert "spec does not validate" in r.reason and "vertex_id" in r.reason
-    [letter] = tm.dlq.entries
-    assert letter["queue"] == b"tm.tm-1" and b"spec does not validate" in letter["error"]
+    assert "undecodable DeployTask" in r.reason and "spec.vertex_id" in r.reason, r.reason
+    letter, stale = tm.dlq.entries
+    assert letter["queue"] == b"tm.tm-1" and b"spec.vertex_id" in letter["error"]
+    assert b"z" * 32 in stale["orig.m"]
     assert tm.sup.calls == []
 
 
