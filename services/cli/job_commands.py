@@ -122,8 +122,14 @@ def wait_for_operation(c: httpx.Client, path: str, what: str, timeout_s: float) 
     """Poll one of Flink's asynchronous-operation status resources until it is COMPLETED; return
     its `operation`. A failed operation prints its cause and exits 1."""
     deadline = time.monotonic() + timeout_s
+    told = None
     while True:
         result = call(c, "GET", path)
+        waiting = result.get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] != told:
+            told = waiting["reason"]
+            until = time.strftime("%H:%M:%S", time.localtime(waiting.get("deadline", 0) / 1000))
+            typer.echo(f"Waiting for the job's task to run: {told}; the {what} fails if it does not by {until}.")
         if (result.get("status") or {}).get("id") == "COMPLETED":
             operation = result.get("operation") or {}
             cause = operation.get("failure-cause") or operation.get("failureCause")

@@ -53,6 +53,15 @@ def _cause(text: str | None, default_class: str) -> dict[str, Any]:
     return failure_cause(class_name, message, text)
 
 
+def _waiting(wait: Any) -> dict[str, Any] | None:
+    """A snapshot request waiting for its task to run (services/jobmanager/snapshot_requests.py):
+    why, since when and until when (epoch ms). Not Flink's: its clients read past unknown keys."""
+    if not isinstance(wait, dict) or not wait.get("reason"):
+        return None
+    return {"reason": str(wait["reason"]), "since": int(float(wait.get("since") or 0) * 1000),
+            "deadline": int(float(wait.get("deadline") or 0) * 1000)}
+
+
 def operation_result(op: Any, result: str) -> dict[str, Any]:
     """Flink's AsynchronousOperationResult of one operation row. `result` names the body of a
     finished one: "savepoint" (SavepointInfo: location / failure-cause), "checkpoint"
@@ -60,7 +69,8 @@ def operation_result(op: Any, result: str) -> dict[str, Any]:
     failure-cause, for disposal and rescaling)."""
     status = OperationStatus(op.status)
     if status == OperationStatus.IN_PROGRESS:
-        return {"status": {"id": "IN_PROGRESS"}, "operation": None}
+        waiting = _waiting((getattr(op, "params", None) or {}).get("waiting"))
+        return {"status": {"id": "IN_PROGRESS"}, "operation": None, **({"waiting": waiting} if waiting else {})}
     failed = status == OperationStatus.FAILED
     if result == "checkpoint":
         body = ({"failureCause": _cause(op.failure_cause, SNAPSHOT_FAILURE)} if failed

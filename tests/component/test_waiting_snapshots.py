@@ -35,6 +35,11 @@ def waiting(h, rid) -> dict:
     return op.params["waiting"]
 
 
+def execution_of(cmd) -> str:
+    spec = cmd.spec  # a TaskSpec, or the dict older commands carried
+    return spec["execution_id"] if isinstance(spec, dict) else spec.execution_id
+
+
 def settle(h, seconds: float) -> None:
     """Let `seconds` pass in small steps, as the JobManager's loop would."""
     for _ in range(int(seconds / 0.25)):
@@ -59,7 +64,7 @@ def test_a_savepoint_asked_right_after_submission_completes_once_the_task_runs(h
     h.report(cmd, ES.RUNNING)
     settle(h, 0.5)
     [trig] = triggers(h)
-    assert trig.kind == "savepoint" and trig.execution_id == cmd.spec["execution_id"] and not trig.stop_after
+    assert trig.kind == "savepoint" and trig.execution_id == cmd.spec.execution_id and not trig.stop_after
     assert Path(trig.target).parent == h.settings.savepoints / "sp"
     location = ack(h, trig)
     op = operation(h, rid)
@@ -128,7 +133,7 @@ def test_the_request_waits_through_a_restart_and_snapshots_the_new_attempt(h):
     h.report(second, ES.INITIALIZING, ES.RUNNING)
     settle(h, 0.5)
     [trig] = triggers(h)
-    assert trig.execution_id == second.spec["execution_id"]
+    assert trig.execution_id == second.spec.execution_id
     ack(h, trig)
     assert operation(h, rid).status == "COMPLETED"
 

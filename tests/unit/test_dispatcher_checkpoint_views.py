@@ -51,6 +51,17 @@ def test_operation_in_progress_has_no_result_yet():
     assert cv.operation_result(op("IN_PROGRESS"), "savepoint") == {"status": {"id": "IN_PROGRESS"}, "operation": None}
 
 
+def test_an_operation_waiting_for_its_task_says_why_and_until_when():
+    wait = {"reason": "the task is not RUNNING yet (job RUNNING, attempt 0 INITIALIZING)", "since": 100.5,
+            "deadline": 700.5}
+    out = cv.operation_result(op("IN_PROGRESS", params={"waiting": wait}), "savepoint")
+    assert out == {"status": {"id": "IN_PROGRESS"}, "operation": None,
+                   "waiting": {"reason": wait["reason"], "since": 100500, "deadline": 700500}}
+    # Once triggered (or ended) the wait is gone: Flink's two keys only.
+    assert cv.operation_result(op("IN_PROGRESS", params={"waited_s": 3}), "savepoint") == {
+        "status": {"id": "IN_PROGRESS"}, "operation": None}
+
+
 def test_completed_savepoint_reports_its_location_as_flink_prints_it():
     out = cv.operation_result(op(location="/sp/savepoint-aaaaaa-0123456789ab"), "savepoint")
     assert out == {"status": {"id": "COMPLETED"}, "operation": {"location": "file:/sp/savepoint-aaaaaa-0123456789ab"}}

@@ -403,7 +403,12 @@ async function pollOne(op) {
   try {
     const st = await api(op.resource);
     const status = (st && st.status && st.status.id) || "IN_PROGRESS";
-    if (status !== "COMPLETED") return;
+    if (status !== "COMPLETED") {
+      // Asked before the task ran: it waits for it (Headrace's `waiting`, absent in Flink's shape).
+      op.text = st && st.waiting
+        ? `waiting: ${st.waiting.reason}; fails unless it runs by ${fmtTime(st.waiting.deadline)}` : "in progress…";
+      return;
+    }
     const o = (st && st.operation) || {};
     // Savepoint results name it "failure-cause", checkpoint results "failureCause" (Flink's shapes).
     const cause = o["failure-cause"] !== undefined && o["failure-cause"] !== null ? o["failure-cause"] : o.failureCause;

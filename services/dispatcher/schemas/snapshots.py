@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, SerializerFunctionWrapHandler, WithJsonSchema, model_serializer
 
 from services.dispatcher.schemas.fields import _fail, _Out, _repr, _Strict
 from services.dispatcher.strict_fields import StrictBool
@@ -88,6 +88,13 @@ class QueueStatus(_Out):
     id: Literal["IN_PROGRESS", "COMPLETED"]
 
 
+class OperationWaiting(_Out):
+    reason: str = Field(description="why the snapshot is not triggered yet (where the job's task is)")
+    since: int = Field(description="when the request began to wait (epoch ms)")
+    deadline: int = Field(description="when it fails if the task is still not RUNNING (epoch ms): the request "
+                                      "time plus execution.checkpointing.timeout")
+
+
 class AsynchronousOperationResult(_Out):
     """A failed operation is COMPLETED with a failure cause, as in Flink."""
 
@@ -95,6 +102,17 @@ class AsynchronousOperationResult(_Out):
     operation: dict[str, Any] | None = Field(
         description='savepoint: {"location"} or {"failure-cause"}; checkpoint: {"checkpointId"} or '
                     '{"failureCause"}; disposal and rescaling: {} or {"failure-cause"}')
+    waiting: OperationWaiting | None = Field(
+        None, description="Headrace's, present only while IN_PROGRESS because the job's task is not RUNNING yet: "
+                          "the snapshot waits for it (Flink fails such a request at once)")
+
+    @model_serializer(mode="wrap")
+    def _without_absent_wait(self, handler: SerializerFunctionWrapHandler):  # unannotated: the schema stays the model's
+        # Flink's shape exactly when nothing waits: {"status", "operation"} and no third key.
+        out = handler(self)
+        if out.get("waiting") is None:
+            out.pop("waiting", None)
+        return out
 
 
 class StatsSummary(_Out):
