@@ -10,6 +10,7 @@ them with PIP_NO_INDEX=1 PIP_FIND_LINKS=<dir> (as deploy/local-images does)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_TIMEOUT_S = 400
+STOP_TIMEOUT_S = 90
 # What the installed package must carry beside its code: checkout directory -> package directory.
 PACKAGE_DATA = {"web-ui": "services/dispatcher/web_ui", "examples": "services/cluster/examples",
                 "shared/catalog/migrations": "shared/catalog/migrations"}
@@ -157,6 +159,22 @@ def python_of_cluster(proc: subprocess.Popen) -> set[str]:
     return {cmd[0] for cmd in commands if cmd[1:3] == ["-m", "services.cli"]}
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """A demo still running (the test failed) stops its cluster on SIGTERM; killed with its
+    services (each in a session of its own) if it has not within STOP_TIMEOUT_S."""
+    if proc.poll() is not None:
+        return
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    proc.terminate()
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        for process in (psutil.Process(proc.pid), *tree):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        proc.wait(timeout=30)
+
+
 def test_headrace_demo_once_and_the_dashboard_from_the_wheel(venv, user_env, tmp_path):
     t0 = time.monotonic()
     proc = subprocess.Popen([str(venv / "bin" / "headrace"), "demo", "--once"], env=user_env, cwd=tmp_path,
@@ -177,9 +195,7 @@ def test_headrace_demo_once_and_the_dashboard_from_the_wheel(venv, user_env, tmp
     except queue.Empty:
         pytest.fail(f"headrace demo --once did not end within {DEMO_TIMEOUT_S} s:\n" + "\n".join(out[-60:]))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait(timeout=30)
+        stop(proc)
     text = "\n".join(out)
     assert assets and all(status == 200 for status, _ in assets.values()), assets
     assert any(kind.startswith(("application/javascript", "text/javascript")) for _, kind in assets.values()), assets
