@@ -19,8 +19,10 @@ keys), then from the defaults below:
   execution.savepoint.ignore-unclaimed-state        allowNonRestoredState
   execution.savepoint-restore-mode                  NO_CLAIM (default) | CLAIM
 
-Durations are seconds or strings like "500 ms", "10 s", "2 min". Everything here is pure: the
-dispatcher validates a submission with it and the JobManager reads it back.
+Durations are read as Flink reads them (shared/durations.py, parse_flink_duration): strings like
+"500 ms", "10 s", "2 min", and a string without a unit is milliseconds ("10000" is 10 s); a JSON
+number other than 0 is refused as ambiguous. Everything here is pure: the dispatcher validates a
+submission with it and the JobManager reads it back.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from shared.durations import InvalidDuration, parse_duration
+from shared.durations import InvalidDuration, parse_flink_duration
 from shared.errors import ConfigError
 
 INTERVAL = "execution.checkpointing.interval"
@@ -89,7 +91,7 @@ class CheckpointConfig:
 
 def _duration(raw: Any, key: str) -> float:
     try:
-        return parse_duration(raw)
+        return parse_flink_duration(raw)
     except InvalidDuration as exc:
         raise InvalidCheckpointConfig(key, str(exc).split(": ", 1)[-1]) from None
 

@@ -28,6 +28,11 @@ What is read, and by whom:
   sink.max-retries               driver (SQL sinks): at most this many retries per step (Flink's
                                  JDBC option name; default: no count limit, only the time)
 
+Durations are read as Flink reads its configuration (shared/durations.py, parse_flink_duration):
+"10 s", "500 ms", "2 min", and a string without a unit is milliseconds ("10000" is 10 s); a JSON
+number other than 0 is refused with both ways to write it. The noop.* options are Headrace's
+test tasks and keep their documented reading: a number is seconds.
+
 Other keys (Spark's own options, user keys read by a pipeline through ctx.config) pass through
 unchecked, as Flink passes unknown keys through; only the `noop.` namespace is closed, so a
 typo there is reported rather than ignored.
@@ -99,22 +104,31 @@ def _show(value: Any) -> str:
 # --- value readers: each returns the value or raises ValueError --------------------------------
 
 
-def duration_s(value: Any, *, allow_negative: bool = False, positive: bool = False) -> float:
-    """Seconds from a number or a duration string ("10 s", "500 ms", "2 min", "10"): the one
-    parser of shared/durations.py, plus a negative number where the option allows one."""
-    if isinstance(value, bool):
-        raise ValueError("not a duration")
-    if allow_negative and isinstance(value, (int, float)) and value < 0:
-        seconds = float(value)
-    elif allow_negative and isinstance(value, str) and re.fullmatch(r"\s*-\d+(\.\d+)?\s*", value):
-        seconds = float(value)
-    else:
-        seconds = durations.parse_duration(value)  # InvalidDuration is a ValueError
-    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION_S:
-        raise ValueError("out of range")
+def duration_s(value: Any, *, positive: bool = False) -> float:
+    """Seconds of a duration option of a job's configuration, read as Flink reads it ("10 s",
+    "500 ms", "2 min"; "10000" is milliseconds): shared/durations.py's parse_flink_duration."""
+    seconds = durations.parse_flink_duration(value)  # InvalidDuration is a ValueError
     if positive and seconds <= 0:
         raise ValueError("not positive")
     return seconds
+
+
+def noop_seconds(value: Any, *, allow_negative: bool = False) -> float:
+    """Seconds of a no-op task's option (Headrace's test tasks, documented in seconds): a number
+    of seconds, negative where the option allows one, or a string with a unit
+    (shared/durations.py's parse_duration)."""
+    if allow_negative and _negative_number(value):
+        seconds = float(value)
+        if not -MAX_DURATION_S <= seconds:  # -inf, or beyond a century
+            raise ValueError("out of range")
+        return seconds
+    return durations.parse_duration(value)  # InvalidDuration is a ValueError
+
+
+def _negative_number(value: Any) -> bool:
+    if isinstance(value, str):
+        return re.fullmatch(r"\s*-\d{1,30}(\.\d{1,30})?\s*", value) is not None
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
 
 
 def integer(value: Any, minimum: int, maximum: int = MAX_INT) -> int:
@@ -147,7 +161,7 @@ def _runtime_mode(value: Any) -> str:
     raise ValueError("not a runtime mode")
 
 
-_DURATION = 'seconds as a number, or a duration string such as "10 s", "500 ms" or "2 min"'
+_DURATION = durations.FLINK_EXPECTED
 _POSITIVE_DURATION = f"a duration greater than 0 ({_DURATION})"
 
 
@@ -192,12 +206,12 @@ def spark_executor_memory(value: Any) -> str:
 
 
 RULES: dict[str, _Rule] = {
-    NOOP_DURATION: _Rule(lambda v: duration_s(v, allow_negative=True),
+    NOOP_DURATION: _Rule(lambda v: noop_seconds(v, allow_negative=True),
                          'seconds as a number (negative: run until cancelled), or a duration string such as '
                          '"10 s", "500 ms" or "2 min"', 2.5),
     NOOP_FAIL_ATTEMPTS: _integer_rule(0, 2),
     NOOP_FAIL_MESSAGE: _Rule(_text, "a string", "simulated failure"),
-    NOOP_STARTUP_DELAY: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "2 s"),
+    NOOP_STARTUP_DELAY: _Rule(noop_seconds, f"a duration of at least 0 ({durations.EXPECTED})", "2 s"),
     STARTUP_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "2 min"),
     MEMORY_LIMIT: _Rule(memory_limit_bytes, 'a size such as "3g", "2500m" or "4 gb" (Flink\'s spellings), or "off"',
                         "4g"),
@@ -272,8 +286,9 @@ def problems(config: Mapping[str, Any] | None) -> list[OptionProblem]:
         if rule is not None:
             try:
                 rule.read(value)
-            except (ValueError, TypeError, OverflowError):
-                found.append(OptionProblem(key, value, rule.expected_for(value), rule.example))
+            except (ValueError, TypeError, OverflowError) as exc:
+                found.append(OptionProblem(key, value, rule.expected_for(value), rule.example,
+                                           reason=_duration_reason(exc)))
         elif key.startswith("noop."):
             found.append(_unknown_noop_option(key, value))
         elif key in cp.KEYS:
@@ -282,6 +297,14 @@ def problems(config: Mapping[str, Any] | None) -> list[OptionProblem]:
                 found.append(problem)
     found.extend(_restart_problems(config))
     return found
+
+
+def _duration_reason(exc: Exception) -> str | None:
+    """What to say of a duration refused for its missing unit (how to write it); None for other
+    refusals, which "must be <expected>" describes."""
+    if isinstance(exc, durations.InvalidDuration) and exc.hint:
+        return f"{exc.reason}: {exc.hint}"
+    return None
 
 
 def _json_safe(value: Any) -> bool:
@@ -311,8 +334,8 @@ def _checkpoint_problem(key: str, value: Any) -> OptionProblem | None:
             return None
         try:
             duration_s(value)
-        except ValueError:
-            return OptionProblem(key, value, _DURATION, example)
+        except ValueError as exc:
+            return OptionProblem(key, value, _DURATION, example, reason=_duration_reason(exc))
     if key in _CHECKPOINT_COUNTS and value is not None:
         minimum = 0 if key == cp.TOLERABLE else 1
         try:
@@ -368,10 +391,10 @@ def _restart_problems(config: Mapping[str, Any]) -> list[OptionProblem]:
         what, example = RESTART_PARAMETERS[owner][param]
         try:
             _restart_value(what, value)
-        except (ValueError, TypeError, OverflowError):
+        except (ValueError, TypeError, OverflowError) as exc:
             expected = _integer_expected(value, 0 if what == "count" else 1) if what in ("count", "count1") \
                 else _RESTART_EXPECTED[what]
-            found.append(OptionProblem(key, value, expected, example))
+            found.append(OptionProblem(key, value, expected, example, reason=_duration_reason(exc)))
     return found
 
 

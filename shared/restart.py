@@ -12,8 +12,10 @@ Flink's options without the `restart-strategy.<type>.` prefix:
                      reset-backoff-threshold=1 h, jitter-factor=0.1,
                      attempts-before-reset-backoff=unlimited
 
-Durations are read by shared/durations.py: seconds (number) or strings such as "500 ms", "10 s",
-"2 min", "1 h". Type names are Flink's, in any of its spellings (`strategy_type`).
+Durations are read by shared/durations.py (parse_duration): seconds as a number, or strings with a
+unit such as "500 ms", "10 s", "2 min", "1 h"; Flink's options in a job's configuration
+(restart-strategy.fixed-delay.delay, ...) reach here already read, as Flink reads them
+(shared/job_options.py). Type names are Flink's, in any of its spellings (`strategy_type`).
 """
 
 from __future__ import annotations

@@ -111,5 +111,5 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
     except cp.InvalidCheckpointConfig as exc:
         raise ApiError.of(400, exc.message, field=exc.field, expected=f"a valid value for {exc.field}",
                           got=config.get(exc.field), hint="checkpoint options use Flink's names and values; "
-                          "durations are seconds or strings such as \"10 s\" or \"500 ms\"") from None
+                          "durations are strings such as \"10 s\" or \"500 ms\" (without a unit: ms)") from None
     return snapshot

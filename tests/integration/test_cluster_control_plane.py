@@ -49,7 +49,7 @@ def test_failure_rate_exceeded_fails_the_job(rest, jar):
 
 
 def test_slot_request_that_cannot_be_met_fails_with_message(rest, jar):
-    job = noop(rest, jar, parallelism=5, **{"slot.request.timeout": 2})
+    job = noop(rest, jar, parallelism=5, **{"slot.request.timeout": "2 s"})
     final = rest.wait_state(job, ("FAILED",), timeout_s=30)
     root = rest.get(f"/jobs/{job}/exceptions")["root-exception"]
     # No registered TaskManager has 5 slots: refused for good once the ResourceManager has seen its

@@ -16,7 +16,7 @@ def test_defaults_are_flinks_except_retained_three_and_retain_on_cancellation():
 
 def test_job_options_override_the_cluster_default():
     cluster = {"execution.checkpointing.interval": "10 s", "state.checkpoints.num-retained": 5}
-    cfg = checkpoint_config({"execution.checkpointing.interval": "500 ms", "execution.checkpointing.min-pause": 2},
+    cfg = checkpoint_config({"execution.checkpointing.interval": "500 ms", "execution.checkpointing.min-pause": "2000"},
                             cluster)
     assert (cfg.interval_s, cfg.min_pause_s, cfg.num_retained) == (0.5, 2.0, 5)
 

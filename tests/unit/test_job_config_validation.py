@@ -38,7 +38,7 @@ def _only(config: dict) -> job_config.OptionProblem:
     ("headrace.task.startup-timeout", "9" * 400 + " s"),
     ("slot.request.timeout", "soon"),
     ("slot.request.timeout", -5),
-    ("slot.request.timeout", 1e300),
+    ("slot.request.timeout", "1e300 s"),
     ("execution.checkpointing.interval", "often"),
     ("execution.checkpointing.interval", "50 ms"),
     ("execution.checkpointing.timeout", 0),
@@ -74,7 +74,8 @@ def test_a_bad_value_names_the_option_the_value_and_a_good_example(option, value
     {"noop.duration": -1},
     {"noop.duration": "-1"},
     {"noop.duration": "500 ms"},
-    {"headrace.task.startup-timeout": "2 min", "slot.request.timeout": 30},
+    {"headrace.task.startup-timeout": "2 min", "slot.request.timeout": "30 s"},
+    {"headrace.task.startup-timeout": "120000", "slot.request.timeout": "30000"},  # milliseconds, as in Flink
     {"execution.checkpointing.interval": "10 s", "execution.checkpointing.timeout": "10 min",
      "execution.checkpointing.min-pause": 0, "execution.checkpointing.max-concurrent-checkpoints": "1",
      "execution.checkpointing.tolerable-failed-checkpoints": 0, "state.checkpoints.num-retained": 3,

@@ -317,8 +317,8 @@ def check_config(config: dict) -> None:
     if found:
         raise ApiError(400, [Problem(p.message, field=p.option, expected=p.expected,
                                      got=short_value(p.value) if not p.missing else None,
-                                     hint="options keep Flink's names; durations are seconds or strings such as "
-                                          "\"10 s\", \"500 ms\" or \"2 min\"")
+                                     hint="options keep Flink's names and values: durations are strings such as "
+                                          "\"10 s\", \"500 ms\" or \"2 min\" (without a unit: milliseconds)")
                              for p in found])
 
 

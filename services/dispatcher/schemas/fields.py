@@ -115,17 +115,20 @@ _DURATION_EXPECTED = f"{durations.EXPECTED}, at most 100 years"
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number of seconds or a Flink-style duration string ("10 s", "500 ms"):
-    shared/durations.py, with the error pydantic reports."""
+    """Seconds from a number of seconds or a duration string with a unit ("10 s", "500 ms"):
+    shared/durations.py's reading of Headrace's own fields, with the error pydantic reports."""
     try:
         return durations.parse_duration(value)
-    except durations.InvalidDuration:
-        raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value)) from None
+    except durations.InvalidDuration as exc:
+        hint = {"hint": exc.hint} if exc.hint else {}
+        raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value),
+                    **hint) from None
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema({
     "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "examples": ["10 s", "500 ms", "2 min"]}],
-    "description": "seconds, or a duration string with a unit"})]
+    "description": "seconds as a number, or a duration string with a unit (a string without one is refused: "
+                   "Flink would read it as milliseconds)"})]
 
 
 PositiveInt = Annotated[int, IntRange(1)]

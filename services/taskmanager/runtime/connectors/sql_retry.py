@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from shared import durations
 from shared.errors import TaskError
 from shared.job_options import SINK_MAX_RETRIES as MAX_RETRIES
 from shared.job_options import SINK_MAX_RETRY_TIME as MAX_RETRY_TIME
@@ -66,13 +67,16 @@ class RetryPolicy:
     def from_options(cls, config: Mapping[str, Any] | None = None, *, max_retry_time: Any = None,
                      max_retries: Any = None) -> "RetryPolicy":
         """The sink's own values, else the job options `sink.max-retry-time` and
-        `sink.max-retries`, else the defaults. Values are read as the dispatcher checks them
-        (shared/job_options.py), so a value refused there is refused here the same way."""
+        `sink.max-retries`, else the defaults. The job options are read as the dispatcher checks
+        them (shared/job_options.py: a string without a unit is milliseconds, as in Flink), so a
+        value refused there is refused here the same way; the sink's own `max_retry_time` is a
+        Python argument, whose number is seconds (shared/durations.py, parse_duration)."""
         config = config or {}
         time_value = max_retry_time if max_retry_time is not None else config.get(MAX_RETRY_TIME)
         count_value = max_retries if max_retries is not None else config.get(MAX_RETRIES)
+        read_time = durations.parse_duration if max_retry_time is not None else duration_s
         try:
-            seconds = DEFAULT_MAX_RETRY_TIME_S if time_value is None else duration_s(time_value)
+            seconds = DEFAULT_MAX_RETRY_TIME_S if time_value is None else read_time(time_value)
             count = None if count_value is None else integer(count_value, 0)
         except ValueError as exc:
             raise ValueError(
