@@ -25,16 +25,17 @@ from services.taskmanager import driver_sandbox, storage_probe
 from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.driver_supply import DriverLaunch
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
-from services.taskmanager.supervisor import DriverLaunch, TaskSupervisor
+from services.taskmanager.supervisor import TaskSupervisor
 from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
-from shared.ids import new_taskmanager_id
+from shared.ids import TaskManagerId, new_taskmanager_id
 from shared.leader_epoch import LeaderEpochFence
 from shared.log_files import LogFiles
 from shared.logs import configure_logging
@@ -176,8 +177,8 @@ def check_storage(settings: Settings, base_id: str, client: redis.Redis,
 def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
     configure_logging("taskmanager", settings.log_level)
     slots = slots or settings.taskmanager_slots
-    base_id = taskmanager_id or new_taskmanager_id()
-    ids = [f"{base_id}-sim{i:05d}" for i in range(simulate)] if simulate else [base_id]
+    base_id = TaskManagerId(taskmanager_id) if taskmanager_id else new_taskmanager_id()
+    ids = [TaskManagerId(f"{base_id}-sim{i:05d}") for i in range(simulate)] if simulate else [base_id]
     try:
         auth = taskmanager_auth(settings, ids)
     except (MissingKey, ValueError) as exc:

@@ -32,18 +32,19 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping, Protocol
 
 from celery import Celery, signals
-from pydantic import ValidationError
 
+from services.taskmanager.artifact_check import ArtifactChecker
 from shared import streams
-from shared import task_protocol as tp
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
+from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.leader_epoch import LeaderEpochFence
 from shared.message_auth import ClusterAuth
 from shared.messages import CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode
 from shared.transport import dead_letters
+from shared.transport.base import Transport
 
 log = logging.getLogger("headrace.taskmanager.commands")
 
@@ -60,37 +61,60 @@ class Peek:
     sender: str | None = None
     epoch: int | None = None
     command: str | None = None
-    taskmanager_id: str | None = None
-    execution_id: str | None = None
-    job_id: str | None = None
+    taskmanager_id: TaskManagerId | None = None
+    execution_id: ExecutionId | None = None
+    job_id: JobId | None = None
 
 
-def peek(payload) -> Peek:
+def peek(payload: str) -> Peek:
     try:
         env = json.loads(payload)
     except (TypeError, ValueError):
         return Peek()
     if not isinstance(env, dict):
         return Peek()
-    body = env.get("body") if isinstance(env.get("body"), dict) else {}
-    spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+    body = _object(env.get("body"))
+    spec = _object(body.get("spec"))
 
-    def text(*candidates) -> str | None:
+    def text(*candidates: Any) -> str | None:
         return next((c for c in candidates if isinstance(c, str)), None)
 
+    taskmanager_id = text(body.get("taskmanager_id"))
+    execution_id = text(body.get("execution_id"), spec.get("execution_id"))
+    job_id = text(body.get("job_id"), spec.get("job_id"))
     epoch = env.get("epoch")
     return Peek(sender=text(env.get("sender")), epoch=epoch if type(epoch) is int else None,
-                command=text(body.get("type")), taskmanager_id=text(body.get("taskmanager_id")),
-                execution_id=text(body.get("execution_id"), spec.get("execution_id")),
-                job_id=text(body.get("job_id"), spec.get("job_id")))
+                command=text(body.get("type")),
+                taskmanager_id=TaskManagerId(taskmanager_id) if taskmanager_id is not None else None,
+                execution_id=ExecutionId(execution_id) if execution_id is not None else None,
+                job_id=JobId(job_id) if job_id is not None else None)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+class CommandTarget(Protocol):
+    """What the commands do on a TaskManager (services/taskmanager/supervisor.py's TaskSupervisor)."""
+
+    def deploy(self, cmd: DeployTask) -> None: ...
+
+    def cancel(self, execution_id: ExecutionId, job_id: JobId | None = None) -> None: ...
+
+    def trigger_checkpoint(self, cmd: TriggerCheckpoint) -> None: ...
+
+
+# The commands a TaskManager obeys.
+Command = DeployTask | CancelTask | TriggerCheckpoint
 
 
 class CommandIntake:
     """Fences, checks and routes one process's commands (see the module docstring)."""
 
-    def __init__(self, *, supervisors: dict, fence: LeaderEpochFence, transport, dead_letter_client,
-                 auth: ClusterAuth, artifacts=None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, *, supervisors: Mapping[TaskManagerId, CommandTarget], fence: LeaderEpochFence,
+                 transport: Transport, dead_letter_client: Any, auth: ClusterAuth,
+                 artifacts: ArtifactChecker | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.supervisors, self.fence, self.transport = supervisors, fence, transport
         self.dead_letter_client = dead_letter_client
         self.auth = auth
@@ -98,7 +122,7 @@ class CommandIntake:
         self.clock, self.sleep = clock, sleep
         self._epoch_missing_since: float | None = None
 
-    def handle(self, expected: type, args: tuple, kwargs: dict, queue: str) -> None:
+    def handle(self, expected: type[Command], args: tuple, kwargs: dict, queue: str) -> None:
         if len(args) == 1 and not kwargs and isinstance(args[0], str):
             self._dead_letter(queue, expected, "unsigned command: the JobManager signs every command with the "
                                                "TaskManager's command key", args[0])
@@ -129,14 +153,7 @@ class CommandIntake:
                                      job_id=getattr(body, "job_id", None)), error)
             return
         if isinstance(body, DeployTask):
-            try:
-                spec = tp.TaskSpec.model_validate(body.spec)
-            except ValidationError as exc:
-                error = f"DeployTask spec does not validate: {_short(exc)}"
-                self._dead_letter(queue, expected, error, payload)
-                self._reject(queue, peek(payload), error)
-                return
-            refused = self.artifacts.refusal(spec) if self.artifacts is not None else None
+            refused = self.artifacts.refusal(body.spec) if self.artifacts is not None else None
             if refused is not None:
                 self._dead_letter(queue, expected, f"DeployTask refused: {refused}", payload)
                 self._reject(queue, peek(payload), refused)
@@ -151,14 +168,14 @@ class CommandIntake:
             log.exception("%s for %s failed", body.type, body.taskmanager_id)
             self._reject(queue, peek(payload), f"{body.type} failed on the TaskManager: {type(exc).__name__}: {exc}")
 
-    def _addressee(self, payload: str, queue: str) -> str:
+    def _addressee(self, payload: str, queue: str) -> TaskManagerId:
         """Whose command key checks this command: the one TaskManager of this process, or (a
         process serving several) the one the command names; a command meant for anyone else
         then fails the check."""
         if len(self.supervisors) == 1:
             return next(iter(self.supervisors))
         named = peek(payload).taskmanager_id
-        return named if named in self.supervisors else _taskmanager_of(queue)
+        return named if named is not None and named in self.supervisors else _taskmanager_of(queue)
 
     # --- verdicts ----------------------------------------------------------------------
 
@@ -185,19 +202,21 @@ class CommandIntake:
                 return False
             self.sleep(0.25)
 
-    def _undecodable(self, queue: str, expected: type, payload: str, error: str) -> None:
+    def _undecodable(self, queue: str, expected: type[Command], payload: str, error: str) -> None:
         self._dead_letter(queue, expected, f"undecodable command: {error}", payload)
         seen = peek(payload)
         if seen.sender == JOBMANAGER and seen.epoch is not None and self.fence.accept(seen.epoch):
             self._reject(queue, seen, f"undecodable {seen.command or expected.__name__}: {error}")
 
-    def _dead_letter(self, queue: str, expected: type, error: str, payload: str) -> None:
+    def _dead_letter(self, queue: str, expected: type[Command], error: str, payload: str) -> None:
         log.error("dead-lettering a %s command from queue %s: %s", expected.__name__, queue, error)
         dead_letters.add_safely(self.dead_letter_client, error=error,
                                 origin={"queue": queue, "task": TASK_NAMES[expected]}, original={"m": payload})
 
     def _reject(self, queue: str, seen: Peek, reason: str) -> None:
-        tm = seen.taskmanager_id if seen.taskmanager_id in self.supervisors else _taskmanager_of(queue)
+        tm = seen.taskmanager_id
+        if tm is None or tm not in self.supervisors:
+            tm = _taskmanager_of(queue)
         try:
             self.transport.publish(streams.JM_STREAM, CommandRejected(
                 taskmanager_id=tm, command=seen.command, execution_id=seen.execution_id, job_id=seen.job_id,
@@ -206,20 +225,15 @@ class CommandIntake:
             log.exception("could not report the rejected %s (%s) to the JobManager", seen.command, reason[:200])
 
 
-def _taskmanager_of(queue: str) -> str:
+def _taskmanager_of(queue: str) -> TaskManagerId:
     prefix = streams.tm_queue("")
-    return queue[len(prefix):] if queue.startswith(prefix) else queue
-
-
-def _short(exc: ValidationError) -> str:
-    errs = exc.errors()
-    parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or '(spec)'}: {e.get('msg')}" for e in errs[:3]]
-    return "; ".join(parts) + (f" (+{len(errs) - 3} more)" if len(errs) > 3 else "")
+    return TaskManagerId(queue[len(prefix):] if queue.startswith(prefix) else queue)
 
 
 # Celery task name <-> message type, and what the supervisor does with each.
-TASK_NAMES = {DeployTask: DEPLOY_TASK, CancelTask: CANCEL_TASK, TriggerCheckpoint: TRIGGER_CHECKPOINT}
-ACTIONS: dict[type, Callable] = {
+TASK_NAMES: dict[type[Command], str] = {DeployTask: DEPLOY_TASK, CancelTask: CANCEL_TASK,
+                                         TriggerCheckpoint: TRIGGER_CHECKPOINT}
+ACTIONS: dict[type[Command], Callable[[CommandTarget, Any], None]] = {
     DeployTask: lambda sup, body: sup.deploy(body),
     CancelTask: lambda sup, body: sup.cancel(body.execution_id, body.job_id),
     TriggerCheckpoint: lambda sup, body: sup.trigger_checkpoint(body),
@@ -232,7 +246,7 @@ def register_commands(app: Celery, intake: CommandIntake) -> None:
     _dead_letter_celery_refusals(intake)
 
 
-def _command_task(expected: type, intake: CommandIntake):
+def _command_task(expected: type[Command], intake: CommandIntake) -> Callable[..., None]:
     def command(task, *args, **kwargs) -> None:
         queue = (task.request.delivery_info or {}).get("routing_key") or "?"
         intake.handle(expected, args, kwargs, queue)

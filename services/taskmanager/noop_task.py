@@ -17,24 +17,29 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
-from shared import durations
+from shared import job_options
 from shared.errors import ConfigError
 from shared.states import ExecutionState as ES
+from shared.task_protocol import TaskSpec
 
 
 class InvalidTaskConfig(ConfigError, ValueError):
     """A job option the task cannot read."""
 
 
+class NoopTask(Protocol):
+    """What the runner needs of a task (the supervisor's task_record.Task is one)."""
+
+    spec: TaskSpec
+    cancel_requested: bool
+
+
 def _seconds(cfg: Mapping[str, Any], key: str, default: float, *, allow_negative: bool = False) -> float:
     raw = cfg.get(key, default)
     try:
-        if allow_negative and isinstance(raw, (int, float, str)) and not isinstance(raw, bool) \
-                and str(raw).strip().startswith("-"):
-            return float(raw)
-        return durations.parse_duration(raw)
+        return job_options.noop_seconds(raw, allow_negative=allow_negative)
     except ValueError:
         raise InvalidTaskConfig(f"{key}: expected seconds or a duration such as \"2 s\", got {raw!r}") from None
 
@@ -51,14 +56,14 @@ def _count(cfg: Mapping[str, Any], key: str) -> int:
 
 class NoopRunner:
     def __init__(self):
-        self._heap: list[tuple[float, int, object, Callable]] = []
+        self._heap: list[tuple[float, int, NoopTask, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
         self._stop = False
         threading.Thread(target=self._loop, name="noop-tasks", daemon=True).start()
 
-    def start(self, task, report: Callable, *, startup_timeout_s: float | None = None,
-              on_startup_timeout: Callable | None = None) -> None:
+    def start(self, task: NoopTask, report: Callable[[Any, ES, str | None], None], *,
+              startup_timeout_s: float | None = None, on_startup_timeout: Callable[[Any], None] | None = None) -> None:
         """Raises InvalidTaskConfig, before reporting anything, for an option it cannot read. A
         task still starting after `startup_timeout_s` is handed to `on_startup_timeout(task)`,
         as a Spark task stuck in its pipeline's build() is."""
@@ -84,12 +89,12 @@ class NoopRunner:
         else:
             running()
 
-    def cancel(self, task) -> None:
+    def cancel(self, task: NoopTask) -> None:
         # The task itself carries the verdict (`cancel_requested`), not a set of ids: ids of
         # collected objects are reused, and a remembered id once silenced an unrelated new task.
         task.cancel_requested = True
 
-    def _at(self, when: float, task, action: Callable) -> None:
+    def _at(self, when: float, task: NoopTask, action: Callable[[], None]) -> None:
         with self._cv:
             heapq.heappush(self._heap, (when, next(self._seq), task, action))
             self._cv.notify()

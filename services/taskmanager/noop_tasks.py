@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
+from services.taskmanager.task_record import Task
 from shared import streams
 from shared import task_protocol as tp
+from shared.ids import TaskManagerId
 from shared.messages import CheckpointAcknowledged, TriggerCheckpoint
 from shared.states import ExecutionState as ES
 from shared.transport.base import Transport
@@ -21,9 +22,9 @@ NOOP_KIND = "noop"
 
 
 class NoopTasks:
-    def __init__(self, runner: NoopRunner, *, taskmanager_id: str, transport: Transport, reports: HeldReports,
-                 on_state: Callable[[Any, ES, str | None], None], on_startup_timeout: Callable[..., None],
-                 finish: Callable[[Any, ES], None], decline: Callable[[TriggerCheckpoint, str], None]) -> None:
+    def __init__(self, runner: NoopRunner, *, taskmanager_id: TaskManagerId, transport: Transport, reports: HeldReports,
+                 on_state: Callable[[Task, ES, str | None], None], on_startup_timeout: Callable[[Task], None],
+                 finish: Callable[[Task, ES], None], decline: Callable[[TriggerCheckpoint, str], None]) -> None:
         self.runner, self.taskmanager_id, self.transport, self.reports = runner, taskmanager_id, transport, reports
         self.on_state, self.on_startup_timeout, self.finish, self.decline = (
             on_state,
@@ -32,18 +33,18 @@ class NoopTasks:
             decline,
         )
 
-    def start(self, task: Any) -> None:
+    def start(self, task: Task) -> None:
         # A no-op task reports INITIALIZING and RUNNING within this call: one round trip
         # to Redis for both (or for a whole burst of deploys, see held_reports.py).
         with self.reports.hold():
             self.runner.start(task, self.on_state, startup_timeout_s=task.startup_timeout_s,
                               on_startup_timeout=self.on_startup_timeout)
 
-    def cancel(self, task: Any) -> None:
+    def cancel(self, task: Task) -> None:
         self.runner.cancel(task)
         self.finish(task, ES.CANCELED)
 
-    def snapshot(self, task: Any, cmd: TriggerCheckpoint) -> None:
+    def snapshot(self, task: Task, cmd: TriggerCheckpoint) -> None:
         """A no-op task has no state: its snapshot is the metadata alone."""
         from shared import checkpoint_storage as storage
 

@@ -19,10 +19,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping, cast
 
 import redis
+from redis.typing import KeyT, StreamIdT
 
+from services.taskmanager.supervisor import TaskSupervisor
 from shared import streams
+from shared.ids import TaskManagerId
 from shared.message_auth import SIGNATURE_FIELD
 from shared.messages import (
     HeartbeatAck,
@@ -33,13 +37,17 @@ from shared.messages import (
     decode,
 )
 from shared.transport import dead_letters
+from shared.transport.redis_streams import RedisStreamsTransport
 
 log = logging.getLogger("headrace.taskmanager.rm")
+# XREAD's answer as a client that does not decode responses reads it: per stream, its entries
+# (id, fields).
+InboxEntries = list[tuple[bytes | str, list[tuple[bytes | str, Mapping[Any, bytes]]]]]
 
 
 @dataclass
 class LinkState:
-    taskmanager_id: str
+    taskmanager_id: TaskManagerId
     registered: bool = False
     rm_session: str | None = None
     last_ack: float = 0.0
@@ -66,9 +74,10 @@ def registration_due(st: LinkState, now: float, *, interval_s: float, timeout_s:
 
 
 class ResourceManagerLink:
-    def __init__(self, *, client: redis.Redis, transport, supervisors: dict, slots: int, cores: float,
-                 memory_bytes: int, interval_s: float, timeout_s: float, liveness_name: str, simulated: bool = False,
-                 queue_of=streams.tm_queue, liveness: redis.Redis | None = None):
+    def __init__(self, *, client: redis.Redis, transport: RedisStreamsTransport,
+                 supervisors: dict[TaskManagerId, TaskSupervisor], slots: int, cores: float, memory_bytes: int,
+                 interval_s: float, timeout_s: float, liveness_name: str, simulated: bool = False,
+                 queue_of: Callable[[str], str] = streams.tm_queue, liveness: redis.Redis | None = None) -> None:
         self.client, self.transport, self.supervisors = client, transport, supervisors
         self.slots, self.cores, self.memory_bytes = slots, cores, memory_bytes
         self.interval_s, self.timeout_s = interval_s, timeout_s
@@ -117,9 +126,9 @@ class ResourceManagerLink:
     def _beat(self, now: float) -> None:
         if self.liveness is not None:
             self.liveness.ping()  # reopens the named connection if Redis dropped it
-        session = self.client.get(streams.RM_SESSION_KEY)
-        session = session.decode() if session else None
-        out = []
+        stored = self.client.get(streams.RM_SESSION_KEY)
+        session = (stored.decode() if isinstance(stored, bytes) else stored) or None
+        out: list[tuple[str, object]] = []
         for tm, st in self.states.items():
             sup = self.supervisors[tm]
             if session is not None:
@@ -149,17 +158,18 @@ class ResourceManagerLink:
                 )
         self.transport.publish_many(out)
 
-    def _registration(self, tm: str, sup) -> RegisterTaskManager:
+    def _registration(self, tm: TaskManagerId, sup: TaskSupervisor) -> RegisterTaskManager:
         return RegisterTaskManager(taskmanager_id=tm, host=self._host, slots=self.slots, cores=self.cores,
                                    memory_bytes=self.memory_bytes, queue=self.queue_of(tm),
                                    slot_report=sup.slot_report(), running=sup.running_reports(),
                                    simulated=self.simulated, liveness_name=self.liveness_name)
 
     def _read_acks(self, block_ms: int) -> None:
-        keys = {streams.tm_inbox(tm): st.inbox_cursor for tm, st in self.states.items()}
-        resp = self.client.xread(keys, block=block_ms, count=50)
+        keys: dict[KeyT, StreamIdT] = {streams.tm_inbox(tm): st.inbox_cursor for tm, st in self.states.items()}
+        resp = cast("InboxEntries | None", self.client.xread(keys, block=block_ms, count=50))
         for stream, entries in resp or []:
-            tm = stream.decode().rsplit(":", 1)[-1] if isinstance(stream, bytes) else stream.rsplit(":", 1)[-1]
+            name = stream.decode() if isinstance(stream, bytes) else stream
+            tm = TaskManagerId(name.rsplit(":", 1)[-1])
             st = self.states.get(tm)
             if st is None:
                 continue
