@@ -91,6 +91,21 @@ def progress_key(execution_id: str) -> str:
 PROGRESS_TTL_S = 3600
 
 
+def progress_history_key(execution_id: str) -> str:
+    """Stream of an execution attempt's recent figures, oldest first (the fields of
+    `progress_key` without the ids), so a chart opened late draws the last minutes at once.
+    Bounded three ways by its TaskManager: at most one point per PROGRESS_HISTORY_STEP_MS, entries
+    older than PROGRESS_HISTORY_S trimmed, at most PROGRESS_HISTORY_POINTS; the key expires
+    PROGRESS_HISTORY_S after the last point, so an ended attempt's history stays that long (what
+    led to a failure) and then goes."""
+    return f"{progress_key(execution_id)}:history"
+
+
+PROGRESS_HISTORY_S = 600
+PROGRESS_HISTORY_STEP_MS = 1000
+PROGRESS_HISTORY_POINTS = 600
+
+
 # Hash: TaskManager id -> the random value of its checkpoint-directory probe file, so each new
 # TaskManager can check it sees the others' files (services/taskmanager/storage_probe.py).
 TM_STORAGE_PROBE_KEY = f"{PREFIX}:tm:storage-probe"

@@ -6,7 +6,9 @@ long-lived TaskManager does not accumulate one series per attempt it ever ran.
 
 The same numbers go to Redis too (`streams.progress_key`, a hash per attempt expiring
 PROGRESS_TTL_S after its newest report), where the dispatcher reads them for the dashboard's live
-charts (GET /jobs/{id}/progress) without scraping every TaskManager."""
+charts (GET /jobs/{id}/progress) without scraping every TaskManager, with the last ten minutes of
+them (`streams.progress_history_key`, GET /jobs/{id}/progress/history) so a chart opened late
+starts full."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from prometheus_client.core import GaugeMetricFamily
 from shared import metrics, streams
 
 TASK_LABELS = ("taskmanager", "job", "execution")
+# The figures of a history point (streams.progress_history_key): the hash's, without the ids.
+HISTORY_FIELDS = ("batch_id", "input_rows_per_second", "processed_rows_per_second", "num_input_rows", "timestamp",
+                  "batch_duration_ms", "source_lag")
 log = logging.getLogger("headrace.taskmanager.metrics")
 
 
@@ -44,6 +49,7 @@ class TaskMetrics:
         r, n = self.registry, metrics.name
         self._lock = threading.Lock()
         self._live: set[tuple[str, str, str]] = set()
+        self._history_at: dict[str, int] = {}  # execution id -> when its newest history point was written (ms)
         self.batch_id = Gauge(n("task_last_batch_id"), "id of the task's newest completed micro-batch",
                               TASK_LABELS, registry=r)
         self.batch_duration = Gauge(n("task_batch_duration_seconds"), "duration of the newest micro-batch",
@@ -98,12 +104,31 @@ class TaskMetrics:
             pipe.delete(key)
             pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
             pipe.expire(key, streams.PROGRESS_TTL_S)
+            self._add_to_history(pipe, spec.execution_id, fields)
             pipe.execute()
         except Exception as exc:  # noqa: BLE001 - figures are best effort, the task is not
             log.debug("could not publish the progress of %s: %s", spec.execution_id, exc)
 
+    def _add_to_history(self, pipe, execution_id: str, fields: dict) -> None:
+        """A point of the attempt's recent history (streams.progress_history_key), at most one
+        per PROGRESS_HISTORY_STEP_MS: a task with 10 batches a second keeps 10 minutes too."""
+        now = int(fields["timestamp"])
+        with self._lock:
+            if now - self._history_at.get(execution_id, -(1 << 62)) < streams.PROGRESS_HISTORY_STEP_MS:
+                return
+            self._history_at[execution_id] = now
+        key = streams.progress_history_key(execution_id)
+        point = {k: str(v) for k, v in fields.items() if k in HISTORY_FIELDS}
+        # Ids are the batch times (ms), so the history is read by time on any host.
+        pipe.xadd(key, point, id=f"{now}-*", maxlen=streams.PROGRESS_HISTORY_POINTS, approximate=False)
+        pipe.xtrim(key, minid=now - streams.PROGRESS_HISTORY_S * 1000, approximate=False)
+        pipe.expire(key, streams.PROGRESS_HISTORY_S)
+
     def forget(self, taskmanager_id: str, spec) -> None:
         key = (taskmanager_id, spec.job_id, spec.execution_id)
+        with self._lock:
+            # Its history stays until it expires: a chart opened after a failure shows what led to it.
+            self._history_at.pop(spec.execution_id, None)
         if self.redis is not None:
             try:
                 self.redis.delete(streams.progress_key(spec.execution_id))

@@ -134,7 +134,6 @@ let selectedJob = null;   // the job whose page is open
 let activeTab = "overview";
 let jobDetail = null;     // its latest GET /jobs/{id}
 let progress = null;      // its latest GET /jobs/{id}/progress tasks (null: unknown or not served)
-const metricHistory = new Map(); // jid -> [{t, input, processed, duration, lag}], oldest first
 
 function openJob(jid, tab) {
   const tabName = JOB_TABS.includes(tab) ? tab : "overview";
@@ -360,80 +359,6 @@ function renderJobConfig(cfg) {
   });
 }
 
-/* ---------------------------------------------------------------- metrics (from /progress) */
-
-function sum(tasks, field) {
-  const vals = tasks.filter((t) => t[field] !== null && t[field] !== undefined).map((t) => Number(t[field]))
-    .filter((n) => !Number.isNaN(n));
-  return vals.length ? vals.reduce((a, b) => a + b, 0) : null;
-}
-
-function recordSample(jid, tasks) {
-  const running = tasks.filter((t) => t.timestamp !== undefined);
-  const list = metricHistory.get(jid) || [];
-  const key = JSON.stringify(running.map((t) => [t.executionId, t.batchId, t.timestamp]));
-  if (list.length && list[list.length - 1].key === key) return; // nothing new since the last poll
-  const lags = running.filter((t) => typeof t.sourceLag === "number").map((t) => t.sourceLag);
-  list.push({
-    t: Date.now(), key,
-    input: sum(running, "inputRowsPerSecond"),
-    processed: sum(running, "processedRowsPerSecond"),
-    duration: running.length ? Math.max(...running.map((t) => Number(t.batchDurationMs) || 0)) : null,
-    lag: lags.length ? Math.max(...lags) : null,
-  });
-  metricHistory.set(jid, list.slice(-120));
-}
-
-const CHARTS = [
-  ["input", "Input rows/s", (v) => fmtNumber(v, 1)],
-  ["processed", "Processed rows/s", (v) => fmtNumber(v, 1)],
-  ["duration", "Batch duration (latency)", fmtMillis],
-  ["lag", "Source lag", (v) => fmtNumber(v, 0)],
-];
-
-/* A small line chart: an SVG polyline of the last samples (no library: the page loads nothing
- * but its own files). */
-function chart(label, samples, field, fmt) {
-  const W = 280, H = 70;
-  const pts = samples.map((p) => p[field]).map((v, i) => [i, v]).filter(([, v]) => v !== null && v !== undefined);
-  const last = pts.length ? pts[pts.length - 1][1] : null;
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": label });
-  svg.append(s("line", { x1: 0, y1: H - 1, x2: W, y2: H - 1, class: "axis" }));
-  if (pts.length > 1) {
-    const max = Math.max(...pts.map(([, v]) => v), 1e-9);
-    const n = samples.length - 1 || 1;
-    const coords = pts.map(([i, v]) => `${((i / n) * W).toFixed(1)},${(H - 4 - (v / max) * (H - 20)).toFixed(1)}`);
-    svg.append(s("polyline", { points: coords.join(" "), class: "series" }));
-    svg.append(s("text", { x: 4, y: 12, class: "chart-max", text: `max ${fmt(max)}` }));
-  }
-  return h("figure", { class: "chart-box" },
-    h("figcaption", {}, h("span", { text: label }), h("b", { text: last === null ? "–" : fmt(last) })), svg);
-}
-
-function renderMetrics(jid) {
-  const samples = metricHistory.get(jid) || [];
-  $("metrics-charts").replaceChildren(...CHARTS.map(([f, label, fmt]) => chart(label, samples, f, fmt)));
-  const tasks = progress || [];
-  const byName = new Map(((jobDetail && jobDetail.vertices) || []).map((v) => [v.id, v.name]));
-  syncRows($("metrics-tasks"), tasks, (t) => `${t.executionId || t.vertexId}/${t.subtask}`,
-    () => h("tr", {}, ...Array.from({ length: 12 }, () => h("td"))),
-    (tr, t) => {
-      const c = tr.children;
-      setText(c[0], byName.get(t.vertexId) || t.vertexId);
-      setText(c[1], dash(t.subtask));
-      setText(c[2], dash(t.attempt));
-      replaceIfChanged(c[3], String(t.taskmanagerId), () => (t.taskmanagerId ? link(tmHref(t.taskmanagerId), t.taskmanagerId) : "–"));
-      setText(c[4], dash(t.batchId));
-      setText(c[5], fmtNumber(t.inputRowsPerSecond, 1));
-      setText(c[6], fmtNumber(t.processedRowsPerSecond, 1));
-      setText(c[7], fmtMillis(t.batchDurationMs));
-      setText(c[8], typeof t.sourceLag === "object" && t.sourceLag !== null ? JSON.stringify(t.sourceLag) : dash(t.sourceLag));
-      setText(c[9], fmtNumber(t.numInputRows));
-      setText(c[10], fmtWhen(t.timestamp));
-      replaceIfChanged(c[11], String(t.sparkUi), () => sparkLinks([t]));
-    });
-}
-
 /* ---------------------------------------------------------------- polling the open job */
 
 async function refreshJobPage() {
@@ -458,6 +383,8 @@ async function refreshJobPage() {
   renderJobHeader(d);
   // Progress feeds the graph, the Spark UI links and the charts; the endpoint may not exist yet.
   const live = !TERMINAL.has(d.state);
+  if (progress === null) await loadMetricHistory(jid); // once per opening: the last minutes, at once
+  if (jid !== selectedJob) return;
   if (live || progress === null) {
     try {
       const p = await api(`${base}/progress`);

@@ -2,11 +2,14 @@
 
 The TaskManagers write each attempt's newest micro-batch figures to Redis on every progress
 report (`streams.progress_key`, the same numbers as the headrace_task_* Prometheus series); these
-routes read them, so a chart polling every second costs a few Redis reads, never a scrape.
+routes read them, so a chart polling every second costs a few Redis reads, never a scrape. They
+keep the last ten minutes of each attempt's figures too (`streams.progress_history_key`), which a
+chart opened late draws at once (GET /jobs/{id}/progress/history).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
@@ -14,14 +17,15 @@ from fastapi import APIRouter, Query
 
 from services.dispatcher import operations
 from services.dispatcher.deps import SessionDep, TransportDep
-from services.dispatcher.errors import ApiError
-from services.dispatcher.schemas import ErrorBody, JobProgressInfo, MetricValue
+from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.schemas import JobProgressInfo, MetricValue
+from services.dispatcher.schemas.jobs import JobProgressHistory
 from shared import streams
 from shared.catalog import repository
 from shared.states import ExecutionState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-_404 = {404: {"model": ErrorBody}}
+_404 = error_responses(404)
 
 # Flink's metric name -> (field of the task figures, how subtasks combine)
 VERTEX_METRICS: dict[str, tuple[str, str]] = {
@@ -84,6 +88,49 @@ def _current_figures(session, transport, job_id: str, vertex_id: str | None = No
             summary="Newest micro-batch figures of each current attempt of the job (live charts)")
 def job_progress(jobid: str, session: SessionDep, transport: TransportDep) -> dict:
     return {"tasks": _current_figures(session, transport, jobid)}
+
+
+# The attempts whose history is read: the current ones and those just before (a restart's cause).
+HISTORY_ATTEMPTS = 10
+
+
+def history_point(entry_fields: dict) -> dict:
+    f = {_text(k): v for k, v in entry_fields.items()}
+    return {
+        "timestamp": _number(f.get("timestamp"), int), "batchId": _number(f.get("batch_id"), int),
+        "inputRowsPerSecond": _number(f.get("input_rows_per_second")),
+        "processedRowsPerSecond": _number(f.get("processed_rows_per_second")),
+        "batchDurationMs": _number(f.get("batch_duration_ms"), int), "sourceLag": _number(f.get("source_lag")),
+        "numInputRows": _number(f.get("num_input_rows"), int),
+    }
+
+
+@router.get("/{jobid}/progress/history", response_model=JobProgressHistory, responses=_404,
+            summary="The last minutes of each recent attempt's figures (what a chart opened now starts with)")
+def job_progress_history(jobid: str, session: SessionDep, transport: TransportDep,
+                         seconds: int = Query(streams.PROGRESS_HISTORY_S, ge=1, le=streams.PROGRESS_HISTORY_S,
+                                              description="how far back, at most the history kept (600)")) -> dict:
+    job = operations.get_job(session, jobid)
+    executions = list(repository.job_executions(session, job.id))[-HISTORY_ATTEMPTS:]
+    client = transport.redis_client
+    if not executions or client is None:
+        return {"seconds": seconds, "tasks": []}
+    since_ms = int(time.time() * 1000) - seconds * 1000  # entry ids are the batch times in ms
+    try:
+        pipe = client.pipeline(transaction=False)
+        for ex in executions:
+            pipe.xrange(streams.progress_history_key(ex.id), min=str(since_ms), count=streams.PROGRESS_HISTORY_POINTS)
+        answers = pipe.execute()
+    except redis.RedisError as exc:
+        raise ApiError.of(503, f"Redis, where the TaskManagers keep the figures' history, is unavailable: {exc}",
+                          hint="the Prometheus series headrace_task_* carry the same numbers", prefix=False) from None
+    tasks = []
+    for ex, entries in zip(executions, answers, strict=True):
+        recent = [fields for _entry_id, fields in entries]
+        if recent:
+            tasks.append({"vertexId": ex.vertex_id, "subtask": 0, "executionId": ex.id, "attempt": ex.attempt,
+                          "points": [p for p in map(history_point, recent) if p["timestamp"] is not None]})
+    return {"seconds": seconds, "tasks": tasks}
 
 
 def aggregate(name: str, tasks: list[dict]) -> float | None:

@@ -156,6 +156,29 @@ class JobProgressInfo(_Out):
     tasks: list[TaskProgressInfo]
 
 
+class ProgressPoint(_Out):
+    timestamp: int = Field(description="epoch ms when the TaskManager recorded the batch")
+    batchId: int | None = None
+    inputRowsPerSecond: float | None = None
+    processedRowsPerSecond: float | None = None
+    batchDurationMs: int | None = None
+    sourceLag: float | None = None
+    numInputRows: int | None = None
+
+
+class TaskProgressHistory(_Out):
+    vertexId: str
+    subtask: int
+    executionId: str
+    attempt: int
+    points: list[ProgressPoint] = Field(description="oldest first; at most one a second")
+
+
+class JobProgressHistory(_Out):
+    seconds: int = Field(description="how far back the points go")
+    tasks: list[TaskProgressHistory] = Field(description="the job's recent attempts that have points, oldest first")
+
+
 class MetricValue(_Out):
     id: str
     value: str | None = None

@@ -1,0 +1,124 @@
+/* The job's Metrics tab: charts of its tasks' micro-batch figures. They start with the last ten
+ * minutes the TaskManagers keep (GET /jobs/{id}/progress/history), loaded when the job page opens,
+ * and go on with the live figures of GET /jobs/{id}/progress that the job page polls (jobs.js). */
+
+const metricHistory = new Map(); // jid -> [{t, input, processed, duration, lag}], oldest first
+
+/* ---------------------------------------------------------------- metrics (from /progress) */
+
+function sum(tasks, field) {
+  const vals = tasks.filter((t) => t[field] !== null && t[field] !== undefined).map((t) => Number(t[field]))
+    .filter((n) => !Number.isNaN(n));
+  return vals.length ? vals.reduce((a, b) => a + b, 0) : null;
+}
+
+const HISTORY_MS = 600 * 1000; // what the charts show: the TaskManagers keep the same 10 minutes
+
+/* One chart point from the figures of the job's tasks at one moment. */
+function sampleOf(t, tasks) {
+  const lags = tasks.filter((x) => typeof x.sourceLag === "number").map((x) => x.sourceLag);
+  return {
+    t,
+    input: sum(tasks, "inputRowsPerSecond"),
+    processed: sum(tasks, "processedRowsPerSecond"),
+    duration: tasks.length ? Math.max(...tasks.map((x) => Number(x.batchDurationMs) || 0)) : null,
+    lag: lags.length ? Math.max(...lags) : null,
+  };
+}
+
+/* Samples are keyed by the TaskManagers' batch time, so a live point the history already holds
+ * is not drawn twice, and the list keeps only the last HISTORY_MS. */
+function keepSamples(jid, list) {
+  list.sort((a, b) => a.t - b.t);
+  const newest = list.length ? list[list.length - 1].t : 0;
+  metricHistory.set(jid, list.filter((p, i) => p.t > newest - HISTORY_MS && (i === 0 || p.t !== list[i - 1].t)));
+}
+
+function recordSample(jid, tasks) {
+  const running = tasks.filter((t) => typeof t.timestamp === "number");
+  if (!running.length) return;
+  const t = Math.max(...running.map((x) => x.timestamp));
+  const list = metricHistory.get(jid) || [];
+  if (list.length && list[list.length - 1].t >= t) return; // nothing new since the last poll
+  list.push(sampleOf(t, running));
+  keepSamples(jid, list);
+}
+
+/* GET /jobs/{id}/progress/history: each recent attempt's points (at most one a second), merged
+ * into one point per second across the job's tasks, so a chart opened now starts full. */
+function mergeHistory(jid, history) {
+  const bySecond = new Map();
+  for (const task of (history && history.tasks) || []) {
+    for (const p of task.points || []) {
+      const sec = Math.floor(p.timestamp / 1000);
+      const slot = bySecond.get(sec) || new Map();
+      slot.set(task.executionId, p); // the newest point of each task in that second
+      bySecond.set(sec, slot);
+    }
+  }
+  const list = (metricHistory.get(jid) || []).slice();
+  for (const slot of bySecond.values()) {
+    const points = [...slot.values()];
+    list.push(sampleOf(Math.max(...points.map((p) => p.timestamp)), points));
+  }
+  keepSamples(jid, list);
+}
+
+async function loadMetricHistory(jid) {
+  try {
+    const history = await api(`/jobs/${enc(jid)}/progress/history`);
+    if (jid === selectedJob) mergeHistory(jid, history);
+  } catch (_) {
+    // An older dispatcher without history, or Redis away: the charts fill from live points.
+  }
+}
+
+const CHARTS = [
+  ["input", "Input rows/s", (v) => fmtNumber(v, 1)],
+  ["processed", "Processed rows/s", (v) => fmtNumber(v, 1)],
+  ["duration", "Batch duration (latency)", fmtMillis],
+  ["lag", "Source lag", (v) => fmtNumber(v, 0)],
+];
+
+/* A small line chart: an SVG polyline of the last samples (no library: the page loads nothing
+ * but its own files). */
+function chart(label, samples, field, fmt) {
+  const W = 280, H = 70;
+  const pts = samples.map((p) => p[field]).map((v, i) => [i, v]).filter(([, v]) => v !== null && v !== undefined);
+  const last = pts.length ? pts[pts.length - 1][1] : null;
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": label });
+  svg.append(s("line", { x1: 0, y1: H - 1, x2: W, y2: H - 1, class: "axis" }));
+  if (pts.length > 1) {
+    const max = Math.max(...pts.map(([, v]) => v), 1e-9);
+    const n = samples.length - 1 || 1;
+    const coords = pts.map(([i, v]) => `${((i / n) * W).toFixed(1)},${(H - 4 - (v / max) * (H - 20)).toFixed(1)}`);
+    svg.append(s("polyline", { points: coords.join(" "), class: "series" }));
+    svg.append(s("text", { x: 4, y: 12, class: "chart-max", text: `max ${fmt(max)}` }));
+  }
+  return h("figure", { class: "chart-box" },
+    h("figcaption", {}, h("span", { text: label }), h("b", { text: last === null ? "–" : fmt(last) })), svg);
+}
+
+function renderMetrics(jid) {
+  const samples = metricHistory.get(jid) || [];
+  $("metrics-charts").replaceChildren(...CHARTS.map(([f, label, fmt]) => chart(label, samples, f, fmt)));
+  const tasks = progress || [];
+  const byName = new Map(((jobDetail && jobDetail.vertices) || []).map((v) => [v.id, v.name]));
+  syncRows($("metrics-tasks"), tasks, (t) => `${t.executionId || t.vertexId}/${t.subtask}`,
+    () => h("tr", {}, ...Array.from({ length: 12 }, () => h("td"))),
+    (tr, t) => {
+      const c = tr.children;
+      setText(c[0], byName.get(t.vertexId) || t.vertexId);
+      setText(c[1], dash(t.subtask));
+      setText(c[2], dash(t.attempt));
+      replaceIfChanged(c[3], String(t.taskmanagerId), () => (t.taskmanagerId ? link(tmHref(t.taskmanagerId), t.taskmanagerId) : "–"));
+      setText(c[4], dash(t.batchId));
+      setText(c[5], fmtNumber(t.inputRowsPerSecond, 1));
+      setText(c[6], fmtNumber(t.processedRowsPerSecond, 1));
+      setText(c[7], fmtMillis(t.batchDurationMs));
+      setText(c[8], typeof t.sourceLag === "object" && t.sourceLag !== null ? JSON.stringify(t.sourceLag) : dash(t.sourceLag));
+      setText(c[9], fmtNumber(t.numInputRows));
+      setText(c[10], fmtWhen(t.timestamp));
+      replaceIfChanged(c[11], String(t.sparkUi), () => sparkLinks([t]));
+    });
+}
