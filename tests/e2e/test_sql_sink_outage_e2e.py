@@ -4,7 +4,8 @@ A cluster (catalog on the machine's PostgreSQL) runs examples/keyed_counts.py: a
 producer writes numbered events into a Redis stream, and the job upserts each key's running
 count and sum into a table of a private PostgreSQL (tests/private_postgres.py). Once the job has
 committed output, that server is stopped for 30 s and started again. The sink waits for it
-(connectors/sql_retry.py, bound 60 s by default), so the job's task keeps its first attempt, and
+(connectors/sql_retry.py, bound 60 s by default) and the job's `waiting-reason` says so
+meanwhile; the job's task keeps its first attempt, and
 in the end the table holds exactly the count and sum of every key: nothing lost, nothing twice.
 """
 
@@ -52,9 +53,11 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
     args = ["--stream", "events", "--source-url", redis_server.url, "--sink", "sql", "--table", "outage_counts",
             "--sink-url", sink_pg.url, "--trigger", "500 milliseconds"]
     job = rest.run(jar, parallelism=1, jobName="sink-outage", programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": "2 s"})
+                   # A loaded machine (the suite's other tests) may take minutes to start a driver.
+                   flinkConfiguration={"execution.checkpointing.interval": "2 s",
+                                       "headrace.task.startup-timeout": "5 min"})
     try:
-        rest.wait_attempt_running(job, 0, timeout_s=180)
+        rest.wait_attempt_running(job, 0, timeout_s=320)
         wait_for(lambda: sql_totals(sink_pg.url, "outage_counts"), 120, "the job's first committed batch")
 
         sink_pg.stop()
@@ -62,6 +65,9 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
         # The outage must meet a batch: on a loaded machine the next one may take a while to come.
         wait_for(lambda: WAITING_LINE in driver_log_text(cluster), 90, "the sink to say it waits for its database")
         noticed = time.monotonic()
+        # The task's status says so: the attempt's (and the job's) waiting-reason.
+        reason = wait_for(lambda: rest.job(job).get("waiting-reason"), 20, "the job's waiting-reason")
+        assert "waiting for database" in reason and str(sink_pg.port) in reason, reason
         time.sleep(max(0.0, OUTAGE_S - (noticed - stopped), 15.0 - (time.monotonic() - noticed)))
         assert rest.job(job)["state"] == "RUNNING"
         sink_pg.start()
@@ -76,6 +82,7 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
         assert attempts[0]["status"] == "RUNNING"
         assert rest.job(job)["state"] == "RUNNING"
         assert "answers again after" in driver_log_text(cluster)
+        assert rest.job(job).get("waiting-reason") is None
     finally:
         producer.stop()
         sink_pg.start()
