@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -262,6 +263,7 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
 
     page.el("#tab-btn-metrics").click()
     page.wait("the metrics tab", lambda d: page.els("#metrics-charts svg.chart"))
+    see_the_last_minutes_at_once(page, api, jid)
 
     page.el("#tab-btn-overview").click()
     page.el("#detail-cancel").click()
@@ -284,6 +286,29 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
         XSS_NAME,
     )
     assert names >= 1
+
+
+def chart_points(page) -> int:
+    """Points of the first chart's line (input rows/s), 0 while it has none."""
+    return page.d.execute_script(
+        "const l = document.querySelector('#metrics-charts svg.chart polyline');"
+        "return l ? l.getAttribute('points').trim().split(/\\s+/).length : 0")
+
+
+def see_the_last_minutes_at_once(page, api, jid: str) -> None:
+    """A chart opened on a fresh page draws the history the TaskManager kept, not only the
+    points polled since: more points than one-a-second polling could have added."""
+    def kept():
+        tasks = api.get(f"/jobs/{jid}/progress/history")["tasks"]
+        return sum(len(t["points"]) for t in tasks) >= 8 or None
+    page.wait("eight seconds of history", lambda d: kept(), JOB_WAIT_S)
+    page.d.refresh()  # a new page: nothing of the charts in memory (the token stays in sessionStorage)
+    opened = time.monotonic()
+    page.go(f"#/jobs/{jid}/metrics")
+    seen = page.wait("the history drawn on the chart", lambda d: (lambda n: (n, time.monotonic() - opened)
+                                                                  if n >= 8 else None)(chart_points(page)))
+    points, after_s = seen
+    assert points > after_s + 2, f"{points} points {after_s:.1f} s after opening: live polling alone, no history"
 
 
 def test_failing_job_exception_markup_is_shown_as_text(page, api, tmp_path_factory):

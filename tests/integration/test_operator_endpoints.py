@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import pairwise
 
 import httpx
 import pytest
 import redis
 
 from services.dispatcher.auth import required_role
+from shared import streams
+from shared.catalog import repository
 from tests.clusters import start_cluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -57,7 +60,7 @@ def job(rest, source, tmp_path_factory):
     path = tmp_path_factory.mktemp("pipeline") / "operator_pipeline.py"
     path.write_text(PIPELINE)
     job_id = rest.run(rest.upload(path))
-    rest.wait_running_task(job_id, timeout_s=90)
+    rest.wait_running_task(job_id, timeout_s=240)  # a cold driver under a loaded machine
     return job_id
 
 
@@ -100,6 +103,74 @@ def test_progress_batch_ids_rise_and_source_lag_drains(rest, source, job, cluste
     got = {m["id"]: m["value"] for m in asked}
     assert set(got) <= {"sourceLag", "batchDurationMs"} and "sourceLag" in got
     assert rest.http.get("/jobs/00000000000000000000000000000000/progress").status_code == 404
+
+
+def history(rest, job_id: str, **params) -> list[dict]:
+    r = rest.http.get(f"/jobs/{job_id}/progress/history", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()["tasks"]
+
+
+def test_progress_history_of_a_running_job_is_ordered_recent_and_bounded(rest, source, job):
+    produce(source, 100, 20)  # ten more batches, over three seconds at least
+    current = wait_for("a progress report", lambda: progress(rest, job), timeout_s=60)[0]
+    [task] = wait_for("three seconds of history", lambda: [
+        t for t in history(rest, job) if t["executionId"] == current["executionId"] and len(t["points"]) >= 3],
+        timeout_s=60, poll_s=0.5)
+    assert task["attempt"] == current["attempt"] and task["vertexId"] == current["vertexId"]
+    points = task["points"]
+    times = [p["timestamp"] for p in points]
+    assert all(b - a >= 1000 for a, b in pairwise(times)), times  # ordered, at most one a second
+    assert [p["batchId"] for p in points] == sorted(p["batchId"] for p in points)
+    now_ms = time.time() * 1000
+    assert now_ms - 600_000 <= times[0] and times[-1] <= now_ms + 1000
+    assert len(points) <= streams.PROGRESS_HISTORY_POINTS
+    assert all(p["inputRowsPerSecond"] is not None and p["numInputRows"] is not None for p in points)
+    # A shorter window is a suffix of it.
+    recent = history(rest, job, seconds=2)
+    assert all(p["timestamp"] >= now_ms - 3000 for t in recent for p in t["points"])
+    assert rest.http.get(f"/jobs/{job}/progress/history", params={"seconds": 601}).status_code in (400, 422)
+    assert rest.http.get("/jobs/00000000000000000000000000000000/progress/history").status_code == 404
+    spec = rest.get("/openapi.json")["paths"]["/jobs/{jobid}/progress/history"]["get"]
+    assert "200" in spec["responses"] and any(p["name"] == "seconds" for p in spec["parameters"])
+
+
+def test_a_savepoint_asked_right_after_submission_completes_once_the_task_runs(rest, source, cluster,
+                                                                               tmp_path_factory):
+    stream = "operator-endpoints-savepoint"
+    path = tmp_path_factory.mktemp("savepoint-pipeline") / "savepoint_pipeline.py"
+    path.write_text(PIPELINE.replace(STREAM, stream))
+    job_id = rest.run(rest.upload(path))
+    r = rest.http.post(f"/jobs/{job_id}/savepoints", json={})  # at once: the task is not running yet
+    assert r.status_code == 202, r.text
+    rid = r.json()["request-id"]
+    reasons, n = [], 0
+    deadline = time.monotonic() + 180
+    while True:
+        status = rest.get(f"/jobs/{job_id}/savepoints/{rid}")
+        if status["status"]["id"] == "COMPLETED":
+            break
+        if status.get("waiting"):
+            reasons.append(status["waiting"]["reason"])
+            assert status["waiting"]["deadline"] > status["waiting"]["since"]
+        source.xadd(stream, {"json": json.dumps({"key": f"k{n % 3}", "n": n})})  # batches to commit at
+        n += 1
+        assert time.monotonic() < deadline, f"savepoint still {status} after 180 s"
+        time.sleep(0.2)
+    assert "location" in status["operation"], status  # completed, not failed
+    assert set(status) == {"status", "operation"}  # Flink's shape once done
+    from shared.catalog import Catalog
+
+    catalog = Catalog(cluster.settings.catalog)
+    try:
+        with catalog.session() as s:
+            op = repository.get_operation(s, rid)
+            assert op.params["waited_s"] > 0, op.params  # it did wait for the task
+    finally:
+        catalog.dispose()
+    assert all("not RUNNING yet" in reason for reason in reasons), reasons
+    rest.cancel(job_id)
+    rest.wait_state(job_id, ["CANCELED"], timeout_s=60)
 
 
 def test_taskmanager_logs_are_listed_and_read(rest, job, tm_id):
