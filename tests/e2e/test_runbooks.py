@@ -83,6 +83,8 @@ def test_every_shell_block_is_run_or_says_why_not():
         unexplained = [b.line for b in blocks
                        if b.lang in SHELLS and b.lang != "sh" and not b.note.startswith(SKIP_MARK)]
         assert not unexplained, f"{name}: shell blocks at lines {unexplained} are neither sh nor marked as not run"
+        syntax = subprocess.run(["bash", "-n", "-c", runbook_script(name)], capture_output=True, text=True, timeout=30)
+        assert syntax.returncode == 0, f"{name}: bash cannot parse its sh blocks: {syntax.stderr}"
         for block in blocks:
             if block.lang == "sh":
                 commands = re.sub(r"(^|\s)#.*$", "", block.code, flags=re.M)  # a comment may show a shape
