@@ -1,5 +1,5 @@
 """The ResourceManager's metrics: slots, TaskManagers and heartbeat lag, as it computes them for
-hr:rm:stats once a second (ResourceManager._emit_stats)."""
+hr:rm:stats once a second (loop_stats.py)."""
 
 from __future__ import annotations
 
