@@ -38,6 +38,7 @@ from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.task_processes import TaskProcesses
 from shared import task_protocol as tp
+from shared.ids import ExecutionId
 
 log = logging.getLogger("headrace.taskmanager.driver")
 _ids = itertools.count(1)
@@ -59,7 +60,7 @@ def may_raise_priority() -> bool:
 
 def session_groups(session: int) -> set[int]:
     """The process groups of every process in `session` (Linux /proc; empty elsewhere)."""
-    groups = set()
+    groups: set[int] = set()
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -123,7 +124,7 @@ class DriverProcess:
         self.proc: subprocess.Popen | None = None
         self.ready = threading.Event()
         self.started_at = time.monotonic()
-        self.execution_id: str | None = None
+        self.execution_id: ExecutionId | None = None
         self.exited = False
         self._lock = threading.Lock()
         # Its user, cgroup, memory limit and log cap (driver_sandbox.py); none of them by default.
@@ -182,13 +183,16 @@ class DriverProcess:
 
     def lower_priority(self) -> None:
         """Warm up at WARMUP_NICE: the driver's process group and its session's autogroup."""
+        if self.proc is None:
+            return  # not started
+        pid = self.proc.pid
         try:
-            os.setpriority(os.PRIO_PGRP, self.proc.pid, WARMUP_NICE)
+            os.setpriority(os.PRIO_PGRP, pid, WARMUP_NICE)
             self.niced = True
         except OSError:
             log.warning("could not lower the priority of warm driver %s", self.id, exc_info=True)
             return
-        set_autogroup_nice(self.proc.pid, WARMUP_NICE)
+        set_autogroup_nice(pid, WARMUP_NICE)
 
     def raise_priority(self) -> None:
         """A task took this driver: every thread of its session back to the TaskManager's
@@ -335,7 +339,8 @@ class DriverProcess:
     def _reap(self) -> None:
         """When the driver exits, so does everything it started: a process it forked holds its
         events pipe, which would otherwise never reach EOF (and its exit never be handled)."""
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.wait()
         self.kill()
 
     def _read_events(self, fd: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.driver_sandbox import DriverSandbox
-from services.taskmanager.warm_pool import WarmPool
+from services.taskmanager.warm_pool import DriverFactory, WarmPool
 from shared import streams
 from shared import task_protocol as tp
 
@@ -22,8 +22,6 @@ log = logging.getLogger("headrace.taskmanager")
 # What a driver tells its supervisor: each protocol event, and its exit code.
 DriverEventHandler = Callable[[DriverProcess, Any], None]
 DriverExitHandler = Callable[[DriverProcess, int], None]
-# A started driver of a parallelism; for_task: a task waits for it (no warm-up query first).
-DriverFactory = Callable[..., DriverProcess]
 # Options of a job that need a driver started with them: a warm driver was started without.
 OWN_EXECUTOR_OPTIONS = ("spark.executor.cores", "spark.executor.memory")
 

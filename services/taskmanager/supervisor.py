@@ -223,7 +223,7 @@ class TaskSupervisor:
         return self.noop_tasks if task.spec.kind == NOOP_KIND else None
 
     def _task_of(self, driver: DriverProcess) -> Task | None:
-        return self.tasks.get(ExecutionId(driver.execution_id)) if driver.execution_id else None
+        return self.tasks.get(driver.execution_id) if driver.execution_id else None
 
     def _on_driver_event(self, driver: DriverProcess, event: Any) -> None:
         with self._lock:

@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 from services.taskmanager.driver_process import DriverProcess
 
@@ -99,14 +99,15 @@ class WarmupTokens:
 
     def try_acquire(self, rank: int = URGENT) -> WarmupToken | None:
         """A free token, unless a warm-up of a lower (more urgent) `rank` is waiting for one."""
-        if self.count is None:
+        directory = self.directory
+        if self.count is None or directory is None:
             return WarmupToken(os.open(os.devnull, os.O_RDONLY))
         try:
-            self.directory.mkdir(mode=0o700, exist_ok=True)
+            directory.mkdir(mode=0o700, exist_ok=True)
             if rank > URGENT and self.outranked(rank):
                 return None
             for i in range(self.count):
-                fd = os.open(self.directory / f"token-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fd = os.open(directory / f"token-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return WarmupToken(fd)
@@ -179,8 +180,14 @@ def _claim_rank(name: str) -> int | None:
         return None
 
 
+class DriverFactory(Protocol):
+    """Starts a driver of `parallelism`; `for_task`: a task waits for it (no warm-up query first)."""
+
+    def __call__(self, parallelism: int, for_task: bool = False) -> DriverProcess: ...
+
+
 class WarmPool:
-    def __init__(self, *, size: int, parallelism: int, factory: Callable[[int], DriverProcess],
+    def __init__(self, *, size: int, parallelism: int, factory: DriverFactory,
                  max_rss_bytes: int | None = None, ready_timeout_s: float = 120.0,
                  tokens: WarmupTokens | None = None, serves_smaller: bool = False):
         self.size, self.parallelism, self.factory = size, parallelism, factory

@@ -17,6 +17,7 @@ Bounded streaming sources register themselves so the runner knows when a query i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ class Sources:
         if total is not None:
             self._ctx.bounded.add(BoundedSource(
                 f"datagen(seed={seed}, total={total})",
-                lambda off, _t=total: datagen_conn.is_exhausted(off, _t),
+                functools.partial(datagen_conn.is_exhausted, total=total),
             ))
         return spark.readStream.format("datagen").options(**opts).load()
 

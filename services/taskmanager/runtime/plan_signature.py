@@ -260,12 +260,11 @@ class _Walker:
         if not matched.isDefined():
             raise ValueError("PhysicalAggregation does not match the streaming aggregate")
         grouping = [g.toAttribute() for g in _seq(matched.get()._1())]
-        buffers: list | None = []
-        for agg in _seq(matched.get()._2()):
-            if agg.nodeName() != "AggregateExpression":
-                buffers = None  # e.g. a Python UDAF: its buffer is opaque to us
-                break
-            buffers += _seq(agg.aggregateFunction().aggBufferAttributes())
+        aggregates = _seq(matched.get()._2())
+        # Not an AggregateExpression (e.g. a Python UDAF): its buffer is opaque to us.
+        opaque = any(agg.nodeName() != "AggregateExpression" for agg in aggregates)
+        buffers = None if opaque else [
+            b for agg in aggregates for b in _seq(agg.aggregateFunction().aggBufferAttributes())]
         session = [g for g in grouping if g.metadata().contains("spark.sessionWindow")]
         exprs = self._exprs(grouping, node)
         if session:
@@ -293,7 +292,7 @@ class _Walker:
         stores = []
         for side, child in (("left", node.left()), ("right", node.right())):
             out_names, out_types = self._fields(_seq(child.output()))
-            value = (out_names, out_types)
+            value: tuple[list[str], list[str]] | None = (out_names, out_types)
             if self.join_format == 2:
                 value = (out_names + ["matched"], out_types + ["boolean"])
             elif self.join_format != 1:

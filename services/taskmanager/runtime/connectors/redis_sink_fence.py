@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import redis
+from redis.typing import EncodableT
 
 from .ownership import MAX_REPLACED, UNKNOWN, SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError
@@ -163,15 +164,16 @@ def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int
     another lineage than `owner`'s owns the sink id, SinkFencedError when a newer attempt holds
     the sink, RuntimeError when a batch to undo has no recorded entry ids."""
     keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id), owner_key(sink_id)]
-    args = [attempt, restored_batch_id, *((owner.lineage, owner.job_id, owner.generation) if owner else ("", "", 0)),
-            MAX_REPLACED]
+    claim = (owner.lineage, owner.job_id, owner.generation) if owner else ("", "", 0)
+    args: list[EncodableT] = [attempt, restored_batch_id, *claim, MAX_REPLACED]
     status, *rest = [_text(x) for x in client.eval(_PREPARE_SCRIPT, 5, *keys, *args)]
     if status in ("owned", "replaced"):
         release = (f"cancel the owner's job, then DEL {owner_key(sink_id)} {fence_key(sink_id)} "
                    f"{committed_key(sink_id)} {batches_key(sink_id)} (its entries stay in {stream})")
         lineage, job = (rest[0], rest[1]) if rest[0] else (UNKNOWN, UNKNOWN)
-        raise SinkOwnedError("Redis stream sink", f"{sink_id!r} (stream {stream})", lineage, job,
-                             f"job {owner.job_id} (lineage {owner.lineage})", release,
+        # Only a prepare with an owner is refused so (the script checks ownership only then).
+        claimant = f"job {owner.job_id} (lineage {owner.lineage})" if owner else "a prepare without an owner"
+        raise SinkOwnedError("Redis stream sink", f"{sink_id!r} (stream {stream})", lineage, job, claimant, release,
                              replaced=status == "replaced")
     if status == "fenced":
         raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]))
@@ -205,9 +207,9 @@ def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *
             pipe.execute()
         return True
     keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
-    args = [batch_id, "" if attempt is None else attempt, "" if maxlen is None else maxlen,
-            RETAINED_BATCH_RECORDS, *entries]
+    args: list[EncodableT] = [batch_id, "" if attempt is None else attempt, "" if maxlen is None else maxlen,
+                              RETAINED_BATCH_RECORDS, *entries]
     status, *rest = [_text(x) for x in client.eval(_COMMIT_SCRIPT, 4, *keys, *args)]
-    if status == "fenced":
+    if status == "fenced" and attempt is not None:  # the script checks the fence only for an attempt
         raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]) if rest[0] else None)
     return status == "ok"

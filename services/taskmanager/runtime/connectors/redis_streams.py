@@ -59,6 +59,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from . import redis_replies
 from .ownership import SinkOwner
 from .redis_sink_fence import (  # noqa: F401 - the sink's fence protocol, re-exported
     ARROW_FIELD,
@@ -235,7 +236,7 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def _last_id(self) -> str:
-        last = self.client.xrevrange(self.opts.stream, "+", "-", count=1)
+        last = redis_replies.newest_entries(self.client, self.opts.stream, "+", "-", count=1)
         return last[0][0].decode() if last else "0-0"
 
     def initialOffset(self) -> dict:
@@ -251,7 +252,7 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
     def _latest(self, start: dict, limit: ReadLimit) -> dict:
         after = start["id"]
         if isinstance(limit, ReadMaxRows):
-            entries = self.client.xrange(self.opts.stream, "(" + after, "+", count=limit.max_rows)
+            entries = redis_replies.entries(self.client, self.opts.stream, "(" + after, "+", count=limit.max_rows)
             return {"id": entries[-1][0].decode()} if entries else start
         last = self._last_id()
         return {"id": last} if parse_id(last) > parse_id(after) else start
@@ -312,9 +313,10 @@ def entries_after(client: redis.Redis, stream: str, after: str, last: str | None
     if counted < cap:
         return counted
     length = client.xlen(stream)
-    first = client.xrange(stream, "-", "+", count=1)
-    last = last or (client.xrevrange(stream, "+", "-", count=1) or [[b"0-0"]])[0][0]
-    t_first, t_after, t_last = parse_id(first[0][0])[0] if first else 0, parse_id(after)[0], parse_id(last)[0]
+    first = redis_replies.entries(client, stream, "-", "+", count=1)
+    newest = [] if last else redis_replies.newest_entries(client, stream, "+", "-", count=1)
+    last_id = last or (newest[0][0] if newest else b"0-0")
+    t_first, t_after, t_last = parse_id(first[0][0])[0] if first else 0, parse_id(after)[0], parse_id(last_id)[0]
     share = (t_last - t_after) / (t_last - t_first) if t_last > t_first else 1.0
     return max(cap, min(length, int(length * share)))
 
@@ -331,7 +333,7 @@ def read_entries(client: redis.Redis, stream: str, after: str, until: str,
             pending_json.clear()
 
     while True:
-        entries = client.xrange(stream, "(" + cursor, until, count=_READ_PAGE)
+        entries = redis_replies.entries(client, stream, "(" + cursor, until, count=_READ_PAGE)
         for entry_id, fields in entries:
             if ARROW_FIELD.encode() in fields:
                 yield from flush_json()
@@ -382,6 +384,11 @@ def _pack_batches(batches: Iterator[pa.RecordBatch], rows_per_entry: int) -> Pac
 
 
 
+def _packed(messages: list[WriterCommitMessage | None]) -> list[bytes]:
+    """The entries the writers' tasks packed (None: a task that wrote nothing)."""
+    return [e for m in messages if isinstance(m, PackedEntries) for e in m.entries]
+
+
 class _StreamWriter(_LazyClient, DataSourceStreamArrowWriter):
     def __init__(self, opts: _Options):
         self.opts = opts
@@ -389,12 +396,12 @@ class _StreamWriter(_LazyClient, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PackedEntries:
         return _pack_batches(iterator, self.opts.rows_per_entry)
 
-    def commit(self, messages: list[PackedEntries | None], batchId: int) -> None:
-        entries = [e for m in messages if m is not None for e in m.entries]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        entries = _packed(messages)
         commit_entries(self.client, self.opts.stream, entries, sink_id=self.opts.sink_id,
                        batch_id=batchId, maxlen=self.opts.maxlen, attempt=self.opts.attempt)
 
-    def abort(self, messages: list[PackedEntries | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # nothing reached Redis: entries are only written at commit
 
 
@@ -405,8 +412,8 @@ class _BatchWriter(_LazyClient, DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PackedEntries:
         return _pack_batches(iterator, self.opts.rows_per_entry)
 
-    def commit(self, messages: list[PackedEntries | None]) -> None:
-        entries = [e for m in messages if m is not None for e in m.entries]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        entries = _packed(messages)
         commit_entries(self.client, self.opts.stream, entries, sink_id=None, batch_id=None,
                        maxlen=self.opts.maxlen)
 

@@ -174,12 +174,14 @@ def _fences_table(md: sa.MetaData) -> sa.Table:
 
 def _insert(engine: sa.Engine, table: sa.Table):
     if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif engine.dialect.name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        raise ValueError(f"SQL sink supports PostgreSQL and SQLite, not {engine.dialect.name}")
-    return insert(table)
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(table)
+    if engine.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table)
+    raise ValueError(f"SQL sink supports PostgreSQL and SQLite, not {engine.dialect.name}")
 
 
 def warm_drivers() -> None:
