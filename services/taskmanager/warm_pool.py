@@ -19,8 +19,9 @@ there) before one that runs the task it handed its driver to (REPLACING), before
 ready driver and wants another (SPARE). A waiting warm-up says so with a flock'ed claim file
 named by its rank beside the tokens; a warm-up of a higher rank takes no token while a living
 claim of a lower one exists (a dead process's claim is unlocked, and removed by the next one to
-look). Without this, a just-started cluster's second TaskManager lost the token to the first
-one's replacement, and a failover to it waited 14 s for a driver still warming. A task never
+look); and a niced warm-up holding a token gives it up to a waiting urgent one and warms on
+niced (`_hold_until_ready`). Without this, a just-started cluster's second TaskManager lost the
+token to the first one's replacement, and a failover to it waited 14 s for a driver still warming. A task never
 waits for a token: `take` hands it a ready driver, else the
 oldest one already warming (it is ahead of any new JVM), else starts the task's own driver at
 once, taking a free token if there is one so that no new warm-up joins its start; and while a
@@ -308,7 +309,7 @@ class WarmPool:
                     # Every running task of the machine may fail over here: this warm-up is theirs.
                     d.raise_priority()
                 self._drivers.append(d)
-                self._hold_until_ready(d, token)
+                self._hold_until_ready(d, token, rank)
                 log.info("starting warm driver %s (local[%d], %s)", d.id, self.parallelism, RANK_NAMES[rank])
             self._leave_line()
 
@@ -351,11 +352,18 @@ class WarmPool:
 
         threading.Thread(target=retry, name="warm-retry", daemon=True).start()
 
-    def _hold_until_ready(self, d: DriverProcess, token: WarmupToken) -> None:
+    def _hold_until_ready(self, d: DriverProcess, token: WarmupToken, rank: int = URGENT) -> None:
+        """Hold `token` until `d` is ready or gone. A niced warm-up of a rank above URGENT gives
+        it up as soon as an urgent warm-up waits in line, and warms on at nice 19: beside the
+        urgent one, at full priority, it only takes idle CPU anyway, and starved beside a busy
+        task it would have kept the token for minutes."""
         def watch() -> None:
             try:
                 while not d.ready.wait(RETRY_S) and not d.exited and d.alive():
-                    pass
+                    if rank > URGENT and getattr(d, "niced", False) and self.tokens.outranked(URGENT + 1):
+                        log.info("warm driver %s gives its warm-up token to an urgent warm-up and warms on niced",
+                                 d.id)
+                        return
             finally:
                 token.release()
             log.debug("driver %s gave back its warm-up token", d.id)

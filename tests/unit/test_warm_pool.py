@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from services.taskmanager.warm_pool import REPLACING, RETRY_S, URGENT, WarmPool, WarmupTokens
+from services.taskmanager.warm_pool import REPLACING, RETRY_S, SPARE, URGENT, WarmPool, WarmupTokens
 
 
 class _Driver:
@@ -255,3 +255,22 @@ def test_a_claim_left_by_a_dead_process_holds_nobody_back(tmp_path):
     finally:
         holder.kill()
         holder.wait(5)
+
+
+def test_a_niced_warm_up_gives_its_token_to_an_urgent_one_and_warms_on(tmp_path):
+    # One token, taken by a replacement warming up niced beside its pool's task (starved by a
+    # busy task, it could hold it for minutes). A TaskManager with no driver at all starts
+    # waiting: it gets the token at once, and the replacement is not killed.
+    tokens = WarmupTokens(tmp_path, 1)
+    replacing_started, urgent_started = [], []
+    replacing, urgent = _pool(replacing_started, tokens, size=1), _pool(urgent_started, tokens, size=1)
+    task_driver = replacing.take(1)
+    task_driver.ready.set()
+    replacing.replenish(free_slots=1)
+    assert _wait_for(lambda: len(replacing_started) == 2) and replacing.rank() == SPARE
+    replacing_started[1].niced = True
+    urgent.replenish(free_slots=1)
+    assert _wait_for(lambda: len(urgent_started) == 1), "the urgent warm-up never got the niced one's token"
+    assert not replacing_started[1].killed and replacing.status()["starting"] == 1
+    for p in (replacing, urgent):
+        p.shutdown()
