@@ -26,6 +26,8 @@ def wait_until_ready(dispatcher_url: str, children: Sequence[Child], taskmanager
     first, or `wait_s` passed."""
     deadline = time.monotonic() + wait_s
     url = urlsplit(dispatcher_url)
+    if url.hostname is None:
+        return f"the dispatcher's address {dispatcher_url!r} names no host"
     while time.monotonic() < deadline:
         for c in children:
             if c.proc.poll() is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from services.dispatcher.java_throwable import failure_cause
 from shared.catalog.models import epoch_ms
@@ -180,7 +180,7 @@ def stats_summary(values: Iterable[int]) -> dict[str, Any]:
     }
 
 
-def restored_statistics(execution: Any | None, savepoint_paths: set[str] = frozenset()) -> dict[str, Any] | None:
+def restored_statistics(execution: Any | None, savepoint_paths: Collection[str] = frozenset()) -> dict[str, Any] | None:
     """Flink's RestoredCheckpointStatistics of the latest attempt that started from a snapshot."""
     if execution is None or not execution.restored_from:
         return None
@@ -245,7 +245,7 @@ def checkpoint_config_info(cfg: CheckpointConfig, job_config: Mapping[str, Any] 
     """Flink's CheckpointConfigInfo, plus `options`: the effective options under Flink's names."""
     return {
         "mode": "exactly_once",
-        "interval": int(round(cfg.interval_s * 1000)) if cfg.periodic else LONG_MAX,
+        "interval": int(round(cfg.interval_s * 1000)) if cfg.interval_s is not None else LONG_MAX,
         "timeout": int(round(cfg.timeout_s * 1000)),
         "min_pause": int(round(cfg.min_pause_s * 1000)),
         "max_concurrent": cfg.max_concurrent,
