@@ -22,8 +22,8 @@ log = logging.getLogger("headrace.jobmanager")
 
 def slot_request_timeout(config: dict, default_s: float) -> float:
     """`slot.request.timeout` from a job's config (shared/job_options.py): a duration as Flink
-    writes it ("5 min"; "300000" is milliseconds). A value stored before the dispatcher checked it and unreadable falls back to the
-    default rather than failing every message about the job."""
+    writes it ("5 min"; "300000" is milliseconds). A value stored before the dispatcher checked
+    it and unreadable falls back to the default rather than failing every message about the job."""
     raw = (config or {}).get(job_options.SLOT_REQUEST_TIMEOUT)
     if raw is None:
         return default_s
