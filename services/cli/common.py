@@ -51,6 +51,11 @@ def call(client: httpx.Client, method: str, path: str, **kw) -> dict:
 
     try:
         r = client.request(method, path, **kw)
+    except httpx.TimeoutException:
+        # Reached but slow (a loaded machine, a long restore check): not "is the cluster up?".
+        waited = kw.get("timeout", client.timeout.read)
+        fail(f"the dispatcher at {client.base_url} did not answer {method} {path} within {waited} s; "
+             f"what it was asked may still happen: check with headrace list")
     except httpx.HTTPError:
         fail(f"cannot reach the dispatcher at {client.base_url}: is the cluster up? (headrace up)")
     if r.status_code >= 400:

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import httpx
 
 commands = typer.Typer()
+# A submission from a savepoint is answered after the dispatcher's restore check, which may plan
+# the pipeline for up to 120 s (services/dispatcher/restore_check.py).
+RESTORE_CHECK_WAIT_S = 180.0
 
 
 @commands.command()
@@ -67,7 +70,9 @@ def run(
         with open(file, "rb") as f:
             jar = call(c, "POST", "/jars/upload", files={"jarfile": (file.name, f)})
         jar_id = jar.get("id") or Path(jar["filename"]).name
-        job = call(c, "POST", f"/jars/{jar_id}/run", json=body)
+        # Only then: a timeout of None would mean none at all.
+        patience = {"timeout": RESTORE_CHECK_WAIT_S} if from_savepoint else {}
+        job = call(c, "POST", f"/jars/{jar_id}/run", json=body, **patience)
         typer.echo(f"Job has been submitted with JobID {job['jobid']}")
         if wait:
             state = wait_for_terminal(c, job["jobid"])
