@@ -41,13 +41,13 @@ from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sink_db import sink_db_url  # noqa: E402
-from bench.submit_latency import wait_warm  # noqa: E402
-from services.jobmanager.checkpoints import ABORTED_BY_TASK_END  # noqa: E402
-from services.taskmanager.runtime.connectors.redis_streams import pack_events  # noqa: E402
-from shared import checkpoint_storage  # noqa: E402
-from shared.catalog.models import CheckpointRow  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.sink_db import sink_db_url
+from bench.submit_latency import wait_warm
+from services.jobmanager.checkpoints import ABORTED_BY_TASK_END
+from services.taskmanager.runtime.connectors.redis_streams import pack_events
+from shared import checkpoint_storage
+from shared.catalog.models import CheckpointRow
+from tests.clusters import Rest, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"

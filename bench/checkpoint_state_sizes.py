@@ -52,7 +52,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.checkpoint_overhead import (  # noqa: E402
+from bench.checkpoint_overhead import (
     TOLERATE_DECLINES,
     append_entries,
     checkpoint_rows,
@@ -62,10 +62,10 @@ from bench.checkpoint_overhead import (  # noqa: E402
     snapshot_copy_ms,
     wait_quiet,
 )
-from bench.sink_db import sink_db_url  # noqa: E402
-from bench.submit_latency import wait_warm  # noqa: E402
-from shared import checkpoint_storage  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.sink_db import sink_db_url
+from bench.submit_latency import wait_warm
+from shared import checkpoint_storage
+from tests.clusters import Rest, start_cluster
 
 PIPELINE = Path(__file__).resolve().parent / "pipelines" / "keyed_state.py"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -29,9 +29,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import code_dir, free_port, stop_group  # noqa: E402
-from bench.checkpoint_overhead import machine  # noqa: E402
-from shared import streams  # noqa: E402
+from bench._procs import code_dir, free_port, stop_group
+from bench.checkpoint_overhead import machine
+from shared import streams
 
 
 def busy_cpu_s() -> float:

@@ -27,16 +27,16 @@ from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs  # noqa: E402
-from shared import streams  # noqa: E402
-from shared.catalog import Catalog  # noqa: E402
-from shared.catalog import repository as repo  # noqa: E402
-from shared.catalog.models import Execution  # noqa: E402
-from shared.ids import new_job_id  # noqa: E402
-from shared.message_auth import control_plane_auth  # noqa: E402
-from shared.messages import SubmitJob  # noqa: E402
-from shared.settings import Settings  # noqa: E402
-from shared.transport.redis_streams import RedisStreamsTransport  # noqa: E402
+from bench._procs import Procs
+from shared import streams
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.catalog.models import Execution
+from shared.ids import new_job_id
+from shared.message_auth import control_plane_auth
+from shared.messages import SubmitJob
+from shared.settings import Settings
+from shared.transport.redis_streams import RedisStreamsTransport
 
 
 def fresh_pg(admin_url: str) -> str:

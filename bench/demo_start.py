@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import free_port  # noqa: E402
+from bench._procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("after", "before")

@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sink_db import sink_db_url  # noqa: E402
-from bench.submit_latency import wait_warm  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.sink_db import sink_db_url
+from bench.submit_latency import wait_warm
+from tests.clusters import Rest, start_cluster
 
 STREAM = Path(__file__).resolve().parent / "pipelines" / "endless_stream.py"
 NOOP = "def build(ctx):\n    raise RuntimeError('no-op')\n"

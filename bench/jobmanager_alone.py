@@ -28,26 +28,26 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs  # noqa: E402
-from bench.control_plane_scale import drop_pg, fresh_pg  # noqa: E402
+from bench._procs import Procs
+from bench.control_plane_scale import drop_pg, fresh_pg
 
 # Older checkouts, compared side by side, have no collector settings (and an editable install
 # would find this checkout's module instead: only the one beside this script counts).
 if (Path(__file__).resolve().parent.parent / "shared" / "gc_tuning.py").exists():
-    from shared import gc_tuning  # noqa: E402
+    from shared import gc_tuning
 else:
     gc_tuning = None
-from services.jobmanager.scheduler import JobMaster  # noqa: E402
-from shared import streams  # noqa: E402
-from shared.catalog import Catalog  # noqa: E402
-from shared.catalog import repository as repo  # noqa: E402
-from shared.clock import SystemClock  # noqa: E402
-from shared.commands import CommandGateway, make_celery  # noqa: E402
-from shared.ids import new_allocation_id, new_job_id  # noqa: E402
-from shared.messages import RequestSlots, SlotsAllocated, SubmitJob, TaskStateChanged  # noqa: E402
-from shared.settings import Settings  # noqa: E402
-from shared.states import ExecutionState as ES  # noqa: E402
-from shared.transport import InMemoryTransport  # noqa: E402
+from services.jobmanager.scheduler import JobMaster
+from shared import streams
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.clock import SystemClock
+from shared.commands import CommandGateway, make_celery
+from shared.ids import new_allocation_id, new_job_id
+from shared.messages import RequestSlots, SlotsAllocated, SubmitJob, TaskStateChanged
+from shared.settings import Settings
+from shared.states import ExecutionState as ES
+from shared.transport import InMemoryTransport
 
 BATCH = 500  # what the service asks its stream for per poll
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kazoo.client import KazooClient  # noqa: E402
+from kazoo.client import KazooClient
 
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from tests.clusters import Rest, start_cluster
 
 NOOP = "def build(ctx):\n    raise RuntimeError('no-op')\n"
 

@@ -32,11 +32,11 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs, stop_group  # noqa: E402
-from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine, percentile, pg_engine  # noqa: E402
-from bench.submit_latency import wait_warm  # noqa: E402
-from bench.throughput import KEYS, PIPELINE, start_bare  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench._procs import Procs, stop_group
+from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine, percentile, pg_engine
+from bench.submit_latency import wait_warm
+from bench.throughput import KEYS, PIPELINE, start_bare
+from tests.clusters import Rest, start_cluster
 
 
 class Producer(threading.Thread):

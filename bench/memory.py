@@ -26,9 +26,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine  # noqa: E402
-from bench.submit_latency import wait_warm  # noqa: E402
-from tests.clusters import start_cluster  # noqa: E402
+from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine
+from bench.submit_latency import wait_warm
+from tests.clusters import start_cluster
 
 MB = 2**20
 

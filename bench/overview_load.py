@@ -23,11 +23,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs, free_port  # noqa: E402
-from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine, percentile  # noqa: E402
-from shared.catalog import Catalog  # noqa: E402
-from shared.catalog import repository as repo  # noqa: E402
-from shared.ids import new_job_id  # noqa: E402
+from bench._procs import Procs, free_port
+from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine, percentile
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.ids import new_job_id
 
 WORKERS = 16  # concurrent requests at most; more than 200/s × 50 ms needs
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs  # noqa: E402
-from services.resourcemanager.service import ResourceManager  # noqa: E402
-from shared import cluster_keys, streams  # noqa: E402
-from shared.catalog import Catalog  # noqa: E402
-from shared.clock import SystemClock  # noqa: E402
-from shared.message_auth import ClusterAuth, TaskManagerAuth  # noqa: E402
-from shared.messages import RegisterTaskManager, SlotState, TaskManagerHeartbeat  # noqa: E402
-from shared.settings import Settings  # noqa: E402
-from shared.transport.redis_streams import RedisStreamsTransport  # noqa: E402
+from bench._procs import Procs
+from services.resourcemanager.service import ResourceManager
+from shared import cluster_keys, streams
+from shared.catalog import Catalog
+from shared.clock import SystemClock
+from shared.message_auth import ClusterAuth, TaskManagerAuth
+from shared.messages import RegisterTaskManager, SlotState, TaskManagerHeartbeat
+from shared.settings import Settings
+from shared.transport.redis_streams import RedisStreamsTransport
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs  # noqa: E402
-from bench.checkpoint_overhead import (  # noqa: E402
+from bench._procs import Procs
+from bench.checkpoint_overhead import (
     DEFAULT_PG,
     append_entries,
     cycling_keys,
@@ -36,7 +36,7 @@ from bench.checkpoint_overhead import (  # noqa: E402
     pg_engine,
     watch_sink,
 )
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from tests.clusters import Rest, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"

@@ -30,9 +30,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.taskmanager.driver_user import DEFAULT_NAME, give_to_driver_user  # noqa: E402
-from shared import streams  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from services.taskmanager.driver_user import DEFAULT_NAME, give_to_driver_user
+from shared import streams
+from tests.clusters import Rest, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 

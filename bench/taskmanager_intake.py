@@ -26,18 +26,18 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs, stop_group  # noqa: E402
-from bench.control_plane_scale import drop_pg, fresh_pg, scale_env, wait_registered  # noqa: E402
-from shared import leader_epoch, streams  # noqa: E402
-from shared.catalog import Catalog  # noqa: E402
-from shared.commands import CommandGateway, make_celery  # noqa: E402
-from shared.ids import new_allocation_id, new_execution_id, new_job_id, new_vertex_id  # noqa: E402
-from shared.message_auth import control_plane_auth  # noqa: E402
-from shared.messages import DeployTask, TaskStateChanged, UndecodableMessage, decode  # noqa: E402
-from shared.settings import Settings  # noqa: E402
-from shared.states import ExecutionState as ES  # noqa: E402
-from shared.task_protocol import TaskSpec  # noqa: E402
-from shared.transport.redis_streams import FIELD  # noqa: E402
+from bench._procs import Procs, stop_group
+from bench.control_plane_scale import drop_pg, fresh_pg, scale_env, wait_registered
+from shared import leader_epoch, streams
+from shared.catalog import Catalog
+from shared.commands import CommandGateway, make_celery
+from shared.ids import new_allocation_id, new_execution_id, new_job_id, new_vertex_id
+from shared.message_auth import control_plane_auth
+from shared.messages import DeployTask, TaskStateChanged, UndecodableMessage, decode
+from shared.settings import Settings
+from shared.states import ExecutionState as ES
+from shared.task_protocol import TaskSpec
+from shared.transport.redis_streams import FIELD
 
 IDLE_WINDOW_S = 2.0
 FLEET = "sim"  # the simulated TaskManagers are sim-sim00000, sim-sim00001, ... on queue tm.sim

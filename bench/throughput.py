@@ -42,8 +42,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._procs import Procs, stop_group  # noqa: E402
-from bench.checkpoint_overhead import (  # noqa: E402
+from bench._procs import Procs, stop_group
+from bench.checkpoint_overhead import (
     BASE_TIME_US,
     DEFAULT_PG,
     append_entries,
@@ -53,9 +53,9 @@ from bench.checkpoint_overhead import (  # noqa: E402
     pg_engine,
     watch_sink,
 )
-from bench.submit_latency import wait_warm  # noqa: E402
-from services.taskmanager.runtime.connectors.redis_streams import pack_events  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from bench.submit_latency import wait_warm
+from services.taskmanager.runtime.connectors.redis_streams import pack_events
+from tests.clusters import Rest, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "bench" / "pipelines" / "click_windows.py"

@@ -99,7 +99,7 @@ def advertised_url(service: str, settings: Any) -> str | None:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's name
         pass  # a scrape every few seconds must not fill the log it serves
 
 

@@ -73,7 +73,7 @@ class LeaderElection:
         try:
             self.zk.start(timeout=self.connect_timeout_s)
             self.zk.ensure_path(f"{self.root}/jobmanager")
-        except Exception as exc:  # kazoo raises its own timeout type
+        except Exception as exc:  # noqa: BLE001 - kazoo raises its own timeout type, and socket errors
             try:
                 self.zk.stop()
             except KazooException:

@@ -129,7 +129,7 @@ class Supervisor:
         while not self._stop.wait(self.poll_s):
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - the supervisor must outlive any one bad restart
+            except Exception:  # the supervisor must outlive any one bad restart
                 log.exception("supervisor: checking the children failed; trying again")
 
     def check(self) -> None:

@@ -87,7 +87,7 @@ class JobManagerProcess:
             try:
                 with master.unit_of_work():
                     action()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("delayed action failed; retrying in 1 s")
                 master.timers.call_later(1.0, action)
                 return
@@ -148,7 +148,7 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             log.warning("Redis unreachable (%s); retrying in 0.2 s", exc)
             time.sleep(0.2)
             continue
-        except Exception:  # noqa: BLE001 - messages stay pending and are redelivered
+        except Exception:  # messages stay pending and are redelivered
             log.exception("JobManager loop failed; retrying in 1 s")
             time.sleep(1)
     try:
@@ -156,7 +156,7 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
         # Without Redis the leader key cannot be cleared: it expires within JM_LEADER_TTL_MS.
         if not redis_lost and json.loads(client.get(streams.JM_LEADER_KEY) or "{}").get("epoch") == epoch:
             client.delete(streams.JM_LEADER_KEY)
-    except Exception:  # noqa: BLE001 - the next leader re-sends it (harmless); the key expires
+    except Exception:  # the next leader re-sends it (harmless); the key expires
         log.warning("could not clear the sent outbox entries or the leader key", exc_info=True)
     if jm_metrics is not None:
         jm_metrics.stopped_leading()
@@ -208,7 +208,7 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
                 if lease is None:
                     break
                 leader_epoch.publish(client, lease.epoch)
-            except Exception:  # noqa: BLE001 - catalog, Redis or ZooKeeper failed while winning
+            except Exception:  # catalog, Redis or ZooKeeper failed while winning
                 log.exception("taking leadership failed; contending again in 1 s")
                 election.resign()
                 stopping.wait(1.0)

@@ -216,7 +216,7 @@ class ZooKeeperStore:
         while self._retry:
             try:
                 self._retry[0]()
-            except Exception:  # noqa: BLE001 - ZooKeeper unreachable: the catalog already holds the truth
+            except Exception:  # ZooKeeper unreachable: the catalog already holds the truth
                 log.warning("checkpoint pointer write to ZooKeeper failed; %d write(s) retried with the next one",
                             len(self._retry), exc_info=True)
                 return

@@ -92,7 +92,7 @@ class Outbox:
             return
         try:
             self._send(effects)
-        except Exception:  # noqa: BLE001 - Redis down: the entries wait in the catalog
+        except Exception:  # Redis down: the entries wait in the catalog
             log.warning("could not send %d committed effects; they stay in the outbox and are retried",
                         len(effects), exc_info=True)
             self.backlog = True

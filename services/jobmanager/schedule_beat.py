@@ -98,7 +98,7 @@ class ScheduleBeat:
                     select(Schedule.id).where(Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None),
                                               Schedule.next_fire_at <= now)).all()]
                 waiting = {r.schedule_id for r in repo.queued_schedule_runs(s)}
-        except Exception:  # noqa: BLE001 - catalog unreachable: the loop goes on, ticks wait
+        except Exception:  # catalog unreachable: the loop goes on, ticks wait
             log.warning("schedules: cannot read the catalog; trying again in %.0f s", self.RETRY_S, exc_info=True)
             self._next_pass = self.monotonic() + self.RETRY_S
             return
@@ -113,7 +113,7 @@ class ScheduleBeat:
                 # back whole; the next pass reads the schedule as the other one left it.
                 log.warning("schedule %s: a tick was recorded by another JobManager meanwhile; nothing of ours "
                             "was committed", schedule_id)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("schedule %s: firing failed (nothing committed); trying again in %.0f s",
                               schedule_id, self.RETRY_S)
                 self._next_pass = self.monotonic() + self.RETRY_S

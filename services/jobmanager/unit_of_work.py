@@ -90,7 +90,7 @@ class UnitOfWork:
         for action in actions:
             try:
                 action()
-            except Exception:  # noqa: BLE001 - housekeeping (file deletion) never undoes a commit
+            except Exception:  # housekeeping (file deletion) never undoes a commit
                 log.warning("post-commit action failed", exc_info=True)
 
     def check_leadership(self, s: Session) -> None:

@@ -55,7 +55,7 @@ def run(settings: Settings) -> None:
     while not rm.stopping:
         try:
             rm.run()
-        except Exception:  # noqa: BLE001 - survive Redis/catalog outages
+        except Exception:  # survive Redis/catalog outages
             log.exception("ResourceManager loop failed; retrying in 1 s")
             import time
 

@@ -164,7 +164,7 @@ class CommandIntake:
             return
         try:
             ACTIONS[expected](sup, body)
-        except Exception as exc:  # noqa: BLE001 - the JobManager must hear of it, the worker must go on
+        except Exception as exc:  # the JobManager must hear of it, the worker must go on
             log.exception("%s for %s failed", body.type, body.taskmanager_id)
             self._reject(queue, peek(payload), f"{body.type} failed on the TaskManager: {type(exc).__name__}: {exc}")
 
@@ -221,7 +221,7 @@ class CommandIntake:
             self.transport.publish(streams.JM_STREAM, CommandRejected(
                 taskmanager_id=tm, command=seen.command, execution_id=seen.execution_id, job_id=seen.job_id,
                 reason=reason[:2000]))
-        except Exception:  # noqa: BLE001 - the JobManager's acknowledgement timer is the fallback
+        except Exception:  # the JobManager's acknowledgement timer is the fallback
             log.exception("could not report the rejected %s (%s) to the JobManager", seen.command, reason[:200])
 
 

@@ -225,7 +225,7 @@ class DriverProcess:
         False if the driver cannot take it (exit_reason says why when it was the hand-over)."""
         try:
             spec = self.sandbox.task_spec(spec, self.workdir)
-        except Exception as exc:  # noqa: BLE001 - whatever broke, the task fails with it
+        except Exception as exc:  # whatever broke, the task fails with it
             log.warning("task %s could not be handed to driver %s", spec.execution_id, self.id, exc_info=True)
             self.exit_reason = ("TaskHandOverFailed", f"the task could not be handed to its Spark driver: "
                                                       f"{type(exc).__name__}: {exc}")
@@ -373,7 +373,7 @@ class DriverProcess:
             try:
                 call()
                 return
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("driver %s: handling an event failed (try %d); retrying", self.id, i + 1)
                 time.sleep(min(5.0, 0.2 * 2 ** i))
 

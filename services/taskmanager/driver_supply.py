@@ -79,7 +79,7 @@ class DriverSupply:
             return
         try:
             self.status_client.set(streams.tm_warm_key(self.taskmanager_id), json.dumps(self.warm.status()), ex=60)
-        except Exception:  # noqa: BLE001 - status is best effort
+        except Exception:  # status is best effort
             log.debug("could not publish warm status", exc_info=True)
 
     def shutdown(self) -> None:

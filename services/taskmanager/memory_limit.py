@@ -87,7 +87,7 @@ class MemoryWatch:
             try:
                 used = self.measure()
                 killed = self.oom_events() if self.oom_events is not None else 0
-            except Exception:  # noqa: BLE001 - a failed sample is retried at the next interval
+            except Exception:  # a failed sample is retried at the next interval
                 log.debug("memory sample failed", exc_info=True)
                 continue
             self.peak = max(self.peak, used)

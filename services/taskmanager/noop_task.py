@@ -111,7 +111,7 @@ class NoopRunner:
                     continue
             try:
                 action()
-            except Exception:  # noqa: BLE001 - a Redis hiccup must not stop every no-op task
+            except Exception:  # a Redis hiccup must not stop every no-op task
                 logging.getLogger("headrace.taskmanager.noop").exception("no-op report failed; retrying in 1 s")
                 self._at(time.monotonic() + 1.0, task, action)
 

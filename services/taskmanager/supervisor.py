@@ -105,7 +105,7 @@ class TaskSupervisor:
             self.tasks[spec.execution_id] = task
         try:
             self._start(task)
-        except Exception as exc:  # noqa: BLE001 - whatever broke, the attempt fails and frees its slots
+        except Exception as exc:  # whatever broke, the attempt fails and frees its slots
             log.exception("task %s could not be started", spec.execution_id)
             with self._lock:
                 task.cancel_requested = True
@@ -128,7 +128,7 @@ class TaskSupervisor:
                  kind, driver.id)
         try:
             self.reports.state(spec, ES.INITIALIZING)  # taken: the deploy is acknowledged
-        except Exception:  # noqa: BLE001 - best effort: RUNNING acknowledges it too
+        except Exception:  # best effort: RUNNING acknowledges it too
             log.warning("could not report task %s INITIALIZING", spec.execution_id, exc_info=True)
         if driver.ready.is_set():
             self._hand_over(task)

@@ -69,6 +69,6 @@ def add_safely(client, *, error: str, origin: Mapping[str, Value], original: Map
     try:
         add(client, error=error, origin=origin, original=original)
         return True
-    except Exception:  # noqa: BLE001 - losing a dead letter must not stop the consumer
+    except Exception:  # losing a dead letter must not stop the consumer
         log.exception("could not dead-letter an entry from %s (%s)", dict(origin), error[:200])
         return False

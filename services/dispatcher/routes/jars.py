@@ -334,5 +334,5 @@ def _fail_unpublished(catalog, job_id: JobId, exc: Exception) -> None:
         with catalog.session() as s:
             repository.transition_job(s, job_id, JobStatus.FAILED, reason=reason)
             repository.record_exception(s, job_id=job_id, exception_name=type(exc).__name__, stacktrace=reason)
-    except Exception:  # noqa: BLE001 - the JobManager may already own the job
+    except Exception:  # the JobManager may already own the job
         log.exception("job %s: could not mark the unpublished submission failed", job_id)

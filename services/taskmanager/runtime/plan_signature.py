@@ -195,7 +195,7 @@ class _Walker:
             return None
         try:
             return self._operator(node, name)
-        except Exception as exc:  # noqa: BLE001 - a plan shape we did not foresee must not stop a job
+        except Exception as exc:  # a plan shape we did not foresee must not stop a job
             kind = _KINDS_BY_NODE.get(name)
             if kind is None:
                 raise

@@ -176,11 +176,11 @@ def preload() -> None:
     worker modules its workers import after each fork, Arrow, our connectors (the data sources
     they unpickle live there)."""
     import pyarrow  # noqa: F401
-    import pyspark.daemon  # noqa: F401
-    import pyspark.sql.streaming.python_streaming_source_runner  # noqa: F401
-    import pyspark.sql.worker.create_data_source  # noqa: F401
-    import pyspark.sql.worker.lookup_data_sources  # noqa: F401
-    import pyspark.sql.worker.plan_data_source_read  # noqa: F401
+    import pyspark.daemon
+    import pyspark.sql.streaming.python_streaming_source_runner
+    import pyspark.sql.worker.create_data_source
+    import pyspark.sql.worker.lookup_data_sources
+    import pyspark.sql.worker.plan_data_source_read
     import pyspark.worker  # noqa: F401
 
     import services.taskmanager.runtime.connectors  # noqa: F401

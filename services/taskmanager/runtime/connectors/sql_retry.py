@@ -206,5 +206,5 @@ class Retrier:
         if self.on_wait is not None:
             try:
                 self.on_wait(reason)
-            except Exception:  # noqa: BLE001 - a status for operators, never worth failing the batch
+            except Exception:  # a status for operators, never worth failing the batch
                 log.exception("SQL sink %s: could not report its waiting state", self.sink_id)
