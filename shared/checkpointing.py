@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from shared.durations import InvalidDuration, parse_flink_duration
+from shared.durations import InvalidDuration, flink_text, parse_flink_duration
 from shared.errors import ConfigError
 
 INTERVAL = "execution.checkpointing.interval"
@@ -81,9 +81,11 @@ class CheckpointConfig:
         return self.interval_s is not None
 
     def as_flink(self) -> dict[str, Any]:
-        """The effective options, keyed as Flink names them (for GET /jobs/{id}/checkpoints/config)."""
+        """The effective options, keyed and written as Flink writes them ("10 s"), so that each
+        reads back the same in a job's configuration (for GET /jobs/{id}/checkpoints/config)."""
         return {
-            INTERVAL: self.interval_s, TIMEOUT: self.timeout_s, MIN_PAUSE: self.min_pause_s,
+            INTERVAL: flink_text(self.interval_s) if self.interval_s is not None else None,
+            TIMEOUT: flink_text(self.timeout_s), MIN_PAUSE: flink_text(self.min_pause_s),
             MAX_CONCURRENT: self.max_concurrent, TOLERABLE: self.tolerable_failures,
             NUM_RETAINED: self.num_retained, RETENTION: self.retention, SAVEPOINT_DIR: self.savepoint_dir,
         }

@@ -107,6 +107,16 @@ def parse_duration(value: Any) -> float:
     return _bounded(number * UNITS[unit] if unit else 0.0, value, EXPECTED)
 
 
+def flink_text(seconds: float) -> str:
+    """A duration as Flink writes one (TimeUtils.formatWithHighestUnit): whole milliseconds in the
+    largest unit that divides them, "10 min", "500 ms"; parse_flink_duration reads it back."""
+    millis = int(round(seconds * 1000))
+    for label, unit_ms in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if millis and millis % unit_ms == 0:
+            return f"{millis // unit_ms} {label}"
+    return f"{millis} ms"
+
+
 def parse_flink_duration(value: Any) -> float:
     """Seconds of a duration option of a job's configuration, read as Flink reads it: a string
     with a unit, or without one as milliseconds; 0 as a JSON number too (nothing to mistake).

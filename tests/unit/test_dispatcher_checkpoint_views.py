@@ -176,6 +176,10 @@ def test_checkpoint_config_info_in_flink_shape():
         "changelog_storage": "memory",
     }
     assert out["options"]["state.checkpoints.num-retained"] == 3
+    # Written as Flink writes them, so each reads back the same in a job's configuration.
+    assert (out["options"]["execution.checkpointing.interval"], out["options"]["execution.checkpointing.timeout"],
+            out["options"]["execution.checkpointing.min-pause"]) == ("2 s", "10 min", "500 ms")
+    assert checkpoint_config(out["options"]).as_flink() == out["options"]
     off = cv.checkpoint_config_info(checkpoint_config({"execution.checkpointing.interval": "0"}), {})
     assert off["interval"] == 0x7FFFFFFFFFFFFFFF  # Flink's Long.MAX_VALUE: no periodic checkpoints
     rocks = {"spark.sql.streaming.stateStore.providerClass":

@@ -172,3 +172,10 @@ def test_the_bounds_are_defined_once():
     assert schemas.MAX_INT is job_options.MAX_INT
     assert job_options.MAX_DURATION_S is durations.MAX_DURATION_S
     assert schemas.RESTART_TYPES is restart.STRATEGY_TYPES
+
+
+@pytest.mark.parametrize("seconds, text", [(10.0, "10 s"), (600.0, "10 min"), (0.5, "500 ms"), (3600.0, "1 h"),
+                                           (86400.0, "1 d"), (1.5, "1500 ms"), (0.0, "0 ms")])
+def test_a_duration_is_written_as_flink_writes_it_and_reads_back_the_same(seconds, text):
+    assert durations.flink_text(seconds) == text
+    assert durations.parse_flink_duration(text) == pytest.approx(seconds)
