@@ -33,6 +33,7 @@ KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"
 TABLE = "failover_counts"
 RESTART = {"type": "fixed-delay", "attempts": 100, "delay": "1 s"}  # the cluster default's delay
 WARM_WAIT_S = 180.0
+KILL_WAIT_S = 180.0
 
 
 def drivers_of(taskmanager_pid: int) -> list[int]:
@@ -76,10 +77,19 @@ def kill_and_time(cluster, rest: Rest, client: redis.Redis, job: str) -> dict:
     survivor_warm = warm_status(client, survivor)
     t0 = time.monotonic()
     kill_taskmanager(cluster, victim)
-    attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=180)
+    try:
+        attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=KILL_WAIT_S)
+    except AssertionError:
+        return {"seconds": None, "from": victim, "to": f"nothing RUNNING within {KILL_WAIT_S:.0f} s",
+                "survivor_warm": survivor_warm}
     took = time.monotonic() - t0
     return {"seconds": round(took, 2), "from": victim, "to": attempts[-1]["taskmanager-id"],
             "survivor_warm": survivor_warm}
+
+
+def shown(kill: dict) -> str:
+    took = "-" if kill["seconds"] is None else f"{kill['seconds']:.2f} s"
+    return f"{took} ({kill['from']} -> {kill['to']}; survivor's pool: {kill['survivor_warm']})"
 
 
 def one_run(ready: str, second_kill_after_s: float) -> dict:
@@ -117,7 +127,7 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
         output_s = time.monotonic() - t_submit
         first = kill_and_time(cluster, rest, client, job)
         print(f"  kill 1: {first}", file=sys.stderr, flush=True)
-        time.sleep(max(0.0, second_kill_after_s - first["seconds"]))
+        time.sleep(max(0.0, second_kill_after_s - (first["seconds"] or KILL_WAIT_S)))
         second = kill_and_time(cluster, rest, client, job)
         print(f"  kill 2: {second}", file=sys.stderr, flush=True)
         produced = producer.stop()
@@ -158,10 +168,11 @@ def run_series(*, runs: int, ready: str, second_kill_after_s: float) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows, 1):
         print(f"| {i} | {r['up_s']:.1f} s | {r['ready_s']:.1f} s | {r['output_s']:.1f} s "
-              f"| {r['first']['seconds']:.2f} s ({r['first']['from']} -> {r['first']['to']}) "
-              f"| {r['second']['seconds']:.2f} s ({r['second']['from']} -> {r['second']['to']}) "
+              f"| {shown(r['first'])} | {shown(r['second'])} "
               f"| {'yes' if r['exact'] else 'NO'} ({r['events']} events) | {r['load']} |")
     for which in ("first", "second"):
-        times = [r[which]["seconds"] for r in rows]
-        print(f"kill {1 if which == 'first' else 2}: median {statistics.median(times):.2f} s, "
-              f"max {max(times):.2f} s")
+        times = [r[which]["seconds"] for r in rows if r[which]["seconds"] is not None]
+        failed = sum(1 for r in rows if r[which]["seconds"] is None)
+        if times:
+            print(f"kill {1 if which == 'first' else 2}: median {statistics.median(times):.2f} s, "
+                  f"max {max(times):.2f} s" + (f"; {failed} without a RUNNING attempt" if failed else ""))
