@@ -121,13 +121,12 @@ class Driver:
             if self.fatal is not None:
                 raise self.fatal
             return code
-        except BaseException:  # noqa: BLE001 - every failure is reported, then we exit
-            if self.fatal is not None:
-                e = self.fatal
-            elif self.cancel_requested.is_set():
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, then we exit
+            failure = self.fatal if self.fatal is not None else exc
+            if self.fatal is None and self.cancel_requested.is_set():
                 self.events.emit(Canceled())
                 return 0
-            self.events.emit(Failed(error_name=type(e).__name__, traceback=format_failure(e)))
+            self.events.emit(Failed(error_name=type(failure).__name__, traceback=format_failure(failure)))
             return 1
         finally:
             watch.stop()
