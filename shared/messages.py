@@ -64,6 +64,9 @@ class RegisterTaskManager(_Body):
     simulated: bool = False
     # CLIENT SETNAME of the TaskManager process's Redis connection (see shared.streams).
     liveness_name: str | None = None
+    # Ready warm drivers and their parallelism (they serve p <= it): placement prefers them.
+    warm_ready: int = 0
+    warm_parallelism: int = 0
 
 
 class TaskManagerHeartbeat(_Body):
@@ -71,6 +74,8 @@ class TaskManagerHeartbeat(_Body):
     taskmanager_id: TaskManagerId
     slot_report: tuple[SlotState, ...]
     seq: int = 0
+    warm_ready: int = 0  # as in RegisterTaskManager; defaults keep older TaskManagers understood
+    warm_parallelism: int = 0
 
 
 class UnregisterTaskManager(_Body):

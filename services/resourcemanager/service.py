@@ -212,6 +212,7 @@ class ResourceManager:
         dropped = self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host,
                                       slots=msg.slots, cores=msg.cores, memory_bytes=msg.memory_bytes,
                                       occupied=reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+        self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
         for alloc in dropped:
             log.warning("TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
                         msg.taskmanager_id, alloc.allocation_id, alloc.job_id, alloc.execution_id)
@@ -235,6 +236,7 @@ class ResourceManager:
                 drift = self.slots.reconcile(msg.taskmanager_id,
                                              reported_allocations(msg.taskmanager_id, entry.queue, msg.slot_report),
                                              grace_s=self.in_flight_grace_s)
+                self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
                 if drift:
                     self._repaired(msg.taskmanager_id, drift)
             return

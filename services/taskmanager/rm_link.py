@@ -45,6 +45,16 @@ log = logging.getLogger("headrace.taskmanager.rm")
 InboxEntries = list[tuple[bytes | str, list[tuple[bytes | str, Mapping[Any, bytes]]]]]
 
 
+def warm_drivers(sup: TaskSupervisor) -> tuple[int, int]:
+    """How many warm drivers are ready and their parallelism, for placement by the
+    ResourceManager; (0, 0) without a warm pool."""
+    pool = sup.warm
+    if pool is None:
+        return 0, 0
+    status = pool.status()
+    return int(status["ready"]), int(status["parallelism"])
+
+
 @dataclass
 class LinkState:
     taskmanager_id: TaskManagerId
@@ -150,19 +160,24 @@ class ResourceManagerLink:
             else:
                 st.seq += 1
                 sup.publish_warm_status()  # refreshes the key's TTL while the process lives
+                slot_report = sup.slot_report()
+                warm_ready, warm_parallelism = warm_drivers(sup)  # after the slot report: see slot_manager.py
                 out.append(
                     (
                         streams.RM_HEARTBEAT_STREAM,
-                        TaskManagerHeartbeat(taskmanager_id=tm, slot_report=sup.slot_report(), seq=st.seq),
+                        TaskManagerHeartbeat(taskmanager_id=tm, slot_report=slot_report, seq=st.seq,
+                                             warm_ready=warm_ready, warm_parallelism=warm_parallelism),
                     )
                 )
         self.transport.publish_many(out)
 
     def _registration(self, tm: TaskManagerId, sup: TaskSupervisor) -> RegisterTaskManager:
+        warm_ready, warm_parallelism = warm_drivers(sup)
         return RegisterTaskManager(taskmanager_id=tm, host=self._host, slots=self.slots, cores=self.cores,
                                    memory_bytes=self.memory_bytes, queue=self.queue_of(tm),
                                    slot_report=sup.slot_report(), running=sup.running_reports(),
-                                   simulated=self.simulated, liveness_name=self.liveness_name)
+                                   simulated=self.simulated, liveness_name=self.liveness_name,
+                                   warm_ready=warm_ready, warm_parallelism=warm_parallelism)
 
     def _read_acks(self, block_ms: int) -> None:
         keys: dict[KeyT, StreamIdT] = {streams.tm_inbox(tm): st.inbox_cursor for tm, st in self.states.items()}

@@ -151,3 +151,89 @@ def test_the_reason_names_a_few_taskmanagers_and_counts_the_rest():
     reason = permanent_reason(sm.pending["big"], sm, sm.largest_taskmanager())
     assert "has 2 (tm-00, tm-01, tm-02, tm-03, tm-04 and 3 more; 9 registered)" in reason
     assert "resubmit with parallelism 2 or less" in reason and "--slots 5" in reason
+
+
+# --- warm drivers (issue 23) ---------------------------------------------------------------
+
+
+def report(allocations=()):
+    """The slot report a TaskManager's heartbeat carries: the given allocations, every other slot free."""
+    return {i: a for a in allocations for i in a.indices}
+
+
+def test_prefers_a_taskmanager_with_a_ready_warm_driver_over_more_free_slots():
+    # The survivor (tm-a, one task running, a warm driver ready) against a TaskManager restarted
+    # after a kill (tm-b: every slot free, its warm-up just begun).
+    sm = make()
+    running = req(sm, "running", 1)
+    survivor = running.taskmanager_id
+    restarted = "tm-b" if survivor == "tm-a" else "tm-a"
+    sm.report_warm(survivor, ready=1, parallelism=4)
+    sm.report_warm(restarted, ready=0, parallelism=4)
+    assert req(sm, "restarted-task", 2).taskmanager_id == survivor
+
+
+def test_a_warm_driver_too_small_for_the_task_does_not_attract_it():
+    sm = make()
+    sm.report_warm("tm-a", ready=1, parallelism=1)
+    req(sm, "r0", 1)  # lands on tm-a (its driver fits), leaving tm-a 3 free, tm-b 4
+    sm.report_warm("tm-a", ready=1, parallelism=1)
+    assert req(sm, "r1", 2).taskmanager_id == "tm-b"  # p=2 > 1: most free slots, as without warm drivers
+
+
+def test_equal_warm_drivers_spread_as_before():
+    sm = make()
+    for tm in ("tm-a", "tm-b"):
+        sm.report_warm(tm, ready=2, parallelism=4)
+    a = req(sm, "r1", 1)
+    b = req(sm, "r2", 1)
+    assert a.taskmanager_id != b.taskmanager_id
+    sm2 = make()  # no warm drivers anywhere: spread too
+    assert req(sm2, "r1", 1).taskmanager_id != req(sm2, "r2", 1).taskmanager_id
+
+
+def test_a_burst_does_not_pile_onto_one_warm_driver():
+    sm = make(tms=(("tm-a", 2), ("tm-b", 4)))
+    sm.report_warm("tm-a", ready=1, parallelism=2)
+    assert req(sm, "r1", 1).taskmanager_id == "tm-a"  # its warm driver beats tm-b's 4 free slots
+    # tm-a's only driver counts as taken until a report says otherwise: the next task of the
+    # burst goes by free slots, not onto tm-a to wait for a cold driver.
+    assert req(sm, "r2", 1).taskmanager_id == "tm-b"
+    # A heartbeat sent before the DeployTask reached tm-a still says ready=1: not believed while
+    # the allocation is in flight (no report lists it yet).
+    sm.reconcile("tm-a", report(), grace_s=10)
+    sm.report_warm("tm-a", ready=1, parallelism=2)
+    assert req(sm, "r3", 1).taskmanager_id == "tm-b"
+
+
+def test_two_ready_drivers_take_two_tasks_of_a_burst():
+    sm = make(tms=(("tm-a", 2), ("tm-b", 4)))
+    sm.report_warm("tm-a", ready=2, parallelism=2)
+    assert [req(sm, r, 1).taskmanager_id for r in ("r1", "r2", "r3")] == ["tm-a", "tm-a", "tm-b"]
+
+
+def test_the_next_report_after_the_deploy_is_the_truth_again():
+    sm = make(tms=(("tm-a", 4), ("tm-b", 4)))
+    sm.report_warm("tm-a", ready=1, parallelism=4)
+    first = req(sm, "r1", 1)
+    assert first.taskmanager_id == "tm-a"
+    # tm-a lists the allocation and has warmed a replacement: ready again, chosen again.
+    sm.reconcile("tm-a", report([first]), grace_s=10)
+    sm.report_warm("tm-a", ready=1, parallelism=4)
+    second = req(sm, "r2", 1)
+    assert second.taskmanager_id == "tm-a"
+    # ...and once it reports none ready, tm-b (more free slots) wins.
+    sm.reconcile("tm-a", report([first, second]), grace_s=10)
+    sm.report_warm("tm-a", ready=0, parallelism=4)
+    assert req(sm, "r3", 1).taskmanager_id == "tm-b"
+
+
+def test_a_taskmanager_lost_or_registered_again_leaves_no_stale_warm_entry():
+    sm = make()
+    sm.report_warm("tm-a", ready=1, parallelism=4)
+    sm.remove("tm-a")
+    assert req(sm, "r1", 1).taskmanager_id == "tm-b"
+    sm.register(taskmanager_id="tm-a", queue="tm.tm-a", host="h", slots=4, cores=2, memory_bytes=1)
+    sm.report_warm("tm-b", ready=1, parallelism=4)
+    # tm-a came back with every slot free and no warm driver: tm-b (3 free, one ready) wins.
+    assert req(sm, "r2", 1).taskmanager_id == "tm-b"
