@@ -314,7 +314,9 @@ def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_run
     d.expect("initializing")
     d.expect("running", 60)
     d.wait_until(lambda e: e.event == "progress", 120)
-    assert {os.sched_getscheduler(t) for t in jit_in_reserve.c2_threads(d.proc.pid)} == {os.SCHED_OTHER}
+    # The JVM retires idle compiler threads (UseDynamicNumberOfCompilerThreads), so by now there may
+    # be none left; every one that is left must be back from SCHED_IDLE.
+    assert {os.sched_getscheduler(t) for t in jit_in_reserve.c2_threads(d.proc.pid)} <= {os.SCHED_OTHER}
     assert d.wait_until(lambda e: e.event == "finished", 120).event == "finished"
     assert d.proc.wait(30) == 0
     assert window_counts(pg_url, "clicks_per_minute") == expected_counts(5, 600)
