@@ -49,6 +49,9 @@ class ClusterError(errors.ClusterError, RuntimeError):
     pass
 
 
+# The master, then its workers, each within this: a Spark JVM starts in 5-10 s on a quiet machine
+# and took over 90 s in a loaded CI run.
+SPARK_START_TIMEOUT_S = 180
 ZOOKEEPER_HOME = Path(os.environ.get("HEADRACE_ZOOKEEPER_HOME", "/usr/share/zookeeper"))
 
 
@@ -271,6 +274,10 @@ class LocalCluster:
         spark_dir = self.run_path / "spark"
         self._spawn("spark-master", spark_standalone.master_command(master),
                     spark_standalone.environment(env, host=host, log_dir=spark_dir / "master"))
+        # Workers start once the master answers: a worker that finds no master retries at 5-15 s
+        # intervals six times, then once a minute, so on a loaded machine a worker started beside a
+        # slow master could register minutes late.
+        _wait_spark(master, 0, self.children, {"spark-master"}, self.run_path)
         for i in range(self.spark_workers):
             work = spark_dir / f"worker-{i + 1}"
             work.mkdir(parents=True, exist_ok=True)
@@ -279,11 +286,7 @@ class LocalCluster:
                 webui_port=free_port(), work_dir=work),
                 spark_standalone.environment(env, host=host, log_dir=work, work_dir=work))
         names = {"spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))}
-        try:
-            spark_standalone.wait_until_ready(master, self.spark_workers, timeout_s=90, alive=lambda: all(
-                c.proc.poll() is None for c in self.children if c.name in names))
-        except spark_standalone.SparkClusterError as exc:
-            raise ClusterError(f"{exc}; see {spark_dir} and {self.run_dir}/logs/spark-*.log") from None
+        _wait_spark(master, self.spark_workers, self.children, names, self.run_path)
         self.spark_master = master
         return master
 
@@ -408,6 +411,18 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _wait_spark(master: spark_standalone.MasterAddress, workers: int, children: list[Child], names: set[str],
+                run_dir: Path) -> None:
+    """The master answers and `workers` workers registered, while every child named `names` lives."""
+    def alive() -> bool:
+        return all(c.proc.poll() is None for c in children if c.name in names)
+
+    try:
+        spark_standalone.wait_until_ready(master, workers, timeout_s=SPARK_START_TIMEOUT_S, alive=alive)
+    except spark_standalone.SparkClusterError as exc:
+        raise ClusterError(f"{exc}; see {run_dir / 'spark'} and {run_dir}/logs/spark-*.log") from None
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -381,7 +381,10 @@ def test_every_page_renders_without_errors(page):
             # The log viewer lists the TaskManager's log and its drivers' logs, and shows the first.
             page.wait("the TaskManager's log", lambda d: "taskmanager" in page.d.execute_script(
                 "return document.querySelector('#tmd-logs pre').textContent"))
-            files = [o.get_attribute("value") for o in page.els("#tmd-logs select.log-file option")]
+            # Read in one script: the page redraws the list on every poll, so an option element held
+            # between two WebDriver calls can be stale.
+            files = page.wait("the log file list", lambda d: d.execute_script(
+                "return [...document.querySelectorAll('#tmd-logs select.log-file option')].map(o => o.value)"))
             assert files[0].startswith("taskmanager") and any(f.startswith("driver-") for f in files), files
     assert page.xss() is None
 
