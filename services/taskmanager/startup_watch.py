@@ -1,7 +1,8 @@
 """The start-up timer of each task (the rules are startup_timeout.py's): a task that is not
 RUNNING `headrace.task.startup-timeout` after its driver got it, or whose driver is still not
-ready DRIVER_START_TIMEOUT_S after it was handed the task, fails with where it was stuck (the
-driver's thread dump or its last log lines) and its driver is killed."""
+ready within that timeout (at least MIN_DRIVER_START_TIMEOUT_S) after it was handed the task,
+fails with where it was stuck (the driver's thread dump or its last log lines) and its driver is
+killed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from services.taskmanager.startup_timeout import STACK_DUMP_WAIT_S, STARTUP_TIMEOUT_NAME, startup_timeout_cause
+from services.taskmanager.startup_timeout import (
+    STACK_DUMP_WAIT_S,
+    STARTUP_TIMEOUT_NAME,
+    STARTUP_TIMEOUT_OPTION,
+    startup_timeout_cause,
+)
 from services.taskmanager.task_record import Task
 
 log = logging.getLogger("headrace.taskmanager")
@@ -45,7 +51,8 @@ class StartupWatch:
             phase, where = "starting (a no-op task whose noop.startup-delay is longer)", ""
         elif not task.handed_over:
             phase = "waiting for its Spark driver process to start"
-            advice = "The driver's JVM or Spark did not come up: see its log (memory, Java, Spark install)"
+            advice = ("The driver's JVM or Spark did not come up: see its log (memory, Java, Spark install); "
+                      f"if the machine is only slow, raise the job option {STARTUP_TIMEOUT_OPTION}")
             where = f"The driver's last log lines ({driver.log_path}):\n{driver.log_tail(40)}"
         else:
             driver.dump_stacks()  # into its log, read below

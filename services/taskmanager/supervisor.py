@@ -13,7 +13,7 @@ Start-up timeout: a task that is not RUNNING `headrace.task.startup-timeout` aft
 it (the pipeline hangs at import, in build(), or while its query starts) fails with
 `PipelineStartupTimeout`: the driver dumps its threads' stacks into its log, the failure cause
 says which phase it was in and where, and the driver is killed. The JobManager then treats it
-like any other failure (restart strategy). A driver that is not ready DRIVER_START_TIMEOUT_S after
+like any other failure (restart strategy). A driver that is not ready within that timeout (at least 2 min) after
 it was handed a task fails it the same way. A deploy that breaks before its task starts (an
 option the task cannot read, a driver that cannot be started) fails the attempt and frees its
 slots, rather than leaving it DEPLOYING.
@@ -39,7 +39,7 @@ from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.noop_tasks import NOOP_KIND, NoopTasks
 from services.taskmanager.slot_table import SlotTable
-from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S, DRIVER_START_TIMEOUT_S, startup_timeout_s
+from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S, driver_start_timeout_s, startup_timeout_s
 from services.taskmanager.startup_watch import StartupWatch
 from services.taskmanager.task_record import Task
 from services.taskmanager.task_reports import TaskReports
@@ -135,7 +135,7 @@ class TaskSupervisor:
         else:
             # The driver gets its task when it reports ready (see _on_driver_event), unless it
             # never does.
-            self.startup.arm(task, DRIVER_START_TIMEOUT_S, waiting_for_driver=True)
+            self.startup.arm(task, driver_start_timeout_s(task.startup_timeout_s), waiting_for_driver=True)
         self._replenish()
 
     def cancel(self, execution_id: ExecutionId, job_id: JobId | None = None) -> None:
