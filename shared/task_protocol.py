@@ -13,6 +13,10 @@ Driver events, in order:  ready -> initializing -> running -> progress* -> finis
 A driver that dies without `finished`/`failed`/`canceled` has failed; the TaskManager reports
 its exit code and the tail of its log. While running, a `snapshot` command (a checkpoint or
 savepoint trigger) is answered by one `snapshot_taken` or `snapshot_declined` event.
+
+A task handed to a driver that is not ready yet waits for its `ready`: the TaskManager then
+creates the file TASK_WAITING_MARKER in the driver's work directory, and the driver cuts its
+warm-up short (a file, not a signal: it may arrive before the driver could install a handler).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from shared.ids import ExecutionId, JobId, VertexId
+
+TASK_WAITING_MARKER = ".task-waiting"
 
 
 class _M(BaseModel):

@@ -220,6 +220,13 @@ class DriverProcess:
                 log.warning("could not raise the priority of process group %d of driver %s", group, self.id,
                             exc_info=True)
 
+    def hurry(self) -> None:
+        """A task waits for this driver: it skips what is left of its warm-up (task_protocol)."""
+        try:
+            (self.workdir / tp.TASK_WAITING_MARKER).touch()
+        except OSError:  # the driver is gone or its directory with it: its exit is reported anyway
+            log.warning("could not tell driver %s that a task waits for it", self.id, exc_info=True)
+
     def run_task(self, spec: tp.TaskSpec) -> bool:
         """Hand the task to the driver as the sandbox shapes it, and watch its memory from now on.
         False if the driver cannot take it (exit_reason says why when it was the hand-over)."""

@@ -134,7 +134,8 @@ class TaskSupervisor:
             self._hand_over(task)
         else:
             # The driver gets its task when it reports ready (see _on_driver_event), unless it
-            # never does.
+            # never does; a warm driver taken while warming up skips the rest of its warm-up.
+            driver.hurry()
             self.startup.arm(task, driver_start_timeout_s(task.startup_timeout_s), waiting_for_driver=True)
         self._replenish()
 

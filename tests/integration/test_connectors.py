@@ -298,3 +298,34 @@ def test_zip_pipeline_is_importable_on_workers(spark, tmp_path):
     with pytest.raises(ValueError, match="module"):
         load_pipeline(str(two), {}, spark)
     assert load_pipeline(str(two), {"module": "b"}, spark).build(None) == "b"
+
+
+# ---------------------------------------------------------------- the driver's warm-up
+
+def test_the_warm_up_runs_to_its_end_when_no_task_waits(spark, tmp_path):
+    from services.taskmanager.runtime.spark_session import warm_up
+
+    assert warm_up(spark, tmp_path / "w1", 2) is True
+    assert spark.streams.active == []
+
+
+def test_a_waiting_task_stops_the_warm_up_query_and_the_session_still_serves(spark, tmp_path):
+    """cut_short's first two looks are between the warm-up's steps; the third is inside the
+    streaming query's wait, so this stops the query itself, as a task taken mid-warm-up does."""
+    from services.taskmanager.runtime.spark_session import warm_up
+
+    looks = []
+
+    def task_waits() -> bool:
+        looks.append(spark.streams.active)
+        return len(looks) >= 3
+
+    assert warm_up(spark, tmp_path / "w2", 2, cut_short=task_waits) is False
+    assert len(looks) == 3 and looks[-1], "the third look is while the warm-up's query runs"
+    assert spark.streams.active == []
+    # The task that waited runs on the same session: a streaming count over every event.
+    q = (datagen_stream(spark, total=200).groupBy("url").count().writeStream.format("memory")
+         .queryName("after_warm_up").outputMode("complete").trigger(availableNow=True)
+         .option("checkpointLocation", str(tmp_path / "task-cp")).start())
+    q.awaitTermination(120)
+    assert sum(r["count"] for r in spark.sql("select * from after_warm_up").collect()) == 200

@@ -40,7 +40,7 @@ from types import FrameType
 from typing import IO, Any
 
 from services.taskmanager.driver_process import STACK_DUMP_SIGNAL
-from shared.task_protocol import Canceled, Failed, Ready, RunTask, decode_command
+from shared.task_protocol import TASK_WAITING_MARKER, Canceled, Failed, Ready, RunTask, decode_command
 
 from . import class_archive, jit_in_reserve
 from .cluster_mode import Engine
@@ -119,8 +119,11 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
                         python_forkserver=args.python_forkserver)
     if not args.no_warmup:
         t_w = time.monotonic()
-        warm_up(spark, workdir, args.parallelism)
-        print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
+        marker = workdir / TASK_WAITING_MARKER
+        if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists):
+            print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
+        else:
+            print(f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting", flush=True)
     return spark, optimizer
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ from shared.import_root import IMPORT_ROOT
 
 from .cluster_mode import Engine
 
+# How often the warm-up's streaming query looks whether a task is waiting for the driver.
+WARM_UP_POLL_S = 0.1
 # Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
 SPARK_UI_ENV = "HEADRACE_SPARK_UI"
 
@@ -91,7 +93,8 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
     return spark
 
 
-def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1) -> None:
+def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1,
+            cut_short: Callable[[], bool] = lambda: False) -> bool:
     """Run what the first micro-batch of a task's query would otherwise pay for (measured in
     docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
     (SQLAlchemy, the PostgreSQL driver), a shuffle job, then a stateful streaming query shaped
@@ -99,15 +102,23 @@ def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1) -> None:
     planner and worker daemons, which the task reuses), a watermarked window aggregation with
     several aggregates, and a foreachBatch that collects each batch as Arrow, as the SQL sink
     does (Py4J callback server, Arrow collection, code generation of the aggregation, the state
-    store). No RDD job: RDD Python workers run under a daemon of their own that SQL never uses."""
+    store). No RDD job: RDD Python workers run under a daemon of their own that SQL never uses.
+
+    `cut_short()` true (a task is waiting for this driver) ends it between steps, or stops its
+    streaming query: a waiting task's own first batch pays for the same work once, where
+    finishing the warm-up first made it pay twice. Returns whether the warm-up ran to its end."""
     from pyspark.sql import functions as F
 
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
     from .connectors.sql import warm_drivers as warm_sql_drivers
 
     warm_sql_drivers()
+    if cut_short():
+        return False
     parts = max(1, parallelism)
     spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
+    if cut_short():
+        return False
     cp = Path(workdir) / "warmup-checkpoint"
     q = (
         spark.readStream.format("datagen").option("total", "64").option("partitions", str(parts)).load()
@@ -118,4 +129,8 @@ def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1) -> None:
         .outputMode("update").trigger(availableNow=True)
         .option("checkpointLocation", str(cp)).start()
     )
-    q.awaitTermination()
+    while not q.awaitTermination(WARM_UP_POLL_S):
+        if cut_short():
+            q.stop()  # Spark logs the cancelled batch's jobs: harmless, the task's query is its own
+            return False
+    return True
