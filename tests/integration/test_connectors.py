@@ -327,5 +327,5 @@ def test_a_waiting_task_stops_the_warm_up_query_and_the_session_still_serves(spa
     q = (datagen_stream(spark, total=200).groupBy("url").count().writeStream.format("memory")
          .queryName("after_warm_up").outputMode("complete").trigger(availableNow=True)
          .option("checkpointLocation", str(tmp_path / "task-cp")).start())
-    q.awaitTermination(120)
+    assert q.awaitTermination(120), "the query after the cut warm-up did not finish within 120 s"
     assert sum(r["count"] for r in spark.sql("select * from after_warm_up").collect()) == 200

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from services.taskmanager.runtime import jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.sql import make_engine
-from shared.task_protocol import CancelRun, RunTask, TaskSpec, decode_event, encode_line
+from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, RunTask, TaskSpec, decode_event, encode_line
 
 pytestmark = pytest.mark.integration
 
@@ -323,6 +323,25 @@ def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_run
     d.assert_tree_gone()
     # Preloaded modules are run on purpose: runpy's warning about them would be noise in the log.
     assert "found in sys.modules" not in d.log_path.read_text(errors="replace")
+
+
+def test_a_warm_driver_a_task_waits_for_cuts_its_warm_up_short_and_runs_the_task(drivers, tmp_path):
+    """The TaskManager's marker (DriverProcess.hurry) is already there when the driver starts,
+    as when a task takes a driver still starting: it skips its warm-up and runs the task."""
+    workdir = tmp_path / "hurried"
+    workdir.mkdir()
+    (workdir / TASK_WAITING_MARKER).touch()
+    d = drivers(workdir, warm=True)
+    d.ready()
+    assert "warm-up cut short" in d.log_tail() and "warm-up took" not in d.log_tail()
+    out = tmp_path / "daily"
+    d.run(spec(tmp_path, REPO / "examples" / "batch_sql_to_parquet.py", "--seed-events", "200",
+               "--output", str(out)))
+    d.expect("initializing")
+    d.expect("running", 60)
+    d.expect("finished", 120)
+    assert d.proc.wait(30) == 0
+    assert sum(r["clicks"] for r in pq.read_table(out).to_pylist()) == 200
 
 
 def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path):
