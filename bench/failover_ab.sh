@@ -18,6 +18,6 @@ for i in $(seq "$pairs"); do
   for side in before after; do
     dir=$PWD; [ "$side" = before ] && dir=$tree
     echo "=== $side ($( [ "$side" = before ] && git rev-parse --short "$base" || git rev-parse --short HEAD)), pair $i, $(date +%T)"
-    (cd "$dir" && python3 bench/failover.py --case just-started --runs 1 2>&1 | grep -E '^\| [0-9]|kill [12]:' || echo "(no result: see the run's output above)")
+    (cd "$dir" && python3 bench/failover.py --case just-started --runs 1 2>&1 | grep -E '^\| [0-9]|kill [12]:' || echo "(this run printed no result line: run bench/failover.py alone to see why)")
   done
 done
