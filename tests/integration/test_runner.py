@@ -363,6 +363,18 @@ def test_a_driver_whose_taskmanager_died_before_it_started_watching_exits(driver
     d.tree = []
 
 
+def _java_under(proc):
+    """The JVM among a process's descendants, if one is up yet. The launcher's short-lived
+    helpers (bash, the class-path probe) can exit between listing and naming them."""
+    for child in proc.children(recursive=True):
+        try:
+            if child.name() == "java":
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
 def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path):
     """The TaskManager dies while the driver's JVM starts, before that JVM reads its stdin (as
     when it cannot write its connection file because a restarted TaskManager removed the old
@@ -373,7 +385,7 @@ def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path)
     jvm = None
     while jvm is None:
         assert time.monotonic() < deadline, "no JVM started under the driver"
-        jvm = next((p for p in fake_tm.children(recursive=True) if p.name() == "java"), None)
+        jvm = _java_under(fake_tm)
         time.sleep(0.02)
     d.tree = [fake_tm, *fake_tm.children(recursive=True)]
     jvm.suspend()
