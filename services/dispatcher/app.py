@@ -13,6 +13,7 @@ from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.routes import (
     checkpoints,
+    deployments,
     jars,
     job_metrics,
     jobmanager,
@@ -77,7 +78,8 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.metrics_registry = metrics.registry_for(catalog, transport.redis_client)
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
     # schedules before jobs: /jobs/schedules must not be taken for /jobs/{jobid}.
-    api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager)
+    api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager,
+           deployments)
     for module in (*api, whoami, ui):
         app.include_router(module.router)
     # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.

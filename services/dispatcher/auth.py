@@ -48,6 +48,9 @@ OPERATOR_CHANGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("POST", r"^/jobs/schedules/?$"),
         ("PATCH", r"^/jobs/schedules/[^/]+/?$"),
         ("DELETE", r"^/jobs/schedules/[^/]+/?$"),
+        ("PUT", r"^/deployments/[^/]+/?$"),
+        ("POST", r"^/deployments/[^/]+/rollback/?$"),
+        ("DELETE", r"^/deployments/[^/]+/?$"),
     ))
 
 # Reads an operator must make: log files may hold what a viewer must not see (connection URLs

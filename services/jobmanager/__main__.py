@@ -15,6 +15,7 @@ from typing import Callable
 import redis
 
 from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
+from services.jobmanager.deployment_reconciler import DeploymentReconciler
 from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.metrics import JobManagerMetrics
@@ -40,12 +41,14 @@ class JobManagerProcess:
     process is asked to stop or (ZooKeeper mode) when its leadership is revoked."""
 
     def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool],
-                 announce: Callable[[], None] = lambda: None, beat: ScheduleBeat | None = None):
+                 announce: Callable[[], None] = lambda: None, beat: ScheduleBeat | None = None,
+                 deployments: DeploymentReconciler | None = None):
         self.master, self.transport = master, transport
         self.should_stop, self.announce = should_stop, announce
         self.redis_ok_at = time.monotonic()  # the last poll of the stream that Redis answered
         # Scheduled submissions tick only here, in the leader's loop: a standby has no beat.
         self.beat = beat
+        self.deployments = deployments  # likewise: only a leader reconciles deployments
         self.recovered = False
 
     OUTBOX_RETRY_S = 1.0
@@ -76,6 +79,8 @@ class JobManagerProcess:
                     master.checkpoints.tick()
             if self.beat is not None and self.beat.due():
                 self.beat.tick()
+            if self.deployments is not None and self.deployments.due():
+                self.deployments.tick()
             if not handled:
                 master.outbox.forget_sent()
 
@@ -126,7 +131,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
         client.set(streams.JM_LEADER_KEY, leader, px=streams.JM_LEADER_TTL_MS)
 
     proc = JobManagerProcess(master, transport, should_stop, announce=announce,
-                             beat=ScheduleBeat(master, WallClock()))
+                             beat=ScheduleBeat(master, WallClock()),
+                             deployments=DeploymentReconciler(master, settings, WallClock()))
     redis_lost = False
     while not should_stop():
         try:

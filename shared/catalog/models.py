@@ -66,6 +66,9 @@ class Job(Base):
     # The schedule this job is a run of (None: submitted by hand). No foreign key: a deleted
     # schedule's jobs stay, with the id of what made them.
     schedule_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    # The deployment this job runs a generation of (None: not a deployment's); no foreign key, as
+    # for schedules: a deleted deployment's jobs stay.
+    deployment: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
 
 
 class Leadership(Base):
@@ -282,3 +285,72 @@ class ScheduleRun(Base):
     job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
     outcome: Mapped[str] = mapped_column(String(24))  # shared.schedules.OUTCOMES
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeploymentRow(Base):
+    """A deployment (`PUT /deployments/{name}`): the desired spec with its generation, written by
+    the dispatcher, and the status the leading JobManager's reconciler keeps
+    (services/jobmanager/deployment_reconciler.py; the rules are shared/deployments.py)."""
+
+    __tablename__ = "deployments"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    spec: Mapped[dict] = mapped_column(JSON)  # normalised (DeploymentSpec.record)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    # Desired beside the spec: asked by DELETE and POST .../rollback.
+    deleting: Mapped[bool] = mapped_column(default=False)
+    delete_with_savepoint: Mapped[bool] = mapped_column(default=True)
+    rollback_requested: Mapped[bool] = mapped_column(default=False)
+    # Status.
+    lifecycle: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
+    job_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    deployed_at: Mapped[datetime | None] = mapped_column(nullable=True)  # when job_generation's job started
+    stable_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rollback_point: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_savepoint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_periodic_savepoint_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    blocked_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pending: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeploymentGeneration(Base):
+    """Each generation's spec, for the dashboard's differences and for rolling back to one."""
+
+    __tablename__ = "deployment_generations"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeploymentEvent(Base):
+    """The history of a deployment: each lifecycle step with its reason."""
+
+    __tablename__ = "deployment_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    reason: Mapped[str] = mapped_column(Text)
+    job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
+    savepoint: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class DeploymentSavepoint(Base):
+    """A savepoint a deployment took (upgrade, suspend, rescale, periodic), kept up to
+    savepoints.historyMax; older ones are disposed unless a rollback still needs them."""
+
+    __tablename__ = "deployment_savepoints"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
+    trigger: Mapped[str] = mapped_column(String(16))
+    disposed: Mapped[bool] = mapped_column(default=False)

@@ -1,0 +1,280 @@
+"""The deployments' reconciler, run by the leading JobManager only (a standby builds none).
+
+Each pass, every deployment in its own unit of work: lock its row -> observe its job, its pending
+step's operation and its snapshots (`observe`) -> ask shared/deployments.py `decide` -> carry the
+plan out here: cancel, stop with a savepoint, rescale, take a periodic savepoint, start a new job
+(created in the catalog and handed to this leader's JobMaster, as a schedule's run is) -> record
+the new status and its history -> the leadership check -> commit. A leader that dies halfway
+commits nothing; its successor observes the same rows and decides the same step again.
+
+The rules live in shared/deployments.py; this module only reads the catalog into an `Observed`
+and turns a `Plan` into catalog rows and messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Callable, ContextManager, Protocol
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from services.jobmanager.snapshot_files import discard_files
+from services.jobmanager.snapshot_requests import SnapshotRequests
+from services.jobmanager.unit_of_work import LeadershipLost, UnitOfWork
+from shared import checkpointing as cp
+from shared import deployments as dep
+from shared.catalog import Catalog
+from shared.catalog import repository as repo
+from shared.catalog.models import CheckpointRow, DeploymentRow, Execution, Job, utcnow
+from shared.catalog.repository import deployments as deployments_repo
+from shared.clock import Clock
+from shared.ids import JobId, new_job_id, new_request_id
+from shared.messages import CancelJob, RequestSavepoint, SubmitJob
+from shared.settings import Settings
+from shared.states import CheckpointStatus as CS
+from shared.states import ExecutionState as ES
+from shared.states import JobStatus as JS
+
+log = logging.getLogger("headrace.jobmanager.deployments")
+
+# What a stop or savepoint of each purpose is recorded as in the savepoint history.
+SAVEPOINT_TRIGGERS = {"upgrade": "upgrade", "suspend": "suspend", "delete": "delete", "rescale": "rescale",
+                      "periodic": "periodic"}
+
+
+class JobMasterPort(Protocol):
+    """What the reconciler asks of the leader's job master."""
+
+    catalog: Catalog
+    uow: UnitOfWork
+    snapshots: SnapshotRequests
+
+    def unit_of_work(self) -> ContextManager[None]: ...
+
+    def on_submit(self, msg: SubmitJob) -> None: ...
+
+    def on_cancel(self, msg: CancelJob) -> None: ...
+
+
+class DeploymentReconciler:
+    """Ticked by the leader's loop. `clock`: wall-clock seconds (deadlines are read by the next
+    leader too)."""
+
+    INTERVAL_S = 0.5
+    RETRY_S = 2.0
+
+    def __init__(self, master: JobMasterPort, settings: Settings, clock: Clock, *, interval_s: float = INTERVAL_S,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.master, self.settings, self.clock = master, settings, clock
+        self.interval_s, self.monotonic = interval_s, monotonic
+        self._next_pass = monotonic()
+
+    def due(self) -> bool:
+        return self.monotonic() >= self._next_pass
+
+    def tick(self) -> None:
+        """One pass. LeadershipLost propagates; anything else is logged and the pass is tried again
+        a little later: nothing of a failed step was committed."""
+        self._next_pass = self.monotonic() + self.interval_s
+        try:
+            with self.master.catalog.session() as s:
+                names = [r.name for r in deployments_repo.list_deployments(s)]
+        except Exception:  # catalog unreachable: the loop goes on
+            log.warning("deployments: cannot read the catalog; trying again in %.0f s", self.RETRY_S, exc_info=True)
+            self._next_pass = self.monotonic() + self.RETRY_S
+            return
+        for name in names:
+            try:
+                with self.master.unit_of_work():
+                    self.reconcile(name)
+            except LeadershipLost:
+                raise
+            except Exception:
+                log.exception("deployment %s: reconciling failed (nothing committed); trying again in %.0f s",
+                              name, self.RETRY_S)
+                self._next_pass = self.monotonic() + self.RETRY_S
+
+    # --- one deployment, inside the leader's unit of work ---------------------------------------
+
+    def reconcile(self, name: str) -> None:
+        submit: list[JobId] = []
+        cancel: list[JobId] = []
+        savepoints: list[RequestSavepoint] = []
+        with self.master.uow.tx() as s:
+            try:
+                row = deployments_repo.get_deployment(s, name, lock=True)
+            except repo.NotFound:
+                return
+            plan = dep.decide(self.observe(s, row))
+            if plan.nothing:
+                return
+            self.carry_out(s, row, plan, submit, cancel, savepoints)
+        for job_id in cancel:
+            self.master.on_cancel(CancelJob(job_id=job_id))
+        for request in savepoints:
+            self.master.snapshots.on_request_savepoint(request)
+        for job_id in submit:
+            self.master.on_submit(SubmitJob(job_id=job_id))
+
+    def observe(self, s: Session, row: DeploymentRow) -> dep.Observed:
+        now = self.clock.now()
+        job = self._job_view(s, row) if row.job_id else None
+        pending = row.pending or None
+        operation = None
+        if pending and pending.get("op"):
+            try:
+                op = repo.get_operation(s, pending["op"])
+                operation = dep.OperationView(op.id, op.status, op.location, op.failure_cause)
+            except repo.NotFound:
+                operation = dep.OperationView(pending["op"], "FAILED", failure="its operation row is gone")
+        stable_spec = None
+        if row.stable_generation is not None:
+            rec = deployments_repo.generation_spec(s, row.name, row.stable_generation)
+            stable_spec = dep.DeploymentSpec.from_record(rec) if rec else None
+        spec = dep.DeploymentSpec.from_record(row.spec)
+        deployed_ago = now - _seconds(row.deployed_at) if row.deployed_at else None
+        last_periodic = _seconds(row.last_periodic_savepoint_at or row.deployed_at) if row.deployed_at else now
+        savepoint_due = bool(spec.savepoint_interval_s) and now - last_periodic >= (spec.savepoint_interval_s or 0)
+        return dep.Observed(
+            generation=row.generation, spec=spec, lifecycle=dep.Lifecycle(row.lifecycle) if row.lifecycle else None,
+            job=job, job_generation=row.job_generation, stable_generation=row.stable_generation,
+            stable_spec=stable_spec, rollback_point=row.rollback_point, last_savepoint=row.last_savepoint,
+            blocked_generation=row.blocked_generation, pending=pending, operation=operation,
+            deployed_s_ago=deployed_ago, deleting=row.deleting, delete_with_savepoint=row.delete_with_savepoint,
+            rollback_requested=row.rollback_requested, savepoint_due=savepoint_due)
+
+    def _job_view(self, s: Session, row: DeploymentRow) -> dep.JobView | None:
+        job = s.get(Job, row.job_id)
+        if job is None:
+            return None
+        since = row.deployed_at or job.created_at
+        latest = list(repo.latest_executions(s, job.id).values())
+        running = job.status == JS.RUNNING.value and bool(latest) and all(e.state == ES.RUNNING.value for e in latest)
+        failed = s.execute(select(Execution).where(Execution.job_id == job.id, Execution.state == ES.FAILED.value,
+                                                   Execution.end_at >= since)
+                           .order_by(Execution.end_at.desc())).scalars().all()
+        completed = select(CheckpointRow).where(CheckpointRow.job_id == job.id,
+                                                CheckpointRow.status == CS.COMPLETED.value)
+        newest_ack = s.execute(select(func.max(CheckpointRow.ack_at)).where(
+            CheckpointRow.job_id == job.id, CheckpointRow.status == CS.COMPLETED.value,
+            CheckpointRow.execution_id.is_not(None))).scalar()
+        snapshot = s.execute(completed.where(CheckpointRow.path.is_not(None))
+                             .order_by(CheckpointRow.checkpoint_id.desc()).limit(1)).scalars().first()
+        failure = failed[0].failure_cause if failed else None
+        return dep.JobView(
+            id=job.id, status=job.status, terminal=JS(job.status).is_terminal, running=running,
+            restarts_since_deploy=len(failed),
+            checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
+            newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
+            latest_snapshot=snapshot.path if snapshot is not None else None,
+            failure=(failure or "").strip().splitlines()[0][:300] if failure else None)
+
+    # --- carrying a plan out --------------------------------------------------------------------
+
+    def carry_out(self, s: Session, row: DeploymentRow, plan: dep.Plan, submit: list[JobId], cancel: list[JobId],
+                  savepoints: list[RequestSavepoint]) -> None:
+        before = row.lifecycle
+        if plan.delete:
+            deployments_repo.delete_deployment(s, row.name)
+            log.info("deployment %s deleted", row.name)
+            return
+        self._record_pending_savepoint(s, row, plan)
+        if plan.cancel_job and row.job_id:
+            cancel.append(row.job_id)
+        if (plan.stop or plan.rescale_to or plan.savepoint) and row.job_id:
+            pending = dict(plan.pending or {})
+            pending["op"] = self._savepoint(s, row, plan, savepoints)
+            row.pending = pending
+        elif not plan.keep_pending:
+            row.pending = dict(plan.pending) if plan.pending else None
+        if plan.adopt_generation is not None:
+            row.job_generation = plan.adopt_generation
+            row.deployed_at = utcnow()
+        if plan.rollback_point is not None:
+            row.rollback_point = plan.rollback_point
+        if plan.last_savepoint is not None:
+            row.last_savepoint = plan.last_savepoint
+        if plan.start is not None:
+            submit.append(self._start(s, row, plan.start))
+        if plan.stable:
+            row.stable_generation = row.job_generation
+        if plan.block is not None:
+            row.blocked_generation = plan.block
+        if plan.unblock:
+            row.blocked_generation = None
+        if plan.consume_rollback_request:
+            row.rollback_requested = False
+        if plan.error is not None:
+            row.error = plan.error[:4000]
+        elif plan.clear_error:
+            row.error = None
+        if plan.to is not None:
+            row.lifecycle = plan.to.value
+        row.updated_at = utcnow()
+        if plan.reason:
+            deployments_repo.record_deployment_event(s, row, from_state=before, to_state=row.lifecycle,
+                                                     reason=plan.reason, savepoint=plan.last_savepoint)
+            log.info("deployment %s: %s -> %s: %s", row.name, before, row.lifecycle, plan.reason)
+
+    def _record_pending_savepoint(self, s: Session, row: DeploymentRow, plan: dep.Plan) -> None:
+        """A savepoint the finished step took goes into the savepoint history (and the oldest
+        beyond savepoints.historyMax are disposed)."""
+        if plan.last_savepoint is None or not row.pending:
+            return
+        purpose = (row.pending or {}).get("purpose") or "upgrade"
+        deployments_repo.add_deployment_savepoint(s, row, path=plan.last_savepoint,
+                                                  trigger=SAVEPOINT_TRIGGERS.get(purpose, purpose))
+        if purpose == "periodic":
+            row.last_periodic_savepoint_at = utcnow()
+        self._dispose_beyond_history(s, row, keep={plan.last_savepoint, plan.rollback_point, row.rollback_point})
+
+    def _dispose_beyond_history(self, s: Session, row: DeploymentRow, keep: set[str | None]) -> None:
+        spec = dep.DeploymentSpec.from_record(row.spec)
+        kept = list(deployments_repo.deployment_savepoints(s, row.name, kept_only=True))
+        excess = [sp for sp in kept[:-spec.history_max] if sp.path not in keep] if spec.history_max else []
+        if not excess:
+            return
+        for sp in excess:
+            sp.disposed = True
+        paths = [sp.path for sp in excess]
+        self.master.uow.after_commit(lambda: discard_files(paths, self.settings))
+        log.info("deployment %s: disposed %d savepoint(s) beyond savepoints.historyMax %d", row.name, len(paths),
+                 spec.history_max)
+
+    def _savepoint(self, s: Session, row: DeploymentRow, plan: dep.Plan, out: list[RequestSavepoint]) -> str:
+        """The operation of a stop, rescale or periodic savepoint, created as the REST API's are."""
+        assert row.job_id is not None
+        job = repo.get_job(s, row.job_id)
+        target = str((job.config or {}).get(cp.SAVEPOINT_DIR) or self.settings.savepoints)
+        if plan.rescale_to:
+            kind, after = "rescale", "rescale"
+        elif plan.stop:
+            kind, after = "stop", "stop"
+        else:
+            kind, after = "savepoint", "continue"
+        request_id = new_request_id()
+        params = {"target_directory": target, "after": after, "drain": False, "deployment": row.name}
+        if plan.rescale_to:
+            params["parallelism"] = plan.rescale_to
+        repo.create_operation(s, id=request_id, kind=kind, job_id=row.job_id, params=params)
+        out.append(RequestSavepoint(job_id=row.job_id, request_id=request_id, target_directory=target, after=after,
+                                    parallelism=plan.rescale_to))
+        return request_id
+
+    def _start(self, s: Session, row: DeploymentRow, start: dep.Start) -> JobId:
+        rec = deployments_repo.generation_spec(s, row.name, start.generation) or dict(row.spec)
+        config = {k: v for k, v in dict(rec.get("flinkConfiguration") or {}).items() if k != cp.RESTORE_PATH}
+        if start.restore_from:
+            config[cp.RESTORE_PATH] = start.restore_from
+        job = deployments_repo.create_deployment_job(s, row, new_job_id(), rec,
+                                                     restart_strategy=dict(rec.get("restartStrategy") or {}),
+                                                     config=config)
+        row.job_id, row.job_generation, row.deployed_at = job.id, start.generation, utcnow()
+        return job.id
+
+
+def _seconds(dt: datetime) -> float:
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()

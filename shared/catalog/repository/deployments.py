@@ -1,0 +1,116 @@
+"""Deployments: the dispatcher writes the desired spec (a new generation when it changes), asks
+for a rollback or a deletion; the leading JobManager's reconciler writes the status, the history
+and the savepoints, in a unit of work fenced like any other."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from shared.catalog.models import DeploymentEvent, DeploymentGeneration, DeploymentRow, DeploymentSavepoint, Job, utcnow
+from shared.catalog.repository.jobs import create_job
+from shared.catalog.repository.rows import NotFound
+from shared.ids import JobId
+
+
+def get_deployment(s: Session, name: str, *, lock: bool = False) -> DeploymentRow:
+    q = select(DeploymentRow).where(DeploymentRow.name == name)
+    if lock:
+        q = q.with_for_update()
+    row = s.execute(q).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"deployment {name} not found")
+    return row
+
+
+def list_deployments(s: Session) -> Sequence[DeploymentRow]:
+    return s.execute(select(DeploymentRow).order_by(DeploymentRow.name)).scalars().all()
+
+
+def put_deployment(s: Session, name: str, spec: dict[str, Any]) -> tuple[DeploymentRow, bool]:
+    """Create the deployment or change its spec. A different spec is a new generation; the same
+    one again clears a refusal or failure of that generation, so applying it again retries."""
+    try:
+        row = get_deployment(s, name, lock=True)
+    except NotFound:
+        now = utcnow()
+        row = DeploymentRow(name=name, spec=spec, generation=1, deleting=False, delete_with_savepoint=True,
+                            rollback_requested=False, created_at=now, updated_at=now)
+        s.add(row)
+        s.add(DeploymentGeneration(name=name, generation=1, spec=spec, created_at=now))
+        s.flush()
+        return row, True
+    if row.deleting:
+        raise DeploymentDeleting(f"deployment {name} is being deleted")
+    if row.spec == spec:
+        if row.blocked_generation == row.generation:
+            row.blocked_generation = None
+            row.error = None
+            row.updated_at = utcnow()
+        return row, False
+    row.generation += 1
+    row.spec = spec
+    row.updated_at = utcnow()
+    s.add(DeploymentGeneration(name=name, generation=row.generation, spec=spec, created_at=row.updated_at))
+    s.flush()
+    return row, True
+
+
+class DeploymentDeleting(NotFound):
+    """A change to a deployment that is being deleted."""
+
+
+def generations(s: Session, name: str) -> Sequence[DeploymentGeneration]:
+    q = select(DeploymentGeneration).where(DeploymentGeneration.name == name)
+    return s.execute(q.order_by(DeploymentGeneration.generation)).scalars().all()
+
+
+def generation_spec(s: Session, name: str, generation: int) -> dict[str, Any] | None:
+    row = s.get(DeploymentGeneration, (name, generation))
+    return dict(row.spec) if row is not None else None
+
+
+def record_deployment_event(s: Session, row: DeploymentRow, *, from_state: str | None, to_state: str | None,
+                            reason: str, generation: int | None = None, savepoint: str | None = None) -> None:
+    s.add(DeploymentEvent(name=row.name, at=utcnow(), generation=generation if generation is not None
+                          else row.job_generation, from_state=from_state, to_state=to_state, reason=reason[:20000],
+                          job_id=row.job_id, savepoint=savepoint))
+
+
+def deployment_events(s: Session, name: str, *, limit: int = 200) -> list[DeploymentEvent]:
+    q = select(DeploymentEvent).where(DeploymentEvent.name == name).order_by(DeploymentEvent.id.desc()).limit(limit)
+    return list(reversed(s.execute(q).scalars().all()))
+
+
+def add_deployment_savepoint(s: Session, row: DeploymentRow, *, path: str, trigger: str) -> DeploymentSavepoint:
+    sp = DeploymentSavepoint(name=row.name, path=path, at=utcnow(), generation=row.job_generation,
+                             job_id=row.job_id, trigger=trigger, disposed=False)
+    s.add(sp)
+    s.flush()
+    return sp
+
+
+def deployment_savepoints(s: Session, name: str, *, kept_only: bool = False) -> Sequence[DeploymentSavepoint]:
+    q = select(DeploymentSavepoint).where(DeploymentSavepoint.name == name)
+    if kept_only:
+        q = q.where(DeploymentSavepoint.disposed.is_(False))
+    return s.execute(q.order_by(DeploymentSavepoint.id)).scalars().all()
+
+
+def create_deployment_job(s: Session, row: DeploymentRow, job_id: JobId, spec: dict[str, Any], *,
+                          restart_strategy: dict[str, Any], config: dict[str, Any]) -> Job:
+    job = create_job(s, id=job_id, name=row.name, artifact_id=spec["jarId"],
+                     entry=spec.get("entryClass") or "build", parallelism=int(spec.get("parallelism") or 1),
+                     program_args=list(spec.get("programArgsList") or []), config=config,
+                     restart_strategy=restart_strategy, kind=spec.get("kind") or "pyspark")
+    job.deployment = row.name
+    return job
+
+
+def delete_deployment(s: Session, name: str) -> None:
+    """The deployment and its generations; its history and savepoint records go too (its jobs stay)."""
+    for model in (DeploymentGeneration, DeploymentEvent, DeploymentSavepoint):
+        s.execute(delete(model).where(model.name == name))
+    s.execute(delete(DeploymentRow).where(DeploymentRow.name == name))

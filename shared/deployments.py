@@ -1,0 +1,449 @@
+"""Deployments: a named desired state for a long-running pipeline, and the one place that decides
+what the JobManager does to bring the cluster to it (Flink Kubernetes Operator's FlinkDeployment,
+for PySpark pipelines).
+
+The dispatcher validates a spec (services/dispatcher/schemas/deployments.py) and stores it in
+its normalised form, `DeploymentSpec.record()`; the leading JobManager's reconciler
+(services/jobmanager/deployment_reconciler.py) reads it back with `DeploymentSpec.from_record`,
+observes the deployment's job and its pending step, and asks `decide` what to do next. `decide`
+is pure: it sees an `Observed` snapshot and returns a `Plan`; the reconciler carries the plan out
+in one unit of work, so a JobManager that dies halfway leaves either all of it or none.
+
+Lifecycle::
+
+    (new) -> DEPLOYING -> STABLE -> UPGRADING -> STABLE
+                 |                       \\-> ROLLING_BACK -> ROLLED_BACK -> UPGRADING ...
+                 \\-> FAILED              (ready in time)     (not ready in time)
+    any -> SUSPENDED (stop with a savepoint) -> DEPLOYING (resumed from it)
+
+A step that must wait (a stop-with-savepoint, a job's end) is kept in the deployment's row as
+`pending`; each pass looks at it again, so a new leader carries on where the old one was.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+from shared import durations
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+NAME_EXPECTED = "1-63 lower-case letters, digits and '-', starting and ending with a letter or digit"
+UPGRADE_MODES = ("savepoint", "last-state", "stateless")
+STATES = ("running", "suspended")
+DEFAULT_READY_WITHIN_S = 60.0
+DEFAULT_HISTORY_MAX = 5
+# A new generation that restarts this often before it is ready is crash-looping: roll it back
+# without waiting for its restart strategy to give up.
+CRASH_LOOP_RESTARTS = 2
+# A STABLE job whose newest completed checkpoint is older than this many intervals is stuck.
+STUCK_AFTER_INTERVALS = 5
+
+
+class Lifecycle(str, Enum):
+    DEPLOYING = "DEPLOYING"
+    STABLE = "STABLE"
+    UPGRADING = "UPGRADING"
+    ROLLING_BACK = "ROLLING_BACK"
+    ROLLED_BACK = "ROLLED_BACK"
+    SUSPENDED = "SUSPENDED"
+    FAILED = "FAILED"
+
+    @property
+    def settled(self) -> bool:
+        """Running as desired, from the last stable spec or the current one."""
+        return self in (Lifecycle.STABLE, Lifecycle.ROLLED_BACK)
+
+
+def valid_name(name: str) -> bool:
+    return re.fullmatch(NAME_PATTERN, name) is not None
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """A spec as stored (normalised by the dispatcher): durations in seconds."""
+
+    jar_id: str
+    entry: str = "build"
+    kind: str = "pyspark"
+    program_args: tuple[str, ...] = ()
+    parallelism: int = 1
+    config: Mapping[str, Any] = field(default_factory=dict)
+    restart_strategy: Mapping[str, Any] | None = None
+    upgrade_mode: str = "savepoint"
+    state: str = "running"
+    rollback_enabled: bool = True
+    ready_within_s: float = DEFAULT_READY_WITHIN_S
+    savepoint_interval_s: float | None = None
+    history_max: int = DEFAULT_HISTORY_MAX
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> "DeploymentSpec":
+        rollback = rec.get("rollback") or {}
+        savepoints = rec.get("savepoints") or {}
+        interval = savepoints.get("interval")
+        return cls(
+            jar_id=str(rec["jarId"]), entry=rec.get("entryClass") or "build", kind=rec.get("kind") or "pyspark",
+            program_args=tuple(str(a) for a in rec.get("programArgsList") or ()),
+            parallelism=int(rec.get("parallelism") or 1), config=dict(rec.get("flinkConfiguration") or {}),
+            restart_strategy=rec.get("restartStrategy") or None, upgrade_mode=rec.get("upgradeMode") or "savepoint",
+            state=rec.get("state") or "running", rollback_enabled=rollback.get("enabled", True) is not False,
+            ready_within_s=durations.parse_duration(rollback.get("readyWithin") or DEFAULT_READY_WITHIN_S),
+            savepoint_interval_s=durations.parse_duration(interval) if interval else None,
+            history_max=int(savepoints.get("historyMax", DEFAULT_HISTORY_MAX)),
+        )
+
+    def same_pipeline_except_parallelism(self, other: "DeploymentSpec") -> bool:
+        """Only the parallelism differs (and what the lifecycle alone reads): a rescale will do."""
+        return (self.jar_id, self.entry, self.kind, self.program_args, dict(self.config), self.restart_strategy) == (
+            other.jar_id, other.entry, other.kind, other.program_args, dict(other.config), other.restart_strategy)
+
+
+# --- what the reconciler observes ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The deployment's current job as the catalog shows it."""
+
+    id: str
+    status: str  # JobStatus value
+    terminal: bool
+    running: bool  # its current attempt is RUNNING
+    restarts_since_deploy: int = 0
+    checkpoint_since_deploy: bool = False  # a checkpoint completed after the generation started
+    newest_checkpoint_age_s: float | None = None
+    latest_snapshot: str | None = None  # newest completed checkpoint or savepoint path
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class OperationView:
+    id: str
+    status: str  # IN_PROGRESS | COMPLETED | FAILED
+    location: str | None = None
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    generation: int
+    spec: DeploymentSpec
+    lifecycle: Lifecycle | None  # None: never reconciled
+    job: JobView | None
+    job_generation: int | None
+    stable_generation: int | None
+    stable_spec: DeploymentSpec | None
+    rollback_point: str | None  # the savepoint the current generation started from
+    last_savepoint: str | None
+    blocked_generation: int | None  # refused, failed or rolled back: not applied again by itself
+    pending: Mapping[str, Any] | None
+    operation: OperationView | None  # the pending step's operation, if it has one
+    deployed_s_ago: float | None  # since the current generation's job started
+    deleting: bool = False
+    delete_with_savepoint: bool = True
+    rollback_requested: bool = False
+    savepoint_due: bool = False  # the periodic savepoint's interval has passed
+
+
+# --- what it does --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Create a job for `generation` (its spec: the current one or the stable one)."""
+
+    generation: int
+    restore_from: str | None
+    from_stable: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one pass does, in this order: cancel, stop (savepoint) or rescale, start, record.
+
+    `pending`: the step to wait for (None clears it; absent keeps it); `to`: the new lifecycle
+    state, recorded in the history with `reason`."""
+
+    to: Lifecycle | None = None
+    reason: str = ""
+    cancel_job: bool = False
+    stop: str | None = None  # purpose of a stop-with-savepoint: upgrade | suspend | delete
+    rescale_to: int | None = None
+    savepoint: bool = False  # a periodic savepoint, the job keeps running
+    start: Start | None = None
+    pending: Mapping[str, Any] | None = None
+    keep_pending: bool = False
+    error: str | None = None
+    clear_error: bool = False
+    stable: bool = False  # the job's generation becomes the stable one
+    block: int | None = None
+    unblock: bool = False
+    rollback_point: str | None = None
+    last_savepoint: str | None = None
+    delete: bool = False
+    consume_rollback_request: bool = False
+    adopt_generation: int | None = None  # the running job now carries this generation (a rescale)
+
+    @property
+    def nothing(self) -> bool:
+        return self == NOTHING
+
+
+NOTHING = Plan(keep_pending=True)
+
+
+def decide(o: Observed) -> Plan:
+    """The next step towards the desired state. One rule per situation, in order of precedence:
+    a pending step first, then deletion, suspension, a new deployment, a change of spec, and
+    the health of what runs."""
+    if o.pending:
+        return _advance_pending(o)
+    job = o.job
+    live = job is not None and not job.terminal
+    if o.deleting:
+        if live and o.delete_with_savepoint:
+            return Plan(stop="delete", pending={"kind": "stop", "purpose": "delete"},
+                        reason="deleting: stopping the job with a savepoint")
+        if live:
+            return Plan(cancel_job=True, pending={"kind": "ends", "purpose": "delete"},
+                        reason="deleting: cancelling the job (no savepoint asked)")
+        return Plan(delete=True, reason="deleted")
+    if o.spec.state == "suspended":
+        return _suspend(o, live)
+    if o.lifecycle is None or (o.lifecycle == Lifecycle.FAILED and job is None):
+        restore = o.last_savepoint
+        return Plan(to=Lifecycle.DEPLOYING, start=Start(o.generation, restore), rollback_point=restore,
+                    reason=f"generation {o.generation} deployed" + (f" from {restore}" if restore else ""),
+                    pending=None, clear_error=True)
+    if o.lifecycle == Lifecycle.SUSPENDED:
+        restore = o.last_savepoint or (job.latest_snapshot if job else None)
+        return Plan(to=Lifecycle.DEPLOYING, start=Start(o.generation, restore), rollback_point=restore,
+                    reason=f"resumed: generation {o.generation} started from {restore or 'nothing (no savepoint)'}",
+                    clear_error=True, unblock=True)
+    if o.rollback_requested:
+        return _rollback(o, live, why="rollback asked for", consume=True)
+    if o.lifecycle in (Lifecycle.DEPLOYING, Lifecycle.UPGRADING, Lifecycle.ROLLING_BACK):
+        return _judge_new_generation(o, live)
+    if o.job_generation != o.generation and o.blocked_generation != o.generation:
+        return _recover_failed(o, live) if o.lifecycle == Lifecycle.FAILED else _upgrade(o, live)
+    if o.lifecycle.settled:
+        return _keep_healthy(o, live)
+    return NOTHING
+
+
+def _suspend(o: Observed, live: bool) -> Plan:
+    if o.lifecycle == Lifecycle.SUSPENDED:
+        return NOTHING
+    if live:
+        return Plan(stop="suspend", pending={"kind": "stop", "purpose": "suspend"},
+                    reason="suspending: stopping the job with a savepoint")
+    snapshot = o.job.latest_snapshot if o.job else None
+    return Plan(to=Lifecycle.SUSPENDED, last_savepoint=snapshot or o.last_savepoint,
+                reason="suspended (no job was running)")
+
+
+def _upgrade(o: Observed, live: bool) -> Plan:
+    g = o.generation
+    current = o.stable_spec
+    if not live:
+        snapshot = o.job.latest_snapshot if o.job else o.last_savepoint
+        return Plan(to=Lifecycle.UPGRADING, start=Start(g, snapshot), rollback_point=snapshot, clear_error=True,
+                    reason=f"generation {g} applied; the previous job had ended: started from "
+                           f"{snapshot or 'nothing'}")
+    if current is not None and o.spec.same_pipeline_except_parallelism(current) and o.spec.upgrade_mode != "stateless":
+        return Plan(to=Lifecycle.UPGRADING, rescale_to=o.spec.parallelism, clear_error=True,
+                    pending={"kind": "stop", "purpose": "rescale", "generation": g},
+                    reason=f"generation {g} applied: rescaling to parallelism {o.spec.parallelism} "
+                           "through a savepoint")
+    mode = o.spec.upgrade_mode
+    if mode == "savepoint":
+        return Plan(to=Lifecycle.UPGRADING, stop="upgrade", clear_error=True,
+                    pending={"kind": "stop", "purpose": "upgrade", "generation": g},
+                    reason=f"generation {g} applied: stopping job {o.job.id if o.job else '?'} with a savepoint")
+    return Plan(to=Lifecycle.UPGRADING, cancel_job=True, clear_error=True,
+                pending={"kind": "ends", "purpose": "upgrade", "generation": g,
+                         "restore": "latest" if mode == "last-state" else None},
+                reason=f"generation {g} applied ({mode}): cancelling job {o.job.id if o.job else '?'}")
+
+
+def _recover_failed(o: Observed, live: bool) -> Plan:
+    """A new spec for a FAILED deployment: its job may not be able to take a savepoint, so it
+    starts from the newest snapshot the job left (as last-state would)."""
+    g = o.generation
+    if live:
+        return Plan(to=Lifecycle.UPGRADING, cancel_job=True, clear_error=True,
+                    pending={"kind": "ends", "purpose": "upgrade", "generation": g, "restore": "latest"},
+                    reason=f"generation {g} applied to a failed deployment: cancelling job "
+                           f"{o.job.id if o.job else '?'}, then starting from its latest snapshot")
+    snapshot = (o.job.latest_snapshot if o.job else None) or o.last_savepoint
+    return Plan(to=Lifecycle.UPGRADING, start=Start(g, snapshot), rollback_point=snapshot, clear_error=True,
+                reason=f"generation {g} applied to a failed deployment: started from {snapshot or 'nothing'}")
+
+
+def _judge_new_generation(o: Observed, live: bool) -> Plan:
+    """DEPLOYING, UPGRADING or ROLLING_BACK: ready in time, or not."""
+    job = o.job
+    assert o.lifecycle is not None
+    rolling_back = o.lifecycle == Lifecycle.ROLLING_BACK
+    settled_to = Lifecycle.ROLLED_BACK if rolling_back else Lifecycle.STABLE
+    if job is not None and job.running and job.checkpoint_since_deploy:
+        # A rollback's error stays: it says why the newer generation is not the one running.
+        return Plan(to=settled_to, stable=not rolling_back, clear_error=not rolling_back,
+                    reason=f"generation {o.job_generation} is running and completed a checkpoint (job {job.id})")
+    why = _not_ready(o, live)
+    if why is None:
+        return NOTHING
+    if rolling_back or o.lifecycle == Lifecycle.DEPLOYING and o.stable_generation in (None, o.job_generation):
+        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation,
+                    reason=f"generation {o.job_generation} failed: {why}")
+    return _rollback(o, live, why=why)
+
+
+def _not_ready(o: Observed, live: bool) -> str | None:
+    job = o.job
+    if job is None:
+        return "its job is missing"
+    if job.terminal:
+        return f"its job {job.id} ended {job.status}" + (f": {job.failure}" if job.failure else "")
+    if job.restarts_since_deploy >= CRASH_LOOP_RESTARTS:
+        return (f"its job {job.id} restarted {job.restarts_since_deploy} times"
+                + (f" (last failure: {job.failure})" if job.failure else ""))
+    ready_within = o.spec.ready_within_s
+    if o.deployed_s_ago is not None and o.deployed_s_ago > ready_within:
+        what = "is not RUNNING" if not job.running else "has completed no checkpoint"
+        return f"its job {job.id} {what} after {ready_within:g} s (rollback.readyWithin)"
+    return None
+
+
+def _rollback(o: Observed, live: bool, *, why: str, consume: bool = False) -> Plan:
+    s = o.stable_generation
+    if not o.spec.rollback_enabled and not consume:
+        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation,
+                    reason=f"generation {o.job_generation} failed: {why} (rollback is disabled)")
+    if s is None or s == o.job_generation or o.stable_spec is None:
+        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation, consume_rollback_request=consume,
+                    reason=f"generation {o.job_generation} failed: {why}; there is no stable generation to roll "
+                           "back to")
+    point = o.rollback_point
+    then = {"generation": s, "restore": point, "fromStable": True}
+    reason = (f"generation {o.job_generation} {'rolled back' if consume else 'not ready'}: {why}; rolling back to "
+              f"generation {s} from {point or 'nothing'}")
+    if live:
+        return Plan(to=Lifecycle.ROLLING_BACK, cancel_job=True, error=why, block=o.job_generation,
+                    consume_rollback_request=consume, reason=reason,
+                    pending={"kind": "ends", "purpose": "rollback", **then})
+    return Plan(to=Lifecycle.ROLLING_BACK, start=Start(s, point, from_stable=True), error=why, block=o.job_generation,
+                consume_rollback_request=consume, reason=reason, rollback_point=point)
+
+
+def _keep_healthy(o: Observed, live: bool) -> Plan:
+    """STABLE or ROLLED_BACK: a job that ended is started again from its newest snapshot; one that
+    stopped completing checkpoints is restarted from it; periodic savepoints are taken."""
+    job = o.job
+    g = o.job_generation if o.job_generation is not None else o.generation
+    from_stable = o.job_generation != o.generation
+    if job is None or job.terminal:
+        snapshot = job.latest_snapshot if job else o.last_savepoint
+        return Plan(to=Lifecycle.DEPLOYING, start=Start(g, snapshot, from_stable=from_stable), rollback_point=snapshot,
+                    reason=f"job {job.id if job else '?'} ended {job.status if job else ''}: generation {g} "
+                           f"started again from {snapshot or 'nothing'}")
+    interval = _checkpoint_interval_s(o.spec)
+    if (interval and job.running and job.newest_checkpoint_age_s is not None
+            and job.newest_checkpoint_age_s > STUCK_AFTER_INTERVALS * interval):
+        return Plan(to=Lifecycle.DEPLOYING, cancel_job=True,
+                    pending={"kind": "ends", "purpose": "restart", "generation": g, "restore": "latest",
+                             "fromStable": from_stable},
+                    reason=f"job {job.id} completed no checkpoint for {job.newest_checkpoint_age_s:.0f} s "
+                           f"({STUCK_AFTER_INTERVALS} intervals): restarting it from its latest checkpoint")
+    if o.savepoint_due and job.running:
+        return Plan(savepoint=True, pending={"kind": "savepoint", "purpose": "periodic"}, reason="")
+    return NOTHING
+
+
+def _checkpoint_interval_s(spec: DeploymentSpec) -> float | None:
+    raw = spec.config.get("execution.checkpointing.interval")
+    if raw in (None, ""):
+        return None
+    try:
+        return durations.parse_flink_duration(raw) or None
+    except ValueError:
+        return None
+
+
+def _advance_pending(o: Observed) -> Plan:
+    p = dict(o.pending or {})
+    kind, purpose = p.get("kind"), p.get("purpose")
+    job = o.job
+    if kind == "savepoint":  # periodic: the job keeps running
+        op = o.operation
+        if op is None or op.status == "IN_PROGRESS":
+            return NOTHING
+        return Plan(pending=None, last_savepoint=op.location if op.status == "COMPLETED" else None,
+                    reason="" if op.status == "COMPLETED" else f"periodic savepoint failed: {op.failure}")
+    if kind == "stop":
+        op = o.operation
+        if op is not None and op.status == "FAILED" and job is not None and not job.terminal:
+            return _stop_failed(o, purpose, op.failure or "unknown cause")
+        if purpose == "rescale":
+            return _advance_rescale(o)
+        if job is not None and not job.terminal:
+            return NOTHING  # the savepoint is being taken, or the task is stopping
+        savepoint = op.location if op is not None and op.status == "COMPLETED" else None
+        return _after_stop(o, purpose, savepoint or (job.latest_snapshot if job else None), p)
+    if kind == "ends":
+        if job is not None and not job.terminal:
+            return NOTHING
+        restore = p.get("restore")
+        if restore == "latest":
+            restore = job.latest_snapshot if job else None
+        if purpose == "delete":
+            return Plan(delete=True, pending=None, reason="deleted")
+        # An upgrade starts the newest spec, even one applied while the old job was ending.
+        gen = o.generation if purpose == "upgrade" else int(p.get("generation") or o.generation)
+        start = Start(gen, restore, from_stable=bool(p.get("fromStable")))
+        to = Lifecycle.ROLLING_BACK if purpose == "rollback" else o.lifecycle
+        return Plan(to=to, start=start, pending=None, rollback_point=restore,
+                    reason=f"job {job.id if job else '?'} ended: generation {gen} started from "
+                           f"{restore or 'nothing'}")
+    return Plan(pending=None, reason=f"unknown pending step {kind!r} dropped")
+
+
+def _stop_failed(o: Observed, purpose: str | None, cause: str) -> Plan:
+    back = o.stable_generation is not None and o.lifecycle == Lifecycle.UPGRADING
+    to = Lifecycle.STABLE if back else o.lifecycle
+    if purpose in ("upgrade", "rescale"):
+        return Plan(to=to, pending=None, error=f"the stop with a savepoint failed: {cause}", block=o.generation,
+                    reason=f"generation {o.generation} not applied: the stop with a savepoint failed ({cause}); "
+                           "the running job was left as it was; apply the spec again to retry")
+    return Plan(to=to, pending=None, error=f"{purpose}: the stop with a savepoint failed: {cause}",
+                reason=f"{purpose} not done: the stop with a savepoint failed ({cause}); the job keeps running")
+
+
+def _after_stop(o: Observed, purpose: str | None, savepoint: str | None, p: Mapping[str, Any]) -> Plan:
+    if purpose == "suspend":
+        return Plan(to=Lifecycle.SUSPENDED, pending=None, last_savepoint=savepoint,
+                    reason=f"suspended with savepoint {savepoint or '(none)'}")
+    if purpose == "delete":
+        return Plan(delete=True, pending=None, reason="deleted")
+    gen = o.generation  # the newest spec, even one applied while the old job was stopping
+    return Plan(to=Lifecycle.UPGRADING, start=Start(gen, savepoint), pending=None, rollback_point=savepoint,
+                last_savepoint=savepoint,
+                reason=f"generation {gen} started from savepoint {savepoint or '(none: the job ended first)'}")
+
+
+def _advance_rescale(o: Observed) -> Plan:
+    """The same job goes on with the new parallelism once its rescale savepoint completed."""
+    op, job = o.operation, o.job
+    if op is None or op.status == "IN_PROGRESS":
+        return NOTHING
+    if op.status == "COMPLETED" and job is not None and not job.terminal:
+        return Plan(to=Lifecycle.UPGRADING, pending=None, rollback_point=op.location, last_savepoint=op.location,
+                    adopt_generation=o.generation,
+                    reason=f"rescaling job {job.id} to parallelism {o.spec.parallelism} from savepoint {op.location}")
+    savepoint = op.location if op.status == "COMPLETED" else (job.latest_snapshot if job else None)
+    return Plan(to=Lifecycle.UPGRADING, start=Start(o.generation, savepoint), pending=None,
+                rollback_point=savepoint, reason=f"the rescaled job ended: generation {o.generation} started from "
+                                                 f"{savepoint or 'nothing'}")

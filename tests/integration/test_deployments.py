@@ -1,0 +1,157 @@
+"""Deployments on the real stack (JobManager, ResourceManager, TaskManagers and the dispatcher as
+processes, PostgreSQL), with no-op pipelines: the lifecycle without Spark's start-up costs. Each
+step is read back the way a user would, over REST, and checked in the catalog's job rows.
+
+apply v1 -> STABLE; v2 (other arguments) -> UPGRADING -> STABLE on a new job started from the
+savepoint the old one stopped with; v3 (fails every attempt) -> ROLLED_BACK to v2, restarted from
+that same savepoint; a parallelism change alone -> a rescale of the same job; suspend -> the job
+FINISHED with a savepoint; resume -> STABLE again from it; delete -> gone, its job FINISHED.
+The counting pipeline through all of it, exact, is tests/e2e/test_deployments_e2e.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.clusters import start_cluster
+
+pytestmark = pytest.mark.integration
+
+NAME = "clicks"
+TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    c = start_cluster(tmp_path_factory.mktemp("deployments-home"), catalog_url=pg_url_module, slots=4)
+    yield c
+    c.stop()
+
+
+def spec(jar: str, *, args=("v1",), fail=False, parallelism=1, **extra) -> dict:
+    config = {"noop.duration": "-1", "execution.checkpointing.interval": "500 ms"}
+    if fail:  # each attempt fails 200 ms after RUNNING, before its first checkpoint is due
+        config.update({"noop.fail-attempts": "1000", "noop.duration": "200 ms"})
+    return {"jarId": jar, "kind": "noop", "programArgsList": list(args), "parallelism": parallelism,
+            "flinkConfiguration": config, "restartStrategy": {"type": "fixed-delay", "attempts": 5, "delay": "200 ms"},
+            "rollback": {"enabled": True, "readyWithin": "10 s"}, **extra}
+
+
+def put(rest, body: dict, name: str = NAME) -> dict:
+    r = rest.http.put(f"/deployments/{name}", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def show(rest, name: str = NAME) -> dict:
+    r = rest.http.get(f"/deployments/{name}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_lifecycle(rest, state: str, *, generation: int | None = None, timeout_s: float = TIMEOUT_S,
+                   name: str = NAME) -> dict:
+    deadline = time.monotonic() + timeout_s
+    seen: dict = {}
+    while time.monotonic() < deadline:
+        seen = show(rest, name)
+        st = seen["status"]
+        if st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation):
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"deployment {name} not {state} (generation {generation}) within {timeout_s} s: "
+                         f"{seen.get('status')}")
+
+
+def restored_from(rest, job_id: str) -> str | None:
+    return rest.attempts(job_id)[0]["restored-from"]
+
+
+def test_bad_specs_are_refused_naming_the_field(rest, jar):
+    cases = [
+        ("Bad_Name", spec(jar), "name"),
+        (NAME, {**spec(jar), "upgradeMod": "savepoint"}, "upgradeMod"),
+        (NAME, {**spec(jar), "upgradeMode": "hot-swap"}, "upgradeMode"),
+        (NAME, {**spec(jar), "rollback": {"readyWithin": "100 ms"}}, "rollback.readyWithin"),
+        (NAME, {**spec(jar), "jarId": "no-such-jar"}, "jarid"),
+        (NAME, {**spec(jar), "flinkConfiguration": {"execution.savepoint.path": "/tmp/x"}},
+         "execution.savepoint.path"),
+        (NAME, {**spec(jar), "name": "other"}, "name"),
+    ]
+    for name, body, field in cases:
+        r = rest.http.put(f"/deployments/{name}", json=body)
+        assert r.status_code in (400, 404), (field, r.status_code, r.text)
+        assert field in r.text, (field, r.text)
+    assert rest.http.get("/deployments/nothing-here").status_code == 404
+    assert rest.get("/deployments")["deployments"] == []
+
+
+def test_upgrade_rollback_rescale_suspend_resume_delete(rest, jar):
+    assert put(rest, spec(jar)) == {"name": NAME, "generation": 1, "changed": True}
+    assert put(rest, spec(jar))["changed"] is False
+    v1 = wait_lifecycle(rest, "STABLE", generation=1)
+    job1 = v1["status"]["jobId"]
+    assert rest.job(job1)["state"] == "RUNNING"
+    r = rest.http.post(f"/deployments/{NAME}/rollback")  # nothing to roll back to while STABLE
+    assert r.status_code == 409 and "nothing to roll back to" in r.text, r.text
+
+    # v2: another argument -> stop with a savepoint, a new job from it.
+    assert put(rest, spec(jar, args=("v2",)))["generation"] == 2
+    v2 = wait_lifecycle(rest, "STABLE", generation=2)
+    job2 = v2["status"]["jobId"]
+    assert job2 != job1 and rest.job(job1)["state"] == "FINISHED"
+    upgrade_savepoint = restored_from(rest, job2)
+    assert upgrade_savepoint and "savepoint" in upgrade_savepoint, upgrade_savepoint
+    assert [e["to"] for e in v2["status"]["history"]][-2:] == ["UPGRADING", "STABLE"]
+    assert v2["status"]["stableGeneration"] == 2
+    assert [s["trigger"] for s in v2["savepoints"]] == ["upgrade"]
+
+    # v3 fails every attempt -> rolled back to v2 from the upgrade savepoint, automatically.
+    t0 = time.monotonic()
+    assert put(rest, spec(jar, args=("v3",), fail=True))["generation"] == 3
+    v3 = wait_lifecycle(rest, "ROLLED_BACK", timeout_s=10 + 10 + 30)
+    rolled_back_in = time.monotonic() - t0
+    job_rb = v3["status"]["jobId"]
+    assert v3["status"]["jobGeneration"] == 2 and v3["status"]["stableGeneration"] == 2
+    assert any(w in (v3["status"]["error"] or "") for w in ("restarted", "ended")), v3["status"]
+    assert rest.job(job_rb)["state"] == "RUNNING"
+    # From the savepoint v2 stopped with when v3 was applied: what v3 itself started from.
+    job3 = next(e["jobId"] for e in v3["status"]["history"] if e["to"] == "ROLLING_BACK")
+    assert job3 not in (job2, job_rb) and rest.job(job3)["state"] in ("CANCELED", "FAILED")
+    assert restored_from(rest, job_rb) == restored_from(rest, job3) != upgrade_savepoint
+    assert len({job1, job2, job_rb}) == 3
+    assert rolled_back_in < 10 + 10 + 30
+    states = [e["to"] for e in v3["status"]["history"]]
+    assert "ROLLING_BACK" in states and states[-1] == "ROLLED_BACK", states
+    # The v3 spec is not tried again by itself.
+    time.sleep(2)
+    assert show(rest)["status"]["jobId"] == job_rb
+
+    # Parallelism alone (from the v2 spec): a rescale of the same job.
+    assert put(rest, spec(jar, args=("v2",), parallelism=2))["generation"] == 4
+    v4 = wait_lifecycle(rest, "STABLE", generation=4)
+    assert v4["status"]["jobId"] == job_rb
+    assert rest.job(job_rb)["vertices"][0]["parallelism"] == 2
+
+    # Suspend: stop with a savepoint, kept; resume: the same generation from it.
+    suspended_spec = {**spec(jar, args=("v2",), parallelism=2), "state": "suspended"}
+    assert put(rest, suspended_spec)["generation"] == 5
+    sus = wait_lifecycle(rest, "SUSPENDED")
+    assert rest.job(job_rb)["state"] == "FINISHED"
+    assert sus["status"]["lastSavepoint"]
+    assert put(rest, spec(jar, args=("v2",), parallelism=2))["generation"] == 6
+    resumed = wait_lifecycle(rest, "STABLE", generation=6)
+    assert restored_from(rest, resumed["status"]["jobId"]) == sus["status"]["lastSavepoint"]
+
+    listed = rest.get("/deployments")["deployments"]
+    assert [(d["name"], d["lifecycleState"], d["jobState"]) for d in listed] == [(NAME, "STABLE", "RUNNING")]
+
+    # Delete: stopped with a savepoint, then gone.
+    last_job = resumed["status"]["jobId"]
+    assert rest.http.delete(f"/deployments/{NAME}").status_code == 202
+    deadline = time.monotonic() + TIMEOUT_S
+    while rest.http.get(f"/deployments/{NAME}").status_code != 404:
+        assert time.monotonic() < deadline, show(rest)["status"]
+        time.sleep(0.2)
+    assert rest.job(last_job)["state"] == "FINISHED"
