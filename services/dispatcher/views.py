@@ -396,6 +396,8 @@ def jar_file(artifact: Any, functions: Sequence[str] | None) -> dict[str, Any]:
         "name": artifact.name,
         "uploaded": ms(artifact.uploaded_at),
         "entry": jar_entries(functions),
+        # Not in Flink's shape: lets a client reuse a jar it already uploaded (headrace deploy apply).
+        "sha256": artifact.sha256,
     }
 
 

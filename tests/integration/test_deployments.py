@@ -10,10 +10,14 @@ The counting pipeline through all of it, exact, is tests/e2e/test_deployments_e2
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from services.cli import app as cli
 from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
@@ -155,3 +159,36 @@ def test_upgrade_rollback_rescale_suspend_resume_delete(rest, jar):
         assert time.monotonic() < deadline, show(rest)["status"]
         time.sleep(0.2)
     assert rest.job(last_job)["state"] == "FINISHED"
+
+
+def test_the_cli_applies_a_file_lists_shows_suspends_and_deletes(cluster, rest, tmp_path):
+    runner = CliRunner()
+    url = ["-m", cluster.dispatcher_url]
+    pipeline = tmp_path / "noop_pipeline.py"
+    pipeline.write_text("def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n")
+    body = spec("unused", args=("cli",))
+    body.pop("jarId")
+    deployment = tmp_path / "cli-demo.yaml"
+    deployment.write_text(yaml.safe_dump({"name": "cli-demo", "pipeline": "noop_pipeline.py", **body}))
+    applied = runner.invoke(cli.app, ["deploy", "apply", str(deployment), "--wait", "STABLE", "--timeout", "60", *url])
+    assert applied.exit_code == 0, applied.output
+    assert "generation 1" in applied.output
+    again = runner.invoke(cli.app, ["deploy", "apply", str(deployment), *url])  # the same file: no new jar or spec
+    assert again.exit_code == 0 and "unchanged" in again.output and "Uploaded" not in again.output, again.output
+    listed = runner.invoke(cli.app, ["deploy", "list", *url])
+    assert listed.exit_code == 0 and "cli-demo" in listed.output and "STABLE" in listed.output, listed.output
+    shown = runner.invoke(cli.app, ["deploy", "show", "cli-demo", "--json", *url])
+    assert json.loads(shown.output)["status"]["lifecycleState"] == "STABLE"
+    suspended = runner.invoke(cli.app, ["deploy", "suspend", "cli-demo", "--wait", "SUSPENDED", *url])
+    assert suspended.exit_code == 0, suspended.output
+    assert rest.job(show(rest, "cli-demo")["status"]["jobId"])["state"] == "FINISHED"
+    refused = runner.invoke(cli.app, ["deploy", "rollback", "cli-demo", *url])
+    assert refused.exit_code == 1 and "nothing to roll back to" in refused.output and "Traceback" not in refused.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad_Name\njarId: x\n")
+    assert runner.invoke(cli.app, ["deploy", "apply", str(bad), *url]).exit_code == 2
+    assert runner.invoke(cli.app, ["deploy", "delete", "cli-demo", *url]).exit_code == 0
+    deadline = time.monotonic() + TIMEOUT_S
+    while rest.http.get("/deployments/cli-demo").status_code != 404:
+        assert time.monotonic() < deadline, "the suspended deployment was not deleted"
+        time.sleep(0.2)

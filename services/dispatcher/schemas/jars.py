@@ -79,6 +79,7 @@ class JarFileInfo(_Out):
     name: str
     uploaded: int = Field(description="epoch ms")
     entry: list[JarEntryInfo]
+    sha256: str | None = Field(None, description="SHA-256 of the uploaded file (Headrace's addition)")
 
 
 class JarListInfo(_Out):
