@@ -1,12 +1,14 @@
 /* Headrace dashboard: the hash router and the 1-second poll. Pages live in index.html as
  * <section class="page">; the router shows one, and each poll refreshes only what it shows,
  * in place (no page reloads). The pieces are in js/: core (elements, REST client, sign-in),
- * jobs, checkpoints, cluster (TaskManagers, JobManager, logs) and submit (submit, schedules). */
+ * jobs, checkpoints, cluster (TaskManagers, JobManager, logs), submit (submit, schedules) and
+ * deployments. */
 "use strict";
 
 const TITLES = {
   overview: "Overview", jobs: "Jobs", job: "Job", taskmanagers: "Task Managers", taskmanager: "Task Manager",
-  jobmanager: "Job Manager", submit: "Submit New Job", schedules: "Schedules", schedule: "Schedule", notfound: "Not Found",
+  jobmanager: "Job Manager", submit: "Submit New Job", schedules: "Schedules", schedule: "Schedule",
+  deployments: "Deployments", deployment: "Deployment", notfound: "Not Found",
 };
 
 // Links of the one-page dashboard this replaced (#jobs, #job/<id>/checkpoints) still work.
@@ -26,6 +28,7 @@ function parseRoute(hash) {
   if (top === "jobs") return id ? { page: "job", id, tab: tab || null } : { page: "jobs" };
   if (top === "taskmanagers") return id ? { page: "taskmanager", id } : { page: "taskmanagers" };
   if (top === "schedules") return id ? { page: "schedule", id } : { page: "schedules" };
+  if (top === "deployments") return id ? { page: "deployment", id } : { page: "deployments" };
   if (["jobmanager", "submit"].includes(top) && !id) return { page: top };
   return { page: "notfound" };
 }
@@ -36,7 +39,8 @@ function navigate() {
   if (route.page === "taskmanager" && next.page !== "taskmanager") closeTaskManager();
   route = next;
   for (const sec of document.querySelectorAll("main > .page")) sec.hidden = sec.dataset.page !== route.page;
-  const navKey = { job: "jobs", taskmanager: "taskmanagers", schedule: "schedules" }[route.page] || route.page;
+  const navKey = { job: "jobs", taskmanager: "taskmanagers", schedule: "schedules", deployment: "deployments" }[route.page]
+    || route.page;
   for (const a of document.querySelectorAll("#nav a[data-route]")) a.classList.toggle("active", a.dataset.route === navKey);
   setText($("page-title"), TITLES[route.page]);
   document.title = `${TITLES[route.page]} · Headrace`;
@@ -44,6 +48,7 @@ function navigate() {
   else if (route.page === "taskmanager") openTaskManager(route.id);
   else if (route.page === "jobmanager") openJobManager();
   else if (route.page === "schedule") openSchedule(route.id);
+  else if (route.page === "deployment") openDeployment(route.id);
   else if (route.page === "submit" || route.page === "schedules") loadJars();
   refresh(true);
 }
@@ -76,6 +81,12 @@ async function refreshPage(overview) {
       break;
     case "schedule":
       await refreshSchedule();
+      break;
+    case "deployments":
+      await refreshDeployments();
+      break;
+    case "deployment":
+      await refreshDeployment();
       break;
     default:
       break;
@@ -123,6 +134,7 @@ document.addEventListener("DOMContentLoaded", () => {
   installJobPage();
   installClusterPages();
   installSubmitPages();
+  installDeploymentPages();
   window.addEventListener("hashchange", navigate);
   if (!window.location.hash) window.history.replaceState(null, "", "#/overview");
   navigate();
