@@ -40,6 +40,8 @@ DEFAULT_HISTORY_MAX = 5
 CRASH_LOOP_RESTARTS = 2
 # A STABLE job whose newest completed checkpoint is older than this many intervals is stuck.
 STUCK_AFTER_INTERVALS = 5
+# A suspend or delete whose stop-with-savepoint failed is tried again after this long.
+RETRY_FAILED_STOP_S = 30.0
 
 
 class Lifecycle(str, Enum):
@@ -146,6 +148,7 @@ class Observed:
     delete_with_savepoint: bool = True
     rollback_requested: bool = False
     savepoint_due: bool = False  # the periodic savepoint's interval has passed
+    now_s: float = 0.0  # wall-clock seconds, for the back-off after a failed stop
 
 
 # --- what it does --------------------------------------------------------------------------
@@ -186,6 +189,7 @@ class Plan:
     delete: bool = False
     consume_rollback_request: bool = False
     adopt_generation: int | None = None  # the running job now carries this generation (a rescale)
+    periodic_done: bool = False  # a periodic savepoint ended (completed or failed): the interval starts again
 
     @property
     def nothing(self) -> bool:
@@ -219,7 +223,8 @@ def decide(o: Observed) -> Plan:
                     reason=f"generation {o.generation} deployed" + (f" from {restore}" if restore else ""),
                     pending=None, clear_error=True)
     if o.lifecycle == Lifecycle.SUSPENDED:
-        restore = o.last_savepoint or (job.latest_snapshot if job else None)
+        # What the suspension left to resume from (its savepoint, else the job's newest snapshot).
+        restore = o.rollback_point or o.last_savepoint or (job.latest_snapshot if job else None)
         return Plan(to=Lifecycle.DEPLOYING, start=Start(o.generation, restore), rollback_point=restore,
                     reason=f"resumed: generation {o.generation} started from {restore or 'nothing (no savepoint)'}",
                     clear_error=True, unblock=True)
@@ -240,9 +245,9 @@ def _suspend(o: Observed, live: bool) -> Plan:
     if live:
         return Plan(stop="suspend", pending={"kind": "stop", "purpose": "suspend"},
                     reason="suspending: stopping the job with a savepoint")
-    snapshot = o.job.latest_snapshot if o.job else None
-    return Plan(to=Lifecycle.SUSPENDED, last_savepoint=snapshot or o.last_savepoint,
-                reason="suspended (no job was running)")
+    snapshot = (o.job.latest_snapshot if o.job else None) or o.last_savepoint
+    return Plan(to=Lifecycle.SUSPENDED, rollback_point=snapshot,
+                reason=f"suspended (no job was running; resumes from {snapshot or 'nothing'})")
 
 
 def _upgrade(o: Observed, live: bool) -> Plan:
@@ -297,8 +302,10 @@ def _judge_new_generation(o: Observed, live: bool) -> Plan:
     if why is None:
         return NOTHING
     if rolling_back or o.lifecycle == Lifecycle.DEPLOYING and o.stable_generation in (None, o.job_generation):
-        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation,
-                    reason=f"generation {o.job_generation} failed: {why}")
+        # The failing job may be the stable generation's (a failed rollback or restart): the
+        # generation blocked before, the one that was rolled back, stays blocked.
+        block = o.job_generation if o.job_generation == o.generation else None
+        return Plan(to=Lifecycle.FAILED, error=why, block=block, reason=f"generation {o.job_generation} failed: {why}")
     return _rollback(o, live, why=why)
 
 
@@ -377,11 +384,14 @@ def _advance_pending(o: Observed) -> Plan:
     p = dict(o.pending or {})
     kind, purpose = p.get("kind"), p.get("purpose")
     job = o.job
+    if kind == "wait":  # the back-off after a failed stop
+        return NOTHING if o.now_s < float(p.get("until") or 0) else Plan(pending=None)
     if kind == "savepoint":  # periodic: the job keeps running
         op = o.operation
         if op is None or op.status == "IN_PROGRESS":
             return NOTHING
         return Plan(pending=None, last_savepoint=op.location if op.status == "COMPLETED" else None,
+                    periodic_done=True,
                     reason="" if op.status == "COMPLETED" else f"periodic savepoint failed: {op.failure}")
     if kind == "stop":
         op = o.operation
@@ -392,15 +402,19 @@ def _advance_pending(o: Observed) -> Plan:
         if job is not None and not job.terminal:
             return NOTHING  # the savepoint is being taken, or the task is stopping
         savepoint = op.location if op is not None and op.status == "COMPLETED" else None
-        return _after_stop(o, purpose, savepoint or (job.latest_snapshot if job else None), p)
+        fallback = job.latest_snapshot if job else None
+        return _after_stop(o, purpose, savepoint, fallback, p)
     if kind == "ends":
         if job is not None and not job.terminal:
             return NOTHING
         restore = p.get("restore")
         if restore == "latest":
             restore = job.latest_snapshot if job else None
-        if purpose == "delete":
+        if purpose == "delete" or o.deleting:
             return Plan(delete=True, pending=None, reason="deleted")
+        if o.spec.state == "suspended":  # asked while the job was ending: nothing is started
+            return Plan(to=Lifecycle.SUSPENDED, pending=None, rollback_point=restore,
+                        reason=f"suspended (its job had ended; resumes from {restore or 'nothing'})")
         # An upgrade starts the newest spec, even one applied while the old job was ending.
         gen = o.generation if purpose == "upgrade" else int(p.get("generation") or o.generation)
         start = Start(gen, restore, from_stable=bool(p.get("fromStable")))
@@ -418,20 +432,27 @@ def _stop_failed(o: Observed, purpose: str | None, cause: str) -> Plan:
         return Plan(to=to, pending=None, error=f"the stop with a savepoint failed: {cause}", block=o.generation,
                     reason=f"generation {o.generation} not applied: the stop with a savepoint failed ({cause}); "
                            "the running job was left as it was; apply the spec again to retry")
-    return Plan(to=to, pending=None, error=f"{purpose}: the stop with a savepoint failed: {cause}",
-                reason=f"{purpose} not done: the stop with a savepoint failed ({cause}); the job keeps running")
+    return Plan(to=to, pending={"kind": "wait", "until": o.now_s + RETRY_FAILED_STOP_S},
+                error=f"{purpose}: the stop with a savepoint failed: {cause}",
+                reason=f"{purpose} not done yet: the stop with a savepoint failed ({cause}); the job keeps running "
+                       f"and the stop is tried again in {RETRY_FAILED_STOP_S:g} s")
 
 
-def _after_stop(o: Observed, purpose: str | None, savepoint: str | None, p: Mapping[str, Any]) -> Plan:
-    if purpose == "suspend":
-        return Plan(to=Lifecycle.SUSPENDED, pending=None, last_savepoint=savepoint,
-                    reason=f"suspended with savepoint {savepoint or '(none)'}")
-    if purpose == "delete":
+def _after_stop(o: Observed, purpose: str | None, savepoint: str | None, fallback: str | None,
+                p: Mapping[str, Any]) -> Plan:
+    """The job stopped: with its savepoint, or (it ended first) with only its newest snapshot to
+    go on from, which is not recorded as a savepoint of the deployment."""
+    restore = savepoint or fallback
+    if purpose == "delete" or o.deleting:
         return Plan(delete=True, pending=None, reason="deleted")
+    if purpose == "suspend" or o.spec.state == "suspended":
+        return Plan(to=Lifecycle.SUSPENDED, pending=None, last_savepoint=savepoint, rollback_point=restore,
+                    reason=f"suspended with savepoint {savepoint or '(none: the job ended first)'}")
     gen = o.generation  # the newest spec, even one applied while the old job was stopping
-    return Plan(to=Lifecycle.UPGRADING, start=Start(gen, savepoint), pending=None, rollback_point=savepoint,
+    return Plan(to=Lifecycle.UPGRADING, start=Start(gen, restore), pending=None, rollback_point=restore,
                 last_savepoint=savepoint,
-                reason=f"generation {gen} started from savepoint {savepoint or '(none: the job ended first)'}")
+                reason=f"generation {gen} started from savepoint {savepoint}" if savepoint else
+                f"generation {gen} started from {restore or 'nothing'} (the job ended before its savepoint)")
 
 
 def _advance_rescale(o: Observed) -> Plan:

@@ -144,7 +144,7 @@ class DeploymentReconciler:
             stable_spec=stable_spec, rollback_point=row.rollback_point, last_savepoint=row.last_savepoint,
             blocked_generation=row.blocked_generation, pending=pending, operation=operation,
             deployed_s_ago=deployed_ago, deleting=row.deleting, delete_with_savepoint=row.delete_with_savepoint,
-            rollback_requested=row.rollback_requested, savepoint_due=savepoint_due)
+            rollback_requested=row.rollback_requested, savepoint_due=savepoint_due, now_s=now)
 
     def _job_view(self, s: Session, row: DeploymentRow) -> dep.JobView | None:
         job = s.get(Job, row.job_id)
@@ -193,8 +193,11 @@ class DeploymentReconciler:
         if plan.adopt_generation is not None:
             row.job_generation = plan.adopt_generation
             row.deployed_at = utcnow()
-        if plan.rollback_point is not None:
+        if plan.start is not None or plan.rollback_point is not None:
+            # A job started from nothing (stateless) leaves nothing to roll back to: no stale point.
             row.rollback_point = plan.rollback_point
+        if plan.periodic_done:
+            row.last_periodic_savepoint_at = utcnow()
         if plan.last_savepoint is not None:
             row.last_savepoint = plan.last_savepoint
         if plan.start is not None:
@@ -227,8 +230,6 @@ class DeploymentReconciler:
         purpose = (row.pending or {}).get("purpose") or "upgrade"
         deployments_repo.add_deployment_savepoint(s, row, path=plan.last_savepoint,
                                                   trigger=SAVEPOINT_TRIGGERS.get(purpose, purpose))
-        if purpose == "periodic":
-            row.last_periodic_savepoint_at = utcnow()
         self._dispose_beyond_history(s, row, keep={plan.last_savepoint, plan.rollback_point, row.rollback_point})
 
     def _dispose_beyond_history(self, s: Session, row: DeploymentRow, keep: set[str | None]) -> None:

@@ -1,0 +1,141 @@
+"""A deployment of the counting pipeline through its whole lifecycle, on `headrace up --ha`'s
+processes (ZooKeeper, two JobManagers, the ResourceManager, two TaskManagers with warm drivers,
+the dispatcher), a PostgreSQL catalog and sink, and an outside producer writing all along:
+
+  apply v1 -> STABLE
+  apply v2 (a compatible change of code) -> UPGRADING -> STABLE: a new job from the stop savepoint
+  apply v3 (fails in its first micro-batch) -> ROLLED_BACK to v2, from the savepoint v2 stopped with
+  apply v4 (another grouping key: incompatible state) -> 400 before anything stops; v2's job runs on
+  suspend -> the job FINISHED with a savepoint; resume -> STABLE from it
+  apply v5, kill -9 of the leading JobManager while it upgrades -> the new leader completes it
+and at the end every key's count and sum in the sink is exact: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.clusters import Rest, start_cluster
+from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
+from tests.integration.test_jobmanager_ha import leader, leader_child
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "counts"
+TABLE = "e2e_deployment_counts"
+READY_WITHIN_S = 60
+PUT_TIMEOUT_S = 300  # a changed pipeline is planned in a cold Spark first (15-30 s, more when loaded)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    from services.cluster.local_cluster import ZOOKEEPER_HOME
+
+    if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
+        pytest.skip("ZooKeeper (Debian package zookeeper) is not installed")
+    c = start_cluster(tmp_path_factory.mktemp("deploy-e2e"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
+                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=3.0)
+    yield c, pg_url_module
+    c.stop()
+
+
+def pipelines(rest: Rest, tmp: Path) -> dict[str, str]:
+    source = (ROOT / "examples" / "keyed_counts.py").read_text()
+    v2 = tmp / "keyed_counts_v2.py"
+    v2.write_text(source.replace('p = argparse.ArgumentParser(prog="keyed_counts")',
+                                 'p = argparse.ArgumentParser(prog="keyed_counts", description="v2")'))
+    by_parity = tmp / "keyed_counts_by_parity.py"
+    by_parity.write_text(source.replace('events.groupBy("key")',
+                                        'events.groupBy("key", (F.col("value") % 2).alias("parity"))'))
+    return {"v1": rest.upload(ROOT / "examples" / "keyed_counts.py"), "v2": rest.upload(v2),
+            "parity": rest.upload(by_parity)}
+
+
+def spec(jar: str, args: list[str], **config) -> dict:
+    return {"jarId": jar, "programArgsList": args, "parallelism": 1,
+            "flinkConfiguration": {"execution.checkpointing.interval": "1 s", **config},
+            "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+            "upgradeMode": "savepoint", "rollback": {"enabled": True, "readyWithin": f"{READY_WITHIN_S} s"}}
+
+
+def put(rest: Rest, body: dict) -> dict:
+    r = rest.http.put(f"/deployments/{NAME}", json=body, timeout=PUT_TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def status(rest: Rest) -> dict:
+    return rest.get(f"/deployments/{NAME}")["status"]
+
+
+def wait_lifecycle(rest: Rest, state: str, generation: int | None = None, timeout_s: float = 300) -> dict:
+    def reached():
+        st = status(rest)
+        ok = st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation)
+        return st if ok else None
+    return wait_for(reached, timeout_s, f"deployment {NAME} {state} at generation {generation}")
+
+
+def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader_kill(cluster, tmp_path):
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    producer = Producer(c.redis_url, "e2e-deployment").start()
+    jars = pipelines(rest, tmp_path)
+    args = ["--stream", "e2e-deployment", "--sink", "sql", "--table", TABLE, "--sink-url", pg,
+            "--trigger", "500 milliseconds"]
+    try:
+        put(rest, spec(jars["v1"], args))
+        v1 = wait_lifecycle(rest, "STABLE", 1)
+
+        put(rest, spec(jars["v2"], args))
+        v2 = wait_lifecycle(rest, "STABLE", 2)
+        assert v2["jobId"] != v1["jobId"] and rest.job(v1["jobId"])["state"] == "FINISHED"
+        assert "savepoint" in (rest.attempts(v2["jobId"])[0]["restored-from"] or "")
+
+        # v3: the sink's database does not exist and the sink may not wait: its first batch fails.
+        broken = [pg.rsplit("/", 1)[0] + "/no_such_database" if a == pg else a for a in args]
+        t0 = time.monotonic()
+        put(rest, spec(jars["v2"], broken, **{"sink.max-retry-time": "0 s"}))
+        back = wait_lifecycle(rest, "ROLLED_BACK", timeout_s=READY_WITHIN_S + 10 + 60)
+        rolled_back_s = time.monotonic() - t0
+        assert back["jobGeneration"] == 2 and back["error"], back
+        print(f"deployment e2e: v3 applied -> v2 RUNNING again after {rolled_back_s:.1f} s", flush=True)
+
+        # v4: another grouping key; refused before anything is stopped.
+        running = back["jobId"]
+        r = rest.http.put(f"/deployments/{NAME}", json=spec(jars["parity"], args), timeout=PUT_TIMEOUT_S)
+        assert r.status_code == 400 and "before anything was stopped" in r.text, r.text
+        assert status(rest)["jobId"] == running and rest.job(running)["state"] == "RUNNING"
+        assert rest.get(f"/deployments/{NAME}")["generation"] == 3
+
+        # Suspend and resume (v2's spec again: the generation after the rolled-back one).
+        put(rest, {**spec(jars["v2"], args), "state": "suspended"})
+        suspended = wait_lifecycle(rest, "SUSPENDED")
+        assert rest.job(running)["state"] == "FINISHED" and suspended["lastSavepoint"]
+        resumed_gen = put(rest, spec(jars["v2"], args))["generation"]
+        resumed = wait_lifecycle(rest, "STABLE", resumed_gen)
+        assert rest.attempts(resumed["jobId"])[0]["restored-from"] == suspended["lastSavepoint"]
+
+        # v5 (another trigger interval), with the leading JobManager killed in the middle of it.
+        v5_gen = put(rest, spec(jars["v2"], [*args[:-1], "400 milliseconds"]))["generation"]
+        wait_for(lambda: status(rest)["lifecycleState"] == "UPGRADING", 60, "the upgrade to start")
+        before = leader(c)["epoch"]
+        victim = leader_child(c)
+        os.killpg(c.child(victim).proc.pid, signal.SIGKILL)
+        c.child(victim).proc.wait(30)
+        v5 = wait_lifecycle(rest, "STABLE", v5_gen)
+        assert leader(c)["epoch"] > before
+        assert v5["jobId"] != resumed["jobId"]
+        time.sleep(3)  # a few batches of v5
+    finally:
+        produced = producer.stop()
+    expected = expected_totals(produced)
+    wait_for(lambda: sql_totals(pg, TABLE) == expected, 180, f"the sink to hold exactly {produced} events")
+    assert rest.http.delete(f"/deployments/{NAME}").status_code == 202
+    wait_for(lambda: rest.http.get(f"/deployments/{NAME}").status_code == 404, 120, "the deployment to be deleted")
