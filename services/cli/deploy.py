@@ -123,9 +123,10 @@ def _when(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000)) if ms else "-"
 
 
-def _put(c: httpx.Client, name: str, body: dict) -> dict:
+def _put(c: httpx.Client, name: str, body: dict, expected_generation: int | None = None) -> dict:
     # A changed spec is answered after the dispatcher checked the job's state fits the new pipeline.
-    answer = call(c, "PUT", f"/deployments/{name}", json=body, timeout=RESTORE_CHECK_WAIT_S)
+    params = {"expectedGeneration": expected_generation} if expected_generation is not None else None
+    answer = call(c, "PUT", f"/deployments/{name}", json=body, params=params, timeout=RESTORE_CHECK_WAIT_S)
     typer.echo(f"Deployment {name}: generation {answer['generation']} applied "
                f"({'changed' if answer.get('changed') else 'unchanged'})")
     return answer
@@ -230,7 +231,8 @@ def _set_state(name: str, state: str, wait: str | None, timeout: float, url: str
     with client(url) as c:
         # The whole spec goes back: PUT replaces it, and every other field must stay as it was.
         detail = call(c, "GET", f"/deployments/{name}")
-        answer = _put(c, name, {**detail["spec"], "state": state})
+        # expectedGeneration: an apply that lands between the GET and the PUT is not undone.
+        answer = _put(c, name, {**detail["spec"], "state": state}, expected_generation=detail["generation"])
         if target:
             _wait_for(c, name, target, answer["generation"], timeout, before_of(detail))
 
@@ -238,14 +240,14 @@ def _set_state(name: str, state: str, wait: str | None, timeout: float, url: str
 @app.command()
 def suspend(name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT,
             url: Optional[str] = URL) -> None:
-    """Suspend a deployment: its job stops (as its upgradeMode says); the spec stays."""
+    """Suspend a deployment: its job stops with a savepoint; the spec stays."""
     _set_state(name, "suspended", wait, timeout, url)
 
 
 @app.command()
 def resume(name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT,
            url: Optional[str] = URL) -> None:
-    """Resume a suspended deployment (from its last savepoint, as its upgradeMode says)."""
+    """Resume a suspended deployment, from the savepoint its suspension took."""
     _set_state(name, "running", wait, timeout, url)
 
 

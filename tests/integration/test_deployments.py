@@ -192,3 +192,27 @@ def test_the_cli_applies_a_file_lists_shows_suspends_and_deletes(cluster, rest, 
     while rest.http.get("/deployments/cli-demo").status_code != 404:
         assert time.monotonic() < deadline, "the suspended deployment was not deleted"
         time.sleep(0.2)
+
+
+def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays(rest, jar):
+    name = "guarded"
+    r = rest.http.put(f"/deployments/{name}", params={"expectedGeneration": 3}, json=spec(jar))
+    assert r.status_code == 409 and "does not exist" in r.text, r.text
+    assert rest.http.put(f"/deployments/{name}", params={"expectedGeneration": 0}, json=spec(jar)).status_code == 200
+    first = wait_lifecycle(rest, "STABLE", generation=1, name=name)
+    stale = rest.http.put(f"/deployments/{name}", params={"expectedGeneration": 0}, json=spec(jar, args=("x",)))
+    assert stale.status_code == 409 and stale.json()["field"] == "expectedGeneration", stale.text
+    assert show(rest, name)["generation"] == 1
+    # Suspended, no job of it runs; still, the jar its generations run cannot be deleted from under it.
+    r = rest.http.put(f"/deployments/{name}", params={"expectedGeneration": 1},
+                      json={**spec(jar), "state": "suspended"})
+    assert r.status_code == 200, r.text
+    wait_lifecycle(rest, "SUSPENDED", name=name)
+    r = rest.http.delete(f"/jars/{jar}")
+    assert r.status_code == 409 and name in r.text, r.text
+    assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
+    deadline = time.monotonic() + TIMEOUT_S
+    while rest.http.get(f"/deployments/{name}").status_code != 404:
+        assert time.monotonic() < deadline, show(rest, name)["status"]
+        time.sleep(0.2)
+    assert rest.job(first["status"]["jobId"])["state"] == "FINISHED"

@@ -67,8 +67,14 @@ def _get(s: Session, name: str, *, lock: bool = False) -> DeploymentRow:
 
 @router.put("/{name}", response_model=DeploymentApplied, responses=_ERRORS,
             summary="Create a deployment or change its spec (a changed spec is a new generation)")
-def apply_deployment(name: str, req: Annotated[DeploymentSpecRequest, Body()], catalog: CatalogDep,
-                     settings: SettingsDep, default_restart: DefaultRestartDep, bounds: ArtifactLimitsDep) -> dict:
+def apply_deployment(
+    name: str, req: Annotated[DeploymentSpecRequest, Body()], catalog: CatalogDep, settings: SettingsDep,
+    default_restart: DefaultRestartDep, bounds: ArtifactLimitsDep,
+    expected_generation: Annotated[int | None, Query(
+        alias="expectedGeneration", ge=0, le=2**31 - 1,
+        description="apply only if the deployment is at this generation (0: only if it does not exist yet); "
+                    "409 otherwise, so a read-modify-write does not undo a change made meanwhile")] = None,
+) -> dict:
     _check_name(name, req.name)
     config = dict(req.flinkConfiguration or {})
     if config.get(cp.RESTORE_PATH):
@@ -90,7 +96,11 @@ def apply_deployment(name: str, req: Annotated[DeploymentSpecRequest, Body()], c
     _check_state_carries_over(catalog, settings, name, spec, art)
     with catalog.session() as s:
         try:
-            row, changed = deployments_repo.put_deployment(s, name, spec)
+            row, changed = deployments_repo.put_deployment(s, name, spec, expected_generation=expected_generation)
+        except deployments_repo.GenerationMismatch as exc:
+            raise ApiError.of(409, str(exc), field="expectedGeneration", expected=f"generation {exc.current}",
+                              got=expected_generation, hint="read the deployment again (GET /deployments/{name}) "
+                              "and apply your change to its current spec", prefix=False) from None
         except deployments_repo.DeploymentDeleting:
             raise ApiError.of(409, f"deployment {name} is being deleted", field="name",
                               expected="a deployment that is not being deleted",
@@ -111,8 +121,8 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art) -> 
             row = deployments_repo.get_deployment(s, name)
         except NotFound:
             return
-        if row.spec == spec or not row.job_id:
-            return
+        if _pipeline_part(row.spec) == _pipeline_part(spec) or not row.job_id:
+            return  # what the job runs is unchanged (a suspension, a new rollback bound): no planning
         snapshot_path = s.execute(
             select(CheckpointRow.path).where(CheckpointRow.job_id == row.job_id,
                                              CheckpointRow.status == CheckpointStatus.COMPLETED.value,
@@ -140,6 +150,12 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art) -> 
                           field="jarId", expected="a pipeline that can start from the deployment's state",
                           got=snapshot.path, hint=exc.hint or "use upgradeMode stateless to start without state",
                           prefix=False) from None
+
+
+def _pipeline_part(spec: dict) -> dict:
+    """What decides whether a job's state fits: not the lifecycle's own fields."""
+    return {k: v for k, v in spec.items() if k not in ("state", "rollback", "savepoints", "upgradeMode",
+                                                          "restartStrategy")}
 
 
 def _record_refusal(catalog, name: str, why: str) -> None:

@@ -40,6 +40,7 @@ from shared import job_options as job_config
 from shared.catalog import repository
 from shared.catalog.models import Artifact
 from shared.catalog.repository import NotFound
+from shared.catalog.repository.deployments import deployments_using
 from shared.ids import ArtifactId, JobId, new_artifact_id, new_job_id
 from shared.messages import SubmitJob
 from shared.restart import InvalidRestartStrategy
@@ -162,6 +163,13 @@ def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
                               expected="a jar no schedule uses",
                               hint="delete those schedules first (DELETE /jobs/schedules/{id}, "
                                    "headrace schedule delete ID)", prefix=False)
+        deployed = deployments_using(s, jarid)
+        if deployed:
+            # A rollback or a restart of a kept generation would find no pipeline to run.
+            raise ApiError.of(409, f"jar {jarid} is used by deployment(s) {', '.join(deployed)}", field="jarid",
+                              expected="a jar no generation of a deployment uses",
+                              hint="delete those deployments first (DELETE /deployments/{name}, "
+                                   "headrace deploy delete NAME)", prefix=False)
         path = Path(art.path)
         repository.delete_artifact(s, ArtifactId(jarid))
     if _inside(path, settings.artifacts):

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from shared.catalog.models import DeploymentEvent, DeploymentGeneration, DeploymentRow, DeploymentSavepoint, Job, utcnow
 from shared.catalog.repository.jobs import create_job
 from shared.catalog.repository.rows import NotFound
+from shared.errors import CoordinationError
 from shared.ids import JobId
 
 
@@ -29,12 +30,16 @@ def list_deployments(s: Session) -> Sequence[DeploymentRow]:
     return s.execute(select(DeploymentRow).order_by(DeploymentRow.name)).scalars().all()
 
 
-def put_deployment(s: Session, name: str, spec: dict[str, Any]) -> tuple[DeploymentRow, bool]:
+def put_deployment(s: Session, name: str, spec: dict[str, Any], *, expected_generation: int | None = None
+                   ) -> tuple[DeploymentRow, bool]:
     """Create the deployment or change its spec. A different spec is a new generation; the same
-    one again clears a refusal or failure of that generation, so applying it again retries."""
+    one again clears a refusal or failure of that generation, so applying it again retries.
+    `expected_generation`: raise GenerationMismatch unless the deployment is at it (0: absent)."""
     try:
         row = get_deployment(s, name, lock=True)
     except NotFound:
+        if expected_generation:
+            raise GenerationMismatch(name, expected_generation, 0) from None
         now = utcnow()
         row = DeploymentRow(name=name, spec=spec, generation=1, deleting=False, delete_with_savepoint=True,
                             rollback_requested=False, created_at=now, updated_at=now)
@@ -44,6 +49,8 @@ def put_deployment(s: Session, name: str, spec: dict[str, Any]) -> tuple[Deploym
         return row, True
     if row.deleting:
         raise DeploymentDeleting(f"deployment {name} is being deleted")
+    if expected_generation is not None and expected_generation != row.generation:
+        raise GenerationMismatch(name, expected_generation, row.generation)
     if row.spec == spec:
         if row.blocked_generation == row.generation:
             row.blocked_generation = None
@@ -58,8 +65,23 @@ def put_deployment(s: Session, name: str, spec: dict[str, Any]) -> tuple[Deploym
     return row, True
 
 
-class DeploymentDeleting(NotFound):
+class DeploymentDeleting(CoordinationError, RuntimeError):
     """A change to a deployment that is being deleted."""
+
+
+class GenerationMismatch(CoordinationError, RuntimeError):
+    """A change based on another generation than the deployment's current one."""
+
+    def __init__(self, name: str, expected: int, current: int):
+        super().__init__(f"deployment {name} is at generation {current}, not {expected}: it changed meanwhile"
+                         if current else f"deployment {name} does not exist (expected generation {expected})")
+        self.current = current
+
+
+def deployments_using(s: Session, jar_id: str) -> list[str]:
+    """Deployments any of whose generations runs this jar."""
+    names = {g.name for g in s.execute(select(DeploymentGeneration)).scalars() if (g.spec or {}).get("jarId") == jar_id}
+    return sorted(names)
 
 
 def generations(s: Session, name: str) -> Sequence[DeploymentGeneration]:
