@@ -38,8 +38,12 @@ DEFAULT_HISTORY_MAX = 5
 # A new generation that restarts this often before it is ready is crash-looping: roll it back
 # without waiting for its restart strategy to give up.
 CRASH_LOOP_RESTARTS = 2
-# A STABLE job whose newest completed checkpoint is older than this many intervals is stuck.
+# A STABLE job whose newest completed checkpoint is older than this many intervals, and than
+# STUCK_AFTER_AT_LEAST_S, is stuck. The floor: on a loaded machine checkpoints of a short interval
+# fall behind for a while without anything being wrong (failing checkpoints have their own bound,
+# execution.checkpointing.tolerable-failed-checkpoints).
 STUCK_AFTER_INTERVALS = 5
+STUCK_AFTER_AT_LEAST_S = 300.0
 # A suspend or delete whose stop-with-savepoint failed is tried again after this long.
 RETRY_FAILED_STOP_S = 30.0
 
@@ -232,6 +236,12 @@ def decide(o: Observed) -> Plan:
         return _rollback(o, live, why="rollback asked for", consume=True)
     if o.lifecycle in (Lifecycle.DEPLOYING, Lifecycle.UPGRADING, Lifecycle.ROLLING_BACK):
         return _judge_new_generation(o, live)
+    if o.lifecycle == Lifecycle.FAILED and job is not None and job.running and job.checkpoint_since_deploy:
+        # Slower than readyWithin, not broken: it runs and checkpoints now.
+        back = o.job_generation != o.generation
+        return Plan(to=Lifecycle.ROLLED_BACK if back else Lifecycle.STABLE, stable=True, clear_error=not back,
+                    reason=f"generation {o.job_generation} recovered: job {job.id} is running and completed a "
+                           "checkpoint")
     if o.job_generation != o.generation and o.blocked_generation != o.generation:
         return _recover_failed(o, live) if o.lifecycle == Lifecycle.FAILED else _upgrade(o, live)
     if o.lifecycle.settled:
@@ -359,12 +369,12 @@ def _keep_healthy(o: Observed, live: bool) -> Plan:
                            f"started again from {snapshot or 'nothing'}")
     interval = _checkpoint_interval_s(o.spec)
     if (interval and job.running and job.newest_checkpoint_age_s is not None
-            and job.newest_checkpoint_age_s > STUCK_AFTER_INTERVALS * interval):
+            and job.newest_checkpoint_age_s > max(STUCK_AFTER_INTERVALS * interval, STUCK_AFTER_AT_LEAST_S)):
         return Plan(to=Lifecycle.DEPLOYING, cancel_job=True,
                     pending={"kind": "ends", "purpose": "restart", "generation": g, "restore": "latest",
                              "fromStable": from_stable},
-                    reason=f"job {job.id} completed no checkpoint for {job.newest_checkpoint_age_s:.0f} s "
-                           f"({STUCK_AFTER_INTERVALS} intervals): restarting it from its latest checkpoint")
+                    reason=f"job {job.id} completed no checkpoint for {job.newest_checkpoint_age_s:.0f} s: restarting "
+                           "it from its latest checkpoint")
     if o.savepoint_due and job.running:
         return Plan(savepoint=True, pending={"kind": "savepoint", "purpose": "periodic"}, reason="")
     return NOTHING

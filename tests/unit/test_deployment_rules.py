@@ -15,6 +15,7 @@ from shared.deployments import (
     DEFAULT_READY_WITHIN_S,
     NOTHING,
     RETRY_FAILED_STOP_S,
+    STUCK_AFTER_AT_LEAST_S,
     STUCK_AFTER_INTERVALS,
     DeploymentSpec,
     JobView,
@@ -299,12 +300,12 @@ def test_a_stable_job_that_ended_is_started_again_from_its_latest_snapshot():
 
 
 def test_a_stable_job_without_a_checkpoint_for_too_many_intervals_is_restarted_from_its_latest():
-    stuck = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_INTERVALS * INTERVAL_S + 1})
+    stuck = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_AT_LEAST_S + 1})
     plan = decide(observed(job=stuck))
     assert plan.to == L.DEPLOYING and plan.cancel_job and plan.start is None
     assert plan.pending == {"kind": "ends", "purpose": "restart", "generation": 1, "restore": "latest",
                             "fromStable": False}
-    at_bound = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_INTERVALS * INTERVAL_S})
+    at_bound = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_AT_LEAST_S})
     assert decide(observed(job=at_bound)) == NOTHING
     no_interval = replace(V1, config={})
     assert decide(observed(spec=no_interval, stable_spec=no_interval, job=stuck)) == NOTHING
@@ -449,3 +450,15 @@ def test_a_stop_that_ended_without_its_savepoint_records_no_savepoint():
     plan = decide(stop_pending("upgrade", "FAILED", None, job=job("FAILED", latest_snapshot="chk-7")))
     assert plan.start is not None and plan.start.restore_from == "chk-7"
     assert plan.last_savepoint is None and plan.rollback_point == "chk-7"
+
+
+def test_checkpoints_that_fall_behind_for_a_few_intervals_are_not_a_stuck_job():
+    behind = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_INTERVALS * INTERVAL_S * 10})
+    assert decide(observed(job=behind)).nothing
+
+
+@pytest.mark.parametrize("job_generation, to", [(1, L.STABLE), (0, L.ROLLED_BACK)])
+def test_a_failed_deployment_whose_job_runs_and_checkpoints_after_all_recovers(job_generation, to):
+    o = observed(lifecycle=L.FAILED, job=job(**HEALTHY), job_generation=job_generation, blocked_generation=1)
+    plan = decide(o)
+    assert plan.to == to and plan.stable and plan.start is None and plan.cancel_job is False
