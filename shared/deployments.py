@@ -233,6 +233,10 @@ def decide(o: Observed) -> Plan:
                     reason=f"resumed: generation {o.generation} started from {restore or 'nothing (no savepoint)'}",
                     clear_error=True, unblock=True)
     if o.rollback_requested:
+        if o.stable_generation is None or o.stable_generation == o.job_generation:
+            # Asked while another generation was being tried, which has settled since (or never).
+            return Plan(consume_rollback_request=True, reason=f"rollback asked for, but generation "
+                        f"{o.job_generation} runs and is the stable one: nothing to roll back")
         return _rollback(o, live, why="rollback asked for", consume=True)
     if o.lifecycle in (Lifecycle.DEPLOYING, Lifecycle.UPGRADING, Lifecycle.ROLLING_BACK):
         return _judge_new_generation(o, live)

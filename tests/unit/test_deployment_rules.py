@@ -462,3 +462,8 @@ def test_a_failed_deployment_whose_job_runs_and_checkpoints_after_all_recovers(j
     o = observed(lifecycle=L.FAILED, job=job(**HEALTHY), job_generation=job_generation, blocked_generation=1)
     plan = decide(o)
     assert plan.to == to and plan.stable and plan.start is None and plan.cancel_job is False
+
+
+def test_a_rollback_asked_for_after_the_new_generation_became_stable_changes_nothing():
+    plan = decide(observed(rollback_requested=True))
+    assert plan.consume_rollback_request and plan.to is None and not plan.cancel_job and plan.start is None
