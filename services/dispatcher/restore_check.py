@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any, Mapping, Sequence
 from shared import checkpointing, restore_compat, untrusted_code
 from shared.errors import StateError
 from shared.import_root import IMPORT_ROOT
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +78,21 @@ def same_pipeline(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, ent
             and [str(a) for a in old.get("args") or []] == [str(a) for a in args])
 
 
+def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[str], config: dict,
+                   parallelism: int, snapshot_meta: dict) -> None:
+    """`check_restore` of an uploaded artifact, planned as this cluster's drivers would run it: the
+    pipeline's database and Redis, the drivers' OS user and their class archive."""
+    check_restore(python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry,
+                  args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
+                  catalog_url=settings.pipeline_catalog_url,
+                  redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
+                  class_archive_dir=settings.driver_class_archive_dir if settings.driver_class_archive else None)
+
+
 def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entry: str, args: list[str],
                   config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
                   catalog_url: str | None = None, redis_url: str | None = None,
-                  run_as: str | None = None) -> None:
+                  run_as: str | None = None, class_archive_dir: Path | None = None) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
 
@@ -94,7 +107,7 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
     if holds_state and not same_pipeline(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
         result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
                              parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                             redis_url=redis_url, run_as=run_as)
+                             redis_url=redis_url, run_as=run_as, class_archive_dir=class_archive_dir)
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
             log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
@@ -133,7 +146,8 @@ def _why(result: Mapping[str, Any] | None) -> str:
 
 def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
                 parallelism: int, timeout_s: float, catalog_url: str | None = None,
-                redis_url: str | None = None, run_as: str | None = None) -> dict[str, Any] | None:
+                redis_url: str | None = None, run_as: str | None = None,
+                class_archive_dir: Path | None = None) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
     when it timed out or died without one.
 
@@ -166,6 +180,8 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_copy), "--entry", entry,
                "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
                "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
+        if class_archive_dir is not None:  # the drivers' archive: a JVM that maps it starts faster
+            cmd += ["--class-archive-dir", str(class_archive_dir)]
         env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=IMPORT_ROOT)
         for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url)):
             if value:

@@ -6,7 +6,6 @@ does the rest (services/jobmanager/deployment_reconciler.py, rules in shared/dep
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query
@@ -138,12 +137,9 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art) -> 
                     "it starts", name, snapshot_path)
         return
     try:
-        restore_check.check_restore(
-            python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=spec["entryClass"],
-            args=list(spec["programArgsList"]), config=dict(spec["flinkConfiguration"]),
-            parallelism=spec["parallelism"], snapshot_meta=snapshot.metadata,
-            catalog_url=settings.pipeline_catalog_url, redis_url=settings.pipeline_redis_url or settings.redis_url,
-            run_as=settings.driver_user)
+        restore_check.check_artifact(settings, art, entry=spec["entryClass"], args=spec["programArgsList"],
+                                     config=dict(spec["flinkConfiguration"]), parallelism=spec["parallelism"],
+                                     snapshot_meta=snapshot.metadata)
     except restore_check.RestoreIncompatible as exc:
         _record_refusal(catalog, name, exc.message)
         raise ApiError.of(400, f"the change was refused before anything was stopped: {exc.message}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -277,11 +276,8 @@ def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, 
     (a changed grouping key, another source, another state partition count), instead of a task
     that fails minutes later and loops through its restarts."""
     try:
-        restore_check.check_restore(
-            python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry, args=list(args),
-            config=config, parallelism=parallelism, snapshot_meta=snapshot.metadata,
-            catalog_url=settings.pipeline_catalog_url, redis_url=settings.pipeline_redis_url or settings.redis_url,
-            run_as=settings.driver_user)
+        restore_check.check_artifact(settings, art, entry=entry, args=args, config=config, parallelism=parallelism,
+                                     snapshot_meta=snapshot.metadata)
     except restore_check.RestoreIncompatible as exc:
         raise ApiError.of(400, exc.message, field="savepointPath", expected="a snapshot this pipeline can restore",
                           got=snapshot.path, hint=exc.hint or "start the job without a savepoint",

@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config-json", default="{}", help="the job's configuration, a JSON object; - for stdin")
     p.add_argument("--parallelism", type=int, default=1, help="what ctx.parallelism says (Spark runs local[1])")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    p.add_argument("--class-archive-dir", type=Path, default=None,
+                   help="where the drivers' class-data-sharing archive is (class_archive.py): the planner's "
+                        "JVM maps it too, and starts faster")
     p.add_argument("--catalog-url", default=os.environ.get("HEADRACE_PLANNER_CATALOG_URL"))
     p.add_argument("--redis-url", default=os.environ.get("HEADRACE_PLANNER_REDIS_URL"))
     return p.parse_args(argv)
@@ -72,7 +75,7 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
     try:
         shuffle = int(config.get("spark.sql.shuffle.partitions") or max(2, args.parallelism))
         spark = build_spark(1, workdir, shuffle_partitions=shuffle, driver_memory="512m",
-                            app_name="headrace-planner")
+                            app_name="headrace-planner", extra_java_options=_class_archive_options(args))
         spark_box.append(spark)
         # As the runner does: options such as state format versions change the state's shape.
         for key, value in config.items():
@@ -107,6 +110,14 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
     except Exception as exc:  # noqa: BLE001
         return _failure("signature", exc)
     return {"ok": True, "plan": signature, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def _class_archive_options(args: argparse.Namespace) -> str:
+    from . import class_archive
+
+    if args.class_archive_dir is None:
+        return ""
+    return class_archive.java_options(class_archive.archive_path(args.class_archive_dir))
 
 
 def _stop(spark) -> None:
