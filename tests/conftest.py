@@ -13,10 +13,13 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.image_prebuild import Prebuild
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # pytest keeps its temporary directories 0700 to others (and resets that at every session's
@@ -108,6 +111,26 @@ def sqlite_url(tmp_path) -> str:
 
 
 LOG_TAIL_LINES = 40
+PREBUILD = pytest.StashKey[Prebuild]()
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected what will not run
+def pytest_collection_modifyitems(session, config, items):
+    """The compose-stack test goes last, and its images are built in the background meanwhile
+    (tests/image_prebuild.py): a cold build costs the suite minutes otherwise."""
+    from tests.image_prebuild import COMPOSE_TEST
+
+    compose = [item for item in items if item.nodeid.startswith(COMPOSE_TEST)]
+    if not compose or config.getoption("collectonly"):
+        return
+    items[:] = [item for item in items if not item.nodeid.startswith(COMPOSE_TEST)] + compose
+    config.stash[PREBUILD] = Prebuild(Path(tempfile.mkdtemp(prefix="headrace-prebuild-")))
+
+
+def pytest_unconfigure(config):
+    prebuild = config.stash.get(PREBUILD, None)
+    if prebuild is not None:
+        prebuild.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

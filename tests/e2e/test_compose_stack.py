@@ -31,7 +31,7 @@ import redis
 
 from tests.clusters import Rest
 from tests.compose_stack import ComposeStack
-from tests.conftest import free_port
+from tests.conftest import PREBUILD, free_port
 from tests.docker_engine import DockerEngine, EngineUnavailable
 from tests.e2e.counting import Producer, completed_checkpoints, expected_totals, sql_totals, wait_for
 from tests.netproxy import TcpProxy
@@ -48,7 +48,14 @@ TM_SERVICE = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine(request, tmp_path_factory):
+    prebuild = request.config.stash.get(PREBUILD, None)
+    if prebuild is not None:  # the session's engine, which built the images in the background
+        if prebuild.engine is None:
+            pytest.skip(f"no Docker engine can run here: {prebuild.unavailable}")
+        print(prebuild.wait(IMAGES_TIMEOUT_S), flush=True)
+        yield prebuild.engine
+        return
     try:
         e = DockerEngine.find_or_start(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
     except EngineUnavailable as exc:
@@ -103,8 +110,11 @@ def leader(rest: Rest) -> tuple[str, int] | None:
 
 # Warm: about 10-15 minutes on 2 loaded cores; cold adds the image build (docs/benchmarks.md).
 @pytest.mark.timeout(3600)
-def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, pg_url):
+def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, pg_url, request):
     timings = Timings()
+    prebuild = request.config.stash.get(PREBUILD, None)
+    if prebuild is not None and prebuild.build_s is not None:
+        timings["images_background"] = prebuild.build_s  # overlapped with the tests before this one
     t0 = time.monotonic()
     built = subprocess.run([sys.executable, str(ROOT / "deploy" / "local-images")], capture_output=True, text=True,
                            timeout=IMAGES_TIMEOUT_S, env=engine.env)
