@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -216,3 +217,23 @@ def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays
         assert time.monotonic() < deadline, show(rest, name)["status"]
         time.sleep(0.2)
     assert rest.job(first["status"]["jobId"])["state"] == "FINISHED"
+
+
+def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(rest, jar):
+    name = "periodic"
+    put(rest, {**spec(jar), "savepoints": {"interval": "1 s", "historyMax": 2}}, name=name)
+    deadline = time.monotonic() + TIMEOUT_S
+    while len([sp for sp in show(rest, name)["savepoints"] if sp["trigger"] == "periodic"]) < 4:
+        assert time.monotonic() < deadline, show(rest, name)
+        time.sleep(0.2)
+    detail = show(rest, name)
+    kept = [sp for sp in detail["savepoints"] if not sp["disposed"]]
+    gone = [sp for sp in detail["savepoints"] if sp["disposed"]]
+    assert len(kept) == 2 and len(gone) >= 2, detail["savepoints"]
+    assert detail["status"]["lastSavepoint"] == kept[-1]["path"]
+    deadline = time.monotonic() + 10  # the files go after the catalog stops pointing at them
+    while any(Path(sp["path"]).exists() for sp in gone):
+        assert time.monotonic() < deadline, [sp["path"] for sp in gone if Path(sp["path"]).exists()]
+        time.sleep(0.2)
+    assert all(Path(sp["path"]).exists() for sp in kept)
+    assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202

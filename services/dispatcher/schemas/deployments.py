@@ -18,7 +18,7 @@ UpgradeMode = Literal["savepoint", "last-state", "stateless"]
 DesiredState = Literal["running", "suspended"]
 MAX_HISTORY = 1000
 MIN_READY_WITHIN_S = 1.0
-MIN_SAVEPOINT_INTERVAL_S = 10.0
+MIN_SAVEPOINT_INTERVAL_S = 1.0
 
 
 def _at_least(minimum: float):
