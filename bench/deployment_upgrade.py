@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -42,11 +43,12 @@ from tests.e2e.counting import Producer
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_URL = os.environ.get("HEADRACE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-READY_WITHIN_S = 20
+READY_WITHIN_S = 60  # the upgrades'; the failing generation is given ROLLBACK_READY_WITHIN_S
+ROLLBACK_READY_WITHIN_S = 20
 STREAM = "bench-deploy"
 
 
-def settle(cluster, timeout_s: float = 60) -> bool:
+def settle(cluster, timeout_s: float = 30) -> bool:
     """Before a run: a warm driver ready on some TaskManager (the running jobs hold the others, and
     a TaskManager with a task running does not warm up more), or the run goes ahead cold after
     `timeout_s`. Returns whether one was ready."""
@@ -84,11 +86,11 @@ class Bench:
                      "--trigger", "500 milliseconds"]
         self.interval = 1
 
-    def spec(self, jar: str, args: list[str] | None = None, **config) -> dict:
+    def spec(self, jar: str, args: list[str] | None = None, ready_within_s: float = READY_WITHIN_S, **config) -> dict:
         return {"jarId": jar, "programArgsList": args or self.args,
                 "flinkConfiguration": {"execution.checkpointing.interval": f"{self.interval} s", **config},
                 "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
-                "rollback": {"readyWithin": f"{READY_WITHIN_S} s"}}
+                "rollback": {"readyWithin": f"{ready_within_s} s"}}
 
     def status(self, name: str) -> dict:
         return self.rest.get(f"/deployments/{name}")["status"]
@@ -128,8 +130,8 @@ class Bench:
         broken = [self.sink_url.rsplit("/", 1)[0] + "/no_such_database" if a == self.sink_url else a
                   for a in self.args]
         stable_job = self.status(name)["jobId"]
-        r = self.rest.http.put(f"/deployments/{name}", json=self.spec(jar, broken, **{"sink.max-retry-time": "0 s"}),
-                               timeout=300)
+        bad = self.spec(jar, broken, ROLLBACK_READY_WITHIN_S, **{"sink.max-retry-time": "0 s"})
+        r = self.rest.http.put(f"/deployments/{name}", json=bad, timeout=300)
         assert r.status_code == 200, r.text
         t0 = time.monotonic()  # from the answer: the check is the upgrade's figure
 
@@ -194,8 +196,10 @@ def summary(name: str, runs: list[dict[str, float]]) -> None:
 
 
 def main() -> None:
+    # SIGTERM (a timeout, a kill) ends the run through `finally`: the cluster is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=2)
     a = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="hr-bench-deploy-"))
     catalog_url, sink_url = fresh_pg(ADMIN_URL), fresh_pg(ADMIN_URL)
