@@ -1,7 +1,10 @@
 """Deployments: how long an upgrade and a rollback take, side by side with doing the same by hand
 over REST, on one warm cluster (2 TaskManagers, 1 warm driver each, PostgreSQL catalog and sink)
-with an outside producer writing 200 events/s all along. Runs alternate, so both ways meet the
-same machine.
+with an outside producer writing 200 events/s all along. One pipeline runs at a time: in each run
+the deployment's cases, then the deployment is suspended and a job run by hand from its savepoint
+(into its own table) takes its turn, then the deployment resumes; runs repeat, so both ways meet
+the same machine. Before each case the bench waits (at most 60 s) for a warm driver and says
+whether one was ready.
 
   upgrade       PUT of a changed spec (another checkpoint interval: no planning needed) -> the new
                 job's task RUNNING -> its first micro-batch committed (the new generation's first
@@ -14,7 +17,7 @@ same machine.
                 hand, as a script would at best: poll until the new job restarts, cancel it,
                 run the old jar from the stop savepoint -> RUNNING.
 
-usage: python bench/deployment_upgrade.py [--runs 3]
+usage: python bench/deployment_upgrade.py [--runs 2]
 Figures go to docs/benchmarks.md ("Deployments").
 """
 
@@ -48,7 +51,7 @@ ROLLBACK_READY_WITHIN_S = 20
 STREAM = "bench-deploy"
 
 
-def settle(cluster, timeout_s: float = 30) -> bool:
+def settle(cluster, timeout_s: float = 60) -> bool:
     """Before a run: a warm driver ready on some TaskManager (the running jobs hold the others, and
     a TaskManager with a task running does not warm up more), or the run goes ahead cold after
     `timeout_s`. Returns whether one was ready."""
@@ -147,6 +150,12 @@ class Bench:
         wait(lambda: self.status(name)["lifecycleState"] == "STABLE", 300, "STABLE again")
         return out
 
+    def put_state(self, name: str, spec: dict, state: str) -> None:
+        r = self.rest.http.put(f"/deployments/{name}", json={**spec, "state": state}, timeout=300)
+        assert r.status_code == 200, r.text
+        want = "SUSPENDED" if state == "suspended" else "STABLE"
+        wait(lambda: self.status(name)["lifecycleState"] == want, 300, f"deployment {name} {want}")
+
     # --- by hand ---------------------------------------------------------------------------
 
     def stop_with_savepoint(self, job: str) -> str:
@@ -219,12 +228,11 @@ def main() -> None:
         wait(lambda: b.status("bench")["lifecycleState"] == "STABLE", 300, "the first STABLE")
         b_hand = Bench(rest, catalog_url, sink_url, jars)
         b_hand.args = [*b.args[:5], "bench_hand", *b.args[6:]]  # its own sink table
-        hand_job = rest.run(jars["v1"], programArgsList=b_hand.args,
-                            flinkConfiguration={"execution.checkpointing.interval": "1 s"})
-        wait(lambda: b.running(hand_job), 300, "the by-hand job RUNNING")
         results: dict[str, list[dict[str, float]]] = {k: [] for k in (
             "deployment upgrade", "by hand upgrade", "deployment code change", "deployment rollback",
             "by hand rollback")}
+        # One pipeline runs at a time (beside the producer): the deployment's cases, then it is
+        # suspended and a job run by hand takes its turn, then the deployment is resumed.
         for run in range(a.runs):
             warm: list[bool] = []
             warm.append(settle(cluster))
@@ -232,16 +240,23 @@ def main() -> None:
             current = b.rest.get("/deployments/bench")["spec"]["jarId"]
             results["deployment upgrade"].append(b.deploy_upgrade("bench", current))
             warm.append(settle(cluster))
-            marks, hand_job = b_hand.hand_upgrade(hand_job, jars["v1"])
-            results["by hand upgrade"].append(marks)
-            warm.append(settle(cluster))
             jar = jars["changed"] if current == jars["v1"] else jars["v1"]  # the other file
             results["deployment code change"].append(b.deploy_upgrade("bench", jar))
             warm.append(settle(cluster))
             results["deployment rollback"].append(b.deploy_rollback("bench", jar))
+            running_spec = b.rest.get("/deployments/bench")["spec"]
+            b.put_state("bench", running_spec, "suspended")
+            savepoint = b.status("bench")["lastSavepoint"]
+            hand_job = b_hand.run_from(jars["v1"], savepoint)
+            wait(lambda: b.running(hand_job), 300, "the by-hand job RUNNING")  # noqa: B023
+            warm.append(settle(cluster))
+            marks, hand_job = b_hand.hand_upgrade(hand_job, jars["v1"])
+            results["by hand upgrade"].append(marks)
             warm.append(settle(cluster))
             marks, hand_job = b_hand.hand_rollback(hand_job, jars["v1"])
             results["by hand rollback"].append(marks)
+            b_hand.stop_with_savepoint(hand_job)
+            b.put_state("bench", running_spec, "running")
             print(f"run {run + 1} (a warm driver ready before each case: {warm})", flush=True)
             print(f"run {run + 1}: " + "; ".join(f"{k}: " + " ".join(f"{m} {v:.2f}" for m, v in r[-1].items())
                                                   for k, r in results.items()), flush=True)
