@@ -38,6 +38,7 @@ OPERATOR = {
     ("post", "/jars/{jarid}/run"), ("patch", "/jobs/{jobid}"), ("post", "/jobs/{jobid}/stop"),
     ("post", "/jobs/{jobid}/savepoints"), ("post", "/jobs/{jobid}/checkpoints"), ("patch", "/jobs/{jobid}/rescaling"),
     ("post", "/jobs/schedules"), ("patch", "/jobs/schedules/{scheduleid}"), ("delete", "/jobs/schedules/{scheduleid}"),
+    ("put", "/deployments/{name}"), ("post", "/deployments/{name}/rollback"), ("delete", "/deployments/{name}"),
 }
 ADMIN_EXPECTED = {("post", "/jars/upload"), ("delete", "/jars/{jarid}"), ("post", "/savepoint-disposal")}
 PLACEHOLDER = "0123456789abcdef0123456789abcdef"

@@ -271,9 +271,10 @@ def test_jar_entries_put_the_default_first():
 
 
 def test_jar_file():
-    art = Row(id="x_job.py", name="job.py", uploaded_at=at(1))
+    art = Row(id="x_job.py", name="job.py", uploaded_at=at(1), sha256="ab" * 32)
     assert views.jar_file(art, ["build"]) == {"id": "x_job.py", "name": "job.py", "uploaded": ms(1),
-                                              "entry": [{"name": "build", "description": None}]}
+                                              "entry": [{"name": "build", "description": None}],
+                                              "sha256": "ab" * 32}
 
 
 def test_dashboard_config():
