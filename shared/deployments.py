@@ -35,9 +35,12 @@ UPGRADE_MODES = ("savepoint", "last-state", "stateless")
 STATES = ("running", "suspended")
 DEFAULT_READY_WITHIN_S = 60.0
 DEFAULT_HISTORY_MAX = 5
-# A new generation that restarts this often before it is ready is crash-looping: roll it back
-# without waiting for its restart strategy to give up.
-CRASH_LOOP_RESTARTS = 2
+# A new generation that fails this often before it is ready is rolled back without waiting for
+# its restart strategy to give up or for readyWithin to pass: a version that fails as it starts
+# will fail again. Failures that are the cluster's, not the version's (a TaskManager lost), do not
+# count (INFRASTRUCTURE_FAILURES, prefixes of an attempt's failure cause).
+FAILURES_BEFORE_ROLLBACK = 1
+INFRASTRUCTURE_FAILURES = ("TaskManagerLost",)
 # A STABLE job whose newest completed checkpoint is older than this many intervals, and than
 # STUCK_AFTER_AT_LEAST_S, is stuck. The floor: on a loaded machine checkpoints of a short interval
 # fall behind for a while without anything being wrong (failing checkpoints have their own bound,
@@ -118,7 +121,7 @@ class JobView:
     status: str  # JobStatus value
     terminal: bool
     running: bool  # its current attempt is RUNNING
-    restarts_since_deploy: int = 0
+    failures_since_deploy: int = 0  # failed attempts, other than INFRASTRUCTURE_FAILURES
     checkpoint_since_deploy: bool = False  # a checkpoint completed after the generation started
     newest_checkpoint_age_s: float | None = None
     latest_snapshot: str | None = None  # newest completed checkpoint or savepoint path
@@ -329,8 +332,8 @@ def _not_ready(o: Observed, live: bool) -> str | None:
         return "its job is missing"
     if job.terminal:
         return f"its job {job.id} ended {job.status}" + (f": {job.failure}" if job.failure else "")
-    if job.restarts_since_deploy >= CRASH_LOOP_RESTARTS:
-        return (f"its job {job.id} restarted {job.restarts_since_deploy} times"
+    if job.failures_since_deploy >= FAILURES_BEFORE_ROLLBACK:
+        return (f"its job {job.id} failed {job.failures_since_deploy} time(s)"
                 + (f" (last failure: {job.failure})" if job.failure else ""))
     ready_within = o.spec.ready_within_s
     if o.deployed_s_ago is not None and o.deployed_s_ago > ready_within:

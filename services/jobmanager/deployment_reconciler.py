@@ -163,10 +163,11 @@ class DeploymentReconciler:
             CheckpointRow.execution_id.is_not(None))).scalar()
         snapshot = s.execute(completed.where(CheckpointRow.path.is_not(None))
                              .order_by(CheckpointRow.checkpoint_id.desc()).limit(1)).scalars().first()
+        failed = [e for e in failed if not (e.failure_cause or "").startswith(dep.INFRASTRUCTURE_FAILURES)]
         failure = failed[0].failure_cause if failed else None
         return dep.JobView(
             id=job.id, status=job.status, terminal=JS(job.status).is_terminal, running=running,
-            restarts_since_deploy=len(failed),
+            failures_since_deploy=len(failed),
             checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
             newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
             latest_snapshot=snapshot.path if snapshot is not None else None,

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from shared.deployments import (
-    CRASH_LOOP_RESTARTS,
     DEFAULT_HISTORY_MAX,
     DEFAULT_READY_WITHIN_S,
+    FAILURES_BEFORE_ROLLBACK,
     NOTHING,
     RETRY_FAILED_STOP_S,
     STUCK_AFTER_AT_LEAST_S,
@@ -118,7 +118,7 @@ def test_a_new_generation_is_stable_once_its_job_runs_and_completed_a_checkpoint
 @pytest.mark.parametrize("view", [
     job(id="job-2"),  # RUNNING, no checkpoint since deploy yet
     job("RUNNING", id="job-2", running=False, checkpoint_since_deploy=True),  # an attempt not RUNNING
-    job("RESTARTING", id="job-2", restarts_since_deploy=CRASH_LOOP_RESTARTS - 1),
+    job("RESTARTING", id="job-2", failures_since_deploy=FAILURES_BEFORE_ROLLBACK - 1),
 ])
 @pytest.mark.parametrize("lifecycle", [L.DEPLOYING, L.UPGRADING])
 def test_a_new_generation_is_not_stable_before_it_runs_and_checkpoints(lifecycle, view):
@@ -208,11 +208,11 @@ def test_a_new_generation_whose_job_ended_rolls_back_at_once():
     assert not plan.cancel_job and plan.pending is None and plan.block == 2 and "boom" in plan.error
 
 
-def test_a_crash_looping_new_generation_is_rolled_back_before_ready_within():
-    o = upgrading(job=job("RESTARTING", id="job-2", restarts_since_deploy=CRASH_LOOP_RESTARTS))
+def test_a_new_generation_that_fails_is_rolled_back_before_ready_within():
+    o = upgrading(job=job("RESTARTING", id="job-2", failures_since_deploy=FAILURES_BEFORE_ROLLBACK))
     plan = decide(o)
     assert plan.to == L.ROLLING_BACK and plan.cancel_job and plan.pending["purpose"] == "rollback"
-    assert f"restarted {CRASH_LOOP_RESTARTS} times" in plan.error
+    assert f"failed {FAILURES_BEFORE_ROLLBACK} time(s)" in plan.error
 
 
 def test_not_ready_with_rollback_disabled_fails_the_generation():
