@@ -35,10 +35,14 @@ class Prebuild:
         self.unavailable: str | None = None
         self.proc: subprocess.Popen | None = None
         self.build_s: float | None = None  # how long the background build ran (from collection)
+        self.error: Exception | None = None  # raised in the compose test, not at collection
         try:
             self.engine = DockerEngine.find_or_start(log_dir / "dockerd.log")
         except EngineUnavailable as exc:
             self.unavailable = str(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a dockerd that would not start fails that test alone
+            self.error = exc
             return
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(

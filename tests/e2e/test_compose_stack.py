@@ -51,6 +51,8 @@ TM_SERVICE = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}
 def engine(request, tmp_path_factory):
     prebuild = request.config.stash.get(PREBUILD, None)
     if prebuild is not None:  # the session's engine, which built the images in the background
+        if prebuild.error is not None:
+            raise prebuild.error
         if prebuild.engine is None:
             pytest.skip(f"no Docker engine can run here: {prebuild.unavailable}")
         print(prebuild.wait(IMAGES_TIMEOUT_S), flush=True)
