@@ -63,7 +63,9 @@ class DeploymentReconciler:
     """Ticked by the leader's loop. `clock`: wall-clock seconds (deadlines are read by the next
     leader too)."""
 
-    INTERVAL_S = 0.5
+    # Each pass reads the deployments table once: 0.2 s keeps an upgrade's two hand-offs (the
+    # change seen, the old job ended) short at a negligible load on the catalog.
+    INTERVAL_S = 0.2
     RETRY_S = 2.0
 
     def __init__(self, master: JobMasterPort, settings: Settings, clock: Clock, *, interval_s: float = INTERVAL_S,
