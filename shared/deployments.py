@@ -49,6 +49,9 @@ STUCK_AFTER_INTERVALS = 5
 STUCK_AFTER_AT_LEAST_S = 300.0
 # A suspend or delete whose stop-with-savepoint failed is tried again after this long.
 RETRY_FAILED_STOP_S = 30.0
+# A task whose stop savepoint completed but which has not ended this long after is cancelled: the
+# savepoint is there, and the next generation must not wait for a task that hangs as it stops.
+STOP_GRACE_S = 60.0
 
 
 class Lifecycle(str, Enum):
@@ -134,6 +137,7 @@ class OperationView:
     status: str  # IN_PROGRESS | COMPLETED | FAILED
     location: str | None = None
     failure: str | None = None
+    done_s_ago: float | None = None  # since it completed or failed
 
 
 @dataclass(frozen=True)
@@ -417,6 +421,11 @@ def _advance_pending(o: Observed) -> Plan:
         if purpose == "rescale":
             return _advance_rescale(o)
         if job is not None and not job.terminal:
+            if (op is not None and op.status == "COMPLETED" and (op.done_s_ago or 0) > STOP_GRACE_S
+                    and not p.get("cancelled")):
+                return Plan(cancel_job=True, pending={**p, "cancelled": True},
+                            reason=f"job {job.id} has not ended {STOP_GRACE_S:g} s after its stop savepoint "
+                                   f"{op.location} completed: cancelling it")
             return NOTHING  # the savepoint is being taken, or the task is stopping
         savepoint = op.location if op is not None and op.status == "COMPLETED" else None
         fallback = job.latest_snapshot if job else None
@@ -485,3 +494,23 @@ def _advance_rescale(o: Observed) -> Plan:
     return Plan(to=Lifecycle.UPGRADING, start=Start(o.generation, savepoint), pending=None,
                 rollback_point=savepoint, reason=f"the rescaled job ended: generation {o.generation} started from "
                                                  f"{savepoint or 'nothing'}")
+
+
+def waiting_reason(lifecycle: str | None, pending: Mapping[str, Any] | None, job_id: str | None,
+                   job_state: str | None, ready_within_s: float) -> str | None:
+    """What a deployment waits for, in words (GET /deployments/{name} `status.waitingReason`);
+    None when it waits for nothing."""
+    job = f"job {job_id}" if job_id else "its job"
+    kind = (pending or {}).get("kind")
+    if kind == "stop":
+        return f"waiting for {job} ({job_state}) to stop with a savepoint (operation {(pending or {}).get('op')})"
+    if kind == "ends":
+        return f"waiting for {job} ({job_state}) to end"
+    if kind == "savepoint":
+        return f"taking a periodic savepoint of {job} (operation {(pending or {}).get('op')})"
+    if kind == "wait":
+        return "waiting before the failed stop is tried again"
+    if lifecycle in (Lifecycle.DEPLOYING.value, Lifecycle.UPGRADING.value, Lifecycle.ROLLING_BACK.value):
+        return (f"waiting for {job} ({job_state}) to run and complete a checkpoint, at most "
+                f"{ready_within_s:g} s (rollback.readyWithin)")
+    return None

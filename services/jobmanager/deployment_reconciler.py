@@ -129,7 +129,8 @@ class DeploymentReconciler:
         if pending and pending.get("op"):
             try:
                 op = repo.get_operation(s, pending["op"])
-                operation = dep.OperationView(op.id, op.status, op.location, op.failure_cause)
+                done_ago = now - _seconds(op.done_at) if op.done_at else None
+                operation = dep.OperationView(op.id, op.status, op.location, op.failure_cause, done_ago)
             except repo.NotFound:
                 operation = dep.OperationView(pending["op"], "FAILED", failure="its operation row is gone")
         stable_spec = None

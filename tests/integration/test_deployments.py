@@ -96,6 +96,7 @@ def test_upgrade_rollback_rescale_suspend_resume_delete(rest, jar):
     assert put(rest, spec(jar)) == {"name": NAME, "generation": 1, "changed": True}
     assert put(rest, spec(jar))["changed"] is False
     v1 = wait_lifecycle(rest, "STABLE", generation=1)
+    assert v1["status"]["waitingReason"] is None
     job1 = v1["status"]["jobId"]
     assert rest.job(job1)["state"] == "RUNNING"
     r = rest.http.post(f"/deployments/{NAME}/rollback")  # nothing to roll back to while STABLE

@@ -15,6 +15,7 @@ from shared.deployments import (
     FAILURES_BEFORE_ROLLBACK,
     NOTHING,
     RETRY_FAILED_STOP_S,
+    STOP_GRACE_S,
     STUCK_AFTER_AT_LEAST_S,
     STUCK_AFTER_INTERVALS,
     DeploymentSpec,
@@ -25,6 +26,7 @@ from shared.deployments import (
     Plan,
     Start,
     decide,
+    waiting_reason,
 )
 
 L = Lifecycle
@@ -467,3 +469,20 @@ def test_a_failed_deployment_whose_job_runs_and_checkpoints_after_all_recovers(j
 def test_a_rollback_asked_for_after_the_new_generation_became_stable_changes_nothing():
     plan = decide(observed(rollback_requested=True))
     assert plan.consume_rollback_request and plan.to is None and not plan.cancel_job and plan.start is None
+
+
+def test_a_task_that_hangs_after_its_stop_savepoint_is_cancelled_once():
+    o = stop_pending("upgrade", "COMPLETED", "sp-2", job=job("RUNNING"))
+    o = replace(o, pending={**o.pending, "op": "op-1"})
+    assert decide(replace(o, operation=replace(o.operation, done_s_ago=STOP_GRACE_S - 1))).nothing
+    late = replace(o, operation=replace(o.operation, done_s_ago=STOP_GRACE_S + 1))
+    plan = decide(late)
+    assert plan.cancel_job and plan.pending["cancelled"] and plan.pending["op"] == o.pending["op"]
+    assert decide(replace(late, pending=plan.pending)).nothing  # not cancelled again every pass
+
+
+def test_the_waiting_reason_says_what_a_deployment_waits_for():
+    assert "to stop with a savepoint (operation op-1)" in waiting_reason(
+        "UPGRADING", {"kind": "stop", "op": "op-1"}, "job-1", "RUNNING", 60)
+    assert "at most 60 s (rollback.readyWithin)" in waiting_reason("DEPLOYING", None, "job-1", "RUNNING", 60)
+    assert waiting_reason("STABLE", None, "job-1", "RUNNING", 60) is None

@@ -197,6 +197,9 @@ def get_deployment(name: str, session: SessionDep) -> dict:
         "status": {"lifecycleState": row.lifecycle, "jobId": row.job_id, "jobState": job_state,
                    "jobGeneration": row.job_generation, "stableGeneration": row.stable_generation,
                    "lastSavepoint": row.last_savepoint, "error": row.error, "pending": row.pending,
+                   "waitingReason": dep.waiting_reason(
+                       row.lifecycle, row.pending, row.job_id, job_state,
+                       dep.DeploymentSpec.from_record(row.spec).ready_within_s),
                    "deleting": row.deleting, "history": history},
         "generations": [{"generation": g.generation, "spec": g.spec, "at": epoch_ms(g.created_at)}
                         for g in deployments_repo.generations(session, name)],

@@ -128,7 +128,8 @@ class DeploymentStatus(_Out):
     stableGeneration: int | None
     lastSavepoint: str | None
     error: str | None
-    pending: dict | None
+    pending: dict | None = Field(description="the step in progress, as the JobManager keeps it")
+    waitingReason: str | None = Field(description="what the deployment waits for, in words (null: nothing)")
     history: list[DeploymentEventInfo]
 
 
