@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from shared.deployments import NAME_EXPECTED, NAME_PATTERN
+from shared.deployment_spec import NAME_EXPECTED, NAME_PATTERN
 from shared.errors import ConfigError
 
 NAME_RULE = re.compile(NAME_PATTERN)  # the dispatcher's rule (shared/deployments.py), checked before a request
