@@ -149,6 +149,10 @@ class Settings(BaseSettings):
     driver_class_archive: bool = Field(True, description="share the driver JVM's classes through an AppCDS archive")
     driver_class_archive_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "headrace" / "cds",
                                            description="where the driver class archive is kept")
+    # The dispatcher keeps one restore-check planner warm after its first check (a JVM of a few
+    # hundred MB; services/dispatcher/warm_planner.py): a changed pipeline is checked in about a
+    # second instead of a cold Spark's 6-15 s. Off: false.
+    warm_planner: bool = Field(True, description="keep one restore-check planner warm after the first check")
     # A fork server per local driver with PySpark and the connectors imported, which starts the
     # Python process Spark spawns per streaming query of a Python source (~0.5 s sooner:
     # services/taskmanager/runtime/python_forkserver.py). ~45 MB per driver; off: false.

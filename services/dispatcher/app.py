@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import auth, errors, limits, metrics, openapi_security, security, slow_clients
+from services.dispatcher import auth, errors, limits, metrics, openapi_security, restore_check, security, slow_clients
 from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.routes import (
@@ -27,6 +29,7 @@ from services.dispatcher.routes import (
 )
 from services.dispatcher.schemas import normalise_restart_strategy
 from services.dispatcher.views import FLINK_VERSION
+from services.dispatcher.warm_planner import WarmPlanner
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.transport.base import Transport
@@ -47,9 +50,17 @@ class NoCacheStatic(StaticFiles):
         return response
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    if app.state.warm_planner is not None:  # its spare planner's JVM goes with the dispatcher
+        app.state.warm_planner.close()
+
+
 def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, web_dir: Path | None = DEFAULT_WEB_DIR,
                clock_ms: Callable[[], int] | None = None, max_upload_bytes: int | None = None) -> FastAPI:
     app = FastAPI(
+        lifespan=_lifespan,
         title="Headrace dispatcher",
         version=FLINK_VERSION,
         description="Flink REST v1 paths and JSON shapes for PySpark pipelines. Every error answers "
@@ -66,6 +77,13 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.artifact_limits = ArtifactLimits.from_settings(settings)
     # GET /jobs/overview's encoded answer, rebuilt at most every overview_cache_ms (overview_cache.py).
     app.state.overview_cache = OverviewCache(settings.overview_cache_ms / 1000)
+    app.state.warm_planner = None
+    if settings.warm_planner:
+        warm = WarmPlanner(python=sys.executable, run_as=settings.driver_user,
+                           catalog_url=settings.pipeline_catalog_url,
+                           redis_url=settings.pipeline_redis_url or settings.redis_url,
+                           class_archive_dir=restore_check.cluster_class_archive_dir(settings))
+        app.state.warm_planner = warm
 
     errors.install(app)
     app.add_middleware(limits.BodyLimit, upload_limit=app.state.max_upload_bytes)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
+from services.dispatcher.warm_planner import WarmPlanner
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.transport.base import Transport
@@ -78,3 +79,10 @@ def get_artifact_limits(request: Request) -> ArtifactLimits:
 
 
 ArtifactLimitsDep = Annotated[ArtifactLimits, Depends(get_artifact_limits)]
+
+
+def get_warm_planner(request: Request) -> WarmPlanner | None:
+    return request.app.state.warm_planner
+
+
+WarmPlannerDep = Annotated[WarmPlanner | None, Depends(get_warm_planner)]

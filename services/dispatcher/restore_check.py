@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from shared import checkpointing, restore_compat, untrusted_code
 from shared.errors import StateError
@@ -79,20 +79,55 @@ def same_pipeline(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, ent
 
 
 def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[str], config: dict,
-                   parallelism: int, snapshot_meta: dict) -> None:
+                   parallelism: int, snapshot_meta: dict, warm: SparePlanner | None = None) -> None:
     """`check_restore` of an uploaded artifact, planned as this cluster's drivers would run it: the
-    pipeline's database and Redis, the drivers' OS user and their class archive."""
-    check_restore(python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry,
-                  args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
-                  catalog_url=settings.pipeline_catalog_url,
-                  redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
-                  class_archive_dir=settings.driver_class_archive_dir if settings.driver_class_archive else None)
+    pipeline's database and Redis, the drivers' OS user and their class archive; on the warm
+    planner (`warm`, warm_planner.py) when one is ready."""
+    try:
+        check_restore(python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry,
+                      args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
+                      catalog_url=settings.pipeline_catalog_url,
+                      redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
+                      class_archive_dir=cluster_class_archive_dir(settings), warm=warm.plan if warm else None)
+    finally:
+        if warm is not None and needs_planning(snapshot_meta, artifact_sha256=art.sha256, entry=entry, args=args):
+            warm.replenish()  # after the check: the next spare does not slow this one down
+
+
+def cluster_class_archive_dir(settings: Settings) -> Path | None:
+    return settings.driver_class_archive_dir if settings.driver_class_archive else None
+
+
+class WarmPlan(Protocol):
+    """A spare planner's plan: a result line, or None to plan cold."""
+
+    def __call__(self, *, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
+                 parallelism: int, timeout_s: float) -> dict[str, Any] | None: ...
+
+
+class SparePlanner(Protocol):
+    """warm_planner.WarmPlanner, as the check uses it."""
+
+    def plan(self, *, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
+             parallelism: int, timeout_s: float) -> dict[str, Any] | None: ...
+
+    def replenish(self) -> None: ...
+
+
+def needs_planning(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, entry: str,
+                   args: Sequence[str]) -> bool:
+    """Whether the pipeline must be planned to check it against the snapshot. An empty snapshot
+    (its query never committed a batch) holds no state and no offsets: any pipeline can start
+    from it; the very same pipeline differs at most in configuration, checked without planning."""
+    holds_state = int((snapshot_meta.get("spark") or {}).get("batch_id", -1)) >= 0
+    return holds_state and not same_pipeline(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args)
 
 
 def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entry: str, args: list[str],
                   config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
                   catalog_url: str | None = None, redis_url: str | None = None,
-                  run_as: str | None = None, class_archive_dir: Path | None = None) -> None:
+                  run_as: str | None = None, class_archive_dir: Path | None = None,
+                  warm: WarmPlan | None = None) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
 
@@ -101,13 +136,15 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
     may read a static table while it builds; without them the planner uses placeholders that
     point nowhere. `run_as`: the drivers' OS user (settings.driver_user)."""
     plan = None
-    # An empty snapshot (its query never committed a batch) holds no state and no offsets: any
-    # pipeline can start from it, so there is nothing to plan.
-    holds_state = int((snapshot_meta.get("spark") or {}).get("batch_id", -1)) >= 0
-    if holds_state and not same_pipeline(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
-        result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
-                             parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                             redis_url=redis_url, run_as=run_as, class_archive_dir=class_archive_dir)
+    if needs_planning(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
+        result = None
+        if warm is not None:
+            result = warm(artifact_path=artifact_path, entry=entry, args=args, config=config,
+                          parallelism=parallelism, timeout_s=timeout_s)
+        if result is None:
+            result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
+                                 parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
+                                 redis_url=redis_url, run_as=run_as, class_archive_dir=class_archive_dir)
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
             log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
@@ -155,13 +192,7 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
     driver is (shared/untrusted_code.py): as the drivers' OS user `run_as` when this process may
     switch to it, with an allow-listed environment, on a copy of the artifact in a directory of
     its own; never with the dispatcher's settings, secrets or catalog."""
-    user = untrusted_code.switchable_user(run_as)
-    if user is None:
-        log.warning("restore check: cannot run the planner as %r (this dispatcher is not root, or the user does "
-                    "not exist: scripts/bootstrap creates it); it runs as the dispatcher's own user, with a "
-                    "scrubbed environment", run_as)
-        user = untrusted_code.switchable_user(None)
-    assert user is not None
+    user = planner_user(run_as)
     with tempfile.TemporaryDirectory(prefix="headrace-restore-check-") as tmp:
         log_path = Path(tmp) / "planner.log"
         home = Path(tmp) / "work"
@@ -182,10 +213,7 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
                "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
         if class_archive_dir is not None:  # the drivers' archive: a JVM that maps it starts faster
             cmd += ["--class-archive-dir", str(class_archive_dir)]
-        env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=IMPORT_ROOT)
-        for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url)):
-            if value:
-                env[name] = value
+        env = planner_env(home, user, catalog_url=catalog_url, redis_url=redis_url)
         t0 = time.monotonic()
         with open(log_path, "wb") as err:
             # Its own process group: the planner's JVM goes with it when a timeout kills it.
@@ -199,11 +227,11 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
             try:
                 out, _ = proc.communicate(json.dumps(dict(config), default=str).encode(), timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                kill_group(proc)
                 log.warning("restore check: the planner (pid %d) did not finish within %.0f s and was killed",
                             proc.pid, timeout_s)
                 return {"reason": f"timed out after {timeout_s:.0f} s (pid {proc.pid})"}
-        _kill_group(proc)  # a JVM left behind by a planner that exited
+        kill_group(proc)  # a JVM left behind by a planner that exited
         for line in reversed(out.decode(errors="replace").splitlines()):
             if line.startswith("{"):
                 try:
@@ -220,7 +248,30 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         return {"reason": f"planner exited with {proc.returncode} without a result"}
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def planner_user(run_as: str | None) -> untrusted_code.UntrustedUser:
+    """The OS user a planner runs as: the drivers' when this process may switch to it."""
+    user = untrusted_code.switchable_user(run_as)
+    if user is None:
+        log.warning("restore check: cannot run the planner as %r (this dispatcher is not root, or the user does "
+                    "not exist: scripts/bootstrap creates it); it runs as the dispatcher's own user, with a "
+                    "scrubbed environment", run_as)
+        user = untrusted_code.switchable_user(None)
+    assert user is not None
+    return user
+
+
+def planner_env(home: Path, user: untrusted_code.UntrustedUser, *, catalog_url: str | None,
+                redis_url: str | None) -> dict[str, str]:
+    """The allow-listed environment of a planner; the URLs (which may hold passwords) go here,
+    never on its command line."""
+    env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=IMPORT_ROOT)
+    for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url)):
+        if value:
+            env[name] = value
+    return env
+
+
+def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the group is the planner's own: its id is the planner's pid
     except (ProcessLookupError, PermissionError):

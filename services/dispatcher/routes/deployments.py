@@ -13,7 +13,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.dispatcher import checkpoint_dir_option, restore, restore_check
-from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, SessionDep, SettingsDep
+from services.dispatcher.deps import (
+    ArtifactLimitsDep,
+    CatalogDep,
+    DefaultRestartDep,
+    SessionDep,
+    SettingsDep,
+    WarmPlannerDep,
+)
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schemas.deployments import (
@@ -24,6 +31,7 @@ from services.dispatcher.schemas.deployments import (
     DeploymentSpecRequest,
 )
 from services.dispatcher.strict_fields import StrictBool
+from services.dispatcher.warm_planner import WarmPlanner
 from shared import checkpointing as cp
 from shared import deployments as dep
 from shared.catalog import repository
@@ -68,7 +76,7 @@ def _get(s: Session, name: str, *, lock: bool = False) -> DeploymentRow:
             summary="Create a deployment or change its spec (a changed spec is a new generation)")
 def apply_deployment(
     name: str, req: Annotated[DeploymentSpecRequest, Body()], catalog: CatalogDep, settings: SettingsDep,
-    default_restart: DefaultRestartDep, bounds: ArtifactLimitsDep,
+    default_restart: DefaultRestartDep, bounds: ArtifactLimitsDep, warm: WarmPlannerDep,
     expected_generation: Annotated[int | None, Query(
         alias="expectedGeneration", ge=0, le=2**31 - 1,
         description="apply only if the deployment is at this generation (0: only if it does not exist yet); "
@@ -92,7 +100,7 @@ def apply_deployment(
     if (req.kind or "pyspark") == "pyspark":
         check_entry(catalog, art, req.entryClass or "build", config, bounds)
     spec = req.record(restart_strategy=restart, config=config)
-    _check_state_carries_over(catalog, settings, name, spec, art)
+    _check_state_carries_over(catalog, settings, name, spec, art, warm)
     with catalog.session() as s:
         try:
             row, changed = deployments_repo.put_deployment(s, name, spec, expected_generation=expected_generation)
@@ -110,7 +118,7 @@ def apply_deployment(
     return {"name": name, "generation": generation, "changed": changed}
 
 
-def _check_state_carries_over(catalog, settings, name: str, spec: dict, art) -> None:
+def _check_state_carries_over(catalog, settings, name: str, spec: dict, art, warm: WarmPlanner | None) -> None:
     """Before anything is stopped: a changed pipeline must be able to start from the state of the
     deployment's job (its newest snapshot), else the change is refused and the job left alone."""
     if spec["upgradeMode"] == "stateless" or spec["kind"] != "pyspark":
@@ -139,7 +147,7 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art) -> 
     try:
         restore_check.check_artifact(settings, art, entry=spec["entryClass"], args=spec["programArgsList"],
                                      config=dict(spec["flinkConfiguration"]), parallelism=spec["parallelism"],
-                                     snapshot_meta=snapshot.metadata)
+                                     snapshot_meta=snapshot.metadata, warm=warm)
     except restore_check.RestoreIncompatible as exc:
         _record_refusal(catalog, name, exc.message)
         raise ApiError.of(400, f"the change was refused before anything was stopped: {exc.message}",

@@ -22,6 +22,7 @@ from services.dispatcher.deps import (
     SessionDep,
     SettingsDep,
     TransportDep,
+    WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, Problem, error_responses, short_value
 from services.dispatcher.schemas import (
@@ -35,6 +36,7 @@ from services.dispatcher.schemas import (
     stored_restart_strategy,
 )
 from services.dispatcher.strict_fields import StrictBool
+from services.dispatcher.warm_planner import WarmPlanner
 from shared import job_options as job_config
 from shared.catalog import repository
 from shared.catalog.models import Artifact
@@ -193,6 +195,7 @@ def run_jar(
     default_restart: DefaultRestartDep,
     overview: OverviewCacheDep,
     bounds: ArtifactLimitsDep,
+    warm: WarmPlannerDep,
     body: Annotated[JarRunRequest | None, Body(description="all fields optional")] = None,
     entry_class: Annotated[EntryName | None, Query(alias="entry-class", description="as entryClass")] = None,
     parallelism: Annotated[Parallelism | None, Query(description="as the body's parallelism")] = None,
@@ -233,7 +236,7 @@ def run_jar(
     )
     if snapshot is not None and kind == "pyspark":
         _check_restore(settings, art, entry=entry, args=args, config=config,
-                       parallelism=req.parallelism or parallelism or 1, snapshot=snapshot)
+                       parallelism=req.parallelism or parallelism or 1, snapshot=snapshot, warm=warm)
 
     try:
         with catalog.session() as s:
@@ -271,13 +274,14 @@ def run_jar(
     return {"jobid": job_id}
 
 
-def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, parallelism: int, snapshot) -> None:
+def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, parallelism: int, snapshot,
+                   warm: WarmPlanner | None) -> None:
     """Refuse, before the job exists, a pipeline that Spark could not start from the snapshot
     (a changed grouping key, another source, another state partition count), instead of a task
     that fails minutes later and loops through its restarts."""
     try:
         restore_check.check_artifact(settings, art, entry=entry, args=args, config=config, parallelism=parallelism,
-                                     snapshot_meta=snapshot.metadata)
+                                     snapshot_meta=snapshot.metadata, warm=warm)
     except restore_check.RestoreIncompatible as exc:
         raise ApiError.of(400, exc.message, field="savepointPath", expected="a snapshot this pipeline can restore",
                           got=snapshot.path, hint=exc.hint or "start the job without a savepoint",

@@ -40,7 +40,10 @@ PLACEHOLDER_REDIS_URL = "redis://headrace-planner.invalid:6379/0"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.taskmanager.runtime.planner")
-    p.add_argument("--artifact", required=True, help="the pipeline's .py or .zip")
+    p.add_argument("--artifact", default=None, help="the pipeline's .py or .zip (required unless --await-request)")
+    p.add_argument("--await-request", action="store_true",
+                   help="start Spark first, print {\"ready\": true}, then read one request line from stdin: "
+                        "{\"artifact\", \"entry\", \"args\", \"config\", \"parallelism\"} (a warm planner)")
     p.add_argument("--entry", default="build")
     p.add_argument("--args-json", default="[]", help="the program arguments, a JSON list of strings")
     p.add_argument("--config-json", default="{}", help="the job's configuration, a JSON object; - for stdin")
@@ -63,9 +66,6 @@ def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, Any]:
-    from .pipeline_loader import load_pipeline
-    from .spark_session import build_spark
-
     t0 = time.monotonic()
     try:
         program_args = [str(a) for a in json.loads(args.args_json)]
@@ -73,11 +73,30 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
     except (ValueError, TypeError) as exc:
         return _failure("build", exc)
     try:
-        shuffle = int(config.get("spark.sql.shuffle.partitions") or max(2, args.parallelism))
-        spark = build_spark(1, workdir, shuffle_partitions=shuffle, driver_memory="512m",
-                            app_name="headrace-planner", extra_java_options=_class_archive_options(args))
-        spark_box.append(spark)
+        spark_box.append(_session(args, workdir))
+    except Exception as exc:  # noqa: BLE001 - reported on stdout
+        return _failure("spark", exc)
+    return plan_in(spark_box[0], args, workdir, artifact=args.artifact, entry=args.entry, program_args=program_args,
+                   config=config, parallelism=args.parallelism, t0=t0)
+
+
+def _session(args: argparse.Namespace, workdir: Path):
+    from .spark_session import build_spark
+
+    return build_spark(1, workdir, shuffle_partitions=2, driver_memory="512m", app_name="headrace-planner",
+                       extra_java_options=_class_archive_options(args))
+
+
+def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, entry: str, program_args: list[str],
+            config: dict[str, Any], parallelism: int, t0: float) -> dict[str, Any]:
+    """Plan the pipeline in a running session (a cold planner's, or a warm one's made before the
+    request came)."""
+    from .pipeline_loader import load_pipeline
+
+    try:
+        shuffle = int(config.get("spark.sql.shuffle.partitions") or max(2, parallelism))
         # As the runner does: options such as state format versions change the state's shape.
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
         for key, value in config.items():
             if isinstance(key, str) and key.startswith("spark.sql."):
                 spark.conf.set(key, str(value))
@@ -87,19 +106,19 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
         from .connectors import SinkHandle
         from .context import PipelineContext
 
-        module = load_pipeline(args.artifact, config, spark)
-        entry = getattr(module, args.entry, None)
-        if not callable(entry):
-            raise AttributeError(f"pipeline {args.artifact} has no function {args.entry}(ctx)")
+        module = load_pipeline(artifact, config, spark)
+        build = getattr(module, entry, None)
+        if not callable(build):
+            raise AttributeError(f"pipeline {artifact} has no function {entry}(ctx)")
         ctx = PipelineContext(
             spark, job_id="planner", job_name="planner", args=program_args, config=config,
-            parallelism=args.parallelism, checkpoint_dir=str(workdir / "checkpoints"),
+            parallelism=parallelism, checkpoint_dir=str(workdir / "checkpoints"),
             catalog_url=args.catalog_url or config.get("catalog_url") or f"sqlite:///{workdir / 'placeholder.db'}",
             redis_url=args.redis_url or config.get("redis_url") or PLACEHOLDER_REDIS_URL,
         )
-        handle = entry(ctx)
+        handle = build(ctx)
         if not isinstance(handle, SinkHandle):
-            raise TypeError(f"{args.entry}(ctx) must return a sink handle from ctx.sinks.*, "
+            raise TypeError(f"{entry}(ctx) must return a sink handle from ctx.sinks.*, "
                             f"got {type(handle).__name__}")
     except BaseException as exc:  # noqa: BLE001 - the pipeline's failure, reported on stdout
         return _failure("build", exc)
@@ -120,6 +139,31 @@ def _class_archive_options(args: argparse.Namespace) -> str:
     return class_archive.java_options(class_archive.archive_path(args.class_archive_dir))
 
 
+def await_and_plan(args: argparse.Namespace, workdir: Path, spark_box: list, out) -> dict[str, Any]:
+    """A warm planner: the session first, then one request from stdin. An end of input before it
+    (the dispatcher went away) ends the process without a result."""
+    try:
+        spark_box.append(_session(args, workdir))
+    except Exception as exc:  # noqa: BLE001 - reported on stdout
+        return _failure("spark", exc)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return {"ok": False, "stage": "spark", "error": "no request came (end of input)"}
+    t0 = time.monotonic()
+    try:
+        req = json.loads(line)
+        program_args = [str(a) for a in req.get("args") or []]
+        config = dict(req.get("config") or {})
+        artifact, entry, parallelism = str(req["artifact"]), str(req.get("entry") or "build"), int(
+            req.get("parallelism") or 1)
+    except (ValueError, TypeError, KeyError) as exc:
+        return _failure("build", exc)
+    return plan_in(spark_box[0], args, workdir, artifact=artifact, entry=entry, program_args=program_args,
+                   config=config, parallelism=parallelism, t0=t0)
+
+
 def _stop(spark) -> None:
     """Stop Spark and wait for its JVM: a JVM that outlives us is re-parented to init, which may
     never reap it."""
@@ -137,6 +181,9 @@ def _stop(spark) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.artifact is None and not args.await_request:
+        print("planner: --artifact is required (or --await-request)", file=sys.stderr)
+        return 2
     # The one result line needs a clean stdout: whatever else prints (the pipeline at import,
     # the JVM we start) goes to stderr.
     out = os.fdopen(os.dup(1), "w")
@@ -147,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     spark_box: list = []
     try:
-        result = plan(args, workdir, spark_box)
+        result = await_and_plan(args, workdir, spark_box, out) if args.await_request else plan(args, workdir, spark_box)
     except BaseException as exc:  # noqa: BLE001 - one line, whatever happened
         result = _failure("spark", exc)
-    out.write(json.dumps(result, default=str) + "\n")
-    out.flush()
+    try:
+        out.write(json.dumps(result, default=str) + "\n")
+        out.flush()
+    except BrokenPipeError:
+        pass  # nobody reads it any more (a warm planner's dispatcher went away): Spark still stops
     if spark_box:
         _stop(spark_box[0])
     if own_workdir:
