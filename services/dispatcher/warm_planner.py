@@ -50,10 +50,14 @@ class _Spare:
         if class_archive_dir is not None:
             cmd += ["--class-archive-dir", str(class_archive_dir)]
         self.log = open(self.tmp / "planner.log", "wb")
-        self.proc = subprocess.Popen(cmd, cwd=str(self.home), env=env_for(self.home, user), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, start_new_session=True,
-                                     **user.popen_kwargs())
-        self.ready = False
+        try:
+            self.proc = subprocess.Popen(cmd, cwd=str(self.home), env=env_for(self.home, user),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                         start_new_session=True, **user.popen_kwargs())
+        except OSError:  # nothing started: its directory and log go now
+            self.log.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
 
     def _line(self, deadline: float) -> str | None:
         assert self.proc.stdout is not None
@@ -69,10 +73,9 @@ class _Spare:
 
     def plan(self, artifact_path: str, request: Mapping[str, Any], timeout_s: float) -> dict[str, Any] | None:
         try:
-            if not self.ready:
-                line = self._line(time.monotonic() + READY_WAIT_S)
-                if line is None or not json.loads(line).get("ready"):
-                    return None
+            line = self._line(time.monotonic() + READY_WAIT_S)  # its {"ready": true}
+            if line is None or not json.loads(line).get("ready"):
+                return None
             copy = self.home / Path(artifact_path).name
             shutil.copyfile(artifact_path, copy)
             self.user.own(copy)
