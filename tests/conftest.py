@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.image_prebuild import Prebuild
+from tests.image_prebuild import COMPOSE_TEST, PREBUILD_DIR_ENV, Prebuild, PrebuildWatch
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # pytest keeps its temporary directories 0700 to others (and resets that at every session's
@@ -111,25 +111,53 @@ def sqlite_url(tmp_path) -> str:
 
 
 LOG_TAIL_LINES = 40
-PREBUILD = pytest.StashKey[Prebuild]()
+PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
+# Under pytest-xdist (the suite runs on two workers, pyproject.toml) each module runs whole on one
+# worker, and a worker takes the next module when it is free: the longest go first so that the two
+# workers end together, the unit tests' many small modules fill in at the end. The compose-stack
+# test waits for its images, built in the background from collection on (tests/image_prebuild.py).
+RUN_ORDER = ("tests/e2e/", "tests/integration/", COMPOSE_TEST, "tests/browser/", "tests/component/", "tests/unit/")
+
+
+def _run_rank(nodeid: str) -> int:
+    return next((rank for rank, prefix in reversed(list(enumerate(RUN_ORDER))) if nodeid.startswith(prefix)),
+                len(RUN_ORDER))
+
+
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if not _xdist_worker(config) and (config.getoption("numprocesses", None) or 0) > 0:
+        # The controller: its workers inherit the directory of the build it may start.
+        os.environ[PREBUILD_DIR_ENV] = tempfile.mkdtemp(prefix="headrace-prebuild-")
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what will not run
 def pytest_collection_modifyitems(session, config, items):
-    """The compose-stack test goes last, and its images are built in the background meanwhile
+    """Modules in RUN_ORDER; the compose-stack test's images start building in the background
     (tests/image_prebuild.py): a cold build costs the suite minutes otherwise."""
-    from tests.image_prebuild import COMPOSE_TEST
-
-    compose = [item for item in items if item.nodeid.startswith(COMPOSE_TEST)]
-    if not compose or config.getoption("collectonly"):
+    items.sort(key=lambda item: _run_rank(item.nodeid))  # stable: a module's tests keep their order
+    if config.getoption("collectonly") or not any(item.nodeid.startswith(COMPOSE_TEST) for item in items):
         return
-    items[:] = [item for item in items if not item.nodeid.startswith(COMPOSE_TEST)] + compose
-    config.stash[PREBUILD] = Prebuild(Path(tempfile.mkdtemp(prefix="headrace-prebuild-")))
+    if _xdist_worker(config):
+        config.stash[PREBUILD] = PrebuildWatch(Path(os.environ[PREBUILD_DIR_ENV]))
+    else:
+        config.stash[PREBUILD] = Prebuild(Path(tempfile.mkdtemp(prefix="headrace-prebuild-")))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller starts the background build once, when a worker has the compose test."""
+    config = node.config
+    if PREBUILD not in config.stash and any(nodeid.startswith(COMPOSE_TEST) for nodeid in ids):
+        config.stash[PREBUILD] = Prebuild(Path(os.environ[PREBUILD_DIR_ENV]))
 
 
 def pytest_unconfigure(config):
     prebuild = config.stash.get(PREBUILD, None)
-    if prebuild is not None:
+    if isinstance(prebuild, Prebuild):
         prebuild.stop()
 
 
