@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shared import durations
+from shared.autoscaling import AutoscalerSpec
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 NAME_EXPECTED = "1-63 lower-case letters, digits and '-', starting and ending with a letter or digit"
@@ -39,6 +40,7 @@ class DeploymentSpec:
     ready_within_s: float = DEFAULT_READY_WITHIN_S
     savepoint_interval_s: float | None = None
     history_max: int = DEFAULT_HISTORY_MAX
+    autoscaler: AutoscalerSpec = AutoscalerSpec()
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> "DeploymentSpec":
@@ -54,7 +56,17 @@ class DeploymentSpec:
             ready_within_s=durations.parse_duration(rollback.get("readyWithin") or DEFAULT_READY_WITHIN_S),
             savepoint_interval_s=durations.parse_duration(interval) if interval else None,
             history_max=int(savepoints.get("historyMax", DEFAULT_HISTORY_MAX)),
+            autoscaler=AutoscalerSpec.from_record(rec.get("autoscaler"), parallelism=int(rec.get("parallelism") or 1)),
         )
+
+    def effective_parallelism(self, chosen: int | None) -> int:
+        """The parallelism to run: the autoscaler's choice (`chosen`, kept in the deployment's
+        row) within its bounds while it is enabled, else the spec's."""
+        a = self.autoscaler
+        if not a.enabled or chosen is None:
+            return self.parallelism if not a.enabled else min(max(self.parallelism, a.min_parallelism),
+                                                                a.max_parallelism)
+        return min(max(chosen, a.min_parallelism), a.max_parallelism)
 
     def same_pipeline_except_parallelism(self, other: "DeploymentSpec") -> bool:
         """Only the parallelism differs (and what the lifecycle alone reads): a rescale will do."""

@@ -89,6 +89,7 @@ class JobView:
     newest_checkpoint_age_s: float | None = None
     latest_snapshot: str | None = None  # newest completed checkpoint or savepoint path
     failure: str | None = None
+    parallelism: int | None = None  # its task's
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,12 @@ class Observed:
     rollback_requested: bool = False
     savepoint_due: bool = False  # the periodic savepoint's interval has passed
     now_s: float = 0.0  # wall-clock seconds, for the back-off after a failed stop
+    parallelism: int | None = None  # to run: the autoscaler's choice or the spec's (None: the spec's)
+    scaled_from: int | None = None  # before the autoscaler's last rescale, until that one is STABLE
+
+    @property
+    def target_parallelism(self) -> int:
+        return self.parallelism or self.spec.parallelism
 
 
 # --- what it does --------------------------------------------------------------------------
@@ -132,6 +139,7 @@ class Start:
     generation: int
     restore_from: str | None
     from_stable: bool = False
+    parallelism: int | None = None  # None: the deployment's (the autoscaler's choice or the spec's)
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,8 @@ class Plan:
     consume_rollback_request: bool = False
     adopt_generation: int | None = None  # the running job now carries this generation (a rescale)
     periodic_done: bool = False  # a periodic savepoint ended (completed or failed): the interval starts again
+    scale_settled: bool = False  # the autoscaler's last rescale is STABLE: nothing to go back to
+    unscale_to: int | None = None  # the autoscaler's rescale failed: back to this parallelism, and it holds off
 
     @property
     def nothing(self) -> bool:
@@ -240,10 +250,13 @@ def _upgrade(o: Observed, live: bool) -> Plan:
                     reason=f"generation {g} applied; the previous job had ended: started from "
                            f"{snapshot or 'nothing'}")
     if current is not None and o.spec.same_pipeline_except_parallelism(current) and o.spec.upgrade_mode != "stateless":
-        return Plan(to=Lifecycle.UPGRADING, rescale_to=o.spec.parallelism, clear_error=True,
-                    pending={"kind": "stop", "purpose": "rescale", "generation": g},
-                    reason=f"generation {g} applied: rescaling to parallelism {o.spec.parallelism} "
-                           "through a savepoint")
+        target = o.target_parallelism
+        if o.job is not None and o.job.parallelism == target:
+            return Plan(to=Lifecycle.STABLE, adopt_generation=g, stable=True, clear_error=True,
+                        reason=f"generation {g} applied: its job {o.job.id} runs as it asks (parallelism {target})")
+        return Plan(to=Lifecycle.UPGRADING, rescale_to=target, clear_error=True,
+                    pending={"kind": "stop", "purpose": "rescale", "generation": g, "parallelism": target},
+                    reason=f"generation {g} applied: rescaling to parallelism {target} through a savepoint")
     mode = o.spec.upgrade_mode
     if mode == "savepoint":
         return Plan(to=Lifecycle.UPGRADING, stop="upgrade", clear_error=True,
@@ -278,10 +291,13 @@ def _judge_new_generation(o: Observed, live: bool) -> Plan:
     if job is not None and job.running and job.checkpoint_since_deploy:
         # A rollback's error stays: it says why the newer generation is not the one running.
         return Plan(to=settled_to, stable=not rolling_back, clear_error=not rolling_back,
+                    scale_settled=not rolling_back,
                     reason=f"generation {o.job_generation} is running and completed a checkpoint (job {job.id})")
     why = _not_ready(o, live)
     if why is None:
         return NOTHING
+    if o.scaled_from is not None and not rolling_back and o.job_generation == o.stable_generation:
+        return _unscale(o, live, why)
     if rolling_back or o.lifecycle == Lifecycle.DEPLOYING and o.stable_generation in (None, o.job_generation):
         # The failing job may be the stable generation's (a failed rollback or restart): the
         # generation blocked before, the one that was rolled back, stays blocked.
@@ -327,6 +343,20 @@ def _rollback(o: Observed, live: bool, *, why: str, consume: bool = False) -> Pl
                 consume_rollback_request=consume, reason=reason, rollback_point=point)
 
 
+def _unscale(o: Observed, live: bool, why: str) -> Plan:
+    """The autoscaler's rescale of the stable generation is not ready: the same generation again
+    at the parallelism before it, from the rescale's savepoint; the autoscaler holds off."""
+    back, point, g = o.scaled_from, o.rollback_point, o.job_generation or o.generation
+    reason = (f"the autoscaler's rescale to parallelism {o.target_parallelism} not ready: {why}; back to "
+              f"parallelism {back} from {point or 'nothing'}")
+    if live:
+        return Plan(to=Lifecycle.ROLLING_BACK, cancel_job=True, error=why, unscale_to=back, reason=reason,
+                    pending={"kind": "ends", "purpose": "rollback", "generation": g, "restore": point,
+                             "parallelism": back})
+    return Plan(to=Lifecycle.ROLLING_BACK, start=Start(g, point, parallelism=back), error=why, unscale_to=back,
+                reason=reason, rollback_point=point)
+
+
 def _keep_healthy(o: Observed, live: bool) -> Plan:
     """STABLE or ROLLED_BACK: a job that ended is started again from its newest snapshot; one that
     stopped completing checkpoints is restarted from it; periodic savepoints are taken."""
@@ -346,6 +376,12 @@ def _keep_healthy(o: Observed, live: bool) -> Plan:
                              "fromStable": from_stable},
                     reason=f"job {job.id} completed no checkpoint for {job.newest_checkpoint_age_s:.0f} s: restarting "
                            "it from its latest checkpoint")
+    target = o.target_parallelism
+    if o.lifecycle == Lifecycle.STABLE and job.running and job.parallelism and job.parallelism != target:
+        return Plan(to=Lifecycle.UPGRADING, rescale_to=target,
+                    pending={"kind": "stop", "purpose": "rescale", "generation": g, "parallelism": target},
+                    reason=f"rescaling job {job.id} from parallelism {job.parallelism} to {target} through a savepoint"
+                           + (" (the autoscaler's decision)" if o.scaled_from is not None else ""))
     if o.savepoint_due and job.running:
         return Plan(savepoint=True, pending={"kind": "savepoint", "purpose": "periodic"}, reason="")
     return NOTHING
@@ -403,7 +439,7 @@ def _advance_pending(o: Observed) -> Plan:
                         reason=f"suspended (its job had ended; resumes from {restore or 'nothing'})")
         # An upgrade starts the newest spec, even one applied while the old job was ending.
         gen = o.generation if purpose == "upgrade" else int(p.get("generation") or o.generation)
-        start = Start(gen, restore, from_stable=bool(p.get("fromStable")))
+        start = Start(gen, restore, from_stable=bool(p.get("fromStable")), parallelism=p.get("parallelism"))
         to = Lifecycle.ROLLING_BACK if purpose == "rollback" else o.lifecycle
         return Plan(to=to, start=start, pending=None, rollback_point=restore,
                     reason=f"job {job.id if job else '?'} ended: generation {gen} started from "
@@ -449,7 +485,8 @@ def _advance_rescale(o: Observed) -> Plan:
     if op.status == "COMPLETED" and job is not None and not job.terminal:
         return Plan(to=Lifecycle.UPGRADING, pending=None, rollback_point=op.location, last_savepoint=op.location,
                     adopt_generation=o.generation,
-                    reason=f"rescaling job {job.id} to parallelism {o.spec.parallelism} from savepoint {op.location}")
+                    reason=f"rescaling job {job.id} to parallelism {(o.pending or {}).get('parallelism') or '?'} "
+                           f"from savepoint {op.location}")
     savepoint = op.location if op.status == "COMPLETED" else (job.latest_snapshot if job else None)
     return Plan(to=Lifecycle.UPGRADING, start=Start(o.generation, savepoint), pending=None,
                 rollback_point=savepoint, reason=f"the rescaled job ended: generation {o.generation} started from "

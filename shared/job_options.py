@@ -433,3 +433,21 @@ def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> flo
         return duration_s(raw, positive=True)
     except ValueError:
         return default_s
+
+
+STATE_PARTITION_KEYS = ("spark.sql.shuffle.partitions", "pipeline.max-parallelism", "maxParallelism")
+
+
+def state_partitions(config: Mapping[str, Any] | None, default: int) -> int:
+    """A job's state partition count (Spark's shuffle partitions, fixed at its first start): the
+    first of STATE_PARTITION_KEYS its configuration sets, else the cluster's `default`. A stateful
+    stage cannot use more cores than this, whatever its parallelism."""
+    config = config or {}
+    for key in STATE_PARTITION_KEYS:
+        try:
+            value = int(config[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if value > 0:
+            return value
+    return default

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
+from shared import job_options
 from shared.catalog.models import epoch_ms
 from shared.ids import VertexId
 from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, ExecutionState, JobStatus
@@ -57,15 +58,7 @@ def task_counts(vertices: Sequence[Any], latest: Mapping[VertexId, Any]) -> dict
 
 def max_parallelism(config: Mapping[str, Any] | None, default: int) -> int:
     """The state partition count (Spark's shuffle partitions), fixed at the job's first start."""
-    config = config or {}
-    for key in ("spark.sql.shuffle.partitions", "maxParallelism", "pipeline.max-parallelism"):
-        try:
-            value = int(config[key])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if value > 0:
-            return value
-    return default
+    return job_options.state_partitions(config, default)
 
 
 def job_type(config: Mapping[str, Any] | None) -> str:

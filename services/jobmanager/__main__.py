@@ -14,6 +14,7 @@ from typing import Callable
 
 import redis
 
+from services.jobmanager.autoscaler import Autoscaler
 from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
 from services.jobmanager.deployment_reconciler import DeploymentReconciler
 from services.jobmanager.leader_liveness import LeaderConnection
@@ -42,13 +43,14 @@ class JobManagerProcess:
 
     def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool],
                  announce: Callable[[], None] = lambda: None, beat: ScheduleBeat | None = None,
-                 deployments: DeploymentReconciler | None = None):
+                 deployments: DeploymentReconciler | None = None, autoscaler: Autoscaler | None = None):
         self.master, self.transport = master, transport
         self.should_stop, self.announce = should_stop, announce
         self.redis_ok_at = time.monotonic()  # the last poll of the stream that Redis answered
         # Scheduled submissions tick only here, in the leader's loop: a standby has no beat.
         self.beat = beat
         self.deployments = deployments  # likewise: only a leader reconciles deployments
+        self.autoscaler = autoscaler  # and scales them
         self.recovered = False
 
     OUTBOX_RETRY_S = 1.0
@@ -81,6 +83,8 @@ class JobManagerProcess:
                 self.beat.tick()
             if self.deployments is not None and self.deployments.due():
                 self.deployments.tick()
+            if self.autoscaler is not None and self.autoscaler.due():
+                self.autoscaler.tick()
             if not handled:
                 master.outbox.forget_sent()
 
@@ -132,7 +136,8 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
 
     proc = JobManagerProcess(master, transport, should_stop, announce=announce,
                              beat=ScheduleBeat(master, WallClock()),
-                             deployments=DeploymentReconciler(master, settings, WallClock()))
+                             deployments=DeploymentReconciler(master, settings, WallClock()),
+                             autoscaler=Autoscaler(master, client, settings, WallClock()))
     redis_lost = False
     while not should_stop():
         try:

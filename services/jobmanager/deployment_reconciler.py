@@ -147,7 +147,8 @@ class DeploymentReconciler:
             stable_spec=stable_spec, rollback_point=row.rollback_point, last_savepoint=row.last_savepoint,
             blocked_generation=row.blocked_generation, pending=pending, operation=operation,
             deployed_s_ago=deployed_ago, deleting=row.deleting, delete_with_savepoint=row.delete_with_savepoint,
-            rollback_requested=row.rollback_requested, savepoint_due=savepoint_due, now_s=now)
+            rollback_requested=row.rollback_requested, savepoint_due=savepoint_due, now_s=now,
+            parallelism=spec.effective_parallelism(row.parallelism), scaled_from=row.scaled_from)
 
     def _job_view(self, s: Session, row: DeploymentRow) -> dep.JobView | None:
         job = s.get(Job, row.job_id)
@@ -174,7 +175,8 @@ class DeploymentReconciler:
             checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
             newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
             latest_snapshot=snapshot.path if snapshot is not None else None,
-            failure=(failure or "").strip().splitlines()[0][:300] if failure else None)
+            failure=(failure or "").strip().splitlines()[0][:300] if failure else None,
+            parallelism=max((v.parallelism for v in repo.job_vertices(s, job.id)), default=None))
 
     # --- carrying a plan out --------------------------------------------------------------------
 
@@ -208,6 +210,13 @@ class DeploymentReconciler:
             submit.append(self._start(s, row, plan.start))
         if plan.stable:
             row.stable_generation = row.job_generation
+        if plan.scale_settled:
+            row.scaled_from = None
+        if plan.unscale_to is not None:
+            # The autoscaler's rescale failed: its choice goes back, and it holds off for this generation.
+            row.parallelism, row.scaled_from, row.scaled_at = plan.unscale_to, None, utcnow()
+            row.autoscaler_hold = f"its rescale was rolled back: {plan.error or plan.reason}"[:2000]
+            row.autoscaler_held_generation = row.generation
         if plan.block is not None:
             row.blocked_generation = plan.block
         if plan.unblock:
@@ -274,9 +283,10 @@ class DeploymentReconciler:
         config = {k: v for k, v in dict(rec.get("flinkConfiguration") or {}).items() if k != cp.RESTORE_PATH}
         if start.restore_from:
             config[cp.RESTORE_PATH] = start.restore_from
+        parallelism = start.parallelism or dep.DeploymentSpec.from_record(rec).effective_parallelism(row.parallelism)
         job = deployments_repo.create_deployment_job(s, row, new_job_id(), rec,
                                                      restart_strategy=dict(rec.get("restartStrategy") or {}),
-                                                     config=config)
+                                                     config=config, parallelism=parallelism)
         row.job_id, row.job_generation, row.deployed_at = job.id, start.generation, utcnow()
         return job.id
 

@@ -312,6 +312,16 @@ class DeploymentRow(Base):
     blocked_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
     pending: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The autoscaler's (services/jobmanager/autoscaler.py): the parallelism it chose (None: the
+    # spec's), the one before its last rescale until that one is STABLE, when it last rescaled,
+    # why it holds off (for the generation whose rescale was rolled back), and the shortest
+    # micro-batch it has seen (the fixed part of a batch's cost, shared/autoscaling.py).
+    parallelism: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    scaled_from: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    scaled_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    autoscaler_hold: Mapped[str | None] = mapped_column(Text, nullable=True)
+    autoscaler_held_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    fixed_cost_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -354,3 +364,19 @@ class DeploymentSavepoint(Base):
     job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
     trigger: Mapped[str] = mapped_column(String(16))
     disposed: Mapped[bool] = mapped_column(default=False)
+
+
+class AutoscalerEvaluation(Base):
+    """One evaluation of a deployment's autoscaler with its figures and outcome
+    (GET /deployments/{name}/autoscaler); the newest EVALUATIONS_KEPT per deployment are kept."""
+
+    __tablename__ = "autoscaler_evaluations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    job_id: Mapped[JobId | None] = mapped_column(String(32), nullable=True)
+    parallelism: Mapped[int] = mapped_column(Integer)
+    proposed: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    figures: Mapped[dict] = mapped_column(JSON)

@@ -13,12 +13,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import redis
 import yaml
 from typer.testing import CliRunner
 
 from services.cli import app as cli
+from services.taskmanager.metrics import TaskMetrics
+from shared.task_protocol import Progress
+from tests.autoscaling_series import shifted, simulate, steady
 from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration
@@ -238,3 +243,80 @@ def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(
         time.sleep(0.2)
     assert all(Path(sp["path"]).exists() for sp in kept)
     assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
+
+
+# --- the autoscaler (shared/autoscaling.py decides, services/jobmanager/autoscaler.py acts) ----
+# A no-op task reports no figures: the test writes them for it, through the TaskManagers' own
+# writer (services/taskmanager/metrics.py), from a simulated task (tests/autoscaling_series.py).
+
+
+def feed_figures(cluster, rest, job_id: str, rows_per_s: float, parallelism: int, seconds: float = 25) -> None:
+    attempt = rest.attempts(job_id)[-1]  # the current one
+    execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
+                                execution_id=attempt["execution-id"], attempt=attempt["attempt"])
+    points = shifted(simulate(steady(rows_per_s), seconds, parallelism), time.time())
+    client = redis.Redis.from_url(cluster.redis_url)
+    try:
+        for p in points:
+            metrics = TaskMetrics(client, clock_ms=lambda at=p.at_s: int(at * 1000))
+            metrics.progress("tm-test", execution, Progress(batch_id=p.batch_id, num_input_rows=p.rows,
+                                                            batch_duration_ms=int((p.duration_s or 0) * 1000),
+                                                            source_lag=p.lag))
+    finally:
+        client.close()
+
+
+def wait_parallelism(rest, parallelism: int, *, name: str, timeout_s: float = TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout_s
+    seen: dict = {}
+    while time.monotonic() < deadline:
+        seen = show(rest, name)
+        st = seen["status"]
+        if st["lifecycleState"] == "STABLE" and st["parallelism"] == parallelism and st["jobId"] and \
+                rest.job(st["jobId"])["vertices"][0]["parallelism"] == parallelism:
+            return seen
+        time.sleep(0.5)
+    raise AssertionError(f"deployment {name} not STABLE at parallelism {parallelism} within {timeout_s} s: "
+                         f"{seen.get('status')}")
+
+
+def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster, rest, jar):
+    name = "scaled"
+    auto = {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "metricsWindow": "10 s",
+            "stabilization": "3 s", "catchUp": "1 min"}
+    put(rest, spec(jar, autoscaler=auto), name=name)
+    first = wait_lifecycle(rest, "STABLE", name=name)
+    job = first["status"]["jobId"]
+    assert first["status"]["parallelism"] == 1 and first["status"]["autoscaler"]["heldOff"] is None
+
+    # Above what one core does (4,000 rows/s in the simulation): to 2, the same job through a savepoint.
+    feed_figures(cluster, rest, job, 6000, 1)
+    up = wait_parallelism(rest, 2, name=name)
+    assert up["status"]["jobId"] == job and up["spec"]["parallelism"] == 1
+    assert any(e["reason"].startswith("autoscaler: scale-up from 1 to 2") for e in up["status"]["history"])
+    assert [s["trigger"] for s in up["savepoints"]][-1:] == ["rescale"]
+    evaluations = rest.get(f"/deployments/{name}/autoscaler")["evaluations"]
+    ups = [e for e in evaluations if e["outcome"] == "scale-up"]
+    assert len(ups) == 1 and ups[0]["proposed"] == 2 and ups[0]["figures"]["arrivalRate"] > 4000, ups
+
+    # The input falls to what one core does easily: back to 1 after the stabilization.
+    feed_figures(cluster, rest, job, 500, 2)
+    down = wait_parallelism(rest, 1, name=name)
+    assert down["status"]["jobId"] == job
+    outcomes = [e["outcome"] for e in rest.get(f"/deployments/{name}/autoscaler")["evaluations"]]
+    assert outcomes.count("scale-up") == 1 and outcomes.count("scale-down") == 1, outcomes
+
+    # Turned off: the spec's parallelism again, and no more evaluations.
+    put(rest, spec(jar, parallelism=1), name=name)
+    wait_lifecycle(rest, "STABLE", generation=2, name=name)
+    assert rest.get(f"/deployments/{name}/autoscaler")["enabled"] is False
+    assert rest.http.delete(f"/deployments/{name}?savepoint=false").status_code == 202
+
+
+def test_bad_autoscaler_specs_are_refused_naming_the_field(rest, jar):
+    for auto, field in [({"enabled": True, "minParallelism": 3, "maxParallelism": 2}, "minParallelism"),
+                        ({"enabled": True, "targetUtilization": 1.5}, "targetUtilization"),
+                        ({"enabled": True, "metricsWindow": "1 s"}, "metricsWindow"),
+                        ({"enabled": True, "maxParalelism": 2}, "maxParalelism")]:
+        r = rest.http.put("/deployments/refused", json=spec(jar, autoscaler=auto))
+        assert r.status_code == 400 and field in r.text, (auto, r.text)

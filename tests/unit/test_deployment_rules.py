@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from shared.autoscaling import AutoscalerSpec
 from shared.deployments import (
     DEFAULT_HISTORY_MAX,
     DEFAULT_READY_WITHIN_S,
@@ -154,10 +155,57 @@ def test_a_parallelism_only_change_rescales_the_running_job():
     plan = decide(o)
     assert plan.to == L.UPGRADING and plan.rescale_to == 3 and plan.stop is None
     assert not plan.cancel_job and plan.start is None
-    assert plan.pending == {"kind": "stop", "purpose": "rescale", "generation": 2}
+    assert plan.pending == {"kind": "stop", "purpose": "rescale", "generation": 2, "parallelism": 3}
     done = decide(after(o, plan, pending=plan.pending, operation=OperationView("op-1", "COMPLETED", "sp-r")))
     assert done.adopt_generation == 2 and done.start is None and not done.cancel_job
     assert done.rollback_point == done.last_savepoint == "sp-r" and done.pending is None
+
+
+def test_a_lifecycle_only_change_adopts_the_running_job_without_touching_it():
+    o = observed(generation=2, spec=replace(V1, ready_within_s=30.0), job=job(parallelism=1, **HEALTHY))
+    plan = decide(o)
+    assert plan.to == L.STABLE and plan.adopt_generation == 2 and plan.stable
+    assert plan.rescale_to is None and plan.stop is None and not plan.cancel_job and plan.start is None
+
+
+# --- the autoscaler's parallelism (shared/autoscaling.py decides it, these rules carry it out) ---
+
+AUTOSCALED = replace(V1, autoscaler=AutoscalerSpec(enabled=True, min_parallelism=1, max_parallelism=2))
+
+
+def test_the_autoscalers_choice_rescales_a_stable_job_through_a_savepoint():
+    o = observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, job=job(parallelism=1, **HEALTHY), parallelism=2,
+                 scaled_from=1)
+    plan = decide(o)
+    assert plan.to == L.UPGRADING and plan.rescale_to == 2 and "autoscaler" in plan.reason
+    assert plan.pending == {"kind": "stop", "purpose": "rescale", "generation": 1, "parallelism": 2}
+    done = decide(after(o, plan, pending=plan.pending, operation=OperationView("op-1", "COMPLETED", "sp-r")))
+    assert done.adopt_generation == 1 and done.rollback_point == "sp-r"
+
+
+def test_a_rescaled_job_that_runs_and_checkpoints_settles_the_rescale():
+    o = observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, lifecycle=L.UPGRADING, job=job(parallelism=2, **HEALTHY),
+                 parallelism=2, scaled_from=1, deployed_s_ago=3.0)
+    plan = decide(o)
+    assert plan.to == L.STABLE and plan.scale_settled and plan.stable
+
+
+def test_a_rescale_that_is_not_ready_goes_back_to_the_previous_parallelism():
+    o = observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, lifecycle=L.UPGRADING, rollback_point="sp-r",
+                 job=job(parallelism=2, failures_since_deploy=1, failure="OOM"), parallelism=2, scaled_from=1,
+                 deployed_s_ago=3.0)
+    plan = decide(o)
+    assert plan.to == L.ROLLING_BACK and plan.cancel_job and plan.unscale_to == 1
+    assert plan.pending == {"kind": "ends", "purpose": "rollback", "generation": 1, "restore": "sp-r",
+                            "parallelism": 1}
+    ended = decide(after(o, plan, pending=plan.pending, job=job("CANCELED", parallelism=2), parallelism=1,
+                         scaled_from=None))
+    assert ended.start == Start(1, "sp-r", parallelism=1) and ended.to == L.ROLLING_BACK
+
+
+def test_a_running_job_at_the_target_parallelism_is_not_rescaled():
+    plan = decide(observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, job=job(parallelism=2, **HEALTHY), parallelism=2))
+    assert plan == NOTHING
 
 
 def test_a_parallelism_only_change_in_stateless_mode_cancels_instead_of_rescaling():

@@ -24,6 +24,7 @@ from services.dispatcher.deps import (
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schemas.deployments import (
+    AutoscalerDetail,
     DeploymentAccepted,
     DeploymentApplied,
     DeploymentDetail,
@@ -188,7 +189,7 @@ def list_deployments(session: SessionDep) -> dict:
     return {"deployments": [{
         "name": r.name, "generation": r.generation, "lifecycleState": r.lifecycle, "jobId": r.job_id,
         "jobState": states.get(r.job_id or ""), "stableGeneration": r.stable_generation,
-        "parallelism": int((r.spec or {}).get("parallelism") or 1), "error": r.error,
+        "parallelism": _effective_parallelism(r), "error": r.error,
         "updatedAt": epoch_ms(r.updated_at)} for r in rows]}
 
 
@@ -208,13 +209,47 @@ def get_deployment(name: str, session: SessionDep) -> dict:
                    "waitingReason": dep.waiting_reason(
                        row.lifecycle, row.pending, row.job_id, job_state,
                        dep.DeploymentSpec.from_record(row.spec).ready_within_s),
-                   "deleting": row.deleting, "history": history},
+                   "deleting": row.deleting, "parallelism": _effective_parallelism(row),
+                   "autoscaler": _autoscaler_status(session, row), "history": history},
         "generations": [{"generation": g.generation, "spec": g.spec, "at": epoch_ms(g.created_at)}
                         for g in deployments_repo.generations(session, name)],
         "savepoints": [{"path": sp.path, "at": epoch_ms(sp.at), "generation": sp.generation, "jobId": sp.job_id,
                         "trigger": sp.trigger, "disposed": sp.disposed}
                        for sp in deployments_repo.deployment_savepoints(session, name)],
     }
+
+
+def _effective_parallelism(row: DeploymentRow) -> int:
+    return dep.DeploymentSpec.from_record(row.spec).effective_parallelism(row.parallelism)
+
+
+def _held_off(row: DeploymentRow) -> str | None:
+    return row.autoscaler_hold if row.autoscaler_held_generation == row.generation else None
+
+
+def _evaluation(e) -> dict:
+    return {"at": epoch_ms(e.at), "jobId": e.job_id, "parallelism": e.parallelism, "proposed": e.proposed,
+            "outcome": e.outcome, "reason": e.reason, "figures": e.figures}
+
+
+def _autoscaler_status(session: Session, row: DeploymentRow) -> dict | None:
+    if not (row.spec.get("autoscaler") or {}).get("enabled"):
+        return None
+    last = deployments_repo.autoscaler_evaluations(session, row.name, limit=1)
+    return {"heldOff": _held_off(row), "scaledFrom": row.scaled_from,
+            "lastEvaluation": _evaluation(last[0]) if last else None}
+
+
+@router.get("/{name}/autoscaler", response_model=AutoscalerDetail, responses=_ERRORS,
+            summary="The autoscaler's evaluations of a deployment, newest last, with their figures and outcomes")
+def get_autoscaler(name: str, session: SessionDep,
+                   limit: Annotated[int, Query(ge=1, le=deployments_repo.EVALUATIONS_KEPT,
+                                               description="the newest this many evaluations")] = 200) -> dict:
+    row = _get(session, name)
+    spec = row.spec.get("autoscaler") or None
+    evaluations = deployments_repo.autoscaler_evaluations(session, name, limit=limit)
+    return {"name": row.name, "enabled": bool(spec and spec.get("enabled")), "parallelism": _effective_parallelism(row),
+            "spec": spec, "heldOff": _held_off(row), "evaluations": [_evaluation(e) for e in evaluations]}
 
 
 @router.post("/{name}/rollback", status_code=202, response_model=DeploymentAccepted, responses=_ERRORS,

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from services.dispatcher.schemas.fields import IntRange, Kind, Parallelism, Seconds, _Strict
 from services.dispatcher.schemas.restart import RestartStrategy
 from services.dispatcher.strict_fields import EntryName, StrictBool
+from shared import autoscaling
 from shared import deployments as dep
 
 UpgradeMode = Literal["savepoint", "last-state", "stateless"]
@@ -46,6 +47,40 @@ class SavepointsSpec(_Strict):
                                              "rollback needs (default 5)")
 
 
+class AutoscalerSpecRequest(_Strict):
+    enabled: StrictBool | None = Field(False, description="let the autoscaler choose the parallelism (default false)")
+    minParallelism: Parallelism | None = Field(1, description="the lowest parallelism it chooses (default 1)")
+    maxParallelism: Parallelism | None = Field(
+        None, description="the highest (default: the spec's parallelism); also bounded by the job's state partitions")
+    targetUtilization: float | None = Field(
+        autoscaling.DEFAULT_TARGET_UTILIZATION, gt=0, le=1,
+        description="share of the task's capacity the input and the backlog's drain may use (default 0.7)")
+    metricsWindow: Annotated[Seconds, _at_least(5.0)] | None = Field(
+        autoscaling.DEFAULT_METRICS_WINDOW_S, description="the figures a decision reads (default 30 s)")
+    stabilization: Annotated[Seconds, _at_least(0.0)] | None = Field(
+        autoscaling.DEFAULT_STABILIZATION_S, description="no decision this long after a start, a rescale or a "
+                                                         "rollback (default 60 s)")
+    catchUp: Annotated[Seconds, _at_least(1.0)] | None = Field(
+        autoscaling.DEFAULT_CATCH_UP_S, description="the time in which a backlog is to be drained (default 2 min)")
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> "AutoscalerSpecRequest":
+        if self.maxParallelism is not None and (self.minParallelism or 1) > self.maxParallelism:
+            raise PydanticCustomError("bounds", "minParallelism {low} is above maxParallelism {high}: make "
+                                      "minParallelism <= maxParallelism", {"low": self.minParallelism,
+                                                                           "high": self.maxParallelism})
+        return self
+
+    def record(self, parallelism: int) -> dict[str, Any]:
+        return {"enabled": self.enabled is True, "minParallelism": self.minParallelism or 1,
+                "maxParallelism": self.maxParallelism or max(parallelism, self.minParallelism or 1),
+                "targetUtilization": self.targetUtilization or autoscaling.DEFAULT_TARGET_UTILIZATION,
+                "metricsWindow": self.metricsWindow or autoscaling.DEFAULT_METRICS_WINDOW_S,
+                "stabilization": autoscaling.DEFAULT_STABILIZATION_S if self.stabilization is None
+                else self.stabilization,
+                "catchUp": self.catchUp or autoscaling.DEFAULT_CATCH_UP_S}
+
+
 class DeploymentSpecRequest(_Strict):
     name: str | None = Field(None, max_length=63, description="optional; must equal the name in the path")
     jarId: str = Field(description="the uploaded pipeline to run (POST /jars/upload)", max_length=160)
@@ -64,6 +99,8 @@ class DeploymentSpecRequest(_Strict):
     state: DesiredState | None = Field("running", description="running, or suspended (stopped with a savepoint)")
     rollback: RollbackSpec | None = None
     savepoints: SavepointsSpec | None = None
+    autoscaler: AutoscalerSpecRequest | None = Field(
+        None, description="let the parallelism follow the load (the spec's parallelism is where it starts)")
 
     def record(self, *, restart_strategy: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         """The normalised spec: every default filled in, durations in seconds, the restart
@@ -79,6 +116,7 @@ class DeploymentSpecRequest(_Strict):
                          "readyWithin": rollback.readyWithin or dep.DEFAULT_READY_WITHIN_S},
             "savepoints": {"interval": savepoints.interval,
                            "historyMax": savepoints.historyMax or dep.DEFAULT_HISTORY_MAX},
+            **({"autoscaler": self.autoscaler.record(self.parallelism or 1)} if self.autoscaler else {}),
         }
 
 
@@ -99,7 +137,7 @@ class DeploymentSummary(_Out):
     jobId: str | None
     jobState: str | None
     stableGeneration: int | None
-    parallelism: int
+    parallelism: int = Field(description="the parallelism it runs at: the autoscaler's choice or the spec's")
     error: str | None
     updatedAt: int
 
@@ -130,6 +168,9 @@ class DeploymentStatus(_Out):
     error: str | None
     pending: dict | None = Field(description="the step in progress, as the JobManager keeps it")
     waitingReason: str | None = Field(description="what the deployment waits for, in words (null: nothing)")
+    parallelism: int = Field(description="the effective parallelism: the autoscaler's choice within its bounds "
+                                         "while it is enabled, else the spec's")
+    autoscaler: dict | None = Field(None, description="null unless enabled: {heldOff, scaledFrom, lastEvaluation}")
     history: list[DeploymentEventInfo]
 
 
@@ -146,3 +187,23 @@ class DeploymentAccepted(_Out):
     name: str
     generation: int | None = None
     deleting: bool | None = None
+
+
+class AutoscalerEvaluationInfo(_Out):
+    at: int = Field(description="ms since the epoch")
+    jobId: str | None
+    parallelism: int
+    proposed: int
+    outcome: str = Field(description="scale-up | scale-down | keep | wait | held")
+    reason: str
+    figures: dict = Field(description="busy, readRate, arrivalRate, lag, lagGrowth, capacity (rows/s at the "
+                                      "parallelism; null: no per-row cost seen), fixedCostS, spanS, saturated")
+
+
+class AutoscalerDetail(_Out):
+    name: str
+    enabled: bool
+    parallelism: int
+    spec: dict | None
+    heldOff: str | None
+    evaluations: list[AutoscalerEvaluationInfo]

@@ -9,7 +9,15 @@ from typing import Any, Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from shared.catalog.models import DeploymentEvent, DeploymentGeneration, DeploymentRow, DeploymentSavepoint, Job, utcnow
+from shared.catalog.models import (
+    AutoscalerEvaluation,
+    DeploymentEvent,
+    DeploymentGeneration,
+    DeploymentRow,
+    DeploymentSavepoint,
+    Job,
+    utcnow,
+)
 from shared.catalog.repository.jobs import create_job
 from shared.catalog.repository.rows import NotFound
 from shared.errors import CoordinationError
@@ -122,9 +130,9 @@ def deployment_savepoints(s: Session, name: str, *, kept_only: bool = False) -> 
 
 
 def create_deployment_job(s: Session, row: DeploymentRow, job_id: JobId, spec: dict[str, Any], *,
-                          restart_strategy: dict[str, Any], config: dict[str, Any]) -> Job:
+                          restart_strategy: dict[str, Any], config: dict[str, Any], parallelism: int) -> Job:
     job = create_job(s, id=job_id, name=row.name, artifact_id=spec["jarId"],
-                     entry=spec.get("entryClass") or "build", parallelism=int(spec.get("parallelism") or 1),
+                     entry=spec.get("entryClass") or "build", parallelism=parallelism,
                      program_args=list(spec.get("programArgsList") or []), config=config,
                      restart_strategy=restart_strategy, kind=spec.get("kind") or "pyspark")
     job.deployment = row.name
@@ -133,6 +141,29 @@ def create_deployment_job(s: Session, row: DeploymentRow, job_id: JobId, spec: d
 
 def delete_deployment(s: Session, name: str) -> None:
     """The deployment and its generations; its history and savepoint records go too (its jobs stay)."""
-    for model in (DeploymentGeneration, DeploymentEvent, DeploymentSavepoint):
+    for model in (DeploymentGeneration, DeploymentEvent, DeploymentSavepoint, AutoscalerEvaluation):
         s.execute(delete(model).where(model.name == name))
     s.execute(delete(DeploymentRow).where(DeploymentRow.name == name))
+
+
+# The newest evaluations kept per deployment: at one every AUTOSCALER_INTERVAL_S, a few hours.
+EVALUATIONS_KEPT = 2000
+
+
+def add_autoscaler_evaluation(s: Session, row: DeploymentRow, evaluation: dict[str, Any]) -> None:
+    """One evaluation (shared/autoscaling.py Evaluation.record()); older ones beyond EVALUATIONS_KEPT go."""
+    s.add(AutoscalerEvaluation(name=row.name, at=utcnow(), job_id=row.job_id, parallelism=evaluation["parallelism"],
+                               proposed=evaluation["proposed"], outcome=evaluation["outcome"],
+                               reason=str(evaluation["reason"])[:4000], figures=evaluation.get("figures") or {}))
+    s.flush()
+    oldest_kept = select(AutoscalerEvaluation.id).where(AutoscalerEvaluation.name == row.name) \
+        .order_by(AutoscalerEvaluation.id.desc()).offset(EVALUATIONS_KEPT).limit(1).scalar_subquery()
+    s.execute(delete(AutoscalerEvaluation).where(AutoscalerEvaluation.name == row.name,
+                                                 AutoscalerEvaluation.id <= oldest_kept))
+
+
+def autoscaler_evaluations(s: Session, name: str, *, limit: int = 200) -> list[AutoscalerEvaluation]:
+    """The newest `limit` evaluations, oldest first."""
+    q = select(AutoscalerEvaluation).where(AutoscalerEvaluation.name == name) \
+        .order_by(AutoscalerEvaluation.id.desc()).limit(limit)
+    return list(reversed(s.execute(q).scalars().all()))

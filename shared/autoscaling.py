@@ -1,0 +1,245 @@
+"""The autoscaler's decision for a streaming deployment: the parallelism its task needs, from the
+task's own figures over the metrics window. Pure: the JobManager's autoscaler
+(services/jobmanager/autoscaler.py) reads the figures and carries a decision out through the
+deployment's rescale (shared/deployments.py); this module only decides, and says why.
+
+The model. A micro-batch costs a fixed part (planning, the offsets and commit logs, the state
+store's and the sink's commits) and a part per row. While rows wait, Spark starts the next batch
+as soon as one ends, so the time in batches over the wall time (the busy fraction) is near 1 for
+a lightly loaded task too: its batches are short and back to back. What bounds a task is the
+per-row part, so its capacity (rows per second at the current parallelism) is taken as
+rows ÷ (batch time − the fixed part), the fixed part being the shortest batch seen (the
+autoscaler remembers it across evaluations: `Situation.fixed_cost_s`). A task whose lag grows
+while it is fully busy cannot keep up whatever that estimate says: its capacity is then at most
+what it reads per second of busy time (Flink's "true processing rate").
+
+The arrival rate is what the task read per second plus the growth of its lag. The parallelism
+needed is the one at which the arrival rate plus the backlog drained over `catchUp` takes
+`targetUtilization` of the capacity, bounded by min/max and by the job's state partitions (a
+stateful stage cannot use more cores than it has partitions). A scale-down needs the current input
+alone below the target at the lower parallelism, and a lag that is not growing. Nothing is decided
+during `stabilization` after a start, a rescale or a rollback, which also makes at most one rescale
+per stabilization period; the ceiling of a target below 1 leaves a band in which neither way is
+taken, so a noisy input does not flap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+from shared import durations
+
+DEFAULT_TARGET_UTILIZATION = 0.7
+DEFAULT_METRICS_WINDOW_S = 30.0
+DEFAULT_STABILIZATION_S = 60.0
+DEFAULT_CATCH_UP_S = 120.0
+# Figures the window must hold to decide: points, and the share of the window they span. A task
+# falling behind runs ever longer batches (a source reads all it has unless limited), so a window
+# with fewer points reaches back for them, at most MAX_WINDOW_STRETCH windows.
+MIN_POINTS = 4
+MIN_WINDOW_SHARE = 0.5
+MAX_WINDOW_STRETCH = 4
+# A lag growing faster than this share of the read rate counts as growing (noise aside).
+LAG_GROWTH_SHARE = 0.02
+# Busy fraction from which a task with a growing lag counts as saturated.
+SATURATED_BUSY = 0.9
+# Flink's names, accepted as aliases of the spec's keys (job.autoscaler.*).
+FLINK_ALIASES = {
+    "job.autoscaler.enabled": "enabled",
+    "job.autoscaler.vertex.min-parallelism": "minParallelism",
+    "job.autoscaler.vertex.max-parallelism": "maxParallelism",
+    "job.autoscaler.target.utilization": "targetUtilization",
+    "job.autoscaler.metrics.window": "metricsWindow",
+    "job.autoscaler.stabilization.interval": "stabilization",
+    "job.autoscaler.catch-up.duration": "catchUp",
+}
+
+
+@dataclass(frozen=True)
+class AutoscalerSpec:
+    """A deployment's `autoscaler:` block as stored (durations in seconds)."""
+
+    enabled: bool = False
+    min_parallelism: int = 1
+    max_parallelism: int = 1
+    target_utilization: float = DEFAULT_TARGET_UTILIZATION
+    metrics_window_s: float = DEFAULT_METRICS_WINDOW_S
+    stabilization_s: float = DEFAULT_STABILIZATION_S
+    catch_up_s: float = DEFAULT_CATCH_UP_S
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any] | None, *, parallelism: int = 1) -> "AutoscalerSpec":
+        rec = rec or {}
+        if not rec.get("enabled"):
+            return cls()
+        return cls(
+            enabled=True, min_parallelism=int(rec.get("minParallelism") or 1),
+            max_parallelism=int(rec.get("maxParallelism") or max(parallelism, 1)),
+            target_utilization=float(rec.get("targetUtilization") or DEFAULT_TARGET_UTILIZATION),
+            metrics_window_s=durations.parse_duration(rec.get("metricsWindow") or DEFAULT_METRICS_WINDOW_S),
+            stabilization_s=durations.parse_duration(rec.get("stabilization") or DEFAULT_STABILIZATION_S),
+            catch_up_s=durations.parse_duration(rec.get("catchUp") or DEFAULT_CATCH_UP_S),
+        )
+
+
+@dataclass(frozen=True)
+class Point:
+    """One micro-batch's figures as the task's TaskManager recorded them (a point of
+    shared/streams.py progress_history_key)."""
+
+    at_s: float  # wall-clock seconds
+    batch_id: int
+    rows: int
+    duration_s: float | None
+    lag: float | None = None
+
+
+@dataclass(frozen=True)
+class Situation:
+    parallelism: int  # the running task's
+    partitions: int  # the job's state partitions (its shuffle partitions, fixed at first start)
+    now_s: float
+    quiet_s: float | None  # since the last start, rescale or rollback; None: unknown (a start)
+    held: str | None = None  # why the autoscaler holds off (its last rescale was rolled back)
+    fixed_cost_s: float | None = None  # the shortest batch seen before this window
+
+
+class Outcome(str, Enum):
+    SCALE_UP = "scale-up"
+    SCALE_DOWN = "scale-down"
+    KEEP = "keep"  # figures read, the parallelism is right
+    WAIT = "wait"  # no decision: stabilizing, or too few figures
+    HELD = "held"  # no decision: a rescale of the autoscaler's was rolled back
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    at_s: float
+    parallelism: int
+    proposed: int
+    outcome: Outcome
+    reason: str
+    figures: Mapping[str, float | int | None] = field(default_factory=dict)
+
+    @property
+    def rescale(self) -> bool:
+        return self.outcome in (Outcome.SCALE_UP, Outcome.SCALE_DOWN)
+
+    def record(self) -> dict[str, Any]:
+        return {"at": self.at_s, "parallelism": self.parallelism, "proposed": self.proposed,
+                "outcome": self.outcome.value, "reason": self.reason, "figures": dict(self.figures)}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the window says about the task, at its current parallelism (rates in rows per second)."""
+
+    span_s: float
+    busy: float  # time in batches ÷ wall time
+    read_rate: float
+    lag: float
+    lag_growth: float  # rows per second (negative: draining)
+    arrival_rate: float
+    fixed_cost_s: float
+    capacity: float  # rows per second the task can process at its parallelism (inf: no per-row cost seen)
+    saturated: bool
+
+    def record(self) -> dict[str, float | int | None]:
+        def rounded(x: float) -> float | None:
+            return None if math.isinf(x) else round(x, 4)
+        return {"spanS": round(self.span_s, 2), "busy": round(self.busy, 3), "readRate": round(self.read_rate, 1),
+                "lag": round(self.lag, 1), "lagGrowth": round(self.lag_growth, 1),
+                "arrivalRate": round(self.arrival_rate, 1), "fixedCostS": round(self.fixed_cost_s, 4),
+                "capacity": rounded(self.capacity), "saturated": int(self.saturated)}
+
+
+def window(points: Sequence[Point], spec: AutoscalerSpec, now_s: float) -> list[Point]:
+    """The points of the metrics window, oldest first; fewer than MIN_POINTS in it, the newest
+    MIN_POINTS of the stretched window."""
+    seen = sorted((p for p in points if p.at_s <= now_s), key=lambda p: p.at_s)
+    inside = [p for p in seen if p.at_s >= now_s - spec.metrics_window_s]
+    if len(inside) >= MIN_POINTS:
+        return inside
+    return [p for p in seen if p.at_s >= now_s - MAX_WINDOW_STRETCH * spec.metrics_window_s][-MIN_POINTS:]
+
+
+def figures(points: Sequence[Point], fixed_cost_s: float | None = None) -> Figures | None:
+    """The window's figures; None when its points do not tell (fewer than two batches, no times)."""
+    timed = [p for p in points if p.duration_s is not None and p.duration_s >= 0]
+    if len(points) < 2 or not timed:
+        return None
+    first, last = points[0], points[-1]
+    span = last.at_s - first.at_s
+    batches = last.batch_id - first.batch_id
+    if span <= 0 or batches <= 0:
+        return None
+    mean_rows = sum(p.rows for p in points) / len(points)
+    mean_duration = sum(p.duration_s or 0.0 for p in timed) / len(timed)
+    batch_rate = batches / span
+    busy = min(1.0, batch_rate * mean_duration)
+    read_rate = mean_rows * batch_rate
+    lags = [p for p in points if p.lag is not None]
+    lag = float(lags[-1].lag or 0.0) if lags else 0.0
+    growth = ((lags[-1].lag or 0.0) - (lags[0].lag or 0.0)) / (lags[-1].at_s - lags[0].at_s) \
+        if len(lags) >= 2 and lags[-1].at_s > lags[0].at_s else 0.0
+    arrival = max(0.0, read_rate + growth)
+    shortest = min(p.duration_s or 0.0 for p in timed)
+    fixed = min(shortest, fixed_cost_s) if fixed_cost_s is not None else shortest
+    per_row_time = (mean_duration - fixed) / mean_rows if mean_rows > 0 else 0.0
+    capacity = 1.0 / per_row_time if per_row_time > 0 else math.inf
+    saturated = busy >= SATURATED_BUSY and growth > LAG_GROWTH_SHARE * max(read_rate, 1.0)
+    if saturated and busy > 0:
+        capacity = min(capacity, read_rate / busy)
+    return Figures(span, busy, read_rate, lag, growth, arrival, fixed, capacity, saturated)
+
+
+def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]) -> Evaluation:
+    p, now = situation.parallelism, situation.now_s
+
+    def out(outcome: Outcome, reason: str, proposed: int = p, fig: Figures | None = None) -> Evaluation:
+        return Evaluation(now, p, proposed, outcome, reason, fig.record() if fig else {})
+
+    if situation.held:
+        return out(Outcome.HELD, f"holding off: {situation.held}")
+    if situation.quiet_s is not None and situation.quiet_s < spec.stabilization_s:
+        return out(Outcome.WAIT, f"stabilizing: {situation.quiet_s:.0f} s since the last start, rescale or "
+                                 f"rollback, {spec.stabilization_s:g} s needed")
+    seen = window(points, spec, now)
+    fig = figures(seen, situation.fixed_cost_s)
+    if fig is None or fig.span_s < MIN_WINDOW_SHARE * spec.metrics_window_s:
+        return out(Outcome.WAIT, f"too few figures: {len(seen)} micro-batch point(s) over "
+                                 f"{fig.span_s if fig else 0:.0f} s of the {spec.metrics_window_s:g} s window", fig=fig)
+    lowest = spec.min_parallelism
+    highest = max(lowest, min(spec.max_parallelism, situation.partitions))
+    needed_rate = fig.arrival_rate + fig.lag / spec.catch_up_s
+    per_core = fig.capacity / p
+    if math.isinf(per_core):
+        needed = lowest
+    else:
+        needed = max(1, math.ceil(needed_rate / (per_core * spec.target_utilization) - 1e-9))
+    bounded = min(max(needed, lowest), highest)
+    utilization = fig.arrival_rate / fig.capacity if fig.capacity > 0 else math.inf
+    about = (f"arrival {fig.arrival_rate:.0f}/s, lag {fig.lag:.0f} ({fig.lag_growth:+.0f}/s), capacity "
+             f"{'unbounded' if math.isinf(fig.capacity) else f'{fig.capacity:.0f}/s'} at parallelism {p} "
+             f"(utilization {utilization:.2f}, busy {fig.busy:.2f})")
+    cap = f" (bounded by {'the state partitions' if highest < spec.max_parallelism else 'maxParallelism'} " \
+          f"{highest})" if needed > highest else ""
+    if bounded > p:
+        return out(Outcome.SCALE_UP, f"{about}: parallelism {needed} needed to process the input and drain the "
+                                     f"lag within {spec.catch_up_s:g} s at {spec.target_utilization:g}{cap}",
+                   bounded, fig)
+    if bounded < p:
+        after = fig.arrival_rate / (per_core * bounded) if per_core > 0 else math.inf
+        if fig.lag_growth > LAG_GROWTH_SHARE * max(fig.read_rate, 1.0):
+            return out(Outcome.KEEP, f"{about}: not scaling down while the lag grows", fig=fig)
+        if after >= spec.target_utilization:
+            return out(Outcome.KEEP, f"{about}: parallelism {bounded} would run at {after:.2f}, not below the "
+                                     f"target {spec.target_utilization:g}", fig=fig)
+        return out(Outcome.SCALE_DOWN, f"{about}: parallelism {bounded} runs the current input at {after:.2f}, "
+                                       f"below the target {spec.target_utilization:g}", bounded, fig)
+    if needed > highest == p:
+        return out(Outcome.KEEP, f"{about}: parallelism {needed} needed, but {p} is the most{cap}", fig=fig)
+    return out(Outcome.KEEP, f"{about}: parallelism {p} is right", fig=fig)

@@ -1,0 +1,138 @@
+"""The autoscaler's decision (shared/autoscaling.py) on metric series of a simulated micro-batch
+task (tests/autoscaling_series.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shared import autoscaling as a
+from shared.autoscaling import AutoscalerSpec, Outcome, Situation
+from tests.autoscaling_series import FIXED_S, simulate, steady
+
+SPEC = AutoscalerSpec(enabled=True, min_parallelism=1, max_parallelism=2, target_utilization=0.7,
+                      metrics_window_s=30, stabilization_s=60, catch_up_s=120)
+REMEMBERED = object()
+
+
+def decide(points, parallelism: int, *, quiet_s: float = 600.0, partitions: int = 4, spec: AutoscalerSpec = SPEC,
+           fixed_cost_s=REMEMBERED, held: str | None = None):
+    """The evaluation at the last point; the fixed cost remembered is the shortest batch of the
+    whole series, as the autoscaler remembers the shortest it has seen (unless given)."""
+    if fixed_cost_s is REMEMBERED:
+        fixed_cost_s = min(p.duration_s for p in points)
+    situation = Situation(parallelism=parallelism, partitions=partitions, now_s=points[-1].at_s, quiet_s=quiet_s,
+                          fixed_cost_s=fixed_cost_s, held=held)
+    return a.evaluate(spec, situation, points)
+
+
+def test_a_steady_input_one_core_handles_stays_at_one():
+    e = decide(simulate(steady(1000), 60, 1), 1)
+    assert e.outcome == Outcome.KEEP and e.proposed == 1, e.reason
+    assert e.figures["busy"] > 0.9  # back-to-back batches: busy although a quarter loaded
+    assert 3000 < e.figures["capacity"] < 5000
+
+
+def test_an_input_above_one_core_scales_up_to_two():
+    e = decide(simulate(steady(5000), 60, 1), 1)
+    assert e.outcome == Outcome.SCALE_UP and e.proposed == 2, e.reason
+
+
+def test_a_need_beyond_max_is_bounded_and_says_so():
+    e = decide(simulate(steady(12000), 60, 1), 1)
+    assert e.proposed == 2 and "maxParallelism 2" in e.reason
+
+
+def test_the_state_partitions_bound_the_parallelism():
+    spec = AutoscalerSpec(enabled=True, min_parallelism=1, max_parallelism=8, metrics_window_s=30)
+    e = decide(simulate(steady(12000), 60, 1), 1, spec=spec, partitions=2)
+    assert e.proposed == 2 and "state partitions 2" in e.reason
+
+
+def test_a_burst_of_backlog_scales_up_to_drain_it_within_catch_up():
+    # 500,000 rows at once on a task that keeps up with its 1,000/s: draining them in 2 min
+    # needs 4,200 rows/s more than one core's 4,000 at 0.7.
+    before = simulate(steady(1000), 60, 1)
+    e = decide(before + simulate(steady(1000), 40, 1, lag0=500_000, after=before), 1)
+    assert e.outcome == Outcome.SCALE_UP and e.proposed == 2, e.reason
+
+
+def test_a_slow_leak_just_above_capacity_scales_up():
+    e = decide(simulate(steady(4300), 90, 1, lag0=0), 1)
+    assert e.figures["lagGrowth"] > 0
+    assert e.outcome == Outcome.SCALE_UP, e.reason
+
+
+def test_a_noisy_input_around_half_a_core_does_not_flap():
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(20):
+        points = simulate(lambda t: 2000 * rng.uniform(0.6, 1.4), 60, 1)
+        outcomes.add(decide(points, 1).outcome)
+    assert outcomes == {Outcome.KEEP}
+
+
+def test_after_the_input_falls_two_go_back_to_one():
+    e = decide(simulate(steady(1000), 60, 2), 2)
+    assert e.outcome == Outcome.SCALE_DOWN and e.proposed == 1, e.reason
+
+
+def test_a_fully_busy_task_is_not_scaled_down():
+    # At 2 it processes 5,000/s at 0.63 of its 8,000: at 1 it would be above 1.
+    e = decide(simulate(steady(5000), 60, 2), 2)
+    assert e.outcome == Outcome.KEEP and e.proposed == 2, e.reason
+
+
+def test_a_load_between_the_two_thresholds_keeps_either_parallelism():
+    # 3,000/s: 0.75 of one core (above target, so 1 scales up), 0.375 at 2 (and 0.75 at 1, so 2 stays).
+    up = decide(simulate(steady(3000), 60, 1), 1)
+    stay = decide(simulate(steady(3000), 60, 2), 2)
+    assert up.outcome == Outcome.SCALE_UP and stay.outcome == Outcome.KEEP, (up.reason, stay.reason)
+
+
+def test_no_scale_down_while_the_lag_grows():
+    # Two cores falling behind (input 9,000/s) never scale down, whatever the capacity estimate.
+    e = decide(simulate(steady(9000), 60, 2), 2)
+    assert e.outcome == Outcome.KEEP and "most" in e.reason
+
+
+def test_nothing_is_decided_while_stabilizing():
+    e = decide(simulate(steady(9000), 60, 1), 1, quiet_s=20)
+    assert e.outcome == Outcome.WAIT and "stabilizing" in e.reason and e.proposed == 1
+
+
+def test_a_held_autoscaler_decides_nothing():
+    e = decide(simulate(steady(9000), 60, 1), 1, held="its rescale to 2 was rolled back")
+    assert e.outcome == Outcome.HELD and "rolled back" in e.reason
+
+
+def test_too_few_figures_wait():
+    e = decide(simulate(steady(1000), 5, 1), 1)
+    assert e.outcome == Outcome.WAIT and "too few figures" in e.reason
+
+
+def test_without_a_remembered_fixed_cost_uniform_batches_look_free_but_an_overload_still_scales_up():
+    # In a steady state every batch is the same size, so the window alone cannot tell the fixed
+    # part from the per-row part: a task at 0.75 looks unloaded (a missed scale-up, never a wrong
+    # one), while a task that cannot keep up is seen by its growing lag.
+    at_075 = decide(simulate(steady(3000), 60, 1), 1, fixed_cost_s=None)
+    over = decide(simulate(steady(6000), 60, 1), 1, fixed_cost_s=None)
+    assert at_075.outcome == Outcome.KEEP and at_075.figures["capacity"] is None
+    assert over.outcome == Outcome.SCALE_UP, over.reason
+
+
+def test_the_fixed_cost_remembered_is_used_over_the_windows_shortest_batch():
+    points = simulate(steady(3000), 60, 1)
+    assert decide(points, 1, fixed_cost_s=FIXED_S).figures["fixedCostS"] == pytest.approx(FIXED_S)
+
+
+@pytest.mark.parametrize("rec, expected", [
+    (None, AutoscalerSpec()),
+    ({"enabled": False, "maxParallelism": 4}, AutoscalerSpec()),
+    ({"enabled": True, "minParallelism": 1, "maxParallelism": 4, "targetUtilization": 0.6, "metricsWindow": 20,
+      "stabilization": 30, "catchUp": 60},
+     AutoscalerSpec(True, 1, 4, 0.6, 20.0, 30.0, 60.0)),
+])
+def test_spec_from_record(rec, expected):
+    assert AutoscalerSpec.from_record(rec, parallelism=3) == expected
