@@ -13,7 +13,10 @@ autoscaler remembers it across evaluations: `Situation.fixed_cost_s`). A task wh
 while it is fully busy cannot keep up whatever that estimate says: its capacity is then at most
 what it reads per second of busy time (Flink's "true processing rate").
 
-The arrival rate is what the task read per second plus the growth of its lag. The parallelism
+The arrival rate is what the task read per second plus the growth of its lag. What it read is the
+median of its batches' input rates (Spark's inputRowsPerSecond: a batch's rows over the time since
+the batch before it started), so the backlog one batch takes in after a start or a rescale does
+not pass for input; without a row limit per batch a source reads all it has, and its lag stays 0. The parallelism
 needed is the one at which the arrival rate plus the backlog drained over `catchUp` takes
 `targetUtilization` of the capacity, bounded by min/max and by the job's state partitions (a
 stateful stage cannot use more cores than it has partitions). A scale-down needs the current input
@@ -80,7 +83,8 @@ class AutoscalerSpec:
             max_parallelism=int(rec.get("maxParallelism") or max(parallelism, 1)),
             target_utilization=float(rec.get("targetUtilization") or DEFAULT_TARGET_UTILIZATION),
             metrics_window_s=durations.parse_duration(rec.get("metricsWindow") or DEFAULT_METRICS_WINDOW_S),
-            stabilization_s=durations.parse_duration(rec.get("stabilization") or DEFAULT_STABILIZATION_S),
+            stabilization_s=durations.parse_duration(DEFAULT_STABILIZATION_S if rec.get("stabilization") is None
+                                                     else rec["stabilization"]),
             catch_up_s=durations.parse_duration(rec.get("catchUp") or DEFAULT_CATCH_UP_S),
         )
 
@@ -90,11 +94,12 @@ class Point:
     """One micro-batch's figures as the task's TaskManager recorded them (a point of
     shared/streams.py progress_history_key)."""
 
-    at_s: float  # wall-clock seconds
+    at_s: float  # wall-clock seconds, when the batch ended
     batch_id: int
     rows: int
     duration_s: float | None
     lag: float | None = None
+    input_rate: float | None = None  # Spark's inputRowsPerSecond: rows over the time since the previous batch
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,8 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None) -> Figur
     mean_duration = sum(p.duration_s or 0.0 for p in timed) / len(timed)
     batch_rate = batches / span
     busy = min(1.0, batch_rate * mean_duration)
-    read_rate = mean_rows * batch_rate
+    rates = sorted(p.input_rate for p in points[1:] if p.input_rate is not None and math.isfinite(p.input_rate))
+    read_rate = rates[len(rates) // 2] if rates else mean_rows * batch_rate
     lags = [p for p in points if p.lag is not None]
     lag = float(lags[-1].lag or 0.0) if lags else 0.0
     growth = ((lags[-1].lag or 0.0) - (lags[0].lag or 0.0)) / (lags[-1].at_s - lags[0].at_s) \
@@ -207,7 +213,10 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     if situation.quiet_s is not None and situation.quiet_s < spec.stabilization_s:
         return out(Outcome.WAIT, f"stabilizing: {situation.quiet_s:.0f} s since the last start, rescale or "
                                  f"rollback, {spec.stabilization_s:g} s needed")
-    seen = window(points, spec, now)
+    # Figures from before the stabilization ended describe the task as it started (its first
+    # batch takes in the backlog of its start-up) and are not read (as Flink's autoscaler does).
+    settled_at = now - (situation.quiet_s or 0.0) + spec.stabilization_s if situation.quiet_s is not None else None
+    seen = window([p for p in points if settled_at is None or p.at_s - (p.duration_s or 0.0) >= settled_at], spec, now)
     fig = figures(seen, situation.fixed_cost_s)
     if fig is None or fig.span_s < MIN_WINDOW_SHARE * spec.metrics_window_s:
         return out(Outcome.WAIT, f"too few figures: {len(seen)} micro-batch point(s) over "

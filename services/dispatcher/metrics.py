@@ -16,12 +16,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from sqlalchemy import func, select
 
 from shared import metrics, streams
-from shared.catalog.models import CheckpointRow, Execution, Job, JobTransition, OutboxEntry
+from shared.catalog.models import CheckpointRow, DeploymentEvent, Execution, Job, JobTransition, OutboxEntry
+from shared.catalog.repository import deployments as deployments_repo
+from shared.deployment_spec import DeploymentSpec
 from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, CheckpointStatus, JobStatus
 
 router = APIRouter()
 
 CONTROL_STREAMS = (streams.JM_STREAM, streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM)
+# The figures of a deployment's newest autoscaler evaluation (shared/autoscaling.py Figures.record):
+# key -> (metric name after autoscaler_, help).
+AUTOSCALER_FIGURES = {
+    "busy": ("busy_ratio", "time in micro-batches over wall time, newest evaluation's window"),
+    "arrivalRate": ("arrival_rows_per_second", "rows arriving per second (read plus the lag's growth)"),
+    "capacity": ("capacity_rows_per_second", "rows per second the task can process at its parallelism"),
+    "lag": ("source_lag", "entries the sources hold beyond what the task read"),
+    "fixedCostS": ("batch_fixed_cost_seconds", "the fixed part of a micro-batch's cost, as estimated"),
+}
 
 
 class ClusterCollector(metrics.CachedCollector):
@@ -31,6 +42,7 @@ class ClusterCollector(metrics.CachedCollector):
 
     def gather(self):
         yield from self._catalog_families()
+        yield from self._deployment_families()
         yield from self._redis_families()
 
     def _catalog_families(self):
@@ -94,6 +106,37 @@ class ClusterCollector(metrics.CachedCollector):
                 size.add_metric([job_id], state_size)
         yield dur
         yield size
+
+    def _deployment_families(self):
+        """Per deployment: the parallelism it runs at, the autoscaler's rescales and the figures of
+        its newest evaluation (the dashboard's autoscaler panel draws the same from the REST API)."""
+        with self.catalog.session() as s:
+            rows = deployments_repo.list_deployments(s)
+            last = {}  # the newest evaluation that read figures (one that waited has none)
+            for r in rows:
+                if (r.spec.get("autoscaler") or {}).get("enabled"):
+                    read = [e for e in deployments_repo.autoscaler_evaluations(s, r.name, limit=20) if e.figures]
+                    if read:
+                        last[r.name] = read[-1]
+            rescales = s.execute(select(DeploymentEvent.name, func.count()).where(
+                DeploymentEvent.reason.like("autoscaler: scale-%")).group_by(DeploymentEvent.name)).all()
+        g = GaugeMetricFamily(metrics.name("deployment_parallelism"), "the parallelism each deployment runs at "
+                              "(the autoscaler's choice or the spec's)", labels=["deployment"])
+        for r in rows:
+            g.add_metric([r.name], DeploymentSpec.from_record(r.spec).effective_parallelism(r.parallelism))
+        yield g
+        c = CounterMetricFamily(metrics.name("autoscaler_rescales"), "rescales the autoscaler decided",
+                                labels=["deployment"])
+        for name, n in rescales:
+            c.add_metric([name], n)
+        yield c
+        for figure, help_text in AUTOSCALER_FIGURES.items():
+            g = GaugeMetricFamily(metrics.name(f"autoscaler_{help_text[0]}"), help_text[1], labels=["deployment"])
+            for name, e in last.items():
+                value = (e.figures or {}).get(figure)
+                if isinstance(value, (int, float)):
+                    g.add_metric([name], value)
+            yield g
 
     def _redis_families(self):
         if self.redis is None:  # a dispatcher built on an in-memory transport (unit tests)

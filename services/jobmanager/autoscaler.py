@@ -135,7 +135,8 @@ class Autoscaler:
                     at_s=int(_text(entry_id).split("-", 1)[0]) / 1000, batch_id=int(f["batch_id"]),
                     rows=int(float(f.get("num_input_rows") or 0)),
                     duration_s=float(f["batch_duration_ms"]) / 1000 if f.get("batch_duration_ms") else None,
-                    lag=float(f["source_lag"]) if f.get("source_lag") not in (None, "", "None") else None))
+                    lag=float(f["source_lag"]) if f.get("source_lag") not in (None, "", "None") else None,
+                    input_rate=float(f["input_rows_per_second"]) if f.get("input_rows_per_second") else None))
             except (KeyError, ValueError):
                 continue  # a point from an older TaskManager without the figures
         return out

@@ -192,6 +192,31 @@ def test_suspend_from_the_page_and_a_viewer_is_refused(page, api, tokens, first_
     assert api.get(f"/deployments/{NAME}")["spec"]["state"] == "suspended"
 
 
+def test_an_autoscaled_deployment_shows_its_evaluations_and_parallelism(page, api, jar):
+    name = "autoscaled"
+    body = {**spec(jar, parallelism=1, args=["--autoscaled"]),
+            "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "stabilization": "0 s"}}
+    r = api.http.put(f"/deployments/{name}", json=body)
+    assert r.status_code == 200, r.text
+    page.go(f"#/deployments/{name}")
+    page.wait("the autoscaler panel", lambda d: page.visible("#depd-autoscaler"))
+    # A no-op task reports no figures: the autoscaler looks and says so.
+    page.wait("its last evaluation", lambda d: "too few figures" in page.text("#depd-autoscaler-note"))
+    assert page.els("#depd-autoscaler-charts .chart-box")
+    assert "Parallelism" in page.text("#depd-facts")
+    assert api.http.delete(f"/deployments/{name}?savepoint=false").status_code == 202
+
+
+def test_the_autoscaler_panels_samples_carry_each_evaluations_figures(page):
+    out = page.d.execute_script("return Autoscaler.autoscalerSamples(arguments[0])", [
+        {"at": 1, "parallelism": 1, "proposed": 2, "outcome": "scale-up", "figures": {"lag": 900, "busy": 1}},
+        {"at": 2, "parallelism": 2, "proposed": 2, "outcome": "wait", "figures": {}}])
+    assert out == [{"t": 1, "parallelism": 1, "lag": 900, "busy": 1}, {"t": 2, "parallelism": 2}]
+    kept = page.d.execute_script("return Autoscaler.decisions(arguments[0]).map((e) => e.at)", [
+        {"at": 1, "outcome": "scale-up"}, {"at": 2, "outcome": "keep"}, {"at": 3, "outcome": "scale-down"}])
+    assert kept == [3, 1]
+
+
 def test_the_diff_function_names_nested_keys_by_dotted_paths(page):
     out = page.d.execute_script("return Deployments.diffSpecs(arguments[0], arguments[1])",
                                 {"parallelism": 1, "rollback": {"enabled": True, "readyWithin": "30 s"}, "gone": 1,

@@ -20,13 +20,16 @@ STEP_MS = 20  # event time advances 20 ms per event: a 10 s window holds 500 eve
 
 
 class Producer:
-    """An outside producer: numbered JSON events at a steady rate, until stopped."""
+    """An outside producer: numbered JSON events at a steady rate (changed with `set_rate`), until
+    stopped."""
 
     def __init__(self, url: str, stream: str, rate: float = 150.0):
         self.client = redis.Redis.from_url(url)
         self.stream, self.rate = stream, rate
         self.produced = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._since, self._produced_then = time.monotonic(), 0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def event(self, n: int, key: str | None = None, when: datetime | None = None) -> dict:
@@ -34,13 +37,19 @@ class Producer:
         return {"key": key or f"k{n % KEYS}", "n": n, "value": n, "event_time": t.isoformat()}
 
     def start(self) -> "Producer":
+        self._since = time.monotonic()
         self._thread.start()
         return self
 
+    def set_rate(self, rate: float) -> None:
+        """From now on `rate` events per second."""
+        with self._lock:
+            self._since, self._produced_then, self.rate = time.monotonic(), self.produced, rate
+
     def _run(self) -> None:
-        t0 = time.monotonic()
         while not self._stop.is_set():
-            due = int((time.monotonic() - t0) * self.rate)
+            with self._lock:
+                due = self._produced_then + int((time.monotonic() - self._since) * self.rate)
             if due > self.produced:
                 pipe = self.client.pipeline(transaction=False)
                 for n in range(self.produced, due):

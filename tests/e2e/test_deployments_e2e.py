@@ -139,3 +139,78 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
     wait_for(lambda: sql_totals(pg, TABLE) == expected, 180, f"the sink to hold exactly {produced} events")
     assert rest.http.delete(f"/deployments/{NAME}").status_code == 202
     wait_for(lambda: rest.http.get(f"/deployments/{NAME}").status_code == 404, 120, "the deployment to be deleted")
+
+
+# --- the autoscaler on the same cluster -------------------------------------------------------
+SCALED = "scaled"
+SCALED_TABLE = "e2e_autoscaled_counts"
+# Per event: one core does 200 events/s, two 400. The sleep outweighs what Spark, Arrow and the
+# Python worker cost per row, which do not double with the cores on two loaded ones.
+COST_MS = 5.0
+LOW_RATE, HIGH_RATE = 50, 300
+
+
+def last_evaluations(rest: Rest, n: int = 6) -> list[str]:
+    """The newest evaluations, also printed whole (an assertion's message is cut short)."""
+    out = [f"{e['outcome']} {e['parallelism']}->{e['proposed']}: {e['reason']} {e['figures']}"
+           for e in rest.get(f"/deployments/{SCALED}/autoscaler?limit={n}")["evaluations"]]
+    print("autoscaler e2e: the last evaluations:", *out, sep="\n  ", flush=True)
+    return out
+
+
+def scaled_parallelism(rest: Rest) -> int | None:
+    st = rest.get(f"/deployments/{SCALED}")["status"]
+    if st["lifecycleState"] != "STABLE" or not st["jobId"]:
+        return None
+    return rest.job(st["jobId"])["vertices"][0]["parallelism"]
+
+
+def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster, tmp_path):
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    stream = "e2e-autoscaled"
+    producer = Producer(c.redis_url, stream, rate=LOW_RATE).start()
+    jar = rest.upload(ROOT / "tests" / "e2e" / "slow_counts.py")
+    body = {**spec(jar, ["--stream", stream, "--table", SCALED_TABLE, "--sink-url", pg, "--cost-ms", str(COST_MS)]),
+            "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "metricsWindow": "20 s",
+                           "stabilization": "20 s", "catchUp": "1 min"}}
+    try:
+        r = rest.http.put(f"/deployments/{SCALED}", json=body, timeout=PUT_TIMEOUT_S)
+        assert r.status_code == 200, r.text
+        wait_for(lambda: scaled_parallelism(rest) == 1, 300, "the scaled deployment STABLE at 1")
+        job = rest.get(f"/deployments/{SCALED}")["status"]["jobId"]
+
+        # An input one core handles easily: it stays at 1, having looked.
+        wait_for(lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+                          if e["outcome"] == "keep"][2:], 120, "three evaluations that keep parallelism 1")
+        assert scaled_parallelism(rest) == 1, last_evaluations(rest, 12)
+
+        # Above one core: parallelism 2 within 60 s of the rise, the same job, and the lag drains.
+        producer.set_rate(HIGH_RATE)
+        t_rise = time.monotonic()
+        try:
+            wait_for(lambda: rest.get(f"/deployments/{SCALED}")["status"]["parallelism"] == 2, 60,
+                     "the autoscaler to decide parallelism 2")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
+        decided_s = time.monotonic() - t_rise
+        wait_for(lambda: scaled_parallelism(rest) == 2, 120, "the job RUNNING at parallelism 2")
+        assert rest.get(f"/deployments/{SCALED}")["status"]["jobId"] == job
+        print(f"autoscaler e2e: rise -> decision {decided_s:.1f} s, -> RUNNING at 2 "
+              f"{time.monotonic() - t_rise:.1f} s", flush=True)
+
+        # Back to a low input: 1 again after the stabilization.
+        producer.set_rate(LOW_RATE)
+        try:
+            wait_for(lambda: scaled_parallelism(rest) == 1, 240, "the job back at parallelism 1")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
+    finally:
+        produced = producer.stop()
+    expected = expected_totals(produced)
+    wait_for(lambda: sql_totals(pg, SCALED_TABLE) == expected, 300, f"the sink to hold exactly {produced} events")
+    evaluations = rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+    rescales = [(e["outcome"], e["parallelism"], e["proposed"]) for e in evaluations
+                if e["parallelism"] != e["proposed"]]
+    assert rescales == [("scale-up", 1, 2), ("scale-down", 2, 1)], rescales
+    assert rest.http.delete(f"/deployments/{SCALED}?savepoint=false").status_code == 202

@@ -11,6 +11,7 @@ The counting pipeline through all of it, exact, is tests/e2e/test_deployments_e2
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -250,20 +251,34 @@ def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(
 # writer (services/taskmanager/metrics.py), from a simulated task (tests/autoscaling_series.py).
 
 
-def feed_figures(cluster, rest, job_id: str, rows_per_s: float, parallelism: int, seconds: float = 25) -> None:
-    attempt = rest.attempts(job_id)[-1]  # the current one
-    execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
-                                execution_id=attempt["execution-id"], attempt=attempt["attempt"])
-    points = shifted(simulate(steady(rows_per_s), seconds, parallelism), time.time())
-    client = redis.Redis.from_url(cluster.redis_url)
-    try:
-        for p in points:
-            metrics = TaskMetrics(client, clock_ms=lambda at=p.at_s: int(at * 1000))
-            metrics.progress("tm-test", execution, Progress(batch_id=p.batch_id, num_input_rows=p.rows,
-                                                            batch_duration_ms=int((p.duration_s or 0) * 1000),
-                                                            source_lag=p.lag))
-    finally:
-        client.close()
+class FakeTaskFigures:
+    """A no-op task's figures as its TaskManager would write them (services/taskmanager/metrics.py),
+    each point when its time comes, from a simulated task (tests/autoscaling_series.py), until stopped."""
+
+    def __init__(self, cluster, rest, job_id: str, rows_per_s: float, parallelism: int, seconds: float = 120):
+        attempt = rest.attempts(job_id)[-1]  # the current one
+        self.execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
+                                         execution_id=attempt["execution-id"], attempt=attempt["attempt"])
+        self.points = shifted(simulate(steady(rows_per_s), seconds, parallelism), time.time() + seconds)
+        self.client = redis.Redis.from_url(cluster.redis_url)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._write, daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        for p in self.points:
+            if self.stopped.wait(max(0.0, p.at_s - time.time())):
+                return
+            event = Progress(batch_id=p.batch_id, num_input_rows=p.rows, source_lag=p.lag,
+                             batch_duration_ms=int((p.duration_s or 0) * 1000),
+                             input_rows_per_second=p.input_rate or 0.0)
+            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress("tm-test", self.execution,
+                                                                                          event)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+        self.client.close()
 
 
 def wait_parallelism(rest, parallelism: int, *, name: str, timeout_s: float = TIMEOUT_S) -> dict:
@@ -283,25 +298,37 @@ def wait_parallelism(rest, parallelism: int, *, name: str, timeout_s: float = TI
 def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster, rest, jar):
     name = "scaled"
     auto = {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "metricsWindow": "10 s",
-            "stabilization": "3 s", "catchUp": "1 min"}
+            "stabilization": "0 s", "catchUp": "1 min"}
     put(rest, spec(jar, autoscaler=auto), name=name)
     first = wait_lifecycle(rest, "STABLE", name=name)
     job = first["status"]["jobId"]
     assert first["status"]["parallelism"] == 1 and first["status"]["autoscaler"]["heldOff"] is None
 
     # Above what one core does (4,000 rows/s in the simulation): to 2, the same job through a savepoint.
-    feed_figures(cluster, rest, job, 6000, 1)
-    up = wait_parallelism(rest, 2, name=name)
+    figures = FakeTaskFigures(cluster, rest, job, 6000, 1)
+    try:
+        up = wait_parallelism(rest, 2, name=name)
+    finally:
+        figures.stop()
     assert up["status"]["jobId"] == job and up["spec"]["parallelism"] == 1
     assert any(e["reason"].startswith("autoscaler: scale-up from 1 to 2") for e in up["status"]["history"])
     assert [s["trigger"] for s in up["savepoints"]][-1:] == ["rescale"]
     evaluations = rest.get(f"/deployments/{name}/autoscaler")["evaluations"]
     ups = [e for e in evaluations if e["outcome"] == "scale-up"]
     assert len(ups) == 1 and ups[0]["proposed"] == 2 and ups[0]["figures"]["arrivalRate"] > 4000, ups
+    deadline = time.monotonic() + 10  # /metrics is cached for a moment
+    while f'headrace_deployment_parallelism{{deployment="{name}"}} 2.0' not in (text := rest.http.get("/metrics").text):
+        assert time.monotonic() < deadline, [line for line in text.splitlines() if "deployment" in line]
+        time.sleep(0.5)
+    assert f'headrace_autoscaler_rescales_total{{deployment="{name}"}} 1.0' in text
+    assert f'headrace_autoscaler_arrival_rows_per_second{{deployment="{name}"}}' in text
 
     # The input falls to what one core does easily: back to 1 after the stabilization.
-    feed_figures(cluster, rest, job, 500, 2)
-    down = wait_parallelism(rest, 1, name=name)
+    figures = FakeTaskFigures(cluster, rest, job, 500, 2)
+    try:
+        down = wait_parallelism(rest, 1, name=name)
+    finally:
+        figures.stop()
     assert down["status"]["jobId"] == job
     outcomes = [e["outcome"] for e in rest.get(f"/deployments/{name}/autoscaler")["evaluations"]]
     assert outcomes.count("scale-up") == 1 and outcomes.count("scale-down") == 1, outcomes

@@ -4,6 +4,7 @@ task (tests/autoscaling_series.py)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -58,10 +59,25 @@ def test_a_burst_of_backlog_scales_up_to_drain_it_within_catch_up():
     assert e.outcome == Outcome.SCALE_UP and e.proposed == 2, e.reason
 
 
-def test_a_slow_leak_just_above_capacity_scales_up():
-    e = decide(simulate(steady(4300), 90, 1, lag0=0), 1)
-    assert e.figures["lagGrowth"] > 0
+@pytest.mark.parametrize("max_batch, lag_grows", [(100_000, False), (400, True)])
+def test_a_slow_leak_just_above_capacity_scales_up(max_batch, lag_grows):
+    # A source that reads all it has reports no lag (its batches grow instead); one with a row
+    # limit per batch reports the rows it leaves.
+    e = decide(simulate(steady(4300), 90, 1, max_batch=max_batch), 1)
+    assert (e.figures["lagGrowth"] > 0) is lag_grows, e.figures
     assert e.outcome == Outcome.SCALE_UP, e.reason
+
+
+def test_the_backlog_taken_in_after_a_start_does_not_pass_for_input():
+    # 20 s of input waiting when the job starts: its first batch reads them all. Figures from
+    # before the stabilization ended are not read, and the input rate is each batch's own.
+    points = simulate(steady(1000), 40, 1, lag0=60_000)
+    e = decide(points, 1, quiet_s=points[-1].at_s, spec=replace(SPEC, stabilization_s=15))
+    assert e.outcome == Outcome.KEEP and 900 < e.figures["readRate"] < 1100, e.reason
+    # What the window's batches read per second, the first one's backlog included, would not do.
+    inside = [p for p in points if p.at_s >= points[-1].at_s - SPEC.metrics_window_s]
+    batch_rate = (inside[-1].batch_id - inside[0].batch_id) / (inside[-1].at_s - inside[0].at_s)
+    assert sum(p.rows for p in inside) / len(inside) * batch_rate > 2000
 
 
 def test_a_noisy_input_around_half_a_core_does_not_flap():
@@ -130,6 +146,7 @@ def test_the_fixed_cost_remembered_is_used_over_the_windows_shortest_batch():
 @pytest.mark.parametrize("rec, expected", [
     (None, AutoscalerSpec()),
     ({"enabled": False, "maxParallelism": 4}, AutoscalerSpec()),
+    ({"enabled": True, "maxParallelism": 2, "stabilization": 0}, AutoscalerSpec(True, 1, 2, stabilization_s=0.0)),
     ({"enabled": True, "minParallelism": 1, "maxParallelism": 4, "targetUtilization": 0.6, "metricsWindow": 20,
       "stabilization": 30, "catchUp": 60},
      AutoscalerSpec(True, 1, 4, 0.6, 20.0, 30.0, 60.0)),

@@ -210,7 +210,8 @@ function renderDeploymentFacts(d) {
     fact("Job State", st.jobState ? badge(st.jobState) : "–"),
     fact("Desired State", dash(spec.state)),
     fact("Upgrade Mode", dash(spec.upgradeMode)),
-    fact("Parallelism", dash(spec.parallelism)),
+    fact("Parallelism", st.parallelism !== undefined && st.parallelism !== spec.parallelism
+      ? `${st.parallelism} (autoscaler; spec ${spec.parallelism})` : dash(spec.parallelism)),
     fact("Last Savepoint", h("span", { class: "mono path", text: dash(textOf(st.lastSavepoint)) })),
     fact("Error", st.error ? h("span", { class: "fail-text", text: textOf(st.error) }) : "none"),
   ]);
@@ -242,6 +243,7 @@ async function refreshDeployment() {
   renderGenerations(d.generations);
   renderHistory((d.status || {}).history);
   renderSavepoints(d.savepoints);
+  await refreshAutoscaler(name, d);
 }
 
 /* ---------------------------------------------------------------- suspend, resume, roll back */
