@@ -438,16 +438,23 @@ def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> flo
 STATE_PARTITION_KEYS = ("spark.sql.shuffle.partitions", "pipeline.max-parallelism", "maxParallelism")
 
 
-def state_partitions(config: Mapping[str, Any] | None, default: int) -> int:
-    """A job's state partition count (Spark's shuffle partitions, fixed at its first start): the
-    first of STATE_PARTITION_KEYS its configuration sets, else the cluster's `default`. A stateful
-    stage cannot use more cores than this, whatever its parallelism."""
+def explicit_state_partitions(config: Mapping[str, Any] | None) -> int | None:
+    """The state partition count a job's configuration chooses (Spark's shuffle partitions, or
+    Flink's name for the same bound, pipeline.max-parallelism), or None: the cluster's default.
+    The driver applies it as spark.sql.shuffle.partitions at the job's first start; a restored
+    query keeps the count its checkpoint pinned."""
     config = config or {}
     for key in STATE_PARTITION_KEYS:
         try:
-            value = int(config[key])
+            value = int(str(config[key]).strip())
         except (KeyError, TypeError, ValueError):
             continue
         if value > 0:
             return value
-    return default
+    return None
+
+
+def state_partitions(config: Mapping[str, Any] | None, default: int) -> int:
+    """A job's state partition count: what it chooses, else the cluster's `default`. A stateful
+    stage cannot use more cores than this, whatever its parallelism."""
+    return explicit_state_partitions(config) or default

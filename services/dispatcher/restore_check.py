@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
-from shared import checkpointing, restore_compat, untrusted_code
+from shared import checkpointing, job_options, restore_compat, untrusted_code
 from shared.errors import StateError
 from shared.import_root import IMPORT_ROOT
 from shared.settings import Settings
@@ -53,14 +53,8 @@ class RestoreIncompatible(StateError):
 
 
 def explicit_shuffle_partitions(config: Mapping[str, Any]) -> int | None:
-    """The state partition count the job sets itself (the runner applies `spark.sql.*` options)."""
-    raw = (config or {}).get("spark.sql.shuffle.partitions")
-    if raw is None or str(raw).strip() == "":
-        return None
-    try:
-        return int(str(raw).strip())
-    except ValueError:
-        return None  # not ours to judge here: Spark refuses it with its own message
+    """The state partition count the job sets itself (the driver applies it at a first start)."""
+    return job_options.explicit_state_partitions(config)
 
 
 def allow_non_restored(config: Mapping[str, Any]) -> bool:

@@ -205,6 +205,21 @@ def test_unknown_and_terminal_jobs(client, catalog, transport):
     assert len(transport.bodies(JM_STREAM)) == published
 
 
+def test_a_rescale_beyond_the_jobs_state_partitions_is_refused_before_anything_is_recorded(client, catalog,
+                                                                                          transport):
+    job_id, _, _ = running_job(client, catalog)
+    published = len(transport.bodies(JM_STREAM))
+    r = client.patch(f"/jobs/{job_id}/rescaling", params={"parallelism": 5})  # the cluster's default: 4
+    assert r.status_code == 400, r.text
+    assert r.json()["errors"] == [f"job {job_id} has 4 state partitions, fixed at its first start: parallelism 5 "
+                                  "could not use more than 4 cores"]
+    assert "pipeline.max-parallelism >= 5" in r.text
+    assert len(transport.bodies(JM_STREAM)) == published
+    with catalog.session() as s:
+        assert repository.job_operations(s, job_id) == []
+    assert client.patch(f"/jobs/{job_id}/rescaling", params={"parallelism": 4}).status_code == 200
+
+
 def test_unknown_request_ids_are_404(client, catalog):
     job_id, _, _ = running_job(client, catalog)
     other, _, _ = running_job(client, catalog)

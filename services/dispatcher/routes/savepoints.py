@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
-from services.dispatcher.errors import error_responses
+from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import ErrorBody, Parallelism
 from services.dispatcher.schemas.snapshots import (
     AsynchronousOperationResult,
@@ -25,7 +25,7 @@ from services.dispatcher.schemas.snapshots import (
     StopWithSavepointRequest,
     TriggerResponse,
 )
-from shared import checkpoint_storage
+from shared import checkpoint_storage, job_options
 from shared import checkpointing as cp
 from shared.catalog import repository
 from shared.catalog.models import CheckpointRow, Job
@@ -58,6 +58,12 @@ def _savepoint(settings: Settings, raw_target: str | None, field: str, *, after:
         target = storage_guard.confined(target, settings, field=field, what="savepoint target")
 
     def build(job: Job, request_id: str) -> tuple[dict[str, Any], RequestSavepoint]:
+        partitions = job_options.state_partitions(job.config, settings.spark_shuffle_partitions)
+        if parallelism is not None and parallelism > partitions:
+            raise ApiError.of(400, f"job {job.id} has {partitions} state partitions, fixed at its first start: "
+                                   f"parallelism {parallelism} could not use more than {partitions} cores",
+                              hint=f"rescale to at most {partitions}, or start the pipeline anew with "
+                                   f"pipeline.max-parallelism >= {parallelism}", prefix=False)
         directory = target or default_target(job, settings)
         params: dict[str, Any] = {"target_directory": directory, "after": after, "drain": drain,
                                   "format_type": format_type or "CANONICAL"}

@@ -91,10 +91,12 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
             config: dict[str, Any], parallelism: int, t0: float) -> dict[str, Any]:
     """Plan the pipeline in a running session (a cold planner's, or a warm one's made before the
     request came)."""
+    from shared import job_options
+
     from .pipeline_loader import load_pipeline
 
     try:
-        shuffle = int(config.get("spark.sql.shuffle.partitions") or max(2, parallelism))
+        shuffle = job_options.explicit_state_partitions(config) or max(2, parallelism)
         # As the runner does: options such as state format versions change the state's shape.
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
         for key, value in config.items():

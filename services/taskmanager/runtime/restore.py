@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from shared import checkpoint_storage as storage
-from shared import restore_failure
+from shared import job_options, restore_failure
 from shared.task_protocol import TaskSpec
 
 from .driver_io import PhaseLog
@@ -30,8 +30,13 @@ def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:
 
 
 def sql_conf_keys(config: dict) -> dict[str, str]:
-    """The `spark.sql.*` options of a job's configuration."""
-    return {k: str(v) for k, v in (config or {}).items() if isinstance(k, str) and k.startswith("spark.sql.")}
+    """The `spark.sql.*` options of a job's configuration, with its state partition count chosen
+    by Flink's name (pipeline.max-parallelism) as Spark's shuffle partitions."""
+    out = {k: str(v) for k, v in (config or {}).items() if isinstance(k, str) and k.startswith("spark.sql.")}
+    partitions = job_options.explicit_state_partitions(config)
+    if partitions is not None:
+        out["spark.sql.shuffle.partitions"] = str(partitions)
+    return out
 
 
 def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: dict | None, lineage: dict,
