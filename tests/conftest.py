@@ -112,10 +112,11 @@ def sqlite_url(tmp_path) -> str:
 
 LOG_TAIL_LINES = 40
 PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
-# Under pytest-xdist (the suite runs on two workers, pyproject.toml) each module runs whole on one
-# worker, and a worker takes the next module when it is free: the longest go first so that the two
-# workers end together, the unit tests' many small modules fill in at the end. The compose-stack
-# test waits for its images, built in the background from collection on (tests/image_prebuild.py).
+# Under pytest-xdist (`-n N --dist loadfile --no-loadscope-reorder`, pyproject.toml) each module
+# runs whole on one worker, and a worker takes the next module when it is free: the longest kinds
+# go first so that the workers end together, the unit tests' many small modules fill in at the
+# end. The compose-stack test waits for its images, built in the background from collection on
+# (tests/image_prebuild.py).
 RUN_ORDER = ("tests/e2e/", "tests/integration/", COMPOSE_TEST, "tests/browser/", "tests/component/", "tests/unit/")
 
 
