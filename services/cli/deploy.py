@@ -215,6 +215,12 @@ def show(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "-
                f"upgrade mode {spec.get('upgradeMode', '-')}, state {spec.get('state', '-')}")
     job = f"{s['jobId']} {s.get('jobState') or '?'} (generation {s.get('jobGeneration')})" if s.get("jobId") else "none"
     typer.echo(f"Job: {job}")
+    auto = s.get("autoscaler")
+    if auto:
+        last = auto.get("lastEvaluation") or {}
+        typer.echo(f"Autoscaler: parallelism {s.get('parallelism')}"
+                   + (f", holding off: {auto['heldOff']}" if auto.get("heldOff") else "")
+                   + (f"; last evaluation: {last.get('outcome')}, {last.get('reason')}" if last else ""))
     typer.echo(f"Last savepoint: {_savepoint_text(s.get('lastSavepoint'), d.get('savepoints') or [])}")
     if s.get("error"):
         typer.echo(f"Error: {s['error']}")
