@@ -8,12 +8,12 @@ each fed by its own outside producer on the same schedule:
   fixed-2      parallelism 2
 
   steady       --low events/s until the autoscaled one has evaluated and kept 1
-  rise         --high events/s (above one unit, below two): the autoscaler's decision, its job
-               RUNNING at 2, and for each deployment when it has caught up again (its sink within
-               2 s of input of what was produced)
-  fall         --low again: the autoscaler's return to 1
-  backlog      --backlog events written at once into each stream (at --low besides): the decision,
-               and when each deployment has drained it
+  rise         --high events/s for --phase s (above one unit, below two): the autoscaler's
+               decision, its job RUNNING at 2, when each deployment had caught up again (its sink
+               within 2 s of input of what was produced), and how far behind each ended
+  fall         --low again for --phase s: the autoscaler's return to 1
+  backlog      --backlog events written at once into each stream (at --low besides), for
+               --backlog-phase s: the decision, and when each deployment had drained it
 
 Every evaluation that rescaled is printed (the decision log). usage:
   python3 bench/autoscaler.py [--cost-ms 0.2 --low 500 --high 7000 --backlog 500000]
@@ -38,13 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoint_overhead import drop_pg, fresh_pg
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import Producer
+from tests.e2e.counting import Producer, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_URL = os.environ.get("HEADRACE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 NAMES = ("autoscaled", "fixed-1", "fixed-2")
 CAUGHT_UP_S = 2.0  # a deployment has caught up when its sink is within this much input of the producer
-PHASE_TIMEOUT_S = 900
 
 
 class Deployment:
@@ -100,25 +99,14 @@ class Deployment:
         client.close()
 
 
-def until(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def follow(deps: dict[str, Deployment], t0: float, rate: float, *, decided_at: int, timeout_s: float) -> dict:
-    """Seconds from t0 to: the autoscaled one's decision (status.parallelism == decided_at), its
-    job RUNNING at it, and each deployment caught up (after it first fell behind, if it did)."""
+def follow(deps: dict[str, Deployment], t0: float, rate: float, *, decided_at: int, seconds: float) -> dict:
+    """For `seconds` from t0: when the autoscaled one decided (status.parallelism == decided_at) and
+    ran at it, when each deployment had caught up (after it first fell behind, if it did), and
+    how far behind each was at the end (events)."""
     marks: dict[str, float] = {}
     fell_behind = {n: False for n in deps}
     auto = deps["autoscaled"]
-    deadline = t0 + timeout_s
-    while time.monotonic() < deadline:
-        now = time.monotonic() - t0
+    while (now := time.monotonic() - t0) < seconds:
         if "decision" not in marks and auto.status()["parallelism"] == decided_at:
             marks["decision"] = now
         if "decision" in marks and "running" not in marks and auto.running_parallelism() == decided_at:
@@ -130,12 +118,12 @@ def follow(deps: dict[str, Deployment], t0: float, rate: float, *, decided_at: i
             behind = d.behind()
             if behind > max(rate, 1) * CAUGHT_UP_S * 3:
                 fell_behind[name] = True
-            elif behind <= max(rate, 1) * CAUGHT_UP_S and (fell_behind[name] or now > 30):
+            elif behind <= max(rate, 1) * CAUGHT_UP_S and fell_behind[name]:
                 marks[key] = now
-        if len(marks) == 2 + len(deps):
-            break
         time.sleep(0.5)
-    return {k: round(v, 1) for k, v in marks.items()}
+    out: dict = {k: round(v, 1) for k, v in marks.items()}
+    out["behind at the end"] = {name: d.behind() for name, d in deps.items()}
+    return out
 
 
 def decision_log(rest: Rest) -> list[str]:
@@ -154,6 +142,8 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=20)
     ap.add_argument("--stabilization", type=float, default=30)
     ap.add_argument("--catch-up", type=float, default=120)
+    ap.add_argument("--phase", type=float, default=180, help="seconds of the rise and of the fall")
+    ap.add_argument("--backlog-phase", type=float, default=300, help="seconds given to drain the backlog")
     a = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="hr-bench-autoscaler-"))
     catalog_url, sink_url = fresh_pg(ADMIN_URL), fresh_pg(ADMIN_URL)
@@ -164,28 +154,28 @@ def main() -> None:
         jar = rest.upload(ROOT / "tests" / "e2e" / "slow_counts.py")
         for name in NAMES:
             deps[name] = Deployment(name, rest, cluster, sink_url, jar, a)
-        until(lambda: all(d.running_parallelism() for d in deps.values()), 600, "all three STABLE")
-        until(lambda: any(e["outcome"] == "keep" for e in rest.get("/deployments/autoscaled/autoscaler")
+        wait_for(lambda: all(d.running_parallelism() for d in deps.values()), 600, "all three STABLE")
+        wait_for(lambda: any(e["outcome"] == "keep" for e in rest.get("/deployments/autoscaled/autoscaler")
                           ["evaluations"]), 300, "the autoscaler to evaluate")
         print(f"steady at {a.low:g}/s: autoscaled at {deps['autoscaled'].running_parallelism()}", flush=True)
 
         t0 = time.monotonic()
         for d in deps.values():
             d.producer.set_rate(a.high)
-        rise = follow(deps, t0, a.high, decided_at=2, timeout_s=PHASE_TIMEOUT_S)
+        rise = follow(deps, t0, a.high, decided_at=2, seconds=a.phase)
         print(f"rise to {a.high:g}/s: {rise}", flush=True)
 
         t0 = time.monotonic()
         for d in deps.values():
             d.producer.set_rate(a.low)
-        fall = follow(deps, t0, a.low, decided_at=1, timeout_s=PHASE_TIMEOUT_S)
+        fall = follow(deps, t0, a.low, decided_at=1, seconds=a.phase)
         print(f"fall to {a.low:g}/s: {fall}", flush=True)
 
         t0 = time.monotonic()
         for d in deps.values():
             d.write_backlog(cluster.redis_url, a.backlog)
         written_s = time.monotonic() - t0
-        backlog = follow(deps, t0, a.low, decided_at=2, timeout_s=PHASE_TIMEOUT_S)
+        backlog = follow(deps, t0, a.low, decided_at=2, seconds=a.backlog_phase)
         print(f"backlog of {a.backlog} (written in {written_s:.1f} s): {backlog}", flush=True)
         print("decision log:", *decision_log(rest), sep="\n  ", flush=True)
         print(f"loadavg {os.getloadavg()[0]:.1f}", flush=True)

@@ -8,10 +8,15 @@ store's and the sink's commits) and a part per row. While rows wait, Spark start
 as soon as one ends, so the time in batches over the wall time (the busy fraction) is near 1 for
 a lightly loaded task too: its batches are short and back to back. What bounds a task is the
 per-row part, so its capacity (rows per second at the current parallelism) is taken as
-rows ÷ (batch time − the fixed part), the fixed part being the shortest batch seen (the
-autoscaler remembers it across evaluations: `Situation.fixed_cost_s`). A task whose lag grows
-while it is fully busy cannot keep up whatever that estimate says: its capacity is then at most
-what it reads per second of busy time (Flink's "true processing rate").
+rows ÷ (batch time − the fixed part). The fixed part is not measured, and it changes with the
+machine's load, so each direction reads it the way that makes acting harder: a scale-up takes it
+as the window's shortest batch (at most the fixed part now: the capacity comes out high), a
+scale-down as the shortest batch ever seen (`Situation.fixed_cost_s`, at least as low as the
+fixed part: the capacity comes out low). Estimation noise then only ever keeps the parallelism.
+In a steady state all batches are alike and the window alone says nothing of the per-row part;
+a task that cannot keep up shows it anyway (saturated): fully busy with a backlog at planning, a
+growing lag or growing batches. Its capacity is then at most what it reads per second of busy time
+(Flink's "true processing rate").
 
 The arrival rate is what the task read per second plus the growth of its lag. What it read is the
 median of its batches' input rates (Spark's inputRowsPerSecond: a batch's rows over the time since
@@ -20,7 +25,7 @@ not pass for input; without a row limit per batch a source reads all it has, and
 needed is the one at which the arrival rate plus the backlog drained over `catchUp` takes
 `targetUtilization` of the capacity, bounded by min/max and by the job's state partitions (a
 stateful stage cannot use more cores than it has partitions). A scale-down needs the current input
-alone below the target at the lower parallelism, and a lag that is not growing. Nothing is decided
+alone below the target less SCALE_DOWN_BAND at the lower parallelism, and a lag that is not growing. Nothing is decided
 during `stabilization` after a start, a rescale or a rollback, which also makes at most one rescale
 per stabilization period; the ceiling of a target below 1 leaves a band in which neither way is
 taken, so a noisy input does not flap.
@@ -47,18 +52,18 @@ MIN_WINDOW_SHARE = 0.5
 MAX_WINDOW_STRETCH = 4
 # A lag growing faster than this share of the read rate counts as growing (noise aside).
 LAG_GROWTH_SHARE = 0.02
-# Busy fraction from which a task with a growing lag counts as saturated.
+# Busy fraction from which a task counts as saturated when it is also behind: a backlog of more
+# than BACKLOG_S of its input at planning, a growing lag, or growing batches (`_growing`).
 SATURATED_BUSY = 0.9
-# Flink's names, accepted as aliases of the spec's keys (job.autoscaler.*).
-FLINK_ALIASES = {
-    "job.autoscaler.enabled": "enabled",
-    "job.autoscaler.vertex.min-parallelism": "minParallelism",
-    "job.autoscaler.vertex.max-parallelism": "maxParallelism",
-    "job.autoscaler.target.utilization": "targetUtilization",
-    "job.autoscaler.metrics.window": "metricsWindow",
-    "job.autoscaler.stabilization.interval": "stabilization",
-    "job.autoscaler.catch-up.duration": "catchUp",
-}
+# The rows of the window's batches must spread this much (standard deviation over mean) for their
+# durations to tell the per-row cost apart from the fixed one.
+MIN_ROWS_SPREAD = 0.1
+BACKLOG_S = 1.0
+BATCH_GROWTH = 1.25
+BATCH_GROWTH_STEADY = 1.15
+# A scale-down needs the lower parallelism below the target by this much: an input that wavers
+# around the target does not move the parallelism back and forth.
+SCALE_DOWN_BAND = 0.1
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,9 @@ class Figures:
     lag: float
     lag_growth: float  # rows per second (negative: draining)
     arrival_rate: float
-    fixed_cost_s: float
-    capacity: float  # rows per second the task can process at its parallelism (inf: no per-row cost seen)
+    fixed_cost_s: float  # the lower estimate, the scale-down's
+    capacity: float  # rows per second at its parallelism, the high estimate (inf: no per-row cost seen)
+    capacity_low: float  # the low estimate, from the lowest fixed cost seen
     saturated: bool
 
     def record(self) -> dict[str, float | int | None]:
@@ -158,7 +164,8 @@ class Figures:
         return {"spanS": round(self.span_s, 2), "busy": round(self.busy, 3), "readRate": round(self.read_rate, 1),
                 "lag": round(self.lag, 1), "lagGrowth": round(self.lag_growth, 1),
                 "arrivalRate": round(self.arrival_rate, 1), "fixedCostS": round(self.fixed_cost_s, 4),
-                "capacity": rounded(self.capacity), "saturated": int(self.saturated)}
+                "capacity": rounded(self.capacity), "capacityLow": rounded(self.capacity_low),
+                "saturated": int(self.saturated)}
 
 
 def window(points: Sequence[Point], spec: AutoscalerSpec, now_s: float) -> list[Point]:
@@ -193,13 +200,47 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None) -> Figur
         if len(lags) >= 2 and lags[-1].at_s > lags[0].at_s else 0.0
     arrival = max(0.0, read_rate + growth)
     shortest = min(p.duration_s or 0.0 for p in timed)
-    fixed = min(shortest, fixed_cost_s) if fixed_cost_s is not None else shortest
-    per_row_time = (mean_duration - fixed) / mean_rows if mean_rows > 0 else 0.0
-    capacity = 1.0 / per_row_time if per_row_time > 0 else math.inf
-    saturated = busy >= SATURATED_BUSY and growth > LAG_GROWTH_SHARE * max(read_rate, 1.0)
+    lowest = min(shortest, fixed_cost_s) if fixed_cost_s is not None else shortest
+    # Seconds per row: the high estimate from how the window's batches grow with their rows (none
+    # when they are all alike), the low one from the lowest fixed part ever seen.
+    slope = _slope([(float(p.rows), p.duration_s or 0.0) for p in timed])
+    from_lowest = (mean_duration - lowest) / mean_rows if mean_rows > 0 else 0.0
+    row_time_high, row_time_low = min(slope, from_lowest), max(slope, from_lowest)
+
+    growing = _growing([p.duration_s or 0.0 for p in timed])
+    behind = lag > read_rate * BACKLOG_S or growth > LAG_GROWTH_SHARE * max(read_rate, 1.0)
+    saturated = busy >= SATURATED_BUSY and (behind or growing)
+    high, low = _per_second(row_time_high), _per_second(row_time_low)
     if saturated and busy > 0:
-        capacity = min(capacity, read_rate / busy)
-    return Figures(span, busy, read_rate, lag, growth, arrival, fixed, capacity, saturated)
+        high, low = min(high, read_rate / busy), min(low, read_rate / busy)
+    return Figures(span, busy, read_rate, lag, growth, arrival, lowest, high, low, saturated)
+
+
+def _slope(xy: Sequence[tuple[float, float]]) -> float:
+    """Least-squares seconds per row of batch durations over their rows; 0 when the rows hardly
+    vary (MIN_ROWS_SPREAD) or the durations do not grow with them."""
+    if len(xy) < MIN_POINTS:
+        return 0.0
+    mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
+    var = sum((x - mx) ** 2 for x, _ in xy) / len(xy)
+    if mx <= 0 or math.sqrt(var) < MIN_ROWS_SPREAD * mx:
+        return 0.0
+    return max(0.0, sum((x - mx) * (y - my) for x, y in xy) / len(xy) / var)
+
+
+def _growing(durations: Sequence[float]) -> bool:
+    """Batches that take ever longer: the newer half of the window's by BATCH_GROWTH over the older
+    half, or every one longer than the one before by BATCH_GROWTH_STEADY in all (noise does not
+    rise at every step)."""
+    half = len(durations) // 2
+    if half >= 2 and sum(durations[half:]) / (len(durations) - half) > BATCH_GROWTH * sum(durations[:half]) / half:
+        return True
+    rising = all(b > a for a, b in zip(durations, durations[1:], strict=False))
+    return len(durations) >= MIN_POINTS and rising and durations[-1] > BATCH_GROWTH_STEADY * durations[0] > 0
+
+
+def _per_second(row_time: float) -> float:
+    return 1.0 / row_time if row_time > 0 else math.inf
 
 
 def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]) -> Evaluation:
@@ -224,12 +265,18 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     lowest = spec.min_parallelism
     highest = max(lowest, min(spec.max_parallelism, situation.partitions))
     needed_rate = fig.arrival_rate + fig.lag / spec.catch_up_s
-    per_core = fig.capacity / p
-    if math.isinf(per_core):
-        needed = lowest
-    else:
-        needed = max(1, math.ceil(needed_rate / (per_core * spec.target_utilization) - 1e-9))
+
+    def needed_at(capacity: float) -> int:
+        per_core = capacity / p
+        return lowest if math.isinf(per_core) else max(1, math.ceil(needed_rate / (per_core * spec.target_utilization)
+                                                                    - 1e-9))
+
+    # Up from the high capacity estimate, down from the low one: noise in either keeps the parallelism.
+    needed = needed_at(fig.capacity)
+    if needed <= p:
+        needed = min(p, needed_at(fig.capacity_low))
     bounded = min(max(needed, lowest), highest)
+    per_core = fig.capacity_low / p
     utilization = fig.arrival_rate / fig.capacity if fig.capacity > 0 else math.inf
     about = (f"arrival {fig.arrival_rate:.0f}/s, lag {fig.lag:.0f} ({fig.lag_growth:+.0f}/s), capacity "
              f"{'unbounded' if math.isinf(fig.capacity) else f'{fig.capacity:.0f}/s'} at parallelism {p} "
@@ -244,11 +291,12 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
         after = fig.arrival_rate / (per_core * bounded) if per_core > 0 else math.inf
         if fig.lag_growth > LAG_GROWTH_SHARE * max(fig.read_rate, 1.0):
             return out(Outcome.KEEP, f"{about}: not scaling down while the lag grows", fig=fig)
-        if after >= spec.target_utilization:
-            return out(Outcome.KEEP, f"{about}: parallelism {bounded} would run at {after:.2f}, not below the "
-                                     f"target {spec.target_utilization:g}", fig=fig)
+        floor = spec.target_utilization - SCALE_DOWN_BAND
+        if after >= floor:
+            return out(Outcome.KEEP, f"{about}: parallelism {bounded} would run at {after:.2f}, not below "
+                                     f"{floor:.2f} (the target less {SCALE_DOWN_BAND:g})", fig=fig)
         return out(Outcome.SCALE_DOWN, f"{about}: parallelism {bounded} runs the current input at {after:.2f}, "
-                                       f"below the target {spec.target_utilization:g}", bounded, fig)
+                                       f"below {floor:.2f} (the target less {SCALE_DOWN_BAND:g})", bounded, fig)
     if needed > highest == p:
         return out(Outcome.KEEP, f"{about}: parallelism {needed} needed, but {p} is the most{cap}", fig=fig)
     return out(Outcome.KEEP, f"{about}: parallelism {p} is right", fig=fig)
