@@ -137,9 +137,13 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what will not run
 def pytest_collection_modifyitems(session, config, items):
-    """Modules in RUN_ORDER; the compose-stack test's images start building in the background
-    (tests/image_prebuild.py): a cold build costs the suite minutes otherwise."""
-    items.sort(key=lambda item: _run_rank(item.nodeid))  # stable: a module's tests keep their order
+    """Under xdist, modules in RUN_ORDER; in one process, the compose-stack test last. Its images
+    start building in the background (tests/image_prebuild.py): a cold build costs the suite
+    minutes otherwise."""
+    if _xdist_worker(config):
+        items.sort(key=lambda item: _run_rank(item.nodeid))  # stable: a module's tests keep their order
+    else:  # in one process the collection's order, with the compose-stack test last
+        items.sort(key=lambda item: item.nodeid.startswith(COMPOSE_TEST))
     if config.getoption("collectonly") or not any(item.nodeid.startswith(COMPOSE_TEST) for item in items):
         return
     if _xdist_worker(config):
