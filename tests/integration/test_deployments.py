@@ -255,11 +255,13 @@ class FakeTaskFigures:
     """A no-op task's figures as its TaskManager would write them (services/taskmanager/metrics.py),
     each point when its time comes, from a simulated task (tests/autoscaling_series.py), until stopped."""
 
-    def __init__(self, cluster, rest, job_id: str, rows_per_s: float, parallelism: int, seconds: float = 120):
+    def __init__(self, cluster, rest, job_id: str, rows_per_s: float, parallelism: int, seconds: float = 120,
+                 max_batch: int = 100_000):
         attempt = rest.attempts(job_id)[-1]  # the current one
         self.execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
                                          execution_id=attempt["execution-id"], attempt=attempt["attempt"])
-        self.points = shifted(simulate(steady(rows_per_s), seconds, parallelism), time.time() + seconds)
+        self.points = shifted(simulate(steady(rows_per_s), seconds, parallelism, max_batch=max_batch),
+                              time.time() + seconds)
         self.client = redis.Redis.from_url(cluster.redis_url)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._write, daemon=True)
@@ -347,3 +349,31 @@ def test_bad_autoscaler_specs_are_refused_naming_the_field(rest, jar):
                         ({"enabled": True, "maxParalelism": 2}, "maxParalelism")]:
         r = rest.http.put("/deployments/refused", json=spec(jar, autoscaler=auto))
         assert r.status_code == 400 and field in r.text, (auto, r.text)
+
+
+def test_a_rescale_that_cannot_run_goes_back_and_the_autoscaler_holds_off(cluster, rest, jar):
+    # State partitions 8 let the autoscaler choose 6, which no TaskManager (4 slots each) can hold:
+    # the rescaled job fails at once, the deployment goes back to 1 from the rescale's savepoint.
+    name = "overreach"
+    auto = {"enabled": True, "minParallelism": 1, "maxParallelism": 6, "metricsWindow": "10 s",
+            "stabilization": "0 s", "catchUp": "1 min"}
+    body = spec(jar, autoscaler=auto)
+    body["flinkConfiguration"]["pipeline.max-parallelism"] = 8
+    put(rest, body, name=name)
+    job = wait_lifecycle(rest, "STABLE", name=name)["status"]["jobId"]
+    # A source limited to 2,000 rows a batch: a batch a second, and the lag it leaves grows.
+    figures = FakeTaskFigures(cluster, rest, job, 15000, 1, max_batch=2000)
+    try:
+        back = wait_lifecycle(rest, "ROLLED_BACK", name=name, timeout_s=90)
+    finally:
+        figures.stop()
+    st = back["status"]
+    assert st["parallelism"] == 1 and st["autoscaler"]["heldOff"], st
+    assert rest.job(st["jobId"])["vertices"][0]["parallelism"] == 1 and rest.job(st["jobId"])["state"] == "RUNNING"
+    reasons = [e["reason"] for e in st["history"]]
+    assert any(r.startswith("autoscaler: scale-up from 1 to 6") for r in reasons), reasons
+    assert any("the autoscaler's rescale to parallelism 6 not ready" in r for r in reasons), reasons
+    time.sleep(6)  # an evaluation's time: held off, nothing more is decided
+    evaluations = rest.get(f"/deployments/{name}/autoscaler")["evaluations"]
+    assert [e["outcome"] for e in evaluations].count("scale-up") == 1
+    assert rest.http.delete(f"/deployments/{name}?savepoint=false").status_code == 202
