@@ -346,6 +346,7 @@ def test_bad_autoscaler_specs_are_refused_naming_the_field(rest, jar):
     for auto, field in [({"enabled": True, "minParallelism": 3, "maxParallelism": 2}, "minParallelism"),
                         ({"enabled": True, "targetUtilization": 1.5}, "targetUtilization"),
                         ({"enabled": True, "metricsWindow": "1 s"}, "metricsWindow"),
+                        ({"enabled": True, "metricsWindow": "1 h"}, "metricsWindow"),
                         ({"enabled": True, "maxParalelism": 2}, "maxParalelism")]:
         r = rest.http.put("/deployments/refused", json=spec(jar, autoscaler=auto))
         assert r.status_code == 400 and field in r.text, (auto, r.text)

@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 from services.dispatcher.schemas.fields import IntRange, Kind, Parallelism, Seconds, _Strict
 from services.dispatcher.schemas.restart import RestartStrategy
 from services.dispatcher.strict_fields import EntryName, StrictBool
-from shared import autoscaling
+from shared import autoscaling, streams
 from shared import deployments as dep
 
 UpgradeMode = Literal["savepoint", "last-state", "stateless"]
@@ -27,6 +27,15 @@ def _at_least(minimum: float):
         if seconds < minimum:
             raise PydanticCustomError("duration", "must be {expected}, got {got} s",
                                       {"expected": f"a duration of at least {minimum:g} s", "got": seconds})
+        return seconds
+    return AfterValidator(check)
+
+
+def _at_most(maximum: float):
+    def check(seconds: float) -> float:
+        if seconds > maximum:
+            raise PydanticCustomError("duration", "must be {expected}, got {got} s",
+                                      {"expected": f"a duration of at most {maximum:g} s", "got": seconds})
         return seconds
     return AfterValidator(check)
 
@@ -55,8 +64,9 @@ class AutoscalerSpecRequest(_Strict):
     targetUtilization: float | None = Field(
         autoscaling.DEFAULT_TARGET_UTILIZATION, gt=0, le=1,
         description="share of the task's capacity the input and the backlog's drain may use (default 0.7)")
-    metricsWindow: Annotated[Seconds, _at_least(5.0)] | None = Field(
-        autoscaling.DEFAULT_METRICS_WINDOW_S, description="the figures a decision reads (default 30 s)")
+    metricsWindow: Annotated[Seconds, _at_least(5.0), _at_most(streams.PROGRESS_HISTORY_S)] | None = Field(
+        autoscaling.DEFAULT_METRICS_WINDOW_S, description="the figures a decision reads (default 30 s; at most "
+                                                          "the 10 min of figures the TaskManagers keep)")
     stabilization: Annotated[Seconds, _at_least(0.0)] | None = Field(
         autoscaling.DEFAULT_STABILIZATION_S, description="no decision this long after a start, a rescale or a "
                                                          "rollback (default 60 s)")
