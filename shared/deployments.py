@@ -251,7 +251,7 @@ def _upgrade(o: Observed, live: bool) -> Plan:
                            f"{snapshot or 'nothing'}")
     if current is not None and o.spec.same_pipeline_except_parallelism(current) and o.spec.upgrade_mode != "stateless":
         target = o.target_parallelism
-        if o.job is not None and o.job.parallelism == target:
+        if o.job is not None and o.job.running and o.job.parallelism == target:
             return Plan(to=Lifecycle.STABLE, adopt_generation=g, stable=True, clear_error=True,
                         reason=f"generation {g} applied: its job {o.job.id} runs as it asks (parallelism {target})")
         return Plan(to=Lifecycle.UPGRADING, rescale_to=target, clear_error=True,
