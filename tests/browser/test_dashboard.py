@@ -350,7 +350,8 @@ def test_schedules_are_created_paused_resumed_and_deleted_from_the_page(page, ap
     page.go("#/schedules")
     page.wait("an uploaded pipeline to schedule", lambda d: len(page.els("#s-jar option")) > 1)
     page.el("#s-name").send_keys("hourly <i>probe</i>")
-    page.els("#s-jar option")[1].click()
+    # The list is drawn again when the page refreshes its jars: a click on a replaced option is retried.
+    page.wait("the pipeline chosen", lambda d: page.els("#s-jar option")[1].click() or True)
     page.el("#s-kind option[value='every']").click()
     every = page.el("#s-every")
     every.clear()
