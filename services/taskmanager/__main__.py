@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import threading
 import uuid
@@ -24,7 +23,7 @@ from celery import Celery
 from services.taskmanager import driver_sandbox, storage_probe
 from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
-from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.driver_process import DriverProcess, remove_driver_dirs
 from services.taskmanager.driver_supply import DriverLaunch
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
@@ -196,7 +195,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     workdir = settings.workdir / "taskmanagers" / base_id
     # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
     sandbox = None if simulate else driver_sandbox.start_sandbox(settings, base_id, workdir)
-    shutil.rmtree(workdir / "drivers", ignore_errors=True)  # leftovers of a killed predecessor
+    remove_driver_dirs(workdir / "drivers")  # leftovers of a killed predecessor
     noop = NoopRunner()
     reports = HeldReports(transport)
     supervisors = {}
@@ -259,7 +258,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
             sup.shutdown()
         if sandbox is not None:  # what left its driver's session and cgroup-less tracking missed
             driver_sandbox.sweep_drivers(settings, base_id, workdir)
-        shutil.rmtree(workdir / "drivers", ignore_errors=True)
+        remove_driver_dirs(workdir / "drivers")
         liveness.close()
 
 

@@ -36,11 +36,21 @@ from services.taskmanager import memory_limit
 from services.taskmanager.driver_env import driver_environment
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.rotating_log import RotatingLog
+from services.taskmanager.runtime.spark_session import python_socket_dir
 from services.taskmanager.task_processes import TaskProcesses
 from shared import task_protocol as tp
 from shared.ids import ExecutionId
 
 log = logging.getLogger("headrace.taskmanager.driver")
+
+
+def remove_driver_dirs(drivers: Path) -> None:
+    """Remove the drivers' work directories under `drivers` and their Python socket directories
+    in /tmp (spark_session.python_socket_dir): what drivers killed with their TaskManager left."""
+    if drivers.is_dir():
+        for workdir in drivers.iterdir():
+            shutil.rmtree(python_socket_dir(workdir), ignore_errors=True)
+    shutil.rmtree(drivers, ignore_errors=True)
 _ids = itertools.count(1)
 
 # The driver writes "<marker><phase>" to its log as a task starts ("importing the pipeline
@@ -371,6 +381,7 @@ class DriverProcess:
         self.processes.release()
         self.exited = True
         shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(python_socket_dir(self.workdir), ignore_errors=True)
         self._deliver(lambda: self.on_exit(self, code))
 
     def _deliver(self, call, attempts: int = 30) -> None:

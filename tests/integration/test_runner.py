@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 from services.taskmanager.runtime import class_archive, jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.sql import make_engine
+from services.taskmanager.runtime.spark_session import python_socket_dir
 from shared.settings import Settings
 from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, RunTask, TaskSpec, decode_event, encode_line
 
@@ -55,6 +57,7 @@ class Driver:
 
     def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False, extra: tuple[str, ...] = ()):
         workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", "2",
                "--workdir", str(workdir), "--events-fd", str(w), "--shuffle-partitions", "2",
@@ -148,6 +151,7 @@ class Driver:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        shutil.rmtree(python_socket_dir(self.workdir), ignore_errors=True)  # a TaskManager's cleanup
 
 
 @pytest.fixture

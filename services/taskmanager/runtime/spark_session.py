@@ -5,7 +5,10 @@ micro-batch costs before any task arrives. Used by the runner and by the class a
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,6 +20,28 @@ from .cluster_mode import Engine
 
 # How often the warm-up's streaming query looks whether a task is waiting for the driver.
 WARM_UP_POLL_S = 0.1
+# Spark's default checkpoint file manager goes through Hadoop's FileContext, which without
+# Hadoop's native library forks `chmod` and `readlink` processes for every file it writes: 12
+# forks, ~45 ms per file, and every micro-batch writes at least three (its offsets, its commit,
+# a state delta per state partition). The FileSystem-based manager writes the same files with 2
+# forks (~14 ms); a rename is atomic on the local and shared POSIX file systems checkpoints live
+# on (docs/benchmarks.md, "Where a small micro-batch's time goes").
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+# Spark talks to its Python workers over loopback TCP by default, where small writes meet
+# delayed acknowledgements: a Python source's read task of a few rows took 55 ms, 15 ms over a
+# Unix domain socket (same section). A socket's path is limited to 107 bytes and Spark adds 43 to
+# the directory, so the directory is a short one in /tmp (not $TMPDIR: a driver's is its long work
+# directory), named after the driver's work directory (its TaskManager removes both).
+PYTHON_SOCKET_BASE = Path("/tmp")
+PYTHON_SOCKET_DIR_PREFIX = "hr-py-"
+
+
+def python_socket_dir(workdir: str | Path) -> Path:
+    """Where a local driver's Spark puts the Unix domain sockets of its Python workers."""
+    digest = hashlib.sha1(str(Path(workdir).resolve()).encode()).hexdigest()[:16]
+    return PYTHON_SOCKET_BASE / f"{PYTHON_SOCKET_DIR_PREFIX}{digest}"
+
+
 # Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
 SPARK_UI_ENV = "HEADRACE_SPARK_UI"
 
@@ -65,7 +90,15 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
     builder = SparkSession.builder
     for key, value in engine.spark_conf(parallelism).items():
         builder = builder.config(key, value)
-    if not engine.local:
+    if engine.local:
+        sockets = python_socket_dir(work)
+        sockets.mkdir(mode=0o700, exist_ok=True)
+        # A session in a process that ends normally (tests, benchmarks); a driver's runner ends
+        # with os._exit and removes it itself, its TaskManager after a kill.
+        atexit.register(shutil.rmtree, sockets, ignore_errors=True)
+        builder = builder.config("spark.python.unix.domain.socket.enabled", "true")
+        builder = builder.config("spark.python.unix.domain.socket.dir", str(sockets))
+    else:
         # Executors import Headrace's connectors to unpickle the data sources, as the drivers do.
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     spark = (
@@ -83,6 +116,7 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
         .config("spark.driver.host", engine.host)
         .config("spark.driver.bindAddress", engine.host)
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .getOrCreate()
     )
