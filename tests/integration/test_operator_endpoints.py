@@ -330,3 +330,27 @@ def test_redis_stream_entries_after_counts_and_estimates(redis_url):
     assert entries_after(client, "lag-count", "0-0") == 50
     estimate = entries_after(client, "lag-count", ids[9], cap=10)  # past the cap: from the ids' times
     assert 10 <= estimate <= 50 and abs(estimate - 40) <= 2, estimate
+
+
+def test_a_redis_stream_batch_is_read_in_one_partition_per_16_entries_at_most(redis_url):
+    """A trickle's batch in one partition (each costs a task and a Python worker round trip); a
+    big batch across the job's parallelism."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from services.taskmanager.runtime.connectors import redis_streams as rs
+
+    client = redis.Redis.from_url(redis_url)
+    ids = [client.xadd("split-count", {"json": "{}"}, id=f"{1000 + i}-0").decode() for i in range(100)]
+    reader = rs._StreamReader(rs._Options({"stream": "split-count", "url": redis_url, "partitions": "4"}),
+                              StructType([StructField("n", LongType())]))
+
+    def parts(after: str, until: str) -> int:
+        return len(reader.partitions({"id": after}, {"id": until}))
+
+    assert rs.SPLIT_MIN_ENTRIES == 16
+    assert parts(ids[80], ids[-1]) == 1  # 19 entries
+    assert parts(ids[60], ids[-1]) == 2  # 39 entries
+    assert parts("0-0", ids[-1]) == 4
+    # Entries beyond the batch count too: never fewer partitions than the batch needs.
+    assert parts("0-0", ids[9]) == 4
+    reader.stop()

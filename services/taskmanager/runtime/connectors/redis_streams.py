@@ -82,6 +82,10 @@ _MAX_SEQ = 18446744073709551615  # largest sequence number of a stream id
 _READ_PAGE = 256  # entries per XRANGE round trip
 BEHIND_KEY = "entriesBehind"  # in the reported latest offset: entries beyond the planned batch
 LAG_COUNT_CAP = 256  # entries counted exactly per batch (one page); a larger backlog is estimated
+# A batch is read in at most one partition per this many entries: every partition costs a task
+# and a Python worker round trip, which for a trickle of single events is most of the read
+# (docs/benchmarks.md, "Where a small micro-batch's time goes").
+SPLIT_MIN_ENTRIES = 16
 
 
 # ---------------------------------------------------------------- packing helpers
@@ -269,7 +273,12 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
         return ReadMaxRows(self.opts.max_entries) if self.opts.max_entries else ReadAllAvailable()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return split_id_range(start["id"], end["id"], self.opts.partitions)
+        parts = self.opts.partitions
+        if parts > 1:
+            # Counted from the start to the stream's end, so never fewer than the batch holds.
+            held = count_after(self.client, self.opts.stream, start["id"], cap=SPLIT_MIN_ENTRIES * parts)
+            parts = max(1, min(parts, held // SPLIT_MIN_ENTRIES))
+        return split_id_range(start["id"], end["id"], parts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         part: _IdRange = partition  # type: ignore[assignment]
@@ -309,7 +318,7 @@ def entries_after(client: redis.Redis, stream: str, after: str, last: str | None
     it (XLEN times the share of the stream's time span after `after`)."""
     if last is not None and parse_id(after) >= parse_id(last):
         return 0
-    counted = int(client.eval(_COUNT_AFTER, 1, stream, after, cap))
+    counted = count_after(client, stream, after, cap)
     if counted < cap:
         return counted
     length = client.xlen(stream)
@@ -319,6 +328,11 @@ def entries_after(client: redis.Redis, stream: str, after: str, last: str | None
     t_first, t_after, t_last = parse_id(first[0][0])[0] if first else 0, parse_id(after)[0], parse_id(last_id)[0]
     share = (t_last - t_after) / (t_last - t_first) if t_last > t_first else 1.0
     return max(cap, min(length, int(length * share)))
+
+
+def count_after(client: redis.Redis, stream: str, after: str, cap: int) -> int:
+    """How many entries of `stream` have an id above `after`, counted on the server up to `cap`."""
+    return int(client.eval(_COUNT_AFTER, 1, stream, after, cap))
 
 
 def read_entries(client: redis.Redis, stream: str, after: str, until: str,
