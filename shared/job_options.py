@@ -27,6 +27,9 @@ What is read, and by whom:
                                  database before the task fails (default 60 s, 0: no wait)
   sink.max-retries               driver (SQL sinks): at most this many retries per step (Flink's
                                  JDBC option name; default: no count limit, only the time)
+  headrace.latency-mode          driver / views: true trades throughput for latency (the next
+                                 micro-batch at once, LATENCY_STATE_PARTITIONS state partitions
+                                 unless the job chooses them; docs/latency.md)
 
 Durations are read as Flink reads its configuration (shared/durations.py, parse_flink_duration):
 "10 s", "500 ms", "2 min", and a string without a unit is milliseconds ("10000" is 10 s); a JSON
@@ -65,6 +68,10 @@ NOOP_STARTUP_DELAY = "noop.startup-delay"
 RESTART_PREFIX = "restart-strategy."
 SINK_MAX_RETRY_TIME = "sink.max-retry-time"
 SINK_MAX_RETRIES = "sink.max-retries"
+LATENCY_MODE = "headrace.latency-mode"
+# Fewer state partitions, fewer state store tasks per micro-batch: 0.23 s against 0.26 s with 4
+# (docs/benchmarks.md, "Where a small micro-batch's time goes").
+LATENCY_STATE_PARTITIONS = 2
 
 MAX_DURATION_S = durations.MAX_DURATION_S
 # Flink's counts and parallelisms are Java ints; so are the catalog's columns (PostgreSQL
@@ -155,6 +162,15 @@ def _module(value: Any) -> str:
     raise ValueError("not a module name")
 
 
+def boolean(value: Any) -> bool:
+    """A switch: JSON true/false, or the strings "true"/"false" (Flink's configuration files)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError("not a boolean")
+
+
 def _runtime_mode(value: Any) -> str:
     if isinstance(value, str) and value.strip().upper() in ("STREAMING", "BATCH", "AUTOMATIC"):
         return value.strip().upper()
@@ -226,6 +242,7 @@ RULES: dict[str, _Rule] = {
     "module": _Rule(_module, "the dotted name of a module inside the .zip", "mypipeline.main"),
     SINK_MAX_RETRY_TIME: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "60 s"),
     SINK_MAX_RETRIES: _integer_rule(0, 3),
+    LATENCY_MODE: _Rule(boolean, "true or false", True),
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.
@@ -438,11 +455,21 @@ def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> flo
 STATE_PARTITION_KEYS = ("spark.sql.shuffle.partitions", "pipeline.max-parallelism", "maxParallelism")
 
 
+def latency_mode(config: Mapping[str, Any] | None) -> bool:
+    """Whether a job runs in the latency mode (headrace.latency-mode); a value the dispatcher
+    would have refused reads as off."""
+    try:
+        return boolean((config or {}).get(LATENCY_MODE, False))
+    except ValueError:
+        return False
+
+
 def explicit_state_partitions(config: Mapping[str, Any] | None) -> int | None:
     """The state partition count a job's configuration chooses (Spark's shuffle partitions, or
-    Flink's name for the same bound, pipeline.max-parallelism), or None: the cluster's default.
-    The driver applies it as spark.sql.shuffle.partitions at the job's first start; a restored
-    query keeps the count its checkpoint pinned."""
+    Flink's name for the same bound, pipeline.max-parallelism; in the latency mode
+    LATENCY_STATE_PARTITIONS unless it names one), or None: the cluster's default. The driver
+    applies it as spark.sql.shuffle.partitions at the job's first start; a restored query keeps
+    the count its checkpoint pinned."""
     config = config or {}
     for key in STATE_PARTITION_KEYS:
         try:
@@ -451,7 +478,7 @@ def explicit_state_partitions(config: Mapping[str, Any] | None) -> int | None:
             continue
         if value > 0:
             return value
-    return None
+    return LATENCY_STATE_PARTITIONS if latency_mode(config) else None
 
 
 def state_partitions(config: Mapping[str, Any] | None, default: int) -> int:

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections import Counter
 from datetime import timedelta, timezone
 from pathlib import Path
@@ -28,6 +29,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from shared import checkpoint_storage as storage
+from shared import job_options
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import (
     BASE,
@@ -260,3 +262,34 @@ def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothi
     assert attempts[-1]["status"] == "RUNNING"
     rest.cancel(job)
     assert rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
+
+
+def test_the_latency_mode_starts_each_batch_at_once_on_two_state_partitions_and_counts_exactly(cluster, tmp_path):
+    """headrace.latency-mode: the pipeline's own trigger (5 s here) gives way to the next
+    micro-batch at once, the first start pins LATENCY_STATE_PARTITIONS state partitions, and
+    the sink's totals are exact."""
+    c, pg = cluster
+    rest = Rest(c.dispatcher_url)
+    stream, table = "e2e-counts-latency", "e2e_latency"
+    producer = Producer(c.redis_url, stream, rate=100).start()
+    jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
+    args = ["--stream", stream, "--sink", "sql", "--table", table, "--sink-url", pg, "--trigger", "5 seconds"]
+    job = rest.run(jar, parallelism=2, jobName="counts-latency", programArgsList=args,
+                   flinkConfiguration={"headrace.latency-mode": True})
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    wait_for(lambda: sql_totals(pg, table), 120, "the first batch in the sink")
+    running_since = time.monotonic()
+    time.sleep(12)
+    produced = producer.stop()
+    wait_for(lambda: sql_totals(pg, table) == expected_totals(produced), 60, "every event in the sink")
+    elapsed = time.monotonic() - running_since
+    location = savepoint(rest, job, "stop", {"targetDirectory": str(tmp_path / "sp"), "drain": False})
+    assert rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
+    assert sql_totals(pg, table) == expected_totals(produced)
+    spark = storage.read_metadata(Path(location))["spark"]
+    assert spark["state_partitions"] == job_options.LATENCY_STATE_PARTITIONS
+    # A 5 s trigger could not have run more than elapsed / 5 + 2 batches in that time.
+    assert spark["batch_id"] > elapsed / 5 + 2, (spark["batch_id"], elapsed)
+    logs = "\n".join(p.read_text(errors="replace")
+                     for p in Path(c.settings.home).glob("work/taskmanagers/*/logs/driver-*.log"))
+    assert "latency mode: the pipeline's trigger (5 seconds) is not used" in logs

@@ -26,3 +26,26 @@ def test_the_driver_applies_pipeline_max_parallelism_as_spark_shuffle_partitions
 
     assert sql_conf_keys({"pipeline.max-parallelism": 16, "spark.sql.ansi.enabled": "true", "other": 1}) == {
         "spark.sql.shuffle.partitions": "16", "spark.sql.ansi.enabled": "true"}
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"headrace.latency-mode": True}, job_options.LATENCY_STATE_PARTITIONS),
+    ({"headrace.latency-mode": "true"}, job_options.LATENCY_STATE_PARTITIONS),
+    ({"headrace.latency-mode": "TRUE", "pipeline.max-parallelism": 8}, 8),  # the job's own choice wins
+    ({"headrace.latency-mode": False}, None),
+    ({"headrace.latency-mode": "sometimes"}, None),  # refused at submission; reads as off
+])
+def test_the_latency_mode_chooses_fewer_state_partitions_unless_the_job_does(config, expected):
+    assert job_options.explicit_state_partitions(config) == expected
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "on", None, ""])
+def test_the_latency_mode_is_a_boolean(value):
+    [problem] = job_options.problems({"headrace.latency-mode": value})
+    assert problem.option == "headrace.latency-mode"
+    assert "true or false" in problem.message
+
+
+@pytest.mark.parametrize("value", [True, False, "true", " False "])
+def test_the_latency_mode_takes_json_and_configuration_file_booleans(value):
+    assert job_options.problems({"headrace.latency-mode": value}) == []

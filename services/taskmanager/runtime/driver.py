@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shared import checkpoint_storage as storage
-from shared import restore_failure
+from shared import job_options, restore_failure
 from shared.task_protocol import (
     Canceled,
     Failed,
@@ -198,6 +198,10 @@ class Driver:
 
     def _run_streaming(self, spec: TaskSpec, handle: Any) -> int:
         live = Path(spec.checkpoint_dir) / handle.name
+        if job_options.latency_mode(spec.config) and handle.trigger:
+            # The latency mode starts each micro-batch as soon as the one before it commits.
+            self.phases.announce(f"latency mode: the pipeline's trigger ({handle.trigger}) is not used")
+            handle.trigger = None
         self.phases.announce("fencing the sinks")
         prepare_streaming(spec, handle, live, self.restored_meta, self.lineage, self.phases)
         snapshots = SnapshotServer(self.events, self.queries, spec, handle, live, self.lineage)
