@@ -8,7 +8,7 @@ session, the query started on a checkpoint directory and awaited. The sink is no
 attempts exist here); everything else is the same code.
 
     python bench/bare_spark.py PIPELINE.py --parallelism 2 --checkpoint DIR \
-        [--shuffle-partitions 4] [--driver-memory 1g] -- PIPELINE ARGS...
+        [--shuffle-partitions 4] [--driver-memory 1g] [--conf KEY=VALUE]... -- PIPELINE ARGS...
 
 It prints `bare: query started` when the query runs and runs until it is killed (SIGTERM stops
 the query) or the query ends.
@@ -38,6 +38,7 @@ def main() -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument("--catalog-url", default="")
+    p.add_argument("--conf", action="append", default=[], help="KEY=VALUE: a Spark option more (repeatable)")
     p.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args()
     pipeline_args = args.args[1:] if args.args[:1] == ["--"] else args.args
@@ -48,8 +49,12 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    for item in args.conf:
+        key, _, value = item.partition("=")
+        builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master(f"local[{args.parallelism}]").appName("bare")
+        builder.master(f"local[{args.parallelism}]").appName("bare")
         .config("spark.driver.memory", args.driver_memory)
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
         .config("spark.ui.enabled", "false")

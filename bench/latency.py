@@ -4,15 +4,21 @@ in one run.
 
 A producer thread XADDs single JSON events (what outside producers write) at --rate events/s,
 noting each event's number and the time it was written. bench/pipelines/click_windows.py counts
-them per key per 10 s window with a processing-time trigger (--trigger) and upserts the counts
+them per key per 10 s window (with the default trigger, or --trigger) and upserts the counts
 with the highest event number of each window (`last_n`). A watcher polls the sink every
 --poll-ms for max(last_n): batches commit a prefix of the stream, so every event up to that
 number is committed by then. An event's latency = the first poll that saw it committed - the
 time it was written (the poll adds up to --poll-ms). The first --warmup-s of each run are left
 out (the query's first batches); then --duration-s of events are measured: p50, p90, p99, max.
 
-usage: python bench/latency.py [--duration-s 120] [--rate 100] [--trigger "200 milliseconds"]
-       [--only headrace|bare] [--smoke]
+Four runs, one after the other (--rounds N alternates them): *headrace*, submitted over REST to a
+warm cluster like `headrace up`'s; *headrace-latency*, the same with the job option
+headrace.latency-mode; *bare*, the file through bench/bare_spark.py, a plain SparkSession; and
+*bare-tuned*, a plain session with the Spark settings the latency mode runs with (which tells
+Spark's part from the control plane's).
+
+usage: python bench/latency.py [--duration-s 60] [--rate 100] [--trigger "200 milliseconds"]
+       [--kinds headrace,headrace-latency,bare,bare-tuned] [--rounds 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from bench._procs import Procs, stop_group
 from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine, percentile, pg_engine
 from bench.submit_latency import wait_warm
 from bench.throughput import KEYS, PIPELINE, start_bare
+from shared.job_options import LATENCY_MODE
 from tests.clusters import Rest, start_cluster
 
 
@@ -103,68 +110,100 @@ def measure(engine: sa.Engine, table: str, source: str, stream: str, *, rate: fl
             "p99_s": round(percentile(lat, 0.99), 3), "max_s": round(max(lat), 3)}
 
 
+KINDS = ("headrace", "headrace-latency", "bare", "bare-tuned")
+
+
+def bare_conf(kind: str) -> tuple[dict[str, str], int]:
+    """Spark options and state partitions of a bare run: a plain session's, or (bare-tuned) the
+    ones a Headrace driver in the latency mode runs with, to tell Spark's part from ours."""
+    if kind == "bare-tuned":
+        from services.taskmanager.runtime.spark_session import CHECKPOINT_FILE_MANAGER
+        from shared.job_options import LATENCY_STATE_PARTITIONS
+
+        return ({"spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+                 "spark.python.unix.domain.socket.enabled": "true"}, LATENCY_STATE_PARTITIONS)
+    return {}, 0
+
+
+def run_headrace(kind: str, cluster, rest: Rest, jar: str, engine, pargs: list[str], source: str, stream: str,
+                 args) -> dict:
+    config = {LATENCY_MODE: "true"} if kind == "headrace-latency" else {}
+    wait_warm(cluster, 1)
+    job = rest.run(jar, parallelism=2, jobName=kind, programArgsList=pargs, flinkConfiguration=config)
+    try:
+        rest.wait_running_task(job, timeout_s=120)
+        return measure(engine, stream, source, stream, rate=args.rate, warmup_s=args.warmup_s,
+                       duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
+    finally:
+        rest.cancel(job)
+        rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
+
+
+def run_bare(kind: str, home: Path, engine, pargs: list[str], source: str, stream: str, settings, args) -> dict:
+    conf, partitions = bare_conf(kind)
+    proc = start_bare(home, table=stream, args=pargs, driver_memory=settings.driver_memory, conf=conf,
+                      shuffle_partitions=partitions or settings.spark_shuffle_partitions)
+    try:
+        # The producer starts once the query runs, as it does for Headrace.
+        log = home / "logs" / f"{stream}.log"
+        deadline = time.monotonic() + 180
+        while "bare: query started" not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit(f"the bare query did not start; see {log}")
+            time.sleep(0.2)
+        return measure(engine, stream, source, stream, rate=args.rate, warmup_s=args.warmup_s,
+                       duration_s=args.duration_s, poll_s=args.poll_ms / 1000, alive=lambda: proc.poll() is None)
+    finally:
+        stop_group(proc)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--duration-s", type=float, default=120)
+    p.add_argument("--duration-s", type=float, default=60)
     p.add_argument("--warmup-s", type=float, default=15)
     p.add_argument("--rate", type=float, default=100)
-    p.add_argument("--trigger", default="200 milliseconds")
+    p.add_argument("--trigger", default=None, help='a processing-time trigger for the pipeline (default: none, '
+                                                   'the next micro-batch at once)')
     p.add_argument("--poll-ms", type=float, default=20)
-    p.add_argument("--only", choices=("headrace", "bare"), default=None)
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"which runs, in order: {', '.join(KINDS)}")
+    p.add_argument("--rounds", type=int, default=1, help="run every kind this many times, alternating")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark still works")
     args = p.parse_args()
+    kinds = args.kinds.split(",")
+    if any(k not in KINDS for k in kinds):
+        raise SystemExit(f"--kinds: choose from {', '.join(KINDS)}")
     if args.smoke:
-        args.duration_s, args.warmup_s, args.only = 5, 5, "headrace"
+        args.duration_s, args.warmup_s, kinds = 5, 5, ["headrace-latency"]
     home = Path(tempfile.mkdtemp(prefix="hr-latency-"))
     procs = Procs(home, {})
     sink_url, catalog_url = fresh_pg(DEFAULT_PG), fresh_pg(DEFAULT_PG)
     engine = pg_engine(sink_url)
     cluster = None
-    results = {}
+    results: dict[str, list[dict]] = {}
     try:
         source = procs.redis()
         cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
                                 restart_strategy={"type": "none"})
-        settings = cluster.settings
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
-        print(f"machine: {machine()}; {args.rate:g} events/s, trigger {args.trigger}, "
+        print(f"machine: {machine()}; {args.rate:g} events/s, trigger {args.trigger or 'none (at once)'}, "
               f"{args.duration_s:g} s measured after {args.warmup_s:g} s", flush=True)
-        for kind in [args.only] if args.only else ["headrace", "bare"]:
-            stream = f"trickle_{kind}"
-            pargs = ["--stream", stream, "--source-url", source, "--sink-url", sink_url, "--table", kind,
-                     "--trigger", args.trigger]
-            load = round(os.getloadavg()[0], 2)
-            if kind == "headrace":
-                wait_warm(cluster, 1)
-                job = rest.run(jar, parallelism=2, jobName=kind, programArgsList=pargs)
-                try:
-                    rest.wait_running_task(job, timeout_s=120)
-                    r = measure(engine, kind, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                                duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
-                finally:
-                    rest.cancel(job)
-                    rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
-            else:
-                proc = start_bare(home, table=kind, args=pargs, shuffle_partitions=settings.spark_shuffle_partitions,
-                                  driver_memory=settings.driver_memory)
-                try:
-                    # The producer starts once the query runs, as it does for Headrace.
-                    log = home / "logs" / f"{kind}.log"
-                    deadline = time.monotonic() + 180
-                    while "bare: query started" not in log.read_text(errors="replace"):
-                        if time.monotonic() > deadline or proc.poll() is not None:
-                            raise SystemExit(f"the bare query did not start; see {log}")
-                        time.sleep(0.2)
-                    r = measure(engine, kind, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                                duration_s=args.duration_s, poll_s=args.poll_ms / 1000,
-                                alive=lambda: proc.poll() is None)  # noqa: B023 - used within this iteration
-                finally:
-                    stop_group(proc)
-            r["load"] = load
-            results[kind] = r
-            print(f"{kind:8s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
-                  f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  (load {load})", flush=True)
+        for run in range(args.rounds):
+            for kind in kinds:
+                stream = f"{kind.replace('-', '_')}_{run}"
+                pargs = ["--stream", stream, "--source-url", source, "--sink-url", sink_url, "--table", stream]
+                if args.trigger:
+                    pargs += ["--trigger", args.trigger]
+                load = round(os.getloadavg()[0], 2)
+                if kind.startswith("headrace"):
+                    r = run_headrace(kind, cluster, rest, jar, engine, pargs, source, stream, args)
+                else:
+                    r = run_bare(kind, home, engine, pargs, source, stream, cluster.settings, args)
+                r["load"] = load
+                results.setdefault(kind, []).append(r)
+                print(f"{kind:16s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
+                      f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  (load {load})", flush=True)
+        print(json.dumps(results))
     finally:
         if cluster is not None:
             cluster.stop()

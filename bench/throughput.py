@@ -175,11 +175,12 @@ def median_of(results: list[dict], key: str) -> float:
 
 
 def start_bare(home: Path, *, table: str, args: list[str], shuffle_partitions: int,
-               driver_memory: str) -> subprocess.Popen:
+               driver_memory: str, conf: dict[str, str] | None = None) -> subprocess.Popen:
     """bench/bare_spark.py running PIPELINE in its own process group (stop it with stop_bare)."""
     (home / "logs").mkdir(parents=True, exist_ok=True)
+    confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
     cmd = [sys.executable, str(BARE), "--parallelism", "2", "--checkpoint", str(home / "bare-checkpoints" / table),
-           "--shuffle-partitions", str(shuffle_partitions), "--driver-memory", driver_memory, str(PIPELINE),
+           "--shuffle-partitions", str(shuffle_partitions), "--driver-memory", driver_memory, *confs, str(PIPELINE),
            "--", *args]
     with open(home / "logs" / f"{table}.log", "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
