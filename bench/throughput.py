@@ -85,9 +85,9 @@ def pipeline_args(source: str, sink_url: str, table: str, max_entries: int | Non
 
 
 def run_headrace(rest: Rest, jar: str, engine, *, table: str, events: int, args: list[str],
-                 timeout_s: float) -> dict:
+                 timeout_s: float, config: dict | None = None) -> dict:
     t0 = time.monotonic()
-    job = rest.run(jar, parallelism=2, jobName=table, programArgsList=args)
+    job = rest.run(jar, parallelism=2, jobName=table, programArgsList=args, flinkConfiguration=config or {})
     running = RunningWatch(rest.http.base_url, job)
     try:
         r = watch_sink(engine, table, events, t0, timeout_s)
@@ -209,6 +209,7 @@ def main() -> None:
     p.add_argument("--only", choices=("headrace", "bare"), default=None)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark still works")
+    p.add_argument("--latency-mode", action="store_true", help="Headrace's jobs with headrace.latency-mode")
     p.add_argument("--case", choices=("bare", "just-started"), default="bare",
                    help="bare: Headrace against bare PySpark on a warm cluster; just-started: a cluster just up "
                         "against the same cluster warm")
@@ -247,7 +248,8 @@ def main() -> None:
                         wait_warm(cluster, args.warm)
                     load = round(os.getloadavg()[0], 2)
                     r = run_headrace(rest, jar, engine, table=table, events=args.events, args=pargs,
-                                     timeout_s=args.timeout)
+                                     timeout_s=args.timeout,
+                                     config={"headrace.latency-mode": True} if args.latency_mode else None)
                 else:
                     load = round(os.getloadavg()[0], 2)
                     r = run_bare(home, engine, table=table, events=args.events, args=pargs, timeout_s=args.timeout,

@@ -29,7 +29,8 @@ What is read, and by whom:
                                  JDBC option name; default: no count limit, only the time)
   headrace.latency-mode          driver / views: true trades throughput for latency (the next
                                  micro-batch at once, LATENCY_STATE_PARTITIONS state partitions
-                                 unless the job chooses them; docs/latency.md)
+                                 unless the job chooses them; docs/runbooks/
+                                 slow-pipeline.md, "Slow to answer")
 
 Durations are read as Flink reads its configuration (shared/durations.py, parse_flink_duration):
 "10 s", "500 ms", "2 min", and a string without a unit is milliseconds ("10000" is 10 s); a JSON

@@ -22,6 +22,17 @@ commands = typer.Typer()
 RESTORE_CHECK_WAIT_S = 180.0
 
 
+def job_options(items: list[str]) -> dict[str, str]:
+    """-D KEY=VALUE items as a job's configuration; the dispatcher checks the values."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"-D {item}: a job option is KEY=VALUE, e.g. -D execution.checkpointing.interval=10s", 2)
+        out[key.strip()] = value.strip()
+    return out
+
+
 @commands.command()
 def run(
     file: Path = typer.Argument(..., help="pipeline: a .py file or a .zip of a package"),
@@ -32,6 +43,8 @@ def run(
     restart: Optional[str] = typer.Option(None, "--restart-strategy", help='JSON, e.g. {"type":"none"}'),
     args: Optional[str] = typer.Option(None, "--args", help="program arguments, shell-quoted"),
     wait: bool = typer.Option(False, "--wait", help="wait for a terminal state"),
+    options: Optional[list[str]] = typer.Option(
+        None, "-D", help='a job option KEY=VALUE, as Flink\'s -D (repeatable), e.g. -D headrace.latency-mode=true'),
     from_savepoint: Optional[str] = typer.Option(
         None, "-s", "--from-savepoint", "--fromSavepoint",
         help="start from this savepoint or retained checkpoint (a path or file:// URI)"),
@@ -61,6 +74,8 @@ def run(
         body["jobName"] = name
     if args:
         body["programArgsList"] = shlex.split(args)
+    if options:
+        body["flinkConfiguration"] = job_options(options)
     if restart:
         try:
             body["restartStrategy"] = json.loads(restart)

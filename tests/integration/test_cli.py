@@ -203,6 +203,21 @@ def test_run_from_a_savepoint(live, tmp_path):
     assert result.returncode == 2 and "--claim-mode must be CLAIM or NO_CLAIM" in result.stderr
 
 
+def test_run_with_job_options(live, tmp_path):
+    pipeline = tmp_path / "job.py"
+    pipeline.write_text("def build(ctx):\n    return None\n")
+    result = headrace("run", str(pipeline), "-D", "headrace.latency-mode=true", "-D",
+                      "execution.checkpointing.interval = 2 s", "-m", live.url)
+    assert result.returncode == 0, result.stderr
+    with live.catalog.session() as s:
+        config = repository.get_job(s, result.stdout.split()[-1]).config
+    assert config == {"headrace.latency-mode": "true", "execution.checkpointing.interval": "2 s"}
+    result = headrace("run", str(pipeline), "-D", "headrace.latency-mode", "-m", live.url)
+    assert result.returncode == 2 and "a job option is KEY=VALUE" in result.stderr
+    result = headrace("run", str(pipeline), "-D", "headrace.latency-mode=sometimes", "-m", live.url)
+    assert result.returncode == 1 and "headrace.latency-mode" in result.stderr and "true or false" in result.stderr
+
+
 def test_checkpoints_table(live):
     job_id = live.job()
     result = headrace("checkpoints", job_id, "-m", live.url)
