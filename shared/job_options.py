@@ -466,11 +466,9 @@ def latency_mode(config: Mapping[str, Any] | None) -> bool:
 
 
 def explicit_state_partitions(config: Mapping[str, Any] | None) -> int | None:
-    """The state partition count a job's configuration chooses (Spark's shuffle partitions, or
-    Flink's name for the same bound, pipeline.max-parallelism; in the latency mode
-    LATENCY_STATE_PARTITIONS unless it names one), or None: the cluster's default. The driver
-    applies it as spark.sql.shuffle.partitions at the job's first start; a restored query keeps
-    the count its checkpoint pinned."""
+    """The state partition count a job's configuration sets (Spark's shuffle partitions, or
+    Flink's name for the same bound, pipeline.max-parallelism), or None. A restore that finds
+    another count pinned in its snapshot is refused (shared/restore_compat.py)."""
     config = config or {}
     for key in STATE_PARTITION_KEYS:
         try:
@@ -479,10 +477,21 @@ def explicit_state_partitions(config: Mapping[str, Any] | None) -> int | None:
             continue
         if value > 0:
             return value
-    return LATENCY_STATE_PARTITIONS if latency_mode(config) else None
+    return None
+
+
+def chosen_state_partitions(config: Mapping[str, Any] | None) -> int | None:
+    """The state partition count a job's first start uses unless the cluster's default: the one
+    it sets, else in the latency mode LATENCY_STATE_PARTITIONS. The driver applies it as
+    spark.sql.shuffle.partitions; a restored query keeps the count its checkpoint pinned (the
+    latency mode's choice is no reason to refuse a restore, an explicit one is)."""
+    chosen = explicit_state_partitions(config)
+    if chosen is None and latency_mode(config):
+        return LATENCY_STATE_PARTITIONS
+    return chosen
 
 
 def state_partitions(config: Mapping[str, Any] | None, default: int) -> int:
     """A job's state partition count: what it chooses, else the cluster's `default`. A stateful
     stage cannot use more cores than this, whatever its parallelism."""
-    return explicit_state_partitions(config) or default
+    return chosen_state_partitions(config) or default

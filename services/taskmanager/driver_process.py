@@ -51,6 +51,8 @@ def remove_driver_dirs(drivers: Path) -> None:
         for workdir in drivers.iterdir():
             shutil.rmtree(python_socket_dir(workdir), ignore_errors=True)
     shutil.rmtree(drivers, ignore_errors=True)
+
+
 _ids = itertools.count(1)
 
 # The driver writes "<marker><phase>" to its log as a task starts ("importing the pipeline

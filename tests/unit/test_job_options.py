@@ -36,7 +36,23 @@ def test_the_driver_applies_pipeline_max_parallelism_as_spark_shuffle_partitions
     ({"headrace.latency-mode": "sometimes"}, None),  # refused at submission; reads as off
 ])
 def test_the_latency_mode_chooses_fewer_state_partitions_unless_the_job_does(config, expected):
-    assert job_options.explicit_state_partitions(config) == expected
+    from services.taskmanager.runtime.restore import sql_conf_keys
+
+    assert job_options.chosen_state_partitions(config) == expected
+    assert job_options.state_partitions(config, 4) == (expected or 4)
+    assert sql_conf_keys(config).get("spark.sql.shuffle.partitions") == (str(expected) if expected else None)
+
+
+def test_the_latency_mode_does_not_refuse_a_restore_of_another_partition_count():
+    """Its 2 partitions are a first start's choice: restoring a snapshot with 4 keeps them."""
+    from shared import restore_compat
+
+    snapshot = {"spark": {"batch_id": 7, "state_partitions": 4}}
+    config = {"headrace.latency-mode": True}
+    assert job_options.explicit_state_partitions(config) is None
+    assert restore_compat.check(snapshot, None, new_shuffle_partitions=job_options.explicit_state_partitions(config),
+                                allow_non_restored_state=False).ok
+    assert not restore_compat.check(snapshot, None, new_shuffle_partitions=2, allow_non_restored_state=False).ok
 
 
 @pytest.mark.parametrize("value", ["yes", 1, "on", None, ""])

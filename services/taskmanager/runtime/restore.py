@@ -31,9 +31,10 @@ def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:
 
 def sql_conf_keys(config: dict) -> dict[str, str]:
     """The `spark.sql.*` options of a job's configuration, with its state partition count chosen
-    by Flink's name (pipeline.max-parallelism) as Spark's shuffle partitions."""
+    by Flink's name (pipeline.max-parallelism) or by the latency mode as Spark's shuffle
+    partitions."""
     out = {k: str(v) for k, v in (config or {}).items() if isinstance(k, str) and k.startswith("spark.sql.")}
-    partitions = job_options.explicit_state_partitions(config)
+    partitions = job_options.chosen_state_partitions(config)
     if partitions is not None:
         out["spark.sql.shuffle.partitions"] = str(partitions)
     return out
@@ -50,8 +51,8 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
 
         phases.announce(f"restoring the snapshot {spec.restore_from}")
         assert spec.restore_from is not None  # restored_meta was read from it
-        explicit = sql_conf_keys(spec.config).get("spark.sql.shuffle.partitions")
-        drop = check_before_start(handle.df, meta, shuffle_partitions=int(explicit) if explicit else None,
+        drop = check_before_start(handle.df, meta,
+                                  shuffle_partitions=job_options.explicit_state_partitions(spec.config),
                                   allow_non_restored_state=spec.allow_non_restored_state,
                                   output_mode=handle.output_mode)
         with restore_failure.restoring(spec.restore_from):
