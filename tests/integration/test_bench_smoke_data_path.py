@@ -31,8 +31,14 @@ def test_throughput_smoke_runs_both_sides_to_exact_counts():
 
 def test_latency_smoke_reports_percentiles():
     out = run_smoke("latency.py")
-    m = re.search(r"headrace (\d+) events: p50 ([\d.]+) s .* p99 ([\d.]+) s", out)
+    m = re.search(r"headrace-latency +(\d+) events: p50 ([\d.]+) s .* p99 ([\d.]+) s", out)
     assert m and int(m.group(1)) == 500 and 0 < float(m.group(2)) <= float(m.group(3)), out
+
+
+def test_latency_profile_smoke_reports_every_phase():
+    out = run_smoke("latency_profile.py")
+    for phase in ("walCommit", "addBatch", "triggerExecution", "collect", "callback"):
+        assert re.search(rf"{phase} +median +[\d.]+ ms", out), (phase, out)
 
 
 def test_memory_smoke_reports_every_service_and_driver():

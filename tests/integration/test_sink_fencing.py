@@ -509,6 +509,8 @@ def failover(spark, redis_url, tmp_path, make_handle, read_back):
         # The attempts share a SparkSession here, not so in production: give the copy its own
         # query id, or Spark would stop the old run when the new one starts.
         (cp1 / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
+        # Its checksum would no longer match; a restored snapshot carries none either.
+        (cp1 / ".metadata.crc").unlink(missing_ok=True)
         xadd_events(r, 300, 600)
         q0.processAllAvailable()
         assert q0.lastProgress["batchId"] == 5
