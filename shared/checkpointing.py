@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from shared.booleans import parse_boolean
 from shared.durations import InvalidDuration, flink_text, parse_flink_duration
 from shared.errors import ConfigError
 
@@ -107,11 +108,10 @@ def _int(raw: Any, key: str, minimum: int) -> int:
 
 
 def _bool(raw: Any, key: str) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
-        return raw.strip().lower() == "true"
-    raise InvalidCheckpointConfig(key, f"expected true or false, got {raw!r}")
+    try:
+        return parse_boolean(raw)
+    except ValueError:
+        raise InvalidCheckpointConfig(key, f"expected true or false, got {raw!r}") from None
 
 
 def _path(raw: Any, key: str) -> str:

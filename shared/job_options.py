@@ -57,6 +57,7 @@ from typing import Any, Callable, Mapping
 
 from shared import checkpointing as cp
 from shared import durations, restart, sizes
+from shared.booleans import parse_boolean
 
 STARTUP_TIMEOUT = "headrace.task.startup-timeout"
 MEMORY_LIMIT = "headrace.task.memory-limit"
@@ -163,15 +164,6 @@ def _module(value: Any) -> str:
     raise ValueError("not a module name")
 
 
-def boolean(value: Any) -> bool:
-    """A switch: JSON true/false, or the strings "true"/"false" (Flink's configuration files)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError("not a boolean")
-
-
 def _runtime_mode(value: Any) -> str:
     if isinstance(value, str) and value.strip().upper() in ("STREAMING", "BATCH", "AUTOMATIC"):
         return value.strip().upper()
@@ -243,7 +235,7 @@ RULES: dict[str, _Rule] = {
     "module": _Rule(_module, "the dotted name of a module inside the .zip", "mypipeline.main"),
     SINK_MAX_RETRY_TIME: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "60 s"),
     SINK_MAX_RETRIES: _integer_rule(0, 3),
-    LATENCY_MODE: _Rule(boolean, "true or false", True),
+    LATENCY_MODE: _Rule(parse_boolean, "true or false", True),
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.
@@ -460,7 +452,7 @@ def latency_mode(config: Mapping[str, Any] | None) -> bool:
     """Whether a job runs in the latency mode (headrace.latency-mode); a value the dispatcher
     would have refused reads as off."""
     try:
-        return boolean((config or {}).get(LATENCY_MODE, False))
+        return parse_boolean((config or {}).get(LATENCY_MODE, False))
     except ValueError:
         return False
 

@@ -16,6 +16,8 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from shared.booleans import parse_boolean
+
 MAX_ENTRY_CHARS = 255
 BOOL_EXPECTED = "true or false (a JSON boolean, or the string \"true\" or \"false\")"
 ENTRY_EXPECTED = "the name of a top-level function of the module, such as 'build' (one Python identifier)"
@@ -28,10 +30,10 @@ def _short(value: Any) -> str:
 
 def strict_bool(value: Any) -> bool:
     """True/False from a JSON boolean or the string "true"/"false"; anything else raises."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
+    try:
+        return parse_boolean(value)
+    except ValueError:
+        pass
     raise PydanticCustomError("strict_bool", "must be {expected}, got {got}",
                               {"expected": BOOL_EXPECTED, "got": _short(value),
                                "hint": "write true or false; other spellings (yes, 1, on) are refused"})
