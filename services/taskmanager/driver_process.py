@@ -36,7 +36,7 @@ from services.taskmanager import memory_limit
 from services.taskmanager.driver_env import driver_environment
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.rotating_log import RotatingLog
-from services.taskmanager.runtime.spark_session import python_socket_dir
+from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from services.taskmanager.task_processes import TaskProcesses
 from shared import task_protocol as tp
 from shared.ids import ExecutionId
@@ -49,7 +49,7 @@ def remove_driver_dirs(drivers: Path) -> None:
     in /tmp (spark_session.python_socket_dir): what drivers killed with their TaskManager left."""
     if drivers.is_dir():
         for workdir in drivers.iterdir():
-            shutil.rmtree(python_socket_dir(workdir), ignore_errors=True)
+            remove_python_socket_dirs(workdir)
     shutil.rmtree(drivers, ignore_errors=True)
 
 
@@ -383,7 +383,7 @@ class DriverProcess:
         self.processes.release()
         self.exited = True
         shutil.rmtree(self.workdir, ignore_errors=True)
-        shutil.rmtree(python_socket_dir(self.workdir), ignore_errors=True)
+        remove_python_socket_dirs(self.workdir)
         self._deliver(lambda: self.on_exit(self, code))
 
     def _deliver(self, call, attempts: int = 30) -> None:

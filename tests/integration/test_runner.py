@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import sqlalchemy as sa
 from services.taskmanager.runtime import class_archive, jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.sql import make_engine
-from services.taskmanager.runtime.spark_session import python_socket_dir
+from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from shared.settings import Settings
 from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, RunTask, TaskSpec, decode_event, encode_line
 
@@ -151,7 +150,7 @@ class Driver:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
-        shutil.rmtree(python_socket_dir(self.workdir), ignore_errors=True)  # a TaskManager's cleanup
+        remove_python_socket_dirs(self.workdir)  # a TaskManager's cleanup
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
-import shutil
 import signal
 import sys
 import time
@@ -48,7 +47,7 @@ from .cluster_mode import Engine
 from .driver import Driver
 from .driver_io import EventWriter, end_own_session, start_watchdog, stop_spark_quietly
 from .reports import format_failure
-from .spark_session import build_spark, prepare_env, python_socket_dir, spark_ui_wanted, warm_up
+from .spark_session import build_spark, prepare_env, remove_python_socket_dirs, spark_ui_wanted, warm_up
 
 
 class _Terminate(BaseException):
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         stop_spark_quietly(process.spark, 15.0)
-        shutil.rmtree(python_socket_dir(args.workdir), ignore_errors=True)
+        remove_python_socket_dirs(args.workdir)
         # Py4J and stdin threads must not keep a finished driver alive.
         os._exit(code)
     return code

@@ -37,9 +37,20 @@ PYTHON_SOCKET_DIR_PREFIX = "hr-py-"
 
 
 def python_socket_dir(workdir: str | Path) -> Path:
-    """Where a local driver's Spark puts the Unix domain sockets of its Python workers."""
-    digest = hashlib.sha1(str(Path(workdir).resolve()).encode()).hexdigest()[:16]
-    return PYTHON_SOCKET_BASE / f"{PYTHON_SOCKET_DIR_PREFIX}{digest}"
+    """Where this process's local Spark session in `workdir` puts the Unix domain sockets of its
+    Python workers: named after the work directory and the user, so a directory another user
+    left under the same name never stands in the way."""
+    return PYTHON_SOCKET_BASE / f"{PYTHON_SOCKET_DIR_PREFIX}{_workdir_digest(workdir)}-{os.geteuid()}"
+
+
+def remove_python_socket_dirs(workdir: str | Path) -> None:
+    """Remove every user's socket directory of the driver that worked in `workdir`."""
+    for path in PYTHON_SOCKET_BASE.glob(f"{PYTHON_SOCKET_DIR_PREFIX}{_workdir_digest(workdir)}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _workdir_digest(workdir: str | Path) -> str:
+    return hashlib.sha1(str(Path(workdir).resolve()).encode()).hexdigest()[:16]
 
 
 # Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
