@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.ports import free_port
 from tests.image_prebuild import COMPOSE_TEST, PREBUILD_DIR_ENV, Prebuild, PrebuildWatch
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -35,11 +35,6 @@ def missing(what: str) -> None:
         pytest.fail(f"{what} is required in CI")
     pytest.skip(f"{what} not available")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -41,6 +41,7 @@ from services.taskmanager import task_processes
 from shared import errors
 from shared.catalog import Catalog
 from shared.message_auth import load_secret
+from shared.ports import free_port
 from shared.settings import Settings
 from shared.transport.redis_streams import wait_for_redis
 
@@ -70,11 +71,6 @@ def zookeeper_command(data_dir: Path, port: int, bind: str = "127.0.0.1") -> lis
     ]))
     return [str(script), "start-foreground", str(cfg)]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
