@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-# Kept as they are, when the starting process has them.
-ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "JAVA_HOME", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
-                     "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONHASHSEED"})
+# Kept as they are, when the starting process has them. JDK_JAVA_OPTIONS is the operator's way to
+# give every JVM a driver starts the same options (the JDK's launcher reads it; no secret).
+ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "JAVA_HOME", "JDK_JAVA_OPTIONS", "PYTHONPATH",
+                     "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONHASHSEED"})
 ALLOWED_PREFIXES = ("LC_", "SPARK_", "PYSPARK_")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 

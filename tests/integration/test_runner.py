@@ -54,7 +54,16 @@ def machine_class_archive() -> tuple[str, ...]:
 class Driver:
     """A runner process, its event stream and its process tree."""
 
-    def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False, extra: tuple[str, ...] = ()):
+    @staticmethod
+    def _environment(events_fd: int, jvm_options: str | None) -> dict[str, str]:
+        """`jvm_options`: the driver's JDK_JAVA_OPTIONS instead of the suite's (tests/conftest.py)."""
+        env = {**os.environ, "EVENTS_FD": str(events_fd)}
+        if jvm_options is not None:
+            env["JDK_JAVA_OPTIONS"] = jvm_options
+        return env
+
+    def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False, extra: tuple[str, ...] = (),
+                 jvm_options: str | None = None):
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         r, w = os.pipe()
@@ -69,7 +78,7 @@ class Driver:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=log,
                                      stderr=subprocess.STDOUT, pass_fds=(w,),
-                                     env={**os.environ, "EVENTS_FD": str(w)})
+                                     env=self._environment(w, jvm_options))
         os.close(w)
         log.close()
         self.events: queue.Queue = queue.Queue()
@@ -302,7 +311,8 @@ def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_run
     PySpark already imported); while the driver waits in reserve its JVM's C2 compiler thread
     runs under SCHED_IDLE, and the task gets it back at its first batch. Both must leave the
     task's results exact and no process behind."""
-    d = drivers(tmp_path / "warm", warm=True, extra=("--python-forkserver",))
+    # With every tier of the JIT, as users run it: the suite's JVMs stop at C1, which has no C2 thread.
+    d = drivers(tmp_path / "warm", warm=True, extra=("--python-forkserver",), jvm_options="")
     d.ready()
 
     def cmdline(p: psutil.Process) -> list[str]:
