@@ -120,6 +120,19 @@ PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
 RUN_ORDER = ("tests/e2e/", "tests/integration/", COMPOSE_TEST, "tests/browser/", "tests/component/", "tests/unit/")
 
 
+# Under `--dist loadgroup` the end-to-end drills are one unit of work, run in order by one worker:
+# they keep 2 cores busy with Spark drivers and JVMs, and two of them side by side each took 1.8
+# times as long. The other worker takes the rest module by module (a module's cluster starts once),
+# and those are half waiting (timeouts, windows, failovers): they fill the drills' idle time.
+DRILLS = "tests/e2e/"
+
+
+def pytest_itemcollected(item):
+    if item.config.getoption("dist", "no") == "loadgroup":
+        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group("drills" if module.startswith(DRILLS) else module))
+
+
 def _run_rank(nodeid: str) -> int:
     return next((rank for rank, prefix in reversed(list(enumerate(RUN_ORDER))) if nodeid.startswith(prefix)),
                 len(RUN_ORDER))
