@@ -128,7 +128,7 @@ DRILLS = "tests/e2e/"
 
 
 def pytest_itemcollected(item):
-    if item.config.getoption("dist", "no") == "loadgroup":
+    if getattr(item.config.option, "loadgroup", False):  # xdist sets it on its workers for --dist loadgroup
         module = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group("drills" if module.startswith(DRILLS) else module))
 

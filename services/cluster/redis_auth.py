@@ -10,7 +10,7 @@ its commands on its keys only):
                    publishes their task-sent events (channels /<db>.celeryev/*)
   resourcemanager  consumes hr:stream:rm and hr:stream:rm:heartbeats; owns hr:rm:*; XADDs to
                    hr:stream:jm, the TaskManager inboxes hr:stream:tm:* and the dead letters;
-                   lists client connections (TaskManager liveness)
+                   lists client connections and reads INFO (TaskManager liveness)
   taskmanager.<id> one per TaskManager, its password derived from the cluster secret
                    (shared/cluster_keys.redis_password): consumes only its own queue tm.<id> and
                    inbox hr:stream:tm:<id>, owns hr:tm:<id>:*, XADDs its reports to hr:stream:rm,
@@ -148,7 +148,8 @@ def rules(user: str) -> str:
     elif user == "resourcemanager":
         parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, f"{P}:rm:*",
                                        done(streams.RM_GROUP)])
-                 + ["+client|list"]
+                 # INFO's run_id tells a Redis restart (every connection dropped) from deaths.
+                 + ["+client|list", "+info"]
                  + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])])
     elif user == PIPELINE:
         parts = _keys("", outside(CONTROL_PLANE_PREFIXES))

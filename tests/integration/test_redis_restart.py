@@ -111,11 +111,11 @@ def test_a_redis_restart_loses_no_stream_group_pending_entry_dead_letter_or_job(
     wait_for("both TaskManagers registered",
              lambda: all(rest.get(f"/taskmanagers/tm-{i + 1}")["state"] == "REGISTERED"
                          for i in range(TASKMANAGERS)))
-    # The job keeps (or regains) RUNNING, and no attempt is lost: the first one is RUNNING or
-    # ended with its cause recorded, and the last one runs.
+    # The job's first attempt runs on: a restart drops every connection at once, which is no
+    # TaskManager's death (services/resourcemanager/liveness.py), and the heartbeats resume
+    # well within their timeout.
     attempts = rest.wait_attempt_running(job, 0, timeout_s=30)
-    assert attempts[0]["execution-id"] == before[0]["execution-id"]
-    assert all(a["status"] in ("FAILED", "CANCELED") for a in attempts[:-1]), attempts
+    assert [a["execution-id"] for a in attempts] == [before[0]["execution-id"]], attempts
     assert rest.job(job)["state"] == "RUNNING"
     # And the control plane works: a job submitted now runs to its end.
     after = noop(rest, jar, duration=0.3)
