@@ -72,7 +72,6 @@ def zookeeper_command(data_dir: Path, port: int, bind: str = "127.0.0.1") -> lis
     return [str(script), "start-foreground", str(cfg)]
 
 
-
 @dataclass
 class Child:
     name: str
