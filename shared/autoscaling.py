@@ -13,6 +13,10 @@ machine's load, so each direction reads it the way that makes acting harder: a s
 as the window's shortest batch (at most the fixed part now: the capacity comes out high), a
 scale-down as the shortest batch ever seen (`Situation.fixed_cost_s`, at least as low as the
 fixed part: the capacity comes out low). Estimation noise then only ever keeps the parallelism.
+The low estimate alone would pin a lightly loaded task on a busy machine, whose fixed part grew
+past the shortest batch ever seen, at its parallelism for good; so it is never below the rate the
+attempt has shown since it settled (`shown_rate`: a batch's rows over its own time, fixed part
+included, which no capacity is below).
 In a steady state all batches are alike and the window alone says nothing of the per-row part;
 a task that cannot keep up shows it anyway (saturated): fully busy with a backlog at planning, a
 growing lag or growing batches. Its capacity is then at most what it reads per second of busy time
@@ -155,8 +159,9 @@ class Figures:
     arrival_rate: float
     fixed_cost_s: float  # the lower estimate, the scale-down's
     capacity: float  # rows per second at its parallelism, the high estimate (inf: no per-row cost seen)
-    capacity_low: float  # the low estimate, from the lowest fixed cost seen
+    capacity_low: float  # the low estimate, from the lowest fixed cost seen or the rate shown
     saturated: bool
+    shown_rate: float = 0.0  # the most rows per second of batch time a batch of this attempt processed
 
     def record(self) -> dict[str, float | int | None]:
         def rounded(x: float) -> float | None:
@@ -165,7 +170,7 @@ class Figures:
                 "lag": round(self.lag, 1), "lagGrowth": round(self.lag_growth, 1),
                 "arrivalRate": round(self.arrival_rate, 1), "fixedCostS": round(self.fixed_cost_s, 4),
                 "capacity": rounded(self.capacity), "capacityLow": rounded(self.capacity_low),
-                "saturated": int(self.saturated)}
+                "saturated": int(self.saturated), "shownRate": round(self.shown_rate, 1)}
 
 
 def window(points: Sequence[Point], spec: AutoscalerSpec, now_s: float) -> list[Point]:
@@ -178,8 +183,16 @@ def window(points: Sequence[Point], spec: AutoscalerSpec, now_s: float) -> list[
     return [p for p in seen if p.at_s >= now_s - MAX_WINDOW_STRETCH * spec.metrics_window_s][-MIN_POINTS:]
 
 
-def figures(points: Sequence[Point], fixed_cost_s: float | None = None) -> Figures | None:
-    """The window's figures; None when its points do not tell (fewer than two batches, no times)."""
+def shown_rate(points: Sequence[Point]) -> float:
+    """The most rows per second of its own time any of these batches processed. A batch's time
+    holds its fixed part too, so this is a throughput the task has shown at its parallelism: at
+    most its capacity, whatever the machine's load did to the fixed part since."""
+    return max((p.rows / p.duration_s for p in points if p.duration_s and p.duration_s > 0), default=0.0)
+
+
+def figures(points: Sequence[Point], fixed_cost_s: float | None = None, shown: float = 0.0) -> Figures | None:
+    """The window's figures; None when its points do not tell (fewer than two batches, no times).
+    `shown` is the attempt's shown rate (`shown_rate` over its points since it settled)."""
     timed = [p for p in points if p.duration_s is not None and p.duration_s >= 0]
     if len(points) < 2 or not timed:
         return None
@@ -213,7 +226,11 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None) -> Figur
     high, low = _per_second(row_time_high), _per_second(row_time_low)
     if saturated and busy > 0:
         high, low = min(high, read_rate / busy), min(low, read_rate / busy)
-    return Figures(span, busy, read_rate, lag, growth, arrival, lowest, high, low, saturated)
+    else:
+        # On a loaded machine the fixed part grows past the lowest ever seen, and the low estimate
+        # takes the growth for a per-row cost; what the attempt has already processed is a floor.
+        low = max(low, shown)
+    return Figures(span, busy, read_rate, lag, growth, arrival, lowest, high, low, saturated, shown)
 
 
 def _slope(xy: Sequence[tuple[float, float]]) -> float:
@@ -257,8 +274,9 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     # Figures from before the stabilization ended describe the task as it started (its first
     # batch takes in the backlog of its start-up) and are not read (as Flink's autoscaler does).
     settled_at = now - (situation.quiet_s or 0.0) + spec.stabilization_s if situation.quiet_s is not None else None
-    seen = window([p for p in points if settled_at is None or p.at_s - (p.duration_s or 0.0) >= settled_at], spec, now)
-    fig = figures(seen, situation.fixed_cost_s)
+    settled = [p for p in points if settled_at is None or p.at_s - (p.duration_s or 0.0) >= settled_at]
+    seen = window(settled, spec, now)
+    fig = figures(seen, situation.fixed_cost_s, shown_rate(settled))
     if fig is None or fig.span_s < MIN_WINDOW_SHARE * spec.metrics_window_s:
         return out(Outcome.WAIT, f"too few figures: {len(seen)} micro-batch point(s) over "
                                  f"{fig.span_s if fig else 0:.0f} s of the {spec.metrics_window_s:g} s window", fig=fig)

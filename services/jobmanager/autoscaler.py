@@ -91,7 +91,7 @@ class Autoscaler:
             if running is None:
                 return None
             execution_id, parallelism, partitions = running
-            points = self._points(execution_id, spec.autoscaler)
+            points = self._points(execution_id)
             durations = [p.duration_s for p in points if p.duration_s is not None]
             now = self.clock.now()
             quiet_since = max(_seconds(t) for t in (row.deployed_at, row.scaled_at) if t is not None) \
@@ -124,9 +124,10 @@ class Autoscaler:
         partitions = job_options.state_partitions(job.config, self.settings.spark_shuffle_partitions)
         return latest[0].id, parallelism, partitions
 
-    def _points(self, execution_id: str, spec: auto.AutoscalerSpec) -> list[auto.Point]:
-        since_ms = int((self.clock.now() - auto.MAX_WINDOW_STRETCH * spec.metrics_window_s) * 1000)
-        entries = self.redis.xrange(streams.progress_history_key(execution_id), min=str(since_ms)) or []
+    def _points(self, execution_id: str) -> list[auto.Point]:
+        # The whole history (bounded by its TaskManager): the window is chosen from it, and the
+        # rate the attempt has shown is read over all of it.
+        entries = self.redis.xrange(streams.progress_history_key(execution_id)) or []
         out = []
         for entry_id, fields in entries:
             f = {_text(k): _text(v) for k, v in fields.items()}

@@ -123,6 +123,29 @@ def test_a_fixed_cost_remembered_from_a_quieter_machine_does_not_scale_up():
     assert e.outcome == Outcome.KEEP, e.reason
 
 
+def test_a_light_input_on_a_loaded_machine_goes_back_to_one_on_the_rate_it_has_shown():
+    # The CI flake: at 2 the task ran 3,000/s, then the input fell to 500/s while the machine's
+    # load made every batch's fixed part 1 s (the shortest ever seen: 0.15 s). The growth passes
+    # for a per-row cost (low estimate ~580/s), but batches of this attempt processed 3,000/s.
+    before = simulate(steady(3000), 60, 2)
+    loaded = before + simulate(steady(500), 60, 2, fixed_s=1.0, after=before)
+    e = decide(loaded, 2, fixed_cost_s=FIXED_S)
+    assert e.outcome == Outcome.SCALE_DOWN and e.proposed == 1, e.reason
+    assert e.figures["shownRate"] >= 2900
+    # The same window without that history keeps 2: noise keeps the parallelism.
+    alone = decide(loaded[len(before):], 2, fixed_cost_s=FIXED_S)
+    assert alone.outcome == Outcome.KEEP and alone.proposed == 2, alone.reason
+
+
+def test_the_rate_shown_before_it_settled_is_not_read():
+    # A rescale's first batch takes in its start's backlog fast; the stabilization hides it.
+    before = simulate(steady(3000), 60, 2)
+    loaded = before + simulate(steady(500), 60, 2, fixed_s=1.0, after=before)
+    settled_for = loaded[-1].at_s - before[-1].at_s  # its stabilization ended where the input fell
+    e = decide(loaded, 2, fixed_cost_s=FIXED_S, quiet_s=settled_for + SPEC.stabilization_s)
+    assert e.outcome == Outcome.KEEP and e.figures["shownRate"] < 600, e.reason
+
+
 def test_no_scale_down_while_the_lag_grows():
     # Two cores falling behind (input 9,000/s) never scale down, whatever the capacity estimate.
     e = decide(simulate(steady(9000), 60, 2), 2)

@@ -207,7 +207,8 @@ class AutoscalerEvaluationInfo(_Out):
     outcome: str = Field(description="scale-up | scale-down | keep | wait | held")
     reason: str
     figures: dict = Field(description="busy, readRate, arrivalRate, lag, lagGrowth, capacity (rows/s at the "
-                                      "parallelism; null: no per-row cost seen), fixedCostS, spanS, saturated")
+                                      "parallelism; null: no per-row cost seen), capacityLow, shownRate, "
+                                      "fixedCostS, spanS, saturated")
 
 
 class AutoscalerDetail(_Out):
