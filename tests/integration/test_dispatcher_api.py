@@ -94,10 +94,12 @@ def submit(client, jar_id: str, body: dict | None = None, **params) -> str:
 
 
 def make_zip(members: dict[str, bytes]) -> bytes:
+    """The same bytes every time (a fixed member date): used in parametrize, whose values xdist's
+    workers must collect alike."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for name, data in members.items():
-            zf.writestr(name, data)
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data)
     return buf.getvalue()
 
 
