@@ -36,7 +36,7 @@ from sqlalchemy.engine import make_url
 from services.cluster.process_supervisor import RestartPolicy
 from tests.clusters import Rest, start_cluster
 from tests.conftest import free_port, missing
-from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
 from tests.netproxy import TcpProxy
 
 pytestmark = pytest.mark.e2e
@@ -209,9 +209,9 @@ def start_counting_job(env, stream: str, table: str) -> tuple[Rest, str, Produce
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     producer = Producer(source_url, stream, rate=100.0).start()
     args = ["--stream", stream, "--source-url", source_url, "--sink", "sql", "--table", table,
-            "--sink-url", proxied, "--trigger", "500 milliseconds"]
+            "--sink-url", proxied, "--trigger", TRIGGER]
     job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+                   flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
     rest.wait_attempt_running(job, 0, timeout_s=300)
     return rest, job, producer
 

@@ -1,7 +1,7 @@
 """Checkpoints and savepoints end to end, on the multi-process cluster with real Redis, Spark and
 PostgreSQL, under an outside producer:
 
-  job A (parallelism 1, a checkpoint every second)
+  job A (parallelism 1, a checkpoint every CHECKPOINT_INTERVAL)
     -> savepoint -> kill -9 of its TaskManager (restart from the latest checkpoint)
     -> stop with savepoint (job FINISHED)
   the savepoint directory is moved elsewhere
@@ -10,7 +10,7 @@ PostgreSQL, under an outside producer:
   the sink holds exactly the count and sum of every key: nothing lost, nothing twice.
 
 Once with the SQL sink (running totals upserted by key) and once with the Parquet sink (event-time
-windows appended when the watermark closes them).
+windows appended when the watermark closes them; its drill leaves the kills to the SQL one).
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from shared import job_options
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import (
     BASE,
+    CHECKPOINT_INTERVAL,
     KEYS,
     STEP_MS,
+    TRIGGER,
     Producer,
     completed_checkpoints,
     expected_totals,
@@ -98,9 +100,9 @@ def kill_task_taskmanager(c, rest: Rest, job: str) -> str:
 
 
 def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed: Path | None = None,
-          kill_b: bool = True) -> None:
+          kill_a: bool = True, kill_b: bool = True) -> None:
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
-    config = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 2}
+    config = {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, "state.checkpoints.num-retained": 2}
     a = rest.run(jar, parallelism=1, jobName="counts-a", programArgsList=args, flinkConfiguration=config)
     rest.wait_attempt_running(a, 0, timeout_s=300)
     wait_for(lambda: completed_checkpoints(rest, a) >= 2, 90, "two completed checkpoints of job A")
@@ -108,11 +110,12 @@ def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed
     savepoint(rest, a, "savepoints", {"target-directory": str(tmp / "savepoints")})
     after_savepoint = completed_checkpoints(rest, a)
     wait_for(lambda: completed_checkpoints(rest, a) > after_savepoint, 60, "a checkpoint after the savepoint")
-    kill_task_taskmanager(c, rest, a)
-    restored = rest.attempts(a)[-1]["restored-from"]
-    assert restored and "/chk-" in restored, rest.attempts(a)
-    before = completed_checkpoints(rest, a)
-    wait_for(lambda: completed_checkpoints(rest, a) > before, 90, "a checkpoint of the restarted attempt")
+    if kill_a:
+        kill_task_taskmanager(c, rest, a)
+        restored = rest.attempts(a)[-1]["restored-from"]
+        assert restored and "/chk-" in restored, rest.attempts(a)
+        before = completed_checkpoints(rest, a)
+        wait_for(lambda: completed_checkpoints(rest, a) > before, 90, "a checkpoint of the restarted attempt")
 
     stopped = savepoint(rest, a, "stop", {"targetDirectory": str(tmp / "savepoints"), "drain": False})
     assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
@@ -149,7 +152,7 @@ def test_sql_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_path):
     changed.write_text((ROOT / "examples" / "keyed_counts.py").read_text().replace(
         'events.groupBy("key")', 'events.groupBy("key", (F.col("value") % 2).alias("parity"))'))
     args = ["--stream", stream, "--sink", "sql", "--table", "e2e_keyed", "--sink-url", pg,
-            "--trigger", "500 milliseconds"]
+            "--trigger", TRIGGER]
     try:
         b = drill(c, rest, tmp_path, args, producer, changed=changed)
     finally:
@@ -168,10 +171,11 @@ def test_parquet_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_pa
     out = tmp_path / "windows"
     producer = Producer(c.redis_url, stream).start()
     args = ["--stream", stream, "--sink", "parquet", "--path", str(out), "--window", "10 seconds",
-            "--trigger", "500 milliseconds"]
+            "--trigger", TRIGGER]
     try:
-        # Job B's kill is the SQL drill's: this one checks the windows, not a second failover.
-        b = drill(c, rest, tmp_path, args, producer, kill_b=False)
+        # The kills are the SQL drill's (and the file sink's failover is tests/integration/
+        # test_sink_fencing.py's): this one checks the windows through savepoints and a rescale.
+        b = drill(c, rest, tmp_path, args, producer, kill_a=False, kill_b=False)
     finally:
         produced = producer.stop()
     producer.flush_windows()
@@ -199,7 +203,7 @@ def test_stop_with_drain_fires_every_open_window(cluster, tmp_path):
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     job = rest.run(jar, parallelism=1, jobName="counts-drain",
                    programArgsList=["--stream", stream, "--sink", "parquet", "--path", str(out),
-                                    "--window", "10 seconds", "--trigger", "500 milliseconds"])
+                                    "--window", "10 seconds", "--trigger", TRIGGER])
     rest.wait_attempt_running(job, 0, timeout_s=300)
     # Windows [0 s, 10 s) and [10 s, 20 s) close by themselves (1000 events); [20 s, 30 s) stays open.
     wait_for(lambda: sum(parquet_windows(out).values()) >= 1000, 120, "the closed windows in the output")
@@ -234,11 +238,11 @@ def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothi
     stream = "e2e-counts-freeze"
     producer = Producer(c.redis_url, stream).start()
     args = ["--stream", stream, "--sink", "sql", "--table", "e2e_freeze", "--sink-url", pg,
-            "--trigger", "500 milliseconds"]
+            "--trigger", TRIGGER]
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     try:
         job = rest.run(jar, parallelism=1, jobName="counts-freeze", programArgsList=args,
-                       flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+                       flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
         rest.wait_attempt_running(job, 0, timeout_s=300)
         wait_for(lambda: completed_checkpoints(rest, job) >= 2, 90, "two completed checkpoints")
         tm = rest.attempts(job)[-1]["taskmanager-id"]

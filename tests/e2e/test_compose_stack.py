@@ -33,7 +33,15 @@ from tests.clusters import Rest
 from tests.compose_stack import ComposeStack
 from tests.conftest import PREBUILD, free_port
 from tests.docker_engine import DockerEngine, EngineUnavailable
-from tests.e2e.counting import Producer, completed_checkpoints, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import (
+    CHECKPOINT_INTERVAL,
+    TRIGGER,
+    Producer,
+    completed_checkpoints,
+    expected_totals,
+    sql_totals,
+    wait_for,
+)
 from tests.netproxy import TcpProxy
 
 pytestmark = pytest.mark.e2e
@@ -159,8 +167,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         job = rest.run(jar, parallelism=1, jobName="compose-counts",
                        programArgsList=["--stream", "compose-counts", "--source-url", outside.source_url,
                                         "--sink", "sql", "--table", "compose_counts", "--sink-url", outside.sink_url,
-                                        "--trigger", "500 milliseconds"],
-                       flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+                                        "--trigger", TRIGGER],
+                       flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
         t0 = time.monotonic()
         attempts = rest.wait_attempt_running(job, 0, timeout_s=TASK_TIMEOUT_S)
         timings.phase("submit_to_running", t0)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
 from tests.integration.test_jobmanager_ha import leader, leader_child
 
 pytestmark = pytest.mark.e2e
@@ -59,7 +59,7 @@ def pipelines(rest: Rest, tmp: Path) -> dict[str, str]:
 
 def spec(jar: str, args: list[str], **config) -> dict:
     return {"jarId": jar, "programArgsList": args, "parallelism": 1,
-            "flinkConfiguration": {"execution.checkpointing.interval": "1 s", **config},
+            "flinkConfiguration": {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, **config},
             "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
             "upgradeMode": "savepoint", "rollback": {"enabled": True, "readyWithin": f"{READY_WITHIN_S} s"}}
 
@@ -88,7 +88,7 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
     producer = Producer(c.redis_url, "e2e-deployment").start()
     jars = pipelines(rest, tmp_path)
     args = ["--stream", "e2e-deployment", "--sink", "sql", "--table", TABLE, "--sink-url", pg,
-            "--trigger", "500 milliseconds"]
+            "--trigger", TRIGGER]
     try:
         put(rest, spec(jars["v1"], args))
         v1 = wait_lifecycle(rest, "STABLE", 1)

@@ -32,7 +32,7 @@ import yaml
 from services.cluster import spark_standalone
 from tests.clusters import Rest, start_cluster, wait_for
 from tests.conftest import free_port
-from tests.e2e.counting import Producer, expected_totals, sql_totals
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.e2e.test_clickstream_e2e import ARGS, TOTAL, expected_counts, sink_counts
 from tests.netns import NetnsHost, cleanup_stale, netns_unavailable
 from tests.netproxy import TcpProxy
@@ -150,9 +150,9 @@ class Env:
         jar = self.rest.upload(ROOT / "examples" / "keyed_counts.py")
         producer = Producer(self.source_url, table, rate=100.0).start()
         args = ["--stream", table, "--source-url", self.source_url, "--sink", "sql", "--table", table,
-                "--sink-url", self.sink_url, "--trigger", "500 milliseconds"]
+                "--sink-url", self.sink_url, "--trigger", TRIGGER]
         job = self.rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                            flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+                            flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
         self.rest.wait_attempt_running(job, 0, timeout_s=300)
         if tm_id is not None:
             assert self.rest.attempts(job)[-1]["taskmanager-id"] == tm_id

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import TRIGGER, Producer, expected_totals, sql_totals, wait_for
 from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +51,7 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     producer = Producer(redis_server.url, "events", rate=100.0).start()
     args = ["--stream", "events", "--source-url", redis_server.url, "--sink", "sql", "--table", "outage_counts",
-            "--sink-url", sink_pg.url, "--trigger", "500 milliseconds"]
+            "--sink-url", sink_pg.url, "--trigger", TRIGGER]
     job = rest.run(jar, parallelism=1, jobName="sink-outage", programArgsList=args,
                    # A loaded machine (the suite's other tests) may take minutes to start a driver.
                    flinkConfiguration={"execution.checkpointing.interval": "2 s",

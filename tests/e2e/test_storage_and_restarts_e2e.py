@@ -21,7 +21,15 @@ import psutil
 import pytest
 
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import Producer, completed_checkpoints, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import (
+    CHECKPOINT_INTERVAL,
+    TRIGGER,
+    Producer,
+    completed_checkpoints,
+    expected_totals,
+    sql_totals,
+    wait_for,
+)
 from tests.e2e.test_clickstream_e2e import runner_processes
 
 pytestmark = pytest.mark.e2e
@@ -116,8 +124,8 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
     stream, table = "e2e-damaged-chk", "e2e_damaged_chk"
     producer = Producer(c.redis_url, stream).start()
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
-    args = ["--stream", stream, "--sink", "sql", "--table", table, "--sink-url", pg, "--trigger", "500 milliseconds"]
-    config = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 3}
+    args = ["--stream", stream, "--sink", "sql", "--table", table, "--sink-url", pg, "--trigger", TRIGGER]
+    config = {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, "state.checkpoints.num-retained": 3}
     try:
         job = rest.run(jar, parallelism=1, jobName="damaged", programArgsList=args, flinkConfiguration=config,
                        restartStrategy=RESTARTS)
