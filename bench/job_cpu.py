@@ -9,8 +9,9 @@ services, Redis, PostgreSQL), then the job cancelled. --rounds repeats the setti
 so the machine's noise falls on all of them alike.
 
 usage: python bench/job_cpu.py [--setting "500 milliseconds,1 s"] [--setting "1 second,2 s"]
-                               [--rate 150] [--seconds 60] [--rounds 1] [--c1]
-(--c1: the JVMs at C1, as the test suite runs them: JDK_JAVA_OPTIONS=-XX:TieredStopAtLevel=1)
+                               [--rate 150] [--seconds 60] [--rounds 1] [--suite-jvm]
+(--suite-jvm: the JVMs as the test suite runs them, JDK_JAVA_OPTIONS=tests/clusters.py's
+SUITE_JVM_OPTIONS; otherwise the environment's JDK_JAVA_OPTIONS, or the JVM's defaults)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.checkpoint_overhead import machine  # noqa: E402
 from bench.cluster_start import busy_cpu_s  # noqa: E402
-from tests.clusters import Rest, start_cluster  # noqa: E402
+from tests.clusters import SUITE_JVM_OPTIONS, Rest, start_cluster  # noqa: E402
 from tests.e2e.counting import Producer, completed_checkpoints  # noqa: E402
 
 DEFAULT_SETTINGS = ["500 milliseconds,1 s", "1 second,2 s"]
@@ -68,12 +69,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sink-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    ap.add_argument("--c1", action="store_true")
+    ap.add_argument("--suite-jvm", action="store_true")
     opts = ap.parse_args()
-    if opts.c1:
-        os.environ["JDK_JAVA_OPTIONS"] = "-XX:TieredStopAtLevel=1"
+    if opts.suite_jvm:
+        os.environ["JDK_JAVA_OPTIONS"] = SUITE_JVM_OPTIONS
     settings = [s.split(",", 1) for s in (opts.setting or DEFAULT_SETTINGS)]
-    print(machine(), flush=True)
+    print({**machine(), "JDK_JAVA_OPTIONS": os.environ.get("JDK_JAVA_OPTIONS", "")}, flush=True)
     home = Path(tempfile.mkdtemp(prefix="job-cpu-"))
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home}/catalog.db", taskmanagers=1, slots=2,
                             warm_drivers=0)

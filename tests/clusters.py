@@ -11,6 +11,11 @@ from services.cluster.local_cluster import LocalCluster, free_port
 from shared.settings import Settings
 
 TERMINAL = ("FINISHED", "FAILED", "CANCELED")
+# The JVM options of every JVM the suite starts (tests/conftest.py sets JDK_JAVA_OPTIONS to them):
+# code that runs for seconds on 2 shared cores. C1 only: C2 compiling took a third of a core per
+# running job. The serial collector: no concurrent GC threads beside the work, 0.07-0.1 cores less
+# per running job (bench/job_cpu.py; docs/benchmarks.md, "The drills' trigger and the suite's JVMs").
+SUITE_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # The artifact no-op jobs are submitted with: their tasks never import it.
 NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from shared.ports import free_port
+from tests.clusters import SUITE_JVM_OPTIONS
 from tests.image_prebuild import COMPOSE_TEST, PREBUILD_DIR_ENV, Prebuild, PrebuildWatch
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -27,11 +28,10 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # home is one of them. Test clusters run drivers as the test's own user unless the environment
 # says otherwise; tests/integration/test_driver_sandbox.py starts its own with the driver user.
 os.environ.setdefault("HEADRACE_DRIVER_USER", "")
-# Every JVM the suite starts (drivers, planners, ZooKeeper, Spark standalone, Flink's CLI) stops
-# at the JIT's first tier: their code runs for seconds, and on 2 cores C2 compiling it took a
-# third of a core per running job (docs/benchmarks.md, "The test suite"). Benchmarks run the
-# JVMs as users do. JDK_JAVA_OPTIONS= (empty) runs the suite with C2 too.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# Every JVM the suite starts (drivers, planners, ZooKeeper, Spark standalone, Flink's CLI, the
+# compose stack's) runs with SUITE_JVM_OPTIONS (C1 only, the serial collector). Benchmarks run the
+# JVMs as users do. JDK_JAVA_OPTIONS= (empty) runs the suite with the JVMs' defaults.
+os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
 PG_ADMIN_URL = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters import TERMINAL, Rest, start_cluster
+from tests.clusters import SUITE_JVM_OPTIONS, TERMINAL, Rest, start_cluster
 from tests.conftest import missing
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ LAUNCHER = FLINK_HOME / "bin" / "flink"
 CLI_TIMEOUT_S = 120
 # Each CLI run starts two JVMs over a 280 MB classpath; a client this short-lived is faster without
 # the optimising JIT and with one GC thread. Only the JVM's speed changes, not the CLI's behaviour.
-CLI_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+CLI_JVM_OPTS = SUITE_JVM_OPTIONS
 SAVEPOINT_PATH = re.compile(r"Savepoint completed\. Path: (\S+)")
 UNKNOWN_JOB = "0" * 32
 
