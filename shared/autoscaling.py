@@ -186,7 +186,9 @@ def window(points: Sequence[Point], spec: AutoscalerSpec, now_s: float) -> list[
 def shown_rate(points: Sequence[Point]) -> float:
     """The most rows per second of its own time any of these batches processed. A batch's time
     holds its fixed part too, so this is a throughput the task has shown at its parallelism: at
-    most its capacity, whatever the machine's load did to the fixed part since."""
+    most its capacity then. The points are one attempt's (one parallelism) over at most its
+    history's ten minutes (shared/streams.py PROGRESS_HISTORY_S), so "then" is recent; on a
+    machine much busier since, a scale-down taken on it can come back up after the stabilization."""
     return max((p.rows / p.duration_s for p in points if p.duration_s and p.duration_s > 0), default=0.0)
 
 
