@@ -201,6 +201,16 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
         assert rest.get(f"/deployments/{SCALED}")["status"]["jobId"] == job
         print(f"autoscaler e2e: rise -> decision {decided_s:.1f} s, -> RUNNING at 2 "
               f"{time.monotonic() - t_rise:.1f} s", flush=True)
+        # The peak outlasts the stabilization: the task at 2 is evaluated keeping up with it, its
+        # lag under a second of input. (Those batches are also the throughput it has shown, on
+        # which the way down is judged when the machine's load inflates every batch's fixed part.)
+        try:
+            wait_for(lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+                              if e["parallelism"] == 2 and e["outcome"] == "keep"
+                              and e["figures"].get("lag", HIGH_RATE) < HIGH_RATE], 120,
+                     "an evaluation at parallelism 2 keeping up with the peak")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
 
         # Back to a low input: 1 again after the stabilization.
         producer.set_rate(LOW_RATE)
@@ -208,6 +218,7 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
             wait_for(lambda: scaled_parallelism(rest) == 1, 240, "the job back at parallelism 1")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
+        last_evaluations(rest, 3)  # the way down's figures, in the test's output
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
