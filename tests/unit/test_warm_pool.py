@@ -213,7 +213,8 @@ def test_a_taskmanager_without_any_driver_gets_the_next_token_before_one_replaci
     assert len(replacing_started) == 1, "a replacement took the token from a TaskManager with no driver"
     urgent_started[0].ready.set()
     assert _wait_for(lambda: len(replacing_started) == 2), "the replacement never got its turn"
-    assert list(tmp_path.glob("waiting-rank-*")) == [], "a claim outlived its warm-up's start"
+    # The pool drops its claim just after the start it records (a busy machine shows the gap).
+    assert _wait_for(lambda: list(tmp_path.glob("waiting-rank-*")) == []), "a claim outlived its warm-up's start"
     for p in (holder_pool, replacing, urgent):
         p.shutdown()
 
