@@ -9,12 +9,17 @@ that case.
 A Redis restart drops every connection at once, and a TaskManager opens its named one again only
 at its next heartbeat (seconds later): a missing name is a death only if that name was seen
 connected to the server's current run (its `run_id`). A TaskManager that died while Redis was
-away never reconnects and is judged by its heartbeats.
+away never reconnects and is judged by its heartbeats. A Redis user without `+info` (ACLs written
+before it was granted) is warned of once and judged as before: any name missing twice.
 """
 
 from __future__ import annotations
 
+import logging
+
 import redis
+
+log = logging.getLogger("headrace.resourcemanager.liveness")
 
 
 class ConnectionLiveness:
@@ -24,6 +29,7 @@ class ConnectionLiveness:
         self._misses: dict[str, int] = {}
         self._server_run: str | None = None
         self._seen_this_run: set[str] = set()
+        self._warned = False
 
     def dead(self, watched: set[str]) -> set[str]:
         """Names in `watched` whose connection has been absent `misses_to_die` looks in a row,
@@ -33,9 +39,16 @@ class ConnectionLiveness:
         pipe = self.client.pipeline(transaction=False)
         pipe.info("server")
         pipe.client_list(_type="normal")
-        server, clients = pipe.execute()
-        run = server.get("run_id")
-        if run != self._server_run:  # first look, or Redis restarted: nobody has had time to reconnect
+        server, clients = pipe.execute(raise_on_error=False)
+        if isinstance(clients, Exception):
+            raise clients
+        knows_runs = not isinstance(server, Exception)
+        if not knows_runs and not self._warned:
+            self._warned = True
+            log.warning("Redis refused INFO (%s): a Redis restart may be taken for TaskManager deaths; run "
+                        "`headrace redis-auth deploy` again (it grants the resourcemanager user +info)", server)
+        run = server.get("run_id") if knows_runs else None
+        if knows_runs and run != self._server_run:  # first look, or Redis restarted: nobody reconnected yet
             self._server_run = run
             self._seen_this_run.clear()
             self._misses.clear()
@@ -47,7 +60,7 @@ class ConnectionLiveness:
                 self._seen_this_run.add(name)
                 self._misses.pop(name, None)
                 continue
-            if name not in self._seen_this_run:
+            if knows_runs and name not in self._seen_this_run:
                 continue
             self._misses[name] = self._misses.get(name, 0) + 1
             if self._misses[name] >= self.misses_to_die:

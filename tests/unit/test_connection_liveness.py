@@ -3,14 +3,16 @@ seen connected to the same run of the Redis server (a restart drops every connec
 
 from __future__ import annotations
 
+from redis.exceptions import NoPermissionError
+
 from services.resourcemanager.liveness import ConnectionLiveness
 
 
 class FakeRedis:
     """What the liveness check reads: INFO server's run_id and the normal clients' names."""
 
-    def __init__(self):
-        self.run_id, self.names = "run-1", set()
+    def __init__(self, info_allowed: bool = True):
+        self.run_id, self.names, self.info_allowed = "run-1", set(), info_allowed
 
     def pipeline(self, transaction: bool = False):
         return FakePipeline(self)
@@ -21,13 +23,19 @@ class FakePipeline:
         self.server, self.calls = server, []
 
     def info(self, section):
-        self.calls.append(lambda: {"run_id": self.server.run_id})
+        refused = NoPermissionError("this user has no permissions to run the 'info' command")
+        self.calls.append(lambda: {"run_id": self.server.run_id} if self.server.info_allowed else refused)
 
     def client_list(self, _type):
         self.calls.append(lambda: [{"name": n} for n in sorted(self.server.names)])
 
-    def execute(self):
-        return [call() for call in self.calls]
+    def execute(self, raise_on_error: bool = True):
+        results = [call() for call in self.calls]
+        if raise_on_error:
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+        return results
 
 
 def test_a_connection_gone_for_two_looks_is_a_death():
@@ -73,3 +81,12 @@ def test_a_name_missing_at_the_first_look_is_left_to_the_heartbeats():
     live = ConnectionLiveness(redis)
     for _ in range(3):
         assert live.dead({"hr-tm-9"}) == set()
+
+
+def test_without_info_in_its_acl_a_missing_name_still_counts_and_it_says_so_once(caplog):
+    redis = FakeRedis(info_allowed=False)
+    live = ConnectionLiveness(redis)
+    assert live.dead({"hr-tm-1"}) == set()  # missing at the first look, as a death was before
+    assert live.dead({"hr-tm-1"}) == {"hr-tm-1"}
+    [warning] = caplog.records  # once, not at every look
+    assert "redis-auth deploy" in warning.getMessage()
