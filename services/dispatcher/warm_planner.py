@@ -33,10 +33,6 @@ from services.dispatcher import restore_check
 
 log = logging.getLogger(__name__)
 
-# A spare still starting when a check comes is waited for this long at most (it is ahead of a
-# cold start); past it the check plans cold.
-READY_WAIT_S = 20.0
-
 
 class _Spare:
     def __init__(self, python: str, user, env_for, class_archive_dir: Path | None):
@@ -72,8 +68,11 @@ class _Spare:
         return None
 
     def plan(self, artifact_path: str, request: Mapping[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        # A spare still starting is ahead of a cold start, however loaded the machine: it is waited
+        # for within the check's own bound, which its readiness and its plan share.
+        deadline = time.monotonic() + timeout_s
         try:
-            line = self._line(time.monotonic() + READY_WAIT_S)  # its {"ready": true}
+            line = self._line(deadline)  # its {"ready": true}
             if line is None or not json.loads(line).get("ready"):
                 return None
             copy = self.home / Path(artifact_path).name
@@ -82,7 +81,7 @@ class _Spare:
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps({**request, "artifact": str(copy)}, default=str) + "\n").encode())
             self.proc.stdin.flush()
-            line = self._line(time.monotonic() + timeout_s)
+            line = self._line(deadline)
             return json.loads(line) if line else None
         except (OSError, ValueError) as exc:
             log.warning("restore check: the warm planner failed (%s); planning cold", exc)
