@@ -206,6 +206,9 @@ class WarmPool:
         # after a growing pause, not in a tight loop.
         self._failures = 0
         self._not_before = 0.0
+        # Warm-ups this pool ended itself because it wanted fewer (slots taken, shut down): their
+        # exit is no start failure and earns no pause.
+        self._trimmed: set[str] = set()
         self._closed = False
 
     def take(self, parallelism: int) -> DriverProcess | None:
@@ -285,6 +288,7 @@ class WarmPool:
             surplus = len(self._drivers) - self._want
             for d in self._drivers[:max(0, surplus)]:
                 self._drivers.remove(d)
+                self._trimmed.add(d.id)
                 d.kill()
             self._task_starts = [d for d in self._task_starts if not d.ready.is_set() and not d.exited and d.alive()]
             if time.monotonic() < self._not_before or (self._task_starts and len(self._drivers) < self._want):
@@ -392,7 +396,9 @@ class WarmPool:
         with self._lock:
             if d in self._drivers:
                 self._drivers.remove(d)
-            if d.execution_id is None and not d.ready.is_set():
+            if d.id in self._trimmed:
+                self._trimmed.discard(d.id)
+            elif d.execution_id is None and not d.ready.is_set():
                 self._failures += 1
                 pause = min(60.0, 2.0 ** self._failures)
                 self._not_before = time.monotonic() + pause
@@ -413,5 +419,6 @@ class WarmPool:
             self._closed = True
             self._leave_line()
             for d in self._drivers:
+                self._trimmed.add(d.id)
                 d.kill()
             self._drivers.clear()

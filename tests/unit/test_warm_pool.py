@@ -14,6 +14,7 @@ class _Driver:
         self.for_task = for_task
         self.ready, self.execution_id, self.exited = threading.Event(), None, False
         self.started_at, self.killed = time.monotonic(), False
+        self.log_path = f"driver-{self.id}.log"
 
     def alive(self):
         return not self.killed
@@ -50,6 +51,27 @@ def test_keeps_no_more_drivers_than_free_slots_can_use():
     assert len(started) == 2
     pool.replenish(free_slots=1)
     assert [d.killed for d in started].count(True) == 1
+
+
+def test_a_warm_up_trimmed_for_want_of_slots_is_no_start_failure():
+    # Regression: in the compose stack a task took one of two slots, the pool ended its local[2]
+    # warm-up still starting, and its exit was logged as a driver that "died before it was ready",
+    # with a pause before the next warm-up.
+    started = []
+    pool = _pool(started, parallelism=2, size=1)
+    pool.replenish(free_slots=2)
+    pool.replenish(free_slots=1)
+    trimmed = started[0]
+    assert trimmed.killed
+    trimmed.exited = True
+    pool.forget(trimmed)
+    pool.replenish(free_slots=2)
+    assert len(started) == 2  # started again at once: no pause
+    failing = started[1]
+    failing.exited, failing.killed = True, True  # this one died on its own
+    pool.forget(failing)
+    pool.replenish(free_slots=2)
+    assert len(started) == 2  # a real start failure still earns its pause
 
 
 def test_a_pool_that_shut_down_starts_nothing():
