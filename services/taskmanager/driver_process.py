@@ -102,21 +102,32 @@ def kill_session(session: int, *, leader_last: bool = False) -> None:
             pass
 
 
+AUTOGROUP_WRITE_TRIES = 5
+AUTOGROUP_WRITE_PAUSE_S = 0.11  # the kernel's limit without CAP_SYS_ADMIN: one write per 100 ms
+
+
 def set_autogroup_nice(leader: int, nice: int) -> bool:
     """Set the nice value of the autogroup of `leader`'s session. With autogroup scheduling on
     (/proc/sys/kernel/sched_autogroup_enabled, the default of many distributions' kernels), a
     process's own nice weighs only against the processes of its session; sessions share the CPU
     as equals. A driver is a session of its own, so without this a warm-up at nice 19 took as
     much CPU as the running task beside it (docs/benchmarks.md, "Throughput")."""
-    try:
-        with open(f"/proc/{leader}/autogroup", "w") as f:
-            f.write(str(nice))
-        return True
-    except FileNotFoundError:
-        return False  # no such process, or a kernel without autogroups
-    except OSError:
-        log.warning("could not set the autogroup nice of session %d to %d", leader, nice, exc_info=True)
-        return False
+    # Without CAP_SYS_ADMIN (a container's root) the kernel takes one such write per 100 ms on
+    # the whole machine and refuses the others with EAGAIN: a warm-up niced and raised at once.
+    for attempt in range(1, AUTOGROUP_WRITE_TRIES + 1):
+        try:
+            with open(f"/proc/{leader}/autogroup", "w") as f:
+                f.write(str(nice))
+            return True
+        except FileNotFoundError:
+            return False  # no such process, or a kernel without autogroups
+        except OSError as exc:
+            if isinstance(exc, BlockingIOError) and attempt < AUTOGROUP_WRITE_TRIES:
+                time.sleep(AUTOGROUP_WRITE_PAUSE_S)
+                continue
+            log.warning("could not set the autogroup nice of session %d to %d (%s)", leader, nice, exc)
+            return False
+    return False
 
 
 class DriverProcess:
