@@ -172,6 +172,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         t0 = time.monotonic()
         attempts = rest.wait_attempt_running(job, 0, timeout_s=TASK_TIMEOUT_S)
         timings.phase("submit_to_running", t0)
+        tm_logs = stack.compose("logs", "--no-color", "taskmanager-1", "taskmanager-2", timeout=120)
+        assert "could not lower the priority" not in tm_logs, "the TaskManagers lack CAP_SYS_NICE"
         burst()
         exact("first run")
         wait_for(lambda: completed_checkpoints(rest, job) >= 2, 120, "two completed checkpoints")
