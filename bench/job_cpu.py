@@ -8,8 +8,10 @@ machine's busy CPU over --seconds (every process: the job's JVM and Python worke
 services, Redis, PostgreSQL), then the job cancelled. --rounds repeats the settings interleaved,
 so the machine's noise falls on all of them alike.
 
-usage: python bench/job_cpu.py [--setting "500 milliseconds,1 s"] [--setting "1 second,2 s"]
+usage: python bench/job_cpu.py [--setting "500 milliseconds,1 s"] [--setting "1 second,2 s,2"]
                                [--rate 150] [--seconds 60] [--rounds 1] [--suite-jvm]
+(a setting's optional third field: the job's state partitions, spark.sql.shuffle.partitions;
+without it the cluster's default, Settings.spark_shuffle_partitions)
 (--suite-jvm: the JVMs as the test suite runs them, JDK_JAVA_OPTIONS=tests/clusters.py's
 SUITE_JVM_OPTIONS; otherwise the environment's JDK_JAVA_OPTIONS, or the JVM's defaults)
 """
@@ -37,20 +39,22 @@ DEFAULT_SETTINGS = ["500 milliseconds,1 s", "1 second,2 s"]
 
 
 def measure(rest: Rest, jar: str, redis_url: str, sink_url: str, trigger: str, interval: str, *, rate: float,
-            settle_s: float, seconds: float, tag: str) -> dict:
+            settle_s: float, seconds: float, tag: str, partitions: int | None = None) -> dict:
     stream = f"cpu-{tag}"
     producer = Producer(redis_url, stream, rate=rate).start()
     args = ["--stream", stream, "--sink", "sql", "--table", f"bench_cpu_{tag}", "--sink-url", sink_url,
             "--trigger", trigger]
-    job = rest.run(jar, parallelism=1, jobName=stream, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": interval})
+    config = {"execution.checkpointing.interval": interval}
+    if partitions is not None:
+        config["spark.sql.shuffle.partitions"] = str(partitions)
+    job = rest.run(jar, parallelism=1, jobName=stream, programArgsList=args, flinkConfiguration=config)
     try:
         rest.wait_attempt_running(job, 0, timeout_s=300)
         time.sleep(settle_s)
         t0, cpu0, chk0 = time.monotonic(), busy_cpu_s(), completed_checkpoints(rest, job)
         time.sleep(seconds)
         elapsed = time.monotonic() - t0
-        return {"trigger": trigger, "checkpoint_interval": interval,
+        return {"trigger": trigger, "checkpoint_interval": interval, "state_partitions": partitions or "default",
                 "busy_cores": round((busy_cpu_s() - cpu0) / elapsed, 3),
                 "checkpoints_per_s": round((completed_checkpoints(rest, job) - chk0) / elapsed, 2)}
     finally:
@@ -73,7 +77,7 @@ def main() -> None:
     opts = ap.parse_args()
     if opts.suite_jvm:
         os.environ["JDK_JAVA_OPTIONS"] = SUITE_JVM_OPTIONS
-    settings = [s.split(",", 1) for s in (opts.setting or DEFAULT_SETTINGS)]
+    settings = [s.split(",", 2) for s in (opts.setting or DEFAULT_SETTINGS)]
     print({**machine(), "JDK_JAVA_OPTIONS": os.environ.get("JDK_JAVA_OPTIONS", "")}, flush=True)
     home = Path(tempfile.mkdtemp(prefix="job-cpu-"))
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home}/catalog.db", taskmanagers=1, slots=2,
@@ -82,9 +86,10 @@ def main() -> None:
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
         for r in range(opts.rounds):
-            for i, (trigger, interval) in enumerate(settings):
+            for i, (trigger, interval, *partitions) in enumerate(settings):
                 print(measure(rest, jar, cluster.redis_url, opts.sink_url, trigger.strip(), interval.strip(),
-                              rate=opts.rate, settle_s=opts.settle, seconds=opts.seconds, tag=f"{r}_{i}"), flush=True)
+                              rate=opts.rate, settle_s=opts.settle, seconds=opts.seconds, tag=f"{r}_{i}",
+                              partitions=int(partitions[0]) if partitions else None), flush=True)
     finally:
         cluster.stop()
 
