@@ -78,6 +78,10 @@ def main() -> None:
     if opts.suite_jvm:
         os.environ["JDK_JAVA_OPTIONS"] = SUITE_JVM_OPTIONS
     settings = [s.split(",", 2) for s in (opts.setting or DEFAULT_SETTINGS)]
+    for setting in settings:
+        if len(setting) < 2 or (len(setting) == 3 and not setting[2].strip().isdigit()):
+            ap.error(f"--setting {','.join(setting)!r}: expected "
+                     f"\"<trigger>,<checkpoint interval>[,<state partitions>]\"")
     print({**machine(), "JDK_JAVA_OPTIONS": os.environ.get("JDK_JAVA_OPTIONS", "")}, flush=True)
     home = Path(tempfile.mkdtemp(prefix="job-cpu-"))
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home}/catalog.db", taskmanagers=1, slots=2,
