@@ -16,7 +16,8 @@ row locked, refuses if a newer attempt holds it, takes it over and deletes the m
 batches > r: those batches belonged to the discarded lineage and the new attempt re-runs them,
 possibly with other contents. Every batch re-reads the fence row (FOR SHARE) inside its own
 transaction and raises `SinkFencedError` unless it still names its attempt, so a batch of a
-replaced attempt never commits, and a prepare waits for a batch in flight to finish. Given the
+replaced attempt never commits, and a prepare waits for a batch in flight to finish (one left
+open by a frozen driver is ended: sql_stale_writers.py). Given the
 attempt's `SinkOwner`, `prepare` also refuses a sink id that another lineage owns
 (`_headrace_sink_owners`, sql_owners.py) before it changes anything.
 
@@ -48,7 +49,7 @@ import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from . import SinkFencedError, SinkHandle, flatten_structs, sql_owners
+from . import SinkFencedError, SinkHandle, flatten_structs, sql_owners, sql_stale_writers
 from .ownership import SinkOwner
 from .sql_engine import make_engine, sink_engine
 from .sql_retry import Retrier, RetryPolicy, describe_database
@@ -298,11 +299,18 @@ class SqlTableSink:
                          lambda: self._prepare_once(attempt, restored_batch_id, owner))
 
     def _prepare_once(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None) -> None:
+        """Take the fence: a replaced attempt's transaction left open is ended (sql_stale_writers.py)."""
+        sql_stale_writers.take_fence(self.engine, self.sink_id, attempt, self.retrier,
+                                     lambda: self._prepare_locked(attempt, restored_batch_id, owner),
+                                     fences_table=FENCES_TABLE)
+
+    def _prepare_locked(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None) -> None:
         self._ensure_bookkeeping()
         fences, commits = self._fences, self._commits
         r = restored_batch_id
         table_exists, lineage = self._reflect_for_rewind()
         with self.engine.begin() as conn:
+            sql_stale_writers.limit_lock_wait(conn)
             # Insert-if-absent, then lock: two first prepares cannot both see "no fence yet".
             conn.execute(_insert(self.engine, fences).values(
                 sink_id=self.sink_id, attempt=attempt, restored_batch_id=r, fenced_at=_now(),
@@ -393,6 +401,7 @@ class SqlTableSink:
                 row[LINEAGE_SINK] = self.sink_id
                 row[LINEAGE_BATCH] = batch_id
         with self.engine.begin() as conn:
+            sql_stale_writers.name_transaction(conn, self.sink_id, self.attempt)
             self._check_fence(conn, lock=True)
             marker = _insert(self.engine, commits).values(
                 sink_id=self.sink_id, batch_id=batch_id, num_rows=len(rows), committed_at=_now(),

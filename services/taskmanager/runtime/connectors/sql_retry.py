@@ -176,7 +176,7 @@ class Retrier:
                 waited = now - started
                 remaining = self.policy.max_retry_time_s - waited
                 if remaining <= 0 or (self.policy.max_retries is not None and retries >= self.policy.max_retries):
-                    self._set_waiting(None)
+                    self.set_waiting(None)
                     raise SinkDatabaseUnreachable(self.sink_id, self.database, step, waited, retries,
                                                   _first_line(exc)) from exc
                 retries += 1
@@ -188,7 +188,7 @@ class Retrier:
                                 retries)
                 if retries == 1:
                     since = time.strftime("%H:%M:%S", time.gmtime())
-                    self._set_waiting(f"SQL sink {self.sink_id}: waiting for database {self.database}, "
+                    self.set_waiting(f"SQL sink {self.sink_id}: waiting for database {self.database}, "
                                       f"unreachable since {since} UTC (the task fails after "
                                       f"{self.policy.max_retry_time_s:.0f} s, {MAX_RETRY_TIME})")
                 self.sleep(min(self.policy.backoff(retries), remaining))
@@ -196,10 +196,12 @@ class Retrier:
             if started is not None:
                 log.warning("SQL sink %s: database %s answers again after %.1f s; %s went on (%d retries)",
                             self.sink_id, self.database, self.clock() - started, step, retries)
-                self._set_waiting(None)
+                self.set_waiting(None)
             return result
 
-    def _set_waiting(self, reason: str | None) -> None:
+    def set_waiting(self, reason: str | None) -> None:
+        """Report that the sink waits (a reason) or no longer does (None); also for waits of
+        its own, like the fence lock's (sql_stale_writers.py)."""
         if reason == self.waiting_reason:
             return
         self.waiting_reason = reason
