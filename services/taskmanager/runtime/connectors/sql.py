@@ -311,6 +311,7 @@ class SqlTableSink:
         table_exists, lineage = self._reflect_for_rewind()
         with self.engine.begin() as conn:
             sql_stale_writers.limit_lock_wait(conn)
+            sql_stale_writers.name_transaction(conn, self.sink_id, attempt)  # a frozen prepare is ended too
             # Insert-if-absent, then lock: two first prepares cannot both see "no fence yet".
             conn.execute(_insert(self.engine, fences).values(
                 sink_id=self.sink_id, attempt=attempt, restored_batch_id=r, fenced_at=_now(),

@@ -81,19 +81,26 @@ def end_older_attempts(engine: sa.Engine, sink_id: str, attempt: int) -> list[st
     if engine.dialect.name != "postgresql":
         return []
     prefix = f"{SESSION_PREFIX} {_sink_tag(sink_id)} attempt "
-    ended = []
     with engine.connect() as conn:
         rows = conn.execute(sa.text(
             "SELECT pid, application_name FROM pg_stat_activity "
             "WHERE pid <> pg_backend_pid() AND left(application_name, :n) = :prefix"),
             {"n": len(prefix), "prefix": prefix}).all()
-        for pid, name in rows:
-            older = name[len(prefix):]
-            if older.isdigit() and int(older) < attempt:
-                if conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar():
-                    ended.append(f"session {pid} ({name})")
-        conn.commit()
+    ended = []
+    for pid, name in rows:
+        older = name[len(prefix):]
+        if older.isdigit() and int(older) < attempt and _terminate(engine, pid):
+            ended.append(f"session {pid} ({name})")
     return ended
+
+
+def _terminate(engine: sa.Engine, pid: int) -> bool:
+    """Whether the session was ended; a role that may not end it leaves it to be waited for."""
+    try:
+        with engine.connect() as conn:
+            return bool(conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar())
+    except sa.exc.ProgrammingError:  # InsufficientPrivilege: another role's session
+        return False
 
 
 def lock_holders(engine: sa.Engine, table: str) -> str:
