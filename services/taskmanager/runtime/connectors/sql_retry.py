@@ -189,8 +189,8 @@ class Retrier:
                 if retries == 1:
                     since = time.strftime("%H:%M:%S", time.gmtime())
                     self.set_waiting(f"SQL sink {self.sink_id}: waiting for database {self.database}, "
-                                      f"unreachable since {since} UTC (the task fails after "
-                                      f"{self.policy.max_retry_time_s:.0f} s, {MAX_RETRY_TIME})")
+                                     f"unreachable since {since} UTC (the task fails after "
+                                     f"{self.policy.max_retry_time_s:.0f} s, {MAX_RETRY_TIME})")
                 self.sleep(min(self.policy.backoff(retries), remaining))
                 continue
             if started is not None:

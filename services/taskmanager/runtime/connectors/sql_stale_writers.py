@@ -4,9 +4,8 @@
 Every batch share-locks the sink's fence row inside its transaction, and `prepare` waits for that
 lock, so that a batch in flight finishes before the sink changes hands. A driver that is frozen
 (SIGSTOP, a paused VM, a long swap) inside that transaction keeps its session, and the lock, for as
-long as it is frozen: TCP keepalives do not end a session whose host still answers. The new
-attempt then waited without a bound and without a reason (111 s in a drill, until the test thawed
-the driver).
+long as it is frozen: TCP keepalives do not end a session whose host still answers, so the new
+attempt would wait without a bound and without a reason.
 
 So each batch names its transaction after the sink and its attempt (`application_name`,
 transaction-local), `prepare` waits for the fence lock at most LOCK_WAIT_S at a time, and when the
@@ -136,9 +135,10 @@ def take_fence(engine: sa.Engine, sink_id: str, attempt: int, retrier: Retrier, 
         if ended:
             print(f"SQL sink {sink_id}: ended {', '.join(ended)}, which held its fence row "
                   f"(a replaced attempt's transaction left open)", flush=True)
-            continue
         holders = lock_holders(engine, fences_table)
         waited = time.monotonic() - started
+        if ended and waited < FENCE_WAIT_S:
+            continue
         if waited >= FENCE_WAIT_S:
             retrier.set_waiting(None)
             raise SinkFenceLockedError(sink_id, waited, holders)
