@@ -68,7 +68,11 @@ def test_a_session_that_is_no_attempt_of_the_sink_is_waited_for_and_named(pg_url
     waits: list = []
     first = new_sink(pg_url, table, waits)
     first.prepare(1, -1)
-    # An operator's session (or an attempt of another sink) holding the row: never ended.
+    # Another sink's batch in flight: it locks only its own row of the shared fence table.
+    neighbour = new_sink(pg_url, f"counts_{uuid.uuid4().hex[:8]}", [])
+    neighbour.prepare(1, -1)
+    busy = hold_fence(pg_url, neighbour.sink_id, session_name(neighbour.sink_id, 1))
+    # An operator's session holding this sink's row: never ended.
     other = hold_fence(pg_url, first.sink_id, "psql-operator")
     pid = other.info.backend_pid
     try:
@@ -76,12 +80,16 @@ def test_a_session_that_is_no_attempt_of_the_sink_is_waited_for_and_named(pg_url
         with pytest.raises(SinkFenceLockedError) as caught:
             second.prepare(2, -1)
         assert f"session {pid} (psql-operator" in str(caught.value), caught.value
+        assert f"session {busy.info.backend_pid} " not in str(caught.value), caught.value  # not this sink's
         assert any(w and "waiting for its fence row" in w and str(pid) in w for w in waits), waits
         assert waits[-1] is None  # the waiting reason is cleared when the wait ends
         assert other.execute("SELECT 1").fetchone() == (1,)  # still alive
         assert fence_holder(pg_url, first.sink_id) == 1
+        assert busy.execute("SELECT 1").fetchone() == (1,)  # an older attempt of another sink: left alone
     finally:
         other.close()
+        busy.close()
+        neighbour.close()
         first.close()
     second.prepare(2, -1)  # once the session let go, the sink changes hands
     assert fence_holder(pg_url, first.sink_id) == 2

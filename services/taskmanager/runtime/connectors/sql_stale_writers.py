@@ -102,19 +102,23 @@ def _terminate(engine: sa.Engine, pid: int) -> bool:
         return False
 
 
-def lock_holders(engine: sa.Engine, table: str) -> str:
+def lock_holders(engine: sa.Engine, table: str, sink_id: str) -> str:
     """The other sessions holding a lock on `table` (a row lock shows as the table's RowShareLock),
-    for an error or a waiting reason."""
+    for an error or a waiting reason. Other sinks' batches share the table but lock only their own
+    rows: they are left out."""
     if engine.dialect.name != "postgresql":
         return "another writer"
+    other_sinks = f"{SESSION_PREFIX} "
+    own = f"{SESSION_PREFIX} {_sink_tag(sink_id)} "
     with engine.connect() as conn:
         rows = conn.execute(sa.text(
             "SELECT DISTINCT a.pid, a.application_name, a.state FROM pg_locks l "
             "JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.relation = to_regclass(:table) AND l.granted AND l.pid <> pg_backend_pid()"),
             {"table": table}).all()
-    return ", ".join(f"session {pid} ({name or 'no application_name'}, {state})" for pid, name, state in rows) \
-        or "a session that has since let go"
+    shown = [f"session {pid} ({name or 'no application_name'}, {state})" for pid, name, state in rows
+             if not (name or "").startswith(other_sinks) or name.startswith(own)]
+    return ", ".join(shown) or "a session that has since let go"
 
 
 def take_fence(engine: sa.Engine, sink_id: str, attempt: int, retrier: Retrier, prepare: Callable[[], None], *,
@@ -132,13 +136,13 @@ def take_fence(engine: sa.Engine, sink_id: str, attempt: int, retrier: Retrier, 
             if not is_lock_timeout(exc):
                 raise
         ended = end_older_attempts(engine, sink_id, attempt)
+        waited = time.monotonic() - started
         if ended:
             print(f"SQL sink {sink_id}: ended {', '.join(ended)}, which held its fence row "
                   f"(a replaced attempt's transaction left open)", flush=True)
-        holders = lock_holders(engine, fences_table)
-        waited = time.monotonic() - started
-        if ended and waited < FENCE_WAIT_S:
-            continue
+            if waited < FENCE_WAIT_S:
+                continue
+        holders = lock_holders(engine, fences_table, sink_id)
         if waited >= FENCE_WAIT_S:
             retrier.set_waiting(None)
             raise SinkFenceLockedError(sink_id, waited, holders)
