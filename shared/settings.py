@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     # local[N] of the warm drivers; None: the TaskManager's slots, so that with the local engine
     # one warm driver serves a task of any parallelism the TaskManager can hold (warm_pool.py).
     warm_parallelism: int | None = Field(None, ge=1, description="parallelism of warm drivers (default: slots)")
+    # Off: a warm driver in reserve is a started JVM and SparkSession only, about half of a full
+    # warm-up's CPU; the task that takes it pays the rest in its first batches (docs/benchmarks.md).
+    warm_up_query: bool = Field(True, description="warm drivers run a small query before they report ready")
     driver_memory: str = "1g"
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
     # The driver sandbox (services/taskmanager/driver_user.py, task_processes.py, memory_limit.py).

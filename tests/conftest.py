@@ -32,6 +32,12 @@ os.environ.setdefault("HEADRACE_DRIVER_USER", "")
 # compose stack's) runs with SUITE_JVM_OPTIONS (C1 only, the serial collector). Benchmarks run the
 # JVMs as users do. JDK_JAVA_OPTIONS= (empty) runs the suite with the JVMs' defaults.
 os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
+# Warm drivers in reserve skip their warm-up query (Settings.warm_up_query): a third of the
+# drivers the suite's clusters start are never used before their module stops its cluster, and
+# the query is about half of a warm driver's CPU (docs/benchmarks.md, "The suite's warm drivers
+# without their warm-up query"). tests/integration/test_up_warm_drivers.py and test_runner.py
+# run it as users do.
+os.environ.setdefault("HEADRACE_WARM_UP_QUERY", "false")
 PG_ADMIN_URL = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

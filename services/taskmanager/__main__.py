@@ -141,7 +141,7 @@ def driver_launch(settings: Settings, slots: int, archive_args: list[str],
 
     return DriverLaunch(driver_memory=settings.driver_memory, shuffle_partitions=settings.spark_shuffle_partitions,
                         engine_args=lambda config: driver_engine_args(settings, config) + archive_args,
-                        sandbox=sandbox, warm_pool=warm_pool)
+                        sandbox=sandbox, warm_pool=warm_pool, warm_up_query=settings.warm_up_query)
 
 
 def celery_app(settings: Settings, reports: HeldReports) -> Celery:

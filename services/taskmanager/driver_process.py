@@ -130,11 +130,20 @@ def set_autogroup_nice(leader: int, nice: int) -> bool:
     return False
 
 
+def warm_up_args(in_reserve: bool, query: bool) -> tuple[str, ...]:
+    """The runner's warm-up flags. A driver a task waits for skips the warm-up and keeps its JIT's
+    optimizer; one in reserve defers C2 and runs the warm-up query unless Settings.warm_up_query
+    is off."""
+    if not in_reserve:
+        return ("--no-warmup",)
+    return () if query else ("--no-warmup-query",)
+
+
 class DriverProcess:
     def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
                  on_event: Callable[["DriverProcess", object], None],
                  on_exit: Callable[["DriverProcess", int], None], engine_args: Sequence[str] = (),
-                 warm_up: bool = True, sandbox: DriverSandbox | None = None):
+                 warm_up: bool = True, warm_up_query: bool = True, sandbox: DriverSandbox | None = None):
         self.id = f"d{os.getpid()}-{next(_ids)}"
         self.parallelism = parallelism
         self.workdir = workdir / self.id
@@ -142,6 +151,7 @@ class DriverProcess:
         self.driver_memory, self.shuffle_partitions = driver_memory, shuffle_partitions
         self.engine_args = list(engine_args)  # where its work runs (runner.py --master ...)
         self.warm_up = warm_up  # False: a task waits for this driver, it runs no warm-up query first
+        self.warm_up_query = warm_up_query  # Settings.warm_up_query, for a driver in reserve
         self.niced = False  # warming up in reserve at WARMUP_NICE (see the module docstring)
         self.on_event, self.on_exit = on_event, on_exit
         self.proc: subprocess.Popen | None = None
@@ -175,7 +185,7 @@ class DriverProcess:
                "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
                "--shuffle-partitions", str(self.shuffle_partitions), "--parent-pid", str(os.getpid()),
                *self.engine_args,
-               *(() if self.warm_up else ("--no-warmup",)), *(("--spark-ui",) if self.sandbox.spark_ui else ())]
+               *warm_up_args(self.warm_up, self.warm_up_query), *(("--spark-ui",) if self.sandbox.spark_ui else ())]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_write, stderr=subprocess.STDOUT,
                                          pass_fds=(write_fd,), start_new_session=True, env=env, cwd=self.workdir,

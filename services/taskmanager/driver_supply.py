@@ -34,6 +34,7 @@ class DriverLaunch:
     shuffle_partitions: int
     engine_args: Callable[[dict | None], list[str]]  # a job's configuration -> the runner's arguments
     sandbox: DriverSandbox | None
+    warm_up_query: bool = True  # Settings.warm_up_query: drivers in reserve run the warm-up query
     # The warm pool, given the supply's driver factory; None: every task gets a cold driver.
     warm_pool: Callable[[DriverFactory], WarmPool] | None = None
 
@@ -62,6 +63,7 @@ class DriverSupply:
                              driver_memory=launch.driver_memory, shuffle_partitions=launch.shuffle_partitions,
                              on_event=self.on_event, on_exit=self.on_exit,
                              engine_args=launch.engine_args(config), warm_up=not for_task,
+                             warm_up_query=launch.warm_up_query,
                              sandbox=launch.sandbox).start()
 
     def forget(self, driver: DriverProcess) -> None:

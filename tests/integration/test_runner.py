@@ -234,7 +234,7 @@ def test_clickstream_exact_counts_survive_kill9_mid_stream(drivers, pg_url, tmp_
     assert window_counts(pg_url, "clicks_per_minute") == expected_counts(seed, total)
 
 
-def test_batch_job_finishes_and_failures_are_reported_with_their_traceback(drivers, tmp_path):
+def test_batch_job_finishes_on_a_hurried_warm_driver_and_failures_are_reported_with_their_traceback(drivers, tmp_path):
     bad_build = tmp_path / "bad_build.py"
     bad_build.write_text("def build(ctx):\n    raise ValueError('no pipeline for you')\n")
     bad_stream = tmp_path / "bad_stream.py"
@@ -251,10 +251,16 @@ def test_batch_job_finishes_and_failures_are_reported_with_their_traceback(drive
     """))
     a = drivers(tmp_path / "a")
     b = drivers(tmp_path / "b")
-    c = drivers(tmp_path / "c")
+    # c is a warm driver that a task already waits for (the TaskManager's marker, DriverProcess.hurry,
+    # is there when it starts, as when a task takes a driver still starting): it skips its warm-up.
+    hurried = tmp_path / "c"
+    hurried.mkdir()
+    (hurried / TASK_WAITING_MARKER).touch()
+    c = drivers(hurried, warm=True)
     a.ready()
     b.ready()
     c.ready()
+    assert "warm-up cut short" in c.log_tail() and "warm-up took" not in c.log_tail()
     a.run(spec(tmp_path, bad_build))
     b.run(spec(tmp_path, bad_stream, job_id="job-2"))
     out = tmp_path / "daily"
@@ -347,28 +353,14 @@ def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_run
     assert "found in sys.modules" not in d.log_path.read_text(errors="replace")
 
 
-def test_a_warm_driver_a_task_waits_for_cuts_its_warm_up_short_and_runs_the_task(drivers, tmp_path):
-    """The TaskManager's marker (DriverProcess.hurry) is already there when the driver starts,
-    as when a task takes a driver still starting: it skips its warm-up and runs the task."""
-    workdir = tmp_path / "hurried"
-    workdir.mkdir()
-    (workdir / TASK_WAITING_MARKER).touch()
-    d = drivers(workdir, warm=True)
-    d.ready()
-    assert "warm-up cut short" in d.log_tail() and "warm-up took" not in d.log_tail()
-    out = tmp_path / "daily"
-    d.run(spec(tmp_path, REPO / "examples" / "batch_sql_to_parquet.py", "--seed-events", "200",
-               "--output", str(out)))
-    d.expect("initializing")
-    d.expect("running", 60)
-    d.expect("finished", 120)
-    assert d.proc.wait(30) == 0
-    assert sum(r["clicks"] for r in pq.read_table(out).to_pylist()) == 200
-
-
-def test_orphaned_driver_exits_when_its_taskmanager_is_killed(drivers, tmp_path):
-    d = drivers(tmp_path / "orphan", via_parent=True)
+def test_a_driver_with_a_broken_class_archive_starts_and_exits_when_its_taskmanager_is_killed(drivers, tmp_path):
+    """A half-written or foreign class-data-sharing archive must not keep a driver from starting:
+    the JVM ignores an archive it cannot map (class_archive.py). Orphaned, the driver goes."""
+    archive = tmp_path / "broken.jsa"
+    archive.write_bytes(b"not an archive" * 1000)
+    d = drivers(tmp_path / "orphan", via_parent=True, extra=("--class-archive", str(archive)))
     ev = d.ready()
+    assert ev.parallelism == 2
     fake_tm = psutil.Process(d.proc.pid)
     assert psutil.Process(ev.pid).ppid() == fake_tm.pid
     fake_tm.kill()  # kill -9 of the TaskManager
@@ -418,17 +410,3 @@ def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path)
     finally:
         if jvm.is_running():
             jvm.kill()
-
-
-def test_a_broken_class_archive_costs_only_the_speed_up(tmp_path):
-    """A half-written or foreign class-data-sharing archive must not keep a driver from starting:
-    the JVM ignores an archive it cannot map (class_archive.py)."""
-    archive = tmp_path / "broken.jsa"
-    archive.write_bytes(b"not an archive" * 1000)
-    d = Driver(tmp_path / "d", extra=("--class-archive", str(archive)))
-    try:
-        ready = d.ready()
-        assert ready.parallelism == 2
-    finally:
-        d.proc.stdin.close()
-        d.proc.wait(60)

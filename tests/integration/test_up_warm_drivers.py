@@ -59,6 +59,8 @@ def test_headrace_up_says_when_every_taskmanager_has_a_ready_warm_driver(tmp_pat
                 assert json.loads(client.get(streams.tm_warm_key(tm)))["ready"] >= 1, tm
         logs = "".join(p.read_text() for p in home.glob("runs/*/logs/taskmanager-*.log"))
         assert logs.count("(local[2], urgent)") == 2, "each TaskManager's first warm-up is urgent"
+        drivers = "".join(p.read_text(errors="replace") for p in home.rglob("driver-*.log"))
+        assert drivers.count("warm-up took") >= 2, "by default a warm driver runs its warm-up query"
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does
         try:

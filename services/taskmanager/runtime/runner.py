@@ -62,7 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--driver-memory", default="1g")
     p.add_argument("--shuffle-partitions", type=int, default=None,
                    help="default: max(2, parallelism)")
-    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up job (measurements)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="a task waits for this driver: no warm-up, no JIT in reserve")
+    p.add_argument("--no-warmup-query", action="store_true",
+                   help="in reserve without the warm-up query (Settings.warm_up_query off)")
     p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="the TaskManager's pid: exit once it is no longer the parent (default: the parent at start)")
@@ -117,13 +120,15 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
                         driver_memory=args.driver_memory, ui=args.spark_ui or spark_ui_wanted(), engine=engine,
                         extra_java_options=class_archive.java_options(args.class_archive),
                         python_forkserver=args.python_forkserver)
-    if not args.no_warmup:
+    if not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
         marker = workdir / TASK_WAITING_MARKER
         if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists):
             print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
         else:
             print(f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting", flush=True)
+    elif args.no_warmup_query:
+        print("in reserve without the warm-up query (warm_up_query is off)", flush=True)
     return spark, optimizer
 
 

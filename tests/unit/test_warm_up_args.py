@@ -1,0 +1,29 @@
+"""The runner's warm-up flags for each kind of driver a TaskManager starts."""
+
+from services.taskmanager.driver_process import warm_up_args
+from services.taskmanager.runtime.runner import parse_args
+from shared.settings import Settings
+
+
+def test_a_driver_a_task_waits_for_skips_the_warm_up_whatever_the_setting():
+    assert warm_up_args(in_reserve=False, query=True) == ("--no-warmup",)
+    assert warm_up_args(in_reserve=False, query=False) == ("--no-warmup",)
+
+
+def test_a_driver_in_reserve_runs_the_query_unless_the_setting_is_off():
+    assert warm_up_args(in_reserve=True, query=True) == ()
+    assert warm_up_args(in_reserve=True, query=False) == ("--no-warmup-query",)
+
+
+def test_the_setting_defaults_on_and_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("HEADRACE_WARM_UP_QUERY", raising=False)
+    assert Settings().warm_up_query is True
+    monkeypatch.setenv("HEADRACE_WARM_UP_QUERY", "false")
+    assert Settings().warm_up_query is False
+
+
+def test_the_runner_accepts_each_flag():
+    base = ["--parallelism", "2", "--workdir", "/tmp/w", "--events-fd", "3"]
+    reserve = parse_args([*base, "--no-warmup-query"])
+    assert reserve.no_warmup_query and not reserve.no_warmup
+    assert parse_args([*base, "--no-warmup"]).no_warmup
