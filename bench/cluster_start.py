@@ -8,7 +8,7 @@ driver each, the dispatcher) and times, from the command's start:
          so a submission would start at once
 then stops it with SIGINT (as Ctrl-C does) and waits for it to exit.
 
-usage: python bench/cluster_start.py [--runs 3] [--concurrency 1,2] [--profile] [--smoke]
+usage: python bench/cluster_start.py [--runs 3] [--concurrency 1,2] [--warm-up-query true,false] [--profile] [--smoke]
 """
 
 from __future__ import annotations
@@ -106,12 +106,15 @@ def cpu_profile(root: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
-def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", profile: bool = False) -> dict:
+def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", warm_up_query: str = "",
+              profile: bool = False) -> dict:
     home = Path(tempfile.mkdtemp(prefix="hr-start-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port())}
     if concurrency:
         env["HEADRACE_WARMUP_CONCURRENCY"] = concurrency
+    if warm_up_query:
+        env["HEADRACE_WARM_UP_QUERY"] = warm_up_query
     out = home / "up.log"
     t0, cpu0 = time.monotonic(), busy_cpu_s()
     with open(out, "wb") as log:
@@ -157,26 +160,34 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=180)
     p.add_argument("--concurrency", default="",
                    help="comma-separated HEADRACE_WARMUP_CONCURRENCY values to alternate (default: the default)")
+    p.add_argument("--warm-up-query", default="",
+                   help="comma-separated HEADRACE_WARM_UP_QUERY values to alternate (default: the default)")
     p.add_argument("--smoke", action="store_true", help="one run: checks the benchmark still works")
     p.add_argument("--profile", action="store_true", help="print CPU-s by process kind at ready")
     args = p.parse_args()
     if args.smoke:
         args.runs = 1
     print(f"machine: {machine()}", flush=True)
-    variants = args.concurrency.split(",") if args.concurrency else [""]
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    variants = [(c, q) for c in (args.concurrency.split(",") if args.concurrency else [""])
+                for q in (args.warm_up_query.split(",") if args.warm_up_query else [""])]
+    runs: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
+
+    def label(v: tuple[str, str]) -> str:
+        return f"warm-up concurrency {v[0] or 'default'}, warm-up query {v[1] or 'default'}"
+
     for i in range(args.runs):
         for v in variants:
             load = round(os.getloadavg()[0], 2)
-            r = one_start(args.timeout, concurrency=v, profile=args.profile)
+            r = one_start(args.timeout, concurrency=v[0], warm_up_query=v[1], profile=args.profile)
             runs[v].append(r)
-            print(f"run {i + 1} (warm-up concurrency {v or 'default'}): up after {r['up_s']:.2f} s, "
+            print(f"run {i + 1} ({label(v)}): up after {r['up_s']:.2f} s, "
                   f"warm drivers ready after {r['warm_s']:.2f} s, machine busy {r['cpu_s']:.1f} CPU-s until then "
                   f"(load {load})", flush=True)
             time.sleep(3)
     for v, rs in runs.items():
-        print(f"median (warm-up concurrency {v or 'default'}): up {statistics.median(r['up_s'] for r in rs):.2f} s, "
-              f"warm {statistics.median(r['warm_s'] for r in rs):.2f} s")
+        print(f"median ({label(v)}): up {statistics.median(r['up_s'] for r in rs):.2f} s, "
+              f"warm {statistics.median(r['warm_s'] for r in rs):.2f} s, "
+              f"machine busy {statistics.median(r['cpu_s'] for r in rs):.1f} CPU-s")
 
 
 if __name__ == "__main__":

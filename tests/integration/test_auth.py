@@ -47,7 +47,7 @@ GOOD_PY = b"def build(ctx):\n    return ctx.spark.range(1)\n"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def catalog_url(request) -> str:
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    return request.getfixturevalue("migrated_sqlite_url" if request.param == "sqlite" else "migrated_pg_url")
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def build(ctx):
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def catalog_url(request) -> str:
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    return request.getfixturevalue("migrated_sqlite_url" if request.param == "sqlite" else "migrated_pg_url")
 
 
 @pytest.fixture

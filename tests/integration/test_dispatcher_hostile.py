@@ -52,15 +52,15 @@ class Live:
 
 
 @pytest.fixture
-def live(tmp_path, pg_url):
-    server = Live(tmp_path, pg_url, max_upload_bytes=LIMIT)
+def live(tmp_path, migrated_pg_url):
+    server = Live(tmp_path, migrated_pg_url, max_upload_bytes=LIMIT)
     yield server
     server.stop()
 
 
 @pytest.fixture
-def client(tmp_path, pg_url):
-    settings = Settings(home=tmp_path / "home", catalog_url=pg_url)
+def client(tmp_path, migrated_pg_url):
+    settings = Settings(home=tmp_path / "home", catalog_url=migrated_pg_url)
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     # A 500 must come back as a response here, not as an exception: that is what is tested.
