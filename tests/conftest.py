@@ -154,7 +154,7 @@ def migrated_pg_url(_migrated_pg_template):
 def migrated_sqlite_url(_migrated_sqlite_template, tmp_path) -> str:
     """A fresh SQLite catalog at the migrations' head."""
     path = tmp_path / "catalog.db"
-    shutil.copyfile(_migrated_sqlite_template, path)
+    shutil.copy(_migrated_sqlite_template, path)  # its owner-only mode too
     return f"sqlite:///{path}"
 
 
