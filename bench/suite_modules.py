@@ -3,9 +3,8 @@
 The suite's wall time on two cores is its CPU (docs/benchmarks.md, "The test suite"): a change that
 makes a module cheaper shows here before it shows in a whole run, and side by side with the code
 before it, which a whole run of 20-30 minutes on a noisy machine cannot give. Each round runs the
-modules once per variant, alternating; a variant is a checkout (--checkout DIR, the first
-PYTHONPATH entry and working directory) with optional environment settings (NAME=VALUE after it,
-separated by commas).
+modules once per variant, alternating; a variant (--variant name=DIR[,NAME=VALUE...]) is a checkout,
+run as the working directory and only PYTHONPATH entry, with optional environment settings.
 
 usage: python3 bench/suite_modules.py --rounds 2 \\
            --variant "before=/tmp/old" --variant "after=." tests/e2e/test_clickstream_e2e.py
@@ -57,10 +56,12 @@ def run_modules(checkout: Path, env: dict[str, str], modules: list[str], log: Pa
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("modules", nargs="+")
-    p.add_argument("--variant", action="append", required=True, help="name=DIR[,NAME=VALUE...]; two or more")
+    p.add_argument("--variant", action="append", required=True, help="name=DIR[,NAME=VALUE...]; repeat to compare")
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variant]
+    if len({name for name, _, _ in variants}) != len(variants):
+        raise SystemExit("--variant: each needs a name of its own")
     logs = Path(tempfile.mkdtemp(prefix="suite-modules-"))
     results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     for i in range(args.rounds):

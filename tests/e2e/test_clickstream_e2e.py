@@ -169,3 +169,13 @@ def test_no_service_was_refused_by_redis(cluster):
     refused = [{k: e.get(k) for k in ("username", "reason", "object", "context")}
                for e in redis.Redis.from_url(c.redis_url).acl_log(count=50)]
     assert refused == [], refused
+
+
+def test_the_suites_warm_drivers_were_started_without_their_warm_up_query(cluster):
+    """HEADRACE_WARM_UP_QUERY=false (tests/conftest.py) reaches the TaskManagers' drivers in
+    reserve through the cluster's configuration (Settings -> DriverLaunch -> runner flag)."""
+    c, _ = cluster
+    logs = [p.read_text(errors="replace") for p in Path(c.settings.home).glob("work/taskmanagers/*/logs/driver-*.log")]
+    reserve = [log for log in logs if "without the warm-up query" in log]
+    assert reserve, f"no driver started in reserve without its warm-up query among {len(logs)}"
+    assert not any("warm-up took" in log for log in logs)
