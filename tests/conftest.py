@@ -160,8 +160,8 @@ def migrated_sqlite_url(_migrated_sqlite_template, tmp_path) -> str:
 
 LOG_TAIL_LINES = 40
 PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
-# Under pytest-xdist (`-n N --dist loadfile --no-loadscope-reorder`, pyproject.toml) each module
-# runs whole on one worker, and a worker takes the next module when it is free: the longest kinds
+# Under pytest-xdist (`-n N --dist loadgroup --no-loadscope-reorder`, pyproject.toml) each group
+# runs whole on one worker, and a worker takes the next group when it is free: the longest kinds
 # go first so that the workers end together, the unit tests' many small modules fill in at the
 # end. The compose-stack test waits for its images, built in the background from collection on
 # (tests/image_prebuild.py).
