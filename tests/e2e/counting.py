@@ -18,11 +18,9 @@ KEYS = 5
 BASE = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
 STEP_MS = 20  # event time advances 20 ms per event: a 10 s window holds 500 events
 # The drills' trigger and checkpoint interval. They test exact counts and failover, not latency,
-# on 2 shared cores, and a micro-batch's fixed cost is most of a running job's CPU: one counting
-# job at 150 events/s keeps 0.78 cores busy with a 500 ms trigger and a checkpoint a second, 0.53
-# with a 1 s trigger, 0.35 with these (docs/benchmarks.md, "The drills' trigger"). Every batch
-# still completes a checkpoint.
-TRIGGER = "2 seconds"
+# on 2 shared cores: one counting job at 150 events/s keeps 0.78 cores busy with a 500 ms trigger
+# and a checkpoint a second, 0.52 with these (docs/benchmarks.md, "The drills' trigger").
+TRIGGER = "1 second"
 CHECKPOINT_INTERVAL = "2 s"
 
 
