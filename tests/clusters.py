@@ -15,11 +15,13 @@ TERMINAL = ("FINISHED", "FAILED", "CANCELED")
 # code that runs for seconds on 2 shared cores. C1 only: C2 compiling took a third of a core per
 # running job. The serial collector: no concurrent GC threads beside the work, 0.07-0.1 cores less
 # per running job (bench/job_cpu.py; docs/benchmarks.md, "The drills' trigger and the suite's JVMs").
-# No bytecode verification of classes outside the class archive (Spark's generated code, lambda
-# forms): 11 % less CPU for two drill modules side by side (docs/benchmarks.md, "The suite's JVMs
-# without bytecode verification"). The suite's JVMs run only Spark's and our code; a user's keep it.
-SUITE_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-                     " -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote")
+SUITE_JIT_AND_GC_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# No bytecode verification of classes outside the class archive (Spark's classes it lacks, the code
+# Spark generates per query, lambda forms): 11 % less CPU for two drill modules side by side
+# (docs/benchmarks.md, "The suite's JVMs without bytecode verification"). Not semantics-free: Flink
+# 2.3's CLI loses `savepoint -d`'s path without it, so the Flink CLI's JVMs keep verifying, and so
+# do the demo's (tests/e2e/test_demo_e2e.py runs the README's command with the JVMs' defaults).
+SUITE_JVM_OPTIONS = f"{SUITE_JIT_AND_GC_OPTIONS} -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
 # The artifact no-op jobs are submitted with: their tasks never import it.
 NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call build')\n"
 

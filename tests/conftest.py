@@ -30,7 +30,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 os.environ.setdefault("HEADRACE_DRIVER_USER", "")
 # Every JVM the suite starts (drivers, planners, ZooKeeper, Spark standalone, Flink's CLI, the
 # compose stack's) runs with SUITE_JVM_OPTIONS (C1 only, the serial collector, no bytecode
-# verification). Benchmarks run the JVMs as users do. JDK_JAVA_OPTIONS= (empty) runs the suite with the JVMs' defaults.
+# verification), but for Flink's CLI and the demo, which keep verifying (tests/clusters.py says why).
+# Benchmarks run the JVMs as users do. JDK_JAVA_OPTIONS= (empty) runs the suite with the JVMs' defaults.
 os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
 # Warm drivers in reserve skip their warm-up query (Settings.warm_up_query): a third of the
 # drivers the suite's clusters start are never used before their module stops its cluster, and

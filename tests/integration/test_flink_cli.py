@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters import SUITE_JVM_OPTIONS, TERMINAL, Rest, start_cluster
+from tests.clusters import SUITE_JIT_AND_GC_OPTIONS, TERMINAL, Rest, start_cluster
 from tests.conftest import missing
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,9 @@ LAUNCHER = FLINK_HOME / "bin" / "flink"
 CLI_TIMEOUT_S = 120
 # Each CLI run starts two JVMs over a 280 MB classpath; a client this short-lived is faster without
 # the optimising JIT and with one GC thread. Only the JVM's speed changes, not the CLI's behaviour.
-CLI_JVM_OPTS = SUITE_JVM_OPTIONS
+# It keeps bytecode verification, which the suite's other JVMs skip: without it the CLI's
+# `savepoint -d <path>` fails with "Missing required argument: savepoint path".
+CLI_JVM_OPTS = SUITE_JIT_AND_GC_OPTIONS
 SAVEPOINT_PATH = re.compile(r"Savepoint completed\. Path: (\S+)")
 UNKNOWN_JOB = "0" * 32
 
@@ -83,7 +85,8 @@ def flink(flink_cli, cluster, tmp_path_factory):
     # installation exported.
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLINK_")}
     env.update(FLINK_CONF_DIR=str(FLINK_HOME / "dist" / "pyflink" / "conf"),
-               FLINK_LOG_DIR=str(tmp_path_factory.mktemp("flink-cli-log")), FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS)
+               FLINK_LOG_DIR=str(tmp_path_factory.mktemp("flink-cli-log")), FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS,
+               JDK_JAVA_OPTIONS="")
     if env.get("JAVA_HOME") and not Path(env["JAVA_HOME"], "bin", "java").exists():
         del env["JAVA_HOME"]  # stale: the launcher then takes `java` from PATH
     started: list[Cli] = []
