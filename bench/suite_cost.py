@@ -42,17 +42,27 @@ SUITE_TIMEOUT_S = 90 * 60  # CI's own limit
 
 def job_cores() -> float:
     """One counting job's busy cores on the machine as it is now (bench/job_cpu.py's last line)."""
-    done = subprocess.run(JOB_CPU, capture_output=True, text=True, timeout=JOB_CPU_TIMEOUT_S, cwd=ROOT)
+    try:
+        done = subprocess.run(JOB_CPU, capture_output=True, text=True, timeout=JOB_CPU_TIMEOUT_S, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"bench/job_cpu.py did not finish within {JOB_CPU_TIMEOUT_S} s") from None
     if done.returncode != 0:
         raise SystemExit(f"bench/job_cpu.py failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return float(ast.literal_eval(done.stdout.strip().splitlines()[-1])["busy_cores"])
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    try:
+        return float(ast.literal_eval(last)["busy_cores"])
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        raise SystemExit(f"bench/job_cpu.py's last line has no busy_cores figure: {last!r}") from None
 
 
 def run_suite(checkout: Path, pytest_args: list[str]) -> dict:
     env = {**os.environ, "CI": "true", "PYTHONPATH": str(checkout)}
     t0, cpu0 = time.monotonic(), busy_cpu_s()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
-                          cwd=checkout, env=env, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+                              cwd=checkout, env=env, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"the suite did not finish within {SUITE_TIMEOUT_S // 60} min (CI's limit)") from None
     wall, busy = time.monotonic() - t0, busy_cpu_s() - cpu0
     summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
     return {"exit_code": done.returncode, "summary": summary, "wall_s": round(wall, 1),
@@ -65,6 +75,8 @@ def main() -> None:
     ap.add_argument("--reference-job-cores", type=float, default=0.32)
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     opts = ap.parse_args()
+    if opts.reference_job_cores <= 0:
+        ap.error(f"--reference-job-cores {opts.reference_job_cores}: expected a positive number of cores, e.g. 0.32")
     if not (opts.checkout / "pyproject.toml").exists():
         ap.error(f"--checkout {opts.checkout}: no pyproject.toml there; give a checkout of this project")
     print(machine(), flush=True)
