@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from services.dispatcher.restore_check import run_planner
 from services.dispatcher.warm_planner import WarmPlanner
 from shared.settings import Settings
+from shared.spark_runtime import SparkRuntime
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--stream", "bench", "--sink", "sql", "--table", "t", "--sink-url", "sqlite:////tmp/never-opened.db"]
@@ -30,7 +31,7 @@ def once(archive_dir: Path | None) -> float:
     t0 = time.monotonic()
     result = run_planner(python=sys.executable, artifact_path=str(ROOT / "examples" / "keyed_counts.py"),
                          entry="build", args=ARGS, config={}, parallelism=1, timeout_s=300,
-                         class_archive_dir=archive_dir)
+                         runtime=SparkRuntime(Settings().jar_cache_dir, archive_dir))
     took = time.monotonic() - t0
     if not (result or {}).get("ok"):
         raise SystemExit(f"the planner failed: {result}")
@@ -57,7 +58,7 @@ def main() -> None:
     archive_dir = Settings().driver_class_archive_dir
     once(None)  # the first run pays for the page cache; not counted
     warm = WarmPlanner(python=sys.executable, run_as=None, catalog_url=None, redis_url=None,
-                       class_archive_dir=archive_dir)
+                       runtime=SparkRuntime(Settings().jar_cache_dir, archive_dir))
     without, with_archive, warmed = [], [], []
     try:
         for _ in range(a.runs):

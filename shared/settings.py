@@ -15,6 +15,8 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from shared import jars
+
 
 class _YamlSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], path: str | None):
@@ -152,6 +154,9 @@ class Settings(BaseSettings):
     driver_class_archive: bool = Field(True, description="share the driver JVM's classes through an AppCDS archive")
     driver_class_archive_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "headrace" / "cds",
                                            description="where the driver class archive is kept")
+    # Jars from Maven Central (shared/jars.py), fetched by scripts/bootstrap: never at run time.
+    jar_cache_dir: Path = Field(default_factory=lambda: jars.DEFAULT_CACHE_DIR,
+                                description="where scripts/bootstrap put the Kafka, Delta and broker jars")
     # The dispatcher keeps one restore-check planner warm after its first check (a JVM of a few
     # hundred MB; services/dispatcher/warm_planner.py): a changed pipeline is checked in about a
     # second instead of a cold Spark's 6-15 s. Off: false.

@@ -40,9 +40,11 @@ from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
 from shared import errors
 from shared.catalog import Catalog
+from shared.jars import MissingJars
 from shared.message_auth import load_secret
 from shared.ports import free_port
 from shared.settings import Settings
+from shared.spark_runtime import SparkRuntime
 from shared.transport.redis_streams import wait_for_redis
 
 
@@ -148,6 +150,10 @@ class LocalCluster:
 
     def start(self, *, wait_s: float = 60.0, echo=print) -> "LocalCluster":
         s = self.settings
+        try:  # before anything starts: a TaskManager would exit for the same reason, less visibly
+            SparkRuntime.from_settings(s).check()
+        except MissingJars as exc:
+            raise ClusterError(str(exc)) from None
         self.run_dir = self.run_dir or s.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)

@@ -10,7 +10,7 @@ from typing import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import auth, errors, limits, metrics, openapi_security, restore_check, security, slow_clients
+from services.dispatcher import auth, errors, limits, metrics, openapi_security, security, slow_clients
 from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.routes import (
@@ -32,6 +32,7 @@ from services.dispatcher.views import FLINK_VERSION
 from services.dispatcher.warm_planner import WarmPlanner
 from shared.catalog import Catalog
 from shared.settings import Settings
+from shared.spark_runtime import SparkRuntime
 from shared.transport.base import Transport
 
 # The dashboard is package data: in a checkout web_ui links to the repository's web-ui/, in an
@@ -82,7 +83,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
         warm = WarmPlanner(python=sys.executable, run_as=settings.driver_user,
                            catalog_url=settings.pipeline_catalog_url,
                            redis_url=settings.pipeline_redis_url or settings.redis_url,
-                           class_archive_dir=restore_check.cluster_class_archive_dir(settings))
+                           runtime=SparkRuntime.from_settings(settings))
         app.state.warm_planner = warm
 
     errors.install(app)

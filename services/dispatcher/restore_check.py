@@ -32,7 +32,9 @@ from typing import Any, Mapping, Protocol, Sequence
 from shared import checkpointing, job_options, restore_compat, untrusted_code
 from shared.errors import StateError
 from shared.import_root import IMPORT_ROOT
+from shared.jars import DEFAULT_CACHE_DIR
 from shared.settings import Settings
+from shared.spark_runtime import SparkRuntime
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +84,10 @@ def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[s
                       args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
                       catalog_url=settings.pipeline_catalog_url,
                       redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
-                      class_archive_dir=cluster_class_archive_dir(settings), warm=warm.plan if warm else None)
+                      runtime=SparkRuntime.from_settings(settings), warm=warm.plan if warm else None)
     finally:
         if warm is not None and needs_planning(snapshot_meta, artifact_sha256=art.sha256, entry=entry, args=args):
             warm.replenish()  # after the check: the next spare does not slow this one down
-
-
-def cluster_class_archive_dir(settings: Settings) -> Path | None:
-    return settings.driver_class_archive_dir if settings.driver_class_archive else None
 
 
 class WarmPlan(Protocol):
@@ -120,7 +118,7 @@ def needs_planning(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, en
 def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entry: str, args: list[str],
                   config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
                   catalog_url: str | None = None, redis_url: str | None = None,
-                  run_as: str | None = None, class_archive_dir: Path | None = None,
+                  run_as: str | None = None, runtime: SparkRuntime | None = None,
                   warm: WarmPlan | None = None) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
@@ -138,7 +136,7 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
         if result is None:
             result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
                                  parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                                 redis_url=redis_url, run_as=run_as, class_archive_dir=class_archive_dir)
+                                 redis_url=redis_url, run_as=run_as, runtime=runtime)
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
             log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
@@ -178,7 +176,7 @@ def _why(result: Mapping[str, Any] | None) -> str:
 def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
                 parallelism: int, timeout_s: float, catalog_url: str | None = None,
                 redis_url: str | None = None, run_as: str | None = None,
-                class_archive_dir: Path | None = None) -> dict[str, Any] | None:
+                runtime: SparkRuntime | None = None) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
     when it timed out or died without one.
 
@@ -205,8 +203,7 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_copy), "--entry", entry,
                "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
                "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
-        if class_archive_dir is not None:  # the drivers' archive: a JVM that maps it starts faster
-            cmd += ["--class-archive-dir", str(class_archive_dir)]
+        cmd += (runtime or SparkRuntime(DEFAULT_CACHE_DIR)).cli_args()  # the drivers' jars and class archive
         env = planner_env(home, user, catalog_url=catalog_url, redis_url=redis_url)
         t0 = time.monotonic()
         with open(log_path, "wb") as err:

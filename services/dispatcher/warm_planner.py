@@ -30,21 +30,21 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from services.dispatcher import restore_check
+from shared.spark_runtime import SparkRuntime
 
 log = logging.getLogger(__name__)
 
 
 class _Spare:
-    def __init__(self, python: str, user, env_for, class_archive_dir: Path | None):
+    def __init__(self, python: str, user, env_for, runtime: SparkRuntime):
         self.tmp = Path(tempfile.mkdtemp(prefix="headrace-warm-planner-"))
         self.home = self.tmp / "work"
         self.home.mkdir()
         user.own(self.home)
         os.chmod(self.tmp, 0o711)
         self.user = user
-        cmd = [python, "-m", restore_check.PLANNER_MODULE, "--await-request", "--workdir", str(self.home / "spark")]
-        if class_archive_dir is not None:
-            cmd += ["--class-archive-dir", str(class_archive_dir)]
+        cmd = [python, "-m", restore_check.PLANNER_MODULE, "--await-request", "--workdir", str(self.home / "spark"),
+               *runtime.cli_args()]
         self.log = open(self.tmp / "planner.log", "wb")
         try:
             self.proc = subprocess.Popen(cmd, cwd=str(self.home), env=env_for(self.home, user),
@@ -99,8 +99,8 @@ class WarmPlanner:
     """At most one spare planner; `plan` uses it if there is one, and starts the next."""
 
     def __init__(self, *, python: str, run_as: str | None, catalog_url: str | None, redis_url: str | None,
-                 class_archive_dir: Path | None):
-        self.python, self.run_as, self.class_archive_dir = python, run_as, class_archive_dir
+                 runtime: SparkRuntime):
+        self.python, self.run_as, self.runtime = python, run_as, runtime
         self.catalog_url, self.redis_url = catalog_url, redis_url
         self._lock = threading.Lock()
         self._spare: _Spare | None = None
@@ -127,7 +127,7 @@ class WarmPlanner:
                 return
             try:
                 user = restore_check.planner_user(self.run_as)
-                self._spare = _Spare(self.python, user, self._env, self.class_archive_dir)
+                self._spare = _Spare(self.python, user, self._env, self.runtime)
             except OSError as exc:
                 log.warning("restore check: cannot start a warm planner (%s); checks plan cold", exc)
 

@@ -35,11 +35,13 @@ from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id
+from shared.jars import MissingJars
 from shared.leader_epoch import LeaderEpochFence
 from shared.log_files import LogFiles
 from shared.logs import configure_logging
 from shared.message_auth import MissingKey, taskmanager_auth
 from shared.settings import Settings, load_settings
+from shared.spark_runtime import SparkRuntime
 from shared.transport import kombu_redis
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 
@@ -88,6 +90,8 @@ class EndpointAnnouncer:
 EXIT_STORAGE_NOT_SHARED = 4
 # A TaskManager without keys to sign its reports and check its commands exits with this code.
 EXIT_NO_KEYS = 5
+# A TaskManager whose jar cache lacks Spark's Kafka connector or Delta Lake exits with this code.
+EXIT_NO_JARS = 6
 
 
 EXECUTOR_KEYS = ("spark.executor.cores", job_options.EXECUTOR_MEMORY)
@@ -117,14 +121,13 @@ def driver_engine_args(settings: Settings, config: dict | None = None) -> list[s
 
 
 def start_up_args(settings: Settings, workdir: Path) -> list[str]:
-    """The runner's arguments that speed up a driver's start: the class archive (whose build
+    """The runner's arguments for its Spark runtime (the jars; the class archive, whose build
     starts here in the background if it is missing) and the Python fork server."""
-    args: list[str] = []
-    if settings.driver_class_archive:
-        archive = class_archive.archive_path(settings.driver_class_archive_dir)
-        class_archive.ensure_started(archive, workdir / "logs" / "class-archive.log")
-        if archive is not None:
-            args += ["--class-archive", str(archive)]
+    runtime = SparkRuntime.from_settings(settings)
+    if runtime.class_archive_dir is not None:
+        class_archive.ensure_started(class_archive.archive_path(runtime.class_archive_dir),
+                                     workdir / "logs" / "class-archive.log")
+    args = runtime.cli_args()
     if settings.driver_python_forkserver:
         args.append("--python-forkserver")
     return args
@@ -183,6 +186,12 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     except (MissingKey, ValueError) as exc:
         log.error("TaskManager %s cannot start: %s (docs/runbooks/auth.md, \"Signed messages\")", base_id, exc)
         raise SystemExit(EXIT_NO_KEYS) from None
+    if not simulate:
+        try:
+            SparkRuntime.from_settings(settings).check()
+        except MissingJars as exc:
+            log.error("TaskManager %s cannot start: %s", base_id, exc)
+            raise SystemExit(EXIT_NO_JARS) from None
     client = wait_for_redis(settings.redis_url)
     process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     liveness_name = streams.liveness_name(process_id)

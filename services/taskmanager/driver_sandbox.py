@@ -23,6 +23,7 @@ from services.taskmanager import memory_limit
 from services.taskmanager.driver_user import DriverUser, resolve, runtime_paths, unreachable
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
 from shared import task_protocol as tp
+from shared.spark_runtime import SparkRuntime
 from shared.storage_roots import configured_roots
 
 log = logging.getLogger("headrace.taskmanager.sandbox")
@@ -48,8 +49,7 @@ class DriverSandbox:
     def from_settings(cls, settings, taskmanager_id: str) -> "DriverSandbox":
         """Raises DriverUserError or ValueError (a bad driver_memory_limit) with what to change."""
         user = resolve(settings.driver_user)
-        missing = unreachable(user, runtime_paths(settings.driver_class_archive_dir
-                                                  if settings.driver_class_archive else None))
+        missing = unreachable(user, runtime_paths(SparkRuntime.from_settings(settings)))
         if missing:
             from services.taskmanager.driver_user import DriverUserError
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from shared.errors import TaskError
 from shared.import_root import IMPORT_ROOT
+from shared.spark_runtime import SparkRuntime
 from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.taskmanager.driver_user")
@@ -156,12 +157,13 @@ def give_to_driver_user(directory: Path, name: str | None) -> None:
     DriverUser(name, pw.pw_uid, pw.pw_gid).make_traversable(directory)
 
 
-def runtime_paths(class_archive_dir: Path | None = None) -> list[Path]:
-    """What every driver reads: the interpreter, its packages, the checkout, the class archive."""
+def runtime_paths(runtime: SparkRuntime | None = None) -> list[Path]:
+    """What every driver reads: the interpreter, its packages, the checkout, the jar cache and the
+    class archive."""
     paths = [Path(os.path.realpath(sys.executable)), Path(sysconfig.get_paths()["purelib"]),
              Path(sysconfig.get_paths()["platlib"]), IMPORT_ROOT / "services"]
-    if class_archive_dir is not None:
-        paths.append(class_archive_dir)
+    if runtime is not None:
+        paths += runtime.paths()
     return list(dict.fromkeys(paths))
 
 
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DriverUserError, KeyError) as exc:
         print(f"driver user: {exc}", file=sys.stderr)
         return 1
-    paths = runtime_paths(settings.driver_class_archive_dir if settings.driver_class_archive else None)
+    paths = runtime_paths(SparkRuntime.from_settings(settings))
     if args.prepare:
         for path in paths:
             for d in user.make_traversable(path):

@@ -27,6 +27,7 @@ from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.sql import make_engine
 from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from shared.settings import Settings
+from shared.spark_runtime import SparkRuntime
 from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, RunTask, TaskSpec, decode_event, encode_line
 
 pytestmark = pytest.mark.integration
@@ -44,11 +45,10 @@ FAKE_TASKMANAGER = textwrap.dedent("""
 """)
 
 
-def machine_class_archive() -> tuple[str, ...]:
-    """The drivers' class archive, as a TaskManager passes it (when scripts/bootstrap built it):
-    the drivers here start as production's do, and a few seconds sooner each."""
-    path = class_archive.archive_path(Settings().driver_class_archive_dir)
-    return ("--class-archive", str(path)) if path is not None and path.is_file() else ()
+def machine_runtime() -> tuple[str, ...]:
+    """The drivers' jars and class archive, as a TaskManager passes them (scripts/bootstrap
+    fetched and built them): the drivers here start as production's do."""
+    return tuple(SparkRuntime.from_settings(Settings()).cli_args())
 
 
 class Driver:
@@ -69,7 +69,7 @@ class Driver:
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", "2",
                "--workdir", str(workdir), "--events-fd", str(w), "--shuffle-partitions", "2",
-               *machine_class_archive(), *extra]  # a test's own --class-archive comes last and wins
+               *machine_runtime(), *extra]  # a test's own --class-archive-dir comes last and wins
         if not warm:
             cmd.append("--no-warmup")
         if via_parent:
@@ -356,9 +356,12 @@ def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_run
 def test_a_driver_with_a_broken_class_archive_starts_and_exits_when_its_taskmanager_is_killed(drivers, tmp_path):
     """A half-written or foreign class-data-sharing archive must not keep a driver from starting:
     the JVM ignores an archive it cannot map (class_archive.py). Orphaned, the driver goes."""
-    archive = tmp_path / "broken.jsa"
+    archive_dir = tmp_path / "cds"
+    archive = class_archive.archive_path(archive_dir)
+    assert archive is not None
+    archive_dir.mkdir()
     archive.write_bytes(b"not an archive" * 1000)
-    d = drivers(tmp_path / "orphan", via_parent=True, extra=("--class-archive", str(archive)))
+    d = drivers(tmp_path / "orphan", via_parent=True, extra=("--class-archive-dir", str(archive_dir)))
     ev = d.ready()
     assert ev.parallelism == 2
     fake_tm = psutil.Process(d.proc.pid)

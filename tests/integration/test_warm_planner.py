@@ -15,6 +15,8 @@ import pytest
 
 from services.dispatcher.restore_check import run_planner
 from services.dispatcher.warm_planner import WarmPlanner
+from shared.jars import DEFAULT_CACHE_DIR
+from shared.spark_runtime import SparkRuntime
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +35,8 @@ def gone(pid: int) -> bool:
 
 
 def warm_planner() -> WarmPlanner:
-    return WarmPlanner(python=sys.executable, run_as=None, catalog_url=None, redis_url=None, class_archive_dir=None)
+    return WarmPlanner(python=sys.executable, run_as=None, catalog_url=None, redis_url=None,
+                       runtime=SparkRuntime(DEFAULT_CACHE_DIR))
 
 
 def test_a_spare_plans_as_the_cold_planner_does_and_goes_when_closed():

@@ -40,6 +40,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.spark_runtime import SparkRuntime
 
 log = logging.getLogger("headrace.taskmanager.class_archive")
 
@@ -70,6 +74,13 @@ def java_options(path: Path | None) -> str:
         return ""
     # The JVM's own notes about classes it could not share go nowhere: they are not problems.
     return f" -XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def runtime_java_options(runtime: "SparkRuntime") -> str:
+    """java_options of the archive a Spark runtime names, if it names one."""
+    if runtime.class_archive_dir is None:
+        return ""
+    return java_options(archive_path(runtime.class_archive_dir))
 
 
 def ensure_started(path: Path | None, log_file: Path) -> subprocess.Popen | None:

@@ -35,6 +35,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from shared.spark_runtime import SparkRuntime
+
 PLACEHOLDER_REDIS_URL = "redis://headrace-planner.invalid:6379/0"
 
 
@@ -49,9 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config-json", default="{}", help="the job's configuration, a JSON object; - for stdin")
     p.add_argument("--parallelism", type=int, default=1, help="what ctx.parallelism says (Spark runs local[1])")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
-    p.add_argument("--class-archive-dir", type=Path, default=None,
-                   help="where the drivers' class-data-sharing archive is (class_archive.py): the planner's "
-                        "JVM maps it too, and starts faster")
+    SparkRuntime.add_arguments(p)  # the drivers' jars, and their class archive: the planner's JVM starts faster
     p.add_argument("--catalog-url", default=os.environ.get("HEADRACE_PLANNER_CATALOG_URL"))
     p.add_argument("--redis-url", default=os.environ.get("HEADRACE_PLANNER_REDIS_URL"))
     return p.parse_args(argv)
@@ -81,10 +81,12 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
 
 
 def _session(args: argparse.Namespace, workdir: Path):
+    from . import class_archive
     from .spark_session import build_spark
 
+    runtime = SparkRuntime.from_args(args)
     return build_spark(1, workdir, shuffle_partitions=2, driver_memory="512m", app_name="headrace-planner",
-                       extra_java_options=_class_archive_options(args))
+                       extra_java_options=class_archive.runtime_java_options(runtime), jars=runtime.jars)
 
 
 def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, entry: str, program_args: list[str],
@@ -131,14 +133,6 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
     except Exception as exc:  # noqa: BLE001
         return _failure("signature", exc)
     return {"ok": True, "plan": signature, "seconds": round(time.monotonic() - t0, 2)}
-
-
-def _class_archive_options(args: argparse.Namespace) -> str:
-    from . import class_archive
-
-    if args.class_archive_dir is None:
-        return ""
-    return class_archive.java_options(class_archive.archive_path(args.class_archive_dir))
 
 
 def await_and_plan(args: argparse.Namespace, workdir: Path, spark_box: list, out) -> dict[str, Any]:

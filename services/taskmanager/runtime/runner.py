@@ -40,6 +40,7 @@ from types import FrameType
 from typing import IO, Any
 
 from services.taskmanager.driver_process import STACK_DUMP_SIGNAL
+from shared.spark_runtime import SparkRuntime
 from shared.task_protocol import TASK_WAITING_MARKER, Canceled, Failed, Ready, RunTask, decode_command
 
 from . import class_archive, jit_in_reserve
@@ -75,8 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--executor-timeout", type=float, default=300.0,
                    help="seconds a task's work may wait for its first executor before it fails")
     p.add_argument("--host", default="127.0.0.1", help="the address executors reach this driver at")
-    p.add_argument("--class-archive", type=Path, default=None,
-                   help="the driver JVM's class-data-sharing archive, used if it exists (class_archive.py)")
+    SparkRuntime.add_arguments(p)
     p.add_argument("--python-forkserver", action="store_true",
                    help="local engine: start Spark's per-query Python source runner from a preloaded fork "
                         "server (python_forkserver.py)")
@@ -114,12 +114,13 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     shuffle = args.shuffle_partitions or max(2, args.parallelism)
+    runtime = SparkRuntime.from_args(args)
     # A driver that warms up waits in reserve for a task: its JIT's C2 only on idle CPU until then.
     optimizer = None if args.no_warmup else jit_in_reserve.OptimizerInReserve().start()
     spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
                         driver_memory=args.driver_memory, ui=args.spark_ui or spark_ui_wanted(), engine=engine,
-                        extra_java_options=class_archive.java_options(args.class_archive),
-                        python_forkserver=args.python_forkserver)
+                        extra_java_options=class_archive.runtime_java_options(runtime),
+                        python_forkserver=args.python_forkserver, jars=runtime.jars)
     if not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
         marker = workdir / TASK_WAITING_MARKER

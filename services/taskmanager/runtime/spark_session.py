@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.import_root import IMPORT_ROOT
+from shared.jars import DEFAULT_CACHE_DIR, JarCache
 
 from .cluster_mode import Engine
 
@@ -76,13 +77,17 @@ def spark_ui_wanted(environ: Mapping[str, str] = os.environ) -> bool:
 
 def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
                 driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False,
-                engine: Engine = Engine(), extra_java_options: str = "", python_forkserver: bool = False) -> Any:
+                engine: Engine = Engine(), extra_java_options: str = "", python_forkserver: bool = False,
+                jars: JarCache | None = None) -> Any:
     """A SparkSession whose scratch files all live under `workdir` (the caller cleans it): local,
     or a driver of a standalone cluster (`engine`, cluster_mode.py). `ui`: run the Spark UI on a
     free port (several drivers share a host); its kill links are off, a task is cancelled
     through Headrace. `extra_java_options`: for the driver's JVM only (class_archive.py).
     `python_forkserver`: with a local engine, Spark's Python processes start through a fork
-    server's launcher (python_forkserver.py); executors elsewhere could not run it."""
+    server's launcher (python_forkserver.py); executors elsewhere could not run it. `jars`: the
+    cache of Spark's Kafka connector and Delta Lake (shared/jars.py; default: this user's), on
+    the class path of the driver and its executors; MissingJars if they were never fetched."""
+    jar_conf = (jars or JarCache(DEFAULT_CACHE_DIR)).spark_conf()
     prepare_env(engine.host)
     if python_forkserver and engine.local:
         from . import python_forkserver as forkserver
@@ -99,7 +104,7 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
     tmp_dir.mkdir(parents=True, exist_ok=True)
     java_opts = f"-Djava.io.tmpdir={tmp_dir}"
     builder = SparkSession.builder
-    for key, value in engine.spark_conf(parallelism).items():
+    for key, value in {**jar_conf, **engine.spark_conf(parallelism)}.items():
         builder = builder.config(key, value)
     if engine.local:
         sockets = python_socket_dir(work)
