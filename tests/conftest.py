@@ -309,3 +309,44 @@ def rest(cluster):
 def jar(rest, tmp_path_factory):
     """A no-op pipeline uploaded to the module's cluster."""
     return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
+
+
+class KafkaServer:
+    """A throwaway single-node Kafka broker (KRaft) on free ports, from the bootstrap's jars."""
+
+    def __init__(self, tmp: Path):
+        from services.cluster import kafka_broker
+        from shared.jars import DEFAULT_CACHE_DIR, JarCache
+
+        spec = kafka_broker.BrokerSpec(data_dir=tmp / "kafka", port=free_port(), controller_port=free_port(),
+                                       heap="384m")
+        self.broker = kafka_broker.Broker(spec, JarCache(DEFAULT_CACHE_DIR), tmp / "kafka.log")
+        self.bootstrap = spec.bootstrap
+
+    def start(self) -> "KafkaServer":
+        self.broker.start()
+        return self
+
+    def create_topic(self, name: str, partitions: int = 1) -> str:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})  # kept: its futures die with it
+        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
+                                      operation_timeout=30)
+        for future in futures.values():
+            future.result(60)
+        return name
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    """A Kafka broker shared by a module's tests (each test makes topics of its own)."""
+    from shared.jars import DEFAULT_CACHE_DIR, JarCache, MissingJars
+
+    try:
+        JarCache(DEFAULT_CACHE_DIR).jars("kafka-broker")
+    except MissingJars as exc:
+        missing(f"the Kafka broker's jars ({exc})")
+    server = KafkaServer(tmp_path_factory.mktemp("kafka")).start()
+    yield server
+    server.broker.stop()
