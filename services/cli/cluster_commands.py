@@ -53,6 +53,7 @@ def up(
     typer.echo(f"Redis: {masked(cluster.redis_url)}" + (
         f"  (AOF and passwords in {settings.home / 'redis'}; redis-cli: REDISCLI_AUTH from credentials.json)"
         if "redis_url" not in settings.model_fields_set and settings.redis_auth else ""))
+    typer.echo(f"Pipelines' database (ctx.catalog_url, SQL sinks without url=): {masked(cluster.pipeline_catalog_url)}")
     if cluster.zookeeper_quorum:
         typer.echo(f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}")
     if cluster.spark_master is not None:

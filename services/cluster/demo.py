@@ -20,6 +20,7 @@ import httpx
 from sqlalchemy import create_engine, inspect, text
 
 from services.cluster.local_cluster import ClusterError, LocalCluster
+from services.cluster.pipeline_database import pipeline_database
 from shared.catalog.db import normalise_url
 from shared.settings import Settings
 
@@ -109,16 +110,6 @@ def _wait(http: httpx.Client, job_id: str, stop: threading.Event, echo, marks: d
             return job["state"]
         time.sleep(0.2)
     return last or "UNKNOWN"
-
-
-def pipeline_database(settings: Settings) -> str:
-    """An SQLite file in a directory the drivers' user owns (SQLite writes its journal beside it)."""
-    from services.taskmanager.driver_user import give_to_driver_user
-
-    directory = settings.home / "demo"
-    directory.mkdir(parents=True, exist_ok=True)
-    give_to_driver_user(directory, settings.driver_user)
-    return f"sqlite:///{directory / 'sink.db'}"
 
 
 def _print_windows(catalog_url: str, echo) -> None:

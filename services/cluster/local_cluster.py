@@ -36,6 +36,7 @@ import redis
 import yaml
 
 from services.cluster import readiness, redis_auth, spark_standalone, taskmanager_credentials
+from services.cluster.pipeline_database import pipeline_database
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
 from shared import errors
@@ -134,6 +135,11 @@ class LocalCluster:
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # guards children
     _describing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @property
+    def pipeline_catalog_url(self) -> str:
+        """The pipelines' own database: the configured one, else an SQLite file of theirs."""
+        return self.settings.pipeline_catalog_url or pipeline_database(self.settings)
+
     def planned_children(self) -> list[str]:
         """The processes start() runs for these settings, by name (the compose stack is checked
         against this list: tests/integration/test_compose_topology.py)."""
@@ -162,7 +168,8 @@ class LocalCluster:
             self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, s.redis_url)
         else:
             self._start_redis(env)
-        config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog}
+        config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog,
+                                              "pipeline_catalog_url": self.pipeline_catalog_url}
         if redis_auth.PIPELINE in self.service_redis_urls:
             config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
         if self.ha or s.high_availability == "zookeeper":

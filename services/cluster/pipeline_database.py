@@ -1,0 +1,22 @@
+"""The database a local cluster's pipelines get when none is configured (`pipeline_catalog_url`):
+an SQLite file of their own under the cluster's home, never the control catalog. So the README's
+first job, the examples and the runbooks' specs, whose SQL sinks name no database, run on
+`headrace up` as written."""
+
+from __future__ import annotations
+
+from shared.settings import Settings
+
+DIRECTORY = "pipelines"
+FILE = "pipelines.db"
+
+
+def pipeline_database(settings: Settings) -> str:
+    """The SQLite URL, in a directory the drivers' user owns (SQLite writes its journal beside
+    the file, so the directory must be theirs, not only the file)."""
+    from services.taskmanager.driver_user import give_to_driver_user
+
+    directory = settings.home / DIRECTORY
+    directory.mkdir(parents=True, exist_ok=True)
+    give_to_driver_user(directory, settings.driver_user)
+    return f"sqlite:///{directory / FILE}"
