@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from shared import checkpointing as cp
-from shared import durations, restart, sizes
+from shared import durations, kafka_delivery, restart, sizes
 from shared.booleans import parse_boolean
 
 STARTUP_TIMEOUT = "headrace.task.startup-timeout"
@@ -236,6 +236,8 @@ RULES: dict[str, _Rule] = {
     SINK_MAX_RETRY_TIME: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "60 s"),
     SINK_MAX_RETRIES: _integer_rule(0, 3),
     LATENCY_MODE: _Rule(parse_boolean, "true or false", True),
+    kafka_delivery.TRANSACTION_TIMEOUT_OPTION: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION,
+                                                     "10 min"),
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.

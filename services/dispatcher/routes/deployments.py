@@ -90,7 +90,7 @@ def apply_deployment(
                           field=cp.RESTORE_PATH, expected="no restore path in a deployment's configuration",
                           hint="start a job from that savepoint with POST /jars/{jarid}/run, or leave it out",
                           prefix=False)
-    check_config(config)
+    check_config(config, settings)
     checkpoint_dir_option.check(config, settings)
     restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     with catalog.session() as s:

@@ -37,6 +37,7 @@ from services.dispatcher.schemas import (
 )
 from services.dispatcher.strict_fields import StrictBool
 from services.dispatcher.warm_planner import WarmPlanner
+from shared import checkpointing, kafka_delivery
 from shared import job_options as job_config
 from shared.catalog import repository
 from shared.catalog.models import Artifact
@@ -45,6 +46,7 @@ from shared.catalog.repository.deployments import deployments_using
 from shared.ids import ArtifactId, JobId, new_artifact_id, new_job_id
 from shared.messages import SubmitJob
 from shared.restart import InvalidRestartStrategy
+from shared.settings import Settings
 from shared.states import JobStatus
 from shared.streams import JM_STREAM
 
@@ -213,7 +215,7 @@ def run_jar(
     if args is None:
         args = _query_args(program_args, program_arg)
     config = {**(req.flinkConfiguration or {}), **(req.config or {})}
-    check_config(config)
+    check_config(config, settings)
     checkpoint_dir_option.check(config, settings)
     restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"
@@ -318,7 +320,7 @@ def resolve_restart_strategy(requested, config: dict, default: dict) -> dict:
                           hint="see the restart strategy schema at /docs") from None
 
 
-def check_config(config: dict) -> None:
+def check_config(config: dict, settings: Settings) -> None:
     """Every option Headrace reads must be readable (job_config): 400 naming each bad one, its
     value and a good example, instead of a task that fails (or hangs) on a TaskManager."""
     found = job_config.problems(config)
@@ -328,6 +330,24 @@ def check_config(config: dict) -> None:
                                      hint="options keep Flink's names and values: durations are strings such as "
                                           "\"10 s\", \"500 ms\" or \"2 min\" (without a unit: milliseconds)")
                              for p in found])
+    check_kafka_transaction_timeout(config, settings)
+
+
+def check_kafka_transaction_timeout(config: dict, settings: Settings) -> None:
+    """400 when the job sets an exactly-once Kafka sinks' transaction timeout its checkpoints
+    cannot keep within (the brokers' maximum is checked when the task starts: only it knows them)."""
+    option = kafka_delivery.TRANSACTION_TIMEOUT_OPTION
+    if option not in config:
+        return
+    timeout_s = job_config.duration_s(config[option], positive=True)
+    try:
+        interval_s = checkpointing.checkpoint_config(config, settings.checkpointing).interval_s
+    except checkpointing.InvalidCheckpointConfig:
+        return  # reported with the checkpoint options themselves
+    problem = kafka_delivery.timeout_problem(timeout_s, interval_s)
+    if problem is not None:
+        raise ApiError.of(400, problem, field=option, expected="a transaction timeout longer than a checkpoint "
+                          "interval plus a minute", hint="see docs/runbooks/kafka.md", prefix=False)
 
 
 def check_entry(catalog, art, entry: str, config: dict | None = None, bounds: ArtifactLimits | None = None) -> None:

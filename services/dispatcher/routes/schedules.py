@@ -93,7 +93,7 @@ def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: Cata
                     settings: SettingsDep) -> dict:
     timing = _timing(req)
     config = dict(req.config or {})
-    check_config(config)
+    check_config(config, settings)
     checkpoint_dir_option.check(config, settings)
     restart = resolve_restart_strategy(req.restartStrategy, config, default_restart)
     kind = req.kind or "pyspark"

@@ -22,11 +22,13 @@ import itertools
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .connectors import SinkHandle, sql_retry
+from shared import job_options, kafka_delivery
+
+from .connectors import SinkHandle, kafka_sink, kafka_source, sql_retry
 from .connectors import console as console_conn
 from .connectors import datagen as datagen_conn
 from .connectors import files as files_conn
@@ -140,6 +142,20 @@ class Sources:
             opts["max_entries_per_trigger"] = str(max_entries_per_trigger)
         return self._ctx.spark.readStream.format("redis_stream").schema(schema).options(**opts).load()
 
+    def kafka(self, topics: str | Sequence[str] | None = None, *, bootstrap_servers: str | None = None,
+              starting_offsets: str | Mapping[str, Any] = "earliest", options: Mapping[str, Any] | None = None,
+              pattern: str | None = None) -> DataFrame:
+        """Spark's own Kafka source (key, value, topic, partition, offset, timestamp, ...), its
+        offsets in every checkpoint and savepoint. `topics`: a name or a list, or `pattern=` a
+        subscription pattern. `starting_offsets` (a fresh start only): "earliest", "latest" or
+        {"topic": {"partition": offset}}. `options`: Spark's Kafka options, `kafka.*` for the
+        client (see connectors/kafka_source.py). `bootstrap_servers` defaults to the cluster's
+        broker (`headrace up --kafka`)."""
+        return kafka_source.kafka_source(
+            self._ctx.spark, topics, pattern=pattern, bootstrap_servers=self._ctx.kafka_address(bootstrap_servers),
+            starting_offsets=starting_offsets, options=options,
+            on_wait=None if self._ctx.planning else self._ctx.report_waiting, check=not self._ctx.planning)
+
     def sql_table(self, table: str, *, url: str | None = None,
                   columns: Sequence[str] | None = None) -> DataFrame:
         """A bounded (batch) DataFrame of a whole table, read on the driver."""
@@ -211,6 +227,25 @@ class Sinks:
         return files_conn.file_sink(df, path, format=format, mode=mode, partition_by=partition_by,
                                     options=options, trigger=trigger)
 
+    def kafka(self, df: DataFrame, topic: str, *, bootstrap_servers: str | None = None,
+              delivery: str = kafka_delivery.EXACTLY_ONCE, options: Mapping[str, Any] | None = None,
+              trigger: str | None = None, transactional_id_prefix: str = "headrace-") -> SinkHandle:
+        """Records from `df`'s `value` (and `key`, `headers`, `partition`) columns into `topic`.
+        delivery="exactly-once": in Kafka transactions committed at checkpoints, each record seen
+        once by read_committed consumers (visible one checkpoint interval later); "at-least-once":
+        Spark's own sink. See connectors/kafka_sink.py."""
+        config = self._ctx.config
+        timeout_s = (job_options.duration_s(config[kafka_delivery.TRANSACTION_TIMEOUT_OPTION], positive=True)
+                     if kafka_delivery.TRANSACTION_TIMEOUT_OPTION in config
+                     else kafka_delivery.default_timeout_s(self._ctx.checkpoint_interval_s))
+        return kafka_sink.kafka_sink(
+            df, topic, bootstrap_servers=self._ctx.kafka_address(bootstrap_servers), delivery=delivery,
+            sink_id=f"{self._ctx.lineage_id}:{topic}", lineage=self._ctx.lineage_id, job_id=self._ctx.job_id,
+            options=options, trigger=trigger, transaction_timeout_s=timeout_s,
+            interval_s=self._ctx.checkpoint_interval_s,
+            transactional_id_prefix=transactional_id_prefix, on_wait=self._ctx.report_waiting,
+            check=not self._ctx.planning)
+
     def console(self, df: DataFrame, *, output_mode: str = "append", num_rows: int = 20,
                 truncate: bool = False, trigger: str | None = None) -> SinkHandle:
         return console_conn.console_sink(df, output_mode=output_mode, num_rows=num_rows,
@@ -233,6 +268,8 @@ class PipelineContext:
         attempt: int = 0,
         lineage_id: str | None = None,
         report_waiting: Callable[[str | None], None] | None = None,
+        kafka_bootstrap_servers: str | None = None,
+        planning: bool = False,
     ):
         self.spark = spark
         self.job_id = job_id
@@ -250,9 +287,31 @@ class PipelineContext:
         self.lineage_id = lineage_id or job_id
         # What a sink waiting for an outside system tells the task's status (driver.py).
         self.report_waiting = report_waiting
+        # The cluster's Kafka brokers, the default of the Kafka connectors (`headrace up --kafka`).
+        self.kafka_bootstrap_servers = kafka_bootstrap_servers
+        # Built by the restore check's planner: connectors reach no outside system.
+        self.planning = planning
         self.bounded = BoundedRegistry()
         self.sources = Sources(self)
         self.sinks = Sinks(self)
+
+    @property
+    def checkpoint_interval_s(self) -> float | None:
+        """The checkpoint interval the job's own configuration sets (None: the cluster's default)."""
+        from shared import checkpointing
+
+        try:
+            return checkpointing.checkpoint_config(self.config).interval_s
+        except checkpointing.InvalidCheckpointConfig:
+            return None
+
+    def kafka_address(self, bootstrap_servers: str | None) -> str:
+        """`bootstrap_servers`, else the cluster's broker; a clear error when there is neither."""
+        address = bootstrap_servers or self.kafka_bootstrap_servers
+        if not address:
+            raise ValueError("a Kafka source or sink needs bootstrap_servers='host:port' (this cluster has no "
+                             "broker of its own: `headrace up --kafka` starts one and makes it the default)")
+        return address
 
     def database_url(self, url: str | None, kind: str = "sinks") -> str:
         """`url`, else the task's own database; a clear error when there is neither."""

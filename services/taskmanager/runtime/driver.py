@@ -197,6 +197,16 @@ class Driver:
             self.spark.conf.set(key, value)
 
     def _run_streaming(self, spec: TaskSpec, handle: Any) -> int:
+        try:
+            return self._stream(spec, handle)
+        finally:
+            if handle.two_phase is not None:
+                # Committed by now unless the task failed or was canceled: then what its open
+                # transaction holds is dropped at once (the next attempt re-runs it), instead of
+                # holding read_committed consumers up until the transaction's timeout.
+                handle.two_phase.close(abort=True)
+
+    def _stream(self, spec: TaskSpec, handle: Any) -> int:
         live = Path(spec.checkpoint_dir) / handle.name
         if job_options.latency_mode(spec.config) and handle.trigger:
             # The latency mode starts each micro-batch as soon as the one before it commits.
@@ -236,6 +246,7 @@ class Driver:
                 progress.report(query, query.lastProgress)
                 finished = True
                 query.stop()
+                snapshots.commit_final()
                 break
         if self.fatal is not None:
             raise self.fatal

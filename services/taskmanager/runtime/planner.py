@@ -37,6 +37,9 @@ from typing import Any
 
 from shared.spark_runtime import SparkRuntime
 
+# A planned pipeline reaches no broker (ctx.planning): a Kafka connector without its own address
+# gets this one, which is never connected to.
+PLACEHOLDER_KAFKA = "planner.invalid:9092"
 PLACEHOLDER_REDIS_URL = "redis://headrace-planner.invalid:6379/0"
 
 
@@ -119,6 +122,7 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
             parallelism=parallelism, checkpoint_dir=str(workdir / "checkpoints"),
             catalog_url=args.catalog_url or config.get("catalog_url") or f"sqlite:///{workdir / 'placeholder.db'}",
             redis_url=args.redis_url or config.get("redis_url") or PLACEHOLDER_REDIS_URL,
+            kafka_bootstrap_servers=PLACEHOLDER_KAFKA, planning=True,
         )
         handle = build(ctx)
         if not isinstance(handle, SinkHandle):

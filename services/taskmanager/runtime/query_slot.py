@@ -14,11 +14,13 @@ class QuerySlot:
         self._query: Any = None
         self._batch_running = False
 
-    def start(self, handle: Any, live: Path, query_name: str, *, available_now: bool = False) -> Any:
-        """Start the sink handle's streaming query from the live checkpoint `live`."""
+    def start(self, handle: Any, live: Path, query_name: str, *, available_now: bool = False,
+              once: bool = False) -> Any:
+        """Start the sink handle's streaming query from the live checkpoint `live` (`once`: run
+        one micro-batch, the one Spark had planned if it had not committed it, then stop)."""
         with self._lock:
-            if available_now:
-                self._query = handle.start(str(live), query_name=query_name, available_now=True)
+            if available_now or once:
+                self._query = handle.start(str(live), query_name=query_name, available_now=available_now, once=once)
             else:
                 self._query = handle.start(str(live), query_name=query_name)
             return self._query

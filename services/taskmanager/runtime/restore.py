@@ -4,6 +4,7 @@ every sink fenced off older attempts."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,28 +44,50 @@ def sql_conf_keys(config: dict) -> dict[str, str]:
 def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: dict | None, lineage: dict,
                       phases: PhaseLog) -> int:
     """Restore the snapshot (if any) into this attempt's fresh live directory and fence the
-    sinks; returns the Spark batch id the attempt resumes after (-1: a fresh start)."""
-    restored_batch = -1
-    meta = restored_meta
-    if meta is not None and int(meta.get("spark", {}).get("batch_id", -1)) >= 0:
-        from .plan_signature import check_before_start
+    sinks; returns the Spark batch id the attempt resumes after (-1: a fresh start).
 
-        phases.announce(f"restoring the snapshot {spec.restore_from}")
-        assert spec.restore_from is not None  # restored_meta was read from it
-        drop = check_before_start(handle.df, meta,
-                                  shuffle_partitions=job_options.explicit_state_partitions(spec.config),
-                                  allow_non_restored_state=spec.allow_non_restored_state,
-                                  output_mode=handle.output_mode)
-        with restore_failure.restoring(spec.restore_from):
-            restore_failure.verify(spec.restore_from, meta)
-            storage.restore(spec.restore_from, live, drop_operators=drop)
-        restored_batch = int(meta["spark"]["batch_id"])
-        print(f"restored {spec.restore_from} (batch {restored_batch}) into {live}", flush=True)
-    prepare = getattr(handle, "prepare", None)
-    if prepare is not None:
-        from .connectors import SinkOwner
+    A two-phase sink may have committed a newer checkpoint of this job than the one restored
+    (the acknowledgement of its snapshot was lost with the driver): it says so, and that
+    snapshot, complete on disk before the sink committed, is restored instead."""
+    from .connectors import SinkOwner
+    from .connectors.kafka_transactions import SinkAheadOfRestore
 
+    restored_batch = _restore(spec, handle, live, spec.restore_from, restored_meta, phases)
+    owner = SinkOwner(lineage=lineage["id"], job_id=spec.job_id, generation=lineage["generation"])
+    try:
         # The owner lets each sink refuse a target another lineage owns (connectors/ownership.py).
-        prepare(lineage["fence"], restored_batch, owner=SinkOwner(
-            lineage=lineage["id"], job_id=spec.job_id, generation=lineage["generation"]))
+        handle.prepare(lineage["fence"], restored_batch, owner=owner)
+    except SinkAheadOfRestore as ahead:
+        try:
+            meta = storage.read_metadata(ahead.path)
+            restore_failure.verify(ahead.path, meta)
+        except Exception as exc:  # noqa: BLE001 - whatever keeps it from being read, it cannot be used
+            print(f"{ahead}, but that checkpoint cannot be read ({type(exc).__name__}: {exc}): going on from batch "
+                  f"{restored_batch}; the batches after it are written to the sink again", flush=True)
+            handle.prepare(lineage["fence"], restored_batch, owner=owner)  # the sink takes it as a rewind now
+            return restored_batch
+        print(f"{ahead}: restoring that checkpoint instead, so that nothing is written twice", flush=True)
+        shutil.rmtree(live, ignore_errors=True)
+        restored_batch = _restore(spec, handle, live, ahead.path, meta, phases)
+        handle.prepare(lineage["fence"], restored_batch, owner=owner)
+    return restored_batch
+
+
+def _restore(spec: TaskSpec, handle: Any, live: Path, source: str | None, meta: dict | None, phases: PhaseLog) -> int:
+    """Copy the snapshot at `source` (metadata `meta`) into `live` after the compatibility
+    check; the batch it restores (-1: none)."""
+    if source is None or meta is None or int(meta.get("spark", {}).get("batch_id", -1)) < 0:
+        return -1
+    from .plan_signature import check_before_start
+
+    phases.announce(f"restoring the snapshot {source}")
+    drop = check_before_start(handle.df, meta,
+                              shuffle_partitions=job_options.explicit_state_partitions(spec.config),
+                              allow_non_restored_state=spec.allow_non_restored_state,
+                              output_mode=handle.output_mode)
+    with restore_failure.restoring(source):
+        restore_failure.verify(source, meta)
+        storage.restore(source, live, drop_operators=drop)
+    restored_batch = int(meta["spark"]["batch_id"])
+    print(f"restored {source} (batch {restored_batch}) into {live}", flush=True)
     return restored_batch

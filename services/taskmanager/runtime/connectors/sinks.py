@@ -6,7 +6,7 @@ connector, so every connector can build on it without importing the package back
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, ContextManager, Protocol
 
 from shared.errors import TaskError
 
@@ -35,6 +35,23 @@ class SinkFencedError(TaskError, RuntimeError):
         return (SinkFencedError, (self.sink, self.attempt, self.newer))
 
 
+class TwoPhaseSink(Protocol):
+    """A sink that writes each batch into an open transaction and commits at checkpoints."""
+
+    def hold(self) -> ContextManager[int | None]:
+        """Keep batches out of the transaction meanwhile; yields the last batch that went through
+        the sink (None: none yet in this attempt)."""
+
+    def pending_beyond(self, committed: int | None) -> bool:
+        """Whether the transaction holds a batch Spark has not committed."""
+
+    def commit(self, batch_id: int, *, checkpoint_id: int, path: str, kind: str) -> None:
+        """Make the batches up to `batch_id` visible, atomically with the checkpoint's marker."""
+
+    def close(self, *, abort: bool) -> None:
+        """Release the sink; `abort`: end an open transaction now."""
+
+
 @dataclass
 class SinkHandle:
     """What `build(ctx)` returns.
@@ -54,6 +71,9 @@ class SinkHandle:
     run_batch: Callable[[], None] | None = None
     options: dict[str, str] = field(default_factory=dict)
     on_prepare: Callable[[int, int, SinkOwner | None], None] | None = None
+    # A sink whose batches become visible only at checkpoints (Kafka's exactly-once sink): the
+    # snapshot server commits it at each barrier (runtime/snapshots.py, TwoPhaseSink).
+    two_phase: "TwoPhaseSink | None" = None
     attempt: int | None = None  # set by prepare()
 
     @property
@@ -76,9 +96,10 @@ class SinkHandle:
             self.on_prepare(attempt, restored_batch_id, owner)
 
     def start(self, checkpoint_location: str, query_name: str | None = None, *,
-              available_now: bool = False) -> "StreamingQuery":
+              available_now: bool = False, once: bool = False) -> "StreamingQuery":
         """`available_now`: process what the sources hold now, then stop at a committed batch
-        (the runner drains a query so before a final savepoint)."""
+        (the runner drains a query so before a final savepoint). `once`: one micro-batch, the
+        planned one if Spark had not committed it (a stop cut it off), then stop."""
         if self.configure is None:
             raise TypeError(f"sink {self.name} does not support streaming DataFrames")
         writer = self.df.writeStream.outputMode(self.output_mode)
@@ -87,6 +108,8 @@ class SinkHandle:
             writer = writer.queryName(query_name)
         if available_now:
             writer = writer.trigger(availableNow=True)
+        elif once:
+            writer = writer.trigger(once=True)
         elif self.trigger:
             writer = writer.trigger(processingTime=self.trigger)
         return self.configure(writer).start()

@@ -1,0 +1,415 @@
+"""The exactly-once Kafka sink's writer: micro-batches into a Kafka transaction that commits when
+a Headrace checkpoint is taken, Flink's two-phase commit on Spark's micro-batches.
+
+Why a transaction per checkpoint, not per micro-batch: a restarted attempt starts from the latest
+completed checkpoint, whose batch may be several micro-batches behind what the failed attempt
+wrote, and re-runs those batches with boundaries of its own (the source plans them anew). Records
+a consumer has seen cannot be taken back, so nothing may become visible before the checkpoint that
+covers it: the batches between two checkpoints go into one open transaction (flushed to the
+brokers as each batch is written: Flink's pre-commit), committed at the checkpoint's barrier.
+
+The barrier (SnapshotServer, snapshots.py): `hold()` stops batches from entering the transaction
+and names the last batch that went through the sink; once Spark has committed that batch the
+server copies the checkpoint at it, then `commit()` commits the transaction together with a
+marker, then the checkpoint is acknowledged. The marker is an offset committed *inside* the
+transaction for a consumer group of the sink's own (`headrace-sink.<lineage>.<digest>`, on
+partition 0 of the topic, its offset the batch + 1, its metadata the checkpoint: batch, id, path,
+job, fence): it is visible exactly when the records are.
+
+What each failure leaves (docs/architecture.md, "Exactly once into Kafka"):
+  * before the commit: the transaction is open; the next attempt's `init_transactions` on the same
+    transactional id aborts it and fences the old producer (its epoch is bumped), so a zombie
+    driver can neither commit nor write. The attempt replays from the last checkpoint.
+  * after the commit, before the acknowledgement reached the JobManager: the records are visible
+    but the JobManager restores the checkpoint before. The marker says so, and names the
+    checkpoint the commit belongs to, whose files were complete before the commit: the new
+    attempt of the same job restores that one instead (`SinkAheadOfRestore`), so nothing is
+    written twice.
+  * a new job restored from an older snapshot of the lineage (a rollback, `-s`): the batches the
+    marker covers beyond the snapshot stay visible and are written again; the driver says so in
+    its log. Kafka cannot take back committed records.
+  * the transaction outlived `transaction.timeout.ms` (checkpoints failing, a paused driver): the
+    broker aborted it; the next write or commit fails, so does the task, and its restart replays
+    from the last checkpoint.
+Another lineage may write the same topic (topics are shared by design); transactional ids are
+per lineage and sink, so they never collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shared import kafka_delivery
+from shared.errors import TaskError
+
+from .ownership import SinkOwner
+from .sinks import SinkFencedError
+
+MARKER_PARTITION = 0
+OPERATION_TIMEOUT_S = 30.0
+# How long a write or a commit rides out brokers that do not answer before the task fails.
+UNAVAILABLE_TIMEOUT_S = 120.0
+WAITING_AFTER_S = 2.0
+COMMIT_WAIT_S = 60.0  # for Spark to commit the batch the sink last wrote, at a barrier
+
+
+class KafkaSinkError(TaskError, RuntimeError):
+    """The exactly-once Kafka sink cannot go on; the message says why and what was kept."""
+
+
+class KafkaTimeoutRefused(TaskError, RuntimeError):
+    """The brokers refuse the sink's transaction timeout (above their transaction.max.timeout.ms)."""
+
+
+class SinkAheadOfRestore(TaskError, RuntimeError):
+    """The sink committed a checkpoint newer than the one this attempt restored (its
+    acknowledgement was lost): restore `path` (batch `batch_id`) instead."""
+
+    def __init__(self, path: str, batch_id: int, restored_batch_id: int):
+        self.path, self.batch_id, self.restored_batch_id = path, batch_id, restored_batch_id
+        super().__init__(f"the Kafka sink committed the checkpoint at batch {batch_id} ({path}) after the one "
+                         f"restored at batch {restored_batch_id}")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What the last commit made visible: the batches up to `batch`, by attempt `fence` of `job`,
+    with the checkpoint `checkpoint_id` at `path`."""
+
+    batch: int
+    fence: int
+    job: str
+    lineage: str
+    checkpoint_id: int | None = None
+    path: str | None = None
+    kind: str | None = None
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | None) -> "Marker | None":
+        """None for anything that is not a marker of ours (no marker is the fresh state)."""
+        try:
+            data = json.loads(text or "")
+            if not isinstance(data, dict) or not isinstance(data.get("batch"), int) \
+                    or not isinstance(data.get("fence"), int):
+                return None
+            return cls(batch=data["batch"], fence=data["fence"], job=str(data.get("job") or ""),
+                       lineage=str(data.get("lineage") or ""), checkpoint_id=data.get("checkpoint_id"),
+                       path=data.get("path"), kind=data.get("kind"))
+        except (ValueError, TypeError):
+            return None
+
+
+def names(lineage: str, sink_id: str, prefix: str) -> tuple[str, str]:
+    """(transactional id, marker group) of a lineage's sink: stable across its attempts and jobs."""
+    digest = hashlib.sha256(sink_id.encode()).hexdigest()[:12]
+    return f"{prefix}{lineage}-{digest}", f"headrace-sink.{lineage}.{digest}"
+
+
+class TransactionalWriter:
+    """One sink's producer, open transaction and marker (driver side)."""
+
+    def __init__(self, *, topic: str, client: dict[str, str], sink_id: str, lineage: str, job_id: str,
+                 transaction_timeout_ms: int, prefix: str = "headrace-",
+                 on_wait: Callable[[str | None], None] | None = None):
+        self.topic, self.client, self.sink_id = topic, dict(client), sink_id
+        self.default_owner = SinkOwner(lineage=lineage, job_id=job_id)
+        self.transaction_timeout_ms, self.prefix = transaction_timeout_ms, prefix
+        self.on_wait = on_wait or (lambda _reason: None)
+        self.bootstrap = self.client.get("bootstrap.servers", "?")
+        self._lock = threading.Lock()
+        self._producer: Any = None
+        self._group: Any = None  # a consumer only for its group metadata and committed offsets
+        self.owner: SinkOwner | None = None
+        self.fence = -1
+        self.visible: Marker | None = None  # what the last commit made visible
+        self.batches_in_txn: list[int] = []
+        self.last_seen: int | None = None  # the last batch that went through write_batch
+        self._errors: list[Any] = []
+        self._ahead_told: int | None = None  # the restored batch SinkAheadOfRestore was raised for
+
+    # -- taking the sink over -------------------------------------------------------------
+    def prepare(self, fence: int, restored_batch: int, owner: SinkOwner | None = None) -> None:
+        """Fence every older producer of this lineage's sink, read what is visible, claim it.
+        Raises SinkFencedError (a newer attempt holds it) or SinkAheadOfRestore."""
+        owner = owner or self.default_owner
+        self.owner, self.fence = owner, fence
+        marker = self._open(owner.lineage)
+        if marker is not None and marker.fence > fence:
+            raise SinkFencedError(f"kafka topic {self.topic}", fence, marker.fence)
+        if marker is not None and marker.batch > restored_batch:
+            if marker.job == owner.job_id and marker.path and self._ahead_told != restored_batch:
+                self._ahead_told = restored_batch  # asked again for the same batch: it could not be restored
+                raise SinkAheadOfRestore(marker.path, marker.batch, restored_batch)
+            print(f"kafka sink {self.topic}: batches {restored_batch + 1}..{marker.batch} were committed to the topic "
+                  f"by job {marker.job} before this restore (at batch {restored_batch}); Kafka cannot take committed "
+                  "records back, so consumers see them again as this job re-runs them", flush=True)
+            marker = None
+        # Claim the sink with this attempt's fence: an older attempt that starts late reads it and
+        # stops. What is visible stays as it was (an empty transaction moves only the marker).
+        kept = marker or Marker(batch=restored_batch, fence=fence, job=owner.job_id, lineage=owner.lineage)
+        self._commit(Marker(batch=kept.batch, fence=fence, job=owner.job_id, lineage=owner.lineage,
+                            checkpoint_id=kept.checkpoint_id, path=kept.path, kind=kept.kind))
+
+    def _open(self, lineage: str) -> Marker | None:
+        """The producer (registered: that aborts what an older one left open and fences it) and
+        the marker it finds."""
+        from confluent_kafka import Consumer, Producer
+
+        self.close(abort=False)  # a second prepare (a restore switched to a newer checkpoint)
+        txn_id, group = names(lineage, self.sink_id, self.prefix)
+        self._producer = Producer({**self.client, "transactional.id": txn_id,
+                                   "transaction.timeout.ms": str(self.transaction_timeout_ms),
+                                   "on_delivery": self._delivered})
+        self._group = Consumer({**_consumer_settings(self.client), "group.id": group,
+                                "enable.auto.commit": "false"})
+        try:
+            self._patiently("registering the transactional producer", lambda t: self._producer.init_transactions(t))
+        except KafkaSinkError as exc:
+            if "INVALID_TRANSACTION_TIMEOUT" not in str(exc):
+                raise
+            raise KafkaTimeoutRefused(kafka_delivery.broker_refusal(self.transaction_timeout_ms / 1000,
+                                                                    self._broker_max_timeout_s())) from None
+        return self._read_marker()
+
+    def _broker_max_timeout_s(self) -> float | None:
+        """The brokers' transaction.max.timeout.ms, in seconds (None if they do not say)."""
+        from confluent_kafka.admin import AdminClient, ConfigResource
+
+        admin = AdminClient(dict(_consumer_settings(self.client)))
+        try:
+            brokers = admin.list_topics(timeout=10).brokers
+            resource = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(brokers))))
+            configs = admin.describe_configs([resource], request_timeout=10)[resource].result(10)
+            return int(configs["transaction.max.timeout.ms"].value) / 1000
+        except Exception:  # noqa: BLE001 - only to word the refusal: the brokers refused either way
+            return None
+
+    def write_once(self, rows: Callable[[], Iterator[tuple[Any, ...]]]) -> int:
+        """A bounded job's whole output in one transaction, committed once every row is in; a
+        run of the same job that finds its own commit (a restart after it) writes nothing."""
+        owner = self.owner = self.default_owner
+        marker = self._open(owner.lineage)
+        if marker is not None and marker.kind == "batch" and marker.job == owner.job_id:
+            print(f"kafka sink {self.topic}: job {owner.job_id} already committed its output; nothing written",
+                  flush=True)
+            return 0
+        self._call("beginning a transaction", self._producer.begin_transaction)
+        count = self._produce(rows())
+        self._flush()
+        self.batches_in_txn = [0]
+        self._commit(Marker(batch=0, fence=0, job=owner.job_id, lineage=owner.lineage, kind="batch"), begun=True)
+        return count
+
+    # -- the micro-batches -----------------------------------------------------------------
+    def write_batch(self, rows: Callable[[], Iterator[tuple[Any, ...]]], batch_id: int) -> int:
+        """Write a micro-batch into the open transaction (flushed, not committed); a batch already
+        visible or already in the transaction (Spark re-runs a batch it had not committed) is
+        skipped. Returns the records written."""
+        with self._lock:
+            self.last_seen = batch_id if self.last_seen is None else max(self.last_seen, batch_id)
+            if (self.visible is not None and batch_id <= self.visible.batch) or batch_id in self.batches_in_txn:
+                print(f"kafka sink {self.topic}: batch {batch_id} is already written; skipped", flush=True)
+                return 0
+            if not self.batches_in_txn:
+                self._call("beginning a transaction", self._producer.begin_transaction)
+            count = self._produce(rows())
+            self._flush()
+            self.batches_in_txn.append(batch_id)
+            return count
+
+    def _produce(self, rows: Iterator[tuple[Any, ...]]) -> int:
+        from confluent_kafka import KafkaException
+
+        try:
+            return self._produce_all(rows)
+        except KafkaException as exc:  # the producer itself is done for (fenced, fatal)
+            raise self._failure("writing a record", exc) from None
+
+    def _produce_all(self, rows: Iterator[tuple[Any, ...]]) -> int:
+        produce, poll, topic = self._producer.produce, self._producer.poll, self.topic
+        count = 0
+        for value, key, headers, partition in rows:
+            kwargs: dict[str, Any] = {"value": value, "key": key}
+            if headers:
+                kwargs["headers"] = headers
+            if partition is not None:
+                kwargs["partition"] = partition
+            while True:
+                try:
+                    produce(topic, **kwargs)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    poll(0.05)
+            count += 1
+            if count % 10_000 == 0:
+                poll(0)
+        return count
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._errors.append(err)
+
+    def _flush(self) -> None:
+        from confluent_kafka import KafkaException
+
+        started, told = time.monotonic(), False
+        while True:
+            try:
+                left = self._producer.flush(1.0)
+            except (KafkaException, SystemError) as exc:
+                # A fatal error (fenced) surfaces from flush itself; as a SystemError when it came
+                # while a delivery callback ran, with the KafkaException as its cause.
+                cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
+                raise self._failure("flushing the transaction's records", cause or exc) from None
+            if self._errors:
+                err, self._errors = self._errors[0], []
+                if _is_fenced(err):
+                    raise SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
+                raise KafkaSinkError(f"kafka sink {self.topic}: a record was not written ({err}); the open "
+                                     "transaction is abandoned and the task restarts from its last checkpoint")
+            if left == 0:
+                break
+            waited = time.monotonic() - started
+            if waited > UNAVAILABLE_TIMEOUT_S:
+                raise KafkaSinkError(f"kafka sink {self.topic}: {left} records not acknowledged by {self.bootstrap} "
+                                     f"within {UNAVAILABLE_TIMEOUT_S:.0f} s")
+            if waited > WAITING_AFTER_S and not told:
+                self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} to acknowledge {left} records")
+                told = True
+        if told:
+            self.on_wait(None)
+
+    # -- the barrier -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[int | None]:
+        """No batch enters the transaction meanwhile; yields the last batch that went through."""
+        with self._lock:
+            yield self.last_seen
+
+    def pending_beyond(self, committed: int | None) -> bool:
+        """Whether the transaction holds a batch Spark has not committed (a batch a stop cut off
+        after the sink wrote it)."""
+        return bool(self.batches_in_txn) and (committed is None or max(self.batches_in_txn) > committed)
+
+    def commit(self, batch_id: int, *, checkpoint_id: int, path: str, kind: str) -> None:
+        """Make the transaction's batches (all <= batch_id) visible with the checkpoint's marker.
+        Call inside hold(). A transaction without records commits nothing (nothing to show)."""
+        if self.owner is None:
+            raise KafkaSinkError("the Kafka sink was not prepared")
+        if self.batches_in_txn and max(self.batches_in_txn) > batch_id:
+            raise KafkaSinkError(f"kafka sink {self.topic}: the transaction holds batch {max(self.batches_in_txn)}, "
+                                 f"beyond the checkpoint's batch {batch_id}")
+        if not self.batches_in_txn:
+            return
+        marker = Marker(batch=batch_id, fence=self.fence, job=self.owner.job_id, lineage=self.owner.lineage,
+                        checkpoint_id=checkpoint_id, path=path, kind=kind)
+        self._commit(marker, begun=True)
+
+    def _commit(self, marker: Marker, *, begun: bool = False) -> None:
+        from confluent_kafka import TopicPartition
+
+        if not begun:
+            self._call("beginning a transaction", self._producer.begin_transaction)
+        offsets = [TopicPartition(self.topic, MARKER_PARTITION, marker.batch + 1, marker.encode())]
+        group = self._group.consumer_group_metadata()
+        self._patiently("adding the sink's marker", lambda t: self._producer.send_offsets_to_transaction(
+            offsets, group, t))
+        self._patiently("committing the transaction", lambda t: self._producer.commit_transaction(t))
+        self.visible = marker
+        self.batches_in_txn = []
+
+    def _read_marker(self) -> Marker | None:
+        from confluent_kafka import TopicPartition
+
+        found = self._patiently("reading the sink's marker", lambda t: self._group.committed(
+            [TopicPartition(self.topic, MARKER_PARTITION)], timeout=t))
+        return Marker.decode(found[0].metadata) if found and found[0].offset >= 0 else None
+
+    # -- calls to the brokers --------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn()
+        except KafkaException as exc:
+            raise self._failure(what, exc) from None
+
+    def _failure(self, what: str, exc: Exception) -> Exception:
+        """SinkFencedError for a producer the brokers fenced (a newer attempt took the sink),
+        else KafkaSinkError saying what failed."""
+        err = exc.args[0] if exc.args else None
+        if err is not None and _is_fenced(err):
+            return SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
+        return KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap}: {err or exc}; the open "
+                              "transaction is abandoned and the task restarts from its last checkpoint")
+
+    def _patiently(self, what: str, fn: Callable[[float], Any]) -> Any:
+        """`fn(timeout)` retried while the brokers do not answer, with a waiting reason."""
+        from confluent_kafka import KafkaException
+
+        started, told = time.monotonic(), False
+        try:
+            while True:
+                try:
+                    return fn(OPERATION_TIMEOUT_S / 3)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if err is not None and _is_fenced(err):
+                        raise self._failure(what, exc) from None
+                    retriable = err is not None and not err.fatal() and not err.txn_requires_abort() and (
+                        err.retriable() or err.code() in _unavailable_codes())
+                    waited = time.monotonic() - started
+                    if not retriable or waited > UNAVAILABLE_TIMEOUT_S:
+                        raise KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap} after "
+                                             f"{waited:.0f} s: {err or exc}") from None
+                    if not told:
+                        self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} ({what})")
+                        told = True
+        finally:
+            if told:
+                self.on_wait(None)
+
+    def close(self, *, abort: bool) -> None:
+        """End the producer; `abort`: end an open transaction now instead of at its timeout (a
+        cancel), so read_committed consumers are not held up."""
+        if self._producer is not None and abort and self.batches_in_txn:
+            with contextlib.suppress(Exception):
+                self._producer.abort_transaction(5)
+        if self._group is not None:
+            with contextlib.suppress(Exception):
+                self._group.close()
+        self._producer = self._group = None
+
+
+def _consumer_settings(client: dict[str, str]) -> dict[str, str]:
+    producer_only = ("linger.ms", "batch.size", "compression.type", "acks", "message.timeout.ms",
+                     "queue.buffering.max.kbytes", "message.max.bytes", "retries")
+    return {k: v for k, v in client.items() if k not in producer_only}
+
+
+def _is_fenced(err: Any) -> bool:
+    from confluent_kafka import KafkaError
+
+    fenced = {KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH, getattr(KafkaError, "PRODUCER_FENCED", -999)}
+    return err.code() in fenced
+
+
+@functools.cache
+def _unavailable_codes() -> frozenset[int]:
+    """Errors of brokers that are away or busy for a while (a restart, an election)."""
+    from confluent_kafka import KafkaError
+
+    return frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                      KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                      KafkaError.NOT_COORDINATOR, KafkaError.CONCURRENT_TRANSACTIONS})
