@@ -58,7 +58,8 @@ OPERATION_TIMEOUT_S = 30.0
 # How long a write or a commit rides out brokers that do not answer before the task fails.
 UNAVAILABLE_TIMEOUT_S = 120.0
 WAITING_AFTER_S = 2.0
-COMMIT_WAIT_S = 60.0  # for Spark to commit the batch the sink last wrote, at a barrier
+# Beyond a call's own timeout, before a call librdkafka never returns from is given up.
+HANG_MARGIN_S = 20.0
 
 
 class KafkaSinkError(TaskError, RuntimeError):
@@ -323,8 +324,11 @@ class TransactionalWriter:
             self._call("beginning a transaction", self._producer.begin_transaction)
         offsets = [TopicPartition(self.topic, MARKER_PARTITION, marker.batch + 1, marker.encode())]
         group = self._group.consumer_group_metadata()
-        self._patiently("adding the sink's marker", lambda t: self._producer.send_offsets_to_transaction(
-            offsets, group, t))
+        # librdkafka 2.16 may never return from this call after the group's coordinator restarted,
+        # whatever its timeout: bounded here, the task fails and its restart gets a fresh client.
+        self._patiently("adding the sink's marker", lambda t: _bounded(
+            lambda: self._producer.send_offsets_to_transaction(offsets, group, t), t + HANG_MARGIN_S,
+            "adding the sink's marker to the transaction"))
         self._patiently("committing the transaction", lambda t: self._producer.commit_transaction(t))
         self.visible = marker
         self.batches_in_txn = []
@@ -345,7 +349,7 @@ class TransactionalWriter:
         except KafkaException as exc:
             raise self._failure(what, exc) from None
 
-    def _failure(self, what: str, exc: Exception) -> Exception:
+    def _failure(self, what: str, exc: BaseException) -> Exception:
         """SinkFencedError for a producer the brokers fenced (a newer attempt took the sink),
         else KafkaSinkError saying what failed."""
         err = exc.args[0] if exc.args else None
@@ -358,7 +362,7 @@ class TransactionalWriter:
         """`fn(timeout)` retried while the brokers do not answer, with a waiting reason."""
         from confluent_kafka import KafkaException
 
-        started, told = time.monotonic(), False
+        started, told, last_said = time.monotonic(), False, -10.0
         try:
             while True:
                 try:
@@ -376,6 +380,9 @@ class TransactionalWriter:
                     if not told:
                         self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} ({what})")
                         told = True
+                    if waited >= last_said + 10:  # what it waits out, in the driver's log
+                        print(f"kafka sink {self.topic}: {what}: {err} ({waited:.0f} s); trying again", flush=True)
+                        last_said = waited
         finally:
             if told:
                 self.on_wait(None)
@@ -390,6 +397,29 @@ class TransactionalWriter:
             with contextlib.suppress(Exception):
                 self._group.close()
         self._producer = self._group = None
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """fn() on a thread of its own; KafkaSinkError if it has not returned within timeout_s (the
+    thread is left behind: the task fails and its process ends)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=run, name="kafka-sink-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        raise KafkaSinkError(f"{what} did not return within {timeout_s:.0f} s (the Kafka client is stuck after a "
+                             "broker restart); the task restarts from its last checkpoint with a new client")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _consumer_settings(client: dict[str, str]) -> dict[str, str]:

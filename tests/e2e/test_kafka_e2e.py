@@ -1,0 +1,157 @@
+"""Kafka end to end on a multi-process cluster, with a real broker fed from outside.
+
+  exactly once into Kafka: a Kafka -> Kafka copy job (examples/kafka_exactly_once.py) through a
+      TaskManager kill -9 and a broker kill -9; a read_committed consumer finds every input id in
+      the output exactly once.
+  offsets in savepoints: a Kafka -> PostgreSQL count per key (examples/kafka_to_postgres.py)
+      stopped with a savepoint, the savepoint moved, resumed at parallelism 2, fed on: every key's
+      count and sum exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.clusters import Rest, start_cluster
+from tests.e2e.counting import BASE, KEYS, STEP_MS, expected_totals, sql_totals, wait_for
+from tests.e2e.test_checkpoints_e2e import savepoint
+from tests.kafka_support import produce, read_all
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKPOINTS = {"execution.checkpointing.interval": "2 s", "state.checkpoints.num-retained": 2}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    c = start_cluster(tmp_path_factory.mktemp("kafka-e2e"), catalog_url=pg_url_module,
+                      pipeline_catalog_url=pg_url_module, warm_drivers=1, slots=2)
+    c.supervise()
+    yield c
+    c.stop()
+
+
+def event(n: int) -> str:
+    return json.dumps({"key": f"k{n % KEYS}", "n": n, "value": n,
+                       "event_time": (BASE + timedelta(milliseconds=n * STEP_MS)).isoformat()})
+
+
+class Feeder:
+    """Produces numbered records into a topic at a steady rate from another thread, riding out a
+    broker that is away (the producer buffers and retries)."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, json_events: bool = False):
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                                  "message.timeout.ms": 300_000})
+        self.topic, self.rate, self.json_events = topic, rate, json_events
+        self.produced = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Feeder":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - started) * self.rate)
+            for n in range(self.produced, due):
+                value = event(n) if self.json_events else str(n)
+                self.producer.produce(self.topic, value=value.encode(), key=f"k{n % KEYS}".encode())
+            self.produced = max(self.produced, due)
+            self.producer.poll(0)
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(10)
+        assert self.producer.flush(120) == 0, "the feeder's records were not all acknowledged"
+        return self.produced
+
+
+def kill_taskmanager_of(c, rest: Rest, job: str) -> None:
+    attempt = rest.attempts(job)[-1]
+    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[attempt["taskmanager-id"]]
+    tm = psutil.Process(c.child(name).proc.pid)
+    drivers = [p for p in tm.children(recursive=True) if "runtime.runner" in " ".join(p.cmdline())]
+    os.killpg(tm.pid, signal.SIGKILL)
+    for d in drivers:
+        try:
+            os.killpg(d.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=180)
+
+
+def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster, kafka, tmp_path):
+    rest = Rest(cluster.dispatcher_url)
+    source = kafka.create_topic("eo-in", partitions=2)
+    sink = kafka.create_topic("eo-out", partitions=2)
+    jar = rest.upload(ROOT / "examples" / "kafka_exactly_once.py")
+    job = rest.run(jar, parallelism=2, jobName="kafka-eo", flinkConfiguration=CHECKPOINTS,
+                   programArgsList=["--input", source, "--output", sink, "--bootstrap-servers", kafka.bootstrap,
+                                    "--trigger", "500 milliseconds"])
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    feeder = Feeder(kafka.bootstrap, source, rate=100).start()
+    try:
+        wait_for(lambda: len(read_all(kafka.bootstrap, sink, settle_s=0.5)) > 200, 120, "output before the faults")
+        kill_taskmanager_of(cluster, rest, job)
+        wait_for(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 3, 120,
+                 "checkpoints after the TaskManager kill")
+        kafka.broker.kill()  # kill -9; the job rides it out or restarts, the feeder buffers
+        time.sleep(5)
+        kafka.broker.start()
+    finally:
+        produced = feeder.stop()
+    expected = list(range(produced))
+
+    def complete():
+        got = read_all(kafka.bootstrap, sink, settle_s=1.0)
+        return got if len(got) >= produced else None
+
+    got = wait_for(complete, 240, f"{produced} records in the output")
+    ids = sorted(int(json.loads(v)["payload"]) for v in got)
+    assert ids == expected, f"{len(ids)} records for {produced} ids; duplicates or gaps"
+    assert rest.job(job)["state"] == "RUNNING"
+    rest.cancel(job)
+
+
+def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_at_parallelism_2(
+        cluster, kafka, pg_url_module, tmp_path):
+    rest = Rest(cluster.dispatcher_url)
+    topic = kafka.create_topic("counts-in", partitions=2)
+    produce(kafka.bootstrap, topic, [event(n) for n in range(600)], key_of=lambda v: json.loads(v)["key"])
+    jar = rest.upload(ROOT / "examples" / "kafka_to_postgres.py")
+    args = ["--topic", topic, "--bootstrap-servers", kafka.bootstrap, "--table", "kafka_counts",
+            "--trigger", "1 second"]
+    a = rest.run(jar, parallelism=1, jobName="kafka-counts-a", flinkConfiguration=CHECKPOINTS, programArgsList=args)
+    rest.wait_attempt_running(a, 0, timeout_s=300)
+    wait_for(lambda: sum(c for c, _ in sql_totals(pg_url_module, "kafka_counts").values()) == 600, 120,
+             "the first 600 events counted")
+    produce(kafka.bootstrap, topic, [event(n) for n in range(600, 900)], key_of=lambda v: json.loads(v)["key"])
+    stopped = savepoint(rest, a, "stop", {"targetDirectory": str(tmp_path / "savepoints"), "drain": False})
+    assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
+    moved = tmp_path / "elsewhere" / Path(stopped).name
+    moved.parent.mkdir(parents=True)
+    shutil.move(stopped, moved)
+    produce(kafka.bootstrap, topic, [event(n) for n in range(900, 1500)], key_of=lambda v: json.loads(v)["key"])
+    b = rest.run(jar, parallelism=2, jobName="kafka-counts-b", flinkConfiguration=CHECKPOINTS, programArgsList=args,
+                 savepointPath=f"file://{moved}")
+    assert rest.wait_attempt_running(b, 0, timeout_s=300)[-1]["restored-from"] == str(moved)
+    wait_for(lambda: sql_totals(pg_url_module, "kafka_counts") == expected_totals(1500), 180,
+             "every key's count and sum exact after the resume")
+    rest.cancel(b)
