@@ -16,8 +16,9 @@ limit (issue 42). Two measures count each page once:
 
 Reading another user's smaps_rollup needs ptrace's permission: the same user, or CAP_SYS_PTRACE,
 which a TaskManager running as root in a container usually lacks (Docker drops it). Such a reader
-retries as the process's own user: the reading thread's filesystem uid and gid alone
-(setfsuid/setfsgid are per thread; the rest of the TaskManager keeps root). A process even that
+retries as the process's own user where it may switch to it (root's CAP_SETUID and CAP_SETGID,
+which Docker keeps): the reading thread's filesystem uid and gid alone, for the reads
+(setfsuid/setfsgid are per thread; the rest of the TaskManager keeps its own). A process even that
 cannot read (one that made itself non-dumpable, or changed its ids) counts by its RSS, and the
 sample says how many did.
 
@@ -119,9 +120,9 @@ def pss_sample(pids: Iterable[int]) -> Sample:
 
 def _read_as_owners(pids: list[int]) -> dict[int, int | None]:
     """PSS of processes this one may not read, read as each one's own user where this process may
-    switch to it (root); None for the ones still refused."""
+    switch to it (root, or CAP_SETUID and CAP_SETGID); None for the ones still refused."""
     out: dict[int, int | None] = dict.fromkeys(pids)
-    if not pids or os.geteuid() != 0:
+    if not pids:
         return out
     by_owner: dict[tuple[int, int], list[int]] = {}
     for pid in pids:
@@ -165,8 +166,9 @@ def _c() -> ctypes.CDLL:
 
 @contextmanager
 def as_fs_user(uid: int, gid: int) -> Iterator[None]:
-    """The calling thread opens files as `uid`/`gid` (Linux's filesystem ids, per thread), and
-    as root again afterwards. Raises OSError if the switch did not take."""
+    """The calling thread opens files as `uid`/`gid` (Linux's filesystem ids, per thread; no
+    other thread of the process changes), and as itself again afterwards. Raises OSError if the
+    switch did not take (it needs CAP_SETUID and CAP_SETGID)."""
     libc = _c()
     dumpable = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
     libc.setfsgid(gid)
@@ -177,8 +179,8 @@ def as_fs_user(uid: int, gid: int) -> Iterator[None]:
             raise OSError(f"setfsuid/setfsgid to {uid}/{gid} did not take")
         yield
     finally:
-        libc.setfsuid(0)
-        libc.setfsgid(0)
+        libc.setfsuid(os.geteuid())
+        libc.setfsgid(os.getegid())
         # A change of the filesystem uid makes the process non-dumpable (the kernel's rule for
         # credential changes): it would then refuse py-spy and core dumps. Put it back.
         if dumpable == 1:
