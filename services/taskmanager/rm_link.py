@@ -160,6 +160,7 @@ class ResourceManagerLink:
             else:
                 st.seq += 1
                 sup.publish_warm_status()  # refreshes the key's TTL while the process lives
+                sup.publish_memory(ttl_s=self.timeout_s)  # the dashboard's figures (task_memory.py)
                 slot_report = sup.slot_report()
                 warm_ready, warm_parallelism = warm_drivers(sup)  # after the slot report: see slot_manager.py
                 out.append(

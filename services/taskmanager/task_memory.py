@@ -1,0 +1,42 @@
+"""Each running task's latest memory figure beside its limit, where operators look: the dashboard's
+TaskManager page ("memory 1.2 GB of 3.0 GB (PSS)"), from `streams.tm_memory_key`, which the
+TaskManager rewrites every heartbeat and the dispatcher reads (GET /taskmanagers/{id}), and the
+Prometheus series headrace_task_memory_bytes / headrace_task_memory_limit_bytes
+(metrics.TaskManagerCollector).
+
+The figures are the memory watch's own (memory_limit.py): nothing is measured for them. They go
+through Redis, not the heartbeat's slot report: they change at every heartbeat, and the
+ResourceManager, which records slot reports in the catalog when slots change, has no use for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shared import streams
+
+log = logging.getLogger("headrace.taskmanager.memory")
+
+
+@dataclass(frozen=True)
+class TaskMemory:
+    execution_id: str
+    job_id: str
+    used: int  # bytes, by `measure`
+    limit: int | None  # bytes; None: no limit ("off")
+    measure: str  # memory_measure.Sample.label(): "PSS", "PSS, RSS for 2", "cgroup charge"
+
+
+def publish(client: Any, taskmanager_id: str, figures: list[TaskMemory], *, ttl_s: float) -> None:
+    """Best effort: the figures are for people; a TaskManager without tasks leaves its key to expire."""
+    if client is None or not figures:
+        return
+    value = json.dumps({f.execution_id: {k: v for k, v in asdict(f).items() if k != "execution_id"}
+                        for f in figures})
+    try:
+        client.set(streams.tm_memory_key(taskmanager_id), value, px=max(1000, int(ttl_s * 1000)))
+    except Exception:  # Redis away: the next heartbeat writes them again
+        log.debug("could not publish the tasks' memory figures", exc_info=True)
