@@ -157,7 +157,7 @@ def test_children_sharing_their_parents_pages_are_not_killed_below_the_limit(roo
         # what the kernel charges is far below it.
         assert pss < LIMIT < rss, (pss // MB, rss // MB)
         tree.driver._watch_memory(LIMIT)
-        time.sleep(3)  # twelve samples, three PSS readings
+        time.sleep(3)  # twelve samples, two PSS readings
         assert tree.driver.exit_reason is None, tree.driver.exit_reason
         assert tree.alive() and tree.pids() == pids
         figure = tree.driver.memory_figure()

@@ -53,45 +53,61 @@ def test_a_sample_names_its_measure():
 class Readings:
     """What the meter reads: an RSS sum and a PSS sum set by the test, and how often PSS was read."""
 
-    def __init__(self, rss: int, pss: int) -> None:
-        self.rss, self.pss, self.pss_reads, self.now = rss, pss, 0, 0.0
+    def __init__(self, rss: float, pss: float) -> None:
+        self.rss, self.pss, self.pss_reads, self.now = int(rss), int(pss), 0, 0.0
 
     def read_pss(self, pids) -> mm.Sample:
         self.pss_reads += 1
         return mm.Sample(self.pss, mm.PSS, processes=len(pids))
 
-    def meter(self, refresh_s: float = 1.0) -> mm.ProcessMeter:
-        return mm.ProcessMeter(lambda: [1, 2, 3], refresh_s=refresh_s, clock=lambda: self.now,
+    def meter(self) -> mm.ProcessMeter:
+        return mm.ProcessMeter(lambda: [1, 2, 3], refresh_s=5.0, near_s=1.0, clock=lambda: self.now,
                                read_rss=lambda pids: self.rss, read_pss=self.read_pss)
 
+    def at(self, now: float, *, rss: float | None = None, pss: float | None = None) -> "Readings":
+        self.now = now
+        self.rss = int(rss) if rss is not None else self.rss
+        self.pss = int(pss) if pss is not None else self.pss
+        return self
 
-def test_pss_is_read_first_then_at_its_refresh_interval_while_rss_is_within_the_limit():
+
+def test_while_rss_is_within_the_limit_pss_is_only_read_for_the_figure_shown():
     r = Readings(rss=2 * GB, pss=1 * GB)
     meter = r.meter()
     assert meter.sample(3 * GB).used == 1 * GB and r.pss_reads == 1
-    for t in (0.25, 0.5, 0.75):  # RSS within the limit: PSS is too, the last reading stands
-        r.now, r.pss = t, 2 * GB
+    for t in (0.25, 1.0, 2.5, 4.75):  # the PSS within the limit whatever it is now: the last reading stands
+        r.at(t, rss=2.9 * GB, pss=2.5 * GB)
         assert meter.sample(3 * GB).used == 1 * GB
     assert r.pss_reads == 1
-    r.now = 1.0
-    assert meter.sample(3 * GB).used == 2 * GB and r.pss_reads == 2
+    assert meter.sample(3 * GB) is meter.last
+    r.at(5.0)
+    assert meter.sample(3 * GB).used == int(2.5 * GB) and r.pss_reads == 2
+
+
+def test_above_the_limit_by_rss_pss_is_read_every_second():
+    r = Readings(rss=2.5 * GB, pss=1.2 * GB)
+    meter = r.meter()
+    meter.sample(3 * GB)
+    r.at(0.25, rss=3.5 * GB)  # above the limit by RSS, grown by 1.0 GB < 1.8 GB of headroom
+    meter.sample(3 * GB)
+    r.at(0.75, pss=1.9 * GB)  # a worker wrote to pages it shared: PSS grew, RSS did not
+    assert meter.sample(3 * GB).used == int(1.2 * GB) and r.pss_reads == 1
+    r.at(1.0)
+    assert meter.sample(3 * GB).used == int(1.9 * GB) and r.pss_reads == 2
 
 
 def test_rss_growing_past_the_headroom_the_last_pss_left_reads_pss_at_once():
     r = Readings(rss=2.5 * GB, pss=1.2 * GB)
     meter = r.meter()
     meter.sample(3 * GB)
-    r.now, r.rss = 0.25, 3.5 * GB  # above the limit by RSS, grown by 1.0 GB < 1.8 GB of headroom
-    meter.sample(3 * GB)
-    assert r.pss_reads == 1
-    r.now, r.rss, r.pss = 0.5, 4.4 * GB, 3.1 * GB  # grown by 1.9 GB: the PSS may have crossed it
-    assert meter.sample(3 * GB).used == 3.1 * GB and r.pss_reads == 2
+    r.at(0.25, rss=4.4 * GB, pss=3.1 * GB)  # grown by 1.9 GB: the PSS may have crossed the limit
+    assert meter.sample(3 * GB).used == int(3.1 * GB) and r.pss_reads == 2
 
 
-def test_without_a_limit_pss_is_read_only_at_its_refresh_interval():
+def test_without_a_limit_pss_is_read_only_for_the_figure_shown():
     r = Readings(rss=40 * GB, pss=1 * GB)
     meter = r.meter()
-    for t in (0.0, 0.3, 0.6, 0.9, 1.0, 1.5):
-        r.now = t
+    for t in (0.0, 1.0, 2.0, 4.9, 5.0, 9.0):
+        r.at(t)
         meter.sample(None)
     assert r.pss_reads == 2
