@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
+from services.taskmanager import task_memory
 from shared import metrics, streams
 
 TASK_LABELS = ("taskmanager", "job", "execution")
@@ -190,7 +191,7 @@ class TaskManagerCollector(metrics.CachedCollector):
         limit = GaugeMetricFamily(n("task_memory_limit_bytes"), "the task's memory limit (absent: none)",
                                   labels=list(TASK_LABELS))
         for tm, sup in self.supervisors.items():
-            for f in sup.memory_figures():
+            for f in task_memory.figures(sup.task_drivers()):
                 used.add_metric([tm, f.job_id, f.execution_id, f.measure], f.used)
                 if f.limit is not None:
                     limit.add_metric([tm, f.job_id, f.execution_id], f.limit)

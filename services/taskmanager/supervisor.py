@@ -32,7 +32,6 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.taskmanager import task_memory
 from services.taskmanager.driver_events import ENDINGS
 from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.driver_supply import DriverLaunch, DriverSupply
@@ -42,7 +41,6 @@ from services.taskmanager.noop_tasks import NOOP_KIND, NoopTasks
 from services.taskmanager.slot_table import SlotTable
 from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S, driver_start_timeout_s, startup_timeout_s
 from services.taskmanager.startup_watch import StartupWatch
-from services.taskmanager.task_memory import TaskMemory
 from services.taskmanager.task_record import Task
 from services.taskmanager.task_reports import TaskReports
 from services.taskmanager.warm_pool import WarmPool
@@ -317,20 +315,10 @@ class TaskSupervisor:
         with self._lock:
             return self.slots.free()
 
-    def memory_figures(self) -> list[TaskMemory]:
-        """The latest memory figure of each task with a driver that measured one (task_memory.py)."""
+    def task_drivers(self) -> list[tuple[tp.TaskSpec, DriverProcess]]:
+        """Each task that has a driver, with it (task_memory.py reads their memory figures)."""
         with self._lock:
-            running = [(t.spec, t.driver) for t in self.tasks.values() if t.driver is not None]
-        out = []
-        for spec, driver in running:
-            figure = driver.memory_figure()
-            if figure is not None:
-                sample, limit = figure
-                out.append(TaskMemory(spec.execution_id, spec.job_id, sample.used, limit, sample.label()))
-        return out
-
-    def publish_memory(self, *, ttl_s: float) -> None:
-        task_memory.publish(self.drivers.status_client, self.taskmanager_id, self.memory_figures(), ttl_s=ttl_s)
+            return [(t.spec, t.driver) for t in self.tasks.values() if t.driver is not None]
 
     def slot_report(self) -> tuple[SlotState, ...]:
         with self._lock:

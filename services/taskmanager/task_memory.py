@@ -14,9 +14,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared import streams
+from shared import task_protocol as tp
+
+if TYPE_CHECKING:
+    from services.taskmanager.driver_process import DriverProcess
 
 log = logging.getLogger("headrace.taskmanager.memory")
 
@@ -28,6 +32,17 @@ class TaskMemory:
     used: int  # bytes, by `measure`
     limit: int | None  # bytes; None: no limit ("off")
     measure: str  # memory_measure.Sample.label(): "PSS", "PSS, RSS for 2", "cgroup charge"
+
+
+def figures(task_drivers: list[tuple[tp.TaskSpec, DriverProcess]]) -> list[TaskMemory]:
+    """The latest figure of each task whose driver measured one (supervisor.task_drivers())."""
+    out = []
+    for spec, driver in task_drivers:
+        figure = driver.memory_figure()
+        if figure is not None:
+            sample, limit = figure
+            out.append(TaskMemory(spec.execution_id, spec.job_id, sample.used, limit, sample.label()))
+    return out
 
 
 def publish(client: Any, taskmanager_id: str, figures: list[TaskMemory], *, ttl_s: float) -> None:
