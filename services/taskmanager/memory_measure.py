@@ -24,7 +24,7 @@ cannot read (one that made itself non-dumpable, or changed its ids) counts by it
 sample says how many did.
 
 By hand: `grep Pss: /proc/<pid>/smaps_rollup` per process, or `cat memory.current` in the driver's
-cgroup (docs/runbooks/process-supervision.md, "Memory").
+cgroup (docs/runbooks/slow-pipeline.md, "Task failed: memory limit").
 """
 
 from __future__ import annotations
