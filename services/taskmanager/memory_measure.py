@@ -2,7 +2,7 @@
 
 Spark's Python workers are forked from a daemon (and a query's Python source runner from the
 driver's fork server) and share most of their pages with it. Resident memory (RSS) counts a shared
-page in every process that maps it, so an RSS sum over a driver's ~10-15 processes counted the
+page in every process that maps it, so an RSS sum over a driver's 10-20 processes counted the
 same pages several times: 2.5 GB summed against 1.18 GB charged, and tasks killed far below their
 limit (issue 42). Two measures count each page once:
 
@@ -186,7 +186,9 @@ def as_fs_user(uid: int, gid: int) -> Iterator[None]:
         libc.setfsuid(os.geteuid())
         libc.setfsgid(os.getegid())
         # A change of the filesystem uid makes the process non-dumpable (the kernel's rule for
-        # credential changes): it would then refuse py-spy and core dumps. Put it back.
+        # credential changes): it would then refuse py-spy and core dumps. Put it back, even while
+        # another watch thread is in its own window: the process's real, effective and saved ids
+        # stay its own throughout, and those are what decide who may ptrace it.
         if dumpable == 1:
             libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
