@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -125,6 +126,7 @@ def main() -> None:
         if producer is not None:
             producer.stop()
         cluster.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
