@@ -135,12 +135,16 @@ class Settings(BaseSettings):
     # warm-up's CPU; the task that takes it pays the rest in its first batches (docs/benchmarks.md).
     warm_up_query: bool = Field(True, description="warm drivers run a small query before they report ready")
     driver_memory: str = "1g"
-    warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver above this is discarded")
+    # Named for the RSS it was once compared with; compared with the PSS summed over the driver's
+    # processes since issue 42, like a task's memory limit (services/taskmanager/memory_limit.py).
+    warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver whose processes hold more (PSS "
+                                                                     "summed) is discarded")
     # The driver sandbox (services/taskmanager/driver_user.py, task_processes.py, memory_limit.py).
     driver_user: str = Field("headrace-driver", description="OS user the Spark drivers run as (the TaskManager "
                                                              "must be root); \"\": its own user, no isolation")
-    driver_memory_limit: str | None = Field(None, description="a task's processes above this are killed and the "
-                                                              "task fails; default driver_memory + 2g; off: none")
+    driver_memory_limit: str | None = Field(None, description="a task's processes above this (their PSS summed, "
+                                                              "or their cgroup's charge) are killed and the task "
+                                                              "fails; default driver_memory + 2g; off: none")
     driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
     driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
     driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")

@@ -79,6 +79,13 @@ def tm_endpoint_key(taskmanager_id: str) -> str:
     return f"{PREFIX}:tm:{taskmanager_id}:endpoint"
 
 
+def tm_memory_key(taskmanager_id: str) -> str:
+    """JSON {execution_id: {"job_id", "used", "limit", "measure"}}: the latest memory figure of each
+    task the TaskManager runs (services/taskmanager/task_memory.py), rewritten every heartbeat and
+    expiring after the heartbeat timeout."""
+    return f"{PREFIX}:tm:{taskmanager_id}:memory"
+
+
 def progress_key(execution_id: str) -> str:
     """Hash of an execution attempt's newest micro-batch figures (batch_id, rates, lag, ...),
     written by its TaskManager on each progress report, expiring PROGRESS_TTL_S after the last.

@@ -354,10 +354,13 @@ def taskmanager_info(tm: Any) -> dict[str, Any]:
     }
 
 
-def taskmanager_details(tm: Any) -> dict[str, Any]:
+def taskmanager_details(tm: Any, memory: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`memory`: the TaskManager's latest figure per execution (streams.tm_memory_key), shown on
+    the slots its task holds."""
     out = taskmanager_info(tm)
     out["allocatedSlots"] = [
-        {k: a.get(k) for k in ("index", "allocation_id", "job_id", "execution_id")}
+        {**{k: a.get(k) for k in ("index", "allocation_id", "job_id", "execution_id")},
+         "memory": _task_memory((memory or {}).get(a.get("execution_id") or ""))}
         for a in (tm.allocations or []) if isinstance(a, dict)
     ]
     out["state"] = tm.state
@@ -365,6 +368,15 @@ def taskmanager_details(tm: Any) -> dict[str, Any]:
     out["lost-reason"] = tm.lost_reason
     out["metrics"] = {}
     return out
+
+
+def _task_memory(figure: Any) -> dict[str, Any] | None:
+    """One task's memory figure as the TaskManager wrote it; None when absent or not a figure."""
+    if not isinstance(figure, dict) or not isinstance(figure.get("used"), int):
+        return None
+    limit = figure.get("limit")
+    return {"used": figure["used"], "limit": limit if isinstance(limit, int) else None,
+            "measure": str(figure.get("measure") or "")}
 
 
 def taskmanagers(rows: Iterable[Any]) -> dict[str, Any]:

@@ -35,9 +35,10 @@ from typing import Callable, Sequence
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_env import driver_environment
 from services.taskmanager.driver_sandbox import DriverSandbox
+from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
-from services.taskmanager.task_processes import TaskProcesses
+from services.taskmanager.task_processes import TaskProcesses, rss_bytes
 from shared import task_protocol as tp
 from shared.ids import ExecutionId
 
@@ -272,50 +273,46 @@ class DriverProcess:
             return False
         if not self.send(tp.RunTask(spec=spec)):
             return False
-        limit = memory_limit.task_limit(spec.config, self.sandbox.memory_limit)
-        if limit is not None:
-            self._watch_memory(limit)
+        self._watch_memory(memory_limit.task_limit(spec.config, self.sandbox.memory_limit))
         return True
 
-    def _watch_memory(self, limit: int) -> None:
-        limit_file = self.processes.memory_file("memory.max")
-        oom_events = None
-        measure = self.processes.rss_bytes
-        if limit_file is not None:
+    def _watch_memory(self, limit: int | None) -> None:
+        """The kernel enforces the limit where the driver's cgroup has the memory controller, else
+        the watch does (memory_limit.py). Without a limit the task's memory is still measured, for
+        the dashboard, less often."""
+        meter: Meter = ProcessMeter(self.processes.pids)
+        cgroup = self.processes.cgroup
+        if cgroup is not None and self.processes.memory_file("memory.max") is not None:
             try:
-                limit_file.write_text(str(limit))
-                oom_group = self.processes.memory_file("memory.oom.group")
-                if oom_group is not None:
-                    oom_group.write_text("1")  # the kernel kills the whole task, not one process of it
-                oom_events = self._oom_kills
-                measure = self._cgroup_memory
+                if limit is not None:
+                    (cgroup / "memory.max").write_text(str(limit))
+                    oom_group = self.processes.memory_file("memory.oom.group")
+                    if oom_group is not None:
+                        oom_group.write_text("1")  # the kernel kills the whole task, not one process of it
+                meter = CgroupMeter(cgroup)
             except OSError:
-                log.warning("could not set memory.max of driver %s; watching its RSS instead", self.id, exc_info=True)
-        self._memory = memory_limit.MemoryWatch(limit=limit, measure=measure, oom_events=oom_events,
-                                                on_exceeded=self._memory_exceeded).start(self.id)
+                log.warning("could not set memory.max of driver %s; watching its PSS instead", self.id, exc_info=True)
+        interval_s = memory_limit.WATCH_INTERVAL_S if limit is not None else PSS_REFRESH_S
+        self._memory = memory_limit.MemoryWatch(limit=limit, meter=meter, on_exceeded=self._memory_exceeded,
+                                                interval_s=interval_s).start(self.id)
 
-    def _oom_kills(self) -> int:
-        events = self.processes.memory_file("memory.events")
-        for line in events.read_text().splitlines() if events is not None else ():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
-
-    def _cgroup_memory(self) -> int:
-        for name in ("memory.peak", "memory.current"):
-            f = self.processes.memory_file(name)
-            if f is not None:
-                return int(f.read_text().split()[0])
-        return 0
+    def memory_figure(self) -> tuple[Sample, int | None] | None:
+        """The task's latest memory figure and its limit (None: no limit); None before the first."""
+        watch = self._memory
+        sample = watch.latest if watch is not None else None
+        return (sample, watch.limit) if watch is not None and sample is not None else None
 
     def _memory_exceeded(self, cause: str) -> None:
         log.warning("driver %s (task %s): %s", self.id, self.execution_id, cause)
         self.exit_reason = (memory_limit.NAME, cause)
         self.kill()
 
-    def memory_bytes(self) -> int:
-        """Resident memory of every process of the driver (the warm pool's measure too)."""
-        return self.processes.rss_bytes()
+    def memory_within(self, limit: int) -> bool:
+        """Whether every process of the driver holds `limit` or less, PSS summed (the warm pool's
+        measure, a task's too). The RSS sum answers first when it can: it bounds the PSS sum from
+        above at a hundredth of the cost (a warm driver is checked as a task takes it)."""
+        pids = self.processes.pids()
+        return rss_bytes(pids) <= limit or pss_sample(pids).used <= limit
 
     def send(self, command) -> bool:
         if isinstance(command, tp.TakeSnapshot):

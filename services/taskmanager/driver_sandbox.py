@@ -66,7 +66,8 @@ class DriverSandbox:
                  user.name or "this TaskManager's own user (no isolation)",
                  f"the cgroup {cgroups.root}" if cgroups else "a /proc scan (session, descendants, environment mark)",
                  memory_limit.gb(sandbox.memory_limit) if sandbox.memory_limit else "none",
-                 "the kernel (memory.max)" if cgroups and cgroups.memory else "an RSS watchdog")
+                 "the kernel (memory.max on the cgroup's charge)" if cgroups and cgroups.memory
+                 else "a watchdog summing the PSS of its processes")
         return sandbox
 
     def secure_home(self, settings, taskmanager_workdir: Path) -> None:

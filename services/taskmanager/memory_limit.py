@@ -7,20 +7,26 @@ else driver_memory + 2g (the JVM's heap is driver_memory; its own overhead and S
 processes come on top: a busy streaming task with a 1g heap holds 1.6-2.3 GB). "off" turns the
 cluster default off.
 
-How it is enforced: with a memory controller in the driver's cgroup (task_processes.py), the kernel
-enforces memory.max and memory.events says when it killed; otherwise a watchdog sums the resident
-memory of the task's processes every WATCH_INTERVAL_S and kills them when the sum is above the
-limit (summed RSS counts pages shared after a fork in each process: a slight overestimate). The
-TaskManager logs which one applies. A warm driver waiting for a task is bounded by the warm pool
-instead (warm_driver_max_rss_bytes), with the same measure.
+How it is enforced and measured (memory_measure.py): with a memory controller in the driver's
+cgroup v2 (task_processes.py), the kernel enforces memory.max on the cgroup's charge and
+memory.events says when it killed; otherwise (no cgroup v2, or one without the memory
+controller, as on a host whose memory controller is in cgroup v1) a watchdog sums the PSS of the
+task's processes, pages shared between them counted once, and kills them when the sum is above
+the limit. Never the plain RSS sum: it counts the pages Spark's forked Python workers share once
+per worker (issue 42: tasks killed at 2.5 GB "used" that held 1.2 GB). The TaskManager logs which
+applies; a failure cause names the measure and the figure, and the TaskManager page of the
+dashboard shows each task's latest figure beside its limit. A warm driver waiting for a task is
+bounded by the warm pool instead (warm_driver_max_rss_bytes), with the same PSS measure.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Callable
 
+from services.taskmanager.memory_measure import Meter, Sample
 from shared import job_options, sizes
 
 log = logging.getLogger("headrace.taskmanager.memory")
@@ -57,20 +63,28 @@ def gb(n: int) -> str:
     return f"{n / 1024**3:.1f} GB"
 
 
-def cause(used: int, limit: int, how: str) -> str:
-    return (f"the task's processes used {gb(used)}, above its limit of {gb(limit)} ({OPTION}; {how}); "
-            f"they were killed. If the pipeline needs more, raise the job option {OPTION} (e.g. "
-            f"\"{max(1, -(-used // 1024**3) + 1)}g\") or the cluster's {SETTING}; otherwise hold less in "
-            f"build() and in each batch")
+def cause(used: Sample, limit: int, *, by_kernel: bool = False) -> str:
+    """A failure cause naming the figure, its measure and the limit, and what to change."""
+    if by_kernel:
+        what = (f"the task's processes reached {gb(used.used)} ({used.describe()}) at its limit of {gb(limit)} "
+                f"({OPTION}); the kernel's OOM killer ended them at the cgroup's memory.max")
+    else:
+        what = (f"the task's processes used {gb(used.used)} ({used.describe()}), above its limit of {gb(limit)} "
+                f"({OPTION}); they were killed")
+    return (f"{what}. If the pipeline needs more, raise the job option {OPTION} (e.g. "
+            f"\"{max(1, -(-max(used.used, limit) // 1024**3) + 1)}g\") or the cluster's {SETTING}; otherwise hold "
+            f"less in build() and in each batch")
 
 
 class MemoryWatch:
-    """Checks one task's memory until stopped; calls `on_exceeded(cause)` once, then stops."""
+    """Measures one task's memory until stopped (the latest figure in `latest`); with a limit,
+    calls `on_exceeded(cause)` once it is exceeded, then stops. Without one it only measures, for
+    the dashboard."""
 
-    def __init__(self, *, limit: int, measure: Callable[[], int], on_exceeded: Callable[[str], None],
-                 oom_events: Callable[[], int] | None = None, interval_s: float = WATCH_INTERVAL_S):
-        self.limit, self.measure, self.on_exceeded = limit, measure, on_exceeded
-        self.oom_events, self.interval_s = oom_events, interval_s
+    def __init__(self, *, limit: int | None, meter: Meter, on_exceeded: Callable[[str], None],
+                 interval_s: float = WATCH_INTERVAL_S):
+        self.limit, self.meter, self.on_exceeded, self.interval_s = limit, meter, on_exceeded, interval_s
+        self.latest: Sample | None = None
         self.peak = 0
         self._stop = threading.Event()
 
@@ -82,16 +96,22 @@ class MemoryWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        how = "the kernel's cgroup limit" if self.oom_events is not None else "summed resident memory"
         while not self._stop.wait(self.interval_s):
             try:
-                used = self.measure()
-                killed = self.oom_events() if self.oom_events is not None else 0
+                sample = self.meter.sample(self.limit)
+                killed = self.meter.oom_kills() if self.limit is not None else 0
             except Exception:  # a failed sample is retried at the next interval
                 log.debug("memory sample failed", exc_info=True)
                 continue
-            self.peak = max(self.peak, used)
-            if killed or used > self.limit:
-                self._stop.set()
-                self.on_exceeded(cause(max(self.peak, self.limit + 1) if killed else used, self.limit, how))
-                return
+            self.latest, self.peak = sample, max(self.peak, sample.used)
+            if self.limit is None or not (killed or sample.used > self.limit):
+                continue
+            self._stop.set()
+            if killed:
+                # The kernel stopped the charge at the limit: its peak is the figure that says so.
+                peak = self.meter.peak()
+                self.on_exceeded(cause(peak if peak is not None else replace(sample, used=self.peak), self.limit,
+                                       by_kernel=True))
+            else:
+                self.on_exceeded(cause(sample, self.limit))
+            return

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
+from services.taskmanager import task_memory
 from shared import metrics, streams
 
 TASK_LABELS = ("taskmanager", "job", "execution")
@@ -146,7 +147,8 @@ class TaskMetrics:
 
 
 class TaskManagerCollector(metrics.CachedCollector):
-    """Slots and warm drivers from the supervisors' memory, the inbox's consumer group from Redis."""
+    """Slots, warm drivers and the tasks' memory figures from the supervisors' memory, the inbox's
+    consumer group from Redis."""
 
     def __init__(self, supervisors: dict, redis_client, **kw):
         super().__init__("taskmanager", **kw)
@@ -175,5 +177,22 @@ class TaskManagerCollector(metrics.CachedCollector):
                 warm.add_metric([tm, "ready"], status.get("ready", 0))
                 warm.add_metric([tm, "starting"], status.get("starting", 0))
         yield from (slots, free, tasks, warm)
+        yield from self._memory()
         if self.redis is not None and len(self.supervisors) <= 16:  # simulated fleets: too many inboxes to ask
             yield from metrics.stream_group_families(self.redis, [streams.tm_inbox(tm) for tm in self.supervisors])
+
+    def _memory(self):
+        """Each task's latest memory figure and its limit, as its memory watch measured them
+        (services/taskmanager/task_memory.py): the figure the limit is compared with."""
+        n = metrics.name
+        used = GaugeMetricFamily(n("task_memory_bytes"), "the task's processes' memory as its limit is measured "
+                                 "(label measure: PSS summed over its processes, or its cgroup's charge)",
+                                 labels=[*TASK_LABELS, "measure"])
+        limit = GaugeMetricFamily(n("task_memory_limit_bytes"), "the task's memory limit (absent: none)",
+                                  labels=list(TASK_LABELS))
+        for tm, sup in self.supervisors.items():
+            for f in task_memory.figures(sup.task_drivers()):
+                used.add_metric([tm, f.job_id, f.execution_id, f.measure], f.used)
+                if f.limit is not None:
+                    limit.add_metric([tm, f.job_id, f.execution_id], f.limit)
+        yield from (used, limit)

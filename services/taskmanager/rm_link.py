@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, cast
 import redis
 from redis.typing import KeyT, StreamIdT
 
+from services.taskmanager import task_memory
 from services.taskmanager.supervisor import TaskSupervisor
 from shared import streams
 from shared.ids import TaskManagerId
@@ -160,6 +161,7 @@ class ResourceManagerLink:
             else:
                 st.seq += 1
                 sup.publish_warm_status()  # refreshes the key's TTL while the process lives
+                task_memory.publish(self.client, tm, task_memory.figures(sup.task_drivers()), ttl_s=self.timeout_s)
                 slot_report = sup.slot_report()
                 warm_ready, warm_parallelism = warm_drivers(sup)  # after the slot report: see slot_manager.py
                 out.append(

@@ -315,6 +315,11 @@ class TaskSupervisor:
         with self._lock:
             return self.slots.free()
 
+    def task_drivers(self) -> list[tuple[tp.TaskSpec, DriverProcess]]:
+        """Each task that has a driver, with it (task_memory.py reads their memory figures)."""
+        with self._lock:
+            return [(t.spec, t.driver) for t in self.tasks.values() if t.driver is not None]
+
     def slot_report(self) -> tuple[SlotState, ...]:
         with self._lock:
             by_alloc = {t.allocation_id: t for t in self.tasks.values()}

@@ -4,8 +4,8 @@ A cold driver costs ~10 s before its first query (JVM start, SparkContext, Pytho
 warm one has paid that already, so a submission or a failover starts in about a second. The
 pool keeps up to `size` drivers of `parallelism` ready, never more than the free slots could
 use, hands the oldest healthy one out, and starts a replacement in the background. A driver
-that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` is
-discarded, never given a task.
+that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` (PSS
+summed, as a task's memory limit counts it) is discarded, never given a task.
 
 Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; three at once
 on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's take starts)
@@ -257,7 +257,7 @@ class WarmPool:
         if self.max_rss_bytes is None or d.pid is None:
             return True
         # The same measure as a task's memory limit (memory_limit.py): every process of the driver.
-        return d.memory_bytes() <= self.max_rss_bytes
+        return d.memory_within(self.max_rss_bytes)
 
     def replenish(self, free_slots: int) -> None:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""

@@ -10,6 +10,7 @@ Everything happens through the page; the REST API is used only to check what the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -264,7 +265,10 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
     page.el("#tab-btn-metrics").click()
     page.wait("the metrics tab", lambda d: page.els("#metrics-charts svg.chart"))
     see_the_last_minutes_at_once(page, api, jid)
+    see_its_memory_beside_its_limit(page, api, jid)
 
+    page.go(f"#/jobs/{jid}")
+    page.wait("the job page again", lambda d: page.visible("#page-job"))
     page.el("#tab-btn-overview").click()
     page.el("#detail-cancel").click()
     page.accept_confirm()
@@ -309,6 +313,17 @@ def see_the_last_minutes_at_once(page, api, jid: str) -> None:
                                                                   if n >= 8 else None)(chart_points(page)))
     points, after_s = seen
     assert points > after_s + 2, f"{points} points {after_s:.1f} s after opening: live polling alone, no history"
+
+
+def see_its_memory_beside_its_limit(page, api, jid: str) -> None:
+    """The TaskManager page shows the running task's memory beside its limit, as its TaskManager
+    measures it for the limit: "721.3 MB of 3.0 GB (PSS)" on the slot it holds."""
+    page.go("#/taskmanagers/tm-1")
+    text = page.wait("the task's memory beside its limit", lambda d: next(
+        (e.text for e in page.els("#tmd-slots td.task-memory") if " of " in e.text), None), JOB_WAIT_S)
+    memory = next(s["memory"] for s in api.get("/taskmanagers/tm-1")["allocatedSlots"] if s["job_id"] == jid)
+    assert re.fullmatch(r"\d+\.\d [MG]B of \d+\.\d GB \((PSS|cgroup charge)\)", text), text
+    assert text.endswith(f"of {memory['limit'] / 2**30:.1f} GB ({memory['measure']})"), (text, memory)
 
 
 def test_failing_job_exception_markup_is_shown_as_text(page, api, tmp_path_factory):

@@ -642,7 +642,8 @@ def test_taskmanagers_list_and_details(client, catalog):
 
     d = client.get("/taskmanagers/tm-a").json()
     assert d["state"] == "REGISTERED" and [s["index"] for s in d["allocatedSlots"]] == [0, 1]
-    assert d["allocatedSlots"][0] == {"index": 0, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32}
+    assert d["allocatedSlots"][0] == {"index": 0, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32,
+                                      "memory": None}  # no Redis here: no TaskManager's figures
     lost = client.get("/taskmanagers/tm-lost").json()
     assert lost["state"] == "LOST" and lost["freeSlots"] == 0 and lost["lost-reason"] == "heartbeat timeout"
     r = client.get("/taskmanagers/nope")

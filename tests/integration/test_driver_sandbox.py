@@ -1,8 +1,9 @@
 """The driver sandbox on a real local cluster (redis-server with ACL users, SQLite catalog, one
 TaskManager as root starting its drivers as the unprivileged driver user), probed as a hostile
 pipeline author would: a pipeline that reads its environment and opens the services' files, a
-build() that allocates past its memory limit, a build() that forks and setsid()s a sleeper, a
-pipeline that prints 100 MB.
+build() that allocates past its memory limit, one whose forked children share its memory (counted
+once against the limit, and shown on the dashboard's TaskManager page), a build() that forks and
+setsid()s a sleeper, a pipeline that prints 100 MB.
 
 The clusters live under a directory of /tmp of their own: pytest's temporary directories are 0700
 to others, so the driver user could not reach a home inside them (tests/conftest.py)."""
@@ -12,14 +13,17 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.taskmanager import driver_env
 from services.taskmanager.driver_user import DEFAULT_NAME, give_to_driver_user
@@ -169,10 +173,91 @@ def test_a_build_past_its_memory_limit_fails_the_task_through_the_restart_strate
     for a in attempts:
         cause = a["failure-cause"]
         assert "the task's processes used" in cause and "above its limit of 1.5 GB (headrace.task.memory-limit" in cause
+        assert re.search(r"used \d+\.\d GB \(PSS summed over \d+ processes\)", cause), cause
         assert "never stopped" not in cause
     history = rest.get(f"/jobs/{job}/exceptions")["exceptionHistory"]["entries"]
     assert [e["exceptionName"] for e in history] == ["MemoryLimitExceeded"] * 2
     assert rest.wait_free_slots(2, timeout_s=20) == 2
+
+
+SHARING = """
+    import mmap, os, time
+
+    def build(ctx):
+        out, = ctx.args
+        # 256 MB filled in the driver, then five children that only read it: Spark's Python workers
+        # forked from their daemon share pages the same way.
+        size = 256 * 1024 * 1024
+        shared = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        chunk = b"\\x01" * (1 << 20)
+        for off in range(0, size, len(chunk)):
+            shared[off:off + len(chunk)] = chunk
+        r, w = os.pipe()
+        for _ in range(5):
+            if os.fork() == 0:
+                sum(shared[off] for off in range(0, size, 4096))
+                os.write(w, b"x")
+                time.sleep(3600)
+                os._exit(0)
+        for _ in range(5):
+            os.read(r, 1)
+        with open(out, "w") as f:
+            f.write(str(os.getpid()))
+        return ctx.sinks.console(ctx.sources.datagen(rows_per_second=1))
+"""
+SHARING_LIMIT = 2500 * 1024**2
+
+
+def session_rss(driver: int) -> int:
+    """The plain RSS sum over the driver's session, what the watchdog used to compare."""
+    sid, total = os.getsid(driver), 0
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                total += p.memory_info().rss
+        except (OSError, psutil.Error):
+            pass
+    return total
+
+
+def scrape_task_memory(cluster, job: str) -> dict:
+    """The job's task's headrace_task_memory_bytes (measure PSS) and _limit_bytes from its TaskManager."""
+    url = json.loads((cluster.run_dir / "cluster.json").read_text())["metrics"]["taskmanager-1"]
+    found = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for s in family.samples:
+            if s.labels.get("job") == job and s.name == "headrace_task_memory_bytes" and s.labels["measure"] == "PSS":
+                found["used"] = s.value
+            elif s.labels.get("job") == job and s.name == "headrace_task_memory_limit_bytes":
+                found["limit"] = s.value
+    return found
+
+
+def test_pages_shared_between_a_drivers_processes_count_once_against_its_limit(cluster, rest, tmp_path):
+    out = outbox(cluster) / "sharing.txt"
+    job = submit(rest, tmp_path, "sharing.py", SHARING, str(out),
+                 config={"headrace.task.memory-limit": f"{SHARING_LIMIT // 1024**2}m"})
+    try:
+        deadline = time.monotonic() + 240
+        while not out.exists() or not out.read_text().strip():
+            assert time.monotonic() < deadline, "the pipeline did not fork its readers"
+            assert rest.job(job)["state"] not in DONE, rest.get(f"/jobs/{job}/exceptions")
+            time.sleep(0.2)
+        rest.wait_attempt_running(job, 0, timeout_s=120)
+        # Issue 42's case: summed RSS above the limit, the memory the kernel charges well below it.
+        assert session_rss(int(out.read_text())) > SHARING_LIMIT
+        time.sleep(4)  # sixteen samples, two or three PSS readings, two heartbeats
+        assert rest.job(job)["state"] == "RUNNING", rest.get(f"/jobs/{job}/exceptions")
+        slots = rest.get("/taskmanagers/tm-1")["allocatedSlots"]
+        memory = next(s["memory"] for s in slots if s["job_id"] == job)
+        assert memory["measure"] == "PSS" and memory["limit"] == SHARING_LIMIT, memory
+        assert 256 * 1024**2 < memory["used"] < SHARING_LIMIT, memory
+        scraped = scrape_task_memory(cluster, job)
+        assert scraped["limit"] == SHARING_LIMIT and 256 * 1024**2 < scraped["used"] < SHARING_LIMIT, scraped
+    finally:
+        if rest.job(job)["state"] not in DONE:
+            rest.cancel(job)
+            rest.wait_state(job, DONE, timeout_s=60)
 
 
 FORKER = """

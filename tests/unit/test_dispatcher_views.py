@@ -243,8 +243,19 @@ def test_taskmanager_info_in_flink_shape():
 def test_taskmanager_details_lists_allocated_slots():
     alloc = {"index": 0, "allocation_id": "a" * 32, "job_id": "j" * 32, "execution_id": "e" * 32, "extra": 1}
     out = views.taskmanager_details(tm(allocations=[alloc], state="LOST", lost_reason="heartbeat timeout"))
-    assert out["allocatedSlots"] == [{k: v for k, v in alloc.items() if k != "extra"}]
+    assert out["allocatedSlots"] == [{**{k: v for k, v in alloc.items() if k != "extra"}, "memory": None}]
     assert out["state"] == "LOST" and out["lost-reason"] == "heartbeat timeout"
+
+
+def test_each_slot_shows_the_memory_figure_its_taskmanager_reported_for_its_task():
+    allocs = [{"index": i, "allocation_id": "a" * 32, "job_id": "j" * 32, "execution_id": "e" * 32} for i in (0, 1)]
+    allocs.append({"index": 2, "allocation_id": "b" * 32, "job_id": "k" * 32, "execution_id": "f" * 32})
+    memory = {"e" * 32: {"job_id": "j" * 32, "used": 1288490188, "limit": 3 * 2**30, "measure": "PSS"},
+              "f" * 32: {"job_id": "k" * 32, "used": "garbled", "limit": None, "measure": "PSS"},
+              "x" * 32: {"job_id": "j" * 32, "used": 1, "limit": None, "measure": "PSS"}}
+    out = views.taskmanager_details(tm(allocations=allocs), memory=memory)
+    assert [s["memory"] for s in out["allocatedSlots"]] == [
+        {"used": 1288490188, "limit": 3 * 2**30, "measure": "PSS"}] * 2 + [None]
 
 
 def test_a_taskmanager_registered_again_still_shows_its_last_loss():

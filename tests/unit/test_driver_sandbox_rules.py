@@ -1,19 +1,24 @@
-"""Pure rules of the driver sandbox: the driver's environment allow-list, the memory limit and its
-failure cause, the log's rotation, and the permission reasoning of the driver user."""
+"""Pure rules of the driver sandbox: the driver's environment allow-list, the memory limit, its
+watch (on given readings) and its failure cause, the log's rotation, and the permission reasoning
+of the driver user."""
 
 from __future__ import annotations
 
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from services.taskmanager import driver_env, memory_limit
 from services.taskmanager.driver_user import DriverUser, _allows
+from services.taskmanager.memory_measure import CGROUP, PSS, Sample
 from services.taskmanager.rotating_log import RotatingLog
 from shared import job_options
+
+GB = 1024**3
 
 
 def test_the_driver_environment_keeps_only_the_allow_list(tmp_path):
@@ -51,17 +56,59 @@ def test_the_limit_is_the_jobs_else_the_clusters_else_driver_memory_plus_an_allo
     assert memory_limit.task_limit({}, 3 * 1024**3) == 3 * 1024**3
 
 
-def test_the_watch_reports_once_with_the_figure_and_the_option():
-    samples = iter([100, 200, 6 * 1024**3, 7 * 1024**3])
+class Given:
+    """A meter whose readings are given: PSS figures, or the kernel's OOM kills and peak."""
+
+    def __init__(self, figures, *, kills=(), peak=None):
+        self.figures, self.kills, self.peak_figure = iter(figures), iter(kills), peak
+
+    def sample(self, limit):
+        return next(self.figures)
+
+    def oom_kills(self):
+        return next(self.kills, 0)
+
+    def peak(self):
+        return self.peak_figure
+
+
+def watch_until_fired(meter, limit):
     causes: list[str] = []
     fired = threading.Event()
-    watch = memory_limit.MemoryWatch(limit=3 * 1024**3, measure=lambda: next(samples),
+    watch = memory_limit.MemoryWatch(limit=limit, meter=meter,
                                      on_exceeded=lambda c: (causes.append(c), fired.set()), interval_s=0.01)
     watch.start("t")
     assert fired.wait(5)
-    assert len(causes) == 1
-    assert causes[0].startswith("the task's processes used 6.0 GB, above its limit of 3.0 GB "
-                                "(headrace.task.memory-limit; summed resident memory)")
+    time.sleep(0.05)
+    return causes, watch
+
+
+def test_the_watch_reports_once_with_the_figure_its_measure_and_the_option():
+    pss = [Sample(n, PSS, processes=14) for n in (100, 200, 6 * GB, 7 * GB)]
+    causes, watch = watch_until_fired(Given(pss), 3 * GB)
+    assert causes == [causes[0]]
+    assert causes[0].startswith("the task's processes used 6.0 GB (PSS summed over 14 processes), above its "
+                                "limit of 3.0 GB (headrace.task.memory-limit); they were killed. ")
+    assert 'raise the job option headrace.task.memory-limit (e.g. "7g")' in causes[0]
+    assert watch.latest == pss[2]
+
+
+def test_a_kill_by_the_kernel_reports_the_cgroups_peak():
+    charge = [Sample(n, CGROUP, source="memory.current") for n in (GB, 2 * GB, 2 * GB)]
+    causes, _ = watch_until_fired(Given(charge, kills=(0, 0, 1), peak=Sample(3 * GB, CGROUP, source="memory.peak")),
+                                  3 * GB)
+    assert causes == ["the task's processes reached 3.0 GB (the cgroup's charge, memory.peak) at its limit of "
+                      "3.0 GB (headrace.task.memory-limit); the kernel's OOM killer ended them at the cgroup's "
+                      "memory.max. " + causes[0].split("memory.max. ", 1)[1]]
+
+
+def test_without_a_limit_the_watch_only_measures():
+    fired = threading.Event()
+    watch = memory_limit.MemoryWatch(limit=None, meter=Given([Sample(n * GB, PSS, processes=3) for n in range(1, 99)]),
+                                     on_exceeded=lambda c: fired.set(), interval_s=0.01).start("t")
+    time.sleep(0.3)
+    watch.stop()
+    assert not fired.is_set() and watch.latest is not None and watch.latest.used > GB
 
 
 def test_a_log_is_rotated_at_its_cap_on_a_line_end_and_old_files_dropped(tmp_path):

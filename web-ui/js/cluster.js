@@ -161,6 +161,17 @@ function closeTaskManager() {
   tmLogs = null;
 }
 
+/* A task's memory as its TaskManager measures it for its limit: "1.2 GB of 3.0 GB (PSS)". Shown on
+   the first slot its task holds; a task of parallelism 2 holds two. */
+function taskMemory(a, first) {
+  const m = a.memory;
+  if (!a.execution_id) return "";
+  if (!first) return "same task";
+  if (!m) return "–";
+  const limit = m.limit === null || m.limit === undefined ? "no limit" : `of ${fmtBytes(m.limit)}`;
+  return `${fmtBytes(m.used)} ${limit} (${m.measure})`;
+}
+
 function resourceRows(tm) {
   const total = tm.totalResource || {};
   const free = tm.freeResource || {};
@@ -209,12 +220,19 @@ async function refreshTaskManager() {
   const allocated = new Map((tm.allocatedSlots || []).map((a) => [a.index, a]));
   const slots = Array.from({ length: tm.slotsNumber || 0 }, (_, i) => allocated.get(i) || { index: i });
   for (const a of tm.allocatedSlots || []) if (!(a.index >= 0 && a.index < slots.length)) slots.push(a);
-  replaceIfChanged($("tmd-slots"), JSON.stringify(slots), () => (slots.length ? slots.map((a) => h("tr", {},
-    h("td", { text: dash(a.index) }),
-    h("td", { class: "mono", text: a.allocation_id || "free" }),
-    h("td", { class: "mono" }, a.job_id ? link(jobHref(a.job_id), a.job_id) : "–"),
-    h("td", { class: "mono" }, a.job_id && a.execution_id ? link(jobHref(a.job_id, "attempts"), a.execution_id) : dash(a.execution_id))))
-    : h("tr", {}, h("td", { colspan: 4, class: "muted", text: "no slots" }))));
+  const seen = new Set();
+  const slotRow = (a) => {
+    const first = !seen.has(a.execution_id);
+    seen.add(a.execution_id);
+    return h("tr", {},
+      h("td", { text: dash(a.index) }),
+      h("td", { class: "mono", text: a.allocation_id || "free" }),
+      h("td", { class: "mono" }, a.job_id ? link(jobHref(a.job_id), a.job_id) : "–"),
+      h("td", { class: "mono" }, a.job_id && a.execution_id ? link(jobHref(a.job_id, "attempts"), a.execution_id) : dash(a.execution_id)),
+      h("td", { class: "task-memory", text: taskMemory(a, first) }));
+  };
+  replaceIfChanged($("tmd-slots"), JSON.stringify(slots), () => (slots.length ? slots.map(slotRow)
+    : h("tr", {}, h("td", { colspan: 5, class: "muted", text: "no slots" }))));
   if (logs === tmLogs && logs) await logs.refresh(false);
 }
 

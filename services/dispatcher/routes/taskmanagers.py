@@ -1,8 +1,13 @@
 """/taskmanagers: the registered TaskManagers and their slots, as the ResourceManager recorded them,
-and their log files, fetched from the TaskManager itself (docs/runbooks/logs.md)."""
+with the memory figure of the task on each (the TaskManager's own, from Redis), and their log
+files, fetched from the TaskManager itself (docs/runbooks/logs.md)."""
 
 from __future__ import annotations
 
+import json
+import logging
+
+import redis
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
@@ -15,6 +20,7 @@ from shared.catalog import repository
 from shared.catalog.repository import NotFound
 from shared.ids import TaskManagerId
 
+log = logging.getLogger("headrace.dispatcher")
 router = APIRouter(prefix="/taskmanagers", tags=["taskmanagers"])
 
 
@@ -25,8 +31,24 @@ def list_taskmanagers(session: SessionDep) -> dict:
 
 @router.get("/{tmid}", response_model=TaskManagerDetailsInfo, responses={404: {"model": ErrorBody}},
             summary="One TaskManager (also a lost or unregistered one) with its allocated slots")
-def taskmanager_details(tmid: str, session: SessionDep) -> dict:
-    return views.taskmanager_details(_row(session, tmid))
+def taskmanager_details(tmid: str, session: SessionDep, transport: TransportDep) -> dict:
+    row = _row(session, tmid)
+    return views.taskmanager_details(row, memory=_memory(transport, row.id))
+
+
+def _memory(transport, tmid: str) -> dict | None:
+    """The tasks' memory figures the TaskManager keeps in Redis (services/taskmanager/task_memory.py);
+    None when Redis does not answer: the slots are the catalog's and still shown."""
+    client = transport.redis_client
+    if client is None:
+        return None
+    try:
+        raw = client.get(streams.tm_memory_key(tmid))
+        figures = json.loads(raw) if raw else None
+    except (redis.RedisError, ValueError) as exc:
+        log.debug("no memory figures of %s: %s", tmid, exc)
+        return None
+    return figures if isinstance(figures, dict) else None
 
 
 def _row(session, tmid: str):

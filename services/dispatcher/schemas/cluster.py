@@ -56,11 +56,21 @@ class TaskManagersInfo(_Out):
     taskmanagers: list[TaskManagerInfo]
 
 
+class TaskMemoryInfo(_Out):
+    used: int = Field(description="bytes, as the task's memory limit is measured")
+    limit: int | None = Field(None, description="bytes; null: no limit")
+    measure: str = Field(description="PSS (summed over the task's processes; \"PSS, RSS for N\" when N of them "
+                                     "could not be read) or \"cgroup charge\"")
+
+
 class SlotInfo(_Out):
     index: int | None = None
     allocation_id: str | None = None
     job_id: str | None = None
     execution_id: str | None = None
+    memory: TaskMemoryInfo | None = Field(None, description=(
+        "the task's latest memory figure beside its limit, as its TaskManager measured it (Headrace addition); "
+        "null: none reported (no task, or none within the heartbeat timeout)"))
 
 
 class TaskManagerDetailsInfo(TaskManagerInfo):
