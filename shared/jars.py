@@ -1,11 +1,8 @@
 """The jars Headrace takes from Maven Central, and the cache that holds them.
 
 `shared/jar_sets.toml` names each set (Spark's Kafka connector, Delta Lake, the Kafka broker)
-with its coordinates. `scripts/bootstrap` fetches them with Maven at set-up time:
-
-    python3 -m shared.jars fetch          every set, unless its directory is already complete
-    python3 -m shared.jars check          exit 1 with one line per missing set
-    python3 -m shared.jars classpath SET  the set's jars, ':'-separated (scripts, images)
+with its coordinates. `scripts/bootstrap` fetches them with Maven at set-up time (`headrace jars
+fetch`; `headrace jars check|classpath SET` tell what is there, services/cli/jars.py).
 
 Each set lands in `<jar_cache_dir>/<set>-<digest>/`, the digest taken over the set's entry, so
 a changed version is a new directory and an old cache can never stand in for it. A directory
@@ -18,14 +15,12 @@ TaskManager, a planner), never a ClassNotFoundException inside a task.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -47,7 +42,7 @@ DELTA_SESSION_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 FETCH_TIMEOUT_S = 900.0
-BOOTSTRAP_HINT = "run scripts/bootstrap (or python3 -m shared.jars fetch) on this machine"
+BOOTSTRAP_HINT = "run scripts/bootstrap (or headrace jars fetch) on this machine"
 
 
 class MissingJars(errors.ClusterError, RuntimeError):
@@ -193,48 +188,3 @@ class JarCache:
             return self.sets[name]
         except KeyError:
             raise MissingJars(f"no jar set {name!r} in {SETS_FILE.name}; known: {', '.join(self.sets)}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m shared.jars", description=__doc__.split("\n")[0])
-    p.add_argument("command", choices=("fetch", "check", "classpath", "dir"))
-    p.add_argument("set", nargs="?", help="one set (default: every set); classpath and dir need one")
-    args = p.parse_args(argv)
-    from shared.settings import load_settings
-
-    cache = JarCache(load_settings().jar_cache_dir)
-    names = [args.set] if args.set else list(cache.sets)
-    try:
-        if args.command == "fetch":
-            for name in names:
-                if not cache.is_complete(name):
-                    print(f"jars: {name} ready in {cache.fetch(name)}")
-            return 0
-        if args.command == "check":
-            problems = [line for name in names for line in _problems(cache, name)]
-            for line in problems:
-                print(f"jars: {line}", file=sys.stderr)
-            return 1 if problems else 0
-        if not args.set:
-            p.error(f"{args.command} needs a set: one of {', '.join(cache.sets)}")
-        if args.command == "dir":
-            cache.jars(args.set)
-            print(cache.directory(args.set))
-        else:
-            print(":".join(str(j) for j in cache.jars(args.set)))
-        return 0
-    except MissingJars as exc:
-        print(f"jars: {exc}", file=sys.stderr)
-        return 1
-
-
-def _problems(cache: JarCache, name: str) -> list[str]:
-    try:
-        cache.jars(name)
-        return []
-    except MissingJars as exc:
-        return [str(exc)]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from services.cli import cluster_commands, credentials, deploy, job_commands, schedule, service_commands, tokens
+from services.cli import cluster_commands, credentials, deploy, jars, job_commands, schedule, service_commands, tokens
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Headrace: a Flink-style control plane for PySpark pipelines.")
@@ -23,6 +23,7 @@ app.add_typer(tokens.app, name="token")
 app.add_typer(schedule.app, name="schedule")
 app.add_typer(deploy.app, name="deploy")
 app.add_typer(credentials.app, name="credentials")
+app.add_typer(jars.app, name="jars")
 
 
 def main() -> None:

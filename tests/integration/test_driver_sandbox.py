@@ -136,8 +136,9 @@ def test_a_pipeline_reaches_none_of_the_services_secrets(cluster, rest, tmp_path
     seen = json.loads(report.read_text())
     assert seen["uid"] == driver_uid()
     assert seen["paths"] == dict.fromkeys(secrets, "PermissionError"), seen["paths"]
-    # No control catalog, and nothing of the TaskManager's environment beyond the allow-list.
-    assert seen["catalog_url"] == ""
+    # No control catalog (the pipelines' own database instead), and nothing of the TaskManager's
+    # environment beyond the allow-list.
+    assert seen["catalog_url"] == f"sqlite:///{home / 'pipelines' / 'pipelines.db'}"
     env = seen["env"]
     assert "HEADRACE_CONFIG" not in env
     assert [k for k in env if k.startswith("HEADRACE_") and k != driver_env.MARK

@@ -9,11 +9,7 @@ import uuid
 import pytest
 
 from services.taskmanager.runtime.connectors import SinkFencedError, SinkOwner
-from services.taskmanager.runtime.connectors.kafka_transactions import (
-    Marker,
-    SinkAheadOfRestore,
-    TransactionalWriter,
-)
+from services.taskmanager.runtime.connectors.kafka_transactions import Marker, SinkAheadOfRestore, TransactionalWriter
 from tests.kafka_support import read_all
 
 pytestmark = pytest.mark.integration
