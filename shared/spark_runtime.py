@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.jars import JarCache
+from shared.jars import DEFAULT_CACHE_DIR, JarCache
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class SparkRuntime:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--jar-cache", type=Path, required=True,
-                            help="the jar cache (shared/jars.py): Spark's Kafka connector and Delta Lake")
+        parser.add_argument("--jar-cache", type=Path, default=DEFAULT_CACHE_DIR,
+                            help="the jar cache (shared/jars.py): Spark's Kafka connector and Delta Lake "
+                                 "(default: this user's, ~/.cache/headrace/jars)")
         parser.add_argument("--class-archive-dir", type=Path, default=None,
                             help="where the drivers' class-data-sharing archive is (class_archive.py); none: off")
 

@@ -96,7 +96,9 @@ def user_env(venv, tmp_path) -> dict[str, str]:
     (tmp_path / "home").mkdir()
     env |= {"HOME": str(tmp_path / "home"), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
             "HEADRACE_DISPATCHER_PORT": str(free_port()), "HEADRACE_DRIVER_USER": "",
-            "HEADRACE_DRIVER_CLASS_ARCHIVE_DIR": str(Settings().driver_class_archive_dir)}
+            "HEADRACE_DRIVER_CLASS_ARCHIVE_DIR": str(Settings().driver_class_archive_dir),
+            # The machine's jars from Maven Central, as `headrace jars fetch` put them there.
+            "HEADRACE_JAR_CACHE_DIR": str(Settings().jar_cache_dir)}
     return env
 
 
