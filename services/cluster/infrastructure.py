@@ -1,5 +1,5 @@
 """What a local cluster runs beside its services: its own redis-server, a ZooKeeper server for
-`--ha`, a Spark standalone master and workers for `--spark-workers`.
+`--ha`, a Spark standalone master and workers for `--spark-workers`, a Kafka broker for `--kafka`.
 
 Each `start_*` starts its processes through the cluster's `spawn` (so they are the cluster's
 children: in their own process groups, logged under the run directory, restarted by the
@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import redis
 
-from services.cluster import redis_auth, spark_standalone, taskmanager_credentials
+from services.cluster import kafka_broker, redis_auth, spark_standalone, taskmanager_credentials
 from shared import errors
+from shared.jars import KAFKA_BROKER, JarCache, MissingJars
 from shared.message_auth import load_secret
 from shared.ports import free_port
 from shared.settings import Settings
@@ -159,3 +160,55 @@ def _wait_spark(master: spark_standalone.MasterAddress, workers: int, started: S
         spark_standalone.wait_until_ready(master, workers, timeout_s=SPARK_START_TIMEOUT_S, alive=alive)
     except spark_standalone.SparkClusterError as exc:
         raise ClusterError(f"{exc}; see {run_dir / 'spark'} and {run_dir}/logs/spark-*.log") from None
+
+
+def kafka_spec(settings: Settings) -> kafka_broker.BrokerSpec:
+    """The broker of `headrace up --kafka`: its data in $HEADRACE_HOME/kafka, kept from one run to
+    the next as Redis's is (a new controller port each run is fine: a single node votes for itself)."""
+    return kafka_broker.BrokerSpec(data_dir=settings.home / "kafka", port=settings.kafka_port,
+                                   controller_port=settings.kafka_controller_port or free_port())
+
+
+def check_kafka(settings: Settings, spec: kafka_broker.BrokerSpec) -> None:
+    """Before anything starts: the broker's jars are in the cache and its ports are free (a broker
+    already listening there would answer in its place)."""
+    try:
+        JarCache(settings.jar_cache_dir).jars(KAFKA_BROKER)
+    except MissingJars as exc:
+        raise ClusterError(str(exc)) from None
+    for port, setting in ((spec.port, "kafka_port"), (spec.controller_port, "kafka_controller_port")):
+        if port_taken(spec.host, port):
+            raise ClusterError(f"the Kafka broker's port {port} ({setting}) is taken on {spec.host}: another broker "
+                               f"or process listens there (ss -ltnp 'sport = :{port}'); stop it or set "
+                               f"HEADRACE_{setting.upper()} to a free port")
+
+
+def start_kafka(settings: Settings, spec: kafka_broker.BrokerSpec, spawn: Spawn, env: dict) -> Child:
+    """Format the broker's storage on its first start, then start it (wait_kafka waits for it)."""
+    jars = JarCache(settings.jar_cache_dir)
+    try:
+        kafka_broker.prepare(spec, jars)
+        cmd = kafka_broker.command(spec, jars)
+    except (kafka_broker.KafkaBrokerError, MissingJars) as exc:
+        raise ClusterError(str(exc)) from None
+    return spawn("kafka", cmd, kafka_broker.environment(spec, env))
+
+
+def wait_kafka(spec: kafka_broker.BrokerSpec, child: Child) -> None:
+    """Until the broker serves metadata; ClusterError naming its log if it exits or is late."""
+    try:
+        kafka_broker.wait_until_ready(spec, alive=lambda: child.proc.poll() is None, log=child.log)
+    except kafka_broker.KafkaBrokerError as exc:
+        raise ClusterError(str(exc)) from None
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port (a port some closed connection still holds in
+    TIME_WAIT is free: the broker reuses it as this probe does)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False

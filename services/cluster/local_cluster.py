@@ -13,8 +13,13 @@ it. Unless `redis_auth` is off it requires a password, and each service connects
 ACL user (services/cluster/redis_auth.py): the children read <run>/<service>.yaml (0600), the admin URL
 is in <run>/config.yaml and `LocalCluster.redis_url`, and nothing prints a password.
 
+With `kafka` on, a Kafka broker (services/cluster/kafka_broker.py) runs beside them on
+`kafka_port`, its data in $HEADRACE_HOME/kafka, and every service's configuration names it as
+`pipeline_kafka_bootstrap_servers`, which the JobManager hands to each task.
+
 `supervise()` (as `headrace up` does) restarts any child that exits, with a
-backoff (services/cluster/process_supervisor.py).
+backoff (services/cluster/process_supervisor.py); the infrastructure children (redis, zookeeper,
+spark-*, kafka) come back on the same data directories.
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from services.cluster import infrastructure, readiness, redis_auth, spark_standalone, taskmanager_credentials
+from services.cluster import (
+    infrastructure,
+    kafka_broker,
+    readiness,
+    redis_auth,
+    spark_standalone,
+    taskmanager_credentials,
+)
 from services.cluster.infrastructure import ClusterError
 from services.cluster.pipeline_database import pipeline_database
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
@@ -83,12 +95,14 @@ class LocalCluster:
     spark_workers: int = 0  # >0: a Spark standalone master and this many workers run the tasks' executors
     spark_worker_cores: int = 1
     spark_worker_memory: str = "1g"
+    kafka: bool = False  # a Kafka broker beside the cluster, its address the pipelines' default
     run_dir: Path | None = None
     children: list[Child] = field(default_factory=list)
     redis_url: str = ""
     dispatcher_url: str = ""
     zookeeper_quorum: str | None = None
     spark_master: spark_standalone.MasterAddress | None = None
+    kafka_spec: kafka_broker.BrokerSpec | None = None  # set by start() when kafka is on
     service_redis_urls: dict = field(default_factory=dict, repr=False)  # role -> URL with its user
     metrics_urls: dict = field(default_factory=dict)  # child name -> its Prometheus endpoint
     supervisor: Supervisor | None = None
@@ -110,6 +124,8 @@ class LocalCluster:
             names.append("zookeeper")
         if self.spark_workers > 0:
             names += ["spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))]
+        if self.kafka:
+            names.append("kafka")
         names.append("resourcemanager")
         names += ["jobmanager" if i == 0 else f"jobmanager-{i + 1}" for i in range(self.jobmanagers)]
         names += [f"taskmanager-{i + 1}" for i in range(self.taskmanagers)]
@@ -121,6 +137,9 @@ class LocalCluster:
             SparkRuntime.from_settings(s).check()
         except MissingJars as exc:
             raise ClusterError(str(exc)) from None
+        broker = infrastructure.kafka_spec(s) if self.kafka else None
+        if broker is not None:
+            infrastructure.check_kafka(s, broker)
         self.run_dir = self.run_dir or s.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -144,6 +163,11 @@ class LocalCluster:
                 self._spawn, env, self.run_path, workers=self.spark_workers, worker_cores=self.spark_worker_cores,
                 worker_memory=self.spark_worker_memory)
             config |= {"spark_master": master.url, "spark_master_ui": master.webui}
+        broker_child = None
+        if broker is not None:  # waited for below, while the services start
+            broker_child = infrastructure.start_kafka(s, broker, self._spawn, env)
+            self.kafka_spec = broker
+            config["pipeline_kafka_bootstrap_servers"] = broker.bootstrap
         # Every file holds a Redis password once auth is on: owner-only, like the credentials.
         redis_auth.write_private(self.run_dir / "config.yaml", yaml.safe_dump(config))
         for role in redis_auth.SERVICES:
@@ -176,8 +200,15 @@ class LocalCluster:
                                              self.settings.catalog, wait_s, self.run_dir / "logs")
         if problem is not None:
             raise ClusterError(problem)
+        if broker is not None and broker_child is not None:
+            infrastructure.wait_kafka(broker, broker_child)
         self.write_description()
         return self
+
+    @property
+    def kafka_bootstrap(self) -> str | None:
+        """The broker's address (host:port) once start() started one."""
+        return self.kafka_spec.bootstrap if self.kafka_spec is not None else None
 
     @property
     def run_path(self) -> Path:
@@ -210,6 +241,8 @@ class LocalCluster:
             if self.spark_master is not None:
                 out["spark"] = {"master": self.spark_master.url, "ui": self.spark_master.webui,
                                 "workers": self.spark_workers}
+            if self.kafka_spec is not None:
+                out["kafka"] = {"bootstrap": self.kafka_spec.bootstrap, "data_dir": str(self.kafka_spec.data_dir)}
         if self.supervisor is not None:
             out["supervision"] = self.supervisor.view()
         return out
@@ -287,7 +320,7 @@ class LocalCluster:
         # The Spark workers after the TaskManagers (whose drivers use their executors), and
         # whatever else runs: nothing started here may outlive stop().
         spark = [n for n in names if n.startswith("spark-worker")] + ["spark-master"]
-        back = ["resourcemanager", "redis", "zookeeper"]
+        back = ["resourcemanager", "redis", "zookeeper", "kafka"]  # the drivers used the broker till here
         rest = [n for n in names if n not in {*front, *middle, *spark, *back}]
         with self._lock:
             by_name = {c.name: c for c in self.children}
