@@ -151,6 +151,10 @@ class Settings(BaseSettings):
     pipeline_catalog_url: str | None = Field(
         None, description="the database a pipeline's SQL sources and sinks use by default (ctx.catalog_url); "
                           "never the control catalog; none: a pipeline must name its database")
+    pipeline_kafka_bootstrap_servers: str | None = Field(
+        None, description="the Kafka brokers (host:port[,host:port]) a pipeline gets by default "
+                          "(ctx.kafka_bootstrap_servers; per job kafka_bootstrap_servers); headrace up --kafka sets "
+                          "it to its broker")
     spark_shuffle_partitions: int = 4
     # A class-data-sharing archive of the Spark driver JVM's classes, built once per machine and
     # JDK/PySpark version (services/taskmanager/runtime/class_archive.py): drivers start ~2 s
@@ -207,6 +211,12 @@ class Settings(BaseSettings):
     taskmanager_command_key: str | None = Field(
         None, description="hex: the key this TaskManager checks the JobManager's commands with; default as "
                           "taskmanager_key")
+
+    # `headrace up --kafka`: one Kafka broker in KRaft mode beside the cluster, its data in
+    # $HEADRACE_HOME/kafka (services/cluster/kafka_broker.py, docs/runbooks/kafka-broker.md).
+    kafka_port: int = Field(9092, ge=1, le=65535, description="headrace up --kafka: the broker's client port")
+    kafka_controller_port: int = Field(0, ge=0, le=65535, description="headrace up --kafka: the broker's KRaft "
+                                                                      "controller port (0: a free one)")
 
     high_availability: Literal["none", "zookeeper"] = Field(
         "none", description="none: one JobManager (standalone); zookeeper: leader election among several")

@@ -66,6 +66,9 @@ class TaskSpec(_M):
     # The pipeline's own database (pipeline_catalog_url), "" for none; never the control catalog.
     catalog_url: str = ""
     redis_url: str
+    # The Kafka brokers the pipeline's Kafka sources and sinks use by default
+    # (pipeline_kafka_bootstrap_servers), "" for none.
+    kafka_bootstrap_servers: str = ""
     config: dict[str, Any] = Field(default_factory=dict)
 
 

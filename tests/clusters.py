@@ -39,6 +39,7 @@ def start_cluster(
     spark_workers: int = 0,
     redis_bind: tuple[str, ...] = ("127.0.0.1",),
     zookeeper_bind: str = "127.0.0.1",
+    kafka: bool = False,
     **settings,
 ) -> LocalCluster:
     kwargs = dict(home=home, catalog_url=catalog_url, dispatcher_port=free_port(), warm_drivers=warm_drivers,
@@ -46,7 +47,8 @@ def start_cluster(
     if redis_url:
         kwargs["redis_url"] = redis_url
     cluster = LocalCluster(Settings(**kwargs), taskmanagers=taskmanagers, slots=slots, jobmanagers=jobmanagers,
-                           ha=ha, spark_workers=spark_workers, redis_bind=redis_bind, zookeeper_bind=zookeeper_bind)
+                           ha=ha, spark_workers=spark_workers, redis_bind=redis_bind, zookeeper_bind=zookeeper_bind,
+                           kafka=kafka)
     try:
         cluster.start(wait_s=90)
     except Exception:

@@ -256,7 +256,7 @@ class ZooKeeperServer:
     """A throwaway standalone ZooKeeper (Debian's package) on a free port."""
 
     def __init__(self, tmp: Path):
-        from services.cluster.local_cluster import zookeeper_command
+        from services.cluster.infrastructure import zookeeper_command
 
         self.port = free_port()
         self.quorum = f"127.0.0.1:{self.port}"
@@ -284,7 +284,7 @@ class ZooKeeperServer:
 
 @pytest.fixture
 def zookeeper(tmp_path):
-    from services.cluster.local_cluster import ZOOKEEPER_HOME
+    from services.cluster.infrastructure import ZOOKEEPER_HOME
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")

@@ -115,8 +115,9 @@ async function refresh(now) {
   }
 }
 
-/* Where the tasks' executors run: a Spark standalone master gets a link to its own web UI. */
-async function showSparkMaster() {
+/* What runs beside the cluster: a Spark standalone master gets a link to its own web UI, and a
+   Kafka broker's address (what pipelines get as ctx.kafka_bootstrap_servers) is on the overview. */
+async function showClusterServices() {
   try {
     const cfg = await api("/config");
     const link = $("spark-master-link");
@@ -125,12 +126,16 @@ async function showSparkMaster() {
       link.title = `executors run on ${cfg["spark-master"]}`;
       link.hidden = false;
     }
-  } catch (e) { /* an older dispatcher: no link */ }
+    if (cfg["kafka-bootstrap-servers"]) {
+      setText($("kafka-bootstrap"), cfg["kafka-bootstrap-servers"]);
+      $("kafka-foot").hidden = false;
+    }
+  } catch (e) { /* an older dispatcher: neither */ }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   Auth.install();
-  showSparkMaster();
+  showClusterServices();
   installJobPage();
   installClusterPages();
   installSubmitPages();

@@ -50,13 +50,26 @@ def base_url(host: str, port: int) -> str:
 def running_cluster_address(home: Path) -> tuple[str, int] | None:
     """(host, port) of the dispatcher of the newest `headrace up` run under `home` whose dispatcher
     process is alive (services/cluster/local_cluster.py writes both files), or None."""
+    config = running_cluster_config(home)
+    if config is None:
+        return None
+    try:
+        return str(config.get("dispatcher_host", "127.0.0.1")), int(config.get("dispatcher_port", 8081))
+    except (ValueError, TypeError):
+        return None
+
+
+def running_cluster_config(home: Path) -> dict | None:
+    """The settings (config.yaml) of the newest `headrace up` run under `home` whose dispatcher
+    process is alive, or None: e.g. its Kafka broker's address for `headrace kafka`."""
     for run_dir in sorted((home / "runs").glob("*/"), reverse=True):
         try:
             pid = json.loads((run_dir / "cluster.json").read_text())["processes"]["dispatcher"]
             if not _is_dispatcher(int(pid)):
                 continue
             config = yaml.safe_load((run_dir / "config.yaml").read_text())
-            return str(config.get("dispatcher_host", "127.0.0.1")), int(config.get("dispatcher_port", 8081))
+            if isinstance(config, dict):
+                return config
         except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
             continue  # a run being written or removed, or another user's: not this shell's cluster
     return None

@@ -28,6 +28,9 @@ def up(
                                            "tasks' executors run on them"),
     spark_worker_cores: int = typer.Option(1, "--spark-worker-cores", min=1, help="cores each Spark worker offers"),
     spark_worker_memory: str = typer.Option("1g", "--spark-worker-memory", help="memory each Spark worker offers"),
+    kafka: bool = typer.Option(False, "--kafka", help="also run a Kafka broker (KRaft, one node) on kafka_port "
+                                                      "(9092), its data in $HEADRACE_HOME/kafka; pipelines get its "
+                                                      "address as ctx.kafka_bootstrap_servers"),
 ) -> None:
     """Start a whole local cluster as supervised child processes; Ctrl-C stops it."""
     from services.cluster.local_cluster import ClusterError, LocalCluster
@@ -37,7 +40,7 @@ def up(
     ha = ha or settings.high_availability == "zookeeper"
     cluster = LocalCluster(settings, taskmanagers=taskmanagers, slots=slots, jobmanagers=2 if ha else 1, ha=ha,
                            spark_workers=spark_workers, spark_worker_cores=spark_worker_cores,
-                           spark_worker_memory=spark_worker_memory)
+                           spark_worker_memory=spark_worker_memory, kafka=kafka)
     stop = stop_event()
     try:
         cluster.start()
@@ -59,6 +62,9 @@ def up(
     if cluster.spark_master is not None:
         typer.echo(f"Spark standalone: master {cluster.spark_master.url} with {spark_workers} worker(s); "
                    f"its web UI at {cluster.spark_master.webui}")
+    if cluster.kafka_spec is not None:
+        typer.echo(f"Kafka: {cluster.kafka_spec.bootstrap} (ctx.kafka_bootstrap_servers; data in "
+                   f"{cluster.kafka_spec.data_dir}; topics: headrace kafka create-topic NAME)")
     typer.echo("Press Ctrl-C to stop.")
     announce_warm_drivers(cluster, settings, stop)
     try:

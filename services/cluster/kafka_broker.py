@@ -156,14 +156,14 @@ def environment(spec: BrokerSpec, base: dict[str, str] | None = None) -> dict[st
 def answers(spec: BrokerSpec, timeout_s: float = 5.0) -> bool:
     """Whether the broker serves metadata (a listening port alone is not enough: a broker whose
     controller has not elected itself yet refuses every request)."""
-    from confluent_kafka.admin import AdminClient
+    from services.cluster.kafka_topics import admin_client
 
     with socket.socket() as probe:
         probe.settimeout(1.0)
         if probe.connect_ex((spec.advertised_host, spec.port)) != 0:
             return False
     try:
-        md = AdminClient({"bootstrap.servers": spec.bootstrap}).list_topics(timeout=timeout_s)
+        md = admin_client(spec.bootstrap).list_topics(timeout=timeout_s)
     except Exception:  # noqa: BLE001 - KafkaException while it starts: not ready yet
         return False
     return bool(md.brokers)

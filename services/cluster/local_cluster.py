@@ -13,17 +13,20 @@ it. Unless `redis_auth` is off it requires a password, and each service connects
 ACL user (services/cluster/redis_auth.py): the children read <run>/<service>.yaml (0600), the admin URL
 is in <run>/config.yaml and `LocalCluster.redis_url`, and nothing prints a password.
 
+With `kafka` on, a Kafka broker (services/cluster/kafka_broker.py) runs beside them on
+`kafka_port`, its data in $HEADRACE_HOME/kafka, and every service's configuration names it as
+`pipeline_kafka_bootstrap_servers`, which the JobManager hands to each task.
+
 `supervise()` (as `headrace up` does) restarts any child that exits, with a
-backoff (services/cluster/process_supervisor.py).
+backoff (services/cluster/process_supervisor.py); the infrastructure children (redis, zookeeper,
+spark-*, kafka) come back on the same data directories.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,47 +35,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import redis
 import yaml
 
-from services.cluster import readiness, redis_auth, spark_standalone, taskmanager_credentials
+from services.cluster import (
+    infrastructure,
+    kafka_broker,
+    readiness,
+    redis_auth,
+    spark_standalone,
+    taskmanager_credentials,
+)
+from services.cluster.infrastructure import ClusterError
 from services.cluster.pipeline_database import pipeline_database
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
-from shared import errors
 from shared.catalog import Catalog
 from shared.jars import MissingJars
 from shared.message_auth import load_secret
 from shared.ports import free_port
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
-from shared.transport.redis_streams import wait_for_redis
-
-
-class ClusterError(errors.ClusterError, RuntimeError):
-    pass
-
-
-# The master, then its workers, each within this: a Spark JVM starts in 5-10 s on a quiet machine
-# and took over 90 s in a loaded CI run.
-SPARK_START_TIMEOUT_S = 180
-ZOOKEEPER_HOME = Path(os.environ.get("HEADRACE_ZOOKEEPER_HOME", "/usr/share/zookeeper"))
-
-
-def zookeeper_command(data_dir: Path, port: int, bind: str = "127.0.0.1") -> list[str]:
-    """A standalone ZooKeeper server from Debian's `zookeeper` package on 127.0.0.1:port, with
-    its data under data_dir. Sessions may be as short as 1 s (tests use short ones)."""
-    script = ZOOKEEPER_HOME / "bin" / "zkServer.sh"
-    if not script.exists():
-        raise ClusterError(f"ZooKeeper is not installed ({script} missing; Debian: apt-get install zookeeper), "
-                           "or set HEADRACE_ZOOKEEPER_HOME, or configure zookeeper_quorum")
-    (data_dir / "data").mkdir(parents=True, exist_ok=True)
-    cfg = data_dir / "zoo.cfg"
-    cfg.write_text("\n".join([
-        "tickTime=500", f"dataDir={data_dir / 'data'}", f"clientPort={port}", f"clientPortAddress={bind}",
-        "admin.enableServer=false", "minSessionTimeout=1000", "maxSessionTimeout=60000", "",
-    ]))
-    return [str(script), "start-foreground", str(cfg)]
 
 
 @dataclass
@@ -99,15 +81,6 @@ def config_name(name: str) -> str | None:
     return f"tm-{name.rsplit('-', 1)[1]}" if role == redis_auth.TASKMANAGER else role
 
 
-def redis_command(data_dir: Path, port: int, aclfile: Path | None, bind: tuple[str, ...] = ("127.0.0.1",)) -> list[str]:
-    """redis-server for the control plane: AOF with an fsync every second (a crash loses at
-    most the last second), no RDB snapshots, no idle timeout (each TaskManager keeps an idle
-    named liveness connection), noeviction (an evicted stream would lose messages silently)."""
-    cmd = ["redis-server", "--port", str(port), "--bind", " ".join(bind), "--dir", str(data_dir), "--save", "",
-           "--appendonly", "yes", "--appendfsync", "everysec", "--timeout", "0", "--maxmemory-policy", "noeviction"]
-    return cmd + (["--aclfile", str(aclfile)] if aclfile else [])
-
-
 @dataclass
 class LocalCluster:
     settings: Settings
@@ -122,12 +95,14 @@ class LocalCluster:
     spark_workers: int = 0  # >0: a Spark standalone master and this many workers run the tasks' executors
     spark_worker_cores: int = 1
     spark_worker_memory: str = "1g"
+    kafka: bool = False  # a Kafka broker beside the cluster, its address the pipelines' default
     run_dir: Path | None = None
     children: list[Child] = field(default_factory=list)
     redis_url: str = ""
     dispatcher_url: str = ""
     zookeeper_quorum: str | None = None
     spark_master: spark_standalone.MasterAddress | None = None
+    kafka_spec: kafka_broker.BrokerSpec | None = None  # set by start() when kafka is on
     service_redis_urls: dict = field(default_factory=dict, repr=False)  # role -> URL with its user
     metrics_urls: dict = field(default_factory=dict)  # child name -> its Prometheus endpoint
     supervisor: Supervisor | None = None
@@ -149,6 +124,8 @@ class LocalCluster:
             names.append("zookeeper")
         if self.spark_workers > 0:
             names += ["spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))]
+        if self.kafka:
+            names.append("kafka")
         names.append("resourcemanager")
         names += ["jobmanager" if i == 0 else f"jobmanager-{i + 1}" for i in range(self.jobmanagers)]
         names += [f"taskmanager-{i + 1}" for i in range(self.taskmanagers)]
@@ -160,6 +137,9 @@ class LocalCluster:
             SparkRuntime.from_settings(s).check()
         except MissingJars as exc:
             raise ClusterError(str(exc)) from None
+        broker = infrastructure.kafka_spec(s) if self.kafka else None
+        if broker is not None:
+            infrastructure.check_kafka(s, broker)
         self.run_dir = self.run_dir or s.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -167,17 +147,27 @@ class LocalCluster:
             self.redis_url = s.redis_url  # the user's Redis: its persistence and ACLs are theirs to set
             self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, s.redis_url)
         else:
-            self._start_redis(env)
+            urls = infrastructure.start_redis(s, self._spawn, env, taskmanager_ids=self._taskmanager_ids(),
+                                              bind=self.redis_bind)
+            self.redis_url, self.service_redis_urls = urls.admin, urls.by_user
         config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog,
                                               "pipeline_catalog_url": self.pipeline_catalog_url}
         if redis_auth.PIPELINE in self.service_redis_urls:
             config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
         if self.ha or s.high_availability == "zookeeper":
-            self.zookeeper_quorum = s.zookeeper_quorum or self._start_zookeeper(env)
+            self.zookeeper_quorum = s.zookeeper_quorum or infrastructure.start_zookeeper(
+                self._spawn, env, self.run_path / "zookeeper", self.zookeeper_bind)
             config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
         if self.spark_workers > 0:
-            master = self._start_spark(env)
+            master = self.spark_master = infrastructure.start_spark(
+                self._spawn, env, self.run_path, workers=self.spark_workers, worker_cores=self.spark_worker_cores,
+                worker_memory=self.spark_worker_memory)
             config |= {"spark_master": master.url, "spark_master_ui": master.webui}
+        broker_child = None
+        if broker is not None:  # waited for below, while the services start
+            broker_child = infrastructure.start_kafka(s, broker, self._spawn, env)
+            self.kafka_spec = broker
+            config["pipeline_kafka_bootstrap_servers"] = broker.bootstrap
         # Every file holds a Redis password once auth is on: owner-only, like the credentials.
         redis_auth.write_private(self.run_dir / "config.yaml", yaml.safe_dump(config))
         for role in redis_auth.SERVICES:
@@ -210,8 +200,15 @@ class LocalCluster:
                                              self.settings.catalog, wait_s, self.run_dir / "logs")
         if problem is not None:
             raise ClusterError(problem)
+        if broker is not None and broker_child is not None:
+            infrastructure.wait_kafka(broker, broker_child)
         self.write_description()
         return self
+
+    @property
+    def kafka_bootstrap(self) -> str | None:
+        """The broker's address (host:port) once start() started one."""
+        return self.kafka_spec.bootstrap if self.kafka_spec is not None else None
 
     @property
     def run_path(self) -> Path:
@@ -234,70 +231,6 @@ class LocalCluster:
         self.metrics_urls[name] = f"http://{self.settings.metrics_host}:{port}/metrics"
         return env | {f"HEADRACE_{key.upper()}": str(port)}
 
-    def _start_redis(self, env: dict) -> None:
-        s = self.settings
-        if not shutil.which("redis-server"):
-            raise ClusterError("redis-server is not installed (Debian: apt-get install redis-server), "
-                               "or set HEADRACE_REDIS_URL to a running Redis")
-        data_dir = s.home / "redis"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(data_dir, 0o700)
-        port = free_port()
-        base = f"redis://127.0.0.1:{port}/0"
-        aclfile = None
-        if s.redis_auth:
-            passwords = redis_auth.load_or_create_passwords(data_dir)
-            aclfile = data_dir / "users.acl"
-            # TaskManagers added by `headrace credentials` (saved in the file) keep their users.
-            tms = taskmanager_credentials.passwords(load_secret(s, create=True), dict.fromkeys(
-                [*self._taskmanager_ids(), *taskmanager_credentials.ids_in_acl_file(aclfile)]))
-            redis_auth.write_private(aclfile, redis_auth.acl_file(passwords, tms))
-            self.redis_url = redis_auth.url_for(base, redis_auth.ADMIN, passwords[redis_auth.ADMIN])
-            self.service_redis_urls = {u: redis_auth.url_for(base, u, passwords[u])
-                                       for u in (*redis_auth.SERVICES, redis_auth.PIPELINE)}
-            self.service_redis_urls |= {tm: redis_auth.url_for(base, redis_auth.taskmanager_user(tm), pw)
-                                        for tm, pw in tms.items()}
-        else:
-            self.redis_url = base
-            self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, base)
-        self._spawn("redis", redis_command(data_dir, port, aclfile, self.redis_bind), env)
-        self._wait_redis()
-
-    def _start_zookeeper(self, env: dict) -> str:
-        port = free_port()
-        child = self._spawn("zookeeper", zookeeper_command(self.run_path / "zookeeper", port, self.zookeeper_bind), env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # its JVM takes a few seconds to listen
-            if child.proc.poll() is not None:
-                break
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    return f"127.0.0.1:{port}"
-            time.sleep(0.2)
-        raise ClusterError(f"ZooKeeper did not start; see {child.log}")
-
-    def _start_spark(self, env: dict) -> spark_standalone.MasterAddress:
-        host = "127.0.0.1"
-        master = spark_standalone.MasterAddress(host, free_port(), free_port())
-        spark_dir = self.run_path / "spark"
-        self._spawn("spark-master", spark_standalone.master_command(master),
-                    spark_standalone.environment(env, host=host, log_dir=spark_dir / "master"))
-        # Workers start once the master answers: a worker that finds no master retries at 5-15 s
-        # intervals six times, then once a minute, so on a loaded machine a worker started beside a
-        # slow master could register minutes late.
-        _wait_spark(master, 0, self.children, {"spark-master"}, self.run_path)
-        for i in range(self.spark_workers):
-            work = spark_dir / f"worker-{i + 1}"
-            work.mkdir(parents=True, exist_ok=True)
-            self._spawn(f"spark-worker-{i + 1}", spark_standalone.worker_command(
-                master, host=host, cores=self.spark_worker_cores, memory=self.spark_worker_memory,
-                webui_port=free_port(), work_dir=work),
-                spark_standalone.environment(env, host=host, log_dir=work, work_dir=work))
-        names = {"spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))}
-        _wait_spark(master, self.spark_workers, self.children, names, self.run_path)
-        self.spark_master = master
-        return master
-
     def describe(self) -> dict:
         with self._lock:
             out = {"dispatcher": self.dispatcher_url, "redis": redis_auth.masked(self.redis_url),
@@ -308,6 +241,8 @@ class LocalCluster:
             if self.spark_master is not None:
                 out["spark"] = {"master": self.spark_master.url, "ui": self.spark_master.webui,
                                 "workers": self.spark_workers}
+            if self.kafka_spec is not None:
+                out["kafka"] = {"bootstrap": self.kafka_spec.bootstrap, "data_dir": str(self.kafka_spec.data_dir)}
         if self.supervisor is not None:
             out["supervision"] = self.supervisor.view()
         return out
@@ -372,12 +307,6 @@ class LocalCluster:
         with self._lock:
             return next(c for c in self.children if c.name == name)
 
-    def _wait_redis(self) -> None:
-        try:
-            wait_for_redis(self.redis_url, timeout_s=10).close()
-        except redis.ConnectionError:
-            raise ClusterError(f"redis-server did not start; see {self.run_dir}/logs/redis.log") from None
-
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         os.killpg(self.child(name).proc.pid, sig)
 
@@ -391,7 +320,7 @@ class LocalCluster:
         # The Spark workers after the TaskManagers (whose drivers use their executors), and
         # whatever else runs: nothing started here may outlive stop().
         spark = [n for n in names if n.startswith("spark-worker")] + ["spark-master"]
-        back = ["resourcemanager", "redis", "zookeeper"]
+        back = ["resourcemanager", "redis", "zookeeper", "kafka"]  # the drivers used the broker till here
         rest = [n for n in names if n not in {*front, *middle, *spark, *back}]
         with self._lock:
             by_name = {c.name: c for c in self.children}
@@ -419,18 +348,6 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _wait_spark(master: spark_standalone.MasterAddress, workers: int, children: list[Child], names: set[str],
-                run_dir: Path) -> None:
-    """The master answers and `workers` workers registered, while every child named `names` lives."""
-    def alive() -> bool:
-        return all(c.proc.poll() is None for c in children if c.name in names)
-
-    try:
-        spark_standalone.wait_until_ready(master, workers, timeout_s=SPARK_START_TIMEOUT_S, alive=alive)
-    except spark_standalone.SparkClusterError as exc:
-        raise ClusterError(f"{exc}; see {run_dir / 'spark'} and {run_dir}/logs/spark-*.log") from None
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -407,10 +407,12 @@ def jar_file(artifact: Any, functions: Sequence[str] | None) -> dict[str, Any]:
 
 
 def dashboard_config(*, refresh_interval_ms: int, timezone_name: str, timezone_offset_ms: int,
-                     spark_master: str = "local", spark_master_ui: str | None = None) -> dict[str, Any]:
+                     spark_master: str = "local", spark_master_ui: str | None = None,
+                     kafka_bootstrap_servers: str | None = None) -> dict[str, Any]:
     return {
         "spark-master": spark_master,
         "spark-master-ui": spark_master_ui,
+        "kafka-bootstrap-servers": kafka_bootstrap_servers,
         "refresh-interval": refresh_interval_ms,
         "timezone-name": timezone_name,
         "timezone-offset": timezone_offset_ms,

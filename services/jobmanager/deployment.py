@@ -69,6 +69,7 @@ class Deployment:
             artifact_sha256=artifact.sha256 if artifact is not None else None, fence_token=self.next_fence(),
             catalog_url=self.settings.pipeline_catalog_url or "",
             redis_url=self.settings.pipeline_redis_url or self.settings.redis_url,
+            kafka_bootstrap_servers=self.settings.pipeline_kafka_bootstrap_servers or "",
             config=dict(job.config or {}),
         )
         return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,

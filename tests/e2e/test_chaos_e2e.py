@@ -73,7 +73,7 @@ def _pings(client) -> bool:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, pg_url_module, source):
-    from services.cluster.local_cluster import ZOOKEEPER_HOME
+    from services.cluster.infrastructure import ZOOKEEPER_HOME
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")

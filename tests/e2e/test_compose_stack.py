@@ -3,12 +3,14 @@ deploy/docker-compose.yml with deploy/docker-compose.local.yml started on a Dock
 that one stack:
 
   every service healthy -> an operator token made inside the dispatcher container
+  -> the pipelines' Kafka broker: a topic made with `headrace kafka create-topic` in the dispatcher's
+     container, records produced to and consumed from kafka:9092 in a TaskManager's
   -> the counting pipeline uploaded and run through the published REST port, reading a Redis
      stream outside the stack and writing to a PostgreSQL outside it (at the network's gateway)
   -> docker kill of the TaskManager container running the task: the task RUNNING on the other one
   -> docker kill of the leading JobManager container: the standby leads, the task keeps running
   -> docker-compose stop, then start: the job back from its latest checkpoint (catalog and
-     checkpoints kept on their volumes)
+     checkpoints kept on their volumes), the Kafka topic still there (its volume)
   -> docker-compose down -v: no container, network or volume of the project left.
 After each step the sink holds exactly the count and sum of every event written so far.
 
@@ -47,12 +49,34 @@ from tests.netproxy import TcpProxy
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = 14  # every service of deploy/docker-compose.yml
+SERVICES = 15  # every service of deploy/docker-compose.yml
 IMAGES_TIMEOUT_S = 1800  # a cold build (Debian base, JRE, every wheel) on a loaded machine
 HEALTHY_TIMEOUT_S = 600  # JVMs start in 1-3 min when the machine's 2 cores are loaded
 TASK_TIMEOUT_S = 420
 BURST = 400  # events written per step
 TM_SERVICE = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}
+KAFKA_TOPIC = "compose-kafka"
+KAFKA_RECORDS = 20
+# Run with `python -c` in a TaskManager's container, where pipelines run: produce to the topic
+# named by argv[1] on the broker the settings give pipelines, then read every record back.
+KAFKA_ROUND_TRIP = f"""
+import os, sys, time
+from confluent_kafka import Consumer, Producer
+servers, topic = os.environ["HEADRACE_PIPELINE_KAFKA_BOOTSTRAP_SERVERS"], sys.argv[1]
+producer = Producer({{"bootstrap.servers": servers, "acks": "all"}})
+for n in range({KAFKA_RECORDS}):
+    producer.produce(topic, key=str(n), value=str(n))
+assert producer.flush(60) == 0, "records not delivered within 60 s"
+consumer = Consumer({{"bootstrap.servers": servers, "group.id": "round-trip", "auto.offset.reset": "earliest"}})
+consumer.subscribe([topic])
+seen, deadline = set(), time.monotonic() + 120
+while len(seen) < {KAFKA_RECORDS} and time.monotonic() < deadline:
+    msg = consumer.poll(1.0)
+    if msg is not None and msg.error() is None:
+        seen.add(msg.key())
+consumer.close()
+print(len(seen))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +168,14 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         operator = stack.exec("dispatcher", "headrace", "token", "create", "--role", "operator").split()[-1]
         rest = Rest(stack.dispatcher_url)
         assert rest.http.get("/jobs/overview").status_code == 401  # the stack requires a token
+
+        # The pipelines' broker, from inside the stack (the CLI's broker is the services' setting).
+        t0 = time.monotonic()
+        made = stack.exec("dispatcher", "headrace", "kafka", "create-topic", KAFKA_TOPIC, "--partitions", "2")
+        assert "on kafka:9092" in made, made
+        read = stack.exec("taskmanager-1", "python", "-c", KAFKA_ROUND_TRIP, KAFKA_TOPIC, timeout=300)
+        assert read.split()[-1] == str(KAFKA_RECORDS), read
+        timings.phase("kafka_round_trip", t0)
         outside = Outside(tmp_path, stack.gateway(), pg_url)
         producer = Producer(outside.source_local, "compose-counts")
         written = 0
@@ -211,6 +243,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         stack.compose("start", timeout=600)
         stack.wait_healthy(SERVICES, HEALTHY_TIMEOUT_S)
         timings.phase("stop_start_to_healthy", t0)
+        topics = stack.exec("dispatcher", "headrace", "kafka", "topics").splitlines()
+        assert [KAFKA_TOPIC, "2"] in [line.split() for line in topics], topics
         attempts = rest.wait_attempt_running(job, running + 1, timeout_s=TASK_TIMEOUT_S)
         timings.phase("stop_start_to_running", t0)
         assert "/chk-" in (attempts[-1]["restored-from"] or ""), attempts

@@ -35,7 +35,7 @@ PUT_TIMEOUT_S = 300  # a changed pipeline is planned in a cold Spark first (15-3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    from services.cluster.local_cluster import ZOOKEEPER_HOME
+    from services.cluster.infrastructure import ZOOKEEPER_HOME
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         pytest.skip("ZooKeeper (Debian package zookeeper) is not installed")

@@ -1,8 +1,9 @@
 """The compose stack (deploy/docker-compose.yml), checked as far as a machine without a Docker
 engine allows: the `docker-compose` tool (Debian's, 1.29) validates and normalises it, and every
-process it runs is one that `headrace up --ha --spark-workers 2` also runs, so the two topologies
-cannot drift apart. Also: a healthcheck on every service, Redis with AOF, one checkpoint volume
-shared by every TaskManager and Spark worker at the path the settings name."""
+process it runs is one that `headrace up --ha --spark-workers 2 --kafka` also runs, so the two
+topologies cannot drift apart. Also: a healthcheck on every service, Redis with AOF, one checkpoint
+volume shared by every TaskManager and Spark worker at the path the settings name, the Kafka broker's
+data on a volume and its address given to every Headrace service."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # cluster (docs/runbooks/metrics.md, README: celery flower), not part of it.
 NOT_IN_LOCAL_TOPOLOGY = {"postgres", "prometheus", "flower"}
 IMAGE_ROLES = {"redis": "redis", "zookeeper": "zookeeper", "postgres": "postgres", "prom/prometheus": "prometheus",
-               "mher/flower": "flower"}
+               "mher/flower": "flower", "apache/kafka": "kafka"}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +62,11 @@ def role(name: str, service: dict) -> str:
 def test_every_process_of_the_stack_is_one_headrace_up_runs(stack):
     services = stack["services"]
     compose = Counter(role(n, s) for n, s in services.items())
-    local = LocalCluster(Settings(), taskmanagers=2, jobmanagers=2, ha=True, spark_workers=2).planned_children()
+    local = LocalCluster(Settings(), taskmanagers=2, jobmanagers=2, ha=True, spark_workers=2,
+                         kafka=True).planned_children()
     local_roles = Counter(re.sub(r"-\d+$", "", n) for n in local)
     assert compose - Counter(NOT_IN_LOCAL_TOPOLOGY) == local_roles, (
-        f"compose runs {dict(compose)}, headrace up --ha --spark-workers 2 runs {dict(local_roles)}; "
+        f"compose runs {dict(compose)}, headrace up --ha --spark-workers 2 --kafka runs {dict(local_roles)}; "
         f"add the process to both, or to NOT_IN_LOCAL_TOPOLOGY with the reason")
     assert set(compose) >= NOT_IN_LOCAL_TOPOLOGY
 
@@ -123,3 +125,16 @@ def test_each_taskmanager_gets_only_its_own_credentials_and_the_control_plane_th
                    if "=" in line)
     assert rotated[SECRET_VARIABLE] != env[SECRET_VARIABLE]
     assert rotated["HEADRACE_TASKMANAGER_KEY_TM_1"] != env["HEADRACE_TASKMANAGER_KEY_TM_1"]
+
+
+def test_the_kafka_broker_keeps_its_data_on_a_volume_and_every_service_knows_it(stack):
+    services = stack["services"]
+    kafka = services["kafka"]
+    assert "kafka-data" in stack["volumes"]
+    targets = {v["target"] if isinstance(v, dict) else v.split(":")[1] for v in kafka["volumes"]}
+    assert kafka["environment"]["KAFKA_LOG_DIRS"] in targets, targets
+    assert kafka["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    advertised = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"].split("//", 1)[1]
+    for name, s in services.items():
+        if s.get("image", "").startswith("headrace"):
+            assert s["environment"]["HEADRACE_PIPELINE_KAFKA_BOOTSTRAP_SERVERS"] == advertised, name

@@ -34,7 +34,7 @@ TERMINAL = ("FINISHED", "FAILED", "CANCELED")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    from services.cluster.local_cluster import ZOOKEEPER_HOME
+    from services.cluster.infrastructure import ZOOKEEPER_HOME
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")

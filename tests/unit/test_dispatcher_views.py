@@ -291,6 +291,10 @@ def test_jar_file():
 def test_dashboard_config():
     out = views.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0)
     assert out["refresh-interval"] == 1000 and out["features"]["web-cancel"] is True
+    assert out["kafka-bootstrap-servers"] is None
+    out = views.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0,
+                                 kafka_bootstrap_servers="127.0.0.1:9092")
+    assert out["kafka-bootstrap-servers"] == "127.0.0.1:9092"
 
 
 # --- request validation and the error shape ------------------------------------------------

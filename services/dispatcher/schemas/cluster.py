@@ -90,6 +90,9 @@ class DashboardConfiguration(_Out):
     features: dict[str, bool]
     spark_master: str = Field("local", alias="spark-master", description="where the tasks' executors run")
     spark_master_ui: str | None = Field(None, alias="spark-master-ui", description="the Spark master's web UI")
+    kafka_bootstrap_servers: str | None = Field(
+        None, alias="kafka-bootstrap-servers",
+        description="the Kafka brokers pipelines get by default (pipeline_kafka_bootstrap_servers); null: none")
 
 
 class Health(_Out):

@@ -8,7 +8,9 @@
                                    key_columns=["window_start", "window_end", "url"])
 
 Sources return DataFrames; sinks return a `SinkHandle` that the runner starts. Connection
-settings default to the task's own (`redis_url`, `catalog_url`) and can be overridden per call.
+settings default to the task's own (`redis_url`, `catalog_url`, `kafka_bootstrap_servers`) and
+can be overridden per call. `kafka_bootstrap_servers` is the job option of that name, else the
+cluster's `pipeline_kafka_bootstrap_servers` (`headrace up --kafka` sets it), else "".
 `catalog_url` is the pipeline's own database (the job option `catalog_url`, else the cluster's
 `pipeline_catalog_url`), never the control plane's catalog; without one, a SQL source or sink
 must be given `url=`.
@@ -265,10 +267,10 @@ class PipelineContext:
         checkpoint_dir: str = "",
         catalog_url: str = "",
         redis_url: str = "",
+        kafka_bootstrap_servers: str = "",
         attempt: int = 0,
         lineage_id: str | None = None,
         report_waiting: Callable[[str | None], None] | None = None,
-        kafka_bootstrap_servers: str | None = None,
         planning: bool = False,
     ):
         self.spark = spark
@@ -280,6 +282,7 @@ class PipelineContext:
         self.checkpoint_dir = checkpoint_dir
         self.catalog_url = catalog_url
         self.redis_url = redis_url
+        self.kafka_bootstrap_servers = kafka_bootstrap_servers  # host:port[,host:port], "" for none
         # Informational (e.g. for logs): sinks learn their attempt from SinkHandle.prepare.
         self.attempt = attempt
         # Sinks are named by lineage: a job resumed from another job's savepoint takes over
@@ -287,8 +290,6 @@ class PipelineContext:
         self.lineage_id = lineage_id or job_id
         # What a sink waiting for an outside system tells the task's status (driver.py).
         self.report_waiting = report_waiting
-        # The cluster's Kafka brokers, the default of the Kafka connectors (`headrace up --kafka`).
-        self.kafka_bootstrap_servers = kafka_bootstrap_servers
         # Built by the restore check's planner: connectors reach no outside system.
         self.planning = planning
         self.bounded = BoundedRegistry()

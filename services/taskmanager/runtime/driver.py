@@ -161,6 +161,7 @@ class Driver:
             self.spark, job_id=spec.job_id, job_name=spec.job_name, args=spec.program_args,
             config=spec.config, parallelism=spec.parallelism, checkpoint_dir=spec.checkpoint_dir,
             catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
+            kafka_bootstrap_servers=spec.config.get("kafka_bootstrap_servers") or spec.kafka_bootstrap_servers,
             attempt=spec.attempt, lineage_id=self.lineage["id"],
             report_waiting=lambda reason: self.events.emit(Waiting(reason=reason)),
         )

@@ -17,9 +17,10 @@ pipeline's prints) goes to stderr.
 
 The pipeline is loaded exactly as the runner loads it (pipeline_loader.load_pipeline, a PipelineContext,
 `spark.sql.*` options of the configuration applied first) in a local[1] session without UI or
-warm-up. Building a streaming DataFrame opens no connection (the Redis stream source connects
-when the query starts), so the catalog and Redis URLs may be placeholders: those not given
-point nowhere (`.invalid`), so a pipeline that does connect while building fails clearly.
+warm-up. Building a streaming DataFrame opens no connection (the Redis stream and Kafka sources
+connect when the query starts), so the catalog and Redis URLs and the Kafka brokers may be
+placeholders: those not given point nowhere (`.invalid`), so a pipeline that does connect while
+building fails clearly.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from typing import Any
 
 from shared.spark_runtime import SparkRuntime
 
-# A planned pipeline reaches no broker (ctx.planning): a Kafka connector without its own address
-# gets this one, which is never connected to.
-PLACEHOLDER_KAFKA = "planner.invalid:9092"
 PLACEHOLDER_REDIS_URL = "redis://headrace-planner.invalid:6379/0"
+# A planned pipeline reaches no broker (ctx.planning): a Kafka connector without an address of its
+# own gets this one, which is never connected to.
+PLACEHOLDER_KAFKA_BOOTSTRAP = "headrace-planner.invalid:9092"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,7 +123,8 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
             parallelism=parallelism, checkpoint_dir=str(workdir / "checkpoints"),
             catalog_url=args.catalog_url or config.get("catalog_url") or f"sqlite:///{workdir / 'placeholder.db'}",
             redis_url=args.redis_url or config.get("redis_url") or PLACEHOLDER_REDIS_URL,
-            kafka_bootstrap_servers=PLACEHOLDER_KAFKA, planning=True,
+            kafka_bootstrap_servers=config.get("kafka_bootstrap_servers") or PLACEHOLDER_KAFKA_BOOTSTRAP,
+            planning=True,
         )
         handle = build(ctx)
         if not isinstance(handle, SinkHandle):
