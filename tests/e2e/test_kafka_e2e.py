@@ -34,9 +34,15 @@ CHECKPOINTS = {"execution.checkpointing.interval": "2 s", "state.checkpoints.num
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, pg_url_module):
+def storage(tmp_path_factory) -> Path:
+    """Where savepoints are written and moved to (an allowed storage root of the cluster)."""
+    return tmp_path_factory.mktemp("kafka-e2e-storage")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module, storage):
     c = start_cluster(tmp_path_factory.mktemp("kafka-e2e"), catalog_url=pg_url_module,
-                      pipeline_catalog_url=pg_url_module, warm_drivers=1, slots=2)
+                      pipeline_catalog_url=pg_url_module, warm_drivers=1, slots=2, storage_roots=str(storage))
     c.supervise()
     yield c
     c.stop()
@@ -97,7 +103,7 @@ def kill_taskmanager_of(c, rest: Rest, job: str) -> None:
     rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=180)
 
 
-def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster, kafka, tmp_path):
+def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster, kafka):
     rest = Rest(cluster.dispatcher_url)
     source = kafka.create_topic("eo-in", partitions=2)
     sink = kafka.create_topic("eo-out", partitions=2)
@@ -131,7 +137,7 @@ def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster
 
 
 def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_at_parallelism_2(
-        cluster, kafka, pg_url_module, tmp_path):
+        cluster, kafka, pg_url_module, storage):
     rest = Rest(cluster.dispatcher_url)
     topic = kafka.create_topic("counts-in", partitions=2)
     produce(kafka.bootstrap, topic, [event(n) for n in range(600)], key_of=lambda v: json.loads(v)["key"])
@@ -143,9 +149,9 @@ def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_a
     wait_for(lambda: sum(c for c, _ in sql_totals(pg_url_module, "kafka_counts").values()) == 600, 120,
              "the first 600 events counted")
     produce(kafka.bootstrap, topic, [event(n) for n in range(600, 900)], key_of=lambda v: json.loads(v)["key"])
-    stopped = savepoint(rest, a, "stop", {"targetDirectory": str(tmp_path / "savepoints"), "drain": False})
+    stopped = savepoint(rest, a, "stop", {"targetDirectory": str(storage / "savepoints"), "drain": False})
     assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
-    moved = tmp_path / "elsewhere" / Path(stopped).name
+    moved = storage / "elsewhere" / Path(stopped).name
     moved.parent.mkdir(parents=True)
     shutil.move(stopped, moved)
     produce(kafka.bootstrap, topic, [event(n) for n in range(900, 1500)], key_of=lambda v: json.loads(v)["key"])
