@@ -68,6 +68,9 @@ BATCH_GROWTH_STEADY = 1.15
 # A scale-down needs the lower parallelism below the target by this much: an input that wavers
 # around the target does not move the parallelism back and forth.
 SCALE_DOWN_BAND = 0.1
+# Batches of fewer rows than this tell nothing of a per-row cost (their time is the fixed part):
+# a window whose batches carry less on average decides nothing (an input that stopped).
+MIN_ROWS_PER_BATCH = 10.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class Point:
     duration_s: float | None
     lag: float | None = None
     input_rate: float | None = None  # Spark's inputRowsPerSecond: rows over the time since the previous batch
+    source_partitions: int | None = None  # the Kafka partitions the sources read (None: not Kafka)
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,11 @@ class Situation:
     quiet_s: float | None  # since the last start, rescale or rollback; None: unknown (a start)
     held: str | None = None  # why the autoscaler holds off (its last rescale was rolled back)
     fixed_cost_s: float | None = None  # the shortest batch seen before this window
+    # The most slots one TaskManager could give the task (its free slots, with the task's own where
+    # it runs); None: not bounded by slots (a Spark standalone cluster runs the work).
+    slot_capacity: int | None = None
+    # The parallelism the previous evaluation found needed above the current one (None: none).
+    last_wanted: int | None = None
 
 
 class Outcome(str, Enum):
@@ -137,14 +146,17 @@ class Evaluation:
     outcome: Outcome
     reason: str
     figures: Mapping[str, float | int | None] = field(default_factory=dict)
+    wanted: int | None = None  # a scale-up this evaluation found needed but waits to see confirmed
 
     @property
     def rescale(self) -> bool:
         return self.outcome in (Outcome.SCALE_UP, Outcome.SCALE_DOWN)
 
     def record(self) -> dict[str, Any]:
+        # A wanted scale-up travels with the figures, where the next evaluation reads it back.
+        figures = dict(self.figures) | ({"wanted": self.wanted} if self.wanted is not None else {})
         return {"at": self.at_s, "parallelism": self.parallelism, "proposed": self.proposed,
-                "outcome": self.outcome.value, "reason": self.reason, "figures": dict(self.figures)}
+                "outcome": self.outcome.value, "reason": self.reason, "figures": figures}
 
 
 @dataclass(frozen=True)
@@ -258,6 +270,19 @@ def _growing(durations: Sequence[float]) -> bool:
     return len(durations) >= MIN_POINTS and rising and durations[-1] > BATCH_GROWTH_STEADY * durations[0] > 0
 
 
+def _bounds(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]) -> dict[str, int]:
+    """What limits the parallelism, by name: maxParallelism, the state partitions, the Kafka
+    partitions the sources read (more Spark tasks than partitions read nothing), and the slots one
+    TaskManager can give (a task of parallelism p holds p slots of one TaskManager)."""
+    out = {"maxParallelism": spec.max_parallelism, "the state partitions": situation.partitions}
+    kafka = [q.source_partitions for q in points if q.source_partitions]
+    if kafka:
+        out["the Kafka partitions read"] = kafka[-1]
+    if situation.slot_capacity is not None:
+        out["the slots a TaskManager can give"] = max(situation.slot_capacity, 1)
+    return out
+
+
 def _per_second(row_time: float) -> float:
     return 1.0 / row_time if row_time > 0 else math.inf
 
@@ -265,8 +290,9 @@ def _per_second(row_time: float) -> float:
 def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]) -> Evaluation:
     p, now = situation.parallelism, situation.now_s
 
-    def out(outcome: Outcome, reason: str, proposed: int = p, fig: Figures | None = None) -> Evaluation:
-        return Evaluation(now, p, proposed, outcome, reason, fig.record() if fig else {})
+    def out(outcome: Outcome, reason: str, proposed: int = p, fig: Figures | None = None,
+            wanted: int | None = None) -> Evaluation:
+        return Evaluation(now, p, proposed, outcome, reason, fig.record() if fig else {}, wanted)
 
     if situation.held:
         return out(Outcome.HELD, f"holding off: {situation.held}")
@@ -282,8 +308,12 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     if fig is None or fig.span_s < MIN_WINDOW_SHARE * spec.metrics_window_s:
         return out(Outcome.WAIT, f"too few figures: {len(seen)} micro-batch point(s) over "
                                  f"{fig.span_s if fig else 0:.0f} s of the {spec.metrics_window_s:g} s window", fig=fig)
+    if sum(q.rows for q in seen) < MIN_ROWS_PER_BATCH * len(seen):
+        return out(Outcome.WAIT, f"the window's {len(seen)} micro-batches carry almost no rows (under "
+                                 f"{MIN_ROWS_PER_BATCH:g} each on average): nothing to judge a capacity by", fig=fig)
     lowest = spec.min_parallelism
-    highest = max(lowest, min(spec.max_parallelism, situation.partitions))
+    bounds = _bounds(spec, situation, settled)
+    highest = max(lowest, min(bounds.values()))
     needed_rate = fig.arrival_rate + fig.lag / spec.catch_up_s
 
     def needed_at(capacity: float) -> int:
@@ -301,9 +331,14 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     about = (f"arrival {fig.arrival_rate:.0f}/s, lag {fig.lag:.0f} ({fig.lag_growth:+.0f}/s), capacity "
              f"{'unbounded' if math.isinf(fig.capacity) else f'{fig.capacity:.0f}/s'} at parallelism {p} "
              f"(utilization {utilization:.2f}, busy {fig.busy:.2f})")
-    cap = f" (bounded by {'the state partitions' if highest < spec.max_parallelism else 'maxParallelism'} " \
-          f"{highest})" if needed > highest else ""
+    cap = f" (bounded by {min(bounds, key=lambda k: bounds[k])} {highest})" if needed > highest else ""
     if bounded > p:
+        if fig.lag < 1 and fig.lag_growth <= 0 and (situation.last_wanted is None or situation.last_wanted <= p):
+            # One low capacity estimate among high ones, with nothing waiting, is noise more often
+            # than load: a second evaluation must find the same before the task restarts for it.
+            return out(Outcome.KEEP, f"{about}: parallelism {needed} needed by this estimate, but no input waits: "
+                                     f"scaling up once the next evaluation finds it too{cap}", fig=fig,
+                       wanted=bounded)
         return out(Outcome.SCALE_UP, f"{about}: parallelism {needed} needed to process the input and drain the "
                                      f"lag within {spec.catch_up_s:g} s at {spec.target_utilization:g}{cap}",
                    bounded, fig)

@@ -120,9 +120,12 @@ class Progress(_M):
     input_rows_per_second: float = 0.0
     processed_rows_per_second: float = 0.0
     batch_duration_ms: int | None = None
-    # Entries the sources hold beyond what this batch read, when a source reports it (Kafka's
-    # maxOffsetsBehindLatest); None when none does.
+    # Entries the sources hold beyond what this batch read, when a source reports it (a Kafka
+    # source's lag summed over its partitions); None when none does.
     source_lag: float | None = None
+    # Each Kafka partition's lag, "topic/partition" -> records; None without a Kafka source. How
+    # many there are is how many Spark tasks can read at once (the autoscaler's cap).
+    partition_lag: dict[str, int] | None = None
     # The driver's Spark UI (sc.uiWebUrl) when it runs one; the TaskManager puts its own
     # advertised host in it.
     spark_ui: str | None = None

@@ -27,6 +27,7 @@ from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.catalog.models import DeploymentRow, utcnow
 from shared.catalog.repository import deployments as deployments_repo
+from shared.catalog.repository import taskmanagers as taskmanagers_repo
 from shared.clock import Clock
 from shared.settings import Settings
 from shared.states import ExecutionState as ES
@@ -90,7 +91,7 @@ class Autoscaler:
             running = self._running_task(s, row)
             if running is None:
                 return None
-            execution_id, parallelism, partitions = running
+            execution_id, parallelism, partitions, slot_capacity = running
             points = self._points(execution_id)
             durations = [p.duration_s for p in points if p.duration_s is not None]
             now = self.clock.now()
@@ -99,7 +100,8 @@ class Autoscaler:
             held = row.autoscaler_hold if row.autoscaler_held_generation == row.generation else None
             situation = auto.Situation(parallelism=parallelism, partitions=partitions, now_s=now,
                                        quiet_s=None if quiet_since is None else now - quiet_since, held=held,
-                                       fixed_cost_s=row.fixed_cost_s)
+                                       fixed_cost_s=row.fixed_cost_s, slot_capacity=slot_capacity,
+                                       last_wanted=_last_wanted(s, name, parallelism))
             evaluation = auto.evaluate(spec.autoscaler, situation, points)
             if durations:
                 # The shortest batch seen is the best estimate of a batch's fixed part.
@@ -109,9 +111,10 @@ class Autoscaler:
                 self._rescale(s, row, evaluation)
             return evaluation
 
-    def _running_task(self, s: Session, row: DeploymentRow) -> tuple[str, int, int] | None:
-        """(execution id, parallelism, state partitions) of the deployment's task, when its job runs
-        one RUNNING task (the autoscaler scales pipelines of one vertex, as Headrace runs them)."""
+    def _running_task(self, s: Session, row: DeploymentRow) -> tuple[str, int, int, int | None] | None:
+        """(execution id, parallelism, state partitions, slot capacity) of the deployment's task,
+        when its job runs one RUNNING task (the autoscaler scales pipelines of one vertex, as
+        Headrace runs them)."""
         assert row.job_id is not None
         job = repo.get_job(s, row.job_id)
         if job.status != JS.RUNNING.value:
@@ -122,7 +125,17 @@ class Autoscaler:
         vertices = repo.job_vertices(s, job.id)
         parallelism = max((v.parallelism for v in vertices), default=job.parallelism)
         partitions = job_options.state_partitions(job.config, self.settings.spark_shuffle_partitions)
-        return latest[0].id, parallelism, partitions
+        return latest[0].id, parallelism, partitions, self._slot_capacity(s, latest[0].taskmanager_id, parallelism)
+
+    def _slot_capacity(self, s: Session, running_on: str | None, parallelism: int) -> int | None:
+        """The most slots one TaskManager could give the task after a rescale released its own:
+        with the local engine a task of parallelism p holds p slots of one TaskManager. None on a
+        Spark standalone cluster, where the task holds one slot and its executors run elsewhere."""
+        if self.settings.spark_master != "local":
+            return None
+        free = [tm.slots_free + (parallelism if tm.id == running_on else 0)
+                for tm in taskmanagers_repo.list_taskmanagers(s)]
+        return max(free) if free else None
 
     def _points(self, execution_id: str) -> list[auto.Point]:
         # The whole history (bounded by its TaskManager): the window is chosen from it, and the
@@ -137,6 +150,7 @@ class Autoscaler:
                     rows=int(float(f.get("num_input_rows") or 0)),
                     duration_s=float(f["batch_duration_ms"]) / 1000 if f.get("batch_duration_ms") else None,
                     lag=float(f["source_lag"]) if f.get("source_lag") not in (None, "", "None") else None,
+                    source_partitions=int(f["source_partitions"]) if f.get("source_partitions") else None,
                     input_rate=float(f["input_rows_per_second"]) if f.get("input_rows_per_second") else None))
             except (KeyError, ValueError):
                 continue  # a point from an older TaskManager without the figures
@@ -150,6 +164,15 @@ class Autoscaler:
         deployments_repo.record_deployment_event(s, row, from_state=row.lifecycle, to_state=row.lifecycle,
                                                  reason=reason)
         log.info("deployment %s: %s", row.name, reason)
+
+
+def _last_wanted(s: Session, name: str, parallelism: int) -> int | None:
+    """The scale-up the previous evaluation found needed at this parallelism (one to confirm)."""
+    last = deployments_repo.autoscaler_evaluations(s, name, limit=1)
+    if not last or last[-1].parallelism != parallelism:
+        return None
+    wanted = (last[-1].figures or {}).get("wanted")
+    return int(wanted) if isinstance(wanted, (int, float)) else None
 
 
 def _text(value: Any) -> str:

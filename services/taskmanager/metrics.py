@@ -12,6 +12,7 @@ starts full."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -26,7 +27,8 @@ from shared import metrics, streams
 TASK_LABELS = ("taskmanager", "job", "execution")
 # The figures of a history point (streams.progress_history_key): the hash's, without the ids.
 HISTORY_FIELDS = ("batch_id", "input_rows_per_second", "processed_rows_per_second", "num_input_rows", "timestamp",
-                  "batch_duration_ms", "source_lag")
+                  "batch_duration_ms", "source_lag", "source_partitions")
+PARTITION_LABELS = (*TASK_LABELS, "topic", "partition")
 log = logging.getLogger("headrace.taskmanager.metrics")
 
 
@@ -63,6 +65,9 @@ class TaskMetrics:
                                 TASK_LABELS, registry=r)
         self.input_rows = Counter(n("task_input_rows"), "rows read by the task's micro-batches",
                                   TASK_LABELS, registry=r)
+        self.partition_lag = Gauge(n("task_source_partition_lag"), "records of a Kafka partition beyond what the "
+                                   "task read (its consumer lag)", PARTITION_LABELS, registry=r)
+        self._partitions: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
         self._per_task = (self.batch_id, self.batch_duration, self.input_rate, self.processed_rate,
                           self.source_lag, self.input_rows)
 
@@ -82,7 +87,21 @@ class TaskMetrics:
             lag = getattr(event, "source_lag", None)
             if lag is not None:
                 self.source_lag.labels(*key).set(lag)
+            self._partition_lags(key, getattr(event, "partition_lag", None) or {})
         self._publish(taskmanager_id, spec, event)
+
+    def _partition_lags(self, key: tuple[str, str, str], lags: dict[str, int]) -> None:
+        """One series per Kafka partition; a partition no longer read loses its series."""
+        now = {tuple(name.rsplit("/", 1)) for name in lags if "/" in name}
+        for gone in self._partitions.get(key, set()) - now:
+            try:
+                self.partition_lag.remove(*key, *gone)
+            except KeyError:
+                pass
+        for name, lag in lags.items():
+            if "/" in name:
+                self.partition_lag.labels(*key, *name.rsplit("/", 1)).set(lag)
+        self._partitions[key] = now  # type: ignore[assignment]
 
     def _publish(self, taskmanager_id: str, spec, event) -> None:
         """The newest figures of this attempt for the dashboard; best effort (Redis away: the
@@ -94,8 +113,11 @@ class TaskMetrics:
                   "input_rows_per_second": event.input_rows_per_second,
                   "processed_rows_per_second": event.processed_rows_per_second,
                   "num_input_rows": event.num_input_rows, "timestamp": self.clock_ms()}
+        partitions = getattr(event, "partition_lag", None)
         optional = {"batch_duration_ms": getattr(event, "batch_duration_ms", None),
                     "source_lag": getattr(event, "source_lag", None),
+                    "partition_lag": json.dumps(partitions, sort_keys=True) if partitions else None,
+                    "source_partitions": len(partitions) if partitions else None,
                     "spark_ui": rehost(getattr(event, "spark_ui", None), self.advertised_host)}
         fields.update({k: v for k, v in optional.items() if v is not None})
         key = streams.progress_key(spec.execution_id)
@@ -144,6 +166,8 @@ class TaskMetrics:
                     metric.remove(*key)
                 except KeyError:
                     pass  # that number was never reported for this task
+            self._partition_lags(key, {})
+            self._partitions.pop(key, None)
 
 
 class TaskManagerCollector(metrics.CachedCollector):

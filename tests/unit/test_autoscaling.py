@@ -18,13 +18,15 @@ REMEMBERED = object()
 
 
 def decide(points, parallelism: int, *, quiet_s: float = 600.0, partitions: int = 4, spec: AutoscalerSpec = SPEC,
-           fixed_cost_s=REMEMBERED, held: str | None = None):
+           fixed_cost_s=REMEMBERED, held: str | None = None, last_wanted: int | None = None,
+           slot_capacity: int | None = None):
     """The evaluation at the last point; the fixed cost remembered is the shortest batch of the
     whole series, as the autoscaler remembers the shortest it has seen (unless given)."""
     if fixed_cost_s is REMEMBERED:
         fixed_cost_s = min(p.duration_s for p in points)
     situation = Situation(parallelism=parallelism, partitions=partitions, now_s=points[-1].at_s, quiet_s=quiet_s,
-                          fixed_cost_s=fixed_cost_s, held=held)
+                          fixed_cost_s=fixed_cost_s, held=held, last_wanted=last_wanted,
+                          slot_capacity=slot_capacity)
     return a.evaluate(spec, situation, points)
 
 
@@ -104,7 +106,10 @@ def test_a_load_between_the_two_thresholds_keeps_either_parallelism():
     # 3,000/s, as real input comes (uneven): 0.75 of one core (above target, so 1 scales up), 0.375
     # at 2 (and 0.75 at 1, so 2 stays).
     rng = random.Random(3)
-    up = decide(simulate(lambda t: 3000 * rng.uniform(0.7, 1.3), 60, 1), 1)
+    series = simulate(lambda t: 3000 * rng.uniform(0.7, 1.3), 60, 1)
+    first = decide(series, 1)  # nothing waits (lag 0): one estimate is not enough
+    assert first.outcome == Outcome.KEEP and first.wanted == 2, first.reason
+    up = decide(series, 1, last_wanted=first.wanted)
     stay = decide(simulate(lambda t: 3000 * rng.uniform(0.7, 1.3), 60, 2), 2)
     assert up.outcome == Outcome.SCALE_UP and stay.outcome == Outcome.KEEP, (up.reason, stay.reason)
 
@@ -192,3 +197,37 @@ def test_the_fixed_cost_remembered_is_used_over_the_windows_shortest_batch():
 ])
 def test_spec_from_record(rec, expected):
     assert AutoscalerSpec.from_record(rec, parallelism=3) == expected
+
+
+def test_one_low_estimate_with_no_lag_does_not_scale_up():
+    """Issue 42: 20 events/s, lag 0, one low capacity estimate after high ones scaled 1 -> 2."""
+    rng = random.Random(3)
+    points = simulate(lambda t: 3000 * rng.uniform(0.7, 1.3), 60, 1)
+    e = decide(points, 1)
+    assert e.outcome == Outcome.KEEP and e.proposed == 1 and e.wanted == 2, e.reason
+    assert "next evaluation" in e.reason
+    assert decide(points, 1, last_wanted=1).outcome == Outcome.KEEP  # the one before did not want more
+
+
+def test_never_more_than_the_slots_a_taskmanager_can_give():
+    wide = replace(SPEC, max_parallelism=8)
+    points = simulate(steady(9000), 60, 1)
+    e = decide(points, 1, last_wanted=4, slot_capacity=2, partitions=8, spec=wide)
+    assert e.outcome == Outcome.SCALE_UP and e.proposed == 2, e.reason
+    assert "the slots a TaskManager can give 2" in e.reason
+    held = decide(simulate(steady(9000), 60, 2), 2, last_wanted=4, slot_capacity=2, partitions=8, spec=wide)
+    assert held.outcome == Outcome.KEEP and held.proposed == 2, held.reason
+
+
+def test_never_more_than_the_kafka_partitions_read():
+    points = [replace(p, source_partitions=2) for p in simulate(steady(9000), 60, 1)]
+    e = decide(points, 1, last_wanted=4, partitions=8, spec=replace(SPEC, max_parallelism=8))
+    assert e.outcome == Outcome.SCALE_UP and e.proposed == 2, e.reason
+    assert "the Kafka partitions read 2" in e.reason
+
+
+def test_batches_with_almost_no_rows_decide_nothing():
+    """Issue 42: 14 s after the input stopped, batches of no rows scaled 1 -> 2."""
+    idle = [replace(p, rows=p.rows % 3) for p in simulate(steady(3000), 60, 1)]
+    e = decide(idle, 1, last_wanted=2)
+    assert e.outcome == Outcome.WAIT and "almost no rows" in e.reason, e.reason

@@ -116,7 +116,9 @@ function renderMetrics(jid) {
       setText(c[5], fmtNumber(t.inputRowsPerSecond, 1));
       setText(c[6], fmtNumber(t.processedRowsPerSecond, 1));
       setText(c[7], fmtMillis(t.batchDurationMs));
-      setText(c[8], typeof t.sourceLag === "object" && t.sourceLag !== null ? JSON.stringify(t.sourceLag) : dash(t.sourceLag));
+      // A Kafka source's lag per partition beside its sum: one lagging partition is a skew, not a load.
+      const parts = t.partitionLag ? Object.entries(t.partitionLag).map(([p, n]) => `${p}: ${n}`).join(", ") : "";
+      setText(c[8], dash(t.sourceLag) + (parts ? ` (${parts})` : ""));
       setText(c[9], fmtNumber(t.numInputRows));
       setText(c[10], fmtWhen(t.timestamp));
       replaceIfChanged(c[11], String(t.sparkUi), () => sparkLinks([t]));

@@ -9,6 +9,7 @@ chart opened late draws at once (GET /jobs/{id}/progress/history).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -45,6 +46,15 @@ def _number(raw: Any, kind=float) -> Any:
         return None
 
 
+def _partition_lag(raw: Any) -> dict[str, int] | None:
+    """A Kafka source's lag per "topic/partition", as its TaskManager published it."""
+    try:
+        parsed = json.loads(_text(raw) or "")
+    except ValueError:
+        return None
+    return {str(k): int(v) for k, v in parsed.items()} if isinstance(parsed, dict) else None
+
+
 def _text(raw: Any) -> str | None:
     return raw.decode() if isinstance(raw, bytes) else raw
 
@@ -59,6 +69,7 @@ def task_figures(execution, fields: dict) -> dict:
         "processedRowsPerSecond": _number(f.get("processed_rows_per_second")),
         "batchDurationMs": _number(f.get("batch_duration_ms"), int),
         "sourceLag": _number(f.get("source_lag")),
+        "partitionLag": _partition_lag(f.get("partition_lag")),
         "numInputRows": _number(f.get("num_input_rows"), int),
         "timestamp": _number(f.get("timestamp"), int),
         "sparkUi": _text(f.get("spark_ui")),

@@ -147,6 +147,8 @@ class TaskProgressInfo(_Out):
     processedRowsPerSecond: float | None = None
     batchDurationMs: int | None = None
     sourceLag: float | None = None
+    partitionLag: dict[str, int] | None = Field(None, description="each Kafka partition's consumer lag, "
+                                                                  "\"topic/partition\" -> records")
     numInputRows: int | None = None
     timestamp: int | None = Field(None, description="epoch ms when the TaskManager recorded the batch")
     sparkUi: str | None = Field(None, description="the driver's Spark UI, when the TaskManager runs it")

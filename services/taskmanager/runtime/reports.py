@@ -42,6 +42,7 @@ class ProgressReporter:
                     processed_rows_per_second=finite(p.processedRowsPerSecond),
                     batch_duration_ms=int(p.batchDuration) if p.batchDuration is not None else None,
                     source_lag=source_lag(p),
+                    partition_lag=partition_lag(p),
                     spark_ui=self.spark_ui,
                 ))
 
@@ -54,13 +55,18 @@ def ui_url(spark: Any) -> str | None:
 
 
 def source_lag(progress: Any) -> float | None:
-    """The largest backlog any source of the batch reports, or None: Kafka's metric
-    maxOffsetsBehindLatest, or the entries a Redis stream source counted beyond its batch (in the
-    latest offset it reports, see connectors/redis_streams.py)."""
+    """The largest backlog any source of the batch reports, or None: a Kafka source's records
+    between what the batch read and each partition's end, summed over its partitions, or the
+    entries a Redis stream source counted beyond its batch (in the latest offset it reports, see
+    connectors/redis_streams.py)."""
     lags = []
     for source in getattr(progress, "sources", None) or ():
+        kafka = kafka_partition_lag(source)
         metrics = getattr(source, "metrics", None) or {}
-        raw = metrics.get("maxOffsetsBehindLatest")
+        if kafka is not None:
+            raw: Any = sum(kafka.values())
+        else:
+            raw = metrics.get("maxOffsetsBehindLatest")
         if raw is None:
             raw = reported_behind(getattr(source, "latestOffset", None))
         try:
@@ -69,6 +75,40 @@ def source_lag(progress: Any) -> float | None:
         except (TypeError, ValueError):
             continue
     return max(lags) if lags else None
+
+
+def partition_lag(progress: Any) -> dict[str, int] | None:
+    """Each Kafka partition's lag ("topic/partition" -> records) over the batch's sources, or None
+    when no source is a Kafka source."""
+    found: dict[str, int] = {}
+    for source in getattr(progress, "sources", None) or ():
+        found.update(kafka_partition_lag(source) or {})
+    return found or None
+
+
+def kafka_partition_lag(source: Any) -> dict[str, int] | None:
+    """Records between a Kafka source's end offsets for the batch and the latest offsets Spark saw
+    when it planned the batch, per partition; None for any other source (its offsets are not
+    Kafka's {"topic": {"partition": offset}})."""
+    if not str(getattr(source, "description", "")).startswith("Kafka"):
+        return None
+    end, latest = _offsets(getattr(source, "endOffset", None)), _offsets(getattr(source, "latestOffset", None))
+    if end is None or latest is None:
+        return None
+    return {f"{topic}/{part}": max(0, int(latest[topic][part]) - int(offset))
+            for topic, parts in end.items() for part, offset in parts.items()
+            if part in latest.get(topic, {}) and int(offset) >= 0}
+
+
+def _offsets(raw: Any) -> dict[str, dict[str, Any]] | None:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        return None
+    return raw
 
 
 def reported_behind(latest: Any) -> Any:
