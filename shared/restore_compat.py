@@ -313,7 +313,10 @@ def _check_sources(v: Verdict, old_plan: Mapping[str, Any] | None, spark: Mappin
         for i, (a, b) in enumerate(zip(old, new, strict=False)):
             oa, ob = a.get("options") or {}, b.get("options") or {}
             # Only options both signatures recorded: a newer signature may identify sources by more.
-            differs = a.get("format") != b.get("format") or any(oa[k] != ob[k] for k in oa.keys() & ob.keys())
+            # Kafka's subscribe, subscribePattern and assign are alternatives: one replaced by
+            # another is a changed subscription, whatever the two name.
+            differs = a.get("format") != b.get("format") or any(oa[k] != ob[k] for k in oa.keys() & ob.keys()) \
+                or (a.get("format") == "kafka" and oa.keys() != ob.keys())
             if differs:
                 v.refuse(f"source {i} changed: was {_source_text(a)}, now {_source_text(b)}", HINT_FRESH_SOURCE)
         if len(old) != len(new):

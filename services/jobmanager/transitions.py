@@ -16,9 +16,9 @@ from shared.states import JobStatus as JS
 # Failures a restart cannot cure: the job fails at once instead of looping through its restarts.
 # SinkOwnedError: the sink's target belongs to another lineage; every retry is refused alike.
 # Failures a restart cannot mend: the job fails at once. The Kafka ones are a pipeline's settings
-# (options, delivery word, a transaction timeout the brokers refuse).
+# (options, delivery word, a transaction timeout the brokers refuse) and records Kafka no longer has.
 NON_RECOVERABLE = frozenset({"IncompatibleStateError", "SinkOwnedError", "KafkaOptionError", "DeliveryError",
-                             "KafkaTimeoutRefused"})
+                             "KafkaTimeoutRefused", "KafkaDataLoss"})
 
 # A DEPLOYING attempt the registering TaskManager does not report may be a deploy still on its
 # way (sent just before the registration): leave it to the acknowledgement timer for this long.

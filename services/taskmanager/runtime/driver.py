@@ -126,7 +126,11 @@ class Driver:
             if self.fatal is None and self.cancel_requested.is_set():
                 self.events.emit(Canceled())
                 return 0
-            self.events.emit(Failed(error_name=type(failure).__name__, traceback=format_failure(failure)))
+            text = format_failure(failure)
+            # Records Kafka no longer has are lost to every restart alike: named so, the job fails.
+            name = "KafkaDataLoss" if text.rstrip().splitlines()[-1].startswith("KafkaDataLoss:") \
+                else type(failure).__name__
+            self.events.emit(Failed(error_name=name, traceback=text))
             return 1
         finally:
             watch.stop()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -132,11 +133,32 @@ def finite(x: Any) -> float:
 
 def format_failure(e: BaseException) -> str:
     """The Python traceback of the failure; for Spark errors also the message Spark carries
-    (for a failed streaming query it holds the worker's Python traceback)."""
+    (for a failed streaming query it holds the worker's Python traceback). A failure Headrace
+    recognises ends with a line that says it plainly (the line a summary of the cause shows)."""
     text = "".join(traceback.format_exception(e))
     desc = getattr(e, "desc", None) or getattr(e, "_desc", None)
     if desc and str(desc) not in text:
         text += "\n" + str(desc)
-    return text
+    plain = kafka_data_loss(text)
+    return f"{text.rstrip()}\n{plain}" if plain else text
+
+
+# What Spark's Kafka source says when records it must read are gone (failOnDataLoss).
+_LOST_RANGE = re.compile(r"Could not read records in offset \[(\d+), (\d+)\) for topic partition (\S+)")
+_OFFSET_CHANGED = re.compile(r"Partition (\S+)'s offset was changed from (\d+) to (\d+)")
+_PARTITIONS_GONE = re.compile(r"(\S+) (?:is|are) gone")
+
+
+def kafka_data_loss(text: str) -> str | None:
+    """One line naming the Kafka partitions and offsets a failure says were lost, or None."""
+    if "Some data may have been lost" not in text and "failOnDataLoss" not in text:
+        return None
+    lost = [f"{tp}, offsets {a} to {int(b) - 1}" for a, b, tp in _LOST_RANGE.findall(text)]
+    lost += [f"{tp}, offsets {a} to {int(b) - 1}" for tp, a, b in _OFFSET_CHANGED.findall(text) if int(b) > int(a)]
+    lost += [f"{tp}, every offset (the partition is gone)" for tp in _PARTITIONS_GONE.findall(text)]
+    where = "; ".join(dict.fromkeys(lost)) or "see the trace above"
+    return (f"KafkaDataLoss: Kafka records were lost before this query read them: {where} (retention removed "
+            "them, or the topic was deleted and made again); the job cannot read them back. See "
+            "docs/runbooks/kafka.md, \"Data lost to retention\"")
 
 
