@@ -238,6 +238,7 @@ RULES: dict[str, _Rule] = {
     LATENCY_MODE: _Rule(parse_boolean, "true or false", True),
     kafka_delivery.TRANSACTION_TIMEOUT_OPTION: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION,
                                                      "10 min"),
+    kafka_delivery.REAL_TIME_OPTION: _Rule(kafka_delivery.real_time_seconds, "a duration of at least 1 s", "5 s"),
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.

@@ -12,6 +12,10 @@ default fits both, and a value that cannot work is refused naming the values.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from shared import durations
 from shared.errors import ConfigError
 
 EXACTLY_ONCE = "exactly-once"
@@ -23,6 +27,10 @@ DEFAULT_TIMEOUT_S = 10 * 60.0
 # Beyond one interval: the barrier waits for the batch in flight, copies the checkpoint, commits.
 BARRIER_ROOM_S = 60.0
 BROKER_DEFAULT_MAX_S = 15 * 60.0
+# The job option that runs a stateless Kafka -> Kafka pipeline in Spark's real-time mode: its value
+# is the length of each real-time batch (what a checkpoint covers), e.g. "5 s".
+REAL_TIME_OPTION = "headrace.real-time-mode"
+REAL_TIME_MIN_S = 1.0
 
 
 class DeliveryError(ConfigError, ValueError):
@@ -72,3 +80,20 @@ def _text(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)} min"
     return f"{seconds:g} s"
+
+
+def real_time_seconds(value: Any) -> float:
+    """A real-time batch's length from the job option (a Flink duration of at least a second)."""
+    seconds = durations.parse_flink_duration(value)
+    if seconds < REAL_TIME_MIN_S:
+        raise DeliveryError(f"{REAL_TIME_OPTION} must be at least {REAL_TIME_MIN_S:g} s (each real-time batch "
+                            f"ends in a checkpoint), got {value!r}")
+    return seconds
+
+
+def real_time_trigger(config: Mapping[str, Any] | None) -> str | None:
+    """Spark's `realTime` trigger for a job that asks for the real-time mode, else None."""
+    value = (config or {}).get(REAL_TIME_OPTION)
+    if value in (None, "", False, "false", "off"):
+        return None
+    return f"{real_time_seconds(value):g} seconds"

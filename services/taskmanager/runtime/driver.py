@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shared import checkpoint_storage as storage
-from shared import job_options, restore_failure
+from shared import job_options, kafka_delivery, restore_failure
 from shared.task_protocol import (
     Canceled,
     Failed,
@@ -213,6 +213,15 @@ class Driver:
 
     def _stream(self, spec: TaskSpec, handle: Any) -> int:
         live = Path(spec.checkpoint_dir) / handle.name
+        real_time = kafka_delivery.real_time_trigger(spec.config)
+        if real_time is not None:
+            if not handle.supports_real_time:
+                raise kafka_delivery.DeliveryError(
+                    f"{kafka_delivery.REAL_TIME_OPTION} runs Spark's real-time mode, which only Spark's own Kafka "
+                    "sink takes (ctx.sinks.kafka(..., delivery='at-least-once')) behind a Kafka source and "
+                    "stateless operators: drop the option, or use that sink")
+            self.phases.announce(f"real-time mode: batches of {real_time}")
+            handle.real_time = real_time
         if job_options.latency_mode(spec.config) and handle.trigger:
             # The latency mode starts each micro-batch as soon as the one before it commits.
             self.phases.announce(f"latency mode: the pipeline's trigger ({handle.trigger}) is not used")

@@ -98,7 +98,8 @@ def _spark_sink(df: Any, topic: str, opts: dict[str, str], columns: list[str], t
 
     return SinkHandle(name=sink_name(topic), df=selected, output_mode="append", trigger=trigger,
                       configure=lambda w: w.format("kafka").options(**opts).option("topic", topic),
-                      run_batch=run_batch, options={"topic": topic, "delivery": kafka_delivery.AT_LEAST_ONCE})
+                      run_batch=run_batch, options={"topic": topic, "delivery": kafka_delivery.AT_LEAST_ONCE},
+                      supports_real_time=True)
 
 
 def _rows(df: Any) -> Iterator[tuple[Any, Any, Any, Any]]:

@@ -74,6 +74,10 @@ class SinkHandle:
     # A sink whose batches become visible only at checkpoints (Kafka's exactly-once sink): the
     # snapshot server commits it at each barrier (runtime/snapshots.py, TwoPhaseSink).
     two_phase: "TwoPhaseSink | None" = None
+    # Spark's real-time mode (Kafka source, Kafka or foreach sink, stateless): the sinks that take
+    # it say so; `real_time` is the trigger's batch length the job asked for (the runner sets it).
+    supports_real_time: bool = False
+    real_time: str | None = None
     attempt: int | None = None  # set by prepare()
 
     @property
@@ -102,12 +106,14 @@ class SinkHandle:
         planned one if Spark had not committed it (a stop cut it off), then stop."""
         if self.configure is None:
             raise TypeError(f"sink {self.name} does not support streaming DataFrames")
-        writer = self.df.writeStream.outputMode(self.output_mode)
+        writer = self.df.writeStream.outputMode("update" if self.real_time else self.output_mode)
         writer = writer.option("checkpointLocation", checkpoint_location)
         if query_name:
             writer = writer.queryName(query_name)
         if available_now:
             writer = writer.trigger(availableNow=True)
+        elif self.real_time and not once:
+            writer = writer.trigger(realTime=self.real_time)  # type: ignore[call-overload]  # stubs predate it
         elif once:
             writer = writer.trigger(once=True)
         elif self.trigger:
