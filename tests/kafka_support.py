@@ -3,9 +3,61 @@ records produced from outside as a pipeline's input."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
 from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+
+# As tests/e2e/counting.py's events: key k<n mod 5>, value n, event time 20 ms per event.
+KEYS = 5
+BASE = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
+STEP_MS = 20
+
+
+def counting_event(n: int) -> str:
+    """Event n as the counting drills produce it (their totals: tests/e2e/counting.expected_totals)."""
+    return json.dumps({"key": f"k{n % KEYS}", "n": n, "value": n,
+                       "event_time": (BASE + timedelta(milliseconds=n * STEP_MS)).isoformat()})
+
+
+class Feeder:
+    """Produces numbered records into a topic at a steady rate from a thread of its own, riding out
+    a broker that is away (the producer buffers and retries); `json_events`: counting events,
+    else the number itself."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, json_events: bool = False):
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                                  "message.timeout.ms": 300_000})
+        self.topic, self.rate, self.json_events = topic, rate, json_events
+        self.produced = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Feeder":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - started) * self.rate)
+            for n in range(self.produced, due):
+                value = counting_event(n) if self.json_events else str(n)
+                self.producer.produce(self.topic, value=value.encode(), key=f"k{n % KEYS}".encode())
+            self.produced = max(self.produced, due)
+            self.producer.poll(0)
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        """Stop producing; the number of records produced, once every one is acknowledged."""
+        self._stop.set()
+        self._thread.join(10)
+        assert self.producer.flush(180) == 0, "the feeder's records were not all acknowledged"
+        return self.produced
 
 
 def read_all(bootstrap: str, topic: str, *, committed_only: bool = True, settle_s: float = 3.0,

@@ -37,6 +37,7 @@ from services.cluster.process_supervisor import RestartPolicy
 from tests.clusters import Rest, start_cluster
 from tests.conftest import free_port, missing
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
+from tests.kafka_support import Feeder
 from tests.netproxy import TcpProxy
 
 pytestmark = pytest.mark.e2e
@@ -124,8 +125,9 @@ def _processes_under(home) -> list[tuple[int, str]]:
 
 
 class Chaos:
-    def __init__(self, c, proxy: TcpProxy, rest: Rest, rng: random.Random):
+    def __init__(self, c, proxy: TcpProxy, rest: Rest, rng: random.Random, kafka=None):
         self.c, self.proxy, self.rest, self.rng = c, proxy, rest, rng
+        self.kafka = kafka  # a broker the job reads from: killed among the faults too
         self.log: list[str] = []
 
     def pid(self, name: str) -> int:
@@ -182,10 +184,19 @@ class Chaos:
         finally:
             self.proxy.start()
 
+    def restart_kafka(self) -> None:
+        self.log.append("kill -9 of the Kafka broker, started again 3 s later")
+        self.kafka.broker.kill()
+        time.sleep(3)
+        self.kafka.broker.start()
+
     def random_fault(self) -> None:
-        kind = self.rng.choice(["kill-leader", "freeze-leader", "kill-tm", "kill-tm", "kill-rm", "kill-dispatcher",
-                                "redis", "zookeeper", "postgres"])
-        if kind == "kill-leader":
+        kinds = ["kill-leader", "freeze-leader", "kill-tm", "kill-tm", "kill-rm", "kill-dispatcher", "redis",
+                 "zookeeper", "postgres"]
+        kind = self.rng.choice(kinds + (["kafka", "kafka"] if self.kafka is not None else []))
+        if kind == "kafka":
+            self.restart_kafka()
+        elif kind == "kill-leader":
             self.kill(self.leader())
         elif kind == "freeze-leader":
             self.freeze(self.leader(), self.rng.uniform(2, 6))
@@ -201,6 +212,21 @@ class Chaos:
             self.restart_zookeeper()
         else:
             self.pg_outage(self.rng.uniform(3, 10))
+
+
+def start_kafka_counting_job(env, kafka, table: str) -> tuple[Rest, str, Feeder]:
+    """The counting job on a Kafka source (examples/kafka_to_postgres.py) fed from outside."""
+    c, _, proxied, _, _ = env
+    rest = Rest(c.dispatcher_url)
+    topic = kafka.create_topic(table, partitions=2)
+    jar = rest.upload(ROOT / "examples" / "kafka_to_postgres.py")
+    feeder = Feeder(kafka.bootstrap, topic, rate=100.0, json_events=True).start()
+    args = ["--topic", topic, "--bootstrap-servers", kafka.bootstrap, "--table", table, "--sink-url", proxied,
+            "--trigger", TRIGGER]
+    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
+                   flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    return rest, job, feeder
 
 
 def start_counting_job(env, stream: str, table: str) -> tuple[Rest, str, Producer]:
@@ -228,7 +254,8 @@ def _try(call):
         return None
 
 
-def finish_exactly(env, rest: Rest, job: str, producer: Producer, table: str, faults: list[str]) -> list[str]:
+def finish_exactly(env, rest: Rest, job: str, producer: Producer | Feeder, table: str,
+                   faults: list[str]) -> list[str]:
     """The sink holds exactly what was produced, the job still runs; the failures that restarted
     its task, oldest first."""
     produced = producer.stop()
@@ -279,3 +306,18 @@ def test_chaos_random_faults_under_a_counting_job(env):
         time.sleep(rng.uniform(2, 5))
         chaos.random_fault()
     finish_exactly(env, rest, job, producer, "chaos_counts", chaos.log)
+
+
+def test_chaos_with_a_kafka_source_and_the_broker_among_the_faults(env, kafka):
+    """The counting job reads Kafka: the broker is killed (-9) among the random faults, and the
+    sink still ends with every event counted once (the offsets are in the checkpoints)."""
+    c, proxy, *_ = env
+    rest, job, feeder = start_kafka_counting_job(env, kafka, "kafka_chaos_counts")
+    rng = random.Random(SEED + 1)
+    chaos = Chaos(c, proxy, rest, rng, kafka=kafka)
+    for _ in range(max(4, FAULTS // 2)):
+        time.sleep(rng.uniform(2, 5))
+        chaos.random_fault()
+    if not any("Kafka" in f for f in chaos.log):
+        chaos.restart_kafka()  # the broker's fault happens in every run
+    finish_exactly(env, rest, job, feeder, "kafka_chaos_counts", chaos.log)

@@ -14,18 +14,16 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import BASE, KEYS, STEP_MS, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import expected_totals, sql_totals, wait_for
 from tests.e2e.test_checkpoints_e2e import savepoint
-from tests.kafka_support import produce, read_all
+from tests.kafka_support import Feeder, counting_event, produce, read_all
 
 pytestmark = pytest.mark.e2e
 
@@ -48,45 +46,8 @@ def cluster(tmp_path_factory, pg_url_module, storage):
     c.stop()
 
 
-def event(n: int) -> str:
-    return json.dumps({"key": f"k{n % KEYS}", "n": n, "value": n,
-                       "event_time": (BASE + timedelta(milliseconds=n * STEP_MS)).isoformat()})
-
-
-class Feeder:
-    """Produces numbered records into a topic at a steady rate from another thread, riding out a
-    broker that is away (the producer buffers and retries)."""
-
-    def __init__(self, bootstrap: str, topic: str, rate: float, json_events: bool = False):
-        from confluent_kafka import Producer
-
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                                  "message.timeout.ms": 300_000})
-        self.topic, self.rate, self.json_events = topic, rate, json_events
-        self.produced = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> "Feeder":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        started = time.monotonic()
-        while not self._stop.is_set():
-            due = int((time.monotonic() - started) * self.rate)
-            for n in range(self.produced, due):
-                value = event(n) if self.json_events else str(n)
-                self.producer.produce(self.topic, value=value.encode(), key=f"k{n % KEYS}".encode())
-            self.produced = max(self.produced, due)
-            self.producer.poll(0)
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(10)
-        assert self.producer.flush(120) == 0, "the feeder's records were not all acknowledged"
-        return self.produced
+def key_of(value: str) -> str:
+    return json.loads(value)["key"]
 
 
 def kill_taskmanager_of(c, rest: Rest, job: str) -> None:
@@ -140,7 +101,7 @@ def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_a
         cluster, kafka, pg_url_module, storage):
     rest = Rest(cluster.dispatcher_url)
     topic = kafka.create_topic("counts-in", partitions=2)
-    produce(kafka.bootstrap, topic, [event(n) for n in range(600)], key_of=lambda v: json.loads(v)["key"])
+    produce(kafka.bootstrap, topic, [counting_event(n) for n in range(600)], key_of=key_of)
     jar = rest.upload(ROOT / "examples" / "kafka_to_postgres.py")
     args = ["--topic", topic, "--bootstrap-servers", kafka.bootstrap, "--table", "kafka_counts",
             "--trigger", "1 second"]
@@ -148,13 +109,13 @@ def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_a
     rest.wait_attempt_running(a, 0, timeout_s=300)
     wait_for(lambda: sum(c for c, _ in sql_totals(pg_url_module, "kafka_counts").values()) == 600, 120,
              "the first 600 events counted")
-    produce(kafka.bootstrap, topic, [event(n) for n in range(600, 900)], key_of=lambda v: json.loads(v)["key"])
+    produce(kafka.bootstrap, topic, [counting_event(n) for n in range(600, 900)], key_of=key_of)
     stopped = savepoint(rest, a, "stop", {"targetDirectory": str(storage / "savepoints"), "drain": False})
     assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
     moved = storage / "elsewhere" / Path(stopped).name
     moved.parent.mkdir(parents=True)
     shutil.move(stopped, moved)
-    produce(kafka.bootstrap, topic, [event(n) for n in range(900, 1500)], key_of=lambda v: json.loads(v)["key"])
+    produce(kafka.bootstrap, topic, [counting_event(n) for n in range(900, 1500)], key_of=key_of)
     b = rest.run(jar, parallelism=2, jobName="kafka-counts-b", flinkConfiguration=CHECKPOINTS, programArgsList=args,
                  savepointPath=f"file://{moved}")
     assert rest.wait_attempt_running(b, 0, timeout_s=300)[-1]["restored-from"] == str(moved)
