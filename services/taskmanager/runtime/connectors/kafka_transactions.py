@@ -270,8 +270,13 @@ class TransactionalWriter:
                 left = self._producer.flush(1.0)
             except (KafkaException, SystemError) as exc:
                 # A fatal error (fenced) surfaces from flush itself; as a SystemError when it came
-                # while a delivery callback ran, with the KafkaException as its cause.
+                # while a delivery callback ran, with the KafkaException as its cause, or none (the
+                # deliveries' own errors then say what it was).
                 cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
+                if cause is None and self._errors:
+                    err, self._errors = self._errors[0], []
+                    if _is_fenced(err):
+                        raise SinkFencedError(f"kafka topic {self.topic}", self.fence, None) from None
                 raise self._failure("flushing the transaction's records", cause or exc) from None
             if self._errors:
                 err, self._errors = self._errors[0], []
@@ -352,7 +357,7 @@ class TransactionalWriter:
     def _failure(self, what: str, exc: BaseException) -> Exception:
         """SinkFencedError for a producer the brokers fenced (a newer attempt took the sink),
         else KafkaSinkError saying what failed."""
-        err = exc.args[0] if exc.args else None
+        err = exc.args[0] if exc.args and hasattr(exc.args[0], "code") else None  # a KafkaError
         if err is not None and _is_fenced(err):
             return SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
         return KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap}: {err or exc}; the open "
