@@ -12,7 +12,10 @@ job's next attempt is RUNNING on the other TaskManager.
     and 30 s after that kill the one running it then. Each kill is timed to the next attempt
     RUNNING; at the end the sink must hold exactly the count and sum of every key produced.
 
-usage: python bench/failover.py [--kind pyspark|noop] [--signal KILL|STOP] [--runs 5]
+--kind kafka: the warm case with a Kafka -> Kafka exactly-once job (bench/pipelines/kafka_copy.py)
+    on a broker of its own, fed at 50 records/s throughout.
+
+usage: python bench/failover.py [--kind pyspark|kafka|noop] [--signal KILL|STOP] [--runs 5]
        python bench/failover.py --case just-started [--ready up|warm] [--runs 3]
 """
 
@@ -41,7 +44,7 @@ NOOP = "def build(ctx):\n    raise RuntimeError('no-op')\n"
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=["pyspark", "noop"], default="pyspark")
+    ap.add_argument("--kind", choices=["pyspark", "kafka", "noop"], default="pyspark")
     ap.add_argument("--signal", choices=["KILL", "STOP"], default="KILL")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--catalog", default=None, help="catalog URL (default SQLite in a temp home)")
@@ -57,12 +60,25 @@ def main() -> None:
         return
     home = Path(tempfile.mkdtemp(prefix="headrace-failover-"))
     catalog = a.catalog or f"sqlite:///{home / 'catalog.db'}"
+    spark = a.kind in ("pyspark", "kafka")
     cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2,
-                            warm_drivers=1 if a.kind == "pyspark" else 0, pipeline_catalog_url=sink_db_url(home))
+                            warm_drivers=1 if spark else 0, pipeline_catalog_url=sink_db_url(home))
     rest = Rest(cluster.dispatcher_url)
     times, detail = [], []
+    broker = feeder = None
     try:
-        if a.kind == "pyspark":
+        if a.kind == "kafka":
+            from bench.kafka_bench import COPY, create_topic, start_broker
+            from tests.kafka_support import Feeder
+
+            broker = start_broker(home)
+            create_topic(broker.bootstrap, "in")
+            create_topic(broker.bootstrap, "out")
+            feeder = Feeder(broker.bootstrap, "in", rate=50).start()
+            jar = rest.upload(COPY)
+            body = {"parallelism": 1, "flinkConfiguration": {"execution.checkpointing.interval": "2 s"},
+                    "programArgsList": ["--input", "in", "--output", "out", "--bootstrap-servers", broker.bootstrap]}
+        elif a.kind == "pyspark":
             jar = rest.upload(STREAM)
             body = {"parallelism": 1}
         else:
@@ -74,7 +90,7 @@ def main() -> None:
         job = rest.run(jar, restartStrategy=restart, **body)
         rest.wait_attempt_running(job, 0, timeout_s=180)
         for run in range(a.runs):
-            if a.kind == "pyspark":
+            if spark:
                 wait_warm(cluster, 1)  # the survivor must have a ready warm driver, as on a warm cluster
             else:
                 time.sleep(2)
@@ -103,6 +119,10 @@ def main() -> None:
         rest.cancel(job)
     finally:
         cluster.stop()
+        if feeder is not None:
+            feeder.stop()
+        if broker is not None:
+            broker.stop()
     print(json.dumps({"kind": a.kind, "signal": a.signal, "runs": detail,
                       "median_s": round(statistics.median(times), 2), "min_s": round(min(times), 2),
                       "max_s": round(max(times), 2)}, indent=2))

@@ -122,3 +122,27 @@ def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_a
     wait_for(lambda: sql_totals(pg_url_module, "kafka_counts") == expected_totals(1500), 180,
              "every key's count and sum exact after the resume")
     rest.cancel(b)
+
+
+def test_the_real_time_mode_copies_kafka_to_kafka_and_refuses_other_sinks(cluster, kafka):
+    rest = Rest(cluster.dispatcher_url)
+    source, sink = kafka.create_topic("rt-in", partitions=2), kafka.create_topic("rt-out", partitions=2)
+    jar = rest.upload(ROOT / "bench" / "pipelines" / "kafka_copy.py")
+    args = ["--input", source, "--output", sink, "--bootstrap-servers", kafka.bootstrap, "--low-latency"]
+    config = {**CHECKPOINTS, "headrace.real-time-mode": "5 s"}
+    job = rest.run(jar, parallelism=2, jobName="kafka-rt", flinkConfiguration=config,
+                   programArgsList=[*args, "--delivery", "at-least-once"])
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    produce(kafka.bootstrap, source, [json.dumps({"n": n}) for n in range(500)])
+    got = wait_for(lambda: (v := read_all(kafka.bootstrap, sink, settle_s=1.0)) and len(v) >= 500 and v, 120,
+                   "500 records through the real-time mode")
+    assert sorted(json.loads(v)["n"] for v in got) == list(range(500))
+    wait_for(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 1, 90,
+             "a checkpoint at the end of a real-time batch")
+    rest.cancel(job)
+    refused = rest.run(jar, parallelism=1, jobName="kafka-rt-eo", flinkConfiguration=config,
+                       programArgsList=[*args, "--delivery", "exactly-once"])
+    final = rest.wait_state(refused, ("FAILED",), timeout_s=180)
+    assert final["state"] == "FAILED"
+    cause = json.dumps(rest.get(f"/jobs/{refused}/exceptions"))
+    assert "DeliveryError" in cause and "real-time" in cause, cause[:2000]
