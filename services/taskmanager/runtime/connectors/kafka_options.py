@@ -79,6 +79,16 @@ def client_settings(options: Mapping[str, str]) -> dict[str, str]:
     return {k[len(KAFKA_PREFIX):]: v for k, v in options.items() if k.startswith(KAFKA_PREFIX)}
 
 
+# What reaching the brokers takes (an admin client's check needs no more; consumer and producer
+# tuning such as fetch.max.wait.ms is for Spark's own clients and has other names in librdkafka).
+_CONNECTION_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.id", "socket.", "reconnect.")
+
+
+def connection_only(settings: Mapping[str, str]) -> dict[str, str]:
+    """The settings that say how to reach and authenticate to the brokers."""
+    return {k: v for k, v in settings.items() if k.startswith(_CONNECTION_PREFIXES)}
+
+
 def to_librdkafka(settings: Mapping[str, str]) -> dict[str, str]:
     """Java client settings as librdkafka's. SASL PLAIN/SCRAM credentials in `sasl.jaas.config`
     become `sasl.username`/`sasl.password`; what has no librdkafka equivalent is refused."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from shared.errors import TaskError
 
-from .kafka_options import KafkaOptionError, client_settings, masked, normalise, to_librdkafka
+from .kafka_options import KafkaOptionError, client_settings, connection_only, masked, normalise, to_librdkafka
 
 STARTING = ("earliest", "latest")
 REACHABLE_TIMEOUT_S = 60.0
@@ -96,7 +96,7 @@ def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
 
     bootstrap = opts["kafka.bootstrap.servers"]
     try:
-        settings: dict[str, Any] = dict(to_librdkafka(client_settings(opts)))
+        settings: dict[str, Any] = dict(to_librdkafka(connection_only(client_settings(opts))))
     except KafkaOptionError:
         return  # settings only Spark's Java client understands: Spark's own errors will have to do
     admin = AdminClient(settings)

@@ -50,6 +50,7 @@ from typing import Any
 from shared import kafka_delivery
 from shared.errors import TaskError
 
+from .kafka_options import KafkaOptionError, connection_only
 from .ownership import SinkOwner
 from .sinks import SinkFencedError
 
@@ -168,12 +169,18 @@ class TransactionalWriter:
         from confluent_kafka import Consumer, Producer
 
         self.close(abort=False)  # a second prepare (a restore switched to a newer checkpoint)
+        from confluent_kafka import KafkaException
+
         txn_id, group = names(lineage, self.sink_id, self.prefix)
-        self._producer = Producer({**self.client, "transactional.id": txn_id,
-                                   "transaction.timeout.ms": str(self.transaction_timeout_ms),
-                                   "on_delivery": self._delivered})
-        self._group = Consumer({**_consumer_settings(self.client), "group.id": group,
-                                "enable.auto.commit": "false"})
+        try:
+            self._producer = Producer({**self.client, "transactional.id": txn_id,
+                                       "transaction.timeout.ms": str(self.transaction_timeout_ms),
+                                       "on_delivery": self._delivered})
+            self._group = Consumer({**connection_only(self.client), "group.id": group,
+                                    "enable.auto.commit": "false"})
+        except KafkaException as exc:  # a setting librdkafka does not take: the pipeline's to fix
+            raise KafkaOptionError(f"the exactly-once Kafka sink's client refuses its settings: "
+                                   f"{exc.args[0].str() if exc.args else exc}") from None
         try:
             self._patiently("registering the transactional producer", lambda t: self._producer.init_transactions(t))
         except KafkaSinkError as exc:
@@ -187,7 +194,7 @@ class TransactionalWriter:
         """The brokers' transaction.max.timeout.ms, in seconds (None if they do not say)."""
         from confluent_kafka.admin import AdminClient, ConfigResource
 
-        admin = AdminClient(dict(_consumer_settings(self.client)))
+        admin = AdminClient(dict(connection_only(self.client)))
         try:
             brokers = admin.list_topics(timeout=10).brokers
             resource = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(brokers))))
@@ -425,12 +432,6 @@ def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     if not ok:
         raise value
     return value
-
-
-def _consumer_settings(client: dict[str, str]) -> dict[str, str]:
-    producer_only = ("linger.ms", "batch.size", "compression.type", "acks", "message.timeout.ms",
-                     "queue.buffering.max.kbytes", "message.max.bytes", "retries")
-    return {k: v for k, v in client.items() if k not in producer_only}
 
 
 def _is_fenced(err: Any) -> bool:
