@@ -166,11 +166,9 @@ class TransactionalWriter:
     def _open(self, lineage: str) -> Marker | None:
         """The producer (registered: that aborts what an older one left open and fences it) and
         the marker it finds."""
-        from confluent_kafka import Consumer, Producer
+        from confluent_kafka import Consumer, KafkaException, Producer
 
         self.close(abort=False)  # a second prepare (a restore switched to a newer checkpoint)
-        from confluent_kafka import KafkaException
-
         txn_id, group = names(lineage, self.sink_id, self.prefix)
         try:
             self._producer = Producer({**self.client, "transactional.id": txn_id,
@@ -253,16 +251,35 @@ class TransactionalWriter:
                 kwargs["headers"] = headers
             if partition is not None:
                 kwargs["partition"] = partition
+            blocked_since: float | None = None
+            told = False
             while True:
                 try:
                     produce(topic, **kwargs)
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
+                    blocked_since = blocked_since or time.monotonic()
+                    told = self._wait_for_room(time.monotonic() - blocked_since, told)
                     poll(0.05)
+            if told:
+                self.on_wait(None)
             count += 1
             if count % 10_000 == 0:
                 poll(0)
         return count
+
+    def _wait_for_room(self, waited_s: float, told: bool) -> bool:
+        """The client's queue stays full while the brokers do not take records: say so once, and
+        give up (the task restarts from its last checkpoint) after UNAVAILABLE_TIMEOUT_S. Returns
+        whether the waiting reason is out."""
+        if waited_s > UNAVAILABLE_TIMEOUT_S:
+            raise KafkaSinkError(f"kafka sink {self.topic}: the brokers at {self.bootstrap} took no records for "
+                                 f"{UNAVAILABLE_TIMEOUT_S:.0f} s; the task restarts from its last checkpoint")
+        if waited_s > WAITING_AFTER_S and not told:
+            self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} to take records (the client's queue "
+                         "is full)")
+            return True
+        return told
 
     def _delivered(self, err: Any, _msg: Any) -> None:
         if err is not None:
