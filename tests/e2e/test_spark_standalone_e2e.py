@@ -10,6 +10,7 @@ its executors on the workers (dynamic allocation: at most `parallelism` cores, n
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from services.cluster import spark_standalone
+from services.cluster.readiness import wait_for_warm_drivers
 from tests.clusters import Rest, start_cluster
 from tests.e2e.test_clickstream_e2e import ARGS, TOTAL, expected_counts, sink_counts
 
@@ -32,13 +34,25 @@ NO_EXECUTOR_TIMEOUT_S = 20
 def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("standalone"), catalog_url=pg_url_module, taskmanagers=1, slots=2,
                       pipeline_catalog_url=pg_url_module,  # the pipeline's own database
-                      spark_workers=2, restart_strategy={"type": "none"},
+                      spark_workers=2, restart_strategy={"type": "none"}, warm_drivers=1,
+                      warm_up_query=True,  # as users run it: the warm-up query is what took executors
                       slot_request_timeout_s=NO_EXECUTOR_TIMEOUT_S)
     yield c, pg_url_module
     spark = [psutil.Process(c.child(n).proc.pid) for n in ("spark-master", "spark-worker-1", "spark-worker-2")]
     c.stop()
     # Nothing the cluster started outlives it (the master and workers once did).
     assert [p.pid for p in spark if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_a_warm_driver_holds_no_executor(cluster):
+    """Issue 42: a warm driver's warm-up took executors (shuffle data kept them) while a task on
+    the same cluster waited 300 s for any. In reserve a driver holds none."""
+    c, _ = cluster
+    assert wait_for_warm_drivers(c.redis_url, ["tm-1"], 240, stopped=lambda: False) == []
+    time.sleep(3)  # an executor a warm-up asked for would have registered by now
+    status = spark_standalone.master_status(c.spark_master.webui)
+    used = {w["id"]: w.get("coresused", 0) for w in spark_standalone.alive_workers(status)}
+    assert used and not any(used.values()), f"cores held on the workers while no task runs: {used}"
 
 
 def test_the_dashboard_links_the_master_and_the_workers_run_the_executors(cluster):

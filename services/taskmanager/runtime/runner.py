@@ -121,7 +121,11 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
                         driver_memory=args.driver_memory, ui=args.spark_ui or spark_ui_wanted(), engine=engine,
                         extra_java_options=class_archive.runtime_java_options(runtime),
                         python_forkserver=args.python_forkserver, jars=runtime.jars)
-    if not (args.no_warmup or args.no_warmup_query):
+    if not engine.local and not args.no_warmup:
+        # Its jobs would take executors from the Spark cluster, and an executor idle after them is
+        # kept a minute: a driver in reserve must hold none that a running task could use.
+        print("in reserve without the warm-up query (executors come from a Spark cluster)", flush=True)
+    elif not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
         marker = workdir / TASK_WAITING_MARKER
         if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists):
