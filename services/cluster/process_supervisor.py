@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from shared import backoff
+
 log = logging.getLogger("headrace.up")
 
 CRASH_LOOP_AFTER = 3  # quick exits in a row
@@ -43,7 +45,7 @@ class RestartPolicy:
         return 1 if ran_s >= self.reset_after_s else previous + 1
 
     def delay(self, quick_exits: int) -> float:
-        return min(self.max_s, self.initial_s * 2 ** max(0, quick_exits - 1))
+        return backoff.exponential(quick_exits, first_s=self.initial_s, max_s=self.max_s)
 
 
 @dataclass

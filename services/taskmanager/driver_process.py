@@ -39,6 +39,7 @@ from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Mete
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from services.taskmanager.task_processes import TaskProcesses, rss_bytes
+from shared import backoff
 from shared import task_protocol as tp
 from shared.ids import ExecutionId
 
@@ -413,7 +414,7 @@ class DriverProcess:
                 return
             except Exception:
                 log.exception("driver %s: handling an event failed (try %d); retrying", self.id, i + 1)
-                time.sleep(min(5.0, 0.2 * 2 ** i))
+                time.sleep(backoff.exponential(i + 1, first_s=0.2, max_s=5.0))
 
 
 def _stuck_thread_first(lines: list[str]) -> list[str]:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.taskmanager.driver_process import DriverProcess
+from shared import backoff
 
 log = logging.getLogger("headrace.taskmanager.warm")
 
@@ -400,7 +401,7 @@ class WarmPool:
                 self._trimmed.discard(d.id)
             elif d.execution_id is None and not d.ready.is_set():
                 self._failures += 1
-                pause = min(60.0, 2.0 ** self._failures)
+                pause = backoff.exponential(self._failures + 1, first_s=1.0, max_s=60.0)
                 self._not_before = time.monotonic() + pause
                 log.warning("warm driver %s died before it was ready (%d in a row); next try in %.0f s; "
                             "see %s", d.id, self._failures, pause, d.log_path)

@@ -38,7 +38,6 @@ per lineage and sink, so they never collide.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import threading
@@ -50,21 +49,20 @@ from typing import Any
 from shared import kafka_delivery
 from shared.errors import TaskError
 
+from .kafka_calls import (
+    HANG_MARGIN_S,
+    UNAVAILABLE_TIMEOUT_S,
+    WAITING_AFTER_S,
+    BrokerCalls,
+    KafkaSinkError,
+    bounded,
+    is_fenced,
+)
 from .kafka_options import KafkaOptionError, connection_only
 from .ownership import SinkOwner
 from .sinks import SinkFencedError
 
 MARKER_PARTITION = 0
-OPERATION_TIMEOUT_S = 30.0
-# How long a write or a commit rides out brokers that do not answer before the task fails.
-UNAVAILABLE_TIMEOUT_S = 120.0
-WAITING_AFTER_S = 2.0
-# Beyond a call's own timeout, before a call librdkafka never returns from is given up.
-HANG_MARGIN_S = 20.0
-
-
-class KafkaSinkError(TaskError, RuntimeError):
-    """The exactly-once Kafka sink cannot go on; the message says why and what was kept."""
 
 
 class KafkaTimeoutRefused(TaskError, RuntimeError):
@@ -129,6 +127,7 @@ class TransactionalWriter:
         self.transaction_timeout_ms, self.prefix = transaction_timeout_ms, prefix
         self.on_wait = on_wait or (lambda _reason: None)
         self.bootstrap = self.client.get("bootstrap.servers", "?")
+        self.calls = BrokerCalls(topic, self.bootstrap, self.on_wait)
         self._lock = threading.Lock()
         self._producer: Any = None
         self._group: Any = None  # a consumer only for its group metadata and committed offsets
@@ -146,6 +145,7 @@ class TransactionalWriter:
         Raises SinkFencedError (a newer attempt holds it) or SinkAheadOfRestore."""
         owner = owner or self.default_owner
         self.owner, self.fence = owner, fence
+        self.calls.fence = fence
         marker = self._open(owner.lineage)
         if marker is not None and marker.fence > fence:
             raise SinkFencedError(f"kafka topic {self.topic}", fence, marker.fence)
@@ -180,7 +180,8 @@ class TransactionalWriter:
             raise KafkaOptionError(f"the exactly-once Kafka sink's client refuses its settings: "
                                    f"{exc.args[0].str() if exc.args else exc}") from None
         try:
-            self._patiently("registering the transactional producer", lambda t: self._producer.init_transactions(t))
+            self.calls.patiently("registering the transactional producer",
+                                 lambda t: self._producer.init_transactions(t))
         except KafkaSinkError as exc:
             if "INVALID_TRANSACTION_TIMEOUT" not in str(exc):
                 raise
@@ -210,7 +211,7 @@ class TransactionalWriter:
             print(f"kafka sink {self.topic}: job {owner.job_id} already committed its output; nothing written",
                   flush=True)
             return 0
-        self._call("beginning a transaction", self._producer.begin_transaction)
+        self.calls.call("beginning a transaction", self._producer.begin_transaction)
         count = self._produce(rows())
         self._flush()
         self.batches_in_txn = [0]
@@ -228,7 +229,7 @@ class TransactionalWriter:
                 print(f"kafka sink {self.topic}: batch {batch_id} is already written; skipped", flush=True)
                 return 0
             if not self.batches_in_txn:
-                self._call("beginning a transaction", self._producer.begin_transaction)
+                self.calls.call("beginning a transaction", self._producer.begin_transaction)
             count = self._produce(rows())
             self._flush()
             self.batches_in_txn.append(batch_id)
@@ -240,7 +241,7 @@ class TransactionalWriter:
         try:
             return self._produce_all(rows)
         except KafkaException as exc:  # the producer itself is done for (fenced, fatal)
-            raise self._failure("writing a record", exc) from None
+            raise self.calls.failure("writing a record", exc) from None
 
     def _produce_all(self, rows: Iterator[tuple[Any, ...]]) -> int:
         produce, poll, topic = self._producer.produce, self._producer.poll, self.topic
@@ -299,12 +300,12 @@ class TransactionalWriter:
                 cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
                 if cause is None and self._errors:
                     err, self._errors = self._errors[0], []
-                    if _is_fenced(err):
+                    if is_fenced(err):
                         raise SinkFencedError(f"kafka topic {self.topic}", self.fence, None) from None
-                raise self._failure("flushing the transaction's records", cause or exc) from None
+                raise self.calls.failure("flushing the transaction's records", cause or exc) from None
             if self._errors:
                 err, self._errors = self._errors[0], []
-                if _is_fenced(err):
+                if is_fenced(err):
                     raise SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
                 raise KafkaSinkError(f"kafka sink {self.topic}: a record was not written ({err}); the open "
                                      "transaction is abandoned and the task restarts from its last checkpoint")
@@ -350,71 +351,24 @@ class TransactionalWriter:
         from confluent_kafka import TopicPartition
 
         if not begun:
-            self._call("beginning a transaction", self._producer.begin_transaction)
+            self.calls.call("beginning a transaction", self._producer.begin_transaction)
         offsets = [TopicPartition(self.topic, MARKER_PARTITION, marker.batch + 1, marker.encode())]
         group = self._group.consumer_group_metadata()
         # librdkafka 2.16 may never return from this call after the group's coordinator restarted,
         # whatever its timeout: bounded here, the task fails and its restart gets a fresh client.
-        self._patiently("adding the sink's marker", lambda t: _bounded(
+        self.calls.patiently("adding the sink's marker", lambda t: bounded(
             lambda: self._producer.send_offsets_to_transaction(offsets, group, t), t + HANG_MARGIN_S,
             "adding the sink's marker to the transaction"))
-        self._patiently("committing the transaction", lambda t: self._producer.commit_transaction(t))
+        self.calls.patiently("committing the transaction", lambda t: self._producer.commit_transaction(t))
         self.visible = marker
         self.batches_in_txn = []
 
     def _read_marker(self) -> Marker | None:
         from confluent_kafka import TopicPartition
 
-        found = self._patiently("reading the sink's marker", lambda t: self._group.committed(
+        found = self.calls.patiently("reading the sink's marker", lambda t: self._group.committed(
             [TopicPartition(self.topic, MARKER_PARTITION)], timeout=t))
         return Marker.decode(found[0].metadata) if found and found[0].offset >= 0 else None
-
-    # -- calls to the brokers --------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        from confluent_kafka import KafkaException
-
-        try:
-            return fn()
-        except KafkaException as exc:
-            raise self._failure(what, exc) from None
-
-    def _failure(self, what: str, exc: BaseException) -> Exception:
-        """SinkFencedError for a producer the brokers fenced (a newer attempt took the sink),
-        else KafkaSinkError saying what failed."""
-        err = exc.args[0] if exc.args and hasattr(exc.args[0], "code") else None  # a KafkaError
-        if err is not None and _is_fenced(err):
-            return SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
-        return KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap}: {err or exc}; the open "
-                              "transaction is abandoned and the task restarts from its last checkpoint")
-
-    def _patiently(self, what: str, fn: Callable[[float], Any]) -> Any:
-        """`fn(timeout)` retried while the brokers do not answer, with a waiting reason."""
-        from confluent_kafka import KafkaException
-
-        started, told, last_said = time.monotonic(), False, -10.0
-        try:
-            while True:
-                try:
-                    return fn(OPERATION_TIMEOUT_S / 3)
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    if err is not None and _is_fenced(err):
-                        raise self._failure(what, exc) from None
-                    retriable = err is not None and not err.fatal() and not err.txn_requires_abort() and (
-                        err.retriable() or err.code() in _unavailable_codes())
-                    waited = time.monotonic() - started
-                    if not retriable or waited > UNAVAILABLE_TIMEOUT_S:
-                        raise KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap} after "
-                                             f"{waited:.0f} s: {err or exc}") from None
-                    if not told:
-                        self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} ({what})")
-                        told = True
-                    if waited >= last_said + 10:  # what it waits out, in the driver's log
-                        print(f"kafka sink {self.topic}: {what}: {err} ({waited:.0f} s); trying again", flush=True)
-                        last_said = waited
-        finally:
-            if told:
-                self.on_wait(None)
 
     def close(self, *, abort: bool) -> None:
         """End the producer; `abort`: end an open transaction now instead of at its timeout (a
@@ -426,43 +380,3 @@ class TransactionalWriter:
             with contextlib.suppress(Exception):
                 self._group.close()
         self._producer = self._group = None
-
-
-def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """fn() on a thread of its own; KafkaSinkError if it has not returned within timeout_s (the
-    thread is left behind: the task fails and its process ends)."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            outcome.append((False, exc))
-
-    worker = threading.Thread(target=run, name="kafka-sink-call", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if not outcome:
-        raise KafkaSinkError(f"{what} did not return within {timeout_s:.0f} s (the Kafka client is stuck after a "
-                             "broker restart); the task restarts from its last checkpoint with a new client")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
-
-
-def _is_fenced(err: Any) -> bool:
-    from confluent_kafka import KafkaError
-
-    fenced = {KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH, getattr(KafkaError, "PRODUCER_FENCED", -999)}
-    return err.code() in fenced
-
-
-@functools.cache
-def _unavailable_codes() -> frozenset[int]:
-    """Errors of brokers that are away or busy for a while (a restart, an election)."""
-    from confluent_kafka import KafkaError
-
-    return frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                      KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                      KafkaError.NOT_COORDINATOR, KafkaError.CONCURRENT_TRANSACTIONS})

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from shared import durations
+from shared import backoff, durations
 from shared.errors import TaskError
 from shared.job_options import SINK_MAX_RETRIES as MAX_RETRIES
 from shared.job_options import SINK_MAX_RETRY_TIME as MAX_RETRY_TIME
@@ -86,7 +86,7 @@ class RetryPolicy:
 
     def backoff(self, retry: int) -> float:
         """The pause before retry number `retry` (1, 2, ...)."""
-        return min(self.max_backoff_s, self.first_backoff_s * 2 ** (retry - 1))
+        return backoff.exponential(retry, first_s=self.first_backoff_s, max_s=self.max_backoff_s)
 
 
 def is_unreachable(exc: BaseException) -> bool:
