@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from services.taskmanager.runtime.connectors import SinkFencedError, SinkOwner
-from services.taskmanager.runtime.connectors.kafka_transactions import Marker, SinkAheadOfRestore, TransactionalWriter
+from services.taskmanager.runtime.connectors.kafka_transactions import Marker, TransactionalWriter
+from services.taskmanager.runtime.connectors.sinks import SinkAheadOfRestore
 from tests.kafka_support import read_all
 
 pytestmark = pytest.mark.integration

@@ -50,7 +50,7 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
     (the acknowledgement of its snapshot was lost with the driver): it says so, and that
     snapshot, complete on disk before the sink committed, is restored instead."""
     from .connectors import SinkOwner
-    from .connectors.kafka_transactions import SinkAheadOfRestore
+    from .connectors.sinks import SinkAheadOfRestore
 
     restored_batch = _restore(spec, handle, live, spec.restore_from, restored_meta, phases)
     owner = SinkOwner(lineage=lineage["id"], job_id=spec.job_id, generation=lineage["generation"])

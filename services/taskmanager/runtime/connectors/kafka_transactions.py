@@ -60,23 +60,13 @@ from .kafka_calls import (
 )
 from .kafka_options import KafkaOptionError, connection_only
 from .ownership import SinkOwner
-from .sinks import SinkFencedError
+from .sinks import SinkAheadOfRestore, SinkFencedError
 
 MARKER_PARTITION = 0
 
 
 class KafkaTimeoutRefused(TaskError, RuntimeError):
     """The brokers refuse the sink's transaction timeout (above their transaction.max.timeout.ms)."""
-
-
-class SinkAheadOfRestore(TaskError, RuntimeError):
-    """The sink committed a checkpoint newer than the one this attempt restored (its
-    acknowledgement was lost): restore `path` (batch `batch_id`) instead."""
-
-    def __init__(self, path: str, batch_id: int, restored_batch_id: int):
-        self.path, self.batch_id, self.restored_batch_id = path, batch_id, restored_batch_id
-        super().__init__(f"the Kafka sink committed the checkpoint at batch {batch_id} ({path}) after the one "
-                         f"restored at batch {restored_batch_id}")
 
 
 @dataclass(frozen=True)

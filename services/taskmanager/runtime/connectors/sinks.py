@@ -52,6 +52,17 @@ class TwoPhaseSink(Protocol):
         """Release the sink; `abort`: end an open transaction now."""
 
 
+class SinkAheadOfRestore(TaskError, RuntimeError):
+    """A two-phase sink committed a checkpoint newer than the one this attempt restored (its
+    acknowledgement never reached the JobManager): restore `path` (batch `batch_id`) instead
+    (runtime/restore.py), or nothing would stop the newer batches from being written twice."""
+
+    def __init__(self, path: str, batch_id: int, restored_batch_id: int):
+        self.path, self.batch_id, self.restored_batch_id = path, batch_id, restored_batch_id
+        super().__init__(f"the sink committed the checkpoint at batch {batch_id} ({path}) after the one "
+                         f"restored at batch {restored_batch_id}")
+
+
 @dataclass
 class SinkHandle:
     """What `build(ctx)` returns.
