@@ -377,6 +377,9 @@ def taskmanager_info(tm: Any) -> dict[str, Any]:
         "blocked": False,
         "last-lost-at": ms(tm.last_lost_at) if tm.last_lost_at else None,
         "last-lost-reason": tm.last_lost_reason,
+        # REGISTERED, or LOST (listed with ?include=lost) with why; when: last-lost-at.
+        "state": tm.state,
+        "lost-reason": tm.lost_reason,
     }
 
 
@@ -389,9 +392,7 @@ def taskmanager_details(tm: Any, memory: Mapping[str, Any] | None = None) -> dic
          "memory": _task_memory((memory or {}).get(a.get("execution_id") or ""))}
         for a in (tm.allocations or []) if isinstance(a, dict)
     ]
-    out["state"] = tm.state
     out["registered"] = ms(tm.registered_at)
-    out["lost-reason"] = tm.lost_reason
     out["metrics"] = {}
     return out
 

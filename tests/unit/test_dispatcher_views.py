@@ -388,3 +388,10 @@ def test_restart_strategy_defaults_follow_flink():
     assert normalise_restart_strategy({"type": "off"}) == {"type": "none"}
     assert normalise_restart_strategy({"type": "failure-rate", "delay": "2 s"}) == {
         "type": "failure-rate", "max-failures-per-interval": 1, "failure-rate-interval": 60.0, "delay": 2.0}
+
+
+def test_a_lost_taskmanager_says_it_is_lost_when_and_why():
+    info = views.taskmanager_info(tm(state="LOST", lost_reason="no heartbeat for 10 s", last_lost_at=at(3),
+                                     last_lost_reason="no heartbeat for 10 s"))
+    assert (info["state"], info["lost-reason"], info["last-lost-at"]) == ("LOST", "no heartbeat for 10 s", ms(3))
+    assert (views.taskmanager_info(tm())["state"], views.taskmanager_info(tm())["lost-reason"]) == ("REGISTERED", None)
