@@ -45,7 +45,8 @@ def run(
     args: Optional[str] = typer.Option(None, "--args", help="program arguments, shell-quoted"),
     wait: bool = typer.Option(False, "--wait", help="wait for a terminal state"),
     options: Optional[list[str]] = typer.Option(
-        None, "-D", help='a job option KEY=VALUE, as Flink\'s -D (repeatable), e.g. -D headrace.latency-mode=true'),
+        None, "-D", metavar="KEY=VALUE",
+        help='a job option, as Flink\'s -D (repeatable), e.g. -D headrace.latency-mode=true'),
     from_savepoint: Optional[str] = typer.Option(
         None, "-s", "--from-savepoint", "--fromSavepoint",
         help="start from this savepoint or retained checkpoint (a path or file:// URI)"),
@@ -224,7 +225,9 @@ def stop(
     """Stop a job with a savepoint (it ends FINISHED); prints the savepoint's path last."""
     _check_timeout(timeout)
     with client(url) as c:
-        typer.echo(f"Suspending job {job_id}.")
+        where = savepoint_path or "the default savepoint directory (state.savepoints.dir)"
+        typer.echo(f"Stopping job {job_id} with a savepoint in {where}{', draining it first' if drain else ''}; "
+                   "it ends FINISHED once the savepoint is complete.")
         body = {"targetDirectory": savepoint_path, "drain": drain, "formatType": "CANONICAL"}
         rid = call(c, "POST", f"/jobs/{job_id}/stop", json=body)["request-id"]
         typer.echo("Waiting for response...")
