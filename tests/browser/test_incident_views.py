@@ -157,6 +157,11 @@ def test_the_job_list_shows_restarts_and_links_a_deployments_jobs(page, api, fai
     page.go(f"#/jobs/{failed_once}")
     page.wait("the last failure in the job's facts", lambda d: page.text(".last-failure").startswith(TRACE_SUMMARY))
     page.wait("its restarts in the job's facts", lambda d: "Restarts\n1" in page.text("#detail-facts"))
+    # The Exceptions tab: the same line over the whole trace.
+    page.go(f"#/jobs/{failed_once}/exceptions")
+    page.wait("the exception's summary over its trace",
+              lambda d: page.text("#detail-exceptions .exc-summary").startswith(TRACE_SUMMARY))
+    assert "... 23 more" in page.text("#detail-exceptions pre.stacktrace")
 
 
 def add_progress_history(cluster, execution_id: str, times_ms: list[int]) -> None:

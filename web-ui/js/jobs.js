@@ -343,6 +343,7 @@ function exceptionBox(e) {
         ` in ${e.taskName || "job"}${e.attempt !== null && e.attempt !== undefined ? ` (attempt ${e.attempt})` : ""}`),
       h("span", {}, fmtTime(e.timestamp),
         e.taskManagerId ? " · " : null, e.taskManagerId ? link(tmHref(e.taskManagerId), e.endpoint || e.taskManagerId) : null)),
+    e.summary ? h("div", { class: "exc-summary fail-text", text: e.summary }) : null,
     h("pre", { class: "stacktrace", text: e.stacktrace || "" }));
 }
 
