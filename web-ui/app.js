@@ -119,6 +119,7 @@ function showSilence() {
   const conn = $("conn");
   conn.className = "conn down";
   setText(conn, `no answer from the dispatcher for ${Math.round((Date.now() - lastAnswer) / 1000)} s`);
+  $("leader").classList.remove("live"); // who leads now is not known either
 }
 
 async function refresh(now) {

@@ -237,9 +237,11 @@ export async function api(path, options = {}) {
   }
   if (!res.ok) {
     const err = new ApiError(res.status, body);
-    if (res.status === 401) {
+    // A 401 to a request sent before a sign-in says nothing of the new token: it must not reopen
+    // the dialog the sign-in has just closed.
+    if (res.status === 401 && session.token() === token) {
       session.authRequired = true;
-      if (token && session.token() === token) signOut(false);
+      if (token) signOut(false);
       Auth.ask(token ? "The token was refused: it is unknown or has been revoked." : "This dispatcher requires a token.");
     } else if (res.status === 403) {
       const role = roleFromMessage(err.message);

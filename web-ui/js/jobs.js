@@ -225,8 +225,10 @@ function renderJobHeader(d) {
     d.deployment ? fact("Deployment", link(deploymentHref(d.deployment), d.deployment, { id: "detail-deployment" })) : null,
     d.restarts !== undefined ? fact("Restarts", String(d.restarts)) : null,
     // The newest exception as one line; the whole trace is in the Exceptions tab.
-    failure ? fact("Last Failure", h("span", { class: "fail-text last-failure", title: "the whole trace: Exceptions tab" },
-      failure.summary || "–", h("span", { class: "muted", text: ` · ${fmtTime(failure.timestamp)}` }))) : null,
+    failure ? fact("Last Failure", h("span", {},
+      h("span", { class: "fail-text last-failure", title: `${failure.summary || ""}\n(the whole trace: Exceptions tab)`,
+        text: failure.summary || "–" }),
+      h("span", { class: "muted", text: fmtTime(failure.timestamp) }))) : null,
   ].filter(Boolean));
 }
 
