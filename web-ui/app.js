@@ -1,9 +1,22 @@
 /* Headrace dashboard: the hash router and the 1-second poll. Pages live in index.html as
  * <section class="page">; the router shows one, and each poll refreshes only what it shows,
- * in place (no page reloads). The pieces are in js/: core (elements, REST client, sign-in),
- * jobs, checkpoints, cluster (TaskManagers, JobManager, logs), submit (submit, schedules) and
- * deployments. */
-"use strict";
+ * in place (no page reloads). The pieces are ES modules in js/: core (elements, REST client,
+ * sign-in), jobs, checkpoints, metrics, cluster (TaskManagers, JobManager, logs), submit (submit,
+ * schedules), deployments and autoscaler. Each keeps its names to itself and imports what it uses
+ * from the others: two pages' scripts once both defined a global renderHistory, and the one
+ * loaded last drew every page's history. */
+import { REFRESH_MS, $, setText, api, errorText, Auth } from "./js/core.js";
+import {
+  renderClusterOverview, renderLeaderBadge, renderOverviewJobs, renderJobList, openJob, closeJob,
+  refreshJobPage, installJobPage,
+} from "./js/jobs.js";
+import { pollOperations } from "./js/checkpoints.js";
+import {
+  refreshTaskManagers, openTaskManager, closeTaskManager, refreshTaskManager, openJobManager,
+  refreshJobManager, installClusterPages,
+} from "./js/cluster.js";
+import { loadJars, refreshSchedules, openSchedule, refreshSchedule, installSubmitPages } from "./js/submit.js";
+import { refreshDeployments, openDeployment, refreshDeployment, installDeploymentPages } from "./js/deployments.js";
 
 const TITLES = {
   overview: "Overview", jobs: "Jobs", job: "Job", taskmanagers: "Task Managers", taskmanager: "Task Manager",
@@ -15,7 +28,6 @@ const TITLES = {
 const LEGACY = /^#(overview|jobs|taskmanagers|submit)$|^#job\/([^/]+)(?:\/(checkpoints))?$/;
 
 let route = { page: "overview", id: null, tab: null };
-let lastJobs = null;
 
 function parseRoute(hash) {
   const legacy = LEGACY.exec(hash);
@@ -57,12 +69,10 @@ async function refreshPage(overview) {
   switch (route.page) {
     case "overview":
       renderClusterOverview(overview);
-      lastJobs = (await api("/jobs/overview")).jobs;
-      renderOverviewJobs(lastJobs);
+      renderOverviewJobs((await api("/jobs/overview")).jobs);
       break;
     case "jobs":
-      lastJobs = (await api("/jobs/overview")).jobs;
-      renderJobList(lastJobs);
+      renderJobList((await api("/jobs/overview")).jobs);
       break;
     case "job":
       await Promise.all([refreshJobPage(), pollOperations()]);
@@ -95,20 +105,43 @@ async function refreshPage(overview) {
 
 let inFlight = false;
 let again = false;
+// A dispatcher that accepts connections but does not answer (stopped, stuck) must not go on
+// looking live: a poll unanswered for SILENT_AFTER_MS turns the status red at once, counting the
+// seconds since the last answer, and the request's own limit (READ_TIMEOUT_MS) gives it up so
+// that the next poll starts.
+const SILENT_AFTER_MS = 3000;
+let pollStarted = 0;          // when the poll in flight started
+let lastAnswer = Date.now();  // when the dispatcher last answered a whole poll
+let silent = false;           // the last poll ended without an answer
+
+function showSilence() {
+  if (!silent && !(inFlight && Date.now() - pollStarted > SILENT_AFTER_MS)) return;
+  const conn = $("conn");
+  conn.className = "conn down";
+  setText(conn, `no answer from the dispatcher for ${Math.round((Date.now() - lastAnswer) / 1000)} s`);
+  $("leader").classList.remove("live"); // who leads now is not known either
+}
 
 async function refresh(now) {
   if (inFlight) { again = again || !!now; return; }
   inFlight = true;
+  pollStarted = Date.now();
   const conn = $("conn");
   try {
     const overview = await api("/overview");
     renderLeaderBadge(overview);
     await refreshPage(overview);
+    silent = false;
+    lastAnswer = Date.now();
     conn.className = "conn live";
     setText(conn, `live · updated ${new Date().toLocaleTimeString()}`);
   } catch (e) {
-    conn.className = "conn down";
-    setText(conn, e.status === 401 ? "sign in to see the cluster" : `disconnected: ${errorText(e)}`);
+    silent = !!e.timedOut;
+    if (silent) showSilence();
+    else {
+      conn.className = "conn down";
+      setText(conn, e.status === 401 ? "sign in to see the cluster" : `disconnected: ${errorText(e)}`);
+    }
   } finally {
     inFlight = false;
     if (again) { again = false; refresh(); }
@@ -134,7 +167,7 @@ async function showClusterServices() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  Auth.install();
+  Auth.install(() => refresh(true));
   showClusterServices();
   installJobPage();
   installClusterPages();
@@ -143,5 +176,5 @@ document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("hashchange", navigate);
   if (!window.location.hash) window.history.replaceState(null, "", "#/overview");
   navigate();
-  window.setInterval(refresh, REFRESH_MS);
+  window.setInterval(() => { showSilence(); refresh(); }, REFRESH_MS);
 });

@@ -25,8 +25,33 @@ from services.cli import (
     tokens,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Click's own help layout (rich_markup_mode=None): rich's tables cut long option names
+# (`--allow-non-restored-stat…`) to fit 80 columns; click wraps the help text instead and never
+# shortens a name.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Headrace: a Flink-style control plane for PySpark pipelines.")
+
+
+def package_version() -> str:
+    """The installed package's version (pyproject.toml's, in a checkout installed with pip -e)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("headrace")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: pip install -e .)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"headrace {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                          help="print Headrace's version and exit")) -> None:
+    """Headrace: a Flink-style control plane for PySpark pipelines."""
 
 for _module in (service_commands, cluster_commands, job_commands):
     app.add_typer(_module.commands)

@@ -20,7 +20,7 @@ commands = typer.Typer()
 def up(
     taskmanagers: int = typer.Option(2, "--taskmanagers", "-n", help="how many TaskManagers"),
     slots: Optional[int] = typer.Option(None, "--slots", help="slots per TaskManager"),
-    port: Optional[int] = typer.Option(None, help="dispatcher port (default 8081)"),
+    port: Optional[int] = typer.Option(None, metavar="PORT", help="dispatcher port (default 8081)"),
     ha: bool = typer.Option(False, "--ha", help="ZooKeeper mode: two JobManagers elect a leader (starts a local "
                                                 "ZooKeeper unless zookeeper_quorum is set)"),
     spark_workers: int = typer.Option(0, "--spark-workers", min=0, max=16,
@@ -31,6 +31,15 @@ def up(
     kafka: bool = typer.Option(False, "--kafka", help="also run a Kafka broker (KRaft, one node) on kafka_port "
                                                       "(9092), its data in $HEADRACE_HOME/kafka; pipelines get its "
                                                       "address as ctx.kafka_bootstrap_servers"),
+    redis_port: Optional[int] = typer.Option(None, "--redis-port", min=1, max=65535, metavar="PORT",
+                                             help="the port of the Redis it starts (default: a free one)"),
+    zookeeper_port: Optional[int] = typer.Option(None, "--zookeeper-port", min=1, max=65535, metavar="PORT",
+                                                 help="with --ha: the port of the ZooKeeper it starts (default: a "
+                                                      "free one)"),
+    metrics_port_base: Optional[int] = typer.Option(
+        None, "--metrics-port-base", min=1, max=65535 - 64, metavar="PORT",
+        help="the ResourceManager's metrics port; the JobManagers' and then the TaskManagers' follow it "
+             "(default: free ones)"),
 ) -> None:
     """Start a whole local cluster as supervised child processes; Ctrl-C stops it."""
     from services.cluster.local_cluster import ClusterError, LocalCluster
@@ -40,7 +49,8 @@ def up(
     ha = ha or settings.high_availability == "zookeeper"
     cluster = LocalCluster(settings, taskmanagers=taskmanagers, slots=slots, jobmanagers=2 if ha else 1, ha=ha,
                            spark_workers=spark_workers, spark_worker_cores=spark_worker_cores,
-                           spark_worker_memory=spark_worker_memory, kafka=kafka)
+                           spark_worker_memory=spark_worker_memory, kafka=kafka, redis_port=redis_port,
+                           zookeeper_port=zookeeper_port, metrics_port_base=metrics_port_base)
     stop = stop_event()
     try:
         cluster.start()

@@ -18,6 +18,7 @@ import typer
 from services.cli.common import URL_HELP, call, client, fail
 from services.cli.deploy_file import NAME_RULE, NAME_RULE_TEXT, DeploymentFileError, load_deployment_file
 from services.cli.job_commands import RESTORE_CHECK_WAIT_S
+from shared.failure_summary import summarize
 
 if TYPE_CHECKING:
     import httpx
@@ -184,9 +185,8 @@ def list_deployments(url: Optional[str] = URL) -> None:
     for d in rows:
         stable = d.get("stableGeneration")
         job = f"{d['jobId']} ({d.get('jobState') or '?'})" if d.get("jobId") else "-"
-        error = (d.get("error") or "-").splitlines()[0]
         table.append((d["name"], d.get("lifecycleState") or NEW, f"{d['generation']}/{stable or '-'}", job,
-                      error if len(error) <= 60 else error[:59] + "…"))
+                      summarize(d.get("error"), limit=60) or "-"))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     for r in table:
         typer.echo("  ".join(r[i].ljust(w) for i, w in enumerate(widths)) + "  " + r[-1])

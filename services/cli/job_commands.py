@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from services.cli.common import URL_HELP, call, client, fail
+from shared.failure_summary import summarize
 
 if TYPE_CHECKING:
     import httpx
@@ -44,7 +45,8 @@ def run(
     args: Optional[str] = typer.Option(None, "--args", help="program arguments, shell-quoted"),
     wait: bool = typer.Option(False, "--wait", help="wait for a terminal state"),
     options: Optional[list[str]] = typer.Option(
-        None, "-D", help='a job option KEY=VALUE, as Flink\'s -D (repeatable), e.g. -D headrace.latency-mode=true'),
+        None, "-D", metavar="KEY=VALUE",
+        help='a job option, as Flink\'s -D (repeatable), e.g. -D headrace.latency-mode=true'),
     from_savepoint: Optional[str] = typer.Option(
         None, "-s", "--from-savepoint", "--fromSavepoint",
         help="start from this savepoint or retained checkpoint (a path or file:// URI)"),
@@ -91,7 +93,8 @@ def run(
         typer.echo(f"Job has been submitted with JobID {job['jobid']}")
         if wait:
             state = wait_for_terminal(c, job["jobid"])
-            typer.echo(f"Job {job['jobid']} {state}")
+            cause = last_failure(c, job["jobid"]) if state == "FAILED" else None
+            typer.echo(f"Job {job['jobid']} {state}" + (f": {cause}" if cause else ""))
             if state != "FINISHED":
                 raise typer.Exit(1)
 
@@ -104,6 +107,15 @@ def wait_for_terminal(c: httpx.Client, job_id: str, timeout_s: float = 3600) -> 
             return state
         time.sleep(0.5)
     fail(f"job {job_id} not finished after {timeout_s:.0f} s")
+
+
+def last_failure(c: httpx.Client, job_id: str) -> str | None:
+    """The newest exception of the job's history as one line (its whole trace: the exceptions
+    endpoint, or the dashboard's Exceptions tab)."""
+    entries = (call(c, "GET", f"/jobs/{job_id}/exceptions").get("exceptionHistory") or {}).get("entries") or []
+    if not entries:
+        return None
+    return summarize(f"{entries[0].get('exceptionName')}: {entries[0].get('stacktrace') or ''}")
 
 
 @commands.command("list")
@@ -213,7 +225,9 @@ def stop(
     """Stop a job with a savepoint (it ends FINISHED); prints the savepoint's path last."""
     _check_timeout(timeout)
     with client(url) as c:
-        typer.echo(f"Suspending job {job_id}.")
+        where = savepoint_path or "the default savepoint directory (state.savepoints.dir)"
+        typer.echo(f"Stopping job {job_id} with a savepoint in {where}{', draining it first' if drain else ''}; "
+                   "it ends FINISHED once the savepoint is complete.")
         body = {"targetDirectory": savepoint_path, "drain": drain, "formatType": "CANONICAL"}
         rid = call(c, "POST", f"/jobs/{job_id}/stop", json=body)["request-id"]
         typer.echo("Waiting for response...")
@@ -238,7 +252,7 @@ def checkpoint_table(stats: dict) -> list[str]:
         status = "DISCARDED" if cp.get("discarded") else cp.get("status", "?")
         kind = "savepoint" if cp.get("is_savepoint") else "checkpoint"
         batch = cp.get("batch_id")
-        path = _local(cp.get("external_path") or "") or (cp.get("failure_message") or "-").splitlines()[0][:80]
+        path = _local(cp.get("external_path") or "") or summarize(cp.get("failure_message"), limit=80) or "-"
         rows.append((str(cp.get("id")), status, kind, "-" if batch is None else str(batch),
                      _size(cp.get("state_size")), f"{int(cp.get('end_to_end_duration') or 0)} ms", path))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]

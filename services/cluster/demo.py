@@ -22,6 +22,7 @@ from sqlalchemy import create_engine, inspect, text
 from services.cluster.local_cluster import ClusterError, LocalCluster
 from services.cluster.pipeline_database import pipeline_database
 from shared.catalog.db import normalise_url
+from shared.failure_summary import summarize
 from shared.settings import Settings
 
 # Package data: in a checkout examples links to the repository's examples/, in an installed
@@ -59,8 +60,8 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
             echo(f"submitted the clickstream example as job {job_id}; waiting for it to finish ...")
             state = _wait(http, job_id, stop, echo, marks)
             if state != "FINISHED":
-                exc = http.get(f"/jobs/{job_id}/exceptions").json().get("root-exception") or ""
-                fail(f"job {job_id} ended {state}: {exc.strip().splitlines()[-1] if exc.strip() else 'no exception'}")
+                exc = http.get(f"/jobs/{job_id}/exceptions").json().get("root-exception")
+                fail(f"job {job_id} ended {state}: {summarize(exc) or 'no exception'}")
         marks["finished"] = time.monotonic()
         _print_windows(sink_url, echo)
         marks["result"] = time.monotonic()

@@ -82,16 +82,16 @@ class RedisUrls:
 
 
 def start_redis(settings: Settings, spawn: Spawn, env: dict, *, taskmanager_ids: Sequence[str],
-                bind: tuple[str, ...]) -> RedisUrls:
-    """A redis-server on a free port with its data (AOF) in $HEADRACE_HOME/redis; unless
-    `redis_auth` is off, with a password and an ACL user per service and TaskManager."""
+                bind: tuple[str, ...], port: int | None = None) -> RedisUrls:
+    """A redis-server on `port` (None: a free one) with its data (AOF) in $HEADRACE_HOME/redis;
+    unless `redis_auth` is off, with a password and an ACL user per service and TaskManager."""
     if not shutil.which("redis-server"):
         raise ClusterError("redis-server is not installed (Debian: apt-get install redis-server), "
                            "or set HEADRACE_REDIS_URL to a running Redis")
     data_dir = settings.home / "redis"
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
-    port = free_port()
+    port = port or free_port()
     base = f"redis://127.0.0.1:{port}/0"
     aclfile = None
     if settings.redis_auth:
@@ -114,9 +114,9 @@ def start_redis(settings: Settings, spawn: Spawn, env: dict, *, taskmanager_ids:
     return urls
 
 
-def start_zookeeper(spawn: Spawn, env: dict, data_dir: Path, bind: str) -> str:
-    """A standalone ZooKeeper server on a free port; its quorum string (host:port)."""
-    port = free_port()
+def start_zookeeper(spawn: Spawn, env: dict, data_dir: Path, bind: str, port: int | None = None) -> str:
+    """A standalone ZooKeeper server on `port` (None: a free one); its quorum string (host:port)."""
+    port = port or free_port()
     child = spawn("zookeeper", zookeeper_command(data_dir, port, bind), env)
     deadline = time.monotonic() + ZOOKEEPER_START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -200,6 +200,19 @@ def wait_kafka(spec: kafka_broker.BrokerSpec, child: Child) -> None:
         kafka_broker.wait_until_ready(spec, alive=lambda: child.proc.poll() is None, log=child.log)
     except kafka_broker.KafkaBrokerError as exc:
         raise ClusterError(str(exc)) from None
+
+
+def check_pinned_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:
+    """Before anything starts: every port the caller fixed (`what` -> port) is free, and no two
+    are the same; one line naming the first that is not."""
+    seen: dict[int, str] = {}
+    for what, port in ports.items():
+        if port in seen:
+            raise ClusterError(f"port {port} is asked for twice: {seen[port]} and {what}")
+        seen[port] = what
+        if port_taken(host, port):
+            raise ClusterError(f"port {port} for {what} is taken on {host}: another process listens there "
+                               f"(ss -ltnp 'sport = :{port}'); stop it or choose another port")
 
 
 def port_taken(host: str, port: int) -> bool:

@@ -96,6 +96,12 @@ class LocalCluster:
     spark_worker_cores: int = 1
     spark_worker_memory: str = "1g"
     kafka: bool = False  # a Kafka broker beside the cluster, its address the pipelines' default
+    # Ports otherwise chosen free at each start (`headrace up --redis-port`, `--zookeeper-port`,
+    # `--metrics-port-base`): fixed ones for firewalls, and for shared hosts where each cluster
+    # keeps its own.
+    redis_port: int | None = None
+    zookeeper_port: int | None = None
+    metrics_port_base: int | None = None
     run_dir: Path | None = None
     children: list[Child] = field(default_factory=list)
     redis_url: str = ""
@@ -140,6 +146,7 @@ class LocalCluster:
         broker = infrastructure.kafka_spec(s) if self.kafka else None
         if broker is not None:
             infrastructure.check_kafka(s, broker)
+        infrastructure.check_pinned_ports(self.pinned_ports())
         self.run_dir = self.run_dir or s.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -148,7 +155,7 @@ class LocalCluster:
             self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, s.redis_url)
         else:
             urls = infrastructure.start_redis(s, self._spawn, env, taskmanager_ids=self._taskmanager_ids(),
-                                              bind=self.redis_bind)
+                                              bind=self.redis_bind, port=self.redis_port)
             self.redis_url, self.service_redis_urls = urls.admin, urls.by_user
         config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog,
                                               "pipeline_catalog_url": self.pipeline_catalog_url}
@@ -156,7 +163,7 @@ class LocalCluster:
             config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
         if self.ha or s.high_availability == "zookeeper":
             self.zookeeper_quorum = s.zookeeper_quorum or infrastructure.start_zookeeper(
-                self._spawn, env, self.run_path / "zookeeper", self.zookeeper_bind)
+                self._spawn, env, self.run_path / "zookeeper", self.zookeeper_bind, port=self.zookeeper_port)
             config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
         if self.spark_workers > 0:
             master = self.spark_master = infrastructure.start_spark(
@@ -220,14 +227,36 @@ class LocalCluster:
     def _taskmanager_ids(self) -> list[str]:
         return [f"tm-{i + 1}" for i in range(self.taskmanagers)]
 
+    def pinned_ports(self) -> dict[str, int]:
+        """The ports fixed instead of chosen free, by what will listen there."""
+        planned = self.planned_children()
+        if self.redis_port and "redis" not in planned:
+            raise ClusterError("--redis-port pins the Redis headrace up starts; with HEADRACE_REDIS_URL set it "
+                               "starts none (that URL names the port)")
+        if self.zookeeper_port and "zookeeper" not in planned:
+            raise ClusterError("--zookeeper-port pins the ZooKeeper headrace up starts with --ha; without --ha, "
+                               "or with HEADRACE_ZOOKEEPER_QUORUM set, it starts none")
+        ports = {"redis (--redis-port)": self.redis_port, "zookeeper (--zookeeper-port)": self.zookeeper_port}
+        ports |= {f"{name}'s metrics (--metrics-port-base)": port for name, port in self._pinned_metrics().items()}
+        return {what: port for what, port in ports.items() if port}
+
+    def _pinned_metrics(self) -> dict[str, int]:
+        """With `metrics_port_base`: the ResourceManager's metrics port is the base, then each
+        JobManager's, then each TaskManager's, in order (metrics turned off take no port)."""
+        if not self.metrics_port_base:
+            return {}
+        names = [n for n in self.planned_children()
+                 if getattr(self.settings, f"{role_of(n)}_metrics_port", -1) != -1]
+        return {name: self.metrics_port_base + i for i, name in enumerate(names)}
+
     def _metrics_env(self, name: str, env: dict) -> dict:
-        """Several members of one role run on this host: each gets its own free metrics port (kept
-        across respawns, which reuse the child's environment), unless metrics are off."""
+        """Several members of one role run on this host: each gets its own metrics port, pinned or
+        free (kept across respawns, which reuse the child's environment), unless metrics are off."""
         role = role_of(name)
         key = f"{role}_metrics_port"
         if getattr(self.settings, key) == -1:
             return env
-        port = free_port()
+        port = self._pinned_metrics().get(name) or free_port()
         self.metrics_urls[name] = f"http://{self.settings.metrics_host}:{port}/metrics"
         return env | {f"HEADRACE_{key.upper()}": str(port)}
 

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from shared import job_options
 from shared.catalog.models import epoch_ms
+from shared.failure_summary import summarize
 from shared.ids import VertexId
 from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, ExecutionState, JobStatus
 
@@ -80,6 +81,12 @@ def attempts(latest: Mapping[VertexId, Any]) -> int:
     return max((ex.attempt + 1 for ex in latest.values()), default=0)
 
 
+def restarts(latest: Mapping[VertexId, Any]) -> int:
+    """How many times the job's tasks were started again (after a failure, or for a rescale):
+    every restart gives each task a new attempt."""
+    return max(attempts(latest) - 1, 0)
+
+
 # --- jobs ----------------------------------------------------------------------------------
 
 
@@ -105,6 +112,8 @@ def job_overview(job: Any, vertices: Sequence[Any], latest: Mapping[VertexId, An
         # Headrace extras for the dashboard's job list.
         "waiting-reason": waiting_reason(job, latest),
         "parallelism": job.parallelism,
+        "restarts": restarts(latest),
+        "deployment": getattr(job, "deployment", None),  # the deployment that started it, if any
     }
 
 
@@ -146,8 +155,9 @@ def job_plan(job: Any, vertices: Sequence[Any]) -> dict[str, Any]:
 
 
 def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[VertexId, Any], timestamps: Mapping[str, int],
-                *, max_par: int, now_ms: int) -> dict[str, Any]:
-    """Flink's JobDetailsInfo plus `waiting-reason`, `restart-strategy` and `attempts`."""
+                *, max_par: int, now_ms: int, last_exception: Any | None = None) -> dict[str, Any]:
+    """Flink's JobDetailsInfo plus `waiting-reason`, `restart-strategy`, `attempts`, `restarts`,
+    `deployment` and `last-failure` (the newest entry of its exception history, summarised)."""
     start, end = ms(job.created_at), ms(job.end_at)
     stamps = dict.fromkeys(JOB_STATE_NAMES, 0)
     stamps.update({k: int(v) for k, v in timestamps.items()})
@@ -169,8 +179,22 @@ def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[VertexId, Any
         "waiting-reason": waiting_reason(job, latest),
         "restart-strategy": dict(job.restart_strategy or {}),
         "attempts": attempts(latest),
+        "restarts": restarts(latest),
         "schedule-id": getattr(job, "schedule_id", None),  # the schedule that started it, if any
+        "deployment": getattr(job, "deployment", None),
+        "last-failure": last_failure(last_exception),
     }
+
+
+def exception_summary(row: Any) -> str | None:
+    """An exception history entry as one line: its exception's type and message."""
+    return summarize(f"{row.exception_name}: {row.stacktrace}")
+
+
+def last_failure(row: Any | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {"summary": exception_summary(row), "timestamp": ms(row.at), "attempt": row.attempt}
 
 
 def job_config(job: Any) -> dict[str, Any]:
@@ -245,6 +269,7 @@ def attempt(ex: Any, now_ms: int) -> dict[str, Any]:
         "duration": _duration(start, end, now_ms),
         "timestamps": {k: int(v) for k, v in (ex.timestamps or {}).items()},
         "failure-cause": ex.failure_cause,
+        "failure-summary": summarize(ex.failure_cause),  # its exception's type and message, one line
         "waiting-reason": ex.waiting_reason,
         # The last micro-batch this attempt committed (Spark's commit is the checkpoint barrier).
         "last-batch-id": ex.last_batch_id,
@@ -280,6 +305,7 @@ def exceptions(rows: Sequence[Any], tm_hosts: Mapping[str, str], *, limit: int) 
         {
             "exceptionName": r.exception_name,
             "stacktrace": r.stacktrace,
+            "summary": exception_summary(r),  # Headrace's: the exception's type and message
             "timestamp": ms(r.at),
             "taskName": r.vertex_name,
             "endpoint": tm_hosts.get(r.taskmanager_id, r.taskmanager_id) if r.taskmanager_id else None,
@@ -351,6 +377,9 @@ def taskmanager_info(tm: Any) -> dict[str, Any]:
         "blocked": False,
         "last-lost-at": ms(tm.last_lost_at) if tm.last_lost_at else None,
         "last-lost-reason": tm.last_lost_reason,
+        # REGISTERED, or LOST (listed with ?include=lost) with why; when: last-lost-at.
+        "state": tm.state,
+        "lost-reason": tm.lost_reason,
     }
 
 
@@ -363,9 +392,7 @@ def taskmanager_details(tm: Any, memory: Mapping[str, Any] | None = None) -> dic
          "memory": _task_memory((memory or {}).get(a.get("execution_id") or ""))}
         for a in (tm.allocations or []) if isinstance(a, dict)
     ]
-    out["state"] = tm.state
     out["registered"] = ms(tm.registered_at)
-    out["lost-reason"] = tm.lost_reason
     out["metrics"] = {}
     return out
 

@@ -31,6 +31,7 @@ from shared.catalog import repository as repo
 from shared.catalog.models import CheckpointRow, DeploymentRow, Execution, Job, utcnow
 from shared.catalog.repository import deployments as deployments_repo
 from shared.clock import Clock
+from shared.failure_summary import summarize
 from shared.ids import JobId, new_job_id, new_request_id
 from shared.messages import CancelJob, RequestSavepoint, SubmitJob
 from shared.settings import Settings
@@ -175,7 +176,7 @@ class DeploymentReconciler:
             checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
             newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
             latest_snapshot=snapshot.path if snapshot is not None else None,
-            failure=(failure or "").strip().splitlines()[0][:300] if failure else None,
+            failure=summarize(failure),
             parallelism=max((v.parallelism for v in repo.job_vertices(s, job.id)), default=None))
 
     # --- carrying a plan out --------------------------------------------------------------------

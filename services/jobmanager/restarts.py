@@ -20,6 +20,7 @@ from services.jobmanager.transitions import Fx
 from shared import restart
 from shared.catalog import repository as repo
 from shared.catalog.models import Job
+from shared.failure_summary import summarize
 from shared.ids import ExecutionId, JobId, TaskManagerId, new_execution_id
 from shared.messages import CancelSlotRequest, CancelTask, ReleaseSlots
 from shared.restart import RestartStrategy
@@ -92,7 +93,7 @@ class Restarts:
                     restart_in = max(0.0, restart_in - max(0.0, silent_for_s))
             elif JS.FAILED in decision.job:
                 ctx.checkpoints.on_job_terminal(s, job, JS.FAILED)
-                log.warning("job %s FAILED: %s", job.id, cause.splitlines()[-1] if cause else cause_name)
+                log.warning("job %s FAILED: %s", job.id, summarize(f"{cause_name}: {cause}"))
             job_id = job.id
         if release_alloc:
             ctx.uow.emit(ReleaseSlots(allocation_id=release_alloc, reason="FAILED"))

@@ -270,6 +270,9 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
     page.go(f"#/jobs/{jid}")
     page.wait("the job page again", lambda d: page.visible("#page-job"))
     page.el("#tab-btn-overview").click()
+    # Back from another page the job's header is drawn again by the next poll: its Cancel button
+    # stays hidden until that poll has seen the job's state.
+    page.wait("the Cancel button", lambda d: page.visible("#detail-cancel"))
     page.el("#detail-cancel").click()
     page.accept_confirm()
     page.wait("the job CANCELED on its page", lambda d: page.text("#detail-state") == "CANCELED", JOB_WAIT_S)

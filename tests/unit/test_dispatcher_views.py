@@ -110,6 +110,34 @@ def test_job_details_timestamps_vertices_and_extras():
         {"id": v.id, "parallelism": 2, "operator": "", "operator_strategy": "", "description": v.name,
          "optimizer_properties": {}}]}
     assert out["attempts"] == 3 and out["restart-strategy"] == {"type": "none"} and out["waiting-reason"] is None
+    assert out["restarts"] == 2 and out["deployment"] is None and out["last-failure"] is None
+
+
+TRACE = ('Traceback (most recent call last):\n  File "/job/clicks.py", line 9, in parse\n    return int(raw)\n'
+         "ValueError: invalid literal for int() with base 10: 'x'\n")
+
+
+def test_a_failure_is_summarised_by_its_exception_not_the_traces_first_line():
+    cause = f"ValueError: {TRACE}"
+    v = vertex()
+    [attempt] = views.vertex_details(v, [execution(state="FAILED", failure_cause=cause)], {}, max_par=4,
+                                     now_ms=ms(10))["attempts"]
+    assert attempt["failure-cause"] == cause  # whole, as the exceptions tab shows it
+    assert attempt["failure-summary"] == "ValueError: invalid literal for int() with base 10: 'x'"
+    row = exc_row(1)
+    row.exception_name, row.stacktrace = "ValueError", TRACE
+    [entry] = views.exceptions([row], {}, limit=4)["exceptionHistory"]["entries"]
+    assert entry["summary"] == attempt["failure-summary"] and entry["stacktrace"] == TRACE
+    out = views.job_details(job(status="RESTARTING"), [v], {v.id: execution(attempt=1)}, {}, max_par=4, now_ms=ms(10),
+                            last_exception=row)
+    assert out["last-failure"] == {"summary": attempt["failure-summary"], "timestamp": ms(1), "attempt": 1}
+
+
+def test_the_job_list_names_its_restarts_and_its_deployment():
+    v = vertex()
+    out = views.job_overview(job(deployment="clicks"), [v], {v.id: execution(attempt=3)}, now_ms=ms(10))
+    assert (out["restarts"], out["deployment"]) == (3, "clicks")
+    assert views.job_overview(job(), [v], {}, now_ms=ms(10))["restarts"] == 0
 
 
 def test_job_details_before_planning():
@@ -175,6 +203,7 @@ def test_vertex_details_current_attempt_and_history():
         "duration": 2000,
         "timestamps": old.timestamps,
         "failure-cause": "boom",
+        "failure-summary": "boom",
         "waiting-reason": None,
         "last-batch-id": 7,
         "read-records": 10,
@@ -207,9 +236,9 @@ def test_exceptions_newest_first_and_truncated():
     assert out["all-exceptions"] == [] and out["truncated"] is False
     entries = out["exceptionHistory"]["entries"]
     assert out["exceptionHistory"]["truncated"] is True and len(entries) == 2
-    assert entries[0] == {"exceptionName": "E3", "stacktrace": "trace 3", "timestamp": ms(3), "taskName": "src",
-                          "endpoint": "worker-1", "taskManagerId": "tm-1", "failureLabels": {},
-                          "concurrentExceptions": [], "attempt": 3}
+    assert entries[0] == {"exceptionName": "E3", "stacktrace": "trace 3", "summary": "E3: trace 3",
+                          "timestamp": ms(3), "taskName": "src", "endpoint": "worker-1", "taskManagerId": "tm-1",
+                          "failureLabels": {}, "concurrentExceptions": [], "attempt": 3}
     assert entries[1]["endpoint"] is None and entries[1]["taskManagerId"] is None
 
 
@@ -359,3 +388,10 @@ def test_restart_strategy_defaults_follow_flink():
     assert normalise_restart_strategy({"type": "off"}) == {"type": "none"}
     assert normalise_restart_strategy({"type": "failure-rate", "delay": "2 s"}) == {
         "type": "failure-rate", "max-failures-per-interval": 1, "failure-rate-interval": 60.0, "delay": 2.0}
+
+
+def test_a_lost_taskmanager_says_it_is_lost_when_and_why():
+    info = views.taskmanager_info(tm(state="LOST", lost_reason="no heartbeat for 10 s", last_lost_at=at(3),
+                                     last_lost_reason="no heartbeat for 10 s"))
+    assert (info["state"], info["lost-reason"], info["last-lost-at"]) == ("LOST", "no heartbeat for 10 s", ms(3))
+    assert (views.taskmanager_info(tm())["state"], views.taskmanager_info(tm())["lost-reason"]) == ("REGISTERED", None)

@@ -1,7 +1,8 @@
 /* Headrace dashboard: the Checkpoints tab of a job (statistics, configuration, details of one
  * checkpoint, and the savepoint / stop / checkpoint actions with their status polling).
  * `selectedJob` (jobs.js) is the job whose page is open. */
-"use strict";
+import { $, h, setText, syncRows, badge, fact, fmtTime, fmtBytes, fmtMillis, api, errorText } from "./core.js";
+import { selectedJob } from "./jobs.js";
 
 /* ---------------------------------------------------------------- checkpoints */
 
@@ -13,7 +14,7 @@ let cpConfigAt = 0;         // when it was fetched (the configuration is re-read
 let cpDetailsId = null;     // the checkpoint whose details are open
 const operations = new Map(); // jid -> [{kind, requestId, resource, status, text, failed, started}], newest first
 
-function resetCheckpointView() {
+export function resetCheckpointView() {
   cpConfigFor = null;
   cpConfigAt = 0;
   cpDetailsId = null;
@@ -123,7 +124,7 @@ function updateHistoryRow(tr, s) {
   tr.classList.toggle("savepoint-row", isSavepoint(s));
 }
 
-function renderHistory(history) {
+function renderCheckpointHistory(history) {
   const items = [...(history || [])].sort((a, b) => b.id - a.id);
   syncRows($("cp-history"), items, (s) => String(s.id), createHistoryRow, updateHistoryRow);
   $("cp-history-empty").hidden = items.length > 0;
@@ -155,7 +156,7 @@ function renderCheckpoints(cp) {
   $("cp-stats").hidden = false;
   renderCounts(cp.counts);
   renderLatest(cp.latest);
-  renderHistory(cp.history);
+  renderCheckpointHistory(cp.history);
   renderSummary(cp.summary);
 }
 
@@ -252,7 +253,7 @@ function renderConfigUnavailable(e) {
   setText(box, e.status === 404 ? "No checkpoint configuration for this job." : `Configuration unavailable: ${e.message}`);
 }
 
-async function refreshCheckpoints(jid, d) {
+export async function refreshCheckpoints(jid, d) {
   renderActionState(d);
   const base = `/jobs/${encodeURIComponent(jid)}/checkpoints`;
   const wantConfig = cpConfigFor !== jid || Date.now() - cpConfigAt > 10000;
@@ -431,7 +432,7 @@ async function pollOne(op) {
   }
 }
 
-async function pollOperations() {
+export async function pollOperations() {
   const pending = [];
   for (const list of operations.values()) {
     for (const op of list) if (op.status === "IN_PROGRESS" && op.resource) pending.push(op);
@@ -459,7 +460,7 @@ function renderOperations() {
 }
 
 
-function installCheckpointActions() {
+export function installCheckpointActions() {
   $("cp-actions").addEventListener("submit", (ev) => ev.preventDefault()); // Enter in the directory field
   $("cp-savepoint").addEventListener("click", triggerSavepoint);
   $("cp-stop").addEventListener("click", stopWithSavepoint);

@@ -1,6 +1,9 @@
 /* Headrace dashboard: TaskManagers (#/taskmanagers, #/taskmanagers/<id>), the JobManager
  * (#/jobmanager) and the log viewer both use. */
-"use strict";
+import {
+  $, h, setText, replaceIfChanged, syncRows, badge, fact, link, enc, jobHref, tmHref, fmtTime, toMillis, fmtWhen,
+  fmtBytes, fmtAgo, fmtNumber, dash, session, api, errorText,
+} from "./core.js";
 
 /* ---------------------------------------------------------------- log viewer */
 
@@ -111,7 +114,7 @@ function createTmRow(tm) {
     h("td", { class: "mono" }, h("a", { href: tmHref(tm.id), text: tm.id })), h("td"),
     h("td", {}, h("div", { class: "slots" },
       h("div", { class: "slotbar" }, h("div", { class: "slotbar-used" })), h("span"))),
-    h("td"), h("td"), h("td"));
+    h("td"), h("td"), h("td"), h("td", { class: "tm-state" }));
   tr.addEventListener("click", (ev) => { if (!ev.target.closest("a")) window.location.hash = tmHref(tm.id); });
   return tr;
 }
@@ -121,21 +124,38 @@ function slotBar(bar, total, free) {
   bar.classList.toggle("full", total > 0 && free === 0);
 }
 
+/* LOST with when and why (the ResourceManager's verdict), or registered. */
+function tmState(tm) {
+  if (tm.state !== "LOST") return h("span", { class: "muted", text: "registered" });
+  const at = tm["last-lost-at"];
+  return h("span", {}, badge("LOST"), ` ${at ? fmtAgo(at) : ""}`,
+    tm["lost-reason"] ? h("div", { class: "lost-reason", text: tm["lost-reason"] }) : null);
+}
+
 function updateTmRow(tr, tm) {
   const c = tr.children;
+  const lost = tm.state === "LOST";
+  tr.classList.toggle("tm-lost", lost);
   setText(c[1], tm.host || "");
-  slotBar(c[2].querySelector(".slotbar-used"), tm.slotsNumber, tm.freeSlots);
-  setText(c[2].querySelector("span"), `${tm.freeSlots} / ${tm.slotsNumber} free`);
+  slotBar(c[2].querySelector(".slotbar-used"), tm.slotsNumber, lost ? tm.slotsNumber : tm.freeSlots);
+  setText(c[2].querySelector("span"), lost ? `${tm.slotsNumber} lost` : `${tm.freeSlots} / ${tm.slotsNumber} free`);
   setText(c[3], tm.hardware ? tm.hardware.cpuCores : "–");
   setText(c[4], fmtBytes(tm.hardware ? tm.hardware.physicalMemory : null));
   setText(c[5], fmtAgo(tm.timeSinceLastHeartbeat));
+  // Rebuilt each second while lost: "lost 12s ago" goes on counting.
+  replaceIfChanged(c[6], JSON.stringify([tm.state, tm["last-lost-at"], tm["lost-reason"], lost ? Date.now() / 1000 | 0 : 0]),
+    () => tmState(tm));
 }
 
-async function refreshTaskManagers() {
-  const { taskmanagers } = await api("/taskmanagers");
-  syncRows($("tm-body"), taskmanagers, (t) => t.id, createTmRow, updateTmRow);
-  $("tm-empty").hidden = taskmanagers.length > 0;
-  $("tm-table").hidden = taskmanagers.length === 0;
+/* Registered TaskManagers, and lost ones until they register again: a TaskManager that vanished
+ * from the list would hide the cause of the failovers it set off. */
+export async function refreshTaskManagers() {
+  const { taskmanagers } = await api("/taskmanagers?include=lost");
+  const order = (tm) => (tm.state === "LOST" ? 1 : 0);
+  const shown = [...taskmanagers].sort((a, b) => order(a) - order(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  syncRows($("tm-body"), shown, (t) => t.id, createTmRow, updateTmRow);
+  $("tm-empty").hidden = shown.length > 0;
+  $("tm-table").hidden = shown.length === 0;
 }
 
 /* ---------------------------------------------------------------- one TaskManager */
@@ -143,7 +163,7 @@ async function refreshTaskManagers() {
 let shownTm = null;
 let tmLogs = null;
 
-function openTaskManager(id) {
+export function openTaskManager(id) {
   if (shownTm === id) return;
   shownTm = id;
   setText($("tmd-id"), id);
@@ -156,7 +176,7 @@ function openTaskManager(id) {
   tmLogs.refresh(true);
 }
 
-function closeTaskManager() {
+export function closeTaskManager() {
   shownTm = null;
   tmLogs = null;
 }
@@ -186,7 +206,7 @@ function resourceRows(tm) {
   ];
 }
 
-async function refreshTaskManager() {
+export async function refreshTaskManager() {
   const id = shownTm;
   if (!id) return;
   const logs = tmLogs;
@@ -241,7 +261,7 @@ async function refreshTaskManager() {
 let jmLogs = null;
 let jmConfigAt = 0;
 
-function openJobManager() {
+export function openJobManager() {
   if (!jmLogs) {
     jmLogs = new LogViewer($("jm-logs"), {
       listPath: "/jobmanager/logs", filePath: (name) => `/jobmanager/logs/${enc(name)}`,
@@ -285,7 +305,7 @@ function renderJmConfig(entries) {
 
 let jmConfig = null;
 
-async function refreshJobManager(overview) {
+export async function refreshJobManager(overview) {
   try {
     renderLeader(await api("/jobmanager/leader"), false);
   } catch (e) {
@@ -308,6 +328,6 @@ async function refreshJobManager(overview) {
   if (jmLogs) await jmLogs.refresh(false);
 }
 
-function installClusterPages() {
+export function installClusterPages() {
   $("jm-config-filter").addEventListener("input", () => { if (jmConfig) renderJmConfig(jmConfig); });
 }

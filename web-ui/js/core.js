@@ -3,25 +3,23 @@
  * value, never parsed as HTML; the page's Content-Security-Policy (script-src 'self';
  * style-src 'self') also forbids inline scripts and style attributes, so styles come from
  * classes, and sizes from element.style (CSSOM, which the policy allows). */
-"use strict";
-
-const REFRESH_MS = 1000;
-const TERMINAL = new Set(["FINISHED", "FAILED", "CANCELED"]);
+export const REFRESH_MS = 1000;
+export const TERMINAL = new Set(["FINISHED", "FAILED", "CANCELED"]);
 const TASK_STATES = ["created", "scheduled", "deploying", "initializing", "running", "finished",
   "canceling", "canceled", "failed", "reconciling"];
 
-const $ = (id) => document.getElementById(id);
+export const $ = (id) => document.getElementById(id);
 
 /* ---------------------------------------------------------------- elements */
 
-function h(tag, attrs, ...children) {
+export function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   return fill(el, attrs, children);
 }
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 
-function s(tag, attrs, ...children) {
+export function s(tag, attrs, ...children) {
   return fill(document.createElementNS(SVG_NS, tag), attrs, children);
 }
 
@@ -41,14 +39,14 @@ function fill(el, attrs, children) {
   return el;
 }
 
-function setText(el, value) {
+export function setText(el, value) {
   const v = value === null || value === undefined ? "" : String(value);
   if (el.textContent !== v) el.textContent = v;
 }
 
 /* Replace an element's children only when `key` (what they were built from) changed, so the
  * 1-second refresh does not rebuild (and lose the selection or scroll of) an unchanged block. */
-function replaceIfChanged(el, key, build) {
+export function replaceIfChanged(el, key, build) {
   if (el.dataset.v === key) return false;
   el.dataset.v = key;
   const out = build();
@@ -58,7 +56,7 @@ function replaceIfChanged(el, key, build) {
 
 /* Keyed table rows: a row is created once per id and updated in place, so a button is never
  * replaced between mousedown and click by the 1-second refresh. */
-function syncRows(tbody, items, key, create, update) {
+export function syncRows(tbody, items, key, create, update) {
   const existing = new Map();
   for (const tr of tbody.children) existing.set(tr.dataset.key, tr);
   const wanted = new Set();
@@ -76,47 +74,54 @@ function syncRows(tbody, items, key, create, update) {
   for (const [k, tr] of existing) if (!wanted.has(k)) tr.remove();
 }
 
-function badge(state) {
+export function badge(state) {
   return h("span", { class: `badge state-${state}`, text: state });
 }
 
-function fact(label, value) {
+export function fact(label, value) {
   return h("div", {}, h("dt", { text: label }), value instanceof Node ? h("dd", {}, value) : h("dd", { text: value }));
 }
 
-function link(href, text, attrs) {
+export function link(href, text, attrs) {
   return h("a", { href, text, ...(attrs || {}) });
 }
 
-const enc = encodeURIComponent;
-const jobHref = (jid, tab) => `#/jobs/${enc(jid)}${tab ? `/${tab}` : ""}`;
-const tmHref = (id) => `#/taskmanagers/${enc(id)}`;
+export const enc = encodeURIComponent;
+export const jobHref = (jid, tab) => `#/jobs/${enc(jid)}${tab ? `/${tab}` : ""}`;
+export const tmHref = (id) => `#/taskmanagers/${enc(id)}`;
+export const deploymentHref = (name) => `#/deployments/${enc(name)}`;
 
 /* ---------------------------------------------------------------- formatting */
 
 const pad = (n) => String(n).padStart(2, "0");
 
-function fmtTime(ms) {
+export function fmtTime(ms) {
   if (!ms || ms < 0) return "–";
   const d = new Date(ms);
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
     `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+/* The time of day alone, for a chart's time axis. */
+export function fmtClock(ms) {
+  const d = new Date(ms);
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
 /* Times that arrive as ISO strings (schedules, log files) or epoch seconds/milliseconds. */
-function toMillis(v) {
+export function toMillis(v) {
   if (v === null || v === undefined || v === "") return null;
   if (typeof v === "number") return v < 1e11 ? v * 1000 : v;
   const t = Date.parse(v);
   return Number.isNaN(t) ? null : t;
 }
 
-function fmtWhen(v) {
+export function fmtWhen(v) {
   const ms = toMillis(v);
   return ms === null ? (v ? String(v) : "–") : fmtTime(ms);
 }
 
-function fmtDuration(ms) {
+export function fmtDuration(ms) {
   if (ms === null || ms === undefined || ms < 0) return "–";
   if (ms < 1000) return `${ms}ms`;
   let sec = Math.floor(ms / 1000);
@@ -131,7 +136,7 @@ function fmtDuration(ms) {
   return parts.slice(0, 3).join(" ");
 }
 
-function fmtBytes(n) {
+export function fmtBytes(n) {
   if (!n && n !== 0) return "–";
   const units = ["B", "KB", "MB", "GB", "TB"];
   let i = 0;
@@ -140,26 +145,26 @@ function fmtBytes(n) {
 }
 
 /* Checkpoint timings are often under a few seconds, where fmtDuration's whole seconds say little. */
-function fmtMillis(ms) {
+export function fmtMillis(ms) {
   if (ms === null || ms === undefined || ms < 0) return "–";
   if (ms < 1000) return `${Math.round(ms)}ms`;
   if (ms < 60000) return `${Number((ms / 1000).toFixed(ms < 10000 ? 2 : 1))}s`;
   return fmtDuration(ms);
 }
 
-function fmtAgo(ms) {
+export function fmtAgo(ms) {
   if (!ms || ms < 0) return "–";
   const sec = Math.max(0, Math.round((Date.now() - ms) / 1000));
   return sec < 1 ? "just now" : `${fmtDuration(sec * 1000)} ago`;
 }
 
-function fmtNumber(v, digits) {
+export function fmtNumber(v, digits) {
   if (v === null || v === undefined || Number.isNaN(Number(v))) return "–";
   const n = Number(v);
   return digits === undefined ? n.toLocaleString() : n.toLocaleString(undefined, { maximumFractionDigits: digits });
 }
 
-const dash = (v) => (v === null || v === undefined || v === "" ? "–" : v);
+export const dash = (v) => (v === null || v === undefined || v === "" ? "–" : v);
 
 /* ---------------------------------------------------------------- REST client and sign-in */
 
@@ -176,14 +181,24 @@ class ApiError extends Error {
   get missingEndpoint() { return this.status === 404 && !this.body.field; }
 
   get forbidden() { return this.status === 403; }
+
+  /* No answer within the request's time limit: the dispatcher is hung, or too busy to answer. */
+  get timedOut() { return this.status === 0 && !!this.body.timedOut; }
 }
+
+/* How long a request may go unanswered before it is given up. A dispatcher that accepts
+ * connections but never answers (stopped, or stuck) would otherwise hold the poll forever, and
+ * the page would go on saying "live". Reads are small; a submission waits for the restore check
+ * (up to 120 s on the dispatcher's side). */
+export const READ_TIMEOUT_MS = 10000;
+const WRITE_TIMEOUT_MS = 180000;
 
 /* With auth on (docs/runbooks/auth.md) every API call needs a bearer token. It is kept in
  * sessionStorage (this tab only, gone when it closes); a 401 opens the sign-in dialog, and
  * polls wait for it rather than asking again. */
 const TOKEN_KEY = "headrace.token";
 const ROLE_KEY = "headrace.role";
-const session = {
+export const session = {
   token: () => sessionStorage.getItem(TOKEN_KEY),
   role: () => sessionStorage.getItem(ROLE_KEY),
   authRequired: false,
@@ -194,18 +209,27 @@ function roleFromMessage(text) {
   return m ? m[1] : null;
 }
 
-async function api(path, options = {}) {
-  const { as, ...init } = options;
+export async function api(path, options = {}) {
+  const { as, timeoutMs, ...init } = options;
   const token = session.token();
   const headers = { Accept: as === "text" ? "text/plain, application/json" : "application/json", ...(init.headers || {}) };
   if (token) headers.Authorization = `Bearer ${token}`;
+  const limit = timeoutMs || ((init.method || "GET").toUpperCase() === "GET" ? READ_TIMEOUT_MS : WRITE_TIMEOUT_MS);
+  const abort = new AbortController();
+  const timer = window.setTimeout(() => abort.abort(), limit);
   let res;
+  let text;
   try {
-    res = await fetch(path, { ...init, headers });
+    res = await fetch(path, { ...init, headers, signal: abort.signal });
+    text = await res.text(); // the body too: a dispatcher may stop half-way through an answer
   } catch (e) {
+    if (abort.signal.aborted) {
+      throw new ApiError(0, { errors: [`no answer from the dispatcher within ${limit / 1000} s`], timedOut: true });
+    }
     throw new ApiError(0, { errors: [`the dispatcher is unreachable (${e.message})`] });
+  } finally {
+    window.clearTimeout(timer);
   }
-  const text = await res.text();
   if (res.ok && as === "text") return text;
   let body = null;
   if (text) {
@@ -213,9 +237,11 @@ async function api(path, options = {}) {
   }
   if (!res.ok) {
     const err = new ApiError(res.status, body);
-    if (res.status === 401) {
+    // A 401 to a request sent before a sign-in says nothing of the new token: it must not reopen
+    // the dialog the sign-in has just closed.
+    if (res.status === 401 && session.token() === token) {
       session.authRequired = true;
-      if (token && session.token() === token) signOut(false);
+      if (token) signOut(false);
       Auth.ask(token ? "The token was refused: it is unknown or has been revoked." : "This dispatcher requires a token.");
     } else if (res.status === 403) {
       const role = roleFromMessage(err.message);
@@ -234,7 +260,7 @@ function signOut(reload) {
 }
 
 /* A readable sentence for an error shown in place of what could not be done or read. */
-function errorText(e, what) {
+export function errorText(e, what) {
   if (!(e instanceof ApiError)) return `${what ? `${what}: ` : ""}${e && e.message ? e.message : e}`;
   if (e.status === 403) {
     const role = roleFromMessage(e.message) || session.role() || "unknown";
@@ -247,7 +273,7 @@ function errorText(e, what) {
   return `${what ? `${what}: ` : ""}${e.message}${b.hint ? ` — ${b.hint}` : ""}`;
 }
 
-const Auth = {
+export const Auth = {
   dismissed: false,
 
   setRole(role) {
@@ -282,7 +308,13 @@ const Auth = {
   /* Checks the token and learns its role from GET /auth/whoami. */
   async signIn(token) {
     const headers = { Accept: "application/json", Authorization: `Bearer ${token}` };
-    const who = await fetch("/auth/whoami", { headers });
+    let who;
+    try {
+      who = await fetch("/auth/whoami", { headers, signal: AbortSignal.timeout(READ_TIMEOUT_MS) });
+    } catch (e) {
+      throw new Error(e.name === "TimeoutError" ? `No answer from the dispatcher within ${READ_TIMEOUT_MS / 1000} s.`
+        : `The dispatcher is unreachable (${e.message}).`);
+    }
     if (who.status === 401) throw new Error("This token is unknown or revoked.");
     if (!who.ok) throw new Error(`The dispatcher answered HTTP ${who.status}.`);
     const body = await who.json().catch(() => ({}));
@@ -293,7 +325,8 @@ const Auth = {
     return role;
   },
 
-  install() {
+  /* `onSignedIn`: what to do once a token is accepted (the dashboard polls at once). */
+  install(onSignedIn) {
     const form = $("signin-form");
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
@@ -305,7 +338,7 @@ const Auth = {
         const role = await this.signIn(token);
         setText($("signin-message"), `Signed in with role ${role}.`);
         $("signin").close();
-        if (typeof refresh === "function") refresh(true);
+        if (onSignedIn) onSignedIn();
       } catch (e) {
         setText($("signin-message"), e.message);
       } finally {
@@ -322,7 +355,7 @@ const Auth = {
 
 /* ---------------------------------------------------------------- small shared widgets */
 
-function taskBadges(tasks) {
+export function taskBadges(tasks) {
   const frag = h("span", { class: "tasks" });
   for (const st of TASK_STATES) {
     const n = (tasks || {})[st] || 0;
@@ -333,7 +366,7 @@ function taskBadges(tasks) {
 }
 
 /* An inline status line next to an action: text, kind ok|error|"" */
-function say(el, text, kind) {
+export function say(el, text, kind) {
   el.className = `message ${kind || ""}`;
   setText(el, text);
 }

@@ -1,7 +1,11 @@
 /* Headrace dashboard: deployments (#/deployments, #/deployments/<name>): a named pipeline the
  * JobManager keeps running at its latest spec, upgrading, rolling back and suspending its job.
  * Like every page, server text is only ever written as text (h(..., {text}), setText). */
-"use strict";
+import {
+  $, h, setText, replaceIfChanged, syncRows, badge, fact, link, enc, jobHref, deploymentHref, fmtTime, toMillis,
+  fmtWhen, fmtAgo, dash, api, errorText, say,
+} from "./core.js";
+import { refreshAutoscaler } from "./autoscaler.js";
 
 /* Lifecycle states drawn with the job states' colours (style.css): unknown ones get the grey
  * default of .badge. */
@@ -14,8 +18,6 @@ function lifecycleBadge(state) {
   if (!state) return h("span", { class: "badge", title: "the JobManager has not taken it up yet", text: "NEW" });
   return h("span", { class: `badge state-${LIFECYCLE_CLASS[state] || state}`, text: state });
 }
-
-const deploymentHref = (name) => `#/deployments/${enc(name)}`;
 
 /* ---------------------------------------------------------------- spec differences */
 
@@ -86,7 +88,7 @@ function updateDeploymentRow(tr, d) {
   setText(c[8], textOf(d.error));
 }
 
-async function refreshDeployments() {
+export async function refreshDeployments() {
   let out;
   try {
     out = await api("/deployments");
@@ -109,10 +111,10 @@ async function refreshDeployments() {
 
 /* ---------------------------------------------------------------- one deployment */
 
-let shownDeployment = null;  // the name whose page is open
+export let shownDeployment = null;  // the name whose page is open
 let deploymentDetail = null; // its latest GET /deployments/{name}
 
-function openDeployment(name) {
+export function openDeployment(name) {
   if (shownDeployment === name) return;
   shownDeployment = name;
   deploymentDetail = null;
@@ -171,7 +173,7 @@ function contentKeys(rows) {
   });
 }
 
-function renderHistory(history) {
+function renderDeploymentHistory(history) {
   const rows = contentKeys([...(history || [])]).reverse()
     .sort((x, y) => (toMillis(y.r.at) || 0) - (toMillis(x.r.at) || 0)); // newest first; stable for equal times
   syncRows($("depd-history"), rows, (x) => x.key, ({ r }) => h("tr", {},
@@ -222,7 +224,7 @@ function renderDeploymentFacts(d) {
   $("depd-actions").hidden = false;
 }
 
-async function refreshDeployment() {
+export async function refreshDeployment() {
   const name = shownDeployment;
   if (name === null) return;
   let d;
@@ -241,7 +243,7 @@ async function refreshDeployment() {
   setText($("depd-name"), d.name || name);
   renderDeploymentFacts(d);
   renderGenerations(d.generations);
-  renderHistory((d.status || {}).history);
+  renderDeploymentHistory((d.status || {}).history);
   renderSavepoints(d.savepoints);
   await refreshAutoscaler(name, d);
 }
@@ -286,10 +288,10 @@ function rollBack() {
     "rollback requested");
 }
 
-function installDeploymentPages() {
+export function installDeploymentPages() {
   $("depd-suspend").addEventListener("click", toggleSuspended);
   $("depd-rollback").addEventListener("click", rollBack);
 }
 
 /* What a test (or the console) may call: Deployments.diffSpecs(before, after). */
-const Deployments = { diffSpecs, canonicalJson, lifecycleBadge };
+window.Deployments = Object.freeze({ diffSpecs, canonicalJson, lifecycleBadge });

@@ -1,9 +1,14 @@
 /* Headrace dashboard: the overview, the job list and a job's page (#/jobs/<id>/<tab>). */
-"use strict";
+import {
+  TERMINAL, $, h, setText, replaceIfChanged, syncRows, badge, fact, link, enc, jobHref, tmHref, deploymentHref,
+  fmtTime, fmtDuration, fmtNumber, dash, api, errorText, taskBadges, say,
+} from "./core.js";
+import { resetCheckpointView, refreshCheckpoints, installCheckpointActions } from "./checkpoints.js";
+import { recordSample, loadMetricHistory, renderMetrics } from "./metrics.js";
 
 /* ---------------------------------------------------------------- overview */
 
-function renderClusterOverview(o) {
+export function renderClusterOverview(o) {
   setText($("slots-available"), o["slots-available"]);
   setText($("slots-total"), o["slots-total"]);
   setText($("tm-count"), o.taskmanagers);
@@ -18,7 +23,7 @@ function renderClusterOverview(o) {
   bar.classList.toggle("full", total > 0 && used >= total);
 }
 
-function renderLeaderBadge(o) {
+export function renderLeaderBadge(o) {
   setText($("version"), o["flink-version"]);
   const jm = o.jobmanager;
   const leader = $("leader");
@@ -50,6 +55,20 @@ const JOB_COLUMNS = {
   },
   state: { create: () => h("td", { class: "state" }), update: (td, job) => replaceIfChanged(td, job.state, () => badge(job.state)) },
   reason: { create: () => h("td", { class: "reason" }), update: (td, job) => setText(td, job["waiting-reason"] || "") },
+  restarts: {
+    create: () => h("td", { class: "restarts" }),
+    update: (td, job) => {
+      setText(td, job.restarts === undefined || job.restarts === null ? "–" : String(job.restarts));
+      td.classList.toggle("restarted", job.restarts > 0);
+    },
+  },
+  // A deployment starts a job per generation, rescale and rollback, all with its name: the link
+  // says which deployment, and its page which generation.
+  deployment: {
+    create: () => h("td", { class: "deployment" }),
+    update: (td, job) => replaceIfChanged(td, String(job.deployment || ""), () => (job.deployment
+      ? link(deploymentHref(job.deployment), job.deployment, { title: `deployment ${job.deployment}` }) : "–")),
+  },
   cancel: {
     create: (job) => {
       const btn = h("button", { type: "button", class: "cancel", text: "Cancel" });
@@ -79,11 +98,11 @@ function jobRows(tbody, jobs, columns) {
 
 const newestFirst = (a, b) => (b["start-time"] || 0) - (a["start-time"] || 0) || (a.jid < b.jid ? 1 : -1);
 
-function renderOverviewJobs(jobs) {
+export function renderOverviewJobs(jobs) {
   const running = jobs.filter((j) => !TERMINAL.has(j.state)).sort(newestFirst);
   const done = jobs.filter((j) => TERMINAL.has(j.state))
     .sort((a, b) => (b["end-time"] || 0) - (a["end-time"] || 0)).slice(0, 10);
-  jobRows($("ov-running"), running, ["name", "start", "duration", "tasks", "state", "reason"]);
+  jobRows($("ov-running"), running, ["name", "start", "duration", "tasks", "state", "restarts", "reason"]);
   jobRows($("ov-completed"), done, ["name", "start", "duration", "end", "tasks", "state"]);
   $("ov-running-table").hidden = !running.length;
   $("ov-running-empty").hidden = running.length > 0;
@@ -99,11 +118,15 @@ function jobMatches(job, state, text) {
   return true;
 }
 
-function renderJobList(jobs) {
+let lastJobs = null; // the list last shown: the filters redraw it without asking the server
+
+export function renderJobList(jobs) {
+  lastJobs = jobs;
   const state = $("jobs-filter-state").value;
   const text = $("jobs-filter-name").value.trim().toLowerCase();
   const shown = jobs.filter((j) => jobMatches(j, state, text)).sort(newestFirst);
-  jobRows($("jobs-body"), shown, ["name", "start", "duration", "end", "tasks", "state", "reason", "cancel"]);
+  jobRows($("jobs-body"), shown,
+    ["name", "deployment", "start", "duration", "end", "tasks", "state", "restarts", "reason", "cancel"]);
   $("jobs-table").hidden = shown.length === 0;
   const empty = $("jobs-empty");
   empty.hidden = shown.length > 0;
@@ -130,12 +153,12 @@ async function cancelJob(jid, button, messageEl) {
 /* ---------------------------------------------------------------- a job's page */
 
 const JOB_TABS = ["overview", "attempts", "exceptions", "configuration", "checkpoints", "metrics"];
-let selectedJob = null;   // the job whose page is open
+export let selectedJob = null;   // the job whose page is open
 let activeTab = "overview";
-let jobDetail = null;     // its latest GET /jobs/{id}
-let progress = null;      // its latest GET /jobs/{id}/progress tasks (null: unknown or not served)
+export let jobDetail = null;     // its latest GET /jobs/{id}
+export let progress = null;      // its latest GET /jobs/{id}/progress tasks (null: unknown or not served)
 
-function openJob(jid, tab) {
+export function openJob(jid, tab) {
   const tabName = JOB_TABS.includes(tab) ? tab : "overview";
   if (jid !== selectedJob) {
     selectedJob = jid;
@@ -165,7 +188,7 @@ function openJob(jid, tab) {
   for (const t of JOB_TABS) $(`tab-${t}`).hidden = t !== tabName;
 }
 
-function closeJob() {
+export function closeJob() {
   selectedJob = null;
 }
 
@@ -185,8 +208,9 @@ function renderJobHeader(d) {
   cancel.hidden = TERMINAL.has(d.state);
   if (d.state === "CANCELLING") { cancel.disabled = true; setText(cancel, "Cancelling"); }
   const scheduleId = d["schedule-id"] || d.scheduleId || null;
+  const failure = d["last-failure"] || null;
   const key = JSON.stringify([d.jid, d["start-time"], d.duration, d.attempts, d["restart-strategy"], d.maxParallelism,
-    d["job-type"], d["waiting-reason"], d["end-time"], scheduleId]);
+    d["job-type"], d["waiting-reason"], d["end-time"], scheduleId, d.restarts, d.deployment, failure]);
   replaceIfChanged($("detail-facts"), key, () => [
     fact("Job ID", h("span", { class: "mono", text: d.jid })),
     fact("Start Time", fmtTime(d["start-time"])),
@@ -198,6 +222,13 @@ function renderJobHeader(d) {
     fact("Type", dash(d["job-type"])),
     d["waiting-reason"] ? fact("Waiting Reason", d["waiting-reason"]) : null,
     scheduleId ? fact("Started by schedule", link(`#/schedules/${enc(scheduleId)}`, scheduleId)) : null,
+    d.deployment ? fact("Deployment", link(deploymentHref(d.deployment), d.deployment, { id: "detail-deployment" })) : null,
+    d.restarts !== undefined ? fact("Restarts", String(d.restarts)) : null,
+    // The newest exception as one line; the whole trace is in the Exceptions tab.
+    failure ? fact("Last Failure", h("span", {},
+      h("span", { class: "fail-text last-failure", title: `${failure.summary || ""}\n(the whole trace: Exceptions tab)`,
+        text: failure.summary || "–" }),
+      h("span", { class: "muted", text: fmtTime(failure.timestamp) }))) : null,
   ].filter(Boolean));
 }
 
@@ -206,7 +237,7 @@ function progressOf(vertexId) {
   return (progress || []).filter((t) => t.vertexId === vertexId);
 }
 
-function sparkLinks(tasks) {
+export function sparkLinks(tasks) {
   const urls = [...new Set(tasks.map((t) => t.sparkUi).filter((u) => typeof u === "string" && /^https?:\/\//.test(u)))];
   if (!urls.length) return h("span", { class: "muted", text: "–" });
   return h("span", {}, ...urls.map((u, i) => h("a", {
@@ -301,7 +332,9 @@ function renderAttempts(vertexDetails) {
       h("td", { text: fmtDuration(a.duration) }),
       h("td", { text: dash(a["last-batch-id"]) }),
       h("td", { class: "restore-cell" }, restoreCell(a)),
-      h("td", { class: "reason", text: a["failure-cause"] || "", title: a["failure-cause"] || "" })));
+      // The exception's type and message; the whole cause on hover and in the Exceptions tab.
+      h("td", { class: "cause-cell" }, a["failure-cause"] ? h("div", { class: "cause", title: a["failure-cause"],
+        text: a["failure-summary"] || a["failure-cause"] }) : null)));
   });
 }
 
@@ -312,6 +345,7 @@ function exceptionBox(e) {
         ` in ${e.taskName || "job"}${e.attempt !== null && e.attempt !== undefined ? ` (attempt ${e.attempt})` : ""}`),
       h("span", {}, fmtTime(e.timestamp),
         e.taskManagerId ? " · " : null, e.taskManagerId ? link(tmHref(e.taskManagerId), e.endpoint || e.taskManagerId) : null)),
+    e.summary ? h("div", { class: "exc-summary fail-text", text: e.summary }) : null,
     h("pre", { class: "stacktrace", text: e.stacktrace || "" }));
 }
 
@@ -361,7 +395,7 @@ function renderJobConfig(cfg) {
 
 /* ---------------------------------------------------------------- polling the open job */
 
-async function refreshJobPage() {
+export async function refreshJobPage() {
   const jid = selectedJob;
   if (!jid) return;
   const base = `/jobs/${enc(jid)}`;
@@ -433,7 +467,7 @@ async function vertexDetails(jid, d) {
   }
 }
 
-function installJobPage() {
+export function installJobPage() {
   $("detail-cancel").addEventListener("click", () => {
     if (selectedJob) cancelJob(selectedJob, $("detail-cancel"), $("detail-cancel-message"));
   });

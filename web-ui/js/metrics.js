@@ -1,6 +1,11 @@
 /* The job's Metrics tab: charts of its tasks' micro-batch figures. They start with the last ten
  * minutes the TaskManagers keep (GET /jobs/{id}/progress/history), loaded when the job page opens,
  * and go on with the live figures of GET /jobs/{id}/progress that the job page polls (jobs.js). */
+import {
+  $, h, s, setText, replaceIfChanged, syncRows, link, enc, tmHref, toMillis, fmtClock, fmtWhen, fmtDuration,
+  fmtMillis, fmtNumber, dash, api,
+} from "./core.js";
+import { selectedJob, jobDetail, progress, sparkLinks } from "./jobs.js";
 
 const metricHistory = new Map(); // jid -> [{t, input, processed, duration, lag}], oldest first
 
@@ -34,7 +39,7 @@ function keepSamples(jid, list) {
   metricHistory.set(jid, list.filter((p, i) => p.t > newest - HISTORY_MS && (i === 0 || p.t !== list[i - 1].t)));
 }
 
-function recordSample(jid, tasks) {
+export function recordSample(jid, tasks) {
   const running = tasks.filter((t) => typeof t.timestamp === "number");
   if (!running.length) return;
   const t = Math.max(...running.map((x) => x.timestamp));
@@ -64,7 +69,7 @@ function mergeHistory(jid, history) {
   keepSamples(jid, list);
 }
 
-async function loadMetricHistory(jid) {
+export async function loadMetricHistory(jid) {
   try {
     const history = await api(`/jobs/${enc(jid)}/progress/history`);
     if (jid === selectedJob) mergeHistory(jid, history);
@@ -80,26 +85,67 @@ const CHARTS = [
   ["lag", "Source lag", (v) => fmtNumber(v, 0)],
 ];
 
-/* A small line chart: an SVG polyline of the last samples (no library: the page loads nothing
- * but its own files). */
-function chart(label, samples, field, fmt) {
-  const W = 280, H = 70;
-  const pts = samples.map((p) => p[field]).map((v, i) => [i, v]).filter(([, v]) => v !== null && v !== undefined);
-  const last = pts.length ? pts[pts.length - 1][1] : null;
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": label });
-  svg.append(s("line", { x1: 0, y1: H - 1, x2: W, y2: H - 1, class: "axis" }));
-  if (pts.length > 1) {
-    const max = Math.max(...pts.map(([, v]) => v), 1e-9);
-    const n = samples.length - 1 || 1;
-    const coords = pts.map(([i, v]) => `${((i / n) * W).toFixed(1)},${(H - 4 - (v / max) * (H - 20)).toFixed(1)}`);
-    svg.append(s("polyline", { points: coords.join(" "), class: "series" }));
-    svg.append(s("text", { x: 4, y: 12, class: "chart-max", text: `max ${fmt(max)}` }));
+/* A small line chart against time: an SVG polyline (no library: the page loads nothing but its
+ * own files). x is each sample's time `t` within the samples' span, so a 30 s gap between two
+ * batches is thirty times as wide as one second between the next two, and the line breaks there
+ * instead of joining them (what happened meanwhile is unknown); the axis under it is labelled
+ * with the span's first, middle and last times. */
+const W = 280;
+const H = 88;
+const PLOT_TOP = 16;
+const PLOT_BOTTOM = 66; // the time axis; its labels below it
+
+
+/* Runs of consecutive points no further apart than `gapMs`: one polyline each. */
+function segments(points, gapMs) {
+  const out = [];
+  for (const p of points) {
+    const run = out[out.length - 1];
+    if (run && p.t - run[run.length - 1].t <= gapMs) run.push(p);
+    else out.push([p]);
   }
-  return h("figure", { class: "chart-box" },
-    h("figcaption", {}, h("span", { text: label }), h("b", { text: last === null ? "–" : fmt(last) })), svg);
+  return out;
 }
 
-function renderMetrics(jid) {
+/* A gap is a pause of more than five times the usual spacing of the points (and at least 5 s):
+ * batches every second with one missing are still a line. */
+function gapOf(points) {
+  const steps = points.slice(1).map((p, i) => p.t - points[i].t).sort((a, b) => a - b);
+  const usual = steps.length ? steps[Math.floor(steps.length / 2)] : 0;
+  return Math.max(5000, 5 * usual);
+}
+
+export function chart(label, samples, field, fmt) {
+  const points = samples.map((p) => ({ t: toMillis(p.t), v: p[field] }))
+    .filter((p) => p.t !== null && p.v !== null && p.v !== undefined).sort((a, b) => a.t - b.t);
+  const last = points.length ? points[points.length - 1].v : null;
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": label });
+  svg.append(s("line", { x1: 0, y1: PLOT_BOTTOM, x2: W, y2: PLOT_BOTTOM, class: "axis" }));
+  if (points.length > 1) {
+    const t0 = points[0].t;
+    const span = Math.max(points[points.length - 1].t - t0, 1);
+    const max = Math.max(...points.map((p) => p.v), 1e-9);
+    const x = (t) => (((t - t0) / span) * W).toFixed(1);
+    const y = (v) => (PLOT_BOTTOM - 2 - (v / max) * (PLOT_BOTTOM - PLOT_TOP)).toFixed(1);
+    for (const run of segments(points, gapOf(points))) {
+      if (run.length === 1) svg.append(s("circle", { cx: x(run[0].t), cy: y(run[0].v), r: 1.5, class: "series-dot" }));
+      else svg.append(s("polyline", { points: run.map((p) => `${x(p.t)},${y(p.v)}`).join(" "), class: "series" }));
+    }
+    svg.append(s("text", { x: 4, y: 10, class: "chart-max", text: `max ${fmt(max)}` }));
+    const ticks = [[t0, "start"], [t0 + span / 2, "middle"], [t0 + span, "end"]];
+    for (const [t, anchor] of ticks) {
+      const tx = anchor === "start" ? 0 : anchor === "end" ? W : W / 2;
+      svg.append(s("line", { x1: tx, y1: PLOT_BOTTOM, x2: tx, y2: PLOT_BOTTOM + 3, class: "axis" }));
+      svg.append(s("text", { x: tx, y: H - 8, "text-anchor": anchor, class: "chart-tick", text: fmtClock(t) }));
+    }
+  }
+  return h("figure", { class: "chart-box" },
+    h("figcaption", {}, h("span", { text: label }), h("b", { text: last === null ? "–" : fmt(last) })), svg,
+    points.length > 1 ? h("div", { class: "chart-axis-label",
+      text: `time · ${fmtDuration(points[points.length - 1].t - points[0].t)} shown` }) : null);
+}
+
+export function renderMetrics(jid) {
   const samples = metricHistory.get(jid) || [];
   $("metrics-charts").replaceChildren(...CHARTS.map(([f, label, fmt]) => chart(label, samples, f, fmt)));
   const tasks = progress || [];

@@ -1,11 +1,14 @@
 /* Headrace dashboard: submitting a job (#/submit) and schedules (#/schedules, #/schedules/<id>). */
-"use strict";
+import {
+  $, h, setText, replaceIfChanged, syncRows, fact, link, enc, jobHref, fmtTime, toMillis, fmtWhen, fmtDuration,
+  dash, api, errorText, say,
+} from "./core.js";
 
 /* ---------------------------------------------------------------- uploaded pipelines */
 
 let jarFiles = [];
 
-async function loadJars(selectId) {
+export async function loadJars(selectId) {
   try {
     const { files } = await api("/jars");
     jarFiles = files || [];
@@ -186,7 +189,7 @@ async function changeSchedule(id, { method, toggle }, button, msg) {
   }
 }
 
-async function refreshSchedules() {
+export async function refreshSchedules() {
   let out;
   try {
     out = await api("/jobs/schedules");
@@ -258,14 +261,14 @@ async function createSchedule(ev) {
 
 let shownSchedule = null;
 
-function openSchedule(id) {
+export function openSchedule(id) {
   if (shownSchedule === id) return;
   shownSchedule = id;
   setText($("schd-name"), id);
   for (const k of ["schd-facts", "schd-history"]) { $(k).replaceChildren(); $(k).dataset.v = ""; }
 }
 
-async function refreshSchedule() {
+export async function refreshSchedule() {
   const id = shownSchedule;
   if (id === null) return;
   let sc;
@@ -301,7 +304,7 @@ async function refreshSchedule() {
     h("td", { text: dash(r.outcome) }))) : h("tr", {}, h("td", { colspan: 4, class: "muted", text: "never fired" }))));
 }
 
-function installSubmitPages() {
+export function installSubmitPages() {
   $("submit-form").addEventListener("submit", submitJob);
   $("f-jar").addEventListener("change", showEntries);
   $("f-restart").addEventListener("change", showRestartFields);

@@ -35,7 +35,7 @@ from services.dispatcher.schemas import (
     PositiveInt,
 )
 from shared.catalog import repository
-from shared.catalog.models import Execution, Job, Vertex
+from shared.catalog.models import ExceptionRow, Execution, Job, Vertex
 from shared.messages import CancelJob
 from shared.states import JobStatus
 from shared.streams import JM_STREAM
@@ -67,6 +67,7 @@ class _OverviewJob(NamedTuple):
     config: dict[str, Any] | None  # only RUNTIME_MODE, extracted by the database
     waiting_reason: str | None
     parallelism: int
+    deployment: str | None
 
 
 def overview_answer(s: Session, now_ms: int) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def overview_answer(s: Session, now_ms: int) -> dict[str, Any]:
     jobs' columns, their vertices' ids and each vertex's latest attempt (not every attempt)."""
     jobs = s.execute(
         select(Job.id, Job.name, Job.status, Job.created_at, Job.end_at, Job.updated_at,
-               Job.config[RUNTIME_MODE].as_string(), Job.waiting_reason, Job.parallelism)
+               Job.config[RUNTIME_MODE].as_string(), Job.waiting_reason, Job.parallelism, Job.deployment)
         .order_by(Job.seq.desc())).all()
     vertices: dict[str, list[Any]] = defaultdict(list)
     for v in s.execute(select(Vertex.id, Vertex.job_id).order_by(Vertex.job_id, Vertex.idx)):
@@ -82,12 +83,12 @@ def overview_answer(s: Session, now_ms: int) -> dict[str, Any]:
     newest = (select(Execution.vertex_id, func.max(Execution.attempt).label("attempt"))
               .group_by(Execution.vertex_id).subquery())
     latest = {ex.vertex_id: ex for ex in s.execute(
-        select(Execution.vertex_id, Execution.state, Execution.waiting_reason)
+        select(Execution.vertex_id, Execution.state, Execution.waiting_reason, Execution.attempt)
         .join(newest, (Execution.vertex_id == newest.c.vertex_id) & (Execution.attempt == newest.c.attempt)))}
     out = []
-    for (jid, name, status, created_at, end_at, updated_at, mode, waiting, parallelism) in jobs:
+    for (jid, name, status, created_at, end_at, updated_at, mode, waiting, parallelism, deployment) in jobs:
         job = _OverviewJob(jid, name, status, created_at, end_at, updated_at,
-                           {RUNTIME_MODE: mode} if mode is not None else None, waiting, parallelism)
+                           {RUNTIME_MODE: mode} if mode is not None else None, waiting, parallelism, deployment)
         vs = vertices.get(jid, ())
         out.append(views.job_overview(job, vs, {v.id: latest[v.id] for v in vs if v.id in latest}, now_ms))
     return {"jobs": out}
@@ -128,9 +129,12 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
     job = _job(session, jobid)
     vertices = repository.job_vertices(session, job.id)
     latest = repository.latest_executions(session, job.id)
+    newest_exception = session.execute(select(ExceptionRow).where(ExceptionRow.job_id == job.id)
+                                       .order_by(ExceptionRow.id.desc()).limit(1)).scalars().first()
     return views.job_details(
         job, vertices, latest, repository.job_state_timestamps(session, job.id),
         max_par=views.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
+        last_exception=newest_exception,
     )
 
 

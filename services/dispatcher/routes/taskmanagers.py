@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Literal
 
 import redis
 from fastapi import APIRouter, Query
@@ -24,9 +25,12 @@ log = logging.getLogger("headrace.dispatcher")
 router = APIRouter(prefix="/taskmanagers", tags=["taskmanagers"])
 
 
-@router.get("", response_model=TaskManagersInfo, summary="Registered TaskManagers")
-def list_taskmanagers(session: SessionDep) -> dict:
-    return views.taskmanagers(repository.list_taskmanagers(session))
+@router.get("", response_model=TaskManagersInfo, summary="Registered TaskManagers (with ?include=lost, lost ones too)")
+def list_taskmanagers(session: SessionDep, include: Literal["lost"] | None = Query(
+        None, description="lost: also the TaskManagers the ResourceManager declared lost (state LOST, with "
+                          "last-lost-at and lost-reason), until they register again")) -> dict:
+    rows = repository.list_taskmanagers(session, include_gone=include == "lost")
+    return views.taskmanagers([r for r in rows if r.state in ("REGISTERED", "LOST")])
 
 
 @router.get("/{tmid}", response_model=TaskManagerDetailsInfo, responses={404: {"model": ErrorBody}},

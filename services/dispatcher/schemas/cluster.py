@@ -50,6 +50,9 @@ class TaskManagerInfo(_Out):
         "null: never"))
     last_lost_reason: str | None = Field(None, alias="last-lost-reason", description="why, as the "
                                          "ResourceManager declared it (e.g. its process exited)")
+    state: str | None = Field(None, description="REGISTERED; LOST (listed with ?include=lost) until it registers "
+                                                "again; UNREGISTERED (GET /taskmanagers/{id} only)")
+    lost_reason: str | None = Field(None, alias="lost-reason", description="while LOST: why")
 
 
 class TaskManagersInfo(_Out):

@@ -28,6 +28,8 @@ class JobDetails(_Out):
     duration: int
     last_modification: int = Field(alias="last-modification")
     tasks: dict[str, int]
+    restarts: int = Field(0, description="how many times its tasks were started again (a failure or a rescale)")
+    deployment: str | None = Field(None, description="the deployment that started it, if any")
 
 
 class MultipleJobsDetails(_Out):
@@ -45,6 +47,13 @@ class JobDetailsVertexInfo(_Out):
     duration: int
     tasks: dict[str, int]
     metrics: dict[str, Any]
+
+
+class LastFailure(_Out):
+    summary: str | None = Field(description="the exception's type and message, one line (the whole trace: "
+                                            "GET /jobs/{id}/exceptions)")
+    timestamp: int
+    attempt: int | None
 
 
 class JobDetailsInfo(_Out):
@@ -65,7 +74,11 @@ class JobDetailsInfo(_Out):
     waiting_reason: str | None = Field(alias="waiting-reason")
     restart_strategy: dict[str, Any] = Field(alias="restart-strategy")
     attempts: int
+    restarts: int = Field(0, description="how many times its tasks were started again (a failure or a rescale)")
     schedule_id: str | None = Field(None, alias="schedule-id", description="the schedule that started this job")
+    deployment: str | None = Field(None, description="the deployment that started this job")
+    last_failure: LastFailure | None = Field(None, alias="last-failure", description="the newest entry of its "
+                                             "exception history, summarised; null: none")
 
 
 class JobConfigInfo(_Out):
@@ -98,6 +111,8 @@ class AttemptInfo(_Out):
     duration: int
     timestamps: dict[str, int]
     failure_cause: str | None = Field(alias="failure-cause")
+    failure_summary: str | None = Field(None, alias="failure-summary", description="the failure cause's exception "
+                                        "type and message, one line")
     waiting_reason: str | None = Field(alias="waiting-reason")
 
 
@@ -114,6 +129,7 @@ class JobVertexDetailsInfo(_Out):
 class ExceptionInfo(_Out):
     exceptionName: str
     stacktrace: str
+    summary: str | None = Field(None, description="the exception's type and message, one line (Headrace's)")
     timestamp: int
     taskName: str | None
     endpoint: str | None
