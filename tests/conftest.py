@@ -176,9 +176,20 @@ RUN_ORDER = ("tests/e2e/", "tests/integration/", COMPOSE_TEST, "tests/browser/",
 DRILLS = "tests/e2e/"
 
 
+# A test's tier is its folder: the marker comes from there (a module cannot forget it), and every
+# tier that needs real servers, Spark or a browser is `slow`: `python3 -m pytest -m "not slow"` is
+# the fast loop of unit and component tests (README, "Development").
+FOLDER_MARKERS = {"tests/integration/": ("integration", "slow"), "tests/e2e/": ("e2e", "slow"),
+                  "tests/browser/": ("browser", "slow")}
+
+
 def pytest_itemcollected(item):
+    module = item.nodeid.split("::", 1)[0]
+    for folder, names in FOLDER_MARKERS.items():
+        if module.startswith(folder):
+            for name in names:
+                item.add_marker(getattr(pytest.mark, name))
     if getattr(item.config.option, "loadgroup", False):  # xdist sets it on its workers for --dist loadgroup
-        module = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group("drills" if module.startswith(DRILLS) else module))
 
 
