@@ -40,3 +40,47 @@ def test_the_readmes_first_job_runs_on_headrace_up_as_written(tmp_path):
         assert total == 3000  # every generated event counted once
     finally:
         cluster.stop()
+
+
+def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
+    """README, "Quick start": `headrace up --kafka`, a topic made with `headrace kafka
+    create-topic`, the Kafka example run, stopped with a savepoint and resumed at parallelism 4
+    from it; every event counted once in the pipelines' own database."""
+    from shared.ports import free_port
+    from tests.e2e.counting import expected_totals, wait_for
+    from tests.kafka_support import counting_event, produce
+
+    home = tmp_path / "home"
+    cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=4,
+                            kafka=True, kafka_port=free_port())
+    env = {**os.environ, "HEADRACE_CONFIG": str(cluster.run_path / "config.yaml")}
+
+    def headrace(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"headrace {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def totals() -> dict:
+        engine = create_engine(cluster.pipeline_catalog_url)
+        try:
+            with engine.connect() as c:
+                return {k: (n, t) for k, n, t in c.execute(text("SELECT key, count, total FROM kafka_window_counts"))}
+        except Exception:  # noqa: BLE001 - no table before the first batch
+            return {}
+        finally:
+            engine.dispose()
+
+    try:
+        headrace("kafka", "create-topic", "orders", "--partitions", "2")
+        bootstrap = cluster.describe()["kafka"]["bootstrap"]
+        produce(bootstrap, "orders", [counting_event(n) for n in range(300)])
+        out = headrace("run", "examples/kafka_to_postgres.py", "-p", "2", "--args", "--topic orders")
+        job = out.split("JobID")[-1].split()[0]
+        wait_for(lambda: totals() == expected_totals(300), 240, "the first 300 events counted")
+        path = headrace("stop", job).strip().split("Path:")[-1].strip()
+        produce(bootstrap, "orders", [counting_event(n) for n in range(300, 500)])
+        headrace("run", "examples/kafka_to_postgres.py", "-s", path, "-p", "4", "--args", "--topic orders")
+        wait_for(lambda: totals() == expected_totals(500), 240, "every event counted once after the resume")
+    finally:
+        cluster.stop()
