@@ -161,7 +161,7 @@ def migrated_sqlite_url(_migrated_sqlite_template, tmp_path) -> str:
 
 LOG_TAIL_LINES = 40
 PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
-# Under pytest-xdist (`-n N --dist loadgroup --no-loadscope-reorder`, pyproject.toml) each group
+# Under pytest-xdist (`-n N --dist loadfile --no-loadscope-reorder`, pyproject.toml) each unit of work
 # runs whole on one worker, and a worker takes the next group when it is free: the longest kinds
 # go first so that the workers end together, the unit tests' many small modules fill in at the
 # end. The compose-stack test waits for its images, built in the background from collection on
@@ -169,7 +169,7 @@ PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
 RUN_ORDER = ("tests/e2e/", "tests/integration/", COMPOSE_TEST, "tests/browser/", "tests/component/", "tests/unit/")
 
 
-# Under `--dist loadgroup` the end-to-end drills are one unit of work, run in order by one worker:
+# Under xdist the end-to-end drills are one unit of work, run in order by one worker:
 # they keep 2 cores busy with Spark drivers and JVMs, and two of them side by side each took 1.8
 # times as long. The other worker takes the rest module by module (a module's cluster starts once),
 # and those are half waiting (timeouts, windows, failovers): they fill the drills' idle time.
@@ -189,8 +189,21 @@ def pytest_itemcollected(item):
         if module.startswith(folder):
             for name in names:
                 item.add_marker(getattr(pytest.mark, name))
-    if getattr(item.config.option, "loadgroup", False):  # xdist sets it on its workers for --dist loadgroup
-        item.add_marker(pytest.mark.xdist_group("drills" if module.startswith(DRILLS) else module))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """A module is one unit of work (its cluster starts once), and all of tests/e2e/ is one.
+
+    xdist's own `--dist loadgroup` marks cannot do it under pytest 9 (the group suffix it writes
+    into a test's id is no longer read), so the grouping is this scheduler's, on xdist's public hook.
+    """
+    from xdist.scheduler import LoadFileScheduling
+
+    class DrillsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "drills" if nodeid.startswith(DRILLS) else super()._split_scope(nodeid)
+
+    return DrillsTogether(config, log)
 
 
 def _run_rank(nodeid: str) -> int:
