@@ -6,15 +6,17 @@ The dispatcher validates a spec (services/dispatcher/schemas/deployments.py) and
 its normalised form, `DeploymentSpec.record()`; the leading JobManager's reconciler
 (services/jobmanager/deployment_reconciler.py) reads it back with `DeploymentSpec.from_record`,
 observes the deployment's job and its pending step, and asks `decide` what to do next. `decide`
-is pure: it sees an `Observed` snapshot and returns a `Plan`; the reconciler carries the plan out
-in one unit of work, so a JobManager that dies halfway leaves either all of it or none.
+is pure: it sees an `Observed` snapshot and returns a `Plan` (both in shared/deployment_model.py);
+the reconciler carries the plan out in one unit of work, so a JobManager that dies halfway leaves
+either all of it or none.
 
 Lifecycle::
 
     (new) -> DEPLOYING -> STABLE -> UPGRADING -> STABLE
                  |                       \\-> ROLLING_BACK -> ROLLED_BACK -> UPGRADING ...
                  \\-> FAILED              (ready in time)     (not ready in time)
-    any -> SUSPENDED (stop with a savepoint) -> DEPLOYING (resumed from it)
+    any -> SUSPENDED (stop with a savepoint) -> DEPLOYING (resumed from it: what ran, so the
+                                                      stable generation if it was ROLLED_BACK)
 
 A step that must wait (a stop-with-savepoint, a job's end) is kept in the deployment's row as
 `pending`; each pass looks at it again, so a new leader carries on where the old one was.
