@@ -53,7 +53,10 @@ class Settings(BaseSettings):
     pipeline_redis_url: str | None = Field(
         None, description="the Redis URL a task's pipeline gets by default (ctx.redis_url); default: redis_url. "
                           "headrace up sets it to its `pipeline` ACL user, which cannot touch the control plane")
-    catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home")
+    catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home (headrace up --ha: "
+                                                      "a PostgreSQL server of its own)")
+    catalog_port: int = Field(0, ge=0, le=65535, description="headrace up --ha without catalog_url: the port of the "
+                                                             "PostgreSQL catalog it runs (0: a free one)")
     checkpoint_dir: Path | None = Field(None, description="shared by every TaskManager")
     artifact_dir: Path | None = None
 
