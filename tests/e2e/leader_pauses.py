@@ -19,6 +19,7 @@ from tests.clusters import Rest
 
 # How long the drill looks for the leader inside a write transaction before it stops it wherever it is.
 CATCH_IN_TRANSACTION_S = 5.0
+STOPPED_SETTLE_S = 0.5
 TAKEOVER_WAIT_S = 90.0
 STANDBY_WAIT_S = 60.0
 
@@ -67,8 +68,9 @@ class LeaderPauses:
     def _sessions(self, conn: psycopg.Connection, epoch: int) -> list[tuple[int, bool]]:
         """(pid, inside a transaction that has written) of the catalog sessions named for `epoch`:
         one that wrote holds the locks of the rows it wrote until it ends."""
-        rows = conn.execute("SELECT pid, backend_xid IS NOT NULL FROM pg_stat_activity WHERE application_name "
-                            "LIKE %s", (f"headrace-jobmanager epoch {epoch} %",)).fetchall()
+        rows = conn.execute("SELECT pid, backend_xid IS NOT NULL FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND application_name LIKE %s",
+                            (f"headrace-jobmanager epoch {epoch} %",)).fetchall()
         return [(pid, bool(busy)) for pid, busy in rows]
 
     def pause(self) -> Pause:
@@ -85,6 +87,9 @@ class LeaderPauses:
             os.killpg(pid, signal.SIGSTOP)
             t0 = time.monotonic()
             try:
+                # A COMMIT the leader sent just before it stopped is still carried out: judge a
+                # moment later whether the transaction stays open.
+                time.sleep(STOPPED_SETTLE_S)
                 in_transaction = any(busy for _, busy in self._sessions(conn, epoch))
                 new_epoch = self._wait_for_new_leader(epoch)
                 takeover = time.monotonic() - t0
