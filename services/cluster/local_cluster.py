@@ -1,8 +1,9 @@
 """A whole Headrace cluster as local child processes: `headrace up` and `headrace demo`.
 
-Starts a redis-server on a free port (unless a Redis URL is configured), migrates the catalog,
-then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum is configured and
-several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
+Starts a redis-server on a free port (unless a Redis URL is configured), in ZooKeeper mode a
+PostgreSQL catalog server (unless a catalog URL is configured: services/cluster/catalog_server.py),
+migrates the catalog, then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum
+is configured and several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
 dispatcher, each a separate process in its own process group with its log under the run
 directory. Stopping ends supervision, then sends SIGTERM to every group (the TaskManagers stop
 their Spark drivers), waits, then SIGKILLs what is left: no orphan JVMs.
@@ -18,8 +19,8 @@ With `kafka` on, a Kafka broker (services/cluster/kafka_broker.py) runs beside t
 `pipeline_kafka_bootstrap_servers`, which the JobManager hands to each task.
 
 `supervise()` (as `headrace up` does) restarts any child that exits, with a
-backoff (services/cluster/process_supervisor.py); the infrastructure children (redis, zookeeper,
-spark-*, kafka) come back on the same data directories.
+backoff (services/cluster/process_supervisor.py); the infrastructure children (redis, postgres,
+zookeeper, spark-*, kafka) come back on the same data directories.
 """
 
 from __future__ import annotations
