@@ -168,10 +168,10 @@ class Settings(BaseSettings):
     # Jars from Maven Central (shared/jars.py), fetched by scripts/bootstrap: never at run time.
     jar_cache_dir: Path = Field(default_factory=lambda: jars.DEFAULT_CACHE_DIR,
                                 description="where scripts/bootstrap put the Kafka, Delta and broker jars")
-    # The dispatcher keeps one restore-check planner warm after its first check (a JVM of a few
-    # hundred MB; services/dispatcher/warm_planner.py): a changed pipeline is checked in about a
-    # second instead of a cold Spark's 6-15 s. Off: false.
-    warm_planner: bool = Field(True, description="keep one restore-check planner warm after the first check")
+    # The dispatcher keeps one restore-check planner warm from its start (a JVM of a few hundred MB,
+    # started at the lowest CPU priority; services/dispatcher/warm_planner.py): a changed pipeline is
+    # checked in about a second instead of a cold Spark's 6-15 s, the first upgrade too. Off: false.
+    warm_planner: bool = Field(True, description="keep one restore-check planner warm from the dispatcher's start")
     # A fork server per local driver with PySpark and the connectors imported, which starts the
     # Python process Spark spawns per streaming query of a Python source (~0.5 s sooner:
     # services/taskmanager/runtime/python_forkserver.py). ~45 MB per driver; off: false.

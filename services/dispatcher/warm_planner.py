@@ -2,13 +2,20 @@
 
 A cold planner spends its seconds starting a JVM and a SparkSession (6 s on an idle 2-core machine
 with the class archive, 12-16 s beside a running pipeline: docs/benchmarks.md), which an upgrade
-of a deployment to a changed pipeline waits for. So after a check the dispatcher starts one spare
-planner (`planner --await-request`): it builds its session, says it is ready, and waits for one
-request on stdin. The next check copies the artifact into the spare's own directory and hands it
-the request; the spare plans, answers and exits, and a new spare is started. A spare is made only
-after a first check (a dispatcher that never checks a restore keeps no JVM), runs as the drivers'
-user with their scrubbed environment like every planner, and ends when its stdin closes: a
-dispatcher that dies takes its spare along.
+of a deployment to a changed pipeline waits for. So the dispatcher keeps one spare planner
+(`planner --await-request`): it builds its session, says it is ready, and waits for one request on
+stdin. A check copies the artifact into the spare's own directory and hands it the request; the
+spare plans, answers and exits, and a new spare is started. The first spare starts
+START_AFTER_S after the dispatcher (`keep_ready`), so the first upgrade of a cluster that has just
+started is as quick as the next ones. A spare runs as the drivers' user with their scrubbed
+environment like every planner, and ends when its stdin closes: a dispatcher that dies takes its
+spare along.
+
+A spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start takes a
+core for seconds: at a cluster's start that core belongs to the first submissions and their warm
+drivers, and after a check to the upgrade the check let through. The check that takes it gives it
+the dispatcher's own priority back first. Where the dispatcher could not raise it back (not root,
+RLIMIT_NICE too low) spares start at its own priority instead.
 
 Anything that goes wrong with the spare (it died, it is not ready in time, it gives no result)
 returns None, and restore_check plans cold as before: a warm planner can make a check faster,
@@ -30,9 +37,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from services.dispatcher import restore_check
+from shared import cpu_priority
 from shared.spark_runtime import SparkRuntime
 
 log = logging.getLogger(__name__)
+
+# The first spare starts this long after the dispatcher: its own start (migrating the catalog,
+# importing its routes) is done, and it answers before a JVM competes with it.
+START_AFTER_S = 2.0
 
 
 class _Spare:
@@ -54,6 +66,8 @@ class _Spare:
             self.log.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
+        # Before the planner imports PySpark and starts its JVM: all of it inherits the priority.
+        self.niced = cpu_priority.may_raise_priority() and cpu_priority.lower(self.proc.pid)
 
     def _line(self, deadline: float) -> str | None:
         assert self.proc.stdout is not None
@@ -71,6 +85,9 @@ class _Spare:
         # A spare still starting is ahead of a cold start, however loaded the machine: it is waited
         # for within the check's own bound, which its readiness and its plan share.
         deadline = time.monotonic() + timeout_s
+        if self.niced:  # taken: it plans (or finishes starting) at the dispatcher's priority
+            cpu_priority.restore(self.proc.pid)
+            self.niced = False
         try:
             line = self._line(deadline)  # its {"ready": true}
             if line is None or not json.loads(line).get("ready"):
@@ -105,6 +122,7 @@ class WarmPlanner:
         self._lock = threading.Lock()
         self._spare: _Spare | None = None
         self._closed = False
+        self._closing = threading.Event()
 
     def plan(self, *, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
              parallelism: int, timeout_s: float) -> dict[str, Any] | None:
@@ -120,8 +138,18 @@ class WarmPlanner:
             log.info("restore check: planned %s on the warm planner in %.1f s", artifact_path, time.monotonic() - t0)
         return result
 
+    def keep_ready(self, after_s: float = START_AFTER_S) -> threading.Thread:
+        """Start the first spare `after_s` from now, in the background (the dispatcher's start)."""
+        def start() -> None:
+            if not self._closing.wait(after_s):
+                self.replenish()
+
+        thread = threading.Thread(target=start, name="warm-planner-start", daemon=True)
+        thread.start()
+        return thread
+
     def replenish(self) -> None:
-        """Start the next spare, unless one is there (called after each check)."""
+        """Start the next spare, unless one is there (at the start, and after each check)."""
         with self._lock:
             if self._closed or self._spare is not None:
                 return
@@ -140,7 +168,14 @@ class WarmPlanner:
         with self._lock:
             return self._spare.proc.pid if self._spare is not None else None
 
+    @property
+    def spare_niced(self) -> bool:
+        """Whether the spare, if there is one, still waits at the lowest CPU priority."""
+        with self._lock:
+            return self._spare is not None and self._spare.niced
+
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
             self._closed = True
             spare, self._spare = self._spare, None

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = "counts"
 TABLE = "e2e_deployment_counts"
 READY_WITHIN_S = 60
-PUT_TIMEOUT_S = 300  # a changed pipeline is planned in a cold Spark first (15-30 s, more when loaded)
+PUT_TIMEOUT_S = 300  # a changed pipeline is planned first (a cold Spark: 15-30 s, more when loaded)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,8 @@ def cluster(tmp_path_factory, pg_url_module):
     # autoscaler drill judges capacity from batch times, and a task's first batches on cold code
     # paths made 20 events/s look like a saturated core on a loaded machine.
     c = start_cluster(tmp_path_factory.mktemp("deploy-e2e"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=3.0, warm_up_query=True)
+                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=3.0, warm_up_query=True,
+                      warm_planner=True)
     yield c, pg_url_module
     c.stop()
 
