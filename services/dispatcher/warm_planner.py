@@ -14,8 +14,9 @@ spare along.
 A spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start takes a
 core for seconds: at a cluster's start that core belongs to the first submissions and their warm
 drivers, and after a check to the upgrade the check let through. The check that takes it gives it
-the dispatcher's own priority back first. Where the dispatcher could not raise it back (not root,
-RLIMIT_NICE too low) spares start at its own priority instead.
+the dispatcher's own priority back first, and so does RESERVE_S without a check. Where the
+dispatcher could not raise it back (not root, RLIMIT_NICE too low) spares start at its own
+priority instead.
 
 Anything that goes wrong with the spare (it died, it is not ready in time, it gives no result)
 returns None, and restore_check plans cold as before: a warm planner can make a check faster,
@@ -45,6 +46,11 @@ log = logging.getLogger(__name__)
 # The first spare starts this long after the dispatcher: its own start (migrating the catalog,
 # importing its routes) is done, and it answers before a JVM competes with it.
 START_AFTER_S = 2.0
+# A spare not taken this long after it started gets the dispatcher's priority back: long enough for
+# a cluster's start (its warm drivers) or the upgrade after a check; at the lowest priority for
+# longer, a machine that stays loaded would never let it get ready (a load of 20 on 2 cores kept it
+# starting for minutes, and the upgrade's check found it no readier than a cold planner).
+RESERVE_S = 30.0
 
 
 class _Spare:
@@ -67,7 +73,19 @@ class _Spare:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
         # Before the planner imports PySpark and starts its JVM: all of it inherits the priority.
+        self._priority = threading.Lock()
         self.niced = cpu_priority.may_raise_priority() and cpu_priority.lower(self.proc.pid)
+        self._reserve = threading.Timer(RESERVE_S, self.raise_priority)
+        self._reserve.daemon = True
+        if self.niced:
+            self._reserve.start()
+
+    def raise_priority(self) -> None:
+        """The dispatcher's priority: taken by a check, or in reserve for RESERVE_S."""
+        with self._priority:
+            if self.niced and self.proc.poll() is None:
+                cpu_priority.restore(self.proc.pid)
+            self.niced = False
 
     def _line(self, deadline: float) -> str | None:
         assert self.proc.stdout is not None
@@ -85,9 +103,8 @@ class _Spare:
         # A spare still starting is ahead of a cold start, however loaded the machine: it is waited
         # for within the check's own bound, which its readiness and its plan share.
         deadline = time.monotonic() + timeout_s
-        if self.niced:  # taken: it plans (or finishes starting) at the dispatcher's priority
-            cpu_priority.restore(self.proc.pid)
-            self.niced = False
+        self._reserve.cancel()
+        self.raise_priority()  # taken: it plans (or finishes starting) at the dispatcher's priority
         try:
             line = self._line(deadline)  # its {"ready": true}
             if line is None or not json.loads(line).get("ready"):
@@ -107,6 +124,7 @@ class _Spare:
             self.close()
 
     def close(self) -> None:
+        self._reserve.cancel()
         restore_check.kill_group(self.proc)
         self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,7 +1,7 @@
 """The restore check's warm planner (services/dispatcher/warm_planner.py) with a real Spark: a
 spare whose plan of the counting pipeline is the cold planner's exactly; a spare that died is no
 answer (the check plans cold); closing ends the spare. The dispatcher keeps one from its start,
-before any check, at the lowest CPU priority until a check takes it."""
+before any check, at the lowest CPU priority until a check takes it or its reserve ends."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
+from services.dispatcher import warm_planner as warm_planner_module
 from services.dispatcher.app import create_app
 from services.dispatcher.restore_check import run_planner
 from services.dispatcher.warm_planner import START_AFTER_S, WarmPlanner
@@ -119,5 +120,20 @@ def test_a_spare_waits_at_the_lowest_priority_and_plans_at_the_dispatchers():
                  lambda: gone(spare) or os.getpriority(os.PRIO_PGRP, spare) == own, timeout_s=10, poll_s=0.01)
         checking.join(120)
         assert results and results[0] is not None and results[0].get("ok"), results
+    finally:
+        warm.close()
+
+
+@pytest.mark.skipif(not cpu_priority.may_raise_priority(), reason="spares start at the dispatcher's priority here")
+def test_a_spare_not_taken_gets_the_dispatchers_priority_after_its_reserve(monkeypatch):
+    monkeypatch.setattr(warm_planner_module, "RESERVE_S", 1.0)
+    warm = warm_planner()
+    try:
+        warm.replenish()
+        spare = warm.spare_pid
+        assert spare is not None and warm.spare_niced
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        wait_for("the spare's priority back after its reserve", lambda: not warm.spare_niced, timeout_s=10)
+        assert os.getpriority(os.PRIO_PGRP, spare) == own
     finally:
         warm.close()
