@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoint_overhead import drop_pg, fresh_pg
-from bench.deployment_upgrade import ADMIN_URL, STREAM, Bench, settle, wait
+from bench.deployment_upgrade import ADMIN_URL, STREAM, Bench, first_batch, settle, wait
 from bench.submit_latency import wait_warm
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import Producer
@@ -61,6 +61,13 @@ def one_run(code: Path) -> dict[str, float]:
         assert r.status_code == 200, r.text
         wait(lambda: b.status("bench")["lifecycleState"] == "STABLE", 300, "the first STABLE")
         out["stable_after_start"] = time.monotonic() - t_start
+        # A snapshot with state to check against: one taken after the first batch committed (a
+        # snapshot of a query that never committed one holds nothing, and is not planned against).
+        job = b.status("bench")["jobId"]
+        wait(lambda: first_batch(catalog_url, job), 300, "the first batch")
+        taken = rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"]
+        wait(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] > taken, 300,
+             "a checkpoint after the first batch")
         for case, jar in (("first", jars["changed"]), ("second", jars["v1"])):
             settle(cluster)
             b.interval = 3 - b.interval  # keep the checkpoint interval: only the file changes
