@@ -47,10 +47,11 @@ log = logging.getLogger(__name__)
 # importing its routes) is done, and it answers before a JVM competes with it.
 START_AFTER_S = 2.0
 # A spare not taken this long after it started gets the dispatcher's priority back: long enough for
-# a cluster's start (its warm drivers) or the upgrade after a check; at the lowest priority for
-# longer, a machine that stays loaded would never let it get ready (a load of 20 on 2 cores kept it
-# starting for minutes, and the upgrade's check found it no readier than a cold planner).
-RESERVE_S = 30.0
+# a cluster's start (its first jobs reached a checkpoint within 40-80 s at a load of 20 on 2 cores,
+# bench/first_upgrade.py) or the upgrade after a check; at the lowest priority for longer, a machine
+# that stays loaded would never let it get ready (at that load it was still starting when the first
+# upgrade came, and the check took as long as a cold planner's).
+RESERVE_S = 60.0
 
 
 class _Spare:
