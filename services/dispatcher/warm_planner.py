@@ -11,12 +11,15 @@ started is as quick as the next ones. A spare runs as the drivers' user with the
 environment like every planner, and ends when its stdin closes: a dispatcher that dies takes its
 spare along.
 
-A spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start takes a
-core for seconds: at a cluster's start that core belongs to the first submissions and their warm
-drivers, and after a check to the upgrade the check let through. The check that takes it gives it
-the dispatcher's own priority back first, and so does RESERVE_S without a check. Where the
-dispatcher could not raise it back (not root, RLIMIT_NICE too low) spares start at its own
-priority instead.
+The first spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start
+takes a core for seconds, and at a cluster's start that core belongs to the first submissions and
+their warm drivers. The check that takes it gives it the dispatcher's own priority back first, and
+so does RESERVE_S without a check: on a machine that stays loaded, a spare at the lowest priority
+never gets ready. A spare started after a check has the dispatcher's priority from the start: the
+next upgrade may come within seconds (niced, at a load of 20 on 2 cores it was still starting when
+the second upgrade came, and that check took as long as a cold planner's). Where the dispatcher
+could not raise a spare's priority back (not root, RLIMIT_NICE too low) the first one starts at
+its priority too.
 
 Anything that goes wrong with the spare (it died, it is not ready in time, it gives no result)
 returns None, and restore_check plans cold as before: a warm planner can make a check faster,
@@ -46,16 +49,15 @@ log = logging.getLogger(__name__)
 # The first spare starts this long after the dispatcher: its own start (migrating the catalog,
 # importing its routes) is done, and it answers before a JVM competes with it.
 START_AFTER_S = 2.0
-# A spare not taken this long after it started gets the dispatcher's priority back: long enough for
-# a cluster's start (its first jobs reached a checkpoint within 40-80 s at a load of 20 on 2 cores,
-# bench/first_upgrade.py) or the upgrade after a check; at the lowest priority for longer, a machine
-# that stays loaded would never let it get ready (at that load it was still starting when the first
-# upgrade came, and the check took as long as a cold planner's).
-RESERVE_S = 60.0
+# The first spare, not taken this long after it started, gets the dispatcher's priority back: the
+# cluster's start is behind it (warm drivers ready, first jobs running). With a minute, at a load of
+# 20 on 2 cores it was still starting when a cluster's first upgrade came (bench/first_upgrade.py,
+# its check as slow as a cold planner's); with 30 s it was ready.
+RESERVE_S = 30.0
 
 
 class _Spare:
-    def __init__(self, python: str, user, env_for, runtime: SparkRuntime):
+    def __init__(self, python: str, user, env_for, runtime: SparkRuntime, *, in_reserve: bool):
         self.tmp = Path(tempfile.mkdtemp(prefix="headrace-warm-planner-"))
         self.home = self.tmp / "work"
         self.home.mkdir()
@@ -75,7 +77,7 @@ class _Spare:
             raise
         # Before the planner imports PySpark and starts its JVM: all of it inherits the priority.
         self._priority = threading.Lock()
-        self.niced = cpu_priority.may_raise_priority() and cpu_priority.lower(self.proc.pid)
+        self.niced = in_reserve and cpu_priority.may_raise_priority() and cpu_priority.lower(self.proc.pid)
         self._reserve = threading.Timer(RESERVE_S, self.raise_priority)
         self._reserve.daemon = True
         if self.niced:
@@ -161,20 +163,21 @@ class WarmPlanner:
         """Start the first spare `after_s` from now, in the background (the dispatcher's start)."""
         def start() -> None:
             if not self._closing.wait(after_s):
-                self.replenish()
+                self.replenish(in_reserve=True)
 
         thread = threading.Thread(target=start, name="warm-planner-start", daemon=True)
         thread.start()
         return thread
 
-    def replenish(self) -> None:
-        """Start the next spare, unless one is there (at the start, and after each check)."""
+    def replenish(self, *, in_reserve: bool = False) -> None:
+        """Start the next spare, unless one is there (after each check; `in_reserve`: the first, at
+        the lowest CPU priority for RESERVE_S)."""
         with self._lock:
             if self._closed or self._spare is not None:
                 return
             try:
                 user = restore_check.planner_user(self.run_as)
-                self._spare = _Spare(self.python, user, self._env, self.runtime)
+                self._spare = _Spare(self.python, user, self._env, self.runtime, in_reserve=in_reserve)
             except OSError as exc:
                 log.warning("restore check: cannot start a warm planner (%s); checks plan cold", exc)
 
