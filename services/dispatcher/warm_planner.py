@@ -15,9 +15,10 @@ The first spare starts at the lowest CPU priority (shared/cpu_priority.py), sinc
 takes a core for seconds, and at a cluster's start that core belongs to the first submissions and
 their warm drivers. The check that takes it gives it the dispatcher's own priority back first, and
 so does RESERVE_S without a check: on a machine that stays loaded, a spare at the lowest priority
-never gets ready. A spare started after a check has the dispatcher's priority from the start: the
-next upgrade may come within seconds (niced, at a load of 20 on 2 cores it was still starting when
-the second upgrade came, and that check took as long as a cold planner's). Where the dispatcher
+never gets ready. A spare started after a check has the dispatcher's priority from the start: no
+cluster start is left to protect, and the next upgrade may come within seconds (with a minute at
+the lowest priority, at a load of 20 on 2 cores, it was still starting when the second upgrade came
+20 s after the first: docs/benchmarks.md). Where the dispatcher
 could not raise a spare's priority back (not root, RLIMIT_NICE too low) the first one starts at
 its priority too.
 
