@@ -5,7 +5,7 @@ what a deployment waits for. The rules that act on them are shared/deployments.p
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from shared import durations
@@ -67,6 +67,10 @@ class DeploymentSpec:
             return self.parallelism if not a.enabled else min(max(self.parallelism, a.min_parallelism),
                                                                 a.max_parallelism)
         return min(max(chosen, a.min_parallelism), a.max_parallelism)
+
+    def same_version(self, other: "DeploymentSpec") -> bool:
+        """Equal but for the desired state (running or suspended): the same version to run."""
+        return replace(self, state=other.state) == other
 
     def same_pipeline_except_parallelism(self, other: "DeploymentSpec") -> bool:
         """Only the parallelism differs (and what the lifecycle alone reads): a rescale will do."""

@@ -6,15 +6,17 @@ The dispatcher validates a spec (services/dispatcher/schemas/deployments.py) and
 its normalised form, `DeploymentSpec.record()`; the leading JobManager's reconciler
 (services/jobmanager/deployment_reconciler.py) reads it back with `DeploymentSpec.from_record`,
 observes the deployment's job and its pending step, and asks `decide` what to do next. `decide`
-is pure: it sees an `Observed` snapshot and returns a `Plan`; the reconciler carries the plan out
-in one unit of work, so a JobManager that dies halfway leaves either all of it or none.
+is pure: it sees an `Observed` snapshot and returns a `Plan` (both in shared/deployment_model.py);
+the reconciler carries the plan out in one unit of work, so a JobManager that dies halfway leaves
+either all of it or none.
 
 Lifecycle::
 
     (new) -> DEPLOYING -> STABLE -> UPGRADING -> STABLE
                  |                       \\-> ROLLING_BACK -> ROLLED_BACK -> UPGRADING ...
                  \\-> FAILED              (ready in time)     (not ready in time)
-    any -> SUSPENDED (stop with a savepoint) -> DEPLOYING (resumed from it)
+    any -> SUSPENDED (stop with a savepoint) -> DEPLOYING (resumed from it: what ran, so the
+                                                      stable generation if it was ROLLED_BACK)
 
 A step that must wait (a stop-with-savepoint, a job's end) is kept in the deployment's row as
 `pending`; each pass looks at it again, so a new leader carries on where the old one was.
@@ -22,12 +24,11 @@ A step that must wait (a stop-with-savepoint, a job's end) is kept in the deploy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Mapping
 
 from shared import durations
-from shared.deployment_spec import (  # noqa: F401 - the spec's names are the rules' too (dep.X)
+from shared.deployment_model import NOTHING, JobView, Lifecycle, Observed, OperationView, Plan, Start  # noqa: F401
+from shared.deployment_spec import (  # noqa: F401 - the spec's and the model's names are the rules' too (dep.X)
     DEFAULT_HISTORY_MAX,
     DEFAULT_READY_WITHIN_S,
     NAME_EXPECTED,
@@ -58,128 +59,6 @@ RETRY_FAILED_STOP_S = 30.0
 STOP_GRACE_S = 60.0
 
 
-class Lifecycle(str, Enum):
-    DEPLOYING = "DEPLOYING"
-    STABLE = "STABLE"
-    UPGRADING = "UPGRADING"
-    ROLLING_BACK = "ROLLING_BACK"
-    ROLLED_BACK = "ROLLED_BACK"
-    SUSPENDED = "SUSPENDED"
-    FAILED = "FAILED"
-
-    @property
-    def settled(self) -> bool:
-        """Running as desired, from the last stable spec or the current one."""
-        return self in (Lifecycle.STABLE, Lifecycle.ROLLED_BACK)
-
-
-# --- what the reconciler observes ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobView:
-    """The deployment's current job as the catalog shows it."""
-
-    id: str
-    status: str  # JobStatus value
-    terminal: bool
-    running: bool  # its current attempt is RUNNING
-    failures_since_deploy: int = 0  # failed attempts, other than INFRASTRUCTURE_FAILURES
-    checkpoint_since_deploy: bool = False  # a checkpoint completed after the generation started
-    newest_checkpoint_age_s: float | None = None
-    latest_snapshot: str | None = None  # newest completed checkpoint or savepoint path
-    failure: str | None = None
-    parallelism: int | None = None  # its task's
-
-
-@dataclass(frozen=True)
-class OperationView:
-    id: str
-    status: str  # IN_PROGRESS | COMPLETED | FAILED
-    location: str | None = None
-    failure: str | None = None
-    done_s_ago: float | None = None  # since it completed or failed
-
-
-@dataclass(frozen=True)
-class Observed:
-    generation: int
-    spec: DeploymentSpec
-    lifecycle: Lifecycle | None  # None: never reconciled
-    job: JobView | None
-    job_generation: int | None
-    stable_generation: int | None
-    stable_spec: DeploymentSpec | None
-    rollback_point: str | None  # the savepoint the current generation started from
-    last_savepoint: str | None
-    blocked_generation: int | None  # refused, failed or rolled back: not applied again by itself
-    pending: Mapping[str, Any] | None
-    operation: OperationView | None  # the pending step's operation, if it has one
-    deployed_s_ago: float | None  # since the current generation's job started
-    deleting: bool = False
-    delete_with_savepoint: bool = True
-    rollback_requested: bool = False
-    savepoint_due: bool = False  # the periodic savepoint's interval has passed
-    now_s: float = 0.0  # wall-clock seconds, for the back-off after a failed stop
-    parallelism: int | None = None  # to run: the autoscaler's choice or the spec's (None: the spec's)
-    scaled_from: int | None = None  # before the autoscaler's last rescale, until that one is STABLE
-
-    @property
-    def target_parallelism(self) -> int:
-        return self.parallelism or self.spec.parallelism
-
-
-# --- what it does --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Start:
-    """Create a job for `generation` (its spec: the current one or the stable one)."""
-
-    generation: int
-    restore_from: str | None
-    from_stable: bool = False
-    parallelism: int | None = None  # None: the deployment's (the autoscaler's choice or the spec's)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one pass does, in this order: cancel, stop (savepoint) or rescale, start, record.
-
-    `pending`: the step to wait for (None clears it; absent keeps it); `to`: the new lifecycle
-    state, recorded in the history with `reason`."""
-
-    to: Lifecycle | None = None
-    reason: str = ""
-    cancel_job: bool = False
-    stop: str | None = None  # purpose of a stop-with-savepoint: upgrade | suspend | delete
-    rescale_to: int | None = None
-    savepoint: bool = False  # a periodic savepoint, the job keeps running
-    start: Start | None = None
-    pending: Mapping[str, Any] | None = None
-    keep_pending: bool = False
-    error: str | None = None
-    clear_error: bool = False
-    stable: bool = False  # the job's generation becomes the stable one
-    block: int | None = None
-    unblock: bool = False
-    rollback_point: str | None = None
-    last_savepoint: str | None = None
-    delete: bool = False
-    consume_rollback_request: bool = False
-    adopt_generation: int | None = None  # the running job now carries this generation (a rescale)
-    periodic_done: bool = False  # a periodic savepoint ended (completed or failed): the interval starts again
-    scale_settled: bool = False  # the autoscaler's last rescale is STABLE: nothing to go back to
-    unscale_to: int | None = None  # the autoscaler's rescale failed: back to this parallelism, and it holds off
-
-    @property
-    def nothing(self) -> bool:
-        return self == NOTHING
-
-
-NOTHING = Plan(keep_pending=True)
-
-
 def decide(o: Observed) -> Plan:
     """The next step towards the desired state. One rule per situation, in order of precedence:
     a pending step first, then deletion, suspension, a new deployment, a change of spec, and
@@ -206,6 +85,8 @@ def decide(o: Observed) -> Plan:
     if o.lifecycle == Lifecycle.SUSPENDED:
         # What the suspension left to resume from (its savepoint, else the job's newest snapshot).
         restore = o.rollback_point or o.last_savepoint or (job.latest_snapshot if job else None)
+        if _suspended_the_stable_generation(o):
+            return _resume_stable(o, restore)
         return Plan(to=Lifecycle.DEPLOYING, start=Start(o.generation, restore), rollback_point=restore,
                     reason=f"resumed: generation {o.generation} started from {restore or 'nothing (no savepoint)'}",
                     clear_error=True, unblock=True)
@@ -239,6 +120,27 @@ def _suspend(o: Observed, live: bool) -> Plan:
     snapshot = (o.job.latest_snapshot if o.job else None) or o.last_savepoint
     return Plan(to=Lifecycle.SUSPENDED, rollback_point=snapshot,
                 reason=f"suspended (no job was running; resumes from {snapshot or 'nothing'})")
+
+
+def _suspended_the_stable_generation(o: Observed) -> bool:
+    """Suspended while the stable generation ran in place of a rolled-back (or failed) one, and
+    resumed with the spec of that blocked one: `headrace deploy suspend|resume` send the current
+    spec back with another state, so neither is a new version to try."""
+    return (o.job_generation is not None and o.job_generation == o.stable_generation
+            and o.job_generation != o.generation and o.asks_blocked_version)
+
+
+def _resume_stable(o: Observed, restore: str | None) -> Plan:
+    """Resume what was running: the stable generation, from the suspension's savepoint. The
+    current generation is blocked as the one it repeats was (applying it again retries it), and
+    the deployment settles ROLLED_BACK again (_judge_new_generation)."""
+    s = o.job_generation
+    assert s is not None
+    return Plan(to=Lifecycle.DEPLOYING, start=Start(s, restore, from_stable=True), rollback_point=restore,
+                block=o.generation,
+                reason=f"resumed: generation {s}, the stable one that ran when it was suspended, started from "
+                       f"{restore or 'nothing (no savepoint)'}; generation {o.generation} repeats generation "
+                       f"{o.blocked_generation}, which was not ready, and is not run (apply it again to retry it)")
 
 
 def _upgrade(o: Observed, live: bool) -> Plan:
@@ -287,10 +189,12 @@ def _judge_new_generation(o: Observed, live: bool) -> Plan:
     job = o.job
     assert o.lifecycle is not None
     rolling_back = o.lifecycle == Lifecycle.ROLLING_BACK
-    settled_to = Lifecycle.ROLLED_BACK if rolling_back else Lifecycle.STABLE
+    # The stable generation resumed in place of a blocked current one is rolled back still.
+    in_place_of_blocked = o.job_generation != o.generation and o.blocked_generation == o.generation
+    settled_to = Lifecycle.ROLLED_BACK if rolling_back or in_place_of_blocked else Lifecycle.STABLE
     if job is not None and job.running and job.checkpoint_since_deploy:
         # A rollback's error stays: it says why the newer generation is not the one running.
-        return Plan(to=settled_to, stable=not rolling_back, clear_error=not rolling_back,
+        return Plan(to=settled_to, stable=not rolling_back, clear_error=settled_to == Lifecycle.STABLE,
                     scale_settled=not rolling_back,
                     reason=f"generation {o.job_generation} is running and completed a checkpoint (job {job.id})")
     why = _not_ready(o, live)

@@ -53,7 +53,10 @@ class Settings(BaseSettings):
     pipeline_redis_url: str | None = Field(
         None, description="the Redis URL a task's pipeline gets by default (ctx.redis_url); default: redis_url. "
                           "headrace up sets it to its `pipeline` ACL user, which cannot touch the control plane")
-    catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home")
+    catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home (headrace up --ha: "
+                                                      "a PostgreSQL server of its own)")
+    catalog_port: int = Field(0, ge=0, le=65535, description="headrace up --ha without catalog_url: the port of the "
+                                                             "PostgreSQL catalog it runs (0: a free one)")
     checkpoint_dir: Path | None = Field(None, description="shared by every TaskManager")
     artifact_dir: Path | None = None
 
@@ -165,10 +168,10 @@ class Settings(BaseSettings):
     # Jars from Maven Central (shared/jars.py), fetched by scripts/bootstrap: never at run time.
     jar_cache_dir: Path = Field(default_factory=lambda: jars.DEFAULT_CACHE_DIR,
                                 description="where scripts/bootstrap put the Kafka, Delta and broker jars")
-    # The dispatcher keeps one restore-check planner warm after its first check (a JVM of a few
-    # hundred MB; services/dispatcher/warm_planner.py): a changed pipeline is checked in about a
-    # second instead of a cold Spark's 6-15 s. Off: false.
-    warm_planner: bool = Field(True, description="keep one restore-check planner warm after the first check")
+    # The dispatcher keeps one restore-check planner warm from its start (a JVM of a few hundred MB,
+    # started at the lowest CPU priority; services/dispatcher/warm_planner.py): a changed pipeline is
+    # checked in about a second instead of a cold Spark's 6-15 s, the first upgrade too. Off: false.
+    warm_planner: bool = Field(True, description="keep one restore-check planner warm from the dispatcher's start")
     # A fork server per local driver with PySpark and the connectors imported, which starts the
     # Python process Spark spawns per streaming query of a Python source (~0.5 s sooner:
     # services/taskmanager/runtime/python_forkserver.py). ~45 MB per driver; off: false.

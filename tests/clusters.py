@@ -29,7 +29,7 @@ NOOP_PIPELINE = "def build(ctx):\n    raise RuntimeError('no-op jobs never call 
 def start_cluster(
     home: Path,
     *,
-    catalog_url: str,
+    catalog_url: str | None,
     redis_url: str | None = None,
     taskmanagers: int = 2,
     slots: int = 4,
@@ -42,8 +42,12 @@ def start_cluster(
     kafka: bool = False,
     **settings,
 ) -> LocalCluster:
-    kwargs = dict(home=home, catalog_url=catalog_url, dispatcher_port=free_port(), warm_drivers=warm_drivers,
-                  taskmanager_slots=slots, **settings)
+    """`catalog_url` None: none configured, as a user's `headrace up` (SQLite in `home`; with `ha`, a
+    PostgreSQL server of the cluster's own)."""
+    kwargs = dict(home=home, dispatcher_port=free_port(), warm_drivers=warm_drivers, taskmanager_slots=slots,
+                  **settings)
+    if catalog_url is not None:
+        kwargs["catalog_url"] = catalog_url
     if redis_url:
         kwargs["redis_url"] = redis_url
     cluster = LocalCluster(Settings(**kwargs), taskmanagers=taskmanagers, slots=slots, jobmanagers=jobmanagers,

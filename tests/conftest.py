@@ -39,6 +39,10 @@ os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
 # without their warm-up query"). tests/integration/test_up_warm_drivers.py and test_runner.py
 # run it as users do.
 os.environ.setdefault("HEADRACE_WARM_UP_QUERY", "false")
+# No spare restore-check planner from each dispatcher's start (Settings.warm_planner): most of the
+# suite's clusters and dispatcher apps never check a changed pipeline, and a spare's JVM costs about
+# what a cold check does. The deployments drill and tests/integration/test_warm_planner.py turn it on.
+os.environ.setdefault("HEADRACE_WARM_PLANNER", "false")
 PG_ADMIN_URL = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

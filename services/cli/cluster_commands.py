@@ -22,12 +22,16 @@ def up(
     slots: Optional[int] = typer.Option(None, "--slots", help="slots per TaskManager"),
     port: Optional[int] = typer.Option(None, metavar="PORT", help="dispatcher port (default 8081)"),
     ha: bool = typer.Option(False, "--ha", help="ZooKeeper mode: two JobManagers elect a leader (starts a local "
-                                                "ZooKeeper unless zookeeper_quorum is set)"),
+                                                "ZooKeeper unless zookeeper_quorum is set, and a PostgreSQL "
+                                                "catalog unless catalog_url is set)"),
     spark_workers: int = typer.Option(0, "--spark-workers", min=0, max=16,
                                       help="also start a Spark standalone master and this many workers; the "
                                            "tasks' executors run on them"),
     spark_worker_cores: int = typer.Option(1, "--spark-worker-cores", min=1, help="cores each Spark worker offers"),
     spark_worker_memory: str = typer.Option("1g", "--spark-worker-memory", help="memory each Spark worker offers"),
+    catalog_port: Optional[int] = typer.Option(None, "--catalog-port", min=0, max=65535,
+                                               help="with --ha: the port of the PostgreSQL catalog it runs "
+                                                    "(default a free one; none runs when catalog_url is set)"),
     kafka: bool = typer.Option(False, "--kafka", help="also run a Kafka broker (KRaft, one node) on kafka_port "
                                                       "(9092), its data in $HEADRACE_HOME/kafka; pipelines get its "
                                                       "address as ctx.kafka_bootstrap_servers"),
@@ -45,7 +49,7 @@ def up(
     from services.cluster.local_cluster import ClusterError, LocalCluster
     from services.cluster.redis_auth import masked
 
-    settings = settings_or_fail(dispatcher_port=port)
+    settings = settings_or_fail(dispatcher_port=port, catalog_port=catalog_port)
     ha = ha or settings.high_availability == "zookeeper"
     cluster = LocalCluster(settings, taskmanagers=taskmanagers, slots=slots, jobmanagers=2 if ha else 1, ha=ha,
                            spark_workers=spark_workers, spark_worker_cores=spark_worker_cores,
@@ -68,7 +72,8 @@ def up(
         if "redis_url" not in settings.model_fields_set and settings.redis_auth else ""))
     typer.echo(f"Pipelines' database (ctx.catalog_url, SQL sinks without url=): {masked(cluster.pipeline_catalog_url)}")
     if cluster.zookeeper_quorum:
-        typer.echo(f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}")
+        typer.echo(f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}, catalog "
+                   f"{masked(cluster.catalog_url)}")
     if cluster.spark_master is not None:
         typer.echo(f"Spark standalone: master {cluster.spark_master.url} with {spark_workers} worker(s); "
                    f"its web UI at {cluster.spark_master.webui}")

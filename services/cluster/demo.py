@@ -39,6 +39,8 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
         fail(f"the example pipeline {EXAMPLE} is missing: this copy of Headrace was installed without its package data")
     if once and "warm_drivers" not in settings.model_fields_set:
         settings = settings.model_copy(update={"warm_drivers": 0})
+    if once and "warm_planner" not in settings.model_fields_set:  # one run, no upgrade to check
+        settings = settings.model_copy(update={"warm_planner": False})
     # The pipeline writes into a database of its own, never into the control catalog.
     sink_url = settings.pipeline_catalog_url or pipeline_database(settings)
     cluster = LocalCluster(settings, spark_workers=spark_workers)

@@ -1,8 +1,9 @@
 """A whole Headrace cluster as local child processes: `headrace up` and `headrace demo`.
 
-Starts a redis-server on a free port (unless a Redis URL is configured), migrates the catalog,
-then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum is configured and
-several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
+Starts a redis-server on a free port (unless a Redis URL is configured), in ZooKeeper mode a
+PostgreSQL catalog server (unless a catalog URL is configured: services/cluster/catalog_server.py),
+migrates the catalog, then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum
+is configured and several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
 dispatcher, each a separate process in its own process group with its log under the run
 directory. Stopping ends supervision, then sends SIGTERM to every group (the TaskManagers stop
 their Spark drivers), waits, then SIGKILLs what is left: no orphan JVMs.
@@ -18,8 +19,8 @@ With `kafka` on, a Kafka broker (services/cluster/kafka_broker.py) runs beside t
 `pipeline_kafka_bootstrap_servers`, which the JobManager hands to each task.
 
 `supervise()` (as `headrace up` does) restarts any child that exits, with a
-backoff (services/cluster/process_supervisor.py); the infrastructure children (redis, zookeeper,
-spark-*, kafka) come back on the same data directories.
+backoff (services/cluster/process_supervisor.py); the infrastructure children (redis, postgres,
+zookeeper, spark-*, kafka) come back on the same data directories.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from services.cluster import (
+    catalog_server,
     infrastructure,
     kafka_broker,
     readiness,
@@ -56,6 +58,11 @@ from shared.ports import free_port
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 
+SQLITE_WITH_HA = ("high availability needs a catalog that a paused JobManager cannot lock up, and an SQLite catalog "
+                  "stays locked while a JobManager stopped inside a write transaction sleeps, so no standby can take "
+                  "over: unset HEADRACE_CATALOG_URL (headrace up --ha then runs a PostgreSQL catalog of its own) or "
+                  "set it to a PostgreSQL URL")
+
 
 @dataclass
 class Child:
@@ -64,6 +71,9 @@ class Child:
     log: Path
     env: dict = field(default_factory=dict, repr=False)
     cmd: list[str] = field(default_factory=list)  # what respawn() runs again
+    # How stop() asks it to end: None, SIGTERM to its process group; a signal, that signal to its
+    # own process only, which ends the rest itself (PostgreSQL's postmaster: SIGINT, fast shutdown).
+    shutdown_signal: int | None = None
 
 
 # Which Redis user each child connects as (its config file is <run>/<role>.yaml).
@@ -109,12 +119,23 @@ class LocalCluster:
     zookeeper_quorum: str | None = None
     spark_master: spark_standalone.MasterAddress | None = None
     kafka_spec: kafka_broker.BrokerSpec | None = None  # set by start() when kafka is on
+    catalog_url: str = field(default="", repr=False)  # set by start(): the configured one or its own server's
     service_redis_urls: dict = field(default_factory=dict, repr=False)  # role -> URL with its user
     metrics_urls: dict = field(default_factory=dict)  # child name -> its Prometheus endpoint
     supervisor: Supervisor | None = None
     _env: dict = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # guards children
     _describing: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def runs_catalog_server(self) -> bool:
+        """ZooKeeper mode without a configured catalog: a PostgreSQL server of its own
+        (services/cluster/catalog_server.py says why not the SQLite file)."""
+        return self.high_availability and "catalog_url" not in self.settings.model_fields_set
+
+    @property
+    def high_availability(self) -> bool:
+        return self.ha or self.settings.high_availability == "zookeeper"
 
     @property
     def pipeline_catalog_url(self) -> str:
@@ -126,7 +147,9 @@ class LocalCluster:
         against this list: tests/integration/test_compose_topology.py)."""
         s = self.settings
         names = [] if "redis_url" in s.model_fields_set else ["redis"]
-        if (self.ha or s.high_availability == "zookeeper") and not s.zookeeper_quorum:
+        if self.runs_catalog_server:
+            names.append(catalog_server.CHILD)
+        if self.high_availability and not s.zookeeper_quorum:
             names.append("zookeeper")
         if self.spark_workers > 0:
             names += ["spark-master", *(f"spark-worker-{i + 1}" for i in range(self.spark_workers))]
@@ -139,6 +162,8 @@ class LocalCluster:
 
     def start(self, *, wait_s: float = 60.0, echo=print) -> "LocalCluster":
         s = self.settings
+        if self.high_availability and not self.runs_catalog_server and s.catalog.startswith("sqlite"):
+            raise ClusterError(SQLITE_WITH_HA)
         try:  # before anything starts: a TaskManager would exit for the same reason, less visibly
             SparkRuntime.from_settings(s).check()
         except MissingJars as exc:
@@ -157,11 +182,16 @@ class LocalCluster:
             urls = infrastructure.start_redis(s, self._spawn, env, taskmanager_ids=self._taskmanager_ids(),
                                               bind=self.redis_bind, port=self.redis_port)
             self.redis_url, self.service_redis_urls = urls.admin, urls.by_user
-        config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": s.catalog,
+        self.catalog_url = s.catalog
+        if self.runs_catalog_server:
+            server, child = catalog_server.start(s, self._spawn, env)
+            self.catalog_url = catalog_server.wait_until_ready(server, alive=lambda: child.proc.poll() is None,
+                                                               log=child.log)
+        config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": self.catalog_url,
                                               "pipeline_catalog_url": self.pipeline_catalog_url}
         if redis_auth.PIPELINE in self.service_redis_urls:
             config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
-        if self.ha or s.high_availability == "zookeeper":
+        if self.high_availability:
             self.zookeeper_quorum = s.zookeeper_quorum or infrastructure.start_zookeeper(
                 self._spawn, env, self.run_path / "zookeeper", self.zookeeper_bind, port=self.zookeeper_port)
             config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
@@ -188,7 +218,7 @@ class LocalCluster:
         # Children read the file; drop inherited overrides that would contradict it.
         for key in [k for k in env if k.startswith("HEADRACE_") and k not in ("HEADRACE_CONFIG", "HEADRACE_LOG_LEVEL")]:
             env.pop(key)
-        Catalog(s.catalog).migrate()
+        Catalog(self.catalog_url).migrate()
         self._env = env
         py = [sys.executable, "-m", "services.cli"]
         self._spawn("resourcemanager", py + ["resourcemanager"], self._metrics_env("resourcemanager", env))
@@ -204,7 +234,7 @@ class LocalCluster:
         self.dispatcher_url = f"http://{s.dispatcher_host}:{s.dispatcher_port}"
         self.metrics_urls["dispatcher"] = f"{self.dispatcher_url}/metrics"
         problem = readiness.wait_until_ready(self.dispatcher_url, self.children, self.taskmanagers,
-                                             self.settings.catalog, wait_s, self.run_dir / "logs")
+                                             self.catalog_url, wait_s, self.run_dir / "logs")
         if problem is not None:
             raise ClusterError(problem)
         if broker is not None and broker_child is not None:
@@ -264,7 +294,8 @@ class LocalCluster:
         with self._lock:
             out = {"dispatcher": self.dispatcher_url, "redis": redis_auth.masked(self.redis_url),
                    "redis_port": urlsplit(self.redis_url).port,
-                   "catalog": redis_auth.masked(self.settings.catalog), "zookeeper": self.zookeeper_quorum,
+                   "catalog": redis_auth.masked(self.catalog_url or self.settings.catalog),
+                   "zookeeper": self.zookeeper_quorum,
                    "run_dir": str(self.run_dir), "processes": {c.name: c.proc.pid for c in self.children},
                    "metrics": dict(self.metrics_urls)}
             if self.spark_master is not None:
@@ -316,7 +347,9 @@ class LocalCluster:
             with open(old.log, "ab") as f:
                 f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {name} (pid {old.proc.pid}) "
                         f"exited with code {old.proc.returncode}; starting it again ---\n".encode())
-            return self._spawn(name, old.cmd, old.env or self._env)
+            new = self._spawn(name, old.cmd, old.env or self._env)
+        new.shutdown_signal = old.shutdown_signal
+        return new
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> Child:
         role = config_name(name)
@@ -350,13 +383,17 @@ class LocalCluster:
         # whatever else runs: nothing started here may outlive stop().
         spark = [n for n in names if n.startswith("spark-worker")] + ["spark-master"]
         back = ["resourcemanager", "redis", "zookeeper", "kafka"]  # the drivers used the broker till here
-        rest = [n for n in names if n not in {*front, *middle, *spark, *back}]
+        catalog = [catalog_server.CHILD]  # the last service that used it has ended
+        rest = [n for n in names if n not in {*front, *middle, *spark, *back, *catalog}]
         with self._lock:
             by_name = {c.name: c for c in self.children}
-        for group in (front, middle, spark, back, rest):
+        for group in (front, middle, spark, back, catalog, rest):
             live = [by_name[n] for n in group if n in by_name and by_name[n].proc.poll() is None]
             for c in live:
-                _signal_group(c.proc.pid, signal.SIGTERM)
+                if c.shutdown_signal is None:
+                    _signal_group(c.proc.pid, signal.SIGTERM)
+                else:
+                    _signal_process(c.proc.pid, c.shutdown_signal)
             deadline = time.monotonic() + timeout_s
             for c in live:
                 try:
@@ -377,6 +414,13 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _signal_process(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

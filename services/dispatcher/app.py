@@ -53,6 +53,10 @@ class NoCacheStatic(StaticFiles):
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    if app.state.warm_planner is not None:
+        # A spare planner from the start, so that the first upgrade is checked as quickly as the
+        # next ones; started once the dispatcher is up, at the lowest CPU priority (warm_planner.py).
+        app.state.warm_planner.keep_ready()
     yield
     if app.state.warm_planner is not None:  # its spare planner's JVM goes with the dispatcher
         app.state.warm_planner.close()

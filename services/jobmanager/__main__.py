@@ -14,6 +14,7 @@ from typing import Callable
 
 import redis
 
+from services.jobmanager import leader_sessions
 from services.jobmanager.autoscaler import Autoscaler
 from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
 from services.jobmanager.deployment_reconciler import DeploymentReconciler
@@ -159,7 +160,14 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             log.warning("Redis unreachable (%s); retrying in 0.2 s", exc)
             time.sleep(0.2)
             continue
-        except Exception:  # messages stay pending and are redelivered
+        except Exception as exc:  # messages stay pending and are redelivered
+            if leader_sessions.is_lock_timeout(exc):
+                # A row held past the lock timeout: by an older leader's session that survived the
+                # takeover (it woke and stopped again), or by someone else's; the unit is retried.
+                log.warning("a catalog row stayed locked for %.0f s; ending older leaders' sessions and retrying",
+                            leader_sessions.LOCK_TIMEOUT_S)
+                leader_sessions.end_older_leaders(catalog, epoch)
+                continue
             log.exception("JobManager loop failed; retrying in 1 s")
             time.sleep(1)
     try:
@@ -200,6 +208,10 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
         raise ConfigError("high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM)")
     election = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root, contender_id=contender,
                               session_timeout_s=settings.zookeeper_session_timeout_s)
+    if catalog.is_sqlite:
+        log.warning("ZooKeeper mode on an SQLite catalog: a leader stopped inside a write transaction keeps the file "
+                    "locked and no standby can take over until it wakes; use a PostgreSQL catalog "
+                    "(docs/runbooks/jobmanager-restart.md)")
     while not stopping.is_set():
         try:
             election.start()
@@ -225,6 +237,7 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
                 stopping.wait(1.0)
                 continue
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
+            take_catalog(catalog, contender, lease.epoch)
             # The lambdas below are called only inside lead(), within this iteration's lease.
             lead(settings, client, catalog, lease.epoch,
                  should_stop=lambda: stopping.is_set() or lease.revoked.is_set(),  # noqa: B023
@@ -236,8 +249,16 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()
+            leader_sessions.name_sessions(catalog, contender)
     finally:
         election.close()
+
+
+def take_catalog(catalog: Catalog, contender: str, epoch: int) -> None:
+    """Before a new leader's first unit of work: its sessions named for its epoch, and the sessions
+    of older leaders ended, with whatever rows their open transactions hold (leader_sessions.py)."""
+    leader_sessions.name_sessions(catalog, contender, epoch)
+    leader_sessions.end_older_leaders(catalog, epoch)
 
 
 def run(settings: Settings) -> None:
@@ -246,6 +267,7 @@ def run(settings: Settings) -> None:
     client = named_client(settings.redis_url, contender_id())
     catalog = Catalog(settings.catalog)
     catalog.migrate()
+    leader_sessions.name_sessions(catalog, contender_id())  # after migrating: a migration may take long
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
@@ -258,6 +280,7 @@ def run(settings: Settings) -> None:
     else:
         epoch = acquire_standalone_epoch(client, catalog)
         log.info("JobManager started as leader with epoch %d (standalone)", epoch)
+        take_catalog(catalog, contender_id(), epoch)
         if not lead(settings, client, catalog, epoch, should_stop=stopping.is_set, leader_id=contender_id(),
                     jm_metrics=jm_metrics):
             # Another standalone JobManager took over the catalog: two would only depose each

@@ -134,10 +134,8 @@ class DeploymentReconciler:
                 operation = dep.OperationView(op.id, op.status, op.location, op.failure_cause, done_ago)
             except repo.NotFound:
                 operation = dep.OperationView(pending["op"], "FAILED", failure="its operation row is gone")
-        stable_spec = None
-        if row.stable_generation is not None:
-            rec = deployments_repo.generation_spec(s, row.name, row.stable_generation)
-            stable_spec = dep.DeploymentSpec.from_record(rec) if rec else None
+        stable_spec, blocked_spec = (self._generation_spec(s, row.name, g)
+                                     for g in (row.stable_generation, row.blocked_generation))
         spec = dep.DeploymentSpec.from_record(row.spec)
         deployed_ago = now - _seconds(row.deployed_at) if row.deployed_at else None
         last_periodic = _seconds(row.last_periodic_savepoint_at or row.deployed_at) if row.deployed_at else now
@@ -149,7 +147,13 @@ class DeploymentReconciler:
             blocked_generation=row.blocked_generation, pending=pending, operation=operation,
             deployed_s_ago=deployed_ago, deleting=row.deleting, delete_with_savepoint=row.delete_with_savepoint,
             rollback_requested=row.rollback_requested, savepoint_due=savepoint_due, now_s=now,
-            parallelism=spec.effective_parallelism(row.parallelism), scaled_from=row.scaled_from)
+            parallelism=spec.effective_parallelism(row.parallelism), scaled_from=row.scaled_from,
+            blocked_spec=blocked_spec)
+
+    @staticmethod
+    def _generation_spec(s: Session, name: str, generation: int | None) -> dep.DeploymentSpec | None:
+        rec = deployments_repo.generation_spec(s, name, generation) if generation is not None else None
+        return dep.DeploymentSpec.from_record(rec) if rec else None
 
     def _job_view(self, s: Session, row: DeploymentRow) -> dep.JobView | None:
         job = s.get(Job, row.job_id)

@@ -42,11 +42,32 @@ class Catalog:
             # connect timeout (minutes): five seconds, then the caller's retry or 503.
             kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 5})
         self.engine: Engine = create_engine(self.url, **kwargs)
+        self._session_options: dict[str, str] = {}
+        if not self.is_sqlite:
+            event.listen(self.engine, "do_connect", self._add_session_options)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             # Take the write lock at BEGIN so two processes never deadlock upgrading read locks.
             event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def set_sessions(self, *, name: str, lock_timeout_s: float | None = None,
+                     statement_timeout_s: float | None = None) -> None:
+        """PostgreSQL: every session from now on is named `name` (its application_name, what
+        pg_stat_activity shows) and waits at most `lock_timeout_s` for a lock and
+        `statement_timeout_s` for a statement; the pool's open sessions are closed, so none keeps
+        an older name. Nothing on SQLite, which has neither."""
+        if self.is_sqlite:
+            return
+        options = " ".join(f"-c {key}={int(s * 1000)}" for key, s in (("lock_timeout", lock_timeout_s),
+                                                                        ("statement_timeout", statement_timeout_s))
+                           if s is not None)
+        self._session_options = {"application_name": name[:63]} | ({"options": options} if options else {})
+        self.engine.dispose()  # sessions checked out now keep their name until they are returned
+
+    def _add_session_options(self, _dialect, _record, _cargs, cparams) -> None:
+        for key, value in self._session_options.items():  # the URL's own options stay, ours after them
+            cparams[key] = f"{cparams[key]} {value}" if key == "options" and cparams.get(key) else value
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

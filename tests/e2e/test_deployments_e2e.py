@@ -6,7 +6,8 @@ the dispatcher), a PostgreSQL catalog and sink, and an outside producer writing 
   apply v2 (a compatible change of code) -> UPGRADING -> STABLE: a new job from the stop savepoint
   apply v3 (fails in its first micro-batch) -> ROLLED_BACK to v2, from the savepoint v2 stopped with
   apply v4 (another grouping key: incompatible state) -> 400 before anything stops; v2's job runs on
-  suspend -> the job FINISHED with a savepoint; resume -> STABLE from it
+  suspend and resume as the CLI does (v3's spec sent back) -> the job FINISHED with a savepoint, then
+  v2 again from it, ROLLED_BACK still: the rolled-back v3 is not run
   apply v5, kill -9 of the leading JobManager while it upgrades -> the new leader completes it
 and at the end every key's count and sum in the sink is exact: nothing lost, nothing twice.
 """
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = "counts"
 TABLE = "e2e_deployment_counts"
 READY_WITHIN_S = 60
-PUT_TIMEOUT_S = 300  # a changed pipeline is planned in a cold Spark first (15-30 s, more when loaded)
+PUT_TIMEOUT_S = 300  # a changed pipeline is planned first (a cold Spark: 15-30 s, more when loaded)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,8 @@ def cluster(tmp_path_factory, pg_url_module):
     # autoscaler drill judges capacity from batch times, and a task's first batches on cold code
     # paths made 20 events/s look like a saturated core on a loaded machine.
     c = start_cluster(tmp_path_factory.mktemp("deploy-e2e"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=3.0, warm_up_query=True)
+                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=3.0, warm_up_query=True,
+                      warm_planner=True)
     yield c, pg_url_module
     c.stop()
 
@@ -117,13 +119,18 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
         assert status(rest)["jobId"] == running and rest.job(running)["state"] == "RUNNING"
         assert rest.get(f"/deployments/{NAME}")["generation"] == 3
 
-        # Suspend and resume (v2's spec again: the generation after the rolled-back one).
-        put(rest, {**spec(jars["v2"], args), "state": "suspended"})
+        # Suspend and resume as `headrace deploy suspend|resume` do: the current spec (v3's, rolled
+        # back) sent back with another state. Resuming runs what ran, v2, from the suspension's
+        # savepoint; v3 is not started again.
+        current = rest.get(f"/deployments/{NAME}")["spec"]
+        put(rest, {**current, "state": "suspended"})
         suspended = wait_lifecycle(rest, "SUSPENDED")
         assert rest.job(running)["state"] == "FINISHED" and suspended["lastSavepoint"]
-        resumed_gen = put(rest, spec(jars["v2"], args))["generation"]
-        resumed = wait_lifecycle(rest, "STABLE", resumed_gen)
+        put(rest, {**current, "state": "running"})
+        resumed = wait_lifecycle(rest, "ROLLED_BACK", 2)
         assert rest.attempts(resumed["jobId"])[0]["restored-from"] == suspended["lastSavepoint"]
+        history = [e["to"] for e in resumed["history"]]
+        assert history[len(history) - history[::-1].index("SUSPENDED"):] == ["DEPLOYING", "ROLLED_BACK"], history
 
         # v5 (another trigger interval), with the leading JobManager killed in the middle of it.
         v5_gen = put(rest, spec(jars["v2"], [*args[:-1], "400 milliseconds"]))["generation"]

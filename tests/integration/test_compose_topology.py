@@ -26,10 +26,10 @@ from shared.settings import Settings
 pytestmark = pytest.mark.integration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-# In the stack but not started by `headrace up`, and why: the catalog is SQLite (or the
-# HEADRACE_CATALOG_URL the user gives) locally; Prometheus and Flower are tools pointed at a
-# cluster (docs/runbooks/metrics.md, README: celery flower), not part of it.
-NOT_IN_LOCAL_TOPOLOGY = {"postgres", "prometheus", "flower"}
+# In the stack but not started by `headrace up`, and why: Prometheus and Flower are tools pointed at
+# a cluster (docs/runbooks/metrics.md, README: celery flower), not part of it. (`headrace up --ha`
+# runs a PostgreSQL catalog as the stack does, unless HEADRACE_CATALOG_URL names one.)
+NOT_IN_LOCAL_TOPOLOGY = {"prometheus", "flower"}
 IMAGE_ROLES = {"redis": "redis", "zookeeper": "zookeeper", "postgres": "postgres", "prom/prometheus": "prometheus",
                "mher/flower": "flower", "apache/kafka": "kafka"}
 

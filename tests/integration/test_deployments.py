@@ -169,6 +169,41 @@ def test_upgrade_rollback_rescale_suspend_resume_delete(rest, jar):
     assert rest.job(last_job)["state"] == "FINISHED"
 
 
+def test_resume_after_a_rollback_runs_the_stable_version_not_the_failed_one(cluster, rest, jar):
+    """`headrace deploy suspend` and `resume` send the current spec back with another state; after a
+    rollback that spec is the failed one, and resuming must run what ran: the stable generation."""
+    name = "resumed"
+    url = ["-m", cluster.dispatcher_url]
+    put(rest, spec(jar), name=name)
+    wait_lifecycle(rest, "STABLE", generation=1, name=name)
+    assert put(rest, spec(jar, args=("broken",), fail=True), name=name)["generation"] == 2
+    back = wait_lifecycle(rest, "ROLLED_BACK", generation=1, timeout_s=10 + 10 + 30, name=name)["status"]
+    runner = CliRunner()
+    suspended = runner.invoke(cli.app, ["deploy", "suspend", name, "--wait", "SUSPENDED", *url])
+    assert suspended.exit_code == 0, suspended.output
+    sus = show(rest, name)
+    assert sus["generation"] == 3 and sus["spec"]["programArgsList"] == ["broken"]
+    assert rest.job(back["jobId"])["state"] == "FINISHED" and sus["status"]["lastSavepoint"]
+    resumed = runner.invoke(cli.app, ["deploy", "resume", name, *url])
+    assert resumed.exit_code == 0, resumed.output
+    again = wait_lifecycle(rest, "ROLLED_BACK", generation=1, name=name)
+    job = again["status"]["jobId"]
+    assert again["generation"] == 4 and job != back["jobId"] and rest.job(job)["state"] == "RUNNING"
+    assert restored_from(rest, job) == sus["status"]["lastSavepoint"]
+    states = [e["to"] for e in again["status"]["history"]]
+    since_resume = states[len(states) - states[::-1].index("SUSPENDED"):]
+    assert since_resume == ["DEPLOYING", "ROLLED_BACK"], states  # the failed version was not started again
+    reasons = [e["reason"] or "" for e in again["status"]["history"]]
+    assert any("generation 1, the stable one" in r for r in reasons), reasons
+    time.sleep(2)  # the failed version is not tried by itself
+    assert show(rest, name)["status"]["jobId"] == job and show(rest, name)["status"]["jobGeneration"] == 1
+    assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
+    deadline = time.monotonic() + TIMEOUT_S
+    while rest.http.get(f"/deployments/{name}").status_code != 404:
+        assert time.monotonic() < deadline, show(rest, name)["status"]
+        time.sleep(0.2)
+
+
 def test_the_cli_applies_a_file_lists_shows_suspends_and_deletes(cluster, rest, tmp_path):
     runner = CliRunner()
     url = ["-m", cluster.dispatcher_url]

@@ -1,22 +1,32 @@
-"""The restore check's warm planner (services/dispatcher/warm_planner.py) with a real Spark: no
-spare before a first check; after it a spare whose plan of the counting pipeline is the cold
-planner's exactly; a spare that died is no answer (the check plans cold); closing ends the spare."""
+"""The restore check's warm planner (services/dispatcher/warm_planner.py) with a real Spark: a
+spare whose plan of the counting pipeline is the cold planner's exactly; a spare that died is no
+answer (the check plans cold); closing ends the spare. The dispatcher keeps one from its start,
+before any check, at the lowest CPU priority until a check takes it or its reserve ends."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from fastapi.testclient import TestClient
 
+from services.dispatcher import warm_planner as warm_planner_module
+from services.dispatcher.app import create_app
 from services.dispatcher.restore_check import run_planner
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.warm_planner import START_AFTER_S, WarmPlanner
+from shared import cpu_priority
+from shared.catalog import Catalog
 from shared.jars import DEFAULT_CACHE_DIR
+from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
+from shared.transport import InMemoryTransport
+from tests.clusters import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +52,7 @@ def warm_planner() -> WarmPlanner:
 def test_a_spare_plans_as_the_cold_planner_does_and_goes_when_closed():
     warm = warm_planner()
     try:
-        assert warm.plan(**REQUEST) is None  # no spare before a first check
+        assert warm.plan(**REQUEST) is None  # none until it is asked for one
         warm.replenish()
         spare = warm.spare_pid
         assert spare is not None
@@ -55,6 +65,7 @@ def test_a_spare_plans_as_the_cold_planner_does_and_goes_when_closed():
         warm.replenish()
         nxt = warm.spare_pid
         assert nxt is not None and nxt != spare
+        assert not warm.spare_niced  # after a check: the next upgrade may come at once
     finally:
         warm.close()
     deadline = time.monotonic() + 10
@@ -75,5 +86,55 @@ def test_a_spare_that_died_is_no_answer():
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert warm.plan(**REQUEST) is None
+    finally:
+        warm.close()
+
+
+def test_the_dispatcher_keeps_a_spare_from_its_start(tmp_path, migrated_sqlite_url):
+    """Before any check: the first upgrade of a cluster that has just started is checked warm."""
+    settings = Settings(home=tmp_path / "home", catalog_url=migrated_sqlite_url, warm_planner=True, driver_user="")
+    catalog = Catalog(settings.catalog)
+    try:
+        with TestClient(create_app(settings, catalog, InMemoryTransport(sender="dispatcher"))) as client:
+            warm = client.app.state.warm_planner
+            assert warm.spare_pid is None  # not while the dispatcher itself starts
+            spare = wait_for("a spare planner after the dispatcher's start", lambda: warm.spare_pid,
+                             timeout_s=START_AFTER_S + 10)
+            assert client.get("/overview").status_code == 200
+        assert wait_for("the spare to end with the dispatcher", lambda: gone(spare), timeout_s=10)
+    finally:
+        catalog.dispose()
+
+
+@pytest.mark.skipif(not cpu_priority.may_raise_priority(), reason="spares start at the dispatcher's priority here")
+def test_a_spare_waits_at_the_lowest_priority_and_plans_at_the_dispatchers():
+    warm = warm_planner()
+    try:
+        warm.keep_ready(after_s=0.1)
+        spare = wait_for("a spare planner", lambda: warm.spare_pid, timeout_s=10)
+        assert warm.spare_niced and os.getpriority(os.PRIO_PGRP, spare) == cpu_priority.RESERVE_NICE
+        results: list = []
+        checking = threading.Thread(target=lambda: results.append(warm.plan(**REQUEST)))
+        checking.start()
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        wait_for("the taken spare to plan at the dispatcher's priority",
+                 lambda: gone(spare) or os.getpriority(os.PRIO_PGRP, spare) == own, timeout_s=10, poll_s=0.01)
+        checking.join(120)
+        assert results and results[0] is not None and results[0].get("ok"), results
+    finally:
+        warm.close()
+
+
+@pytest.mark.skipif(not cpu_priority.may_raise_priority(), reason="spares start at the dispatcher's priority here")
+def test_a_spare_not_taken_gets_the_dispatchers_priority_after_its_reserve(monkeypatch):
+    monkeypatch.setattr(warm_planner_module, "RESERVE_S", 1.0)
+    warm = warm_planner()
+    try:
+        warm.replenish(in_reserve=True)
+        spare = warm.spare_pid
+        assert spare is not None and warm.spare_niced
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        wait_for("the spare's priority back after its reserve", lambda: not warm.spare_niced, timeout_s=10)
+        assert os.getpriority(os.PRIO_PGRP, spare) == own
     finally:
         warm.close()

@@ -401,6 +401,37 @@ def test_resuming_deploys_the_generation_from_the_last_savepoint():
     assert plan.unblock and plan.clear_error and not plan.cancel_job
 
 
+def suspended_after_rollback(**kw) -> Observed:
+    """Generation 2 (V2) was rolled back and generation 1's job ran, until `headrace deploy suspend`
+    sent V2's spec back as suspended (generation 3): stopped with savepoint sp-s."""
+    o = rolled_back(generation=3, spec=replace(V2, state="suspended"), blocked_spec=V2)
+    stop = decide(o)
+    assert stop.stop == "suspend" and stop.start is None
+    done = after(o, stop, job=job("FINISHED", id="job-3"), operation=OperationView("op-1", "COMPLETED", "sp-s"))
+    plan = decide(done)
+    assert plan.to == L.SUSPENDED and plan.last_savepoint == "sp-s"
+    return after(done, plan, **kw)
+
+
+def test_resuming_after_a_rollback_runs_the_stable_generation_not_the_rolled_back_one():
+    # `headrace deploy resume` sends the same spec back as running: generation 4 is V2 again.
+    o = suspended_after_rollback(generation=4, spec=V2)
+    plan = decide(o)
+    assert plan.to == L.DEPLOYING and plan.start == Start(1, "sp-s", from_stable=True)
+    assert plan.rollback_point == "sp-s" and plan.block == 4 and not plan.unblock and not plan.cancel_job
+    assert "generation 1" in plan.reason and "not run" in plan.reason
+    running = after(o, plan, job=job(id="job-g1", **HEALTHY))
+    settled = decide(running)
+    assert settled.to == L.ROLLED_BACK and not settled.clear_error and settled.start is None
+    assert decide(after(running, settled)) == NOTHING  # V2 is not tried again by itself
+
+
+def test_resuming_after_a_rollback_with_a_new_version_runs_the_new_version():
+    o = suspended_after_rollback(generation=4, spec=V3)
+    plan = decide(o)
+    assert plan.to == L.DEPLOYING and plan.start == Start(4, "sp-s") and plan.unblock
+
+
 # --- deleting --------------------------------------------------------------------------------
 
 
@@ -467,6 +498,11 @@ def test_from_record_reads_every_field_with_durations_in_seconds():
                                              "savepoints": {"interval": "1 h"}})
     assert (with_units.ready_within_s, with_units.savepoint_interval_s) == (120.0, 3600.0)
     assert with_units.rollback_enabled  # only an explicit false disables it
+
+
+def test_same_version_ignores_only_the_desired_state():
+    assert V1.same_version(replace(V1, state="suspended")) and replace(V1, state="suspended").same_version(V1)
+    assert not V1.same_version(replace(V1, parallelism=2)) and not V1.same_version(V2)
 
 
 @pytest.mark.parametrize("change, same", [
