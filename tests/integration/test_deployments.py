@@ -228,15 +228,16 @@ def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays
 
 def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(rest, jar):
     name = "periodic"
-    put(rest, {**spec(jar), "savepoints": {"interval": "1 s", "historyMax": 2}}, name=name)
-    deadline = time.monotonic() + TIMEOUT_S
-    while len([sp for sp in show(rest, name)["savepoints"] if sp["trigger"] == "periodic"]) < 4:
+    # The shortest interval accepted (services/dispatcher/schemas/deployments.py MIN_SAVEPOINT_INTERVAL_S).
+    put(rest, {**spec(jar), "savepoints": {"interval": "10 s", "historyMax": 2}}, name=name)
+    deadline = time.monotonic() + TIMEOUT_S + 30
+    while len([sp for sp in show(rest, name)["savepoints"] if sp["trigger"] == "periodic"]) < 3:
         assert time.monotonic() < deadline, show(rest, name)
         time.sleep(0.2)
     detail = show(rest, name)
     kept = [sp for sp in detail["savepoints"] if not sp["disposed"]]
     gone = [sp for sp in detail["savepoints"] if sp["disposed"]]
-    assert len(kept) == 2 and len(gone) >= 2, detail["savepoints"]
+    assert len(kept) == 2 and len(gone) >= 1, detail["savepoints"]
     assert detail["status"]["lastSavepoint"] == kept[-1]["path"]
     deadline = time.monotonic() + 10  # the files go after the catalog stops pointing at them
     while any(Path(sp["path"]).exists() for sp in gone):

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from fastapi import APIRouter, Query, Request
@@ -16,49 +14,15 @@ from fastapi.responses import Response
 from services.dispatcher import log_fetch
 from services.dispatcher.deps import SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.redaction import MASK, mask_url, masked_value  # noqa: F401 - one masking rule
 from services.dispatcher.schemas import ConfigEntry, JobManagerLeaderInfo, LogListInfo
 from shared import streams
 
 router = APIRouter(prefix="/jobmanager", tags=["jobmanager"])
 
-MASK = "******"
-# Settings whose whole value is a secret, and query parameters of URLs that hold one.
-SECRET_NAME = re.compile(r"(password|passwd|secret|token|credential|api_?key|private)", re.I)
 ZOOKEEPER_TIMEOUT_S = 2.0
 CONTENDERS_TTL_S = 5.0
 _ERRORS = error_responses(400, 404, 502, 503, 504)
-
-
-def mask_url(value: str) -> str:
-    """The URL with its password and secret query parameters replaced (other text unchanged)."""
-    try:
-        parts = urlsplit(value)
-    except ValueError:
-        return value
-    if not parts.scheme or not parts.netloc:
-        return value
-    netloc = parts.netloc
-    if "@" in netloc:
-        creds, _, host = netloc.rpartition("@")
-        user, sep, _password = creds.partition(":")
-        netloc = f"{user}:{MASK}@{host}" if sep else netloc
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if SECRET_NAME.search(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def masked_value(key: str, value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: masked_value(k, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked_value(key, v) for v in value]
-    if value is not None and SECRET_NAME.search(key):
-        return MASK
-    if isinstance(value, str) and "://" in value:
-        return mask_url(value)
-    return value
 
 
 def effective_config(settings) -> list[dict[str, str]]:
