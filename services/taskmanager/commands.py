@@ -41,7 +41,7 @@ from shared import streams
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
 from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.leader_epoch import LeaderEpochFence
-from shared.message_auth import ClusterAuth
+from shared.message_auth import ClusterAuth, staleness
 from shared.messages import CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode
 from shared.transport import dead_letters
 from shared.transport.base import Transport
@@ -141,6 +141,10 @@ class CommandIntake:
             env = decode(payload)
         except UndecodableMessage as exc:
             self._undecodable(queue, expected, payload, str(exc))
+            return
+        stale = staleness(env)
+        if stale is not None:
+            self._dead_letter(queue, expected, stale, payload)
             return
         body = env.body
         if not self._from_current_leader(env.sender, env.epoch, body.type):

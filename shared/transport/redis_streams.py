@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, cast
 import redis
 
 from shared import streams
-from shared.message_auth import SIGNATURE_FIELD, ClusterAuth, RefusedMessage
+from shared.message_auth import DEDUP_WINDOW_S, SIGNATURE_FIELD, ClusterAuth, RefusedMessage
 from shared.messages import Envelope, UndecodableMessage, decode, encode, wrap
 from shared.transport import dead_letters
 from shared.transport.base import Handler
@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 FIELD = b"m"
 # A stream entry as this client (bytes, not decoded) reads it; the fields of a deleted entry are None.
 Entry = tuple[bytes, "dict[bytes, bytes] | None"]
-DONE_TTL_S = 2 * 3600
+# Handled ids are kept in one hash per hour; checking this many (the current one and those
+# before it) remembers every id for at least DEDUP_WINDOW_S, the age past which the sender
+# checks refuse a message (shared/message_auth.py staleness).
+DONE_HOURS = DEDUP_WINDOW_S // 3600 + 1
+DONE_TTL_S = DONE_HOURS * 3600
 MAX_HANDLER_FAILURES = 3
 
 
@@ -166,9 +170,9 @@ class RedisStreamsTransport:
         hour = int(time.time() // 3600)
         ids = [env.message_id for _, env in decoded]
         check = self.client.pipeline(transaction=False)
-        check.hmget(streams.done_hash(group, hour), ids)
-        check.hmget(streams.done_hash(group, hour - 1), ids)
-        now_seen, before_seen = check.execute()
+        for back in range(DONE_HOURS):
+            check.hmget(streams.done_hash(group, hour - back), ids)
+        seen = [any(marks) for marks in zip(*check.execute(), strict=True)]
         handled = 0
         done: dict[str, None] = {}  # ordered set of message ids handled in this batch
         pipe = self.client.pipeline(transaction=False)
@@ -176,8 +180,8 @@ class RedisStreamsTransport:
         # succeeded; if anything raises, every entry of the batch stays pending and is
         # redelivered, which idempotent handlers tolerate.
         with around_batch([env for _, env in decoded]):
-            for (entry_id, env), seen_a, seen_b in zip(decoded, now_seen, before_seen, strict=True):
-                if seen_a or seen_b or env.message_id in done:
+            for (entry_id, env), handled_before in zip(decoded, seen, strict=True):
+                if handled_before or env.message_id in done:
                     continue  # handled before, or earlier in this very batch (a producer retried)
                 try:
                     handler(env)
