@@ -24,6 +24,9 @@ DLQ_MAXLEN = 5_000
 JM_EPOCH_KEY = f"{PREFIX}:jm:epoch"
 RM_SESSION_KEY = f"{PREFIX}:rm:session"  # the RM's half of the heartbeat: refreshed every interval
 RM_STATS_KEY = f"{PREFIX}:rm:stats"  # JSON, refreshed every second: heartbeat rate and lag
+# Hash: TaskManager id -> JSON {"address", "log"}, where it serves its log files, as its signed
+# registration says (services/resourcemanager/claims.py); what the dispatcher fetches logs from.
+RM_TM_ENDPOINTS_KEY = f"{PREFIX}:rm:tm-endpoints"
 # JSON {"id", "epoch", "mode", "since"} of the leading JobManager, refreshed every 2 s and expiring
 # after 6 s: the dispatcher shows it, so "no JobManager is leading" is visible, not a silent wait.
 JM_LEADER_KEY = f"{PREFIX}:jm:leader"
@@ -47,7 +50,7 @@ def tm_queue(taskmanager_id: str) -> str:
 
 
 def done_hash(group: str, hour: int) -> str:
-    """Message ids a consumer group has handled, one hash per hour (kept for two hours)."""
+    """Message ids a consumer group has handled, one hash per hour (shared/transport/redis_streams.py)."""
     return f"{PREFIX}:done:{group}:{hour}"
 
 

@@ -28,6 +28,7 @@ from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
 from shared.errors import ConfigError
+from shared.log_access import LogGuard
 from shared.logs import configure_logging
 from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
@@ -250,8 +251,9 @@ def run(settings: Settings) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     jm_metrics = JobManagerMetrics()
+    key = control_plane_auth(settings).sender_key("jobmanager")  # its logs: to the control plane only
     metrics.serve(jm_metrics.registry, host=settings.metrics_host, port=settings.jobmanager_metrics_port,
-                  service="jobmanager", log_file=settings.log_file)
+                  service="jobmanager", log_file=settings.log_file, log_guard=LogGuard(key, key))
     gc_tuning.tune()
     if settings.high_availability == "zookeeper":
         run_with_zookeeper(settings, client, catalog, stopping, jm_metrics)

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from services.resourcemanager.catalog_sync import TaskManagerCatalogSync
+from services.resourcemanager.claims import RegistrationClaims
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
 from services.resourcemanager.loop_stats import LoopStats
@@ -78,6 +79,7 @@ class ResourceManager:
         self._liveness_names: dict[TaskManagerId, str] = {}  # taskmanager id -> connection name
         self._outbox: list[tuple[str, object]] = []
         self.catalog_sync = TaskManagerCatalogSync(catalog, self.slots, clock)
+        self.claims = RegistrationClaims(catalog, self.slots.allocations.get, transport.redis_client)
         self.stats = LoopStats(clock, publish_stats)
         # A verdict made since the last early flush: written before it is sent (see tick). Only
         # once per verdict: while the catalog is down, the periodic flush retries, not every tick.
@@ -192,7 +194,7 @@ class ResourceManager:
             self.stats.heartbeat(env.sent_at)
             self._on_heartbeat(body)
         elif isinstance(body, RegisterTaskManager):
-            self._on_register(body)
+            self._on_register(env)
         elif isinstance(body, RequestSlots):
             self._on_request(body)
         elif isinstance(body, ReleaseSlots):
@@ -207,11 +209,22 @@ class ResourceManager:
         else:
             log.warning("ResourceManager ignores %s", body.type)
 
-    def _on_register(self, msg: RegisterTaskManager) -> None:
-        # Its slot report replaces what we held for it (see slot_manager.py).
+    def _on_register(self, env: Envelope) -> None:
+        msg = env.body
+        assert isinstance(msg, RegisterTaskManager)
+        # Its slot report replaces what we held for it (see slot_manager.py), but only with what is
+        # its own to claim (claims.py).
+        occupied, refused = self.claims.allocations(
+            env, reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+        self.claims.endpoint(env)
+        for alloc_id in {a.allocation_id for a in occupied.values()}:
+            other = self.slots.allocations.get(alloc_id)
+            if other is not None and other.taskmanager_id != msg.taskmanager_id:
+                # The catalog places it here: the TaskManager holding it claimed it falsely.
+                self.slots.release(alloc_id)
         dropped = self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host,
                                       slots=msg.slots, cores=msg.cores, memory_bytes=msg.memory_bytes,
-                                      occupied=reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+                                      occupied=occupied)
         self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
         for alloc in dropped:
             log.warning("TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
@@ -225,7 +238,8 @@ class ResourceManager:
                  len(msg.running))
         self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
                              HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session)))
-        self._send_jm(TaskManagerRegistered(taskmanager_id=msg.taskmanager_id, running=msg.running))
+        running = tuple(r for r in msg.running if r.allocation_id not in refused)
+        self._send_jm(TaskManagerRegistered(taskmanager_id=msg.taskmanager_id, running=running))
         self._serve_pending()
 
     def _on_heartbeat(self, msg: TaskManagerHeartbeat) -> None:
@@ -299,6 +313,7 @@ class ResourceManager:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
         self.stats.taskmanager_lost()
         self.catalog_sync.gone(tm_id, state="UNREGISTERED" if "unregistered" in reason else "LOST", reason=reason)
+        self.claims.gone(tm_id)
         self._new_verdict = True
         self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
                                       last_heard_at=last_heard_at, silent_for_s=silent_for_s))
@@ -328,6 +343,7 @@ class ResourceManager:
 
     def flush_catalog(self) -> None:
         self.catalog_sync.flush()
+        self.claims.flush()
 
 
 def reported_allocations(tm_id: TaskManagerId, queue: str, report: tuple[SlotState, ...]) -> dict[int, Allocation]:

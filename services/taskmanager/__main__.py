@@ -37,9 +37,10 @@ from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id
 from shared.jars import MissingJars
 from shared.leader_epoch import LeaderEpochFence
+from shared.log_access import LogGuard
 from shared.log_files import LogFiles
 from shared.logs import configure_logging
-from shared.message_auth import MissingKey, taskmanager_auth
+from shared.message_auth import MissingKey, taskmanager_auth, taskmanager_sender
 from shared.settings import Settings, load_settings
 from shared.spark_runtime import SparkRuntime
 from shared.transport import kombu_redis
@@ -220,6 +221,20 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
             cancel_timeout_s=settings.task_cancel_timeout_s, noop=noop, drivers=launch,
             startup_timeout_s=settings.task_startup_timeout_s, reports=reports, metrics=task_metrics)
 
+    app = celery_app(settings, reports)
+    register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
+                                         transport=transport, dead_letter_client=client, auth=auth,
+                                         artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
+    task_metrics.registry.register(TaskManagerCollector(supervisors, client))
+    # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs), served only
+    # to the dispatcher's requests signed with this TaskManager's command key (shared/log_access.py).
+    logs = LogFiles.of_this_process(workdir / "logs", main=settings.log_file)
+    service = f"taskmanager {base_id}"
+    guard = None if simulate else LogGuard(request_key=auth.command_key(base_id),
+                                           answer_key=auth.sender_key(taskmanager_sender(base_id)))
+    metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
+                  service=service, logs=logs, log_guard=guard)
+    address = metrics.advertised_url(service, settings)
     # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of
     # queues spends its time building BRPOP commands instead of running commands.
     queues = [streams.tm_queue(base_id)] if simulate else [streams.tm_queue(tm) for tm in ids]
@@ -228,18 +243,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s,
                                liveness_name=liveness_name, simulated=bool(simulate),
                                queue_of=(lambda _tm: queues[0]) if simulate else streams.tm_queue,
-                               liveness=liveness)
-    app = celery_app(settings, reports)
-    register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
-                                         transport=transport, dead_letter_client=client, auth=auth,
-                                         artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
-    task_metrics.registry.register(TaskManagerCollector(supervisors, client))
-    # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs).
-    logs = LogFiles.of_this_process(workdir / "logs", main=settings.log_file)
-    service = f"taskmanager {base_id}"
-    metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
-                  service=service, logs=logs)
-    address = metrics.advertised_url(service, settings)
+                               liveness=liveness, log_endpoint=None if simulate else address,
+                               main_log=logs.main_name)
     announcer = None
     if address is not None and not simulate:
         announcer = EndpointAnnouncer(client, ids, address=address, main_log=logs.main_name,

@@ -104,7 +104,7 @@ def jobmanager_leader(request: Request, settings: SettingsDep, transport: Transp
     return out
 
 
-def _leader_endpoint(transport) -> tuple[str, str]:
+def _leader_endpoint(transport) -> log_fetch.LogSource:
     record = _leader_record(_redis(transport))
     if record is None:
         raise ApiError.of(503, "no JobManager leads right now, so no JobManager log is served",
@@ -113,14 +113,13 @@ def _leader_endpoint(transport) -> tuple[str, str]:
     if not record.get("address"):
         raise ApiError.of(503, f"{who} does not serve its logs (jobmanager_metrics_port is -1, or it runs an "
                                f"older version)", hint=f"see {log_fetch.RUNBOOK}", prefix=False)
-    return who, str(record["address"])
+    return log_fetch.LogSource.service(transport.auth, "jobmanager", who, str(record["address"]))
 
 
 @router.get("/logs", response_model=LogListInfo, responses=_ERRORS,
             summary="The leading JobManager's log files: name, size, mtime (operator)")
 def jobmanager_logs(transport: TransportDep) -> dict:
-    who, address = _leader_endpoint(transport)
-    return log_fetch.listing(who, address)
+    return log_fetch.listing(_leader_endpoint(transport))
 
 
 @router.get("/logs/{name}", response_class=Response, responses=_ERRORS,
@@ -130,8 +129,7 @@ def jobmanager_log_file(name: str, transport: TransportDep,
                                                                     "at most 4 MiB")) -> Response:
     log_fetch.check_name(name)
     size = log_fetch.check_tail(tail)
-    who, address = _leader_endpoint(transport)
-    return log_fetch.file(who, address, name, size)
+    return log_fetch.file(_leader_endpoint(transport), name, size)
 
 
 @router.get("/log", response_class=Response, responses=_ERRORS,
@@ -140,9 +138,9 @@ def jobmanager_main_log(transport: TransportDep,
                         tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
                                                                     "at most 4 MiB")) -> Response:
     size = log_fetch.check_tail(tail)
-    who, address = _leader_endpoint(transport)
-    main = log_fetch.main_log_name(who, address)
+    source = _leader_endpoint(transport)
+    main = log_fetch.main_log_name(source)
     if not main:
-        raise ApiError.of(404, f"{who} has no log file of its own (its output goes to a terminal or a pipe)",
+        raise ApiError.of(404, f"{source.who} has no log file of its own (its output goes to a terminal or a pipe)",
                           hint=f"see {log_fetch.RUNBOOK}", prefix=False)
-    return log_fetch.file(who, address, main, size)
+    return log_fetch.file(source, main, size)
