@@ -89,11 +89,13 @@ def tm_memory_key(taskmanager_id: str) -> str:
     return f"{PREFIX}:tm:{taskmanager_id}:memory"
 
 
-def progress_key(execution_id: str) -> str:
+def progress_key(taskmanager_id: str, execution_id: str) -> str:
     """Hash of an execution attempt's newest micro-batch figures (batch_id, rates, lag, ...),
-    written by its TaskManager on each progress report, expiring PROGRESS_TTL_S after the last.
-    Under hr:tm:, the keys the TaskManagers' Redis user may write (services/cluster/redis_auth.py)."""
-    return f"{PREFIX}:tm:progress:{execution_id}"
+    written by the TaskManager running it on each progress report, expiring PROGRESS_TTL_S after
+    the last. Under that TaskManager's own hr:tm:<id>:, the keys only its Redis user may write
+    (services/cluster/redis_auth.py): readers (the dashboard, the autoscaler) read the figures of
+    the TaskManager the catalog placed the attempt on, so no other TaskManager can write them."""
+    return f"{PREFIX}:tm:{taskmanager_id}:progress:{execution_id}"
 
 
 # Long enough for slow triggers (a batch every few minutes); the TaskManager deletes the hash when
@@ -101,14 +103,14 @@ def progress_key(execution_id: str) -> str:
 PROGRESS_TTL_S = 3600
 
 
-def progress_history_key(execution_id: str) -> str:
+def progress_history_key(taskmanager_id: str, execution_id: str) -> str:
     """Stream of an execution attempt's recent figures, oldest first (the fields of
     `progress_key` without the ids), so a chart opened late draws the last minutes at once.
     Bounded three ways by its TaskManager: at most one point per PROGRESS_HISTORY_STEP_MS, entries
     older than PROGRESS_HISTORY_S trimmed, at most PROGRESS_HISTORY_POINTS; the key expires
     PROGRESS_HISTORY_S after the last point, so an ended attempt's history stays that long (what
     led to a failure) and then goes."""
-    return f"{progress_key(execution_id)}:history"
+    return f"{progress_key(taskmanager_id, execution_id)}:history"
 
 
 PROGRESS_HISTORY_S = 600
@@ -116,6 +118,8 @@ PROGRESS_HISTORY_STEP_MS = 1000
 PROGRESS_HISTORY_POINTS = 600
 
 
-# Hash: TaskManager id -> the random value of its checkpoint-directory probe file, so each new
-# TaskManager can check it sees the others' files (services/taskmanager/storage_probe.py).
-TM_STORAGE_PROBE_KEY = f"{PREFIX}:tm:storage-probe"
+def tm_storage_probe_key(taskmanager_id: str) -> str:
+    """The random value of the TaskManager's checkpoint-directory probe file, so each new
+    TaskManager can check it sees the others' files (services/taskmanager/storage_probe.py).
+    Under its own prefix: no other TaskManager can change it."""
+    return f"{PREFIX}:tm:{taskmanager_id}:storage-probe"

@@ -167,15 +167,15 @@ def taskmanager_rules(taskmanager_id: str) -> str:
     tm = check_taskmanager_id(taskmanager_id)
     queue = streams.tm_queue(tm)
     # What it reads of others: the leader epoch, the ResourceManager's session, the other
-    # TaskManagers' endpoints (storage probe); no other stream, queue or inbox.
+    # TaskManagers' endpoints and probe values (storage probe); no other stream, queue or inbox.
+    # What it writes is under its own hr:tm:<id>: (its progress figures and storage probe among
+    # them, streams.py), so it cannot change another TaskManager's.
     reads = _keys("%R", [f"{P}:jm:*", f"{P}:rm:*", f"{P}:tm:*"])
-    # Progress hashes are named by execution, not TaskManager (streams.progress_key): shared.
-    own = _keys("", [streams.tm_inbox(tm), f"{P}:tm:{tm}:*", streams.progress_key("*"), queue,
+    own = _keys("", [streams.tm_inbox(tm), f"{P}:tm:{tm}:*", queue,
                      f"{queue}{NOT_IN_AN_ID}*", f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
                      f"{tm}@*.celery.pidbox*", *CELERY_PIDBOX_KEYS])  # its worker <id>@<host>'s own pidbox
     selectors = [
         _only("xadd", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.JM_STREAM, streams.DLQ_STREAM]),
-        _only("hset", [streams.TM_STORAGE_PROBE_KEY]),
         _only("lpush", [CELERY_REPLY_QUEUES]),
         "(" + " ".join(f"&{c}" for c in CELERY_WORKER_CHANNELS) + " +psubscribe +subscribe)",
         "(" + " ".join(f"&{c}" for c in CELERY_EVENT_CHANNELS) + " +publish)",

@@ -2,18 +2,29 @@
 TaskManager sees: it writes a probe file with a fresh random value there, announces that value in
 Redis, and reads back the files of the other live TaskManagers. A directory that is local to each
 host (a path that exists everywhere but is not shared) fails here, with a message saying which
-TaskManager's file is missing, instead of at the first restore on another host."""
+TaskManager's file is missing, instead of at the first restore on another host.
+
+Each value is kept under its TaskManager's own prefix (streams.tm_storage_probe_key), which only
+that TaskManager's Redis user may write: another TaskManager cannot plant a value that no file
+matches and so keep every newcomer from starting. The live TaskManagers are found by their
+endpoint keys (a SCAN, once per start, bounded by FIND_TIMEOUT_S)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import secrets
+import time
 from pathlib import Path
 
 from shared import streams
 from shared.errors import TaskError
 
 PROBE_DIR = ".headrace-probe"
+FIND_TIMEOUT_S = 10.0
+_AN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+log = logging.getLogger("headrace.taskmanager")
 
 
 class StorageNotShared(TaskError, RuntimeError):
@@ -47,13 +58,15 @@ def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
     checked. Raises StorageNotShared."""
     nonce = write_probe(directory, taskmanager_id)
     # Announced only after the file exists, so whoever reads the value finds the file.
-    client.hset(streams.TM_STORAGE_PROBE_KEY, taskmanager_id, nonce)
+    client.set(streams.tm_storage_probe_key(taskmanager_id), nonce)
     checked = []
-    for raw_id, raw_value in client.hgetall(streams.TM_STORAGE_PROBE_KEY).items():
-        other = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+    for other in running_taskmanagers(client):
+        if other == taskmanager_id:
+            continue
+        raw_value = client.get(streams.tm_storage_probe_key(other))
+        if raw_value is None:
+            continue  # it has not probed yet (or runs a version without probes)
         expected = raw_value.decode() if isinstance(raw_value, bytes) else str(raw_value)
-        if other == taskmanager_id or not client.exists(streams.tm_endpoint_key(other)):
-            continue  # only TaskManagers that run now: a stopped one's file may be long gone
         path = _probe_file(directory, other)
         try:
             seen = path.read_text()
@@ -70,3 +83,25 @@ def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
                 f"set HEADRACE_CHECKPOINT_DIR to such a mount (docs/runbooks/shared-storage.md)")
         checked.append(other)
     return checked
+
+
+def running_taskmanagers(client) -> list[str]:
+    """The ids of the TaskManagers that announce an endpoint now (its key expires with their
+    heartbeats): a stopped one's file may be long gone. At most FIND_TIMEOUT_S of SCAN; those
+    found by then are checked."""
+    pattern = streams.tm_endpoint_key("*")
+    prefix, suffix = pattern.split("*", 1)
+    deadline = time.monotonic() + FIND_TIMEOUT_S
+    found = []
+    for raw in client.scan_iter(match=pattern, count=1000):
+        name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        tm = name[len(prefix):len(name) - len(suffix)]
+        # Only a TaskManager's own endpoint key: an id has no ':', so a key some TaskManager made
+        # deeper under its own prefix (hr:tm:<id>:x:endpoint) names no TaskManager.
+        if _AN_ID.fullmatch(tm):
+            found.append(tm)
+        if time.monotonic() > deadline:
+            log.warning("finding the running TaskManagers took over %.0f s (a large keyspace); checking the %d "
+                        "found so far", FIND_TIMEOUT_S, len(found))
+            break
+    return sorted(set(found))
