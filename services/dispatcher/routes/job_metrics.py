@@ -89,7 +89,7 @@ def _current_figures(session, transport, job_id: str, vertex_id: str | None = No
     try:
         pipe = client.pipeline(transaction=False)
         for ex in executions:
-            pipe.hgetall(streams.progress_key(ex.taskmanager_id, ex.id))
+            pipe.hgetall(streams.progress_key(ex.taskmanager_id or "", ex.id))
         answers = pipe.execute()
     except redis.RedisError as exc:
         raise ApiError.of(503, f"Redis, where the TaskManagers publish task figures, is unavailable: {exc}",
@@ -133,7 +133,7 @@ def job_progress_history(jobid: str, session: SessionDep, transport: TransportDe
     try:
         pipe = client.pipeline(transaction=False)
         for ex in executions:
-            pipe.xrange(streams.progress_history_key(ex.taskmanager_id, ex.id), min=str(since_ms),
+            pipe.xrange(streams.progress_history_key(ex.taskmanager_id or "", ex.id), min=str(since_ms),
                         count=streams.PROGRESS_HISTORY_POINTS)
         answers = pipe.execute()
     except redis.RedisError as exc:
