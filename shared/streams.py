@@ -1,13 +1,22 @@
 """Every Redis key, stream and queue name, in one place (as arq keeps its constants).
 
 Streams (consumer group = the receiving service):
-  hr:stream:rm          -> ResourceManager: registrations, slot requests/releases (control)
-  hr:stream:rm:heartbeats -> ResourceManager: TaskManager heartbeats, read after the control
-                           stream so allocation never waits behind a heartbeat backlog
-  hr:stream:jm          -> JobManager: submissions, cancels, slot answers, task states, progress
+  hr:stream:rm          -> ResourceManager: the JobManager's slot requests and releases
+  hr:stream:rm:tm:{id}  -> ResourceManager: one TaskManager's registrations, heartbeats and
+                           unregistration (read after hr:stream:rm, so allocation never waits
+                           behind a heartbeat backlog)
+  hr:stream:jm          -> JobManager: submissions, cancels, slot answers (control plane)
+  hr:stream:jm:tm:{id}  -> JobManager: one TaskManager's task states, progress, checkpoint answers
   hr:stream:tm:{id}     -> one TaskManager's inbox: heartbeat acks from the ResourceManager
-  hr:stream:dlq         dead letters: entries and commands that could not be read or handled,
-                        with the error (capped: DLQ_MAXLEN entries of at most a few KB each)
+  hr:stream:dlq         dead letters of the control plane: entries and commands that could not be
+                        read or handled, with the error (capped: DLQ_MAXLEN entries of at most a
+                        few KB each)
+  hr:stream:dlq:tm:{id} one TaskManager's dead letters (what it refused of its queue and inbox)
+A TaskManager writes only to streams of its own: Redis cannot refuse `XADD ... MAXLEN 0`, so a
+stream it shared with others would be one it could empty (services/cluster/redis_auth.py). A
+process simulating many TaskManagers writes to the streams of its own id (`--id`), as it reads
+one queue. The control plane finds the streams by the TaskManagers' named connections and the
+catalog (services/resourcemanager/report_streams.py).
 Celery queues: tm.{taskmanager_id}, one per TaskManager, for DeployTask/CancelTask commands.
 """
 
@@ -47,6 +56,42 @@ def tm_warm_key(taskmanager_id: str) -> str:
 
 def tm_queue(taskmanager_id: str) -> str:
     return f"tm.{taskmanager_id}"
+
+
+def tm_rm_stream(taskmanager_id: str) -> str:
+    """A TaskManager's (or simulating process's) registrations and heartbeats."""
+    return f"{PREFIX}:stream:rm:tm:{taskmanager_id}"
+
+
+def tm_jm_stream(taskmanager_id: str) -> str:
+    """A TaskManager's (or simulating process's) reports on its tasks."""
+    return f"{PREFIX}:stream:jm:tm:{taskmanager_id}"
+
+
+def tm_dead_letters(taskmanager_id: str) -> str:
+    return f"{DLQ_STREAM}:tm:{taskmanager_id}"
+
+
+def taskmanager_routes(taskmanager_id: str) -> dict[str, str]:
+    """Where a TaskManager process writes what it addresses to the control plane's streams."""
+    return {RM_STREAM: tm_rm_stream(taskmanager_id), RM_HEARTBEAT_STREAM: tm_rm_stream(taskmanager_id),
+            JM_STREAM: tm_jm_stream(taskmanager_id), DLQ_STREAM: tm_dead_letters(taskmanager_id)}
+
+
+def reporter_of_queue(queue: str) -> str | None:
+    """The id whose report streams serve the TaskManager(s) of this command queue (a simulating
+    process's TaskManagers share its queue and its streams); None for no queue of ours."""
+    prefix = tm_queue("")
+    return queue[len(prefix):] or None if queue.startswith(prefix) else None
+
+
+def reporter_name(taskmanager_id: str) -> str:
+    """Redis CLIENT SETNAME of a TaskManager process's connections that publish: the
+    ResourceManager finds a new TaskManager's report streams by it (CLIENT LIST)."""
+    return f"{REPORTER_NAME_PREFIX}{taskmanager_id}"
+
+
+REPORTER_NAME_PREFIX = f"{PREFIX}-reports-"
 
 
 def done_hash(group: str, hour: int) -> str:

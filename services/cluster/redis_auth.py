@@ -5,17 +5,20 @@ Users (Redis 7 ACL syntax; `%R~` read-only keys, `~` read and write; a `(...)` s
 its commands on its keys only):
   default          the operator's and the tests' user: everything (`redis-cli -a PASSWORD`)
   dispatcher       reads hr:*; XADDs to hr:stream:jm and the dead letters
-  jobmanager       consumes hr:stream:jm; owns hr:jm:*; XADDs to hr:stream:rm and the dead
-                   letters; LPUSHes Celery commands onto tm.* (and kombu's _kombu.* tables) and
-                   publishes their task-sent events (channels /<db>.celeryev/*)
-  resourcemanager  consumes hr:stream:rm and hr:stream:rm:heartbeats; owns hr:rm:*; XADDs to
-                   hr:stream:jm, the TaskManager inboxes hr:stream:tm:* and the dead letters;
-                   lists client connections and reads INFO (TaskManager liveness)
+  jobmanager       consumes hr:stream:jm and the TaskManagers' hr:stream:jm:tm:*; owns hr:jm:*;
+                   XADDs to hr:stream:rm and the dead letters; LPUSHes Celery commands onto tm.*
+                   (and kombu's _kombu.* tables) and publishes their task-sent events (channels
+                   /<db>.celeryev/*)
+  resourcemanager  consumes hr:stream:rm, hr:stream:rm:heartbeats and the TaskManagers'
+                   hr:stream:rm:tm:*; owns hr:rm:*; XADDs to hr:stream:jm, the TaskManager inboxes
+                   hr:stream:tm:* and the dead letters; lists client connections and reads INFO
+                   (TaskManager liveness, and the TaskManagers whose streams it reads)
   taskmanager.<id> one per TaskManager, its password derived from the cluster secret
                    (shared/cluster_keys.redis_password): consumes only its own queue tm.<id> and
-                   inbox hr:stream:tm:<id>, owns hr:tm:<id>:*, XADDs its reports to hr:stream:rm,
-                   hr:stream:rm:heartbeats, hr:stream:jm and the dead letters; its Celery worker
-                   may listen on the remote-control channel but not publish to it
+                   inbox hr:stream:tm:<id>, owns hr:tm:<id>:*, XADDs its reports to its own
+                   streams hr:stream:rm:tm:<id>, hr:stream:jm:tm:<id> and hr:stream:dlq:tm:<id>
+                   (no stream another TaskManager or the control plane writes: an XADD may trim);
+                   its Celery worker may listen on the remote-control channel but not publish to it
   pipeline         what a task's pipeline gets as ctx.redis_url: every key outside the control
                    plane (its source and sink streams, headrace:sink:* fences), none inside it
 A stream is deleted, trimmed or has its groups changed only by its consumer and the admin:
@@ -33,12 +36,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import secrets
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from shared import streams
+from shared.ids import TASKMANAGER_ID
 
 ADMIN = "default"
 SERVICES = ("dispatcher", "jobmanager", "resourcemanager")
@@ -46,8 +49,6 @@ TASKMANAGER = "taskmanager"  # the role; each TaskManager's user is taskmanager_
 PIPELINE = "pipeline"
 USERS = (ADMIN, *SERVICES, PIPELINE)
 TASKMANAGER_USER_PREFIX = f"{TASKMANAGER}."
-# A TaskManager id goes into key patterns and a user name: no glob characters, no spaces.
-TASKMANAGER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # What may follow "tm.<id>" in one of its queue's keys (kombu's priority queues "tm.<id>\x06\x16<n>")
 # but never continues an id: so tm-1's patterns do not reach tm-10's queue.
 NOT_IN_AN_ID = "[^-a-zA-Z0-9._]"
@@ -142,12 +143,13 @@ def rules(user: str) -> str:
     if user == "dispatcher":
         parts = read_all + [_only("xadd", [streams.JM_STREAM, streams.DLQ_STREAM])]
     elif user == "jobmanager":
-        parts = (read_all + _keys("", [streams.JM_STREAM, f"{P}:jm:*", done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
+        parts = (read_all + _keys("", [streams.JM_STREAM, streams.tm_jm_stream("*"), f"{P}:jm:*",
+                                       done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
                  + ["+client|list"] + [f"&{c}" for c in CELERY_EVENT_CHANNELS]
                  + [_only("xadd", [streams.RM_STREAM, streams.DLQ_STREAM]), _only("lpush", [CELERY_QUEUES])])
     elif user == "resourcemanager":
-        parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, f"{P}:rm:*",
-                                       done(streams.RM_GROUP)])
+        parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.tm_rm_stream("*"),
+                                       f"{P}:rm:*", done(streams.RM_GROUP)])
                  # INFO's run_id tells a Redis restart (every connection dropped) from deaths.
                  + ["+client|list", "+info"]
                  + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])])
@@ -175,7 +177,7 @@ def taskmanager_rules(taskmanager_id: str) -> str:
                      f"{queue}{NOT_IN_AN_ID}*", f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
                      f"{tm}@*.celery.pidbox*", *CELERY_PIDBOX_KEYS])  # its worker <id>@<host>'s own pidbox
     selectors = [
-        _only("xadd", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.JM_STREAM, streams.DLQ_STREAM]),
+        _only("xadd", [streams.tm_rm_stream(tm), streams.tm_jm_stream(tm), streams.tm_dead_letters(tm)]),
         _only("lpush", [CELERY_REPLY_QUEUES]),
         "(" + " ".join(f"&{c}" for c in CELERY_WORKER_CHANNELS) + " +psubscribe +subscribe)",
         "(" + " ".join(f"&{c}" for c in CELERY_EVENT_CHANNELS) + " +publish)",

@@ -73,13 +73,18 @@ class JobManagerProcess:
                 master.outbox.replay()
             due = master.timers.next_due_in()
             block = 100 if due is None else max(1, min(100, int(due * 1000)))
+            # Its own stream and every TaskManager's reports, in one blocking read.
             handled = self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", master.handle,
-                                          count=500, block_ms=block, around_batch=master.unit_of_work)
+                                          count=500, block_ms=block, around_batch=master.unit_of_work,
+                                          also=master.uow.report_streams())
             self.redis_ok_at = time.monotonic()
             self.run_due_timers()
             if master.checkpoints.due():
                 with master.unit_of_work():
                     master.checkpoints.tick()
+            if master.slot_watch.due():
+                with master.unit_of_work():
+                    master.slot_watch.tick()
             if self.beat is not None and self.beat.due():
                 self.beat.tick()
             if self.deployments is not None and self.deployments.due():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from sqlalchemy.orm import Session
 
@@ -38,11 +39,16 @@ class Deployment:
     def __init__(self, settings: Settings, checkpoints: CheckpointCoordinator):
         self.settings, self.checkpoints = settings, checkpoints
         self._last_fence = 0
+        # Told of every slot request made (slot_request_watch.py watches them).
+        self.on_request: Callable[[RequestSlots], None] | None = None
 
     def request(self, job: Job, parallelism: int, execution_id: ExecutionId) -> RequestSlots:
         timeout = slot_request_timeout(job.config, self.settings.slot_request_timeout_s)
-        return RequestSlots(request_id=slot_request_id(execution_id), job_id=job.id, execution_id=execution_id,
-                            slots=parallelism, timeout_s=timeout, submitted_seq=job.seq)
+        msg = RequestSlots(request_id=slot_request_id(execution_id), job_id=job.id, execution_id=execution_id,
+                           slots=parallelism, timeout_s=timeout, submitted_seq=job.seq)
+        if self.on_request is not None:
+            self.on_request(msg)
+        return msg
 
     def slot_request(self, job: Job, vertex: Vertex, ex: Execution) -> RequestSlots:
         return self.request(job, vertex.parallelism, ex.id)

@@ -57,6 +57,7 @@ class Reconciliation:
         ctx = self.ctx
         with ctx.uow.tx() as s:
             repo.claim_leadership(s, ctx.epoch, self.leader_id)
+            ctx.uow.learn_queues(s)  # whose report streams to read
             live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
             todo = [(j.id, JS(j.status)) for j in live]
             ctx.checkpoints.recover(s)

@@ -19,6 +19,7 @@ from services.resourcemanager.claims import RegistrationClaims
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
 from services.resourcemanager.loop_stats import LoopStats
+from services.resourcemanager.report_streams import ReportStreams
 from services.resourcemanager.returning import ReturningTaskManagers
 from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
 from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
@@ -80,6 +81,7 @@ class ResourceManager:
         self._outbox: list[tuple[str, object]] = []
         self.catalog_sync = TaskManagerCatalogSync(catalog, self.slots, clock)
         self.claims = RegistrationClaims(catalog, self.slots.allocations.get, transport.redis_client)
+        self.reports = ReportStreams()  # the TaskManagers' own streams (report_streams.py)
         self.stats = LoopStats(clock, publish_stats)
         # A verdict made since the last early flush: written before it is sent (see tick). Only
         # once per verdict: while the catalog is down, the periodic flush retries, not every tick.
@@ -105,13 +107,15 @@ class ResourceManager:
             self.tick()
 
     def poll_once(self, block_ms: int = 100) -> int:
-        """Control messages first (registrations, slot requests), then heartbeats: a heartbeat
-        backlog must never delay an allocation. Blocks only when there was no control work."""
+        """Control messages first (slot requests), then the TaskManagers' registrations and
+        heartbeats, each on its own stream: a heartbeat backlog must never delay an allocation.
+        Blocks only when there was no control work. (hr:stream:rm:heartbeats carries heartbeats
+        only from processes that hold the cluster secret: benchmarks and tests.)"""
         control = self.transport.poll(streams.RM_STREAM, streams.RM_GROUP, self.name, self.handle,
                                       count=self.BATCH, block_ms=0)
         self.flush_outbox()
         beats = self.transport.poll(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, self.name, self.handle,
-                                    count=self.BATCH, block_ms=0 if control else block_ms)
+                                    count=self.BATCH, block_ms=0 if control else block_ms, also=self.reports.names())
         self._backlog = beats >= self.BATCH
         self.flush_outbox()
         return control + beats
@@ -147,8 +151,10 @@ class ResourceManager:
                            last_heard=last)
         if self.liveness is not None and now - self._last_liveness >= 0.5:
             self._last_liveness = now
+            seen = self.liveness.look()
+            self.reports.discover(seen[1])
             watched = {name for name in self._liveness_names.values()}
-            for name in self.liveness.dead(watched):
+            for name in self.liveness.dead(watched, seen):
                 for tm_id in [t for t, n in self._liveness_names.items() if n == name]:
                     self._lose(tm_id, "TaskManager lost: its process exited (connection closed)")
         for req, message in (self.slots.expire_pending() if scan else ()):
@@ -174,6 +180,7 @@ class ResourceManager:
     def adopt_previous_taskmanagers(self) -> None:
         """Give each TaskManager the previous ResourceManager had registered heartbeat timeout
         to register again (returning.py)."""
+        self.reports.load(self.catalog)
         with self.catalog.session() as s:
             previous = [tm.id for tm in repo.list_taskmanagers(s)]
         waiting = self.returning.expect(previous, self.slots.taskmanagers)

@@ -148,7 +148,7 @@ def driver_launch(settings: Settings, slots: int, archive_args: list[str],
                         sandbox=sandbox, warm_pool=warm_pool, warm_up_query=settings.warm_up_query)
 
 
-def celery_app(settings: Settings, reports: HeldReports) -> Celery:
+def celery_app(settings: Settings, reports: HeldReports, dead_letter_stream: str) -> Celery:
     """The Celery app whose worker consumes this process's TaskManager queues."""
     app = make_celery(settings.redis_url, "headrace-taskmanager")
     # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
@@ -158,7 +158,8 @@ def celery_app(settings: Settings, reports: HeldReports) -> Celery:
     app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"
     # The reports of the commands taken in one read of the queue go out together.
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
-                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}
+                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False),
+                                         kombu_redis.DEAD_LETTERS: dead_letter_stream}
     return app
 
 
@@ -193,14 +194,17 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         except MissingJars as exc:
             log.error("TaskManager %s cannot start: %s", base_id, exc)
             raise SystemExit(EXIT_NO_JARS) from None
-    client = wait_for_redis(settings.redis_url)
+    # Named, so the ResourceManager finds this process's report streams (streams.reporter_name).
+    client = wait_for_redis(settings.redis_url, client_name=streams.reporter_name(base_id))
     process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     liveness_name = streams.liveness_name(process_id)
     # A dedicated named connection: the ResourceManager watches for it to vanish.
     liveness = redis.Redis.from_url(settings.redis_url, client_name=liveness_name)
     liveness.ping()
+    # What it reports goes to streams of its own (shared/streams.py), the only ones its user may write.
+    routes = streams.taskmanager_routes(base_id)
     transport = RedisStreamsTransport(client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen,
-                                      auth=auth)
+                                      auth=auth, route=routes)
 
     workdir = settings.workdir / "taskmanagers" / base_id
     # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
@@ -221,9 +225,10 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
             cancel_timeout_s=settings.task_cancel_timeout_s, noop=noop, drivers=launch,
             startup_timeout_s=settings.task_startup_timeout_s, reports=reports, metrics=task_metrics)
 
-    app = celery_app(settings, reports)
+    app = celery_app(settings, reports, routes[streams.DLQ_STREAM])
     register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
                                          transport=transport, dead_letter_client=client, auth=auth,
+                                         dead_letter_stream=routes[streams.DLQ_STREAM],
                                          artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
     task_metrics.registry.register(TaskManagerCollector(supervisors, client))
     # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs), served only

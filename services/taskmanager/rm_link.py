@@ -206,7 +206,8 @@ class ResourceManagerLink:
                 if error is not None:
                     log.warning("dead-lettering entry %s of %s: %s", st.inbox_cursor, streams.tm_inbox(tm), error)
                     dead_letters.add_safely(self.client, error=error, original=fields,
-                                            origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor})
+                                            origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor},
+                                            stream=self.transport.route.get(streams.DLQ_STREAM, streams.DLQ_STREAM))
                     continue
                 if isinstance(env.body, HeartbeatAck):
                     self._on_ack(st, env.body)

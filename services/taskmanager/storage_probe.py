@@ -5,25 +5,26 @@ host (a path that exists everywhere but is not shared) fails here, with a messag
 TaskManager's file is missing, instead of at the first restore on another host.
 
 Each value is kept under its TaskManager's own prefix (streams.tm_storage_probe_key), which only
-that TaskManager's Redis user may write: another TaskManager cannot plant a value that no file
-matches and so keep every newcomer from starting. The live TaskManagers are found by their
-endpoint keys (a SCAN, once per start, bounded by FIND_TIMEOUT_S)."""
+that TaskManager's Redis user may write: no TaskManager can plant a value in another's name. One
+can still misstate its own (or damage its own file): so a newcomer that sees the files of some
+TaskManagers and not of others starts, and warns naming the others (theirs is the odd directory,
+or the odd claim); it refuses to start only when it sees none of them. The live TaskManagers are
+found by their endpoint keys (a SCAN, once per start, bounded by FIND_TIMEOUT_S)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import time
 from pathlib import Path
 
 from shared import streams
 from shared.errors import TaskError
+from shared.ids import TASKMANAGER_ID
 
 PROBE_DIR = ".headrace-probe"
 FIND_TIMEOUT_S = 10.0
-_AN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 log = logging.getLogger("headrace.taskmanager")
 
 
@@ -55,11 +56,12 @@ def write_probe(directory: Path, taskmanager_id: str) -> str:
 
 def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
     """Write this TaskManager's probe, then read every other live TaskManager's; returns the ids
-    checked. Raises StorageNotShared."""
+    whose files it sees. Raises StorageNotShared when it sees none of those it checked."""
     nonce = write_probe(directory, taskmanager_id)
     # Announced only after the file exists, so whoever reads the value finds the file.
     client.set(streams.tm_storage_probe_key(taskmanager_id), nonce)
-    checked = []
+    checked: list[str] = []
+    unseen: list[tuple[str, str]] = []  # (TaskManager, why)
     for other in running_taskmanagers(client):
         if other == taskmanager_id:
             continue
@@ -76,12 +78,19 @@ def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
             raise StorageNotShared(f"cannot read {path} in the checkpoint directory: {exc}") from None
         if seen != expected:
             what = "is missing here" if seen is None else "holds another value here"
-            raise StorageNotShared(
-                f"the checkpoint directory {directory} is not shared: TaskManager {other} wrote its probe to "
-                f"{path}, which {what} (on TaskManager {taskmanager_id}). Every TaskManager and Spark worker "
-                f"must see the same directory: mount one shared filesystem at that path on every host, or "
-                f"set HEADRACE_CHECKPOINT_DIR to such a mount (docs/runbooks/shared-storage.md)")
-        checked.append(other)
+            unseen.append((other, f"TaskManager {other} wrote its probe to {path}, which {what}"))
+        else:
+            checked.append(other)
+    if unseen and not checked:
+        raise StorageNotShared(
+            f"the checkpoint directory {directory} is not shared: {unseen[0][1]} (on TaskManager {taskmanager_id}). "
+            f"Every TaskManager and Spark worker must see the same directory: mount one shared filesystem at "
+            f"that path on every host, or set HEADRACE_CHECKPOINT_DIR to such a mount "
+            f"(docs/runbooks/shared-storage.md)")
+    for other, why in unseen:
+        log.warning("the checkpoint directory %s is shared with %s but not with TaskManager %s: %s; that "
+                    "TaskManager's directory is another one, or it misstates its probe (see "
+                    "docs/runbooks/shared-storage.md)", directory, ", ".join(checked), other, why)
     return checked
 
 
@@ -98,7 +107,7 @@ def running_taskmanagers(client) -> list[str]:
         tm = name[len(prefix):len(name) - len(suffix)]
         # Only a TaskManager's own endpoint key: an id has no ':', so a key some TaskManager made
         # deeper under its own prefix (hr:tm:<id>:x:endpoint) names no TaskManager.
-        if _AN_ID.fullmatch(tm):
+        if TASKMANAGER_ID.fullmatch(tm):
             found.append(tm)
         if time.monotonic() > deadline:
             log.warning("finding the running TaskManagers took over %.0f s (a large keyspace); checking the %d "

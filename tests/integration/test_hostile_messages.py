@@ -48,7 +48,8 @@ def client(cluster):
     c.close()
 
 
-def kombu_item(task: str, args, *, body: str | None = None, content_type: str = "application/json") -> bytes:
+def kombu_item(task: str, args, *, body: str | None = None, content_type: str = "application/json",
+               queue: str = QUEUE) -> bytes:
     """A Celery protocol-2 message as kombu's Redis transport stores it in a queue list."""
     if body is None:
         body = base64.b64encode(json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None,
@@ -59,7 +60,7 @@ def kombu_item(task: str, args, *, body: str | None = None, content_type: str = 
         "headers": {"lang": "py", "task": task, "id": task_id, "root_id": task_id, "retries": 0,
                     "timelimit": [None, None], "argsrepr": "", "kwargsrepr": "{}"},
         "properties": {"correlation_id": task_id, "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
-                       "delivery_info": {"exchange": "", "routing_key": QUEUE}, "delivery_tag": str(uuid.uuid4())},
+                       "delivery_info": {"exchange": "", "routing_key": queue}, "delivery_tag": str(uuid.uuid4())},
     }).encode()
 
 
