@@ -8,7 +8,7 @@ its commands on its keys only):
   jobmanager       consumes hr:stream:jm and the TaskManagers' hr:stream:jm:tm:*; owns hr:jm:*;
                    XADDs to hr:stream:rm and the dead letters; LPUSHes Celery commands onto tm.*
                    (and kombu's _kombu.* tables) and publishes their task-sent events (channels
-                   /<db>.celeryev/*)
+                   /<db>.celeryev/*); makes and deletes the lineages' users pipeline.<lineage>
   resourcemanager  consumes hr:stream:rm, hr:stream:rm:heartbeats and the TaskManagers'
                    hr:stream:rm:tm:*; owns hr:rm:*; XADDs to hr:stream:jm, the TaskManager inboxes
                    hr:stream:tm:* and the dead letters; lists client connections and reads INFO
@@ -19,8 +19,11 @@ its commands on its keys only):
                    streams hr:stream:rm:tm:<id>, hr:stream:jm:tm:<id> and hr:stream:dlq:tm:<id>
                    (no stream another TaskManager or the control plane writes: an XADD may trim);
                    its Celery worker may listen on the remote-control channel but not publish to it
-  pipeline         what a task's pipeline gets as ctx.redis_url: every key outside the control
-                   plane (its source and sink streams, headrace:sink:* fences), none inside it
+  pipeline         the dispatcher's restore-check planner: a pipeline's data keys, outside the
+                   control plane and the sinks' bookkeeping headrace:sink:*
+  pipeline.<lineage> made by the JobManager for each running lineage, what its tasks get as
+                   ctx.redis_url: the data keys and its own headrace:sink:<lineage>:* only
+                   (shared/pipeline_redis.py)
 A stream is deleted, trimmed or has its groups changed only by its consumer and the admin:
 publishers get XADD alone (an XADD with MAXLEN is still XADD; Redis cannot tell it apart, see
 docs/runbooks/auth.md "Redis users"). Nobody but the admin may trim or delete the dead letters.
@@ -40,7 +43,7 @@ import secrets
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from shared import streams
+from shared import pipeline_redis, streams
 from shared.ids import TASKMANAGER_ID
 
 ADMIN = "default"
@@ -71,8 +74,7 @@ CELERY_WORKER_CHANNELS = tuple(f"/{db}.celery.pidbox" for db in range(16))
 # Celery events (Flower, `celery events`): the TaskManagers' workers and the JobManager's
 # task-sent events PUBLISH to "/<db>.celeryev/<type>"; only the admin user subscribes.
 CELERY_EVENT_CHANNELS = tuple(f"/{db}.celeryev/*" for db in range(16))
-# What a pipeline must never touch: Headrace's own keys and Celery's.
-CONTROL_PLANE_PREFIXES = (f"{streams.PREFIX}:", "tm.", "_kombu.", "unacked")
+CONTROL_PLANE_PREFIXES = pipeline_redis.CONTROL_PLANE_PREFIXES
 
 SERVICE_COMMANDS = "+@all -@dangerous"
 
@@ -100,29 +102,7 @@ def _only(command: str, patterns) -> str:
     return "(" + " ".join(f"~{p}" for p in patterns) + f" +{command})"
 
 
-def outside(prefixes: tuple[str, ...]) -> list[str]:
-    """Glob patterns that together match every key starting with none of `prefixes`.
-
-    Redis ACLs cannot exclude a key pattern, but a glob's `[^...]` can: walk the prefixes as a
-    trie; at each inner node s, allow s itself and s followed by any character that does not
-    continue towards a prefix."""
-    for p in prefixes:
-        if not p or any(c in p for c in "*?[]\\^"):
-            raise ValueError(f"prefix {p!r} must be non-empty plain text")
-    patterns: list[str] = []
-
-    def walk(node: str) -> None:
-        nexts = sorted({p[len(node)] for p in prefixes if p.startswith(node) and len(p) > len(node)})
-        patterns.append(f"{node}[^{''.join(nexts)}]*")
-        for c in nexts:
-            child = node + c
-            if child in prefixes:
-                continue
-            patterns.append(child)
-            walk(child)
-
-    walk("")
-    return patterns
+outside = pipeline_redis.outside  # shared with the JobManager's lineage users (shared/pipeline_redis.py)
 
 
 def _keys(mode: str, patterns) -> list[str]:
@@ -146,6 +126,8 @@ def rules(user: str) -> str:
         parts = (read_all + _keys("", [streams.JM_STREAM, streams.tm_jm_stream("*"), f"{P}:jm:*",
                                        done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
                  + ["+client|list"] + [f"&{c}" for c in CELERY_EVENT_CHANNELS]
+                 # The running lineages' users (services/jobmanager/pipeline_redis_users.py).
+                 + ["+acl|setuser", "+acl|deluser", "+acl|getuser", "+acl|users", "+acl|save"]
                  + [_only("xadd", [streams.RM_STREAM, streams.DLQ_STREAM]), _only("lpush", [CELERY_QUEUES])])
     elif user == "resourcemanager":
         parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.tm_rm_stream("*"),
@@ -154,7 +136,7 @@ def rules(user: str) -> str:
                  + ["+client|list", "+info"]
                  + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])])
     elif user == PIPELINE:
-        parts = _keys("", outside(CONTROL_PLANE_PREFIXES))
+        return pipeline_redis.shared_rules()
     else:
         raise ValueError(f"unknown Redis user {user!r}; one of {', '.join(USERS)} or "
                          f"{TASKMANAGER_USER_PREFIX}<TaskManager id>")

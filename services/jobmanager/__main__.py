@@ -20,6 +20,7 @@ from services.jobmanager.deployment_reconciler import DeploymentReconciler
 from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.metrics import JobManagerMetrics
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.schedule_beat import ScheduleBeat
 from services.jobmanager.scheduler import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
@@ -30,7 +31,7 @@ from shared.commands import CommandGateway, make_celery
 from shared.errors import ConfigError
 from shared.log_access import LogGuard
 from shared.logs import configure_logging
-from shared.message_auth import control_plane_auth
+from shared.message_auth import control_plane_auth, load_secret
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointStore
@@ -91,6 +92,11 @@ class JobManagerProcess:
                 self.deployments.tick()
             if self.autoscaler is not None and self.autoscaler.due():
                 self.autoscaler.tick()
+            users = master.deployment.pipeline_users
+            if users is not None and users.sweep_due():
+                with master.unit_of_work(), master.uow.tx() as s:
+                    live = master.deployment.live_lineages(s)
+                users.sweep(live)
             if not handled:
                 master.outbox.forget_sent()
 
@@ -122,11 +128,14 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     auth = control_plane_auth(settings)
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen,
                                       auth=auth)
+    # Each running lineage's own Redis user (services/jobmanager/pipeline_redis_users.py).
+    pipeline_users = PipelineRedisUsers.for_cluster(client, load_secret(settings, create=True), settings.redis_url,
+                                                    settings.pipeline_redis_url)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch,
                              client=client, auth=auth)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
                        checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
-                       restart_clock=WallClock())
+                       restart_clock=WallClock(), pipeline_users=pipeline_users)
     if jm_metrics is not None:
         jm_metrics.leading(master, epoch)
         transport.on_refused = jm_metrics.count_refused

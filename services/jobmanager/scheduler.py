@@ -40,6 +40,7 @@ from services.jobmanager.checkpoints import CheckpointCoordinator
 from services.jobmanager.context import Context
 from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Outbox
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.reconciliation import Reconciliation
 from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.restarts import Restarts
@@ -101,7 +102,8 @@ class _CheckpointPort:
 class JobMaster:
     def __init__(self, settings: Settings, catalog: Catalog, transport: Any, gateway: Any, clock: Clock, *,
                  epoch: int, checkpoint_store: CheckpointStore | None = None, leader_id: str = "jobmanager",
-                 still_leading: Callable[[], bool] = lambda: True, restart_clock: Clock | None = None):
+                 still_leading: Callable[[], bool] = lambda: True, restart_clock: Clock | None = None,
+                 pipeline_users: PipelineRedisUsers | None = None):
         self.settings, self.catalog, self.transport = settings, catalog, transport
         self.clock, self.epoch = clock, epoch
         self.timers = Timers(clock)
@@ -111,7 +113,7 @@ class JobMaster:
                                                  checkpoint_store or CatalogCheckpointStore())
         ctx = Context(settings, self.uow, self.checkpoints, self.timers, epoch, restart_clock or clock)
         self.snapshots = SnapshotRequests(ctx)
-        self.deployment = Deployment(settings, self.checkpoints)
+        self.deployment = Deployment(settings, self.checkpoints, pipeline_users)
         self.restarts = Restarts(ctx, self.deployment, arm_ack=lambda ex, state: self.acks.arm(ex, state))
         self.acks = AckTimers(ctx, self.restarts)
         self.slot_watch = SlotRequestWatch(ctx, clock, lambda ex, cause: self.restarts.fail(
