@@ -261,6 +261,8 @@ class FakeTaskFigures:
         attempt = rest.attempts(job_id)[-1]  # the current one
         self.execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
                                          execution_id=attempt["execution-id"], attempt=attempt["attempt"])
+        # Written under the TaskManager that runs it: the autoscaler reads only that one's figures.
+        self.taskmanager = attempt["taskmanager-id"]
         self.points = shifted(simulate(steady(rows_per_s), seconds, parallelism, max_batch=max_batch),
                               time.time() + seconds)
         self.client = redis.Redis.from_url(cluster.redis_url)
@@ -275,8 +277,8 @@ class FakeTaskFigures:
             event = Progress(batch_id=p.batch_id, num_input_rows=p.rows, source_lag=p.lag,
                              batch_duration_ms=int((p.duration_s or 0) * 1000),
                              input_rows_per_second=p.input_rate or 0.0)
-            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress("tm-test", self.execution,
-                                                                                          event)
+            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress(self.taskmanager,
+                                                                                          self.execution, event)
 
     def stop(self) -> None:
         self.stopped.set()
