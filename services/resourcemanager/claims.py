@@ -41,6 +41,9 @@ class RegistrationClaims:
     def __init__(self, catalog: Catalog, held: Callable[[AllocationId], Allocation | None], client) -> None:
         self.catalog, self.held, self.client = catalog, held, client
         self._endpoints: dict[TaskManagerId, str | None] = {}  # to write (None: to delete)
+        # Those with an endpoint kept: only theirs are deleted (a fleet of simulated TaskManagers
+        # registers none, and must not cost a deletion each).
+        self._kept: set[TaskManagerId] = set()
 
     def allocations(self, env: Envelope, occupied: dict[int, Allocation]) -> tuple[dict[int, Allocation],
                                                                                   set[AllocationId]]:
@@ -84,11 +87,16 @@ class RegistrationClaims:
                 self._dead_letter(env, f"RegisterTaskManager of {msg.taskmanager_id} names log endpoint "
                                        f"{address[:200]!r}: {problem}; it is not used")
                 address = None
-        self._endpoints[msg.taskmanager_id] = (json.dumps({"address": address, "log": msg.main_log})
-                                               if address is not None else None)
+        if address is not None:
+            self._endpoints[msg.taskmanager_id] = json.dumps({"address": address, "log": msg.main_log})
+            self._kept.add(msg.taskmanager_id)
+        else:
+            self.gone(msg.taskmanager_id)
 
     def gone(self, tm: TaskManagerId) -> None:
-        self._endpoints[tm] = None
+        if tm in self._kept:
+            self._kept.discard(tm)
+            self._endpoints[tm] = None
 
     def flush(self) -> None:
         """Write the endpoints learnt since the last flush (one round trip)."""
