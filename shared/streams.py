@@ -121,9 +121,10 @@ def jm_liveness_name(contender_id: str) -> str:
 
 
 def tm_endpoint_key(taskmanager_id: str) -> str:
-    """JSON {"address": "http://host:port", "log": "<its own log file's name>"}: where the
-    TaskManager serves its metrics and log files; refreshed every heartbeat, expiring after the
-    heartbeat timeout, so a dead TaskManager's address does not linger."""
+    """JSON {"address": "http://host:port", "log": "<its own log file's name>"}: the TaskManager's
+    own word on where it serves its metrics, refreshed every heartbeat and expiring after the
+    heartbeat timeout: the mark of a running TaskManager (the storage probe). Logs are fetched
+    from where its signed registration says (RM_TM_ENDPOINTS_KEY), never from this key."""
     return f"{PREFIX}:tm:{taskmanager_id}:endpoint"
 
 

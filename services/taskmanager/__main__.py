@@ -52,9 +52,11 @@ SPARK_UI_ENV = "HEADRACE_SPARK_UI"  # read by the driver processes (runtime/runn
 
 
 class EndpointAnnouncer:
-    """Keeps `streams.tm_endpoint_key` of each TaskManager of this process alive: where the
-    dispatcher fetches its log files. Refreshed every heartbeat interval and expiring after the
-    heartbeat timeout, so the key of a TaskManager that died is gone when it is declared lost."""
+    """Keeps `streams.tm_endpoint_key` of each TaskManager of this process alive: the mark of a
+    running TaskManager, by which a newcomer finds the ones whose storage probe to check (the
+    dispatcher fetches logs from the address the registration named, services/resourcemanager/
+    claims.py). Refreshed every heartbeat interval and expiring after the heartbeat timeout, so
+    the key of a TaskManager that died is gone when it is declared lost."""
 
     def __init__(self, client, taskmanager_ids, *, address: str, main_log: str | None, interval_s: float,
                  ttl_s: float):
