@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import redis
 from redis.typing import EncodableT
 
+from shared.errors import TaskError
+
 from .ownership import MAX_REPLACED, UNKNOWN, SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError
 
@@ -161,16 +163,20 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-class SinkBookkeepingRefused(RuntimeError):
+class SinkBookkeepingRefused(TaskError, RuntimeError):
     """This task's Redis user may not touch the sink's bookkeeping keys."""
 
-    def __init__(self, sink_id: str, error: Exception):
+    def __init__(self, sink_id: str, error: Exception | str):
+        self.sink_id, self.error = sink_id, str(error)
         super().__init__(
             f"Redis refused this task's user the bookkeeping of sink {sink_id!r} (headrace:sink:{sink_id}:*; "
             f"{error}): a task reaches only its own lineage's sinks, whose ids are '<lineage>:<name>' "
             f"(ctx.sinks.redis_stream names them so; an explicit sink_id must start with the lineage). If this is "
             f"ctx.sinks.redis_stream, the JobManager could not make the lineage's Redis user: its log says why "
             f"(docs/runbooks/auth.md, \"Redis users\").")
+
+    def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
+        return (SinkBookkeepingRefused, (self.sink_id, self.error))
 
 
 def _eval(client: redis.Redis, script: str, keys: list[str], args: list[EncodableT], sink_id: str) -> list[str]:
