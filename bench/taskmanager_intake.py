@@ -41,6 +41,8 @@ from shared.transport.redis_streams import FIELD
 
 IDLE_WINDOW_S = 2.0
 FLEET = "sim"  # the simulated TaskManagers are sim-sim00000, sim-sim00001, ... on queue tm.sim
+# Where the simulating process reports (a checkout before per-TaskManager streams: the JobManager's).
+REPORTS = streams.tm_jm_stream(FLEET) if hasattr(streams, "tm_jm_stream") else streams.JM_STREAM
 
 
 def deploys(n: int, taskmanagers: int, redis_url: str, catalog_url: str) -> list[DeployTask]:
@@ -58,7 +60,7 @@ def deploys(n: int, taskmanagers: int, redis_url: str, catalog_url: str) -> list
 def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask], tm: psutil.Process,
             timeout_s: float) -> dict:
     wanted = {c.spec.execution_id for c in cmds}
-    last_id = client.xinfo_stream(streams.JM_STREAM)["last-generated-id"] if client.exists(streams.JM_STREAM) else "0"
+    last_id = client.xinfo_stream(REPORTS)["last-generated-id"] if client.exists(REPORTS) else "0"
     cpu0 = sum(tm.cpu_times()[:2])
     t0 = time.perf_counter()
     with gateway.batch():
@@ -69,7 +71,7 @@ def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask]
     while running != wanted:
         if time.perf_counter() - t0 > timeout_s:
             raise SystemExit(f"only {len(running)} of {len(wanted)} tasks RUNNING after {timeout_s:.0f} s")
-        for _stream, entries in client.xread({streams.JM_STREAM: last_id}, count=1000, block=500) or ():
+        for _stream, entries in client.xread({REPORTS: last_id}, count=1000, block=500) or ():
             for entry_id, fields in entries:
                 last_id = entry_id
                 try:

@@ -4,6 +4,7 @@ an operator grep logs (TaskManager ids carry the host name)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 from typing import NewType
 
@@ -11,6 +12,9 @@ JobId = NewType("JobId", str)
 VertexId = NewType("VertexId", str)
 ExecutionId = NewType("ExecutionId", str)
 TaskManagerId = NewType("TaskManagerId", str)
+# A TaskManager id goes into Redis key patterns, a Redis user's name and file names: no glob
+# characters, no ':' (its keys are hr:tm:<id>:...), no spaces.
+TASKMANAGER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 AllocationId = NewType("AllocationId", str)
 ArtifactId = NewType("ArtifactId", str)
 MessageId = NewType("MessageId", str)

@@ -17,6 +17,13 @@ addressed to them, nothing else. A signature proves the sender; `rule_violation`
 that sender may send at all (a TaskManager only its own reports), and the receivers check the
 rest against their state (the JobManager: is this the TaskManager that holds the execution?).
 Whatever fails is dead-lettered, never handled.
+
+Freshness: a signature says who sent a message, not when, so a copy kept and written again later
+would check out. The consumers remember the ids they handled (shared/transport/redis_streams.py)
+for DEDUP_WINDOW_S; a copy replayed within it is skipped, and one older than it is refused here
+(`staleness`): an envelope whose sent-at is more than MAX_AGE_S before the receiver's clock, or
+more than MAX_CLOCK_SKEW_S after it. MAX_AGE_S is the window less the skew allowed, so a copy is
+either remembered or refused even when the sender's clock runs that far ahead.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
@@ -53,6 +61,11 @@ _INBOX_PREFIX = streams.tm_inbox("")
 # from ever passing as a command's.
 _INBOX_DOMAIN = b"hr-inbox\0"
 _CACHE_MAX = 200_000  # derived keys kept per process (10,000 TaskManagers need 20,000)
+# How long a consumer remembers the message ids it handled (at least), and the clock skew
+# between hosts that is tolerated: keep the hosts' clocks synchronised (NTP) well within it.
+DEDUP_WINDOW_S = 2 * 3600
+MAX_CLOCK_SKEW_S = 5 * 60
+MAX_AGE_S = DEDUP_WINDOW_S - MAX_CLOCK_SKEW_S
 
 # What a TaskManager may publish; each names itself where the body has a taskmanager_id.
 TASKMANAGER_MESSAGES = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, TaskStateChanged,
@@ -78,6 +91,23 @@ def taskmanager_sender(taskmanager_id: str) -> str:
 def taskmanager_of(sender: str | None) -> str | None:
     if sender and sender.startswith(TASKMANAGER_PREFIX):
         return sender[len(TASKMANAGER_PREFIX):]
+    return None
+
+
+def staleness(env: Envelope, now: float | None = None) -> str | None:
+    """Why this envelope is too old or too far in the future to be handled, or None."""
+    now = time.time() if now is None else now
+    age = now - env.sent_at
+    sent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(env.sent_at)) if abs(env.sent_at) < 1e11 else "?"
+    if age > MAX_AGE_S:
+        return (f"stale: this {env.body.type} from {env.sender!r} was sent at {sent}, {age / 60:.0f} min ago; "
+                f"messages older than {MAX_AGE_S // 60} min are refused (past the {DEDUP_WINDOW_S // 3600} h "
+                f"in which handled ids are remembered, a replayed copy would be handled again): a consumer "
+                f"that was down that long, or a sender's clock more than {MAX_CLOCK_SKEW_S // 60} min behind")
+    if -age > MAX_CLOCK_SKEW_S:
+        return (f"from the future: this {env.body.type} from {env.sender!r} was sent at {sent}, {-age:.0f} s "
+                f"ahead of this receiver's clock; more than {MAX_CLOCK_SKEW_S} s of clock skew is refused "
+                f"(synchronise the hosts' clocks)")
     return None
 
 
@@ -212,7 +242,7 @@ class ClusterAuth:
         if not ok:
             return (f"bad signature: this {env.body.type} claims sender {env.sender!r} but is not signed with "
                     f"its key (forged, or signed under another cluster secret)")
-        return rule_violation(env)
+        return staleness(env) or rule_violation(env)
 
     def sign_command(self, taskmanager_id: str, payload: bytes) -> str:
         return self._sign(self.command_key(taskmanager_id), payload)

@@ -67,6 +67,10 @@ class RegisterTaskManager(_Body):
     # Ready warm drivers and their parallelism (they serve p <= it): placement prefers them.
     warm_ready: int = 0
     warm_parallelism: int = 0
+    # Where it serves its log files (http://host:port, its metrics port) and its own log's name: the
+    # dispatcher fetches them from there, as registered (services/resourcemanager/claims.py).
+    log_endpoint: str | None = None
+    main_log: str | None = None
 
 
 class TaskManagerHeartbeat(_Body):

@@ -7,9 +7,10 @@ Numbers that live in the catalog or Redis are read at scrape time by a `CachedCo
 scrape costs one set of queries, at most one every CACHE_S seconds however many scrapers ask.
 
 The same small server answers GET /logs (the process's log files, `shared/log_files.py`) and
-GET /logs/<name>?tail=<bytes>: the dispatcher fetches a TaskManager's or the leading
-JobManager's logs there (docs/runbooks/logs.md). Like /metrics it carries no token: bind
-metrics_host to an address only the cluster reaches.
+GET /logs/<name>?tail=<bytes>, but only to a request the control plane signed, and it signs its
+answer (shared/log_access.py): the dispatcher fetches a TaskManager's or the leading JobManager's
+logs there for an operator (docs/runbooks/logs.md). /metrics carries no token: bind metrics_host
+to an address only the cluster reaches.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shared import log_files
+from shared.log_access import ANSWER_HEADER, HEADER, LogGuard
 from shared.log_files import LogFiles
 
 log = logging.getLogger("headrace.metrics")
@@ -46,9 +48,9 @@ def name(suffix: str) -> str:
 
 
 def serve(registry: CollectorRegistry, *, host: str, port: int, service: str,
-          logs: LogFiles | None = None, log_file: str | None = None) -> int | None:
+          logs: LogFiles | None = None, log_file: str | None = None, log_guard: LogGuard | None = None) -> int | None:
     """Serve `registry` at /metrics and `logs` (default: this process's own log file, `log_file`
-    if the setting names one) at /logs
+    if the setting names one) at /logs to the requests `log_guard` admits (none without one)
     over HTTP in a daemon thread; returns the port, or None when disabled or when the port is
     taken. A service without metrics still runs its jobs: a taken port is logged, never fatal."""
     if port == DISABLED:
@@ -56,7 +58,7 @@ def serve(registry: CollectorRegistry, *, host: str, port: int, service: str,
         return None
     logs = logs if logs is not None else LogFiles.of_this_process(main=log_file)
     try:
-        server = make_server(host, port, _app(registry, logs), server_class=_server_class(host),
+        server = make_server(host, port, _app(registry, logs, log_guard), server_class=_server_class(host),
                              handler_class=_QuietHandler)
     except OSError as exc:
         log.error("%s metrics not served: cannot listen on %s:%d (%s); set another *_metrics_port "
@@ -113,42 +115,57 @@ def _server_class(host: str) -> type[WSGIServer]:
     return _Server
 
 
-def _app(registry: CollectorRegistry, logs: LogFiles):
+def _app(registry: CollectorRegistry, logs: LogFiles, guard: LogGuard | None):
     metrics_app = make_wsgi_app(registry)
-
-    def respond(start_response, status: str, body: bytes, content_type: str):
-        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
-                                ("Cache-Control", "no-store")])
-        return [body]
-
-    def error(start_response, status: str, message: str):
-        return respond(start_response, status, json.dumps({"errors": [message]}).encode(), "application/json")
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO") or "/"
-        if path == "/logs" or path == "/logs/":
-            body = json.dumps({"logs": logs.listing(), "main": logs.main_name}).encode()
-            return respond(start_response, "200 OK", body, "application/json")
-        if path.startswith("/logs/"):
-            name = unquote(path[len("/logs/"):])
-            query = parse_qs(environ.get("QUERY_STRING") or "")
-            try:
-                tail = log_files.parse_tail((query.get("tail") or [None])[0])
-            except ValueError as exc:
-                return error(start_response, "400 Bad Request", str(exc))
-            if not log_files.valid_name(name):
-                return error(start_response, "400 Bad Request", f"not a log file name: {name[:80]!r}")
-            found = logs.path_of(name)
-            if found is None:
-                return error(start_response, "404 Not Found", f"no log file {name!r} here")
-            try:
-                data = log_files.read_tail(found, tail)
-            except OSError as exc:
-                return error(start_response, "404 Not Found", f"log file {name!r} cannot be read: {exc}")
-            return respond(start_response, "200 OK", data, "text/plain; charset=utf-8")
-        return metrics_app(environ, start_response)
+        if path != "/logs" and not path.startswith("/logs/"):
+            return metrics_app(environ, start_response)
+        query = environ.get("QUERY_STRING") or ""
+        header = environ.get("HTTP_" + HEADER.upper())
+        refused = "no key to check requests with" if guard is None else \
+            guard.refusal(environ.get("REQUEST_METHOD") or "GET", path + (f"?{query}" if query else ""), header)
+        if refused is not None:
+            body = json.dumps({"errors": [refused]}).encode()
+            start_response("403 Forbidden", _headers(body, "application/json"))
+            return [body]
+        assert guard is not None  # refused otherwise
+        status, body, content_type = _logs_answer(path, query, logs)
+        start_response(status, _headers(body, content_type)
+                       + [(ANSWER_HEADER, guard.sign_answer(header, int(status.split()[0]), body))])
+        return [body]
 
     return app
+
+
+def _headers(body: bytes, content_type: str) -> list[tuple[str, str]]:
+    return [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+
+
+def _logs_answer(path: str, query_string: str, logs: LogFiles) -> tuple[str, bytes, str]:
+    """(status, body, content type) of an admitted request for the log listing or a file."""
+
+    def error(status: str, message: str) -> tuple[str, bytes, str]:
+        return status, json.dumps({"errors": [message]}).encode(), "application/json"
+
+    if path == "/logs" or path == "/logs/":
+        return "200 OK", json.dumps({"logs": logs.listing(), "main": logs.main_name}).encode(), "application/json"
+    name = unquote(path[len("/logs/"):])
+    try:
+        tail = log_files.parse_tail(next(iter(parse_qs(query_string).get("tail") or []), None))
+    except ValueError as exc:
+        return error("400 Bad Request", str(exc))
+    if not log_files.valid_name(name):
+        return error("400 Bad Request", f"not a log file name: {name[:80]!r}")
+    found = logs.path_of(name)
+    if found is None:
+        return error("404 Not Found", f"no log file {name!r} here")
+    try:
+        data = log_files.read_tail(found, tail)
+    except OSError as exc:
+        return error("404 Not Found", f"log file {name!r} cannot be read: {exc}")
+    return "200 OK", data, "text/plain; charset=utf-8"
 
 
 class CachedCollector(Collector):

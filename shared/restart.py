@@ -214,8 +214,40 @@ def normalise(config: dict[str, Any] | None, *, field: str = "restartStrategy") 
         known = ", ".join(sorted(_KNOWN_KEYS[kind])) or "none"
         raise InvalidRestartStrategy(f"{field}.{sorted(unknown)[0]}", f"not a parameter of {kind}; known: {known}")
     out = {**config, "type": kind}
-    build(out, clock=_NullClock(), field=field)  # validates every parameter
+    _check_pause(build(out, clock=_NullClock(), field=field), field)  # validates every parameter
     return out
+
+
+# A restart costs the control plane a slot request, a deploy and a driver, and writes the
+# failure and the new attempt to the catalog. A few quick retries are a fair way to ride out a
+# flaky start; a job allowed a billion restarts with no delay would crash-loop as fast as the
+# cluster can start it, for ever (issue 43.14). So past this many restarts, a pause of at least
+# MIN_RESTART_PAUSE_S is required (Flink's own default for checkpointed jobs: unlimited
+# attempts, 1 s apart).
+MAX_RESTARTS_WITHOUT_PAUSE = 100
+MIN_RESTART_PAUSE_S = 1.0
+
+
+def _check_pause(strategy: "RestartStrategy", field: str) -> None:
+    limit, pause = MAX_RESTARTS_WITHOUT_PAUSE, MIN_RESTART_PAUSE_S
+    why = (f"with more than {limit} restarts allowed, a failing job must wait at least {pause:g} s before "
+           f"each (a restart costs a slot request, a deploy and a driver)")
+    if isinstance(strategy, FixedDelay) and strategy.attempts > limit and strategy.delay_s < pause:
+        raise InvalidRestartStrategy(f"{field}.delay", f"{strategy.attempts} attempts {strategy.delay_s:g} s "
+                                                       f"apart: {why}")
+    if isinstance(strategy, FailureRate) and strategy.max_failures > limit and strategy.delay_s < pause:
+        raise InvalidRestartStrategy(f"{field}.delay", f"{strategy.max_failures} failures per interval "
+                                                       f"{strategy.delay_s:g} s apart: {why}")
+    if isinstance(strategy, ExponentialDelay) and (strategy.max_attempts is None or strategy.max_attempts > limit):
+        backoff = strategy.initial_s
+        for _ in range(limit - 1):
+            backoff = min(backoff * strategy.multiplier, strategy.max_s)
+        if backoff < pause:
+            raise InvalidRestartStrategy(
+                f"{field}.initial-backoff",
+                f"the backoff is still {backoff:g} s after {limit} restarts (initial-backoff "
+                f"{strategy.initial_s:g} s, backoff-multiplier {strategy.multiplier:g}, max-backoff "
+                f"{strategy.max_s:g} s): {why}")
 
 
 class _NullClock:

@@ -65,7 +65,12 @@ class TaskSpec(_M):
     fence_token: int = 0
     # The pipeline's own database (pipeline_catalog_url), "" for none; never the control catalog.
     catalog_url: str = ""
+    # The cluster's Redis as this task's lineage's own user (shared/pipeline_redis.py), or the
+    # pipelines' Redis URL as configured.
     redis_url: str
+    # The lineage the control plane placed the job in (services/jobmanager/lineage.py); None: the
+    # driver reads it from the snapshot it restores, as before the control plane decided it.
+    lineage_id: str | None = None
     # The Kafka brokers the pipeline's Kafka sources and sinks use by default
     # (pipeline_kafka_bootstrap_servers), "" for none.
     kafka_bootstrap_servers: str = ""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from shared.artifact_kind import kind_of
 from shared.deployment_spec import NAME_EXPECTED, NAME_PATTERN
 from shared.errors import ConfigError
 
@@ -122,7 +123,7 @@ def load_deployment_file(file: Path) -> DeploymentFile:
         if not parsed.pipeline.is_file():
             raise DeploymentFileError(f"{file}: pipeline {parsed.pipeline}: no such file (a relative path is "
                                       f"taken from the deployment file's directory)")
-        if parsed.pipeline.suffix not in (".py", ".zip"):
+        if kind_of(parsed.pipeline) is None:
             raise DeploymentFileError(f"{file}: pipeline {parsed.pipeline}: a pipeline is a .py file or a .zip "
                                       f"of a package")
     return parsed

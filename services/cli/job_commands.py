@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from services.cli.common import URL_HELP, call, client, fail
+from shared.artifact_kind import kind_of
 from shared.failure_summary import summarize
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def run(
     """Upload a pipeline and run it (optionally from a savepoint: -s PATH)."""
     if not file.is_file():
         fail(f"{file}: no such file")
-    if file.suffix not in (".py", ".zip"):
+    if kind_of(file) is None:
         fail(f"{file}: a pipeline is a .py file or a .zip of a package")
     if parallelism < 1:
         fail("-p/--parallelism must be at least 1", 2)

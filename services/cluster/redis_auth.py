@@ -5,19 +5,25 @@ Users (Redis 7 ACL syntax; `%R~` read-only keys, `~` read and write; a `(...)` s
 its commands on its keys only):
   default          the operator's and the tests' user: everything (`redis-cli -a PASSWORD`)
   dispatcher       reads hr:*; XADDs to hr:stream:jm and the dead letters
-  jobmanager       consumes hr:stream:jm; owns hr:jm:*; XADDs to hr:stream:rm and the dead
-                   letters; LPUSHes Celery commands onto tm.* (and kombu's _kombu.* tables) and
-                   publishes their task-sent events (channels /<db>.celeryev/*)
-  resourcemanager  consumes hr:stream:rm and hr:stream:rm:heartbeats; owns hr:rm:*; XADDs to
-                   hr:stream:jm, the TaskManager inboxes hr:stream:tm:* and the dead letters;
-                   lists client connections and reads INFO (TaskManager liveness)
+  jobmanager       consumes hr:stream:jm and the TaskManagers' hr:stream:jm:tm:*; owns hr:jm:*;
+                   XADDs to hr:stream:rm and the dead letters; LPUSHes Celery commands onto tm.*
+                   (and kombu's _kombu.* tables) and publishes their task-sent events (channels
+                   /<db>.celeryev/*); makes and deletes the lineages' users pipeline.<lineage>
+  resourcemanager  consumes hr:stream:rm, hr:stream:rm:heartbeats and the TaskManagers'
+                   hr:stream:rm:tm:*; owns hr:rm:*; XADDs to hr:stream:jm, the TaskManager inboxes
+                   hr:stream:tm:* and the dead letters; lists client connections and reads INFO
+                   (TaskManager liveness, and the TaskManagers whose streams it reads)
   taskmanager.<id> one per TaskManager, its password derived from the cluster secret
                    (shared/cluster_keys.redis_password): consumes only its own queue tm.<id> and
-                   inbox hr:stream:tm:<id>, owns hr:tm:<id>:*, XADDs its reports to hr:stream:rm,
-                   hr:stream:rm:heartbeats, hr:stream:jm and the dead letters; its Celery worker
-                   may listen on the remote-control channel but not publish to it
-  pipeline         what a task's pipeline gets as ctx.redis_url: every key outside the control
-                   plane (its source and sink streams, headrace:sink:* fences), none inside it
+                   inbox hr:stream:tm:<id>, owns hr:tm:<id>:*, XADDs its reports to its own
+                   streams hr:stream:rm:tm:<id>, hr:stream:jm:tm:<id> and hr:stream:dlq:tm:<id>
+                   (no stream another TaskManager or the control plane writes: an XADD may trim);
+                   its Celery worker may listen on the remote-control channel but not publish to it
+  pipeline         the dispatcher's restore-check planner: a pipeline's data keys, outside the
+                   control plane and the sinks' bookkeeping headrace:sink:*
+  pipeline.<lineage> made by the JobManager for each running lineage, what its tasks get as
+                   ctx.redis_url: the data keys and its own headrace:sink:<lineage>:* only
+                   (shared/pipeline_redis.py)
 A stream is deleted, trimmed or has its groups changed only by its consumer and the admin:
 publishers get XADD alone (an XADD with MAXLEN is still XADD; Redis cannot tell it apart, see
 docs/runbooks/auth.md "Redis users"). Nobody but the admin may trim or delete the dead letters.
@@ -33,12 +39,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import secrets
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from shared import streams
+from shared import pipeline_redis, streams
+from shared.ids import TASKMANAGER_ID
 
 ADMIN = "default"
 SERVICES = ("dispatcher", "jobmanager", "resourcemanager")
@@ -46,8 +52,6 @@ TASKMANAGER = "taskmanager"  # the role; each TaskManager's user is taskmanager_
 PIPELINE = "pipeline"
 USERS = (ADMIN, *SERVICES, PIPELINE)
 TASKMANAGER_USER_PREFIX = f"{TASKMANAGER}."
-# A TaskManager id goes into key patterns and a user name: no glob characters, no spaces.
-TASKMANAGER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # What may follow "tm.<id>" in one of its queue's keys (kombu's priority queues "tm.<id>\x06\x16<n>")
 # but never continues an id: so tm-1's patterns do not reach tm-10's queue.
 NOT_IN_AN_ID = "[^-a-zA-Z0-9._]"
@@ -70,8 +74,7 @@ CELERY_WORKER_CHANNELS = tuple(f"/{db}.celery.pidbox" for db in range(16))
 # Celery events (Flower, `celery events`): the TaskManagers' workers and the JobManager's
 # task-sent events PUBLISH to "/<db>.celeryev/<type>"; only the admin user subscribes.
 CELERY_EVENT_CHANNELS = tuple(f"/{db}.celeryev/*" for db in range(16))
-# What a pipeline must never touch: Headrace's own keys and Celery's.
-CONTROL_PLANE_PREFIXES = (f"{streams.PREFIX}:", "tm.", "_kombu.", "unacked")
+CONTROL_PLANE_PREFIXES = pipeline_redis.CONTROL_PLANE_PREFIXES
 
 SERVICE_COMMANDS = "+@all -@dangerous"
 
@@ -99,29 +102,7 @@ def _only(command: str, patterns) -> str:
     return "(" + " ".join(f"~{p}" for p in patterns) + f" +{command})"
 
 
-def outside(prefixes: tuple[str, ...]) -> list[str]:
-    """Glob patterns that together match every key starting with none of `prefixes`.
-
-    Redis ACLs cannot exclude a key pattern, but a glob's `[^...]` can: walk the prefixes as a
-    trie; at each inner node s, allow s itself and s followed by any character that does not
-    continue towards a prefix."""
-    for p in prefixes:
-        if not p or any(c in p for c in "*?[]\\^"):
-            raise ValueError(f"prefix {p!r} must be non-empty plain text")
-    patterns: list[str] = []
-
-    def walk(node: str) -> None:
-        nexts = sorted({p[len(node)] for p in prefixes if p.startswith(node) and len(p) > len(node)})
-        patterns.append(f"{node}[^{''.join(nexts)}]*")
-        for c in nexts:
-            child = node + c
-            if child in prefixes:
-                continue
-            patterns.append(child)
-            walk(child)
-
-    walk("")
-    return patterns
+outside = pipeline_redis.outside  # shared with the JobManager's lineage users (shared/pipeline_redis.py)
 
 
 def _keys(mode: str, patterns) -> list[str]:
@@ -142,17 +123,20 @@ def rules(user: str) -> str:
     if user == "dispatcher":
         parts = read_all + [_only("xadd", [streams.JM_STREAM, streams.DLQ_STREAM])]
     elif user == "jobmanager":
-        parts = (read_all + _keys("", [streams.JM_STREAM, f"{P}:jm:*", done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
+        parts = (read_all + _keys("", [streams.JM_STREAM, streams.tm_jm_stream("*"), f"{P}:jm:*",
+                                       done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
                  + ["+client|list"] + [f"&{c}" for c in CELERY_EVENT_CHANNELS]
+                 # The running lineages' users (services/jobmanager/pipeline_redis_users.py).
+                 + ["+acl|setuser", "+acl|deluser", "+acl|getuser", "+acl|users", "+acl|save"]
                  + [_only("xadd", [streams.RM_STREAM, streams.DLQ_STREAM]), _only("lpush", [CELERY_QUEUES])])
     elif user == "resourcemanager":
-        parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, f"{P}:rm:*",
-                                       done(streams.RM_GROUP)])
+        parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.tm_rm_stream("*"),
+                                       f"{P}:rm:*", done(streams.RM_GROUP)])
                  # INFO's run_id tells a Redis restart (every connection dropped) from deaths.
                  + ["+client|list", "+info"]
                  + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])])
     elif user == PIPELINE:
-        parts = _keys("", outside(CONTROL_PLANE_PREFIXES))
+        return pipeline_redis.shared_rules()
     else:
         raise ValueError(f"unknown Redis user {user!r}; one of {', '.join(USERS)} or "
                          f"{TASKMANAGER_USER_PREFIX}<TaskManager id>")
@@ -167,15 +151,15 @@ def taskmanager_rules(taskmanager_id: str) -> str:
     tm = check_taskmanager_id(taskmanager_id)
     queue = streams.tm_queue(tm)
     # What it reads of others: the leader epoch, the ResourceManager's session, the other
-    # TaskManagers' endpoints (storage probe); no other stream, queue or inbox.
+    # TaskManagers' endpoints and probe values (storage probe); no other stream, queue or inbox.
+    # What it writes is under its own hr:tm:<id>: (its progress figures and storage probe among
+    # them, streams.py), so it cannot change another TaskManager's.
     reads = _keys("%R", [f"{P}:jm:*", f"{P}:rm:*", f"{P}:tm:*"])
-    # Progress hashes are named by execution, not TaskManager (streams.progress_key): shared.
-    own = _keys("", [streams.tm_inbox(tm), f"{P}:tm:{tm}:*", streams.progress_key("*"), queue,
+    own = _keys("", [streams.tm_inbox(tm), f"{P}:tm:{tm}:*", queue,
                      f"{queue}{NOT_IN_AN_ID}*", f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
                      f"{tm}@*.celery.pidbox*", *CELERY_PIDBOX_KEYS])  # its worker <id>@<host>'s own pidbox
     selectors = [
-        _only("xadd", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.JM_STREAM, streams.DLQ_STREAM]),
-        _only("hset", [streams.TM_STORAGE_PROBE_KEY]),
+        _only("xadd", [streams.tm_rm_stream(tm), streams.tm_jm_stream(tm), streams.tm_dead_letters(tm)]),
         _only("lpush", [CELERY_REPLY_QUEUES]),
         "(" + " ".join(f"&{c}" for c in CELERY_WORKER_CHANNELS) + " +psubscribe +subscribe)",
         "(" + " ".join(f"&{c}" for c in CELERY_EVENT_CHANNELS) + " +publish)",

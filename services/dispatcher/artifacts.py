@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from services.dispatcher.archive_bounds import ArtifactLimits, ArtifactRejected, read_source, spool, zip_sources
+from shared.artifact_kind import kind_of
 
-ACCEPTED_SUFFIXES = (".py", ".zip")
 DEFAULT_ENTRY = "build"
 
 
@@ -51,7 +51,7 @@ def safe_filename(filename: str | None) -> str:
 
 
 def check_suffix(filename: str) -> None:
-    if Path(filename).suffix.lower() not in ACCEPTED_SUFFIXES:
+    if kind_of(filename) is None:
         raise ArtifactRejected(
             f"'{filename}' is not a Python job: upload a .py module (with a top-level "
             f"'{DEFAULT_ENTRY}' function) or a .zip of .py files")
@@ -71,7 +71,7 @@ def check_file(filename: str, path: Path, size: int, sha256: str, limits: Artifa
     check_suffix(filename)
     if size == 0:
         raise ArtifactRejected(f"'{filename}' is empty")
-    if Path(filename).suffix.lower() == ".py":
+    if kind_of(filename) == "py":
         tree = _compile_module(filename, read_source(path, limits, filename))
         functions, names, star, not_callable = _top_level(tree)
         return CheckedArtifact("py", size, sha256, functions, names, star, not_callable)
@@ -148,7 +148,7 @@ def module_names(path: Path, limits: ArtifactLimits = ArtifactLimits()
                  ) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]] | None:
     """Top-level functions/names of a stored .py artifact, or None if it is not readable .py
     (or larger than the dispatcher parses)."""
-    if path.suffix.lower() != ".py":
+    if kind_of(path) != "py":
         return None
     try:
         if path.stat().st_size > limits.source:
@@ -174,7 +174,7 @@ def listing_of_file(path: Path) -> dict[str, Any]:
     """`listing` of an artifact stored before listings were kept: parsed once, then stored."""
     found = module_names(path)
     if found is None:
-        return {"kind": path.suffix.lower().lstrip(".") or "unknown", "functions": None}
+        return {"kind": kind_of(path) or "unknown", "functions": None}
     return _listed(*found)
 
 

@@ -17,12 +17,13 @@ from typing import Any, Callable
 from services.dispatcher import artifacts
 from services.dispatcher.archive_bounds import ArtifactLimits, zip_module_source
 from services.dispatcher.errors import ApiError
+from shared.artifact_kind import kind_of
 
 
 def check_entry(art: Any, entry: str, config: dict, listing: Callable[[], dict], limits: ArtifactLimits) -> None:
     """Raise ApiError 400 (field entryClass) unless `entry` names a callable top-level binding
     of the module the driver would load. `listing()` gives the artifact's recorded listing."""
-    if Path(art.path).suffix.lower() == ".zip":
+    if kind_of(art.path) == "zip":
         found, where = _zip_module_entries(Path(art.path), config, limits)
     else:
         found, where = artifacts.entry_names(listing()), art.name

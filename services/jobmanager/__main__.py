@@ -21,6 +21,7 @@ from services.jobmanager.deployment_reconciler import DeploymentReconciler
 from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.metrics import JobManagerMetrics
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.schedule_beat import ScheduleBeat
 from services.jobmanager.scheduler import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
@@ -29,8 +30,9 @@ from shared.catalog import Catalog
 from shared.clock import SystemClock, WallClock
 from shared.commands import CommandGateway, make_celery
 from shared.errors import ConfigError
+from shared.log_access import LogGuard
 from shared.logs import configure_logging
-from shared.message_auth import control_plane_auth
+from shared.message_auth import control_plane_auth, load_secret
 from shared.settings import Settings, load_settings
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
 from shared.zookeeper import HAUnavailable, LeaderElection, ZooKeeperCheckpointStore
@@ -73,19 +75,29 @@ class JobManagerProcess:
                 master.outbox.replay()
             due = master.timers.next_due_in()
             block = 100 if due is None else max(1, min(100, int(due * 1000)))
+            # Its own stream and every TaskManager's reports, in one blocking read.
             handled = self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", master.handle,
-                                          count=500, block_ms=block, around_batch=master.unit_of_work)
+                                          count=500, block_ms=block, around_batch=master.unit_of_work,
+                                          also=master.uow.report_streams())
             self.redis_ok_at = time.monotonic()
             self.run_due_timers()
             if master.checkpoints.due():
                 with master.unit_of_work():
                     master.checkpoints.tick()
+            if master.slot_watch.due():
+                with master.unit_of_work():
+                    master.slot_watch.tick()
             if self.beat is not None and self.beat.due():
                 self.beat.tick()
             if self.deployments is not None and self.deployments.due():
                 self.deployments.tick()
             if self.autoscaler is not None and self.autoscaler.due():
                 self.autoscaler.tick()
+            users = master.deployment.pipeline_users
+            if users is not None and users.sweep_due():
+                with master.unit_of_work(), master.uow.tx() as s:
+                    live = master.deployment.live_lineages(s)
+                users.sweep(live)
             if not handled:
                 master.outbox.forget_sent()
 
@@ -117,11 +129,14 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     auth = control_plane_auth(settings)
     transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen,
                                       auth=auth)
+    # Each running lineage's own Redis user (services/jobmanager/pipeline_redis_users.py).
+    pipeline_users = PipelineRedisUsers.for_cluster(client, load_secret(settings, create=True), settings.redis_url,
+                                                    settings.pipeline_redis_url)
     gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch,
                              client=client, auth=auth)
     master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
                        checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
-                       restart_clock=WallClock())
+                       restart_clock=WallClock(), pipeline_users=pipeline_users)
     if jm_metrics is not None:
         jm_metrics.leading(master, epoch)
         transport.on_refused = jm_metrics.count_refused
@@ -272,8 +287,9 @@ def run(settings: Settings) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     jm_metrics = JobManagerMetrics()
+    key = control_plane_auth(settings).sender_key("jobmanager")  # its logs: to the control plane only
     metrics.serve(jm_metrics.registry, host=settings.metrics_host, port=settings.jobmanager_metrics_port,
-                  service="jobmanager", log_file=settings.log_file)
+                  service="jobmanager", log_file=settings.log_file, log_guard=LogGuard(key, key))
     gc_tuning.tune()
     if settings.high_availability == "zookeeper":
         run_with_zookeeper(settings, client, catalog, stopping, jm_metrics)

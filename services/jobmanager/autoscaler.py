@@ -91,8 +91,8 @@ class Autoscaler:
             running = self._running_task(s, row)
             if running is None:
                 return None
-            execution_id, parallelism, partitions, slot_capacity = running
-            points = self._points(execution_id)
+            execution_id, running_on, parallelism, partitions, slot_capacity = running
+            points = self._points(running_on, execution_id)
             durations = [p.duration_s for p in points if p.duration_s is not None]
             now = self.clock.now()
             quiet_since = max(_seconds(t) for t in (row.deployed_at, row.scaled_at) if t is not None) \
@@ -111,7 +111,7 @@ class Autoscaler:
                 self._rescale(s, row, evaluation)
             return evaluation
 
-    def _running_task(self, s: Session, row: DeploymentRow) -> tuple[str, int, int, int | None] | None:
+    def _running_task(self, s: Session, row: DeploymentRow) -> tuple[str, str, int, int, int | None] | None:
         """(execution id, parallelism, state partitions, slot capacity) of the deployment's task,
         when its job runs one RUNNING task (the autoscaler scales pipelines of one vertex, as
         Headrace runs them)."""
@@ -120,12 +120,13 @@ class Autoscaler:
         if job.status != JS.RUNNING.value:
             return None
         latest = list(repo.latest_executions(s, job.id).values())
-        if len(latest) != 1 or latest[0].state != ES.RUNNING.value:
+        if len(latest) != 1 or latest[0].state != ES.RUNNING.value or not latest[0].taskmanager_id:
             return None
         vertices = repo.job_vertices(s, job.id)
         parallelism = max((v.parallelism for v in vertices), default=job.parallelism)
         partitions = job_options.state_partitions(job.config, self.settings.spark_shuffle_partitions)
-        return latest[0].id, parallelism, partitions, self._slot_capacity(s, latest[0].taskmanager_id, parallelism)
+        running_on = latest[0].taskmanager_id
+        return latest[0].id, running_on, parallelism, partitions, self._slot_capacity(s, running_on, parallelism)
 
     def _slot_capacity(self, s: Session, running_on: str | None, parallelism: int) -> int | None:
         """The most slots one TaskManager could give the task after a rescale released its own:
@@ -137,10 +138,11 @@ class Autoscaler:
                 for tm in taskmanagers_repo.list_taskmanagers(s)]
         return max(free) if free else None
 
-    def _points(self, execution_id: str) -> list[auto.Point]:
+    def _points(self, taskmanager_id: str, execution_id: str) -> list[auto.Point]:
         # The whole history (bounded by its TaskManager): the window is chosen from it, and the
-        # rate the attempt has shown is read over all of it.
-        entries = self.redis.xrange(streams.progress_history_key(execution_id)) or []
+        # rate the attempt has shown is read over all of it. Only the TaskManager running the
+        # attempt can write it (streams.progress_history_key).
+        entries = self.redis.xrange(streams.progress_history_key(taskmanager_id, execution_id)) or []
         out = []
         for entry_id, fields in entries:
             f = {_text(k): _text(v) for k, v in fields.items()}

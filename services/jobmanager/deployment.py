@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from sqlalchemy.orm import Session
 
 from services.jobmanager.checkpoints import CheckpointCoordinator
+from services.jobmanager.lineage import Lineages
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from shared import job_options
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.ids import ExecutionId, slot_request_id
 from shared.messages import DeployTask, RequestSlots, SlotsAllocated
 from shared.settings import Settings
+from shared.states import JobStatus as JS
 from shared.task_protocol import TaskSpec
 
 log = logging.getLogger("headrace.jobmanager")
@@ -35,14 +39,21 @@ def slot_request_timeout(config: dict, default_s: float) -> float:
 
 
 class Deployment:
-    def __init__(self, settings: Settings, checkpoints: CheckpointCoordinator):
+    def __init__(self, settings: Settings, checkpoints: CheckpointCoordinator,
+                 pipeline_users: PipelineRedisUsers | None = None):
         self.settings, self.checkpoints = settings, checkpoints
+        self.lineages, self.pipeline_users = Lineages(), pipeline_users
         self._last_fence = 0
+        # Told of every slot request made (slot_request_watch.py watches them).
+        self.on_request: Callable[[RequestSlots], None] | None = None
 
     def request(self, job: Job, parallelism: int, execution_id: ExecutionId) -> RequestSlots:
         timeout = slot_request_timeout(job.config, self.settings.slot_request_timeout_s)
-        return RequestSlots(request_id=slot_request_id(execution_id), job_id=job.id, execution_id=execution_id,
-                            slots=parallelism, timeout_s=timeout, submitted_seq=job.seq)
+        msg = RequestSlots(request_id=slot_request_id(execution_id), job_id=job.id, execution_id=execution_id,
+                           slots=parallelism, timeout_s=timeout, submitted_seq=job.seq)
+        if self.on_request is not None:
+            self.on_request(msg)
+        return msg
 
     def slot_request(self, job: Job, vertex: Vertex, ex: Execution) -> RequestSlots:
         return self.request(job, vertex.parallelism, ex.id)
@@ -59,6 +70,10 @@ class Deployment:
             repo.set_execution_restore(s, ex, path=restore_from, checkpoint_id=restore_id)
         else:
             restore_from, restore_id = ex.restored_from, ex.restored_checkpoint_id
+        lineage = self.lineages.of(s, job)
+        redis_url = self.settings.pipeline_redis_url or self.settings.redis_url
+        if self.pipeline_users is not None and job.kind != "noop":  # a no-op task runs no pipeline
+            redis_url = self.pipeline_users.url_for(lineage) or redis_url
         spec = TaskSpec(
             job_id=job.id, job_name=job.name, vertex_id=vertex.id, execution_id=ex.id, attempt=ex.attempt,
             parallelism=vertex.parallelism, kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
@@ -68,12 +83,16 @@ class Deployment:
             allow_non_restored_state=self.checkpoints.config(job).allow_non_restored_state,
             artifact_sha256=artifact.sha256 if artifact is not None else None, fence_token=self.next_fence(),
             catalog_url=self.settings.pipeline_catalog_url or "",
-            redis_url=self.settings.pipeline_redis_url or self.settings.redis_url,
+            redis_url=redis_url, lineage_id=lineage,
             kafka_bootstrap_servers=self.settings.pipeline_kafka_bootstrap_servers or "",
             config=dict(job.config or {}),
         )
         return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
                           slot_indices=msg.slot_indices, spec=spec)
+
+    def live_lineages(self, s: Session) -> set[str]:
+        """The lineages of every job not yet ended (their Redis users stay)."""
+        return {self.lineages.of(s, job) for job in repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])}
 
     def next_fence(self) -> int:
         """Wall-clock microseconds, strictly increasing within this process: across JobManagers

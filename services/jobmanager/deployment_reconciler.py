@@ -41,6 +41,11 @@ from shared.states import JobStatus as JS
 
 log = logging.getLogger("headrace.jobmanager.deployments")
 
+# A deployment's fields that say what is wanted of it, and its lifecycle: while none of them
+# changes, a SUSPENDED deployment that needed nothing still needs nothing.
+_DESIRED = (DeploymentRow.name, DeploymentRow.generation, DeploymentRow.lifecycle, DeploymentRow.pending,
+            DeploymentRow.deleting, DeploymentRow.rollback_requested, DeploymentRow.updated_at)
+
 # What a stop or savepoint of each purpose is recorded as in the savepoint history.
 SAVEPOINT_TRIGGERS = {"upgrade": "upgrade", "suspend": "suspend", "delete": "delete", "rescale": "rescale",
                       "periodic": "periodic"}
@@ -74,6 +79,10 @@ class DeploymentReconciler:
         self.master, self.settings, self.clock = master, settings, clock
         self.interval_s, self.monotonic = interval_s, monotonic
         self._next_pass = monotonic()
+        # SUSPENDED deployments a pass found nothing to do for, with the row's desired fields as
+        # they were then: skipped until one of them changes (a PUT, a DELETE, a rollback).
+        # Otherwise each would cost a unit of work every pass: 500 of them held 0.39 of a core.
+        self._idle: dict[str, tuple] = {}
 
     def due(self) -> bool:
         return self.monotonic() >= self._next_pass
@@ -84,15 +93,24 @@ class DeploymentReconciler:
         self._next_pass = self.monotonic() + self.interval_s
         try:
             with self.master.catalog.session() as s:
-                names = [r.name for r in deployments_repo.list_deployments(s)]
+                rows = s.execute(select(*_DESIRED).order_by(DeploymentRow.name)).all()
         except Exception:  # catalog unreachable: the loop goes on
             log.warning("deployments: cannot read the catalog; trying again in %.0f s", self.RETRY_S, exc_info=True)
             self._next_pass = self.monotonic() + self.RETRY_S
             return
-        for name in names:
+        present = {r.name for r in rows}
+        self._idle = {name: desired for name, desired in self._idle.items() if name in present}
+        for r in rows:
+            name, desired = r.name, tuple(r)
+            if self._idle.get(name) == desired:
+                continue
             try:
                 with self.master.unit_of_work():
-                    self.reconcile(name)
+                    idle = self.reconcile(name)
+                if idle and r.lifecycle == dep.Lifecycle.SUSPENDED.value:
+                    self._idle[name] = desired
+                else:
+                    self._idle.pop(name, None)
             except LeadershipLost:
                 raise
             except Exception:
@@ -102,7 +120,8 @@ class DeploymentReconciler:
 
     # --- one deployment, inside the leader's unit of work ---------------------------------------
 
-    def reconcile(self, name: str) -> None:
+    def reconcile(self, name: str) -> bool:
+        """One step of the deployment; True when there was nothing to do."""
         submit: list[JobId] = []
         cancel: list[JobId] = []
         savepoints: list[RequestSavepoint] = []
@@ -110,10 +129,10 @@ class DeploymentReconciler:
             try:
                 row = deployments_repo.get_deployment(s, name, lock=True)
             except repo.NotFound:
-                return
+                return True
             plan = dep.decide(self.observe(s, row))
             if plan.nothing:
-                return
+                return True
             self.carry_out(s, row, plan, submit, cancel, savepoints)
         for job_id in cancel:
             self.master.on_cancel(CancelJob(job_id=job_id))
@@ -121,6 +140,7 @@ class DeploymentReconciler:
             self.master.snapshots.on_request_savepoint(request)
         for job_id in submit:
             self.master.on_submit(SubmitJob(job_id=job_id))
+        return False
 
     def observe(self, s: Session, row: DeploymentRow) -> dep.Observed:
         now = self.clock.now()

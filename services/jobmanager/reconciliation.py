@@ -57,6 +57,7 @@ class Reconciliation:
         ctx = self.ctx
         with ctx.uow.tx() as s:
             repo.claim_leadership(s, ctx.epoch, self.leader_id)
+            ctx.uow.learn_queues(s)  # whose report streams to read
             live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
             todo = [(j.id, JS(j.status)) for j in live]
             ctx.checkpoints.recover(s)
@@ -163,7 +164,13 @@ class Reconciliation:
         zombies, lost, gone_cancels = [], [], []
         reported = {r.execution_id for r in msg.running}
         tm = msg.taskmanager_id
+        elsewhere: dict = {}
         with uow.tx() as s:
+            # A claim to an allocation the catalog places on another TaskManager is never released
+            # on this one's word: those slots hold that one's running task (issue 43.6).
+            claimed = [r.allocation_id for r in msg.running if r.allocation_id]
+            if claimed:
+                elsewhere = {a: where for a, where in repo.live_placements(s, claimed).items() if where != tm}
             for report in msg.running:
                 try:
                     ex: Execution | None = repo.get_execution(s, report.execution_id, lock=True)
@@ -189,7 +196,10 @@ class Reconciliation:
             log.warning("cancelling zombie task %s on %s", z.execution_id, tm)
             uow.command(CANCEL, uow.queue_of(tm), CancelTask(taskmanager_id=tm, execution_id=z.execution_id,
                                                             job_id=z.job_id))
-            if z.allocation_id:
+            if z.allocation_id in elsewhere:
+                log.warning("TaskManager %s reports allocation %s, which the catalog places on %s: not released",
+                            tm, z.allocation_id, elsewhere[z.allocation_id])
+            elif z.allocation_id:
                 # The re-registration brought its slots back as allocated; nobody else will free them.
                 uow.emit(ReleaseSlots(allocation_id=z.allocation_id, reason="zombie task cancelled"))
         for ex_id in lost:

@@ -40,9 +40,11 @@ from services.jobmanager.checkpoints import CheckpointCoordinator
 from services.jobmanager.context import Context
 from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Outbox
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.reconciliation import Reconciliation
 from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.restarts import Restarts
+from services.jobmanager.slot_request_watch import SlotRequestWatch
 from services.jobmanager.snapshot_requests import SnapshotRequests
 from services.jobmanager.timers import Timers
 from services.jobmanager.transitions import Fx
@@ -100,7 +102,8 @@ class _CheckpointPort:
 class JobMaster:
     def __init__(self, settings: Settings, catalog: Catalog, transport: Any, gateway: Any, clock: Clock, *,
                  epoch: int, checkpoint_store: CheckpointStore | None = None, leader_id: str = "jobmanager",
-                 still_leading: Callable[[], bool] = lambda: True, restart_clock: Clock | None = None):
+                 still_leading: Callable[[], bool] = lambda: True, restart_clock: Clock | None = None,
+                 pipeline_users: PipelineRedisUsers | None = None):
         self.settings, self.catalog, self.transport = settings, catalog, transport
         self.clock, self.epoch = clock, epoch
         self.timers = Timers(clock)
@@ -110,9 +113,12 @@ class JobMaster:
                                                  checkpoint_store or CatalogCheckpointStore())
         ctx = Context(settings, self.uow, self.checkpoints, self.timers, epoch, restart_clock or clock)
         self.snapshots = SnapshotRequests(ctx)
-        self.deployment = Deployment(settings, self.checkpoints)
+        self.deployment = Deployment(settings, self.checkpoints, pipeline_users)
         self.restarts = Restarts(ctx, self.deployment, arm_ack=lambda ex, state: self.acks.arm(ex, state))
         self.acks = AckTimers(ctx, self.restarts)
+        self.slot_watch = SlotRequestWatch(ctx, clock, lambda ex, cause: self.restarts.fail(
+            ex, cause_name="NoResourceAvailableException", cause=cause, expected_tm=None))
+        self.deployment.on_request = self.slot_watch.sent
         self.reconciliation = Reconciliation(
             ctx, self.outbox, self.deployment, self.restarts, self.acks, leader_id=leader_id,
             submit=lambda job_id: self.on_submit(SubmitJob(job_id=job_id)),
@@ -231,6 +237,7 @@ class JobMaster:
             self.uow.emit(r)
 
     def on_slot_pending(self, msg: SlotRequestPending) -> None:
+        self.slot_watch.answered(msg.execution_id, pending=True)
         with self.uow.tx() as s:
             try:
                 repo.set_execution_waiting_reason(s, repo.get_execution(s, msg.execution_id, lock=True), msg.reason)
@@ -239,6 +246,7 @@ class JobMaster:
                 pass
 
     def on_slots_allocated(self, msg: SlotsAllocated) -> None:
+        self.slot_watch.answered(msg.execution_id, pending=False)
         deploy: DeployTask | None = None
         with self.uow.tx() as s:
             try:
@@ -265,6 +273,7 @@ class JobMaster:
                  msg.taskmanager_id, list(msg.slot_indices))
 
     def on_slot_request_failed(self, msg: SlotRequestFailed) -> None:
+        self.slot_watch.answered(msg.execution_id, pending=False)
         self.restarts.fail(msg.execution_id, cause_name="NoResourceAvailableException", cause=msg.reason,
                            expected_tm=None, permanent=msg.permanent)
 

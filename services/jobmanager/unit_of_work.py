@@ -4,7 +4,9 @@ messages and commands go out through the outbox only after it committed.
 The job master, the checkpoint coordinator and the schedule beat all change the catalog through
 it, with the same few calls: `tx()` (the session of the unit in hand, or a unit of its own),
 `emit` / `command` (what to send once committed), `after_commit` (housekeeping outside the
-catalog and Redis, dropped on rollback) and `queue_of` (a TaskManager's command queue).
+catalog and Redis, dropped on rollback) and `queue_of` (a TaskManager's command queue). The queues
+it learns also say which TaskManagers' report streams the JobManager reads (`report_streams`):
+a TaskManager reports on a task only after its deploy went to its queue.
 
 Fencing: every unit checks, as its last statement before the commit, that the leadership is
 still its own (the ZooKeeper lease not revoked, the catalog's leadership row still holding its
@@ -49,6 +51,7 @@ class UnitOfWork:
         self._solo: list[list[Callable[[], None]]] = []  # after-commit actions of open lone transactions
         self._safe_batches = 0
         self._queues: dict[str, str] = {}
+        self._report_streams: dict[str, None] = {}  # ordered set: streams.tm_jm_stream of each queue's TaskManager
 
     @property
     def grouping(self) -> bool:
@@ -159,12 +162,23 @@ class UnitOfWork:
 
     def learn_queue(self, taskmanager_id: TaskManagerId, queue: str) -> None:
         self._queues[taskmanager_id] = queue
+        reporter = streams.reporter_of_queue(queue)
+        if reporter is not None:
+            self._report_streams[streams.tm_jm_stream(reporter)] = None
+
+    def learn_queues(self, s: Session) -> None:
+        """Every registered TaskManager's queue, from the catalog (a new leader's recovery)."""
+        for tm in repo.list_taskmanagers(s):
+            self.learn_queue(tm.id, tm.queue)
+
+    def report_streams(self) -> list[str]:
+        return list(self._report_streams)
 
     def queue_of(self, taskmanager_id: TaskManagerId, s: Session | None = None) -> str:
         """The Celery queue of a TaskManager: learned from slot offers, else from the catalog."""
         if taskmanager_id not in self._queues and s is not None:
             try:
-                self._queues[taskmanager_id] = repo.get_taskmanager(s, taskmanager_id).queue
+                self.learn_queue(taskmanager_id, repo.get_taskmanager(s, taskmanager_id).queue)
             except repo.NotFound:
                 pass
         return self._queues.get(taskmanager_id, streams.tm_queue(taskmanager_id))

@@ -14,6 +14,7 @@ from shared import gc_tuning, metrics, streams
 from shared.catalog import Catalog
 from shared.clock import SystemClock
 from shared.leader_epoch import LeaderEpochFence
+from shared.log_access import LogGuard
 from shared.logs import configure_logging
 from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings
@@ -27,12 +28,13 @@ def run(settings: Settings) -> None:
     client = wait_for_redis(settings.redis_url)
     catalog = Catalog(settings.catalog)
     catalog.migrate()
-    transport = RedisStreamsTransport(client, sender="resourcemanager", maxlen=settings.stream_maxlen,
-                                      auth=control_plane_auth(settings))
+    auth = control_plane_auth(settings)
+    transport = RedisStreamsTransport(client, sender="resourcemanager", maxlen=settings.stream_maxlen, auth=auth)
     rm_metrics = ResourceManagerMetrics()
     transport.on_refused = rm_metrics.count_refused
+    key = auth.sender_key("resourcemanager")  # its logs: to the control plane only
     metrics.serve(rm_metrics.registry, host=settings.metrics_host, port=settings.resourcemanager_metrics_port,
-                  service="resourcemanager", log_file=settings.log_file)
+                  service="resourcemanager", log_file=settings.log_file, log_guard=LogGuard(key, key))
 
     def publish_stats(stats: dict) -> None:
         rm_metrics.record(stats)

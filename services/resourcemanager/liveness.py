@@ -16,6 +16,7 @@ before it was granted) is warned of once and judged as before: any name missing 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 
@@ -31,17 +32,22 @@ class ConnectionLiveness:
         self._seen_this_run: set[str] = set()
         self._warned = False
 
-    def dead(self, watched: set[str]) -> set[str]:
-        """Names in `watched` whose connection has been absent `misses_to_die` looks in a row,
-        after being seen connected to this run of the server."""
-        if not watched:
-            return set()
+    def look(self) -> tuple[Any, list[dict]]:
+        """(INFO server, or the error refusing it; CLIENT LIST's entries) in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         pipe.info("server")
         pipe.client_list(_type="normal")
         server, clients = pipe.execute(raise_on_error=False)
         if isinstance(clients, Exception):
             raise clients
+        return server, clients
+
+    def dead(self, watched: set[str], seen: tuple[Any, list[dict]] | None = None) -> set[str]:
+        """Names in `watched` whose connection has been absent `misses_to_die` looks in a row,
+        after being seen connected to this run of the server. `seen`: a `look()` just taken."""
+        if not watched:
+            return set()
+        server, clients = seen if seen is not None else self.look()
         knows_runs = not isinstance(server, Exception)
         if not knows_runs and not self._warned:
             self._warned = True

@@ -15,9 +15,11 @@ import time
 from typing import Callable
 
 from services.resourcemanager.catalog_sync import TaskManagerCatalogSync
+from services.resourcemanager.claims import RegistrationClaims
 from services.resourcemanager.fencing import JobManagerFence
 from services.resourcemanager.liveness import ConnectionLiveness
 from services.resourcemanager.loop_stats import LoopStats
+from services.resourcemanager.report_streams import ReportStreams
 from services.resourcemanager.returning import ReturningTaskManagers
 from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
 from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
@@ -78,6 +80,8 @@ class ResourceManager:
         self._liveness_names: dict[TaskManagerId, str] = {}  # taskmanager id -> connection name
         self._outbox: list[tuple[str, object]] = []
         self.catalog_sync = TaskManagerCatalogSync(catalog, self.slots, clock)
+        self.claims = RegistrationClaims(catalog, self.slots.allocations.get, transport.redis_client)
+        self.reports = ReportStreams()  # the TaskManagers' own streams (report_streams.py)
         self.stats = LoopStats(clock, publish_stats)
         # A verdict made since the last early flush: written before it is sent (see tick). Only
         # once per verdict: while the catalog is down, the periodic flush retries, not every tick.
@@ -103,13 +107,15 @@ class ResourceManager:
             self.tick()
 
     def poll_once(self, block_ms: int = 100) -> int:
-        """Control messages first (registrations, slot requests), then heartbeats: a heartbeat
-        backlog must never delay an allocation. Blocks only when there was no control work."""
+        """Control messages first (slot requests), then the TaskManagers' registrations and
+        heartbeats, each on its own stream: a heartbeat backlog must never delay an allocation.
+        Blocks only when there was no control work. (hr:stream:rm:heartbeats carries heartbeats
+        only from processes that hold the cluster secret: benchmarks and tests.)"""
         control = self.transport.poll(streams.RM_STREAM, streams.RM_GROUP, self.name, self.handle,
                                       count=self.BATCH, block_ms=0)
         self.flush_outbox()
         beats = self.transport.poll(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, self.name, self.handle,
-                                    count=self.BATCH, block_ms=0 if control else block_ms)
+                                    count=self.BATCH, block_ms=0 if control else block_ms, also=self.reports.names())
         self._backlog = beats >= self.BATCH
         self.flush_outbox()
         return control + beats
@@ -145,8 +151,10 @@ class ResourceManager:
                            last_heard=last)
         if self.liveness is not None and now - self._last_liveness >= 0.5:
             self._last_liveness = now
+            seen = self.liveness.look()
+            self.reports.discover(seen[1])
             watched = {name for name in self._liveness_names.values()}
-            for name in self.liveness.dead(watched):
+            for name in self.liveness.dead(watched, seen):
                 for tm_id in [t for t, n in self._liveness_names.items() if n == name]:
                     self._lose(tm_id, "TaskManager lost: its process exited (connection closed)")
         for req, message in (self.slots.expire_pending() if scan else ()):
@@ -172,6 +180,7 @@ class ResourceManager:
     def adopt_previous_taskmanagers(self) -> None:
         """Give each TaskManager the previous ResourceManager had registered heartbeat timeout
         to register again (returning.py)."""
+        self.reports.load(self.catalog)
         with self.catalog.session() as s:
             previous = [tm.id for tm in repo.list_taskmanagers(s)]
         waiting = self.returning.expect(previous, self.slots.taskmanagers)
@@ -192,7 +201,7 @@ class ResourceManager:
             self.stats.heartbeat(env.sent_at)
             self._on_heartbeat(body)
         elif isinstance(body, RegisterTaskManager):
-            self._on_register(body)
+            self._on_register(env)
         elif isinstance(body, RequestSlots):
             self._on_request(body)
         elif isinstance(body, ReleaseSlots):
@@ -207,11 +216,22 @@ class ResourceManager:
         else:
             log.warning("ResourceManager ignores %s", body.type)
 
-    def _on_register(self, msg: RegisterTaskManager) -> None:
-        # Its slot report replaces what we held for it (see slot_manager.py).
+    def _on_register(self, env: Envelope) -> None:
+        msg = env.body
+        assert isinstance(msg, RegisterTaskManager)
+        # Its slot report replaces what we held for it (see slot_manager.py), but only with what is
+        # its own to claim (claims.py).
+        occupied, refused = self.claims.allocations(
+            env, reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+        self.claims.endpoint(env)
+        for alloc_id in {a.allocation_id for a in occupied.values()}:
+            other = self.slots.allocations.get(alloc_id)
+            if other is not None and other.taskmanager_id != msg.taskmanager_id:
+                # The catalog places it here: the TaskManager holding it claimed it falsely.
+                self.slots.release(alloc_id)
         dropped = self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host,
                                       slots=msg.slots, cores=msg.cores, memory_bytes=msg.memory_bytes,
-                                      occupied=reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+                                      occupied=occupied)
         self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
         for alloc in dropped:
             log.warning("TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
@@ -225,7 +245,8 @@ class ResourceManager:
                  len(msg.running))
         self._outbox.append((streams.tm_inbox(msg.taskmanager_id),
                              HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session)))
-        self._send_jm(TaskManagerRegistered(taskmanager_id=msg.taskmanager_id, running=msg.running))
+        running = tuple(r for r in msg.running if r.allocation_id not in refused)
+        self._send_jm(TaskManagerRegistered(taskmanager_id=msg.taskmanager_id, running=running))
         self._serve_pending()
 
     def _on_heartbeat(self, msg: TaskManagerHeartbeat) -> None:
@@ -299,6 +320,7 @@ class ResourceManager:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
         self.stats.taskmanager_lost()
         self.catalog_sync.gone(tm_id, state="UNREGISTERED" if "unregistered" in reason else "LOST", reason=reason)
+        self.claims.gone(tm_id)
         self._new_verdict = True
         self._send_jm(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
                                       last_heard_at=last_heard_at, silent_for_s=silent_for_s))
@@ -328,6 +350,7 @@ class ResourceManager:
 
     def flush_catalog(self) -> None:
         self.catalog_sync.flush()
+        self.claims.flush()
 
 
 def reported_allocations(tm_id: TaskManagerId, queue: str, report: tuple[SlotState, ...]) -> dict[int, Allocation]:

@@ -37,9 +37,10 @@ from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id
 from shared.jars import MissingJars
 from shared.leader_epoch import LeaderEpochFence
+from shared.log_access import LogGuard
 from shared.log_files import LogFiles
 from shared.logs import configure_logging
-from shared.message_auth import MissingKey, taskmanager_auth
+from shared.message_auth import MissingKey, taskmanager_auth, taskmanager_sender
 from shared.settings import Settings, load_settings
 from shared.spark_runtime import SparkRuntime
 from shared.transport import kombu_redis
@@ -51,9 +52,11 @@ SPARK_UI_ENV = "HEADRACE_SPARK_UI"  # read by the driver processes (runtime/runn
 
 
 class EndpointAnnouncer:
-    """Keeps `streams.tm_endpoint_key` of each TaskManager of this process alive: where the
-    dispatcher fetches its log files. Refreshed every heartbeat interval and expiring after the
-    heartbeat timeout, so the key of a TaskManager that died is gone when it is declared lost."""
+    """Keeps `streams.tm_endpoint_key` of each TaskManager of this process alive: the mark of a
+    running TaskManager, by which a newcomer finds the ones whose storage probe to check (the
+    dispatcher fetches logs from the address the registration named, services/resourcemanager/
+    claims.py). Refreshed every heartbeat interval and expiring after the heartbeat timeout, so
+    the key of a TaskManager that died is gone when it is declared lost."""
 
     def __init__(self, client, taskmanager_ids, *, address: str, main_log: str | None, interval_s: float,
                  ttl_s: float):
@@ -147,7 +150,7 @@ def driver_launch(settings: Settings, slots: int, archive_args: list[str],
                         sandbox=sandbox, warm_pool=warm_pool, warm_up_query=settings.warm_up_query)
 
 
-def celery_app(settings: Settings, reports: HeldReports) -> Celery:
+def celery_app(settings: Settings, reports: HeldReports, dead_letter_stream: str) -> Celery:
     """The Celery app whose worker consumes this process's TaskManager queues."""
     app = make_celery(settings.redis_url, "headrace-taskmanager")
     # kombu's Redis transport, but an unreadable queue item is dead-lettered instead of ending
@@ -157,7 +160,8 @@ def celery_app(settings: Settings, reports: HeldReports) -> Celery:
     app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"
     # The reports of the commands taken in one read of the queue go out together.
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
-                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False)}
+                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False),
+                                         kombu_redis.DEAD_LETTERS: dead_letter_stream}
     return app
 
 
@@ -192,14 +196,17 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         except MissingJars as exc:
             log.error("TaskManager %s cannot start: %s", base_id, exc)
             raise SystemExit(EXIT_NO_JARS) from None
-    client = wait_for_redis(settings.redis_url)
+    # Named, so the ResourceManager finds this process's report streams (streams.reporter_name).
+    client = wait_for_redis(settings.redis_url, client_name=streams.reporter_name(base_id))
     process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     liveness_name = streams.liveness_name(process_id)
     # A dedicated named connection: the ResourceManager watches for it to vanish.
     liveness = redis.Redis.from_url(settings.redis_url, client_name=liveness_name)
     liveness.ping()
+    # What it reports goes to streams of its own (shared/streams.py), the only ones its user may write.
+    routes = streams.taskmanager_routes(base_id)
     transport = RedisStreamsTransport(client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen,
-                                      auth=auth)
+                                      auth=auth, route=routes)
 
     workdir = settings.workdir / "taskmanagers" / base_id
     # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
@@ -220,6 +227,21 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
             cancel_timeout_s=settings.task_cancel_timeout_s, noop=noop, drivers=launch,
             startup_timeout_s=settings.task_startup_timeout_s, reports=reports, metrics=task_metrics)
 
+    app = celery_app(settings, reports, routes[streams.DLQ_STREAM])
+    register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
+                                         transport=transport, dead_letter_client=client, auth=auth,
+                                         dead_letter_stream=routes[streams.DLQ_STREAM],
+                                         artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
+    task_metrics.registry.register(TaskManagerCollector(supervisors, client))
+    # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs), served only
+    # to the dispatcher's requests signed with this TaskManager's command key (shared/log_access.py).
+    logs = LogFiles.of_this_process(workdir / "logs", main=settings.log_file)
+    service = f"taskmanager {base_id}"
+    guard = None if simulate else LogGuard(request_key=auth.command_key(base_id),
+                                           answer_key=auth.sender_key(taskmanager_sender(base_id)))
+    metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
+                  service=service, logs=logs, log_guard=guard)
+    address = metrics.advertised_url(service, settings)
     # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of
     # queues spends its time building BRPOP commands instead of running commands.
     queues = [streams.tm_queue(base_id)] if simulate else [streams.tm_queue(tm) for tm in ids]
@@ -228,18 +250,8 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
                                interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s,
                                liveness_name=liveness_name, simulated=bool(simulate),
                                queue_of=(lambda _tm: queues[0]) if simulate else streams.tm_queue,
-                               liveness=liveness)
-    app = celery_app(settings, reports)
-    register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
-                                         transport=transport, dead_letter_client=client, auth=auth,
-                                         artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
-    task_metrics.registry.register(TaskManagerCollector(supervisors, client))
-    # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs).
-    logs = LogFiles.of_this_process(workdir / "logs", main=settings.log_file)
-    service = f"taskmanager {base_id}"
-    metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
-                  service=service, logs=logs)
-    address = metrics.advertised_url(service, settings)
+                               liveness=liveness, log_endpoint=None if simulate else address,
+                               main_log=logs.main_name)
     announcer = None
     if address is not None and not simulate:
         announcer = EndpointAnnouncer(client, ids, address=address, main_log=logs.main_name,

@@ -41,7 +41,7 @@ from shared import streams
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
 from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.leader_epoch import LeaderEpochFence
-from shared.message_auth import ClusterAuth
+from shared.message_auth import ClusterAuth, staleness
 from shared.messages import CancelTask, CommandRejected, DeployTask, TriggerCheckpoint, UndecodableMessage, decode
 from shared.transport import dead_letters
 from shared.transport.base import Transport
@@ -113,10 +113,10 @@ class CommandIntake:
 
     def __init__(self, *, supervisors: Mapping[TaskManagerId, CommandTarget], fence: LeaderEpochFence,
                  transport: Transport, dead_letter_client: Any, auth: ClusterAuth,
-                 artifacts: ArtifactChecker | None = None,
+                 artifacts: ArtifactChecker | None = None, dead_letter_stream: str = streams.DLQ_STREAM,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.supervisors, self.fence, self.transport = supervisors, fence, transport
-        self.dead_letter_client = dead_letter_client
+        self.dead_letter_client, self.dead_letter_stream = dead_letter_client, dead_letter_stream
         self.auth = auth
         self.artifacts = artifacts  # an ArtifactChecker; None only where no pipeline can run
         self.clock, self.sleep = clock, sleep
@@ -141,6 +141,10 @@ class CommandIntake:
             env = decode(payload)
         except UndecodableMessage as exc:
             self._undecodable(queue, expected, payload, str(exc))
+            return
+        stale = staleness(env)
+        if stale is not None:
+            self._dead_letter(queue, expected, stale, payload)
             return
         body = env.body
         if not self._from_current_leader(env.sender, env.epoch, body.type):
@@ -210,7 +214,7 @@ class CommandIntake:
 
     def _dead_letter(self, queue: str, expected: type[Command], error: str, payload: str) -> None:
         log.error("dead-lettering a %s command from queue %s: %s", expected.__name__, queue, error)
-        dead_letters.add_safely(self.dead_letter_client, error=error,
+        dead_letters.add_safely(self.dead_letter_client, error=error, stream=self.dead_letter_stream,
                                 origin={"queue": queue, "task": TASK_NAMES[expected]}, original={"m": payload})
 
     def _reject(self, queue: str, seen: Peek, reason: str) -> None:
@@ -264,7 +268,7 @@ def _dead_letter_celery_refusals(intake: CommandIntake) -> None:
         original = json.dumps(raw) if isinstance(raw, dict) else getattr(message, "body", b"")
         queue = ((getattr(message, "delivery_info", None) or {}).get("routing_key")) or "?"
         dead_letters.add_safely(intake.dead_letter_client, error=why, origin={"queue": queue},
-                                original={"item": original})
+                                original={"item": original}, stream=intake.dead_letter_stream)
 
     def on_unknown(sender=None, message=None, exc=None, name=None, **_):
         refused(message, f"unknown task {name!r}: not a Headrace command")

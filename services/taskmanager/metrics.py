@@ -120,19 +120,19 @@ class TaskMetrics:
                     "source_partitions": len(partitions) if partitions else None,
                     "spark_ui": rehost(getattr(event, "spark_ui", None), self.advertised_host)}
         fields.update({k: v for k, v in optional.items() if v is not None})
-        key = streams.progress_key(spec.execution_id)
+        key = streams.progress_key(taskmanager_id, spec.execution_id)
         try:
             pipe = self.redis.pipeline(transaction=True)
             # Replaced whole: a figure the newest batch lacks (lag) must not show an old value.
             pipe.delete(key)
             pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
             pipe.expire(key, streams.PROGRESS_TTL_S)
-            self._add_to_history(pipe, spec.execution_id, fields)
+            self._add_to_history(pipe, taskmanager_id, spec.execution_id, fields)
             pipe.execute()
         except Exception as exc:  # noqa: BLE001 - figures are best effort, the task is not
             log.debug("could not publish the progress of %s: %s", spec.execution_id, exc)
 
-    def _add_to_history(self, pipe, execution_id: str, fields: dict) -> None:
+    def _add_to_history(self, pipe, taskmanager_id: str, execution_id: str, fields: dict) -> None:
         """A point of the attempt's recent history (streams.progress_history_key), at most one
         per PROGRESS_HISTORY_STEP_MS: a task with 10 batches a second keeps 10 minutes too."""
         now = int(fields["timestamp"])
@@ -140,7 +140,7 @@ class TaskMetrics:
             if now - self._history_at.get(execution_id, -(1 << 62)) < streams.PROGRESS_HISTORY_STEP_MS:
                 return
             self._history_at[execution_id] = now
-        key = streams.progress_history_key(execution_id)
+        key = streams.progress_history_key(taskmanager_id, execution_id)
         point = {k: str(v) for k, v in fields.items() if k in HISTORY_FIELDS}
         # Ids are the batch times (ms), so the history is read by time on any host.
         pipe.xadd(key, point, id=f"{now}-*", maxlen=streams.PROGRESS_HISTORY_POINTS, approximate=False)
@@ -154,7 +154,7 @@ class TaskMetrics:
             self._history_at.pop(spec.execution_id, None)
         if self.redis is not None:
             try:
-                self.redis.delete(streams.progress_key(spec.execution_id))
+                self.redis.delete(streams.progress_key(taskmanager_id, spec.execution_id))
             except Exception:  # noqa: BLE001 - it expires anyway
                 pass
         with self._lock:

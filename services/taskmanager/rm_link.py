@@ -88,12 +88,14 @@ class ResourceManagerLink:
     def __init__(self, *, client: redis.Redis, transport: RedisStreamsTransport,
                  supervisors: dict[TaskManagerId, TaskSupervisor], slots: int, cores: float, memory_bytes: int,
                  interval_s: float, timeout_s: float, liveness_name: str, simulated: bool = False,
-                 queue_of: Callable[[str], str] = streams.tm_queue, liveness: redis.Redis | None = None) -> None:
+                 queue_of: Callable[[str], str] = streams.tm_queue, liveness: redis.Redis | None = None,
+                 log_endpoint: str | None = None, main_log: str | None = None) -> None:
         self.client, self.transport, self.supervisors = client, transport, supervisors
         self.slots, self.cores, self.memory_bytes = slots, cores, memory_bytes
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.liveness_name, self.simulated, self.queue_of = liveness_name, simulated, queue_of
         self.liveness = liveness
+        self.log_endpoint, self.main_log = log_endpoint, main_log  # told with each registration
         self.states = {tm: LinkState(tm) for tm in supervisors}
         self._stop = threading.Event()
         self._host = socket.gethostname()
@@ -179,7 +181,8 @@ class ResourceManagerLink:
                                    memory_bytes=self.memory_bytes, queue=self.queue_of(tm),
                                    slot_report=sup.slot_report(), running=sup.running_reports(),
                                    simulated=self.simulated, liveness_name=self.liveness_name,
-                                   warm_ready=warm_ready, warm_parallelism=warm_parallelism)
+                                   warm_ready=warm_ready, warm_parallelism=warm_parallelism,
+                                   log_endpoint=self.log_endpoint, main_log=self.main_log)
 
     def _read_acks(self, block_ms: int) -> None:
         keys: dict[KeyT, StreamIdT] = {streams.tm_inbox(tm): st.inbox_cursor for tm, st in self.states.items()}
@@ -203,7 +206,8 @@ class ResourceManagerLink:
                 if error is not None:
                     log.warning("dead-lettering entry %s of %s: %s", st.inbox_cursor, streams.tm_inbox(tm), error)
                     dead_letters.add_safely(self.client, error=error, original=fields,
-                                            origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor})
+                                            origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor},
+                                            stream=self.transport.route.get(streams.DLQ_STREAM, streams.DLQ_STREAM))
                     continue
                 if isinstance(env.body, HeartbeatAck):
                     self._on_ack(st, env.body)

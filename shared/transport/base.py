@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from shared.messages import Envelope
 
@@ -26,10 +26,11 @@ class Transport(Protocol):
 
     def poll(
         self, stream: str, group: str, consumer: str, handler: Handler, *, count: int = 256,
-        block_ms: int = 1000, around_batch=None,
+        block_ms: int = 1000, around_batch=None, also: Sequence[str] = (),
     ) -> int:
         """`around_batch(envelopes)` is a context-manager factory entered around the handlers
         of one batch (a unit of work, which may prefetch what the batch needs); entries are
-        acknowledged only after it exits cleanly."""
+        acknowledged only after it exits cleanly. `also`: more streams read in the same call
+        (the TaskManagers' report streams)."""
 
     def close(self) -> None: ...

@@ -2,7 +2,8 @@
 operator (docs/runbooks/dead-letters.md), so that one bad entry never stops a consumer.
 
 Every producer of dead letters (the stream consumers, a TaskManager's command queue and inbox)
-writes them here, because the stream is capped by size as well as by length: whoever can write
+writes them here (a TaskManager to a dead-letter stream of its own, `hr:stream:dlq:tm:<id>`, so
+that it cannot trim the others'), because the streams are capped by size as well as by length: whoever can write
 to a queue could otherwise fill Redis through it (three 10 MB garbage entries used to keep
 34 MB). A dead letter keeps at most `PAYLOAD_KEEP_BYTES` of the original, over all its fields
 together, and says in its `truncated` field what it dropped; the stream keeps the newest
@@ -57,17 +58,20 @@ def entry(*, error: str, origin: Mapping[str, Value], original: Mapping[Value, V
     return fields
 
 
-def add(client, *, error: str, origin: Mapping[str, Value], original: Mapping[Value, Value]) -> None:
-    """Append one dead letter; `client` is a redis client or pipeline (executed by the caller)."""
-    client.xadd(streams.DLQ_STREAM, entry(error=error, origin=origin, original=original),
+def add(client, *, error: str, origin: Mapping[str, Value], original: Mapping[Value, Value],
+        stream: str = streams.DLQ_STREAM) -> None:
+    """Append one dead letter; `client` is a redis client or pipeline (executed by the caller).
+    `stream`: a TaskManager's own (streams.tm_dead_letters), the control plane's otherwise."""
+    client.xadd(stream, entry(error=error, origin=origin, original=original),
                 maxlen=streams.DLQ_MAXLEN, approximate=False)
 
 
-def add_safely(client, *, error: str, origin: Mapping[str, Value], original: Mapping[Value, Value]) -> bool:
+def add_safely(client, *, error: str, origin: Mapping[str, Value], original: Mapping[Value, Value],
+               stream: str = streams.DLQ_STREAM) -> bool:
     """`add`, for callers that must carry on even if Redis refuses (a worker reading its queue):
     the failure is logged with the error the entry would have carried."""
     try:
-        add(client, error=error, origin=origin, original=original)
+        add(client, error=error, origin=origin, original=original, stream=stream)
         return True
     except Exception:  # losing a dead letter must not stop the consumer
         log.exception("could not dead-letter an entry from %s (%s)", dict(origin), error[:200])

@@ -28,6 +28,7 @@ from queue import Empty
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 
+from shared import streams
 from shared.errors import MessageError
 from shared.transport import dead_letters
 
@@ -76,6 +77,8 @@ MORE_PER_READ = 50
 # Transport option: a callable returning a context manager that is entered around the deliveries
 # of one read (the TaskManager sends the reports of the commands it took in one round trip).
 AROUND_READ = "headrace_around_read"
+# Transport option: the stream the items no one can read are dead-lettered to (a TaskManager's own).
+DEAD_LETTERS = "headrace_dead_letters"
 
 
 class Channel(kombu_redis.Channel):
@@ -155,8 +158,10 @@ class Channel(kombu_redis.Channel):
 
     def _dead_letter(self, queue: str, item: bytes, error: str) -> None:
         log.error("dead-lettering an unreadable item of queue %s (%d bytes): %s", queue, len(item), error)
+        stream = self.connection.client.transport_options.get(DEAD_LETTERS, streams.DLQ_STREAM)
         with self.conn_or_acquire() as client:
-            dead_letters.add_safely(client, error=error, origin={"queue": queue}, original={"item": item})
+            dead_letters.add_safely(client, error=error, origin={"queue": queue}, original={"item": item},
+                                    stream=stream)
 
 
 class Transport(kombu_redis.Transport):

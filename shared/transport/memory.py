@@ -54,7 +54,11 @@ class InMemoryTransport:
             entries.append((len(entries), raw, signature))
 
     def poll(self, stream: str, group: str, consumer: str, handler: Handler, *, count: int = 256,
-             block_ms: int = 0, around_batch=None) -> int:
+             block_ms: int = 0, around_batch=None, also=()) -> int:
+        return sum(self._poll_one(name, group, handler, count, around_batch)
+                   for name in dict.fromkeys([stream, *also]))
+
+    def _poll_one(self, stream: str, group: str, handler: Handler, count: int, around_batch) -> int:
         with self._lock:
             start = self._cursor[(stream, group)]
             batch = self._streams[stream][start:start + count]

@@ -263,15 +263,16 @@ def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays
 
 def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(rest, jar):
     name = "periodic"
-    put(rest, {**spec(jar), "savepoints": {"interval": "1 s", "historyMax": 2}}, name=name)
-    deadline = time.monotonic() + TIMEOUT_S
-    while len([sp for sp in show(rest, name)["savepoints"] if sp["trigger"] == "periodic"]) < 4:
+    # The shortest interval accepted (services/dispatcher/schemas/deployments.py MIN_SAVEPOINT_INTERVAL_S).
+    put(rest, {**spec(jar), "savepoints": {"interval": "10 s", "historyMax": 2}}, name=name)
+    deadline = time.monotonic() + TIMEOUT_S + 30
+    while len([sp for sp in show(rest, name)["savepoints"] if sp["trigger"] == "periodic"]) < 3:
         assert time.monotonic() < deadline, show(rest, name)
         time.sleep(0.2)
     detail = show(rest, name)
     kept = [sp for sp in detail["savepoints"] if not sp["disposed"]]
     gone = [sp for sp in detail["savepoints"] if sp["disposed"]]
-    assert len(kept) == 2 and len(gone) >= 2, detail["savepoints"]
+    assert len(kept) == 2 and len(gone) >= 1, detail["savepoints"]
     assert detail["status"]["lastSavepoint"] == kept[-1]["path"]
     deadline = time.monotonic() + 10  # the files go after the catalog stops pointing at them
     while any(Path(sp["path"]).exists() for sp in gone):
@@ -295,6 +296,8 @@ class FakeTaskFigures:
         attempt = rest.attempts(job_id)[-1]  # the current one
         self.execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
                                          execution_id=attempt["execution-id"], attempt=attempt["attempt"])
+        # Written under the TaskManager that runs it: the autoscaler reads only that one's figures.
+        self.taskmanager = attempt["taskmanager-id"]
         self.points = shifted(simulate(steady(rows_per_s), seconds, parallelism, max_batch=max_batch),
                               time.time() + seconds)
         self.client = redis.Redis.from_url(cluster.redis_url)
@@ -309,8 +312,8 @@ class FakeTaskFigures:
             event = Progress(batch_id=p.batch_id, num_input_rows=p.rows, source_lag=p.lag,
                              batch_duration_ms=int((p.duration_s or 0) * 1000),
                              input_rows_per_second=p.input_rate or 0.0)
-            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress("tm-test", self.execution,
-                                                                                          event)
+            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress(self.taskmanager,
+                                                                                          self.execution, event)
 
     def stop(self) -> None:
         self.stopped.set()

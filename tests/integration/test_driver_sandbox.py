@@ -148,8 +148,8 @@ def test_a_pipeline_reaches_none_of_the_services_secrets(cluster, rest, tmp_path
     leaked = [k for k, v in env.items() for pw in passwords if pw and pw in v]
     assert leaked == []
     assert "catalog.db" not in json.dumps(env)
-    # The pipeline's Redis URL is the pipeline ACL user's, nothing more.
-    assert seen["redis_url"].startswith("redis://pipeline:")
+    # The pipeline's Redis URL is its lineage's own ACL user's (shared/pipeline_redis.py), nothing more.
+    assert seen["redis_url"].startswith("redis://pipeline.")
 
 
 MEMORY_HOG = """

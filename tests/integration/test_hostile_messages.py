@@ -48,7 +48,8 @@ def client(cluster):
     c.close()
 
 
-def kombu_item(task: str, args, *, body: str | None = None, content_type: str = "application/json") -> bytes:
+def kombu_item(task: str, args, *, body: str | None = None, content_type: str = "application/json",
+               queue: str = QUEUE) -> bytes:
     """A Celery protocol-2 message as kombu's Redis transport stores it in a queue list."""
     if body is None:
         body = base64.b64encode(json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None,
@@ -59,18 +60,40 @@ def kombu_item(task: str, args, *, body: str | None = None, content_type: str = 
         "headers": {"lang": "py", "task": task, "id": task_id, "root_id": task_id, "retries": 0,
                     "timelimit": [None, None], "argsrepr": "", "kwargsrepr": "{}"},
         "properties": {"correlation_id": task_id, "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
-                       "delivery_info": {"exchange": "", "routing_key": QUEUE}, "delivery_tag": str(uuid.uuid4())},
+                       "delivery_info": {"exchange": "", "routing_key": queue}, "delivery_tag": str(uuid.uuid4())},
     }).encode()
 
 
-def dead_letters_since(client, last_id: bytes | str) -> list[dict]:
-    return [{k.decode(): v for k, v in fields.items()} for _, fields in
-            client.xrange(streams.DLQ_STREAM, min=f"({last_id.decode() if isinstance(last_id, bytes) else last_id}")]
+def family(client, stream: str) -> list[str]:
+    """`stream` and every TaskManager's stream of its kind (`<stream>:tm:<id>`: what the
+    TaskManagers write instead, shared/streams.py)."""
+    return [stream, *sorted(k.decode() for k in client.scan_iter(match=f"{stream}:tm:*", count=1000))]
 
 
-def dlq_tail(client) -> str:
-    newest = client.xrevrange(streams.DLQ_STREAM, count=1)
-    return newest[0][0].decode() if newest else "0-0"
+def tails(client, stream: str) -> dict[str, str]:
+    """The newest entry id of each stream of the family: a mark to read what comes after."""
+    out = {}
+    for name in family(client, stream):
+        newest = client.xrevrange(name, count=1)
+        out[name] = newest[0][0].decode() if newest else "0-0"
+    return out
+
+
+def entries_since(client, stream: str, mark: dict[str, str]) -> list[dict]:
+    found = []
+    for name in family(client, stream):
+        found += client.xrange(name, min=f"({mark.get(name, '0-0')}")
+    found.sort(key=lambda e: tuple(int(x) for x in e[0].decode().split("-")))
+    return [{k.decode(): v for k, v in fields.items()} for _, fields in found]
+
+
+def dead_letters_since(client, mark: dict[str, str]) -> list[dict]:
+    """Dead letters of the control plane and of every TaskManager written after `mark` (dlq_tail)."""
+    return entries_since(client, streams.DLQ_STREAM, mark)
+
+
+def dlq_tail(client) -> dict[str, str]:
+    return tails(client, streams.DLQ_STREAM)
 
 
 def wait_for_at_least(what: str, fetch, n: int, timeout_s: float = 10) -> list:
@@ -90,16 +113,22 @@ def assert_taskmanager_alive(cluster, pid: int | None = None):
     assert pid is None or proc.pid == pid, "the TaskManager was restarted"
 
 
-def command_rejections(client, since_len: int) -> list:
+def reports_since(client, mark: dict[str, str], kind: str) -> list:
+    """Bodies of type `kind` on the JobManager's stream and the TaskManagers' report streams
+    written after `mark` (tails(client, streams.JM_STREAM))."""
     out = []
-    for _, fields in client.xrange(streams.JM_STREAM, count=100_000)[since_len:]:
+    for fields in entries_since(client, streams.JM_STREAM, mark):
         try:
-            body = decode(fields[b"m"]).body
+            body = decode(fields["m"]).body
         except Exception:  # noqa: BLE001 - only our own reports matter here
             continue
-        if body.type == "CommandRejected":
+        if body.type == kind:
             out.append(body)
     return out
+
+
+def command_rejections(client, mark: dict[str, str]) -> list:
+    return reports_since(client, mark, "CommandRejected")
 
 
 def test_garbage_on_a_taskmanager_queue_is_dead_lettered_and_the_worker_survives(cluster, rest, jar, client):
@@ -134,7 +163,7 @@ def test_garbage_on_a_taskmanager_queue_is_dead_lettered_and_the_worker_survives
 
 def test_invalid_command_of_the_current_leader_is_dead_lettered_and_rejected(cluster, client):
     epoch = leader_epoch.current(client)
-    mark, jm_len = dlq_tail(client), client.xlen(streams.JM_STREAM)
+    mark, jm_len = dlq_tail(client), tails(client, streams.JM_STREAM)
     ex1, job1, ex2, job2, ex3 = new_execution_id(), new_job_id(), new_execution_id(), new_job_id(), new_execution_id()
     # A spec without vertex, attempt, parallelism, ...: the envelope does not decode (the spec
     # is typed), and it still names its attempt.

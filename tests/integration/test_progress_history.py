@@ -31,7 +31,7 @@ class Clock:
 
 def history(client) -> list[tuple[int, dict]]:
     return [(int(i.decode().split("-")[0]), {k.decode(): v.decode() for k, v in f.items()})
-            for i, f in client.xrange(streams.progress_history_key(SPEC.execution_id))]
+            for i, f in client.xrange(streams.progress_history_key("tm-1", SPEC.execution_id))]
 
 
 def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_url):
@@ -55,11 +55,11 @@ def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_
     assert set(last) == {"batch_id", "input_rows_per_second", "processed_rows_per_second", "num_input_rows",
                          "timestamp", "batch_duration_ms", "source_lag"}
     assert int(last["timestamp"]) == times[-1] and last["input_rows_per_second"] == "40.0"
-    ttl = client.ttl(streams.progress_history_key(SPEC.execution_id))
+    ttl = client.ttl(streams.progress_history_key("tm-1", SPEC.execution_id))
     assert 0 < ttl <= streams.PROGRESS_HISTORY_S
     # The task ends: its live figures go, its history stays until it expires.
     m.forget("tm-1", SPEC)
-    assert not client.exists(streams.progress_key(SPEC.execution_id))
+    assert not client.exists(streams.progress_key("tm-1", SPEC.execution_id))
     assert len(history(client)) == len(points)
     client.close()
 

@@ -101,10 +101,16 @@ def test_a_taskmanager_only_xadds_to_the_streams_it_reports_on(cluster):
     admin = redis.Redis.from_url(cluster.redis_url)
     tm1 = client(cluster, "tm-1")
     before = lengths(admin)
-    # XADD (with MAXLEN ~, as the transports trim) is allowed: the JobManager dead-letters
-    # this unsigned entry, so the dead letters grow by one.
-    tm1.xadd(streams.JM_STREAM, {"m": b"not an envelope"}, maxlen=100_000, approximate=True)
+    # Its reports go to streams of its own (an XADD may trim: no stream is shared with another
+    # writer). The JobManager dead-letters this unsigned entry, so the dead letters grow by one.
+    tm1.xadd(streams.tm_jm_stream("tm-1"), {"m": b"not an envelope"}, maxlen=100_000, approximate=True)
     for stream in PUBLISHED_STREAMS:
+        with pytest.raises(NOPERM):
+            tm1.xadd(stream, {"m": b"x"}, maxlen=100_000, approximate=True)
+        for forbidden in stream_changes_a_publisher_may_not_make(tm1, stream):
+            with pytest.raises(NOPERM):
+                forbidden()
+    for stream in (streams.tm_rm_stream("tm-1"), streams.tm_jm_stream("tm-1")):
         for forbidden in stream_changes_a_publisher_may_not_make(tm1, stream):
             with pytest.raises(NOPERM):
                 forbidden()

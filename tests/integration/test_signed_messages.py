@@ -28,14 +28,19 @@ from shared.messages import (
     RegisterTaskManager,
     TaskManagerHeartbeat,
     TaskStateChanged,
-    decode,
     encode,
     wrap,
 )
 from shared.states import ExecutionState as ES
 from shared.task_protocol import TaskSpec
 from tests.clusters import start_cluster
-from tests.integration.test_hostile_messages import dead_letters_since, dlq_tail, wait_for_at_least
+from tests.integration.test_hostile_messages import (
+    dead_letters_since,
+    dlq_tail,
+    reports_since,
+    tails,
+    wait_for_at_least,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -96,13 +101,8 @@ def signed_xadd(client, stream: str, body, *, sender: str, auth) -> None:
     client.xadd(stream, {b"m": raw, b"s": auth.sign(stream, sender, raw)})
 
 
-def jm_reports(client, since: int, kind: str) -> list:
-    out = []
-    for _, fields in client.xrange(streams.JM_STREAM, count=100_000)[since:]:
-        body = decode(fields[b"m"]).body
-        if body.type == kind:
-            out.append(body)
-    return out
+def jm_reports(client, since: dict[str, str], kind: str) -> list:
+    return reports_since(client, since, kind)
 
 
 def noop(rest, jar) -> tuple[str, dict]:
@@ -126,7 +126,7 @@ def test_a_forged_deploy_never_runs_whatever_it_is_signed_with(cluster, client, 
     digest = hashlib.sha256(open(evil, "rb").read()).hexdigest()
     epoch = leader_epoch.current(client)
     queue = streams.tm_queue("tm-2")
-    mark, jm_len = dlq_tail(client), client.xlen(streams.JM_STREAM)
+    mark, jm_len = dlq_tail(client), tails(client, streams.JM_STREAM)
     forged = [encode(wrap(deploy_for("tm-2", evil, digest), sender="jobmanager", epoch=epoch)).decode()
               for _ in range(3)]
     send_command(cluster, DEPLOY_TASK, queue, [forged[0]])                                   # unsigned

@@ -29,7 +29,7 @@ def test_user_names_round_trip():
 def test_a_selector_is_one_acl_setuser_argument():
     args = creds.rule_args(redis_auth.taskmanager_rules("tm-1"))
     xadd = [a for a in args if a.endswith("+xadd)")]
-    assert xadd == ["(~hr:stream:rm ~hr:stream:rm:heartbeats ~hr:stream:jm ~hr:stream:dlq +xadd)"]
+    assert xadd == ["(~hr:stream:rm:tm:tm-1 ~hr:stream:jm:tm:tm-1 ~hr:stream:dlq:tm:tm-1 +xadd)"]
     assert "~tm.tm-1" in args and "~hr:stream:tm:tm-1" in args
     assert not any(a in ("~tm.*", "~hr:stream:tm:*", "~hr:*", "~*") for a in args)
     # The remote-control channel is in a subscribe-only selector, never with +publish.

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.dispatcher import checkpoint_dir_option, restore, restore_check
+from services.dispatcher import checkpoint_dir_option, redaction, restore, restore_check
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -195,14 +195,14 @@ def list_deployments(session: SessionDep) -> dict:
 
 @router.get("/{name}", response_model=DeploymentDetail, responses=_ERRORS,
             summary="One deployment: spec, status, history, generations and savepoints")
-def get_deployment(name: str, session: SessionDep) -> dict:
+def get_deployment(name: str, request: Request, session: SessionDep) -> dict:
     row = _get(session, name)
     job_state = _job_states(session, [row]).get(row.job_id or "")
     history = [{"at": epoch_ms(e.at), "generation": e.generation, "from": e.from_state, "to": e.to_state,
                 "reason": e.reason, "jobId": e.job_id, "savepoint": e.savepoint}
                for e in deployments_repo.deployment_events(session, name)]
     return {
-        "name": row.name, "spec": row.spec, "generation": row.generation,
+        "name": row.name, "spec": redaction.for_caller(request, "spec", row.spec), "generation": row.generation,
         "status": {"lifecycleState": row.lifecycle, "jobId": row.job_id, "jobState": job_state,
                    "jobGeneration": row.job_generation, "stableGeneration": row.stable_generation,
                    "lastSavepoint": row.last_savepoint, "error": row.error, "pending": row.pending,
@@ -211,7 +211,8 @@ def get_deployment(name: str, session: SessionDep) -> dict:
                        dep.DeploymentSpec.from_record(row.spec).ready_within_s),
                    "deleting": row.deleting, "parallelism": _effective_parallelism(row),
                    "autoscaler": _autoscaler_status(session, row), "history": history},
-        "generations": [{"generation": g.generation, "spec": g.spec, "at": epoch_ms(g.created_at)}
+        "generations": [{"generation": g.generation, "spec": redaction.for_caller(request, "spec", g.spec),
+                         "at": epoch_ms(g.created_at)}
                         for g in deployments_repo.generations(session, name)],
         "savepoints": [{"path": sp.path, "at": epoch_ms(sp.at), "generation": sp.generation, "jobId": sp.job_id,
                         "trigger": sp.trigger, "disposed": sp.disposed}

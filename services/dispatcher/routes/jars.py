@@ -35,6 +35,12 @@ from services.dispatcher.schemas import (
     Parallelism,
     stored_restart_strategy,
 )
+from services.dispatcher.schemas.jars import (
+    MAX_PROGRAM_ARG_CHARS,
+    MAX_PROGRAM_ARGS,
+    MAX_PROGRAM_ARGS_CHARS,
+    program_args_problem,
+)
 from services.dispatcher.strict_fields import StrictBool
 from services.dispatcher.warm_planner import WarmPlanner
 from shared import checkpointing, kafka_delivery
@@ -291,15 +297,21 @@ def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, 
 
 
 def _query_args(program_args: str | None, program_arg: str | None) -> list[str]:
+    args: list[str] = []
     if program_arg:
-        return [a for a in program_arg.split(",") if a]
-    if program_args:
+        args = [a for a in program_arg.split(",") if a]
+    elif program_args:
         try:
-            return shlex.split(program_args)
+            args = shlex.split(program_args)
         except ValueError as exc:
             raise ApiError.of(400, f"cannot be split into arguments: {exc}", field="program-args",
                               expected="a shell-quoted argument string", got=program_args) from None
-    return []
+    problem = program_args_problem(args)
+    if problem is not None:
+        raise ApiError.of(400, problem, field="program-args",
+                          expected=f"at most {MAX_PROGRAM_ARGS} arguments of at most {MAX_PROGRAM_ARG_CHARS} "
+                                   f"characters, {MAX_PROGRAM_ARGS_CHARS} in all", prefix=False)
+    return args
 
 
 def _duplicate(job_id: str, status: str) -> ApiError:

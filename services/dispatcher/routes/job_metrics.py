@@ -79,15 +79,17 @@ def task_figures(execution, fields: dict) -> dict:
 def _current_figures(session, transport, job_id: str, vertex_id: str | None = None) -> list[dict]:
     job = operations.get_job(session, job_id)
     # A crashed TaskManager's hashes outlive its attempts: only live attempts' figures are current.
+    # Read from the TaskManager the catalog placed each on: only that one writes under its prefix.
     executions = [ex for ex in repository.latest_executions(session, job.id).values()
-                  if (vertex_id is None or ex.vertex_id == vertex_id) and not ExecutionState(ex.state).is_terminal]
+                  if (vertex_id is None or ex.vertex_id == vertex_id) and not ExecutionState(ex.state).is_terminal
+                  and ex.taskmanager_id]
     client = transport.redis_client
     if not executions or client is None:
         return []
     try:
         pipe = client.pipeline(transaction=False)
         for ex in executions:
-            pipe.hgetall(streams.progress_key(ex.id))
+            pipe.hgetall(streams.progress_key(ex.taskmanager_id or "", ex.id))
         answers = pipe.execute()
     except redis.RedisError as exc:
         raise ApiError.of(503, f"Redis, where the TaskManagers publish task figures, is unavailable: {exc}",
@@ -122,7 +124,8 @@ def job_progress_history(jobid: str, session: SessionDep, transport: TransportDe
                          seconds: int = Query(streams.PROGRESS_HISTORY_S, ge=1, le=streams.PROGRESS_HISTORY_S,
                                               description="how far back, at most the history kept (600)")) -> dict:
     job = operations.get_job(session, jobid)
-    executions = list(repository.job_executions(session, job.id))[-HISTORY_ATTEMPTS:]
+    executions = [ex for ex in list(repository.job_executions(session, job.id))[-HISTORY_ATTEMPTS:]
+                  if ex.taskmanager_id]
     client = transport.redis_client
     if not executions or client is None:
         return {"seconds": seconds, "tasks": []}
@@ -130,7 +133,8 @@ def job_progress_history(jobid: str, session: SessionDep, transport: TransportDe
     try:
         pipe = client.pipeline(transaction=False)
         for ex in executions:
-            pipe.xrange(streams.progress_history_key(ex.id), min=str(since_ms), count=streams.PROGRESS_HISTORY_POINTS)
+            pipe.xrange(streams.progress_history_key(ex.taskmanager_id or "", ex.id), min=str(since_ms),
+                        count=streams.PROGRESS_HISTORY_POINTS)
         answers = pipe.execute()
     except redis.RedisError as exc:
         raise ApiError.of(503, f"Redis, where the TaskManagers keep the figures' history, is unavailable: {exc}",

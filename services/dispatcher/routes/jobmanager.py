@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from fastapi import APIRouter, Query, Request
@@ -16,49 +14,15 @@ from fastapi.responses import Response
 from services.dispatcher import log_fetch
 from services.dispatcher.deps import SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.redaction import MASK, mask_url, masked_value  # noqa: F401 - one masking rule
 from services.dispatcher.schemas import ConfigEntry, JobManagerLeaderInfo, LogListInfo
 from shared import streams
 
 router = APIRouter(prefix="/jobmanager", tags=["jobmanager"])
 
-MASK = "******"
-# Settings whose whole value is a secret, and query parameters of URLs that hold one.
-SECRET_NAME = re.compile(r"(password|passwd|secret|token|credential|api_?key|private)", re.I)
 ZOOKEEPER_TIMEOUT_S = 2.0
 CONTENDERS_TTL_S = 5.0
 _ERRORS = error_responses(400, 404, 502, 503, 504)
-
-
-def mask_url(value: str) -> str:
-    """The URL with its password and secret query parameters replaced (other text unchanged)."""
-    try:
-        parts = urlsplit(value)
-    except ValueError:
-        return value
-    if not parts.scheme or not parts.netloc:
-        return value
-    netloc = parts.netloc
-    if "@" in netloc:
-        creds, _, host = netloc.rpartition("@")
-        user, sep, _password = creds.partition(":")
-        netloc = f"{user}:{MASK}@{host}" if sep else netloc
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if SECRET_NAME.search(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def masked_value(key: str, value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: masked_value(k, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked_value(key, v) for v in value]
-    if value is not None and SECRET_NAME.search(key):
-        return MASK
-    if isinstance(value, str) and "://" in value:
-        return mask_url(value)
-    return value
 
 
 def effective_config(settings) -> list[dict[str, str]]:
@@ -140,7 +104,7 @@ def jobmanager_leader(request: Request, settings: SettingsDep, transport: Transp
     return out
 
 
-def _leader_endpoint(transport) -> tuple[str, str]:
+def _leader_endpoint(transport) -> log_fetch.LogSource:
     record = _leader_record(_redis(transport))
     if record is None:
         raise ApiError.of(503, "no JobManager leads right now, so no JobManager log is served",
@@ -149,14 +113,13 @@ def _leader_endpoint(transport) -> tuple[str, str]:
     if not record.get("address"):
         raise ApiError.of(503, f"{who} does not serve its logs (jobmanager_metrics_port is -1, or it runs an "
                                f"older version)", hint=f"see {log_fetch.RUNBOOK}", prefix=False)
-    return who, str(record["address"])
+    return log_fetch.LogSource.service(transport.auth, "jobmanager", who, str(record["address"]))
 
 
 @router.get("/logs", response_model=LogListInfo, responses=_ERRORS,
             summary="The leading JobManager's log files: name, size, mtime (operator)")
 def jobmanager_logs(transport: TransportDep) -> dict:
-    who, address = _leader_endpoint(transport)
-    return log_fetch.listing(who, address)
+    return log_fetch.listing(_leader_endpoint(transport))
 
 
 @router.get("/logs/{name}", response_class=Response, responses=_ERRORS,
@@ -166,8 +129,7 @@ def jobmanager_log_file(name: str, transport: TransportDep,
                                                                     "at most 4 MiB")) -> Response:
     log_fetch.check_name(name)
     size = log_fetch.check_tail(tail)
-    who, address = _leader_endpoint(transport)
-    return log_fetch.file(who, address, name, size)
+    return log_fetch.file(_leader_endpoint(transport), name, size)
 
 
 @router.get("/log", response_class=Response, responses=_ERRORS,
@@ -176,9 +138,9 @@ def jobmanager_main_log(transport: TransportDep,
                         tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
                                                                     "at most 4 MiB")) -> Response:
     size = log_fetch.check_tail(tail)
-    who, address = _leader_endpoint(transport)
-    main = log_fetch.main_log_name(who, address)
+    source = _leader_endpoint(transport)
+    main = log_fetch.main_log_name(source)
     if not main:
-        raise ApiError.of(404, f"{who} has no log file of its own (its output goes to a terminal or a pipe)",
+        raise ApiError.of(404, f"{source.who} has no log file of its own (its output goes to a terminal or a pipe)",
                           hint=f"see {log_fetch.RUNBOOK}", prefix=False)
-    return log_fetch.file(who, address, main, size)
+    return log_fetch.file(source, main, size)

@@ -8,12 +8,12 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Annotated, Any, NamedTuple
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from services.dispatcher import operations, views
+from services.dispatcher import operations, redaction, views
 from services.dispatcher.deps import (
     CatalogDep,
     ClockDep,
@@ -139,8 +139,8 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
 
 
 @router.get("/{jobid}/config", response_model=JobConfigInfo, responses=_404, summary="A job's configuration")
-def job_config(jobid: str, session: SessionDep) -> dict:
-    return views.job_config(_job(session, jobid))
+def job_config(jobid: str, request: Request, session: SessionDep) -> dict:
+    return redaction.for_caller(request, "", views.job_config(_job(session, jobid)))
 
 
 @router.get("/{jobid}/vertices/{vertexid}", response_model=JobVertexDetailsInfo, responses=_404,

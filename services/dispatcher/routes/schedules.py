@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request
 
-from services.dispatcher import artifacts, checkpoint_dir_option
+from services.dispatcher import artifacts, checkpoint_dir_option, redaction
 from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
@@ -122,21 +122,26 @@ def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: Cata
 
 
 @router.get("", response_model=ScheduleList, summary="List the schedules with their next and last runs")
-def list_schedules(session: SessionDep) -> dict:
+def list_schedules(request: Request, session: SessionDep) -> dict:
     rows = repository.list_schedules(session)
     counts = repository.schedule_run_counts(session)
     latest = repository.latest_schedule_runs(session, [r.id for r in rows])
-    return {"schedules": [_view(session, r, counts, latest) for r in rows]}
+    return {"schedules": [_for_caller(request, _view(session, r, counts, latest)) for r in rows]}
+
+
+def _for_caller(request: Request, view: dict) -> dict:
+    """A schedule's arguments may carry secrets: masked for viewers (redaction.py)."""
+    return {**view, "programArgs": redaction.for_caller(request, "programArgs", view["programArgs"])}
 
 
 @router.get("/{scheduleid}", response_model=ScheduleDetail, responses=_ERRORS,
             summary="One schedule and its newest 50 ticks")
-def get_schedule(scheduleid: str, session: SessionDep) -> dict:
+def get_schedule(scheduleid: str, request: Request, session: SessionDep) -> dict:
     try:
         row = repository.get_schedule(session, scheduleid)
     except NotFound:
         raise _unknown_schedule(scheduleid) from None
-    return _detail(session, row)
+    return _for_caller(request, _detail(session, row))
 
 
 @router.patch("/{scheduleid}", response_model=ScheduleDetail, responses=_ERRORS,

@@ -78,29 +78,30 @@ def _row(session, tmid: str):
 _LOG_ERRORS = error_responses(400, 404, 502, 503, 504)
 
 
-def _endpoint(session, transport, tmid: str) -> tuple[str, str, str | None]:
-    """(who, address, main log name) of a TaskManager that announces its log endpoint now."""
+def _endpoint(session, transport, tmid: str) -> tuple[log_fetch.LogSource, str | None]:
+    """(where and how to fetch, main log name) of a registered TaskManager's logs: the address
+    its signed registration named (services/resourcemanager/claims.py), never one it could
+    rewrite itself."""
     row = _row(session, tmid)
     who = f"TaskManager {tmid}"
     client = transport.redis_client
-    announced = None if client is None else log_fetch.announcement(
-        client, streams.tm_endpoint_key(tmid), "where TaskManagers announce their log endpoints")
-    if not announced or not announced.get("address"):
+    announced = None if client is None else log_fetch.registered_endpoint(client, tmid)
+    if row.state != "REGISTERED" or not announced or not announced.get("address"):
         if row.state != "REGISTERED":
             raise ApiError.of(404, f"{who} is {row.state}" + (f" ({row.lost_reason})" if row.lost_reason else "")
                               + ": its logs are no longer served; they stay on its host (see the runbook)",
                               field="tmid", hint=f"see {log_fetch.RUNBOOK}", prefix=False)
-        raise ApiError.of(503, f"{who} does not announce a log endpoint (its metrics port is off, it runs an "
-                               f"older version, or it stopped heartbeating)",
+        raise ApiError.of(503, f"{who} registered no log endpoint (its metrics port is off, it runs an older "
+                               f"version, or the one it named was refused: see the dead letters)",
                           hint=f"taskmanager_metrics_port must not be -1; see {log_fetch.RUNBOOK}", prefix=False)
-    return who, str(announced["address"]), announced.get("log")
+    return log_fetch.LogSource.taskmanager(transport.auth, tmid, str(announced["address"])), announced.get("log")
 
 
 @router.get("/{tmid}/logs", response_model=LogListInfo, responses=_LOG_ERRORS,
             summary="The TaskManager's log files (its own and its Spark drivers'): name, size, mtime (operator)")
 def taskmanager_logs(tmid: str, session: SessionDep, transport: TransportDep) -> dict:
-    who, address, _main = _endpoint(session, transport, tmid)
-    return log_fetch.listing(who, address)
+    source, _main = _endpoint(session, transport, tmid)
+    return log_fetch.listing(source)
 
 
 @router.get("/{tmid}/logs/{name}", response_class=Response, responses=_LOG_ERRORS,
@@ -110,8 +111,8 @@ def taskmanager_log_file(tmid: str, name: str, session: SessionDep, transport: T
                                                                      "at most 4 MiB")) -> Response:
     log_fetch.check_name(name)
     size = log_fetch.check_tail(tail)
-    who, address, _main = _endpoint(session, transport, tmid)
-    return log_fetch.file(who, address, name, size)
+    source, _main = _endpoint(session, transport, tmid)
+    return log_fetch.file(source, name, size)
 
 
 @router.get("/{tmid}/log", response_class=Response, responses=_LOG_ERRORS,
@@ -120,10 +121,10 @@ def taskmanager_main_log(tmid: str, session: SessionDep, transport: TransportDep
                          tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
                                                                      "at most 4 MiB")) -> Response:
     size = log_fetch.check_tail(tail)
-    who, address, main = _endpoint(session, transport, tmid)
-    main = main or log_fetch.main_log_name(who, address)
+    source, main = _endpoint(session, transport, tmid)
+    main = main or log_fetch.main_log_name(source)
     if not main:
-        raise ApiError.of(404, f"{who} has no log file of its own (its output goes to a terminal or a pipe)",
+        raise ApiError.of(404, f"{source.who} has no log file of its own (its output goes to a terminal or a pipe)",
                           hint=f"GET /taskmanagers/{tmid}/logs lists its drivers' logs; see {log_fetch.RUNBOOK}",
                           prefix=False)
-    return log_fetch.file(who, address, main, size)
+    return log_fetch.file(source, main, size)

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from services.dispatcher.schemas.fields import IntRange, Kind, Parallelism, Seconds, _Strict
+from services.dispatcher.schemas.jars import MAX_PROGRAM_ARG_CHARS, MAX_PROGRAM_ARGS, check_program_args_bounds
 from services.dispatcher.schemas.restart import RestartStrategy
 from services.dispatcher.strict_fields import EntryName, StrictBool
 from shared import autoscaling, streams
@@ -17,9 +18,13 @@ from shared import deployments as dep
 
 UpgradeMode = Literal["savepoint", "last-state", "stateless"]
 DesiredState = Literal["running", "suspended"]
-MAX_HISTORY = 1000
+# Periodic savepoints (issue 43.14): each is a full copy of the job's state, kept on disk and in
+# the catalog until `historyMax` newer ones replace it: {interval: 1 s, historyMax: 1000} would
+# keep a thousand copies with a savepoint always in flight. Not more often than the cluster's default
+# checkpoint interval (a savepoint is a checkpoint one keeps), at most 100 kept.
+MAX_HISTORY = 100
 MIN_READY_WITHIN_S = 1.0
-MIN_SAVEPOINT_INTERVAL_S = 1.0
+MIN_SAVEPOINT_INTERVAL_S = 10.0
 
 
 def _at_least(minimum: float):
@@ -96,8 +101,9 @@ class DeploymentSpecRequest(_Strict):
     jarId: str = Field(description="the uploaded pipeline to run (POST /jars/upload)", max_length=160)
     entryClass: EntryName | None = Field(None, description="entry function of the module (default 'build')")
     kind: Kind | None = Field(None, description="'pyspark' (default) or 'noop' (runs nothing, for tests)")
-    programArgsList: list[Annotated[str, Field(max_length=10000)]] | None = Field(
-        None, max_length=1000, description="program arguments")
+    programArgsList: list[str] | None = Field(
+        None, description=f"program arguments (at most {MAX_PROGRAM_ARGS} of at most {MAX_PROGRAM_ARG_CHARS} "
+                          f"characters)")
     parallelism: Parallelism | None = Field(None, description="Spark parallelism (default 1); a change of "
                                                               "parallelism alone is carried out as a rescale")
     flinkConfiguration: dict[str, Any] | None = Field(None, description="job configuration, Flink's option names")
@@ -111,6 +117,12 @@ class DeploymentSpecRequest(_Strict):
     savepoints: SavepointsSpec | None = None
     autoscaler: AutoscalerSpecRequest | None = Field(
         None, description="let the parallelism follow the load (the spec's parallelism is where it starts)")
+
+    @model_validator(mode="after")
+    def _args_within_bounds(self) -> "DeploymentSpecRequest":
+        if self.programArgsList is not None:
+            check_program_args_bounds(self.programArgsList)
+        return self
 
     def record(self, *, restart_strategy: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         """The normalised spec: every default filled in, durations in seconds, the restart

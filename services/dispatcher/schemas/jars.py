@@ -12,9 +12,42 @@ from services.dispatcher.schemas.fields import JobIdStr, JobName, Kind, Parallel
 from services.dispatcher.schemas.restart import RestartStrategy
 from services.dispatcher.strict_fields import EntryName, StrictBool
 
+# What a job's arguments may hold (issue 43.14). They are stored with the job, sent in every
+# deploy command and shown by every GET of the job, deployment or schedule: 1,000 arguments of
+# 10,000 characters would make each such answer 20 MB. A pipeline's arguments name tables, topics and
+# options; a payload belongs in a file or a table the pipeline reads.
+MAX_PROGRAM_ARGS = 256
+MAX_PROGRAM_ARG_CHARS = 4096
+MAX_PROGRAM_ARGS_CHARS = 64 * 1024
+
+
+def program_args_problem(args: list[str]) -> str | None:
+    """Why these arguments are too many or too long, naming the limit; None when they fit."""
+    if len(args) > MAX_PROGRAM_ARGS:
+        return f"{len(args)} program arguments; at most {MAX_PROGRAM_ARGS} are accepted"
+    longest = max((len(a) for a in args), default=0)
+    if longest > MAX_PROGRAM_ARG_CHARS:
+        return (f"a program argument of {longest} characters; each may have at most {MAX_PROGRAM_ARG_CHARS} "
+                f"(pass larger values in a file or table the pipeline reads)")
+    total = sum(len(a) for a in args)
+    if total > MAX_PROGRAM_ARGS_CHARS:
+        return f"program arguments of {total} characters in all; at most {MAX_PROGRAM_ARGS_CHARS} are accepted"
+    return None
+
+
+def check_program_args_bounds(args: list[str], subfield: str = "programArgsList") -> None:
+    problem = program_args_problem(args)
+    if problem is not None:
+        raise PydanticCustomError(
+            "program_args_bounds", "{problem}",
+            {"subfield": subfield, "problem": problem,
+             "expected": f"at most {MAX_PROGRAM_ARGS} arguments of at most {MAX_PROGRAM_ARG_CHARS} characters, "
+                         f"{MAX_PROGRAM_ARGS_CHARS} in all"})
+
 
 def check_program_args(text: str | None, listed: list[str] | None) -> None:
-    """programArgs (one shell-quoted string) or programArgsList, not both; the string must split."""
+    """programArgs (one shell-quoted string) or programArgsList, not both; the string must split;
+    the arguments within the bounds above."""
     if text is not None and listed is not None:
         raise PydanticCustomError(
             "confusing_args", "Confusing request: programArgs and programArgsList are both specified",
@@ -22,12 +55,15 @@ def check_program_args(text: str | None, listed: list[str] | None) -> None:
              "hint": "use only programArgsList"})
     if text is not None:
         try:
-            shlex.split(text)
+            split = shlex.split(text)
         except ValueError as exc:
             raise PydanticCustomError(
                 "program_args", "cannot be split into arguments: {error}",
                 {"subfield": "programArgs", "expected": "a shell-quoted argument string",
                  "error": str(exc), "hint": "balance the quotes, or send programArgsList"}) from None
+        check_program_args_bounds(split, "programArgs")
+    if listed is not None:
+        check_program_args_bounds(listed)
 
 
 class JarRunRequest(_Strict):

@@ -6,12 +6,15 @@ package."""
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from shared.artifact_kind import EXPECTED, kind_of
 
 
 def load_pipeline(artifact: str, config: dict[str, Any], spark: Any) -> ModuleType:
@@ -20,14 +23,17 @@ def load_pipeline(artifact: str, config: dict[str, Any], spark: Any) -> ModuleTy
     path = Path(artifact)
     if not path.exists():
         raise FileNotFoundError(f"pipeline artifact {artifact} does not exist")
-    if path.suffix == ".zip":
+    kind = kind_of(path)
+    if kind == "zip":
         module_name = config.get("module") or single_top_level(path)
         sys.path.insert(0, str(path))
         spark.sparkContext.addPyFile(str(path))  # workers import it by reference
         return importlib.import_module(module_name)
-    if path.suffix != ".py":
-        raise ValueError(f"pipeline artifact must be a .py or .zip file, not {path.name}")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if kind != "py":
+        raise ValueError(f"pipeline artifact must be {EXPECTED}, not {path.name}")
+    # An explicit loader: the standard one is chosen by the suffix and knows only a lower-case ".py".
+    loader = importlib.machinery.SourceFileLoader(path.stem, str(path))
+    spec = importlib.util.spec_from_file_location(path.stem, path, loader=loader)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module

@@ -27,7 +27,9 @@ def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:
         lin_id, generation = lineage["id"], int(lineage.get("generation", 0))
     else:
         lin_id, generation = lineage["id"], int(lineage.get("generation", 0)) + 1
-    return {"id": lin_id, "generation": generation, "fence": spec.fence_token or spec.attempt}
+    # The control plane's word wins over the snapshot's (a file the pipeline itself writes): its
+    # Redis user reaches only that lineage's sink bookkeeping (shared/pipeline_redis.py).
+    return {"id": spec.lineage_id or lin_id, "generation": generation, "fence": spec.fence_token or spec.attempt}
 
 
 def sql_conf_keys(config: dict) -> dict[str, str]:

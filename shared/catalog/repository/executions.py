@@ -96,6 +96,19 @@ def live_executions_on_any(s: Session, taskmanager_ids: Sequence[TaskManagerId])
     return out
 
 
+def live_placements(s: Session, allocation_ids: Iterable[AllocationId]) -> dict[AllocationId, TaskManagerId]:
+    """allocation id -> the TaskManager a live attempt holding it is placed on (ids no live attempt
+    holds are left out): what a TaskManager's claim to an allocation is checked against."""
+    live = [e.value for e in ExecutionState if not e.is_terminal]
+    ids = list(set(allocation_ids))
+    out: dict[AllocationId, TaskManagerId] = {}
+    for i in range(0, len(ids), 1000):
+        rows = s.execute(select(Execution.allocation_id, Execution.taskmanager_id)
+                         .where(Execution.state.in_(live), Execution.allocation_id.in_(ids[i:i + 1000])))
+        out.update({a: tm for a, tm in rows if a is not None and tm is not None})
+    return out
+
+
 def execution_states(s: Session, execution_ids: Iterable[ExecutionId]) -> dict[ExecutionId, str]:
     ids = list(set(execution_ids))
     if not ids:

@@ -5,6 +5,10 @@ fencing").
 Ownership (ownership.py): `headrace:sink:<id>:owner` (a hash: lineage, job_id, generation)
 names the lineage that owns the sink id. Given the attempt's owner, the prepare script refuses
 another lineage's sink id before it changes anything, and records the owner when it succeeds.
+Who may write these keys: in the cluster's Redis each lineage's tasks connect as a user of their
+own that reaches `headrace:sink:<lineage>:*` and no other lineage's (shared/pipeline_redis.py);
+a prepare or commit Redis refuses raises `SinkBookkeepingRefused`, saying so.
+
 Through `ctx.sinks.redis_stream` a sink id is `<lineage>:<stream>`, so lineages never share one:
 several lineages may append to one stream (a stream has many producers), each undoing only the
 entries its own batches recorded; the refusal guards explicit sink ids (`redis_stream_sink(...,
@@ -17,6 +21,8 @@ from typing import Any, Sequence
 
 import redis
 from redis.typing import EncodableT
+
+from shared.errors import TaskError
 
 from .ownership import MAX_REPLACED, UNKNOWN, SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError
@@ -157,6 +163,29 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+class SinkBookkeepingRefused(TaskError, RuntimeError):
+    """This task's Redis user may not touch the sink's bookkeeping keys."""
+
+    def __init__(self, sink_id: str, error: Exception | str):
+        self.sink_id, self.error = sink_id, str(error)
+        super().__init__(
+            f"Redis refused this task's user the bookkeeping of sink {sink_id!r} (headrace:sink:{sink_id}:*; "
+            f"{error}): a task reaches only its own lineage's sinks, whose ids are '<lineage>:<name>' "
+            f"(ctx.sinks.redis_stream names them so; an explicit sink_id must start with the lineage). If this is "
+            f"ctx.sinks.redis_stream, the JobManager could not make the lineage's Redis user: its log says why "
+            f"(docs/runbooks/auth.md, \"Redis users\").")
+
+    def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
+        return (SinkBookkeepingRefused, (self.sink_id, self.error))
+
+
+def _eval(client: redis.Redis, script: str, keys: list[str], args: list[EncodableT], sink_id: str) -> list[str]:
+    try:
+        return [_text(x) for x in client.eval(script, len(keys), *keys, *args)]
+    except redis.exceptions.NoPermissionError as exc:
+        raise SinkBookkeepingRefused(sink_id, exc) from None
+
+
 def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int,
                  restored_batch_id: int, owner: SinkOwner | None = None) -> int:
     """Take the sink over for `attempt` and delete the entries of batches after
@@ -166,7 +195,7 @@ def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int
     keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id), owner_key(sink_id)]
     claim = (owner.lineage, owner.job_id, owner.generation) if owner else ("", "", 0)
     args: list[EncodableT] = [attempt, restored_batch_id, *claim, MAX_REPLACED]
-    status, *rest = [_text(x) for x in client.eval(_PREPARE_SCRIPT, 5, *keys, *args)]
+    status, *rest = _eval(client, _PREPARE_SCRIPT, keys, args, sink_id)
     if status in ("owned", "replaced"):
         release = (f"cancel the owner's job, then DEL {owner_key(sink_id)} {fence_key(sink_id)} "
                    f"{committed_key(sink_id)} {batches_key(sink_id)} (its entries stay in {stream})")
@@ -209,7 +238,7 @@ def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *
     keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
     args: list[EncodableT] = [batch_id, "" if attempt is None else attempt, "" if maxlen is None else maxlen,
                               RETAINED_BATCH_RECORDS, *entries]
-    status, *rest = [_text(x) for x in client.eval(_COMMIT_SCRIPT, 4, *keys, *args)]
+    status, *rest = _eval(client, _COMMIT_SCRIPT, keys, args, sink_id)
     if status == "fenced" and attempt is not None:  # the script checks the fence only for an attempt
         raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]) if rest[0] else None)
     return status == "ok"

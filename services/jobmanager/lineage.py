@@ -1,0 +1,82 @@
+"""Which lineage a job belongs to, as the control plane knows it (issue 43.5).
+
+A lineage is the chain of jobs that restore from each other's snapshots (restarts, a job
+resumed from a savepoint, a deployment's upgrades and rollbacks); its id is the first job's id.
+Sinks are named by it (`<lineage>:<name>`), and it decides whose Redis sink bookkeeping a task
+may touch (shared/pipeline_redis.py). The driver used to read it from the snapshot it restores,
+a file its own pipeline writes; here it is decided from the catalog instead, and handed to the
+task in its TaskSpec:
+
+- a job started fresh is its own lineage;
+- a job started from a snapshot the catalog records (a checkpoint or savepoint of job K) is K's
+  lineage;
+- a job started from a snapshot the catalog does not know (taken by another cluster, copied in by
+  an operator) is the lineage that snapshot names, else its own.
+
+Decided once per job and kept: the answer never changes for a job.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared import checkpointing
+from shared.catalog.models import CheckpointRow, Job
+from shared.checkpoint_storage.layout import local_path, read_metadata
+from shared.ids import JobId
+from shared.pipeline_redis import LINEAGE_ID
+
+log = logging.getLogger("headrace.jobmanager")
+METADATA_FILE = "_metadata"
+MAX_DEPTH = 64  # jobs resumed from jobs resumed from ...: far beyond any real chain
+
+
+class Lineages:
+    def __init__(self) -> None:
+        self._of: dict[JobId, str] = {}
+
+    def of(self, s: Session, job: Job, depth: int = 0) -> str:
+        known = self._of.get(job.id)
+        if known is not None:
+            return known
+        lineage = str(job.id)
+        path = (job.config or {}).get(checkpointing.RESTORE_PATH)
+        if isinstance(path, str) and path and depth < MAX_DEPTH:
+            owner = _owner(s, path, job.id)
+            owner_job = s.get(Job, owner) if owner is not None else None
+            if owner_job is not None:
+                lineage = self.of(s, owner_job, depth + 1)
+            elif owner is None:
+                lineage = _claimed(path) or lineage
+        self._of[job.id] = lineage
+        return lineage
+
+
+def _variants(path: str) -> list[str]:
+    """The ways the catalog may have recorded the snapshot directory `path` names."""
+    try:
+        p = local_path(path)
+    except Exception:  # noqa: BLE001 - not a path of ours: no snapshot row names it
+        return [path]
+    directory = p.parent if p.name == METADATA_FILE else p
+    return list(dict.fromkeys([path, str(directory), f"{directory}/"]))
+
+
+def _owner(s: Session, path: str, job_id: JobId) -> JobId | None:
+    """The job whose snapshot `path` is (not `job_id`'s own claim of it), or None."""
+    q = (select(CheckpointRow.job_id).where(CheckpointRow.path.in_(_variants(path)), CheckpointRow.job_id != job_id)
+         .order_by(CheckpointRow.trigger_at).limit(1))
+    return s.execute(q).scalar()
+
+
+def _claimed(path: str) -> str | None:
+    """The lineage a snapshot unknown to the catalog names in its metadata, if a valid one."""
+    try:
+        claimed = (read_metadata(path).get("lineage") or {}).get("id")
+    except Exception as exc:  # noqa: BLE001 - unreadable: the driver reports the restore's failure
+        log.info("lineage of snapshot %s not readable (%s): the job starts a lineage of its own", path, exc)
+        return None
+    return claimed if isinstance(claimed, str) and LINEAGE_ID.fullmatch(claimed) else None

@@ -1,0 +1,148 @@
+"""Issue 43.5 (first half), played by a hostile pipeline on a real cluster (`headrace up`'s
+redis-server with its ACL file, a real Spark driver): through the Redis URL its task is given, a
+pipeline set another job's sink fence to 2^62 and read every job's sink bookkeeping. Now each
+running lineage has a Redis user of its own (shared/pipeline_redis.py) that reaches its own
+`headrace:sink:<lineage>:*` and the data keys, and the shared `pipeline` user reaches the data
+keys only."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import redis
+import yaml
+
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
+from services.taskmanager.runtime.connectors.ownership import SinkOwner
+from services.taskmanager.runtime.connectors.redis_sink_fence import (
+    SinkBookkeepingRefused,
+    commit_entries,
+    fence_key,
+    prepare_sink,
+)
+from shared import pipeline_redis
+from shared.message_auth import load_secret
+from tests.clusters import start_cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+NOPERM = redis.exceptions.NoPermissionError
+VICTIM = "f" * 32  # another job's lineage, with a sink of its own
+HOSTILE = textwrap.dedent('''
+    import json
+    import redis
+
+    def build(ctx):
+        victim = ctx.args[0]
+        r = redis.Redis.from_url(ctx.redis_url)
+        tries = {
+            "set_fence": lambda: r.set(f"headrace:sink:{victim}:out:attempt", 2 ** 62),
+            "own_the_sink": lambda: r.hset(f"headrace:sink:{victim}:out:owner", "lineage", ctx.job_id),
+            "read_bookkeeping": lambda: r.get(f"headrace:sink:{victim}:out:last_batch"),
+            "control_plane": lambda: r.get("hr:jm:epoch"),
+            "read_data": lambda: r.xlen("out"),
+        }
+        outcome = {}
+        for name, attempt in tries.items():
+            try:
+                attempt()
+                outcome[name] = "ok"
+            except redis.exceptions.NoPermissionError:
+                outcome[name] = "NOPERM"
+        r.xadd("hostile-results", {"json": json.dumps(outcome), "user": r.acl_whoami()})
+        df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
+        return ctx.sinks.redis_stream(df, "hostile-out")
+''')
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, pg_url_module):
+    c = start_cluster(tmp_path_factory.mktemp("lineage-home"), catalog_url=pg_url_module, taskmanagers=1, slots=2)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster):
+    c = redis.Redis.from_url(cluster.redis_url)
+    yield c
+    c.close()
+
+
+def service_url(cluster, name: str) -> str:
+    return yaml.safe_load((cluster.run_dir / f"{name}.yaml").read_text())["redis_url"]
+
+
+def victim_sink(admin) -> None:
+    """What the victim lineage's Redis sink keeps: its fence, last batch and owner."""
+    admin.set(fence_key(f"{VICTIM}:out"), 7)
+    admin.set(f"headrace:sink:{VICTIM}:out:last_batch", 3)
+    admin.hset(f"headrace:sink:{VICTIM}:out:owner", mapping={"lineage": VICTIM, "job_id": VICTIM})
+
+
+def test_a_lineages_user_reaches_its_own_sink_bookkeeping_and_the_data_only(cluster, admin):
+    victim_sink(admin)
+    settings = yaml.safe_load((cluster.run_dir / "jobmanager.yaml").read_text())
+    jm = redis.Redis.from_url(service_url(cluster, "jobmanager"))
+    users = PipelineRedisUsers.for_cluster(jm, load_secret(cluster.settings, create=False), settings["redis_url"],
+                                           settings["pipeline_redis_url"])
+    assert users is not None  # the JobManager's own user may make them
+    mine = "a" * 32
+    url = users.url_for(mine)
+    assert url and f"{pipeline_redis.lineage_user(mine)}:" in url
+    hostile = redis.Redis.from_url(url)
+    assert hostile.acl_whoami() == pipeline_redis.lineage_user(mine)
+    for forbidden in (lambda: hostile.set(fence_key(f"{VICTIM}:out"), 2 ** 62),
+                      lambda: hostile.hset(f"headrace:sink:{VICTIM}:out:owner", "lineage", mine),
+                      lambda: hostile.delete(f"headrace:sink:{VICTIM}:out:last_batch"),
+                      lambda: hostile.get(f"headrace:sink:{VICTIM}:out:last_batch"),
+                      lambda: hostile.get("hr:jm:epoch"), lambda: hostile.lpush("tm.tm-1", b"x")):
+        with pytest.raises(NOPERM):
+            forbidden()
+    # The real sink, as the hostile lineage: the victim's sink id is refused with the reason...
+    with pytest.raises(SinkBookkeepingRefused, match="own lineage"):
+        prepare_sink(hostile, "out", sink_id=f"{VICTIM}:out", attempt=2 ** 62, restored_batch_id=-1,
+                     owner=SinkOwner(lineage=mine, job_id=mine))
+    with pytest.raises(SinkBookkeepingRefused):
+        commit_entries(hostile, "out", [b"x"], sink_id=f"{VICTIM}:out", batch_id=99, attempt=2 ** 62)
+    # ... and its own sink works, writing the shared data stream.
+    prepare_sink(hostile, "out", sink_id=f"{mine}:out", attempt=1, restored_batch_id=-1,
+                 owner=SinkOwner(lineage=mine, job_id=mine))
+    assert commit_entries(hostile, "out", [b"x"], sink_id=f"{mine}:out", batch_id=0, attempt=1)
+    assert hostile.xlen("out") >= 1
+    assert admin.get(fence_key(f"{VICTIM}:out")) == b"7"
+
+    # The shared user (the dispatcher's planner, or a task whose lineage has no user) has data only.
+    shared = redis.Redis.from_url(settings["pipeline_redis_url"])
+    assert shared.acl_whoami() == "pipeline" and shared.xlen("out") >= 1
+    for forbidden in (lambda: shared.set(fence_key(f"{VICTIM}:out"), 2 ** 62),
+                      lambda: shared.get(f"headrace:sink:{mine}:out:last_batch")):
+        with pytest.raises(NOPERM):
+            forbidden()
+
+    # A lineage with no live job loses its user, and its connections with it.
+    assert users.sweep(live={"b" * 32}) >= 1
+    assert admin.acl_getuser(pipeline_redis.lineage_user(mine)) is None
+    with pytest.raises(redis.exceptions.ConnectionError):
+        hostile.ping()
+
+
+def test_a_hostile_pipeline_reaches_no_other_lineages_sink(cluster, admin, rest, tmp_path):
+    victim_sink(admin)
+    path = tmp_path / "hostile.py"
+    path.write_text(HOSTILE)
+    job = rest.run(rest.upload(path), parallelism=1, programArgsList=[VICTIM], restartStrategy={"type": "none"})
+    final = rest.wait_state(job, ["FINISHED", "FAILED"], timeout_s=420)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    [(_, fields)] = admin.xrange("hostile-results")
+    outcome = json.loads(fields[b"json"])
+    assert fields[b"user"].decode() == pipeline_redis.lineage_user(job)  # its lineage's own user
+    assert outcome == {"set_fence": "NOPERM", "own_the_sink": "NOPERM", "read_bookkeeping": "NOPERM",
+                       "control_plane": "NOPERM", "read_data": "ok"}, outcome
+    assert admin.get(fence_key(f"{VICTIM}:out")) == b"7"
+    assert admin.hget(f"headrace:sink:{VICTIM}:out:owner", "lineage") == VICTIM.encode()
+    # Its own sink wrote, bookkeeping under its lineage.
+    wait_for("its sink's entries", lambda: admin.xlen("hostile-out") > 0, timeout_s=10)
+    assert admin.get(f"headrace:sink:{job}:hostile-out:last_batch") is not None
