@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_env import driver_environment
+from services.taskmanager.driver_events import bounded_lines
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
 from services.taskmanager.rotating_log import RotatingLog
@@ -382,8 +383,12 @@ class DriverProcess:
         self.kill()
 
     def _read_events(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
-            for line in stream:
+        def dropped(n: int) -> None:
+            log.warning("driver %s sent an event line of %d bytes, above the %d a line may have: dropped unread",
+                        self.id, n, tp.MAX_EVENT_LINE_BYTES)
+
+        try:
+            for line in bounded_lines(fd, on_dropped=dropped):
                 try:
                     event = tp.decode_event(line)
                 except Exception:  # noqa: BLE001 - a garbled line must not kill the reader
@@ -394,6 +399,8 @@ class DriverProcess:
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end
                 self._deliver(functools.partial(self.on_event, self, event))
+        finally:
+            os.close(fd)
         code = self.proc.wait() if self.proc else -1
         if self._memory is not None:
             self._memory.stop()
