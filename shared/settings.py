@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     driver_memory_limit: str | None = Field(None, description="a task's processes above this (their PSS summed, "
                                                               "or their cgroup's charge) are killed and the task "
                                                               "fails; default driver_memory + 2g; off: none")
+    # A job's headrace.task.memory-limit is its author's: the operator's bound on it.
+    driver_memory_limit_max: str | None = Field(None, description="the highest headrace.task.memory-limit a job "
+                                                                  "may set; default: the larger of "
+                                                                  "taskmanager_memory_bytes and the cluster's "
+                                                                  "default limit; off: any, \"off\" included")
     driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
     driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
     driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")

@@ -267,6 +267,12 @@ class DriverProcess:
         """Hand the task to the driver as the sandbox shapes it, and watch its memory from now on.
         False if the driver cannot take it (exit_reason says why when it was the hand-over)."""
         try:
+            limit = memory_limit.task_limit(spec.config, self.sandbox.memory_limit, self.sandbox.memory_limit_max)
+        except memory_limit.MemoryLimitRefused as exc:
+            log.warning("task %s refused: %s", spec.execution_id, exc)
+            self.exit_reason = (type(exc).__name__, str(exc))
+            return False
+        try:
             spec = self.sandbox.task_spec(spec, self.workdir)
         except Exception as exc:  # whatever broke, the task fails with it
             log.warning("task %s could not be handed to driver %s", spec.execution_id, self.id, exc_info=True)
@@ -275,7 +281,7 @@ class DriverProcess:
             return False
         if not self.send(tp.RunTask(spec=spec)):
             return False
-        self._watch_memory(memory_limit.task_limit(spec.config, self.sandbox.memory_limit))
+        self._watch_memory(limit)
         return True
 
     def _watch_memory(self, limit: int | None) -> None:

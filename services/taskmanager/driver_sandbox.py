@@ -21,6 +21,7 @@ from pathlib import Path
 
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_user import DriverUser, resolve, runtime_paths, unreachable
+from services.taskmanager.memory_limit import UNBOUNDED
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
 from shared import task_protocol as tp
 from shared.spark_runtime import SparkRuntime
@@ -39,6 +40,7 @@ class DriverSandbox:
     user: DriverUser = field(default_factory=lambda: DriverUser(None, -1, -1))
     cgroups: DriverCgroups | None = None
     memory_limit: int | None = None  # bytes for a task that sets none; None: no limit
+    memory_limit_max: int = UNBOUNDED  # what a job's own option may ask for
     log_max_bytes: int = 50 * 1024**2
     log_backups: int = 3
     spark_ui: bool = False
@@ -57,8 +59,10 @@ class DriverSandbox:
                                   + "; ".join(missing) + ". Run scripts/bootstrap as root "
                                   "(python -m services.taskmanager.driver_user --prepare)")
         cgroups = DriverCgroups.create(settings.workdir, taskmanager_id) if settings.driver_cgroups else None
-        sandbox = cls(user=user, cgroups=cgroups,
-                      memory_limit=memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory),
+        default = memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory)
+        sandbox = cls(user=user, cgroups=cgroups, memory_limit=default,
+                      memory_limit_max=memory_limit.maximum_limit(settings.driver_memory_limit_max, default=default,
+                                                                  taskmanager_memory=settings.taskmanager_memory_bytes),
                       log_max_bytes=settings.driver_log_max_bytes, log_backups=settings.driver_log_backups,
                       spark_ui=settings.spark_ui, control_catalog=settings.catalog,
                       writable_roots=tuple(Path(r) for r in configured_roots(settings)))
