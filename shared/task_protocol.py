@@ -140,7 +140,21 @@ class TakeSnapshot(_M):
     drain: bool = False
 
 
-DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot], Field(discriminator="cmd")]
+class DirectoryClaimed(_M):
+    """The TaskManager's answer to a ClaimDirectory: the directory is the task's now, and its
+    records are at `record` (services/taskmanager/sink_claims.py); or the refusal, as the
+    exception the sink raises (`error_name` SinkOwnedError or SinkFencedError with its
+    arguments, else any other name with `error`, its message)."""
+
+    cmd: Literal["claimed"] = "claimed"
+    request_id: int
+    record: str = ""
+    error_name: str | None = None
+    error: str | None = None
+    error_args: tuple[Any, ...] = ()
+
+
+DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot, DirectoryClaimed], Field(discriminator="cmd")]
 
 
 class Ready(_M):
@@ -218,9 +232,20 @@ class SnapshotDeclined(_M):
     permanent: bool = False  # this task can never take one (a batch query): stop triggering it
 
 
+class ClaimDirectory(_M):
+    """A files sink asks for its directory before it writes (answered by DirectoryClaimed)."""
+
+    event: Literal["claim_directory"] = "claim_directory"
+    request_id: int
+    path: Text
+    kind: Literal["streaming", "batch"] = "streaming"
+    attempt: int = 0
+    restored_batch_id: int = -1
+
+
 DriverEvent = Annotated[
     Union[Ready, Initializing, Running, Progress, Waiting, Finished, Failed, Canceled, SnapshotTaken,
-          SnapshotDeclined],
+          SnapshotDeclined, ClaimDirectory],
     Field(discriminator="event"),
 ]
 
@@ -232,7 +257,7 @@ def encode_line(msg: _M) -> bytes:
     return msg.model_dump_json().encode() + b"\n"
 
 
-def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot:
+def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot | DirectoryClaimed:
     return _CMD.validate_json(line)
 
 

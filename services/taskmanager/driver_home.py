@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
+from services.taskmanager.sink_claims import SinkClaims
 from services.taskmanager.task_storage import StorageRoots, TaskStorage
 from shared import safe_fs
 from shared import task_protocol as tp
@@ -41,6 +42,7 @@ class DriverHome:
         self.workdir = self.dir / WORK
         self.user, self.lease = user, lease
         self.storage: TaskStorage | None = None
+        self.claims: SinkClaims | None = None  # the files sink directories its task was handed
 
     @property
     def ids(self) -> tuple[int, int]:
@@ -81,13 +83,43 @@ class DriverHome:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             return {}
         self.storage = TaskStorage(roots, self.user)
+        self.claims = SinkClaims(roots.roots[0], roots.owners, self.user)  # the checkpoint directory
         return self.storage.prepare(spec)
+
+    def answer_claim(self, event: tp.ClaimDirectory) -> tp.DirectoryClaimed:
+        """The answer to a files sink's claim of its directory (sink_claims.py), refusals included."""
+        from services.taskmanager.runtime.connectors.ownership import SinkOwnedError, SinkOwner
+        from services.taskmanager.runtime.connectors.sinks import SinkFencedError
+
+        storage, claims = self.storage, self.claims
+        try:
+            if storage is None or claims is None or storage.spec is None:
+                raise OSError("this driver has no task with a checkpoint directory to keep the sink's records in")
+            lineage = storage.lineage
+            owner = SinkOwner(lineage=lineage["id"], job_id=storage.spec.job_id, generation=lineage["generation"])
+            # The fence is the TaskManager's too: the JobManager's token, not what the driver says.
+            attempt = int(lineage.get("fence") or event.attempt) if event.kind == "streaming" else 0
+            record = claims.claim(event.path, kind=event.kind, attempt=attempt,
+                                  restored_batch_id=event.restored_batch_id, owner=owner)
+            return tp.DirectoryClaimed(request_id=event.request_id, record=record)
+        except SinkOwnedError as exc:
+            return tp.DirectoryClaimed(request_id=event.request_id, error_name="SinkOwnedError", error=str(exc),
+                                       error_args=exc.__reduce__()[1])
+        except SinkFencedError as exc:
+            return tp.DirectoryClaimed(request_id=event.request_id, error_name="SinkFencedError", error=str(exc),
+                                       error_args=(exc.sink, exc.attempt, exc.newer))
+        except Exception as exc:  # noqa: BLE001 - every refusal reaches the sink, which fails the task with it
+            log.warning("claim of %s refused: %s", event.path, exc)
+            return tp.DirectoryClaimed(request_id=event.request_id, error_name=type(exc).__name__,
+                                       error=str(exc))
 
     def remove(self) -> None:
         """After the driver exited and its processes are gone: its snapshots taken back, its
         directories removed, its user scrubbed and given back."""
         if self.storage is not None:
             self.storage.release()
+        if self.claims is not None:
+            self.claims.release()
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.lease is not None:
             self.lease.release()

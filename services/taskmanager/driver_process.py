@@ -307,7 +307,9 @@ class DriverProcess:
         """The kernel enforces the limit where the driver's cgroup has the memory controller, else
         the watch does (memory_limit.py). Without a limit the task's memory is still measured, for
         the dashboard, less often."""
-        meter: Meter = ProcessMeter(self.processes.pids)
+        # The task's user is its own: the shared memory it owns is the task's (shmem_usage.py).
+        uid = self.processes.uid if self.sandbox.users.isolated else None
+        meter: Meter = ProcessMeter(self.processes.pids, read_pss=functools.partial(pss_sample, uid=uid))
         cgroup = self.processes.cgroup
         if cgroup is not None and self.processes.memory_file("memory.max") is not None:
             try:
@@ -424,7 +426,9 @@ class DriverProcess:
                     self.ready.set()
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end
-                self._deliver(functools.partial(self.on_event, self, self._checked(event)))
+                event = self._checked(event)
+                if event is not None:
+                    self._deliver(functools.partial(self.on_event, self, event))
         finally:
             os.close(fd)
         code = self.proc.wait() if self.proc else -1
@@ -443,7 +447,13 @@ class DriverProcess:
         """What an event of the driver means once the TaskManager checked it: a snapshot sealed
         before it is reported (task_storage.py), or declined if that fails; a failure's paths
         the snapshot's, not its view's."""
-        storage = self.home.storage if self.home is not None else None
+        home = self.home
+        if isinstance(event, tp.ClaimDirectory):
+            if home is not None:  # answered beside the events (a claim walks the sink's directory)
+                threading.Thread(target=lambda: self.send(home.answer_claim(event)), name=f"claim-{self.id}",
+                                 daemon=True).start()
+            return None
+        storage = home.storage if home is not None else None
         if storage is None:
             return event
         if isinstance(event, tp.SnapshotTaken):

@@ -152,9 +152,10 @@ def resolve(name: str | None, size: int = 1) -> DriverUsers:
 
 def give_to_drivers(directory: Path, name: str | None, files: tuple[str, ...] = ()) -> None:
     """Open a directory every pipeline writes in (the pipelines' SQLite database's) to the
-    drivers' group, when this process is root and the group exists: group-writable and setgid
-    (what is made there keeps the group), with `files` made group-readable and -writable in it
-    (created empty if missing). Otherwise leave it as it is."""
+    drivers' group, when this process is root and the group exists: group-writable, setgid (what
+    is made there keeps the group) and sticky (a pipeline removes or renames only what its own
+    user made), with `files` made group-readable and -writable in it (created empty if missing).
+    Otherwise leave it as it is."""
     if not name or os.geteuid() != 0:
         return
     try:
@@ -162,7 +163,7 @@ def give_to_drivers(directory: Path, name: str | None, files: tuple[str, ...] = 
     except KeyError:
         return
     os.chown(directory, -1, gid, follow_symlinks=False)
-    os.chmod(directory, 0o2770)
+    os.chmod(directory, 0o3770)
     for f in files:
         fd = os.open(directory / f, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
         try:

@@ -75,6 +75,8 @@ class StorageRoots:
         root, rel = self.locate(path)
         if not rel.parts:
             raise StorageRefused(f"{path} is a storage root itself: a task is never handed one")
+        if create:
+            root.mkdir(parents=True, exist_ok=True)  # the operator's path, as configured
         with safe_fs.opened(safe_fs.open_trusted(root)) as root_fd:
             return safe_fs.ensure_dirs(root_fd, rel.parent, self.owners, where=str(root), create=create), rel.name
 

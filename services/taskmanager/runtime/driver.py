@@ -20,6 +20,7 @@ from shared import checkpoint_storage as storage
 from shared import job_options, kafka_delivery, restore_failure
 from shared.task_protocol import (
     Canceled,
+    DirectoryClaimed,
     Failed,
     Finished,
     Initializing,
@@ -30,6 +31,7 @@ from shared.task_protocol import (
     decode_command,
 )
 
+from . import grants
 from .cluster_mode import Engine, ExecutorWatch, NoExecutors
 from .driver_io import EventWriter, PhaseLog
 from .pipeline_loader import load_pipeline
@@ -59,6 +61,9 @@ class Driver:
         self.lineage: dict = {}
         self.spark_ui = ui_url(spark)
         self.on_first_batch = on_first_batch
+        # What the task asks its TaskManager for (a files sink's directory): answers come on stdin.
+        self.grants = grants.Grants(events.emit)
+        grants.install(self.grants)
 
     # -- cancellation, from the stdin thread or the SIGTERM handler
     def request_cancel(self) -> None:
@@ -95,6 +100,8 @@ class Driver:
                     self.request_cancel()
                 elif isinstance(cmd, TakeSnapshot):
                     self.snapshot_requests.put(cmd)
+                elif isinstance(cmd, DirectoryClaimed):
+                    self.grants.answer(cmd)
 
         threading.Thread(target=loop, name="stdin", daemon=True).start()
 
