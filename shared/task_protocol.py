@@ -63,6 +63,11 @@ def _bounded(limit: int, head: int | None = None):
     return BeforeValidator(lambda v: cut(v, limit, head))
 
 
+def _first(limit: int):
+    """A name: its first `limit` characters, no note (a name is shown whole, on one line)."""
+    return BeforeValidator(lambda v: v[:limit] if isinstance(v, str) else v)
+
+
 def _items(limit: int):
     """At most `limit` items of a list or mapping (the rest dropped)."""
     def take(v: object) -> object:
@@ -75,7 +80,7 @@ def _items(limit: int):
 
 
 Text = Annotated[str, _bounded(MAX_TEXT_CHARS)]
-Name = Annotated[str, _bounded(MAX_NAME_CHARS)]
+Name = Annotated[str, _first(MAX_NAME_CHARS)]
 Traceback = Annotated[str, _bounded(MAX_TRACEBACK_CHARS, TRACEBACK_HEAD_CHARS)]
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
+from typing import Any, Callable
 
 from services.taskmanager.sink_claims import SinkClaims
 from services.taskmanager.task_storage import StorageRoots, TaskStorage
@@ -112,6 +114,29 @@ class DriverHome:
             log.warning("claim of %s refused: %s", event.path, exc)
             return tp.DirectoryClaimed(request_id=event.request_id, error_name=type(exc).__name__,
                                        error=str(exc))
+
+    def checked(self, event, send: Callable[[Any], bool]):
+        """What an event of the driver means once the TaskManager checked it (None: not the
+        JobManager's): a claim answered here, a snapshot sealed before it is reported
+        (task_storage.py) or declined if that fails, a failure's paths the snapshot's, not its
+        view's."""
+        if isinstance(event, tp.ClaimDirectory):
+            # Answered beside the events: a claim walks the sink's directory.
+            threading.Thread(target=lambda: send(self.answer_claim(event)), name="claim", daemon=True).start()
+            return None
+        storage = self.storage
+        if storage is None:
+            return event
+        if isinstance(event, tp.SnapshotTaken):
+            try:
+                storage.seal(event)
+            except (OSError, ValueError) as exc:
+                log.warning("snapshot %s not sealed: %s", event.path, exc)
+                return tp.SnapshotDeclined(checkpoint_id=event.checkpoint_id,
+                                           reason=f"the TaskManager could not seal the snapshot: {exc}")
+        elif isinstance(event, tp.Failed):
+            return event.model_copy(update={"traceback": storage.original(event.traceback)})
+        return event
 
     def remove(self) -> None:
         """After the driver exited and its processes are gone: its snapshots taken back, its

@@ -37,7 +37,7 @@ from services.taskmanager.driver_env import driver_environment
 from services.taskmanager.driver_events import bounded_lines
 from services.taskmanager.driver_home import DriverHome
 from services.taskmanager.driver_sandbox import DriverSandbox
-from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
+from services.taskmanager.memory_measure import Sample, pss_sample
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from services.taskmanager.task_processes import TaskProcesses, rss_bytes
@@ -304,26 +304,10 @@ class DriverProcess:
         return True
 
     def _watch_memory(self, limit: int | None) -> None:
-        """The kernel enforces the limit where the driver's cgroup has the memory controller, else
-        the watch does (memory_limit.py). Without a limit the task's memory is still measured, for
-        the dashboard, less often."""
         # The task's user is its own: the shared memory it owns is the task's (shmem_usage.py).
         uid = self.processes.uid if self.sandbox.users.isolated else None
-        meter: Meter = ProcessMeter(self.processes.pids, read_pss=functools.partial(pss_sample, uid=uid))
-        cgroup = self.processes.cgroup
-        if cgroup is not None and self.processes.memory_file("memory.max") is not None:
-            try:
-                if limit is not None:
-                    (cgroup / "memory.max").write_text(str(limit))
-                    oom_group = self.processes.memory_file("memory.oom.group")
-                    if oom_group is not None:
-                        oom_group.write_text("1")  # the kernel kills the whole task, not one process of it
-                meter = CgroupMeter(cgroup)
-            except OSError:
-                log.warning("could not set memory.max of driver %s; watching its PSS instead", self.id, exc_info=True)
-        interval_s = memory_limit.WATCH_INTERVAL_S if limit is not None else PSS_REFRESH_S
-        self._memory = memory_limit.MemoryWatch(limit=limit, meter=meter, on_exceeded=self._memory_exceeded,
-                                                interval_s=interval_s).start(self.id)
+        self._memory = memory_limit.watch(self.processes, limit, uid=uid, on_exceeded=self._memory_exceeded,
+                                          name=self.id)
 
     def memory_figure(self) -> tuple[Sample, int | None] | None:
         """The task's latest memory figure and its limit (None: no limit); None before the first."""
@@ -426,7 +410,8 @@ class DriverProcess:
                     self.ready.set()
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end
-                event = self._checked(event)
+                if self.home is not None:
+                    event = self.home.checked(event, self.send)
                 if event is not None:
                     self._deliver(functools.partial(self.on_event, self, event))
         finally:
@@ -442,30 +427,6 @@ class DriverProcess:
         if self.home is not None:
             self.home.remove()
         self._deliver(lambda: self.on_exit(self, code))
-
-    def _checked(self, event):
-        """What an event of the driver means once the TaskManager checked it: a snapshot sealed
-        before it is reported (task_storage.py), or declined if that fails; a failure's paths
-        the snapshot's, not its view's."""
-        home = self.home
-        if isinstance(event, tp.ClaimDirectory):
-            if home is not None:  # answered beside the events (a claim walks the sink's directory)
-                threading.Thread(target=lambda: self.send(home.answer_claim(event)), name=f"claim-{self.id}",
-                                 daemon=True).start()
-            return None
-        storage = home.storage if home is not None else None
-        if storage is None:
-            return event
-        if isinstance(event, tp.SnapshotTaken):
-            try:
-                storage.seal(event)
-            except (OSError, ValueError) as exc:
-                log.warning("driver %s: snapshot %s not sealed: %s", self.id, event.path, exc)
-                return tp.SnapshotDeclined(checkpoint_id=event.checkpoint_id,
-                                           reason=f"the TaskManager could not seal the snapshot: {exc}")
-        elif isinstance(event, tp.Failed):
-            return event.model_copy(update={"traceback": storage.original(event.traceback)})
-        return event
 
     def _deliver(self, call, attempts: int = 30) -> None:
         """Reports go to Redis; during an outage keep retrying rather than losing the reader

@@ -25,14 +25,18 @@ bounded by the warm pool instead (warm_driver_max_rss_bytes), with the same PSS 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from services.taskmanager.memory_measure import Meter, Sample
+from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
 from shared import job_options, sizes
 from shared.errors import TaskError
+
+if TYPE_CHECKING:
+    from services.taskmanager.task_processes import TaskProcesses
 
 log = logging.getLogger("headrace.taskmanager.memory")
 
@@ -154,3 +158,25 @@ class MemoryWatch:
             else:
                 self.on_exceeded(cause(sample, self.limit))
             return
+
+
+def watch(processes: "TaskProcesses", limit: int | None, *, uid: int | None, on_exceeded: Callable[[str], None],
+          name: str) -> MemoryWatch:
+    """Start watching a task's processes. The kernel enforces the limit where the driver's cgroup
+    has the memory controller (the watch then reads its charge), else the watch does, on their PSS
+    (and, with `uid`, the task's own user, the shared memory it holds). Without a limit the task's
+    memory is still measured, for the dashboard, less often."""
+    meter: Meter = ProcessMeter(processes.pids, read_pss=functools.partial(pss_sample, uid=uid))
+    cgroup = processes.cgroup
+    if cgroup is not None and processes.memory_file("memory.max") is not None:
+        try:
+            if limit is not None:
+                (cgroup / "memory.max").write_text(str(limit))
+                oom_group = processes.memory_file("memory.oom.group")
+                if oom_group is not None:
+                    oom_group.write_text("1")  # the kernel kills the whole task, not one process of it
+            meter = CgroupMeter(cgroup)
+        except OSError:
+            log.warning("could not set memory.max of driver %s; watching its PSS instead", name, exc_info=True)
+    interval_s = WATCH_INTERVAL_S if limit is not None else PSS_REFRESH_S
+    return MemoryWatch(limit=limit, meter=meter, on_exceeded=on_exceeded, interval_s=interval_s).start(name)

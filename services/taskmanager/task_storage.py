@@ -23,7 +23,7 @@ A task that restores reads its snapshot through a view (`<attempt>/.restore-<hex
 directories and hard links to the snapshot's files, which the task may read and not change, and a
 `_metadata` with the lineage the TaskManager trusts. The lineage a snapshot names counts only if
 its `_metadata` was sealed (root's) or predates per-task users; one a pipeline could still have
-written starts a lineage of its own (runtime/restore.py lineage_of).
+written starts a lineage of its own (shared/lineage.py).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pathlib import Path, PurePath
 from shared import safe_fs
 from shared import task_protocol as tp
 from shared.checkpoint_storage import METADATA_FILE
+from shared.lineage import lineage_of
 from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.taskmanager.storage")
@@ -116,11 +117,7 @@ class TaskStorage:
                         # JobManager's cue to fall back to an older snapshot.
                         log.warning("task %s: no view of its snapshot %s (%s)", spec.execution_id,
                                     spec.restore_from, exc)
-                # The driver's own rule, on what the TaskManager trusts (runtime/restore.py imports
-                # the driver process module, which imports this one: imported here).
-                from services.taskmanager.runtime.restore import lineage_of
-
-                self.lineage = lineage_of(spec, meta)
+                self.lineage = lineage_of(spec, meta)  # the driver's own rule, on what root trusts
                 uid, gid = self.owner
                 os.fchown(fd, uid, gid)  # last: from here on the task may write in it
         return update

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from shared import checkpoint_storage as storage
 from shared import job_options, kafka_delivery, restore_failure
+from shared.lineage import lineage_of
 from shared.task_protocol import (
     Canceled,
     DirectoryClaimed,
@@ -37,7 +38,7 @@ from .driver_io import EventWriter, PhaseLog
 from .pipeline_loader import load_pipeline
 from .query_slot import QuerySlot
 from .reports import ProgressReporter, format_failure, ui_url
-from .restore import lineage_of, prepare_streaming, sql_conf_keys
+from .restore import prepare_streaming, sql_conf_keys
 from .snapshots import SnapshotServer, decline_forever
 
 POLL_S = 0.25
