@@ -52,8 +52,8 @@ def remove_driver_dirs(drivers: Path) -> None:
     """Remove the drivers' work directories under `drivers` and their Python socket directories
     in /tmp (spark_session.python_socket_dir): what drivers killed with their TaskManager left."""
     if drivers.is_dir():
-        for workdir in drivers.iterdir():
-            remove_python_socket_dirs(workdir)
+        for home in drivers.iterdir():
+            remove_python_socket_dirs(home / "work")
     shutil.rmtree(drivers, ignore_errors=True)
 
 
