@@ -26,6 +26,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
@@ -286,6 +287,7 @@ def test_savepoints_leave_the_storage_roots_root_and_other_pipelines_out(cluster
 
 WRITER = """
     def build(ctx):
+        report(ctx.args[1] + f".{ctx.attempt}", {"pid": os.getpid()})
         events = ctx.sources.datagen(seed=5, rows_per_second=20, max_rows_per_batch=20)
         return ctx.sinks.files(events.select("i", "url"), ctx.args[0], format="parquet", trigger="1 second")
 """
@@ -312,8 +314,9 @@ def test_a_pipeline_cannot_forge_or_destroy_another_jobs_files_sink(cluster, res
     data.mkdir()
     give_to_drivers(data, DEFAULT_NAME)  # the operator's grant: the parent, group-writable and sticky
     out = data / "out"
-    writer = submit(rest, root, WRITER, str(out), restartStrategy={"type": "fixed-delay", "attempts": 2,
-                                                                   "delay": "1 s"})
+    writer = submit(rest, root, WRITER, str(out), str(outbox / "writer"),
+                    restartStrategy={"type": "fixed-delay", "attempts": 2, "delay": "1 s"},
+                    config={"execution.checkpointing.interval": "2 s"})
     rest.wait_attempt_running(writer, 0, timeout_s=300)
     commits = out / "_headrace" / "commits"
     wait_for("three committed batches", lambda: len(list(commits.glob("*.json"))) >= 3, timeout_s=180)
@@ -331,10 +334,20 @@ def test_a_pipeline_cannot_forge_or_destroy_another_jobs_files_sink(cluster, res
     wait_for("the writer's next batches", lambda: len(list(commits.glob("*.json"))) >= seen_before + 2,
              timeout_s=120)
     assert rest.job(writer)["state"] == "RUNNING" and len(rest.attempts(writer)) == 1
+    # Its driver killed: the next attempt, another user, restores its checkpoint through a view
+    # and claims the directory back; every event once.
+    os.kill(read(outbox / "writer.0")["pid"], 9)
+    rest.wait_attempt_running(writer, 1, timeout_s=300)
+    assert read(outbox / "writer.1")["uid"] != read(outbox / "writer.0")["uid"]
+    seen_before = len(list(commits.glob("*.json")))
+    wait_for("the next attempt's batches", lambda: len(list(commits.glob("*.json"))) >= seen_before + 2,
+             timeout_s=180)
     rest.cancel(writer)
     rest.wait_state(writer, DONE, timeout_s=120)
     wait_for("the directory taken back from the writer's user", lambda: out.stat().st_uid == 0, timeout_s=30)
     assert {p.stat().st_uid for p in out.rglob("*") if not p.is_symlink()} == {0}
+    ids = sorted(i for f in out.glob("b*-a*-*.parquet") for i in pq.read_table(f, columns=["i"])["i"].to_pylist())
+    assert ids == list(range(len(ids))), "every event once across the restart"
 
 
 LOUD_EVENTS = """
