@@ -145,21 +145,22 @@ class TakeSnapshot(_M):
     drain: bool = False
 
 
-class DirectoryClaimed(_M):
-    """The TaskManager's answer to a ClaimDirectory: the directory is the task's now, and its
-    records are at `record` (services/taskmanager/sink_claims.py); or the refusal, as the
-    exception the sink raises (`error_name` SinkOwnedError or SinkFencedError with its
-    arguments, else any other name with `error`, its message)."""
+class Granted(_M):
+    """The TaskManager's answer to a request of the driver (ClaimDirectory, ViewSnapshot): what it
+    granted at `path` (a files sink's records, services/taskmanager/sink_claims.py; a view of a
+    snapshot, task_storage.py); or the refusal, as the exception the driver raises (`error_name`
+    SinkOwnedError or SinkFencedError with its arguments, else any other name with `error`, its
+    message)."""
 
-    cmd: Literal["claimed"] = "claimed"
+    cmd: Literal["granted"] = "granted"
     request_id: int
-    record: str = ""
+    path: str = ""
     error_name: str | None = None
     error: str | None = None
     error_args: tuple[Any, ...] = ()
 
 
-DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot, DirectoryClaimed], Field(discriminator="cmd")]
+DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot, Granted], Field(discriminator="cmd")]
 
 
 class Ready(_M):
@@ -238,7 +239,7 @@ class SnapshotDeclined(_M):
 
 
 class ClaimDirectory(_M):
-    """A files sink asks for its directory before it writes (answered by DirectoryClaimed)."""
+    """A files sink asks for its directory before it writes (answered by Granted)."""
 
     event: Literal["claim_directory"] = "claim_directory"
     request_id: int
@@ -248,9 +249,18 @@ class ClaimDirectory(_M):
     restored_batch_id: int = -1
 
 
+class ViewSnapshot(_M):
+    """The task asks to read a snapshot of its lineage other than the one it was given (a sink
+    committed a newer one): answered by Granted with a view of it it may read."""
+
+    event: Literal["view_snapshot"] = "view_snapshot"
+    request_id: int
+    path: Text
+
+
 DriverEvent = Annotated[
     Union[Ready, Initializing, Running, Progress, Waiting, Finished, Failed, Canceled, SnapshotTaken,
-          SnapshotDeclined, ClaimDirectory],
+          SnapshotDeclined, ClaimDirectory, ViewSnapshot],
     Field(discriminator="event"),
 ]
 
@@ -262,7 +272,7 @@ def encode_line(msg: _M) -> bytes:
     return msg.model_dump_json().encode() + b"\n"
 
 
-def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot | DirectoryClaimed:
+def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot | Granted:
     return _CMD.validate_json(line)
 
 

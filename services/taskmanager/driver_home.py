@@ -88,7 +88,7 @@ class DriverHome:
         self.claims = SinkClaims(roots.roots[0], roots.owners, self.user)  # the checkpoint directory
         return self.storage.prepare(spec)
 
-    def answer_claim(self, event: tp.ClaimDirectory) -> tp.DirectoryClaimed:
+    def answer_claim(self, event: tp.ClaimDirectory) -> tp.Granted:
         """The answer to a files sink's claim of its directory (sink_claims.py), refusals included."""
         from services.taskmanager.runtime.connectors.ownership import SinkOwnedError, SinkOwner
         from services.taskmanager.runtime.connectors.sinks import SinkFencedError
@@ -103,17 +103,27 @@ class DriverHome:
             attempt = int(lineage.get("fence") or event.attempt) if event.kind == "streaming" else 0
             record = claims.claim(event.path, kind=event.kind, attempt=attempt,
                                   restored_batch_id=event.restored_batch_id, owner=owner)
-            return tp.DirectoryClaimed(request_id=event.request_id, record=record)
+            return tp.Granted(request_id=event.request_id, path=record)
         except SinkOwnedError as exc:
-            return tp.DirectoryClaimed(request_id=event.request_id, error_name="SinkOwnedError", error=str(exc),
+            return tp.Granted(request_id=event.request_id, error_name="SinkOwnedError", error=str(exc),
                                        error_args=exc.__reduce__()[1])
         except SinkFencedError as exc:
-            return tp.DirectoryClaimed(request_id=event.request_id, error_name="SinkFencedError", error=str(exc),
+            return tp.Granted(request_id=event.request_id, error_name="SinkFencedError", error=str(exc),
                                        error_args=(exc.sink, exc.attempt, exc.newer))
         except Exception as exc:  # noqa: BLE001 - every refusal reaches the sink, which fails the task with it
             log.warning("claim of %s refused: %s", event.path, exc)
-            return tp.DirectoryClaimed(request_id=event.request_id, error_name=type(exc).__name__,
+            return tp.Granted(request_id=event.request_id, error_name=type(exc).__name__,
                                        error=str(exc))
+
+    def answer_view(self, event: tp.ViewSnapshot) -> tp.Granted:
+        """A view of a snapshot of the task's lineage (task_storage.py), or the refusal."""
+        try:
+            if self.storage is None:
+                raise OSError("this driver has no task whose lineage a snapshot could be of")
+            return tp.Granted(request_id=event.request_id, path=self.storage.request_view(event.path))
+        except Exception as exc:  # noqa: BLE001 - the refusal reaches the driver, which goes on without it
+            log.warning("view of %s refused: %s", event.path, exc)
+            return tp.Granted(request_id=event.request_id, error_name=type(exc).__name__, error=str(exc))
 
     def checked(self, event, send: Callable[[Any], bool]):
         """What an event of the driver means once the TaskManager checked it (None: not the
@@ -121,8 +131,11 @@ class DriverHome:
         (task_storage.py) or declined if that fails, a failure's paths the snapshot's, not its
         view's."""
         if isinstance(event, tp.ClaimDirectory):
-            # Answered beside the events: a claim walks the sink's directory.
+            # Answered beside the events: a claim walks the sink's directory, a view the snapshot.
             threading.Thread(target=lambda: send(self.answer_claim(event)), name="claim", daemon=True).start()
+            return None
+        if isinstance(event, tp.ViewSnapshot):
+            threading.Thread(target=lambda: send(self.answer_view(event)), name="view", daemon=True).start()
             return None
         storage = self.storage
         if storage is None:

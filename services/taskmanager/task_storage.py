@@ -90,7 +90,8 @@ class TaskStorage:
         self.lineage: dict = {}
         self.spec: tp.TaskSpec | None = None
         self.targets: list[Path] = []  # snapshot directories made for the task
-        self.view_of: dict[str, str] = {}  # view path -> the snapshot it shows
+        self.view_of: dict[str, str] = {}  # view name -> the snapshot it shows
+        self.view_trusted: dict[str, bool] = {}  # view name -> whether its lineage was root's word
 
     @property
     def owner(self) -> tuple[int, int]:
@@ -144,7 +145,8 @@ class TaskStorage:
             meta = json.loads(data)
             if not isinstance(meta, dict):
                 raise StorageRefused(f"{snapshot}/{METADATA_FILE} is not a snapshot's metadata")
-            if self.roots.owners.driver_uid(st.st_uid) and self.spec is not None:
+            trusted = not self.roots.owners.driver_uid(st.st_uid)
+            if not trusted and self.spec is not None:
                 # Written by a pipeline and never sealed: its lineage is not believed.
                 log.warning("the snapshot %s was not sealed by a TaskManager: job %s starts a lineage of its own",
                             snapshot, self.spec.job_id)
@@ -155,7 +157,27 @@ class TaskStorage:
                 safe_fs.link_tree(src, view_fd)
                 safe_fs.write_file(view_fd, METADATA_FILE, json.dumps(meta).encode(), mode=0o644)
         self.view_of[view] = str(snapshot)
+        self.view_trusted[view] = trusted
         return view, meta
+
+    def request_view(self, snapshot: str) -> str:
+        """A view, in the attempt directory, of another snapshot of the task's own lineage (its
+        job's, or one whose sealed metadata names the lineage); StorageRefused for any other."""
+        if self.spec is None:
+            raise StorageRefused("no task")
+        path = Path(os.path.normpath(snapshot))
+        job_dir = Path(self.spec.checkpoint_dir).parents[2]  # <checkpoints>/<job>
+        attempt = Path(self.spec.checkpoint_dir)
+        parent_fd, name = self.roots.open_parent(attempt, create=False)
+        with safe_fs.opened(parent_fd), safe_fs.opened(safe_fs.open_dir_at(parent_fd, name)) as fd:
+            view, meta = self._view(fd, path)
+            named = (meta.get("lineage") or {}).get("id")
+            ours = job_dir in path.parents or (self.view_trusted.get(view, False) and named == self.lineage.get("id"))
+            if not ours:
+                safe_fs.remove(fd, view)
+                self.view_of.pop(view, None)
+                raise StorageRefused(f"{snapshot} is not a snapshot of this task's lineage {self.lineage.get('id')}")
+        return str(attempt / view)
 
     def snapshot_target(self, target: Path) -> None:
         """Make the directory a snapshot is written into, for the task's user."""

@@ -131,3 +131,36 @@ def test_a_storage_root_itself_is_never_handed_over(tmp_path):
         s.snapshot_target(ck)
     with pytest.raises(StorageRefused, match="not under a storage root"):
         s.snapshot_target(tmp_path / "elsewhere" / "savepoint-1")
+
+
+def test_a_view_of_another_snapshot_is_made_only_for_the_tasks_own_lineage(tmp_path):
+    """A sink committed a newer checkpoint than the one restored (SinkAheadOfRestore): the task
+    reads it through a view; a snapshot of another lineage is refused."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    first = storage(ck)
+    first.prepare(spec(ck))
+    own = ck / "job-a" / "chk-2"
+    first.snapshot_target(own)
+    write_snapshot(own, DRIVER, lineage={"id": "job-a", "generation": 0})
+    first.seal(tp.SnapshotTaken(checkpoint_id=2, path=str(own), batch_id=0, state_size=2, duration_ms=1))
+    other = ck / "job-z" / "chk-1"
+    first.snapshot_target(other)  # (any target works for the test: sealed as job-a's, then relabelled)
+    write_snapshot(other, DRIVER, lineage={"id": "job-z", "generation": 0})
+    first.release()
+    meta = json.loads((other / "_metadata").read_text())
+    (other / "_metadata").write_text(json.dumps(meta | {"lineage": {"id": "job-z", "generation": 0}}))
+
+    again = storage(ck, DRIVER + 1)
+    again.prepare(spec(ck, execution="e2"))
+    view = Path(again.request_view(str(own)))
+    assert view.parent == ck / "job-a" / "v" / "live" / "e2" and (view / "spark" / "commits" / "0").read_text() == "v1"
+    with pytest.raises(StorageRefused, match="not a snapshot of this task's lineage job-a"):
+        again.request_view(str(other))
+    forged = ck / "job-y" / "chk-1"  # never sealed, naming job-a's lineage
+    forged.mkdir(parents=True)
+    os.chown(forged, DRIVER, DRIVER)
+    write_snapshot(forged, DRIVER, lineage={"id": "job-a", "generation": 0})
+    with pytest.raises(StorageRefused, match="not a snapshot of this task's lineage job-a"):
+        again.request_view(str(forged))
+    assert [p.name for p in view.parent.iterdir() if p.name.startswith(".restore-")] == [view.name]

@@ -21,9 +21,9 @@ from shared import job_options, kafka_delivery, restore_failure
 from shared.lineage import lineage_of
 from shared.task_protocol import (
     Canceled,
-    DirectoryClaimed,
     Failed,
     Finished,
+    Granted,
     Initializing,
     Running,
     TakeSnapshot,
@@ -101,7 +101,7 @@ class Driver:
                     self.request_cancel()
                 elif isinstance(cmd, TakeSnapshot):
                     self.snapshot_requests.put(cmd)
-                elif isinstance(cmd, DirectoryClaimed):
+                elif isinstance(cmd, Granted):
                     self.grants.answer(cmd)
 
         threading.Thread(target=loop, name="stdin", daemon=True).start()

@@ -12,6 +12,7 @@ from shared import checkpoint_storage as storage
 from shared import job_options, restore_failure
 from shared.task_protocol import TaskSpec
 
+from . import grants
 from .driver_io import PhaseLog
 
 
@@ -44,8 +45,9 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
         handle.prepare(lineage["fence"], restored_batch, owner=owner)
     except SinkAheadOfRestore as ahead:
         try:
-            meta = storage.read_metadata(ahead.path)
-            restore_failure.verify(ahead.path, meta)
+            source = grants.readable(ahead.path)  # through the TaskManager: it is root's
+            meta = storage.read_metadata(source)
+            restore_failure.verify(source, meta)
         except Exception as exc:  # noqa: BLE001 - whatever keeps it from being read, it cannot be used
             print(f"{ahead}, but that checkpoint cannot be read ({type(exc).__name__}: {exc}): going on from batch "
                   f"{restored_batch}; the batches after it are written to the sink again", flush=True)
@@ -53,7 +55,7 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
             return restored_batch
         print(f"{ahead}: restoring that checkpoint instead, so that nothing is written twice", flush=True)
         shutil.rmtree(live, ignore_errors=True)
-        restored_batch = _restore(spec, handle, live, ahead.path, meta, phases)
+        restored_batch = _restore(spec, handle, live, source, meta, phases)
         handle.prepare(lineage["fence"], restored_batch, owner=owner)
     return restored_batch
 
