@@ -75,7 +75,7 @@ def cluster(root):
     home = root / "home"
     home.mkdir()
     c = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=1, slots=3,
-                      warm_drivers=1, driver_user=DEFAULT_NAME)
+                      warm_drivers=2, driver_user=DEFAULT_NAME)
     yield c
     c.stop()
 
@@ -177,9 +177,11 @@ def test_a_pipeline_can_neither_read_signal_nor_write_another_driver(cluster, re
     v = read(outbox / "victim.json")
     # Non-dumpable from its start: its /proc files are root's, whoever runs it.
     assert os.stat(f"/proc/{v['pid']}/environ").st_uid == 0 and v["uid"] != 0
-    # The driver in reserve that replaced the victim's (warm-up tokens are the machine's: it may wait).
+    # Two drivers in reserve: the probe takes one, the other stays a neighbour (warm-up tokens are
+    # the machine's: they may wait).
     drivers = str(Path(v["workdir"]).parent.parent)
-    wait_for("a warm driver in reserve", lambda: set(runners_under(drivers)) - {v["pid"]}, timeout_s=240, poll_s=1)
+    wait_for("two warm drivers in reserve", lambda: len(set(runners_under(drivers)) - {v["pid"]}) >= 2,
+             timeout_s=300, poll_s=1)
     probe = submit(rest, root, NEIGHBOUR, str(outbox / "neighbour.json"))
     finished(rest, probe)
     seen = read(outbox / "neighbour.json")
