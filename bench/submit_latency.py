@@ -30,7 +30,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.taskmanager.driver_user import DEFAULT_NAME, give_to_driver_user
+from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
 from shared import streams
 from tests.clusters import Rest, start_cluster
 
@@ -92,7 +92,7 @@ def main() -> None:
     # The pipelines write into a database of their own (never the control catalog).
     sink_db = home / "sink" / "sink.db"
     sink_db.parent.mkdir()
-    give_to_driver_user(sink_db.parent, os.environ.get("HEADRACE_DRIVER_USER", DEFAULT_NAME))
+    give_to_drivers(sink_db.parent, os.environ.get("HEADRACE_DRIVER_USER", DEFAULT_NAME), files=(sink_db.name,))
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=2,
                             warm_drivers=a.warm, pipeline_catalog_url=f"sqlite:///{sink_db}")
     rest = Rest(cluster.dispatcher_url)

@@ -143,11 +143,21 @@ class Settings(BaseSettings):
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver whose processes hold more (PSS "
                                                                      "summed) is discarded")
     # The driver sandbox (services/taskmanager/driver_user.py, task_processes.py, memory_limit.py).
-    driver_user: str = Field("headrace-driver", description="OS user the Spark drivers run as (the TaskManager "
-                                                             "must be root); \"\": its own user, no isolation")
+    driver_user: str = Field("headrace-driver", description="the Spark drivers run as users of their own, "
+                                                             "<driver_user>-0..N-1, in the group <driver_user> (the "
+                                                             "TaskManager must be root); \"\": its own user, no "
+                                                             "isolation")
+    # Every running driver and restore-check planner of the machine holds one (shared/sandbox_users.py).
+    driver_users: int = Field(32, ge=1, description="how many users the drivers of this machine take in turn "
+                                                    "(scripts/bootstrap creates them)")
     driver_memory_limit: str | None = Field(None, description="a task's processes above this (their PSS summed, "
                                                               "or their cgroup's charge) are killed and the task "
                                                               "fails; default driver_memory + 2g; off: none")
+    # A job's headrace.task.memory-limit is its author's: the operator's bound on it.
+    driver_memory_limit_max: str | None = Field(None, description="the highest headrace.task.memory-limit a job "
+                                                                  "may set; default: the larger of "
+                                                                  "taskmanager_memory_bytes and the cluster's "
+                                                                  "default limit; off: any, \"off\" included")
     driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
     driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
     driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")

@@ -15,8 +15,15 @@ its exit code and the tail of its log. While running, a `snapshot` command (a ch
 savepoint trigger) is answered by one `snapshot_taken` or `snapshot_declined` event.
 
 A task handed to a driver that is not ready yet waits for its `ready`: the TaskManager then
-creates the file TASK_WAITING_MARKER in the driver's work directory, and the driver cuts its
-warm-up short (a file, not a signal: it may arrive before the driver could install a handler).
+creates the file TASK_WAITING_MARKER in the driver's directory (beside its work directory, where
+the driver cannot write), and the driver cuts its warm-up short (a file, not a signal: it may
+arrive before the driver could install a handler).
+
+Events are written by pipeline code's process, so they are bounded where they are read: a line
+longer than MAX_EVENT_LINE_BYTES is dropped unread (services/taskmanager/driver_events.py), and
+every string an event carries is cut to its field's bound as it decodes (a traceback keeps its
+head and its tail, with a note of what was cut), before anything is published to Redis, the
+JobManager or the catalog.
 """
 
 from __future__ import annotations
@@ -24,11 +31,57 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from shared.ids import ExecutionId, JobId, VertexId
 
 TASK_WAITING_MARKER = ".task-waiting"
+
+# The bounds of what a driver may send (its process runs the pipeline's code). A line is a few
+# hundred bytes; a traceback a few kilobytes: these leave room for any honest one.
+MAX_EVENT_LINE_BYTES = 1024 * 1024
+MAX_TRACEBACK_CHARS = 64 * 1024
+TRACEBACK_HEAD_CHARS = 16 * 1024  # the exception's start; the rest of the bound goes to its end
+MAX_TEXT_CHARS = 4096  # a reason, a path, a URL
+MAX_NAME_CHARS = 200  # an exception's name
+MAX_LIST_ITEMS = 1024  # source offsets, partition lags
+
+
+def cut(text: object, limit: int, head: int | None = None) -> object:
+    """`text` cut to `limit` characters: its first `head` (default all but a note's worth) and
+    its last ones, with a note of how much was cut between them. Not a string: as it is (the
+    field's type check answers)."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    note = f"\n[... {len(text) - limit} characters cut: the driver sent {len(text)}, at most {limit} are kept ...]\n"
+    keep = max(0, limit - len(note))
+    first = min(keep, head if head is not None else keep)
+    return text[:first] + note + (text[len(text) - (keep - first):] if keep > first else "")
+
+
+def _bounded(limit: int, head: int | None = None):
+    return BeforeValidator(lambda v: cut(v, limit, head))
+
+
+def _first(limit: int):
+    """A name: its first `limit` characters, no note (a name is shown whole, on one line)."""
+    return BeforeValidator(lambda v: v[:limit] if isinstance(v, str) else v)
+
+
+def _items(limit: int):
+    """At most `limit` items of a list or mapping (the rest dropped)."""
+    def take(v: object) -> object:
+        if isinstance(v, dict) and len(v) > limit:
+            return dict(list(v.items())[:limit])
+        if isinstance(v, (list, tuple)) and len(v) > limit:
+            return list(v)[:limit]
+        return v
+    return BeforeValidator(take)
+
+
+Text = Annotated[str, _bounded(MAX_TEXT_CHARS)]
+Name = Annotated[str, _first(MAX_NAME_CHARS)]
+Traceback = Annotated[str, _bounded(MAX_TRACEBACK_CHARS, TRACEBACK_HEAD_CHARS)]
 
 
 class _M(BaseModel):
@@ -97,7 +150,22 @@ class TakeSnapshot(_M):
     drain: bool = False
 
 
-DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot], Field(discriminator="cmd")]
+class Granted(_M):
+    """The TaskManager's answer to a request of the driver (ClaimDirectory, ViewSnapshot): what it
+    granted at `path` (a files sink's records, services/taskmanager/sink_claims.py; a view of a
+    snapshot, task_storage.py); or the refusal, as the exception the driver raises (`error_name`
+    SinkOwnedError or SinkFencedError with its arguments, else any other name with `error`, its
+    message)."""
+
+    cmd: Literal["granted"] = "granted"
+    request_id: int
+    path: str = ""
+    error_name: str | None = None
+    error: str | None = None
+    error_args: tuple[Any, ...] = ()
+
+
+DriverCommand = Annotated[Union[RunTask, CancelRun, TakeSnapshot, Granted], Field(discriminator="cmd")]
 
 
 class Ready(_M):
@@ -115,7 +183,7 @@ class Running(_M):
     event: Literal["running"] = "running"
     streaming: bool
     # The driver's Spark UI (sc.uiWebUrl) when the TaskManager's spark_ui setting is on.
-    spark_ui: str | None = None
+    spark_ui: Text | None = None
 
 
 class Progress(_M):
@@ -130,10 +198,10 @@ class Progress(_M):
     source_lag: float | None = None
     # Each Kafka partition's lag, "topic/partition" -> records; None without a Kafka source. How
     # many there are is how many Spark tasks can read at once (the autoscaler's cap).
-    partition_lag: dict[str, int] | None = None
+    partition_lag: Annotated[dict[Name, int] | None, _items(MAX_LIST_ITEMS)] = None
     # The driver's Spark UI (sc.uiWebUrl) when it runs one; the TaskManager puts its own
     # advertised host in it.
-    spark_ui: str | None = None
+    spark_ui: Text | None = None
 
 
 class Waiting(_M):
@@ -141,7 +209,7 @@ class Waiting(_M):
     None: it goes on. The attempt's `waiting-reason` shows it meanwhile."""
 
     event: Literal["waiting"] = "waiting"
-    reason: str | None = None
+    reason: Text | None = None
 
 
 class Finished(_M):
@@ -150,8 +218,8 @@ class Finished(_M):
 
 class Failed(_M):
     event: Literal["failed"] = "failed"
-    error_name: str
-    traceback: str
+    error_name: Name
+    traceback: Traceback
 
 
 class Canceled(_M):
@@ -161,23 +229,43 @@ class Canceled(_M):
 class SnapshotTaken(_M):
     event: Literal["snapshot_taken"] = "snapshot_taken"
     checkpoint_id: int
-    path: str
+    path: Text
     batch_id: int
     state_size: int
     duration_ms: int
-    source_offsets: tuple[str, ...] = ()
+    source_offsets: Annotated[tuple[Annotated[str, _bounded(MAX_TRACEBACK_CHARS)], ...], _items(MAX_LIST_ITEMS)] = ()
 
 
 class SnapshotDeclined(_M):
     event: Literal["snapshot_declined"] = "snapshot_declined"
     checkpoint_id: int
-    reason: str
+    reason: Text
     permanent: bool = False  # this task can never take one (a batch query): stop triggering it
+
+
+class ClaimDirectory(_M):
+    """A files sink asks for its directory before it writes (answered by Granted)."""
+
+    event: Literal["claim_directory"] = "claim_directory"
+    request_id: int
+    path: Text
+    kind: Literal["streaming", "batch"] = "streaming"
+    attempt: int = 0
+    restored_batch_id: int = -1
+
+
+class ViewSnapshot(_M):
+    """The task asks to read a snapshot of its lineage other than the one it was given (a sink
+    committed a newer one): answered by Granted with a view of it it may read."""
+
+    event: Literal["view_snapshot"] = "view_snapshot"
+    request_id: int
+    path: Text
 
 
 DriverEvent = Annotated[
     Union[Ready, Initializing, Running, Progress, Waiting, Finished, Failed, Canceled, SnapshotTaken,
-          SnapshotDeclined],
+          SnapshotDeclined, ClaimDirectory, ViewSnapshot],
     Field(discriminator="event"),
 ]
 
@@ -189,7 +277,7 @@ def encode_line(msg: _M) -> bytes:
     return msg.model_dump_json().encode() + b"\n"
 
 
-def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot:
+def decode_command(line: bytes | str) -> RunTask | CancelRun | TakeSnapshot | Granted:
     return _CMD.validate_json(line)
 
 

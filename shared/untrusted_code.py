@@ -56,17 +56,19 @@ class UntrustedUser:
     name: str | None
     uid: int
     gid: int
+    groups: tuple[int, ...] = ()  # supplementary groups (the drivers' shared group)
 
     @property
     def isolated(self) -> bool:
         return self.name is not None
 
     def popen_kwargs(self) -> dict:
-        """subprocess.Popen arguments that start a process as this user, with no supplementary
-        groups (root's would follow it otherwise) and a umask that keeps what it writes to itself."""
+        """subprocess.Popen arguments that start a process as this user, with only its own
+        supplementary groups (root's would follow it otherwise) and a umask that keeps what it
+        writes to itself."""
         if not self.isolated:
             return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": [], "umask": 0o077}
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups), "umask": 0o077}
 
     def own(self, path: Path) -> None:
         """Give `path` (a directory made for this process, not a symlink) to this user."""

@@ -12,11 +12,12 @@ FILE = "pipelines.db"
 
 
 def pipeline_database(settings: Settings) -> str:
-    """The SQLite URL, in a directory the drivers' user owns (SQLite writes its journal beside
-    the file, so the directory must be theirs, not only the file)."""
-    from services.taskmanager.driver_user import give_to_driver_user
+    """The SQLite URL, in a directory the drivers' group may write (SQLite writes its journal
+    beside the file, so the directory must be theirs, not only the file); every pipeline's
+    driver shares this one database."""
+    from services.taskmanager.driver_user import give_to_drivers
 
     directory = settings.home / DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
-    give_to_driver_user(directory, settings.driver_user)
+    give_to_drivers(directory, settings.driver_user, files=(FILE,))
     return f"sqlite:///{directory / FILE}"

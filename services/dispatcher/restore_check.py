@@ -20,15 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from services.dispatcher.planner_sandbox import DEFAULT_USERS, PlannerSandbox
 from shared import checkpointing, job_options, restore_compat, untrusted_code
 from shared.errors import StateError
 from shared.import_root import IMPORT_ROOT
@@ -84,7 +83,8 @@ def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[s
                       args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
                       catalog_url=settings.pipeline_catalog_url,
                       redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
-                      runtime=SparkRuntime.from_settings(settings), warm=warm.plan if warm else None)
+                      runtime=SparkRuntime.from_settings(settings), warm=warm.plan if warm else None,
+                      users=settings.driver_users)
     finally:
         if warm is not None and needs_planning(snapshot_meta, artifact_sha256=art.sha256, entry=entry, args=args):
             warm.replenish()  # after the check: the next spare does not slow this one down
@@ -119,7 +119,7 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
                   config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
                   catalog_url: str | None = None, redis_url: str | None = None,
                   run_as: str | None = None, runtime: SparkRuntime | None = None,
-                  warm: WarmPlan | None = None) -> None:
+                  warm: WarmPlan | None = None, users: int = DEFAULT_USERS) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
 
@@ -136,7 +136,7 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
         if result is None:
             result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
                                  parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                                 redis_url=redis_url, run_as=run_as, runtime=runtime)
+                                 redis_url=redis_url, run_as=run_as, runtime=runtime, users=users)
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
             log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
@@ -176,29 +176,24 @@ def _why(result: Mapping[str, Any] | None) -> str:
 def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
                 parallelism: int, timeout_s: float, catalog_url: str | None = None,
                 redis_url: str | None = None, run_as: str | None = None,
-                runtime: SparkRuntime | None = None) -> dict[str, Any] | None:
+                runtime: SparkRuntime | None = None, users: int = DEFAULT_USERS) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
     when it timed out or died without one.
 
     The planner runs the pipeline's own code (its import and build()), so it is started as a
-    driver is (shared/untrusted_code.py): as the drivers' OS user `run_as` when this process may
-    switch to it, with an allow-listed environment, on a copy of the artifact in a directory of
-    its own; never with the dispatcher's settings, secrets or catalog."""
-    user = planner_user(run_as)
-    with tempfile.TemporaryDirectory(prefix="headrace-restore-check-") as tmp:
-        log_path = Path(tmp) / "planner.log"
-        home = Path(tmp) / "work"
-        home.mkdir()
-        artifact_copy = home / Path(artifact_path).name
+    driver is (shared/untrusted_code.py, planner_sandbox.py): as a user of the drivers' pool
+    `run_as` of its own when this process may switch to it, with an allow-listed environment, on a
+    copy of the artifact it may not change; never with the dispatcher's settings, secrets or
+    catalog."""
+    with PlannerSandbox(run_as, users, prefix="headrace-restore-check-") as box:
+        user, home = box.user, box.home
+        log_path = box.tmp / "planner.log"
         try:
-            shutil.copyfile(artifact_path, artifact_copy)
+            artifact_copy = box.place_artifact(artifact_path)
         except OSError as exc:
             log.warning("restore check: cannot start the planner with %s: the artifact cannot be read (%s)",
                         python, exc)
             return {"reason": f"cannot read the artifact {artifact_path}: {exc}"}
-        for path in (home, artifact_copy):
-            user.own(path)
-        os.chmod(tmp, 0o711)  # the planner passes through to its own directory, and sees nothing else
         # The configuration and URLs may hold passwords: stdin and environment, not the command line.
         cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_copy), "--entry", entry,
                "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
@@ -237,18 +232,6 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         log.warning("restore check: the planner (pid %d) exited with %s without a result; its log ends:\n%s",
                     proc.pid, proc.returncode, tail)
         return {"reason": f"planner exited with {proc.returncode} without a result"}
-
-
-def planner_user(run_as: str | None) -> untrusted_code.UntrustedUser:
-    """The OS user a planner runs as: the drivers' when this process may switch to it."""
-    user = untrusted_code.switchable_user(run_as)
-    if user is None:
-        log.warning("restore check: cannot run the planner as %r (this dispatcher is not root, or the user does "
-                    "not exist: scripts/bootstrap creates it); it runs as the dispatcher's own user, with a "
-                    "scrubbed environment", run_as)
-        user = untrusted_code.switchable_user(None)
-    assert user is not None
-    return user
 
 
 def planner_env(home: Path, user: untrusted_code.UntrustedUser, *, catalog_url: str | None,

@@ -9,7 +9,8 @@ spare plans, answers and exits, and a new spare is started. The first spare star
 START_AFTER_S after the dispatcher (`keep_ready`), so the first upgrade of a cluster that has just
 started is as quick as the next ones. A spare runs as the drivers' user with their scrubbed
 environment like every planner, and ends when its stdin closes: a dispatcher that dies takes its
-spare along.
+spare along. Its user is one of the drivers' pool, its own for as long as it waits and plans
+(planner_sandbox.py); the artifact goes where it may not write.
 
 The first spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start
 takes a core for seconds, and at a cluster's start that core belongs to the first submissions and
@@ -31,17 +32,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import select
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from services.dispatcher import restore_check
+from services.dispatcher.planner_sandbox import DEFAULT_USERS, PlannerSandbox
 from shared import cpu_priority
 from shared.spark_runtime import SparkRuntime
 
@@ -58,23 +57,18 @@ RESERVE_S = 30.0
 
 
 class _Spare:
-    def __init__(self, python: str, user, env_for, runtime: SparkRuntime, *, in_reserve: bool):
-        self.tmp = Path(tempfile.mkdtemp(prefix="headrace-warm-planner-"))
-        self.home = self.tmp / "work"
-        self.home.mkdir()
-        user.own(self.home)
-        os.chmod(self.tmp, 0o711)
-        self.user = user
+    def __init__(self, python: str, box: PlannerSandbox, env_for, runtime: SparkRuntime, *, in_reserve: bool):
+        self.box, self.home, self.user = box, box.home, box.user
         cmd = [python, "-m", restore_check.PLANNER_MODULE, "--await-request", "--workdir", str(self.home / "spark"),
                *runtime.cli_args()]
-        self.log = open(self.tmp / "planner.log", "wb")
+        self.log = open(box.tmp / "planner.log", "wb")
         try:
-            self.proc = subprocess.Popen(cmd, cwd=str(self.home), env=env_for(self.home, user),
+            self.proc = subprocess.Popen(cmd, cwd=str(self.home), env=env_for(self.home, self.user),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                         start_new_session=True, **user.popen_kwargs())
-        except OSError:  # nothing started: its directory and log go now
+                                         start_new_session=True, **self.user.popen_kwargs())
+        except OSError:  # nothing started: its directory, log and user go now
             self.log.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            box.close()
             raise
         # Before the planner imports PySpark and starts its JVM: all of it inherits the priority.
         self._priority = threading.Lock()
@@ -113,9 +107,7 @@ class _Spare:
             line = self._line(deadline)  # its {"ready": true}
             if line is None or not json.loads(line).get("ready"):
                 return None
-            copy = self.home / Path(artifact_path).name
-            shutil.copyfile(artifact_path, copy)
-            self.user.own(copy)
+            copy = self.box.place_artifact(artifact_path)  # where the planner may read, not write
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps({**request, "artifact": str(copy)}, default=str) + "\n").encode())
             self.proc.stdin.flush()
@@ -131,15 +123,15 @@ class _Spare:
         self._reserve.cancel()
         restore_check.kill_group(self.proc)
         self.log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.box.close()
 
 
 class WarmPlanner:
     """At most one spare planner; `plan` uses it if there is one, and starts the next."""
 
     def __init__(self, *, python: str, run_as: str | None, catalog_url: str | None, redis_url: str | None,
-                 runtime: SparkRuntime):
-        self.python, self.run_as, self.runtime = python, run_as, runtime
+                 runtime: SparkRuntime, users: int = DEFAULT_USERS):
+        self.python, self.run_as, self.runtime, self.users = python, run_as, runtime, users
         self.catalog_url, self.redis_url = catalog_url, redis_url
         self._lock = threading.Lock()
         self._spare: _Spare | None = None
@@ -177,8 +169,8 @@ class WarmPlanner:
             if self._closed or self._spare is not None:
                 return
             try:
-                user = restore_check.planner_user(self.run_as)
-                self._spare = _Spare(self.python, user, self._env, self.runtime, in_reserve=in_reserve)
+                box = PlannerSandbox(self.run_as, self.users, prefix="headrace-warm-planner-")
+                self._spare = _Spare(self.python, box, self._env, self.runtime, in_reserve=in_reserve)
             except OSError as exc:
                 log.warning("restore check: cannot start a warm planner (%s); checks plan cold", exc)
 

@@ -1,9 +1,12 @@
 """What a driver's protocol events (shared/task_protocol.py) become for the JobManager, as
-tables: the events forwarded as a message of their own, and the events that end a task."""
+tables: the events forwarded as a message of their own, and the events that end a task; and how
+their lines are read (`bounded_lines`): the driver runs the pipeline's code, so a line may be of
+any length, and must not be what sizes this process's memory."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shared import task_protocol as tp
@@ -49,3 +52,41 @@ ENDINGS: dict[type, Callable[[Any], tuple[ES, str | None, str | None]]] = {
     tp.Canceled: lambda e: (ES.CANCELED, None, None),
     tp.Failed: lambda e: (ES.FAILED, e.traceback, e.error_name),
 }
+
+
+READ_CHUNK = 64 * 1024
+
+
+def bounded_lines(fd: int, max_bytes: int = tp.MAX_EVENT_LINE_BYTES,
+                  on_dropped: Callable[[int], None] = lambda n: None) -> Iterator[bytes]:
+    """The lines read from `fd` until EOF (with their newline; a last line without one too). A
+    line longer than `max_bytes` is dropped as it is read, never held whole: `on_dropped` gets
+    its length (counted to its newline or EOF), and the next line is read as usual."""
+    buf = bytearray()
+    dropping = 0  # > 0: the bytes of an over-long line seen so far; the rest of it is skipped
+    while True:
+        chunk = os.read(fd, READ_CHUNK)
+        if not chunk:
+            break
+        start = 0
+        while start < len(chunk):
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl + 1
+            if dropping:
+                dropping += end - start
+            else:
+                buf += chunk[start:end]
+                if len(buf) > max_bytes:
+                    dropping, buf = len(buf), bytearray()
+            if nl >= 0:
+                if dropping:
+                    on_dropped(dropping)
+                    dropping = 0
+                elif buf:
+                    yield bytes(buf)
+                buf = bytearray()
+            start = end
+    if dropping:
+        on_dropped(dropping)
+    elif buf:
+        yield bytes(buf)

@@ -1,9 +1,9 @@
 """One supervised Spark driver process (see shared.task_protocol for the protocol).
 
 The driver runs in its own session (process group), so killing the group takes its JVM and
-Python workers with it. Its Spark local and temporary directories live under a directory the
-TaskManager owns and deletes when the process ends (a kill -9 leaves spark-*, blockmgr-* and
-RocksDB copies behind otherwise).
+Python workers with it, and as a user of its own (driver_home.py, shared/sandbox_users.py). Its
+Spark local and temporary directories live under a directory the TaskManager makes and deletes
+when the process ends (a kill -9 leaves spark-*, blockmgr-* and RocksDB copies behind otherwise).
 
 A driver started in reserve (a warm driver) warms up at the lowest CPU priority: a JVM warming
 up takes a whole core for 10-15 s, and on a small machine the running tasks' drivers must not
@@ -34,8 +34,10 @@ from typing import Callable, Sequence
 
 from services.taskmanager import memory_limit
 from services.taskmanager.driver_env import driver_environment
+from services.taskmanager.driver_events import bounded_lines
+from services.taskmanager.driver_home import DriverHome
 from services.taskmanager.driver_sandbox import DriverSandbox
-from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
+from services.taskmanager.memory_measure import Sample, pss_sample
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from services.taskmanager.task_processes import TaskProcesses, rss_bytes
@@ -50,8 +52,8 @@ def remove_driver_dirs(drivers: Path) -> None:
     """Remove the drivers' work directories under `drivers` and their Python socket directories
     in /tmp (spark_session.python_socket_dir): what drivers killed with their TaskManager left."""
     if drivers.is_dir():
-        for workdir in drivers.iterdir():
-            remove_python_socket_dirs(workdir)
+        for home in drivers.iterdir():
+            remove_python_socket_dirs(home / "work")
     shutil.rmtree(drivers, ignore_errors=True)
 
 
@@ -148,7 +150,8 @@ class DriverProcess:
                  warm_up: bool = True, warm_up_query: bool = True, sandbox: DriverSandbox | None = None):
         self.id = f"d{os.getpid()}-{next(_ids)}"
         self.parallelism = parallelism
-        self.workdir = workdir / self.id
+        self.drivers = workdir
+        self.workdir = workdir / self.id / "work"
         self.log_path = workdir.parent / "logs" / f"driver-{self.id}.log"
         self.driver_memory, self.shuffle_partitions = driver_memory, shuffle_partitions
         self.engine_args = list(engine_args)  # where its work runs (runner.py --master ...)
@@ -164,8 +167,8 @@ class DriverProcess:
         self._lock = threading.Lock()
         # Its user, cgroup, memory limit and log cap (driver_sandbox.py); none of them by default.
         self.sandbox = sandbox or DriverSandbox()
-        user = self.sandbox.user
-        self.processes = TaskProcesses(str(self.workdir), uid=user.uid if user.isolated else os.geteuid())
+        self.home: DriverHome | None = None  # its user and directories, once started
+        self.processes = TaskProcesses(str(self.workdir), uid=None)
         self.log = RotatingLog(self.log_path, max_bytes=self.sandbox.log_max_bytes, backups=self.sandbox.log_backups)
         # (failure name, cause) when this TaskManager ended the driver for its task's sake (memory):
         # the task fails with it, whatever the driver reports while it dies.
@@ -173,25 +176,48 @@ class DriverProcess:
         self._memory: memory_limit.MemoryWatch | None = None
 
     def start(self) -> "DriverProcess":
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.sandbox.user.hand_over(self.workdir, 0o700)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.sandbox.cgroups is not None:
-            self.processes.cgroup = self.sandbox.cgroups.for_driver(self.id)
+        lease = self.sandbox.users.acquire(f"driver {self.id}")
+        user = lease.user if lease is not None else self.sandbox.users.sample
+        self.home = home = DriverHome(self.drivers, self.id, user, lease)
+        self.processes.uid = user.uid if user.isolated else os.geteuid()
+        try:
+            home.make()
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self.sandbox.cgroups is not None:
+                self.processes.cgroup = self.sandbox.cgroups.for_driver(self.id)
+            self._spawn(user)
+        except BaseException:
+            self.processes.release()
+            home.remove()
+            raise
+        assert self.proc is not None
+        self.processes.attach(self.proc.pid)
+        self.log.start(self._log_read, self.id)
+        threading.Thread(target=self._reap, name=f"reap-{self.id}", daemon=True).start()
+        if self.warm_up and may_raise_priority():
+            # Before the runner starts its JVM (importing PySpark alone takes a second): every
+            # later thread and child inherits the priority.
+            self.lower_priority()
+        threading.Thread(target=self._read_events, args=(self._events_read,), name=f"events-{self.id}",
+                         daemon=True).start()
+        return self
+
+    def _spawn(self, user) -> None:
+        assert self.home is not None
         read_fd, write_fd = os.pipe()
         log_read, log_write = os.pipe()
         # An allow-list, not this process's environment (driver_env.py); SPARK_LOCAL_IP: the
         # runner sets it from its --host.
-        env = driver_environment(os.environ, workdir=self.workdir, user=self.sandbox.user.name)
+        env = driver_environment(os.environ, workdir=self.workdir, user=user.name)
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
                "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
                "--shuffle-partitions", str(self.shuffle_partitions), "--parent-pid", str(os.getpid()),
-               *self.engine_args,
+               "--waiting-marker", str(self.home.waiting_marker()), *self.engine_args,
                *warm_up_args(self.warm_up, self.warm_up_query), *(("--spark-ui",) if self.sandbox.spark_ui else ())]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_write, stderr=subprocess.STDOUT,
                                          pass_fds=(write_fd,), start_new_session=True, env=env, cwd=self.workdir,
-                                         **self.sandbox.user.popen_kwargs())
+                                         **user.popen_kwargs())
         except BaseException:
             os.close(read_fd)
             os.close(log_read)
@@ -199,15 +225,7 @@ class DriverProcess:
         finally:
             os.close(write_fd)
             os.close(log_write)
-        self.processes.attach(self.proc.pid)
-        self.log.start(log_read, self.id)
-        threading.Thread(target=self._reap, name=f"reap-{self.id}", daemon=True).start()
-        if self.warm_up and may_raise_priority():
-            # Before the runner starts its JVM (importing PySpark alone takes a second): every
-            # later thread and child inherits the priority.
-            self.lower_priority()
-        threading.Thread(target=self._read_events, args=(read_fd,), name=f"events-{self.id}", daemon=True).start()
-        return self
+        self._events_read, self._log_read = read_fd, log_read
 
     @property
     def pid(self) -> int | None:
@@ -258,7 +276,8 @@ class DriverProcess:
     def hurry(self) -> None:
         """A task waits for this driver: it skips what is left of its warm-up (task_protocol)."""
         try:
-            (self.workdir / tp.TASK_WAITING_MARKER).touch()
+            if self.home is not None:
+                self.home.mark_waiting()
         except OSError:  # the driver is gone or its directory with it: its exit is reported anyway
             log.warning("could not tell driver %s that a task waits for it", self.id, exc_info=True)
 
@@ -266,7 +285,14 @@ class DriverProcess:
         """Hand the task to the driver as the sandbox shapes it, and watch its memory from now on.
         False if the driver cannot take it (exit_reason says why when it was the hand-over)."""
         try:
-            spec = self.sandbox.task_spec(spec, self.workdir)
+            limit = memory_limit.task_limit(spec.config, self.sandbox.memory_limit, self.sandbox.memory_limit_max)
+        except memory_limit.MemoryLimitRefused as exc:
+            log.warning("task %s refused: %s", spec.execution_id, exc)
+            self.exit_reason = (type(exc).__name__, str(exc))
+            return False
+        try:
+            assert self.home is not None, "a driver is handed a task once started"
+            spec = self.sandbox.task_spec(spec, self.home)
         except Exception as exc:  # whatever broke, the task fails with it
             log.warning("task %s could not be handed to driver %s", spec.execution_id, self.id, exc_info=True)
             self.exit_reason = ("TaskHandOverFailed", f"the task could not be handed to its Spark driver: "
@@ -274,28 +300,14 @@ class DriverProcess:
             return False
         if not self.send(tp.RunTask(spec=spec)):
             return False
-        self._watch_memory(memory_limit.task_limit(spec.config, self.sandbox.memory_limit))
+        self._watch_memory(limit)
         return True
 
     def _watch_memory(self, limit: int | None) -> None:
-        """The kernel enforces the limit where the driver's cgroup has the memory controller, else
-        the watch does (memory_limit.py). Without a limit the task's memory is still measured, for
-        the dashboard, less often."""
-        meter: Meter = ProcessMeter(self.processes.pids)
-        cgroup = self.processes.cgroup
-        if cgroup is not None and self.processes.memory_file("memory.max") is not None:
-            try:
-                if limit is not None:
-                    (cgroup / "memory.max").write_text(str(limit))
-                    oom_group = self.processes.memory_file("memory.oom.group")
-                    if oom_group is not None:
-                        oom_group.write_text("1")  # the kernel kills the whole task, not one process of it
-                meter = CgroupMeter(cgroup)
-            except OSError:
-                log.warning("could not set memory.max of driver %s; watching its PSS instead", self.id, exc_info=True)
-        interval_s = memory_limit.WATCH_INTERVAL_S if limit is not None else PSS_REFRESH_S
-        self._memory = memory_limit.MemoryWatch(limit=limit, meter=meter, on_exceeded=self._memory_exceeded,
-                                                interval_s=interval_s).start(self.id)
+        # The task's user is its own: the shared memory it owns is the task's (shmem_usage.py).
+        uid = self.processes.uid if self.sandbox.users.isolated else None
+        self._memory = memory_limit.watch(self.processes, limit, uid=uid, on_exceeded=self._memory_exceeded,
+                                          name=self.id)
 
     def memory_figure(self) -> tuple[Sample, int | None] | None:
         """The task's latest memory figure and its limit (None: no limit); None before the first."""
@@ -316,9 +328,10 @@ class DriverProcess:
         return rss_bytes(pids) <= limit or pss_sample(pids).used <= limit
 
     def send(self, command) -> bool:
-        if isinstance(command, tp.TakeSnapshot):
+        storage = self.home.storage if self.home is not None else None
+        if isinstance(command, tp.TakeSnapshot) and storage is not None:
             try:
-                self.sandbox.prepare_target(Path(command.target))
+                storage.snapshot_target(Path(command.target))
             except OSError:
                 log.warning("could not prepare the snapshot target %s for driver %s", command.target, self.id,
                             exc_info=True)  # the driver's decline says what failed
@@ -382,8 +395,12 @@ class DriverProcess:
         self.kill()
 
     def _read_events(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
-            for line in stream:
+        def dropped(n: int) -> None:
+            log.warning("driver %s sent an event line of %d bytes, above the %d a line may have: dropped unread",
+                        self.id, n, tp.MAX_EVENT_LINE_BYTES)
+
+        try:
+            for line in bounded_lines(fd, on_dropped=dropped):
                 try:
                     event = tp.decode_event(line)
                 except Exception:  # noqa: BLE001 - a garbled line must not kill the reader
@@ -393,7 +410,12 @@ class DriverProcess:
                     self.ready.set()
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end
-                self._deliver(functools.partial(self.on_event, self, event))
+                if self.home is not None:
+                    event = self.home.checked(event, self.send)
+                if event is not None:
+                    self._deliver(functools.partial(self.on_event, self, event))
+        finally:
+            os.close(fd)
         code = self.proc.wait() if self.proc else -1
         if self._memory is not None:
             self._memory.stop()
@@ -401,8 +423,9 @@ class DriverProcess:
         self.kill()
         self.processes.release()
         self.exited = True
-        shutil.rmtree(self.workdir, ignore_errors=True)
         remove_python_socket_dirs(self.workdir)
+        if self.home is not None:
+            self.home.remove()
         self._deliver(lambda: self.on_exit(self, code))
 
     def _deliver(self, call, attempts: int = 30) -> None:

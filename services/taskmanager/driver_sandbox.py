@@ -1,34 +1,43 @@
-"""What confines a TaskManager's Spark drivers: the OS user they run as (driver_user.py), their
-cgroups (task_processes.py), the memory limit of their tasks (memory_limit.py), their log's cap
-(rotating_log.py), and what a task is handed (`task_spec`, `prepare_target`).
+"""What confines a TaskManager's Spark drivers: the OS users they run as, one of its own each
+(driver_user.py, shared/sandbox_users.py), their cgroups (task_processes.py), the memory limit of
+their tasks (memory_limit.py), their log's cap (rotating_log.py), and what a task is handed
+(`task_spec`): its artifact and storage (driver_home.py, task_storage.py).
 
 A task's spec reaches its driver without the control catalog's URL (`catalog_url` is the
-pipeline's own database, `pipeline_catalog_url`, or nothing) and with a copy of its artifact in the
-driver's own work directory, so the driver never needs to read the artifact directory.
+pipeline's own database, `pipeline_catalog_url`, or nothing) and with a copy of its artifact
+beside the driver's work directory, so the driver never needs to read the artifact directory.
 
 At start (`secure_home`) the TaskManager closes its home to others (the catalog, the run
 directories with their config files, the secrets and Redis credentials, the artifacts): only
 traversal (o+x) stays where a driver must pass, to its work, checkpoint and savepoint directories.
+Every storage root is made root's and closed to the drivers' writes: an older Headrace handed
+some of them to the one user all drivers shared (issue 43).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.taskmanager import memory_limit
-from services.taskmanager.driver_user import DriverUser, resolve, runtime_paths, unreachable
+from services.taskmanager.driver_user import DriverUser, DriverUsers, resolve, runtime_paths, unreachable
+from services.taskmanager.memory_limit import UNBOUNDED
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
+from services.taskmanager.task_storage import StorageRoots
+from shared import safe_fs
 from shared import task_protocol as tp
 from shared.spark_runtime import SparkRuntime
 from shared.storage_roots import configured_roots
 
+if TYPE_CHECKING:
+    from services.taskmanager.driver_home import DriverHome
+
 log = logging.getLogger("headrace.taskmanager.sandbox")
 
-ARTIFACT_DIR = "artifact"
 # Directories of $HEADRACE_HOME whose contents no driver may list or read (the TaskManager's own
 # work directory is traversed to reach the drivers' directories, and is closed the same way).
 PRIVATE = ("secrets", "redis", "runs", "artifacts")
@@ -36,34 +45,39 @@ PRIVATE = ("secrets", "redis", "runs", "artifacts")
 
 @dataclass
 class DriverSandbox:
-    user: DriverUser = field(default_factory=lambda: DriverUser(None, -1, -1))
+    users: DriverUsers = field(default_factory=lambda: DriverUsers(None, DriverUser(None, os.geteuid(),
+                                                                                  os.getegid())))
     cgroups: DriverCgroups | None = None
     memory_limit: int | None = None  # bytes for a task that sets none; None: no limit
+    memory_limit_max: int = UNBOUNDED  # what a job's own option may ask for
     log_max_bytes: int = 50 * 1024**2
     log_backups: int = 3
     spark_ui: bool = False
     control_catalog: str | None = None  # never handed to a pipeline
-    writable_roots: tuple[Path, ...] = ()  # where a snapshot's parent may be handed to the driver user
+    storage: StorageRoots = field(default_factory=lambda: StorageRoots(()))  # where tasks write snapshots
 
     @classmethod
     def from_settings(cls, settings, taskmanager_id: str) -> "DriverSandbox":
         """Raises DriverUserError or ValueError (a bad driver_memory_limit) with what to change."""
-        user = resolve(settings.driver_user)
-        missing = unreachable(user, runtime_paths(SparkRuntime.from_settings(settings)))
+        users = resolve(settings.driver_user, settings.driver_users)
+        missing = unreachable(users.sample, runtime_paths(SparkRuntime.from_settings(settings)))
         if missing:
             from services.taskmanager.driver_user import DriverUserError
 
-            raise DriverUserError(f"the driver user {user.name!r} cannot reach what a driver runs: "
+            raise DriverUserError(f"the drivers' user {users.sample.name!r} cannot reach what a driver runs: "
                                   + "; ".join(missing) + ". Run scripts/bootstrap as root "
                                   "(python -m services.taskmanager.driver_user --prepare)")
         cgroups = DriverCgroups.create(settings.workdir, taskmanager_id) if settings.driver_cgroups else None
-        sandbox = cls(user=user, cgroups=cgroups,
-                      memory_limit=memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory),
+        default = memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory)
+        sandbox = cls(users=users, cgroups=cgroups, memory_limit=default,
+                      memory_limit_max=memory_limit.maximum_limit(settings.driver_memory_limit_max, default=default,
+                                                                  taskmanager_memory=settings.taskmanager_memory_bytes),
                       log_max_bytes=settings.driver_log_max_bytes, log_backups=settings.driver_log_backups,
                       spark_ui=settings.spark_ui, control_catalog=settings.catalog,
-                      writable_roots=tuple(Path(r) for r in configured_roots(settings)))
+                      storage=StorageRoots(tuple(Path(r) for r in configured_roots(settings)), users.ownership()))
         log.info("drivers run as %s; their processes are tracked by %s; task memory limit %s, enforced by %s",
-                 user.name or "this TaskManager's own user (no isolation)",
+                 f"users of their own ({settings.driver_user}-0..{settings.driver_users - 1})" if users.isolated
+                 else "this TaskManager's own user (no isolation)",
                  f"the cgroup {cgroups.root}" if cgroups else "a /proc scan (session, descendants, environment mark)",
                  memory_limit.gb(sandbox.memory_limit) if sandbox.memory_limit else "none",
                  "the kernel (memory.max on the cgroup's charge)" if cgroups and cgroups.memory
@@ -82,55 +96,40 @@ class DriverSandbox:
             db = Path(settings.catalog.split("///", 1)[1])
             for f in (db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))):
                 _restrict(f, keep_traversal=False)
-        if not self.user.isolated:
+        if not self.users.isolated:
             return
         drivers = taskmanager_workdir / "drivers"
         for d in (drivers, settings.checkpoints, settings.savepoints):
             d.mkdir(parents=True, exist_ok=True)
-            for changed in self.user.make_traversable(d / "x"):
-                log.info("made %s traversable (o+x) for the driver user %s", changed, self.user.name)
+            for changed in self.users.sample.make_traversable(d / "x"):
+                log.info("made %s traversable (o+x) for the drivers' users", changed)
+        for root in self.storage.roots:
+            self._close_root(root)
         for d in (taskmanager_workdir, settings.workdir):
             _restrict(d, keep_traversal=True)
 
-    def task_spec(self, spec: tp.TaskSpec, workdir: Path) -> tp.TaskSpec:
-        """The spec as the driver gets it: no control catalog URL, its artifact copied into the
-        driver's own directory, the job's checkpoint directory the driver user's."""
+    def _close_root(self, root: Path) -> None:
+        """A storage root no driver may write (a missing one is left to whoever creates it)."""
+        try:
+            fd = safe_fs.open_trusted(root)
+        except FileNotFoundError:
+            return
+        with safe_fs.opened(fd):
+            safe_fs.secure_dir(fd, self.storage.owners, where=str(root), mode_or=0o001)
+
+    def task_spec(self, spec: tp.TaskSpec, home: "DriverHome") -> tp.TaskSpec:
+        """The spec as the driver gets it: no control catalog URL, its artifact copied where it
+        may read it, its attempt directory made for its user (and its snapshot shown through a
+        view: task_storage.py)."""
         update: dict = {}
         if self.control_catalog and spec.catalog_url == self.control_catalog:
             log.warning("task %s came with the control catalog's URL as its pipeline database; not handed to "
                         "the driver (set pipeline_catalog_url)", spec.execution_id)
             update["catalog_url"] = ""
         if spec.artifact_path:
-            source = Path(spec.artifact_path)
-            copy = workdir / ARTIFACT_DIR / source.name
-            copy.parent.mkdir(exist_ok=True)
-            shutil.copyfile(source, copy, follow_symlinks=False)
-            self.user.hand_over(copy.parent, 0o700)
-            self.user.hand_over(copy, 0o600)
-            update["artifact_path"] = str(copy)
-        self._open_chain(Path(spec.checkpoint_dir).parent)
+            update["artifact_path"] = str(home.place_artifact(Path(spec.artifact_path)))
+        update.update(home.grant_storage(self.storage, spec))
         return spec.model_copy(update=update) if update else spec
-
-    def prepare_target(self, target: Path) -> None:
-        """Before a snapshot into `target`: its parent exists and the driver user may write there."""
-        self._open_chain(target.parent)
-
-    def _open_chain(self, directory: Path) -> None:
-        """Create `directory` for the driver to write in. Under a storage root (the checkpoint and
-        savepoint directories, `storage_roots`), the directories created here and `directory`
-        itself become the driver user's, and those above it traversable; elsewhere (a target no
-        root allows, refused by the JobManager anyway) it is only created."""
-        root = next((r for r in self.writable_roots if directory == r or r in directory.parents), None)
-        created = [d for d in (directory, *directory.parents) if root is not None and root in d.parents
-                   and not d.exists()]
-        directory.mkdir(parents=True, exist_ok=True)
-        if root is None or not self.user.isolated:
-            return
-        self.user.make_traversable(directory / "x")
-        for d in reversed(created):
-            self.user.hand_over(d)
-        if self.user.blocked_at(directory, write=True) is not None:
-            self.user.hand_over(directory)
 
 
 def _restrict(path: Path, *, keep_traversal: bool) -> None:

@@ -1,21 +1,24 @@
-"""The OS user a TaskManager's Spark drivers run as (`driver_user`, default `headrace-driver`).
+"""The OS users a TaskManager's Spark drivers run as (`driver_user`, default `headrace-driver`).
 
-A pipeline is code the cluster did not write. Its driver runs as an unprivileged user of its own,
-so the services' config files, the Redis credentials, the cluster secret and the catalog (all
-0600/0700 to the services' user) are out of its reach whatever it reads or scans. Switching user
-needs root: a TaskManager that is not root refuses to start unless `driver_user` is "" (drivers
-run as the TaskManager's own user, without that isolation; logged as a warning).
+A pipeline is code the cluster did not write. Its driver runs as an unprivileged user, so the
+services' config files, the Redis credentials, the cluster secret and the catalog (all 0600/0700
+to the services' user) are out of its reach whatever it reads or scans; and as a user no other
+running driver has (one of the pool `headrace-driver-0..N-1`, shared/sandbox_users.py), so that
+drivers can neither write, read, signal nor ptrace each other. Switching user needs root: a
+TaskManager that is not root refuses to start unless `driver_user` is "" (drivers run as the
+TaskManager's own user, without that isolation; logged as a warning).
 
-What the driver user must reach, it reaches by traversal only (o+x, never o+r on the services'
-directories): the Python interpreter and its packages, the checkout, the class archive (made so by
-`scripts/bootstrap`, which runs `python -m services.taskmanager.driver_user --prepare`), and the
-TaskManager's work, checkpoint and savepoint directories (made so by the TaskManager at start).
-The directories a driver writes are handed to it (`hand_over`): its own work directory (0700),
-the job's checkpoint directory and a savepoint's parent. The other services run as root and read,
-copy and delete what drivers wrote whoever owns it.
+What every driver must reach, it reaches by traversal only (o+x, never o+r on the services'
+directories): the Python interpreter and its packages, the checkout, the jar cache and the class
+archive (made so by `scripts/bootstrap`, which runs `python -m services.taskmanager.driver_user
+--prepare`: it also creates the group `headrace-driver` and the `driver_users` users of the pool),
+and the TaskManager's work, checkpoint and savepoint directories (made so by the TaskManager at
+start). What a driver writes is handed to its user by the TaskManager, one directory made for it
+at a time (task_storage.py); a directory every pipeline may use is the operator's to give to the
+group (`give_to_drivers`).
 
-    python -m services.taskmanager.driver_user --prepare   # as root: create the user, open paths
-    python -m services.taskmanager.driver_user --check     # what the driver user cannot reach
+    python -m services.taskmanager.driver_user --prepare   # as root: create the users, open paths
+    python -m services.taskmanager.driver_user --check     # what the drivers' users cannot reach
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ import stat
 import subprocess
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
+from shared import safe_fs
 from shared.errors import TaskError
 from shared.import_root import IMPORT_ROOT
+from shared.sandbox_users import Lease, SandboxUsers, SandboxUsersError, user_name
 from shared.spark_runtime import SparkRuntime
 from shared.untrusted_code import UntrustedUser
 
@@ -40,6 +46,7 @@ log = logging.getLogger("headrace.taskmanager.driver_user")
 
 DEFAULT_NAME = "headrace-driver"
 SETTING = "driver_user (HEADRACE_DRIVER_USER)"
+SIZE_SETTING = "driver_users (HEADRACE_DRIVER_USERS)"
 
 
 class DriverUserError(TaskError, RuntimeError):
@@ -47,21 +54,8 @@ class DriverUserError(TaskError, RuntimeError):
 
 
 class DriverUser(UntrustedUser):
-    """The untrusted-code user (shared/untrusted_code.py: how its processes start) as the
-    TaskManager prepares it: the directories its drivers write are handed over, the paths they
-    read made traversable. Name None: the TaskManager's own user, no isolation."""
-
-    def hand_over(self, path: Path, mode: int | None = None) -> None:
-        """Make `path` (a directory the driver writes in) this user's."""
-        if not self.isolated:
-            return
-        st = path.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            raise DriverUserError(f"{path} is a symbolic link: not handed to the driver user")
-        if (st.st_uid, st.st_gid) != (self.uid, self.gid):
-            os.chown(path, self.uid, self.gid, follow_symlinks=False)
-        if mode is not None and stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(path, mode)
+    """An untrusted-code user (shared/untrusted_code.py: how its processes start) as the
+    TaskManager checks it: which paths it can reach. Name None: the TaskManager's own user."""
 
     def make_traversable(self, path: Path) -> list[Path]:
         """Give others search permission (o+x, not read) on every directory above `path` that this
@@ -100,7 +94,7 @@ class DriverUser(UntrustedUser):
     def _gids(self) -> set[int]:
         if not self.isolated:
             return set(os.getgroups()) | {os.getegid()}
-        return {self.gid}  # started with no supplementary groups (popen_kwargs)
+        return {self.gid, *self.groups}  # started with no other supplementary groups (popen_kwargs)
 
 
 def _allows(st: os.stat_result, uid: int, gids: set[int], owner_bits: int) -> bool:
@@ -115,46 +109,69 @@ def _allows(st: os.stat_result, uid: int, gids: set[int], owner_bits: int) -> bo
     return st.st_mode & bits == bits
 
 
-def resolve(name: str | None) -> DriverUser:
-    """The driver user for the `driver_user` setting; raises DriverUserError when this process
-    cannot run drivers as it."""
+@dataclass(frozen=True)
+class DriverUsers:
+    """The pool the TaskManager's drivers take their users from (None: no isolation, every driver
+    runs as `sample`, the TaskManager's own user), and a user that stands for any of them."""
+
+    pool: SandboxUsers | None
+    sample: DriverUser
+
+    @property
+    def isolated(self) -> bool:
+        return self.pool is not None
+
+    def ownership(self) -> safe_fs.Ownership:
+        return self.pool.ownership() if self.pool is not None else safe_fs.Ownership()
+
+    def acquire(self, purpose: str) -> Lease | None:
+        """A user of its own for one driver; None without isolation. Raises SandboxUsersError."""
+        return self.pool.acquire(purpose) if self.pool is not None else None
+
+
+def resolve(name: str | None, size: int = 1) -> DriverUsers:
+    """The drivers' users for the `driver_user` and `driver_users` settings; raises
+    DriverUserError when this process cannot run drivers as them."""
     if not name:
         log.warning("drivers run as this TaskManager's own user (%s is empty): a pipeline can read every "
                     "file this TaskManager can, its config and credentials included", SETTING)
-        return DriverUser(None, os.geteuid(), os.getegid())
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
-        raise DriverUserError(
-            f"the driver user {name!r} ({SETTING}) does not exist: run scripts/bootstrap as root, which creates it "
-            f"(useradd --system --shell /usr/sbin/nologin {name}), or name an existing unprivileged user; "
-            f"{SETTING}=\"\" runs drivers as the TaskManager's own user, without isolation") from None
-    if pw.pw_uid == 0:
-        raise DriverUserError(f"the driver user {name!r} ({SETTING}) is root: name an unprivileged user")
+        return DriverUsers(None, DriverUser(None, os.geteuid(), os.getegid()))
     euid = os.geteuid()
-    if pw.pw_uid == euid:
-        raise DriverUserError(
-            f"the driver user {name!r} ({SETTING}) is the TaskManager's own user, so pipelines would reach its "
-            f"config and credentials: run the TaskManager as root (it then starts drivers as {name!r}), or set "
-            f"{SETTING}=\"\" to accept drivers without isolation")
     if euid != 0:
         raise DriverUserError(
-            f"this TaskManager runs as uid {euid}, not root, so it cannot start drivers as {name!r} ({SETTING}): "
-            f"run it as root, or set {SETTING}=\"\" to run drivers as its own user, without isolation")
-    return DriverUser(name, pw.pw_uid, pw.pw_gid)
+            f"this TaskManager runs as uid {euid}, not root, so it cannot start drivers as the users {name}-0.. "
+            f"({SETTING}): run it as root, or set {SETTING}=\"\" to run drivers as its own user, without isolation")
+    try:
+        pool = SandboxUsers(name, size)
+    except SandboxUsersError as exc:
+        raise DriverUserError(f"{exc}; {SETTING}=\"\" runs drivers as the TaskManager's own user, without "
+                              f"isolation") from None
+    s = pool.sample()
+    return DriverUsers(pool, DriverUser(s.name, s.uid, s.gid, groups=s.groups))
 
 
-def give_to_driver_user(directory: Path, name: str | None) -> None:
-    """Hand a directory a pipeline writes in (e.g. its SQLite database's) to the driver user, when
-    this process is root and that user exists; otherwise leave it as it is."""
+def give_to_drivers(directory: Path, name: str | None, files: tuple[str, ...] = ()) -> None:
+    """Open a directory every pipeline writes in (the pipelines' SQLite database's) to the
+    drivers' group, when this process is root and the group exists: group-writable, setgid (what
+    is made there keeps the group) and sticky (a pipeline removes or renames only what its own
+    user made), with `files` made group-readable and -writable in it (created empty if missing).
+    Otherwise leave it as it is."""
     if not name or os.geteuid() != 0:
         return
     try:
-        pw = pwd.getpwnam(name)
+        gid = grp.getgrnam(name).gr_gid
     except KeyError:
         return
-    os.chown(directory, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
-    DriverUser(name, pw.pw_uid, pw.pw_gid).make_traversable(directory)
+    os.chown(directory, -1, gid, follow_symlinks=False)
+    os.chmod(directory, 0o3770)
+    for f in files:
+        fd = os.open(directory / f, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
+        try:
+            os.fchown(fd, -1, gid)
+            os.fchmod(fd, 0o660)
+        finally:
+            os.close(fd)
+    DriverUser(name, -1, gid).make_traversable(directory)
 
 
 def runtime_paths(runtime: SparkRuntime | None = None) -> list[Path]:
@@ -177,53 +194,76 @@ def unreachable(user: DriverUser, paths: list[Path]) -> list[str]:
     return out
 
 
-def _create(name: str) -> None:
-    try:
-        pwd.getpwnam(name)
-        return
-    except KeyError:
-        pass
+def _run(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True)
+
+
+def create_users(name: str, size: int) -> int:
+    """The group `name` and the users `name-0`..`name-<size-1>`, each with a group of its own and
+    `name` as a supplementary one; only what is missing is created. Returns how many users were."""
     try:
         grp.getgrnam(name)
-        group = ["--gid", name]
     except KeyError:
-        group = ["--user-group"]
-    subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                    "--shell", "/usr/sbin/nologin", *group, name], check=True)
-    print(f"driver user: created {name}")
+        _run(["groupadd", "--system", name])
+        print(f"driver users: created the group {name}")
+    made = 0
+    for i in range(size):
+        user = user_name(name, i)
+        try:
+            pwd.getpwnam(user)
+            continue
+        except KeyError:
+            pass
+        own_group = ["--gid", user] if _group_exists(user) else ["--user-group"]
+        _run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+              "/usr/sbin/nologin", *own_group, "--groups", name, user])
+        made += 1
+    if made:
+        print(f"driver users: created {made} of {name}-0..{name}-{size - 1}")
+    return made
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m services.taskmanager.driver_user", description=__doc__.split("\n")[0])
-    p.add_argument("--prepare", action="store_true", help="as root: create the user, make the runtime traversable")
-    p.add_argument("--check", action="store_true", help="list what the driver user cannot reach")
+    p.add_argument("--prepare", action="store_true", help="as root: create the users, make the runtime traversable")
+    p.add_argument("--check", action="store_true", help="list what the drivers' users cannot reach")
     args = p.parse_args(argv)
     from shared.settings import load_settings
 
     settings = load_settings()
-    name = settings.driver_user
+    name, size = settings.driver_user, settings.driver_users
     if not name:
-        print(f"driver user: none ({SETTING} is empty): drivers run as the TaskManager's own user")
+        print(f"driver users: none ({SETTING} is empty): drivers run as the TaskManager's own user")
         return 0
     if args.prepare:
         if os.geteuid() != 0:
-            print(f"driver user: not root, so {name!r} is neither created nor given access; the TaskManagers "
+            print(f"driver users: not root, so {name}-0.. are neither created nor given access; the TaskManagers "
                   f"need {SETTING}=\"\" or root", file=sys.stderr)
             return 1
-        _create(name)
+        create_users(name, size)
     try:
-        user = resolve(name) if os.geteuid() == 0 else DriverUser(name, *pwd.getpwnam(name)[2:4])
-    except (DriverUserError, KeyError) as exc:
-        print(f"driver user: {exc}", file=sys.stderr)
+        pool = SandboxUsers(name, size)
+    except SandboxUsersError as exc:
+        print(f"driver users: {exc}", file=sys.stderr)
         return 1
+    s = pool.sample()
+    user = DriverUser(s.name, s.uid, s.gid, groups=s.groups)
     paths = runtime_paths(SparkRuntime.from_settings(settings))
     if args.prepare:
         for path in paths:
             for d in user.make_traversable(path):
-                print(f"driver user: made {d} traversable (o+x) for {name}")
+                print(f"driver users: made {d} traversable (o+x) for {name}-0..")
     missing = unreachable(user, paths)
     for line in missing:
-        print(f"driver user: {name} cannot reach {line}", file=sys.stderr)
+        print(f"driver users: {user.name} cannot reach {line}", file=sys.stderr)
     return 1 if missing else 0
 
 

@@ -23,6 +23,9 @@ which Docker keeps): the reading thread's filesystem uid and gid alone, for the 
 cannot read (one that made itself non-dumpable, or changed its ids) counts by its RSS, and the
 sample says how many did.
 
+Shared memory a task holds without mapping it (a memfd, a file in /dev/shm, an unattached System V
+segment) is in no process's PSS; the PSS figure adds it (shmem_usage.py).
+
 By hand: `grep Pss: /proc/<pid>/smaps_rollup` per process, or `cat memory.current` in the driver's
 cgroup (docs/runbooks/slow-pipeline.md, "Task failed: memory limit").
 """
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from services.taskmanager.shmem_usage import system_shmem, unmapped_shmem
 from services.taskmanager.task_processes import rss_bytes
 
 log = logging.getLogger("headrace.taskmanager.memory")
@@ -63,6 +67,8 @@ class Sample:
     processes: int = 0  # PSS: how many processes were summed
     by_rss: int = 0  # PSS: of them, how many count by RSS (their PSS could not be read)
     source: str = ""  # cgroup: the file read
+    shmem: int = 0  # PSS: bytes of shared memory held unmapped (memfds, /dev/shm files), in `used`
+    shmem_files: int = 0
 
     def label(self) -> str:
         """Short, for the dashboard: "PSS", "PSS, RSS for 2", "cgroup charge"."""
@@ -77,6 +83,9 @@ class Sample:
         text = f"PSS summed over {self.processes} process{'es' if self.processes != 1 else ''}"
         if self.by_rss:
             text += f", {self.by_rss} of them by RSS (their PSS could not be read)"
+        if self.shmem:
+            text += (f", and {self.shmem / 1024**3:.1f} GB of shared memory they hold unmapped "
+                     f"({self.shmem_files} memfd, /dev/shm or System V object{'s' if self.shmem_files != 1 else ''})")
         return text
 
 
@@ -100,9 +109,11 @@ def _rollup(pid: int) -> bytes:
         return f.read()
 
 
-def pss_sample(pids: Iterable[int]) -> Sample:
-    """PSS summed over `pids`; a process gone meanwhile counts nothing, one whose PSS cannot be
+def pss_sample(pids: Iterable[int], uid: int | None = None) -> Sample:
+    """PSS summed over `pids`, plus the shared memory they hold unmapped (and `uid`'s, the task's
+    own user: shmem_usage.py); a process gone meanwhile counts nothing, one whose PSS cannot be
     read counts its RSS."""
+    pids = list(pids)
     total = counted = 0
     refused: list[int] = []
     for pid in pids:
@@ -119,7 +130,8 @@ def pss_sample(pids: Iterable[int]) -> Sample:
             figure, by_rss = rss_bytes([pid]), by_rss + 1
         total += figure
         counted += 1
-    return Sample(total, PSS, processes=counted, by_rss=by_rss)
+    shmem, files = unmapped_shmem(pids, uid)
+    return Sample(total + shmem, PSS, processes=counted, by_rss=by_rss, shmem=shmem, shmem_files=files)
 
 
 def _read_as_owners(pids: list[int]) -> dict[int, int | None]:
@@ -206,24 +218,31 @@ class Meter(Protocol):
 
 class ProcessMeter:
     """PSS of a task's processes, read when it can matter. RSS (cheap) is read at every sample:
-    a process's PSS never exceeds its RSS, so while the RSS sum is within the limit the PSS sum
-    is too, and PSS is read every `refresh_s`, for the figure shown. Above it, PSS is read every
-    `near_s`, and at once when the RSS sum grew by more than the headroom the last reading left
-    (a new allocation shows in RSS at once). A task is only ever killed on a fresh PSS reading."""
+    a process's PSS never exceeds its RSS, and the shared memory the task holds unmapped never
+    exceeds what it held at the last reading plus the machine's shmem growth since
+    (/proc/meminfo), so while that bound is within the limit the figure is too, and PSS is read
+    every `refresh_s`, for the figure shown. Above it, PSS is read every `near_s`, and at once when
+    the bound grew by more than the headroom the last reading left (a new allocation shows in RSS
+    or in the machine's shmem at once). A task is only ever killed on a fresh PSS reading."""
 
     def __init__(self, pids: Callable[[], Iterable[int]], *, refresh_s: float = PSS_REFRESH_S,
                  near_s: float = PSS_NEAR_S, clock: Callable[[], float] = time.monotonic,
                  read_rss: Callable[[list[int]], int] = rss_bytes,
-                 read_pss: Callable[[list[int]], Sample] = pss_sample) -> None:
+                 read_pss: Callable[[list[int]], Sample] = pss_sample,
+                 read_shmem: Callable[[], int] = system_shmem) -> None:
         self.pids, self.refresh_s, self.near_s, self.clock = pids, refresh_s, near_s, clock
-        self.read_rss, self.read_pss = read_rss, read_pss
+        self.read_rss, self.read_pss, self.read_shmem = read_rss, read_pss, read_shmem
         self.last: Sample | None = None
         self._rss_then = 0
+        self._shmem_then = 0
         self._at = float("-inf")
 
     def sample(self, limit: int | None) -> Sample:
         pids = list(self.pids())
-        rss = self.read_rss(pids)
+        machine_shmem = self.read_shmem()
+        held = self.last.shmem if self.last is not None else 0
+        rss_only = self.read_rss(pids)
+        rss = rss_only + held + max(0, machine_shmem - self._shmem_then)
         now = self.clock()
         last = self.last
         if last is not None:
@@ -233,7 +252,8 @@ class ProcessMeter:
                     return last
             elif age < self.near_s and rss - self._rss_then < limit - last.used:
                 return last
-        self.last, self._rss_then, self._at = self.read_pss(pids), rss, now
+        self.last, self._at, self._shmem_then = self.read_pss(pids), now, machine_shmem
+        self._rss_then = rss_only + self.last.shmem
         return self.last
 
     def oom_kills(self) -> int:

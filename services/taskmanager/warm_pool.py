@@ -59,6 +59,7 @@ from shared import backoff
 log = logging.getLogger("headrace.taskmanager.warm")
 
 RETRY_S = 0.25
+BUSY_RETRY_S = 5.0  # after a warm driver could not be started at all (every drivers' user taken)
 # A warm-up's rank in the machine-wide line for tokens (WarmPool.rank): lower goes first.
 URGENT = 0  # the TaskManager has no ready driver and runs no task of its pool: the next task or failover lands here
 REPLACING = 1  # no ready driver, but it runs the task it handed its driver to
@@ -307,6 +308,13 @@ class WarmPool:
                     return
                 try:
                     d = self.factory(self.parallelism)
+                except OSError as exc:  # no user free for it (shared/sandbox_users.py), no directory
+                    token.release()
+                    log.warning("cannot start a warm driver now (%s); trying again in %.0f s", exc, BUSY_RETRY_S)
+                    self._not_before = time.monotonic() + BUSY_RETRY_S
+                    self._leave_line()
+                    self._retry_later()
+                    return
                 except BaseException:
                     token.release()
                     raise

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 
 from shared.checkpoint_storage.layout import (
     FORMAT,
+    INPROGRESS,
     METADATA_FILE,
     SPARK_DIR,
     SnapshotError,
@@ -167,20 +168,32 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
+def _work_dir(target: Path) -> tuple[Path, Path, bool]:
+    """(the in-progress directory, where its Spark files go, whether the snapshot is written in
+    place). `target` must not exist, or be an empty directory made for this snapshot (a
+    TaskManager makes it for its driver, which may not write the directory above: the snapshot's
+    files then go into it and `_metadata`, written last, says it is complete)."""
+    if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+        work = target / f".{SPARK_DIR}{INPROGRESS}{secrets.token_hex(6)}"
+        return work, work, True
+    if os.path.lexists(target):
+        raise SnapshotError(f"{target} already exists; a snapshot is written to a new directory only")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = _inprogress_dir(target)
+    return work, work / SPARK_DIR, False
+
+
 def take_snapshot(live: Path, target: Path, *, batch_id: int, metadata: dict) -> SnapshotInfo:
     """Snapshot the live Spark checkpoint `live` at committed batch `batch_id` into `target`
-    (which must not exist). Safe while the query runs. Raises SnapshotError."""
+    (which must not exist, or be an empty directory made for it: `_work_dir`). Safe while the
+    query runs. Raises SnapshotError."""
     started = time.monotonic()
     live, target = local_path(live), local_path(target)
     if not (live / "commits" / str(batch_id)).is_file():
         newest = latest_committed_batch(live)
         raise SnapshotError(f"{live}: batch {batch_id} is not committed (no commits/{batch_id}; newest committed "
                             f"batch: {newest}); snapshot a committed batch")
-    if os.path.lexists(target):
-        raise SnapshotError(f"{target} already exists; a snapshot is written to a new directory only")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = _inprogress_dir(target)
-    spark_dst = work / SPARK_DIR
+    work, spark_dst, in_place = _work_dir(target)
     try:
         spark_dst.mkdir(parents=True)
         try:
@@ -197,7 +210,7 @@ def take_snapshot(live: Path, target: Path, *, batch_id: int, metadata: dict) ->
         if len(placed) < len(selected):
             check_state_chains(files, placed, batch_id)
         info = _finish(work, target, batch_id=batch_id, metadata=metadata, files=count, size=size,
-                       started=started)
+                       started=started, in_place=in_place)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -209,13 +222,11 @@ def take_empty_snapshot(target: Path, *, metadata: dict) -> SnapshotInfo:
     `spark.batch_id` is -1."""
     started = time.monotonic()
     target = local_path(target)
-    if os.path.lexists(target):
-        raise SnapshotError(f"{target} already exists; a snapshot is written to a new directory only")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = _inprogress_dir(target)
+    work, spark_dst, in_place = _work_dir(target)
     try:
-        (work / SPARK_DIR).mkdir(parents=True)
-        info = _finish(work, target, batch_id=-1, metadata=metadata, files=0, size=0, started=started)
+        spark_dst.mkdir(parents=True)
+        info = _finish(work, target, batch_id=-1, metadata=metadata, files=0, size=0, started=started,
+                       in_place=in_place)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -223,8 +234,8 @@ def take_empty_snapshot(target: Path, *, metadata: dict) -> SnapshotInfo:
 
 
 def _finish(work: Path, target: Path, *, batch_id: int, metadata: dict, files: int, size: int,
-            started: float) -> SnapshotInfo:
-    spark_dir = work / SPARK_DIR
+            started: float, in_place: bool = False) -> SnapshotInfo:
+    spark_dir = work if in_place else work / SPARK_DIR
     if batch_id >= 0:
         batch_meta, source_offsets = _offset_log(spark_dir, batch_id)
         conf = dict(batch_meta.get("conf") or {})
@@ -244,6 +255,14 @@ def _finish(work: Path, target: Path, *, batch_id: int, metadata: dict, files: i
     }
     meta = {**metadata, "format": FORMAT, "spark": spark, "size_bytes": size, "files": files,
             "completed_at": time.time()}
+    if in_place:
+        _fsync(work, directory=True)
+        os.rename(work, target / SPARK_DIR)
+        _write_json_atomic(target / METADATA_FILE, meta)  # last: the snapshot is complete
+        _fsync(target, directory=True)
+        return SnapshotInfo(path=str(target), batch_id=batch_id, state_size=size, files=files,
+                            duration_ms=int((time.monotonic() - started) * 1000),
+                            source_offsets=tuple(source_offsets), metadata=meta)
     _write_json_atomic(work / METADATA_FILE, meta)
     _fsync(work, directory=True)
     if os.path.lexists(target):

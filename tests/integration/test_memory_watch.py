@@ -100,7 +100,8 @@ class Tree:
             pytest.skip("no cgroup v2 this process may create children in")
         self.driver = DriverProcess(parallelism=1, workdir=root / "drivers", driver_memory="1g",
                                     shuffle_partitions=1, on_event=lambda *a: None, on_exit=lambda *a: None,
-                                    sandbox=DriverSandbox(user=user, cgroups=cgroups))
+                                    sandbox=DriverSandbox(cgroups=cgroups))
+        self.driver.processes.uid = user.uid if user.isolated else os.geteuid()
         if cgroups is not None:
             self.driver.processes.cgroup = cgroups.for_driver(self.driver.id)
         self.driver.workdir.mkdir(parents=True)

@@ -1,6 +1,7 @@
 """The dispatcher's restore check runs a pipeline's code (its import and build()) in the planner
-subprocess: as the drivers' OS user, with an allow-listed environment and no catalog of the
-cluster (issue 21: user code must not command the cluster). The pipeline here reports what it
+subprocess: as a user of the drivers' pool of its own, with an allow-listed environment and no
+catalog of the cluster (issue 21: user code must not command the cluster; issue 43: nor reach
+another pipeline). The pipeline here reports what it
 can see by failing its build with it; the dispatcher surfaces that failure as a 400."""
 
 from __future__ import annotations
@@ -68,13 +69,13 @@ def test_the_planner_sees_no_setting_secret_or_catalog_of_the_dispatcher(tmp_pat
     assert seen["catalog_url"].endswith("/placeholder.db"), seen  # never the control catalog
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="switching to the driver user needs root")
-def test_the_planner_runs_as_the_driver_user_and_cannot_read_the_services_files(tmp_path, monkeypatch):
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to the drivers' users needs root")
+def test_the_planner_runs_as_a_drivers_user_and_cannot_read_the_services_files(tmp_path, monkeypatch):
     try:
-        uid = pwd.getpwnam(DRIVER_USER).pw_uid
+        uids = {pwd.getpwnam(f"{DRIVER_USER}-{i}").pw_uid for i in range(32)}
     except KeyError:
-        pytest.fail(f"the OS user {DRIVER_USER} is missing: scripts/bootstrap creates it")
+        pytest.fail(f"the OS users {DRIVER_USER}-0..31 are missing: scripts/bootstrap creates them")
     seen = _probe(tmp_path, monkeypatch, run_as=DRIVER_USER)
-    assert seen["uid"] == uid
+    assert seen["uid"] in uids
     assert seen["readable"] == [], seen
     assert seen["env"] == ["HEADRACE_PLANNER_REDIS_URL"], seen

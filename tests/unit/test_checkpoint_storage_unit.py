@@ -192,8 +192,36 @@ def test_uncommitted_batch_is_refused(live, tmp_path):
 
 def test_existing_target_is_refused(live, tmp_path):
     (tmp_path / "chk").mkdir()
+    (tmp_path / "chk" / "_metadata").write_text("{}")
     with pytest.raises(SnapshotError, match="already exists"):
         storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={})
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SnapshotError, match="already exists"):
+        storage.take_snapshot(live, tmp_path / "link", batch_id=3, metadata={})
+
+
+def test_an_empty_directory_made_for_the_snapshot_is_written_in_place(live, tmp_path):
+    """A TaskManager makes the target for its driver, which may not write the directory above
+    it (services/taskmanager/task_storage.py): the snapshot goes into it, `_metadata` last."""
+    target = tmp_path / "sp" / "savepoint-1"
+    target.mkdir(parents=True)
+    info = storage.take_snapshot(live, target, batch_id=3, metadata={"kind": "savepoint"})
+    assert info.path == str(target) and info.batch_id == 3
+    assert sorted(p.name for p in (tmp_path / "sp").iterdir()) == ["savepoint-1"], "nothing made beside it"
+    assert sorted(p.name for p in target.iterdir()) == ["_metadata", "spark"]
+    assert storage.read_metadata(target)["spark"]["batch_id"] == 3
+    made = tmp_path / "sp" / "savepoint-3"
+    made.mkdir()
+    assert storage.take_empty_snapshot(made, metadata={}).batch_id == -1
+    assert storage.read_metadata(made)["spark"]["batch_id"] == -1
+
+
+def test_a_snapshot_in_place_that_fails_leaves_no_metadata(live, tmp_path):
+    target = tmp_path / "chk-9"
+    target.mkdir()
+    with pytest.raises(SnapshotError):
+        storage.take_snapshot(live, target, batch_id=5, metadata={})
+    assert list(target.iterdir()) == []
 
 
 def test_file_deleted_by_spark_while_copying_fails_and_leaves_nothing(live, tmp_path, monkeypatch):

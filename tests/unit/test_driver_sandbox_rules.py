@@ -56,6 +56,26 @@ def test_the_limit_is_the_jobs_else_the_clusters_else_driver_memory_plus_an_allo
     assert memory_limit.task_limit({}, 3 * 1024**3) == 3 * 1024**3
 
 
+def test_a_jobs_memory_limit_is_bounded_by_the_clusters_maximum():
+    default = memory_limit.default_limit(None, "1g")
+    maximum = memory_limit.maximum_limit(None, default=default, taskmanager_memory=8 * GB)
+    assert maximum == 8 * GB
+    assert memory_limit.task_limit({memory_limit.OPTION: "6g"}, default, maximum) == 6 * GB
+    with pytest.raises(memory_limit.MemoryLimitRefused, match=r"1000.0 GB\) is above this cluster's maximum of 8.0 GB"):
+        memory_limit.task_limit({memory_limit.OPTION: "1000g"}, default, maximum)
+    with pytest.raises(memory_limit.MemoryLimitRefused, match="turns the task's memory limit off, which this cluster"):
+        memory_limit.task_limit({memory_limit.OPTION: "off"}, default, maximum)
+    # "off" only where the operator allows it, or where the cluster has no limit anyway.
+    assert memory_limit.task_limit({memory_limit.OPTION: "off"}, default,
+                                   memory_limit.maximum_limit("off", default=default, taskmanager_memory=GB)) is None
+    assert memory_limit.task_limit({memory_limit.OPTION: "off"}, None, maximum) is None
+    # The maximum is never below the cluster's own default.
+    assert memory_limit.maximum_limit(None, default=12 * GB, taskmanager_memory=8 * GB) == 12 * GB
+    assert memory_limit.maximum_limit("20g", default=default, taskmanager_memory=8 * GB) == 20 * GB
+    with pytest.raises(ValueError, match="driver_memory_limit_max"):
+        memory_limit.maximum_limit("lots", default=default, taskmanager_memory=8 * GB)
+
+
 class Given:
     """A meter whose readings are given: PSS figures, or the kernel's OOM kills and peak."""
 

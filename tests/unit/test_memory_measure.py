@@ -55,14 +55,16 @@ class Readings:
 
     def __init__(self, rss: float, pss: float) -> None:
         self.rss, self.pss, self.pss_reads, self.now = int(rss), int(pss), 0, 0.0
+        self.machine_shmem = self.held_shmem = 0
 
     def read_pss(self, pids) -> mm.Sample:
         self.pss_reads += 1
-        return mm.Sample(self.pss, mm.PSS, processes=len(pids))
+        return mm.Sample(self.pss + self.held_shmem, mm.PSS, processes=len(pids), shmem=self.held_shmem)
 
     def meter(self) -> mm.ProcessMeter:
         return mm.ProcessMeter(lambda: [1, 2, 3], refresh_s=5.0, near_s=1.0, clock=lambda: self.now,
-                               read_rss=lambda pids: self.rss, read_pss=self.read_pss)
+                               read_rss=lambda pids: self.rss, read_pss=self.read_pss,
+                               read_shmem=lambda: self.machine_shmem)
 
     def at(self, now: float, *, rss: float | None = None, pss: float | None = None) -> "Readings":
         self.now = now
@@ -111,3 +113,35 @@ def test_without_a_limit_pss_is_read_only_for_the_figure_shown():
         r.at(t)
         meter.sample(None)
     assert r.pss_reads == 2
+
+
+def test_shared_memory_held_unmapped_is_read_at_once_when_the_machines_grows():
+    """A memfd or /dev/shm file is in no RSS: the machine's shmem growth stands for it (issue 43)."""
+    r = Readings(rss=1 * GB, pss=1 * GB)
+    meter = r.meter()
+    assert meter.sample(3 * GB).used == 1 * GB and r.pss_reads == 1
+    r.at(0.25)
+    r.machine_shmem = r.held_shmem = int(2.5 * GB)  # written into a memfd, never mapped
+    sample = meter.sample(3 * GB)
+    assert r.pss_reads == 2 and sample.used == 3.5 * GB and sample.shmem == 2.5 * GB
+    assert "2.5 GB of shared memory they hold unmapped" in mm.Sample(
+        int(3.5 * GB), mm.PSS, processes=3, shmem=int(2.5 * GB), shmem_files=1).describe()
+    r.at(0.5)  # held, not grown: the bound keeps it, the reading stands only while within the limit
+    assert meter.sample(5 * GB).used == 3.5 * GB and r.pss_reads == 2
+
+
+def test_memfds_and_shm_files_count_unless_mapped(tmp_path):
+    import mmap
+    import os
+
+    from services.taskmanager.shmem_usage import unmapped_shmem
+
+    fd = os.memfd_create("probe")
+    try:
+        os.write(fd, b"\x01" * (8 << 20))
+        held, files = unmapped_shmem([os.getpid()], None)
+        assert held >= 8 << 20 and files >= 1
+        with mmap.mmap(fd, 8 << 20):
+            assert unmapped_shmem([os.getpid()], None)[0] <= held - (8 << 20)
+    finally:
+        os.close(fd)

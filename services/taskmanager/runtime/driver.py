@@ -18,10 +18,12 @@ from typing import IO, Any
 
 from shared import checkpoint_storage as storage
 from shared import job_options, kafka_delivery, restore_failure
+from shared.lineage import lineage_of
 from shared.task_protocol import (
     Canceled,
     Failed,
     Finished,
+    Granted,
     Initializing,
     Running,
     TakeSnapshot,
@@ -30,12 +32,13 @@ from shared.task_protocol import (
     decode_command,
 )
 
+from . import grants
 from .cluster_mode import Engine, ExecutorWatch, NoExecutors
 from .driver_io import EventWriter, PhaseLog
 from .pipeline_loader import load_pipeline
 from .query_slot import QuerySlot
 from .reports import ProgressReporter, format_failure, ui_url
-from .restore import lineage_of, prepare_streaming, sql_conf_keys
+from .restore import prepare_streaming, sql_conf_keys
 from .snapshots import SnapshotServer, decline_forever
 
 POLL_S = 0.25
@@ -59,6 +62,9 @@ class Driver:
         self.lineage: dict = {}
         self.spark_ui = ui_url(spark)
         self.on_first_batch = on_first_batch
+        # What the task asks its TaskManager for (a files sink's directory): answers come on stdin.
+        self.grants = grants.Grants(events.emit)
+        grants.install(self.grants)
 
     # -- cancellation, from the stdin thread or the SIGTERM handler
     def request_cancel(self) -> None:
@@ -95,6 +101,8 @@ class Driver:
                     self.request_cancel()
                 elif isinstance(cmd, TakeSnapshot):
                     self.snapshot_requests.put(cmd)
+                elif isinstance(cmd, Granted):
+                    self.grants.answer(cmd)
 
         threading.Thread(target=loop, name="stdin", daemon=True).start()
 

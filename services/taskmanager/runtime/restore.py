@@ -12,24 +12,8 @@ from shared import checkpoint_storage as storage
 from shared import job_options, restore_failure
 from shared.task_protocol import TaskSpec
 
+from . import grants
 from .driver_io import PhaseLog
-
-
-def lineage_of(spec: TaskSpec, restored: dict | None) -> dict:
-    """Which sink writer this attempt is. Sinks are named by lineage (the first job of a chain
-    of jobs that resumed from each other's savepoints), so a job resumed from a savepoint takes
-    over its predecessor's sinks, rewinds them to the savepoint and fences the predecessor off.
-    The fence token is the JobManager's (it grows with every deployed attempt of any job)."""
-    lineage = (restored or {}).get("lineage") or {}
-    if restored is None or not lineage.get("id"):
-        lin_id, generation = spec.job_id, 0
-    elif restored.get("job_id") == spec.job_id:
-        lin_id, generation = lineage["id"], int(lineage.get("generation", 0))
-    else:
-        lin_id, generation = lineage["id"], int(lineage.get("generation", 0)) + 1
-    # The control plane's word wins over the snapshot's (a file the pipeline itself writes): its
-    # Redis user reaches only that lineage's sink bookkeeping (shared/pipeline_redis.py).
-    return {"id": spec.lineage_id or lin_id, "generation": generation, "fence": spec.fence_token or spec.attempt}
 
 
 def sql_conf_keys(config: dict) -> dict[str, str]:
@@ -61,8 +45,9 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
         handle.prepare(lineage["fence"], restored_batch, owner=owner)
     except SinkAheadOfRestore as ahead:
         try:
-            meta = storage.read_metadata(ahead.path)
-            restore_failure.verify(ahead.path, meta)
+            source = grants.readable(ahead.path)  # through the TaskManager: it is root's
+            meta = storage.read_metadata(source)
+            restore_failure.verify(source, meta)
         except Exception as exc:  # noqa: BLE001 - whatever keeps it from being read, it cannot be used
             print(f"{ahead}, but that checkpoint cannot be read ({type(exc).__name__}: {exc}): going on from batch "
                   f"{restored_batch}; the batches after it are written to the sink again", flush=True)
@@ -70,7 +55,7 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
             return restored_batch
         print(f"{ahead}: restoring that checkpoint instead, so that nothing is written twice", flush=True)
         shutil.rmtree(live, ignore_errors=True)
-        restored_batch = _restore(spec, handle, live, ahead.path, meta, phases)
+        restored_batch = _restore(spec, handle, live, source, meta, phases)
         handle.prepare(lineage["fence"], restored_batch, owner=owner)
     return restored_batch
 

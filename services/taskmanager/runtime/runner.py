@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warmup-query", action="store_true",
                    help="in reserve without the warm-up query (Settings.warm_up_query off)")
     p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
+    p.add_argument("--waiting-marker", default=None,
+                   help="the file whose appearance means a task waits (default: <workdir>/.task-waiting)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="the TaskManager's pid: exit once it is no longer the parent (default: the parent at start)")
     p.add_argument("--master", default="local", help="local, or a standalone master URL spark://host:port")
@@ -127,7 +129,7 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
         print("in reserve without the warm-up query (executors come from a Spark cluster)", flush=True)
     elif not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
-        marker = workdir / TASK_WAITING_MARKER
+        marker = Path(args.waiting_marker) if args.waiting_marker else workdir / TASK_WAITING_MARKER
         if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists):
             print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
         else:
@@ -160,7 +162,25 @@ def run_one_task(driver: Driver, events: EventWriter, stdin: IO[str],
     return driver.run(cmd.spec)
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> None:
+    """Make this process non-dumpable before anything secret reaches it (the RunTask line holds
+    the task's configuration and the pipeline's Redis password): its /proc/<pid>/mem, environ and
+    the like become root's, so no other process, not even one of the same user, reads them, and
+    no core dump is written. The TaskManager still reads its memory figure as root
+    (services/taskmanager/memory_measure.py). Linux only; elsewhere nothing happens."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    not_dumpable()
     t0 = time.monotonic()
     args = parse_args(argv)
     engine = engine_of(args)

@@ -7,11 +7,19 @@ Streaming uses a foreachBatch sink of our own instead of Spark's file sink, whos
 bookkeeping lives under `<path>/_headrace/` (readers skip `_`-prefixed entries, see below):
 
     lock                  fcntl.flock'ed around every commit and every prepare
-    fence.json            {"attempt", "restored_batch_id"}: the attempt holding the sink
-    owner.json            {"lineage", "job_id", "generation", "replaced"}: the lineage owning
-                          the directory, its latest job and the jobs that one replaced
     commits/<b>.json      batch b is committed: its attempt and the files it added
     staging/a<a>-b<b>-<hex>/   where attempt a writes batch b before committing it
+
+and its owner and fence where no pipeline can write them: in a task of a TaskManager, the
+TaskManager keeps them (services/taskmanager/sink_claims.py) and hands the directory to the task
+only once it may have it (`grants.claim_directory`):
+
+    fence                 {"attempt", "restored_batch_id"}: the attempt holding the sink
+    owner                 {"lineage", "job_id", "generation", "replaced"}: the lineage owning
+                          the directory, its latest job and the jobs that one replaced
+
+(A sink used outside a TaskManager's driver, by a test or a tool, keeps them as `fence.json` and
+`owner.json` in `_headrace/` itself, as Headrace did before.)
 
 Batch b of attempt a: Spark's batch writer writes the DataFrame into a fresh staging dir; then,
 under the lock, the sink checks that the fence still names a (else `SinkFencedError`, nothing
@@ -22,7 +30,7 @@ always means all of its files are in place. Files without rows (Spark writes one
 DataFrame, e.g. a batch that only advanced the watermark) are not kept.
 
 `prepare(attempt, r, owner)` (under the lock): refuses (`SinkOwnedError`, ownership.py) if
-owner.json names another lineage, refuses if the fence names a newer attempt, sets the fence
+the owner is another lineage, refuses if the fence names a newer attempt, sets the fence
 and the owner, deletes every marker of a batch > r and the files it lists (that lineage was discarded;
 the new attempt re-runs those batches), deletes data files named `b<b>-a<a>-` that no marker
 claims (leftovers of an attempt that died mid-commit) and empties `staging/`.
@@ -54,6 +62,7 @@ from typing import Any, Iterator, Sequence
 
 from pyspark.sql import DataFrame
 
+from .. import grants
 from .ownership import UNKNOWN, SinkOwnedError, SinkOwner, check_claim, replaced_after
 from .sinks import SinkFencedError, SinkHandle, flatten_structs
 
@@ -74,6 +83,7 @@ class FileSink:
         self.options = dict(options or {})
         self.attempt: int | None = None  # the fencing attempt, once prepared
         self.meta = self.path / "_headrace"
+        self.record: Path | None = None  # the TaskManager's records of the directory, once claimed
 
     # -- layout
 
@@ -107,6 +117,8 @@ class FileSink:
 
     def _read_fence(self) -> dict[str, Any] | None:
         try:
+            if self.record is not None:
+                return json.loads(self.record.read_text()).get("fence")
             return json.loads((self.meta / "fence.json").read_text())
         except FileNotFoundError:
             return None
@@ -140,8 +152,19 @@ class FileSink:
         With `owner`, refuse (SinkOwnedError) a directory another lineage owns."""
         # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
         self.attempt = attempt
-        self._ensure_layout()
         r = restored_batch_id
+        channel = grants.current()
+        if channel is not None:
+            # Made as this task's user (where it may not, it fails here), then claimed: the
+            # TaskManager decides on the owner and the fence, and hands the directory over.
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.record = Path(channel.claim_directory(str(self.path), kind="streaming", attempt=attempt,
+                                                       restored_batch_id=r))
+            self._ensure_layout()
+            with self._locked():
+                self._rewind(r)
+            return
+        self._ensure_layout()
         with self._locked():
             current, replaced = self._read_owner()
             if owner is not None:
@@ -155,26 +178,35 @@ class FileSink:
             if owner is not None:
                 _write_json(self.meta / "owner.json",
                             owner.record() | {"replaced": replaced_after(owner, current, replaced)})
-            kept: set[tuple[int, int]] = set()
-            for marker in sorted((self.meta / "commits").glob("*.json")):
-                commit = json.loads(marker.read_text())
-                if commit["batch_id"] > r:
-                    for rel in commit["files"]:
-                        (self.path / rel).unlink(missing_ok=True)
-                    marker.unlink()
-                else:
-                    kept.add((commit["batch_id"], commit["attempt"]))
-            for f in self._data_files():
-                m = _DATA_NAME.match(f.name)
-                if m and (int(m.group(1)), int(m.group(2))) not in kept:
-                    f.unlink()
-            for staged in (self.meta / "staging").iterdir():
-                shutil.rmtree(staged, ignore_errors=True)
-            for tmp in (self.meta / "commits").glob(".*.tmp"):
-                tmp.unlink(missing_ok=True)
+            self._rewind(r)
+
+    def _rewind(self, r: int) -> None:
+        """Under the lock: remove what batches after `r`, crashed commits and staging left."""
+        kept: set[tuple[int, int]] = set()
+        for marker in sorted((self.meta / "commits").glob("*.json")):
+            commit = json.loads(marker.read_text())
+            if commit["batch_id"] > r:
+                for rel in commit["files"]:
+                    (self.path / rel).unlink(missing_ok=True)
+                marker.unlink()
+            else:
+                kept.add((commit["batch_id"], commit["attempt"]))
+        for f in self._data_files():
+            m = _DATA_NAME.match(f.name)
+            if m and (int(m.group(1)), int(m.group(2))) not in kept:
+                f.unlink()
+        for staged in (self.meta / "staging").iterdir():
+            shutil.rmtree(staged, ignore_errors=True)
+        for tmp in (self.meta / "commits").glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
 
     def refuse_if_owned(self) -> None:
-        """For batch writes: a directory a streaming lineage prepared is that lineage's alone."""
+        """For batch writes: a directory a streaming lineage prepared is that lineage's alone (in
+        a TaskManager's driver: claimed as a batch output, refused if it is such a directory)."""
+        channel = grants.current()
+        if channel is not None:
+            channel.claim_directory(str(self.path), kind="batch")
+            return
         if not (self.meta / "fence.json").exists() and not (self.meta / "owner.json").exists():
             return
         current, _ = self._read_owner()

@@ -2,7 +2,7 @@
 
 A lineage is the chain of jobs that restore from each other's snapshots: a restart, a job
 resumed from a savepoint or a retained checkpoint, a rollback to an older savepoint. Its id is
-the id of its first job (restore.lineage_of). The fence token orders the attempts *within* one
+the id of its first job (shared/lineage.py). The fence token orders the attempts *within* one
 lineage; it cannot tell two lineages apart, because the JobManager hands out growing tokens to
 every job. A fence keyed by the target alone therefore let a fresh job (a new lineage, higher
 token, restored batch -1) take a directory over and undo every batch of the job that wrote it,
