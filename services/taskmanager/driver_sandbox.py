@@ -8,7 +8,8 @@ driver's own work directory, so the driver never needs to read the artifact dire
 
 At start (`secure_home`) the TaskManager closes its home to others (the catalog, the run
 directories with their config files, the secrets and Redis credentials, the artifacts): only
-traversal (o+x) stays where a driver must pass, to its work, checkpoint and savepoint directories.
+traversal (o+x) stays where a driver must pass, to its work, checkpoint and savepoint directories;
+the lake directory (`lake_dir`, the pipelines' Delta tables) is created and handed to the drivers' user.
 """
 
 from __future__ import annotations
@@ -82,8 +83,11 @@ class DriverSandbox:
             db = Path(settings.catalog.split("///", 1)[1])
             for f in (db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))):
                 _restrict(f, keep_traversal=False)
+        settings.lake.mkdir(parents=True, exist_ok=True)  # the pipelines' Delta tables (connectors/delta_paths.py)
         if not self.user.isolated:
             return
+        self.user.make_traversable(settings.lake / "x")
+        self.user.hand_over(settings.lake)  # the drivers create their tables there
         drivers = taskmanager_workdir / "drivers"
         for d in (drivers, settings.checkpoints, settings.savepoints):
             d.mkdir(parents=True, exist_ok=True)
