@@ -42,6 +42,13 @@ from .ownership import SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError, SinkHandle
 
 MODES = ("append", "update", "complete")
+# Delta rebuilds a table's snapshot (every commit, MERGE and OPTIMIZE needs one) in this many
+# Spark tasks: 50 by default, sized for clusters. A driver of p cores does it in p: each batch
+# took 4.5 s instead of 15-25 s, an attempt's take-over 3 s instead of minutes, on 2 loaded cores
+# (docs/benchmarks.md, "Delta Lake sink"). A value the pipeline set on its session before
+# building the sink wins.
+SNAPSHOT_PARTITIONS_CONF = "spark.databricks.delta.snapshotPartitions"
+DELTA_DEFAULT_SNAPSHOT_PARTITIONS = "50"
 KEPT_BATCHES = 2000  # batch -> version entries kept for snapshots (they lag a few batches at most)
 
 
@@ -92,6 +99,10 @@ class DeltaSink:
         spark, r = self.spark, restored_batch_id
         self._ensure_table(spark)
         state = delta_log.table_state(spark, self.path, self.app)
+        # Whose table it is first (that refusal says more), then whether the rows fit: both before
+        # the claim writes anything.
+        delta_claim.new_record(self.path, self.app, state, fence=fence, owner=owner, shared=self.shared_append,
+                               restored_batch_id=r, sink_name=self.sink_name)
         delta_schema.check(self.path, state.schema_json, self.schema, merge_schema=self.merge_schema)
         record = delta_claim.claim(spark, self.path, self.app, fence=fence, owner=owner, shared=self.shared_append,
                                    restored_batch_id=r, sink_name=self.sink_name)
@@ -328,7 +339,10 @@ def delta_sink(df: Any, path: str, *, lineage: str, output_mode: str = "append",
     if shared_append and output_mode != "append":
         raise ValueError(f"Delta sink {path}: shared_append=True shares the table by appending; "
                          f"output_mode {output_mode!r} would rewrite the other writers' rows")
-    sink = DeltaSink(df.sparkSession, path, app=app_id(lineage, path), schema=df.schema, output_mode=output_mode,
+    spark = df.sparkSession
+    if spark.conf.get(SNAPSHOT_PARTITIONS_CONF, DELTA_DEFAULT_SNAPSHOT_PARTITIONS) == DELTA_DEFAULT_SNAPSHOT_PARTITIONS:
+        spark.conf.set(SNAPSHOT_PARTITIONS_CONF, str(max(1, spark.sparkContext.defaultParallelism)))
+    sink = DeltaSink(spark, path, app=app_id(lineage, path), schema=df.schema, output_mode=output_mode,
                      key_columns=key_columns, partition_by=partition_by, options=options, shared_append=shared_append,
                      policy=policy, on_wait=on_wait)
 
