@@ -10,8 +10,14 @@ import os
 import pytest
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from services.taskmanager.runtime.connectors import SinkFencedError, SinkOwnedError, SinkOwner
-from services.taskmanager.runtime.connectors import delta_claim, delta_log, delta_schema
+from services.taskmanager.runtime.connectors import (
+    SinkFencedError,
+    SinkOwnedError,
+    SinkOwner,
+    delta_claim,
+    delta_log,
+    delta_schema,
+)
 from services.taskmanager.runtime.connectors.delta_errors import DeltaPathRefused, DeltaSchemaMismatch
 from services.taskmanager.runtime.connectors.delta_maintenance import Maintenance, Pins, Policy
 from services.taskmanager.runtime.connectors.delta_paths import resolve_table_path
@@ -177,7 +183,7 @@ def test_maintenance_runs_when_due_and_never_fails_the_batch(tmp_path):
     ran: list[str] = []
 
     class FakeSpark:
-        class conf:  # noqa: N801 - stands for spark.conf
+        class conf:
             @staticmethod
             def set(key, value):
                 pass
@@ -200,3 +206,37 @@ def test_maintenance_runs_when_due_and_never_fails_the_batch(tmp_path):
         m.after_batch(FakeSpark(), b)
     assert ran == ["OPTIMIZE", "OPTIMIZE"]
     assert waits[0] and waits[0].startswith("running OPTIMIZE") and waits[1] is None
+
+
+# -- the log, read as files
+
+
+def write_log(table, commits: list[list[dict]], crc: dict | None = None) -> None:
+    log = table / "_delta_log"
+    log.mkdir(parents=True)
+    for v, actions in enumerate(commits):
+        (log / f"{v:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    if crc is not None:
+        (log / f"{len(commits) - 1:020d}.crc").write_text(json.dumps(crc))
+
+
+def test_the_state_comes_from_the_newest_checksum_and_commits_without_spark(tmp_path):
+    table = tmp_path / "t"
+    info = {"commitInfo": {"timestamp": 1234, "operation": "WRITE", "userMetadata": "headrace:app:batch 0"}}
+    add = {"add": {"path": "p0.parquet", "dataChange": True, "stats": json.dumps({"numRecords": 3})}}
+    other = {"txn": {"appId": "other", "version": 1}}
+    write_log(table, [[info, {"txn": {"appId": "app", "version": 5}}, add], [info, other]],
+              crc={"metadata": {"configuration": {"headrace.writer.app": "{}"}, "schemaString": "{}"},
+                   "setTransactions": [{"appId": "app", "version": 5}, {"appId": "other", "version": 1}]})
+    state = delta_log.table_state(None, str(table), "app")  # no Spark needed: the checksum answers
+    assert (state.version, state.txn, state.timestamp_ms) == (1, 5, 1234)
+    assert state.properties == {"headrace.writer.app": "{}"}
+    assert delta_log.table_state(None, str(table), "nobody").txn is None
+    assert delta_log._newest_txn(str(table), "app", 1) == (True, 5)
+    assert delta_log._newest_txn(str(table), "nobody", 1) == (True, None)
+    c = delta_log.commit(str(table), 0)
+    assert c is not None and c.by("app") and c.data_change and (c.files_added, c.rows) == (1, 3)
+    assert delta_log.commit(str(table), 7) is None
+    assert delta_log.latest_version(str(table)) == 1 and delta_log.latest_version(str(tmp_path / "none")) == -1
+    (table / "_delta_log" / f"{0:020d}.json").unlink()  # cleaned up: the search cannot answer
+    assert delta_log._newest_txn(str(table), "nobody", 1) == (False, None)
