@@ -27,6 +27,9 @@ What is read, and by whom:
                                  database before the task fails (default 60 s, 0: no wait)
   sink.max-retries               driver (SQL sinks): at most this many retries per step (Flink's
                                  JDBC option name; default: no count limit, only the time)
+  sink.delta.optimize.every, .optimize.interval, .vacuum.every, .vacuum.interval,
+  .vacuum.retention              driver (Delta sinks): compaction and clean-up of the tables
+                                 (N micro-batches, durations; a sink's own options win)
   headrace.latency-mode          driver / views: true trades throughput for latency (the next
                                  micro-batch at once, LATENCY_STATE_PARTITIONS state partitions
                                  unless the job chooses them; docs/runbooks/
@@ -239,6 +242,12 @@ RULES: dict[str, _Rule] = {
     kafka_delivery.TRANSACTION_TIMEOUT_OPTION: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION,
                                                      "10 min"),
     kafka_delivery.REAL_TIME_OPTION: _Rule(kafka_delivery.real_time_seconds, "a duration of at least 1 s", "5 s"),
+    # Every Delta sink's upkeep (services/taskmanager/runtime/connectors/delta_maintenance.py).
+    "sink.delta.optimize.every": _integer_rule(0, 100),
+    "sink.delta.vacuum.every": _integer_rule(0, 1000),
+    "sink.delta.optimize.interval": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "30 min"),
+    "sink.delta.vacuum.interval": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "1 d"),
+    "sink.delta.vacuum.retention": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "7 d"),
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     catalog_port: int = Field(0, ge=0, le=65535, description="headrace up --ha without catalog_url: the port of the "
                                                              "PostgreSQL catalog it runs (0: a free one)")
     checkpoint_dir: Path | None = Field(None, description="shared by every TaskManager")
+    # Where the pipelines' Delta tables live (ctx.sinks.delta / ctx.sources.delta): a relative
+    # table path lands here, an absolute one must lie here or under a storage root. Writable by
+    # the drivers' user; the TaskManagers create it (connectors/delta_paths.py).
+    lake_dir: Path | None = Field(None, description="the pipelines' Delta tables (default $HEADRACE_HOME/lake); "
+                                                    "shared by every TaskManager")
     artifact_dir: Path | None = None
 
     dispatcher_host: str = "127.0.0.1"
@@ -282,6 +287,10 @@ class Settings(BaseSettings):
     @property
     def savepoints(self) -> Path:
         return self.savepoint_dir or self.home / "savepoints"
+
+    @property
+    def lake(self) -> Path:
+        return self.lake_dir or self.home / "lake"
 
     @property
     def artifacts(self) -> Path:

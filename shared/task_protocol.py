@@ -127,6 +127,10 @@ class TaskSpec(_M):
     # The Kafka brokers the pipeline's Kafka sources and sinks use by default
     # (pipeline_kafka_bootstrap_servers), "" for none.
     kafka_bootstrap_servers: str = ""
+    # The pipelines' lake directory (lake_dir) and the other allowed storage roots: where a Delta
+    # table may lie (services/taskmanager/runtime/connectors/delta_paths.py); "" / (): none given.
+    lake_dir: str = ""
+    storage_roots: tuple[str, ...] = ()
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -199,6 +203,9 @@ class Progress(_M):
     # Each Kafka partition's lag, "topic/partition" -> records; None without a Kafka source. How
     # many there are is how many Spark tasks can read at once (the autoscaler's cap).
     partition_lag: Annotated[dict[Name, int] | None, _items(MAX_LIST_ITEMS)] = None
+    # What the batch committed to a table sink (a Delta sink: "version", "files_added"); None
+    # for other sinks.
+    sink_commit: Annotated[dict[Name, int] | None, _items(MAX_LIST_ITEMS)] = None
     # The driver's Spark UI (sc.uiWebUrl) when it runs one; the TaskManager puts its own
     # advertised host in it.
     spark_ui: Text | None = None

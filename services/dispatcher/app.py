@@ -87,7 +87,8 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
         warm = WarmPlanner(python=sys.executable, run_as=settings.driver_user,
                            catalog_url=settings.pipeline_catalog_url,
                            redis_url=settings.pipeline_redis_url or settings.redis_url,
-                           runtime=SparkRuntime.from_settings(settings), users=settings.driver_users)
+                           runtime=SparkRuntime.from_settings(settings), users=settings.driver_users,
+                           lake_dir=str(settings.lake.absolute()))
         app.state.warm_planner = warm
 
     errors.install(app)

@@ -84,7 +84,8 @@ def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[s
                       catalog_url=settings.pipeline_catalog_url,
                       redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
                       runtime=SparkRuntime.from_settings(settings), warm=warm.plan if warm else None,
-                      users=settings.driver_users)
+                      users=settings.driver_users,
+                      lake_dir=str(settings.lake.absolute()))
     finally:
         if warm is not None and needs_planning(snapshot_meta, artifact_sha256=art.sha256, entry=entry, args=args):
             warm.replenish()  # after the check: the next spare does not slow this one down
@@ -119,14 +120,16 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
                   config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
                   catalog_url: str | None = None, redis_url: str | None = None,
                   run_as: str | None = None, runtime: SparkRuntime | None = None,
-                  warm: WarmPlan | None = None, users: int = DEFAULT_USERS) -> None:
+                  warm: WarmPlan | None = None, users: int = DEFAULT_USERS,
+                  lake_dir: str | None = None) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
 
     `catalog_url` / `redis_url`: what the task would get (the pipeline's database and Redis user,
     never the control catalog). Streaming sources never connect while planning, but a pipeline
     may read a static table while it builds; without them the planner uses placeholders that
-    point nowhere. `run_as`: the drivers' OS user (settings.driver_user)."""
+    point nowhere. `run_as`: the drivers' OS user (settings.driver_user). `lake_dir`: where the
+    pipeline's relative Delta table paths are (a Delta source reads its table's schema)."""
     plan = None
     if needs_planning(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
         result = None
@@ -136,7 +139,8 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
         if result is None:
             result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
                                  parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                                 redis_url=redis_url, run_as=run_as, runtime=runtime, users=users)
+                                 redis_url=redis_url, run_as=run_as, runtime=runtime, users=users,
+                                 lake_dir=lake_dir)
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
             log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
@@ -176,7 +180,8 @@ def _why(result: Mapping[str, Any] | None) -> str:
 def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
                 parallelism: int, timeout_s: float, catalog_url: str | None = None,
                 redis_url: str | None = None, run_as: str | None = None,
-                runtime: SparkRuntime | None = None, users: int = DEFAULT_USERS) -> dict[str, Any] | None:
+                runtime: SparkRuntime | None = None, users: int = DEFAULT_USERS,
+                lake_dir: str | None = None) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
     when it timed out or died without one.
 
@@ -199,7 +204,7 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
                "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
                "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
         cmd += (runtime or SparkRuntime(DEFAULT_CACHE_DIR)).cli_args()  # the drivers' jars and class archive
-        env = planner_env(home, user, catalog_url=catalog_url, redis_url=redis_url)
+        env = planner_env(home, user, catalog_url=catalog_url, redis_url=redis_url, lake_dir=lake_dir)
         t0 = time.monotonic()
         with open(log_path, "wb") as err:
             # Its own process group: the planner's JVM goes with it when a timeout kills it.
@@ -235,11 +240,12 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
 
 
 def planner_env(home: Path, user: untrusted_code.UntrustedUser, *, catalog_url: str | None,
-                redis_url: str | None) -> dict[str, str]:
+                redis_url: str | None, lake_dir: str | None = None) -> dict[str, str]:
     """The allow-listed environment of a planner; the URLs (which may hold passwords) go here,
     never on its command line."""
     env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=IMPORT_ROOT)
-    for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url)):
+    for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url),
+                        ("HEADRACE_PLANNER_LAKE_DIR", lake_dir)):
         if value:
             env[name] = value
     return env

@@ -130,9 +130,9 @@ class WarmPlanner:
     """At most one spare planner; `plan` uses it if there is one, and starts the next."""
 
     def __init__(self, *, python: str, run_as: str | None, catalog_url: str | None, redis_url: str | None,
-                 runtime: SparkRuntime, users: int = DEFAULT_USERS):
+                 runtime: SparkRuntime, users: int = DEFAULT_USERS, lake_dir: str | None = None):
         self.python, self.run_as, self.runtime, self.users = python, run_as, runtime, users
-        self.catalog_url, self.redis_url = catalog_url, redis_url
+        self.catalog_url, self.redis_url, self.lake_dir = catalog_url, redis_url, lake_dir
         self._lock = threading.Lock()
         self._spare: _Spare | None = None
         self._closed = False
@@ -175,7 +175,8 @@ class WarmPlanner:
                 log.warning("restore check: cannot start a warm planner (%s); checks plan cold", exc)
 
     def _env(self, home: Path, user) -> dict[str, str]:
-        return restore_check.planner_env(home, user, catalog_url=self.catalog_url, redis_url=self.redis_url)
+        return restore_check.planner_env(home, user, catalog_url=self.catalog_url, redis_url=self.redis_url,
+                                         lake_dir=self.lake_dir)
 
     @property
     def spare_pid(self) -> int | None:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from services.jobmanager.checkpoints import CheckpointCoordinator
 from services.jobmanager.lineage import Lineages
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
-from shared import job_options
+from shared import job_options, storage_roots
 from shared.catalog import repository as repo
 from shared.catalog.models import Artifact, Execution, Job, Vertex
 from shared.ids import ExecutionId, slot_request_id
@@ -85,6 +85,7 @@ class Deployment:
             catalog_url=self.settings.pipeline_catalog_url or "",
             redis_url=redis_url, lineage_id=lineage,
             kafka_bootstrap_servers=self.settings.pipeline_kafka_bootstrap_servers or "",
+            lake_dir=str(self.settings.lake.absolute()), storage_roots=storage_roots.configured_roots(self.settings),
             config=dict(job.config or {}),
         )
         return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,

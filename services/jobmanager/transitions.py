@@ -17,8 +17,11 @@ from shared.states import JobStatus as JS
 # SinkOwnedError: the sink's target belongs to another lineage; every retry is refused alike.
 # Failures a restart cannot mend: the job fails at once. The Kafka ones are a pipeline's settings
 # (options, delivery word, a transaction timeout the brokers refuse) and records Kafka no longer has.
+# A Delta table path outside the lake, rows that do not fit the table, and a restore the table
+# cannot be taken back for (connectors/delta_errors.py) fail alike on every attempt.
 NON_RECOVERABLE = frozenset({"IncompatibleStateError", "SinkOwnedError", "KafkaOptionError", "DeliveryError",
-                             "KafkaTimeoutRefused", "KafkaDataLoss"})
+                             "KafkaTimeoutRefused", "KafkaDataLoss", "DeltaPathRefused", "DeltaSchemaMismatch",
+                             "DeltaUndoRefused"})
 
 # A DEPLOYING attempt the registering TaskManager does not report may be a deploy still on its
 # way (sent just before the registration): leave it to the acknowledgement timer for this long.

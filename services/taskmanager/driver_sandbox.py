@@ -11,7 +11,9 @@ At start (`secure_home`) the TaskManager closes its home to others (the catalog,
 directories with their config files, the secrets and Redis credentials, the artifacts): only
 traversal (o+x) stays where a driver must pass, to its work, checkpoint and savepoint directories.
 Every storage root is made root's and closed to the drivers' writes: an older Headrace handed
-some of them to the one user all drivers shared (issue 43).
+some of them to the one user all drivers shared (issue 43). The lake directory (`lake_dir`, the
+pipelines' Delta tables) is given to the drivers' group: a table outlives the pool user of the
+attempt that created it, so every attempt after it must write there too.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.taskmanager import memory_limit
-from services.taskmanager.driver_user import DriverUser, DriverUsers, resolve, runtime_paths, unreachable
+from services.taskmanager.driver_user import (
+    DriverUser,
+    DriverUsers,
+    give_to_drivers,
+    resolve,
+    runtime_paths,
+    unreachable,
+)
 from services.taskmanager.memory_limit import UNBOUNDED
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
 from services.taskmanager.task_storage import StorageRoots
@@ -96,8 +105,10 @@ class DriverSandbox:
             db = Path(settings.catalog.split("///", 1)[1])
             for f in (db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))):
                 _restrict(f, keep_traversal=False)
+        settings.lake.mkdir(parents=True, exist_ok=True)  # the pipelines' Delta tables (connectors/delta_paths.py)
         if not self.users.isolated:
             return
+        give_to_drivers(settings.lake, settings.driver_user)  # group-writable, setgid, sticky
         drivers = taskmanager_workdir / "drivers"
         for d in (drivers, settings.checkpoints, settings.savepoints):
             d.mkdir(parents=True, exist_ok=True)

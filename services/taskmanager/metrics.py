@@ -68,8 +68,12 @@ class TaskMetrics:
         self.partition_lag = Gauge(n("task_source_partition_lag"), "records of a Kafka partition beyond what the "
                                    "task read (its consumer lag)", PARTITION_LABELS, registry=r)
         self._partitions: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+        self.sink_version = Gauge(n("task_sink_table_version"), "the table version the task's sink committed last "
+                                  "(a Delta sink)", TASK_LABELS, registry=r)
+        self.sink_files = Counter(n("task_sink_files_added"), "data files the task's sink added to its table "
+                                  "(a Delta sink; compaction's rewrites not counted)", TASK_LABELS, registry=r)
         self._per_task = (self.batch_id, self.batch_duration, self.input_rate, self.processed_rate,
-                          self.source_lag, self.input_rows)
+                          self.source_lag, self.input_rows, self.sink_version, self.sink_files)
 
     def progress(self, taskmanager_id: str, spec, event) -> None:
         """Record one driver Progress event (shared/task_protocol.py)."""
@@ -88,6 +92,10 @@ class TaskMetrics:
             if lag is not None:
                 self.source_lag.labels(*key).set(lag)
             self._partition_lags(key, getattr(event, "partition_lag", None) or {})
+            sink = getattr(event, "sink_commit", None) or {}
+            if "version" in sink:
+                self.sink_version.labels(*key).set(sink["version"])
+                self.sink_files.labels(*key).inc(max(0, int(sink.get("files_added", 0))))
         self._publish(taskmanager_id, spec, event)
 
     def _partition_lags(self, key: tuple[str, str, str], lags: dict[str, int]) -> None:
@@ -118,6 +126,7 @@ class TaskMetrics:
                     "source_lag": getattr(event, "source_lag", None),
                     "partition_lag": json.dumps(partitions, sort_keys=True) if partitions else None,
                     "source_partitions": len(partitions) if partitions else None,
+                    "sink_version": (getattr(event, "sink_commit", None) or {}).get("version"),
                     "spark_ui": rehost(getattr(event, "spark_ui", None), self.advertised_host)}
         fields.update({k: v for k, v in optional.items() if v is not None})
         key = streams.progress_key(taskmanager_id, spec.execution_id)

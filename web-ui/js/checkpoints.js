@@ -54,6 +54,10 @@ function pathCell(s) {
     td.append(h("span", { class: "muted", text: s.status === "IN_PROGRESS" ? "in progress…" : "–" }));
   }
   if (s.discarded) td.append(" ", h("span", { class: "tag", text: "discarded", title: "pruned: beyond the retained count" }));
+  // A Delta sink: the table version this snapshot's batch committed (what a restore rewinds the table to).
+  if (s.sink_version !== undefined && s.sink_version !== null) {
+    td.append(" ", h("span", { class: "tag", text: `Delta v${s.sink_version}`, title: `${s.sink_table || ""}: table version ${s.sink_version}` }));
+  }
   return td;
 }
 
@@ -118,7 +122,7 @@ function updateHistoryRow(tr, s) {
   setText(c[7], fmtBytes(s.state_size));
   // Headrace: the Spark micro-batch the snapshot holds (the commit that was its barrier).
   setText(c[8], s.batch_id === null || s.batch_id === undefined ? "–" : s.batch_id);
-  const pathKey = JSON.stringify([s.status, s.external_path, s.failure_message, s.discarded]);
+  const pathKey = JSON.stringify([s.status, s.external_path, s.failure_message, s.discarded, s.sink_version]);
   if (c[9].dataset.v !== pathKey) { c[9].replaceChildren(...pathCell(s).childNodes); c[9].dataset.v = pathKey; }
   tr.classList.toggle("selected", s.id === cpDetailsId);
   tr.classList.toggle("savepoint-row", isSavepoint(s));

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path
 from sqlalchemy import func, select
 
-from services.dispatcher import checkpoint_views, operations
+from services.dispatcher import checkpoint_views, operations, snapshot_sinks
 from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import IntRange
@@ -46,7 +46,7 @@ def checkpoint_statistics(jobid: str, session: SessionDep, now_ms: NowMsDep) -> 
         rows = repository.list_checkpoints(session, job.id, limit=1, **kw)
         return rows[0] if rows else None
 
-    return checkpoint_views.checkpointing_statistics(
+    stats = checkpoint_views.checkpointing_statistics(
         counts=counts, restored_count=len(restored), summary_rows=completed,
         latest_completed=latest(statuses=_COMPLETED, kind="checkpoint"),
         latest_savepoint=latest(statuses=_COMPLETED, kind="savepoint"),
@@ -58,6 +58,10 @@ def checkpoint_statistics(jobid: str, session: SessionDep, now_ms: NowMsDep) -> 
         history=repository.list_checkpoints(session, job.id, limit=checkpoint_views.HISTORY_SIZE),
         now_ms=now_ms,
     )
+    for item in stats["history"]:  # a Delta sink's table version per checkpoint
+        if item.get("status") == "COMPLETED":
+            item.update(snapshot_sinks.sink_fields(item.get("external_path")))
+    return stats
 
 
 @router.post("/{jobid}/checkpoints", status_code=202, response_model=TriggerResponse,
@@ -102,7 +106,8 @@ def checkpoint_details(
         raise ApiError.of(404, f"checkpoint {checkpointid} of job {job.id} not found", field="checkpointid",
                           expected="the id of one of the job's checkpoints",
                           hint=f"GET /jobs/{job.id}/checkpoints lists the recent ones", prefix=False) from None
-    return checkpoint_views.checkpoint_statistics(row, now_ms, tasks=True)
+    out = checkpoint_views.checkpoint_statistics(row, now_ms, tasks=True)
+    return out | snapshot_sinks.sink_fields(row.path) if out.get("status") == "COMPLETED" else out
 
 
 @router.get("/{jobid}/checkpoints/{triggerid}", response_model=AsynchronousOperationResult, responses=_404,

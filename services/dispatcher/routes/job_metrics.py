@@ -71,6 +71,7 @@ def task_figures(execution, fields: dict) -> dict:
         "sourceLag": _number(f.get("source_lag")),
         "partitionLag": _partition_lag(f.get("partition_lag")),
         "numInputRows": _number(f.get("num_input_rows"), int),
+        "sinkVersion": _number(f.get("sink_version"), int),
         "timestamp": _number(f.get("timestamp"), int),
         "sparkUi": _text(f.get("spark_ui")),
     }
@@ -115,6 +116,7 @@ def history_point(entry_fields: dict) -> dict:
         "processedRowsPerSecond": _number(f.get("processed_rows_per_second")),
         "batchDurationMs": _number(f.get("batch_duration_ms"), int), "sourceLag": _number(f.get("source_lag")),
         "numInputRows": _number(f.get("num_input_rows"), int),
+        "sinkVersion": _number(f.get("sink_version"), int),
     }
 
 

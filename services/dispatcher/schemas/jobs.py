@@ -166,6 +166,7 @@ class TaskProgressInfo(_Out):
     partitionLag: dict[str, int] | None = Field(None, description="each Kafka partition's consumer lag, "
                                                                   "\"topic/partition\" -> records")
     numInputRows: int | None = None
+    sinkVersion: int | None = Field(None, description="the table version the sink committed last (a Delta sink)")
     timestamp: int | None = Field(None, description="epoch ms when the TaskManager recorded the batch")
     sparkUi: str | None = Field(None, description="the driver's Spark UI, when the TaskManager runs it")
 

@@ -9,7 +9,8 @@
 
 Sources return DataFrames; sinks return a `SinkHandle` that the runner starts. Connection
 settings default to the task's own (`redis_url`, `catalog_url`, `kafka_bootstrap_servers`) and
-can be overridden per call. `kafka_bootstrap_servers` is the job option of that name, else the
+can be overridden per call; Delta tables live in the task's lake directory (`lake_dir`).
+`kafka_bootstrap_servers` is the job option of that name, else the
 cluster's `pipeline_kafka_bootstrap_servers` (`headrace up --kafka` sets it), else "".
 `catalog_url` is the pipeline's own database (the job option `catalog_url`, else the cluster's
 `pipeline_catalog_url`), never the control plane's catalog; without one, a SQL source or sink
@@ -30,12 +31,22 @@ from pyspark.sql import DataFrame, SparkSession
 
 from shared import job_options, kafka_delivery
 
-from .connectors import SinkHandle, kafka_sink, kafka_source, sql_retry
+from .connectors import (
+    SinkHandle,
+    delta_maintenance,
+    delta_paths,
+    delta_sink,
+    delta_source,
+    kafka_sink,
+    kafka_source,
+    sql_retry,
+)
 from .connectors import console as console_conn
 from .connectors import datagen as datagen_conn
 from .connectors import files as files_conn
 from .connectors import redis_streams as redis_conn
 from .connectors import sql as sql_conn
+from .connectors.delta_errors import DeltaPathRefused
 
 
 @dataclass(frozen=True)
@@ -163,6 +174,18 @@ class Sources:
         """A bounded (batch) DataFrame of a whole table, read on the driver."""
         return sql_conn.sql_source(self._ctx.spark, self._ctx.database_url(url, "sources"), table, columns=columns)
 
+    def delta(self, path: str, *, starting_version: int | str | None = None,
+              options: Mapping[str, Any] | None = None) -> DataFrame:
+        """A streaming read of the Delta table at `path` (relative: in the lake directory), its
+        offsets in every checkpoint and savepoint; `starting_version` for a fresh start, `options`
+        Delta's own (maxFilesPerTrigger, skipChangeCommits, ...). See connectors/delta_source.py."""
+        return delta_source.delta_stream(self._ctx.spark, self._ctx.table_path(path), starting_version=starting_version,
+                                         options=options)
+
+    def delta_table(self, path: str, *, version: int | None = None) -> DataFrame:
+        """A bounded read of the Delta table at `path` (at `version`, time travel, if given)."""
+        return delta_source.delta_table(self._ctx.spark, self._ctx.table_path(path), version=version)
+
 
 class Sinks:
     def __init__(self, ctx: "PipelineContext"):
@@ -248,6 +271,21 @@ class Sinks:
             transactional_id_prefix=transactional_id_prefix, on_wait=self._ctx.report_waiting,
             check=not self._ctx.planning)
 
+    def delta(self, df: DataFrame, path: str, *, key_columns: Sequence[str] = (), output_mode: str = "append",
+              partition_by: Sequence[str] = (), options: Mapping[str, Any] | None = None, trigger: str | None = None,
+              shared_append: bool = False) -> SinkHandle:
+        """Exactly-once Delta Lake table at `path` (relative: in the lake directory). "append" adds
+        each row once, "update" MERGEs each micro-batch by `key_columns`, "complete" replaces the
+        table per batch. `options`: Delta's writer options (mergeSchema, ...) and the table's
+        upkeep (optimize.every, vacuum.every, vacuum.retention, ...; job options sink.delta.*).
+        `shared_append`: other lineages may append too. See connectors/delta_sink.py."""
+        opts = {str(k): v for k, v in (options or {}).items()}
+        return delta_sink.delta_sink(
+            df, self._ctx.table_path(path), lineage=self._ctx.lineage_id, output_mode=output_mode,
+            key_columns=key_columns, partition_by=partition_by, options=opts, trigger=trigger,
+            shared_append=shared_append, policy=delta_maintenance.Policy.read(opts, self._ctx.config),
+            on_wait=self._ctx.report_waiting)
+
     def console(self, df: DataFrame, *, output_mode: str = "append", num_rows: int = 20,
                 truncate: bool = False, trigger: str | None = None) -> SinkHandle:
         return console_conn.console_sink(df, output_mode=output_mode, num_rows=num_rows,
@@ -268,6 +306,8 @@ class PipelineContext:
         catalog_url: str = "",
         redis_url: str = "",
         kafka_bootstrap_servers: str = "",
+        lake_dir: str = "",
+        storage_roots: Sequence[str] = (),
         attempt: int = 0,
         lineage_id: str | None = None,
         report_waiting: Callable[[str | None], None] | None = None,
@@ -283,6 +323,8 @@ class PipelineContext:
         self.catalog_url = catalog_url
         self.redis_url = redis_url
         self.kafka_bootstrap_servers = kafka_bootstrap_servers  # host:port[,host:port], "" for none
+        # Where Delta tables may lie: relative paths land in the lake directory (connectors/delta_paths.py).
+        self.lake_dir, self.storage_roots = lake_dir, tuple(storage_roots)
         # Informational (e.g. for logs): sinks learn their attempt from SinkHandle.prepare.
         self.attempt = attempt
         # Sinks are named by lineage: a job resumed from another job's savepoint takes over
@@ -313,6 +355,16 @@ class PipelineContext:
             raise ValueError("a Kafka source or sink needs bootstrap_servers='host:port' (this cluster has no "
                              "broker of its own: `headrace up --kafka` starts one and makes it the default)")
         return address
+
+    def table_path(self, path: str) -> str:
+        """A Delta table's absolute path, inside the lake directory or an allowed storage root. The
+        restore check's planner writes nothing: there an unconfined path is only normalised."""
+        try:
+            return delta_paths.resolve_table_path(path, lake_dir=self.lake_dir, roots=self.storage_roots)
+        except DeltaPathRefused:
+            if not self.planning:
+                raise
+            return path
 
     def database_url(self, url: str | None, kind: str = "sinks") -> str:
         """`url`, else the task's own database; a clear error when there is neither."""

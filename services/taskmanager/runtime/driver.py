@@ -174,6 +174,7 @@ class Driver:
             config=spec.config, parallelism=spec.parallelism, checkpoint_dir=spec.checkpoint_dir,
             catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
             kafka_bootstrap_servers=spec.config.get("kafka_bootstrap_servers") or spec.kafka_bootstrap_servers,
+            lake_dir=spec.lake_dir, storage_roots=spec.storage_roots,
             attempt=spec.attempt, lineage_id=self.lineage["id"],
             report_waiting=lambda reason: self.events.emit(Waiting(reason=reason)),
         )
@@ -237,7 +238,8 @@ class Driver:
         self.phases.announce("fencing the sinks")
         prepare_streaming(spec, handle, live, self.restored_meta, self.lineage, self.phases)
         snapshots = SnapshotServer(self.events, self.queries, spec, handle, live, self.lineage)
-        progress = ProgressReporter(self.events, self.phases, self.spark_ui, self.on_first_batch)
+        progress = ProgressReporter(self.events, self.phases, self.spark_ui, self.on_first_batch,
+                                    sink_figures=handle.commit_figures)
         self.phases.announce("starting the Spark query")
         query = self.queries.start(handle, live, spec.job_id)
         if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves

@@ -6,7 +6,8 @@
 
 `--config-json -` reads the configuration from stdin; the URLs default to the environment's
 HEADRACE_PLANNER_CATALOG_URL / HEADRACE_PLANNER_REDIS_URL (both keep passwords off the command
-line, where any user of the host can read them).
+line, where any user of the host can read them); HEADRACE_PLANNER_LAKE_DIR is the cluster's lake
+directory, where a Delta source's relative table path is.
 
 stdout gets exactly one line, and the exit code is 0 whenever that line was written:
     {"ok": true, "plan": <plan_signature>, "seconds": 14.2}
@@ -124,6 +125,7 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
             catalog_url=args.catalog_url or config.get("catalog_url") or f"sqlite:///{workdir / 'placeholder.db'}",
             redis_url=args.redis_url or config.get("redis_url") or PLACEHOLDER_REDIS_URL,
             kafka_bootstrap_servers=config.get("kafka_bootstrap_servers") or PLACEHOLDER_KAFKA_BOOTSTRAP,
+            lake_dir=os.environ.get("HEADRACE_PLANNER_LAKE_DIR", ""),  # where a Delta source's table is
             planning=True,
         )
         handle = build(ctx)

@@ -18,8 +18,10 @@ class ProgressReporter:
     """Emits a Progress per batch committed since the last one it reported."""
 
     def __init__(self, events: EventWriter, phases: PhaseLog, spark_ui: str | None,
-                 on_first_batch: Callable[[], None]) -> None:
+                 on_first_batch: Callable[[], None],
+                 sink_figures: Callable[[int], dict[str, int] | None] | None = None) -> None:
         self.events = events
+        self.sink_figures = sink_figures  # SinkHandle.commit_figures
         self.phases = phases
         self.spark_ui = spark_ui
         self.on_first_batch = on_first_batch
@@ -44,6 +46,7 @@ class ProgressReporter:
                     batch_duration_ms=int(p.batchDuration) if p.batchDuration is not None else None,
                     source_lag=source_lag(p),
                     partition_lag=partition_lag(p),
+                    sink_commit=self.sink_figures(p.batchId) if self.sink_figures is not None else None,
                     spark_ui=self.spark_ui,
                 ))
 

@@ -40,6 +40,7 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
 
     restored_batch = _restore(spec, handle, live, spec.restore_from, restored_meta, phases)
     owner = SinkOwner(lineage=lineage["id"], job_id=spec.job_id, generation=lineage["generation"])
+    handle.restored_sink = (restored_meta or {}).get("sink")  # what the sink recorded in the snapshot
     try:
         # The owner lets each sink refuse a target another lineage owns (connectors/ownership.py).
         handle.prepare(lineage["fence"], restored_batch, owner=owner)
@@ -56,6 +57,7 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
         print(f"{ahead}: restoring that checkpoint instead, so that nothing is written twice", flush=True)
         shutil.rmtree(live, ignore_errors=True)
         restored_batch = _restore(spec, handle, live, source, meta, phases)
+        handle.restored_sink = meta.get("sink")
         handle.prepare(lineage["fence"], restored_batch, owner=owner)
     return restored_batch
 

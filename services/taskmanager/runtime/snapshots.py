@@ -174,6 +174,8 @@ class SnapshotServer:
     def _take(self, req: TakeSnapshot, batch: int | None, received: float) -> bool:
         meta = self._metadata(req.kind, req.checkpoint_id)
         try:
+            if self.handle.on_snapshot is not None:  # e.g. the Delta table version at this batch
+                meta["sink"] = self.handle.on_snapshot(batch, req.kind, req.target)
             if batch is None:  # no batch ever planned: the state is the empty start
                 info = storage.take_empty_snapshot(Path(req.target), metadata=meta)
             else:

@@ -89,6 +89,14 @@ class SinkHandle:
     # it say so; `real_time` is the trigger's batch length the job asked for (the runner sets it).
     supports_real_time: bool = False
     real_time: str | None = None
+    # A sink that records something in every snapshot (a Delta sink: the table version of the
+    # snapshot's batch): `on_snapshot(batch, kind, target)` is kept under "sink" in the snapshot's
+    # _metadata (runtime/snapshots.py), and `restored_sink` is that entry of the snapshot an
+    # attempt restores, set before prepare (runtime/restore.py).
+    on_snapshot: Callable[[int | None, str, str], dict] | None = None
+    restored_sink: dict | None = None
+    # What the sink committed for a batch, reported with its progress (Progress.sink_commit).
+    commit_figures: Callable[[int], dict[str, int] | None] | None = None
     attempt: int | None = None  # set by prepare()
 
     @property
