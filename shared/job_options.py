@@ -245,9 +245,8 @@ RULES: dict[str, _Rule] = {
     # Every Delta sink's upkeep (services/taskmanager/runtime/connectors/delta_maintenance.py).
     "sink.delta.optimize.every": _integer_rule(0, 100),
     "sink.delta.vacuum.every": _integer_rule(0, 1000),
-    "sink.delta.optimize.interval": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "30 min"),
-    "sink.delta.vacuum.interval": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "1 d"),
-    "sink.delta.vacuum.retention": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "7 d"),
+    **{f"sink.delta.{name}": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", example)
+       for name, example in (("optimize.interval", "30 min"), ("vacuum.interval", "1 d"), ("vacuum.retention", "7 d"))},
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Callable, Iterator
 
+from shared.errors import TaskError
+
 log = logging.getLogger("headrace.safe_fs")
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -33,7 +35,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
-class UnsafePath(OSError):
+class UnsafePath(TaskError, OSError):
     """A path root refused to follow (a symbolic link, or not a directory where one belongs)."""
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared import safe_fs
+from shared.errors import TaskError
 from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.sandbox_users")
@@ -45,7 +46,7 @@ KILL_ROUNDS = 20
 _IPC_RMID = 0
 
 
-class SandboxUsersError(OSError):
+class SandboxUsersError(TaskError, OSError):
     """The pool cannot give out a user; the message says why and what to do."""
 
 

@@ -48,6 +48,7 @@ from services.cluster import (
     taskmanager_credentials,
 )
 from services.cluster.infrastructure import ClusterError
+from services.cluster.pinned_ports import PinnedPorts, role_of
 from services.cluster.pipeline_database import pipeline_database
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager import task_processes
@@ -74,14 +75,6 @@ class Child:
     # How stop() asks it to end: None, SIGTERM to its process group; a signal, that signal to its
     # own process only, which ends the rest itself (PostgreSQL's postmaster: SIGINT, fast shutdown).
     shutdown_signal: int | None = None
-
-
-# Which Redis user each child connects as (its config file is <run>/<role>.yaml).
-def role_of(name: str) -> str | None:
-    for role in (*redis_auth.SERVICES, redis_auth.TASKMANAGER):
-        if name == role or name.startswith(f"{role}-"):
-            return role
-    return None
 
 
 def config_name(name: str) -> str | None:
@@ -259,25 +252,11 @@ class LocalCluster:
 
     def pinned_ports(self) -> dict[str, int]:
         """The ports fixed instead of chosen free, by what will listen there."""
-        planned = self.planned_children()
-        if self.redis_port and "redis" not in planned:
-            raise ClusterError("--redis-port pins the Redis headrace up starts; with HEADRACE_REDIS_URL set it "
-                               "starts none (that URL names the port)")
-        if self.zookeeper_port and "zookeeper" not in planned:
-            raise ClusterError("--zookeeper-port pins the ZooKeeper headrace up starts with --ha; without --ha, "
-                               "or with HEADRACE_ZOOKEEPER_QUORUM set, it starts none")
-        ports = {"redis (--redis-port)": self.redis_port, "zookeeper (--zookeeper-port)": self.zookeeper_port}
-        ports |= {f"{name}'s metrics (--metrics-port-base)": port for name, port in self._pinned_metrics().items()}
-        return {what: port for what, port in ports.items() if port}
+        return self._ports().all()
 
-    def _pinned_metrics(self) -> dict[str, int]:
-        """With `metrics_port_base`: the ResourceManager's metrics port is the base, then each
-        JobManager's, then each TaskManager's, in order (metrics turned off take no port)."""
-        if not self.metrics_port_base:
-            return {}
-        names = [n for n in self.planned_children()
-                 if getattr(self.settings, f"{role_of(n)}_metrics_port", -1) != -1]
-        return {name: self.metrics_port_base + i for i, name in enumerate(names)}
+    def _ports(self) -> PinnedPorts:
+        return PinnedPorts(self.settings, tuple(self.planned_children()), self.redis_port, self.zookeeper_port,
+                           self.metrics_port_base)
 
     def _metrics_env(self, name: str, env: dict) -> dict:
         """Several members of one role run on this host: each gets its own metrics port, pinned or
@@ -286,23 +265,14 @@ class LocalCluster:
         key = f"{role}_metrics_port"
         if getattr(self.settings, key) == -1:
             return env
-        port = self._pinned_metrics().get(name) or free_port()
+        port = self._ports().metrics().get(name) or free_port()
         self.metrics_urls[name] = f"http://{self.settings.metrics_host}:{port}/metrics"
         return env | {f"HEADRACE_{key.upper()}": str(port)}
 
     def describe(self) -> dict:
+        """What cluster.json says: where each part listens, the processes, the supervision."""
         with self._lock:
-            out = {"dispatcher": self.dispatcher_url, "redis": redis_auth.masked(self.redis_url),
-                   "redis_port": urlsplit(self.redis_url).port,
-                   "catalog": redis_auth.masked(self.catalog_url or self.settings.catalog),
-                   "zookeeper": self.zookeeper_quorum,
-                   "run_dir": str(self.run_dir), "processes": {c.name: c.proc.pid for c in self.children},
-                   "metrics": dict(self.metrics_urls)}
-            if self.spark_master is not None:
-                out["spark"] = {"master": self.spark_master.url, "ui": self.spark_master.webui,
-                                "workers": self.spark_workers}
-            if self.kafka_spec is not None:
-                out["kafka"] = {"bootstrap": self.kafka_spec.bootstrap, "data_dir": str(self.kafka_spec.data_dir)}
+            out = describe(self)
         if self.supervisor is not None:
             out["supervision"] = self.supervisor.view()
         return out
@@ -428,3 +398,19 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def describe(cluster: LocalCluster) -> dict:
+    """Where each part of `cluster` listens and its processes (the caller holds its lock)."""
+    out = {"dispatcher": cluster.dispatcher_url, "redis": redis_auth.masked(cluster.redis_url),
+           "redis_port": urlsplit(cluster.redis_url).port,
+           "catalog": redis_auth.masked(cluster.catalog_url or cluster.settings.catalog),
+           "zookeeper": cluster.zookeeper_quorum,
+           "run_dir": str(cluster.run_dir), "processes": {c.name: c.proc.pid for c in cluster.children},
+           "metrics": dict(cluster.metrics_urls)}
+    if cluster.spark_master is not None:
+        out["spark"] = {"master": cluster.spark_master.url, "ui": cluster.spark_master.webui,
+                        "workers": cluster.spark_workers}
+    if cluster.kafka_spec is not None:
+        out["kafka"] = {"bootstrap": cluster.kafka_spec.bootstrap, "data_dir": str(cluster.kafka_spec.data_dir)}
+    return out

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from services.taskmanager.runtime.connectors.ownership import SinkOwnedError, SinkOwner, check_claim, replaced_after
 from shared import safe_fs
+from shared.errors import TaskError
 from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.taskmanager.sinks")
@@ -54,7 +55,7 @@ def record_path(checkpoints: Path, path: str | os.PathLike) -> Path:
     return checkpoints / REGISTRY / f"{record_key(path)}.json"
 
 
-class ClaimRefused(OSError):
+class ClaimRefused(TaskError, OSError):
     """A directory the TaskManager will not hand to the task; the message says why and what to do."""
 
 

@@ -37,6 +37,7 @@ from pathlib import Path, PurePath
 from shared import safe_fs
 from shared import task_protocol as tp
 from shared.checkpoint_storage import METADATA_FILE
+from shared.errors import TaskError
 from shared.lineage import lineage_of
 from shared.untrusted_code import UntrustedUser
 
@@ -46,7 +47,7 @@ MAX_METADATA_BYTES = 16 * 1024**2
 VIEW_PREFIX = ".restore-"
 
 
-class StorageRefused(OSError):
+class StorageRefused(TaskError, OSError):
     """A path the TaskManager will not hand to a task; the message says why."""
 
 

@@ -31,7 +31,8 @@ def at_home() -> Settings:
 # Defaults computed at run time: field -> (how a table may say it, what the code does).
 DESCRIBED: dict[str, tuple[set[str], Callable[[], bool]]] = {
     "home": ({"~/.headrace"}, lambda: default("home") == Path.home() / ".headrace"),
-    "catalog_url": ({"SQLite in home", "SQLite $HEADRACE_HOME/catalog.db"},
+    "catalog_url": ({"SQLite in home", "SQLite $HEADRACE_HOME/catalog.db",
+                     "SQLite in home; headrace up --ha: a PostgreSQL server it runs (data in $HEADRACE_HOME/postgres)"},
                     lambda: at_home().catalog == "sqlite:////h/catalog.db"),
     "checkpoint_dir": ({"$HEADRACE_HOME/checkpoints"}, lambda: at_home().checkpoints == Path("/h/checkpoints")),
     "savepoint_dir": ({"$HEADRACE_HOME/savepoints"}, lambda: at_home().savepoints == Path("/h/savepoints")),
@@ -41,6 +42,8 @@ DESCRIBED: dict[str, tuple[set[str], Callable[[], bool]]] = {
     "pipeline_redis_url": ({"HEADRACE_REDIS_URL"}, lambda: default("pipeline_redis_url") is None),
     "pipeline_kafka_bootstrap_servers": ({"none (headrace up --kafka: its broker)", "unset"},
                                          lambda: default("pipeline_kafka_bootstrap_servers") is None),
+    "catalog_port": ({"a free one"}, lambda: default("catalog_port") == 0),
+    "lake_dir": ({"$HEADRACE_HOME/lake"}, lambda: at_home().lake == Path("/h/lake")),
     "kafka_controller_port": ({"a free one", "a free port"}, lambda: default("kafka_controller_port") == 0),
     "taskmanager_cores": ({"CPU count"}, lambda: default("taskmanager_cores") == float(os.cpu_count() or 1)),
     "warm_parallelism": ({"slots", "the TaskManager's slots"}, lambda: default("warm_parallelism") is None),

@@ -16,12 +16,13 @@ import queue
 import threading
 from typing import Any
 
+from shared.errors import TaskError
 from shared.task_protocol import ClaimDirectory, Granted, ViewSnapshot
 
 ANSWER_TIMEOUT_S = 120.0
 
 
-class ClaimFailed(RuntimeError):
+class ClaimFailed(TaskError, RuntimeError):
     """The TaskManager refused a request for a reason other than a sink's ownership or fence."""
 
 
