@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import httpx
+from kazoo.client import KazooClient
 
 from services.cluster.local_cluster import LocalCluster, free_port
 from shared.settings import Settings
@@ -184,3 +186,19 @@ def wait_for(what: str, check, timeout_s: float = 30, poll_s: float = 0.1):
             return value
         time.sleep(poll_s)
     raise AssertionError(f"{what} not seen within {timeout_s} s")
+
+
+def leader(cluster) -> dict:
+    zk = KazooClient(hosts=cluster.zookeeper_quorum)
+    zk.start(timeout=10)
+    try:
+        data, _ = zk.get("/headrace/jobmanager/leader")
+        return json.loads(data)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def leader_child(cluster) -> str:
+    pid = int(leader(cluster)["id"].rsplit(":", 1)[1])
+    return next(c.name for c in cluster.children if c.name.startswith("jobmanager") and c.proc.pid == pid)

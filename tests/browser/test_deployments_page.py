@@ -18,7 +18,7 @@ import pytest
 
 # The same browser, sign-in and page helpers as the dashboard's own tests, and the same skips
 # (no Chromium, chromedriver, selenium or redis-server: that module skips, and so does this one).
-from tests.browser.test_dashboard import JOB_WAIT_S, Page, api, browser, tokens  # noqa: F401 - fixtures
+from tests.browser.dashboard_page import JOB_WAIT_S, Page, api, browser, tokens  # noqa: F401
 from tests.clusters import start_cluster
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ import pytest
 import redis
 
 # The same browser and page helpers as the dashboard's own tests, and the same skips.
-from tests.browser.test_dashboard import JOB_WAIT_S, Page, browser  # noqa: F401 - fixtures
+from tests.browser.dashboard_page import JOB_WAIT_S, Page, browser  # noqa: F401
 from tests.clusters import Rest, start_cluster
 
 pytestmark = pytest.mark.integration

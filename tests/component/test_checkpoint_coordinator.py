@@ -10,45 +10,16 @@ from pathlib import Path
 import pytest
 
 from services.jobmanager.scheduler import JobMaster
-from shared import checkpoint_storage as storage
 from shared import streams
 from shared.catalog import repository as repo
-from shared.ids import new_request_id
-from shared.messages import (
-    CancelTask,
-    CheckpointAcknowledged,
-    CheckpointDeclined,
-    DeployTask,
-    RequestCheckpoint,
-    RequestSavepoint,
-    TriggerCheckpoint,
-)
+from shared.messages import CancelTask, CheckpointDeclined, DeployTask
 from shared.states import ExecutionState as ES
-from tests.component.test_scheduling import Harness
-
-CONFIG = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 2}
+from tests.component.harness import CONFIG, Harness, ack, operation, request, triggers
 
 
 @pytest.fixture
 def h(tmp_path):
     return Harness(tmp_path)
-
-
-def triggers(h) -> list[TriggerCheckpoint]:
-    out = [c for _, c in h.gw.sent if isinstance(c, TriggerCheckpoint)]
-    h.gw.sent = [(q, c) for q, c in h.gw.sent if not isinstance(c, TriggerCheckpoint)]
-    return out
-
-
-def ack(h, trig: TriggerCheckpoint, batch_id: int = 7) -> str:
-    """Write the snapshot the task would have written, then acknowledge it."""
-    info = storage.take_empty_snapshot(Path(trig.target), metadata={"job_id": trig.job_id, "kind": trig.kind,
-                                                                  "checkpoint_id": trig.checkpoint_id})
-    h.t.publish(streams.JM_STREAM, CheckpointAcknowledged(
-        job_id=trig.job_id, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
-        checkpoint_id=trig.checkpoint_id, path=str(info.path), batch_id=batch_id, state_size=123, duration_ms=5))
-    h.pump()
-    return str(info.path)
 
 
 def running_job(h, config=CONFIG, restart=None):
@@ -177,23 +148,6 @@ def test_a_batch_task_declines_permanently_and_is_not_triggered_again(h):
     h.clock.advance(5.0)
     h.pump()
     assert triggers(h) == [] and h.job(job).checkpoint_failures == 0 and h.job(job).status == "RUNNING"
-
-
-def request(h, job, kind="savepoint", **body) -> str:
-    rid = new_request_id()
-    with h.catalog.session() as s:
-        repo.create_operation(s, id=rid, kind=kind, job_id=job, params=dict(body))
-    if kind == "checkpoint":
-        h.t.publish(streams.JM_STREAM, RequestCheckpoint(job_id=job, request_id=rid))
-    else:
-        h.t.publish(streams.JM_STREAM, RequestSavepoint(job_id=job, request_id=rid, **body))
-    h.pump()
-    return rid
-
-
-def operation(h, rid):
-    with h.catalog.session() as s:
-        return repo.get_operation(s, rid)
 
 
 def test_savepoint_completes_its_operation_and_is_never_pruned(h, tmp_path):

@@ -13,8 +13,7 @@ from services.jobmanager.scheduler import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
 from shared.catalog import repository as repo
 from shared.states import ExecutionState as ES
-from tests.component.test_checkpoint_coordinator import CONFIG, ack, triggers
-from tests.component.test_scheduling import Harness
+from tests.component.harness import CONFIG, Harness, ack, triggers
 
 
 class MemoryPointers:

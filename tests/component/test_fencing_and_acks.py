@@ -24,7 +24,7 @@ from shared.messages import (
     decode,
 )
 from shared.states import ExecutionState as ES
-from tests.component.test_scheduling import Harness, _executions
+from tests.component.harness import Harness, executions_of
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_a_deploy_committed_by_the_old_leader_goes_out_only_under_the_new_epoch(
     h.gw.deploy = lambda queue, cmd: (_ for _ in ()).throw(ConnectionError("Redis is down"))
     job = h.submit()
     h.pump()
-    [(ex_id, state)] = [(e.id, e.state) for e in _executions(h, job)]
+    [(ex_id, state)] = [(e.id, e.state) for e in executions_of(h, job)]
     assert state == "DEPLOYING"
     del h.gw.deploy
     sent = []

@@ -31,7 +31,7 @@ from shared.messages import (
 from shared.restore_failure import SnapshotRestoreError
 from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
-from tests.component.test_scheduling import Harness
+from tests.component.harness import Harness
 
 RESTARTS = {"type": "fixed-delay", "attempts": 5, "delay": 0}
 

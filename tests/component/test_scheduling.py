@@ -9,11 +9,7 @@ import pytest
 from services.jobmanager.scheduler import JobMaster
 from services.resourcemanager.service import ResourceManager
 from shared import streams
-from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from shared.clock import FakeClock
-from shared.ids import new_job_id
-from shared.message_auth import TASKMANAGER_MESSAGES, ClusterAuth, taskmanager_sender
 from shared.messages import (
     CancelJob,
     CancelTask,
@@ -24,101 +20,11 @@ from shared.messages import (
     TaskManagerHeartbeat,
     TaskManagerLost,
     TaskReport,
-    TaskStateChanged,
     UnregisterTaskManager,
     decode,
 )
-from shared.settings import Settings
 from shared.states import ExecutionState as ES
-from shared.transport import InMemoryTransport
-
-
-class RecordingGateway:
-    def __init__(self):
-        self.sent: list[tuple[str, object]] = []
-
-    def deploy(self, queue, cmd: DeployTask):
-        self.sent.append((queue, cmd))
-
-    def cancel(self, queue, cmd: CancelTask):
-        self.sent.append((queue, cmd))
-
-    def trigger_checkpoint(self, queue, cmd):
-        self.sent.append((queue, cmd))
-
-
-class PlaysEveryTaskManager(ClusterAuth):
-    """The bus of a harness that scripts the TaskManagers: what a TaskManager would send goes out
-    signed as the TaskManager it names, so the sender checks of the JobManager and the
-    ResourceManager apply as on a cluster (shared/message_auth.py)."""
-
-    def sender_for(self, body, default: str) -> str:
-        tm = getattr(body, "taskmanager_id", None)
-        return taskmanager_sender(tm) if isinstance(body, TASKMANAGER_MESSAGES) and tm else default
-
-
-class Harness:
-    def __init__(self, tmp_path, slots=(4, 4)):
-        self.clock = FakeClock()
-        self.settings = Settings(home=tmp_path, heartbeat_interval_s=2, heartbeat_timeout_s=10)
-        self.catalog = Catalog(self.settings.catalog)
-        self.catalog.migrate()
-        self.t = InMemoryTransport(sender="test", epoch=1, auth=PlaysEveryTaskManager.ephemeral())
-        self.gw = RecordingGateway()
-        self.jm = JobMaster(self.settings, self.catalog, self.t, self.gw, self.clock, epoch=1)
-        with self.jm.unit_of_work():
-            self.jm.recover()  # claims the catalog's leadership row, as a real leader does
-        self.rm = ResourceManager(self.settings, self.catalog, self.t, self.clock)
-        for i, n in enumerate(slots):
-            self.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=f"tm-{i}", host="h", slots=n, cores=2,
-                                                                  memory_bytes=1, queue=f"tm.tm-{i}"))
-        self.pump()
-
-    def pump(self, rounds=5):
-        for _ in range(rounds):
-            self.t.drain(streams.RM_STREAM, streams.RM_GROUP, self.rm.handle)
-            self.t.drain(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, self.rm.handle)
-            self.rm.tick()
-            self.t.drain(streams.JM_STREAM, streams.JM_GROUP, self.jm.handle, around_batch=self.jm.unit_of_work)
-            self.jm.timers.run_due()
-            if self.jm.checkpoints.due():
-                with self.jm.unit_of_work():
-                    self.jm.checkpoints.tick()
-
-    def submit(self, parallelism=1, restart=None, name="job", config=None, announce=True) -> str:
-        job_id = new_job_id()
-        with self.catalog.session() as s:
-            repo.create_job(s, id=job_id, name=name, artifact_id=None, entry="build", parallelism=parallelism,
-                            program_args=[], config=config or {}, restart_strategy=restart or {"type": "none"},
-                            kind="noop")
-        if announce:
-            self.t.publish(streams.JM_STREAM, SubmitJob(job_id=job_id))
-        return job_id
-
-    def deployed(self) -> list[DeployTask]:
-        out = [c for _, c in self.gw.sent if isinstance(c, DeployTask)]
-        self.gw.sent = [(q, c) for q, c in self.gw.sent if not isinstance(c, DeployTask)]
-        return out
-
-    def report(self, cmd: DeployTask, *states: ES, cause=None):
-        tm = cmd.spec.execution_id
-        ex_tm = self.execution(cmd.spec.execution_id).taskmanager_id
-        for st in states:
-            self.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=tm, job_id=cmd.spec.job_id,
-                                                               taskmanager_id=ex_tm, state=st, failure_cause=cause))
-        self.pump()
-
-    def execution(self, ex_id):
-        with self.catalog.session() as s:
-            return repo.get_execution(s, ex_id)
-
-    def job(self, job_id):
-        with self.catalog.session() as s:
-            return repo.get_job(s, job_id)
-
-    def attempts(self, job_id):
-        with self.catalog.session() as s:
-            return [(e.attempt, e.state) for e in repo.job_executions(s, job_id)]
+from tests.component.harness import Harness, executions_of
 
 
 @pytest.fixture
@@ -456,7 +362,7 @@ def test_a_deploy_left_in_the_outbox_is_dropped_once_its_attempt_moved_on(h):
     h.gw.deploy = lambda queue, cmd: (_ for _ in ()).throw(ConnectionError("Redis is down"))
     job = h.submit()
     h.pump()
-    [(ex_id, state)] = [(e.id, e.state) for e in _executions(h, job)]
+    [(ex_id, state)] = [(e.id, e.state) for e in executions_of(h, job)]
     assert state == "DEPLOYING" and ("deploy", ex_id) in _outbox_rows(h)
     h.t.publish(streams.JM_STREAM, CancelJob(job_id=job))
     h.pump()
@@ -471,11 +377,6 @@ def test_sent_effects_leave_the_outbox_with_the_next_transaction(h):
     h.pump()
     assert len(h.deployed()) == 1
     assert _outbox_rows(h) == []
-
-
-def _executions(h, job_id):
-    with h.catalog.session() as s:
-        return list(repo.job_executions(s, job_id))
 
 
 def test_resourcemanager_answers_survive_a_failed_publish(h):

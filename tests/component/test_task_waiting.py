@@ -15,7 +15,7 @@ from shared.catalog import repository as repo
 from shared.message_auth import TASKMANAGER_MESSAGES
 from shared.messages import TaskWaiting
 from shared.states import ExecutionState as ES
-from tests.component.test_scheduling import Harness
+from tests.component.harness import Harness
 
 REASON = ("SQL sink lin:counts: waiting for database postgresql://db:5432/out, unreachable since 10:00:00 UTC "
           "(the task fails after 60 s, sink.max-retry-time)")

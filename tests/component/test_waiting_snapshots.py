@@ -14,8 +14,7 @@ from services.jobmanager.scheduler import JobMaster
 from shared import streams
 from shared.messages import RequestSavepoint, SubmitJob
 from shared.states import ExecutionState as ES
-from tests.component.test_checkpoint_coordinator import ack, operation, request, triggers
-from tests.component.test_scheduling import Harness
+from tests.component.harness import Harness, ack, operation, request, triggers
 
 CONFIG = {"execution.checkpointing.timeout": "30 s"}
 

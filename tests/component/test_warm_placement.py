@@ -8,7 +8,7 @@ from __future__ import annotations
 from shared import streams
 from shared.messages import DeployTask, RegisterTaskManager, SlotState, TaskManagerHeartbeat
 from shared.states import ExecutionState as ES
-from tests.component.test_scheduling import Harness
+from tests.component.harness import Harness
 
 
 def heartbeat(h: Harness, tm: str, running: list[DeployTask], *, warm_ready: int) -> None:

@@ -24,7 +24,6 @@ from collections import Counter
 from datetime import timedelta, timezone
 from pathlib import Path
 
-import psutil
 import pyarrow.dataset as pads
 import pytest
 
@@ -43,7 +42,7 @@ from tests.e2e.counting import (
     sql_totals,
     wait_for,
 )
-from tests.e2e.test_clickstream_e2e import runner_processes
+from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
 
 pytestmark = pytest.mark.e2e
 
@@ -65,38 +64,6 @@ def expected_windows(produced: int) -> Counter:
         start = t.replace(second=t.second - t.second % 10, microsecond=0)
         got[(start.replace(tzinfo=None), f"k{n % KEYS}")] += 1
     return got
-
-
-def savepoint(rest: Rest, job: str, path: str, body: dict) -> str:
-    r = rest.http.post(f"/jobs/{job}/{path}", json=body)
-    assert r.status_code == 202, r.text
-    rid = r.json()["request-id"]
-
-    def done():
-        st = rest.get(f"/jobs/{job}/savepoints/{rid}")
-        return st if st["status"]["id"] == "COMPLETED" else None
-
-    status = wait_for(done, 120, f"savepoint {rid}")
-    assert "location" in status["operation"], status
-    return status["operation"]["location"].removeprefix("file:")
-
-
-def kill_task_taskmanager(c, rest: Rest, job: str) -> str:
-    attempt = rest.attempts(job)[-1]
-    tm = attempt["taskmanager-id"]
-    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
-    proc = psutil.Process(c.child(name).proc.pid)
-    drivers = runner_processes(proc.pid)
-    os.killpg(proc.pid, signal.SIGKILL)
-    for d in drivers:
-        try:
-            os.killpg(d.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=120)
-    c.child(name).proc.wait(10)
-    c.respawn(name)
-    return name
 
 
 def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed: Path | None = None,

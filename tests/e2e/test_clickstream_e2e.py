@@ -10,65 +10,17 @@ Spark drivers, the dispatcher; PostgreSQL as catalog and as the pipeline's sink.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from datetime import timezone
 from pathlib import Path
 
 import psutil
-import psycopg
 import pytest
 
-from services.taskmanager.runtime.connectors.datagen import generate_events
 from tests.clusters import Rest, start_cluster
+from tests.e2e.drills import ARGS, TOTAL, expected_counts, settled_drivers, sink_counts
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED, TOTAL = 42, 2400
-ARGS = ["--total", str(TOTAL), "--rate", "800", "--seed", str(SEED), "--events-per-minute", "600",
-        "--max-delay-ms", "5000", "--table", "e2e_clicks"]
-
-
-def expected_counts() -> Counter:
-    counts = Counter()
-    for e in generate_events(SEED, 0, TOTAL, events_per_minute=600, max_delay_ms=5000):
-        t = e["event_time"].astimezone(timezone.utc).replace(tzinfo=None)
-        counts[(t.replace(second=0, microsecond=0), e["url"])] += 1
-    return counts
-
-
-def sink_counts(pg: str, table: str) -> Counter:
-    """(window start in UTC, url) -> count, as the pipeline left it in PostgreSQL."""
-    with psycopg.connect(pg) as conn:
-        rows = conn.execute(f"SELECT window_start, url, count FROM {table}").fetchall()
-    got = Counter()
-    for start, url, count in rows:
-        start = start.astimezone(timezone.utc).replace(tzinfo=None) if start.tzinfo else start
-        got[(start, url)] += count
-    return got
-
-
-def runner_processes(tm_pid: int) -> list[psutil.Process]:
-    """The Spark driver processes a TaskManager supervises (each leads its own session)."""
-    out = []
-    for p in psutil.Process(tm_pid).children(recursive=False):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "services.taskmanager.runtime.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def settled_drivers(c, names, timeout_s: float = 60) -> dict[str, set[int]]:
-    """Wait until each TaskManager runs exactly its one warm driver (the previous task's driver
-    has exited), then return their pids."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = {n: {p.pid for p in runner_processes(c.child(n).proc.pid)} for n in names}
-        if all(len(pids) == 1 for pids in found.values()) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

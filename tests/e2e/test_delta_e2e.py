@@ -25,8 +25,7 @@ from deltalake import DeltaTable
 from services.taskmanager.runtime.connectors import delta_log
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, completed_checkpoints, expected_totals, wait_for
-from tests.e2e.test_checkpoints_e2e import kill_task_taskmanager, savepoint
-from tests.e2e.test_clickstream_e2e import runner_processes
+from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
 
 pytestmark = pytest.mark.e2e
 

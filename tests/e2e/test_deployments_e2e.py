@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters import Rest, start_cluster
+from tests.clusters import Rest, leader, leader_child, start_cluster
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
-from tests.integration.test_jobmanager_ha import leader, leader_child
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import expected_totals, sql_totals, wait_for
-from tests.e2e.test_checkpoints_e2e import savepoint
+from tests.e2e.drills import savepoint
 from tests.kafka_support import Feeder, counting_event, produce, read_all
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ import pytest
 from services.cluster import spark_standalone
 from services.cluster.readiness import wait_for_warm_drivers
 from tests.clusters import Rest, start_cluster
-from tests.e2e.test_clickstream_e2e import ARGS, TOTAL, expected_counts, sink_counts
+from tests.e2e.drills import ARGS, TOTAL, expected_counts, sink_counts
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,7 @@ from tests.e2e.counting import (
     sql_totals,
     wait_for,
 )
-from tests.e2e.test_clickstream_e2e import runner_processes
+from tests.e2e.drills import runner_processes
 
 pytestmark = pytest.mark.e2e
 

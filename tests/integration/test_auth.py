@@ -248,7 +248,7 @@ def test_token_cli_create_list_revoke(tmp_path, sqlite_url):
 def test_flink_cli_sends_a_token_from_its_environment(tmp_path, sqlite_url):
     """The real `flink` 2.3 CLI has no token option, but its REST client adds the headers of
     FLINK_REST_CLIENT_HEADERS to every request: that is the documented way (docs/runbooks/auth.md)."""
-    from tests.integration.test_flink_cli import CLI_JVM_OPTS, CLI_TIMEOUT_S, FLINK_HOME, LAUNCHER
+    from tests.flink_cli import CLI_JVM_OPTS, CLI_TIMEOUT_S, FLINK_HOME, LAUNCHER
 
     if not os.access(LAUNCHER, os.X_OK):
         missing(f"the Flink CLI ({LAUNCHER}; install it with scripts/install-flink-cli)")

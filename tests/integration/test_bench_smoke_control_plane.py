@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_bench_smoke_checkpoints import BENCH_PG, run_bench
+from tests.integration.bench_runs import BENCH_PG, run_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.integration.test_bench_smoke_checkpoints import run_smoke
+from tests.integration.bench_runs import run_smoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420),
               pytest.mark.skipif(os.environ.get("HEADRACE_BENCH_SMOKE") != "1",

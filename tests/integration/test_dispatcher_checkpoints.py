@@ -24,7 +24,7 @@ from shared.states import JobStatus as J
 from shared.states import OperationStatus as OS
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
-from tests.integration.test_dispatcher_api import (  # noqa: F401 - fixtures
+from tests.integration.dispatcher_support import (  # noqa: F401 - fixtures and their dependencies
     catalog,
     catalog_url,
     client,

@@ -17,21 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters import SUITE_JIT_AND_GC_OPTIONS, TERMINAL, Rest, start_cluster
+from tests.clusters import TERMINAL, Rest, start_cluster
 from tests.conftest import missing
+from tests.flink_cli import CLI_JVM_OPTS, CLI_TIMEOUT_S, FLINK_HOME, FLINK_VERSION, LAUNCHER
 
 pytestmark = pytest.mark.integration
 
-FLINK_VERSION = "2.3.0"
-FLINK_HOME = Path(os.environ.get("HEADRACE_FLINK_HOME")
-                  or Path.home() / ".cache" / "headrace" / f"flink-{FLINK_VERSION}")
-LAUNCHER = FLINK_HOME / "bin" / "flink"
-CLI_TIMEOUT_S = 120
-# Each CLI run starts two JVMs over a 280 MB classpath; a client this short-lived is faster without
-# the optimising JIT and with one GC thread. Only the JVM's speed changes, not the CLI's behaviour.
-# It keeps bytecode verification, which the suite's other JVMs skip: without it the CLI's
-# `savepoint -d <path>` fails with "Missing required argument: savepoint path".
-CLI_JVM_OPTS = SUITE_JIT_AND_GC_OPTIONS
 SAVEPOINT_PATH = re.compile(r"Savepoint completed\. Path: (\S+)")
 UNKNOWN_JOB = "0" * 32
 

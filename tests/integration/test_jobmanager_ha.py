@@ -4,15 +4,13 @@ tasks. The leader dies; the standby takes over, recovers the jobs and restarts n
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
 import pytest
-from kazoo.client import KazooClient
 
-from tests.clusters import start_cluster
+from tests.clusters import leader, leader_child, start_cluster
 from tests.conftest import missing
 
 pytestmark = pytest.mark.integration
@@ -35,22 +33,6 @@ def cluster(tmp_path_factory, pg_url_module):
 def noop(rest, jar, duration):
     return rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
                     config={"noop.duration": duration})
-
-
-def leader(cluster) -> dict:
-    zk = KazooClient(hosts=cluster.zookeeper_quorum)
-    zk.start(timeout=10)
-    try:
-        data, _ = zk.get("/headrace/jobmanager/leader")
-        return json.loads(data)
-    finally:
-        zk.stop()
-        zk.close()
-
-
-def leader_child(cluster) -> str:
-    pid = int(leader(cluster)["id"].rsplit(":", 1)[1])
-    return next(c.name for c in cluster.children if c.name.startswith("jobmanager") and c.proc.pid == pid)
 
 
 @pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])

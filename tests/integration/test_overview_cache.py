@@ -22,7 +22,7 @@ from shared.ids import new_job_id, new_vertex_id
 from shared.settings import Settings
 from shared.states import JobStatus as J
 from shared.transport import InMemoryTransport
-from tests.integration.test_dispatcher_api import (  # noqa: F401 - fixtures
+from tests.integration.dispatcher_support import (  # noqa: F401 - fixtures and their dependencies
     catalog,
     catalog_url,
     deploy,

@@ -21,9 +21,8 @@ from typer.testing import CliRunner
 from services.cli import app as cli
 from shared.catalog import Catalog
 from shared.catalog.models import Job, ScheduleRun
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import leader, leader_child, start_cluster, wait_for
 from tests.conftest import missing
-from tests.integration.test_jobmanager_ha import leader, leader_child
 
 pytestmark = pytest.mark.integration
 

@@ -34,13 +34,7 @@ from shared.messages import (
 from shared.states import ExecutionState as ES
 from shared.task_protocol import TaskSpec
 from tests.clusters import start_cluster
-from tests.integration.test_hostile_messages import (
-    dead_letters_since,
-    dlq_tail,
-    reports_since,
-    tails,
-    wait_for_at_least,
-)
+from tests.integration.bus_reading import dead_letters_since, dlq_tail, reports_since, tails, wait_for_at_least
 
 pytestmark = pytest.mark.integration
 

@@ -35,7 +35,7 @@ from shared.messages import CancelTask, RegisterTaskManager, SlotState, SubmitJo
 from shared.states import ExecutionState
 from shared.transport.redis_streams import RedisStreamsTransport
 from tests.clusters import start_cluster, wait_for
-from tests.integration.test_hostile_messages import kombu_item
+from tests.integration.bus_reading import kombu_item
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,7 @@ from services.jobmanager.scheduler import JobMaster
 from shared.catalog import repository as repo
 from shared.states import ExecutionState as ES
 from shared.zookeeper import ZooKeeperCheckpointStore
-from tests.component.test_checkpoint_coordinator import CONFIG, ack, triggers
-from tests.component.test_scheduling import Harness
+from tests.component.harness import CONFIG, Harness, ack, triggers
 
 pytestmark = pytest.mark.integration
 
