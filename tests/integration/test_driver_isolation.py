@@ -8,8 +8,9 @@ outcome.
    marker. 2: it swaps its own checkpoint directories for links, and a restart finds what an older
    Headrace left (a driver-owned vertex directory, `live` a link to a root-only directory). 3: it
    attacks the savepoint and checkpoint roots after savepoints into both. 5: it attacks a files
-   sink another job writes. 9: it writes a 64 MiB line and a traceback of 800 kB on its event
-   pipe. 10: it fills a memfd and /dev/shm past its limit, and asks for "1000g" and "off".
+   sink another job writes; a Delta table outlives the pool user of the attempt that made it.
+   9: it writes a 64 MiB line and a traceback of 800 kB on its event pipe. 10: it fills a memfd
+   and /dev/shm past its limit, and asks for "1000g" and "off".
 
 The clusters live under a directory of /tmp of their own (tests/integration/test_driver_sandbox.py
 says why)."""
@@ -350,6 +351,43 @@ def test_a_pipeline_cannot_forge_or_destroy_another_jobs_files_sink(cluster, res
     assert {p.stat().st_uid for p in out.rglob("*") if not p.is_symlink()} == {0}
     ids = sorted(i for f in out.glob("b*-a*-*.parquet") for i in pq.read_table(f, columns=["i"])["i"].to_pylist())
     assert ids == list(range(len(ids))), "every event once across the restart"
+
+
+DELTA_WRITER = """
+    def build(ctx):
+        report(ctx.args[1] + f".{ctx.attempt}", {"pid": os.getpid()})
+        events = ctx.sources.datagen(seed=5, rows_per_second=20, max_rows_per_batch=20)
+        return ctx.sinks.delta(events.select("i", "url"), ctx.args[0], trigger="1 second")
+"""
+
+
+def test_a_delta_table_outlives_the_pool_user_of_the_attempt_that_made_it(cluster, rest, root, outbox):
+    # The table is made by one pool user; after its driver is killed the next attempt runs as
+    # another and must go on committing to it (the lake is the drivers' group's, setgid, and
+    # Hadoop writes its files group-writable there), every event once.
+    from deltalake import DeltaTable
+
+    name = f"isolated_{uuid.uuid4().hex[:6]}"
+    table = cluster.settings.lake / name
+    writer = submit(rest, root, DELTA_WRITER, name, str(outbox / "delta"),
+                    restartStrategy={"type": "fixed-delay", "attempts": 2, "delay": "1 s"},
+                    config={"execution.checkpointing.interval": "2 s"})
+    rest.wait_attempt_running(writer, 0, timeout_s=300)
+
+    def version() -> int:
+        return DeltaTable(str(table)).version() if (table / "_delta_log").is_dir() else -1
+
+    wait_for("three Delta commits", lambda: version() >= 3, timeout_s=240)
+    os.kill(read(outbox / "delta.0")["pid"], 9)
+    rest.wait_attempt_running(writer, 1, timeout_s=300)
+    assert read(outbox / "delta.1")["uid"] != read(outbox / "delta.0")["uid"]
+    before = version()
+    wait_for("the next attempt's commits", lambda: version() >= before + 2, timeout_s=180)
+    rest.cancel(writer)
+    rest.wait_state(writer, DONE, timeout_s=120)
+    assert rest.attempts(writer)[-1]["attempt"] == 1, "no failure after the new user took over"
+    ids = sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["i"])["i"].to_pylist())
+    assert ids == list(range(len(ids))) and len(ids) > 0, "every event once across the change of user"
 
 
 LOUD_EVENTS = """
