@@ -1,9 +1,9 @@
-"""Celery adapter: the only module that knows Celery. Commands to TaskManagers (deploy, cancel)
-(and checkpoint triggers) travel as Celery tasks routed to one queue per TaskManager; the payload is an encoded
-`Envelope`, so the receiver can fence by leader epoch like any other message, and the second
-argument is its HMAC under the command key of the TaskManager it is for (shared/message_auth.py):
-only the control plane can make one, and it covers the epoch, so it proves "the leader of this
-epoch sent this to that TaskManager".
+"""Celery adapter: every Celery app of ours (`make_celery`) and the JobManager's `CommandGateway`.
+Commands to TaskManagers (deploy, cancel, checkpoint trigger) travel as Celery tasks routed to
+one queue per TaskManager; the payload is an encoded `Envelope`, so the receiver can fence by
+leader epoch like any other message, and the second argument is its HMAC under the command key
+of the TaskManager it is for (shared/message_auth.py): only the control plane can make one, and
+it covers the epoch, so it proves "the leader of this epoch sent this to that TaskManager".
 
 A command task is short: it hands the work to the TaskManager's supervisor and returns. No
 Celery task ever runs a pipeline. Commands are acknowledged when the worker takes them, and the
@@ -20,6 +20,12 @@ with their heartbeat on, worker heartbeats), the JobManager a task-sent event pe
     HEADRACE_CONFIG=~/.headrace/runs/<run>/config.yaml celery -A shared.commands:celery_app inspect ping
     ... celery -A shared.commands:celery_app inspect active_queues
     ... celery -A shared.commands:celery_app events      # or: pip install flower; ... flower
+
+Celery's other places: shared/celery_wire.py (the queue items and events written directly),
+shared/transport/kombu_redis.py (the TaskManagers' broker transport), shared/schedules.py (cron
+and interval arithmetic from `celery.schedules`), and on a TaskManager
+services/taskmanager/__main__.py (its worker's app), commands.py (the command tasks) and
+remote_control.py (inspection only).
 """
 
 from __future__ import annotations

@@ -1,32 +1,47 @@
-"""The two state machines: JobStatus and ExecutionState, with Flink's names.
+"""The state machines of jobs, attempts, checkpoints and REST operations, with Flink's names.
+
+Each diagram lists, for every state, the states it may move to: exactly the moves of its table
+below (`JOB_TRANSITIONS`, `EXECUTION_TRANSITIONS`, `CHECKPOINT_TRANSITIONS`). OperationStatus has
+no table: `finish_operation` (shared/catalog/repository/operations.py) ends an operation once.
+tests/unit/test_state_diagrams.py reads these diagrams and their copies in docs/architecture.md
+and fails when one differs from the code, so a move is added to a table and both diagrams
+together. What it reads: `STATE -> NEXT | NEXT ...`, then optionally a `#` note; and `terminal:`
+naming the states no move leaves.
 
 JobStatus (one per job)::
 
-    INITIALIZING -> CREATED -> RUNNING -> FINISHED
-                                  |  \\-> FAILING -> FAILED
-                                  |  \\-> RESTARTING -> RUNNING | CANCELLING | FAILED
-                                  \\-> CANCELLING -> CANCELED
-    INITIALIZING | CREATED -> FAILED | CANCELED   (rejected or cancelled before scheduling)
+    INITIALIZING -> CREATED | FAILED | CANCELED    # FAILED: the dispatcher could not publish SubmitJob
+    CREATED      -> RUNNING | FAILED | CANCELLING | CANCELED
+    RUNNING      -> FINISHED | FAILING | RESTARTING | CANCELLING
+    FAILING      -> FAILED | RESTARTING | CANCELLING
+    RESTARTING   -> RUNNING | FAILED | CANCELLING | CANCELED
+    CANCELLING   -> CANCELED
+    terminal: FINISHED, FAILED, CANCELED
 
 ExecutionState (one per attempt of a task)::
 
-    CREATED -> SCHEDULED -> DEPLOYING -> INITIALIZING -> RUNNING -> FINISHED
-    any non-terminal -> CANCELING -> CANCELED
-    any non-terminal -> FAILED
-    CREATED | SCHEDULED -> CANCELED                (cancelled before it held slots)
+    CREATED      -> SCHEDULED | CANCELING | CANCELED | FAILED
+    SCHEDULED    -> DEPLOYING | CANCELING | CANCELED | FAILED    # CANCELED: cancelled before it held slots
+    DEPLOYING    -> INITIALIZING | RUNNING | FINISHED | CANCELING | FAILED
+    INITIALIZING -> RUNNING | FINISHED | CANCELING | FAILED
+    RUNNING      -> FINISHED | CANCELING | FAILED
+    CANCELING    -> CANCELED | FINISHED | FAILED    # it finished, failed or lost its TaskManager first
+    terminal: FINISHED, CANCELED, FAILED
 
 CheckpointStatus (one per checkpoint or savepoint of a job)::
 
-    IN_PROGRESS -> COMPLETED -> DISCARDED   (pruned beyond the retained count, or disposed)
-    IN_PROGRESS -> FAILED                   (declined, timed out, or its attempt ended)
+    IN_PROGRESS -> COMPLETED | FAILED    # FAILED: declined, timed out, or its attempt ended
+    COMPLETED   -> DISCARDED             # pruned beyond the retained count, disposed, or failed to restore
+    terminal: FAILED, DISCARDED
 
-OperationStatus (an asynchronous REST operation: savepoint, stop, manual checkpoint, disposal,
-rescale; Flink's "trigger id" / "request-id")::
+OperationStatus (one per asynchronous REST operation, Flink's "trigger id" / "request-id")::
 
     IN_PROGRESS -> COMPLETED | FAILED
+    terminal: COMPLETED, FAILED
 
-Terminal states never change again: a late report for a terminal attempt is refused, which is
-what makes handlers idempotent when a message is delivered twice.
+The operations are savepoints, stops, manual checkpoints, disposals and rescales. Terminal states
+never change again: a late report for a terminal attempt is refused, which is what makes handlers
+idempotent when a message is delivered twice.
 """
 
 from __future__ import annotations

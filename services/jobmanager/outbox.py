@@ -13,8 +13,9 @@ DEPLOYING (and a TaskManager ignores a deploy for an attempt it already runs).
 
 Epochs are never laundered: an entry goes out only under the epoch that committed it. A new
 leader takes the entries of older epochs out (`take_over`) and decides afresh from the catalog
-what they should become (JobMaster._redecide); a deposed leader's replay sends nothing of a
-newer leader's and deletes nothing unless it still holds the leadership row.
+what they should become (`Reconciliation._redecide`, reconciliation.py); a deposed leader's
+replay sends nothing of a newer leader's and deletes nothing unless it still holds the
+leadership row.
 """
 
 from __future__ import annotations

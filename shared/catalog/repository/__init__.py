@@ -1,5 +1,10 @@
-"""Every catalog write. One function per entity changes its state, inside the caller's
-transaction (`Catalog.session()`), locking the row and refusing what its state machine forbids.
+"""Catalog writes, inside the caller's transaction (`Catalog.session()`). The status of a job, an
+attempt, a checkpoint or an operation changes through one function each (`transition_job`,
+`transition_execution`, `transition_checkpoint`, `finish_operation`), which keeps to its state
+machine (shared/states.py): a transition refuses a move the machine forbids, and an operation
+ends once (a later end changes nothing). A deployment's status is the exception: it has no state
+machine, and the JobManager's services/jobmanager/deployment_reconciler.py assigns its lifecycle
+and the rest of its status on the row (the autoscaler its parallelism).
 
 JobManager writes are fenced twice. The `leadership` row holds the newest leader epoch: a leader
 claims it when it takes over (`claim_leadership`) and every unit of work locks it and checks its
