@@ -17,7 +17,8 @@ stream it shared with others would be one it could empty (services/cluster/redis
 process simulating many TaskManagers writes to the streams of its own id (`--id`), as it reads
 one queue. The control plane finds the streams by the TaskManagers' named connections and the
 catalog (services/resourcemanager/report_streams.py).
-Celery queues: tm.{taskmanager_id}, one per TaskManager, for DeployTask/CancelTask commands.
+Celery queues: tm.{taskmanager_id}, one per TaskManager, for DeployTask, CancelTask and
+TriggerCheckpoint commands.
 """
 
 from __future__ import annotations
