@@ -26,6 +26,7 @@ import pytest
 import redis
 
 # The same browser and page helpers as the dashboard's own tests, and the same skips.
+from shared import streams
 from tests.browser.dashboard_page import JOB_WAIT_S, Page, browser  # noqa: F401
 from tests.clusters import Rest, start_cluster
 
@@ -169,11 +170,11 @@ def test_the_job_list_shows_restarts_and_links_a_deployments_jobs(page, api, fai
     assert "... 23 more" in page.text("#detail-exceptions pre.stacktrace")
 
 
-def add_progress_history(cluster, execution_id: str, times_ms: list[int]) -> None:
-    """Points as a TaskManager writes them (services/taskmanager/task_progress.py): one stream
-    entry per batch, its id the batch time."""
+def add_progress_history(cluster, taskmanager_id: str, execution_id: str, times_ms: list[int]) -> None:
+    """Points as the TaskManager that runs the attempt writes them (under its own keys,
+    shared/streams.py): one stream entry per batch, its id the batch time."""
     client = redis.Redis.from_url(cluster.redis_url)
-    key = f"hr:tm:progress:{execution_id}:history"
+    key = streams.progress_history_key(taskmanager_id, execution_id)
     for i, t in enumerate(times_ms):
         client.xadd(key, {"timestamp": t, "batch_id": i, "input_rows_per_second": 10 + i,
                           "processed_rows_per_second": 12 + i, "batch_duration_ms": 200, "num_input_rows": 10},
@@ -193,11 +194,12 @@ def chart_coordinates(page) -> dict:
 
 
 def test_the_charts_plot_against_a_labelled_time_axis(page, api, cluster, checkpointing_job):
-    execution = api.attempts(checkpointing_job)[-1]["execution-id"]
+    attempt = api.attempts(checkpointing_job)[-1]
+    execution, taskmanager = attempt["execution-id"], attempt["taskmanager-id"]
     now = int(time.time() * 1000) - 1000
     first = [now - 40_000 + i * 1000 for i in range(6)]  # 6 batches a second apart
     second = [now - 5_000 + i * 1000 for i in range(6)]  # then 30 s of nothing, then 6 more
-    add_progress_history(cluster, execution, first + second)
+    add_progress_history(cluster, taskmanager, execution, first + second)
     page.d.refresh()  # a fresh page loads the history when the job's page opens
     page.go(f"#/jobs/{checkpointing_job}/metrics")
     seen = page.wait("two runs of points on the first chart", lambda d: (lambda c: c if c and len(c["lines"]) == 2

@@ -22,7 +22,7 @@ import pytest
 
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import expected_totals, sql_totals, wait_for
-from tests.e2e.drills import savepoint
+from tests.e2e.drills import runner_processes, savepoint
 from tests.kafka_support import Feeder, counting_event, produce, read_all
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +54,7 @@ def kill_taskmanager_of(c, rest: Rest, job: str) -> None:
     attempt = rest.attempts(job)[-1]
     name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[attempt["taskmanager-id"]]
     tm = psutil.Process(c.child(name).proc.pid)
-    drivers = [p for p in tm.children(recursive=True) if "runtime.runner" in " ".join(p.cmdline())]
+    drivers = runner_processes(tm.pid)
     os.killpg(tm.pid, signal.SIGKILL)
     for d in drivers:
         try:

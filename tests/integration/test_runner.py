@@ -24,11 +24,15 @@ import sqlalchemy as sa
 
 from services.taskmanager.runtime import class_archive, jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
+from services.taskmanager.runtime.connectors.ownership import SinkOwner
 from services.taskmanager.runtime.connectors.sql import make_engine
 from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
+from services.taskmanager.sink_claims import SinkClaims
+from shared import safe_fs
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
-from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, RunTask, TaskSpec, decode_event, encode_line
+from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, Granted, RunTask, TaskSpec, decode_event, encode_line
+from shared.untrusted_code import UntrustedUser
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +96,7 @@ class Driver:
 
         threading.Thread(target=pump, daemon=True).start()
         self.tree: list[psutil.Process] = []
+        self.spec: TaskSpec | None = None
 
     def next_event(self, timeout: float):
         try:
@@ -101,7 +106,20 @@ class Driver:
         if ev is None:
             raise AssertionError(f"driver events ended after {[e.event for e in self.seen]}; log:\n{self.log_tail()}")
         self.seen.append(ev)
+        if ev.event == "claim_directory":  # a files sink asks for its directory: answered as a TaskManager does
+            self.send(encode_line(self.answer_claim(ev)))
+            return self.next_event(timeout)
         return ev
+
+    def answer_claim(self, ev) -> Granted:
+        assert self.spec is not None, "a claim before any task"
+        checkpoints = Path(self.spec.checkpoint_dir).parent
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        claims = SinkClaims(checkpoints, safe_fs.Ownership(), UntrustedUser(None, os.geteuid(), os.getegid()))
+        owner = SinkOwner(lineage=self.spec.job_id, job_id=self.spec.job_id, generation=0)
+        record = claims.claim(ev.path, kind=ev.kind, attempt=ev.attempt, restored_batch_id=ev.restored_batch_id,
+                              owner=owner)
+        return Granted(request_id=ev.request_id, path=record)
 
     def expect(self, name: str, timeout: float = 60):
         ev = self.next_event(timeout)
@@ -124,6 +142,7 @@ class Driver:
         return ev
 
     def run(self, spec: TaskSpec) -> None:
+        self.spec = spec
         self.send(encode_line(RunTask(spec=spec)))
 
     def send(self, line: bytes) -> None:

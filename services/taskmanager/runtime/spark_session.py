@@ -117,11 +117,12 @@ def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: in
     else:
         # Executors import Headrace's connectors to unpickle the data sources, as the drivers do.
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
-    # Hadoop's files and directories open to their group (0660 / 0770, which Hadoop sets itself):
-    # below the lake directory that group is the drivers' (setgid there), so a table an attempt
-    # made stays writable by the next attempt, another pool user; elsewhere a file's group is its
-    # driver's own (its primary group) and its directories are 0700 above it.
-    builder = builder.config("spark.hadoop.fs.permissions.umask-mode", "007")
+    # Hadoop's files and directories writable by their group (0664 / 0775, which Hadoop sets
+    # itself): below the lake directory that group is the drivers' (setgid there), so a table an
+    # attempt made stays writable by the next attempt, another pool user; elsewhere a file's group
+    # is its driver's own (its primary group). Others keep reading, as with Hadoop's default 022:
+    # executors on Spark standalone workers, other users, write state the driver snapshots.
+    builder = builder.config("spark.hadoop.fs.permissions.umask-mode", "002")
     spark = (
         builder.master(engine.master_url(parallelism))
         .appName(app_name)
