@@ -11,6 +11,8 @@ that one stack:
   -> docker kill of the leading JobManager container: the standby leads, the task keeps running
   -> docker-compose stop, then start: the job back from its latest checkpoint (catalog and
      checkpoints kept on their volumes), the Kafka topic still there (its volume)
+  -> a Kafka job (examples/kafka_to_postgres.py) on the stack's broker: 600 events produced in a
+     TaskManager's container to a topic of 2 partitions, each counted once in the outside PostgreSQL
   -> docker-compose down -v: no container, network or volume of the project left.
 After each step the sink holds exactly the count and sum of every event written so far.
 
@@ -37,6 +39,7 @@ from tests.conftest import PREBUILD, free_port
 from tests.docker_engine import DockerEngine, EngineUnavailable
 from tests.e2e.counting import (
     CHECKPOINT_INTERVAL,
+    KEYS,
     TRIGGER,
     Producer,
     completed_checkpoints,
@@ -76,6 +79,23 @@ while len(seen) < {KAFKA_RECORDS} and time.monotonic() < deadline:
         seen.add(msg.key())
 consumer.close()
 print(len(seen))
+"""
+
+
+KAFKA_JOB_TOPIC = "compose-kafka-counts"
+KAFKA_JOB_EVENTS = 600
+# Run with `python -c` in a TaskManager's container: the counting events 0..N-1 (tests/e2e/counting.py's
+# keys and values) produced to the topic named by argv[1], for examples/kafka_to_postgres.py.
+KAFKA_EVENTS = f"""
+import json, os, sys
+from confluent_kafka import Producer
+servers, topic = os.environ["HEADRACE_PIPELINE_KAFKA_BOOTSTRAP_SERVERS"], sys.argv[1]
+producer = Producer({{"bootstrap.servers": servers, "acks": "all"}})
+for n in range({KAFKA_JOB_EVENTS}):
+    event = {{"key": f"k{{n % {KEYS}}}", "n": n, "value": n, "event_time": "2026-01-01T00:00:00"}}
+    producer.produce(topic, key=event["key"], value=json.dumps(event))
+assert producer.flush(60) == 0, "records not delivered within 60 s"
+print("produced", {KAFKA_JOB_EVENTS})
 """
 
 
@@ -251,6 +271,24 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         exact("after docker-compose stop and start")
         rest.cancel(job)
         assert rest.wait_state(job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"
+
+        # A Kafka job on the stack's broker: every event of a topic of 2 partitions counted once.
+        t0 = time.monotonic()
+        stack.exec("dispatcher", "headrace", "kafka", "create-topic", KAFKA_JOB_TOPIC, "--partitions", "2")
+        stack.exec("taskmanager-1", "python", "-c", KAFKA_EVENTS, KAFKA_JOB_TOPIC, timeout=300)
+        rest.http.headers["Authorization"] = f"Bearer {admin}"
+        kafka_jar = rest.upload(ROOT / "examples" / "kafka_to_postgres.py")
+        rest.http.headers["Authorization"] = f"Bearer {operator}"
+        kafka_job = rest.run(kafka_jar, parallelism=1, jobName="compose-kafka-counts",
+                             programArgsList=["--topic", KAFKA_JOB_TOPIC, "--table", "compose_kafka_counts",
+                                              "--sink-url", outside.sink_url, "--trigger", TRIGGER])
+        rest.wait_attempt_running(kafka_job, 0, timeout_s=TASK_TIMEOUT_S)
+        wanted = expected_totals(KAFKA_JOB_EVENTS)
+        wait_for(lambda: sql_totals(pg_url, "compose_kafka_counts") == wanted, 180,
+                 f"the {KAFKA_JOB_EVENTS} Kafka events counted once")
+        timings.phase("kafka_job_to_exact", t0)
+        rest.cancel(kafka_job)
+        assert rest.wait_state(kafka_job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"
     except Exception:
         print(stack.logs(), file=sys.stderr)
         raise
