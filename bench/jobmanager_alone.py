@@ -37,7 +37,7 @@ if (Path(__file__).resolve().parent.parent / "shared" / "gc_tuning.py").exists()
     from shared import gc_tuning
 else:
     gc_tuning = None
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from shared import streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo

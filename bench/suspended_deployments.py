@@ -25,7 +25,7 @@ sys.path.insert(0, args.checkout)
 
 from bench.control_plane_scale import drop_pg, fresh_pg  # noqa: E402
 from services.jobmanager.deployment_reconciler import DeploymentReconciler  # noqa: E402
-from services.jobmanager.scheduler import JobMaster  # noqa: E402
+from services.jobmanager.job_master import JobMaster  # noqa: E402
 from shared.catalog import Catalog  # noqa: E402
 from shared.catalog.models import DeploymentRow, utcnow  # noqa: E402
 from shared.clock import SystemClock, WallClock  # noqa: E402

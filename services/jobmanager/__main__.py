@@ -18,12 +18,12 @@ from services.jobmanager import leader_sessions
 from services.jobmanager.autoscaler import Autoscaler
 from services.jobmanager.checkpoint_store import CheckpointStore, ZooKeeperStore
 from services.jobmanager.deployment_reconciler import DeploymentReconciler
+from services.jobmanager.job_master import JobMaster
 from services.jobmanager.leader_liveness import LeaderConnection
 from services.jobmanager.leadership import acquire_standalone_epoch, newest_catalog_epoch
 from services.jobmanager.metrics import JobManagerMetrics
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.schedule_beat import ScheduleBeat
-from services.jobmanager.scheduler import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
 from shared import gc_tuning, leader_epoch, metrics, streams
 from shared.catalog import Catalog

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.jobmanager.checkpoints import CheckpointCoordinator
+    from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
     from services.jobmanager.timers import Timers
     from services.jobmanager.unit_of_work import UnitOfWork
     from shared.clock import Clock

@@ -9,7 +9,7 @@ from typing import Callable
 
 from sqlalchemy.orm import Session
 
-from services.jobmanager.checkpoints import CheckpointCoordinator
+from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
 from services.jobmanager.lineage import Lineages
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from shared import job_options, storage_roots

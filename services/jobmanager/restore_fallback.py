@@ -23,7 +23,7 @@ from shared.catalog.models import Execution, Job
 from shared.states import CheckpointStatus as CS
 
 if TYPE_CHECKING:
-    from services.jobmanager.checkpoints import CheckpointCoordinator
+    from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
 
 log = logging.getLogger("headrace.jobmanager")
 

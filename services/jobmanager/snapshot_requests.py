@@ -18,8 +18,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.checkpoint_coordinator import running_attempt
 from services.jobmanager.checkpoint_store import BatchLatest
-from services.jobmanager.checkpoints import running_attempt
 from services.jobmanager.context import Context
 from shared.catalog import repository as repo
 from shared.catalog.models import Execution, Job, Operation

@@ -1,5 +1,5 @@
 """The JobManager's rules: (job / attempt state, event) -> (new states, effects), decided without
-the catalog, Redis or a clock. The handlers (scheduler.py, restarts.py, reconciliation.py,
+the catalog, Redis or a clock. The handlers (job_master.py, restarts.py, reconciliation.py,
 ack_timers.py) load the rows, ask here, and apply what comes back; tests/unit/test_transitions.py
 holds the table. Which single state changes are legal at all stays in shared/states.py.
 """

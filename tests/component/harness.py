@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from services.resourcemanager.service import ResourceManager
 from shared import checkpoint_storage as storage
 from shared import streams

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from shared import streams
 from shared.catalog import repository as repo
 from shared.messages import CancelTask, CheckpointDeclined, DeployTask

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from services.jobmanager.checkpoint_store import ZooKeeperStore
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
 from shared.catalog import repository as repo
 from shared.states import ExecutionState as ES

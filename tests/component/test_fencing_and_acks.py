@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
 from shared import streams
 from shared.catalog import repository as repo

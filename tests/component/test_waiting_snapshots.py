@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from shared import streams
 from shared.messages import RequestSavepoint, SubmitJob
 from shared.states import ExecutionState as ES

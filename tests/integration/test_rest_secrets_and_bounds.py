@@ -162,7 +162,7 @@ def test_an_upload_named_in_capitals_is_a_python_module_everywhere(client, as_ro
 
 def test_suspended_deployments_cost_the_leader_nothing_until_one_changes(catalog, tmp_path):
     from services.jobmanager.deployment_reconciler import DeploymentReconciler
-    from services.jobmanager.scheduler import JobMaster
+    from services.jobmanager.job_master import JobMaster
     from shared.catalog.models import DeploymentRow, utcnow
     from shared.catalog.repository import deployments as deployments_repo
     from shared.clock import SystemClock, WallClock

@@ -10,7 +10,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from services.jobmanager.checkpoint_store import ZooKeeperStore
-from services.jobmanager.scheduler import JobMaster
+from services.jobmanager.job_master import JobMaster
 from shared.catalog import repository as repo
 from shared.states import ExecutionState as ES
 from shared.zookeeper import ZooKeeperCheckpointStore

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select
 
+from services.jobmanager.job_master import JobMaster
 from services.jobmanager.schedule_beat import ScheduleBeat
-from services.jobmanager.scheduler import JobMaster
 from services.jobmanager.unit_of_work import LeadershipLost
 from shared import schedules as sch
 from shared.catalog import Catalog

@@ -14,7 +14,7 @@ depends_on = None
 
 def upgrade() -> None:
     # One row: the newest JobManager epoch. Every unit of work of a leader locks it and commits
-    # only while it still holds its own epoch (services/jobmanager/scheduler.py).
+    # only while it still holds its own epoch (services/jobmanager/job_master.py).
     op.create_table(
         'leadership',
         sa.Column('id', sa.Integer(), nullable=False),

@@ -9,7 +9,7 @@ The rooms it wires together, each in its module:
   restarts.py        failures, the restart strategy, the end of a job
   ack_timers.py      unacknowledged deploys and cancels
   reconciliation.py  a new leader's recovery, (re-)registering and lost TaskManagers
-  checkpoints.py     the checkpoint coordinator (through a narrow port: trigger, fail over, cancel)
+  checkpoint_coordinator.py  the checkpoint coordinator (through a narrow port: trigger, fail over, cancel)
   snapshot_requests.py  the REST API's checkpoints, savepoints, stops and rescales
 
 Handlers are idempotent: they read the current state from the catalog and refuse what the state
@@ -35,8 +35,8 @@ from sqlalchemy.orm import Session
 from services.jobmanager import transitions as tr
 from services.jobmanager.ack_timers import AckTimers
 from services.jobmanager.batch_prefetch import job_of, prefetch
+from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
 from services.jobmanager.checkpoint_store import CatalogCheckpointStore, CheckpointStore
-from services.jobmanager.checkpoints import CheckpointCoordinator
 from services.jobmanager.context import Context
 from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Outbox
