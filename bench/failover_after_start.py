@@ -23,8 +23,8 @@ import redis
 from bench._procs import Procs
 from bench.checkpoint_overhead import DEFAULT_PG, drop_pg, fresh_pg, machine
 from services.cluster import readiness
-from services.taskmanager.driver_process import kill_session
 from shared import streams
+from shared.driver_contract import kill_session
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
 

@@ -39,10 +39,16 @@ from services.taskmanager.driver_home import DriverHome
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.memory_measure import Sample, pss_sample
 from services.taskmanager.rotating_log import RotatingLog
-from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from services.taskmanager.task_processes import TaskProcesses, rss_bytes
 from shared import backoff
 from shared import task_protocol as tp
+from shared.driver_contract import (
+    PHASE_MARKER,
+    STACK_DUMP_SIGNAL,
+    kill_session,
+    remove_python_socket_dirs,
+    session_groups,
+)
 from shared.ids import ExecutionId
 
 log = logging.getLogger("headrace.taskmanager.driver")
@@ -50,7 +56,7 @@ log = logging.getLogger("headrace.taskmanager.driver")
 
 def remove_driver_dirs(drivers: Path) -> None:
     """Remove the drivers' work directories under `drivers` and their Python socket directories
-    in /tmp (spark_session.python_socket_dir): what drivers killed with their TaskManager left."""
+    in /tmp (driver_contract.python_socket_dir): what drivers killed with their TaskManager left."""
     if drivers.is_dir():
         for home in drivers.iterdir():
             remove_python_socket_dirs(home / "work")
@@ -59,12 +65,6 @@ def remove_driver_dirs(drivers: Path) -> None:
 
 _ids = itertools.count(1)
 
-# The driver writes "<marker><phase>" to its log as a task starts ("importing the pipeline
-# module x.py", "building the pipeline (in build(ctx))", ...): a task that does not start in
-# time is reported with the phase it was stuck in.
-PHASE_MARKER = "headrace task phase: "
-# The driver dumps every thread's stack into its log on this signal (faulthandler).
-STACK_DUMP_SIGNAL = signal.SIGUSR1
 WARMUP_NICE = 19
 
 
@@ -72,38 +72,6 @@ def may_raise_priority() -> bool:
     """Whether this process may give a niced child its own priority back."""
     own = os.getpriority(os.PRIO_PROCESS, 0)
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[1] >= 20 - own
-
-
-def session_groups(session: int) -> set[int]:
-    """The process groups of every process in `session` (Linux /proc; empty elsewhere)."""
-    groups: set[int] = set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return groups
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if len(fields) > 3 and int(fields[3]) == session:  # state, ppid, pgrp, session
-            groups.add(int(fields[2]))
-    return groups
-
-
-def kill_session(session: int, *, leader_last: bool = False) -> None:
-    """SIGKILL every process group of `session` (its leader's group first, or last when the
-    caller is the leader and must finish the others first)."""
-    # The groups first: once the leader is dead its session is only found through them.
-    groups = session_groups(session) | {session}
-    for group in sorted(groups, key=lambda g: (g == session) == leader_last):
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 AUTOGROUP_WRITE_TRIES = 5

@@ -1,7 +1,7 @@
 """Every process of a Spark driver, whatever its session, and how they all end together.
 
 A pipeline may fork and call setsid(): its child leaves the driver's session (which is what
-`driver_process.kill_session` kills), and once its parent exits it is re-parented to init. Two
+`shared/driver_contract.kill_session` kills), and once its parent exits it is re-parented to init. Two
 ways still find it:
 
 - A cgroup v2 per driver, under this TaskManager's own cgroup (`driver_cgroups`, on where the

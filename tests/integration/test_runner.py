@@ -26,9 +26,9 @@ from services.taskmanager.runtime import class_archive, jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.ownership import SinkOwner
 from services.taskmanager.runtime.connectors.sql import make_engine
-from services.taskmanager.runtime.spark_session import remove_python_socket_dirs
 from services.taskmanager.sink_claims import SinkClaims
 from shared import safe_fs
+from shared.driver_contract import remove_python_socket_dirs
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, Granted, RunTask, TaskSpec, decode_event, encode_line

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from services.taskmanager.driver_process import PHASE_MARKER
+from shared.driver_contract import PHASE_MARKER
 from shared.task_protocol import encode_line
 
 
@@ -79,7 +79,7 @@ def end_own_session() -> None:
     file, which fails when a restarted TaskManager has removed the old work dir) never sees this
     process die and waits for Py4J connections forever; Spark's Python daemons are in groups of
     their own."""
-    from services.taskmanager.driver_process import kill_session
+    from shared.driver_contract import kill_session
 
     me = os.getpid()
     if os.getsid(0) == me and os.getpgrp() == me:

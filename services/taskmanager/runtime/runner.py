@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from services.taskmanager.driver_process import STACK_DUMP_SIGNAL
+from shared.driver_contract import STACK_DUMP_SIGNAL, remove_python_socket_dirs
 from shared.spark_runtime import SparkRuntime
 from shared.task_protocol import TASK_WAITING_MARKER, Canceled, Failed, Ready, RunTask, decode_command
 
@@ -48,7 +48,7 @@ from .cluster_mode import Engine
 from .driver import Driver
 from .driver_io import EventWriter, end_own_session, start_watchdog, stop_spark_quietly
 from .reports import format_failure
-from .spark_session import build_spark, prepare_env, remove_python_socket_dirs, spark_ui_wanted, warm_up
+from .spark_session import build_spark, prepare_env, spark_ui_wanted, warm_up
 
 
 class _Terminate(BaseException):

@@ -6,7 +6,6 @@ micro-batch costs before any task arrives. Used by the runner and by the class a
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import shutil
 import sys
@@ -14,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.driver_contract import python_socket_dir
 from shared.import_root import IMPORT_ROOT
 from shared.jars import DEFAULT_CACHE_DIR, JarCache
 
@@ -33,27 +33,6 @@ CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointin
 # Unix domain socket (same section). A socket's path is limited to 107 bytes and Spark adds 43 to
 # the directory, so the directory is a short one in /tmp (not $TMPDIR: a driver's is its long work
 # directory), named after the driver's work directory (its TaskManager removes both).
-PYTHON_SOCKET_BASE = Path("/tmp")
-PYTHON_SOCKET_DIR_PREFIX = "hr-py-"
-
-
-def python_socket_dir(workdir: str | Path) -> Path:
-    """Where this process's local Spark session in `workdir` puts the Unix domain sockets of its
-    Python workers: named after the work directory and the user, so a directory another user
-    left under the same name never stands in the way."""
-    return PYTHON_SOCKET_BASE / f"{PYTHON_SOCKET_DIR_PREFIX}{_workdir_digest(workdir)}-{os.geteuid()}"
-
-
-def remove_python_socket_dirs(workdir: str | Path) -> None:
-    """Remove every user's socket directory of the driver that worked in `workdir`."""
-    for path in PYTHON_SOCKET_BASE.glob(f"{PYTHON_SOCKET_DIR_PREFIX}{_workdir_digest(workdir)}-*"):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _workdir_digest(workdir: str | Path) -> str:
-    return hashlib.sha1(str(Path(workdir).resolve()).encode()).hexdigest()[:16]
-
-
 # Set by the TaskManager when its `spark_ui` setting is on (services/taskmanager/__main__.py).
 SPARK_UI_ENV = "HEADRACE_SPARK_UI"
 
