@@ -14,6 +14,7 @@ file on every GET /jars made a listing as slow as its largest artifact.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -21,6 +22,8 @@ from typing import IO, Any
 
 from services.dispatcher.archive_bounds import ArtifactLimits, ArtifactRejected, read_source, spool, zip_sources
 from shared.artifact_kind import kind_of
+
+log = logging.getLogger("headrace.dispatcher")
 
 DEFAULT_ENTRY = "build"
 
@@ -199,3 +202,19 @@ def remove(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
+
+
+def stored_listing(catalog: Any, art: Any) -> dict:
+    """The artifact's listing (its modules and their functions) as stored at upload; one uploaded
+    before listings were kept is parsed this once and its listing stored."""
+    if art.listing is not None:
+        return art.listing
+    from shared.catalog.models import Artifact
+
+    listed = listing_of_file(Path(art.path))
+    with catalog.session() as s:
+        row = s.get(Artifact, art.id)
+        if row is not None and row.listing is None:
+            row.listing = listed
+    log.info("recorded the listing of artifact %s (uploaded before listings were kept)", art.id)
+    return listed

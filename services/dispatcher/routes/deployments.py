@@ -22,7 +22,6 @@ from services.dispatcher.deps import (
     WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
-from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schemas.deployments import (
     AutoscalerDetail,
     DeploymentAccepted,
@@ -32,6 +31,7 @@ from services.dispatcher.schemas.deployments import (
     DeploymentSpecRequest,
 )
 from services.dispatcher.strict_fields import StrictBool
+from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.warm_planner import WarmPlanner
 from shared import checkpointing as cp
 from shared import deployments as dep

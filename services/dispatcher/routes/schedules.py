@@ -16,7 +16,6 @@ from fastapi import APIRouter, Body, Request
 from services.dispatcher import artifacts, checkpoint_dir_option, redaction
 from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
 from services.dispatcher.errors import ApiError, error_responses
-from services.dispatcher.routes.jars import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.schemas.schedules import (
     ScheduleCreated,
     ScheduleCreateRequest,
@@ -24,6 +23,7 @@ from services.dispatcher.schemas.schedules import (
     ScheduleList,
     ScheduleUpdateRequest,
 )
+from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from shared import schedules as sch
 from shared.catalog import repository
 from shared.catalog.models import Schedule, epoch_ms
