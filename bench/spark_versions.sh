@@ -5,6 +5,7 @@
 #
 #   bench/spark_versions.sh COMMIT VERSION_A VERSION_B [ROUNDS]
 #   e.g. bench/spark_versions.sh dccdeaf 4.3.0 4.2.0 1
+#   BENCHES="latency failover" bench/spark_versions.sh ...   (default: latency throughput failover demo)
 #
 # COMMIT is checked out into a temporary worktree and both sides run its code, so only Spark
 # differs (choose a commit from before the connector jars, which are built for one Spark line).
@@ -38,10 +39,14 @@ for i in $(seq "$rounds"); do
   for v in "${versions[@]}"; do
     py=$(python_for "$v")
     echo "=== PySpark $v ($($py -c 'import pyspark; print(pyspark.__version__)')), round $i, $(date +%T)"
-    (cd "$tree" && PATH="$(dirname "$(command -v "$py")"):$PATH" && export PATH &&
-      $py bench/latency.py --kinds headrace --duration-s 60 2>&1 | grep -E '^headrace ' || echo "latency: no result";
-      $py bench/throughput.py --events 3000000 --rounds 1 2>&1 | grep -E 'events/s' | tail -3 || echo "throughput: no result";
-      $py bench/failover.py --kind pyspark --runs 3 2>&1 | grep -E '^\| [0-9]|median|p50' | tail -5 || echo "failover: no result";
-      $py bench/demo_start.py --runs 1 --variants after 2>&1 | tail -4 || echo "demo: no result")
+    for b in ${BENCHES:-latency throughput failover demo}; do
+      echo "--- $b"
+      (cd "$tree" && PATH="$(dirname "$(command -v "$py")"):$PATH" && export PATH && case $b in
+        latency) $py bench/latency.py --kinds headrace --duration-s 60 2>&1 | grep -E '^headrace ' ;;
+        throughput) $py bench/throughput.py --events 3000000 --rounds 1 2>&1 | grep -E 'events/s' | tail -3 ;;
+        failover) $py bench/failover.py --kind pyspark --runs 3 2>&1 | grep -E '^\| [0-9]|median|p50' | tail -5 ;;
+        demo) $py bench/demo_start.py --runs 1 --variants after 2>&1 | tail -4 ;;
+      esac) || echo "$b: no result"
+    done
   done
 done
