@@ -17,6 +17,8 @@ import os
 import resource
 import time
 
+from shared.driver_contract import session_groups
+
 log = logging.getLogger(__name__)
 
 RESERVE_NICE = 19
@@ -72,23 +74,3 @@ def set_autogroup_nice(leader: int, nice: int) -> bool:
             log.warning("could not set the autogroup nice of session %d to %d (%s)", leader, nice, exc)
             return False
     return False
-
-
-def session_groups(session: int) -> set[int]:
-    """The process groups of every process in `session` (Linux /proc; empty elsewhere)."""
-    groups: set[int] = set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return groups
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if len(fields) > 3 and int(fields[3]) == session:  # state, ppid, pgrp, session
-            groups.add(int(fields[2]))
-    return groups

@@ -22,7 +22,6 @@ import functools
 import itertools
 import logging
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,7 @@ from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.memory_measure import Sample, pss_sample
 from services.taskmanager.rotating_log import RotatingLog
 from services.taskmanager.task_processes import TaskProcesses, rss_bytes
-from shared import backoff
+from shared import backoff, cpu_priority
 from shared import task_protocol as tp
 from shared.driver_contract import (
     PHASE_MARKER,
@@ -65,41 +64,12 @@ def remove_driver_dirs(drivers: Path) -> None:
 
 _ids = itertools.count(1)
 
-WARMUP_NICE = 19
-
-
-def may_raise_priority() -> bool:
-    """Whether this process may give a niced child its own priority back."""
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[1] >= 20 - own
-
-
-AUTOGROUP_WRITE_TRIES = 5
-AUTOGROUP_WRITE_PAUSE_S = 0.11  # the kernel's limit without CAP_SYS_ADMIN: one write per 100 ms
-
-
-def set_autogroup_nice(leader: int, nice: int) -> bool:
-    """Set the nice value of the autogroup of `leader`'s session. With autogroup scheduling on
-    (/proc/sys/kernel/sched_autogroup_enabled, the default of many distributions' kernels), a
-    process's own nice weighs only against the processes of its session; sessions share the CPU
-    as equals. A driver is a session of its own, so without this a warm-up at nice 19 took as
-    much CPU as the running task beside it (docs/benchmarks.md, "Throughput")."""
-    # Without CAP_SYS_ADMIN (a container's root) the kernel takes one such write per 100 ms on
-    # the whole machine and refuses the others with EAGAIN: a warm-up niced and raised at once.
-    for attempt in range(1, AUTOGROUP_WRITE_TRIES + 1):
-        try:
-            with open(f"/proc/{leader}/autogroup", "w") as f:
-                f.write(str(nice))
-            return True
-        except FileNotFoundError:
-            return False  # no such process, or a kernel without autogroups
-        except OSError as exc:
-            if isinstance(exc, BlockingIOError) and attempt < AUTOGROUP_WRITE_TRIES:
-                time.sleep(AUTOGROUP_WRITE_PAUSE_S)
-                continue
-            log.warning("could not set the autogroup nice of session %d to %d (%s)", leader, nice, exc)
-            return False
-    return False
+# A driver in reserve warms up at the lowest priority, its session's autogroup too: with autogroup
+# scheduling a process's own nice weighs only against its session's processes, and a warm-up at
+# nice 19 took as much CPU as the running task beside it (docs/benchmarks.md, "Throughput").
+WARMUP_NICE = cpu_priority.RESERVE_NICE
+may_raise_priority = cpu_priority.may_raise_priority
+set_autogroup_nice = cpu_priority.set_autogroup_nice
 
 
 def warm_up_args(in_reserve: bool, query: bool) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ as a failure."""
 
 from __future__ import annotations
 
-from services.taskmanager import driver_process
+from shared import cpu_priority
 
 
 class _Proc:
@@ -32,19 +32,19 @@ class _Proc:
 
 def test_a_rate_limited_write_is_tried_again(monkeypatch):
     proc = _Proc(refusals=2)
-    monkeypatch.setattr(driver_process, "open", proc.open, raising=False)
-    monkeypatch.setattr(driver_process, "AUTOGROUP_WRITE_PAUSE_S", 0.0)
-    assert driver_process.set_autogroup_nice(1234, 19) is True
+    monkeypatch.setattr(cpu_priority, "open", proc.open, raising=False)
+    monkeypatch.setattr(cpu_priority, "AUTOGROUP_WRITE_PAUSE_S", 0.0)
+    assert cpu_priority.set_autogroup_nice(1234, 19) is True
     assert proc.written == [("/proc/1234/autogroup", "19")]
 
 
 def test_it_gives_up_after_its_tries_and_on_other_errors(monkeypatch, caplog):
-    monkeypatch.setattr(driver_process, "AUTOGROUP_WRITE_PAUSE_S", 0.0)
-    always = _Proc(refusals=driver_process.AUTOGROUP_WRITE_TRIES)
-    monkeypatch.setattr(driver_process, "open", always.open, raising=False)
-    assert driver_process.set_autogroup_nice(1234, 0) is False
+    monkeypatch.setattr(cpu_priority, "AUTOGROUP_WRITE_PAUSE_S", 0.0)
+    always = _Proc(refusals=cpu_priority.AUTOGROUP_WRITE_TRIES)
+    monkeypatch.setattr(cpu_priority, "open", always.open, raising=False)
+    assert cpu_priority.set_autogroup_nice(1234, 0) is False
     denied = _Proc(refusals=1, error=PermissionError)
-    monkeypatch.setattr(driver_process, "open", denied.open, raising=False)
-    assert driver_process.set_autogroup_nice(1234, 0) is False
+    monkeypatch.setattr(cpu_priority, "open", denied.open, raising=False)
+    assert cpu_priority.set_autogroup_nice(1234, 0) is False
     assert denied.refusals == 0 and not denied.written  # tried once: a refusal is not waited out
     assert caplog.text.count("could not set the autogroup nice") == 2
