@@ -78,7 +78,10 @@ def savepoint(rest: Rest, job: str, path: str, body: dict) -> str:
     return status["operation"]["location"].removeprefix("file:")
 
 
-def kill_task_taskmanager(c, rest: Rest, job: str) -> str:
+def kill_task_taskmanager(c, rest: Rest, job: str, *, respawn: bool = True, timeout_s: float = 120) -> str:
+    """kill -9 of the TaskManager running `job`'s task and of its drivers; waits for the next
+    attempt to run (elsewhere), then starts the TaskManager again unless `respawn` is False (a
+    cluster whose supervisor restarts its children)."""
     attempt = rest.attempts(job)[-1]
     tm = attempt["taskmanager-id"]
     name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
@@ -90,7 +93,8 @@ def kill_task_taskmanager(c, rest: Rest, job: str) -> str:
             os.killpg(d.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=120)
-    c.child(name).proc.wait(10)
-    c.respawn(name)
+    rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=timeout_s)
+    if respawn:  # else a supervised cluster has started it again by itself
+        c.child(name).proc.wait(10)
+        c.respawn(name)
     return name

@@ -11,18 +11,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import expected_totals, sql_totals, wait_for
-from tests.e2e.drills import runner_processes, savepoint
+from tests.e2e.drills import kill_task_taskmanager, savepoint
 from tests.kafka_support import Feeder, counting_event, produce, read_all
 
 pytestmark = pytest.mark.e2e
@@ -50,20 +47,6 @@ def key_of(value: str) -> str:
     return json.loads(value)["key"]
 
 
-def kill_taskmanager_of(c, rest: Rest, job: str) -> None:
-    attempt = rest.attempts(job)[-1]
-    name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[attempt["taskmanager-id"]]
-    tm = psutil.Process(c.child(name).proc.pid)
-    drivers = runner_processes(tm.pid)
-    os.killpg(tm.pid, signal.SIGKILL)
-    for d in drivers:
-        try:
-            os.killpg(d.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    rest.wait_attempt_running(job, attempt["attempt"] + 1, timeout_s=180)
-
-
 def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster, kafka):
     rest = Rest(cluster.dispatcher_url)
     source = kafka.create_topic("eo-in", partitions=2)
@@ -76,7 +59,7 @@ def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster
     feeder = Feeder(kafka.bootstrap, source, rate=100).start()
     try:
         wait_for(lambda: len(read_all(kafka.bootstrap, sink, settle_s=0.5)) > 200, 120, "output before the faults")
-        kill_taskmanager_of(cluster, rest, job)
+        kill_task_taskmanager(cluster, rest, job, respawn=False, timeout_s=180)
         wait_for(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 3, 120,
                  "checkpoints after the TaskManager kill")
         kafka.broker.kill()  # kill -9; the job rides it out or restarts, the feeder buffers
