@@ -177,17 +177,6 @@ class ServedApp:
         self.thread.join(10)
 
 
-def wait_for(what: str, check, timeout_s: float = 30, poll_s: float = 0.1):
-    """`check()`'s first truthy value, or AssertionError naming `what` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"{what} not seen within {timeout_s} s")
-
-
 def leader(cluster) -> dict:
     zk = KazooClient(hosts=cluster.zookeeper_quorum)
     zk.start(timeout=10)

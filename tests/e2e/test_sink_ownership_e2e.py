@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from services.taskmanager.sink_claims import record_path
-from tests.clusters import Rest, start_cluster, wait_for
+from tests.clusters import Rest, start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import uuid
 
 from shared import streams
 from shared.messages import decode
-from tests.clusters import wait_for
+from tests.waiting import wait_for
 
 
 def kombu_item(task: str, args, *, body: str | None = None, content_type: str = "application/json",
@@ -62,14 +62,8 @@ def dlq_tail(client) -> dict[str, str]:
 
 
 def wait_for_at_least(what: str, fetch, n: int, timeout_s: float = 10) -> list:
-    found: list = []
-
-    def enough():
-        found[:] = fetch()
-        return len(found) >= n
-
-    wait_for(f"{n} x {what} (saw {len(found)})", enough, timeout_s)
-    return found
+    """`fetch()`'s list once it holds `n` entries or more (a timeout shows the last list fetched)."""
+    return wait_for(f"at least {n} x {what}", fetch, timeout_s, until=lambda found: len(found) >= n)
 
 
 def reports_since(client, mark: dict[str, str], kind: str) -> list:

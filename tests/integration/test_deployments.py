@@ -25,7 +25,8 @@ from services.cli import app as cli
 from services.taskmanager.metrics import TaskMetrics
 from shared.task_protocol import Progress
 from tests.autoscaling_series import shifted, simulate, steady
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

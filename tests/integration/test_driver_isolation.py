@@ -32,7 +32,8 @@ import pytest
 
 from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
 from services.taskmanager.sink_claims import record_path
-from tests.clusters import Rest, start_cluster, wait_for
+from tests.clusters import Rest, start_cluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as other users needs root")]

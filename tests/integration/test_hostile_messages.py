@@ -25,7 +25,7 @@ from shared.messages import DeployTask, SubmitJob, encode, wrap
 from shared.task_protocol import TaskSpec
 from shared.transport import dead_letters
 from shared.transport.redis_streams import RedisStreamsTransport, wait_for_redis
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
 from tests.integration.bus_reading import (
     dead_letters_since,
     dlq_tail,
@@ -34,6 +34,7 @@ from tests.integration.bus_reading import (
     tails,
     wait_for_at_least,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

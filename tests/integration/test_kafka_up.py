@@ -25,8 +25,9 @@ import yaml
 from services.cluster import kafka_topics
 from shared.jars import DEFAULT_CACHE_DIR, KAFKA_BROKER, JarCache, MissingJars
 from shared.ports import free_port
-from tests.clusters import Rest, start_cluster, wait_for
+from tests.clusters import Rest, start_cluster
 from tests.conftest import missing
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,8 @@ import redis
 from services.dispatcher.auth import required_role
 from shared import streams
 from shared.catalog import repository
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

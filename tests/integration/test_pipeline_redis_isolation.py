@@ -24,7 +24,8 @@ from services.taskmanager.runtime.connectors.redis_sink_fence import (
 )
 from shared import pipeline_redis
 from shared.message_auth import load_secret
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,8 @@ import yaml
 
 from services.cluster import redis_auth
 from shared import streams
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 from services.cli import app as cli
 from shared.catalog import Catalog
 from shared.catalog.models import Job, ScheduleRun
-from tests.clusters import leader, leader_child, start_cluster, wait_for
+from tests.clusters import leader, leader_child, start_cluster
 from tests.conftest import missing
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ import yaml
 from services.taskmanager import storage_probe
 from services.taskmanager.__main__ import EXIT_STORAGE_NOT_SHARED
 from shared import streams
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import time
 import pytest
 import redis
 
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

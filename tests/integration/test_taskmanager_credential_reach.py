@@ -34,8 +34,9 @@ from shared.message_auth import MAX_AGE_S, MAX_CLOCK_SKEW_S, TaskManagerAuth, Ta
 from shared.messages import CancelTask, RegisterTaskManager, SlotState, SubmitJob, TaskReport, encode, wrap
 from shared.states import ExecutionState
 from shared.transport.redis_streams import RedisStreamsTransport
-from tests.clusters import start_cluster, wait_for
+from tests.clusters import start_cluster
 from tests.integration.bus_reading import kombu_item
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from shared.jars import DEFAULT_CACHE_DIR
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 from shared.transport import InMemoryTransport
-from tests.clusters import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
