@@ -94,14 +94,3 @@ def sql_totals(pg: str, table: str) -> dict[str, tuple[int, int]]:
 
 def completed_checkpoints(rest: Rest, job: str) -> int:
     return rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"]
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {value!r})")

@@ -15,7 +15,7 @@ import psycopg
 
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from tests.clusters import Rest
-from tests.e2e.counting import wait_for
+from tests.waiting import wait_for
 
 SEED, TOTAL = 42, 2400
 ARGS = ["--total", str(TOTAL), "--rate", "800", "--seed", str(SEED), "--events-per-minute", "600",
@@ -73,7 +73,7 @@ def savepoint(rest: Rest, job: str, path: str, body: dict) -> str:
         st = rest.get(f"/jobs/{job}/savepoints/{rid}")
         return st if st["status"]["id"] == "COMPLETED" else None
 
-    status = wait_for(done, 120, f"savepoint {rid}")
+    status = wait_for(f"savepoint {rid}", done, 120, poll_s=0.25)
     assert "location" in status["operation"], status
     return status["operation"]["location"].removeprefix("file:")
 

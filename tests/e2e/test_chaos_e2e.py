@@ -36,9 +36,10 @@ from sqlalchemy.engine import make_url
 from services.cluster.process_supervisor import RestartPolicy
 from tests.clusters import Rest, start_cluster
 from tests.conftest import free_port, missing
-from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.kafka_support import Feeder
 from tests.netproxy import TcpProxy
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +60,7 @@ def source(tmp_path_factory):
                             start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
-    wait_for(lambda: _pings(client), 10, "the source redis-server")
+    wait_for("the source redis-server", lambda: _pings(client), 10, poll_s=0.25)
     yield url
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
@@ -148,7 +149,7 @@ class Chaos:
                 zk.close()
             return next((ch.name for ch in self.c.children
                          if ch.name.startswith("jobmanager") and ch.proc.pid == pid), None)
-        return wait_for(find, 60, "a leading JobManager")
+        return wait_for("a leading JobManager", find, 60, poll_s=0.25)
 
     def kill(self, name: str) -> None:
         self.log.append(f"kill -9 {name}")
@@ -244,7 +245,7 @@ def start_counting_job(env, stream: str, table: str) -> tuple[Rest, str, Produce
 
 def robust(call, timeout_s: float = 120):
     """A REST read through faults: the dispatcher may be restarting, the catalog away (503)."""
-    return wait_for(lambda: _try(call), timeout_s, "the REST API to answer")
+    return wait_for("the REST API to answer", lambda: _try(call), timeout_s, poll_s=0.25)
 
 
 def _try(call):
@@ -262,8 +263,8 @@ def finish_exactly(env, rest: Rest, job: str, producer: Producer | Feeder, table
     _, _, _, _, pg_direct = env
     expected = expected_totals(produced)
     try:
-        wait_for(lambda: sql_totals(pg_direct, table) == expected, 300,
-                 f"the sink to hold exactly {produced} events")
+        wait_for(f"the sink to hold exactly {produced} events",
+                 lambda: sql_totals(pg_direct, table) == expected, 300, poll_s=0.25)
     finally:
         attempts = robust(lambda: rest.attempts(job)) or []
         causes = [

@@ -40,9 +40,9 @@ from tests.e2e.counting import (
     completed_checkpoints,
     expected_totals,
     sql_totals,
-    wait_for,
 )
 from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -72,17 +72,19 @@ def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed
     config = {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, "state.checkpoints.num-retained": 2}
     a = rest.run(jar, parallelism=1, jobName="counts-a", programArgsList=args, flinkConfiguration=config)
     rest.wait_attempt_running(a, 0, timeout_s=300)
-    wait_for(lambda: completed_checkpoints(rest, a) >= 2, 90, "two completed checkpoints of job A")
+    wait_for("two completed checkpoints of job A", lambda: completed_checkpoints(rest, a) >= 2, 90, poll_s=0.25)
 
     savepoint(rest, a, "savepoints", {"target-directory": str(tmp / "savepoints")})
     after_savepoint = completed_checkpoints(rest, a)
-    wait_for(lambda: completed_checkpoints(rest, a) > after_savepoint, 60, "a checkpoint after the savepoint")
+    wait_for("a checkpoint after the savepoint",
+             lambda: completed_checkpoints(rest, a) > after_savepoint, 60, poll_s=0.25)
     if kill_a:
         kill_task_taskmanager(c, rest, a)
         restored = rest.attempts(a)[-1]["restored-from"]
         assert restored and "/chk-" in restored, rest.attempts(a)
         before = completed_checkpoints(rest, a)
-        wait_for(lambda: completed_checkpoints(rest, a) > before, 90, "a checkpoint of the restarted attempt")
+        wait_for("a checkpoint of the restarted attempt",
+                 lambda: completed_checkpoints(rest, a) > before, 90, poll_s=0.25)
 
     stopped = savepoint(rest, a, "stop", {"targetDirectory": str(tmp / "savepoints"), "drain": False})
     assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
@@ -104,7 +106,7 @@ def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed
                  savepointPath=f"file://{moved}")
     attempts = rest.wait_attempt_running(b, 0, timeout_s=300)
     assert attempts[-1]["restored-from"] == str(moved)
-    wait_for(lambda: completed_checkpoints(rest, b) >= 1, 90, "a checkpoint of job B")
+    wait_for("a checkpoint of job B", lambda: completed_checkpoints(rest, b) >= 1, 90, poll_s=0.25)
     if kill_b:
         kill_task_taskmanager(c, rest, b)
     return b
@@ -126,7 +128,8 @@ def test_sql_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_path):
         produced = producer.stop()
     expected = expected_totals(produced)
 
-    wait_for(lambda: sql_totals(pg, "e2e_keyed") == expected, 120, f"the sink to hold exactly {produced} events")
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(pg, "e2e_keyed") == expected, 120, poll_s=0.25)
     rest.cancel(b)
     assert rest.wait_state(b, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
 
@@ -152,7 +155,7 @@ def test_parquet_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_pa
         got = parquet_windows(out)
         return got if got == expected else None
 
-    wait_for(sink, 120, f"the Parquet windows to hold exactly {produced} events")
+    wait_for(f"the Parquet windows to hold exactly {produced} events", sink, 120, poll_s=0.25)
     rest.cancel(b)
     assert rest.wait_state(b, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
 
@@ -173,7 +176,7 @@ def test_stop_with_drain_fires_every_open_window(cluster, tmp_path):
                                     "--window", "10 seconds", "--trigger", TRIGGER])
     rest.wait_attempt_running(job, 0, timeout_s=300)
     # Windows [0 s, 10 s) and [10 s, 20 s) close by themselves (1000 events); [20 s, 30 s) stays open.
-    wait_for(lambda: sum(parquet_windows(out).values()) >= 1000, 120, "the closed windows in the output")
+    wait_for("the closed windows in the output", lambda: sum(parquet_windows(out).values()) >= 1000, 120, poll_s=0.25)
     assert sum(parquet_windows(out).values()) == 1000
     location = savepoint(rest, job, "stop", {"targetDirectory": str(tmp_path / "sp"), "drain": True})
     assert rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
@@ -211,7 +214,7 @@ def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothi
         job = rest.run(jar, parallelism=1, jobName="counts-freeze", programArgsList=args,
                        flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
         rest.wait_attempt_running(job, 0, timeout_s=300)
-        wait_for(lambda: completed_checkpoints(rest, job) >= 2, 90, "two completed checkpoints")
+        wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 90, poll_s=0.25)
         tm = rest.attempts(job)[-1]["taskmanager-id"]
         name = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
         groups = [c.child(name).proc.pid] + [d.pid for d in runner_processes(c.child(name).proc.pid)]
@@ -222,12 +225,13 @@ def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothi
         finally:
             for g in groups:
                 os.killpg(g, signal.SIGCONT)
-        wait_for(lambda: completed_checkpoints(rest, job) >= 4, 120, "checkpoints after the thaw")
+        wait_for("checkpoints after the thaw", lambda: completed_checkpoints(rest, job) >= 4, 120, poll_s=0.25)
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
 
-    wait_for(lambda: sql_totals(pg, "e2e_freeze") == expected, 120, f"the sink to hold exactly {produced} events")
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(pg, "e2e_freeze") == expected, 120, poll_s=0.25)
     attempts = rest.attempts(job)
     assert [a["attempt"] for a in attempts] == [0, 1], attempts  # one restart, not two
     assert attempts[-1]["status"] == "RUNNING"
@@ -248,11 +252,11 @@ def test_the_latency_mode_starts_each_batch_at_once_on_two_state_partitions_and_
     job = rest.run(jar, parallelism=2, jobName="counts-latency", programArgsList=args,
                    flinkConfiguration={"headrace.latency-mode": True})
     rest.wait_attempt_running(job, 0, timeout_s=300)
-    wait_for(lambda: sql_totals(pg, table), 120, "the first batch in the sink")
+    wait_for("the first batch in the sink", lambda: sql_totals(pg, table), 120, poll_s=0.25)
     running_since = time.monotonic()
     time.sleep(12)
     produced = producer.stop()
-    wait_for(lambda: sql_totals(pg, table) == expected_totals(produced), 60, "every event in the sink")
+    wait_for("every event in the sink", lambda: sql_totals(pg, table) == expected_totals(produced), 60, poll_s=0.25)
     elapsed = time.monotonic() - running_since
     location = savepoint(rest, job, "stop", {"targetDirectory": str(tmp_path / "sp"), "drain": False})
     assert rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"

@@ -45,9 +45,9 @@ from tests.e2e.counting import (
     completed_checkpoints,
     expected_totals,
     sql_totals,
-    wait_for,
 )
 from tests.netproxy import TcpProxy
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -129,7 +129,7 @@ class Outside:
              "no", "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
         self.source_local = f"redis://127.0.0.1:{port}/0"
         self.source_url = f"redis://{gateway}:{port}/0"
-        wait_for(lambda: _pings(self.source_local), 10, "the outside redis-server")
+        wait_for("the outside redis-server", lambda: _pings(self.source_local), 10, poll_s=0.25)
         self.pg = TcpProxy(("127.0.0.1", 5432), listen_host=gateway)
         self.pg.start()
         user_db = pg_url.split("://", 1)[1]
@@ -210,8 +210,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
 
         def exact(what: str, timeout_s: float = 180) -> None:
             expected = expected_totals(written)
-            wait_for(lambda: sql_totals(pg_url, "compose_counts") == expected, timeout_s,
-                     f"the sink to hold exactly the {written} events written ({what})")
+            wait_for(f"the sink to hold exactly the {written} events written ({what})",
+                     lambda: sql_totals(pg_url, "compose_counts") == expected, timeout_s, poll_s=0.25)
 
         rest.http.headers["Authorization"] = f"Bearer {admin}"
         jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
@@ -228,7 +228,7 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         assert "could not lower the priority" not in tm_logs, "the TaskManagers lack CAP_SYS_NICE"
         burst()
         exact("first run")
-        wait_for(lambda: completed_checkpoints(rest, job) >= 2, 120, "two completed checkpoints")
+        wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 120, poll_s=0.25)
 
         # A TaskManager container dies with the task: it runs again on the other one.
         first_tm = attempts[-1]["taskmanager-id"]
@@ -242,12 +242,13 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         exact("after the TaskManager container was killed")
 
         # The leading JobManager's container dies: the standby leads, the task is left running.
-        old_leader, old_epoch = wait_for(lambda: leader(rest), 60, "a leading JobManager")
+        old_leader, old_epoch = wait_for("a leading JobManager", lambda: leader(rest), 60, poll_s=0.25)
         running = attempts[-1]["attempt"]
         t0 = time.monotonic()
         stack.kill(old_leader)
-        new_leader = wait_for(lambda: (lambda seen: seen if seen and seen[1] > old_epoch else None)(leader(rest)), 120,
-                              "a new leader after the kill")
+        new_leader = wait_for("a new leader after the kill",
+                              lambda: (lambda seen: seen if seen and seen[1] > old_epoch else None)(leader(rest)),
+                              120, poll_s=0.25)
         timings.phase("jobmanager_kill_to_new_leader", t0)
         assert new_leader[0] != old_leader, (old_leader, new_leader)
         burst()
@@ -256,7 +257,7 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         assert attempts[-1]["attempt"] == running and attempts[-1]["status"] == "RUNNING", attempts
 
         # The whole stack stopped and started: the job resumes from its latest checkpoint.
-        wait_for(lambda: completed_checkpoints(rest, job) >= 1, 60, "a completed checkpoint")
+        wait_for("a completed checkpoint", lambda: completed_checkpoints(rest, job) >= 1, 60, poll_s=0.25)
         t0 = time.monotonic()
         stack.compose("stop", "--timeout", "30", timeout=600)
         burst()  # written while the whole stack is down
@@ -284,8 +285,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
                                               "--sink-url", outside.sink_url, "--trigger", TRIGGER])
         rest.wait_attempt_running(kafka_job, 0, timeout_s=TASK_TIMEOUT_S)
         wanted = expected_totals(KAFKA_JOB_EVENTS)
-        wait_for(lambda: sql_totals(pg_url, "compose_kafka_counts") == wanted, 180,
-                 f"the {KAFKA_JOB_EVENTS} Kafka events counted once")
+        wait_for(f"the {KAFKA_JOB_EVENTS} Kafka events counted once",
+                 lambda: sql_totals(pg_url, "compose_kafka_counts") == wanted, 180, poll_s=0.25)
         timings.phase("kafka_job_to_exact", t0)
         rest.cancel(kafka_job)
         assert rest.wait_state(kafka_job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"

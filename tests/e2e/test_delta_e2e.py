@@ -24,8 +24,9 @@ from deltalake import DeltaTable
 
 from services.taskmanager.runtime.connectors import delta_log
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, completed_checkpoints, expected_totals, wait_for
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, completed_checkpoints, expected_totals
 from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -97,14 +98,15 @@ def test_append_under_a_taskmanager_kill_writes_every_event_once(cluster, spark)
     try:
         job = run(rest, jar, ["--stream", stream, "--table", name, "--trigger", TRIGGER], name="delta-append")
         rest.wait_attempt_running(job, 0, timeout_s=300)
-        wait_for(lambda: completed_checkpoints(rest, job) >= 2, 120, "two completed checkpoints")
+        wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 120, poll_s=0.25)
         kill_task_taskmanager(cluster, rest, job)
         before = completed_checkpoints(rest, job)
-        wait_for(lambda: completed_checkpoints(rest, job) > before, 120, "a checkpoint of the restarted attempt")
+        wait_for("a checkpoint of the restarted attempt",
+                 lambda: completed_checkpoints(rest, job) > before, 120, poll_s=0.25)
     finally:
         produced = producer.stop()
     path = table(cluster, name)
-    wait_for(lambda: events_once(path, produced), 300, f"every one of {produced} events once in the table")
+    wait_for(f"every one of {produced} events once in the table", lambda: events_once(path, produced), 300, poll_s=0.25)
     rows = spark.read.format("delta").load(str(path)).groupBy("n").count()
     assert rows.count() == produced and rows.filter("count > 1").count() == 0
     # The checkpoint history names the table and the version each checkpoint committed.
@@ -123,17 +125,17 @@ def test_counts_per_key_through_stop_with_savepoint_and_resume_at_parallelism_2(
     try:
         a = run(rest, jar, args, name="delta-totals-a")
         rest.wait_attempt_running(a, 0, timeout_s=300)
-        wait_for(lambda: completed_checkpoints(rest, a) >= 2, 120, "two completed checkpoints of job A")
+        wait_for("two completed checkpoints of job A", lambda: completed_checkpoints(rest, a) >= 2, 120, poll_s=0.25)
         location = savepoint(rest, a, "stop", {"targetDirectory": str(tmp_path / "sp"), "drain": False})
         assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
         b = run(rest, jar, args, parallelism=2, name="delta-totals-b", savepointPath=location)
         rest.wait_attempt_running(b, 0, timeout_s=300)
-        wait_for(lambda: completed_checkpoints(rest, b) >= 2, 120, "two completed checkpoints of job B")
+        wait_for("two completed checkpoints of job B", lambda: completed_checkpoints(rest, b) >= 2, 120, poll_s=0.25)
     finally:
         produced = producer.stop()
     path = table(cluster, name)
     expected = expected_totals(produced)
-    wait_for(lambda: totals(path) == expected, 180, f"exact totals of {produced} events")
+    wait_for(f"exact totals of {produced} events", lambda: totals(path) == expected, 180, poll_s=0.25)
     by_spark = {r["key"]: (r["count"], r["total"]) for r in spark.read.format("delta").load(str(path)).collect()}
     assert by_spark == expected
     rest.cancel(b)
@@ -167,19 +169,21 @@ def test_a_failed_upgrade_rolled_back_leaves_no_row_of_it_and_every_event_once(c
     path = table(cluster, name)
     try:
         put(spec([*base, "--tag", "v1"]))
-        wait_for(lambda: state("STABLE", 1), 300, "v1 STABLE")
+        wait_for("v1 STABLE", lambda: state("STABLE", 1), 300, poll_s=0.25)
         # v2 writes batches for a while, then fails at every batch reaching `fail_at`,
         # and never completes a checkpoint (its interval is 10 min): the deployment rolls it back.
         fail_at = producer.produced + 400
         put(spec([*base, "--tag", "v2", "--fail-at", str(fail_at)], interval="10 min"))
-        wait_for(lambda: any(r["tag"] == "v2" for r in rs_rows(path)), READY_WITHIN_S, "rows of v2 in the table")
-        back = wait_for(lambda: state("ROLLED_BACK"), 2 * READY_WITHIN_S + 60, "the rollback to v1")
+        wait_for("rows of v2 in the table",
+                 lambda: any(r["tag"] == "v2" for r in rs_rows(path)), READY_WITHIN_S, poll_s=0.25)
+        back = wait_for("the rollback to v1", lambda: state("ROLLED_BACK"), 2 * READY_WITHIN_S + 60, poll_s=0.25)
         assert back["jobGeneration"] == 1
-        wait_for(lambda: completed_checkpoints(rest, back["jobId"]) >= 2, 120, "checkpoints of v1 again")
+        wait_for("checkpoints of v1 again", lambda: completed_checkpoints(rest, back["jobId"]) >= 2, 120, poll_s=0.25)
     finally:
         produced = producer.stop()
     try:
-        wait_for(lambda: events_once(path, produced), 300, f"every one of {produced} events once in the table")
+        wait_for(f"every one of {produced} events once in the table",
+                 lambda: events_once(path, produced), 300, poll_s=0.25)
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {events_off(path, produced)}") from None
     assert {r["tag"] for r in rs_rows(path)} == {"v1"}
@@ -199,7 +203,7 @@ def test_a_frozen_driver_woken_after_its_task_moved_commits_nothing(cluster, spa
     try:
         job = run(rest, jar, ["--stream", stream, "--table", name, "--trigger", TRIGGER], name="delta-zombie")
         rest.wait_attempt_running(job, 0, timeout_s=300)
-        wait_for(lambda: completed_checkpoints(rest, job) >= 2, 120, "two completed checkpoints")
+        wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 120, poll_s=0.25)
         tm = rest.attempts(job)[-1]["taskmanager-id"]
         child = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[tm]
         groups = [cluster.child(child).proc.pid] + [d.pid for d in runner_processes(cluster.child(child).proc.pid)]
@@ -207,16 +211,16 @@ def test_a_frozen_driver_woken_after_its_task_moved_commits_nothing(cluster, spa
             os.killpg(g, signal.SIGSTOP)
         try:
             rest.wait_attempt_running(job, 1, timeout_s=180)
-            new_fence = wait_for(lambda: fence_version(path, seq=2), 120, "the new attempt's fence commit")
+            new_fence = wait_for("the new attempt's fence commit", lambda: fence_version(path, seq=2), 120, poll_s=0.25)
         finally:
             for g in groups:
                 os.killpg(g, signal.SIGCONT)
         woke = time.monotonic()
-        wait_for(lambda: completed_checkpoints(rest, job) >= 4, 120, "checkpoints after the thaw")
+        wait_for("checkpoints after the thaw", lambda: completed_checkpoints(rest, job) >= 4, 120, poll_s=0.25)
         time.sleep(max(0.0, 10 - (time.monotonic() - woke)))  # the zombie's query had time to try
     finally:
         produced = producer.stop()
-    wait_for(lambda: events_once(path, produced), 300, f"every one of {produced} events once in the table")
+    wait_for(f"every one of {produced} events once in the table", lambda: events_once(path, produced), 300, poll_s=0.25)
     # Nothing of the first attempt (seq 1) was committed after the second one fenced it.
     app = next(a for a in DeltaTable(str(path)).metadata().configuration if a.startswith("headrace.writer."))
     app_id = app.removeprefix("headrace.writer.")

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import Rest, leader, leader_child, start_cluster
-from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +84,7 @@ def wait_lifecycle(rest: Rest, state: str, generation: int | None = None, timeou
         st = status(rest)
         ok = st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation)
         return st if ok else None
-    return wait_for(reached, timeout_s, f"deployment {NAME} {state} at generation {generation}")
+    return wait_for(f"deployment {NAME} {state} at generation {generation}", reached, timeout_s, poll_s=0.25)
 
 
 def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader_kill(cluster, tmp_path):
@@ -133,7 +134,7 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
 
         # v5 (another trigger interval), with the leading JobManager killed in the middle of it.
         v5_gen = put(rest, spec(jars["v2"], [*args[:-1], "400 milliseconds"]))["generation"]
-        wait_for(lambda: status(rest)["lifecycleState"] == "UPGRADING", 60, "the upgrade to start")
+        wait_for("the upgrade to start", lambda: status(rest)["lifecycleState"] == "UPGRADING", 60, poll_s=0.25)
         before = leader(c)["epoch"]
         victim = leader_child(c)
         os.killpg(c.child(victim).proc.pid, signal.SIGKILL)
@@ -145,9 +146,10 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
-    wait_for(lambda: sql_totals(pg, TABLE) == expected, 180, f"the sink to hold exactly {produced} events")
+    wait_for(f"the sink to hold exactly {produced} events", lambda: sql_totals(pg, TABLE) == expected, 180, poll_s=0.25)
     assert rest.http.delete(f"/deployments/{NAME}").status_code == 202
-    wait_for(lambda: rest.http.get(f"/deployments/{NAME}").status_code == 404, 120, "the deployment to be deleted")
+    wait_for("the deployment to be deleted",
+             lambda: rest.http.get(f"/deployments/{NAME}").status_code == 404, 120, poll_s=0.25)
 
 
 # --- the autoscaler on the same cluster -------------------------------------------------------
@@ -189,24 +191,25 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
     try:
         r = rest.http.put(f"/deployments/{SCALED}", json=body, timeout=PUT_TIMEOUT_S)
         assert r.status_code == 200, r.text
-        wait_for(lambda: scaled_parallelism(rest) == 1, 300, "the scaled deployment STABLE at 1")
+        wait_for("the scaled deployment STABLE at 1", lambda: scaled_parallelism(rest) == 1, 300, poll_s=0.25)
         job = rest.get(f"/deployments/{SCALED}")["status"]["jobId"]
 
         # An input one core handles easily: it stays at 1, having looked.
-        wait_for(lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
-                          if e["outcome"] == "keep"][2:], 120, "three evaluations that keep parallelism 1")
+        wait_for("three evaluations that keep parallelism 1",
+                 lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+                          if e["outcome"] == "keep"][2:], 120, poll_s=0.25)
         assert scaled_parallelism(rest) == 1, last_evaluations(rest, 12)
 
         # Above one core: parallelism 2 within 60 s of the rise, the same job, and the lag drains.
         producer.set_rate(HIGH_RATE)
         t_rise = time.monotonic()
         try:
-            wait_for(lambda: rest.get(f"/deployments/{SCALED}")["status"]["parallelism"] == 2, 60,
-                     "the autoscaler to decide parallelism 2")
+            wait_for("the autoscaler to decide parallelism 2",
+                     lambda: rest.get(f"/deployments/{SCALED}")["status"]["parallelism"] == 2, 60, poll_s=0.25)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
         decided_s = time.monotonic() - t_rise
-        wait_for(lambda: scaled_parallelism(rest) == 2, 120, "the job RUNNING at parallelism 2")
+        wait_for("the job RUNNING at parallelism 2", lambda: scaled_parallelism(rest) == 2, 120, poll_s=0.25)
         assert rest.get(f"/deployments/{SCALED}")["status"]["jobId"] == job
         print(f"autoscaler e2e: rise -> decision {decided_s:.1f} s, -> RUNNING at 2 "
               f"{time.monotonic() - t_rise:.1f} s", flush=True)
@@ -214,24 +217,25 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
         # lag under a second of input. (Those batches are also the throughput it has shown, on
         # which the way down is judged when the machine's load inflates every batch's fixed part.)
         try:
-            wait_for(lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+            wait_for("an evaluation at parallelism 2 keeping up with the peak",
+                     lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
                               if e["parallelism"] == 2 and e["outcome"] == "keep"
-                              and e["figures"].get("lag", HIGH_RATE) < HIGH_RATE], 120,
-                     "an evaluation at parallelism 2 keeping up with the peak")
+                              and e["figures"].get("lag", HIGH_RATE) < HIGH_RATE], 120, poll_s=0.25)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
 
         # Back to a low input: 1 again after the stabilization.
         producer.set_rate(LOW_RATE)
         try:
-            wait_for(lambda: scaled_parallelism(rest) == 1, 240, "the job back at parallelism 1")
+            wait_for("the job back at parallelism 1", lambda: scaled_parallelism(rest) == 1, 240, poll_s=0.25)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
         last_evaluations(rest, 3)  # the way down's figures, in the test's output
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
-    wait_for(lambda: sql_totals(pg, SCALED_TABLE) == expected, 300, f"the sink to hold exactly {produced} events")
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(pg, SCALED_TABLE) == expected, 300, poll_s=0.25)
     evaluations = rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
     rescales = [(e["outcome"], e["parallelism"], e["proposed"]) for e in evaluations
                 if e["parallelism"] != e["proposed"]]

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import expected_totals, sql_totals, wait_for
+from tests.e2e.counting import expected_totals, sql_totals
 from tests.e2e.drills import kill_task_taskmanager, savepoint
 from tests.kafka_support import Feeder, counting_event, produce, read_all
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,10 +59,11 @@ def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster
     rest.wait_attempt_running(job, 0, timeout_s=300)
     feeder = Feeder(kafka.bootstrap, source, rate=100).start()
     try:
-        wait_for(lambda: len(read_all(kafka.bootstrap, sink, settle_s=0.5)) > 200, 120, "output before the faults")
+        wait_for("output before the faults",
+                 lambda: len(read_all(kafka.bootstrap, sink, settle_s=0.5)) > 200, 120, poll_s=0.25)
         kill_task_taskmanager(cluster, rest, job, respawn=False, timeout_s=180)
-        wait_for(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 3, 120,
-                 "checkpoints after the TaskManager kill")
+        wait_for("checkpoints after the TaskManager kill",
+                 lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 3, 120, poll_s=0.25)
         kafka.broker.kill()  # kill -9; the job rides it out or restarts, the feeder buffers
         time.sleep(5)
         kafka.broker.start()
@@ -73,7 +75,7 @@ def test_exactly_once_into_kafka_through_a_taskmanager_and_a_broker_kill(cluster
         got = read_all(kafka.bootstrap, sink, settle_s=1.0)
         return got if len(got) >= produced else None
 
-    got = wait_for(complete, 240, f"{produced} records in the output")
+    got = wait_for(f"{produced} records in the output", complete, 240, poll_s=0.25)
     ids = sorted(int(json.loads(v)["payload"]) for v in got)
     assert ids == expected, f"{len(ids)} records for {produced} ids; duplicates or gaps"
     assert rest.job(job)["state"] == "RUNNING"
@@ -90,8 +92,8 @@ def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_a
             "--trigger", "1 second"]
     a = rest.run(jar, parallelism=1, jobName="kafka-counts-a", flinkConfiguration=CHECKPOINTS, programArgsList=args)
     rest.wait_attempt_running(a, 0, timeout_s=300)
-    wait_for(lambda: sum(c for c, _ in sql_totals(pg_url_module, "kafka_counts").values()) == 600, 120,
-             "the first 600 events counted")
+    wait_for("the first 600 events counted",
+             lambda: sum(c for c, _ in sql_totals(pg_url_module, "kafka_counts").values()) == 600, 120, poll_s=0.25)
     produce(kafka.bootstrap, topic, [counting_event(n) for n in range(600, 900)], key_of=key_of)
     stopped = savepoint(rest, a, "stop", {"targetDirectory": str(storage / "savepoints"), "drain": False})
     assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
@@ -102,8 +104,8 @@ def test_kafka_to_postgres_counts_exact_through_stop_with_savepoint_and_resume_a
     b = rest.run(jar, parallelism=2, jobName="kafka-counts-b", flinkConfiguration=CHECKPOINTS, programArgsList=args,
                  savepointPath=f"file://{moved}")
     assert rest.wait_attempt_running(b, 0, timeout_s=300)[-1]["restored-from"] == str(moved)
-    wait_for(lambda: sql_totals(pg_url_module, "kafka_counts") == expected_totals(1500), 180,
-             "every key's count and sum exact after the resume")
+    wait_for("every key's count and sum exact after the resume",
+             lambda: sql_totals(pg_url_module, "kafka_counts") == expected_totals(1500), 180, poll_s=0.25)
     rest.cancel(b)
 
 
@@ -117,11 +119,12 @@ def test_the_real_time_mode_copies_kafka_to_kafka_and_refuses_other_sinks(cluste
                    programArgsList=[*args, "--delivery", "at-least-once"])
     rest.wait_attempt_running(job, 0, timeout_s=300)
     produce(kafka.bootstrap, source, [json.dumps({"n": n}) for n in range(500)])
-    got = wait_for(lambda: (v := read_all(kafka.bootstrap, sink, settle_s=1.0)) and len(v) >= 500 and v, 120,
-                   "500 records through the real-time mode")
+    got = wait_for("500 records through the real-time mode",
+                   lambda: (v := read_all(kafka.bootstrap, sink, settle_s=1.0)) and len(v) >= 500 and v,
+                   120, poll_s=0.25)
     assert sorted(json.loads(v)["n"] for v in got) == list(range(500))
-    wait_for(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 1, 90,
-             "a checkpoint at the end of a real-time batch")
+    wait_for("a checkpoint at the end of a real-time batch",
+             lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] >= 1, 90, poll_s=0.25)
     rest.cancel(job)
     refused = rest.run(jar, parallelism=1, jobName="kafka-rt-eo", flinkConfiguration=config,
                        programArgsList=[*args, "--delivery", "exactly-once"])

@@ -22,8 +22,9 @@ import redis
 from services.cluster.process_supervisor import RestartPolicy
 from tests.clusters import Rest, start_cluster
 from tests.conftest import free_port, missing
-from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.e2e.leader_pauses import LeaderPauses
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,7 @@ def source(tmp_path_factory):
                              "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("source-redis"))],
                             stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
-    wait_for(lambda: _pings(url), 10, "the source redis-server")
+    wait_for("the source redis-server", lambda: _pings(url), 10, poll_s=0.25)
     yield url
     proc.kill()
     proc.wait(10)
@@ -103,7 +104,8 @@ def test_a_paused_leader_is_replaced_within_the_goal_ten_times_in_a_row(cluster,
     assert all(p.sessions_left == 0 for p in pauses), [p.describe() for p in pauses]
     assert any(p.in_transaction for p in pauses), "no pause caught the leader inside a write transaction"
     expected = expected_totals(produced)
-    wait_for(lambda: sql_totals(pg_url_module, TABLE) == expected, 300, f"the sink to hold exactly {produced} events")
+    wait_for(f"the sink to hold exactly {produced} events",
+             lambda: sql_totals(pg_url_module, TABLE) == expected, 300, poll_s=0.25)
     assert rest.job(job)["state"] == "RUNNING"
     rest.cancel(job)
     rest.wait_state(job, "CANCELED", timeout_s=120)

@@ -47,8 +47,9 @@ def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
     create-topic`, the Kafka example run, stopped with a savepoint and resumed at parallelism 4
     from it; every event counted once in the pipelines' own database."""
     from shared.ports import free_port
-    from tests.e2e.counting import expected_totals, wait_for
+    from tests.e2e.counting import expected_totals
     from tests.kafka_support import counting_event, produce
+    from tests.waiting import wait_for
 
     home = tmp_path / "home"
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=4,
@@ -77,10 +78,11 @@ def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
         produce(bootstrap, "orders", [counting_event(n) for n in range(300)])
         out = headrace("run", "examples/kafka_to_postgres.py", "-p", "2", "--args", "--topic orders")
         job = out.split("JobID")[-1].split()[0]
-        wait_for(lambda: totals() == expected_totals(300), 240, "the first 300 events counted")
+        wait_for("the first 300 events counted", lambda: totals() == expected_totals(300), 240, poll_s=0.25)
         path = headrace("stop", job).strip().split("Path:")[-1].strip()
         produce(bootstrap, "orders", [counting_event(n) for n in range(300, 500)])
         headrace("run", "examples/kafka_to_postgres.py", "-s", path, "-p", "4", "--args", "--topic orders")
-        wait_for(lambda: totals() == expected_totals(500), 240, "every event counted once after the resume")
+        wait_for("every event counted once after the resume",
+                 lambda: totals() == expected_totals(500), 240, poll_s=0.25)
     finally:
         cluster.stop()

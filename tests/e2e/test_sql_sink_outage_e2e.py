@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import TRIGGER, Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import TRIGGER, Producer, expected_totals, sql_totals
 from tests.private_postgres import PrivatePostgres
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,15 +59,16 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
                                        "headrace.task.startup-timeout": "5 min"})
     try:
         rest.wait_attempt_running(job, 0, timeout_s=320)
-        wait_for(lambda: sql_totals(sink_pg.url, "outage_counts"), 120, "the job's first committed batch")
+        wait_for("the job's first committed batch", lambda: sql_totals(sink_pg.url, "outage_counts"), 120, poll_s=0.25)
 
         sink_pg.stop()
         stopped = time.monotonic()
         # The outage must meet a batch: on a loaded machine the next one may take a while to come.
-        wait_for(lambda: WAITING_LINE in driver_log_text(cluster), 90, "the sink to say it waits for its database")
+        wait_for("the sink to say it waits for its database",
+                 lambda: WAITING_LINE in driver_log_text(cluster), 90, poll_s=0.25)
         noticed = time.monotonic()
         # The task's status says so: the attempt's (and the job's) waiting-reason.
-        reason = wait_for(lambda: rest.job(job).get("waiting-reason"), 20, "the job's waiting-reason")
+        reason = wait_for("the job's waiting-reason", lambda: rest.job(job).get("waiting-reason"), 20, poll_s=0.25)
         assert "waiting for database" in reason and str(sink_pg.port) in reason, reason
         time.sleep(max(0.0, OUTAGE_S - (noticed - stopped), 15.0 - (time.monotonic() - noticed)))
         assert rest.job(job)["state"] == "RUNNING"
@@ -75,8 +77,8 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
         time.sleep(3)  # a few batches after the outage, then the producer stops
         produced = producer.stop()
         expected = expected_totals(produced)
-        wait_for(lambda: sql_totals(sink_pg.url, "outage_counts") == expected, 120,
-                 f"the sink to hold exactly the {produced} events")
+        wait_for(f"the sink to hold exactly the {produced} events",
+                 lambda: sql_totals(sink_pg.url, "outage_counts") == expected, 120, poll_s=0.25)
         attempts = rest.attempts(job)
         assert [a["attempt"] for a in attempts] == [0], f"the outage cost a restart: {attempts}"
         assert attempts[0]["status"] == "RUNNING"

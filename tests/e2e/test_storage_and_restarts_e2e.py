@@ -28,9 +28,9 @@ from tests.e2e.counting import (
     completed_checkpoints,
     expected_totals,
     sql_totals,
-    wait_for,
 )
 from tests.e2e.drills import runner_processes
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -130,7 +130,7 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
         job = rest.run(jar, parallelism=1, jobName="damaged", programArgsList=args, flinkConfiguration=config,
                        restartStrategy=RESTARTS)
         rest.wait_attempt_running(job, 0, timeout_s=300)
-        wait_for(lambda: completed_checkpoints(rest, job) >= 4, 120, "four completed checkpoints")
+        wait_for("four completed checkpoints", lambda: completed_checkpoints(rest, job) >= 4, 120, poll_s=0.25)
         # Freeze the driver so that no newer checkpoint completes, then damage the latest one.
         attempt = rest.attempts(job)[-1]
         tm = c.child({"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}[attempt["taskmanager-id"]])
@@ -155,16 +155,16 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
                 last["status"] == "RUNNING" and (last["restored-from"] or "").endswith(f"/chk-{previous}") and attempts
             )
 
-        attempts = wait_for(restored_from_previous, 300, f"an attempt restored from chk-{previous}")
+        attempts = wait_for(f"an attempt restored from chk-{previous}", restored_from_previous, 300, poll_s=0.25)
         assert any(a["restored-from"] and a["restored-from"].endswith(f"/chk-{latest}") and a["status"] == "FAILED"
                    for a in attempts), attempts
-        wait_for(lambda: completed_checkpoints(rest, job) > len([h for h in history.values()
-                                                                 if h["status"] == "COMPLETED"]),
-                 90, "a checkpoint of the restored attempt")
+        wait_for("a checkpoint of the restored attempt",
+                 lambda: completed_checkpoints(rest, job) > len([h for h in history.values()
+                                                                if h["status"] == "COMPLETED"]), 90, poll_s=0.25)
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
-    wait_for(lambda: sql_totals(pg, table) == expected, 180, f"the sink to hold exactly {produced} events")
+    wait_for(f"the sink to hold exactly {produced} events", lambda: sql_totals(pg, table) == expected, 180, poll_s=0.25)
 
     marked = _checkpoint_history(rest, job)[latest]
     assert marked["discarded"] is True  # Flink shows a discarded checkpoint as COMPLETED, discarded
