@@ -22,6 +22,7 @@ from shared.settings import Settings
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
 from tests.netproxy import TcpProxy
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,10 +70,8 @@ def _assert_unavailable(r, path: str) -> None:
 
 
 def _wait_back(client, path: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.get(path).status_code != 200:
-        assert time.monotonic() < deadline, f"{path} still fails {timeout_s} s after the catalog came back"
-        time.sleep(0.1)
+    wait_for(f"{path} to answer 200 again after the catalog came back", lambda: client.get(path).status_code,
+             timeout_s, until=lambda status: status == 200)
 
 
 def test_reads_answer_503_with_retry_after_while_the_catalog_is_down(dispatcher):

@@ -19,6 +19,7 @@ import pytest
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.spark_session import build_spark
 from shared import checkpoint_storage as storage
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,16 +50,14 @@ class Recorder:
         return write
 
 
-def wait_until(pred, timeout: float, what: str, query=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query is not None and query.exception() is not None:
+def wait_while_running(query, what: str, check, timeout_s: float):
+    """wait_for `check`, except that a streaming query that failed ends the wait at once with its error."""
+    def checked():
+        if query.exception() is not None:
             raise query.exception()
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        return check()
+
+    return wait_for(what, checked, timeout_s, poll_s=0.05)
 
 
 def sha256_tree(root: Path) -> dict[str, str]:
@@ -130,8 +129,8 @@ def datagen_snapshot(spark, tmp_path_factory):
     live, rec = base / "live-1", Recorder()
     q = windowed_counts(spark, live, rec, "first", rows_per_second="150")
     try:
-        batch = wait_until(lambda: (storage.latest_committed_batch(live) or 0) >= 2
-                           and storage.latest_committed_batch(live), 120, "batch 2 to commit", q)
+        batch = wait_while_running(q, "batch 2 to commit", lambda: (storage.latest_committed_batch(live) or 0) >= 2
+                                   and storage.latest_committed_batch(live), 120)
         info = timed("take_snapshot (datagen, running)", storage.take_snapshot, live, base / "chk-1",
                      batch_id=batch, metadata={"job_id": "j" * 32, "kind": "checkpoint", "checkpoint_id": 1})
     finally:
@@ -177,8 +176,8 @@ def maintained_snapshot(spark, tmp_path_factory):
     live, rec = base / "live", Recorder()
     q = modulo_counts(spark, live, rec, "first")
     try:
-        batch = wait_until(lambda: (storage.latest_committed_batch(live) or 0) >= 2
-                           and storage.latest_committed_batch(live), 120, "batch 2 to commit", q)
+        batch = wait_while_running(q, "batch 2 to commit", lambda: (storage.latest_committed_batch(live) or 0) >= 2
+                                   and storage.latest_committed_batch(live), 120)
         info = timed("take_snapshot (rate, running)", storage.take_snapshot, live, base / "chk-1",
                      batch_id=batch, metadata={"kind": "savepoint"})
         before = sha256_tree(Path(info.path))
@@ -186,13 +185,12 @@ def maintained_snapshot(spark, tmp_path_factory):
         linked = [p for p in (live / "state").rglob("*.delta")
                   if (snap / p.relative_to(live)).exists()
                   and os.stat(p).st_ino == os.stat(snap / p.relative_to(live)).st_ino]
-        wait_until(lambda: (storage.latest_committed_batch(live) or 0) >= batch + 20, 240,
-                   "20 more batches", q)
+        wait_while_running(q, "20 more batches", lambda: (storage.latest_committed_batch(live) or 0) >= batch + 20, 240)
         # Spark deletes old files in its maintenance thread: give it a moment beyond the commits
         # (the test then says what was not deleted).
         try:
-            wait_until(lambda: not (live / "offsets" / str(batch)).exists()
-                       and any(not p.exists() for p in linked), 30, "Spark's clean-up", q)
+            wait_while_running(q, "Spark's clean-up", lambda: not (live / "offsets" / str(batch)).exists()
+                               and any(not p.exists() for p in linked), 30)
         except AssertionError:
             pass
     finally:
@@ -223,7 +221,7 @@ def test_moved_snapshot_restores_and_resumes(spark, maintained_snapshot, tmp_pat
     timed("restore (rate, moved)", storage.restore, f"file://{elsewhere}", live)
     q = modulo_counts(spark, live, rec, "moved")
     try:
-        wait_until(lambda: len(rec.batches.get("moved", {})) >= 3, 120, "3 batches after restore", q)
+        wait_while_running(q, "3 batches after restore", lambda: len(rec.batches.get("moved", {})) >= 3, 120)
     finally:
         q.stop()
     assert min(rec.batches["moved"]) == b + 1

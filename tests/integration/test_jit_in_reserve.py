@@ -13,6 +13,7 @@ import time
 import pytest
 
 from services.taskmanager.runtime import jit_in_reserve as jit
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
 
@@ -51,11 +52,8 @@ def policies(pid: int, name: str) -> dict[int, int]:
     return out
 
 
-def wait_for(pred, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+def c2_policies(pid: int) -> set[int]:
+    return set(policies(pid, "C2 CompilerThre").values())
 
 
 @pytest.fixture
@@ -71,14 +69,14 @@ def test_c2_threads_idle_in_reserve_and_come_back_on_release(fake_jvm):
     me = fake_jvm.pid
     optimizer = jit.OptimizerInReserve(me).start()
     try:
-        wait_for(lambda: set(policies(me, "C2 CompilerThre").values()) == {os.SCHED_IDLE})
+        wait_for("the C2 threads idle", lambda: c2_policies(me), 10, poll_s=0.05, until=lambda p: p == {os.SCHED_IDLE})
         assert set(policies(me, "C1 CompilerThre").values()) == {os.SCHED_OTHER}  # C1 carries the warm-up
         fake_jvm.stdin.write("grow\n")
         fake_jvm.stdin.flush()
         assert fake_jvm.stdout.readline().strip() == "more"
         # A C2 thread the JVM adds later is found too.
-        wait_for(lambda: list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_IDLE] * 2,
-                 timeout=jit.POLL_S + 10)
+        wait_for("the new C2 thread idle too", lambda: list(policies(me, "C2 CompilerThre").values()),
+                 jit.POLL_S + 10, poll_s=0.05, until=lambda found: found == [os.SCHED_IDLE] * 2)
     finally:
         optimizer.release()
     assert list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_OTHER] * 2
@@ -89,9 +87,9 @@ def test_c2_threads_idle_in_reserve_and_come_back_on_release(fake_jvm):
 def test_release_after_a_grace_period_without_a_first_batch(fake_jvm):
     me = fake_jvm.pid
     optimizer = jit.OptimizerInReserve(me).start()
-    wait_for(lambda: set(policies(me, "C2 CompilerThre").values()) == {os.SCHED_IDLE})
+    wait_for("the C2 threads idle", lambda: c2_policies(me), 10, poll_s=0.05, until=lambda p: p == {os.SCHED_IDLE})
     optimizer.release_after(0.3)
-    wait_for(lambda: set(policies(me, "C2 CompilerThre").values()) == {os.SCHED_OTHER}, timeout=5)
+    wait_for("the C2 threads released", lambda: c2_policies(me), 5, poll_s=0.05, until=lambda p: p == {os.SCHED_OTHER})
 
 
 def test_threads_of_other_processes_are_left_alone(fake_jvm):

@@ -4,7 +4,6 @@ endpoint (ports from cluster.json), scraped while no-op jobs run and fail over."
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -12,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.metrics import CACHE_S
 from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,19 +37,17 @@ def value(samples: dict, name: str, **labels) -> float:
     return samples[key]
 
 
-def wait_for(url: str, check, timeout_s: float = 30):
-    """Scrape until check(samples) holds; the endpoints cache for CACHE_S, so poll past that."""
-    deadline = time.monotonic() + timeout_s
-    samples = {}
-    while time.monotonic() < deadline:
-        samples = scrape(url)
+def scrape_until(url: str, check, timeout_s: float = 30) -> dict:
+    """Scrape until check(samples) holds (an assertion in it failing means "not yet"); the
+    endpoints cache for CACHE_S, so poll past that."""
+    def holds(samples) -> bool:
         try:
-            if check(samples):
-                return samples
+            return bool(check(samples))
         except AssertionError:
-            pass
-        time.sleep(CACHE_S / 2)
-    raise AssertionError(f"{url} did not show the expected values within {timeout_s} s")
+            return False
+
+    return wait_for(f"{url} to show the expected values", lambda: scrape(url), timeout_s, poll_s=CACHE_S / 2,
+                    until=holds)
 
 
 def endpoints(cluster) -> dict:
@@ -60,9 +58,9 @@ def test_every_service_lists_an_endpoint_with_prefixed_metrics(cluster):
     urls = endpoints(cluster)
     assert set(urls) == {"dispatcher", "jobmanager", "resourcemanager", "taskmanager-1"}
     for url in urls.values():
-        names = {n for n, _ in wait_for(url, lambda s: any(n.startswith("headrace_") for n, _ in s))}
+        names = {n for n, _ in scrape_until(url, lambda s: any(n.startswith("headrace_") for n, _ in s))}
         assert all(n.startswith(("headrace_", "python_", "process_")) for n in names), names
-    rm = wait_for(urls["resourcemanager"], lambda s: value(s, "headrace_slots_total") == 2)
+    rm = scrape_until(urls["resourcemanager"], lambda s: value(s, "headrace_slots_total") == 2)
     assert value(rm, "headrace_slots_free") == 2
     assert value(rm, "headrace_heartbeat_lag_max_seconds") >= 0
     jm = scrape(urls["jobmanager"])
@@ -83,21 +81,21 @@ def test_counts_change_when_a_job_runs_and_fails_over(cluster, rest, jar):
     job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
                    config={"noop.duration": -1})
     rest.wait_running_task(job)
-    wait_for(urls["dispatcher"], lambda s: value(s, "headrace_jobs", state="RUNNING") >= 1)
-    tm = wait_for(urls["taskmanager-1"],
-                  lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 1)
+    scrape_until(urls["dispatcher"], lambda s: value(s, "headrace_jobs", state="RUNNING") >= 1)
+    tm = scrape_until(urls["taskmanager-1"],
+                      lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 1)
     assert value(tm, "headrace_taskmanager_slots", taskmanager="tm-1") == 2
     held = {labels: v for (n, labels), v in tm.items() if n == "headrace_taskmanager_tasks"}
     assert sum(held.values()) == 1, held
     rest.cancel(job)
     rest.wait_state(job, "CANCELED", timeout_s=15)
-    wait_for(urls["taskmanager-1"], lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 2)
+    scrape_until(urls["taskmanager-1"], lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 2)
 
     job = rest.run(jar, kind="noop", parallelism=1,
                    restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "200 ms"},
                    config={"noop.duration": 0.2, "noop.fail-attempts": 2})
     assert rest.wait_state(job, ("FINISHED", "FAILED"))["state"] == "FINISHED"
-    after = wait_for(urls["dispatcher"], lambda s: value(s, "headrace_jobs", state="FINISHED") == finished + 1)
+    after = scrape_until(urls["dispatcher"], lambda s: value(s, "headrace_jobs", state="FINISHED") == finished + 1)
     assert value(after, "headrace_attempt_restarts_total") == restarts + 2
     assert value(after, "headrace_job_failovers_total") == failovers + 2
     assert value(after, "headrace_attempts", state="FAILED") >= 2

@@ -15,10 +15,13 @@ import yaml
 from services.cluster import redis_auth
 from shared import streams
 from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 TASKMANAGERS = 2
+# Waits across the restart poll every 0.2 s, and a Redis that is still down means "not yet".
+ACROSS_RESTART = {"poll_s": 0.2, "ignoring": (redis.RedisError,)}
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +37,6 @@ def noop(rest, jar, duration):
     return rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "fixed-delay", "attempts": 3,
                                                                         "delay": "200 ms"},
                     config={"noop.duration": duration})
-
-
-def wait_for(what: str, check, timeout_s: float = 30):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except redis.RedisError as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.2)
-    raise AssertionError(f"{what} within {timeout_s} s (last: {last!r})")
 
 
 def groups(client, stream: str) -> dict[str, bytes]:
@@ -70,10 +58,10 @@ def restart_redis(cluster) -> redis.Redis:
         except redis.ConnectionError:
             pass
     wait_for("the old redis-server to exit", lambda: cluster.child("redis").proc.pid != old
-             or cluster.child("redis").proc.poll() is not None, timeout_s=10)
+             or cluster.child("redis").proc.poll() is not None, timeout_s=10, **ACROSS_RESTART)
     client = redis.Redis.from_url(cluster.redis_url)
     wait_for("redis-server restarted by the supervisor",
-             lambda: cluster.child("redis").proc.pid != old and client.ping(), timeout_s=20)
+             lambda: cluster.child("redis").proc.pid != old and client.ping(), timeout_s=20, **ACROSS_RESTART)
     return client
 
 
@@ -84,7 +72,7 @@ def test_a_redis_restart_loses_no_stream_group_pending_entry_dead_letter_or_job(
     # A dead letter (the JobManager cannot decode this entry), and an operator's consumer group
     # on the dead letters holding it unacknowledged.
     admin.xadd(streams.JM_STREAM, {"m": b"not an envelope"})
-    wait_for("the bad entry dead-lettered", lambda: admin.xlen(streams.DLQ_STREAM) >= 1)
+    wait_for("the bad entry dead-lettered", lambda: admin.xlen(streams.DLQ_STREAM) >= 1, **ACROSS_RESTART)
     admin.xgroup_create(streams.DLQ_STREAM, "operators", id="0")
     admin.xreadgroup("operators", "me", {streams.DLQ_STREAM: ">"}, count=1)
     kept = {stream: groups(admin, stream) for stream in (streams.JM_STREAM, streams.RM_STREAM,
@@ -107,10 +95,10 @@ def test_a_redis_restart_loses_no_stream_group_pending_entry_dead_letter_or_job(
     # Every TaskManager reconnects and registers again.
     wait_for(f"{TASKMANAGERS} TaskManager liveness connections",
              lambda: sum(1 for c in admin.client_list(_type="normal")
-                         if c.get("name", "").startswith("hr-tm-")) == TASKMANAGERS)
+                         if c.get("name", "").startswith("hr-tm-")) == TASKMANAGERS, **ACROSS_RESTART)
     wait_for("both TaskManagers registered",
              lambda: all(rest.get(f"/taskmanagers/tm-{i + 1}")["state"] == "REGISTERED"
-                         for i in range(TASKMANAGERS)))
+                         for i in range(TASKMANAGERS)), **ACROSS_RESTART)
     # The job's first attempt runs on: a restart drops every connection at once, which is no
     # TaskManager's death (services/resourcemanager/liveness.py), and the heartbeats resume
     # well within their timeout.

@@ -6,6 +6,7 @@ import threading
 import time
 
 from services.taskmanager.warm_pool import REPLACING, RETRY_S, SPARE, URGENT, WarmPool, WarmupTokens
+from tests.waiting import wait_for
 
 
 class _Driver:
@@ -33,15 +34,6 @@ def _pool(started, tokens=None, size=2, parallelism=1, serves_smaller=False):
         return d
     return WarmPool(size=size, parallelism=parallelism, factory=factory, tokens=tokens or WarmupTokens.unlimited(),
                     serves_smaller=serves_smaller)
-
-
-def _wait_for(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_keeps_no_more_drivers_than_free_slots_can_use():
@@ -97,7 +89,7 @@ def test_warm_ups_on_one_machine_take_turns(tmp_path):
     assert len(first) == 1 and second == []
     assert b.status()["waiting"] == 1
     first[0].ready.set()
-    assert _wait_for(lambda: len(second) == 1), "the second warm-up never started"
+    wait_for("the second warm-up to start", lambda: len(second), 5, poll_s=0.02, until=lambda n: n == 1)
     a.shutdown()
     b.shutdown()
 
@@ -120,7 +112,7 @@ def test_a_task_never_waits_for_a_token(tmp_path):
     time.sleep(0.6)
     assert len(mine) == 1
     d.ready.set()
-    assert _wait_for(lambda: len(mine) == 2), "the replacement never started"
+    wait_for("the replacement to start", lambda: len(mine), 5, poll_s=0.02, until=lambda n: n == 2)
     assert not mine[1].for_task  # a driver kept in reserve warms up
     pool.shutdown()
 
@@ -135,7 +127,7 @@ def test_a_task_takes_the_warm_up_that_is_already_running(tmp_path):
     pool.replenish(free_slots=1)
     assert len(started) == 1
     started[0].ready.set()
-    assert _wait_for(lambda: len(started) == 2)
+    wait_for("the replacement to start", lambda: len(started), 5, poll_s=0.02, until=lambda n: n == 2)
     pool.shutdown()
 
 
@@ -230,13 +222,14 @@ def test_a_taskmanager_without_any_driver_gets_the_next_token_before_one_replaci
     assert replacing.status()["rank"] == "replacing" and urgent.status()["rank"] == "urgent"
     assert len(replacing_started) == 1 and urgent_started == []
     holder[0].ready.set()  # its warm-up ends: the token is free
-    assert _wait_for(lambda: len(urgent_started) == 1), "the urgent warm-up never got the token"
+    wait_for("the urgent warm-up to get the token", lambda: len(urgent_started), 5, poll_s=0.02, until=lambda n: n == 1)
     time.sleep(3 * RETRY_S)
     assert len(replacing_started) == 1, "a replacement took the token from a TaskManager with no driver"
     urgent_started[0].ready.set()
-    assert _wait_for(lambda: len(replacing_started) == 2), "the replacement never got its turn"
+    wait_for("the replacement to get its turn", lambda: len(replacing_started), 5, poll_s=0.02, until=lambda n: n == 2)
     # The pool drops its claim just after the start it records (a busy machine shows the gap).
-    assert _wait_for(lambda: list(tmp_path.glob("waiting-rank-*")) == []), "a claim outlived its warm-up's start"
+    wait_for("no claim to outlive its warm-up's start", lambda: list(tmp_path.glob("waiting-rank-*")), 5,
+             poll_s=0.02, until=lambda claims: claims == [])
     for p in (holder_pool, replacing, urgent):
         p.shutdown()
 
@@ -290,10 +283,12 @@ def test_a_niced_warm_up_gives_its_token_to_an_urgent_one_and_warms_on(tmp_path)
     task_driver = replacing.take(1)
     task_driver.ready.set()
     replacing.replenish(free_slots=1)
-    assert _wait_for(lambda: len(replacing_started) == 2) and replacing.rank() == SPARE
+    wait_for("the replacement to start", lambda: len(replacing_started), 5, poll_s=0.02, until=lambda n: n == 2)
+    assert replacing.rank() == SPARE
     replacing_started[1].niced = True
     urgent.replenish(free_slots=1)
-    assert _wait_for(lambda: len(urgent_started) == 1), "the urgent warm-up never got the niced one's token"
+    wait_for("the urgent warm-up to get the niced one's token", lambda: len(urgent_started), 5, poll_s=0.02,
+             until=lambda n: n == 1)
     assert not replacing_started[1].killed and replacing.status()["starting"] == 1
     for p in (replacing, urgent):
         p.shutdown()
