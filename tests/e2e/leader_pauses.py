@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 
 from services.cluster.local_cluster import LocalCluster
 from tests.clusters import Rest
+from tests.waiting import wait_for
 
 # How long the drill looks for the leader inside a write transaction before it stops it wherever it is.
 CATCH_IN_TRANSACTION_S = 5.0
@@ -101,22 +102,13 @@ class LeaderPauses:
 
     def _wait_for_new_leader(self, epoch: int) -> int:
         """The epoch of the JobManager that announces itself next (it announces once it recovered)."""
-        deadline = time.monotonic() + TAKEOVER_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                now = (self.rest.get("/overview")["jobmanager"] or {}).get("epoch") or 0
-            except Exception:  # noqa: BLE001 - a slow answer on a loaded machine: ask again
-                now = 0
-            if now > epoch:
-                return int(now)
-            time.sleep(0.05)
-        raise AssertionError(f"no JobManager with an epoch above {epoch} announced itself within "
-                             f"{TAKEOVER_WAIT_S:.0f} s of the leader's SIGSTOP")
+        now = wait_for(f"a JobManager with an epoch above {epoch} to announce itself after the leader's SIGSTOP",
+                       lambda: (self.rest.get("/overview")["jobmanager"] or {}).get("epoch") or 0, TAKEOVER_WAIT_S,
+                       poll_s=0.05, until=lambda now: now > epoch,
+                       ignoring=(Exception,))  # a slow answer on a loaded machine: ask again
+        return int(now)
 
     def _wait_standby(self, log, before: int) -> None:
-        deadline = time.monotonic() + STANDBY_WAIT_S
-        while log.read_text(errors="replace").count(" is standby: ") <= before:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the woken JobManager did not stand by again within {STANDBY_WAIT_S:.0f} s; "
-                                     f"see {log}")
-            time.sleep(0.2)
+        wait_for(f"the woken JobManager to stand by again (see {log})",
+                 lambda: log.read_text(errors="replace").count(" is standby: "), STANDBY_WAIT_S, poll_s=0.2,
+                 until=lambda standbys: standbys > before)

@@ -64,16 +64,12 @@ def show(rest, name: str = NAME) -> dict:
 
 def wait_lifecycle(rest, state: str, *, generation: int | None = None, timeout_s: float = TIMEOUT_S,
                    name: str = NAME) -> dict:
-    deadline = time.monotonic() + timeout_s
-    seen: dict = {}
-    while time.monotonic() < deadline:
-        seen = show(rest, name)
+    def reached(seen: dict) -> bool:
         st = seen["status"]
-        if st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation):
-            return seen
-        time.sleep(0.2)
-    raise AssertionError(f"deployment {name} not {state} (generation {generation}) within {timeout_s} s: "
-                         f"{seen.get('status')}")
+        return st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation)
+
+    return wait_for(f"deployment {name} {state} (generation {generation})", lambda: show(rest, name), timeout_s,
+                    poll_s=0.2, until=reached)
 
 
 def restored_from(rest, job_id: str) -> str | None:

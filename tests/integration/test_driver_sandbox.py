@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.taskmanager import driver_env
 from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
 from tests.clusters import Rest, start_cluster
+from tests.integration.support import alive, wait_gone
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,20 +45,6 @@ def driver_uids() -> set[int]:
         return {pwd.getpwnam(f"{DEFAULT_NAME}-{i}").pw_uid for i in range(32)}
     except KeyError:
         pytest.skip(f"no users {DEFAULT_NAME}-0..31: run scripts/bootstrap as root")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_gone(pids, timeout_s: float = 20) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return [p for p in pids if alive(p)]
 
 
 def sandbox_cluster(root: Path, name: str, **settings):
@@ -299,7 +286,7 @@ def forked(cluster, rest, tmp_path, mode: str) -> tuple[str, int, int]:
 def test_a_sleeper_that_left_the_drivers_session_ends_with_its_task(cluster, rest, tmp_path):
     job, sleeper, driver = forked(cluster, rest, tmp_path, "fail")
     assert rest.wait_state(job, DONE, timeout_s=120)["state"] == "FAILED"
-    assert wait_gone([sleeper, driver]) == [], "a process of the failed task is still alive"
+    wait_gone("every process of the failed task to go", [sleeper, driver], timeout_s=20, poll_s=0.2)
 
 
 def test_without_cgroups_the_tasks_processes_end_with_the_task_and_with_the_cluster(root, tmp_path):
@@ -308,7 +295,8 @@ def test_without_cgroups_the_tasks_processes_end_with_the_task_and_with_the_clus
         rest = Rest(c.dispatcher_url)
         job, sleeper, driver = forked(c, rest, tmp_path, "fail")
         assert rest.wait_state(job, DONE, timeout_s=120)["state"] == "FAILED"
-        assert wait_gone([sleeper, driver]) == [], "found neither by session nor by ancestry: by its mark"
+        wait_gone("the failed task's processes to go (found neither by session nor by ancestry: by its mark)",
+                  [sleeper, driver], timeout_s=20, poll_s=0.2)
         job, sleeper, driver = forked(c, rest, tmp_path, "run")
         rest.wait_attempt_running(job, 0, timeout_s=120)
         assert os.getsid(sleeper) != os.getsid(driver), "the sleeper must have left the driver's session"
@@ -316,7 +304,7 @@ def test_without_cgroups_the_tasks_processes_end_with_the_task_and_with_the_clus
         assert any("java" in psutil.Process(p).name() for p in tree if alive(p)), "no JVM under the driver"
     finally:
         c.stop()
-    assert wait_gone(tree, 10) == [], "a process of the running task outlived the cluster"
+    wait_gone("no process of the running task to outlive the cluster", tree, timeout_s=10, poll_s=0.2)
 
 
 LOUD = """

@@ -31,6 +31,7 @@ from services.taskmanager.driver_process import DriverProcess
 from services.taskmanager.driver_sandbox import DriverSandbox
 from services.taskmanager.driver_user import DEFAULT_NAME, DriverUser
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, rss_bytes, sweep
+from tests.integration.support import wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -128,20 +129,6 @@ class Tree:
         self.driver.processes.release()
 
 
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_gone(pids, timeout_s: float = 10) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [p for p in pids if alive(p)]
-
-
 def pss_by_psutil(pids) -> int:
     """The same figure read another way (psutil sums /proc/<pid>/smaps)."""
     return sum(psutil.Process(p).memory_full_info().pss for p in pids)
@@ -185,7 +172,7 @@ def test_children_that_made_the_pages_their_own_are_killed_with_the_measure_name
         assert name == "MemoryLimitExceeded"
         assert cause.startswith("the task's processes used 1.") and "GB (PSS summed over 6 processes), above its " \
             "limit of 0.8 GB (headrace.task.memory-limit); they were killed." in cause, cause
-        assert wait_gone(pids) == [], "a process of the killed tree is still alive"
+        wait_gone("every process of the killed tree to go", pids, timeout_s=10, poll_s=0.1)
     finally:
         tree.stop()
 

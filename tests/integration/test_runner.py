@@ -33,6 +33,7 @@ from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, Granted, RunTask, TaskSpec, decode_event, encode_line
 from shared.untrusted_code import UntrustedUser
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +127,9 @@ class Driver:
         assert ev.event == name, f"expected {name}, got {ev}; log:\n{self.log_tail()}"
         return ev
 
-    def wait_until(self, pred, timeout: float, skip: tuple[str, ...] = ("progress",)):
+    def read_until(self, pred, timeout: float, skip: tuple[str, ...] = ("progress",)):
+        """The next event `pred` accepts, read from the driver's stream (not a poll: every event in
+        between is consumed, and must be of a kind in `skip`)."""
         deadline = time.monotonic() + timeout
         while True:
             ev = self.next_event(max(0.1, deadline - time.monotonic()))
@@ -156,12 +159,8 @@ class Driver:
             except psutil.NoSuchProcess:
                 return False
 
-        deadline = time.monotonic() + timeout
-        while any(alive(p) for p in self.tree):
-            if time.monotonic() > deadline:
-                left = [(p.pid, p.name()) for p in self.tree if alive(p)]
-                raise AssertionError(f"processes left behind: {left}")
-            time.sleep(0.2)
+        wait_for("no process of the driver's tree left behind", lambda: [p for p in self.tree if alive(p)], timeout,
+                 poll_s=0.2, until=lambda left: left == [])
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -232,7 +231,7 @@ def test_clickstream_exact_counts_survive_kill9_mid_stream(drivers, pg_url, tmp_
     first.run(task)
     first.expect("initializing")
     assert first.expect("running", 60).streaming is True
-    first.wait_until(lambda e: e.event == "progress" and e.num_input_rows > 0 and e.batch_id >= 2, 120)
+    first.read_until(lambda e: e.event == "progress" and e.num_input_rows > 0 and e.batch_id >= 2, 120)
     print(f"warm driver: RunTask -> third batch {time.monotonic() - t_run:.1f}s")
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait(10)
@@ -246,7 +245,7 @@ def test_clickstream_exact_counts_survive_kill9_mid_stream(drivers, pg_url, tmp_
     second.expect("initializing")
     second.expect("running", 60)
     progress = []
-    done = second.wait_until(lambda e: (e.event == "progress" and progress.append(e)) or e.event == "finished", 180)
+    done = second.read_until(lambda e: (e.event == "progress" and progress.append(e)) or e.event == "finished", 180)
     assert done.event == "finished"
     assert progress and progress[0].batch_id > 0, "the second attempt must resume, not restart"
     assert second.proc.wait(30) == 0
@@ -301,7 +300,7 @@ def test_batch_job_finishes_on_a_hurried_warm_driver_and_failures_are_reported_w
 
     b.expect("initializing")
     b.expect("running", 60)
-    failed = b.wait_until(lambda e: e.event == "failed", 120)
+    failed = b.read_until(lambda e: e.event == "failed", 120)
     assert failed.error_name == "StreamingQueryException"
     # Spark's message carries the worker's Python traceback.
     assert "RuntimeError: poisoned event" in failed.traceback and "in explode" in failed.traceback
@@ -321,12 +320,12 @@ def test_cancel_by_command_or_sigterm_stops_driver_and_jvm(drivers, tmp_path):
     for d in (by_cmd, by_term):
         d.expect("initializing")
         d.expect("running", 60)
-    by_cmd.wait_until(lambda e: e.event == "progress", 120)
+    by_cmd.read_until(lambda e: e.event == "progress", 120)
     by_cmd.send(encode_line(CancelRun()))
-    by_term.wait_until(lambda e: e.event == "progress", 120)
+    by_term.read_until(lambda e: e.event == "progress", 120)
     os.kill(by_term.proc.pid, signal.SIGTERM)
     for d in (by_cmd, by_term):
-        d.wait_until(lambda e: e.event == "canceled", 60)
+        d.read_until(lambda e: e.event == "canceled", 60)
         assert d.proc.wait(30) == 0
         d.assert_tree_gone()
 
@@ -360,11 +359,11 @@ def test_a_warm_driver_forks_its_python_daemons_and_defers_c2_until_its_task_run
     d.run(spec(tmp_path, CLICKSTREAM, "--total", "600", "--rate", "300", "--seed", "5", "--sink-url", pg_url))
     d.expect("initializing")
     d.expect("running", 60)
-    d.wait_until(lambda e: e.event == "progress", 120)
+    d.read_until(lambda e: e.event == "progress", 120)
     # The JVM retires idle compiler threads (UseDynamicNumberOfCompilerThreads), so by now there may
     # be none left; every one that is left must be back from SCHED_IDLE.
     assert {os.sched_getscheduler(t) for t in jit_in_reserve.c2_threads(d.proc.pid)} <= {os.SCHED_OTHER}
-    assert d.wait_until(lambda e: e.event == "finished", 120).event == "finished"
+    assert d.read_until(lambda e: e.event == "finished", 120).event == "finished"
     assert d.proc.wait(30) == 0
     assert window_counts(pg_url, "clicks_per_minute") == expected_counts(5, 600)
     d.assert_tree_gone()
