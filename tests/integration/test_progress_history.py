@@ -14,19 +14,12 @@ import redis
 
 from services.taskmanager.metrics import TaskMetrics
 from shared import streams
+from shared.clock import FakeClock
 from shared.task_protocol import Progress
 
 pytestmark = pytest.mark.integration
 
 SPEC = SimpleNamespace(job_id="j" * 32, vertex_id="v" * 32, execution_id="e" * 32, attempt=0)
-
-
-class Clock:
-    def __init__(self, start_ms: int):
-        self.ms = start_ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def history(client) -> list[tuple[int, dict]]:
@@ -37,14 +30,14 @@ def history(client) -> list[tuple[int, dict]]:
 def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_url):
     client = redis.Redis.from_url(redis_url)
     start = int(time.time() * 1000) - 900_000  # 15 minutes ago, batches every 250 ms since
-    clock = Clock(start)
-    m = TaskMetrics(client, clock_ms=clock)
+    clock = FakeClock(start)  # milliseconds here
+    m = TaskMetrics(client, clock_ms=clock.now)
     for n in range(3600):
         m.progress("tm-1", SPEC, Progress(batch_id=n, num_input_rows=10, input_rows_per_second=40.0,
                                           processed_rows_per_second=50.0, batch_duration_ms=200, source_lag=n % 7))
-        clock.ms += 250
+        clock.advance(250)
     points = history(client)
-    newest = clock.ms - 250
+    newest = clock.now() - 250
     times = [t for t, _ in points]
     assert times == sorted(times) and len(set(times)) == len(times)
     assert all(b - a >= streams.PROGRESS_HISTORY_STEP_MS for a, b in pairwise(times))
@@ -66,11 +59,11 @@ def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_
 
 def test_slow_batches_keep_every_point_and_a_lost_redis_does_not_fail_the_task(redis_url, redis_server):
     client = redis.Redis.from_url(redis_url, socket_timeout=2)
-    clock = Clock(int(time.time() * 1000) - 60_000)
-    m = TaskMetrics(client, clock_ms=clock)
+    clock = FakeClock(int(time.time() * 1000) - 60_000)  # milliseconds here
+    m = TaskMetrics(client, clock_ms=clock.now)
     for n in range(5):
         m.progress("tm-1", SPEC, Progress(batch_id=n))
-        clock.ms += 5000
+        clock.advance(5000)
     assert [int(f["batch_id"]) for _, f in history(client)] == [0, 1, 2, 3, 4]
     redis_server.stop()
     m.progress("tm-1", SPEC, Progress(batch_id=5))  # best effort: logged, not raised

@@ -8,16 +8,9 @@ import threading
 import pytest
 
 from services.dispatcher.overview_cache import OverviewCache
+from shared.clock import FakeClock
 
 TIMEOUT_S = 5
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Builder:
@@ -55,30 +48,30 @@ def in_thread(fn):
 
 
 def test_one_build_serves_every_request_within_the_ttl_then_it_is_rebuilt():
-    clock, build = Clock(), Builder()
-    cache = OverviewCache(1.0, clock=clock)
+    clock, build = FakeClock(start=100.0), Builder()
+    cache = OverviewCache(1.0, clock=clock.now)
     assert cache.peek() is None
     assert cache.get(build).body == b"v1"
-    clock.now += 0.999
+    clock.advance(0.999)
     assert cache.get(build).body == b"v1" and build.calls == 1 and cache.peek().body == b"v1"
     assert cache.age_s(cache.get(build)) == pytest.approx(0.999)
-    clock.now += 0.001
+    clock.advance(0.001)
     assert cache.peek() is None  # expired, and nobody is rebuilding it: the caller must
     entry = cache.get(build)
-    assert entry.body == b"v2" and build.calls == 2 and entry.built_at == clock.now
+    assert entry.body == b"v2" and build.calls == 2 and entry.built_at == clock.now()
     assert cache.age_s(entry) == 0
 
 
 def test_ttl_zero_builds_on_every_request():
     build = Builder()
-    cache = OverviewCache(0, clock=Clock())
+    cache = OverviewCache(0, clock=FakeClock(start=100.0).now)
     assert [cache.get(build).body for _ in range(3)] == [b"v1", b"v2", b"v3"]
     assert not cache.enabled and cache.peek() is None
 
 
 def test_invalidate_makes_the_next_request_rebuild_within_the_ttl():
-    clock, build = Clock(), Builder()
-    cache = OverviewCache(1.0, clock=clock)
+    clock, build = FakeClock(start=100.0), Builder()
+    cache = OverviewCache(1.0, clock=clock.now)
     cache.get(build)
     cache.invalidate()
     assert cache.peek() is None
@@ -88,7 +81,7 @@ def test_invalidate_makes_the_next_request_rebuild_within_the_ttl():
 
 def test_an_answer_whose_build_began_before_an_invalidation_is_not_served_after_it():
     build = Builder(hold=True)
-    cache = OverviewCache(1.0, clock=Clock())
+    cache = OverviewCache(1.0, clock=FakeClock(start=100.0).now)
     t, out = in_thread(lambda: cache.get(build))
     assert build.started.wait(TIMEOUT_S)
     cache.invalidate()  # a submission committed while the build was reading the catalog
@@ -99,10 +92,10 @@ def test_an_answer_whose_build_began_before_an_invalidation_is_not_served_after_
 
 
 def test_expired_answer_is_served_while_one_request_rebuilds():
-    clock, build = Clock(), Builder()
-    cache = OverviewCache(1.0, clock=clock)
+    clock, build = FakeClock(start=100.0), Builder()
+    cache = OverviewCache(1.0, clock=clock.now)
     cache.get(build)
-    clock.now += 5
+    clock.advance(5)
     build.hold, build.started = True, threading.Event()
     t, out = in_thread(lambda: cache.get(build))
     assert build.started.wait(TIMEOUT_S)
@@ -117,7 +110,7 @@ def test_expired_answer_is_served_while_one_request_rebuilds():
 
 def test_without_a_servable_answer_concurrent_requests_share_one_build():
     build = Builder(hold=True)
-    cache = OverviewCache(1.0, clock=Clock())
+    cache = OverviewCache(1.0, clock=FakeClock(start=100.0).now)
     first = in_thread(lambda: cache.get(build))
     assert build.started.wait(TIMEOUT_S)
     others = [in_thread(lambda: cache.get(build)) for _ in range(8)]
@@ -130,7 +123,7 @@ def test_without_a_servable_answer_concurrent_requests_share_one_build():
 
 def test_after_an_invalidation_requests_wait_for_the_rebuild_rather_than_get_the_old_answer():
     build = Builder()
-    cache = OverviewCache(1.0, clock=Clock())
+    cache = OverviewCache(1.0, clock=FakeClock(start=100.0).now)
     cache.get(build)
     cache.invalidate()
     build.hold, build.started = True, threading.Event()
@@ -147,10 +140,10 @@ def test_after_an_invalidation_requests_wait_for_the_rebuild_rather_than_get_the
 
 
 def test_a_failed_build_raises_and_drops_the_earlier_answer():
-    clock, build = Clock(), Builder()
-    cache = OverviewCache(1.0, clock=clock)
+    clock, build = FakeClock(start=100.0), Builder()
+    cache = OverviewCache(1.0, clock=clock.now)
     cache.get(build)
-    clock.now += 5
+    clock.advance(5)
 
     def down() -> bytes:
         raise ConnectionError("catalog unreachable")

@@ -8,14 +8,7 @@ import pytest
 
 from services.cluster.process_supervisor import ChildRecord, RestartPolicy, Supervisor
 from services.cluster.redis_auth import outside
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from shared.clock import FakeClock
 
 
 class FakeCluster:
@@ -47,26 +40,26 @@ def test_backoff_doubles_from_one_second_to_thirty_and_resets_after_a_minute_of_
 
 
 def make(notes):
-    cluster, clock = FakeCluster(), FakeClock()
-    sup = Supervisor(cluster, clock=clock, notify=notes.append)
+    cluster, clock = FakeCluster(), FakeClock(start=100.0)
+    sup = Supervisor(cluster, clock=clock.now, notify=notes.append)
     for name in cluster.pids:
-        sup.records[name] = ChildRecord(started_at=clock.now)
+        sup.records[name] = ChildRecord(started_at=clock.now())
     return cluster, clock, sup
 
 
 def test_an_exit_is_reported_with_its_code_and_log_and_restarted_after_the_backoff():
     notes: list[str] = []
     cluster, clock, sup = make(notes)
-    clock.now += 120  # ran well for two minutes
+    clock.advance(120)  # ran well for two minutes
     cluster.codes["taskmanager-1"] = -9
     sup.check()
     assert cluster.restarted == []
     assert notes == ["supervisor: taskmanager-1 (pid 10) was killed by SIGKILL; restarting in 1 s (restart 1); "
                      "see /logs/taskmanager-1.log"]
-    clock.now += 0.5
+    clock.advance(0.5)
     sup.check()
     assert cluster.restarted == []
-    clock.now += 0.6
+    clock.advance(0.6)
     sup.check()
     assert cluster.restarted == ["taskmanager-1"]
     assert sup.view()["taskmanager-1"] | {"last_exit_at": None} == {
@@ -80,11 +73,11 @@ def test_a_crash_loop_backs_off_and_says_so():
     for _ in range(7):
         cluster.codes["redis"] = 1
         sup.check()
-        delay = sup.records["redis"].restart_at - clock.now
+        delay = sup.records["redis"].restart_at - clock.now()
         delays.append(delay)
-        clock.now += delay
+        clock.advance(delay)
         sup.check()
-        clock.now += 2  # dies two seconds after each start
+        clock.advance(2)  # dies two seconds after each start
     assert delays == [1, 2, 4, 8, 16, 30, 30]
     assert "crash loop: 3 exits within 60 s of a start" in notes[4]
     view = sup.view()["redis"]
@@ -96,7 +89,7 @@ def test_a_stopped_supervisor_restarts_nothing():
     cluster, clock, sup = make([])
     sup.stop()
     cluster.codes["redis"] = 0
-    clock.now += 100
+    clock.advance(100)
     sup.check()
     assert cluster.restarted == []
 
