@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.taskmanager import memory_measure as mm
+from shared.clock import FakeClock
 
 GB = 1024**3
 
@@ -54,7 +55,7 @@ class Readings:
     """What the meter reads: an RSS sum and a PSS sum set by the test, and how often PSS was read."""
 
     def __init__(self, rss: float, pss: float) -> None:
-        self.rss, self.pss, self.pss_reads, self.now = int(rss), int(pss), 0, 0.0
+        self.rss, self.pss, self.pss_reads, self.clock = int(rss), int(pss), 0, FakeClock(0.0)
         self.machine_shmem = self.held_shmem = 0
 
     def read_pss(self, pids) -> mm.Sample:
@@ -62,12 +63,12 @@ class Readings:
         return mm.Sample(self.pss + self.held_shmem, mm.PSS, processes=len(pids), shmem=self.held_shmem)
 
     def meter(self) -> mm.ProcessMeter:
-        return mm.ProcessMeter(lambda: [1, 2, 3], refresh_s=5.0, near_s=1.0, clock=lambda: self.now,
+        return mm.ProcessMeter(lambda: [1, 2, 3], refresh_s=5.0, near_s=1.0, clock=self.clock.now,
                                read_rss=lambda pids: self.rss, read_pss=self.read_pss,
                                read_shmem=lambda: self.machine_shmem)
 
     def at(self, now: float, *, rss: float | None = None, pss: float | None = None) -> "Readings":
-        self.now = now
+        self.clock.t = now
         self.rss = int(rss) if rss is not None else self.rss
         self.pss = int(pss) if pss is not None else self.pss
         return self
