@@ -180,19 +180,27 @@ RUN_ORDER = ("tests/e2e/", "tests/integration/", COMPOSE_TEST, "tests/browser/",
 DRILLS = "tests/e2e/"
 
 
-# A test's tier is its folder: the marker comes from there (a module cannot forget it), and every
-# tier that needs real servers, Spark or a browser is `slow`: `python3 -m pytest -m "not slow"` is
-# the fast loop of unit and component tests (README, "Development").
-FOLDER_MARKERS = {"tests/integration/": ("integration", "slow"), "tests/e2e/": ("e2e", "slow"),
-                  "tests/browser/": ("browser", "slow")}
+# A test's tier is its folder: the marker comes from there and only from there (no module declares
+# its tier's marker, so none can forget it or give another), and every tier that needs real servers,
+# Spark or a browser is `slow`: `python3 -m pytest -m "not slow"` is the fast loop of unit and
+# component tests (README, "Development"). pyproject.toml registers the markers.
+TESTS_DIR = Path(__file__).resolve().parent
+FOLDER_MARKERS = {"unit": ("unit",), "component": ("component",), "integration": ("integration", "slow"),
+                  "e2e": ("e2e", "slow"), "browser": ("browser", "slow")}
+
+
+def folder_markers(path: Path) -> tuple[str, ...]:
+    """The markers of a test module at `path`: its tier's, from the folder under tests/ it is in."""
+    try:
+        tier = Path(path).resolve().relative_to(TESTS_DIR).parts[0]
+    except ValueError:  # not under tests/
+        return ()
+    return FOLDER_MARKERS.get(tier, ())
 
 
 def pytest_itemcollected(item):
-    module = item.nodeid.split("::", 1)[0]
-    for folder, names in FOLDER_MARKERS.items():
-        if module.startswith(folder):
-            for name in names:
-                item.add_marker(getattr(pytest.mark, name))
+    for name in folder_markers(item.path):
+        item.add_marker(getattr(pytest.mark, name))
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -18,8 +18,6 @@ from tests.browser.dashboard_page import JOB_WAIT_S, Page, api, browser, tokens 
 from tests.browser.pipelines import EXCEPTION_PROBE, FAILING, STREAMING
 from tests.clusters import start_cluster
 
-pytestmark = pytest.mark.integration
-
 XSS_NAME = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
 
 

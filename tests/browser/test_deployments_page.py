@@ -21,8 +21,6 @@ import pytest
 from tests.browser.dashboard_page import JOB_WAIT_S, Page, api, browser, tokens  # noqa: F401
 from tests.clusters import start_cluster
 
-pytestmark = pytest.mark.integration
-
 NAME = "clicks-dedup"
 # A program argument that is markup: the diff and the spec must show it as text.
 ARG_PROBE = '<b id="diff-probe">x</b><img src="x" onerror="window.__xss=4">'

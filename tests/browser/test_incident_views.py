@@ -30,8 +30,6 @@ from shared import streams
 from tests.browser.dashboard_page import JOB_WAIT_S, Page, browser  # noqa: F401
 from tests.clusters import Rest, start_cluster
 
-pytestmark = pytest.mark.integration
-
 TRACE = (Path(__file__).parents[1] / "unit" / "failure_traces" / "data_source_not_found.txt").read_text()
 TRACE_SUMMARY = "SparkClassNotFoundException: [DATA_SOURCE_NOT_FOUND] Failed to find the data source: nosuchformat."
 DEPLOYMENT = "clicks-incident"

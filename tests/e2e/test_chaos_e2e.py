@@ -41,8 +41,6 @@ from tests.kafka_support import Feeder
 from tests.netproxy import TcpProxy
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = int(os.environ.get("HEADRACE_CHAOS_FAULTS", "10"))
 SEED = int(os.environ.get("HEADRACE_CHAOS_SEED", str(int(time.time()))))

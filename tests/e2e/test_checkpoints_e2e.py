@@ -44,8 +44,6 @@ from tests.e2e.counting import (
 from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):

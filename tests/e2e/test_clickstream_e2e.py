@@ -18,8 +18,6 @@ import pytest
 from tests.clusters import Rest, start_cluster
 from tests.e2e.drills import ARGS, TOTAL, expected_counts, settled_drivers, sink_counts
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

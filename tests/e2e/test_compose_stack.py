@@ -49,8 +49,6 @@ from tests.e2e.counting import (
 from tests.netproxy import TcpProxy
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = 15  # every service of deploy/docker-compose.yml
 IMAGES_TIMEOUT_S = 1800  # a cold build (Debian base, JRE, every wheel) on a loaded machine

@@ -28,8 +28,6 @@ from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, completed
 from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 PIPELINE = Path(__file__).resolve().parent / "delta_counts.py"
 RESTARTS = {"type": "fixed-delay", "attempts": 10, "delay": "1 s"}
 # A new driver's first Delta commit loads Delta's classes: on 2 cores shared with other runs (load

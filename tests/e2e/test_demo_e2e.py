@@ -8,11 +8,7 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from services.cluster.local_cluster import free_port
-
-pytestmark = pytest.mark.e2e
 
 
 def test_headrace_demo_once_counts_every_event(tmp_path):

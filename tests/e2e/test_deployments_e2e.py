@@ -25,8 +25,6 @@ from tests.clusters import Rest, leader, leader_child, start_cluster
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "counts"
 TABLE = "e2e_deployment_counts"

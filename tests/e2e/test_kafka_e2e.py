@@ -23,8 +23,6 @@ from tests.e2e.drills import kill_task_taskmanager, savepoint
 from tests.kafka_support import Feeder, counting_event, produce, read_all
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = {"execution.checkpointing.interval": "2 s", "state.checkpoints.num-retained": 2}
 

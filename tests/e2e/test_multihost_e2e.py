@@ -38,8 +38,6 @@ from tests.netns import NetnsHost, cleanup_stale, netns_unavailable
 from tests.netproxy import TcpProxy
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 WHY_NOT = netns_unavailable()
 if WHY_NOT:

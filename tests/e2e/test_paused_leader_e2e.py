@@ -26,8 +26,6 @@ from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_
 from tests.e2e.leader_pauses import LeaderPauses
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 PAUSES = 10
 TAKEOVER_GOAL_S = 12.0

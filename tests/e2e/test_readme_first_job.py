@@ -10,12 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from sqlalchemy import create_engine, text
 
 from tests.clusters import start_cluster
-
-pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -190,7 +190,6 @@ EXPECTED_OUTPUT = {
 }
 
 
-@pytest.mark.e2e
 @pytest.mark.timeout(2400)  # measured: 10 min and more at a load of 25-30 on 2 cores
 def test_the_runbooks_work_as_written_on_headrace_up_ha(tmp_path):
     cluster = HeadraceUp(tmp_path / "home", tmp_path / "headrace-up.log")

@@ -21,8 +21,6 @@ from services.taskmanager.sink_claims import record_path
 from tests.clusters import Rest, start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 PIPELINE = """
 def build(ctx):
     events = ctx.sources.datagen(seed=5, rows_per_second=40, max_rows_per_batch=40)

@@ -22,8 +22,6 @@ from services.cluster.readiness import wait_for_warm_drivers
 from tests.clusters import Rest, start_cluster
 from tests.e2e.drills import ARGS, TOTAL, expected_counts, sink_counts
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 # Also how long the first job may wait for its executors' JVMs to register: 10 s was too little on
 # a loaded 2-core machine (the job failed NoExecutors while its executors were still starting).

@@ -21,8 +21,6 @@ from tests.e2e.counting import TRIGGER, Producer, expected_totals, sql_totals
 from tests.private_postgres import PrivatePostgres
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 OUTAGE_S = 30.0
 WAITING_LINE = "unreachable while"  # the sink's WARNING in the driver log

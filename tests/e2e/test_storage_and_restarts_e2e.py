@@ -32,8 +32,6 @@ from tests.e2e.counting import (
 from tests.e2e.drills import runner_processes
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 RESTARTS = {"type": "fixed-delay", "attempts": 5, "delay": "1 s"}
 

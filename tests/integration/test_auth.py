@@ -28,8 +28,6 @@ from shared.settings import Settings
 from shared.transport import InMemoryTransport
 from tests.conftest import free_port, missing
 
-pytestmark = pytest.mark.integration
-
 ROLES = ("viewer", "operator", "admin")
 READS = {"get", "head"}
 OPEN = {"/", "/healthz", "/metrics", "/openapi.json", "/docs"}

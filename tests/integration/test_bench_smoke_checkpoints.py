@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import missing
 from tests.integration.bench_runs import BENCH_PG, run_bench
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420),
+pytestmark = [pytest.mark.timeout(420),
               pytest.mark.skipif(os.environ.get("HEADRACE_BENCH_SMOKE") != "1",
                                  reason="benchmark smoke runs take minutes: set HEADRACE_BENCH_SMOKE=1")]
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.bench_runs import BENCH_PG, run_bench
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 def test_jobmanager_alone_smoke_starts_every_task(pg_url):

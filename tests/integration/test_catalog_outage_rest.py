@@ -24,8 +24,6 @@ from shared.transport import InMemoryTransport
 from tests.netproxy import TcpProxy
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 PIPELINE = b"def build(ctx):\n    return None\n"
 
 

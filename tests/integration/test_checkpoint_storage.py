@@ -21,8 +21,6 @@ from services.taskmanager.runtime.spark_session import build_spark
 from shared import checkpoint_storage as storage
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 KEYS = 5
 DATAGEN = {"seed": "7", "partitions": "1", "total": "500", "max_rows_per_batch": "100"}
 

@@ -12,9 +12,6 @@ import pytest
 
 from tests.clusters import start_cluster
 
-pytestmark = pytest.mark.integration
-
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):

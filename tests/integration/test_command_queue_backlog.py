@@ -19,8 +19,6 @@ from kombu import Connection, Consumer, Queue
 from shared import streams
 from shared.transport import kombu_redis
 
-pytestmark = pytest.mark.integration
-
 
 def item(queue: str, n: int) -> bytes:
     """A Celery protocol-2 message as kombu stores it in the queue list; its task id is `cmd-<n>`."""

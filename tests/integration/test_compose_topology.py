@@ -23,8 +23,6 @@ from services.cluster.local_cluster import LocalCluster
 from shared import cluster_keys
 from shared.settings import Settings
 
-pytestmark = pytest.mark.integration
-
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # In the stack but not started by `headrace up`, and why: Prometheus and Flower are tools pointed at
 # a cluster (docs/runbooks/metrics.md, README: celery flower), not part of it. (`headrace up --ha`

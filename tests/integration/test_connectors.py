@@ -19,8 +19,6 @@ from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engin
 from services.taskmanager.runtime.context import PipelineContext
 from services.taskmanager.runtime.spark_session import build_spark
 
-pytestmark = pytest.mark.integration
-
 EVENT_DDL = "i long, user_id string, url string, event_time timestamp"
 
 

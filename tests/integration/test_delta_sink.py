@@ -24,8 +24,6 @@ from services.taskmanager.runtime.connectors.delta_sink import delta_sink
 from services.taskmanager.runtime.connectors.delta_source import delta_stream, delta_table
 from services.taskmanager.runtime.spark_session import build_spark
 
-pytestmark = pytest.mark.integration
-
 KV = "k string, v long, src string"
 EVENTS = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5), ("d", 6), ("a", 7), ("e", 8),
           ("c", 9), ("f", 10), ("b", 11), ("g", 12), ("h", 13), ("a", 14)]

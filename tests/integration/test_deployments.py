@@ -28,8 +28,6 @@ from tests.autoscaling_series import shifted, simulate, steady
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 NAME = "clicks"
 TIMEOUT_S = 60
 

@@ -40,9 +40,6 @@ from tests.integration.dispatcher_support import (  # noqa: F401 - fixtures and 
     upload,
 )
 
-pytestmark = pytest.mark.integration
-
-
 BAD_PY = b"""\
 def build(ctx):
     x = (1,

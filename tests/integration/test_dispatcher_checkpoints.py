@@ -35,8 +35,6 @@ from tests.integration.dispatcher_support import (  # noqa: F401 - fixtures and 
     upload,
 )
 
-pytestmark = pytest.mark.integration
-
 TRIGGER_KEYS = {"request-id"}
 
 

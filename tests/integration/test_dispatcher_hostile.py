@@ -26,8 +26,6 @@ from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
 from tests.clusters import ServedApp
 
-pytestmark = pytest.mark.integration
-
 MB = 1024**2
 LIMIT = 8 * MB  # this test's upload limit; the default (100 MB) is checked in the unit tests
 PIPELINE = b"def build(ctx):\n    return None\n\n\ndef other(ctx):\n    return None\n"

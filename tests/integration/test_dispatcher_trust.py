@@ -25,8 +25,6 @@ import yaml
 from shared.catalog import Catalog, tokens
 from tests.conftest import RedisServer, free_port
 
-pytestmark = pytest.mark.integration
-
 MB = 1024**2
 HEADER_S, IDLE_S, TOTAL_S = 2.0, 1.5, 4.0
 PIPELINE = b"import os\n\n\ndef build(ctx):\n    return None\n\n\nclass Helper:\n    pass\n"

@@ -35,8 +35,7 @@ from services.taskmanager.sink_claims import record_path
 from tests.clusters import Rest, start_cluster
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as other users needs root")]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as other users needs root")
 
 DONE = ("FINISHED", "FAILED", "CANCELED")
 PROBES = """

@@ -30,10 +30,7 @@ from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
 from tests.clusters import Rest, start_cluster
 from tests.integration.support import alive, wait_gone
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as another user needs root"),
-]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as another user needs root")
 
 LOG_CAP = 4 * 1024**2
 DONE = ("FINISHED", "FAILED", "CANCELED")

@@ -21,8 +21,6 @@ from tests.clusters import TERMINAL, Rest, start_cluster
 from tests.conftest import missing
 from tests.flink_cli import CLI_JVM_OPTS, CLI_TIMEOUT_S, FLINK_HOME, FLINK_VERSION, LAUNCHER
 
-pytestmark = pytest.mark.integration
-
 SAVEPOINT_PATH = re.compile(r"Savepoint completed\. Path: (\S+)")
 UNKNOWN_JOB = "0" * 32
 

@@ -36,8 +36,6 @@ from tests.integration.bus_reading import (
 )
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 TM = "tm-1"
 QUEUE = streams.tm_queue(TM)
 

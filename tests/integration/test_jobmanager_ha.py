@@ -13,8 +13,6 @@ import pytest
 from tests.clusters import leader, leader_child, start_cluster
 from tests.conftest import missing
 
-pytestmark = pytest.mark.integration
-
 SESSION_S = 3.0
 
 

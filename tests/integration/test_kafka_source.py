@@ -20,8 +20,6 @@ from shared.kafka_delivery import DeliveryError
 from tests.conftest import free_port
 from tests.kafka_support import produce
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):

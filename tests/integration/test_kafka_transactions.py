@@ -13,8 +13,6 @@ from services.taskmanager.runtime.connectors.kafka_transactions import Marker, T
 from services.taskmanager.runtime.connectors.sinks import SinkAheadOfRestore
 from tests.kafka_support import read_all
 
-pytestmark = pytest.mark.integration
-
 
 def rows(start: int, count: int):
     return lambda: iter([(f"{i}".encode(), None, None, None) for i in range(start, start + count)])

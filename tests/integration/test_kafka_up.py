@@ -29,8 +29,6 @@ from tests.clusters import Rest, start_cluster
 from tests.conftest import missing
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 RESTART_TIMEOUT_S = 240  # the supervisor's backoff, then a broker JVM recovering its log on 2 loaded cores
 PIPELINE_TIMEOUT_S = 600  # a cold Spark driver (no warm one) on a loaded machine

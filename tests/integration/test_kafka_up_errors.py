@@ -10,13 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from shared.jars import DEFAULT_CACHE_DIR, KAFKA_BROKER, SPARK_SETS, JarCache, MissingJars
 from shared.ports import free_port
 from tests.conftest import missing
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 UP_TIMEOUT_S = 60  # each case fails before any process starts

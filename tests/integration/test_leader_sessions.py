@@ -18,8 +18,6 @@ from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from tests.conftest import fresh_pg_database
 
-pytestmark = pytest.mark.integration
-
 
 def catalog_of(url: str, contender: str, epoch: int | None) -> Catalog:
     catalog = Catalog(url)

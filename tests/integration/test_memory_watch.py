@@ -33,8 +33,6 @@ from services.taskmanager.driver_user import DEFAULT_NAME, DriverUser
 from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, rss_bytes, sweep
 from tests.integration.support import wait_gone
 
-pytestmark = pytest.mark.integration
-
 MB = 1024**2
 SHARED = 256 * MB
 CHILDREN = 5

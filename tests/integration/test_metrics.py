@@ -13,8 +13,6 @@ from shared.metrics import CACHE_S
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):

@@ -18,8 +18,6 @@ from schemathesis.checks import not_a_server_error
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 EXAMPLES = int(os.environ.get("HEADRACE_FUZZ_EXAMPLES", "15"))
 
 

@@ -19,8 +19,6 @@ from shared.catalog import repository
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 STREAM = "operator-endpoints-input"
 MARKER = "operator-endpoints: build() was called"
 CATALOG_PASSWORD = "s3cret-catalog-pw"  # trust auth ignores it; it must never be shown

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -35,8 +34,6 @@ from tests.integration.dispatcher_support import (  # noqa: F401 - fixtures and 
     transport,
     upload,
 )
-
-pytestmark = pytest.mark.integration
 
 NOW_MS = 1_900_000_000_000  # a fixed "now": durations of running jobs are the same in both answers
 

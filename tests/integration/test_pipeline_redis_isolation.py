@@ -27,8 +27,6 @@ from shared.message_auth import load_secret
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 NOPERM = redis.exceptions.NoPermissionError
 VICTIM = "f" * 32  # another job's lineage, with a sink of its own
 HOSTILE = textwrap.dedent('''

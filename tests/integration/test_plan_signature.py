@@ -20,8 +20,6 @@ from services.taskmanager.runtime.spark_session import build_spark
 from shared import checkpoint_storage as storage
 from shared import restore_compat
 
-pytestmark = pytest.mark.integration
-
 EVENTS_DDL = "url STRING, user_id STRING, n BIGINT, event_time TIMESTAMP"
 
 

@@ -16,8 +16,6 @@ import pytest
 
 from services.dispatcher import restore_check
 
-pytestmark = pytest.mark.integration
-
 DRIVER_USER = "headrace-driver"
 
 PROBE = textwrap.dedent('''

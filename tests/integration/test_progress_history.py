@@ -9,15 +9,12 @@ import time
 from itertools import pairwise
 from types import SimpleNamespace
 
-import pytest
 import redis
 
 from services.taskmanager.metrics import TaskMetrics
 from shared import streams
 from shared.clock import FakeClock
 from shared.task_protocol import Progress
-
-pytestmark = pytest.mark.integration
 
 SPEC = SimpleNamespace(job_id="j" * 32, vertex_id="v" * 32, execution_id="e" * 32, attempt=0)
 

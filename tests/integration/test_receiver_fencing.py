@@ -39,8 +39,6 @@ from shared.settings import Settings
 from shared.transport.redis_streams import RedisStreamsTransport
 from tests.clusters import start_cluster
 
-pytestmark = pytest.mark.integration
-
 FORGED_EPOCH = 10**12
 
 

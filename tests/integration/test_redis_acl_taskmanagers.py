@@ -25,8 +25,6 @@ from shared import streams
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 NOPERM = redis.exceptions.NoPermissionError
 PUBLISHED_STREAMS = (streams.JM_STREAM, streams.RM_STREAM, streams.DLQ_STREAM)
 APP = "shared.commands:celery_app"

@@ -17,8 +17,6 @@ from shared import streams
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 TASKMANAGERS = 2
 # Waits across the restart poll every 0.2 s, and a Redis that is still down means "not yet".
 ACROSS_RESTART = {"poll_s": 0.2, "ignoring": (redis.RedisError,)}

@@ -9,8 +9,6 @@ from shared.message_auth import ClusterAuth
 from shared.messages import SubmitJob, encode, wrap
 from shared.transport.redis_streams import RedisStreamsTransport
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def transport(redis_url):

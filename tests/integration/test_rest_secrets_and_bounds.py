@@ -24,8 +24,6 @@ from shared.catalog import Catalog, tokens
 from shared.settings import Settings
 from shared.transport import InMemoryTransport
 
-pytestmark = pytest.mark.integration
-
 GOOD_PY = b"def build(ctx):\n    return ctx.spark.range(1)\n"
 DB_URL = "postgresql://app:s3cret-db@db.example:5432/orders"
 JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="s3cret-kafka";'

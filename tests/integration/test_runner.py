@@ -35,8 +35,6 @@ from shared.task_protocol import TASK_WAITING_MARKER, CancelRun, Granted, RunTas
 from shared.untrusted_code import UntrustedUser
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 CLICKSTREAM = REPO / "examples" / "clickstream.py"
 START_TIMEOUT = 240  # a cold JVM on a busy 2-core machine

@@ -25,8 +25,6 @@ from tests.clusters import leader, leader_child, start_cluster
 from tests.conftest import missing
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 EVERY_S = 2
 OUTAGE_S = 5
 TERMINAL = ("FINISHED", "FAILED", "CANCELED")

@@ -36,8 +36,6 @@ from shared.task_protocol import TaskSpec
 from tests.clusters import start_cluster
 from tests.integration.bus_reading import dead_letters_since, dlq_tail, reports_since, tails, wait_for_at_least
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):

@@ -43,8 +43,6 @@ from services.taskmanager.runtime.connectors.redis_streams import (
 from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine, read_table
 from services.taskmanager.runtime.spark_session import build_spark
 
-pytestmark = pytest.mark.integration
-
 KV = "k string, v long, src string"
 
 # Events (key, value). Attempt 0 cuts them into batches 0..5 of two events; attempt 1, restored

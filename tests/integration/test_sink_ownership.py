@@ -33,8 +33,6 @@ from services.taskmanager.runtime.connectors.redis_streams import (
 from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine
 from services.taskmanager.runtime.spark_session import build_spark
 
-pytestmark = pytest.mark.integration
-
 KV = "k string, v long, src string"
 X = SinkOwner(lineage="job-x", job_id="job-x")
 BATCHES = 20

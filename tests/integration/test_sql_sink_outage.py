@@ -21,8 +21,6 @@ from services.taskmanager.runtime.connectors.sql import SqlTableSink
 from services.taskmanager.runtime.connectors.sql_retry import RetryPolicy, SinkDatabaseUnreachable
 from tests.private_postgres import PrivatePostgres
 
-pytestmark = pytest.mark.integration
-
 SCHEMA = T.StructType([T.StructField("key", T.StringType()), T.StructField("count", T.LongType())])
 
 

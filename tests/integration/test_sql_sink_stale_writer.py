@@ -17,8 +17,6 @@ from services.taskmanager.runtime.connectors import sql_stale_writers
 from services.taskmanager.runtime.connectors.sql import SqlTableSink
 from services.taskmanager.runtime.connectors.sql_stale_writers import SinkFenceLockedError, session_name
 
-pytestmark = pytest.mark.integration
-
 SCHEMA = T.StructType([T.StructField("key", T.StringType()), T.StructField("count", T.LongType())])
 
 

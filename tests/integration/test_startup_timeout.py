@@ -20,8 +20,6 @@ from shared.streams import JM_STREAM
 from shared.transport import RedisStreamsTransport
 from tests.clusters import start_cluster
 
-pytestmark = pytest.mark.integration
-
 HANGING_BUILD = """\
 import time
 

@@ -17,8 +17,6 @@ from shared import streams
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 
 def alive(client, tm: str) -> None:
     client.set(streams.tm_endpoint_key(tm), '{"address": "http://tm:1"}', px=60_000)

@@ -38,8 +38,6 @@ from tests.clusters import start_cluster
 from tests.integration.bus_reading import kombu_item
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 NOPERM = redis.exceptions.NoPermissionError
 
 

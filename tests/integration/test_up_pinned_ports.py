@@ -15,12 +15,9 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from services.cluster.infrastructure import port_taken
 from shared.ports import free_port
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240

@@ -15,14 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import redis
 import yaml
 
 from shared import streams
 from tests.conftest import free_port
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM_LINE = "Warm drivers ready on every TaskManager"

@@ -28,8 +28,6 @@ from shared.spark_runtime import SparkRuntime
 from shared.transport import InMemoryTransport
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / "examples" / "keyed_counts.py")
 ARGS = ["--stream", "s", "--sink", "sql", "--table", "t", "--sink-url", "sqlite:////tmp/never-opened.db"]

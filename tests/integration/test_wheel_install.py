@@ -30,8 +30,6 @@ from services.cluster.local_cluster import free_port
 from shared.settings import Settings
 from tests.conftest import missing
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_TIMEOUT_S = 400
 STOP_TIMEOUT_S = 90

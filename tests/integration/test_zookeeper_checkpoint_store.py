@@ -16,8 +16,6 @@ from shared.states import ExecutionState as ES
 from shared.zookeeper import ZooKeeperCheckpointStore
 from tests.component.harness import CONFIG, Harness, ack, triggers
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def zk(zookeeper):

@@ -5,11 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from shared.zookeeper import LeaderElection
-
-pytestmark = pytest.mark.integration
 
 
 def _contender(zookeeper, name, **kw):
