@@ -159,7 +159,7 @@ class ServedApp:
 
         import uvicorn
 
-        from tests.conftest import free_port
+        from shared.ports import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from services.cluster.compose_credentials import compose_files
-from tests.conftest import free_port
+from shared.ports import free_port
 from tests.docker_engine import DockerEngine
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"

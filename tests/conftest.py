@@ -8,21 +8,17 @@ can never pass silently.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
 
-from shared.ports import free_port
 from tests.clusters import SUITE_JVM_OPTIONS
-from tests.image_prebuild import COMPOSE_TEST, PREBUILD_DIR_ENV, Prebuild, PrebuildWatch
+from tests.image_prebuild import COMPOSE_TEST, PREBUILD, PREBUILD_DIR_ENV, Prebuild, PrebuildWatch
+from tests.servers import KafkaServer, RedisServer, ZooKeeperServer, fresh_pg_database, missing
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # pytest keeps its temporary directories 0700 to others (and resets that at every session's
 # start), so a driver running as the unprivileged driver user could not reach a cluster whose
 # home is one of them. Test clusters run drivers as the test's own user unless the environment
@@ -43,32 +39,6 @@ os.environ.setdefault("HEADRACE_WARM_UP_QUERY", "false")
 # suite's clusters and dispatcher apps never check a changed pipeline, and a spare's JVM costs about
 # what a cold check does. The deployments drill and tests/integration/test_warm_planner.py turn it on.
 os.environ.setdefault("HEADRACE_WARM_PLANNER", "false")
-PG_ADMIN_URL = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def missing(what: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{what} is required in CI")
-    pytest.skip(f"{what} not available")
-
-
-
-class RedisServer:
-    def __init__(self, tmp: Path):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        from shared.transport.redis_streams import wait_for_redis
-
-        wait_for_redis(self.url, timeout_s=10).close()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 @pytest.fixture
@@ -83,25 +53,6 @@ def redis_server(tmp_path):
 @pytest.fixture
 def redis_url(redis_server) -> str:
     return redis_server.url
-
-
-@contextlib.contextmanager
-def fresh_pg_database(template: str | None = None):
-    """A fresh PostgreSQL database (a copy of `template`, if given), dropped afterwards."""
-    try:
-        import psycopg
-
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except Exception:  # noqa: BLE001 - whatever keeps the server from answering, it is missing
-        missing("PostgreSQL")
-    name = f"headrace_test_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    try:
-        yield f"{base}/{name}"
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture
@@ -164,7 +115,7 @@ def migrated_sqlite_url(_migrated_sqlite_template, tmp_path) -> str:
 
 
 LOG_TAIL_LINES = 40
-PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()
+
 # Under pytest-xdist (`-n N --dist loadfile --no-loadscope-reorder`, pyproject.toml) each unit of work
 # runs whole on one worker, and a worker takes the next group when it is free: the longest kinds
 # go first so that the workers end together, the unit tests' many small modules fill in at the
@@ -288,36 +239,6 @@ def pytest_runtest_makereport(item, call):
         report.sections.append((f"{name} log (last {LOG_TAIL_LINES} lines)", "\n".join(lines)))
 
 
-class ZooKeeperServer:
-    """A throwaway standalone ZooKeeper (Debian's package) on a free port."""
-
-    def __init__(self, tmp: Path):
-        from services.cluster.infrastructure import zookeeper_command
-
-        self.port = free_port()
-        self.quorum = f"127.0.0.1:{self.port}"
-        self.log = tmp / "zookeeper.log"
-        self._cmd = zookeeper_command(tmp, self.port)
-        self.start()
-
-    def start(self) -> None:
-        from kazoo.client import KazooClient
-
-        with open(self.log, "ab") as f:
-            self.proc = subprocess.Popen(self._cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        zk = KazooClient(hosts=self.quorum)
-        try:
-            zk.start(timeout=30)
-        finally:
-            zk.stop()
-            zk.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            self.proc.wait(20)
-
-
 @pytest.fixture
 def zookeeper(tmp_path):
     from services.cluster.infrastructure import ZOOKEEPER_HOME
@@ -345,33 +266,6 @@ def rest(cluster):
 def jar(rest, tmp_path_factory):
     """A no-op pipeline uploaded to the module's cluster."""
     return rest.upload_noop_pipeline(tmp_path_factory.mktemp("jar"))
-
-
-class KafkaServer:
-    """A throwaway single-node Kafka broker (KRaft) on free ports, from the bootstrap's jars."""
-
-    def __init__(self, tmp: Path):
-        from services.cluster import kafka_broker
-        from shared.jars import DEFAULT_CACHE_DIR, JarCache
-
-        spec = kafka_broker.BrokerSpec(data_dir=tmp / "kafka", port=free_port(), controller_port=free_port(),
-                                       heap="384m")
-        self.broker = kafka_broker.Broker(spec, JarCache(DEFAULT_CACHE_DIR), tmp / "kafka.log")
-        self.bootstrap = spec.bootstrap
-
-    def start(self) -> "KafkaServer":
-        self.broker.start()
-        return self
-
-    def create_topic(self, name: str, partitions: int = 1) -> str:
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})  # kept: its futures die with it
-        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
-                                      operation_timeout=30)
-        for future in futures.values():
-            future.result(60)
-        return name
 
 
 @pytest.fixture(scope="module")

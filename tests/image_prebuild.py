@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.docker_engine import DockerEngine, EngineUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,3 +166,8 @@ class PrebuildWatch:
                 return "no background build"
             time.sleep(1)
         return f"the controller's background build did not end within {timeout_s:.0f} s (the test builds itself)"
+
+
+# Where the session keeps its Prebuild (controller, one process) or PrebuildWatch (xdist worker):
+# tests/conftest.py puts it there, the compose-stack test reads it.
+PREBUILD = pytest.StashKey["Prebuild | PrebuildWatch"]()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from tests.conftest import free_port
+from shared.ports import free_port
 
 
 class TcpProxy:

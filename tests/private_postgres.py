@@ -24,7 +24,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.conftest import free_port, missing
+from shared.ports import free_port
+from tests.servers import missing
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import Rest
-from tests.conftest import IN_CI
+from tests.servers import IN_CI
 
 CHROMIUM = Path(os.environ.get("HEADRACE_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("HEADRACE_CHROMEDRIVER", "/usr/bin/chromedriver"))

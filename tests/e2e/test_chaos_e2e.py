@@ -34,11 +34,12 @@ from kazoo.client import KazooClient
 from sqlalchemy.engine import make_url
 
 from services.cluster.process_supervisor import RestartPolicy
+from shared.ports import free_port
 from tests.clusters import Rest, start_cluster
-from tests.conftest import free_port, missing
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.kafka_support import Feeder
 from tests.netproxy import TcpProxy
+from tests.servers import missing
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from shared.ports import free_port
 from tests.clusters import Rest
 from tests.compose_stack import ComposeStack
-from tests.conftest import PREBUILD, free_port
 from tests.docker_engine import DockerEngine, EngineUnavailable
 from tests.e2e.counting import (
     CHECKPOINT_INTERVAL,
@@ -46,6 +46,7 @@ from tests.e2e.counting import (
     expected_totals,
     sql_totals,
 )
+from tests.image_prebuild import PREBUILD
 from tests.netproxy import TcpProxy
 from tests.waiting import wait_for
 

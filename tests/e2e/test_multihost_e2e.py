@@ -30,8 +30,8 @@ import redis
 import yaml
 
 from services.cluster import spark_standalone
+from shared.ports import free_port
 from tests.clusters import Rest, start_cluster
-from tests.conftest import free_port
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.e2e.drills import ARGS, TOTAL, expected_counts, sink_counts
 from tests.netns import NetnsHost, cleanup_stale, netns_unavailable

@@ -20,10 +20,11 @@ import pytest
 import redis
 
 from services.cluster.process_supervisor import RestartPolicy
+from shared.ports import free_port
 from tests.clusters import Rest, start_cluster
-from tests.conftest import free_port, missing
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.e2e.leader_pauses import LeaderPauses
+from tests.servers import missing
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

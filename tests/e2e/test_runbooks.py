@@ -32,7 +32,7 @@ import pytest
 
 from services.cluster.local_cluster import free_port
 from tests.clusters import Rest
-from tests.conftest import PG_ADMIN_URL
+from tests.servers import PG_ADMIN_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks"

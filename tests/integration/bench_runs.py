@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import PG_ADMIN_URL, missing
+from tests.servers import PG_ADMIN_URL, missing
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_PG = os.environ.get("HEADRACE_BENCH_PG", PG_ADMIN_URL)

@@ -24,9 +24,10 @@ from typer.testing import CliRunner
 from services.cli import app as cli
 from services.dispatcher.app import create_app
 from shared.catalog import Catalog, tokens
+from shared.ports import free_port
 from shared.settings import Settings
 from shared.transport import InMemoryTransport
-from tests.conftest import free_port, missing
+from tests.servers import missing
 
 ROLES = ("viewer", "operator", "admin")
 READS = {"get", "head"}

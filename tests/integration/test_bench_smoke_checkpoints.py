@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from tests.conftest import missing
 from tests.integration.bench_runs import BENCH_PG, run_bench
+from tests.servers import missing
 
 pytestmark = [pytest.mark.timeout(420),
               pytest.mark.skipif(os.environ.get("HEADRACE_BENCH_SMOKE") != "1",

@@ -14,12 +14,12 @@ from shared import checkpoint_storage
 from shared.catalog import Catalog, repository
 from shared.ids import new_job_id
 from shared.messages import RequestSavepoint
+from shared.ports import free_port
 from shared.settings import Settings
 from shared.states import CheckpointStatus, OperationStatus
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
 from tests.clusters import ServedApp
-from tests.conftest import free_port
 
 
 def headrace(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from services.cli.client_address import running_cluster_address
-from tests.conftest import RedisServer, free_port, missing
+from shared.ports import free_port
+from tests.servers import RedisServer, missing
 
 
 def headrace(*args: str, env: dict) -> subprocess.CompletedProcess:

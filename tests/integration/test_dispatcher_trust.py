@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from shared.catalog import Catalog, tokens
-from tests.conftest import RedisServer, free_port
+from shared.ports import free_port
+from tests.servers import RedisServer
 
 MB = 1024**2
 HEADER_S, IDLE_S, TOTAL_S = 2.0, 1.5, 4.0

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.clusters import TERMINAL, Rest, start_cluster
-from tests.conftest import missing
 from tests.flink_cli import CLI_JVM_OPTS, CLI_TIMEOUT_S, FLINK_HOME, FLINK_VERSION, LAUNCHER
+from tests.servers import missing
 
 SAVEPOINT_PATH = re.compile(r"Savepoint completed\. Path: (\S+)")
 UNKNOWN_JOB = "0" * 32

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.clusters import leader, leader_child, start_cluster
-from tests.conftest import missing
+from tests.servers import missing
 
 SESSION_S = 3.0
 

@@ -17,7 +17,7 @@ from services.taskmanager.runtime.reports import format_failure
 from services.taskmanager.runtime.spark_session import build_spark
 from shared import restore_compat
 from shared.kafka_delivery import DeliveryError
-from tests.conftest import free_port
+from shared.ports import free_port
 from tests.kafka_support import produce
 
 

@@ -26,7 +26,7 @@ from services.cluster import kafka_topics
 from shared.jars import DEFAULT_CACHE_DIR, KAFKA_BROKER, JarCache, MissingJars
 from shared.ports import free_port
 from tests.clusters import Rest, start_cluster
-from tests.conftest import missing
+from tests.servers import missing
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from shared.jars import DEFAULT_CACHE_DIR, KAFKA_BROKER, SPARK_SETS, JarCache, MissingJars
 from shared.ports import free_port
-from tests.conftest import missing
+from tests.servers import missing
 
 REPO = Path(__file__).resolve().parents[2]
 UP_TIMEOUT_S = 60  # each case fails before any process starts

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from services.jobmanager import leader_sessions
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from tests.conftest import fresh_pg_database
+from tests.servers import fresh_pg_database
 
 
 def catalog_of(url: str, contender: str, epoch: int | None) -> Catalog:

@@ -22,7 +22,7 @@ from services.cli import app as cli
 from shared.catalog import Catalog
 from shared.catalog.models import Job, ScheduleRun
 from tests.clusters import leader, leader_child, start_cluster
-from tests.conftest import missing
+from tests.servers import missing
 from tests.waiting import wait_for
 
 EVERY_S = 2

@@ -19,7 +19,7 @@ import redis
 import yaml
 
 from shared import streams
-from tests.conftest import free_port
+from shared.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM_LINE = "Warm drivers ready on every TaskManager"

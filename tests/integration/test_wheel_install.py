@@ -28,7 +28,7 @@ import pytest
 
 from services.cluster.local_cluster import free_port
 from shared.settings import Settings
-from tests.conftest import missing
+from tests.servers import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_TIMEOUT_S = 400
