@@ -19,6 +19,17 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+def redis_pings(url: str) -> bool:
+    """Whether a redis-server answers at `url` (within a second) yet: for wait_for."""
+    import redis
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=1) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
 def missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is required in CI")

@@ -39,7 +39,7 @@ from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.kafka_support import Feeder
 from tests.netproxy import TcpProxy
-from tests.servers import missing
+from tests.servers import missing, redis_pings
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,18 +58,10 @@ def source(tmp_path_factory):
                              "--appendonly", "no", "--dir", str(d)], stdout=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    wait_for("the source redis-server", lambda: _pings(client), 10, poll_s=0.25)
+    wait_for("the source redis-server", lambda: redis_pings(url), 10, poll_s=0.25)
     yield url
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
-
-
-def _pings(client) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from shared.ports import free_port
 from tests.clusters import Rest
@@ -48,6 +47,7 @@ from tests.e2e.counting import (
 )
 from tests.image_prebuild import PREBUILD
 from tests.netproxy import TcpProxy
+from tests.servers import redis_pings
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ class Outside:
              "no", "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
         self.source_local = f"redis://127.0.0.1:{port}/0"
         self.source_url = f"redis://{gateway}:{port}/0"
-        wait_for("the outside redis-server", lambda: _pings(self.source_local), 10, poll_s=0.25)
+        wait_for("the outside redis-server", lambda: redis_pings(self.source_local), 10, poll_s=0.25)
         self.pg = TcpProxy(("127.0.0.1", 5432), listen_host=gateway)
         self.pg.start()
         user_db = pg_url.split("://", 1)[1]
@@ -138,13 +138,6 @@ class Outside:
         self.pg.stop()
         self.redis.terminate()
         self.redis.wait(10)
-
-
-def _pings(url: str) -> bool:
-    try:
-        return redis.Redis.from_url(url, socket_timeout=1).ping()
-    except redis.RedisError:
-        return False
 
 
 class Timings(dict):

@@ -26,7 +26,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
-import redis
 import yaml
 
 from services.cluster import spark_standalone
@@ -36,6 +35,7 @@ from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_
 from tests.e2e.drills import ARGS, TOTAL, expected_counts, sink_counts
 from tests.netns import NetnsHost, cleanup_stale, netns_unavailable
 from tests.netproxy import TcpProxy
+from tests.servers import redis_pings
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ class Env:
             ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {gw}", "--save", "", "--appendonly", "no",
              "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
         self.source_url = f"redis://{gw}:{port}/0"
-        wait_for("the source redis-server", lambda: _pings(self.source_url), timeout_s=10)
+        wait_for("the source redis-server", lambda: redis_pings(self.source_url), timeout_s=10)
         self.pg = TcpProxy(("127.0.0.1", 5432), listen_host=gw)
         self.pg.start()
         self.sink_url = with_host(pg_url, gw, self.pg.port)  # for the tasks, on either host
@@ -196,13 +196,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
-
-
-def _pings(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
-    except redis.RedisError:
-        return False
 
 
 def counted(pg: str, table: str) -> int:

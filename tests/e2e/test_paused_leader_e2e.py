@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from services.cluster.process_supervisor import RestartPolicy
 from shared.ports import free_port
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import CHECKPOINT_INTERVAL, TRIGGER, Producer, expected_totals, sql_totals
 from tests.e2e.leader_pauses import LeaderPauses
-from tests.servers import missing
+from tests.servers import missing, redis_pings
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,17 +42,10 @@ def source(tmp_path_factory):
                              "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("source-redis"))],
                             stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
-    wait_for("the source redis-server", lambda: _pings(url), 10, poll_s=0.25)
+    wait_for("the source redis-server", lambda: redis_pings(url), 10, poll_s=0.25)
     yield url
     proc.kill()
     proc.wait(10)
-
-
-def _pings(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.ConnectionError:
-        return False
 
 
 @pytest.fixture(scope="module")
