@@ -19,6 +19,7 @@ from shared import restore_compat
 from shared.kafka_delivery import DeliveryError
 from shared.ports import free_port
 from tests.kafka_support import produce
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +45,8 @@ def run_to_memory(df, name: str, checkpoint) -> object:
 
 
 def wait_rows(spark, name: str, count: int, timeout_s: float = 90) -> list:
-    deadline = time.monotonic() + timeout_s
-    rows: list = []
-    while time.monotonic() < deadline:
-        rows = list(COLLECTED.get(name, []))
-        if len(rows) >= count:
-            return rows
-        time.sleep(0.3)
-    raise AssertionError(f"{len(rows)} rows in {name} after {timeout_s:.0f} s, {count} expected")
+    return wait_for(f"{count} rows in {name}", lambda: list(COLLECTED.get(name, [])), timeout_s, poll_s=0.3,
+                    until=lambda rows: len(rows) >= count)
 
 
 def test_a_changed_subscription_is_named_by_the_restore_check(spark, kafka):

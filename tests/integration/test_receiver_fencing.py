@@ -38,6 +38,7 @@ from shared.messages import (
 from shared.settings import Settings
 from shared.transport.redis_streams import RedisStreamsTransport
 from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 FORGED_EPOCH = 10**12
 
@@ -80,14 +81,12 @@ def forge_rm_message(cluster, client, body, *, epoch: int, sender: str = "jobman
 def wait_consumed(client, timeout_s: float = 10) -> None:
     """Both receivers have taken everything forged so far: the RM group has no lag and the
     TaskManager's Celery queue is empty."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def consumed() -> bool:
         groups = {g["name"]: g for g in client.xinfo_groups(streams.RM_STREAM)}
         rm = groups.get(streams.RM_GROUP.encode())
-        if rm and rm.get("lag") == 0 and rm["pending"] == 0 and client.llen(streams.tm_queue("tm-1")) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"forged messages not consumed within {timeout_s} s")
+        return bool(rm and rm.get("lag") == 0 and rm["pending"] == 0 and client.llen(streams.tm_queue("tm-1")) == 0)
+
+    wait_for("the forged messages consumed", consumed, timeout_s, poll_s=0.05)
 
 
 def test_forged_future_epoch_does_not_make_real_messages_stale(cluster, rest, jar, client):

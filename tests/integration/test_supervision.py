@@ -37,14 +37,14 @@ def kill_pid(cluster, name: str) -> int:
 
 
 def wait_replaced(cluster, name: str, old_pid: int, timeout_s: float = 20) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def replaced() -> int | None:
         proc = cluster.child(name).proc
-        if proc.pid != old_pid and proc.poll() is None:
-            return proc.pid
-        time.sleep(0.1)
-    raise AssertionError(f"{name} (pid {old_pid}) was not restarted within {timeout_s} s: "
-                         f"{cluster.supervisor.view().get(name)}")
+        return proc.pid if proc.pid != old_pid and proc.poll() is None else None
+
+    try:
+        return wait_for(f"{name} (pid {old_pid}) restarted", replaced, timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {cluster.supervisor.view().get(name)}") from None
 
 
 def liveness_names(cluster) -> set[str]:
