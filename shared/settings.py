@@ -1,7 +1,7 @@
 """Settings: built once in each service's entry point and passed down (no module singletons).
 
 Sources, highest first: explicit arguments (CLI flags), `HEADRACE_*` environment variables,
-the YAML file named by `HEADRACE_CONFIG` (or passed as `config_file`), then defaults.
+the YAML file named by `HEADRACE_CONFIG` (_YamlSource, on pydantic-settings' own), then defaults.
 """
 
 from __future__ import annotations
@@ -13,29 +13,32 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
 
 from shared import jars
 
 
-class _YamlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
-        super().__init__(settings_cls)
-        self._data: dict[str, Any] = {}
-        if path:
-            p = Path(path)
-            if not p.is_file():
-                raise ValueError(f"settings file {path} does not exist (HEADRACE_CONFIG)")
-            loaded = yaml.safe_load(p.read_text()) or {}
-            if not isinstance(loaded, dict):
-                raise ValueError(f"settings file {path} must hold a mapping of setting: value")
-            self._data = {k.replace("-", "_").replace(".", "_"): v for k, v in loaded.items()}
+class _YamlSource(YamlConfigSettingsSource):
+    """pydantic-settings' YAML source for the file named by HEADRACE_CONFIG, with Headrace's rules:
+    the file must exist when named, must hold a mapping, may spell keys with '-' or '.' for '_',
+    and keys that are no setting are ignored."""
 
-    def get_field_value(self, field, field_name):  # pragma: no cover - unused by __call__
-        return self._data.get(field_name), field_name, False
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
+        self._path = path
+        if path and not Path(path).is_file():
+            raise ValueError(f"settings file {path} does not exist (HEADRACE_CONFIG)")
+        # absolute(): the name is read as given, without the library's expansion of "~".
+        super().__init__(settings_cls, yaml_file=Path(path).absolute() if path else None)
+
+    def _read_file(self, file_path: Path) -> dict[str, Any]:
+        # The text, not the open file, goes to the parser: its errors name "<unicode string>" as before.
+        loaded = yaml.safe_load(file_path.read_text(encoding=self.yaml_file_encoding)) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"settings file {self._path} must hold a mapping of setting: value")
+        return {k.replace("-", "_").replace(".", "_"): v for k, v in loaded.items()}
 
     def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+        return {k: v for k, v in super().__call__().items() if k in self.settings_cls.model_fields}
 
 
 def default_home() -> Path:
