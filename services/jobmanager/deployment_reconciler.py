@@ -4,7 +4,8 @@ Each pass, every deployment in its own unit of work: lock its row -> observe its
 step's operation and its snapshots (`observe`) -> ask shared/deployments.py `decide` -> carry the
 plan out here: cancel, stop with a savepoint, rescale, take a periodic savepoint, start a new job
 (created in the catalog and handed to this leader's JobMaster, as a schedule's run is) -> record
-the new status and its history -> the leadership check -> commit. A leader that dies halfway
+the new status (the lifecycle through `transition_deployment`, which refuses a move its table
+forbids) and its history -> the leadership check -> commit. A leader that dies halfway
 commits nothing; its successor observes the same rows and decides the same step again.
 
 The rules live in shared/deployments.py; this module only reads the catalog into an `Observed`
@@ -240,7 +241,7 @@ class DeploymentReconciler:
         elif plan.clear_error:
             row.error = None
         if plan.to is not None:
-            row.lifecycle = plan.to.value
+            deployments_repo.transition_deployment(s, row, plan.to)
         row.updated_at = utcnow()
         if plan.reason:
             deployments_repo.record_deployment_event(s, row, from_state=before, to_state=row.lifecycle,

@@ -1,10 +1,12 @@
-"""Catalog writes, inside the caller's transaction (`Catalog.session()`). The status of a job, an
-attempt, a checkpoint or an operation changes through one function each (`transition_job`,
-`transition_execution`, `transition_checkpoint`, `finish_operation`), which keeps to its state
-machine (shared/states.py): a transition refuses a move the machine forbids, and an operation
-ends once (a later end changes nothing). A deployment's status is the exception: it has no state
-machine, and the JobManager's services/jobmanager/deployment_reconciler.py assigns its lifecycle
-and the rest of its status on the row (the autoscaler its parallelism).
+"""The services' one door to the catalog: every read and write, inside the caller's transaction
+(`Catalog.session()`); no service module builds a query of its own. The status of a job, an
+attempt, a checkpoint, an operation or a deployment's lifecycle changes through one function each
+(`transition_job`, `transition_execution`, `transition_checkpoint`, `finish_operation`,
+`transition_deployment`), which keeps to its state machine (shared/states.py): a transition
+refuses a move the machine forbids (IllegalTransition), and an operation ends once (a later end
+changes nothing). The rest of a deployment's status (its job, generations, pending step, error)
+the JobManager's services/jobmanager/deployment_reconciler.py sets on the row it holds locked
+(the autoscaler its parallelism).
 
 JobManager writes are fenced twice. The `leadership` row holds the newest leader epoch: a leader
 claims it when it takes over (`claim_leadership`) and every unit of work locks it and checks its
@@ -13,7 +15,8 @@ all, whichever rows it touched. And a job row remembers the newest epoch that wr
 (`StaleEpoch` for an older one).
 
 One module per entity; this package re-exports their functions, so callers write
-`repository.create_job(...)`.
+`repository.create_job(...)` (a deployment's are called through their module,
+`repository.deployments`).
 """
 
 from shared.catalog.repository.artifacts import (

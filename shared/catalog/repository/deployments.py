@@ -1,6 +1,8 @@
 """Deployments: the dispatcher writes the desired spec (a new generation when it changes), asks
 for a rollback or a deletion; the leading JobManager's reconciler writes the status, the history
-and the savepoints, in a unit of work fenced like any other."""
+and the savepoints, in a unit of work fenced like any other. The lifecycle state changes only
+through `transition_deployment`, which keeps to its machine (shared/states.py
+`DEPLOYMENT_TRANSITIONS`)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from shared.catalog.repository.jobs import create_job
 from shared.catalog.repository.rows import NotFound
 from shared.errors import CoordinationError
 from shared.ids import JobId
+from shared.states import Lifecycle, check_deployment_transition
 
 
 def get_deployment(s: Session, name: str, *, lock: bool = False) -> DeploymentRow:
@@ -47,6 +50,18 @@ DESIRED_FIELDS = (DeploymentRow.name, DeploymentRow.generation, DeploymentRow.li
 def desired_states(s: Session) -> Sequence[Any]:
     """Every deployment's DESIRED_FIELDS, by name, unlocked (one row each, its columns by name)."""
     return s.execute(select(*DESIRED_FIELDS).order_by(DeploymentRow.name)).all()
+
+
+def transition_deployment(s: Session, row: DeploymentRow, target: Lifecycle) -> DeploymentRow:
+    """The only function that changes `deployments.lifecycle`. Raises IllegalTransition. Moving
+    to the state it is in changes nothing; the caller holds the row locked and records the
+    step in the history (`record_deployment_event`)."""
+    current = Lifecycle(row.lifecycle) if row.lifecycle else None
+    if current == target:
+        return row
+    check_deployment_transition(current, target)
+    row.lifecycle = target.value
+    return row
 
 
 def put_deployment(s: Session, name: str, spec: dict[str, Any], *, expected_generation: int | None = None
