@@ -209,12 +209,10 @@ def stored_listing(catalog: Any, art: Any) -> dict:
     before listings were kept is parsed this once and its listing stored."""
     if art.listing is not None:
         return art.listing
-    from shared.catalog.models import Artifact
+    from shared.catalog import repository
 
     listed = listing_of_file(Path(art.path))
     with catalog.session() as s:
-        row = s.get(Artifact, art.id)
-        if row is not None and row.listing is None:
-            row.listing = listed
+        repository.set_artifact_listing(s, art.id, listed)
     log.info("recorded the listing of artifact %s (uploaded before listings were kept)", art.id)
     return listed

@@ -13,13 +13,12 @@ import json
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
-from sqlalchemy import func, select
 
 from shared import metrics, streams
-from shared.catalog.models import CheckpointRow, DeploymentEvent, Execution, Job, JobTransition, OutboxEntry
+from shared.catalog import repository as repo
 from shared.catalog.repository import deployments as deployments_repo
 from shared.deployment_spec import DeploymentSpec
-from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, CheckpointStatus, JobStatus
+from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES, JobStatus
 
 router = APIRouter()
 
@@ -47,26 +46,14 @@ class ClusterCollector(metrics.CachedCollector):
 
     def _catalog_families(self):
         with self.catalog.session() as s:
-            jobs = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-            attempts = dict(s.execute(select(Execution.state, func.count()).group_by(Execution.state)).all())
-            restarts = s.scalar(select(func.count()).select_from(Execution).where(Execution.attempt > 0))
-            failovers = s.scalar(select(func.count()).select_from(JobTransition)
-                                 .where(JobTransition.to_status == JobStatus.RESTARTING.value))
-            outbox = s.scalar(select(func.count()).select_from(OutboxEntry))
-            checkpoints = s.execute(select(CheckpointRow.kind, CheckpointRow.status, func.count())
-                                    .group_by(CheckpointRow.kind, CheckpointRow.status)).all()
-            completed = s.execute(select(CheckpointRow.kind, func.count(CheckpointRow.duration_ms),
-                                         func.coalesce(func.sum(CheckpointRow.duration_ms), 0))
-                                  .where(CheckpointRow.status == CheckpointStatus.COMPLETED.value)
-                                  .group_by(CheckpointRow.kind)).all()
-            newest = (select(CheckpointRow.job_id, func.max(CheckpointRow.checkpoint_id).label("cid"))
-                      .join(Job, Job.id == CheckpointRow.job_id)
-                      .where(Job.status == JobStatus.RUNNING.value,
-                             CheckpointRow.status == CheckpointStatus.COMPLETED.value)
-                      .group_by(CheckpointRow.job_id).subquery())
-            latest = s.execute(select(CheckpointRow.job_id, CheckpointRow.duration_ms, CheckpointRow.state_size)
-                               .join(newest, (newest.c.job_id == CheckpointRow.job_id)
-                                     & (newest.c.cid == CheckpointRow.checkpoint_id))).all()
+            jobs = repo.count_jobs_by_status(s)
+            attempts = repo.count_executions_by_state(s)
+            restarts = repo.count_restarted_attempts(s)
+            failovers = repo.count_transitions_to(s, JobStatus.RESTARTING)
+            outbox = repo.count_outbox(s)
+            checkpoints = repo.count_checkpoints_by_kind_and_status(s)
+            completed = repo.completed_durations_by_kind(s)
+            latest = repo.newest_completed_of_running_jobs(s)
 
         g = GaugeMetricFamily(metrics.name("jobs"), "jobs in the catalog by state", labels=["state"])
         for name in JOB_STATE_NAMES:  # every state, zeros too: a series that appears late breaks rate() and alerts
@@ -118,8 +105,7 @@ class ClusterCollector(metrics.CachedCollector):
                     read = [e for e in deployments_repo.autoscaler_evaluations(s, r.name, limit=20) if e.figures]
                     if read:
                         last[r.name] = read[-1]
-            rescales = s.execute(select(DeploymentEvent.name, func.count()).where(
-                DeploymentEvent.reason.like("autoscaler: scale-%")).group_by(DeploymentEvent.name)).all()
+            rescales = deployments_repo.count_autoscaler_rescales(s)
         g = GaugeMetricFamily(metrics.name("deployment_parallelism"), "the parallelism each deployment runs at "
                               "(the autoscaler's choice or the spec's)", labels=["deployment"])
         for r in rows:

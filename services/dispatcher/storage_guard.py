@@ -5,14 +5,12 @@ is written or a file touched. The JobManager checks targets again before it trig
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.dispatcher.errors import ApiError
 from shared import storage_roots
-from shared.catalog.models import CheckpointRow
+from shared.catalog import repository
 from shared.settings import Settings
-from shared.states import CheckpointStatus
 
 _HINT = ("the cluster writes and reads snapshots only inside its checkpoint and savepoint directories and the "
          "directories listed in storage_roots (HEADRACE_STORAGE_ROOTS), set on the dispatcher and the JobManager")
@@ -49,10 +47,7 @@ def known_snapshot(s: Session, path: str, settings: Settings, *, field: str) -> 
     except ValueError as exc:
         raise _refused(exc, field, path) from None
     directory = path[: -len("/_metadata")] if path.endswith("/_metadata") else path
-    known = s.execute(select(CheckpointRow.job_id).where(
-        CheckpointRow.path.in_(path_variants(directory)),
-        CheckpointRow.status == CheckpointStatus.COMPLETED.value).limit(1)).first()
-    if known is None:
+    if not repository.is_completed_snapshot(s, path_variants(directory)):
         raise ApiError.of(404, f"not a savepoint this cluster knows: {directory} (no completed savepoint or "
                           f"retained checkpoint is recorded at this path); nothing was deleted", field=field,
                           got=path, prefix=False, expected="the location of a savepoint or retained checkpoint "

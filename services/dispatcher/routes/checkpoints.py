@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path
-from sqlalchemy import func, select
 
 from services.dispatcher import checkpoint_views, operations, snapshot_sinks
 from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsDep, TransportDep
@@ -21,7 +20,6 @@ from services.dispatcher.schemas.snapshots import (
 )
 from shared import checkpointing as cp
 from shared.catalog import repository
-from shared.catalog.models import CheckpointRow
 from shared.catalog.repository import NotFound
 from shared.messages import RequestCheckpoint
 from shared.states import CheckpointStatus
@@ -36,9 +34,7 @@ SUMMARY_WINDOW = 1000  # completed checkpoints the summary covers (Flink's histo
             summary="Checkpoint counts, summary, latest checkpoints and history")
 def checkpoint_statistics(jobid: str, session: SessionDep, now_ms: NowMsDep) -> dict:
     job = operations.get_job(session, jobid)
-    counts = dict(session.execute(
-        select(CheckpointRow.status, func.count()).where(CheckpointRow.job_id == job.id)
-        .group_by(CheckpointRow.status)).all())
+    counts = repository.count_job_checkpoints_by_status(session, job.id)
     completed = repository.list_checkpoints(session, job.id, statuses=_COMPLETED, limit=SUMMARY_WINDOW)
     restored = [ex for ex in repository.job_executions(session, job.id) if ex.restored_from]
 

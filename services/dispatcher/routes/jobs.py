@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -35,7 +34,6 @@ from services.dispatcher.schemas import (
     PositiveInt,
 )
 from shared.catalog import repository
-from shared.catalog.models import ExceptionRow, Execution, Job, Vertex
 from shared.messages import CancelJob
 from shared.states import JobStatus
 from shared.streams import JM_STREAM
@@ -73,18 +71,11 @@ class _OverviewJob(NamedTuple):
 def overview_answer(s: Session, now_ms: int) -> dict[str, Any]:
     """GET /jobs/overview, newest first, in three queries that load only what the view reads: the
     jobs' columns, their vertices' ids and each vertex's latest attempt (not every attempt)."""
-    jobs = s.execute(
-        select(Job.id, Job.name, Job.status, Job.created_at, Job.end_at, Job.updated_at,
-               Job.config[RUNTIME_MODE].as_string(), Job.waiting_reason, Job.parallelism, Job.deployment)
-        .order_by(Job.seq.desc())).all()
+    jobs = repository.job_overview_rows(s, RUNTIME_MODE)
     vertices: dict[str, list[Any]] = defaultdict(list)
-    for v in s.execute(select(Vertex.id, Vertex.job_id).order_by(Vertex.job_id, Vertex.idx)):
+    for v in repository.vertex_ids_by_job(s):
         vertices[v.job_id].append(v)
-    newest = (select(Execution.vertex_id, func.max(Execution.attempt).label("attempt"))
-              .group_by(Execution.vertex_id).subquery())
-    latest = {ex.vertex_id: ex for ex in s.execute(
-        select(Execution.vertex_id, Execution.state, Execution.waiting_reason, Execution.attempt)
-        .join(newest, (Execution.vertex_id == newest.c.vertex_id) & (Execution.attempt == newest.c.attempt)))}
+    latest = {ex.vertex_id: ex for ex in repository.latest_attempt_states(s)}
     out = []
     for (jid, name, status, created_at, end_at, updated_at, mode, waiting, parallelism, deployment) in jobs:
         job = _OverviewJob(jid, name, status, created_at, end_at, updated_at,
@@ -129,8 +120,7 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
     job = _job(session, jobid)
     vertices = repository.job_vertices(session, job.id)
     latest = repository.latest_executions(session, job.id)
-    newest_exception = session.execute(select(ExceptionRow).where(ExceptionRow.job_id == job.id)
-                                       .order_by(ExceptionRow.id.desc()).limit(1)).scalars().first()
+    newest_exception = repository.newest_exception(session, job.id)
     return views.job_details(
         job, vertices, latest, repository.job_state_timestamps(session, job.id),
         max_par=views.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
-from sqlalchemy import select
 
 from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
@@ -28,7 +27,7 @@ from services.dispatcher.schemas.snapshots import (
 from shared import checkpoint_storage, job_options
 from shared import checkpointing as cp
 from shared.catalog import repository
-from shared.catalog.models import CheckpointRow, Job
+from shared.catalog.models import Job
 from shared.ids import new_request_id
 from shared.messages import RequestSavepoint
 from shared.settings import Settings
@@ -156,9 +155,7 @@ def _discard_rows(s, paths: set[str]) -> int:
     """Mark the completed snapshots recorded at these paths DISCARDED: their files are gone."""
     candidates = {p.rstrip("/") for p in paths} | {p.rstrip("/") + "/" for p in paths}
     candidates |= {f"file:{p}" for p in set(candidates)} | {f"file://{p}" for p in set(candidates)}
-    rows = s.execute(select(CheckpointRow).where(CheckpointRow.path.in_(candidates),
-                                                 CheckpointRow.status == CheckpointStatus.COMPLETED.value)
-                     .with_for_update()).scalars().all()
+    rows = repository.lock_completed_snapshots(s, candidates)
     for row in rows:
         repository.transition_checkpoint(s, row, CheckpointStatus.DISCARDED)
     return len(rows)
