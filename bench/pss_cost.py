@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.taskmanager.driver_user import DEFAULT_NAME
+from services.taskmanager.drivers.task_processes import rss_bytes, scan
+from services.taskmanager.drivers.user import DEFAULT_NAME
 from services.taskmanager.memory_limit import WATCH_INTERVAL_S
 from services.taskmanager.memory_measure import ProcessMeter, pss_sample
-from services.taskmanager.task_processes import rss_bytes, scan
 from shared.untrusted_code import switchable_user
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import Producer

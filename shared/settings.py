@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     taskmanager_memory_bytes: int = 8 * 1024**3
     warm_drivers: int = Field(1, description="warm Spark drivers each TaskManager keeps ready")
     # local[N] of the warm drivers; None: the TaskManager's slots, so that with the local engine
-    # one warm driver serves a task of any parallelism the TaskManager can hold (warm_pool.py).
+    # one warm driver serves a task of any parallelism the TaskManager can hold (drivers/warm_pool.py).
     warm_parallelism: int | None = Field(None, ge=1, description="parallelism of warm drivers (default: slots)")
     # Off: a warm driver in reserve is a started JVM and SparkSession only, about half of a full
     # warm-up's CPU; the task that takes it pays the rest in its first batches (docs/benchmarks.md).
@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     # processes since issue 42, like a task's memory limit (services/taskmanager/memory_limit.py).
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver whose processes hold more (PSS "
                                                                      "summed) is discarded")
-    # The driver sandbox (services/taskmanager/driver_user.py, task_processes.py, memory_limit.py).
+    # The driver sandbox (services/taskmanager/drivers/user.py, drivers/task_processes.py, memory_limit.py).
     driver_user: str = Field("headrace-driver", description="the Spark drivers run as users of their own, "
                                                              "<driver_user>-0..N-1, in the group <driver_user> (the "
                                                              "TaskManager must be root); \"\": its own user, no "

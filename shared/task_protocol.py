@@ -20,7 +20,7 @@ the driver cannot write), and the driver cuts its warm-up short (a file, not a s
 arrive before the driver could install a handler).
 
 Events are written by pipeline code's process, so they are bounded where they are read: a line
-longer than MAX_EVENT_LINE_BYTES is dropped unread (services/taskmanager/driver_events.py), and
+longer than MAX_EVENT_LINE_BYTES is dropped unread (services/taskmanager/drivers/events.py), and
 every string an event carries is cut to its field's bound as it decodes (a traceback keeps its
 head and its tail, with a note of what was cut), before anything is published to Redis, the
 JobManager or the catalog.

@@ -20,18 +20,19 @@ from typing import Callable
 import redis
 from celery import Celery
 
-from services.taskmanager import driver_sandbox, storage_probe
+from services.taskmanager import storage_probe
 from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
-from services.taskmanager.driver_process import DriverProcess, remove_driver_dirs
-from services.taskmanager.driver_supply import DriverLaunch
+from services.taskmanager.drivers.process import DriverProcess, remove_driver_dirs
+from services.taskmanager.drivers.sandbox import DriverSandbox, start_sandbox, sweep_drivers
+from services.taskmanager.drivers.supply import DriverLaunch
+from services.taskmanager.drivers.warm_pool import WarmPool, WarmupTokens
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
 from services.taskmanager.supervisor import TaskSupervisor
-from services.taskmanager.warm_pool import WarmPool, WarmupTokens
 from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id
@@ -137,7 +138,7 @@ def start_up_args(settings: Settings, workdir: Path) -> list[str]:
 
 
 def driver_launch(settings: Settings, slots: int, archive_args: list[str],
-                  sandbox: driver_sandbox.DriverSandbox | None) -> DriverLaunch:
+                  sandbox: DriverSandbox | None) -> DriverLaunch:
     """How the TaskManager's supervisors start drivers, and their warm pools."""
     def warm_pool(factory: Callable[..., DriverProcess]) -> WarmPool:
         return WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
@@ -210,7 +211,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
 
     workdir = settings.workdir / "taskmanagers" / base_id
     # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
-    sandbox = None if simulate else driver_sandbox.start_sandbox(settings, base_id, workdir)
+    sandbox = None if simulate else start_sandbox(settings, base_id, workdir)
     remove_driver_dirs(workdir / "drivers")  # leftovers of a killed predecessor
     noop = NoopRunner()
     reports = HeldReports(transport)
@@ -278,7 +279,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
         for sup in supervisors.values():
             sup.shutdown()
         if sandbox is not None:  # what left its driver's session and cgroup-less tracking missed
-            driver_sandbox.sweep_drivers(settings, base_id, workdir)
+            sweep_drivers(settings, base_id, workdir)
         remove_driver_dirs(workdir / "drivers")
         liveness.close()
 

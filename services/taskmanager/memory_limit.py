@@ -12,7 +12,7 @@ where the maximum is not "off" itself, is refused before its driver gets it
 (`MemoryLimitRefused`).
 
 How it is enforced and measured (memory_measure.py): with a memory controller in the driver's
-cgroup v2 (task_processes.py), the kernel enforces memory.max on the cgroup's charge and
+cgroup v2 (drivers/task_processes.py), the kernel enforces memory.max on the cgroup's charge and
 memory.events says when it killed; otherwise (no cgroup v2, or one without the memory
 controller, as on a host whose memory controller is in cgroup v1) a watchdog sums the PSS of the
 task's processes, pages shared between them counted once, and kills them when the sum is above
@@ -36,7 +36,7 @@ from shared import job_options, sizes
 from shared.errors import TaskError
 
 if TYPE_CHECKING:
-    from services.taskmanager.task_processes import TaskProcesses
+    from services.taskmanager.drivers.task_processes import TaskProcesses
 
 log = logging.getLogger("headrace.taskmanager.memory")
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from services.taskmanager.drivers.task_processes import rss_bytes
 from services.taskmanager.shmem_usage import system_shmem, unmapped_shmem
-from services.taskmanager.task_processes import rss_bytes
 
 log = logging.getLogger("headrace.taskmanager.memory")
 

@@ -19,8 +19,8 @@ option the task cannot read, a driver that cannot be started) fails the attempt 
 slots, rather than leaving it DEPLOYING.
 
 Its rooms: task_record.py (what is kept of a task), slot_table.py (which allocation holds each
-slot), driver_supply.py (warm or cold drivers, the warm pool's upkeep), startup_watch.py (the
-start-up timers), noop_tasks.py (tasks without a driver), driver_events.py (what a driver's
+slot), drivers/supply.py (warm or cold drivers, the warm pool's upkeep), startup_watch.py (the
+start-up timers), noop_tasks.py (tasks without a driver), drivers/events.py (what a driver's
 events become for the JobManager). One lock, this class's, guards them all.
 """
 
@@ -32,9 +32,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.taskmanager.driver_events import ENDINGS
-from services.taskmanager.driver_process import DriverProcess
-from services.taskmanager.driver_supply import DriverLaunch, DriverSupply
+from services.taskmanager.drivers.events import ENDINGS
+from services.taskmanager.drivers.process import DriverProcess
+from services.taskmanager.drivers.supply import DriverLaunch, DriverSupply
+from services.taskmanager.drivers.warm_pool import WarmPool
 from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.noop_tasks import NOOP_KIND, NoopTasks
@@ -43,7 +44,6 @@ from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S, driv
 from services.taskmanager.startup_watch import StartupWatch
 from services.taskmanager.task_record import Task
 from services.taskmanager.task_reports import TaskReports
-from services.taskmanager.warm_pool import WarmPool
 from shared import task_protocol as tp
 from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.messages import DeployTask, SlotState, TaskReport, TriggerCheckpoint
@@ -80,7 +80,7 @@ class TaskSupervisor:
 
     @property
     def warm(self) -> WarmPool | None:
-        """The warm pool (services/taskmanager/warm_pool.py), None without one."""
+        """The warm pool (services/taskmanager/drivers/warm_pool.py), None without one."""
         return self.drivers.warm
 
     def start(self) -> None:

@@ -20,7 +20,7 @@ from shared import streams
 from shared import task_protocol as tp
 
 if TYPE_CHECKING:
-    from services.taskmanager.driver_process import DriverProcess
+    from services.taskmanager.drivers.process import DriverProcess
 
 log = logging.getLogger("headrace.taskmanager.memory")
 

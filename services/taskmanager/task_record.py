@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.drivers.process import DriverProcess
 from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S
 from shared import task_protocol as tp
 from shared.ids import AllocationId

@@ -1,6 +1,6 @@
 """What one TaskManager tells the JobManager about its tasks: their state changes (held while a
 burst of commands is handled, held_reports.py), the snapshots it declines without asking a
-driver, and the driver events forwarded as messages of their own (driver_events.py), whose
+driver, and the driver events forwarded as messages of their own (drivers/events.py), whose
 progress the TaskManager's metrics record too."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from services.taskmanager.driver_events import FORWARDED
+from services.taskmanager.drivers.events import FORWARDED
 from services.taskmanager.held_reports import HeldReports
 from shared import streams
 from shared import task_protocol as tp

@@ -1,6 +1,6 @@
 """What a task is given of the storage roots, and taken back from it.
 
-The TaskManager runs as root and its drivers as users of their own (driver_user.py), and it works
+The TaskManager runs as root and its drivers as users of their own (drivers/user.py), and it works
 in the same directories they write: the job's checkpoint directory, the snapshot targets. So it
 never opens a path there by name (shared/safe_fs.py): every storage root and every directory
 between a root and what a task writes stays root's, created and checked one component at a time

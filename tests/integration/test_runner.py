@@ -41,7 +41,7 @@ CLICKSTREAM = REPO / "examples" / "clickstream.py"
 START_TIMEOUT = 240  # a cold JVM on a busy 2-core machine
 
 # A stand-in TaskManager that only starts the runner and waits: killing it orphans the runner.
-# Starts the runner as services/taskmanager/driver_process.py does: in a session of its own.
+# Starts the runner as services/taskmanager/drivers/process.py does: in a session of its own.
 FAKE_TASKMANAGER = textwrap.dedent("""
     import os, subprocess, sys
     fd = int(os.environ["EVENTS_FD"])

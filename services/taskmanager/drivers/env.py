@@ -3,7 +3,7 @@ The allow-list is shared/untrusted_code.py's, the one the dispatcher's planner g
 
 The TaskManager's environment names its config file (HEADRACE_CONFIG, with its Redis password)
 and may hold any HEADRACE_* setting, a catalog URL or a token. A driver gets only what Spark and
-Python need; what the runner needs from the settings it gets as arguments (driver_process.py),
+Python need; what the runner needs from the settings it gets as arguments (drivers/process.py),
 and what a task needs (its pipeline Redis URL, its own configuration) in its RunTask line.
 """
 
@@ -16,7 +16,7 @@ from shared import untrusted_code
 from shared.import_root import IMPORT_ROOT
 
 # Set on every driver: its work directory. It marks every process of the driver, whatever its
-# session (task_processes.py finds orphans re-parented to init by it).
+# session (drivers/task_processes.py finds orphans re-parented to init by it).
 MARK = "HEADRACE_DRIVER_DIR"
 
 

@@ -1,7 +1,7 @@
 """One supervised Spark driver process (see shared.task_protocol for the protocol).
 
 The driver runs in its own session (process group), so killing the group takes its JVM and
-Python workers with it, and as a user of its own (driver_home.py, shared/sandbox_users.py). Its
+Python workers with it, and as a user of its own (drivers/home.py, shared/sandbox_users.py). Its
 Spark local and temporary directories live under a directory the TaskManager makes and deletes
 when the process ends (a kill -9 leaves spark-*, blockmgr-* and RocksDB copies behind otherwise).
 
@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from services.taskmanager import memory_limit
-from services.taskmanager.driver_env import driver_environment
-from services.taskmanager.driver_events import bounded_lines
-from services.taskmanager.driver_home import DriverHome
-from services.taskmanager.driver_sandbox import DriverSandbox
+from services.taskmanager.drivers.env import driver_environment
+from services.taskmanager.drivers.events import bounded_lines
+from services.taskmanager.drivers.home import DriverHome
+from services.taskmanager.drivers.rotating_log import RotatingLog
+from services.taskmanager.drivers.sandbox import DriverSandbox
+from services.taskmanager.drivers.task_processes import TaskProcesses, rss_bytes
 from services.taskmanager.memory_measure import Sample, pss_sample
-from services.taskmanager.rotating_log import RotatingLog
-from services.taskmanager.task_processes import TaskProcesses, rss_bytes
 from shared import backoff, cpu_priority
 from shared import task_protocol as tp
 from shared.driver_contract import (
@@ -103,7 +103,7 @@ class DriverProcess:
         self.execution_id: ExecutionId | None = None
         self.exited = False
         self._lock = threading.Lock()
-        # Its user, cgroup, memory limit and log cap (driver_sandbox.py); none of them by default.
+        # Its user, cgroup, memory limit and log cap (drivers/sandbox.py); none of them by default.
         self.sandbox = sandbox or DriverSandbox()
         self.home: DriverHome | None = None  # its user and directories, once started
         self.processes = TaskProcesses(str(self.workdir), uid=None)
@@ -144,7 +144,7 @@ class DriverProcess:
         assert self.home is not None
         read_fd, write_fd = os.pipe()
         log_read, log_write = os.pipe()
-        # An allow-list, not this process's environment (driver_env.py); SPARK_LOCAL_IP: the
+        # An allow-list, not this process's environment (drivers/env.py); SPARK_LOCAL_IP: the
         # runner sets it from its --host.
         env = driver_environment(os.environ, workdir=self.workdir, user=user.name)
         cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
@@ -285,7 +285,7 @@ class DriverProcess:
         """SIGKILL every process of the driver: its session's groups (driver, JVM, and Spark's
         Python daemons and workers, which left the driver's group, see raise_priority: a worker
         stuck in a pipeline's loop would outlive its driver, never noticing the JVM gone), and
-        whatever left the session (its cgroup, else descendants and its mark: task_processes.py)."""
+        whatever left the session (its cgroup, else descendants and its mark: drivers/task_processes.py)."""
         if self.proc is None:
             return
         kill_session(self.proc.pid)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.taskmanager.driver_process import DriverProcess
-from services.taskmanager.driver_sandbox import DriverSandbox
-from services.taskmanager.warm_pool import DriverFactory, WarmPool
+from services.taskmanager.drivers.process import DriverProcess
+from services.taskmanager.drivers.sandbox import DriverSandbox
+from services.taskmanager.drivers.warm_pool import DriverFactory, WarmPool
 from shared import streams
 from shared import task_protocol as tp
 

@@ -10,15 +10,15 @@ TaskManager's own user, without that isolation; logged as a warning).
 
 What every driver must reach, it reaches by traversal only (o+x, never o+r on the services'
 directories): the Python interpreter and its packages, the checkout, the jar cache and the class
-archive (made so by `scripts/bootstrap`, which runs `python -m services.taskmanager.driver_user
+archive (made so by `scripts/bootstrap`, which runs `python -m services.taskmanager.drivers.user
 --prepare`: it also creates the group `headrace-driver` and the `driver_users` users of the pool),
 and the TaskManager's work, checkpoint and savepoint directories (made so by the TaskManager at
 start). What a driver writes is handed to its user by the TaskManager, one directory made for it
 at a time (task_storage.py); a directory every pipeline may use is the operator's to give to the
 group (`give_to_drivers`).
 
-    python -m services.taskmanager.driver_user --prepare   # as root: create the users, open paths
-    python -m services.taskmanager.driver_user --check     # what the drivers' users cannot reach
+    python -m services.taskmanager.drivers.user --prepare   # as root: create the users, open paths
+    python -m services.taskmanager.drivers.user --check     # what the drivers' users cannot reach
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def _group_exists(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.taskmanager.driver_user", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m services.taskmanager.drivers.user", description=__doc__.split("\n")[0])
     p.add_argument("--prepare", action="store_true", help="as root: create the users, make the runtime traversable")
     p.add_argument("--check", action="store_true", help="list what the drivers' users cannot reach")
     args = p.parse_args(argv)

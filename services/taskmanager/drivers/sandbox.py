@@ -1,7 +1,7 @@
 """What confines a TaskManager's Spark drivers: the OS users they run as, one of its own each
-(driver_user.py, shared/sandbox_users.py), their cgroups (task_processes.py), the memory limit of
-their tasks (memory_limit.py), their log's cap (rotating_log.py), and what a task is handed
-(`task_spec`): its artifact and storage (driver_home.py, task_storage.py).
+(drivers/user.py, shared/sandbox_users.py), their cgroups (drivers/task_processes.py), the memory limit of
+their tasks (memory_limit.py), their log's cap (drivers/rotating_log.py), and what a task is handed
+(`task_spec`): its artifact and storage (drivers/home.py, task_storage.py).
 
 A task's spec reaches its driver without the control catalog's URL (`catalog_url` is the
 pipeline's own database, `pipeline_catalog_url`, or nothing) and with a copy of its artifact
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.taskmanager import memory_limit
-from services.taskmanager.driver_user import (
+from services.taskmanager.drivers.task_processes import DriverCgroups, cluster_cgroups, sweep
+from services.taskmanager.drivers.user import (
     DriverUser,
     DriverUsers,
     give_to_drivers,
@@ -35,7 +36,6 @@ from services.taskmanager.driver_user import (
     unreachable,
 )
 from services.taskmanager.memory_limit import UNBOUNDED
-from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, sweep
 from services.taskmanager.task_storage import StorageRoots
 from shared import safe_fs
 from shared import task_protocol as tp
@@ -43,7 +43,7 @@ from shared.spark_runtime import SparkRuntime
 from shared.storage_roots import configured_roots
 
 if TYPE_CHECKING:
-    from services.taskmanager.driver_home import DriverHome
+    from services.taskmanager.drivers.home import DriverHome
 
 log = logging.getLogger("headrace.taskmanager.sandbox")
 
@@ -71,11 +71,11 @@ class DriverSandbox:
         users = resolve(settings.driver_user, settings.driver_users)
         missing = unreachable(users.sample, runtime_paths(SparkRuntime.from_settings(settings)))
         if missing:
-            from services.taskmanager.driver_user import DriverUserError
+            from services.taskmanager.drivers.user import DriverUserError
 
             raise DriverUserError(f"the drivers' user {users.sample.name!r} cannot reach what a driver runs: "
                                   + "; ".join(missing) + ". Run scripts/bootstrap as root "
-                                  "(python -m services.taskmanager.driver_user --prepare)")
+                                  "(python -m services.taskmanager.drivers.user --prepare)")
         cgroups = DriverCgroups.create(settings.workdir, taskmanager_id) if settings.driver_cgroups else None
         default = memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory)
         sandbox = cls(users=users, cgroups=cgroups, memory_limit=default,
@@ -167,7 +167,7 @@ EXIT_SANDBOX = 5  # the TaskManager's exit code when it cannot confine its drive
 def start_sandbox(settings, taskmanager_id: str, workdir: Path) -> DriverSandbox:
     """The sandbox of a starting TaskManager, after ending what a predecessor's drivers left; exits
     the process (EXIT_SANDBOX) with the reason when the drivers cannot be confined as configured."""
-    from services.taskmanager.driver_user import DriverUserError
+    from services.taskmanager.drivers.user import DriverUserError
 
     left = sweep_drivers(settings, taskmanager_id, workdir)
     if left:

@@ -9,7 +9,7 @@ ways still find it:
   in it; `cgroup.kill` ends them all at once; `memory.max` bounds them where the memory controller
   can be enabled for it (memory_limit.py, else its PSS watchdog).
 - Otherwise, a scan of /proc: the driver's session, every descendant of it, and every process whose
-  environment carries the driver's mark (driver_env.MARK). A process that escapes its session and
+  environment carries the driver's mark (MARK, drivers/env.py). A process that escapes its session and
   its ancestry and also replaces its whole environment is out of this scan's sight; the cgroup is not.
 
 `sweep(prefix)` ends every marked process (and cgroup) under a work directory prefix: a
@@ -25,7 +25,7 @@ import signal
 import time
 from pathlib import Path
 
-from services.taskmanager.driver_env import MARK
+from services.taskmanager.drivers.env import MARK
 
 log = logging.getLogger("headrace.taskmanager.processes")
 

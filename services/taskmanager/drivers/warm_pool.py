@@ -27,7 +27,7 @@ oldest one already warming (it is ahead of any new JVM), else starts the task's 
 once, taking a free token if there is one so that no new warm-up joins its start; and while a
 driver this pool handed to a task is still starting, the pool starts no warm-up of its own (a
 replacement warming beside it slowed the task's start by half). Drivers in reserve warm up at the
-lowest CPU priority, raised when a task takes one (driver_process.py), so a replacement warming up
+lowest CPU priority, raised when a task takes one (drivers/process.py), so a replacement warming up
 while a task runs takes only the CPU the task leaves idle (one that got none for `ready_timeout_s`
 gets the normal priority, rather than being thrown away as stuck). An URGENT warm-up is the
 exception: it warms up at the TaskManager's priority, because the running tasks of the machine
@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from services.taskmanager.driver_process import DriverProcess
+from services.taskmanager.drivers.process import DriverProcess
 from shared import backoff
 
 log = logging.getLogger("headrace.taskmanager.warm")
