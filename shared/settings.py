@@ -144,10 +144,10 @@ class Settings(BaseSettings):
     warm_up_query: bool = Field(True, description="warm drivers run a small query before they report ready")
     driver_memory: str = "1g"
     # Named for the RSS it was once compared with; compared with the PSS summed over the driver's
-    # processes since issue 42, like a task's memory limit (services/taskmanager/memory_limit.py).
+    # processes since issue 42, like a task's memory limit (services/taskmanager/memory/limit.py).
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver whose processes hold more (PSS "
                                                                      "summed) is discarded")
-    # The driver sandbox (services/taskmanager/drivers/user.py, drivers/task_processes.py, memory_limit.py).
+    # The driver sandbox (services/taskmanager/drivers/user.py, drivers/task_processes.py, memory/limit.py).
     driver_user: str = Field("headrace-driver", description="the Spark drivers run as users of their own, "
                                                              "<driver_user>-0..N-1, in the group <driver_user> (the "
                                                              "TaskManager must be root); \"\": its own user, no "

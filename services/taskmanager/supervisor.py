@@ -316,7 +316,7 @@ class TaskSupervisor:
             return self.slots.free()
 
     def task_drivers(self) -> list[tuple[tp.TaskSpec, DriverProcess]]:
-        """Each task that has a driver, with it (task_memory.py reads their memory figures)."""
+        """Each task that has a driver, with it (memory/task_memory.py reads their memory figures)."""
         with self._lock:
             return [(t.spec, t.driver) for t in self.tasks.values() if t.driver is not None]
 

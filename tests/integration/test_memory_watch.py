@@ -192,7 +192,7 @@ def test_children_that_made_the_pages_their_own_are_killed_with_the_measure_name
 
 READER = """
     import json, sys
-    from services.taskmanager.memory_measure import pss_sample
+    from services.taskmanager.memory.measure import pss_sample
 
     pids = [int(p) for p in sys.argv[1:]]
     plain = []

@@ -7,7 +7,7 @@ import pytest
 
 from services.dispatcher import limits
 from services.dispatcher.archive_bounds import ArtifactLimits
-from services.taskmanager import memory_limit
+from services.taskmanager.memory import limit as memory_limit
 from shared import job_options, sizes
 from shared.settings import Settings
 

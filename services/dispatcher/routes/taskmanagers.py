@@ -41,7 +41,7 @@ def taskmanager_details(tmid: str, session: SessionDep, transport: TransportDep)
 
 
 def _memory(transport, tmid: str) -> dict | None:
-    """The tasks' memory figures the TaskManager keeps in Redis (services/taskmanager/task_memory.py);
+    """The tasks' memory figures the TaskManager keeps in Redis (services/taskmanager/memory/task_memory.py);
     None when Redis does not answer: the slots are the catalog's and still shown."""
     client = transport.redis_client
     if client is None:

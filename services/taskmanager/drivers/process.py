@@ -31,14 +31,14 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from services.taskmanager import memory_limit
 from services.taskmanager.drivers.env import driver_environment
 from services.taskmanager.drivers.events import bounded_lines
 from services.taskmanager.drivers.home import DriverHome
 from services.taskmanager.drivers.rotating_log import RotatingLog
 from services.taskmanager.drivers.sandbox import DriverSandbox
 from services.taskmanager.drivers.task_processes import TaskProcesses, rss_bytes
-from services.taskmanager.memory_measure import Sample, pss_sample
+from services.taskmanager.memory import limit as memory_limit
+from services.taskmanager.memory.measure import Sample, pss_sample
 from shared import backoff, cpu_priority
 from shared import task_protocol as tp
 from shared.driver_contract import (
@@ -242,7 +242,7 @@ class DriverProcess:
         return True
 
     def _watch_memory(self, limit: int | None) -> None:
-        # The task's user is its own: the shared memory it owns is the task's (shmem_usage.py).
+        # The task's user is its own: the shared memory it owns is the task's (memory/shmem_usage.py).
         uid = self.processes.uid if self.sandbox.users.isolated else None
         self._memory = memory_limit.watch(self.processes, limit, uid=uid, on_exceeded=self._memory_exceeded,
                                           name=self.id)

@@ -1,6 +1,6 @@
 """What confines a TaskManager's Spark drivers: the OS users they run as, one of its own each
 (drivers/user.py, shared/sandbox_users.py), their cgroups (drivers/task_processes.py), the memory limit of
-their tasks (memory_limit.py), their log's cap (drivers/rotating_log.py), and what a task is handed
+their tasks (memory/limit.py), their log's cap (drivers/rotating_log.py), and what a task is handed
 (`task_spec`): its artifact and storage (drivers/home.py, task_storage.py).
 
 A task's spec reaches its driver without the control catalog's URL (`catalog_url` is the
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.taskmanager import memory_limit
 from services.taskmanager.drivers.task_processes import DriverCgroups, cluster_cgroups, sweep
 from services.taskmanager.drivers.user import (
     DriverUser,
@@ -35,7 +34,7 @@ from services.taskmanager.drivers.user import (
     runtime_paths,
     unreachable,
 )
-from services.taskmanager.memory_limit import UNBOUNDED
+from services.taskmanager.memory.limit import UNBOUNDED, default_limit, gb, maximum_limit
 from services.taskmanager.task_storage import StorageRoots
 from shared import safe_fs
 from shared import task_protocol as tp
@@ -77,10 +76,10 @@ class DriverSandbox:
                                   + "; ".join(missing) + ". Run scripts/bootstrap as root "
                                   "(python -m services.taskmanager.drivers.user --prepare)")
         cgroups = DriverCgroups.create(settings.workdir, taskmanager_id) if settings.driver_cgroups else None
-        default = memory_limit.default_limit(settings.driver_memory_limit, settings.driver_memory)
+        default = default_limit(settings.driver_memory_limit, settings.driver_memory)
         sandbox = cls(users=users, cgroups=cgroups, memory_limit=default,
-                      memory_limit_max=memory_limit.maximum_limit(settings.driver_memory_limit_max, default=default,
-                                                                  taskmanager_memory=settings.taskmanager_memory_bytes),
+                      memory_limit_max=maximum_limit(settings.driver_memory_limit_max, default=default,
+                                                     taskmanager_memory=settings.taskmanager_memory_bytes),
                       log_max_bytes=settings.driver_log_max_bytes, log_backups=settings.driver_log_backups,
                       spark_ui=settings.spark_ui, control_catalog=settings.catalog,
                       storage=StorageRoots(tuple(Path(r) for r in configured_roots(settings)), users.ownership()))
@@ -88,7 +87,7 @@ class DriverSandbox:
                  f"users of their own ({settings.driver_user}-0..{settings.driver_users - 1})" if users.isolated
                  else "this TaskManager's own user (no isolation)",
                  f"the cgroup {cgroups.root}" if cgroups else "a /proc scan (session, descendants, environment mark)",
-                 memory_limit.gb(sandbox.memory_limit) if sandbox.memory_limit else "none",
+                 gb(sandbox.memory_limit) if sandbox.memory_limit else "none",
                  "the kernel (memory.max on the cgroup's charge)" if cgroups and cgroups.memory
                  else "a watchdog summing the PSS of its processes")
         return sandbox

@@ -7,7 +7,7 @@ ways still find it:
 - A cgroup v2 per driver, under this TaskManager's own cgroup (`driver_cgroups`, on where the
   TaskManager may create one: root, or a delegated subtree). Every process the driver starts stays
   in it; `cgroup.kill` ends them all at once; `memory.max` bounds them where the memory controller
-  can be enabled for it (memory_limit.py, else its PSS watchdog).
+  can be enabled for it (memory/limit.py, else its PSS watchdog).
 - Otherwise, a scan of /proc: the driver's session, every descendant of it, and every process whose
   environment carries the driver's mark (MARK, drivers/env.py). A process that escapes its session and
   its ancestry and also replaces its whole environment is out of this scan's sight; the cgroup is not.
@@ -246,7 +246,7 @@ def kill_rounds(find) -> int:
 
 def rss_bytes(pids) -> int:
     """Resident memory summed over `pids` (pages shared after a fork count in each process): an
-    upper bound of their PSS that costs ~0.01 ms per process (memory_measure.ProcessMeter)."""
+    upper bound of their PSS that costs ~0.01 ms per process (memory/measure.py's ProcessMeter)."""
     total = 0
     for pid in pids:
         try:

@@ -258,7 +258,7 @@ class WarmPool:
             return False
         if self.max_rss_bytes is None or d.pid is None:
             return True
-        # The same measure as a task's memory limit (memory_limit.py): every process of the driver.
+        # The same measure as a task's memory limit (memory/limit.py): every process of the driver.
         return d.memory_within(self.max_rss_bytes)
 
     def replenish(self, free_slots: int) -> None:

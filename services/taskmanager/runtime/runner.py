@@ -170,7 +170,7 @@ def not_dumpable() -> None:
     the task's configuration and the pipeline's Redis password): its /proc/<pid>/mem, environ and
     the like become root's, so no other process, not even one of the same user, reads them, and
     no core dump is written. The TaskManager still reads its memory figure as root
-    (services/taskmanager/memory_measure.py). Linux only; elsewhere nothing happens."""
+    (services/taskmanager/memory/measure.py). Linux only; elsewhere nothing happens."""
     try:
         import ctypes
 

@@ -11,7 +11,7 @@ taskmanager_memory_bytes, and the cluster's default limit): a task asking for mo
 where the maximum is not "off" itself, is refused before its driver gets it
 (`MemoryLimitRefused`).
 
-How it is enforced and measured (memory_measure.py): with a memory controller in the driver's
+How it is enforced and measured (memory/measure.py): with a memory controller in the driver's
 cgroup v2 (drivers/task_processes.py), the kernel enforces memory.max on the cgroup's charge and
 memory.events says when it killed; otherwise (no cgroup v2, or one without the memory
 controller, as on a host whose memory controller is in cgroup v1) a watchdog sums the PSS of the
@@ -31,7 +31,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from services.taskmanager.memory_measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
+from services.taskmanager.memory.measure import PSS_REFRESH_S, CgroupMeter, Meter, ProcessMeter, Sample, pss_sample
 from shared import job_options, sizes
 from shared.errors import TaskError
 

@@ -24,7 +24,7 @@ cannot read (one that made itself non-dumpable, or changed its ids) counts by it
 sample says how many did.
 
 Shared memory a task holds without mapping it (a memfd, a file in /dev/shm, an unattached System V
-segment) is in no process's PSS; the PSS figure adds it (shmem_usage.py).
+segment) is in no process's PSS; the PSS figure adds it (memory/shmem_usage.py).
 
 By hand: `grep Pss: /proc/<pid>/smaps_rollup` per process, or `cat memory.current` in the driver's
 cgroup (docs/runbooks/slow-pipeline.md, "Task failed: memory limit").
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from services.taskmanager.drivers.task_processes import rss_bytes
-from services.taskmanager.shmem_usage import system_shmem, unmapped_shmem
+from services.taskmanager.memory.shmem_usage import system_shmem, unmapped_shmem
 
 log = logging.getLogger("headrace.taskmanager.memory")
 
@@ -111,7 +111,7 @@ def _rollup(pid: int) -> bytes:
 
 def pss_sample(pids: Iterable[int], uid: int | None = None) -> Sample:
     """PSS summed over `pids`, plus the shared memory they hold unmapped (and `uid`'s, the task's
-    own user: shmem_usage.py); a process gone meanwhile counts nothing, one whose PSS cannot be
+    own user: memory/shmem_usage.py); a process gone meanwhile counts nothing, one whose PSS cannot be
     read counts its RSS."""
     pids = list(pids)
     total = counted = 0

@@ -4,7 +4,7 @@ TaskManager rewrites every heartbeat and the dispatcher reads (GET /taskmanagers
 Prometheus series headrace_task_memory_bytes / headrace_task_memory_limit_bytes
 (metrics.TaskManagerCollector).
 
-The figures are the memory watch's own (memory_limit.py): nothing is measured for them. They go
+The figures are the memory watch's own (memory/limit.py): nothing is measured for them. They go
 through Redis, not the heartbeat's slot report: they change at every heartbeat, and the
 ResourceManager, which records slot reports in the catalog when slots change, has no use for them.
 """
