@@ -156,8 +156,8 @@ class TakeSnapshot(_M):
 
 class Granted(_M):
     """The TaskManager's answer to a request of the driver (ClaimDirectory, ViewSnapshot): what it
-    granted at `path` (a files sink's records, services/taskmanager/sink_claims.py; a view of a
-    snapshot, task_storage.py); or the refusal, as the exception the driver raises (`error_name`
+    granted at `path` (a files sink's records, services/taskmanager/tasks/sink_claims.py; a view of a
+    snapshot, tasks/storage.py); or the refusal, as the exception the driver raises (`error_name`
     SinkOwnedError or SinkFencedError with its arguments, else any other name with `error`, its
     message)."""
 

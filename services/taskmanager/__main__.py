@@ -21,18 +21,18 @@ import redis
 from celery import Celery
 
 from services.taskmanager import storage_probe
-from services.taskmanager.artifact_check import ArtifactChecker
 from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.drivers.process import DriverProcess, remove_driver_dirs
 from services.taskmanager.drivers.sandbox import DriverSandbox, start_sandbox, sweep_drivers
 from services.taskmanager.drivers.supply import DriverLaunch
 from services.taskmanager.drivers.warm_pool import WarmPool, WarmupTokens
-from services.taskmanager.held_reports import HeldReports
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
-from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
 from services.taskmanager.supervisor import TaskSupervisor
+from services.taskmanager.tasks.artifact_check import ArtifactChecker
+from services.taskmanager.tasks.held_reports import HeldReports
+from services.taskmanager.tasks.noop import NoopRunner
 from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id

@@ -11,7 +11,7 @@ Whatever the TaskManager writes for a driver goes where the driver cannot write,
 can be a link a pipeline planted (issue 43: an artifact copied as root through a symbolic link
 in a driver's own directory). The driver's user is its own for as long as it lives
 (shared/sandbox_users.py): given when it starts, scrubbed and given back when it has exited, after
-its task's snapshots were taken back (task_storage.py).
+its task's snapshots were taken back (tasks/storage.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from services.taskmanager.sink_claims import SinkClaims
-from services.taskmanager.task_storage import StorageRoots, TaskStorage
+from services.taskmanager.tasks.sink_claims import SinkClaims
+from services.taskmanager.tasks.storage import StorageRoots, TaskStorage
 from shared import safe_fs
 from shared import task_protocol as tp
 from shared.sandbox_users import Lease
@@ -89,7 +89,7 @@ class DriverHome:
         return self.storage.prepare(spec)
 
     def answer_claim(self, event: tp.ClaimDirectory) -> tp.Granted:
-        """The answer to a files sink's claim of its directory (sink_claims.py), refusals included."""
+        """The answer to a files sink's claim of its directory (tasks/sink_claims.py), refusals included."""
         from services.taskmanager.runtime.connectors.ownership import SinkOwnedError, SinkOwner
         from services.taskmanager.runtime.connectors.sinks import SinkFencedError
 
@@ -116,7 +116,7 @@ class DriverHome:
                                        error=str(exc))
 
     def answer_view(self, event: tp.ViewSnapshot) -> tp.Granted:
-        """A view of a snapshot of the task's lineage (task_storage.py), or the refusal."""
+        """A view of a snapshot of the task's lineage (tasks/storage.py), or the refusal."""
         try:
             if self.storage is None:
                 raise OSError("this driver has no task whose lineage a snapshot could be of")
@@ -128,7 +128,7 @@ class DriverHome:
     def checked(self, event, send: Callable[[Any], bool]):
         """What an event of the driver means once the TaskManager checked it (None: not the
         JobManager's): a claim answered here, a snapshot sealed before it is reported
-        (task_storage.py) or declined if that fails, a failure's paths the snapshot's, not its
+        (tasks/storage.py) or declined if that fails, a failure's paths the snapshot's, not its
         view's."""
         if isinstance(event, tp.ClaimDirectory):
             # Answered beside the events: a claim walks the sink's directory, a view the snapshot.

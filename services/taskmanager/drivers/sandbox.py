@@ -1,7 +1,7 @@
 """What confines a TaskManager's Spark drivers: the OS users they run as, one of its own each
 (drivers/user.py, shared/sandbox_users.py), their cgroups (drivers/task_processes.py), the memory limit of
 their tasks (memory/limit.py), their log's cap (drivers/rotating_log.py), and what a task is handed
-(`task_spec`): its artifact and storage (drivers/home.py, task_storage.py).
+(`task_spec`): its artifact and storage (drivers/home.py, tasks/storage.py).
 
 A task's spec reaches its driver without the control catalog's URL (`catalog_url` is the
 pipeline's own database, `pipeline_catalog_url`, or nothing) and with a copy of its artifact
@@ -35,7 +35,7 @@ from services.taskmanager.drivers.user import (
     unreachable,
 )
 from services.taskmanager.memory.limit import UNBOUNDED, default_limit, gb, maximum_limit
-from services.taskmanager.task_storage import StorageRoots
+from services.taskmanager.tasks.storage import StorageRoots
 from shared import safe_fs
 from shared import task_protocol as tp
 from shared.spark_runtime import SparkRuntime
@@ -130,7 +130,7 @@ class DriverSandbox:
     def task_spec(self, spec: tp.TaskSpec, home: "DriverHome") -> tp.TaskSpec:
         """The spec as the driver gets it: no control catalog URL, its artifact copied where it
         may read it, its attempt directory made for its user (and its snapshot shown through a
-        view: task_storage.py)."""
+        view: tasks/storage.py)."""
         update: dict = {}
         if self.control_catalog and spec.catalog_url == self.control_catalog:
             log.warning("task %s came with the control catalog's URL as its pipeline database; not handed to "

@@ -14,7 +14,7 @@ archive (made so by `scripts/bootstrap`, which runs `python -m services.taskmana
 --prepare`: it also creates the group `headrace-driver` and the `driver_users` users of the pool),
 and the TaskManager's work, checkpoint and savepoint directories (made so by the TaskManager at
 start). What a driver writes is handed to its user by the TaskManager, one directory made for it
-at a time (task_storage.py); a directory every pipeline may use is the operator's to give to the
+at a time (tasks/storage.py); a directory every pipeline may use is the operator's to give to the
 group (`give_to_drivers`).
 
     python -m services.taskmanager.drivers.user --prepare   # as root: create the users, open paths

@@ -19,7 +19,7 @@ This module is the composition root; the rooms it wires together:
 Start-up: as a task starts, the driver writes each phase to its log (`PHASE_MARKER`: importing
 the module, building, restoring, starting the query) and dumps every thread's stack there on
 SIGUSR1, so the TaskManager can say where a pipeline that does not start in time is stuck
-(headrace.task.startup-timeout, see services/taskmanager/startup_timeout.py).
+(headrace.task.startup-timeout, see services/taskmanager/tasks/startup.py).
 
 Cancel (a `cancel` line on stdin or SIGTERM) stops the query and exits 0 after `canceled`.
 A watchdog exits the process when its parent dies, so a killed TaskManager leaves no driver

@@ -9,7 +9,7 @@ directory it writes, which every driver could write: a pipeline rewrote another 
   nobody else writes). The checkpoint directory is shared by every TaskManager, like the records.
 - A task's driver asks its TaskManager for the directory before it writes (a `claim_directory`
   event; shared/task_protocol.py). The TaskManager decides with the lineage *it* knows of the task
-  (task_storage.py: never the one a pipeline wrote into a snapshot), applies the ownership rules
+  (tasks/storage.py: never the one a pipeline wrote into a snapshot), applies the ownership rules
   (runtime/connectors/ownership.py) and the fence, records the claim, and only then hands the
   directory and everything in it to the task's user. A directory the TaskManager gives is one the
   pipeline could write itself (it made it, as its own user, or a task of its lineage did, or an

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from services.taskmanager.drivers.process import DriverProcess
-from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S
+from services.taskmanager.tasks.startup import DEFAULT_STARTUP_TIMEOUT_S
 from shared import task_protocol as tp
 from shared.ids import AllocationId
 from shared.states import ExecutionState as ES

@@ -1,5 +1,5 @@
 """What one TaskManager tells the JobManager about its tasks: their state changes (held while a
-burst of commands is handled, held_reports.py), the snapshots it declines without asking a
+burst of commands is handled, tasks/held_reports.py), the snapshots it declines without asking a
 driver, and the driver events forwarded as messages of their own (drivers/events.py), whose
 progress the TaskManager's metrics record too."""
 
@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from services.taskmanager.drivers.events import FORWARDED
-from services.taskmanager.held_reports import HeldReports
+from services.taskmanager.tasks.held_reports import HeldReports
 from shared import streams
 from shared import task_protocol as tp
 from shared.ids import ExecutionId, JobId, TaskManagerId

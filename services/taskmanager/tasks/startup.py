@@ -1,8 +1,10 @@
-"""The start-up timer of each task (the rules are startup_timeout.py's): a task that is not
-RUNNING `headrace.task.startup-timeout` after its driver got it, or whose driver is still not
-ready within that timeout (at least MIN_DRIVER_START_TIMEOUT_S) after it was handed the task,
-fails with where it was stuck (the driver's thread dump or its last log lines) and its driver is
-killed."""
+"""The start-up timeout of a task (`headrace.task.startup-timeout`): how long a task may take to
+become RUNNING after its driver got it, and the failure cause that says where it was stuck.
+
+The start-up timer of each task (`StartupWatch`): a task that is not RUNNING that long after
+its driver got it, or whose driver is still not ready within that timeout (at least
+MIN_DRIVER_START_TIMEOUT_S) after it was handed the task, fails with where it was stuck (the
+driver's thread dump or its last log lines) and its driver is killed."""
 
 from __future__ import annotations
 
@@ -10,16 +12,42 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from services.taskmanager.startup_timeout import (
-    STACK_DUMP_WAIT_S,
-    STARTUP_TIMEOUT_NAME,
-    STARTUP_TIMEOUT_OPTION,
-    startup_timeout_cause,
-)
-from services.taskmanager.task_record import Task
+from shared import job_options
+
+if TYPE_CHECKING:  # the task record imports this module's default
+    from services.taskmanager.tasks.record import Task
 
 log = logging.getLogger("headrace.taskmanager")
+
+STARTUP_TIMEOUT_OPTION = job_options.STARTUP_TIMEOUT
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_NAME = "PipelineStartupTimeout"
+# A driver handed a task gets the task's start-up timeout to become ready, but never less than
+# this: a cold JVM takes ~10-30 s, and a job's short timeout is meant for its pipeline, not for
+# the JVM (the warm pool gives its own drivers as long, WarmPool.ready_timeout_s).
+MIN_DRIVER_START_TIMEOUT_S = 120.0
+STACK_DUMP_WAIT_S = 1.0  # for the driver to write its thread dump before it is killed
+
+
+def startup_timeout_s(config: dict, default_s: float) -> float:
+    """The job's `headrace.task.startup-timeout`, else the cluster's (shared/job_options.py)."""
+    value = job_options.startup_timeout_s(config, default_s)
+    return value if 0 < value < threading.TIMEOUT_MAX else default_s
+
+
+def startup_timeout_cause(timeout_s: float, phase: str, where: str = "", advice: str | None = None) -> str:
+    """The failure cause of an attempt that did not start in time."""
+    advice = advice or f"If it needs longer, raise the job option {STARTUP_TIMEOUT_OPTION} (e.g. \"10 min\")"
+    text = f"the pipeline did not start within {timeout_s:g} s: it was still {phase}; the task was stopped. {advice}."
+    return f"{text}\n{where}" if where else text
+
+
+def driver_start_timeout_s(task_startup_timeout_s: float) -> float:
+    """How long a driver handed a task may take to become ready: the task's start-up timeout
+    (a job that allows its pipeline 10 minutes allows its JVM as long), at least the floor."""
+    return max(MIN_DRIVER_START_TIMEOUT_S, task_startup_timeout_s)
 
 
 class StartupWatch:
