@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     dispatcher_port: int = 8081
     auth: Literal["off", "required"] | None = Field(
         None, description="REST API bearer tokens (headrace token create): off | required; default: required "
-                          "unless dispatcher_host is a loopback address (services/dispatcher/auth.py)")
+                          "unless dispatcher_host is a loopback address (services/dispatcher/guards/auth.py)")
     allowed_hosts: str | None = Field(
         None, description="Host header names the dispatcher answers, comma-separated ('*': any); default with "
                           "auth on: localhost, loopback and IP literals, dispatcher_host and this machine's names")
@@ -110,12 +110,12 @@ class Settings(BaseSettings):
     # This process's main log, served at /logs of its metrics port; None: the regular file its
     # stderr is redirected to, if any (shared/log_files.py).
     log_file: str | None = None
-    # What the dispatcher will unpack or parse of an upload (services/dispatcher/archive_bounds.py):
+    # What the dispatcher will unpack or parse of an upload (services/dispatcher/guards/archive_bounds.py):
     # a 646 KB zip of a 300 MB .py took it to 1.85 GB. Bytes, or sizes such as "200 MB".
     max_artifact_uncompressed_bytes: int | str = 200 * 1024**2
     max_artifact_members: int = Field(10_000, ge=1)
     max_artifact_source_bytes: int | str = 10 * 1024**2
-    # Slow clients (services/dispatcher/slow_clients.py): 408 and the connection closed.
+    # Slow clients (services/dispatcher/guards/slow_clients.py): 408 and the connection closed.
     request_header_timeout_s: float = Field(10.0, gt=0)
     request_body_idle_timeout_s: float = Field(15.0, gt=0)
     request_body_timeout_s: float = Field(300.0, gt=0)

@@ -10,8 +10,9 @@ from typing import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import auth, errors, limits, metrics, openapi_security, security, slow_clients
-from services.dispatcher.archive_bounds import ArtifactLimits
+from services.dispatcher import errors, metrics
+from services.dispatcher.guards import auth, limits, openapi_security, security, slow_clients
+from services.dispatcher.guards.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.routes import (
     checkpoints,

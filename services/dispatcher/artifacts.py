@@ -4,7 +4,7 @@ Uploads are checked before they are kept, so a typo is reported at upload time w
 rather than minutes later by a Spark driver: a .py must compile; a .zip must be a readable zip
 whose .py members all compile, with no member escaping its directory. An upload is copied to a
 temporary file beside its final place as it arrives and checked there, within the bounds of
-archive_bounds.py (never read whole into memory), then renamed to the artifact id.
+guards/archive_bounds.py (never read whole into memory), then renamed to the artifact id.
 
 What a listing shows and a submission checks (the module's top-level functions and names) is
 computed once, at upload, and kept in the catalog (`artifacts.listing`): parsing every stored
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from services.dispatcher.archive_bounds import ArtifactLimits, ArtifactRejected, read_source, spool, zip_sources
+from services.dispatcher.guards.archive_bounds import ArtifactLimits, ArtifactRejected, read_source, spool, zip_sources
 from shared.artifact_kind import kind_of
 
 log = logging.getLogger("headrace.dispatcher")

@@ -13,7 +13,7 @@ from typing import Annotated, Callable, Iterator
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from services.dispatcher.archive_bounds import ArtifactLimits
+from services.dispatcher.guards.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.warm_planner import WarmPlanner
 from shared.catalog import Catalog

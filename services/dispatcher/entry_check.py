@@ -15,8 +15,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from services.dispatcher import artifacts
-from services.dispatcher.archive_bounds import ArtifactLimits, zip_module_source
 from services.dispatcher.errors import ApiError
+from services.dispatcher.guards.archive_bounds import ArtifactLimits, zip_module_source
 from shared.artifact_kind import kind_of
 
 

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from services.dispatcher import storage_guard
 from services.dispatcher.errors import ApiError
+from services.dispatcher.guards import storage_roots
 from shared import checkpoint_storage
 from shared import checkpointing as cp
 from shared.settings import Settings
@@ -92,7 +92,7 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
     snapshot = None
     if savepoint_path is not None:
         # Reading a snapshot is confined like writing one: no restore from /etc.
-        storage_guard.confined(local_path(savepoint_path, path_field), settings, field=path_field,
+        storage_roots.confined(local_path(savepoint_path, path_field), settings, field=path_field,
                                what="restore path")
         snapshot = resolve_snapshot(savepoint_path, path_field)
         config[cp.RESTORE_PATH] = snapshot.path
@@ -103,7 +103,7 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
     elif config.get(cp.RESTORE_MODE) is not None:
         config[cp.RESTORE_MODE] = claim_mode(config[cp.RESTORE_MODE], cp.RESTORE_MODE)
     if config.get(cp.SAVEPOINT_DIR):
-        config[cp.SAVEPOINT_DIR] = storage_guard.confined(local_path(config[cp.SAVEPOINT_DIR], cp.SAVEPOINT_DIR),
+        config[cp.SAVEPOINT_DIR] = storage_roots.confined(local_path(config[cp.SAVEPOINT_DIR], cp.SAVEPOINT_DIR),
                                                           settings, field=cp.SAVEPOINT_DIR,
                                                           what="the job's savepoint directory")
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 from sqlalchemy.exc import IntegrityError
 
 from services.dispatcher import artifacts, checkpoint_dir_option, entry_check, restore, restore_check
-from services.dispatcher.archive_bounds import ArtifactLimits
 from services.dispatcher.errors import ApiError, Problem, short_value
+from services.dispatcher.guards.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.schemas import stored_restart_strategy
 from services.dispatcher.warm_planner import WarmPlanner

@@ -10,7 +10,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from services.dispatcher import limits
+from services.dispatcher.guards import limits
 from services.dispatcher.schemas import MAX_PARALLELISM, JarRunRequest
 from services.taskmanager.tasks import startup
 from services.taskmanager.tasks.noop import InvalidTaskConfig, NoopRunner

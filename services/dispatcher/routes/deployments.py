@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.dispatcher import checkpoint_dir_option, redaction, restore, restore_check
+from services.dispatcher import checkpoint_dir_option, restore, restore_check
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -22,6 +22,8 @@ from services.dispatcher.deps import (
     WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
+from services.dispatcher.guards.strict_fields import StrictBool
 from services.dispatcher.schemas.deployments import (
     AutoscalerDetail,
     DeploymentAccepted,
@@ -30,7 +32,6 @@ from services.dispatcher.schemas.deployments import (
     DeploymentList,
     DeploymentSpecRequest,
 )
-from services.dispatcher.strict_fields import StrictBool
 from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.warm_planner import WarmPlanner
 from shared import checkpointing as cp

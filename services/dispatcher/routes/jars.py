@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 
-from services.dispatcher import artifacts, limits, submission, views
+from services.dispatcher import artifacts, submission, views
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -23,6 +23,8 @@ from services.dispatcher.deps import (
     WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import limits
+from services.dispatcher.guards.strict_fields import StrictBool
 from services.dispatcher.schemas import (
     EntryName,
     ErrorBody,
@@ -38,7 +40,6 @@ from services.dispatcher.schemas.jars import (
     MAX_PROGRAM_ARGS_CHARS,
     program_args_problem,
 )
-from services.dispatcher.strict_fields import StrictBool
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
 from shared.catalog.repository.deployments import deployments_using

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from services.dispatcher import log_fetch
 from services.dispatcher.deps import SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
-from services.dispatcher.redaction import MASK, mask_url, masked_value  # noqa: F401 - one masking rule
+from services.dispatcher.guards.redaction import MASK, mask_url, masked_value  # noqa: F401 - one masking rule
 from services.dispatcher.schemas import ConfigEntry, JobManagerLeaderInfo, LogListInfo
 from shared import streams
 

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from services.dispatcher import operations, redaction, views
+from services.dispatcher import operations, views
 from services.dispatcher.deps import (
     CatalogDep,
     ClockDep,
@@ -24,6 +24,7 @@ from services.dispatcher.deps import (
     TransportDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
 from services.dispatcher.schemas import (
     Empty,
     JobConfigInfo,

@@ -13,9 +13,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 
-from services.dispatcher import artifacts, checkpoint_dir_option, redaction
+from services.dispatcher import artifacts, checkpoint_dir_option
 from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
 from services.dispatcher.schemas.schedules import (
     ScheduleCreated,
     ScheduleCreateRequest,
@@ -130,7 +131,7 @@ def list_schedules(request: Request, session: SessionDep) -> dict:
 
 
 def _for_caller(request: Request, view: dict) -> dict:
-    """A schedule's arguments may carry secrets: masked for viewers (redaction.py)."""
+    """A schedule's arguments may carry secrets: masked for viewers (guards/redaction.py)."""
     return {**view, "programArgs": redaction.for_caller(request, "programArgs", view["programArgs"])}
 
 

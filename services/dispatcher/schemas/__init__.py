@@ -7,6 +7,7 @@ are built of in their own; checkpoint and savepoint bodies in snapshots, schedul
 This package re-exports the first five.
 """
 
+from services.dispatcher.guards.strict_fields import EntryName, StrictBool
 from services.dispatcher.schemas.cluster import (
     ClusterOverview,
     ConfigEntry,
@@ -76,7 +77,6 @@ from services.dispatcher.schemas.restart import (
     normalise_restart_strategy,
     stored_restart_strategy,
 )
-from services.dispatcher.strict_fields import EntryName, StrictBool
 
 __all__ = [
     "AttemptInfo",

@@ -1,12 +1,12 @@
 """Declares the bearer tokens in the OpenAPI document: a `bearerAuth` scheme, and on every operation
 that needs a token the scheme and the least role (from the same table the middleware enforces,
-services/dispatcher/auth.py), so /docs and generated clients show what each call needs."""
+services/dispatcher/guards/auth.py), so /docs and generated clients show what each call needs."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.dispatcher import auth
+from services.dispatcher.guards import auth
 
 SCHEME = "bearerAuth"
 

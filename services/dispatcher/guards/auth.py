@@ -23,9 +23,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.dispatcher import errors, security
-from services.dispatcher.auth_mode import auth_required, describe_mode, is_loopback  # noqa: F401
+from services.dispatcher import errors
 from services.dispatcher.errors import Problem, error_response
+from services.dispatcher.guards import security
+from services.dispatcher.guards.auth_mode import auth_required, describe_mode, is_loopback  # noqa: F401
 from shared.catalog import tokens
 
 log = logging.getLogger(__name__)

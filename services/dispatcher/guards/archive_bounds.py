@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Iterator
 
-from services.dispatcher.limits import human
+from services.dispatcher.guards.limits import human
 from shared import sizes
 from shared.errors import ConfigError
 

@@ -32,8 +32,8 @@ from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.dispatcher.errors import Problem, error_response
-from services.dispatcher.limits import discard_body
-from services.dispatcher.slow_clients import SlowBody
+from services.dispatcher.guards.limits import discard_body
+from services.dispatcher.guards.slow_clients import SlowBody
 
 log = logging.getLogger(__name__)
 

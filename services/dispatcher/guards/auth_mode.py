@@ -1,5 +1,5 @@
 """Whether the REST API needs tokens (the setting `auth`, HEADRACE_AUTH), and the line that says
-so at start-up. Apart from auth.py, which checks the tokens, so that `headrace up` can print the
+so at start-up. Apart from guards/auth.py, which checks the tokens, so that `headrace up` can print the
 line without importing the web framework (docs/runbooks/auth.md)."""
 
 from __future__ import annotations
