@@ -184,7 +184,7 @@ class Settings(BaseSettings):
     jar_cache_dir: Path = Field(default_factory=lambda: jars.DEFAULT_CACHE_DIR,
                                 description="where scripts/bootstrap put the Kafka, Delta and broker jars")
     # The dispatcher keeps one restore-check planner warm from its start (a JVM of a few hundred MB,
-    # started at the lowest CPU priority; services/dispatcher/warm_planner.py): a changed pipeline is
+    # started at the lowest CPU priority; services/dispatcher/submission/warm_planner.py): a changed pipeline is
     # checked in about a second instead of a cold Spark's 6-15 s, the first upgrade too. Off: false.
     warm_planner: bool = Field(True, description="keep one restore-check planner warm from the dispatcher's start")
     # A fork server per local driver with PySpark and the connectors imported, which starts the

@@ -29,8 +29,8 @@ from services.dispatcher.routes import (
     whoami,
 )
 from services.dispatcher.schemas import normalise_restart_strategy
+from services.dispatcher.submission.warm_planner import WarmPlanner
 from services.dispatcher.views import FLINK_VERSION
-from services.dispatcher.warm_planner import WarmPlanner
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
@@ -56,7 +56,7 @@ class NoCacheStatic(StaticFiles):
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if app.state.warm_planner is not None:
         # A spare planner from the start, so that the first upgrade is checked as quickly as the
-        # next ones; started once the dispatcher is up, at the lowest CPU priority (warm_planner.py).
+        # next ones; started once the dispatcher is up, at the lowest CPU priority (submission/warm_planner.py).
         app.state.warm_planner.keep_ready()
     yield
     if app.state.warm_planner is not None:  # its spare planner's JVM goes with the dispatcher

@@ -12,7 +12,6 @@ from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.dispatcher import checkpoint_dir_option, restore, restore_check
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -32,8 +31,9 @@ from services.dispatcher.schemas.deployments import (
     DeploymentList,
     DeploymentSpecRequest,
 )
-from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.submission import checkpoint_dir_option, restore, restore_check
+from services.dispatcher.submission.submitter import check_config, check_entry, resolve_restart_strategy, unknown_jar
+from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared import checkpointing as cp
 from shared import deployments as dep
 from shared.catalog import repository

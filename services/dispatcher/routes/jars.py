@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 
-from services.dispatcher import artifacts, submission, views
+from services.dispatcher import views
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -40,6 +40,7 @@ from services.dispatcher.schemas.jars import (
     MAX_PROGRAM_ARGS_CHARS,
     program_args_problem,
 )
+from services.dispatcher.submission import artifacts, submitter
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
 from shared.catalog.repository.deployments import deployments_using
@@ -128,7 +129,7 @@ def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
         try:
             art = repository.get_artifact(s, ArtifactId(jarid))
         except NotFound:
-            raise submission.unknown_jar(jarid) from None
+            raise submitter.unknown_jar(jarid) from None
         users = [j.id for j in repository.list_jobs(s, statuses=_LIVE) if j.artifact_id == jarid]
         if users:
             raise ApiError.of(409, f"jar {jarid} is used by job(s) that have not finished: {', '.join(users)}",
@@ -189,7 +190,7 @@ def run_jar(
     args = req.program_args()
     if args is None:
         args = _query_args(program_args, program_arg)
-    request = submission.Request(
+    request = submitter.Request(
         jarid=jarid, entry=req.entryClass or entry_class or artifacts.DEFAULT_ENTRY, args=args,
         config={**(req.flinkConfiguration or {}), **(req.config or {})},
         parallelism=req.parallelism or parallelism or 1, restart=req.restartStrategy, kind=req.kind or "pyspark",
@@ -198,7 +199,7 @@ def run_jar(
         allow_non_restored=req.allowNonRestoredState if req.allowNonRestoredState is not None else allow_non_restored,
         mode=req.claimMode if req.claimMode is not None else req.restoreMode,
         mode_field="claimMode" if req.claimMode is not None else "restoreMode")
-    job_id = submission.Submitter(settings, catalog, transport, default_restart, overview, bounds, warm).submit(request)
+    job_id = submitter.Submitter(settings, catalog, transport, default_restart, overview, bounds, warm).submit(request)
     return {"jobid": job_id}
 
 

@@ -13,7 +13,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 
-from services.dispatcher import artifacts, checkpoint_dir_option
 from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.guards import redaction
@@ -24,7 +23,8 @@ from services.dispatcher.schemas.schedules import (
     ScheduleList,
     ScheduleUpdateRequest,
 )
-from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
+from services.dispatcher.submission import artifacts, checkpoint_dir_option
+from services.dispatcher.submission.submitter import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from shared import schedules as sch
 from shared.catalog import repository
 from shared.catalog.models import Schedule, epoch_ms

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from services.dispatcher import artifacts
 from services.dispatcher.errors import ApiError
 from services.dispatcher.guards.archive_bounds import ArtifactLimits, zip_module_source
+from services.dispatcher.submission import artifacts
 from shared.artifact_kind import kind_of
 
 

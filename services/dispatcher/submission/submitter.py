@@ -12,12 +12,12 @@ from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
 
-from services.dispatcher import artifacts, checkpoint_dir_option, entry_check, restore, restore_check
 from services.dispatcher.errors import ApiError, Problem, short_value
 from services.dispatcher.guards.archive_bounds import ArtifactLimits
 from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.schemas import stored_restart_strategy
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.submission import artifacts, checkpoint_dir_option, entry_check, restore, restore_check
+from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared import checkpointing, kafka_delivery
 from shared import job_options as job_config
 from shared.catalog import Catalog, repository
@@ -188,7 +188,7 @@ def check_kafka_transaction_timeout(config: dict, settings: Settings) -> None:
 
 
 def check_entry(catalog, art, entry: str, config: dict | None = None, bounds: ArtifactLimits | None = None) -> None:
-    """400 unless `entry` is a function the driver can call in the artifact (entry_check.py)."""
+    """400 unless `entry` is a function the driver can call in the artifact (submission/entry_check.py)."""
     entry_check.check_entry(art, entry, config or {}, lambda: artifacts.stored_listing(catalog, art),
                             bounds or ArtifactLimits())
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
-from services.dispatcher.planner_sandbox import DEFAULT_USERS, PlannerSandbox
+from services.dispatcher.submission.planner_sandbox import DEFAULT_USERS, PlannerSandbox
 from shared import checkpointing, job_options, restore_compat, untrusted_code
 from shared.errors import StateError
 from shared.import_root import IMPORT_ROOT
@@ -77,7 +77,7 @@ def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[s
                    parallelism: int, snapshot_meta: dict, warm: SparePlanner | None = None) -> None:
     """`check_restore` of an uploaded artifact, planned as this cluster's drivers would run it: the
     pipeline's database and Redis, the drivers' OS user and their class archive; on the warm
-    planner (`warm`, warm_planner.py) when one is ready."""
+    planner (`warm`, submission/warm_planner.py) when one is ready."""
     try:
         check_restore(python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry,
                       args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
@@ -186,7 +186,7 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
     when it timed out or died without one.
 
     The planner runs the pipeline's own code (its import and build()), so it is started as a
-    driver is (shared/untrusted_code.py, planner_sandbox.py): as a user of the drivers' pool
+    driver is (shared/untrusted_code.py, submission/planner_sandbox.py): as a user of the drivers' pool
     `run_as` of its own when this process may switch to it, with an allow-listed environment, on a
     copy of the artifact it may not change; never with the dispatcher's settings, secrets or
     catalog."""

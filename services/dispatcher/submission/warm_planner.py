@@ -1,4 +1,4 @@
-"""A planner kept warm for the restore compatibility check (restore_check.py).
+"""A planner kept warm for the restore compatibility check (submission/restore_check.py).
 
 A cold planner spends its seconds starting a JVM and a SparkSession (6 s on an idle 2-core machine
 with the class archive, 12-16 s beside a running pipeline: docs/benchmarks.md), which an upgrade
@@ -10,7 +10,7 @@ START_AFTER_S after the dispatcher (`keep_ready`), so the first upgrade of a clu
 started is as quick as the next ones. A spare runs as the drivers' user with their scrubbed
 environment like every planner, and ends when its stdin closes: a dispatcher that dies takes its
 spare along. Its user is one of the drivers' pool, its own for as long as it waits and plans
-(planner_sandbox.py); the artifact goes where it may not write.
+(submission/planner_sandbox.py); the artifact goes where it may not write.
 
 The first spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start
 takes a core for seconds, and at a cluster's start that core belongs to the first submissions and
@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from services.dispatcher import restore_check
-from services.dispatcher.planner_sandbox import DEFAULT_USERS, PlannerSandbox
+from services.dispatcher.submission import restore_check
+from services.dispatcher.submission.planner_sandbox import DEFAULT_USERS, PlannerSandbox
 from shared import cpu_priority
 from shared.spark_runtime import SparkRuntime
 
