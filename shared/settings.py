@@ -120,7 +120,7 @@ class Settings(BaseSettings):
     request_body_idle_timeout_s: float = Field(15.0, gt=0)
     request_body_timeout_s: float = Field(300.0, gt=0)
     # How long the dispatcher serves one encoded answer of GET /jobs/overview before building it
-    # again (services/dispatcher/overview_cache.py): it may lag the catalog by this much, except
+    # again (services/dispatcher/views/overview_cache.py): it may lag the catalog by this much, except
     # after this dispatcher's own submissions. 0: built on every request.
     overview_cache_ms: int = Field(1000, ge=0, description="GET /jobs/overview is rebuilt at most this often "
                                                            "(milliseconds; 0: on every request)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.dispatcher.views import waiting_reason
+from services.dispatcher.views.shapes import waiting_reason
 from services.taskmanager.drivers.events import FORWARDED
 from shared import streams
 from shared import task_protocol as tp

@@ -10,7 +10,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 
-from services.dispatcher import views
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -41,6 +40,7 @@ from services.dispatcher.schemas.jars import (
     program_args_problem,
 )
 from services.dispatcher.submission import artifacts, submitter
+from services.dispatcher.views import shapes
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
 from shared.catalog.repository.deployments import deployments_using
@@ -119,7 +119,7 @@ def list_jars(request: Request, session: SessionDep, catalog: CatalogDep) -> dic
     files = []
     for art in reversed(repository.list_artifacts(session)):
         listed = artifacts.stored_listing(catalog, art)
-        files.append(views.jar_file(art, listed.get("functions")))
+        files.append(shapes.jar_file(art, listed.get("functions")))
     return {"address": str(request.base_url).rstrip("/"), "files": files}
 
 

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
-from services.dispatcher import operations
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.guards import storage_roots
@@ -27,6 +26,7 @@ from services.dispatcher.schemas.snapshots import (
     TriggerResponse,
 )
 from services.dispatcher.submission import restore
+from services.dispatcher.views import operations
 from shared import checkpoint_storage, job_options
 from shared import checkpointing as cp
 from shared.catalog import repository

@@ -1,6 +1,6 @@
 """API contracts: request bodies (validated, with messages that name the field and say how to fix
 it) and response shapes (Flink REST v1 field names, hyphens and all). Separate from the catalog
-tables in `shared.catalog.models`; `views` turns rows into these shapes.
+tables in `shared.catalog.models`; `views/shapes.py` turns rows into these shapes.
 
 One module per resource (jars, jobs, cluster), with restart strategies and the fields they
 are built of in their own; checkpoint and savepoint bodies in snapshots, schedules in schedules.

@@ -14,10 +14,10 @@ from sqlalchemy.exc import IntegrityError
 
 from services.dispatcher.errors import ApiError, Problem, short_value
 from services.dispatcher.guards.archive_bounds import ArtifactLimits
-from services.dispatcher.overview_cache import OverviewCache
 from services.dispatcher.schemas import stored_restart_strategy
 from services.dispatcher.submission import artifacts, checkpoint_dir_option, entry_check, restore, restore_check
 from services.dispatcher.submission.warm_planner import WarmPlanner
+from services.dispatcher.views.overview_cache import OverviewCache
 from shared import checkpointing, kafka_delivery
 from shared import job_options as job_config
 from shared.catalog import Catalog, repository

@@ -1,6 +1,6 @@
 """Checkpoint rows, operations and checkpoint options -> Flink 2.3's REST shapes
 (CheckpointingStatistics, CheckpointStatistics, CheckpointConfigInfo, AsynchronousOperationResult).
-Pure functions like `views`: rows (or anything with the same attributes) in, plain dicts out.
+Pure functions like `shapes.py`'s: rows (or anything with the same attributes) in, plain dicts out.
 
 Headrace takes one snapshot per task (a vertex's Spark query), so every checkpoint has one
 subtask; alignment, processed and persisted data do not exist here and are reported as 0.
@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from services.dispatcher.java_throwable import failure_cause
+from services.dispatcher.views.java_throwable import failure_cause
 from shared.catalog.models import epoch_ms
 from shared.checkpointing import CheckpointConfig
 from shared.states import CheckpointStatus, OperationStatus

@@ -11,8 +11,8 @@ from typing import Any, Callable, Iterable
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.dispatcher.checkpoint_views import operation_result
 from services.dispatcher.errors import ApiError
+from services.dispatcher.views.checkpoints import operation_result
 from shared.catalog import Catalog, repository
 from shared.catalog.models import Job
 from shared.catalog.repository import NotFound
