@@ -3,7 +3,7 @@
 PSS counts the resident pages a process maps, shared memory (shmem, tmpfs) included. A pipeline
 stepped around its memory limit with memory it never maps (issue 43): a memfd_create file held only
 by its descriptor, a file in /dev/shm written and closed (which outlives the task), a System V
-segment no process is attached to. So the PSS figure of a task (memory_measure.pss_sample) adds:
+segment no process is attached to. So the PSS figure of a task (measure.py's pss_sample) adds:
 
 - every memfd or /dev/shm file one of its processes holds open, and every file in /dev/shm its
   user owns (a driver's user is its own, shared/sandbox_users.py), by allocated size, unless one

@@ -31,7 +31,7 @@ class TaskMemory:
     job_id: str
     used: int  # bytes, by `measure`
     limit: int | None  # bytes; None: no limit ("off")
-    measure: str  # memory_measure.Sample.label(): "PSS", "PSS, RSS for 2", "cgroup charge"
+    measure: str  # measure.py's Sample.label(): "PSS", "PSS, RSS for 2", "cgroup charge"
 
 
 def figures(task_drivers: list[tuple[tp.TaskSpec, DriverProcess]]) -> list[TaskMemory]:
