@@ -20,18 +20,19 @@ from typing import Callable
 import redis
 from celery import Celery
 
-from services.taskmanager import driver_sandbox, storage_probe
-from services.taskmanager.artifact_check import ArtifactChecker
+from services.taskmanager import storage_probe
 from services.taskmanager.commands import CommandIntake, register_commands
-from services.taskmanager.driver_process import DriverProcess, remove_driver_dirs
-from services.taskmanager.driver_supply import DriverLaunch
-from services.taskmanager.held_reports import HeldReports
+from services.taskmanager.drivers.process import DriverProcess, remove_driver_dirs
+from services.taskmanager.drivers.sandbox import DriverSandbox, start_sandbox, sweep_drivers
+from services.taskmanager.drivers.supply import DriverLaunch
+from services.taskmanager.drivers.warm_pool import WarmPool, WarmupTokens
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
-from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
 from services.taskmanager.supervisor import TaskSupervisor
-from services.taskmanager.warm_pool import WarmPool, WarmupTokens
+from services.taskmanager.tasks.artifact_check import ArtifactChecker
+from services.taskmanager.tasks.held_reports import HeldReports
+from services.taskmanager.tasks.noop import NoopRunner
 from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id
@@ -137,7 +138,7 @@ def start_up_args(settings: Settings, workdir: Path) -> list[str]:
 
 
 def driver_launch(settings: Settings, slots: int, archive_args: list[str],
-                  sandbox: driver_sandbox.DriverSandbox | None) -> DriverLaunch:
+                  sandbox: DriverSandbox | None) -> DriverLaunch:
     """How the TaskManager's supervisors start drivers, and their warm pools."""
     def warm_pool(factory: Callable[..., DriverProcess]) -> WarmPool:
         return WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
@@ -265,7 +266,7 @@ class ProcessParts:
 
     def work(self, app: Celery, link: ResourceManagerLink, queues: list[str], *, started: str = "",
              without_heartbeat: bool = False, announcer: EndpointAnnouncer | None = None,
-             sandbox: driver_sandbox.DriverSandbox | None = None) -> None:
+             sandbox: DriverSandbox | None = None) -> None:
         """Start the link and the supervisors, consume `queues` until the worker stops, then stop
         everything (`announcer`'s keys, the link, the supervisors and what `sandbox` left)."""
         base_id, settings = self.base_id, self.settings
@@ -288,7 +289,7 @@ class ProcessParts:
             for sup in self.supervisors.values():
                 sup.shutdown()
             if sandbox is not None:  # what left its driver's session and cgroup-less tracking missed
-                driver_sandbox.sweep_drivers(settings, base_id, self.workdir)
+                sweep_drivers(settings, base_id, self.workdir)
             remove_driver_dirs(self.workdir / "drivers")
             self.liveness.close()
 
@@ -306,7 +307,7 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     parts = ProcessParts(settings, base_id, [base_id], slots, auth)
     workdir = parts.workdir
     # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
-    sandbox = driver_sandbox.start_sandbox(settings, base_id, workdir)
+    sandbox = start_sandbox(settings, base_id, workdir)
     parts.supervise(lambda: driver_launch(settings, slots, start_up_args(settings, workdir), sandbox))
     app = parts.commands(ArtifactChecker(settings.artifacts))
     address = parts.serve_metrics(LogGuard(request_key=auth.command_key(base_id),

@@ -11,7 +11,6 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy.orm import Session
 
-from services.dispatcher import checkpoint_dir_option, redaction, restore, restore_check
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -21,6 +20,8 @@ from services.dispatcher.deps import (
     WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
+from services.dispatcher.guards.strict_fields import StrictBool
 from services.dispatcher.schemas.deployments import (
     AutoscalerDetail,
     DeploymentAccepted,
@@ -29,9 +30,9 @@ from services.dispatcher.schemas.deployments import (
     DeploymentList,
     DeploymentSpecRequest,
 )
-from services.dispatcher.strict_fields import StrictBool
-from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.submission import checkpoint_dir_option, restore, restore_check
+from services.dispatcher.submission.submitter import check_config, check_entry, resolve_restart_strategy, unknown_jar
+from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared import checkpointing as cp
 from shared import deployments as dep
 from shared.catalog import repository
