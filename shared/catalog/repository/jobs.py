@@ -155,7 +155,7 @@ def job_statuses(s: Session, job_ids: Iterable[JobId]) -> dict[str, str]:
     ids = list(job_ids)
     if not ids:
         return {}
-    return dict(s.execute(select(Job.id, Job.status).where(Job.id.in_(ids))).tuples().all())
+    return dict(s.execute(select(Job.id, Job.status).where(Job.id.in_(ids))).all())
 
 
 def job_overview_rows(s: Session, config_key: str) -> Sequence[Any]:
