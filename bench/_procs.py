@@ -62,6 +62,15 @@ class Procs:
     def service(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
         return self.spawn(name, [sys.executable, "-m", "services.cli", *args], env)
 
+    def simulated_fleet(self, name: str, count: int, *, slots: int, fleet_id: str) -> subprocess.Popen:
+        """K simulated TaskManagers in one process: bench/simulated_taskmanagers.py of code_dir(),
+        or `headrace taskmanager --simulate K` of an older checkout that has no such script."""
+        script = code_dir() / "bench" / "simulated_taskmanagers.py"
+        options = ["--slots", str(slots), "--id", fleet_id]
+        if not script.is_file():
+            return self.service(name, "taskmanager", "--simulate", str(count), *options)
+        return self.spawn(name, [sys.executable, str(script), str(count), *options])
+
     def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / "logs" / f"{name}.log", "ab")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, **(env or {})),

@@ -1,6 +1,6 @@
 """Control-plane scale without Spark.
 
-1. K simulated TaskManagers (one process, `headrace taskmanager --simulate K`) heartbeat at
+1. K simulated TaskManagers (one process, bench/simulated_taskmanagers.py) heartbeat at
    1 Hz: ResourceManager CPU (share of one core), heartbeat lag (send -> handled, from the
    ResourceManager's own stats) and false "lost" verdicts over a measuring window.
 2. N no-op tasks submitted at once (written to the catalog and announced on the JobManager
@@ -130,7 +130,7 @@ def main() -> None:
         catalog.migrate()
         rm = procs.service("resourcemanager", "resourcemanager")
         procs.service("jobmanager", "jobmanager")
-        procs.service("taskmanagers", "taskmanager", "--simulate", str(a.taskmanagers), "--slots", "1", "--id", "sim")
+        procs.simulated_fleet("taskmanagers", a.taskmanagers, slots=1, fleet_id="sim")
         client = redis.Redis.from_url(url)
 
         def stats() -> dict:

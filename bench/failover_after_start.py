@@ -3,7 +3,7 @@
 
 Each run gets its own cluster, source redis-server, PostgreSQL catalog and sink database. The
 cluster's TaskManagers get a private TMPDIR, so their warm-up tokens (a directory under it,
-services/taskmanager/warm_pool.py) are not shared with other clusters that may run on the machine
+services/taskmanager/drivers/warm_pool.py) are not shared with other clusters that may run on the machine
 meanwhile (test suites): the figures are this cluster's, though the CPU stays shared.
 """
 

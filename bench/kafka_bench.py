@@ -222,7 +222,35 @@ def summary(lat: list[float]) -> dict:
             "p99_s": round(percentile(lat, 0.99), 3), "max_s": round(max(lat), 3)}
 
 
+def measure_kafka(engine, table: str, bootstrap: str, topic: str, *, rate: float, warmup_s: float,
+                  duration_s: float, poll_s: float = 0.01) -> dict:
+    """Produce `rate` events/s into `topic` for warm-up + duration; latency of event n = the first
+    poll of `table` showing n committed - when n was produced (bounded: 60 s after the last)."""
+    total = int(rate * (warmup_s + duration_s))
+    producer = TimedProducer(bootstrap, topic, rate, total, as_event=True)
+    producer.start()
+    seen: dict[int, float] = {}
+    last, deadline = -1, time.monotonic() + warmup_s + duration_s + 60
+    while last < total - 1 and time.monotonic() < deadline:
+        n = committed_n(engine, table)
+        now = time.monotonic()
+        for k in range(last + 1, n + 1):
+            seen[k] = now
+        last = max(last, n)
+        time.sleep(poll_s)
+    skip = int(rate * warmup_s)
+    return summary([seen[n] - producer.written[n] for n in range(skip, total)
+                    if n in seen and n in producer.written])
+
+
+# --kinds of the latency case: the job's options beside its checkpoint interval
+LATENCY_KINDS = {"default": {}, "latency-mode": {"headrace.latency-mode": "true"}}
+
+
 def latency(args, home: Path) -> None:
+    kinds = args.kinds.split(",")
+    if unknown := [k for k in kinds if k not in LATENCY_KINDS]:
+        raise SystemExit(f"unknown --kinds {unknown}; known: {', '.join(LATENCY_KINDS)}")
     broker = start_broker(home)
     catalog, sink = fresh_pg(DEFAULT_PG), fresh_pg(DEFAULT_PG)
     engine = pg_engine(sink)
@@ -232,34 +260,24 @@ def latency(args, home: Path) -> None:
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(WINDOWS)
         print(f"machine: {machine()}; {args.rate:g} events/s, {args.warmup_s:g} s warm-up, {args.duration_s:g} s "
-              "measured", flush=True)
+              f"measured; kinds {kinds}, alternating", flush=True)
         for rnd in range(args.rounds):
-            topic = create_topic(broker.bootstrap, f"events-{rnd}")
-            wait_warm(cluster, 1)
-            job = rest.run(jar, parallelism=2, jobName=topic, flinkConfiguration=CHECKPOINTS,
-                           programArgsList=["--topic", topic, "--bootstrap-servers", broker.bootstrap,
-                                            "--sink-url", sink, "--table", topic, "--low-latency"])
-            try:
-                rest.wait_running_task(job, timeout_s=180)
-                total = int(args.rate * (args.warmup_s + args.duration_s))
-                producer = TimedProducer(broker.bootstrap, topic, args.rate, total, as_event=True)
-                producer.start()
-                seen: dict[int, float] = {}
-                last, deadline = -1, time.monotonic() + args.warmup_s + args.duration_s + 60
-                while last < total - 1 and time.monotonic() < deadline:
-                    n = committed_n(engine, topic)
-                    now = time.monotonic()
-                    for k in range(last + 1, n + 1):
-                        seen[k] = now
-                    last = max(last, n)
-                    time.sleep(0.01)
-                skip = int(args.rate * args.warmup_s)
-                r = summary([seen[n] - producer.written[n] for n in range(skip, total)
-                             if n in seen and n in producer.written])
-                print(f"round {rnd + 1} Kafka -> PostgreSQL: {r}", flush=True)
-            finally:
-                rest.cancel(job)
-                rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
+            for kind in kinds:
+                topic = create_topic(broker.bootstrap, f"events-{kind}-{rnd}".replace("-", "_"))
+                wait_warm(cluster, 1)
+                job = rest.run(jar, parallelism=2, jobName=topic,
+                               flinkConfiguration={**CHECKPOINTS, **LATENCY_KINDS[kind]},
+                               programArgsList=["--topic", topic, "--bootstrap-servers", broker.bootstrap,
+                                                "--sink-url", sink, "--table", topic, "--low-latency"])
+                try:
+                    rest.wait_running_task(job, timeout_s=180)
+                    r = measure_kafka(engine, topic, broker.bootstrap, topic, rate=args.rate,
+                                      warmup_s=args.warmup_s, duration_s=args.duration_s)
+                    print(f"round {rnd + 1} {kind:12s} Kafka -> PostgreSQL: {r} (load {os.getloadavg()[0]:.1f})",
+                          flush=True)
+                finally:
+                    rest.cancel(job)
+                    rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
     finally:
         if cluster is not None:
             cluster.stop()
@@ -328,6 +346,7 @@ def main() -> None:
     p.add_argument("--warmup-s", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--kinds", default="default,latency-mode", help=f"latency: {', '.join(LATENCY_KINDS)}")
     args = p.parse_args()
     if args.rate is None:
         args.rate = 100.0 if args.case == "latency" else 1000.0

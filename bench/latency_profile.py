@@ -18,8 +18,12 @@ For every variant it prints:
     function and PySpark's callback around it (addBatch less the callback is Spark's own work
     on the JVM around the call).
 
+With `--sources redis,kafka` every variant runs on both sources one after the other: the Kafka
+one is bench/pipelines/kafka_windows.py, the same query on Spark's Kafka source, fed by a producer
+at the same rate into a topic of 2 partitions on a broker the script starts (bench/kafka_bench.py).
+
 usage: python3 bench/latency_profile.py [--variants default,two-partitions,...] [--rounds 2]
-       [--duration-s 40] [--rate 100] [--python-over-tcp] [--smoke]
+       [--duration-s 40] [--rate 100] [--sources redis,kafka] [--python-over-tcp] [--smoke]
 """
 
 from __future__ import annotations
@@ -158,8 +162,8 @@ def drop_unix_sockets() -> None:
     SparkSession.Builder.config = without_sockets
 
 
-def load_pipeline():
-    spec = importlib.util.spec_from_file_location("click_windows", PIPELINE)
+def load_pipeline(path: Path = PIPELINE):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -169,7 +173,49 @@ def load_pipeline():
     return module
 
 
-def run_variant(spark, module, timer: SinkTimer, name: str, *, run: int, source: str, sink_url: str, engine,
+class RedisFeed:
+    """The Redis stream source: click_windows.py fed by bench/latency.py's producer."""
+
+    name = "redis"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.module = load_pipeline()
+
+    def pipeline_args(self, table: str) -> list[str]:
+        return ["--stream", f"trickle_{table}", "--source-url", self.url]
+
+    def measure(self, engine, table: str, args) -> dict:
+        return measure(engine, table, self.url, f"trickle_{table}", rate=args.rate, warmup_s=args.warmup_s,
+                       duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
+
+
+class KafkaFeed:
+    """Spark's Kafka source: kafka_windows.py on a topic of 2 partitions of a broker of its own."""
+
+    name = "kafka"
+
+    def __init__(self, home: Path) -> None:
+        from bench import kafka_bench
+
+        self.bench = kafka_bench
+        self.broker = kafka_bench.start_broker(home)
+        self.module = load_pipeline(kafka_bench.WINDOWS)
+
+    def pipeline_args(self, table: str) -> list[str]:
+        topic = self.bench.create_topic(self.broker.bootstrap, table)
+        return ["--topic", topic, "--bootstrap-servers", self.broker.bootstrap, "--low-latency"]
+
+    def measure(self, engine, table: str, args) -> dict:
+        return self.bench.measure_kafka(engine, table, self.broker.bootstrap, table, rate=args.rate,
+                                        warmup_s=args.warmup_s, duration_s=args.duration_s,
+                                        poll_s=args.poll_ms / 1000)
+
+    def stop(self) -> None:
+        self.broker.stop()
+
+
+def run_variant(spark, feed, timer: SinkTimer, name: str, *, run: int, sink_url: str, engine,
                 home: Path, args) -> dict:
     from services.taskmanager.runtime.context import PipelineContext
 
@@ -177,22 +223,20 @@ def run_variant(spark, module, timer: SinkTimer, name: str, *, run: int, source:
     saved = {k: spark.conf.get(k, None) for k in conf}
     for k, v in conf.items():
         spark.conf.set(k, v)
-    table = f"{name.replace('-', '_')}_{run}"
-    stream = f"trickle_{table}"
-    pargs = ["--stream", stream, "--source-url", source, "--sink-url", sink_url, "--table", table]
+    table = f"{feed.name}_{name.replace('-', '_')}_{run}"
+    pargs = [*feed.pipeline_args(table), "--sink-url", sink_url, "--table", table]
     if trigger:
         pargs += ["--trigger", trigger]
     ctx = PipelineContext(spark, job_id=table, args=pargs, parallelism=args.parallelism,
-                          checkpoint_dir=str(home / "cp"), catalog_url="", redis_url=source)
-    handle = module.build(ctx)
+                          checkpoint_dir=str(home / "cp"), catalog_url="", redis_url=getattr(feed, "url", ""))
+    handle = feed.module.build(ctx)
     query = handle.start(str(home / "cp" / table), query_name=table)
     log = ProgressLog(query)
     log.start()
     try:
         timer.samples.clear()
         timer.on = True
-        latency = measure(engine, table, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                          duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
+        latency = feed.measure(engine, table, args)
         timer.on = False
     finally:
         log.stop.set()
@@ -235,6 +279,7 @@ def main() -> None:
     p.add_argument("--poll-ms", type=float, default=20)
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--shuffle-partitions", type=int, default=4, help="the session's default (a driver's: 4)")
+    p.add_argument("--sources", default="redis", help="redis, kafka or both (redis,kafka): each variant on each")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the benchmark still works")
     args = p.parse_args()
     names = args.variants.split(",")
@@ -251,23 +296,27 @@ def main() -> None:
 
     if args.python_over_tcp:
         drop_unix_sockets()
+    feeds: list = []
 
     spark = build_spark(args.parallelism, home / "driver", shuffle_partitions=args.shuffle_partitions,
                         python_forkserver=True)
     try:
         warm_up(spark, home / "driver", args.parallelism)
-        module = load_pipeline()
         timer = SinkTimer()
         timer.install()
-        source = procs.redis()
+        feeds += [RedisFeed(procs.redis()) if src == "redis" else KafkaFeed(home) for src in args.sources.split(",")]
         print(f"machine: {machine()}; {args.rate:g} events/s; {args.duration_s:g} s measured after "
               f"{args.warmup_s:g} s; variants {names}, {args.rounds} round(s)", flush=True)
         for run in range(args.rounds):
             for name in names:
-                r = run_variant(spark, module, timer, name, run=run, source=source, sink_url=sink_url,
-                                engine=engine, home=home, args=args)
-                report(f"round {run + 1} {name}", r)
+                for feed in feeds:
+                    r = run_variant(spark, feed, timer, name, run=run, sink_url=sink_url, engine=engine,
+                                    home=home, args=args)
+                    report(f"round {run + 1} {name} ({feed.name})", r)
     finally:
+        for feed in feeds:
+            if isinstance(feed, KafkaFeed):
+                feed.stop()
         spark.stop()
         procs.stop()
         engine.dispose()

@@ -1,7 +1,7 @@
 """The restore compatibility check's planner (services/taskmanager/runtime/planner.py, started by
-services/dispatcher/restore_check.py for a changed pipeline): how long one check takes with and
+services/dispatcher/submission/restore_check.py for a changed pipeline): how long one check takes with and
 without the drivers' class-data-sharing archive, and on the dispatcher's warm planner
-(services/dispatcher/warm_planner.py: a spare started after the previous check, given time to get
+(services/dispatcher/submission/warm_planner.py: a spare started after the previous check, given time to get
 ready as it has between two upgrades), alternating, on this machine.
 
 usage: python bench/planner_start.py [--runs 4]
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.dispatcher.restore_check import run_planner
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.submission.restore_check import run_planner
+from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 

@@ -7,7 +7,7 @@ workers, then on the task's processes (its driver's mark, as the TaskManager's /
 them) measures, in this process's thread CPU time and wall time:
   rss   one RSS sum (statm), what the watchdog reads every 0.25 s
   pss   one PSS sum (smaps_rollup), per process too (the JVM's is the dearest)
-  watch the watchdog's meter (memory_measure.ProcessMeter) run at its interval for --watch-s, at
+  watch the watchdog's meter (memory/measure.py's ProcessMeter) run at its interval for --watch-s, at
         the default limit (RSS sum below it) and at a limit between the PSS and the RSS sums
         (issue 42's case): CPU per second of watching, and how many PSS reads it made
 
@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.taskmanager.driver_user import DEFAULT_NAME
-from services.taskmanager.memory_limit import WATCH_INTERVAL_S
-from services.taskmanager.memory_measure import ProcessMeter, pss_sample
-from services.taskmanager.task_processes import rss_bytes, scan
+from services.taskmanager.drivers.task_processes import rss_bytes, scan
+from services.taskmanager.drivers.user import DEFAULT_NAME
+from services.taskmanager.memory.limit import WATCH_INTERVAL_S
+from services.taskmanager.memory.measure import ProcessMeter, pss_sample
 from shared.untrusted_code import switchable_user
 from tests.clusters import Rest, start_cluster
 from tests.e2e.counting import Producer

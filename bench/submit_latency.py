@@ -30,7 +30,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
+from services.taskmanager.drivers.user import DEFAULT_NAME, give_to_drivers
 from shared import streams
 from tests.clusters import Rest, start_cluster
 

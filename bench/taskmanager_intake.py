@@ -1,7 +1,7 @@
 """A TaskManager process's own cost of taking N deploy commands, alone: no JobManager.
 
-A ResourceManager and K simulated TaskManagers (one process, `headrace taskmanager --simulate
-K`, heartbeating at 1 Hz) run as services; this script publishes a leader epoch, pushes N no-op
+A ResourceManager and K simulated TaskManagers (one process, bench/simulated_taskmanagers.py,
+heartbeating at 1 Hz) run as services; this script publishes a leader epoch, pushes N no-op
 DeployTask commands onto the fleet's Celery queue exactly as the JobManager's gateway sends them,
 and reads the JobManager stream until every task has reported RUNNING. It times that (wall) and
 the TaskManager process's CPU over it. In control_plane_scale.py this queue was what the last
@@ -115,8 +115,7 @@ def main() -> None:
             # A fresh ResourceManager and fleet per run: free slots, an empty queue, fresh counts.
             client.delete(streams.RM_STATS_KEY)
             procs.service(f"resourcemanager{i}", "resourcemanager")
-            fleet = procs.service(f"taskmanagers{i}", "taskmanager", "--simulate", str(a.taskmanagers),
-                                  "--slots", str(slots), "--id", FLEET)
+            fleet = procs.simulated_fleet(f"taskmanagers{i}", a.taskmanagers, slots=slots, fleet_id=FLEET)
             wait_registered(client, a.taskmanagers)
             time.sleep(2)  # registration bursts settle; then only heartbeats run
             tm = psutil.Process(fleet.pid)

@@ -127,7 +127,7 @@ class RunningWatch:
 
 def just_started_vs_warm(args, source: str, sink_url: str, engine, home: Path) -> None:
     """--case just-started: see the module docstring. The clusters get a private TMPDIR, so their
-    warm-up tokens (services/taskmanager/warm_pool.py) are not shared with other clusters that may
+    warm-up tokens (services/taskmanager/drivers/warm_pool.py) are not shared with other clusters that may
     run on the machine meanwhile (test suites); the CPU stays shared."""
     (home / "tmp").mkdir(exist_ok=True)
     os.environ["TMPDIR"] = str(home / "tmp")  # the clusters' children inherit it

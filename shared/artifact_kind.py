@@ -5,7 +5,7 @@ The suffix decides, in any letter case: `ok.PY` is a Python module and `job.Zip`
 everywhere. A rule applied case-insensitively at upload but case-sensitively in the driver let
 `ok.PY` pass upload and run, then fail in the driver; one function used by both cannot drift.
 Members inside a zip are another matter: Python's own zip importer reads only `.py` members, so
-a zip's modules keep the lower-case suffix (archive_bounds.py checks the ones Python imports).
+a zip's modules keep the lower-case suffix (guards/archive_bounds.py checks the ones Python imports).
 """
 
 from __future__ import annotations

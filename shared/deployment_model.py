@@ -1,31 +1,16 @@
-"""What the deployments' rules (shared/deployments.py `decide`) see and what they return: the
-lifecycle states, an `Observed` snapshot of a deployment (its job, its pending step's operation)
-read by the reconciler (services/jobmanager/deployment_reconciler.py), and the `Plan` it carries
-out. Plain frozen values: the rules are pure functions from one to the other."""
+"""What the deployments' rules (shared/deployments.py `decide`) see and what they return: an
+`Observed` snapshot of a deployment (its job, its pending step's operation) read by the
+reconciler (services/jobmanager/deployment_reconciler.py), and the `Plan` it carries out. Plain
+frozen values: the rules are pure functions from one to the other. The lifecycle states are
+shared/states.py `Lifecycle`, with the other machines and its transition table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Mapping
 
 from shared.deployment_spec import DeploymentSpec
-
-
-class Lifecycle(str, Enum):
-    DEPLOYING = "DEPLOYING"
-    STABLE = "STABLE"
-    UPGRADING = "UPGRADING"
-    ROLLING_BACK = "ROLLING_BACK"
-    ROLLED_BACK = "ROLLED_BACK"
-    SUSPENDED = "SUSPENDED"
-    FAILED = "FAILED"
-
-    @property
-    def settled(self) -> bool:
-        """Running as desired, from the last stable spec or the current one."""
-        return self in (Lifecycle.STABLE, Lifecycle.ROLLED_BACK)
-
+from shared.states import Lifecycle
 
 # --- what the reconciler observes ----------------------------------------------------------
 

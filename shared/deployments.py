@@ -18,6 +18,10 @@ Lifecycle::
     any -> SUSPENDED (stop with a savepoint) -> DEPLOYING (resumed from it: what ran, so the
                                                       stable generation if it was ROLLED_BACK)
 
+Every move the rules name is in the lifecycle's transition table (shared/states.py
+`DEPLOYMENT_TRANSITIONS`, which the reconciler's writes go through; tests/unit/
+test_deployment_transitions.py holds the two equal).
+
 A step that must wait (a stop-with-savepoint, a job's end) is kept in the deployment's row as
 `pending`; each pass looks at it again, so a new leader carries on where the old one was.
 """

@@ -170,7 +170,7 @@ class JarCache:
             jars = sorted(p.name for p in (stage / "jars").glob("*.jar"))
             for p in (stage / "jars").iterdir():
                 p.rename(stage / p.name)
-                os.chmod(stage / p.name, 0o644)  # drivers run as another user (driver_user.py)
+                os.chmod(stage / p.name, 0o644)  # drivers run as another user (drivers/user.py)
             (stage / "jars").rmdir()
             (stage / "pom.xml").unlink()
             (stage / MANIFEST).write_text(json.dumps({"set": name, "artifacts": list(s.artifacts), "jars": jars},

@@ -15,7 +15,7 @@ What is read, and by whom:
   headrace.task.startup-timeout  TaskManager: a task not RUNNING this long after its driver got
                                  it fails (the pipeline hangs at import or in build())
   headrace.task.memory-limit     TaskManager: a task whose processes hold more memory than this
-                                 is killed and fails (services/taskmanager/memory_limit.py)
+                                 is killed and fails (services/taskmanager/memory/limit.py)
   slot.request.timeout           JobManager / ResourceManager: waiting longer for slots fails
   restart-strategy.*             dispatcher: Flink's restart options, used when the request
                                  has no `restartStrategy` (see `restart_strategy_from_config`)

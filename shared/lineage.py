@@ -1,8 +1,8 @@
 """Which sink writer an attempt is: its lineage, from the snapshot it restores.
 
 The driver names its sinks by it (services/taskmanager/runtime/restore.py), and the TaskManager
-decides by it who may have a files sink's directory (services/taskmanager/task_storage.py,
-sink_claims.py), on the snapshot metadata it trusts: one rule for both.
+decides by it who may have a files sink's directory (services/taskmanager/tasks/storage.py,
+tasks/sink_claims.py), on the snapshot metadata it trusts: one rule for both.
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ class RequestSavepoint(_Body):
 
 class DeployTask(_Body):
     type: Literal["DeployTask"] = "DeployTask"
-    taskmanager_id: TaskManagerId  # one process may serve several TaskManagers from one queue (--simulate)
+    taskmanager_id: TaskManagerId  # one process may serve several from one queue (bench/simulated_taskmanagers.py)
     allocation_id: AllocationId
     slot_indices: tuple[int, ...]
     spec: TaskSpec

@@ -4,7 +4,7 @@ Drivers that share a user can write into each other's directories, read each oth
 through /proc/<pid>/mem, and signal each other (issue 43). So every process that runs a pipeline's
 code (a TaskManager's Spark driver, the dispatcher's restore-check planner) runs as a user no other
 running one has: `<group>-0` .. `<group>-<N-1>`, system users without a login that
-`python -m services.taskmanager.driver_user --prepare` (scripts/bootstrap) creates, each with a
+`python -m services.taskmanager.drivers.user --prepare` (scripts/bootstrap) creates, each with a
 group of its own and the shared group `<group>` as a supplementary one (what an operator gives a
 directory every pipeline may use). A warm driver takes its user when it starts and keeps it for its
 one task.
@@ -70,7 +70,7 @@ class SandboxUsers:
             self.shared_gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise SandboxUsersError(f"there is no group {group!r} for the drivers' users: run scripts/bootstrap as "
-                                    f"root (python -m services.taskmanager.driver_user --prepare)") from None
+                                    f"root (python -m services.taskmanager.drivers.user --prepare)") from None
         users, missing = [], []
         for i in range(size):
             try:
@@ -86,7 +86,7 @@ class SandboxUsers:
             raise SandboxUsersError(
                 f"{len(missing)} of the {size} drivers' users are missing ({', '.join(missing[:3])}"
                 f"{', ...' if len(missing) > 3 else ''}): run scripts/bootstrap as root (python -m "
-                f"services.taskmanager.driver_user --prepare), or lower driver_users (HEADRACE_DRIVER_USERS)")
+                f"services.taskmanager.drivers.user --prepare), or lower driver_users (HEADRACE_DRIVER_USERS)")
         self.users = users
         self._uids = frozenset(u.uid for u in users)
         self._gids = frozenset(u.gid for u in users) | {self.shared_gid}

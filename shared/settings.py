@@ -1,7 +1,7 @@
 """Settings: built once in each service's entry point and passed down (no module singletons).
 
 Sources, highest first: explicit arguments (CLI flags), `HEADRACE_*` environment variables,
-the YAML file named by `HEADRACE_CONFIG` (or passed as `config_file`), then defaults.
+the YAML file named by `HEADRACE_CONFIG` (_YamlSource, on pydantic-settings' own), then defaults.
 """
 
 from __future__ import annotations
@@ -13,29 +13,32 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
 
 from shared import jars
 
 
-class _YamlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
-        super().__init__(settings_cls)
-        self._data: dict[str, Any] = {}
-        if path:
-            p = Path(path)
-            if not p.is_file():
-                raise ValueError(f"settings file {path} does not exist (HEADRACE_CONFIG)")
-            loaded = yaml.safe_load(p.read_text()) or {}
-            if not isinstance(loaded, dict):
-                raise ValueError(f"settings file {path} must hold a mapping of setting: value")
-            self._data = {k.replace("-", "_").replace(".", "_"): v for k, v in loaded.items()}
+class _YamlSource(YamlConfigSettingsSource):
+    """pydantic-settings' YAML source for the file named by HEADRACE_CONFIG, with Headrace's rules:
+    the file must exist when named, must hold a mapping, may spell keys with '-' or '.' for '_',
+    and keys that are no setting are ignored."""
 
-    def get_field_value(self, field, field_name):  # pragma: no cover - unused by __call__
-        return self._data.get(field_name), field_name, False
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
+        self._path = path
+        if path and not Path(path).is_file():
+            raise ValueError(f"settings file {path} does not exist (HEADRACE_CONFIG)")
+        # absolute(): the name is read as given, without the library's expansion of "~".
+        super().__init__(settings_cls, yaml_file=Path(path).absolute() if path else None)
+
+    def _read_file(self, file_path: Path) -> dict[str, Any]:
+        # The text, not the open file, goes to the parser: its errors name "<unicode string>" as before.
+        loaded = yaml.safe_load(file_path.read_text(encoding=self.yaml_file_encoding)) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"settings file {self._path} must hold a mapping of setting: value")
+        return {k.replace("-", "_").replace(".", "_"): v for k, v in loaded.items()}
 
     def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+        return {k: v for k, v in super().__call__().items() if k in self.settings_cls.model_fields}
 
 
 def default_home() -> Path:
@@ -69,7 +72,7 @@ class Settings(BaseSettings):
     dispatcher_port: int = 8081
     auth: Literal["off", "required"] | None = Field(
         None, description="REST API bearer tokens (headrace token create): off | required; default: required "
-                          "unless dispatcher_host is a loopback address (services/dispatcher/auth.py)")
+                          "unless dispatcher_host is a loopback address (services/dispatcher/guards/auth.py)")
     allowed_hosts: str | None = Field(
         None, description="Host header names the dispatcher answers, comma-separated ('*': any); default with "
                           "auth on: localhost, loopback and IP literals, dispatcher_host and this machine's names")
@@ -110,17 +113,17 @@ class Settings(BaseSettings):
     # This process's main log, served at /logs of its metrics port; None: the regular file its
     # stderr is redirected to, if any (shared/log_files.py).
     log_file: str | None = None
-    # What the dispatcher will unpack or parse of an upload (services/dispatcher/archive_bounds.py):
+    # What the dispatcher will unpack or parse of an upload (services/dispatcher/guards/archive_bounds.py):
     # a 646 KB zip of a 300 MB .py took it to 1.85 GB. Bytes, or sizes such as "200 MB".
     max_artifact_uncompressed_bytes: int | str = 200 * 1024**2
     max_artifact_members: int = Field(10_000, ge=1)
     max_artifact_source_bytes: int | str = 10 * 1024**2
-    # Slow clients (services/dispatcher/slow_clients.py): 408 and the connection closed.
+    # Slow clients (services/dispatcher/guards/slow_clients.py): 408 and the connection closed.
     request_header_timeout_s: float = Field(10.0, gt=0)
     request_body_idle_timeout_s: float = Field(15.0, gt=0)
     request_body_timeout_s: float = Field(300.0, gt=0)
     # How long the dispatcher serves one encoded answer of GET /jobs/overview before building it
-    # again (services/dispatcher/overview_cache.py): it may lag the catalog by this much, except
+    # again (services/dispatcher/views/overview_cache.py): it may lag the catalog by this much, except
     # after this dispatcher's own submissions. 0: built on every request.
     overview_cache_ms: int = Field(1000, ge=0, description="GET /jobs/overview is rebuilt at most this often "
                                                            "(milliseconds; 0: on every request)")
@@ -137,17 +140,17 @@ class Settings(BaseSettings):
     taskmanager_memory_bytes: int = 8 * 1024**3
     warm_drivers: int = Field(1, description="warm Spark drivers each TaskManager keeps ready")
     # local[N] of the warm drivers; None: the TaskManager's slots, so that with the local engine
-    # one warm driver serves a task of any parallelism the TaskManager can hold (warm_pool.py).
+    # one warm driver serves a task of any parallelism the TaskManager can hold (drivers/warm_pool.py).
     warm_parallelism: int | None = Field(None, ge=1, description="parallelism of warm drivers (default: slots)")
     # Off: a warm driver in reserve is a started JVM and SparkSession only, about half of a full
     # warm-up's CPU; the task that takes it pays the rest in its first batches (docs/benchmarks.md).
     warm_up_query: bool = Field(True, description="warm drivers run a small query before they report ready")
     driver_memory: str = "1g"
     # Named for the RSS it was once compared with; compared with the PSS summed over the driver's
-    # processes since issue 42, like a task's memory limit (services/taskmanager/memory_limit.py).
+    # processes since issue 42, like a task's memory limit (services/taskmanager/memory/limit.py).
     warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver whose processes hold more (PSS "
                                                                      "summed) is discarded")
-    # The driver sandbox (services/taskmanager/driver_user.py, task_processes.py, memory_limit.py).
+    # The driver sandbox (services/taskmanager/drivers/user.py, drivers/task_processes.py, memory/limit.py).
     driver_user: str = Field("headrace-driver", description="the Spark drivers run as users of their own, "
                                                              "<driver_user>-0..N-1, in the group <driver_user> (the "
                                                              "TaskManager must be root); \"\": its own user, no "
@@ -184,7 +187,7 @@ class Settings(BaseSettings):
     jar_cache_dir: Path = Field(default_factory=lambda: jars.DEFAULT_CACHE_DIR,
                                 description="where scripts/bootstrap put the Kafka, Delta and broker jars")
     # The dispatcher keeps one restore-check planner warm from its start (a JVM of a few hundred MB,
-    # started at the lowest CPU priority; services/dispatcher/warm_planner.py): a changed pipeline is
+    # started at the lowest CPU priority; services/dispatcher/submission/warm_planner.py): a changed pipeline is
     # checked in about a second instead of a cold Spark's 6-15 s, the first upgrade too. Off: false.
     warm_planner: bool = Field(True, description="keep one restore-check planner warm from the dispatcher's start")
     # A fork server per local driver with PySpark and the connectors imported, which starts the

@@ -34,7 +34,7 @@ class SparkRuntime:
         self.jars.spark_jars()
 
     def paths(self) -> list[Path]:
-        """What a process that starts Spark reads (driver_user.py makes them reachable)."""
+        """What a process that starts Spark reads (drivers/user.py makes them reachable)."""
         return [self.jar_cache_dir, *([self.class_archive_dir] if self.class_archive_dir else [])]
 
     def cli_args(self) -> list[str]:

@@ -1,12 +1,15 @@
-"""The state machines of jobs, attempts, checkpoints and REST operations, with Flink's names.
+"""The state machines of jobs, attempts, checkpoints, REST operations and deployments, with
+Flink's names (the Flink Kubernetes Operator's for a deployment's lifecycle).
 
 Each diagram lists, for every state, the states it may move to: exactly the moves of its table
-below (`JOB_TRANSITIONS`, `EXECUTION_TRANSITIONS`, `CHECKPOINT_TRANSITIONS`). OperationStatus has
-no table: `finish_operation` (shared/catalog/repository/operations.py) ends an operation once.
+below (`JOB_TRANSITIONS`, `EXECUTION_TRANSITIONS`, `CHECKPOINT_TRANSITIONS`,
+`DEPLOYMENT_TRANSITIONS`). OperationStatus has no table: `finish_operation`
+(shared/catalog/repository/operations.py) ends an operation once.
 tests/unit/test_state_diagrams.py reads these diagrams and their copies in docs/architecture.md
 and fails when one differs from the code, so a move is added to a table and both diagrams
-together. What it reads: `STATE -> NEXT | NEXT ...`, then optionally a `#` note; and `terminal:`
-naming the states no move leaves.
+together. What it reads: `STATE -> NEXT | NEXT ...`, then optionally a `#` note; `terminal:`
+naming the states no move leaves (a machine whose every state has a way out has no such line);
+and `start:` naming the states a deployment's first move may reach (`DEPLOYMENT_START`).
 
 JobStatus (one per job)::
 
@@ -39,9 +42,23 @@ OperationStatus (one per asynchronous REST operation, Flink's "trigger id" / "re
     IN_PROGRESS -> COMPLETED | FAILED
     terminal: COMPLETED, FAILED
 
+Lifecycle (one per deployment; null until the JobManager's reconciler first sees it)::
+
+    start: DEPLOYING, SUSPENDED
+    DEPLOYING    -> STABLE | ROLLED_BACK | ROLLING_BACK | FAILED | SUSPENDED
+    STABLE       -> UPGRADING | DEPLOYING | ROLLING_BACK | FAILED | SUSPENDED    # DEPLOYING: its job restarted
+    UPGRADING    -> STABLE | ROLLED_BACK | ROLLING_BACK | FAILED | SUSPENDED
+    ROLLING_BACK -> ROLLED_BACK | FAILED | SUSPENDED
+    ROLLED_BACK  -> STABLE | UPGRADING | DEPLOYING | ROLLING_BACK | FAILED | SUSPENDED
+    SUSPENDED    -> DEPLOYING    # resumed
+    FAILED       -> DEPLOYING | UPGRADING | STABLE | ROLLED_BACK | ROLLING_BACK | SUSPENDED
+
 The operations are savepoints, stops, manual checkpoints, disposals and rescales. Terminal states
 never change again: a late report for a terminal attempt is refused, which is what makes handlers
-idempotent when a message is delivered twice.
+idempotent when a message is delivered twice. A deployment's lifecycle has no terminal state (a
+deleted deployment's row goes); which move each situation asks for is decided by
+shared/deployments.py `decide`, and `transition_deployment` (shared/catalog/repository/
+deployments.py) refuses any other.
 """
 
 from __future__ import annotations
@@ -169,3 +186,43 @@ class OperationStatus(str, Enum):
 def check_checkpoint_transition(current: CheckpointStatus, target: CheckpointStatus) -> None:
     if target not in CHECKPOINT_TRANSITIONS[current]:
         raise IllegalTransition(f"checkpoint cannot go from {current.value} to {target.value}")
+
+
+class Lifecycle(str, Enum):
+    """A deployment's lifecycle state (`deployments.lifecycle`; None until first reconciled)."""
+
+    DEPLOYING = "DEPLOYING"
+    STABLE = "STABLE"
+    UPGRADING = "UPGRADING"
+    ROLLING_BACK = "ROLLING_BACK"
+    ROLLED_BACK = "ROLLED_BACK"
+    SUSPENDED = "SUSPENDED"
+    FAILED = "FAILED"
+
+    @property
+    def settled(self) -> bool:
+        """Running as desired, from the last stable spec or the current one."""
+        return self in (Lifecycle.STABLE, Lifecycle.ROLLED_BACK)
+
+
+D = Lifecycle
+# The moves of shared/deployments.py `decide`: a deployment's first state, and from each state
+# those its rules may name next (tests/unit/test_deployment_transitions.py tries the rules).
+DEPLOYMENT_START: frozenset[Lifecycle] = frozenset({D.DEPLOYING, D.SUSPENDED})
+DEPLOYMENT_TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
+    D.DEPLOYING: frozenset({D.STABLE, D.ROLLED_BACK, D.ROLLING_BACK, D.FAILED, D.SUSPENDED}),
+    D.STABLE: frozenset({D.UPGRADING, D.DEPLOYING, D.ROLLING_BACK, D.FAILED, D.SUSPENDED}),
+    D.UPGRADING: frozenset({D.STABLE, D.ROLLED_BACK, D.ROLLING_BACK, D.FAILED, D.SUSPENDED}),
+    D.ROLLING_BACK: frozenset({D.ROLLED_BACK, D.FAILED, D.SUSPENDED}),
+    D.ROLLED_BACK: frozenset({D.STABLE, D.UPGRADING, D.DEPLOYING, D.ROLLING_BACK, D.FAILED, D.SUSPENDED}),
+    D.SUSPENDED: frozenset({D.DEPLOYING}),
+    D.FAILED: frozenset({D.DEPLOYING, D.UPGRADING, D.STABLE, D.ROLLED_BACK, D.ROLLING_BACK, D.SUSPENDED}),
+}
+
+
+def check_deployment_transition(current: Lifecycle | None, target: Lifecycle) -> None:
+    """`current` None: a deployment never reconciled."""
+    legal = DEPLOYMENT_START if current is None else DEPLOYMENT_TRANSITIONS[current]
+    if target not in legal:
+        raise IllegalTransition(f"deployment cannot go from {current.value if current else '(new)'} to "
+                                f"{target.value}")

@@ -131,7 +131,7 @@ def tm_endpoint_key(taskmanager_id: str) -> str:
 
 def tm_memory_key(taskmanager_id: str) -> str:
     """JSON {execution_id: {"job_id", "used", "limit", "measure"}}: the latest memory figure of each
-    task the TaskManager runs (services/taskmanager/task_memory.py), rewritten every heartbeat and
+    task the TaskManager runs (services/taskmanager/memory/task_memory.py), rewritten every heartbeat and
     expiring after the heartbeat timeout."""
     return f"{PREFIX}:tm:{taskmanager_id}:memory"
 

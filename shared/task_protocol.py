@@ -20,7 +20,7 @@ the driver cannot write), and the driver cuts its warm-up short (a file, not a s
 arrive before the driver could install a handler).
 
 Events are written by pipeline code's process, so they are bounded where they are read: a line
-longer than MAX_EVENT_LINE_BYTES is dropped unread (services/taskmanager/driver_events.py), and
+longer than MAX_EVENT_LINE_BYTES is dropped unread (services/taskmanager/drivers/events.py), and
 every string an event carries is cut to its field's bound as it decodes (a traceback keeps its
 head and its tail, with a note of what was cut), before anything is published to Redis, the
 JobManager or the catalog.
@@ -156,8 +156,8 @@ class TakeSnapshot(_M):
 
 class Granted(_M):
     """The TaskManager's answer to a request of the driver (ClaimDirectory, ViewSnapshot): what it
-    granted at `path` (a files sink's records, services/taskmanager/sink_claims.py; a view of a
-    snapshot, task_storage.py); or the refusal, as the exception the driver raises (`error_name`
+    granted at `path` (a files sink's records, services/taskmanager/tasks/sink_claims.py; a view of a
+    snapshot, tasks/storage.py); or the refusal, as the exception the driver raises (`error_name`
     SinkOwnedError or SinkFencedError with its arguments, else any other name with `error`, its
     message)."""
 

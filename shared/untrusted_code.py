@@ -5,8 +5,8 @@ Pipelines are code the cluster did not write. Wherever one runs (a TaskManager's
 dispatcher's planner that builds it to check a restore), it must not inherit the service's
 environment (HEADRACE_CONFIG names a file with Redis passwords, HEADRACE_CLUSTER_SECRET is the
 key every signature derives from) nor its OS user (which may read the services' config files,
-credentials and the catalog). The TaskManager's driver sandbox (services/taskmanager/driver_env.py,
-driver_user.py) and the dispatcher's restore check (services/dispatcher/restore_check.py) both
+credentials and the catalog). The TaskManager's driver sandbox (services/taskmanager/drivers/env.py,
+drivers/user.py) and the dispatcher's restore check (services/dispatcher/submission/restore_check.py) both
 build on this module.
 """
 

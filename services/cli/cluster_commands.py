@@ -64,7 +64,7 @@ def up(
     # Supervised from here on: a child that exits is restarted with a backoff, and said so here.
     cluster.supervise(notify=typer.echo)
     typer.echo(f"Headrace is up. Dashboard: {cluster.dispatcher_url}/  (logs: {cluster.run_dir}/logs)")
-    from services.dispatcher.auth_mode import describe_mode
+    from services.dispatcher.guards.auth_mode import describe_mode
 
     typer.echo(describe_mode(settings))
     typer.echo(f"Redis: {masked(cluster.redis_url)}" + (

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 commands = typer.Typer()
 # A submission from a savepoint is answered after the dispatcher's restore check, which may plan
-# the pipeline for up to 120 s (services/dispatcher/restore_check.py).
+# the pipeline for up to 120 s (services/dispatcher/submission/restore_check.py).
 RESTORE_CHECK_WAIT_S = 180.0
 
 

@@ -46,14 +46,13 @@ def resourcemanager() -> None:
 def taskmanager(
     slots: Optional[int] = typer.Option(None, "--slots", "-s", help="number of slots"),
     id: Optional[str] = typer.Option(None, "--id", help="TaskManager id (default: host-random)"),
-    simulate: int = typer.Option(0, "--simulate", help="run K simulated TaskManagers (no-op tasks only)"),
 ) -> None:
-    """Start a TaskManager (or K simulated ones)."""
+    """Start a TaskManager."""
     if slots is not None and slots < 1:
         fail("--slots must be at least 1", 2)
     from services.taskmanager.__main__ import run
 
-    run(settings_or_fail(), slots=slots, taskmanager_id=id, simulate=simulate)
+    run(settings_or_fail(), slots=slots, taskmanager_id=id)
 
 
 @commands.command("spark-master")

@@ -36,7 +36,7 @@ from urllib.parse import quote
 import psycopg
 
 from services.cluster.infrastructure import ClusterError, Spawn, port_taken
-from services.taskmanager.driver_user import DriverUser
+from services.taskmanager.drivers.user import DriverUser
 from shared.ports import free_port
 from shared.settings import Settings
 

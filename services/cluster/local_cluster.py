@@ -51,7 +51,7 @@ from services.cluster.infrastructure import ClusterError
 from services.cluster.pinned_ports import PinnedPorts, role_of
 from services.cluster.pipeline_database import pipeline_database
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
-from services.taskmanager import task_processes
+from services.taskmanager.drivers import task_processes
 from shared.catalog import Catalog
 from shared.jars import MissingJars
 from shared.message_auth import load_secret

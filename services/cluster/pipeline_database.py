@@ -15,7 +15,7 @@ def pipeline_database(settings: Settings) -> str:
     """The SQLite URL, in a directory the drivers' group may write (SQLite writes its journal
     beside the file, so the directory must be theirs, not only the file); every pipeline's
     driver shares this one database."""
-    from services.taskmanager.driver_user import give_to_drivers
+    from services.taskmanager.drivers.user import give_to_drivers
 
     directory = settings.home / DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,8 @@ import logging
 
 import uvicorn
 
-from services.dispatcher import limits, slow_clients
 from services.dispatcher.app import create_app
+from services.dispatcher.guards import limits, slow_clients
 from shared.catalog import Catalog
 from shared.message_auth import control_plane_auth
 from shared.settings import Settings, load_settings

@@ -10,9 +10,9 @@ from typing import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from services.dispatcher import auth, errors, limits, metrics, openapi_security, security, slow_clients
-from services.dispatcher.archive_bounds import ArtifactLimits
-from services.dispatcher.overview_cache import OverviewCache
+from services.dispatcher import errors
+from services.dispatcher.guards import auth, limits, openapi_security, security, slow_clients
+from services.dispatcher.guards.archive_bounds import ArtifactLimits
 from services.dispatcher.routes import (
     checkpoints,
     deployments,
@@ -28,8 +28,10 @@ from services.dispatcher.routes import (
     whoami,
 )
 from services.dispatcher.schemas import normalise_restart_strategy
-from services.dispatcher.views import FLINK_VERSION
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.submission.warm_planner import WarmPlanner
+from services.dispatcher.views import metrics
+from services.dispatcher.views.overview_cache import OverviewCache
+from services.dispatcher.views.shapes import FLINK_VERSION
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
@@ -55,7 +57,7 @@ class NoCacheStatic(StaticFiles):
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if app.state.warm_planner is not None:
         # A spare planner from the start, so that the first upgrade is checked as quickly as the
-        # next ones; started once the dispatcher is up, at the lowest CPU priority (warm_planner.py).
+        # next ones; started once the dispatcher is up, at the lowest CPU priority (submission/warm_planner.py).
         app.state.warm_planner.keep_ready()
     yield
     if app.state.warm_planner is not None:  # its spare planner's JVM goes with the dispatcher
@@ -80,7 +82,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
     app.state.max_upload_bytes = max_upload_bytes or limits.upload_limit(settings)
     app.state.artifact_limits = ArtifactLimits.from_settings(settings)
-    # GET /jobs/overview's encoded answer, rebuilt at most every overview_cache_ms (overview_cache.py).
+    # GET /jobs/overview's encoded answer, rebuilt at most every overview_cache_ms (views/overview_cache.py).
     app.state.overview_cache = OverviewCache(settings.overview_cache_ms / 1000)
     app.state.warm_planner = None
     if settings.warm_planner:

@@ -13,9 +13,9 @@ from typing import Annotated, Callable, Iterator
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from services.dispatcher.archive_bounds import ArtifactLimits
-from services.dispatcher.overview_cache import OverviewCache
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.guards.archive_bounds import ArtifactLimits
+from services.dispatcher.submission.warm_planner import WarmPlanner
+from services.dispatcher.views.overview_cache import OverviewCache
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.transport.base import Transport

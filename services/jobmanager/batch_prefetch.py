@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.catalog import repository as repo
-from shared.catalog.models import Artifact, Execution, Job, Vertex
+from shared.catalog.models import Execution, Job
 from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.messages import (
     CancelJob,
@@ -64,8 +63,8 @@ def prefetch(s: Session, envelopes: Sequence[Envelope]) -> tuple[dict[TaskManage
     wanted = set(deploying)
     deploying_jobs = [j for j in jobs if j.id in wanted]
     if deploying_jobs:
-        repo.pin(s, s.execute(select(Vertex).where(Vertex.job_id.in_([j.id for j in deploying_jobs]))).scalars().all())
+        repo.pin(s, repo.vertices_of_jobs(s, [j.id for j in deploying_jobs]))
         artifact_ids = {j.artifact_id for j in deploying_jobs if j.artifact_id}
         if artifact_ids:
-            repo.pin(s, s.execute(select(Artifact).where(Artifact.id.in_(artifact_ids))).scalars().all())
+            repo.pin(s, repo.artifacts_by_ids(s, artifact_ids))
     return live_on, deploying

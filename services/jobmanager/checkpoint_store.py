@@ -18,11 +18,9 @@ import logging
 from functools import partial
 from typing import Any, Callable, Protocol
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.catalog import repository as repo
-from shared.catalog.models import CheckpointRow
 from shared.ids import JobId
 from shared.states import CheckpointStatus
 
@@ -58,35 +56,25 @@ def catalog_pointers(s: Session, job_ids: list[JobId]) -> dict[JobId, list[dict]
     """The completed checkpoints of those jobs that have any, by the catalog, oldest first: what
     their pointers must be."""
     out: dict[JobId, list[dict]] = {}
-    for i in range(0, len(job_ids), 1000):
-        rows = s.execute(select(CheckpointRow).where(CheckpointRow.job_id.in_(job_ids[i:i + 1000]),
-                                                     CheckpointRow.status == CheckpointStatus.COMPLETED.value)
-                         ).scalars()
-        for r in rows:
-            out.setdefault(r.job_id, []).append({"id": r.checkpoint_id, "path": r.path, "kind": r.kind,
-                                                 "batch_id": r.batch_id,
-                                                 "at": r.ack_at.timestamp() if r.ack_at else None})
+    for r in repo.completed_checkpoints_of(s, job_ids):
+        out.setdefault(r.job_id, []).append({"id": r.checkpoint_id, "path": r.path, "kind": r.kind,
+                                             "batch_id": r.batch_id,
+                                             "at": r.ack_at.timestamp() if r.ack_at else None})
     for pointers in out.values():
         pointers.sort(key=lambda p: p["id"])
     return out
 
 
 def _catalog_max_id(s: Session, job_id: JobId) -> int:
-    return s.execute(select(func.max(CheckpointRow.checkpoint_id)).where(CheckpointRow.job_id == job_id)
-                     ).scalar() or 0
+    return repo.max_checkpoint_id(s, job_id)
 
 
 def _catalog_latest_many(s: Session, job_ids: list[JobId]) -> dict[JobId, dict | None]:
     out: dict[JobId, dict | None] = dict.fromkeys(job_ids)
-    for i in range(0, len(job_ids), 1000):
-        rows = s.execute(select(CheckpointRow.job_id, CheckpointRow.checkpoint_id, CheckpointRow.path,
-                                CheckpointRow.kind, CheckpointRow.batch_id)
-                         .where(CheckpointRow.job_id.in_(job_ids[i:i + 1000]),
-                                CheckpointRow.status == CheckpointStatus.COMPLETED.value)).all()
-        for r in rows:
-            best = out[r.job_id]
-            if best is None or r.checkpoint_id > best["id"]:
-                out[r.job_id] = {"id": r.checkpoint_id, "path": r.path, "kind": r.kind, "batch_id": r.batch_id}
+    for r in repo.completed_pointer_rows(s, job_ids):
+        best = out[r.job_id]
+        if best is None or r.checkpoint_id > best["id"]:
+            out[r.job_id] = {"id": r.checkpoint_id, "path": r.path, "kind": r.kind, "batch_id": r.batch_id}
     return out
 
 

@@ -14,7 +14,7 @@ from services.jobmanager.lineage import Lineages
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from shared import job_options, storage_roots
 from shared.catalog import repository as repo
-from shared.catalog.models import Artifact, Execution, Job, Vertex
+from shared.catalog.models import Execution, Job, Vertex
 from shared.ids import ExecutionId, slot_request_id
 from shared.messages import DeployTask, RequestSlots, SlotsAllocated
 from shared.settings import Settings
@@ -61,9 +61,9 @@ class Deployment:
     def command(self, s: Session, job: Job, ex: Execution, msg: SlotsAllocated, *, choose_restore: bool) -> DeployTask:
         """`choose_restore`: a first deploy picks (and records) the restore point; a redelivered
         one keeps the point chosen the first time."""
-        vertex = s.get(Vertex, ex.vertex_id)  # prefetched with the batch: no SQL
+        vertex = repo.find_vertex(s, ex.vertex_id)  # prefetched with the batch: no SQL
         assert vertex is not None, f"attempt {ex.id} has no vertex"
-        artifact = s.get(Artifact, job.artifact_id) if job.artifact_id else None
+        artifact = repo.find_artifact(s, job.artifact_id) if job.artifact_id else None
         artifact_path = artifact.path if artifact is not None else None
         if choose_restore:
             restore_from, restore_id = self.checkpoints.restore_point(s, job)

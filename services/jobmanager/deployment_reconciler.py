@@ -4,7 +4,8 @@ Each pass, every deployment in its own unit of work: lock its row -> observe its
 step's operation and its snapshots (`observe`) -> ask shared/deployments.py `decide` -> carry the
 plan out here: cancel, stop with a savepoint, rescale, take a periodic savepoint, start a new job
 (created in the catalog and handed to this leader's JobMaster, as a schedule's run is) -> record
-the new status and its history -> the leadership check -> commit. A leader that dies halfway
+the new status (the lifecycle through `transition_deployment`, which refuses a move its table
+forbids) and its history -> the leadership check -> commit. A leader that dies halfway
 commits nothing; its successor observes the same rows and decides the same step again.
 
 The rules live in shared/deployments.py; this module only reads the catalog into an `Observed`
@@ -18,7 +19,6 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, ContextManager, Protocol
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.jobmanager.snapshot_files import discard_files
@@ -28,23 +28,17 @@ from shared import checkpointing as cp
 from shared import deployments as dep
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from shared.catalog.models import CheckpointRow, DeploymentRow, Execution, Job, utcnow
+from shared.catalog.models import DeploymentRow, utcnow
 from shared.catalog.repository import deployments as deployments_repo
 from shared.clock import Clock
 from shared.failure_summary import summarize
 from shared.ids import JobId, new_job_id, new_request_id
 from shared.messages import CancelJob, RequestSavepoint, SubmitJob
 from shared.settings import Settings
-from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
 from shared.states import JobStatus as JS
 
 log = logging.getLogger("headrace.jobmanager.deployments")
-
-# A deployment's fields that say what is wanted of it, and its lifecycle: while none of them
-# changes, a SUSPENDED deployment that needed nothing still needs nothing.
-_DESIRED = (DeploymentRow.name, DeploymentRow.generation, DeploymentRow.lifecycle, DeploymentRow.pending,
-            DeploymentRow.deleting, DeploymentRow.rollback_requested, DeploymentRow.updated_at)
 
 # What a stop or savepoint of each purpose is recorded as in the savepoint history.
 SAVEPOINT_TRIGGERS = {"upgrade": "upgrade", "suspend": "suspend", "delete": "delete", "rescale": "rescale",
@@ -79,8 +73,9 @@ class DeploymentReconciler:
         self.master, self.settings, self.clock = master, settings, clock
         self.interval_s, self.monotonic = interval_s, monotonic
         self._next_pass = monotonic()
-        # SUSPENDED deployments a pass found nothing to do for, with the row's desired fields as
-        # they were then: skipped until one of them changes (a PUT, a DELETE, a rollback).
+        # SUSPENDED deployments a pass found nothing to do for, with the row's desired fields
+        # (deployments_repo.DESIRED_FIELDS) as they were then: skipped until one of them changes
+        # (a PUT, a DELETE, a rollback).
         # Otherwise each would cost a unit of work every pass: 500 of them held 0.39 of a core.
         self._idle: dict[str, tuple] = {}
 
@@ -93,7 +88,7 @@ class DeploymentReconciler:
         self._next_pass = self.monotonic() + self.interval_s
         try:
             with self.master.catalog.session() as s:
-                rows = s.execute(select(*_DESIRED).order_by(DeploymentRow.name)).all()
+                rows = deployments_repo.desired_states(s)
         except Exception:  # catalog unreachable: the loop goes on
             log.warning("deployments: cannot read the catalog; trying again in %.0f s", self.RETRY_S, exc_info=True)
             self._next_pass = self.monotonic() + self.RETRY_S
@@ -176,30 +171,23 @@ class DeploymentReconciler:
         return dep.DeploymentSpec.from_record(rec) if rec else None
 
     def _job_view(self, s: Session, row: DeploymentRow) -> dep.JobView | None:
-        job = s.get(Job, row.job_id)
+        assert row.job_id is not None  # observe() asks only for a deployment that has a job
+        job = repo.find_job(s, row.job_id)
         if job is None:
             return None
         since = row.deployed_at or job.created_at
         latest = list(repo.latest_executions(s, job.id).values())
         running = job.status == JS.RUNNING.value and bool(latest) and all(e.state == ES.RUNNING.value for e in latest)
-        failed = s.execute(select(Execution).where(Execution.job_id == job.id, Execution.state == ES.FAILED.value,
-                                                   Execution.end_at >= since)
-                           .order_by(Execution.end_at.desc())).scalars().all()
-        completed = select(CheckpointRow).where(CheckpointRow.job_id == job.id,
-                                                CheckpointRow.status == CS.COMPLETED.value)
-        newest_ack = s.execute(select(func.max(CheckpointRow.ack_at)).where(
-            CheckpointRow.job_id == job.id, CheckpointRow.status == CS.COMPLETED.value,
-            CheckpointRow.execution_id.is_not(None))).scalar()
-        snapshot = s.execute(completed.where(CheckpointRow.path.is_not(None))
-                             .order_by(CheckpointRow.checkpoint_id.desc()).limit(1)).scalars().first()
-        failed = [e for e in failed if not (e.failure_cause or "").startswith(dep.INFRASTRUCTURE_FAILURES)]
+        failed = [e for e in repo.failed_executions_since(s, job.id, since)
+                  if not (e.failure_cause or "").startswith(dep.INFRASTRUCTURE_FAILURES)]
+        newest_ack = repo.newest_checkpoint_ack(s, job.id)
         failure = failed[0].failure_cause if failed else None
         return dep.JobView(
             id=job.id, status=job.status, terminal=JS(job.status).is_terminal, running=running,
             failures_since_deploy=len(failed),
             checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
             newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
-            latest_snapshot=snapshot.path if snapshot is not None else None,
+            latest_snapshot=repo.newest_snapshot_path(s, job.id),
             failure=summarize(failure),
             parallelism=max((v.parallelism for v in repo.job_vertices(s, job.id)), default=None))
 
@@ -253,7 +241,7 @@ class DeploymentReconciler:
         elif plan.clear_error:
             row.error = None
         if plan.to is not None:
-            row.lifecycle = plan.to.value
+            deployments_repo.transition_deployment(s, row, plan.to)
         row.updated_at = utcnow()
         if plan.reason:
             deployments_repo.record_deployment_event(s, row, from_state=before, to_state=row.lifecycle,

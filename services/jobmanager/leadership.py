@@ -6,19 +6,16 @@ leader among several JobManagers and takes the epoch from ZooKeeper (shared/zook
 from __future__ import annotations
 
 import redis
-from sqlalchemy import func, select
 
 from shared import leader_epoch, streams
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from shared.catalog.models import Job
 
 
 def newest_catalog_epoch(catalog: Catalog) -> int:
     """The newest epoch the catalog has seen: its leadership row, or any job's owner."""
     with catalog.session() as s:
-        jobs = int(s.execute(select(func.coalesce(func.max(Job.epoch), 0))).scalar_one())
-        return max(jobs, repo.leadership_epoch(s))
+        return max(repo.newest_job_epoch(s), repo.leadership_epoch(s))
 
 
 def acquire_standalone_epoch(client: redis.Redis, catalog: Catalog) -> int:

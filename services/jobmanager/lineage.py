@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared import checkpointing
-from shared.catalog.models import CheckpointRow, Job
+from shared.catalog import repository as repo
+from shared.catalog.models import Job
 from shared.checkpoint_storage.layout import local_path, read_metadata
 from shared.ids import JobId
 from shared.pipeline_redis import LINEAGE_ID
@@ -46,7 +46,7 @@ class Lineages:
         path = (job.config or {}).get(checkpointing.RESTORE_PATH)
         if isinstance(path, str) and path and depth < MAX_DEPTH:
             owner = _owner(s, path, job.id)
-            owner_job = s.get(Job, owner) if owner is not None else None
+            owner_job = repo.find_job(s, owner) if owner is not None else None
             if owner_job is not None:
                 lineage = self.of(s, owner_job, depth + 1)
             elif owner is None:
@@ -67,9 +67,7 @@ def _variants(path: str) -> list[str]:
 
 def _owner(s: Session, path: str, job_id: JobId) -> JobId | None:
     """The job whose snapshot `path` is (not `job_id`'s own claim of it), or None."""
-    q = (select(CheckpointRow.job_id).where(CheckpointRow.path.in_(_variants(path)), CheckpointRow.job_id != job_id)
-         .order_by(CheckpointRow.trigger_at).limit(1))
-    return s.execute(q).scalar()
+    return repo.snapshot_owner(s, _variants(path), other_than=job_id)
 
 
 def _claimed(path: str) -> str | None:

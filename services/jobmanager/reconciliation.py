@@ -10,7 +10,6 @@ import logging
 import time
 from typing import Callable
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.jobmanager import transitions as tr
@@ -87,8 +86,7 @@ class Reconciliation:
         for e in inherited:
             body = e.body
             if isinstance(body, ReleaseSlots):
-                holders = s.execute(select(Execution.state)
-                                    .where(Execution.allocation_id == body.allocation_id)).scalars()
+                holders = repo.allocation_holder_states(s, body.allocation_id)
                 if all(ES(st).is_terminal for st in holders):
                     uow.emit(body)
             elif isinstance(body, CancelSlotRequest):
@@ -108,9 +106,7 @@ class Reconciliation:
         (TaskManagers ignore a deploy of an attempt they run and a cancel of one they do not),
         with fresh acknowledgement timers."""
         uow = self.ctx.uow
-        unconfirmed = [ES.DEPLOYING.value, ES.CANCELING.value]
-        rows = s.execute(select(Execution).where(Execution.state.in_(unconfirmed))).scalars()
-        for ex in rows:
+        for ex in repo.executions_in_states(s, [ES.DEPLOYING, ES.CANCELING]):
             if ex.state == ES.DEPLOYING.value:
                 job = repo.get_job(s, ex.job_id)
                 if job.status != JS.RUNNING.value or not ex.taskmanager_id:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from shared.catalog.models import Execution
+from shared.catalog import repository as repo
 from shared.message_auth import RefusedMessage, taskmanager_of
 from shared.messages import (
     CheckpointAcknowledged,
@@ -41,7 +41,7 @@ def check_report_sender(env: Envelope, s: Session) -> None:
                              f"TaskManager that holds an execution reports on it")
     if execution_id is None:
         return  # a CommandRejected of a command it could not read: it names only its sender
-    ex = s.get(Execution, execution_id)  # locked and prefetched with the batch: no round trip
+    ex = repo.find_execution(s, execution_id)  # locked and prefetched with the batch: no round trip
     if ex is None or ex.taskmanager_id == tm:
         return
     raise RefusedMessage(f"execution {execution_id} is held by {ex.taskmanager_id or 'no TaskManager yet'}, not by "

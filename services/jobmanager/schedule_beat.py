@@ -32,14 +32,13 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, ContextManager, Protocol
 
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from services.jobmanager.unit_of_work import LeadershipLost, UnitOfWork
 from shared import schedules as sch
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
-from shared.catalog.models import Artifact, Schedule
+from shared.catalog.models import Schedule
 from shared.clock import Clock, WallClock
 from shared.ids import JobId, new_job_id
 from shared.messages import CancelJob, SubmitJob
@@ -94,9 +93,7 @@ class ScheduleBeat:
         now = self.now()
         try:
             with self.master.catalog.session() as s:
-                due = [row.id for row in s.execute(
-                    select(Schedule.id).where(Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None),
-                                              Schedule.next_fire_at <= now)).all()]
+                due = repo.due_schedule_ids(s, now)
                 waiting = {r.schedule_id for r in repo.queued_schedule_runs(s)}
         except Exception:  # catalog unreachable: the loop goes on, ticks wait
             log.warning("schedules: cannot read the catalog; trying again in %.0f s", self.RETRY_S, exc_info=True)
@@ -156,7 +153,7 @@ class ScheduleBeat:
         repo.advance_schedule(s, sched, next_fire_at=plan.next_fire_at, fired_at=plan.fire)
 
     def _fire_tick(self, s, sched: Schedule, tick: datetime, submit: list[JobId], cancel: list[JobId]) -> None:
-        if s.get(Artifact, sched.artifact_id) is None:
+        if repo.find_artifact(s, sched.artifact_id) is None:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=SKIPPED_MISSING_JAR)
             log.warning("schedule %s (%s): jar %s no longer exists; tick %s skipped", sched.id, sched.name,
                         sched.artifact_id, tick.isoformat())
@@ -193,7 +190,7 @@ class ScheduleBeat:
         if previous is not None and not JS(previous.status).is_terminal:
             return []
         run = waiting[0]
-        if s.get(Artifact, sched.artifact_id) is None:
+        if repo.find_artifact(s, sched.artifact_id) is None:
             repo.set_schedule_run(s, run, outcome=SKIPPED_MISSING_JAR)
             return []
         job = repo.create_scheduled_job(s, sched, new_job_id())

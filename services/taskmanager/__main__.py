@@ -1,9 +1,9 @@
 """Composition root of a TaskManager process.
 
-`run(settings, slots=N)` is one real TaskManager; `run(settings, simulate=K)` runs K simulated
-TaskManagers (no-op tasks only, no Spark) in one process for control-plane benchmarks. Either
-way the process consumes its TaskManagers' Celery queues with a solo-pool worker in the main
-thread, while the ResourceManager link and the driver reader threads run beside it.
+`run(settings, slots=N)` is one TaskManager, composed of ProcessParts (the benchmarks' simulated
+fleets compose theirs in bench/simulated_taskmanagers.py). The process consumes its TaskManager's
+Celery queue with a solo-pool worker in the main thread, while the ResourceManager link and the
+driver reader threads run beside it.
 """
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ from typing import Callable
 import redis
 from celery import Celery
 
-from services.taskmanager import driver_sandbox, storage_probe
-from services.taskmanager.artifact_check import ArtifactChecker
+from services.taskmanager import storage_probe
 from services.taskmanager.commands import CommandIntake, register_commands
-from services.taskmanager.driver_process import DriverProcess, remove_driver_dirs
-from services.taskmanager.driver_supply import DriverLaunch
-from services.taskmanager.held_reports import HeldReports
+from services.taskmanager.drivers.process import DriverProcess, remove_driver_dirs
+from services.taskmanager.drivers.sandbox import DriverSandbox, start_sandbox, sweep_drivers
+from services.taskmanager.drivers.supply import DriverLaunch
+from services.taskmanager.drivers.warm_pool import WarmPool, WarmupTokens
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
-from services.taskmanager.noop_task import NoopRunner
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive
 from services.taskmanager.supervisor import TaskSupervisor
-from services.taskmanager.warm_pool import WarmPool, WarmupTokens
+from services.taskmanager.tasks.artifact_check import ArtifactChecker
+from services.taskmanager.tasks.held_reports import HeldReports
+from services.taskmanager.tasks.noop import NoopRunner
 from shared import gc_tuning, job_options, metrics, streams
 from shared.commands import make_celery
 from shared.ids import TaskManagerId, new_taskmanager_id
@@ -40,7 +41,7 @@ from shared.leader_epoch import LeaderEpochFence
 from shared.log_access import LogGuard
 from shared.log_files import LogFiles
 from shared.logs import configure_logging
-from shared.message_auth import MissingKey, taskmanager_auth, taskmanager_sender
+from shared.message_auth import MissingKey, TaskManagerAuth, taskmanager_auth, taskmanager_sender
 from shared.settings import Settings, load_settings
 from shared.spark_runtime import SparkRuntime
 from shared.transport import kombu_redis
@@ -137,7 +138,7 @@ def start_up_args(settings: Settings, workdir: Path) -> list[str]:
 
 
 def driver_launch(settings: Settings, slots: int, archive_args: list[str],
-                  sandbox: driver_sandbox.DriverSandbox | None) -> DriverLaunch:
+                  sandbox: DriverSandbox | None) -> DriverLaunch:
     """How the TaskManager's supervisors start drivers, and their warm pools."""
     def warm_pool(factory: Callable[..., DriverProcess]) -> WarmPool:
         return WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
@@ -180,107 +181,145 @@ def check_storage(settings: Settings, base_id: str, client: redis.Redis,
              ", ".join(checked) if checked else "no other running TaskManager")
 
 
-def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None, simulate: int = 0) -> None:
-    configure_logging("taskmanager", settings.log_level)
-    slots = slots or settings.taskmanager_slots
-    base_id = TaskManagerId(taskmanager_id) if taskmanager_id else new_taskmanager_id()
-    ids = [TaskManagerId(f"{base_id}-sim{i:05d}") for i in range(simulate)] if simulate else [base_id]
+def keys_or_exit(settings: Settings, base_id: TaskManagerId, ids: list[TaskManagerId]) -> TaskManagerAuth:
+    """The keys the process's TaskManagers sign their reports and check their commands with; exits
+    (EXIT_NO_KEYS) without them."""
     try:
-        auth = taskmanager_auth(settings, ids)
+        return taskmanager_auth(settings, ids)
     except (MissingKey, ValueError) as exc:
         log.error("TaskManager %s cannot start: %s (docs/runbooks/auth.md, \"Signed messages\")", base_id, exc)
         raise SystemExit(EXIT_NO_KEYS) from None
-    if not simulate:
-        try:
-            SparkRuntime.from_settings(settings).check()
-        except MissingJars as exc:
-            log.error("TaskManager %s cannot start: %s", base_id, exc)
-            raise SystemExit(EXIT_NO_JARS) from None
-    # Named, so the ResourceManager finds this process's report streams (streams.reporter_name).
-    client = wait_for_redis(settings.redis_url, client_name=streams.reporter_name(base_id))
-    process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    liveness_name = streams.liveness_name(process_id)
-    # A dedicated named connection: the ResourceManager watches for it to vanish.
-    liveness = redis.Redis.from_url(settings.redis_url, client_name=liveness_name)
-    liveness.ping()
-    # What it reports goes to streams of its own (shared/streams.py), the only ones its user may write.
-    routes = streams.taskmanager_routes(base_id)
-    transport = RedisStreamsTransport(client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen,
-                                      auth=auth, route=routes)
 
-    workdir = settings.workdir / "taskmanagers" / base_id
-    # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
-    sandbox = None if simulate else driver_sandbox.start_sandbox(settings, base_id, workdir)
-    remove_driver_dirs(workdir / "drivers")  # leftovers of a killed predecessor
-    noop = NoopRunner()
-    reports = HeldReports(transport)
-    supervisors = {}
-    if settings.spark_ui:
-        # The drivers inherit this process's environment: a setting given in the YAML file
-        # reaches them this way too.
-        os.environ[SPARK_UI_ENV] = "true"
-    task_metrics = TaskMetrics(client, advertised_host=metrics.advertised_host(settings))
-    launch = None if simulate else driver_launch(settings, slots, start_up_args(settings, workdir), sandbox)
-    for tm in ids:
-        supervisors[tm] = TaskSupervisor(
-            taskmanager_id=tm, slots=slots, transport=transport, workdir=workdir,
+
+class ProcessParts:
+    """What a TaskManager process is made of, built in this order: its Redis connections (one
+    named for its report streams, one whose disappearance the ResourceManager watches), its
+    report transport, a supervisor per TaskManager, the Celery app that takes their commands,
+    its metrics and log endpoint, its ResourceManager link and the worker. `run` composes one
+    TaskManager from them; bench/simulated_taskmanagers.py composes a fleet of no-op ones for
+    the control-plane benchmarks."""
+
+    def __init__(self, settings: Settings, base_id: TaskManagerId, ids: list[TaskManagerId], slots: int,
+                 auth: TaskManagerAuth) -> None:
+        self.settings, self.base_id, self.ids, self.slots, self.auth = settings, base_id, ids, slots, auth
+        # Named, so the ResourceManager finds this process's report streams (streams.reporter_name).
+        self.client = wait_for_redis(settings.redis_url, client_name=streams.reporter_name(base_id))
+        process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.liveness_name = streams.liveness_name(process_id)
+        # A dedicated named connection: the ResourceManager watches for it to vanish.
+        self.liveness = redis.Redis.from_url(settings.redis_url, client_name=self.liveness_name)
+        self.liveness.ping()
+        # What it reports goes to streams of its own (shared/streams.py), the only ones its user may write.
+        self.routes = streams.taskmanager_routes(base_id)
+        self.transport = RedisStreamsTransport(self.client, sender=f"taskmanager:{base_id}",
+                                               maxlen=settings.stream_maxlen, auth=auth, route=self.routes)
+        self.workdir = settings.workdir / "taskmanagers" / base_id
+
+    def supervise(self, drivers: Callable[[], DriverLaunch | None]) -> None:
+        """A TaskSupervisor per TaskManager, starting its drivers with what `drivers()` returns
+        (None: no-op tasks only)."""
+        settings = self.settings
+        remove_driver_dirs(self.workdir / "drivers")  # leftovers of a killed predecessor
+        noop = NoopRunner()
+        self.reports = HeldReports(self.transport)
+        if settings.spark_ui:
+            # The drivers inherit this process's environment: a setting given in the YAML file
+            # reaches them this way too.
+            os.environ[SPARK_UI_ENV] = "true"
+        self.task_metrics = TaskMetrics(self.client, advertised_host=metrics.advertised_host(settings))
+        launch = drivers()
+        self.supervisors = {tm: TaskSupervisor(
+            taskmanager_id=tm, slots=self.slots, transport=self.transport, workdir=self.workdir,
             cancel_timeout_s=settings.task_cancel_timeout_s, noop=noop, drivers=launch,
-            startup_timeout_s=settings.task_startup_timeout_s, reports=reports, metrics=task_metrics)
+            startup_timeout_s=settings.task_startup_timeout_s, reports=self.reports, metrics=self.task_metrics)
+            for tm in self.ids}
 
-    app = celery_app(settings, reports, routes[streams.DLQ_STREAM])
-    register_commands(app, CommandIntake(supervisors=supervisors, fence=LeaderEpochFence.from_redis(client),
-                                         transport=transport, dead_letter_client=client, auth=auth,
-                                         dead_letter_stream=routes[streams.DLQ_STREAM],
-                                         artifacts=None if simulate else ArtifactChecker(settings.artifacts)))
-    task_metrics.registry.register(TaskManagerCollector(supervisors, client))
-    # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs), served only
-    # to the dispatcher's requests signed with this TaskManager's command key (shared/log_access.py).
-    logs = LogFiles.of_this_process(workdir / "logs", main=settings.log_file)
-    service = f"taskmanager {base_id}"
-    guard = None if simulate else LogGuard(request_key=auth.command_key(base_id),
-                                           answer_key=auth.sender_key(taskmanager_sender(base_id)))
-    metrics.serve(task_metrics.registry, host=settings.metrics_host, port=settings.taskmanager_metrics_port,
-                  service=service, logs=logs, log_guard=guard)
-    address = metrics.advertised_url(service, settings)
-    # Simulated TaskManagers share their process's queue: a Celery worker polling thousands of
-    # queues spends its time building BRPOP commands instead of running commands.
-    queues = [streams.tm_queue(base_id)] if simulate else [streams.tm_queue(tm) for tm in ids]
-    link = ResourceManagerLink(client=client, transport=transport, supervisors=supervisors, slots=slots,
-                               cores=settings.taskmanager_cores, memory_bytes=settings.taskmanager_memory_bytes,
-                               interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s,
-                               liveness_name=liveness_name, simulated=bool(simulate),
-                               queue_of=(lambda _tm: queues[0]) if simulate else streams.tm_queue,
-                               liveness=liveness, log_endpoint=None if simulate else address,
-                               main_log=logs.main_name)
+    def commands(self, artifacts: ArtifactChecker | None) -> Celery:
+        """The Celery app whose commands go to the supervisors (an artifact checked by `artifacts`)."""
+        app = celery_app(self.settings, self.reports, self.routes[streams.DLQ_STREAM])
+        intake = CommandIntake(supervisors=self.supervisors, fence=LeaderEpochFence.from_redis(self.client),
+                               transport=self.transport, dead_letter_client=self.client, auth=self.auth,
+                               dead_letter_stream=self.routes[streams.DLQ_STREAM], artifacts=artifacts)
+        register_commands(app, intake)
+        self.task_metrics.registry.register(TaskManagerCollector(self.supervisors, self.client))
+        return app
+
+    def serve_metrics(self, guard: LogGuard | None) -> str | None:
+        """Serve the metrics and the logs (to requests `guard` lets through); the advertised address."""
+        # Its own log file and its drivers' (DriverProcess writes them to <workdir>/logs), served only
+        # to the dispatcher's requests signed with this TaskManager's command key (shared/log_access.py).
+        self.logs = LogFiles.of_this_process(self.workdir / "logs", main=self.settings.log_file)
+        service = f"taskmanager {self.base_id}"
+        metrics.serve(self.task_metrics.registry, host=self.settings.metrics_host,
+                      port=self.settings.taskmanager_metrics_port, service=service, logs=self.logs, log_guard=guard)
+        return metrics.advertised_url(service, self.settings)
+
+    def link(self, *, queue_of: Callable[[str], str], log_endpoint: str | None,
+             simulated: bool = False) -> ResourceManagerLink:
+        settings = self.settings
+        return ResourceManagerLink(client=self.client, transport=self.transport, supervisors=self.supervisors,
+                                   slots=self.slots, cores=settings.taskmanager_cores,
+                                   memory_bytes=settings.taskmanager_memory_bytes,
+                                   interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s,
+                                   liveness_name=self.liveness_name, simulated=simulated, queue_of=queue_of,
+                                   liveness=self.liveness, log_endpoint=log_endpoint, main_log=self.logs.main_name)
+
+    def work(self, app: Celery, link: ResourceManagerLink, queues: list[str], *, started: str = "",
+             without_heartbeat: bool = False, announcer: EndpointAnnouncer | None = None,
+             sandbox: DriverSandbox | None = None) -> None:
+        """Start the link and the supervisors, consume `queues` until the worker stops, then stop
+        everything (`announcer`'s keys, the link, the supervisors and what `sandbox` left)."""
+        base_id, settings = self.base_id, self.settings
+        link.start()
+        for sup in self.supervisors.values():
+            sup.start()
+        log.info("TaskManager %s started: %d slots%s", base_id, self.slots, started)
+        gc_tuning.tune()
+        worker = app.Worker(queues=queues, pool="solo", concurrency=1,
+                            hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
+                            without_heartbeat=without_heartbeat, loglevel=settings.log_level.upper(),
+                            quiet=True)
+        try:
+            worker.start()
+        finally:
+            log.info("TaskManager %s stopping", base_id)
+            if announcer is not None:
+                announcer.stop()
+            link.stop(unregister=True)
+            for sup in self.supervisors.values():
+                sup.shutdown()
+            if sandbox is not None:  # what left its driver's session and cgroup-less tracking missed
+                sweep_drivers(settings, base_id, self.workdir)
+            remove_driver_dirs(self.workdir / "drivers")
+            self.liveness.close()
+
+
+def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | None = None) -> None:
+    configure_logging("taskmanager", settings.log_level)
+    slots = slots or settings.taskmanager_slots
+    base_id = TaskManagerId(taskmanager_id) if taskmanager_id else new_taskmanager_id()
+    auth = keys_or_exit(settings, base_id, [base_id])
+    try:
+        SparkRuntime.from_settings(settings).check()
+    except MissingJars as exc:
+        log.error("TaskManager %s cannot start: %s", base_id, exc)
+        raise SystemExit(EXIT_NO_JARS) from None
+    parts = ProcessParts(settings, base_id, [base_id], slots, auth)
+    workdir = parts.workdir
+    # The drivers' user, cgroups, memory limit and log cap; exits here if they cannot be had.
+    sandbox = start_sandbox(settings, base_id, workdir)
+    parts.supervise(lambda: driver_launch(settings, slots, start_up_args(settings, workdir), sandbox))
+    app = parts.commands(ArtifactChecker(settings.artifacts))
+    address = parts.serve_metrics(LogGuard(request_key=auth.command_key(base_id),
+                                           answer_key=auth.sender_key(taskmanager_sender(base_id))))
+    link = parts.link(queue_of=streams.tm_queue, log_endpoint=address)
     announcer = None
-    if address is not None and not simulate:
-        announcer = EndpointAnnouncer(client, ids, address=address, main_log=logs.main_name,
+    if address is not None:
+        announcer = EndpointAnnouncer(parts.client, [base_id], address=address, main_log=parts.logs.main_name,
                                       interval_s=settings.heartbeat_interval_s,
                                       ttl_s=settings.heartbeat_timeout_s).start()
-    if not simulate:
-        check_storage(settings, base_id, client, announcer)
-    link.start()
-    for sup in supervisors.values():
-        sup.start()
-    log.info("TaskManager %s started: %d slots%s", base_id, slots, f", {simulate} simulated" if simulate else "")
-    gc_tuning.tune()
-    worker = app.Worker(queues=queues, pool="solo", concurrency=1,
-                        hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
-                        without_heartbeat=bool(simulate), loglevel=settings.log_level.upper(),
-                        quiet=True)
-    try:
-        worker.start()
-    finally:
-        log.info("TaskManager %s stopping", base_id)
-        if announcer is not None:
-            announcer.stop()
-        link.stop(unregister=True)
-        for sup in supervisors.values():
-            sup.shutdown()
-        if sandbox is not None:  # what left its driver's session and cgroup-less tracking missed
-            driver_sandbox.sweep_drivers(settings, base_id, workdir)
-        remove_driver_dirs(workdir / "drivers")
-        liveness.close()
+    check_storage(settings, base_id, parts.client, announcer)
+    parts.work(app, link, [streams.tm_queue(base_id)], announcer=announcer, sandbox=sandbox)
 
 
 if __name__ == "__main__":

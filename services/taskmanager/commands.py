@@ -16,7 +16,7 @@ seen" (one forged command with a future epoch would make every real one after it
   `CommandRejected` (with the attempt's ids when they can be read), so the JobManager fails the
   attempt over at once instead of waiting for its acknowledgement timer;
 - a deploy whose artifact is not the catalog's (outside the artifact directory, or its sha256
-  is not the one recorded at upload: services/taskmanager/artifact_check.py): dead-lettered and
+  is not the one recorded at upload: services/taskmanager/tasks/artifact_check.py): dead-lettered and
   reported with `CommandRejected`; nothing runs;
 - valid, but it cannot be carried out (a TaskManager this process does not run, the supervisor
   raised): reported with `CommandRejected`.
@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from celery import Celery, signals
 
-from services.taskmanager.artifact_check import ArtifactChecker
+from services.taskmanager.tasks.artifact_check import ArtifactChecker
 from shared import streams
 from shared.commands import CANCEL_TASK, DEPLOY_TASK, TRIGGER_CHECKPOINT
 from shared.ids import ExecutionId, JobId, TaskManagerId

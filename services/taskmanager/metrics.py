@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
-from services.taskmanager import task_memory
+from services.taskmanager.memory import task_memory
 from shared import metrics, streams
 
 TASK_LABELS = ("taskmanager", "job", "execution")
@@ -216,7 +216,7 @@ class TaskManagerCollector(metrics.CachedCollector):
 
     def _memory(self):
         """Each task's latest memory figure and its limit, as its memory watch measured them
-        (services/taskmanager/task_memory.py): the figure the limit is compared with."""
+        (services/taskmanager/memory/task_memory.py): the figure the limit is compared with."""
         n = metrics.name
         used = GaugeMetricFamily(n("task_memory_bytes"), "the task's processes' memory as its limit is measured "
                                  "(label measure: PSS summed over its processes, or its cgroup's charge)",

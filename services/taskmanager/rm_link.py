@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, cast
 import redis
 from redis.typing import KeyT, StreamIdT
 
-from services.taskmanager import task_memory
+from services.taskmanager.memory import task_memory
 from services.taskmanager.supervisor import TaskSupervisor
 from shared import streams
 from shared.ids import TaskManagerId

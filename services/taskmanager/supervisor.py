@@ -18,9 +18,9 @@ it was handed a task fails it the same way. A deploy that breaks before its task
 option the task cannot read, a driver that cannot be started) fails the attempt and frees its
 slots, rather than leaving it DEPLOYING.
 
-Its rooms: task_record.py (what is kept of a task), slot_table.py (which allocation holds each
-slot), driver_supply.py (warm or cold drivers, the warm pool's upkeep), startup_watch.py (the
-start-up timers), noop_tasks.py (tasks without a driver), driver_events.py (what a driver's
+Its rooms: tasks/record.py (what is kept of a task), tasks/slot_table.py (which allocation holds each
+slot), drivers/supply.py (warm or cold drivers, the warm pool's upkeep), tasks/startup.py (the
+start-up timers), tasks/noop.py (tasks without a driver), drivers/events.py (what a driver's
 events become for the JobManager). One lock, this class's, guards them all.
 """
 
@@ -32,18 +32,21 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.taskmanager.driver_events import ENDINGS
-from services.taskmanager.driver_process import DriverProcess
-from services.taskmanager.driver_supply import DriverLaunch, DriverSupply
-from services.taskmanager.held_reports import HeldReports
-from services.taskmanager.noop_task import NoopRunner
-from services.taskmanager.noop_tasks import NOOP_KIND, NoopTasks
-from services.taskmanager.slot_table import SlotTable
-from services.taskmanager.startup_timeout import DEFAULT_STARTUP_TIMEOUT_S, driver_start_timeout_s, startup_timeout_s
-from services.taskmanager.startup_watch import StartupWatch
-from services.taskmanager.task_record import Task
-from services.taskmanager.task_reports import TaskReports
-from services.taskmanager.warm_pool import WarmPool
+from services.taskmanager.drivers.events import ENDINGS
+from services.taskmanager.drivers.process import DriverProcess
+from services.taskmanager.drivers.supply import DriverLaunch, DriverSupply
+from services.taskmanager.drivers.warm_pool import WarmPool
+from services.taskmanager.tasks.held_reports import HeldReports
+from services.taskmanager.tasks.noop import NOOP_KIND, NoopRunner, NoopTasks
+from services.taskmanager.tasks.record import Task
+from services.taskmanager.tasks.reports import TaskReports
+from services.taskmanager.tasks.slot_table import SlotTable
+from services.taskmanager.tasks.startup import (
+    DEFAULT_STARTUP_TIMEOUT_S,
+    StartupWatch,
+    driver_start_timeout_s,
+    startup_timeout_s,
+)
 from shared import task_protocol as tp
 from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.messages import DeployTask, SlotState, TaskReport, TriggerCheckpoint
@@ -80,7 +83,7 @@ class TaskSupervisor:
 
     @property
     def warm(self) -> WarmPool | None:
-        """The warm pool (services/taskmanager/warm_pool.py), None without one."""
+        """The warm pool (services/taskmanager/drivers/warm_pool.py), None without one."""
         return self.drivers.warm
 
     def start(self) -> None:
@@ -316,7 +319,7 @@ class TaskSupervisor:
             return self.slots.free()
 
     def task_drivers(self) -> list[tuple[tp.TaskSpec, DriverProcess]]:
-        """Each task that has a driver, with it (task_memory.py reads their memory figures)."""
+        """Each task that has a driver, with it (memory/task_memory.py reads their memory figures)."""
         with self._lock:
             return [(t.spec, t.driver) for t in self.tasks.values() if t.driver is not None]
 

@@ -1,7 +1,8 @@
 """The catalog: jobs, their state transitions, vertices, executions (one row per attempt),
 TaskManagers, artifacts and exceptions. PostgreSQL by URL; an SQLite file is the embedded
-default. Status columns change only through the functions in `shared.catalog.repository`,
-except a deployment's, which services/jobmanager/deployment_reconciler.py assigns directly."""
+default. The services read and write it only through the functions in
+`shared.catalog.repository`; status columns, a deployment's lifecycle among them, change only
+through its transition functions, which keep to the machines of shared/states.py."""
 
 from shared.catalog.db import Catalog
 

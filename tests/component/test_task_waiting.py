@@ -1,5 +1,5 @@
 """A running task that waits for something outside Headrace (a SQL sink's database away) says so:
-the driver's `Waiting` event goes through its TaskManager (services/taskmanager/driver_events.py)
+the driver's `Waiting` event goes through its TaskManager (services/taskmanager/drivers/events.py)
 to the JobManager as `TaskWaiting`, which keeps it as the attempt's waiting reason, shown by
 REST as the attempt's and the job's `waiting-reason`, until the task reports it goes on."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.dispatcher.views import waiting_reason
-from services.taskmanager.driver_events import FORWARDED
+from services.dispatcher.views.shapes import waiting_reason
+from services.taskmanager.drivers.events import FORWARDED
 from shared import streams
 from shared import task_protocol as tp
 from shared.catalog import repository as repo

@@ -206,7 +206,13 @@ def test_the_runbooks_work_as_written_on_headrace_up_ha(tmp_path):
                 f"--- stdout (end)\n{done.stdout[-4000:]}\n--- stderr (end)\n{done.stderr[-4000:]}\n"
                 f"--- headrace up\n{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-2000:]}")
             for pattern in EXPECTED_OUTPUT.get(name, ()):
-                assert re.search(pattern, done.stdout), f"{name}: no {pattern!r} in its output:\n{done.stdout[-4000:]}"
+                assert re.search(pattern, done.stdout), (
+                    f"{name}: no {pattern!r} in its output:\n{done.stdout[-4000:]}\n--- stderr (end)\n"
+                    f"{done.stderr[-2000:]}\n--- headrace up\n"
+                    f"{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-4000:]}\n--- Spark JVMs\n"
+                    + subprocess.run("ps -eo pid,pgid,etimes,args | grep -o '^ *[0-9]* *[0-9]* *[0-9]* .*java' "
+                                     "| head; ps -eo args | grep -o 'java.io.tmpdir=[^ ]*' | head",
+                                     shell=True, capture_output=True, text=True).stdout)
             print(f"{name}: {took:.0f} s")
     finally:
         cluster.stop()

@@ -6,7 +6,7 @@ off; X's restart then fenced Y, and so on. Now Y fails at its start with SinkOwn
 is not restarted (the error is non-recoverable), and X runs on untouched. Then X stops with a
 savepoint and job Z resumes from it into the same directory: the same lineage, so Z takes the
 directory over, and the output is every generated event exactly once. The owner and fence
-records are the TaskManagers' (services/taskmanager/sink_claims.py), outside the directory.
+records are the TaskManagers' (services/taskmanager/tasks/sink_claims.py), outside the directory.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from services.taskmanager.sink_claims import record_path
+from services.taskmanager.tasks.sink_claims import record_path
 from tests.clusters import Rest, start_cluster
 from tests.waiting import wait_for
 

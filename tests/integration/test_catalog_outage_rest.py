@@ -82,7 +82,7 @@ def test_reads_answer_503_with_retry_after_while_the_catalog_is_down(dispatcher)
         assert client.get(path).status_code == 200, path
 
     proxy.stop()
-    # /jobs/overview answers from its cache until its time-to-live ends (overview_cache.py), then
+    # /jobs/overview answers from its cache until its time-to-live ends (views/overview_cache.py), then
     # asks the catalog again.
     time.sleep(settings.overview_cache_ms / 1000)
     for path in reads:

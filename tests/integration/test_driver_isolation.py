@@ -30,8 +30,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
-from services.taskmanager.sink_claims import record_path
+from services.taskmanager.drivers.user import DEFAULT_NAME, give_to_drivers
+from services.taskmanager.tasks.sink_claims import record_path
 from tests.clusters import Rest, start_cluster
 from tests.waiting import wait_for
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.taskmanager.driver_process import WARMUP_NICE, DriverProcess, may_raise_priority
+from services.taskmanager.drivers.process import WARMUP_NICE, DriverProcess, may_raise_priority
 
 needs_nice = pytest.mark.skipif(not may_raise_priority(), reason="needs root or RLIMIT_NICE to raise a priority")
 
@@ -38,7 +38,7 @@ def nice_of(pid: int) -> int:
 
 
 # With autogroup scheduling, sessions share the CPU as equals whatever their processes' nice:
-# a warm driver's session must be niced as a whole (driver_process.set_autogroup_nice).
+# a warm driver's session must be niced as a whole (drivers/process.py: set_autogroup_nice).
 AUTOGROUPS = Path("/proc/self/autogroup").exists()
 
 

@@ -25,8 +25,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.taskmanager import driver_env
-from services.taskmanager.driver_user import DEFAULT_NAME, give_to_drivers
+from services.taskmanager.drivers import env as driver_env
+from services.taskmanager.drivers.user import DEFAULT_NAME, give_to_drivers
 from tests.clusters import Rest, start_cluster
 from tests.integration.support import alive, wait_gone
 

@@ -26,11 +26,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.taskmanager import driver_env
-from services.taskmanager.driver_process import DriverProcess
-from services.taskmanager.driver_sandbox import DriverSandbox
-from services.taskmanager.driver_user import DEFAULT_NAME, DriverUser
-from services.taskmanager.task_processes import DriverCgroups, cluster_cgroups, rss_bytes, sweep
+from services.taskmanager.drivers import env as driver_env
+from services.taskmanager.drivers.process import DriverProcess
+from services.taskmanager.drivers.sandbox import DriverSandbox
+from services.taskmanager.drivers.task_processes import DriverCgroups, cluster_cgroups, rss_bytes, sweep
+from services.taskmanager.drivers.user import DEFAULT_NAME, DriverUser
 from tests.integration.support import wait_gone
 
 MB = 1024**2
@@ -177,7 +177,7 @@ def test_children_that_made_the_pages_their_own_are_killed_with_the_measure_name
 
 READER = """
     import json, sys
-    from services.taskmanager.memory_measure import pss_sample
+    from services.taskmanager.memory.measure import pss_sample
 
     pids = [int(p) for p in sys.argv[1:]]
     plain = []

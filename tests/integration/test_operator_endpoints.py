@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from services.dispatcher.auth import required_role
+from services.dispatcher.guards.auth import required_role
 from shared import streams
 from shared.catalog import repository
 from tests.clusters import start_cluster

@@ -1,4 +1,4 @@
-"""GET /jobs/overview from its cache (services/dispatcher/overview_cache.py), against a real
+"""GET /jobs/overview from its cache (services/dispatcher/views/overview_cache.py), against a real
 catalog (SQLite and PostgreSQL): the same answer as building it per request the way the route
 did before the cache (every row as an ORM object, validated by the response model), a submission
 visible in the very next answer, and the JobManager's changes visible once the time-to-live ends.
@@ -12,9 +12,9 @@ from collections import defaultdict
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from services.dispatcher import views
 from services.dispatcher.app import create_app
 from services.dispatcher.schemas import MultipleJobsDetails
+from services.dispatcher.views import shapes
 from shared.catalog import repository
 from shared.catalog.models import Execution, Vertex
 from shared.ids import new_job_id, new_vertex_id
@@ -54,7 +54,7 @@ def reference_overview(catalog, now_ms: int) -> dict:
         latest = defaultdict(dict)
         for ex in s.execute(select(Execution).order_by(Execution.attempt)).scalars():
             latest[ex.job_id][ex.vertex_id] = ex
-        answer = {"jobs": [views.job_overview(j, vertices[j.id], latest[j.id], now_ms) for j in reversed(jobs)]}
+        answer = {"jobs": [shapes.job_overview(j, vertices[j.id], latest[j.id], now_ms) for j in reversed(jobs)]}
     return MultipleJobsDetails.model_validate(answer).model_dump(mode="json", by_alias=True)
 
 

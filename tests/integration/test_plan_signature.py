@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from services.dispatcher import restore_check
+from services.dispatcher.submission import restore_check
 from services.taskmanager.runtime.plan_signature import IncompatibleStateError, check_before_start, plan_signature
 from services.taskmanager.runtime.spark_session import build_spark
 from shared import checkpoint_storage as storage

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from services.dispatcher import restore_check
+from services.dispatcher.submission import restore_check
 
 DRIVER_USER = "headrace-driver"
 

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.dispatcher.app import create_app
-from services.dispatcher.redaction import MASK
+from services.dispatcher.guards.redaction import MASK
 from services.dispatcher.schemas.jars import MAX_PROGRAM_ARG_CHARS, MAX_PROGRAM_ARGS
 from services.taskmanager.runtime.pipeline_loader import load_pipeline
 from shared.catalog import Catalog, tokens

@@ -26,7 +26,7 @@ from services.taskmanager.runtime import class_archive, jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.ownership import SinkOwner
 from services.taskmanager.runtime.connectors.sql import make_engine
-from services.taskmanager.sink_claims import SinkClaims
+from services.taskmanager.tasks.sink_claims import SinkClaims
 from shared import safe_fs
 from shared.driver_contract import remove_python_socket_dirs
 from shared.settings import Settings
@@ -40,7 +40,7 @@ CLICKSTREAM = REPO / "examples" / "clickstream.py"
 START_TIMEOUT = 240  # a cold JVM on a busy 2-core machine
 
 # A stand-in TaskManager that only starts the runner and waits: killing it orphans the runner.
-# Starts the runner as services/taskmanager/driver_process.py does: in a session of its own.
+# Starts the runner as services/taskmanager/drivers/process.py does: in a session of its own.
 FAKE_TASKMANAGER = textwrap.dedent("""
     import os, subprocess, sys
     fd = int(os.environ["EVENTS_FD"])

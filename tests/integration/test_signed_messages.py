@@ -155,7 +155,8 @@ def test_an_artifact_changed_after_upload_is_refused_and_the_job_fails_with_the_
     source = tmp_path / "pipeline.py"
     source.write_text("def build(ctx):\n    pass\n")
     jar = rest.upload(source)
-    stored = cluster.settings.artifacts / jar  # stored under its artifact id (services/dispatcher/artifacts.py)
+    # stored under its artifact id (services/dispatcher/submission/artifacts.py)
+    stored = cluster.settings.artifacts / jar
     assert stored.is_file()
     stored.write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef build(ctx):\n    pass\n")
     job = rest.run(jar, parallelism=1, restartStrategy={"type": "none"})

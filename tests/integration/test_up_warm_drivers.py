@@ -1,7 +1,7 @@
 """`headrace up` says when every TaskManager has a warm Spark driver ready (after "Headrace is
 up", which comes as soon as they are registered): from then on a submission, and a failover to
 the other TaskManager, starts in about a second. The TaskManagers' first warm-ups are urgent
-(services/taskmanager/warm_pool.py: no driver, no task), and their logs say so."""
+(services/taskmanager/drivers/warm_pool.py: no driver, no task), and their logs say so."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The restore check's warm planner (services/dispatcher/warm_planner.py) with a real Spark: a
+"""The restore check's warm planner (services/dispatcher/submission/warm_planner.py) with a real Spark: a
 spare whose plan of the counting pipeline is the cold planner's exactly; a spare that died is no
 answer (the check plans cold); closing ends the spare. The dispatcher keeps one from its start,
 before any check, at the lowest CPU priority until a check takes it or its reserve ends."""
@@ -16,10 +16,10 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
-from services.dispatcher import warm_planner as warm_planner_module
 from services.dispatcher.app import create_app
-from services.dispatcher.restore_check import run_planner
-from services.dispatcher.warm_planner import START_AFTER_S, WarmPlanner
+from services.dispatcher.submission import warm_planner as warm_planner_module
+from services.dispatcher.submission.restore_check import run_planner
+from services.dispatcher.submission.warm_planner import START_AFTER_S, WarmPlanner
 from shared import cpu_priority
 from shared.catalog import Catalog
 from shared.jars import DEFAULT_CACHE_DIR

@@ -1,12 +1,12 @@
 """What a TaskManager runs: only files inside its artifact directory whose sha256 is the one the
-catalog recorded (services/taskmanager/artifact_check.py), on real files and symlinks."""
+catalog recorded (services/taskmanager/tasks/artifact_check.py), on real files and symlinks."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 
-from services.taskmanager.artifact_check import ArtifactChecker
+from services.taskmanager.tasks.artifact_check import ArtifactChecker
 from shared.task_protocol import TaskSpec
 
 SOURCE = b"def build(ctx):\n    pass\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from services.dispatcher import auth, security
+from services.dispatcher.guards import auth, security
 from shared.catalog import tokens
 from shared.settings import Settings
 

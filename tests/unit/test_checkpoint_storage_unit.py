@@ -202,7 +202,7 @@ def test_existing_target_is_refused(live, tmp_path):
 
 def test_an_empty_directory_made_for_the_snapshot_is_written_in_place(live, tmp_path):
     """A TaskManager makes the target for its driver, which may not write the directory above
-    it (services/taskmanager/task_storage.py): the snapshot goes into it, `_metadata` last."""
+    it (services/taskmanager/tasks/storage.py): the snapshot goes into it, `_metadata` last."""
     target = tmp_path / "sp" / "savepoint-1"
     target.mkdir(parents=True)
     info = storage.take_snapshot(live, target, batch_id=3, metadata={"kind": "savepoint"})

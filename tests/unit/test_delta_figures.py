@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from services.dispatcher import snapshot_sinks
 from services.dispatcher.routes.job_metrics import task_figures
+from services.dispatcher.views import snapshot_sinks
 from services.taskmanager.metrics import TaskMetrics
 from shared import checkpoint_storage as storage
 from shared.task_protocol import Progress, decode_event, encode_line

@@ -29,6 +29,7 @@ from shared.deployments import (
     decide,
     waiting_reason,
 )
+from shared.states import check_deployment_transition
 
 L = Lifecycle
 INTERVAL_S = 0.5
@@ -59,9 +60,12 @@ def upgrading(**kw) -> Observed:
 
 def after(o: Observed, plan: Plan, **next_pass) -> Observed:
     """The next pass's `Observed` once `plan` was recorded as the reconciler records it (a job it
-    started is new, not RUNNING yet), then changed by `next_pass`."""
+    started is new, not RUNNING yet), then changed by `next_pass`. A move the lifecycle's table
+    refuses fails here, as `transition_deployment` would refuse it."""
     c: dict = {}
     if plan.to is not None:
+        if plan.to != o.lifecycle:
+            check_deployment_transition(o.lifecycle, plan.to)
         c["lifecycle"] = plan.to
     if not plan.keep_pending:
         c["pending"], c["operation"] = plan.pending, None

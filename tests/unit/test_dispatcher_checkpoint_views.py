@@ -1,5 +1,5 @@
-"""Checkpoint rows, operations and options -> Flink 2.3's JSON (services.dispatcher.checkpoint_views),
-and the Java form of a failure cause (services.dispatcher.java_throwable). Rows are namespaces."""
+"""Checkpoint rows, operations and options -> Flink 2.3's JSON (services.dispatcher.views.checkpoints),
+and the Java form of a failure cause (services.dispatcher.views.java_throwable). Rows are namespaces."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace as Row
 
 import pytest
 
-from services.dispatcher import checkpoint_views as cv
-from services.dispatcher.java_throwable import failure_cause, serialized_throwable
+from services.dispatcher.views import checkpoints as cv
+from services.dispatcher.views.java_throwable import failure_cause, serialized_throwable
 from shared.checkpointing import checkpoint_config
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)

@@ -7,7 +7,7 @@ import pytest
 from pydantic_core import PydanticCustomError
 
 from services.cli.client_address import dispatcher_url
-from services.dispatcher.strict_fields import entry_problem, strict_bool
+from services.dispatcher.guards.strict_fields import entry_problem, strict_bool
 from shared.ids import new_artifact_id
 from shared.settings import Settings
 

@@ -1,4 +1,4 @@
-"""The dispatcher's pure parts: catalog rows -> Flink JSON shapes (`views`) and pydantic errors ->
+"""The dispatcher's pure parts: catalog rows -> Flink JSON shapes (`views/shapes.py`) and pydantic errors ->
 the shared error shape (`errors.describe`). Rows are plain namespaces; no database, no HTTP."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
-from services.dispatcher import views
 from services.dispatcher.errors import ApiError, Problem, error_body, flink_error_body, problems_from_validation
 from services.dispatcher.schemas import JarRunRequest, normalise_restart_strategy, parse_duration
+from services.dispatcher.views import shapes
 from shared.states import EXECUTION_STATE_NAMES, JOB_STATE_NAMES
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -74,7 +74,7 @@ def tm(**kw) -> Row:
 
 def test_job_overview_running():
     v = vertex()
-    out = views.job_overview(job(), [v], {v.id: execution()}, now_ms=ms(10))
+    out = shapes.job_overview(job(), [v], {v.id: execution()}, now_ms=ms(10))
     assert out["jid"] == "a" * 32 and out["state"] == "RUNNING"
     assert (out["start-time"], out["end-time"], out["duration"], out["last-modification"]) == (T0_MS, -1, 10_000, ms(5))
     assert out["tasks"]["total"] == 1 and out["tasks"]["running"] == 1
@@ -86,7 +86,7 @@ def test_job_overview_running():
 
 def test_job_overview_finished_uses_end_time_and_unscheduled_vertices_count_as_created():
     v1, v2 = vertex("1" * 32), vertex("2" * 32, idx=1)
-    out = views.job_overview(job(status="FINISHED", end_at=at(4)), [v1, v2], {v1.id: execution(state="FINISHED")},
+    out = shapes.job_overview(job(status="FINISHED", end_at=at(4)), [v1, v2], {v1.id: execution(state="FINISHED")},
                              now_ms=ms(100))
     assert out["end-time"] == ms(4) and out["duration"] == 4000
     assert out["tasks"] == {**{s.lower(): 0 for s in EXECUTION_STATE_NAMES}, "total": 2, "finished": 1, "created": 1}
@@ -95,7 +95,7 @@ def test_job_overview_finished_uses_end_time_and_unscheduled_vertices_count_as_c
 def test_job_details_timestamps_vertices_and_extras():
     v = vertex()
     ex = execution(attempt=2, waiting_reason=None)
-    out = views.job_details(job(config={"spark.sql.shuffle.partitions": "8"}), [v], {v.id: ex},
+    out = shapes.job_details(job(config={"spark.sql.shuffle.partitions": "8"}), [v], {v.id: ex},
                             {"INITIALIZING": T0_MS, "CREATED": ms(1), "RUNNING": ms(2)}, max_par=8, now_ms=ms(10))
     assert set(out["timestamps"]) == set(JOB_STATE_NAMES)  # Flink's SUSPENDED and RECONCILING too
     assert out["timestamps"]["RUNNING"] == ms(2) and out["timestamps"]["FAILED"] == 0
@@ -120,28 +120,28 @@ TRACE = ('Traceback (most recent call last):\n  File "/job/clicks.py", line 9, i
 def test_a_failure_is_summarised_by_its_exception_not_the_traces_first_line():
     cause = f"ValueError: {TRACE}"
     v = vertex()
-    [attempt] = views.vertex_details(v, [execution(state="FAILED", failure_cause=cause)], {}, max_par=4,
+    [attempt] = shapes.vertex_details(v, [execution(state="FAILED", failure_cause=cause)], {}, max_par=4,
                                      now_ms=ms(10))["attempts"]
     assert attempt["failure-cause"] == cause  # whole, as the exceptions tab shows it
     assert attempt["failure-summary"] == "ValueError: invalid literal for int() with base 10: 'x'"
     row = exc_row(1)
     row.exception_name, row.stacktrace = "ValueError", TRACE
-    [entry] = views.exceptions([row], {}, limit=4)["exceptionHistory"]["entries"]
+    [entry] = shapes.exceptions([row], {}, limit=4)["exceptionHistory"]["entries"]
     assert entry["summary"] == attempt["failure-summary"] and entry["stacktrace"] == TRACE
-    out = views.job_details(job(status="RESTARTING"), [v], {v.id: execution(attempt=1)}, {}, max_par=4, now_ms=ms(10),
+    out = shapes.job_details(job(status="RESTARTING"), [v], {v.id: execution(attempt=1)}, {}, max_par=4, now_ms=ms(10),
                             last_exception=row)
     assert out["last-failure"] == {"summary": attempt["failure-summary"], "timestamp": ms(1), "attempt": 1}
 
 
 def test_the_job_list_names_its_restarts_and_its_deployment():
     v = vertex()
-    out = views.job_overview(job(deployment="clicks"), [v], {v.id: execution(attempt=3)}, now_ms=ms(10))
+    out = shapes.job_overview(job(deployment="clicks"), [v], {v.id: execution(attempt=3)}, now_ms=ms(10))
     assert (out["restarts"], out["deployment"]) == (3, "clicks")
-    assert views.job_overview(job(), [v], {}, now_ms=ms(10))["restarts"] == 0
+    assert shapes.job_overview(job(), [v], {}, now_ms=ms(10))["restarts"] == 0
 
 
 def test_job_details_before_planning():
-    out = views.job_details(job(status="INITIALIZING"), [], {}, {"INITIALIZING": T0_MS}, max_par=4, now_ms=ms(1))
+    out = shapes.job_details(job(status="INITIALIZING"), [], {}, {"INITIALIZING": T0_MS}, max_par=4, now_ms=ms(1))
     assert out["vertices"] == [] and out["attempts"] == 0 and out["plan"]["nodes"] == []
     assert sum(out["status-counts"].values()) == 0
 
@@ -149,9 +149,9 @@ def test_job_details_before_planning():
 def test_waiting_reason_prefers_the_job_then_a_live_attempt():
     v = vertex()
     waiting = execution(state="SCHEDULED", waiting_reason="no free slots")
-    assert views.waiting_reason(job(waiting_reason="no leader"), {v.id: waiting}) == "no leader"
-    assert views.waiting_reason(job(), {v.id: waiting}) == "no free slots"
-    assert views.waiting_reason(job(), {v.id: execution(state="FAILED", waiting_reason="stale")}) is None
+    assert shapes.waiting_reason(job(waiting_reason="no leader"), {v.id: waiting}) == "no leader"
+    assert shapes.waiting_reason(job(), {v.id: waiting}) == "no free slots"
+    assert shapes.waiting_reason(job(), {v.id: execution(state="FAILED", waiting_reason="stale")}) is None
 
 
 @pytest.mark.parametrize("config,default,expected", [
@@ -159,12 +159,12 @@ def test_waiting_reason_prefers_the_job_then_a_live_attempt():
     ({"maxParallelism": 0}, 4, 4), (None, 2, 2),
 ])
 def test_max_parallelism(config, default, expected):
-    assert views.max_parallelism(config, default) == expected
+    assert shapes.max_parallelism(config, default) == expected
 
 
 def test_job_type_follows_the_runtime_mode():
-    assert views.job_type({}) == "STREAMING"
-    assert views.job_type({"execution.runtime-mode": "batch"}) == "BATCH"
+    assert shapes.job_type({}) == "STREAMING"
+    assert shapes.job_type({"execution.runtime-mode": "batch"}) == "BATCH"
 
 
 # --- vertices ------------------------------------------------------------------------------
@@ -172,13 +172,13 @@ def test_job_type_follows_the_runtime_mode():
 
 def test_status_duration_of_a_running_attempt():
     ex = execution()
-    assert views.status_duration(ex.timestamps, "RUNNING", ms(10)) == {
+    assert shapes.status_duration(ex.timestamps, "RUNNING", ms(10)) == {
         "CREATED": 500, "SCHEDULED": 500, "DEPLOYING": 1000, "INITIALIZING": 0, "RUNNING": 7000}
 
 
 def test_status_duration_stops_at_a_terminal_state():
     stamps = {"CREATED": ms(0), "SCHEDULED": ms(1), "DEPLOYING": ms(2), "RUNNING": ms(3), "FAILED": ms(7)}
-    assert views.status_duration(stamps, "FAILED", ms(100))["RUNNING"] == 4000
+    assert shapes.status_duration(stamps, "FAILED", ms(100))["RUNNING"] == 4000
 
 
 def test_vertex_details_current_attempt_and_history():
@@ -187,7 +187,7 @@ def test_vertex_details_current_attempt_and_history():
                     restored_from="/sp/savepoint-aaaaaa-0123456789ab", restored_checkpoint_id=4)
     cur = execution(attempt=1, state="SCHEDULED", start_at=None, taskmanager_id=None, slots=[],
                     waiting_reason="waiting for slots", timestamps={"CREATED": ms(5), "SCHEDULED": ms(5)})
-    out = views.vertex_details(v, [cur, old], {"tm-1": "worker-1"}, max_par=4, now_ms=ms(10))
+    out = shapes.vertex_details(v, [cur, old], {"tm-1": "worker-1"}, max_par=4, now_ms=ms(10))
     [st] = out["subtasks"]
     assert st["attempt"] == 1 and st["status"] == "SCHEDULED" and st["endpoint"] == "(unassigned)"
     assert st["start-time"] == -1 and st["duration"] == -1
@@ -212,11 +212,11 @@ def test_vertex_details_current_attempt_and_history():
     }
     assert out["attempts"][1]["waiting-reason"] == "waiting for slots"
     assert (out["attempts"][1]["restored-from"], out["attempts"][1]["restored-checkpoint-id"]) == (None, None)
-    assert views.vertex_details(v, [], {}, max_par=4, now_ms=0)["subtasks"] == []
+    assert shapes.vertex_details(v, [], {}, max_par=4, now_ms=0)["subtasks"] == []
 
 
 def test_vertex_details_keeps_only_the_newest_attempts():
-    out = views.vertex_details(vertex(), [execution(attempt=i, state="FAILED") for i in range(20)], {},
+    out = shapes.vertex_details(vertex(), [execution(attempt=i, state="FAILED") for i in range(20)], {},
                                max_par=4, now_ms=ms(10), history=16)
     assert [a["attempt"] for a in out["attempts"]] == list(range(4, 20))
 
@@ -231,7 +231,7 @@ def exc_row(i: int, tm_id="tm-1") -> Row:
 
 def test_exceptions_newest_first_and_truncated():
     rows = [exc_row(3), exc_row(2, None), exc_row(1)]
-    out = views.exceptions(rows, {"tm-1": "worker-1"}, limit=2)
+    out = shapes.exceptions(rows, {"tm-1": "worker-1"}, limit=2)
     assert out["root-exception"] == "trace 3" and out["timestamp"] == ms(3)
     assert out["all-exceptions"] == [] and out["truncated"] is False
     entries = out["exceptionHistory"]["entries"]
@@ -243,7 +243,7 @@ def test_exceptions_newest_first_and_truncated():
 
 
 def test_no_exceptions():
-    out = views.exceptions([], {}, limit=16)
+    out = shapes.exceptions([], {}, limit=16)
     assert out["root-exception"] is None and out["exceptionHistory"] == {"entries": [], "truncated": False}
 
 
@@ -253,14 +253,14 @@ def test_no_exceptions():
 def test_cluster_overview_counts_every_live_status_as_running():
     counts = {"RUNNING": 2, "CREATED": 1, "RESTARTING": 1, "INITIALIZING": 1, "FINISHED": 3, "CANCELED": 4,
               "FAILED": 5}
-    out = views.cluster_overview([tm(), tm(id="tm-2", slots_total=2, slots_free=2)], counts)
+    out = shapes.cluster_overview([tm(), tm(id="tm-2", slots_total=2, slots_free=2)], counts)
     assert out == {"taskmanagers": 2, "slots-total": 6, "slots-available": 3, "jobs-running": 5,
                    "jobs-finished": 3, "jobs-cancelled": 4, "jobs-failed": 5, "flink-version": "headrace-0.1.0",
                    "flink-commit": "unknown"}
 
 
 def test_taskmanager_info_in_flink_shape():
-    out = views.taskmanager_info(tm())
+    out = shapes.taskmanager_info(tm())
     assert out["timeSinceLastHeartbeat"] == ms(9)  # an epoch timestamp, as Flink reports it
     assert (out["slotsNumber"], out["freeSlots"], out["dataPort"], out["jmxPort"]) == (4, 1, -1, -1)
     assert out["totalResource"]["cpuCores"] == 8.0 and out["totalResource"]["taskHeapMemory"] == 16384
@@ -271,7 +271,7 @@ def test_taskmanager_info_in_flink_shape():
 
 def test_taskmanager_details_lists_allocated_slots():
     alloc = {"index": 0, "allocation_id": "a" * 32, "job_id": "j" * 32, "execution_id": "e" * 32, "extra": 1}
-    out = views.taskmanager_details(tm(allocations=[alloc], state="LOST", lost_reason="heartbeat timeout"))
+    out = shapes.taskmanager_details(tm(allocations=[alloc], state="LOST", lost_reason="heartbeat timeout"))
     assert out["allocatedSlots"] == [{**{k: v for k, v in alloc.items() if k != "extra"}, "memory": None}]
     assert out["state"] == "LOST" and out["lost-reason"] == "heartbeat timeout"
 
@@ -282,21 +282,21 @@ def test_each_slot_shows_the_memory_figure_its_taskmanager_reported_for_its_task
     memory = {"e" * 32: {"job_id": "j" * 32, "used": 1288490188, "limit": 3 * 2**30, "measure": "PSS"},
               "f" * 32: {"job_id": "k" * 32, "used": "garbled", "limit": None, "measure": "PSS"},
               "x" * 32: {"job_id": "j" * 32, "used": 1, "limit": None, "measure": "PSS"}}
-    out = views.taskmanager_details(tm(allocations=allocs), memory=memory)
+    out = shapes.taskmanager_details(tm(allocations=allocs), memory=memory)
     assert [s["memory"] for s in out["allocatedSlots"]] == [
         {"used": 1288490188, "limit": 3 * 2**30, "measure": "PSS"}] * 2 + [None]
 
 
 def test_a_taskmanager_registered_again_still_shows_its_last_loss():
-    never = views.taskmanager_info(tm())
+    never = shapes.taskmanager_info(tm())
     assert never["last-lost-at"] is None and never["last-lost-reason"] is None
-    back = views.taskmanager_details(tm(last_lost_at=at(5), last_lost_reason="TaskManager lost: its process exited"))
+    back = shapes.taskmanager_details(tm(last_lost_at=at(5), last_lost_reason="TaskManager lost: its process exited"))
     assert back["state"] == "REGISTERED" and back["lost-reason"] is None
     assert back["last-lost-at"] == ms(5) and back["last-lost-reason"] == "TaskManager lost: its process exited"
 
 
 def test_taskmanager_without_slots():
-    out = views.taskmanager_info(tm(slots_total=0, slots_free=0))
+    out = shapes.taskmanager_info(tm(slots_total=0, slots_free=0))
     assert out["freeResource"]["cpuCores"] == 0
 
 
@@ -304,24 +304,24 @@ def test_taskmanager_without_slots():
 
 
 def test_jar_entries_put_the_default_first():
-    assert views.jar_entries(["helper", "build", "main"]) == [
+    assert shapes.jar_entries(["helper", "build", "main"]) == [
         {"name": "build", "description": None}, {"name": "helper", "description": None},
         {"name": "main", "description": None}]
-    assert views.jar_entries(None) == [{"name": "build", "description": None}]
+    assert shapes.jar_entries(None) == [{"name": "build", "description": None}]
 
 
 def test_jar_file():
     art = Row(id="x_job.py", name="job.py", uploaded_at=at(1), sha256="ab" * 32)
-    assert views.jar_file(art, ["build"]) == {"id": "x_job.py", "name": "job.py", "uploaded": ms(1),
+    assert shapes.jar_file(art, ["build"]) == {"id": "x_job.py", "name": "job.py", "uploaded": ms(1),
                                               "entry": [{"name": "build", "description": None}],
                                               "sha256": "ab" * 32}
 
 
 def test_dashboard_config():
-    out = views.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0)
+    out = shapes.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0)
     assert out["refresh-interval"] == 1000 and out["features"]["web-cancel"] is True
     assert out["kafka-bootstrap-servers"] is None
-    out = views.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0,
+    out = shapes.dashboard_config(refresh_interval_ms=1000, timezone_name="UTC", timezone_offset_ms=0,
                                  kafka_bootstrap_servers="127.0.0.1:9092")
     assert out["kafka-bootstrap-servers"] == "127.0.0.1:9092"
 
@@ -391,7 +391,8 @@ def test_restart_strategy_defaults_follow_flink():
 
 
 def test_a_lost_taskmanager_says_it_is_lost_when_and_why():
-    info = views.taskmanager_info(tm(state="LOST", lost_reason="no heartbeat for 10 s", last_lost_at=at(3),
+    info = shapes.taskmanager_info(tm(state="LOST", lost_reason="no heartbeat for 10 s", last_lost_at=at(3),
                                      last_lost_reason="no heartbeat for 10 s"))
     assert (info["state"], info["lost-reason"], info["last-lost-at"]) == ("LOST", "no heartbeat for 10 s", ms(3))
-    assert (views.taskmanager_info(tm())["state"], views.taskmanager_info(tm())["lost-reason"]) == ("REGISTERED", None)
+    registered = shapes.taskmanager_info(tm())
+    assert (registered["state"], registered["lost-reason"]) == ("REGISTERED", None)

@@ -31,6 +31,6 @@ def test_the_drivers_code_imports_no_taskmanager_module():
 
 
 def test_the_driver_process_manager_imports_nothing_of_the_drivers_runtime():
-    taken = {m for m in imported_modules(TASKMANAGER / "driver_process.py")
+    taken = {m for m in imported_modules(TASKMANAGER / "drivers/process.py")
              if m.startswith("services.taskmanager.runtime")}
     assert not taken, taken

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 
-from services.taskmanager.driver_events import bounded_lines
+from services.taskmanager.drivers.events import bounded_lines
 from shared import task_protocol as tp
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from services.taskmanager import driver_env, memory_limit
-from services.taskmanager.driver_user import DriverUser, _allows
-from services.taskmanager.memory_measure import CGROUP, PSS, Sample
-from services.taskmanager.rotating_log import RotatingLog
+from services.taskmanager.drivers import env as driver_env
+from services.taskmanager.drivers.rotating_log import RotatingLog
+from services.taskmanager.drivers.user import DriverUser, _allows
+from services.taskmanager.memory import limit as memory_limit
+from services.taskmanager.memory.measure import CGROUP, PSS, Sample
 from shared import job_options
 
 GB = 1024**3

@@ -15,8 +15,8 @@ from shared.errors import HeadraceError
 
 # Control-flow signals that must pass through `except Exception`: BaseException on purpose.
 SIGNALS = {
-    "services.dispatcher.limits._TooLarge",
-    "services.dispatcher.slow_clients.SlowBody",
+    "services.dispatcher.guards.limits._TooLarge",
+    "services.dispatcher.guards.slow_clients.SlowBody",
     "services.taskmanager.runtime.runner._Terminate",
 }
 # The fork server's launcher runs with `python -S` and imports the standard library only.

@@ -1,4 +1,4 @@
-"""services/taskmanager/held_reports.py: a thread's reports wait while it holds them and go out
+"""services/taskmanager/tasks/held_reports.py: a thread's reports wait while it holds them and go out
 together, in order, when the outermost hold ends; other threads' reports are never held."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from services.taskmanager.held_reports import HeldReports
+from services.taskmanager.tasks.held_reports import HeldReports
 from shared.messages import TaskStateChanged
 from shared.states import ExecutionState as ES
 from shared.transport import InMemoryTransport

@@ -10,10 +10,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from services.dispatcher import limits
+from services.dispatcher.guards import limits
 from services.dispatcher.schemas import MAX_PARALLELISM, JarRunRequest
-from services.taskmanager import startup_timeout
-from services.taskmanager.noop_task import InvalidTaskConfig, NoopRunner
+from services.taskmanager.tasks import startup
+from services.taskmanager.tasks.noop import InvalidTaskConfig, NoopRunner
 from shared import job_options as job_config
 from shared.settings import Settings
 
@@ -168,14 +168,14 @@ def test_run_request_accepts_the_largest_parallelism():
 
 
 def test_startup_timeout_job_option_wins_and_unreadable_falls_back():
-    assert startup_timeout.startup_timeout_s({"headrace.task.startup-timeout": "2 min"}, 300) == 120
-    assert startup_timeout.startup_timeout_s({}, 300) == 300
-    assert startup_timeout.startup_timeout_s({"headrace.task.startup-timeout": "abc"}, 300) == 300
-    assert startup_timeout.startup_timeout_s({"headrace.task.startup-timeout": 0}, 300) == 300
+    assert startup.startup_timeout_s({"headrace.task.startup-timeout": "2 min"}, 300) == 120
+    assert startup.startup_timeout_s({}, 300) == 300
+    assert startup.startup_timeout_s({"headrace.task.startup-timeout": "abc"}, 300) == 300
+    assert startup.startup_timeout_s({"headrace.task.startup-timeout": 0}, 300) == 300
 
 
 def test_cluster_startup_timeout_from_the_settings(monkeypatch):
-    assert Settings().task_startup_timeout_s == startup_timeout.DEFAULT_STARTUP_TIMEOUT_S
+    assert Settings().task_startup_timeout_s == startup.DEFAULT_STARTUP_TIMEOUT_S
     monkeypatch.setenv("HEADRACE_TASK_STARTUP_TIMEOUT_S", "90")
     assert Settings().task_startup_timeout_s == 90
     monkeypatch.setenv("HEADRACE_TASK_STARTUP_TIMEOUT_S", "soon")
@@ -184,7 +184,7 @@ def test_cluster_startup_timeout_from_the_settings(monkeypatch):
 
 
 def test_startup_timeout_cause_says_how_long_where_and_what_to_change():
-    cause = startup_timeout.startup_timeout_cause(120, "building the pipeline (in build(ctx))", "File x.py, line 3")
+    cause = startup.startup_timeout_cause(120, "building the pipeline (in build(ctx))", "File x.py, line 3")
     assert cause.startswith("the pipeline did not start within 120 s: it was still building the pipeline")
     assert "headrace.task.startup-timeout" in cause and cause.endswith("File x.py, line 3")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.taskmanager import memory_measure as mm
+from services.taskmanager.memory import measure as mm
 from shared.clock import FakeClock
 
 GB = 1024**3
@@ -135,7 +135,7 @@ def test_memfds_and_shm_files_count_unless_mapped(tmp_path):
     import mmap
     import os
 
-    from services.taskmanager.shmem_usage import unmapped_shmem
+    from services.taskmanager.memory.shmem_usage import unmapped_shmem
 
     fd = os.memfd_create("probe")
     try:

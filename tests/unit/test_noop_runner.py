@@ -6,7 +6,7 @@ import gc
 import threading
 from dataclasses import dataclass, field
 
-from services.taskmanager.noop_task import NoopRunner
+from services.taskmanager.tasks.noop import NoopRunner
 from shared.states import ExecutionState as ES
 
 

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.dispatcher import schemas
-from services.taskmanager.noop_task import InvalidTaskConfig
+from services.taskmanager.tasks.noop import InvalidTaskConfig
 from shared import checkpointing, durations, job_options, restart
 
 # Flink's TimeUtils.parseDuration labels, with and without a space, in any letter case: the same

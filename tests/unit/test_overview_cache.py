@@ -1,5 +1,5 @@
 """OverviewCache's rules with a fake clock: time-to-live, invalidation, single flight,
-stale-while-revalidate, failures (services/dispatcher/overview_cache.py)."""
+stale-while-revalidate, failures (services/dispatcher/views/overview_cache.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from services.dispatcher.overview_cache import OverviewCache
+from services.dispatcher.views.overview_cache import OverviewCache
 from shared.clock import FakeClock
 
 TIMEOUT_S = 5

@@ -7,8 +7,10 @@ copies instead: tests/integration/test_wheel_install.py."""
 from pathlib import Path
 
 from services.cluster import demo, spark_standalone
-from services.dispatcher import app, restore_check
-from services.taskmanager import driver_env, driver_user
+from services.dispatcher import app
+from services.dispatcher.submission import restore_check
+from services.taskmanager.drivers import env as driver_env
+from services.taskmanager.drivers import user as driver_user
 from services.taskmanager.runtime import spark_session
 from shared.import_root import IMPORT_ROOT
 

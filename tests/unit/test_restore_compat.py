@@ -1,5 +1,5 @@
 """The restore compatibility rules (shared/restore_compat.py) on fabricated snapshot metadata, and
-how the dispatcher reads the planner's answer (services/dispatcher/restore_check.py)."""
+how the dispatcher reads the planner's answer (services/dispatcher/submission/restore_check.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from services.dispatcher import restore_check
+from services.dispatcher.submission import restore_check
 from shared import restore_compat as rc
 
 WINDOW = "struct<start:timestamp,end:timestamp>"

@@ -23,6 +23,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the pool's users are 
 SIZE = 6
 
 
+def user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 @pytest.fixture
 def pool():
     try:
@@ -57,6 +65,9 @@ def test_holders_never_share_a_user_and_the_pool_says_when_it_is_empty(pool):
 
 
 def test_users_are_taken_in_turn(pool):
+    # The whole pool scripts/bootstrap makes: a user given back comes again next only when every
+    # other one is held, and with six of them the clusters of other tests here sometimes hold five.
+    pool = SandboxUsers(GROUP, 32) if user_exists(f"{GROUP}-31") else pool
     first = pool.acquire("test")
     first.release()
     second = pool.acquire("test")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.dispatcher import limits
-from services.dispatcher.archive_bounds import ArtifactLimits
-from services.taskmanager import memory_limit
+from services.dispatcher.guards import limits
+from services.dispatcher.guards.archive_bounds import ArtifactLimits
+from services.taskmanager.memory import limit as memory_limit
 from shared import job_options, sizes
 from shared.settings import Settings
 

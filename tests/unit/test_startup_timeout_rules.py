@@ -1,7 +1,7 @@
 """How long a driver handed a task may take to become ready follows the job's start-up timeout,
 with a floor for the JVM's own start (a slow machine once missed a fixed 120 s)."""
 
-from services.taskmanager.startup_timeout import MIN_DRIVER_START_TIMEOUT_S, driver_start_timeout_s, startup_timeout_s
+from services.taskmanager.tasks.startup import MIN_DRIVER_START_TIMEOUT_S, driver_start_timeout_s, startup_timeout_s
 
 
 def test_a_longer_startup_timeout_gives_the_driver_as_long():

@@ -1,12 +1,14 @@
 """The state diagrams in shared/states.py's docstring and in docs/architecture.md ("State
-machines") show exactly the moves the code allows: the transition tables of shared/states.py,
-and for operations the rule of `finish_operation` (an operation ends once). A move added to a
+machines") show exactly the moves the code allows: the transition tables of shared/states.py
+(with a deployment's first states, `DEPLOYMENT_START`), and for operations the rule of
+`finish_operation` (an operation ends once). A move added to a
 table, or to a diagram, without the other fails here; so does a diagram line this module cannot
 read, so that no move can hide in another notation.
 
 A diagram is a block that starts with an unindented line naming a machine and ending with ":"
 (`JobStatus (one per job)::`), followed by indented lines, each either `STATE -> NEXT | NEXT`
-(several lines may share a state) or `terminal: STATE, STATE`; `#` starts a note."""
+(several lines may share a state), `terminal: STATE, STATE` (none when every state has a way
+out) or `start: STATE, STATE` (a machine whose rows start with no state); `#` starts a note."""
 
 from __future__ import annotations
 
@@ -21,17 +23,18 @@ from sqlalchemy.orm import Session
 from shared import states
 from shared.catalog.models import Operation
 from shared.catalog.repository.operations import finish_operation
-from shared.states import CheckpointStatus, ExecutionState, JobStatus, OperationStatus
+from shared.states import CheckpointStatus, ExecutionState, JobStatus, Lifecycle, OperationStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 
 MACHINES: dict[str, type[Enum]] = {
     "JobStatus": JobStatus, "ExecutionState": ExecutionState, "CheckpointStatus": CheckpointStatus,
-    "OperationStatus": OperationStatus,
+    "OperationStatus": OperationStatus, "Lifecycle": Lifecycle,
 }
 HEADER = re.compile(rf"^({'|'.join(MACHINES)})\b.*:$")
 MOVE = re.compile(r"^([A-Z_]+)\s*->\s*([A-Z_]+(?:\s*\|\s*[A-Z_]+)*)$")
 TERMINAL = re.compile(r"^terminal:\s*([A-Z_]+(?:\s*,\s*[A-Z_]+)*)$")
+START = re.compile(r"^start:\s*([A-Z_]+(?:\s*,\s*[A-Z_]+)*)$")
 
 Edge = tuple[str, str]
 
@@ -41,6 +44,7 @@ class Diagram:
         self.machine = machine
         self.edges: set[Edge] = set()
         self.terminal: set[str] | None = None
+        self.start: set[str] | None = None
 
     def read(self, line: str) -> None:
         text = line.split("#", 1)[0].strip()
@@ -54,9 +58,12 @@ class Diagram:
         elif (terminal := TERMINAL.match(text)) is not None:
             assert self.terminal is None, f"{self.machine}: two `terminal:` lines"
             self.terminal = {t.strip() for t in terminal.group(1).split(",")}
+        elif (start := START.match(text)) is not None:
+            assert self.start is None, f"{self.machine}: two `start:` lines"
+            self.start = {t.strip() for t in start.group(1).split(",")}
         else:
             raise AssertionError(f"{self.machine}: cannot read the diagram line {line.strip()!r} "
-                                 f"(write `STATE -> NEXT | NEXT` or `terminal: STATE, STATE`)")
+                                 f"(write `STATE -> NEXT | NEXT`, `terminal: STATE, STATE` or `start: STATE, STATE`)")
 
 
 def read_diagrams(text: str) -> dict[str, Diagram]:
@@ -100,7 +107,11 @@ CODE: dict[str, set[Edge]] = {
     "ExecutionState": table_edges(states.EXECUTION_TRANSITIONS),
     "CheckpointStatus": table_edges(states.CHECKPOINT_TRANSITIONS),
     "OperationStatus": operation_edges(),
+    "Lifecycle": table_edges(states.DEPLOYMENT_TRANSITIONS),
 }
+# The states a machine's rows may start in, for a machine whose rows start with none (a
+# deployment's lifecycle is null until first reconciled); the others' rows are created in a state.
+STARTS: dict[str, set[str]] = {"Lifecycle": {s.value for s in states.DEPLOYMENT_START}}
 
 DOCUMENTS = {
     "shared/states.py": lambda: states.__doc__ or "",
@@ -110,7 +121,8 @@ DOCUMENTS = {
 
 def test_the_tables_cover_every_state():
     for machine, table in (("JobStatus", states.JOB_TRANSITIONS), ("ExecutionState", states.EXECUTION_TRANSITIONS),
-                           ("CheckpointStatus", states.CHECKPOINT_TRANSITIONS)):
+                           ("CheckpointStatus", states.CHECKPOINT_TRANSITIONS),
+                           ("Lifecycle", states.DEPLOYMENT_TRANSITIONS)):
         assert set(table) == set(MACHINES[machine]), machine
 
 
@@ -136,15 +148,34 @@ def test_a_diagram_names_the_terminal_states(document, machine):
     diagram = read_diagrams(DOCUMENTS[document]())[machine]
     members = {s.value for s in MACHINES[machine]}
     no_way_out = members - {source for source, _ in CODE[machine]}
-    assert diagram.terminal == no_way_out, f"{document}, {machine}: `terminal:` must list exactly {sorted(no_way_out)}"
-    named = {s for edge in diagram.edges for s in edge} | diagram.terminal
+    if no_way_out:
+        assert diagram.terminal == no_way_out, (
+            f"{document}, {machine}: `terminal:` must list exactly {sorted(no_way_out)}")
+    else:
+        assert diagram.terminal is None, f"{document}, {machine}: every state has a way out: no `terminal:` line"
+    named = {s for edge in diagram.edges for s in edge} | (diagram.terminal or set()) | (diagram.start or set())
     assert named <= members, f"{document}, {machine}: no such state: {sorted(named - members)}"
+
+
+@pytest.mark.parametrize("document", sorted(DOCUMENTS))
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_a_diagram_names_the_start_states(document, machine):
+    diagram = read_diagrams(DOCUMENTS[document]())[machine]
+    assert diagram.start == STARTS.get(machine), (
+        f"{document}, {machine}: `start:` must list exactly {sorted(STARTS[machine])}" if machine in STARTS
+        else f"{document}, {machine}: its rows are created in a state: no `start:` line")
 
 
 def test_terminal_states_are_the_ones_no_move_leaves():
     for machine, members in (("JobStatus", list(JobStatus)), ("ExecutionState", list(ExecutionState))):
         assert {s.value for s in members if s.is_terminal} == (
             {s.value for s in members} - {source for source, _ in CODE[machine]}), machine
+
+
+def test_a_start_line_is_read():
+    diagrams = read_diagrams("Lifecycle::\n\n    start: DEPLOYING, SUSPENDED  # note\n    SUSPENDED -> DEPLOYING\n")
+    assert diagrams["Lifecycle"].start == {"DEPLOYING", "SUSPENDED"}
+    assert diagrams["Lifecycle"].edges == {("SUSPENDED", "DEPLOYING")}
 
 
 def test_a_move_in_another_notation_is_refused():

@@ -1,4 +1,4 @@
-"""What a task is handed of the storage roots and taken back from it (task_storage.py): its
+"""What a task is handed of the storage roots and taken back from it (tasks/storage.py): its
 attempt directory and its snapshot targets only, never their parents; a snapshot sealed by root
 before it is reported; a restore read through a view whose lineage is the one root trusts."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.taskmanager.task_storage import StorageRefused, StorageRoots, TaskStorage
+from services.taskmanager.tasks.storage import StorageRefused, StorageRoots, TaskStorage
 from shared import safe_fs
 from shared import task_protocol as tp
 from shared.untrusted_code import UntrustedUser

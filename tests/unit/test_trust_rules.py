@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from services.dispatcher.redaction import MASK, masked_value, names_a_secret
+from services.dispatcher.guards.redaction import MASK, masked_value, names_a_secret
 from services.resourcemanager.report_streams import ReportStreams
 from shared import log_access, pipeline_redis, restart, streams
 from shared.message_auth import MAX_AGE_S, MAX_CLOCK_SKEW_S, staleness

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from services.taskmanager.warm_pool import REPLACING, RETRY_S, SPARE, URGENT, WarmPool, WarmupTokens
+from services.taskmanager.drivers.warm_pool import REPLACING, RETRY_S, SPARE, URGENT, WarmPool, WarmupTokens
 from tests.waiting import wait_for
 
 

@@ -1,6 +1,6 @@
 """The runner's warm-up flags for each kind of driver a TaskManager starts."""
 
-from services.taskmanager.driver_process import warm_up_args
+from services.taskmanager.drivers.process import warm_up_args
 from services.taskmanager.runtime.runner import parse_args
 from shared.settings import Settings
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path
-from sqlalchemy import func, select
 
-from services.dispatcher import checkpoint_views, operations, snapshot_sinks
 from services.dispatcher.deps import CatalogDep, NowMsDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import IntRange
@@ -19,9 +17,9 @@ from services.dispatcher.schemas.snapshots import (
     CheckpointTriggerRequest,
     TriggerResponse,
 )
+from services.dispatcher.views import checkpoints, operations, snapshot_sinks
 from shared import checkpointing as cp
 from shared.catalog import repository
-from shared.catalog.models import CheckpointRow
 from shared.catalog.repository import NotFound
 from shared.messages import RequestCheckpoint
 from shared.states import CheckpointStatus
@@ -36,9 +34,7 @@ SUMMARY_WINDOW = 1000  # completed checkpoints the summary covers (Flink's histo
             summary="Checkpoint counts, summary, latest checkpoints and history")
 def checkpoint_statistics(jobid: str, session: SessionDep, now_ms: NowMsDep) -> dict:
     job = operations.get_job(session, jobid)
-    counts = dict(session.execute(
-        select(CheckpointRow.status, func.count()).where(CheckpointRow.job_id == job.id)
-        .group_by(CheckpointRow.status)).all())
+    counts = repository.count_job_checkpoints_by_status(session, job.id)
     completed = repository.list_checkpoints(session, job.id, statuses=_COMPLETED, limit=SUMMARY_WINDOW)
     restored = [ex for ex in repository.job_executions(session, job.id) if ex.restored_from]
 
@@ -46,16 +42,16 @@ def checkpoint_statistics(jobid: str, session: SessionDep, now_ms: NowMsDep) -> 
         rows = repository.list_checkpoints(session, job.id, limit=1, **kw)
         return rows[0] if rows else None
 
-    stats = checkpoint_views.checkpointing_statistics(
+    stats = checkpoints.checkpointing_statistics(
         counts=counts, restored_count=len(restored), summary_rows=completed,
         latest_completed=latest(statuses=_COMPLETED, kind="checkpoint"),
         latest_savepoint=latest(statuses=_COMPLETED, kind="savepoint"),
         latest_failed=latest(statuses=[CheckpointStatus.FAILED]),
-        restored=checkpoint_views.restored_statistics(
+        restored=checkpoints.restored_statistics(
             max(restored, key=lambda ex: (ex.attempt, ex.timestamps.get("CREATED", 0) if ex.timestamps else 0),
                 default=None),
             {r.path for r in completed if r.kind == "savepoint" and r.path}),
-        history=repository.list_checkpoints(session, job.id, limit=checkpoint_views.HISTORY_SIZE),
+        history=repository.list_checkpoints(session, job.id, limit=checkpoints.HISTORY_SIZE),
         now_ms=now_ms,
     )
     for item in stats["history"]:  # a Delta sink's table version per checkpoint
@@ -91,7 +87,7 @@ def checkpoint_config(jobid: str, session: SessionDep, settings: SettingsDep) ->
                           expected=f"a valid value for {exc.field}",
                           hint="the option was stored before it was validated; submit the job again with a "
                                "valid value", prefix=False) from None
-    return checkpoint_views.checkpoint_config_info(cfg, job.config)
+    return checkpoints.checkpoint_config_info(cfg, job.config)
 
 
 @router.get("/{jobid}/checkpoints/details/{checkpointid}", responses=_404,
@@ -106,7 +102,7 @@ def checkpoint_details(
         raise ApiError.of(404, f"checkpoint {checkpointid} of job {job.id} not found", field="checkpointid",
                           expected="the id of one of the job's checkpoints",
                           hint=f"GET /jobs/{job.id}/checkpoints lists the recent ones", prefix=False) from None
-    out = checkpoint_views.checkpoint_statistics(row, now_ms, tasks=True)
+    out = checkpoints.checkpoint_statistics(row, now_ms, tasks=True)
     return out | snapshot_sinks.sink_fields(row.path) if out.get("status") == "COMPLETED" else out
 
 

@@ -9,10 +9,8 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Request
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.dispatcher import checkpoint_dir_option, redaction, restore, restore_check
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -22,6 +20,8 @@ from services.dispatcher.deps import (
     WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
+from services.dispatcher.guards.strict_fields import StrictBool
 from services.dispatcher.schemas.deployments import (
     AutoscalerDetail,
     DeploymentAccepted,
@@ -30,17 +30,16 @@ from services.dispatcher.schemas.deployments import (
     DeploymentList,
     DeploymentSpecRequest,
 )
-from services.dispatcher.strict_fields import StrictBool
-from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
-from services.dispatcher.warm_planner import WarmPlanner
+from services.dispatcher.submission import checkpoint_dir_option, restore, restore_check
+from services.dispatcher.submission.submitter import check_config, check_entry, resolve_restart_strategy, unknown_jar
+from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared import checkpointing as cp
 from shared import deployments as dep
 from shared.catalog import repository
-from shared.catalog.models import CheckpointRow, DeploymentRow, Job, epoch_ms
+from shared.catalog.models import DeploymentRow, epoch_ms
 from shared.catalog.repository import NotFound
 from shared.catalog.repository import deployments as deployments_repo
 from shared.ids import ArtifactId
-from shared.states import CheckpointStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/deployments", tags=["deployments"])
@@ -131,12 +130,7 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art, war
             return
         if _pipeline_part(row.spec) == _pipeline_part(spec) or not row.job_id:
             return  # what the job runs is unchanged (a suspension, a new rollback bound): no planning
-        snapshot_path = s.execute(
-            select(CheckpointRow.path).where(CheckpointRow.job_id == row.job_id,
-                                             CheckpointRow.status == CheckpointStatus.COMPLETED.value,
-                                             CheckpointRow.path.is_not(None))
-            .order_by(CheckpointRow.checkpoint_id.desc()).limit(1)).scalar()
-        snapshot_path = snapshot_path or row.last_savepoint
+        snapshot_path = repository.newest_snapshot_path(s, row.job_id) or row.last_savepoint
     if not snapshot_path:
         return
     try:
@@ -176,10 +170,7 @@ def _record_refusal(catalog, name: str, why: str) -> None:
 
 
 def _job_states(s: Session, rows) -> dict[str, str]:
-    ids = [r.job_id for r in rows if r.job_id]
-    if not ids:
-        return {}
-    return dict(s.execute(select(Job.id, Job.status).where(Job.id.in_(ids))).tuples().all())
+    return repository.job_statuses(s, [r.job_id for r in rows if r.job_id])
 
 
 @router.get("", response_model=DeploymentList, summary="List the deployments with their states")

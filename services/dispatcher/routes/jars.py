@@ -10,7 +10,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, File, Query, Request, UploadFile
 
-from services.dispatcher import artifacts, limits, submission, views
 from services.dispatcher.deps import (
     ArtifactLimitsDep,
     CatalogDep,
@@ -23,6 +22,8 @@ from services.dispatcher.deps import (
     WarmPlannerDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import limits
+from services.dispatcher.guards.strict_fields import StrictBool
 from services.dispatcher.schemas import (
     EntryName,
     ErrorBody,
@@ -38,7 +39,8 @@ from services.dispatcher.schemas.jars import (
     MAX_PROGRAM_ARGS_CHARS,
     program_args_problem,
 )
-from services.dispatcher.strict_fields import StrictBool
+from services.dispatcher.submission import artifacts, submitter
+from services.dispatcher.views import shapes
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
 from shared.catalog.repository.deployments import deployments_using
@@ -117,7 +119,7 @@ def list_jars(request: Request, session: SessionDep, catalog: CatalogDep) -> dic
     files = []
     for art in reversed(repository.list_artifacts(session)):
         listed = artifacts.stored_listing(catalog, art)
-        files.append(views.jar_file(art, listed.get("functions")))
+        files.append(shapes.jar_file(art, listed.get("functions")))
     return {"address": str(request.base_url).rstrip("/"), "files": files}
 
 
@@ -127,7 +129,7 @@ def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
         try:
             art = repository.get_artifact(s, ArtifactId(jarid))
         except NotFound:
-            raise submission.unknown_jar(jarid) from None
+            raise submitter.unknown_jar(jarid) from None
         users = [j.id for j in repository.list_jobs(s, statuses=_LIVE) if j.artifact_id == jarid]
         if users:
             raise ApiError.of(409, f"jar {jarid} is used by job(s) that have not finished: {', '.join(users)}",
@@ -188,7 +190,7 @@ def run_jar(
     args = req.program_args()
     if args is None:
         args = _query_args(program_args, program_arg)
-    request = submission.Request(
+    request = submitter.Request(
         jarid=jarid, entry=req.entryClass or entry_class or artifacts.DEFAULT_ENTRY, args=args,
         config={**(req.flinkConfiguration or {}), **(req.config or {})},
         parallelism=req.parallelism or parallelism or 1, restart=req.restartStrategy, kind=req.kind or "pyspark",
@@ -197,7 +199,7 @@ def run_jar(
         allow_non_restored=req.allowNonRestoredState if req.allowNonRestoredState is not None else allow_non_restored,
         mode=req.claimMode if req.claimMode is not None else req.restoreMode,
         mode_field="claimMode" if req.claimMode is not None else "restoreMode")
-    job_id = submission.Submitter(settings, catalog, transport, default_restart, overview, bounds, warm).submit(request)
+    job_id = submitter.Submitter(settings, catalog, transport, default_restart, overview, bounds, warm).submit(request)
     return {"jobid": job_id}
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import redis
 from fastapi import APIRouter, Query
 
-from services.dispatcher import operations
 from services.dispatcher.deps import SessionDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import JobProgressInfo, MetricValue
 from services.dispatcher.schemas.jobs import JobProgressHistory
+from services.dispatcher.views import operations
 from shared import streams
 from shared.catalog import repository
 from shared.states import ExecutionState

@@ -11,11 +11,11 @@ import redis
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from services.dispatcher import log_fetch
 from services.dispatcher.deps import SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
-from services.dispatcher.redaction import MASK, mask_url, masked_value  # noqa: F401 - one masking rule
+from services.dispatcher.guards.redaction import MASK, mask_url, masked_value  # noqa: F401 - one masking rule
 from services.dispatcher.schemas import ConfigEntry, JobManagerLeaderInfo, LogListInfo
+from services.dispatcher.views import log_fetch
 from shared import streams
 
 router = APIRouter(prefix="/jobmanager", tags=["jobmanager"])

@@ -9,11 +9,9 @@ from datetime import datetime
 from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from services.dispatcher import operations, redaction, views
 from services.dispatcher.deps import (
     CatalogDep,
     ClockDep,
@@ -24,6 +22,7 @@ from services.dispatcher.deps import (
     TransportDep,
 )
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
 from services.dispatcher.schemas import (
     Empty,
     JobConfigInfo,
@@ -34,8 +33,8 @@ from services.dispatcher.schemas import (
     MultipleJobsDetails,
     PositiveInt,
 )
+from services.dispatcher.views import operations, shapes
 from shared.catalog import repository
-from shared.catalog.models import ExceptionRow, Execution, Job, Vertex
 from shared.messages import CancelJob
 from shared.states import JobStatus
 from shared.streams import JM_STREAM
@@ -56,7 +55,7 @@ RUNTIME_MODE = "execution.runtime-mode"  # the one option of a job's configurati
 
 
 class _OverviewJob(NamedTuple):
-    """What views.job_overview reads of a job, without the rest of its row."""
+    """What shapes.job_overview reads of a job, without the rest of its row."""
 
     id: str
     name: str
@@ -73,24 +72,17 @@ class _OverviewJob(NamedTuple):
 def overview_answer(s: Session, now_ms: int) -> dict[str, Any]:
     """GET /jobs/overview, newest first, in three queries that load only what the view reads: the
     jobs' columns, their vertices' ids and each vertex's latest attempt (not every attempt)."""
-    jobs = s.execute(
-        select(Job.id, Job.name, Job.status, Job.created_at, Job.end_at, Job.updated_at,
-               Job.config[RUNTIME_MODE].as_string(), Job.waiting_reason, Job.parallelism, Job.deployment)
-        .order_by(Job.seq.desc())).all()
+    jobs = repository.job_overview_rows(s, RUNTIME_MODE)
     vertices: dict[str, list[Any]] = defaultdict(list)
-    for v in s.execute(select(Vertex.id, Vertex.job_id).order_by(Vertex.job_id, Vertex.idx)):
+    for v in repository.vertex_ids_by_job(s):
         vertices[v.job_id].append(v)
-    newest = (select(Execution.vertex_id, func.max(Execution.attempt).label("attempt"))
-              .group_by(Execution.vertex_id).subquery())
-    latest = {ex.vertex_id: ex for ex in s.execute(
-        select(Execution.vertex_id, Execution.state, Execution.waiting_reason, Execution.attempt)
-        .join(newest, (Execution.vertex_id == newest.c.vertex_id) & (Execution.attempt == newest.c.attempt)))}
+    latest = {ex.vertex_id: ex for ex in repository.latest_attempt_states(s)}
     out = []
     for (jid, name, status, created_at, end_at, updated_at, mode, waiting, parallelism, deployment) in jobs:
         job = _OverviewJob(jid, name, status, created_at, end_at, updated_at,
                            {RUNTIME_MODE: mode} if mode is not None else None, waiting, parallelism, deployment)
         vs = vertices.get(jid, ())
-        out.append(views.job_overview(job, vs, {v.id: latest[v.id] for v in vs if v.id in latest}, now_ms))
+        out.append(shapes.job_overview(job, vs, {v.id: latest[v.id] for v in vs if v.id in latest}, now_ms))
     return {"jobs": out}
 
 
@@ -103,7 +95,7 @@ def encode(answer: Any) -> bytes:
 
 @router.get("", response_model=JobIdsWithStatusOverview, summary="Every job's id and status")
 def list_jobs(session: SessionDep) -> dict:
-    return views.job_ids(repository.list_jobs(session))
+    return shapes.job_ids(repository.list_jobs(session))
 
 
 # response_model only documents the answer: a Response is sent as it is, unvalidated.
@@ -129,18 +121,17 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
     job = _job(session, jobid)
     vertices = repository.job_vertices(session, job.id)
     latest = repository.latest_executions(session, job.id)
-    newest_exception = session.execute(select(ExceptionRow).where(ExceptionRow.job_id == job.id)
-                                       .order_by(ExceptionRow.id.desc()).limit(1)).scalars().first()
-    return views.job_details(
+    newest_exception = repository.newest_exception(session, job.id)
+    return shapes.job_details(
         job, vertices, latest, repository.job_state_timestamps(session, job.id),
-        max_par=views.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
+        max_par=shapes.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
         last_exception=newest_exception,
     )
 
 
 @router.get("/{jobid}/config", response_model=JobConfigInfo, responses=_404, summary="A job's configuration")
 def job_config(jobid: str, request: Request, session: SessionDep) -> dict:
-    return redaction.for_caller(request, "", views.job_config(_job(session, jobid)))
+    return redaction.for_caller(request, "", shapes.job_config(_job(session, jobid)))
 
 
 @router.get("/{jobid}/vertices/{vertexid}", response_model=JobVertexDetailsInfo, responses=_404,
@@ -152,9 +143,9 @@ def vertex_details(jobid: str, vertexid: str, session: SessionDep, settings: Set
         raise ApiError.of(404, f"vertex {vertexid!r} not found in job {job.id}", field="vertexid",
                           expected="the id of one of the job's vertices",
                           hint=f"GET /jobs/{job.id} lists its vertices", prefix=False)
-    return views.vertex_details(
+    return shapes.vertex_details(
         vertex, repository.vertex_executions(session, vertex.id), _tm_hosts(session),
-        max_par=views.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
+        max_par=shapes.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
         history=settings.max_attempts_history,
     )
 
@@ -167,7 +158,7 @@ def job_exceptions(
 ) -> dict:
     job = _job(session, jobid)
     limit = min(maxExceptions or settings.exception_history_size, settings.exception_history_size)
-    return views.exceptions(repository.job_exceptions(session, job.id), _tm_hosts(session), limit=limit)
+    return shapes.exceptions(repository.job_exceptions(session, job.id), _tm_hosts(session), limit=limit)
 
 
 @router.patch("/{jobid}", status_code=202, response_model=Empty,

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
-from sqlalchemy import select
 
-from services.dispatcher import operations, restore, storage_guard
 from services.dispatcher.deps import CatalogDep, SessionDep, SettingsDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import storage_roots
 from services.dispatcher.schemas import ErrorBody, Parallelism
 from services.dispatcher.schemas.snapshots import (
     AsynchronousOperationResult,
@@ -25,10 +24,12 @@ from services.dispatcher.schemas.snapshots import (
     StopWithSavepointRequest,
     TriggerResponse,
 )
+from services.dispatcher.submission import restore
+from services.dispatcher.views import operations
 from shared import checkpoint_storage, job_options
 from shared import checkpointing as cp
 from shared.catalog import repository
-from shared.catalog.models import CheckpointRow, Job
+from shared.catalog.models import Job
 from shared.ids import new_request_id
 from shared.messages import RequestSavepoint
 from shared.settings import Settings
@@ -45,7 +46,7 @@ def default_target(job: Job, settings: Settings) -> str:
     else the cluster's."""
     configured = (job.config or {}).get(cp.SAVEPOINT_DIR)
     if configured:
-        return storage_guard.confined(restore.local_path(configured, cp.SAVEPOINT_DIR), settings,
+        return storage_roots.confined(restore.local_path(configured, cp.SAVEPOINT_DIR), settings,
                                       field=cp.SAVEPOINT_DIR, what="the job's savepoint directory")
     return str(Path(settings.savepoints).absolute())
 
@@ -55,7 +56,7 @@ def _savepoint(settings: Settings, raw_target: str | None, field: str, *, after:
     # A bad path is refused before anything is recorded.
     target = restore.local_path(raw_target, field) if raw_target else None
     if target is not None:
-        target = storage_guard.confined(target, settings, field=field, what="savepoint target")
+        target = storage_roots.confined(target, settings, field=field, what="savepoint target")
 
     def build(job: Job, request_id: str) -> tuple[dict[str, Any], RequestSavepoint]:
         partitions = job_options.state_partitions(job.config, settings.spark_shuffle_partitions)
@@ -133,7 +134,7 @@ def dispose_savepoint(body: Annotated[SavepointDisposalRequest, Body()], catalog
     request_id = new_request_id()
     with catalog.session() as s:
         # Refused before a row is written or a file renamed: only what the catalog records.
-        path = storage_guard.known_snapshot(s, path, settings, field="savepoint-path")
+        path = storage_roots.known_snapshot(s, path, settings, field="savepoint-path")
         repository.create_operation(s, id=request_id, kind="dispose", job_id=None, params={"path": path})
     try:
         resolved = str(checkpoint_storage.resolve_snapshot(path))
@@ -156,9 +157,7 @@ def _discard_rows(s, paths: set[str]) -> int:
     """Mark the completed snapshots recorded at these paths DISCARDED: their files are gone."""
     candidates = {p.rstrip("/") for p in paths} | {p.rstrip("/") + "/" for p in paths}
     candidates |= {f"file:{p}" for p in set(candidates)} | {f"file://{p}" for p in set(candidates)}
-    rows = s.execute(select(CheckpointRow).where(CheckpointRow.path.in_(candidates),
-                                                 CheckpointRow.status == CheckpointStatus.COMPLETED.value)
-                     .with_for_update()).scalars().all()
+    rows = repository.lock_completed_snapshots(s, candidates)
     for row in rows:
         repository.transition_checkpoint(s, row, CheckpointStatus.DISCARDED)
     return len(rows)

@@ -13,9 +13,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 
-from services.dispatcher import artifacts, checkpoint_dir_option, redaction
 from services.dispatcher.deps import ArtifactLimitsDep, CatalogDep, DefaultRestartDep, NowMsDep, SessionDep, SettingsDep
 from services.dispatcher.errors import ApiError, error_responses
+from services.dispatcher.guards import redaction
 from services.dispatcher.schemas.schedules import (
     ScheduleCreated,
     ScheduleCreateRequest,
@@ -23,7 +23,8 @@ from services.dispatcher.schemas.schedules import (
     ScheduleList,
     ScheduleUpdateRequest,
 )
-from services.dispatcher.submission import check_config, check_entry, resolve_restart_strategy, unknown_jar
+from services.dispatcher.submission import artifacts, checkpoint_dir_option
+from services.dispatcher.submission.submitter import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from shared import schedules as sch
 from shared.catalog import repository
 from shared.catalog.models import Schedule, epoch_ms
@@ -130,7 +131,7 @@ def list_schedules(request: Request, session: SessionDep) -> dict:
 
 
 def _for_caller(request: Request, view: dict) -> dict:
-    """A schedule's arguments may carry secrets: masked for viewers (redaction.py)."""
+    """A schedule's arguments may carry secrets: masked for viewers (guards/redaction.py)."""
     return {**view, "programArgs": redaction.for_caller(request, "programArgs", view["programArgs"])}
 
 

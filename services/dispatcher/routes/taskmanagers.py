@@ -12,10 +12,10 @@ import redis
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from services.dispatcher import log_fetch, views
 from services.dispatcher.deps import SessionDep, TransportDep
 from services.dispatcher.errors import ApiError, error_responses
 from services.dispatcher.schemas import ErrorBody, LogListInfo, TaskManagerDetailsInfo, TaskManagersInfo
+from services.dispatcher.views import log_fetch, shapes
 from shared import streams
 from shared.catalog import repository
 from shared.catalog.repository import NotFound
@@ -30,18 +30,18 @@ def list_taskmanagers(session: SessionDep, include: Literal["lost"] | None = Que
         None, description="lost: also the TaskManagers the ResourceManager declared lost (state LOST, with "
                           "last-lost-at and lost-reason), until they register again")) -> dict:
     rows = repository.list_taskmanagers(session, include_gone=include == "lost")
-    return views.taskmanagers([r for r in rows if r.state in ("REGISTERED", "LOST")])
+    return shapes.taskmanagers([r for r in rows if r.state in ("REGISTERED", "LOST")])
 
 
 @router.get("/{tmid}", response_model=TaskManagerDetailsInfo, responses={404: {"model": ErrorBody}},
             summary="One TaskManager (also a lost or unregistered one) with its allocated slots")
 def taskmanager_details(tmid: str, session: SessionDep, transport: TransportDep) -> dict:
     row = _row(session, tmid)
-    return views.taskmanager_details(row, memory=_memory(transport, row.id))
+    return shapes.taskmanager_details(row, memory=_memory(transport, row.id))
 
 
 def _memory(transport, tmid: str) -> dict | None:
-    """The tasks' memory figures the TaskManager keeps in Redis (services/taskmanager/task_memory.py);
+    """The tasks' memory figures the TaskManager keeps in Redis (services/taskmanager/memory/task_memory.py);
     None when Redis does not answer: the slots are the catalog's and still shown."""
     client = transport.redis_client
     if client is None:

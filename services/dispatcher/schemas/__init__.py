@@ -1,12 +1,13 @@
 """API contracts: request bodies (validated, with messages that name the field and say how to fix
 it) and response shapes (Flink REST v1 field names, hyphens and all). Separate from the catalog
-tables in `shared.catalog.models`; `views` turns rows into these shapes.
+tables in `shared.catalog.models`; `views/shapes.py` turns rows into these shapes.
 
 One module per resource (jars, jobs, cluster), with restart strategies and the fields they
 are built of in their own; checkpoint and savepoint bodies in snapshots, schedules in schedules.
 This package re-exports the first five.
 """
 
+from services.dispatcher.guards.strict_fields import EntryName, StrictBool
 from services.dispatcher.schemas.cluster import (
     ClusterOverview,
     ConfigEntry,
@@ -76,7 +77,6 @@ from services.dispatcher.schemas.restart import (
     normalise_restart_strategy,
     stored_restart_strategy,
 )
-from services.dispatcher.strict_fields import EntryName, StrictBool
 
 __all__ = [
     "AttemptInfo",

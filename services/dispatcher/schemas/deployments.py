@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from services.dispatcher.guards.strict_fields import EntryName, StrictBool
 from services.dispatcher.schemas.fields import IntRange, Kind, Parallelism, Seconds, _Strict
 from services.dispatcher.schemas.jars import MAX_PROGRAM_ARG_CHARS, MAX_PROGRAM_ARGS, check_program_args_bounds
 from services.dispatcher.schemas.restart import RestartStrategy
-from services.dispatcher.strict_fields import EntryName, StrictBool
 from shared import autoscaling, streams
 from shared import deployments as dep
 

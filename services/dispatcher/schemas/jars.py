@@ -8,9 +8,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from services.dispatcher.guards.strict_fields import EntryName, StrictBool
 from services.dispatcher.schemas.fields import JobIdStr, JobName, Kind, Parallelism, _Out, _Strict
 from services.dispatcher.schemas.restart import RestartStrategy
-from services.dispatcher.strict_fields import EntryName, StrictBool
 
 # What a job's arguments may hold (issue 43.14). They are stored with the job, sent in every
 # deploy command and shown by every GET of the job, deployment or schedule: 1,000 arguments of

@@ -10,10 +10,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.dispatcher.guards.strict_fields import EntryName, StrictBool
 from services.dispatcher.schemas.fields import IntRange, JobName, Kind, Parallelism, _Strict
 from services.dispatcher.schemas.jars import check_program_args
 from services.dispatcher.schemas.restart import RestartStrategy
-from services.dispatcher.strict_fields import EntryName, StrictBool
 from shared import schedules as sch
 
 Overlap = Literal["skip", "queue", "cancel_previous"]

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, SerializerFunctionWrapHandler, WithJsonSchema, model_serializer
 
+from services.dispatcher.guards.strict_fields import StrictBool
 from services.dispatcher.schemas.fields import _fail, _Out, _repr, _Strict
-from services.dispatcher.strict_fields import StrictBool
 
 FORMAT_TYPES = ("CANONICAL", "NATIVE")
 CHECKPOINT_TYPES = ("CONFIGURED", "FULL", "INCREMENTAL")

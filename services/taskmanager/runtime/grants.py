@@ -1,6 +1,6 @@
 """What a driver asks its TaskManager for while its task runs: a files sink's directory
-(services/taskmanager/sink_claims.py), a view of a snapshot of its lineage it was not given
-(task_storage.py). A request goes out as an event, its answer comes back on stdin
+(services/taskmanager/tasks/sink_claims.py), a view of a snapshot of its lineage it was not given
+(tasks/storage.py). A request goes out as an event, its answer comes back on stdin
 (shared/task_protocol.py ClaimDirectory / ViewSnapshot / Granted), and the caller waits for it,
 bounded by ANSWER_TIMEOUT_S.
 

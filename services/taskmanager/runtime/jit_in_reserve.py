@@ -10,7 +10,7 @@ at once on two cores (`headrace up`), each one's C2 otherwise takes CPU the othe
 So, while in reserve, every C2 compiler thread of the driver's JVM runs under SCHED_IDLE (the
 kernel gives it a core only when nothing else wants one); `release` puts them back under
 SCHED_OTHER, at the nice value the thread has then (the TaskManager raises a taken driver's
-priority, driver_process.py). HotSpot itself drops queued compilations of methods that went cold
+priority, drivers/process.py). HotSpot itself drops queued compilations of methods that went cold
 meanwhile, so starved work is partly never done at all. C2 threads are found by name
 ("C2 CompilerThre", as Linux truncates it) among the threads of every `java` process under this
 one (or the given one), polled until released: the JVM starts after this does, and HotSpot may add C2 threads as

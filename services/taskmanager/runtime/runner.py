@@ -19,7 +19,7 @@ This module is the composition root; the rooms it wires together:
 Start-up: as a task starts, the driver writes each phase to its log (`PHASE_MARKER`: importing
 the module, building, restoring, starting the query) and dumps every thread's stack there on
 SIGUSR1, so the TaskManager can say where a pipeline that does not start in time is stuck
-(headrace.task.startup-timeout, see services/taskmanager/startup_timeout.py).
+(headrace.task.startup-timeout, see services/taskmanager/tasks/startup.py).
 
 Cancel (a `cancel` line on stdin or SIGTERM) stops the query and exits 0 after `canceled`.
 A watchdog exits the process when its parent dies, so a killed TaskManager leaves no driver
@@ -170,7 +170,7 @@ def not_dumpable() -> None:
     the task's configuration and the pipeline's Redis password): its /proc/<pid>/mem, environ and
     the like become root's, so no other process, not even one of the same user, reads them, and
     no core dump is written. The TaskManager still reads its memory figure as root
-    (services/taskmanager/memory_measure.py). Linux only; elsewhere nothing happens."""
+    (services/taskmanager/memory/measure.py). Linux only; elsewhere nothing happens."""
     try:
         import ctypes
 

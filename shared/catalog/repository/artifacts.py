@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -35,3 +35,19 @@ def delete_artifact(s: Session, artifact_id: ArtifactId) -> Artifact:
     s.delete(row)
     s.flush()
     return row
+
+
+def find_artifact(s: Session, artifact_id: ArtifactId) -> Artifact | None:
+    """The artifact, or None; from the session without SQL when it holds it already (`Session.get`)."""
+    return s.get(Artifact, artifact_id)
+
+
+def artifacts_by_ids(s: Session, artifact_ids: Iterable[ArtifactId]) -> Sequence[Artifact]:
+    return s.execute(select(Artifact).where(Artifact.id.in_(list(artifact_ids)))).scalars().all()
+
+
+def set_artifact_listing(s: Session, artifact_id: ArtifactId, listing: dict) -> None:
+    """Record an artifact's listing, unless it is gone or has one already."""
+    row = s.get(Artifact, artifact_id)
+    if row is not None and row.listing is None:
+        row.listing = listing

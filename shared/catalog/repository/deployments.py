@@ -1,12 +1,14 @@
 """Deployments: the dispatcher writes the desired spec (a new generation when it changes), asks
 for a rollback or a deletion; the leading JobManager's reconciler writes the status, the history
-and the savepoints, in a unit of work fenced like any other."""
+and the savepoints, in a unit of work fenced like any other. The lifecycle state changes only
+through `transition_deployment`, which keeps to its machine (shared/states.py
+`DEPLOYMENT_TRANSITIONS`)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from shared.catalog.models import (
@@ -22,6 +24,7 @@ from shared.catalog.repository.jobs import create_job
 from shared.catalog.repository.rows import NotFound
 from shared.errors import CoordinationError
 from shared.ids import JobId
+from shared.states import Lifecycle, check_deployment_transition
 
 
 def get_deployment(s: Session, name: str, *, lock: bool = False) -> DeploymentRow:
@@ -36,6 +39,29 @@ def get_deployment(s: Session, name: str, *, lock: bool = False) -> DeploymentRo
 
 def list_deployments(s: Session) -> Sequence[DeploymentRow]:
     return s.execute(select(DeploymentRow).order_by(DeploymentRow.name)).scalars().all()
+
+
+# A deployment's fields that say what is wanted of it, and its lifecycle: while none of them
+# changes, a SUSPENDED deployment that needed nothing still needs nothing.
+DESIRED_FIELDS = (DeploymentRow.name, DeploymentRow.generation, DeploymentRow.lifecycle, DeploymentRow.pending,
+                  DeploymentRow.deleting, DeploymentRow.rollback_requested, DeploymentRow.updated_at)
+
+
+def desired_states(s: Session) -> Sequence[Any]:
+    """Every deployment's DESIRED_FIELDS, by name, unlocked (one row each, its columns by name)."""
+    return s.execute(select(*DESIRED_FIELDS).order_by(DeploymentRow.name)).all()
+
+
+def transition_deployment(s: Session, row: DeploymentRow, target: Lifecycle) -> DeploymentRow:
+    """The only function that changes `deployments.lifecycle`. Raises IllegalTransition. Moving
+    to the state it is in changes nothing; the caller holds the row locked and records the
+    step in the history (`record_deployment_event`)."""
+    current = Lifecycle(row.lifecycle) if row.lifecycle else None
+    if current == target:
+        return row
+    check_deployment_transition(current, target)
+    row.lifecycle = target.value
+    return row
 
 
 def put_deployment(s: Session, name: str, spec: dict[str, Any], *, expected_generation: int | None = None
@@ -160,6 +186,12 @@ def add_autoscaler_evaluation(s: Session, row: DeploymentRow, evaluation: dict[s
         .order_by(AutoscalerEvaluation.id.desc()).offset(EVALUATIONS_KEPT).limit(1).scalar_subquery()
     s.execute(delete(AutoscalerEvaluation).where(AutoscalerEvaluation.name == row.name,
                                                  AutoscalerEvaluation.id <= oldest_kept))
+
+
+def count_autoscaler_rescales(s: Session) -> Sequence[Any]:
+    """(deployment name, how many rescales the autoscaler decided), from the history."""
+    return s.execute(select(DeploymentEvent.name, func.count()).where(
+        DeploymentEvent.reason.like("autoscaler: scale-%")).group_by(DeploymentEvent.name)).all()
 
 
 def autoscaler_evaluations(s: Session, name: str, *, limit: int = 200) -> list[AutoscalerEvaluation]:

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from datetime import datetime
+from typing import Any, Iterable, Sequence
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.catalog.models import Execution, Vertex, epoch_ms, utcnow
@@ -168,3 +169,57 @@ def record_progress(s: Session, execution_id: ExecutionId, *, batch_id: int, row
 def set_execution_restore(s: Session, execution: Execution, *, path: str | None, checkpoint_id: int | None) -> None:
     execution.restored_from = path
     execution.restored_checkpoint_id = checkpoint_id
+
+
+def find_execution(s: Session, execution_id: ExecutionId) -> Execution | None:
+    """The attempt, or None; from the session without SQL when it holds it already (`Session.get`)."""
+    return s.get(Execution, execution_id)
+
+
+def find_vertex(s: Session, vertex_id: VertexId) -> Vertex | None:
+    """The vertex, or None; from the session without SQL when it holds it already (`Session.get`)."""
+    return s.get(Vertex, vertex_id)
+
+
+def vertices_of_jobs(s: Session, job_ids: Iterable[JobId]) -> Sequence[Vertex]:
+    return s.execute(select(Vertex).where(Vertex.job_id.in_(list(job_ids)))).scalars().all()
+
+
+def executions_in_states(s: Session, states: Iterable[ExecutionState]) -> Sequence[Execution]:
+    """Every attempt of the cluster in one of these states."""
+    return s.execute(select(Execution).where(Execution.state.in_([st.value for st in states]))).scalars().all()
+
+
+def allocation_holder_states(s: Session, allocation_id: AllocationId) -> Sequence[str]:
+    """The states of the attempts placed on this allocation (slots)."""
+    return s.execute(select(Execution.state).where(Execution.allocation_id == allocation_id)).scalars().all()
+
+
+def failed_executions_since(s: Session, job_id: JobId, since: datetime) -> Sequence[Execution]:
+    """The job's FAILED attempts that ended at or after `since`, the newest first."""
+    return s.execute(select(Execution).where(Execution.job_id == job_id, Execution.state == ExecutionState.FAILED.value,
+                                             Execution.end_at >= since)
+                     .order_by(Execution.end_at.desc())).scalars().all()
+
+
+def vertex_ids_by_job(s: Session) -> Sequence[Any]:
+    """(id, job_id) of every vertex, by job and then in the job's order."""
+    return s.execute(select(Vertex.id, Vertex.job_id).order_by(Vertex.job_id, Vertex.idx)).all()
+
+
+def latest_attempt_states(s: Session) -> Sequence[Any]:
+    """(vertex_id, state, waiting_reason, attempt) of every vertex's newest attempt."""
+    newest = (select(Execution.vertex_id, func.max(Execution.attempt).label("attempt"))
+              .group_by(Execution.vertex_id).subquery())
+    return s.execute(
+        select(Execution.vertex_id, Execution.state, Execution.waiting_reason, Execution.attempt)
+        .join(newest, (Execution.vertex_id == newest.c.vertex_id) & (Execution.attempt == newest.c.attempt))).all()
+
+
+def count_executions_by_state(s: Session) -> dict[str, int]:
+    return dict(s.execute(select(Execution.state, func.count()).group_by(Execution.state)).all())
+
+
+def count_restarted_attempts(s: Session) -> int:
+    """Attempts beyond each task's first."""
+    return s.scalar(select(func.count()).select_from(Execution).where(Execution.attempt > 0)) or 0

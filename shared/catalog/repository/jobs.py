@@ -138,3 +138,42 @@ def job_exceptions(s: Session, job_id: JobId) -> Sequence[ExceptionRow]:
         .scalars()
         .all()
     )
+
+
+def find_job(s: Session, job_id: JobId) -> Job | None:
+    """The job, or None; from the session without SQL when it holds it already (`Session.get`)."""
+    return s.get(Job, job_id)
+
+
+def newest_job_epoch(s: Session) -> int:
+    """The newest leader epoch that wrote any job (0 with no job)."""
+    return int(s.execute(select(func.coalesce(func.max(Job.epoch), 0))).scalar_one())
+
+
+def job_statuses(s: Session, job_ids: Iterable[JobId]) -> dict[str, str]:
+    """The status of each of these jobs that exists (no query for none)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    return dict(s.execute(select(Job.id, Job.status).where(Job.id.in_(ids))).all())
+
+
+def job_overview_rows(s: Session, config_key: str) -> Sequence[Any]:
+    """Every job, newest first, with only the columns GET /jobs/overview reads, and of its
+    configuration only `config_key` (extracted by the database): (id, name, status, created_at,
+    end_at, updated_at, config value, waiting_reason, parallelism, deployment)."""
+    return s.execute(
+        select(Job.id, Job.name, Job.status, Job.created_at, Job.end_at, Job.updated_at,
+               Job.config[config_key].as_string(), Job.waiting_reason, Job.parallelism, Job.deployment)
+        .order_by(Job.seq.desc())).all()
+
+
+def count_transitions_to(s: Session, status: JobStatus) -> int:
+    """How many times any job entered `status` (its transition history)."""
+    return s.scalar(select(func.count()).select_from(JobTransition).where(JobTransition.to_status == status.value)
+                    ) or 0
+
+
+def newest_exception(s: Session, job_id: JobId) -> ExceptionRow | None:
+    return s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id)
+                     .order_by(ExceptionRow.id.desc()).limit(1)).scalars().first()

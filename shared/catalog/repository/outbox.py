@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from shared.catalog.models import OutboxEntry
@@ -25,3 +25,7 @@ def delete_outbox(s: Session, ids: Iterable[str]) -> None:
     ids = list(ids)
     for i in range(0, len(ids), 1000):
         s.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(ids[i:i + 1000])))
+
+
+def count_outbox(s: Session) -> int:
+    return s.scalar(select(func.count()).select_from(OutboxEntry)) or 0

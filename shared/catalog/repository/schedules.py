@@ -129,3 +129,10 @@ def create_scheduled_job(s: Session, schedule: Schedule, job_id: JobId) -> Job:
                      kind=schedule.kind)
     job.schedule_id = schedule.id
     return job
+
+
+def due_schedule_ids(s: Session, now: datetime) -> list[str]:
+    """The ids of the enabled schedules whose next tick has come, unlocked (`due_schedules` locks)."""
+    return [row.id for row in s.execute(
+        select(Schedule.id).where(Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None),
+                                  Schedule.next_fire_at <= now)).all()]

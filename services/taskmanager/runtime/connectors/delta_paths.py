@@ -7,7 +7,7 @@ an absolute one (or a `file:` URI) must lie inside the lake directory or another
 root once `..` and symlinks are resolved. Anything else (another scheme such as s3a://, /etc, a
 path climbing out of the lake) is refused before Spark touches it. The lake directory and the
 roots come with the task (TaskSpec.lake_dir, .storage_roots); the TaskManagers create the lake
-directory and hand it to the drivers' user (services/taskmanager/driver_sandbox.py).
+directory and hand it to the drivers' user (services/taskmanager/drivers/sandbox.py).
 """
 
 from __future__ import annotations

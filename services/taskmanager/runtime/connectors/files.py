@@ -11,7 +11,7 @@ bookkeeping lives under `<path>/_headrace/` (readers skip `_`-prefixed entries, 
     staging/a<a>-b<b>-<hex>/   where attempt a writes batch b before committing it
 
 and its owner and fence where no pipeline can write them: in a task of a TaskManager, the
-TaskManager keeps them (services/taskmanager/sink_claims.py) and hands the directory to the task
+TaskManager keeps them (services/taskmanager/tasks/sink_claims.py) and hands the directory to the task
 only once it may have it (`grants.claim_directory`):
 
     fence                 {"attempt", "restored_batch_id"}: the attempt holding the sink

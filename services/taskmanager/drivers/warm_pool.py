@@ -1,0 +1,433 @@
+"""Warm Spark drivers for free slots.
+
+A cold driver costs ~10 s before its first query (JVM start, SparkContext, Python workers); a
+warm one has paid that already, so a submission or a failover starts in about a second. The
+pool keeps up to `size` drivers of `parallelism` ready, never more than the free slots could
+use, hands the oldest healthy one out, and starts a replacement in the background. A driver
+that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` (PSS
+summed, as a task's memory limit counts it) is discarded, never given a task.
+
+Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; three at once
+on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's take starts)
+each took 3-8 times longer, and a task handed a starting driver waited for all of them; one per
+core is what the cores can carry. So a driver starts warming only with a token (`WarmupTokens`:
+flock'ed lock files every TaskManager of this user on the host shares; the kernel frees a dead
+process's token), held until the driver is ready or gone; a wanted driver without a token waits,
+retried every RETRY_S. Waiting warm-ups take their turn by rank (`WarmPool.rank`): a TaskManager
+with no driver ready or warming and no task of its own (URGENT: the next task or failover lands
+there) before one that runs the task it handed its driver to (REPLACING), before one that has a
+ready driver and wants another (SPARE). A waiting warm-up says so with a flock'ed claim file
+named by its rank beside the tokens; a warm-up of a higher rank takes no token while a living
+claim of a lower one exists (a dead process's claim is unlocked, and removed by the next one to
+look); and a niced warm-up holding a token gives it up to a waiting urgent one and warms on
+niced (`_hold_until_ready`). Without this, a just-started cluster's second TaskManager lost the
+token to the first one's replacement, and a failover to it waited 14 s for a driver still warming. A task never
+waits for a token: `take` hands it a ready driver, else the
+oldest one already warming (it is ahead of any new JVM), else starts the task's own driver at
+once, taking a free token if there is one so that no new warm-up joins its start; and while a
+driver this pool handed to a task is still starting, the pool starts no warm-up of its own (a
+replacement warming beside it slowed the task's start by half). Drivers in reserve warm up at the
+lowest CPU priority, raised when a task takes one (drivers/process.py), so a replacement warming up
+while a task runs takes only the CPU the task leaves idle (one that got none for `ready_timeout_s`
+gets the normal priority, rather than being thrown away as stuck). An URGENT warm-up is the
+exception: it warms up at the TaskManager's priority, because the running tasks of the machine
+need it as the place to fail over to (niced, it got no CPU beside a busy task for as long as the
+task ran: docs/benchmarks.md, "Failover on a just-started cluster").
+
+Which task a driver can serve: with the local engine a warm driver runs `local[N]` and serves a
+task of any parallelism p <= N (`serves_smaller`; the task still reads with p partitions, and
+the TaskManager's slots share its cores as Flink's do), so warm drivers default to the
+TaskManager's slot count and one of them can take any task the TaskManager can hold. A driver on
+a Spark standalone cluster asks for exactly p cores when it starts, so there only p == N fits.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+from services.taskmanager.drivers.process import DriverProcess
+from shared import backoff
+
+log = logging.getLogger("headrace.taskmanager.warm")
+
+RETRY_S = 0.25
+BUSY_RETRY_S = 5.0  # after a warm driver could not be started at all (every drivers' user taken)
+# A warm-up's rank in the machine-wide line for tokens (WarmPool.rank): lower goes first.
+URGENT = 0  # the TaskManager has no ready driver and runs no task of its pool: the next task or failover lands here
+REPLACING = 1  # no ready driver, but it runs the task it handed its driver to
+SPARE = 2  # it has a ready driver and wants another
+RANK_NAMES = {URGENT: "urgent", REPLACING: "replacing", SPARE: "spare"}
+CLAIM_PREFIX = "waiting-rank-"
+_claims = itertools.count(1)
+
+
+class WarmupToken:
+    def __init__(self, fd: int):
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
+
+
+class WarmupTokens:
+    """At most `count` drivers warming up at once among all processes using `directory`."""
+
+    def __init__(self, directory: Path | None, count: int | None):
+        self.directory, self.count = directory, count  # count None: no limit
+
+    @classmethod
+    def unlimited(cls) -> "WarmupTokens":
+        return cls(None, None)
+
+    @classmethod
+    def for_machine(cls, count: int | None = None) -> "WarmupTokens":
+        """`count` tokens (Settings.warmup_concurrency; 0: no limit), else one per core (two JVMs
+        warming up on 2 cores: both ready after 19 s, one after the other 24 s; three or more
+        only slow each other down)."""
+        if count is None:
+            count = max(1, os.cpu_count() or 1)
+        if count <= 0:
+            return cls.unlimited()
+        return cls(Path(tempfile.gettempdir()) / f"headrace-warmup-{os.getuid()}", count)
+
+    def try_acquire(self, rank: int = URGENT) -> WarmupToken | None:
+        """A free token, unless a warm-up of a lower (more urgent) `rank` is waiting for one."""
+        directory = self.directory
+        if self.count is None or directory is None:
+            return WarmupToken(os.open(os.devnull, os.O_RDONLY))
+        try:
+            directory.mkdir(mode=0o700, exist_ok=True)
+            if rank > URGENT and self.outranked(rank):
+                return None
+            for i in range(self.count):
+                fd = os.open(directory / f"token-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return WarmupToken(fd)
+                except BlockingIOError:
+                    os.close(fd)
+        except OSError:
+            # An unusable token directory must not stop every warm-up: warm up unstaggered.
+            log.warning("warm-up tokens in %s are unusable; not staggering", self.directory, exc_info=True)
+            return WarmupToken(os.open(os.devnull, os.O_RDONLY))
+        return None
+
+    def wait_in_line(self, rank: int) -> "WaitingClaim | None":
+        """Say that a warm-up of `rank` waits for a token: until the claim is dropped (or its
+        process dies, which drops its flock) no warm-up of a higher rank takes one."""
+        directory = self.directory
+        if self.count is None or directory is None:
+            return None
+        try:
+            directory.mkdir(mode=0o700, exist_ok=True)
+            # Unique even when a pid comes back while a dead process's claim is still there.
+            path = directory / f"{CLAIM_PREFIX}{rank}-{os.getpid()}-{next(_claims)}-{os.urandom(4).hex()}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a new file nobody else has: granted at once
+        except OSError:
+            log.warning("cannot queue a warm-up in %s; it takes its turn unranked", self.directory, exc_info=True)
+            return None
+        return WaitingClaim(rank, path, fd)
+
+    def outranked(self, rank: int) -> bool:
+        """Whether a living process waits with a claim of a lower rank than `rank`. Claims left
+        by processes that died waiting (of any rank) are removed on the way."""
+        if self.directory is None:
+            return False
+        found = False
+        for path in self.directory.glob(f"{CLAIM_PREFIX}*.lock"):
+            claim_rank = _claim_rank(path.name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # dropped meanwhile
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                found = found or (claim_rank is not None and claim_rank < rank)  # its holder lives and waits
+            else:
+                path.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+        return found
+
+
+class WaitingClaim:
+    """A warm-up waiting for a token, as a flock'ed file named by its rank (WarmupTokens.wait_in_line)."""
+
+    def __init__(self, rank: int, path: Path, fd: int):
+        self.rank, self.path = rank, path
+        self._fd: int | None = fd
+
+    def drop(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+
+
+def _claim_rank(name: str) -> int | None:
+    try:
+        return int(name[len(CLAIM_PREFIX):].split("-", 1)[0])
+    except ValueError:
+        return None
+
+
+class DriverFactory(Protocol):
+    """Starts a driver of `parallelism`; `for_task`: a task waits for it (no warm-up query first)."""
+
+    def __call__(self, parallelism: int, for_task: bool = False) -> DriverProcess: ...
+
+
+class WarmPool:
+    def __init__(self, *, size: int, parallelism: int, factory: DriverFactory,
+                 max_rss_bytes: int | None = None, ready_timeout_s: float = 120.0,
+                 tokens: WarmupTokens | None = None, serves_smaller: bool = False):
+        self.size, self.parallelism, self.factory = size, parallelism, factory
+        self.serves_smaller = serves_smaller
+        self.max_rss_bytes, self.ready_timeout_s = max_rss_bytes, ready_timeout_s
+        self.tokens = tokens if tokens is not None else WarmupTokens.for_machine()
+        self._drivers: list[DriverProcess] = []
+        self._lock = threading.RLock()
+        self._want = 0
+        self._retrying = False
+        self._task_starts: list[DriverProcess] = []  # handed to a task before they were ready
+        self._handed: list[DriverProcess] = []  # handed to a task, until they exit
+        self._claim: WaitingClaim | None = None  # while a wanted warm-up waits for a token
+        # Drivers that die before ready (broken Java or Spark install, no memory) are replaced
+        # after a growing pause, not in a tight loop.
+        self._failures = 0
+        self._not_before = 0.0
+        # Warm-ups this pool ended itself because it wanted fewer (slots taken, shut down): their
+        # exit is no start failure and earns no pause.
+        self._trimmed: set[str] = set()
+        self._closed = False
+
+    def take(self, parallelism: int) -> DriverProcess | None:
+        """A ready driver if there is one; else the oldest one still starting, which will be
+        ready sooner than a driver started now (and two JVMs starting at once on a small
+        machine only slow each other down); else a driver started for the task now, without
+        waiting for a token (None only once the pool is shut down)."""
+        with self._lock:
+            # An exact fit first, then the smallest larger one.
+            fitting = sorted((d for d in self._drivers if self.fits(d, parallelism)),
+                             key=lambda d: d.parallelism != parallelism)
+            for d in [d for d in fitting if d.ready.is_set()]:
+                self._drivers.remove(d)
+                if self.healthy(d):
+                    d.raise_priority()
+                    self._handed.append(d)
+                    return d
+                log.warning("discarding unhealthy warm driver %s", d.id)
+                d.kill()
+            for d in fitting:
+                if not d.ready.is_set() and d.alive():
+                    self._drivers.remove(d)
+                    self._task_starts.append(d)
+                    self._handed.append(d)
+                    d.raise_priority()
+                    return d
+            if self._closed:
+                return None
+            # For a task that waits for it: no warm-up query, the task's own first batch is one.
+            d = self.factory(parallelism, for_task=True)
+            self._task_starts.append(d)
+            self._handed.append(d)
+            token = self.tokens.try_acquire()
+            if token is not None:
+                self._hold_until_ready(d, token)
+            log.info("starting driver %s (local[%d]) for a task%s", d.id, parallelism,
+                     "" if token else " beside a warm-up that holds every token")
+            return d
+
+    def fits(self, d: DriverProcess, parallelism: int) -> bool:
+        return d.parallelism == parallelism or (self.serves_smaller and d.parallelism > parallelism)
+
+    def healthy(self, d: DriverProcess) -> bool:
+        if not d.alive():
+            return False
+        if self.max_rss_bytes is None or d.pid is None:
+            return True
+        # The same measure as a task's memory limit (memory/limit.py): every process of the driver.
+        return d.memory_within(self.max_rss_bytes)
+
+    def replenish(self, free_slots: int) -> None:
+        """Top the pool up to what the free slots can use; trim it if slots became scarce."""
+        # A driver that serves smaller tasks is worth keeping while any slot is free.
+        per_driver = 1 if self.serves_smaller else self.parallelism
+        want = 0 if self.parallelism <= 0 else min(self.size, free_slots // per_driver)
+        with self._lock:
+            self._want = want
+            self._top_up()
+
+    def rank(self) -> int:
+        """This pool's place in the machine's line for warm-up tokens: URGENT while it has no
+        driver ready or warming and runs no task it handed one to (the next task or failover
+        lands on such a TaskManager, and would wait for a cold JVM), REPLACING while it has none
+        but runs such a task, SPARE once it has one."""
+        with self._lock:
+            if self._drivers:
+                return SPARE
+            self._handed = [d for d in self._handed if not d.exited and d.alive()]
+            return REPLACING if self._handed else URGENT
+
+    def _top_up(self) -> None:
+        with self._lock:
+            if self._closed:
+                self._leave_line()
+                return  # shutting down: a task driver's exit must not start a new JVM
+            self._drop_broken()
+            surplus = len(self._drivers) - self._want
+            for d in self._drivers[:max(0, surplus)]:
+                self._drivers.remove(d)
+                self._trimmed.add(d.id)
+                d.kill()
+            self._task_starts = [d for d in self._task_starts if not d.ready.is_set() and not d.exited and d.alive()]
+            if time.monotonic() < self._not_before or (self._task_starts and len(self._drivers) < self._want):
+                self._leave_line()  # not asking for a token now: no warm-up should wait for this one
+                if self._task_starts:
+                    self._retry_later()
+                return
+            self._promote_if_urgent()
+            while len(self._drivers) < self._want:
+                rank = self.rank()
+                token = self.tokens.try_acquire(rank)
+                if token is None:
+                    self._wait_in_line(rank)
+                    self._retry_later()
+                    return
+                try:
+                    d = self.factory(self.parallelism)
+                except OSError as exc:  # no user free for it (shared/sandbox_users.py), no directory
+                    token.release()
+                    log.warning("cannot start a warm driver now (%s); trying again in %.0f s", exc, BUSY_RETRY_S)
+                    self._not_before = time.monotonic() + BUSY_RETRY_S
+                    self._leave_line()
+                    self._retry_later()
+                    return
+                except BaseException:
+                    token.release()
+                    raise
+                if rank == URGENT:
+                    # Every running task of the machine may fail over here: this warm-up is theirs.
+                    d.raise_priority()
+                self._drivers.append(d)
+                self._hold_until_ready(d, token, rank)
+                log.info("starting warm driver %s (local[%d], %s)", d.id, self.parallelism, RANK_NAMES[rank])
+            self._leave_line()
+
+    def _promote_if_urgent(self) -> None:
+        """A warm-up started at the lowest priority beside this pool's task, whose task has
+        ended since: with no ready driver here, it is the one a failover would wait for."""
+        self._handed = [d for d in self._handed if not d.exited and d.alive()]
+        if self._handed or any(d.ready.is_set() for d in self._drivers):
+            return
+        for d in self._drivers:
+            if getattr(d, "niced", False):
+                log.info("warm driver %s is now this TaskManager's only prospect; warming it at full priority", d.id)
+                d.raise_priority()
+                return
+
+    def _wait_in_line(self, rank: int) -> None:
+        if self._claim is not None and self._claim.rank == rank:
+            return
+        self._leave_line()
+        self._claim = self.tokens.wait_in_line(rank)
+
+    def _leave_line(self) -> None:
+        if self._claim is not None:
+            self._claim.drop()
+            self._claim = None
+
+    def _retry_later(self) -> None:
+        if self._retrying:
+            return
+        self._retrying = True
+
+        def retry() -> None:
+            while True:
+                time.sleep(RETRY_S)
+                with self._lock:
+                    self._top_up()
+                    if self._closed or len(self._drivers) >= self._want:
+                        self._retrying = False
+                        return
+
+        threading.Thread(target=retry, name="warm-retry", daemon=True).start()
+
+    def _hold_until_ready(self, d: DriverProcess, token: WarmupToken, rank: int = URGENT) -> None:
+        """Hold `token` until `d` is ready or gone. A niced warm-up of a rank above URGENT gives
+        it up as soon as an urgent warm-up waits in line, and warms on at nice 19: beside the
+        urgent one, at full priority, it only takes idle CPU anyway, and starved beside a busy
+        task it would have kept the token for minutes."""
+        def watch() -> None:
+            try:
+                while not d.ready.wait(RETRY_S) and not d.exited and d.alive():
+                    if rank > URGENT and getattr(d, "niced", False) and self.tokens.outranked(URGENT + 1):
+                        log.info("warm driver %s gives its warm-up token to an urgent warm-up and warms on niced",
+                                 d.id)
+                        return
+            finally:
+                token.release()
+            log.debug("driver %s gave back its warm-up token", d.id)
+
+        threading.Thread(target=watch, name=f"warm-token-{d.id}", daemon=True).start()
+
+    def _drop_broken(self) -> None:
+        now = time.monotonic()
+        for d in list(self._drivers):
+            if not d.ready.is_set() and getattr(d, "niced", False) and now - d.started_at > self.ready_timeout_s:
+                # Not stuck, starved: busy tasks left it no CPU at nice 19. From now on it competes
+                # at full priority and is judged stuck only after another ready_timeout_s.
+                log.info("warm driver %s got no CPU to warm up in %.0f s; raising its priority", d.id,
+                         now - d.started_at)
+                d.raise_priority()
+                d.started_at = now
+                continue
+            stuck = not d.ready.is_set() and now - d.started_at > self.ready_timeout_s
+            if (d.ready.is_set() and not self.healthy(d)) or d.exited or stuck:
+                log.warning("discarding warm driver %s (%s)", d.id, "stuck starting" if stuck else "unhealthy")
+                self._drivers.remove(d)
+                d.kill()
+
+    def forget(self, d: DriverProcess) -> None:
+        """A driver exited. One that never became ready counts as a start failure."""
+        with self._lock:
+            if d in self._drivers:
+                self._drivers.remove(d)
+            if d.id in self._trimmed:
+                self._trimmed.discard(d.id)
+            elif d.execution_id is None and not d.ready.is_set():
+                self._failures += 1
+                pause = backoff.exponential(self._failures + 1, first_s=1.0, max_s=60.0)
+                self._not_before = time.monotonic() + pause
+                log.warning("warm driver %s died before it was ready (%d in a row); next try in %.0f s; "
+                            "see %s", d.id, self._failures, pause, d.log_path)
+            elif d.ready.is_set():
+                self._failures = 0
+
+    def status(self) -> dict:
+        with self._lock:
+            ready = sum(1 for d in self._drivers if d.ready.is_set())
+            waiting = max(0, self._want - len(self._drivers))
+            return {"ready": ready, "starting": len(self._drivers) - ready, "waiting": waiting,
+                    "parallelism": self.parallelism, "rank": RANK_NAMES[self.rank()] if waiting else None}
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._leave_line()
+            for d in self._drivers:
+                self._trimmed.add(d.id)
+                d.kill()
+            self._drivers.clear()
