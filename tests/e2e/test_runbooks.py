@@ -210,8 +210,8 @@ def test_the_runbooks_work_as_written_on_headrace_up_ha(tmp_path):
                     f"{name}: no {pattern!r} in its output:\n{done.stdout[-4000:]}\n--- stderr (end)\n"
                     f"{done.stderr[-2000:]}\n--- headrace up\n"
                     f"{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-4000:]}\n--- Spark JVMs\n"
-                    + subprocess.run("ps -eo pid,pgid,etimes,args | grep -o '^ *[0-9]* *[0-9]* *[0-9]* .*java' "
-                                     "| head; ps -eo args | grep -o 'java.io.tmpdir=[^ ]*' | head",
+                    + subprocess.run("ps -ww -eo pid,pgid,etimes,args | grep -o '^ *[0-9]* *[0-9]* *[0-9]* .*java' "
+                                     "| head; ps -ww -eo args | grep -o 'java.io.tmpdir=[^ ]*' | head",
                                      shell=True, capture_output=True, text=True).stdout)
             print(f"{name}: {took:.0f} s")
     finally:
