@@ -302,7 +302,8 @@ def realtime(args, home: Path) -> None:
         for rnd in range(args.rounds):
             for kind in ("micro-batch", "real-time"):
                 src, out = (create_topic(broker.bootstrap, f"{kind}-{rnd}-{x}") for x in ("in", "out"))
-                config = {**CHECKPOINTS, **({"headrace.real-time-mode": "5 s"} if kind == "real-time" else {})}
+                real_time = {"headrace.real-time-mode": args.real_time_batch} if kind == "real-time" else {}
+                config = {**CHECKPOINTS, **real_time}
                 wait_warm(cluster, 1)
                 job = rest.run(jar, parallelism=2, jobName=src, flinkConfiguration=config,
                                programArgsList=["--input", src, "--output", out, "--bootstrap-servers",
@@ -346,6 +347,7 @@ def main() -> None:
     p.add_argument("--warmup-s", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--real-time-batch", default="5 s", help="realtime: how long each real-time batch runs")
     p.add_argument("--kinds", default="default,latency-mode", help=f"latency: {', '.join(LATENCY_KINDS)}")
     args = p.parse_args()
     if args.rate is None:

@@ -43,7 +43,7 @@ for i in $(seq "$rounds"); do
       echo "--- $b"
       (cd "$tree" && PATH="$(dirname "$(command -v "$py")"):$PATH" && export PATH && case $b in
         latency) $py bench/latency.py --kinds headrace --duration-s 60 2>&1 | grep -E '^headrace ' ;;
-        throughput) $py bench/throughput.py --events 3000000 --rounds 1 2>&1 | grep -E 'events/s' | tail -3 ;;
+        throughput) $py bench/throughput.py --events 3000000 --rounds 1 2>&1 | grep -E 'events/s|ev/s' | tail -4 ;;
         failover) $py bench/failover.py --kind pyspark --runs 3 2>&1 | grep -E '^\| [0-9]|median|p50' | tail -5 ;;
         demo) $py bench/demo_start.py --runs 1 --variants after 2>&1 | tail -4 ;;
       esac) || echo "$b: no result"
