@@ -1,0 +1,96 @@
+"""What one small Delta commit costs, before any pipeline: the floor under the Delta sink's latency.
+
+One SparkSession built like a TaskManager's driver (services/taskmanager/runtime/spark_session.py,
+with the Delta sink's snapshot partitions), appending --rows rows --commits times to a table of its
+own, timed around each write; variants alternate within a round so the machine's noise falls on
+all of them:
+
+  parquet          a plain Parquet append of the same rows (no log, no transaction): the write job
+  delta            a Delta append with a transaction id and version, as the Delta sink writes
+  delta-no-stats   ... without per-file column statistics (spark.databricks.delta.stats.collect)
+  delta-no-crc     ... without the checksum file after each commit
+  delta-ckpt-100   ... with a log checkpoint every 100 commits instead of every 10
+
+The first --skip commits of each table are left out (the JIT and the table's first versions).
+
+usage: python3 bench/delta_commit_cost.py [--commits 40] [--rows 10] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.checkpoint_overhead import machine, percentile
+
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "parquet": ("parquet", {}),
+    "delta": ("delta", {}),
+    "delta-no-stats": ("delta", {"spark.databricks.delta.stats.collect": "false"}),
+    "delta-no-crc": ("delta", {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
+    "delta-ckpt-100": ("delta", {"spark.databricks.delta.properties.defaults.checkpointInterval": "100"}),
+}
+
+
+def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str], commits: int) -> list[float]:
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        took = []
+        for i in range(commits):
+            df = spark.createDataFrame(rows, schema)
+            writer = df.write.format(fmt).mode("append")
+            if fmt == "delta":
+                writer = writer.option("txnAppId", "bench").option("txnVersion", str(i))
+            t = time.perf_counter()
+            writer.save(path)
+            took.append(time.perf_counter() - t)
+        return took
+    finally:
+        for k in conf:
+            spark.conf.unset(k)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--commits", type=int, default=40)
+    p.add_argument("--rows", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--skip", type=int, default=5)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    args = p.parse_args()
+    names = args.variants.split(",")
+    if unknown := [n for n in names if n not in VARIANTS]:
+        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    from services.taskmanager.runtime.connectors.delta_sink import SNAPSHOT_PARTITIONS_CONF
+    from services.taskmanager.runtime.spark_session import build_spark
+
+    home = Path(tempfile.mkdtemp(prefix="hr-delta-commit-"))
+    spark = build_spark(2, home / "driver", shuffle_partitions=2, python_forkserver=True)
+    spark.conf.set(SNAPSHOT_PARTITIONS_CONF, "2")  # what the Delta sink sets on a driver of 2 cores
+    sample = spark.range(args.rows).selectExpr("cast(id as string) key", "id n", "id value",
+                                               "current_timestamp() event_time")
+    rows, schema = sample.collect(), sample.schema
+    print(f"machine: {machine()}; {args.commits} commits of {args.rows} rows per table, first {args.skip} left out",
+          flush=True)
+    print("| round | variant | median | p90 | max |\n|---|---|---|---|---|")
+    try:
+        for rnd in range(args.rounds):
+            for name in names:
+                fmt, conf = VARIANTS[name]
+                took = commit_times(spark, rows, schema, str(home / f"{name}-{rnd}"), fmt, conf,
+                                    args.commits)[args.skip:]
+                print(f"| {rnd + 1} | {name} | {statistics.median(took) * 1000:.0f} ms | "
+                      f"{percentile(took, 0.9) * 1000:.0f} ms | {max(took) * 1000:.0f} ms |", flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
