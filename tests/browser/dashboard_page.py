@@ -115,6 +115,13 @@ class Page:
     def els(self, css: str):
         return self.d.find_elements(By.CSS_SELECTOR, css)
 
+    def attributes(self, css: str, name: str) -> list[str | None]:
+        """One attribute of every match, read in one step: the page re-renders its tables
+        every few seconds, and an element found in one call may be gone by the next."""
+        return self.d.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute(arguments[1]))",
+            css, name)
+
     def text(self, css: str) -> str:
         found = self.els(css)
         return found[0].text if found else ""

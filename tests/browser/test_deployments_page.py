@@ -175,7 +175,7 @@ def test_suspend_from_the_page_and_a_viewer_is_refused(page, api, tokens, first_
     assert max(g["generation"] for g in d["generations"]) == 3
     block = "#depd-generations .generation[data-key='3:2']"
     page.wait("generation 3 compared with generation 2", lambda _: page.els(block))
-    assert [e.get_attribute("data-path") for e in page.els(f"{block} tbody tr")] == ["state"]
+    assert page.attributes(f"{block} tbody tr", "data-path") == ["state"]
     state = f"{block} tr[data-path='state']"
     assert (page.text(f"{state} td.diff-from"), page.text(f"{state} td.diff-to")) == ('"running"', '"suspended"')
 

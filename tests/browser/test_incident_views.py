@@ -108,10 +108,10 @@ def test_both_history_tables_fill_in_one_page_session(page, api, checkpointing_j
     page.go(f"#/deployments/{DEPLOYMENT}")
     page.wait("the deployment's history", lambda d: len(page.els("#depd-history tr")) >= 1)
     page.go(f"#/jobs/{checkpointing_job}/checkpoints")
-    rows = page.wait("checkpoint rows in Checkpoints → History",
-                     lambda d: (lambda r: r if len(r) >= 3 else None)(page.els("#cp-history tr")))
+    keys = page.wait("checkpoint rows in Checkpoints → History",
+                     lambda d: (lambda k: k if len(k) >= 3 else None)(page.attributes("#cp-history tr", "data-key")))
     assert page.visible("#cp-history-table") and not page.visible("#cp-history-empty")
-    shown = {r.get_attribute("data-key") for r in rows}
+    shown = set(keys)
     listed = {str(c["id"]) for c in api.get(f"/jobs/{checkpointing_job}/checkpoints")["history"]}
     assert shown & listed, (shown, listed)
     assert "COMPLETED" in page.text("#cp-history")
