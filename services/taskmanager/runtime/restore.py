@@ -5,6 +5,8 @@ every sink fenced off older attempts."""
 from __future__ import annotations
 
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,13 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
     from .connectors import SinkOwner
     from .connectors.sinks import SinkAheadOfRestore
 
-    restored_batch = _restore(spec, handle, live, spec.restore_from, restored_meta, phases)
     owner = SinkOwner(lineage=lineage["id"], job_id=spec.job_id, generation=lineage["generation"])
+    early = None
+    if handle.on_early_fence is not None and _has_snapshot(spec.restore_from, restored_meta):
+        early = EarlyFencing(handle.on_early_fence, lineage["fence"], owner)
+    restored_batch = _restore(spec, handle, live, spec.restore_from, restored_meta, phases)
+    if early is not None:
+        early.result()
     handle.restored_sink = (restored_meta or {}).get("sink")  # what the sink recorded in the snapshot
     try:
         # The owner lets each sink refuse a target another lineage owns (connectors/ownership.py).
@@ -62,11 +69,45 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
     return restored_batch
 
 
+class EarlyFencing:
+    """A sink's fencing steps that need no restored batch, on a thread of their own while the
+    snapshot is restored: each is a network round trip, the restore is file copies. If the
+    restore fails, the thread is left to end by itself (its calls are bounded) and the task fails
+    with the restore's error."""
+
+    JOIN_TIMEOUT_S = 600.0  # above the sink's own bound on its broker calls
+
+    def __init__(self, fence_early: Callable[[int, Any], None], fence: int, owner: Any) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fence_early, fence, owner),
+                                        name="early-sink-fencing", daemon=True)
+        self._thread.start()
+
+    def _run(self, fence_early: Callable[[int, Any], None], fence: int, owner: Any) -> None:
+        try:
+            fence_early(fence, owner)
+        except BaseException as exc:  # noqa: BLE001 - handed to the task's thread by result()
+            self._error = exc
+
+    def result(self) -> None:
+        """Wait for the fencing; raise what it raised."""
+        self._thread.join(self.JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            raise TimeoutError(f"fencing the sinks did not end within {self.JOIN_TIMEOUT_S:.0f} s")
+        if self._error is not None:
+            raise self._error
+
+
+def _has_snapshot(source: str | None, meta: dict | None) -> bool:
+    return source is not None and meta is not None and int(meta.get("spark", {}).get("batch_id", -1)) >= 0
+
+
 def _restore(spec: TaskSpec, handle: Any, live: Path, source: str | None, meta: dict | None, phases: PhaseLog) -> int:
     """Copy the snapshot at `source` (metadata `meta`) into `live` after the compatibility
     check; the batch it restores (-1: none)."""
-    if source is None or meta is None or int(meta.get("spark", {}).get("batch_id", -1)) < 0:
+    if not _has_snapshot(source, meta):
         return -1
+    assert source is not None and meta is not None
     from .plan_signature import check_before_start
 
     phases.announce(f"restoring the snapshot {source}")

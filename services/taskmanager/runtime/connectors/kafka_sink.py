@@ -85,7 +85,7 @@ def kafka_sink(df: Any, topic: str, *, bootstrap_servers: str, delivery: str, si
     return SinkHandle(
         name=sink_name(topic), df=selected, output_mode="append", trigger=trigger,
         configure=lambda w: w.foreachBatch(write), run_batch=run_batch,
-        on_prepare=writer.prepare,
+        on_prepare=writer.prepare, on_early_fence=writer.fence_early,
         options={"topic": topic, "delivery": guarantee}, two_phase=writer,
     )
 

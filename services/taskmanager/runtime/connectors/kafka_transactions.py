@@ -43,7 +43,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from shared import kafka_delivery
@@ -100,6 +100,16 @@ class Marker:
             return None
 
 
+@dataclass(frozen=True)
+class EarlyFence:
+    """What fence_early() found (`marker`) and whether it claimed that marker for `fence`."""
+
+    lineage: str
+    fence: int
+    marker: Marker | None
+    claimed: bool
+
+
 def names(lineage: str, sink_id: str, prefix: str) -> tuple[str, str]:
     """(transactional id, marker group) of a lineage's sink: stable across its attempts and jobs."""
     digest = hashlib.sha256(sink_id.encode()).hexdigest()[:12]
@@ -128,15 +138,40 @@ class TransactionalWriter:
         self.last_seen: int | None = None  # the last batch that went through write_batch
         self._errors: list[Any] = []
         self._ahead_told: int | None = None  # the restored batch SinkAheadOfRestore was raised for
+        self._early: EarlyFence | None = None  # what fence_early() found, for the prepare() after it
 
     # -- taking the sink over -------------------------------------------------------------
-    def prepare(self, fence: int, restored_batch: int, owner: SinkOwner | None = None) -> None:
-        """Fence every older producer of this lineage's sink, read what is visible, claim it.
-        Raises SinkFencedError (a newer attempt holds it) or SinkAheadOfRestore."""
+    def fence_early(self, fence: int, owner: SinkOwner | None = None) -> None:
+        """The part of prepare() that needs no restored batch, run beside the snapshot's restore
+        (runtime/restore.py) because each step is a broker round trip: register the producer
+        (older producers fenced, what they left open aborted), read the marker, and, when the
+        marker is this job's own (a restart), claim it with this attempt's fence. The marker of
+        another job is left as it is: what prepare() makes of it depends on the restored batch."""
         owner = owner or self.default_owner
         self.owner, self.fence = owner, fence
         self.calls.fence = fence
         marker = self._open(owner.lineage)
+        claimed = False
+        if marker is not None and marker.fence > fence:
+            raise SinkFencedError(f"kafka topic {self.topic}", fence, marker.fence)
+        if marker is not None and marker.job == owner.job_id and marker.lineage == owner.lineage:
+            self._commit(replace(marker, fence=fence))
+            claimed = True
+        self._early = EarlyFence(lineage=owner.lineage, fence=fence, marker=marker, claimed=claimed)
+
+    def prepare(self, fence: int, restored_batch: int, owner: SinkOwner | None = None) -> None:
+        """Fence every older producer of this lineage's sink, read what is visible, claim it
+        (the first two already done if fence_early() ran for the same lineage and fence).
+        Raises SinkFencedError (a newer attempt holds it) or SinkAheadOfRestore."""
+        owner = owner or self.default_owner
+        self.owner, self.fence = owner, fence
+        self.calls.fence = fence
+        early, self._early = self._early, None
+        if early is not None and (early.lineage, early.fence) == (owner.lineage, fence):
+            marker = early.marker
+        else:
+            early = None
+            marker = self._open(owner.lineage)
         if marker is not None and marker.fence > fence:
             raise SinkFencedError(f"kafka topic {self.topic}", fence, marker.fence)
         if marker is not None and marker.batch > restored_batch:
@@ -147,6 +182,8 @@ class TransactionalWriter:
                   f"by job {marker.job} before this restore (at batch {restored_batch}); Kafka cannot take committed "
                   "records back, so consumers see them again as this job re-runs them", flush=True)
             marker = None
+        if early is not None and early.claimed and marker is not None:
+            return  # claimed beside the restore, and the restored batch changes nothing about it
         # Claim the sink with this attempt's fence: an older attempt that starts late reads it and
         # stops. What is visible stays as it was (an empty transaction moves only the marker).
         kept = marker or Marker(batch=restored_batch, fence=fence, job=owner.job_id, lineage=owner.lineage)

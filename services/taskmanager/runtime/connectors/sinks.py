@@ -82,6 +82,9 @@ class SinkHandle:
     run_batch: Callable[[], None] | None = None
     options: dict[str, str] = field(default_factory=dict)
     on_prepare: Callable[[int, int, SinkOwner | None], None] | None = None
+    # The part of on_prepare that needs no restored batch (a sink whose fencing is several
+    # network round trips: Kafka's): run beside the snapshot's restore (runtime/restore.py).
+    on_early_fence: Callable[[int, SinkOwner | None], None] | None = None
     # A sink whose batches become visible only at checkpoints (Kafka's exactly-once sink): the
     # snapshot server commits it at each barrier (runtime/snapshots.py, TwoPhaseSink).
     two_phase: "TwoPhaseSink | None" = None
