@@ -243,8 +243,11 @@ def measure_kafka(engine, table: str, bootstrap: str, topic: str, *, rate: float
                     if n in seen and n in producer.written])
 
 
-# --kinds of the latency case: the job's options beside its checkpoint interval
-LATENCY_KINDS = {"default": {}, "latency-mode": {"headrace.latency-mode": "true"}}
+# --kinds of the latency case: the job's options (checkpoints at the cluster's default interval,
+# 10 s, as in bench/latency.py, unless the kind says otherwise)
+LATENCY_MODE = {"headrace.latency-mode": "true"}
+LATENCY_KINDS = {"default": {}, "latency-mode": LATENCY_MODE,
+                 "latency-mode-2s-checkpoints": {**LATENCY_MODE, **CHECKPOINTS}}
 
 
 def latency(args, home: Path) -> None:
@@ -266,7 +269,7 @@ def latency(args, home: Path) -> None:
                 topic = create_topic(broker.bootstrap, f"events-{kind}-{rnd}".replace("-", "_"))
                 wait_warm(cluster, 1)
                 job = rest.run(jar, parallelism=2, jobName=topic,
-                               flinkConfiguration={**CHECKPOINTS, **LATENCY_KINDS[kind]},
+                               flinkConfiguration=LATENCY_KINDS[kind],
                                programArgsList=["--topic", topic, "--bootstrap-servers", broker.bootstrap,
                                                 "--sink-url", sink, "--table", topic, "--low-latency"])
                 try:
