@@ -12,6 +12,9 @@ outside producer writes numbered events into, at a steady rate, through every fa
   test_chaos:   10 random faults (HEADRACE_CHAOS_FAULTS): kill -9 or SIGSTOP of the leading JobManager, kill -9
                 of a TaskManager, the ResourceManager or the dispatcher, restarts of Redis,
                 ZooKeeper and PostgreSQL. HEADRACE_CHAOS_FAULTS=N for a longer run.
+  test_control_plane_kills_under_load: kill -9 of the leading JobManager, the ResourceManager
+                and the dispatcher in turn, with 2 busy processes per core beside the cluster
+                (HEADRACE_CHAOS_HOGS=N for more): none may restart the task.
 
 Each ends with the producer stopped and the sink holding exactly the count and sum of every key:
 nothing lost, nothing counted twice, whatever restarted in between.
@@ -45,6 +48,7 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = int(os.environ.get("HEADRACE_CHAOS_FAULTS", "10"))
 SEED = int(os.environ.get("HEADRACE_CHAOS_SEED", str(int(time.time()))))
+TASKMANAGER_LOSS_CAUSES = {"TaskManagerLost", "TaskLostException", "DeploymentTimeoutException"}
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +301,12 @@ def test_chaos_random_faults_under_a_counting_job(env):
     for _ in range(FAULTS):
         time.sleep(rng.uniform(2, 5))
         chaos.random_fault()
-    finish_exactly(env, rest, job, producer, "chaos_counts", chaos.log)
+    restarted_by = finish_exactly(env, rest, job, producer, "chaos_counts", chaos.log)
+    # Only a lost TaskManager restarts the task (when it ran it): noticed as lost, found without
+    # the task when it registers again, or silent to the deploy of the next attempt.
+    tm_kills = sum(1 for f in chaos.log if "taskmanager" in f)
+    assert set(restarted_by) <= TASKMANAGER_LOSS_CAUSES and len(restarted_by) <= tm_kills, \
+        f"restarts not explained by the {tm_kills} TaskManager kills: {restarted_by}"
 
 
 def test_chaos_with_a_kafka_source_and_the_broker_among_the_faults(env, kafka):
@@ -313,3 +322,35 @@ def test_chaos_with_a_kafka_source_and_the_broker_among_the_faults(env, kafka):
     if not any("Kafka" in f for f in chaos.log):
         chaos.restart_kafka()  # the broker's fault happens in every run
     finish_exactly(env, rest, job, feeder, "kafka_chaos_counts", chaos.log)
+
+
+class CpuHogs:
+    """Busy processes that keep every core's run queue long, as on a loaded production host."""
+
+    def __init__(self, count: int) -> None:
+        self.procs = [subprocess.Popen(["python3", "-c", "while True: pass"], start_new_session=True)
+                      for _ in range(count)]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_control_plane_kills_under_load_restart_nothing(env):
+    """kill -9 of the leading JobManager, the ResourceManager and the dispatcher, with every core
+    busy besides: the task is no part of the control plane, so none of these may restart it."""
+    c, proxy, *_ = env
+    rest, job, producer = start_counting_job(env, "control_plane", "control_plane_counts")
+    rng = random.Random(SEED + 2)
+    chaos = Chaos(c, proxy, rest, rng)
+    hogs = CpuHogs(int(os.environ.get("HEADRACE_CHAOS_HOGS", str(2 * (os.cpu_count() or 2)))))
+    try:
+        for n in range(max(6, FAULTS)):
+            time.sleep(rng.uniform(3, 6))
+            [lambda: chaos.kill(chaos.leader()), lambda: chaos.kill("resourcemanager"),
+             lambda: chaos.kill("dispatcher")][n % 3]()
+    finally:
+        hogs.stop()
+    restarted_by = finish_exactly(env, rest, job, producer, "control_plane_counts", chaos.log)
+    assert restarted_by == [], f"control-plane kills restarted the task: {restarted_by}"
