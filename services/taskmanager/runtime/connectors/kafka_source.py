@@ -87,6 +87,32 @@ def kafka_source(spark: Any, topics: str | Sequence[str] | None, *, pattern: str
     return spark.readStream.format("kafka").options(**opts).load()
 
 
+class RecentListings:
+    """The topics the same brokers listed moments ago: a pipeline's sources and sinks on the same
+    brokers are checked in one build, and each listing is a new client's round trip (~60 ms,
+    bench/kafka_build_cost.py). Only a listing that has every name counts; a name missing from it
+    asks the brokers again (the topic may have been created since)."""
+
+    FRESH_S = 10.0
+
+    def __init__(self) -> None:
+        self._listed: dict[tuple[tuple[str, str], ...], tuple[float, frozenset[str]]] = {}
+
+    @staticmethod
+    def _key(settings: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((str(k), str(v)) for k, v in settings.items()))
+
+    def note(self, settings: Mapping[str, Any], topics: Any) -> None:
+        self._listed[self._key(settings)] = (time.monotonic(), frozenset(topics))
+
+    def has_all(self, settings: Mapping[str, Any], names: Sequence[str]) -> bool:
+        at, topics = self._listed.get(self._key(settings), (float("-inf"), frozenset()))
+        return time.monotonic() - at < self.FRESH_S and all(n in topics for n in names)
+
+
+_RECENT = RecentListings()
+
+
 def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
                     on_wait: Callable[[str | None], None] | None = None,
                     timeout_s: float = REACHABLE_TIMEOUT_S) -> None:
@@ -99,6 +125,8 @@ def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
         settings: dict[str, Any] = dict(to_librdkafka(connection_only(client_settings(opts))))
     except KafkaOptionError:
         return  # settings only Spark's Java client understands: Spark's own errors will have to do
+    if _RECENT.has_all(settings, names):
+        return
     admin = AdminClient(settings)
     started = time.monotonic()
     told = False
@@ -118,6 +146,7 @@ def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
     finally:
         if told and on_wait is not None:
             on_wait(None)
+    _RECENT.note(settings, listed.topics)
     missing = [n for n in names if n not in listed.topics]
     if missing:
         raise KafkaUnavailable(
