@@ -15,6 +15,7 @@ base=${1:?usage: bench/failover_ab.sh BASE_COMMIT [PAIRS]}
 pairs=${2:-2}
 args=${FAILOVER_ARGS:---case just-started --runs 1}
 tree=$(mktemp -d -t headrace-ab-XXXXXX)
+chmod 755 "$tree"  # the drivers' users run code from it
 git worktree add --detach -f "$tree" "$base" >/dev/null
 trap 'git worktree remove --force "$tree"' EXIT
 for i in $(seq "$pairs"); do
