@@ -6,9 +6,12 @@ TaskManager's file is missing, instead of at the first restore on another host.
 
 Each value is kept under its TaskManager's own prefix (streams.tm_storage_probe_key), which only
 that TaskManager's Redis user may write: no TaskManager can plant a value in another's name. One
-can still misstate its own (or damage its own file): so a newcomer that sees the files of some
-TaskManagers and not of others starts, and warns naming the others (theirs is the odd directory,
-or the odd claim); it refuses to start only when it sees none of them. The live TaskManagers are
+can still misstate its own value: its file here with another value than it announces still shows
+the directory is shared (a host-local directory holds no file of another host's TaskManager), so
+the newcomer starts and warns naming it; a Redis credential cannot remove the file. A newcomer
+that sees the files of some TaskManagers and not of others starts too, and warns naming the
+others (theirs is the odd directory); it refuses to start only when every file it looked for is
+missing. The live TaskManagers are
 found by their endpoint keys (a SCAN, once per start, bounded by FIND_TIMEOUT_S)."""
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
     client.set(streams.tm_storage_probe_key(taskmanager_id), nonce)
     checked: list[str] = []
     unseen: list[tuple[str, str]] = []  # (TaskManager, why)
+    misstated: list[tuple[str, str]] = []
     for other in running_taskmanagers(client):
         if other == taskmanager_id:
             continue
@@ -76,12 +80,18 @@ def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
             seen = None
         except OSError as exc:
             raise StorageNotShared(f"cannot read {path} in the checkpoint directory: {exc}") from None
-        if seen != expected:
-            what = "is missing here" if seen is None else "holds another value here"
-            unseen.append((other, f"TaskManager {other} wrote its probe to {path}, which {what}"))
+        if seen is None:
+            unseen.append((other, f"TaskManager {other} wrote its probe to {path}, which is missing here"))
+        elif seen != expected:
+            misstated.append((other, f"TaskManager {other}'s probe file {path} is here but holds another value "
+                                     "than it announces"))
         else:
             checked.append(other)
-    if unseen and not checked:
+    for other, why in misstated:
+        log.warning("the checkpoint directory %s holds TaskManager %s's probe file, so it is shared with it, but: "
+                    "%s (its Redis credential may be in other hands; see docs/runbooks/shared-storage.md)",
+                    directory, other, why)
+    if unseen and not checked and not misstated:
         raise StorageNotShared(
             f"the checkpoint directory {directory} is not shared: {unseen[0][1]} (on TaskManager {taskmanager_id}). "
             f"Every TaskManager and Spark worker must see the same directory: mount one shared filesystem at "

@@ -41,6 +41,24 @@ def test_the_same_directory_passes_and_a_host_local_one_is_named(redis_server, t
     assert storage_probe.check_shared(local, "tm-4", client) == []
 
 
+def test_a_taskmanager_misstating_its_own_probe_keeps_no_newcomer_from_starting(redis_server, tmp_path, caplog):
+    """43.7: tm-1's Redis credential may write tm-1's own probe value; with only tm-1 running, a
+    forged value must not make tm-2 refuse the shared directory (it crash-looped with exit 4)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    shared = tmp_path / "shared"
+    storage_probe.check_shared(shared, "tm-1", client)
+    alive(client, "tm-1")
+    client.set(streams.tm_storage_probe_key("tm-1"), "forged")  # as tm-1's credential may
+    with caplog.at_level("WARNING", logger="headrace.taskmanager"):
+        assert storage_probe.check_shared(shared, "tm-2", client) == []
+    assert "tm-1" in caplog.text and "holds another value" in caplog.text
+    # A directory without tm-1's file is still refused: the forged value proves nothing there.
+    with pytest.raises(storage_probe.StorageNotShared, match="is missing here"):
+        storage_probe.check_shared(tmp_path / "local-disk-of-host-b", "tm-3", client)
+
+
 def test_an_unusable_directory_says_so(redis_server, tmp_path):
     import redis
 
