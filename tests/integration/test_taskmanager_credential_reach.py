@@ -31,7 +31,16 @@ from shared.catalog import Catalog
 from shared.catalog.models import Execution
 from shared.commands import CANCEL_TASK
 from shared.message_auth import MAX_AGE_S, MAX_CLOCK_SKEW_S, TaskManagerAuth, TaskManagerKeys, control_plane_auth
-from shared.messages import CancelTask, RegisterTaskManager, SlotState, SubmitJob, TaskReport, encode, wrap
+from shared.messages import (
+    CancelTask,
+    RegisterTaskManager,
+    ReleaseSlots,
+    SlotState,
+    SubmitJob,
+    TaskReport,
+    encode,
+    wrap,
+)
 from shared.states import ExecutionState
 from shared.transport.redis_streams import RedisStreamsTransport
 from tests.clusters import start_cluster
@@ -311,6 +320,16 @@ def test_a_signed_message_replayed_after_the_dedup_window_or_from_the_future_is_
     wait_for("the stale command dead-lettered", lambda: [
         d for d in dead_letters_after(admin, streams.tm_dead_letters(on), tm_mark) if d["error"].startswith("stale:")],
         timeout_s=20)
+    # And on the ResourceManager's stream: a release of the running task's slots, three hours old.
+    held = placement(cluster, attempt["execution-id"]).allocation_id
+    env = wrap(ReleaseSlots(allocation_id=held, reason="replayed"), sender="jobmanager",
+               epoch=epoch).model_copy(update={"sent_at": time.time() - 3 * 3600})
+    raw = encode(env)
+    admin.xadd(streams.RM_STREAM, {b"m": raw, b"s": auth.sign(streams.RM_STREAM, "jobmanager", raw)})
+    wait_for("the stale release dead-lettered", lambda: [
+        d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark)
+        if "ReleaseSlots" in d["error"] and d["error"].startswith("stale:")], timeout_s=20)
     assert rest.attempts(job)[-1]["status"] == "RUNNING"
+    assert placement(cluster, attempt["execution-id"]).allocation_id == held
     rest.cancel(job)
     rest.wait_state(job, "CANCELED", timeout_s=20)
