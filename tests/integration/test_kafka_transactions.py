@@ -9,7 +9,12 @@ import uuid
 import pytest
 
 from services.taskmanager.runtime.connectors import SinkFencedError, SinkOwner
-from services.taskmanager.runtime.connectors.kafka_transactions import MARKER_PARTITION, Marker, TransactionalWriter, names
+from services.taskmanager.runtime.connectors.kafka_transactions import (
+    MARKER_PARTITION,
+    Marker,
+    TransactionalWriter,
+    names,
+)
 from services.taskmanager.runtime.connectors.sinks import SinkAheadOfRestore
 from tests.kafka_support import read_all
 
