@@ -200,6 +200,19 @@ def test_a_pipeline_can_neither_read_signal_nor_write_another_driver(cluster, re
     rest.wait_state(victim, DONE, timeout_s=120)
 
 
+def test_an_upload_named_in_capitals_runs_on_a_driver(cluster, rest, root, outbox):
+    # Finding 15: `ok.PY` passed upload and run, then the driver refused it.
+    path = root / f"ok{uuid.uuid4().hex[:6]}.PY"
+    path.write_text(textwrap.dedent(PROBES) + textwrap.dedent(VICTIM))
+    job = rest.run(rest.upload(path), parallelism=1, programArgsList=[str(outbox / "capitals.json")],
+                   restartStrategy={"type": "none"})
+    rest.wait_attempt_running(job, 0, timeout_s=300)
+    seen = read(outbox / "capitals.json")
+    assert seen["uid"] != 0 and rest.job(job)["state"] == "RUNNING", rest.get(f"/jobs/{job}/exceptions")
+    rest.cancel(job)
+    rest.wait_state(job, DONE, timeout_s=120)
+
+
 LINKS = """
     def build(ctx):
         out, secret = ctx.args
