@@ -41,7 +41,6 @@ import contextlib
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -49,16 +48,9 @@ from typing import Any
 from shared import kafka_delivery
 from shared.errors import TaskError
 
-from .kafka_calls import (
-    HANG_MARGIN_S,
-    UNAVAILABLE_TIMEOUT_S,
-    WAITING_AFTER_S,
-    BrokerCalls,
-    KafkaSinkError,
-    bounded,
-    is_fenced,
-)
+from .kafka_calls import HANG_MARGIN_S, BrokerCalls, KafkaSinkError, bounded
 from .kafka_options import KafkaOptionError, connection_only
+from .kafka_records import RecordShipper
 from .ownership import SinkOwner
 from .sinks import SinkAheadOfRestore, SinkFencedError
 
@@ -128,6 +120,7 @@ class TransactionalWriter:
         self.on_wait = on_wait or (lambda _reason: None)
         self.bootstrap = self.client.get("bootstrap.servers", "?")
         self.calls = BrokerCalls(topic, self.bootstrap, self.on_wait)
+        self.records = RecordShipper(topic, self.bootstrap, self.calls)
         self._lock = threading.Lock()
         self._producer: Any = None
         self._group: Any = None  # a consumer only for its group metadata and committed offsets
@@ -136,7 +129,6 @@ class TransactionalWriter:
         self.visible: Marker | None = None  # what the last commit made visible
         self.batches_in_txn: list[int] = []
         self.last_seen: int | None = None  # the last batch that went through write_batch
-        self._errors: list[Any] = []
         self._ahead_told: int | None = None  # the restored batch SinkAheadOfRestore was raised for
         self._early: EarlyFence | None = None  # what fence_early() found, for the prepare() after it
 
@@ -200,7 +192,8 @@ class TransactionalWriter:
         try:
             self._producer = Producer({**self.client, "transactional.id": txn_id,
                                        "transaction.timeout.ms": str(self.transaction_timeout_ms),
-                                       "on_delivery": self._delivered})
+                                       "on_delivery": self.records.delivered})
+            self.records.producer = self._producer
             self._group = Consumer({**connection_only(self.client), "group.id": group,
                                     "enable.auto.commit": "false"})
         except KafkaException as exc:  # a setting librdkafka does not take: the pipeline's to fix
@@ -239,8 +232,8 @@ class TransactionalWriter:
                   flush=True)
             return 0
         self.calls.call("beginning a transaction", self._producer.begin_transaction)
-        count = self._produce(rows())
-        self._flush()
+        count = self.records.produce(rows())
+        self.records.flush()
         self.batches_in_txn = [0]
         self._commit(Marker(batch=0, fence=0, job=owner.job_id, lineage=owner.lineage, kind="batch"), begun=True)
         return count
@@ -257,96 +250,10 @@ class TransactionalWriter:
                 return 0
             if not self.batches_in_txn:
                 self.calls.call("beginning a transaction", self._producer.begin_transaction)
-            count = self._produce(rows())
-            self._flush()
+            count = self.records.produce(rows())
+            self.records.flush()
             self.batches_in_txn.append(batch_id)
             return count
-
-    def _produce(self, rows: Iterator[tuple[Any, ...]]) -> int:
-        from confluent_kafka import KafkaException
-
-        try:
-            return self._produce_all(rows)
-        except KafkaException as exc:  # the producer itself is done for (fenced, fatal)
-            raise self.calls.failure("writing a record", exc) from None
-
-    def _produce_all(self, rows: Iterator[tuple[Any, ...]]) -> int:
-        produce, poll, topic = self._producer.produce, self._producer.poll, self.topic
-        count = 0
-        for value, key, headers, partition in rows:
-            kwargs: dict[str, Any] = {"value": value, "key": key}
-            if headers:
-                kwargs["headers"] = headers
-            if partition is not None:
-                kwargs["partition"] = partition
-            blocked_since: float | None = None
-            told = False
-            while True:
-                try:
-                    produce(topic, **kwargs)
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain it
-                    blocked_since = blocked_since or time.monotonic()
-                    told = self._wait_for_room(time.monotonic() - blocked_since, told)
-                    poll(0.05)
-            if told:
-                self.on_wait(None)
-            count += 1
-            if count % 10_000 == 0:
-                poll(0)
-        return count
-
-    def _wait_for_room(self, waited_s: float, told: bool) -> bool:
-        """The client's queue stays full while the brokers do not take records: say so once, and
-        give up (the task restarts from its last checkpoint) after UNAVAILABLE_TIMEOUT_S. Returns
-        whether the waiting reason is out."""
-        if waited_s > UNAVAILABLE_TIMEOUT_S:
-            raise KafkaSinkError(f"kafka sink {self.topic}: the brokers at {self.bootstrap} took no records for "
-                                 f"{UNAVAILABLE_TIMEOUT_S:.0f} s; the task restarts from its last checkpoint")
-        if waited_s > WAITING_AFTER_S and not told:
-            self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} to take records (the client's queue "
-                         "is full)")
-            return True
-        return told
-
-    def _delivered(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            self._errors.append(err)
-
-    def _flush(self) -> None:
-        from confluent_kafka import KafkaException
-
-        started, told = time.monotonic(), False
-        while True:
-            try:
-                left = self._producer.flush(1.0)
-            except (KafkaException, SystemError) as exc:
-                # A fatal error (fenced) surfaces from flush itself; as a SystemError when it came
-                # while a delivery callback ran, with the KafkaException as its cause, or none (the
-                # deliveries' own errors then say what it was).
-                cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
-                if cause is None and self._errors:
-                    err, self._errors = self._errors[0], []
-                    if is_fenced(err):
-                        raise SinkFencedError(f"kafka topic {self.topic}", self.fence, None) from None
-                raise self.calls.failure("flushing the transaction's records", cause or exc) from None
-            if self._errors:
-                err, self._errors = self._errors[0], []
-                if is_fenced(err):
-                    raise SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
-                raise KafkaSinkError(f"kafka sink {self.topic}: a record was not written ({err}); the open "
-                                     "transaction is abandoned and the task restarts from its last checkpoint")
-            if left == 0:
-                break
-            waited = time.monotonic() - started
-            if waited > UNAVAILABLE_TIMEOUT_S:
-                raise KafkaSinkError(f"kafka sink {self.topic}: {left} records not acknowledged by {self.bootstrap} "
-                                     f"within {UNAVAILABLE_TIMEOUT_S:.0f} s")
-            if waited > WAITING_AFTER_S and not told:
-                self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} to acknowledge {left} records")
-                told = True
-        if told:
-            self.on_wait(None)
 
     # -- the barrier -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -406,4 +313,4 @@ class TransactionalWriter:
         if self._group is not None:
             with contextlib.suppress(Exception):
                 self._group.close()
-        self._producer = self._group = None
+        self._producer = self._group = self.records.producer = None
