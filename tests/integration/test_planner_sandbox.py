@@ -15,6 +15,9 @@ import textwrap
 import pytest
 
 from services.dispatcher.submission import restore_check
+from services.dispatcher.submission.warm_planner import WarmPlanner
+from shared.jars import DEFAULT_CACHE_DIR
+from shared.spark_runtime import SparkRuntime
 from tests.servers import IN_CI
 
 DRIVER_USER = "headrace-driver"
@@ -78,3 +81,59 @@ def test_the_planner_runs_as_a_drivers_user_and_cannot_read_the_services_files(t
     assert seen["uid"] in uids
     assert seen["readable"] == [], seen
     assert seen["env"] == ["HEADRACE_PLANNER_REDIS_URL"], seen
+
+
+ARTIFACT_PROBE = textwrap.dedent('''
+    import json, os
+
+    def attempt(fn):
+        try:
+            fn()
+            return "done"
+        except OSError as exc:
+            return type(exc).__name__
+
+    def build(ctx):
+        mine = os.path.dirname(os.path.abspath(__file__))
+        box = os.path.dirname(mine)
+        seen = {"uid": os.getuid(), "artifact dir": mine, "tried": {
+            "write in artifact/": attempt(lambda: open(os.path.join(mine, "planted.py"), "w").close()),
+            "link in artifact/": attempt(lambda: os.symlink("/root", os.path.join(mine, "next.py"))),
+            "rewrite own artifact": attempt(lambda: open(__file__, "r+b").close()),
+            "replace own artifact": attempt(lambda: os.rename(__file__, __file__ + ".moved")),
+            "chmod artifact/": attempt(lambda: os.chmod(mine, 0o777)),
+            "link beside artifact/": attempt(lambda: os.symlink("/root", os.path.join(box, "artifact2"))),
+        }}
+        raise RuntimeError("SEEN" + json.dumps(seen) + "END")
+''')
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not IN_CI, reason="switching to the drivers' users needs root")
+def test_the_warm_planners_pipeline_cannot_write_or_plant_a_link_in_its_artifact_directory(tmp_path):
+    # Issue 43, finding 1: the spare planner's next artifact was copied, as root, into a directory
+    # the planner's user owned; a link planted there led root's copy anywhere.
+    try:
+        uids = {pwd.getpwnam(f"{DRIVER_USER}-{i}").pw_uid for i in range(32)}
+    except KeyError:
+        pytest.fail(f"the OS users {DRIVER_USER}-0..31 are missing: scripts/bootstrap creates them")
+    artifact = tmp_path / "artifact_probe.py"
+    artifact.write_text(ARTIFACT_PROBE)
+    warm = WarmPlanner(python=sys.executable, run_as=DRIVER_USER, catalog_url=None,
+                       redis_url="redis://pipeline:pw@127.0.0.1:6379/0", runtime=SparkRuntime(DEFAULT_CACHE_DIR))
+    try:
+        warm.replenish()
+        assert warm.spare_pid is not None
+        result = warm.plan(artifact_path=str(artifact), entry="build", args=[], config={}, parallelism=1,
+                           timeout_s=180)
+    finally:
+        warm.close()
+    assert result is not None and result.get("stage") == "build", result
+    text = str(result.get("error"))
+    assert "SEEN" in text, text
+    seen = json.loads(text.split("SEEN", 1)[1].split("END", 1)[0])
+    assert seen["uid"] in uids, seen
+    assert seen["tried"] == {
+        "write in artifact/": "PermissionError", "link in artifact/": "PermissionError",
+        "rewrite own artifact": "PermissionError", "replace own artifact": "PermissionError",
+        "chmod artifact/": "PermissionError", "link beside artifact/": "PermissionError"}, seen
+    assert seen["artifact dir"].endswith("/artifact"), seen
