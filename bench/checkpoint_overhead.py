@@ -20,6 +20,7 @@ usage: python bench/checkpoint_overhead.py [--events 2000000] [--rounds 2] [--sm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -158,6 +159,20 @@ def drop_pg(admin_url: str, url: str) -> None:
 
 def pg_engine(url: str) -> sa.Engine:
     return sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1], pool_size=1)
+
+
+@contextlib.contextmanager
+def throwaway_databases() -> Iterator[tuple[str, str, sa.Engine]]:
+    """(sink URL, catalog URL, an engine on the sink): two fresh PostgreSQL databases, dropped
+    when the run ends."""
+    sink_url, catalog_url = fresh_pg(DEFAULT_PG), fresh_pg(DEFAULT_PG)
+    engine = pg_engine(sink_url)
+    try:
+        yield sink_url, catalog_url, engine
+    finally:
+        engine.dispose()
+        for url in (sink_url, catalog_url):
+            drop_pg(DEFAULT_PG, url)
 
 
 def sink_sum(engine: sa.Engine, table: str) -> int | None:
