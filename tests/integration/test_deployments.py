@@ -70,6 +70,17 @@ def wait_lifecycle(rest, state: str, *, generation: int | None = None, timeout_s
                     poll_s=0.2, until=reached)
 
 
+def wait_deleted(rest, name: str = NAME, timeout_s: float = TIMEOUT_S) -> None:
+    """Until GET /deployments/<name> answers 404; a timeout shows the deployment's last status."""
+    def left() -> object:
+        r = rest.http.get(f"/deployments/{name}")
+        if r.status_code == 404:
+            return None
+        return r.json()["status"] if r.status_code == 200 else f"{r.status_code}: {r.text}"
+
+    wait_for(f"deployment {name} deleted", left, timeout_s, poll_s=0.2, until=lambda seen: seen is None)
+
+
 def restored_from(rest, job_id: str) -> str | None:
     return rest.attempts(job_id)[0]["restored-from"]
 
@@ -157,10 +168,7 @@ def test_upgrade_rollback_rescale_suspend_resume_delete(rest, jar):
     # Delete: stopped with a savepoint, then gone.
     last_job = resumed["status"]["jobId"]
     assert rest.http.delete(f"/deployments/{NAME}").status_code == 202
-    deadline = time.monotonic() + TIMEOUT_S
-    while rest.http.get(f"/deployments/{NAME}").status_code != 404:
-        assert time.monotonic() < deadline, show(rest)["status"]
-        time.sleep(0.2)
+    wait_deleted(rest)
     assert rest.job(last_job)["state"] == "FINISHED"
 
 
@@ -193,10 +201,7 @@ def test_resume_after_a_rollback_runs_the_stable_version_not_the_failed_one(clus
     time.sleep(2)  # the failed version is not tried by itself
     assert show(rest, name)["status"]["jobId"] == job and show(rest, name)["status"]["jobGeneration"] == 1
     assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
-    deadline = time.monotonic() + TIMEOUT_S
-    while rest.http.get(f"/deployments/{name}").status_code != 404:
-        assert time.monotonic() < deadline, show(rest, name)["status"]
-        time.sleep(0.2)
+    wait_deleted(rest, name)
 
 
 def test_the_cli_applies_a_file_lists_shows_suspends_and_deletes(cluster, rest, tmp_path):
@@ -226,10 +231,7 @@ def test_the_cli_applies_a_file_lists_shows_suspends_and_deletes(cluster, rest, 
     bad.write_text("name: Bad_Name\njarId: x\n")
     assert runner.invoke(cli.app, ["deploy", "apply", str(bad), *url]).exit_code == 2
     assert runner.invoke(cli.app, ["deploy", "delete", "cli-demo", *url]).exit_code == 0
-    deadline = time.monotonic() + TIMEOUT_S
-    while rest.http.get("/deployments/cli-demo").status_code != 404:
-        assert time.monotonic() < deadline, "the suspended deployment was not deleted"
-        time.sleep(0.2)
+    wait_deleted(rest, "cli-demo")
 
 
 def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays(rest, jar):
@@ -249,10 +251,7 @@ def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays
     r = rest.http.delete(f"/jars/{jar}")
     assert r.status_code == 409 and name in r.text, r.text
     assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
-    deadline = time.monotonic() + TIMEOUT_S
-    while rest.http.get(f"/deployments/{name}").status_code != 404:
-        assert time.monotonic() < deadline, show(rest, name)["status"]
-        time.sleep(0.2)
+    wait_deleted(rest, name)
     assert rest.job(first["status"]["jobId"])["state"] == "FINISHED"
 
 
@@ -260,19 +259,20 @@ def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(
     name = "periodic"
     # The shortest interval accepted (services/dispatcher/schemas/deployments.py MIN_SAVEPOINT_INTERVAL_S).
     put(rest, {**spec(jar), "savepoints": {"interval": "10 s", "historyMax": 2}}, name=name)
-    deadline = time.monotonic() + TIMEOUT_S + 30
-    while len([sp for sp in show(rest, name)["savepoints"] if sp["trigger"] == "periodic"]) < 3:
-        assert time.monotonic() < deadline, show(rest, name)
-        time.sleep(0.2)
+    def savepoints_first() -> dict:  # a timeout shows the savepoints before the (clipped) rest
+        detail = show(rest, name)
+        return {"savepoints": detail["savepoints"], **detail}
+
+    wait_for("3 periodic savepoints", savepoints_first, TIMEOUT_S + 30, poll_s=0.2,
+             until=lambda seen: len([sp for sp in seen["savepoints"] if sp["trigger"] == "periodic"]) >= 3)
     detail = show(rest, name)
     kept = [sp for sp in detail["savepoints"] if not sp["disposed"]]
     gone = [sp for sp in detail["savepoints"] if sp["disposed"]]
     assert len(kept) == 2 and len(gone) >= 1, detail["savepoints"]
     assert detail["status"]["lastSavepoint"] == kept[-1]["path"]
-    deadline = time.monotonic() + 10  # the files go after the catalog stops pointing at them
-    while any(Path(sp["path"]).exists() for sp in gone):
-        assert time.monotonic() < deadline, [sp["path"] for sp in gone if Path(sp["path"]).exists()]
-        time.sleep(0.2)
+    # The files go after the catalog stops pointing at them.
+    wait_for("the disposed savepoints' files removed", lambda: [sp["path"] for sp in gone if Path(sp["path"]).exists()],
+             10, poll_s=0.2, until=lambda left: not left)
     assert all(Path(sp["path"]).exists() for sp in kept)
     assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
 
@@ -317,17 +317,13 @@ class FakeTaskFigures:
 
 
 def wait_parallelism(rest, parallelism: int, *, name: str, timeout_s: float = TIMEOUT_S) -> dict:
-    deadline = time.monotonic() + timeout_s
-    seen: dict = {}
-    while time.monotonic() < deadline:
-        seen = show(rest, name)
+    def reached(seen: dict) -> bool:
         st = seen["status"]
-        if st["lifecycleState"] == "STABLE" and st["parallelism"] == parallelism and st["jobId"] and \
-                rest.job(st["jobId"])["vertices"][0]["parallelism"] == parallelism:
-            return seen
-        time.sleep(0.5)
-    raise AssertionError(f"deployment {name} not STABLE at parallelism {parallelism} within {timeout_s} s: "
-                         f"{seen.get('status')}")
+        return st["lifecycleState"] == "STABLE" and st["parallelism"] == parallelism and bool(st["jobId"]) and \
+            rest.job(st["jobId"])["vertices"][0]["parallelism"] == parallelism
+
+    return wait_for(f"deployment {name} STABLE at parallelism {parallelism}", lambda: show(rest, name), timeout_s,
+                    poll_s=0.5, until=reached)
 
 
 def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster, rest, jar):
@@ -351,10 +347,13 @@ def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster
     evaluations = rest.get(f"/deployments/{name}/autoscaler")["evaluations"]
     ups = [e for e in evaluations if e["outcome"] == "scale-up"]
     assert len(ups) == 1 and ups[0]["proposed"] == 2 and ups[0]["figures"]["arrivalRate"] > 4000, ups
-    deadline = time.monotonic() + 10  # /metrics is cached for a moment
-    while f'headrace_deployment_parallelism{{deployment="{name}"}} 2.0' not in (text := rest.http.get("/metrics").text):
-        assert time.monotonic() < deadline, [line for line in text.splitlines() if "deployment" in line]
-        time.sleep(0.5)
+    # /metrics is cached for a moment. The lines naming a deployment (every figure looked for below names one)
+    # are kept, and shown on a timeout.
+    def deployment_lines() -> str:
+        return "\n".join(line for line in rest.http.get("/metrics").text.splitlines() if "deployment" in line)
+
+    text = wait_for("the deployment's parallelism 2 in /metrics", deployment_lines, 10, poll_s=0.5,
+                    until=lambda lines: f'headrace_deployment_parallelism{{deployment="{name}"}} 2.0' in lines)
     assert f'headrace_autoscaler_rescales_total{{deployment="{name}"}} 1.0' in text
     assert f'headrace_autoscaler_arrival_rows_per_second{{deployment="{name}"}}' in text
 
