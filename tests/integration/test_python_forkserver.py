@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.taskmanager.runtime import python_forkserver as fs
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTED = ("json.tool", "probe_mod")
@@ -28,11 +29,14 @@ def server(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "services.taskmanager.runtime.python_forkserver", "--serve", sock,
                              str(os.getpid()), *ROUTED], cwd=REPO, stdin=subprocess.DEVNULL, stderr=log,
                             start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(sock):
+
+    def listening() -> bool:
+        if os.path.exists(sock):
+            return True
         assert proc.poll() is None, "fork server exited"
-        assert time.monotonic() < deadline, "fork server did not listen within 30 s"
-        time.sleep(0.05)
+        return False
+
+    wait_for("the fork server listening", listening, 30, poll_s=0.05)
     launcher = fs.write_launcher(str(tmp_path), sys.executable, sock, ROUTED)
     yield launcher, tmp_path / "server.log", proc
     os.killpg(proc.pid, signal.SIGKILL)
@@ -89,10 +93,7 @@ def test_without_a_server_the_launcher_runs_the_real_interpreter(tmp_path):
 def _started_child(launcher: str, log: Path, cwd: Path) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([launcher, "-m", "json.tool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=cwd)
-    deadline = time.monotonic() + 20
-    while not forked_pids(log):
-        assert time.monotonic() < deadline, "no child was forked"
-        time.sleep(0.05)
+    wait_for("a forked child", lambda: forked_pids(log), 20, poll_s=0.05)
     return proc, forked_pids(log)[-1]
 
 
