@@ -12,6 +12,7 @@ import pytest
 
 from tests.clusters import leader, leader_child, start_cluster
 from tests.servers import missing
+from tests.waiting import wait_for
 
 SESSION_S = 3.0
 
@@ -53,10 +54,8 @@ def test_standby_takes_over_and_restarts_no_task(cluster, rest, jar, how):
         log_text = (cluster.run_dir / "logs" / f"{standby}.log").read_text()
         assert f"deposed {before['id']} (its process is gone)" in log_text
     # The dashboard's overview names the new leader (it announces itself every 2 s).
-    deadline = time.monotonic() + 10
-    while (rest.get("/overview")["jobmanager"] or {}).get("epoch") != after["epoch"]:
-        assert time.monotonic() < deadline, rest.get("/overview")
-        time.sleep(0.2)
+    wait_for("the overview naming the new leader", lambda: rest.get("/overview"), 10, poll_s=0.2,
+             until=lambda overview: (overview["jobmanager"] or {}).get("epoch") == after["epoch"])
     assert rest.get("/overview")["jobmanager"]["id"] == after["id"]
     # The running task was not touched by the leader change; the new leader drives its job.
     assert [(a["attempt"], a["status"]) for a in rest.attempts(endless)] == [(0, "RUNNING")]
@@ -73,10 +72,8 @@ def test_zookeeper_outage_stops_leading_and_a_leader_returns_with_it(cluster, re
     os.killpg(cluster.child("zookeeper").proc.pid, signal.SIGKILL)
     cluster.child("zookeeper").proc.wait(10)
     # The leader cannot prove its session: it stops leading, and the overview says nobody leads.
-    deadline = time.monotonic() + 20
-    while rest.get("/overview")["jobmanager"] is not None:
-        assert time.monotonic() < deadline, "a JobManager still announces itself without ZooKeeper"
-        time.sleep(0.3)
+    wait_for("no JobManager announcing itself without ZooKeeper", lambda: rest.get("/overview")["jobmanager"], 20,
+             poll_s=0.3, until=lambda announced: announced is None)
     waiting = noop(rest, jar, 0.2)
     time.sleep(3)
     assert rest.job(waiting)["state"] == "INITIALIZING"  # accepted, waiting for a leader
@@ -112,10 +109,8 @@ def test_a_frozen_leader_woken_after_the_standby_took_over_changes_nothing(clust
     finally:
         os.kill(pid, signal.SIGCONT)
     log_path = cluster.run_dir / "logs" / f"{name}.log"
-    deadline = time.monotonic() + 30
-    while "revoked" not in log_path.read_text() and "deposed" not in log_path.read_text():
-        assert time.monotonic() < deadline, "the woken leader did not notice it no longer leads"
-        time.sleep(0.3)
+    wait_for("the woken leader noticing it no longer leads (its log)", log_path.read_text, 30, poll_s=0.3,
+             until=lambda text: "revoked" in text or "deposed" in text)
     time.sleep(3)  # let it try whatever it had in hand
     assert leader(cluster)["epoch"] == after["epoch"]
     assert (rest.get("/overview")["jobmanager"] or {}).get("epoch") == after["epoch"]
