@@ -9,12 +9,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from services.taskmanager.drivers.process import WARMUP_NICE, DriverProcess, may_raise_priority
+from tests.waiting import wait_for
 
 needs_nice = pytest.mark.skipif(not may_raise_priority(), reason="needs root or RLIMIT_NICE to raise a priority")
 
@@ -67,10 +67,8 @@ def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
         d.lower_priority()  # as DriverProcess.start does for a warm driver
         assert d.niced
         assert d.proc.stdout.readline()
-        deadline = time.monotonic() + 10
-        while len(tree(d.proc.pid)) < 3:
-            assert time.monotonic() < deadline, "the stand-in driver did not fork its daemon and worker"
-            time.sleep(0.05)
+        wait_for("the stand-in driver forking its daemon and worker", lambda: tree(d.proc.pid), 10, poll_s=0.05,
+                 until=lambda found: len(found) >= 3)
         pids = tree(d.proc.pid)
         groups = {os.getpgid(p) for p in pids}
         assert len(groups) == 2  # the "daemon" and its "worker" left the driver's group
@@ -116,17 +114,18 @@ def test_kill_ends_the_processes_that_left_the_drivers_group(tmp_path):
     pids: list[int] = []
     try:
         assert d.proc.stdout.readline()
-        deadline = time.monotonic() + 10
-        while len(pids := tree(d.proc.pid)) < 3:
-            assert time.monotonic() < deadline, "the stand-in driver did not fork its daemon and worker"
-            time.sleep(0.05)
+
+        def forked() -> list[int]:  # kept in pids, for the cleanup below even after a timeout
+            pids[:] = tree(d.proc.pid)
+            return pids
+
+        wait_for("the stand-in driver forking its daemon and worker", forked, 10, poll_s=0.05,
+                 until=lambda found: len(found) >= 3)
         assert len({os.getpgid(p) for p in pids}) == 2
         d.kill()
         d.proc.wait(10)
-        deadline = time.monotonic() + 5
-        while not all(gone(p) for p in pids):
-            assert time.monotonic() < deadline, f"left behind: {[p for p in pids if not gone(p)]}"
-            time.sleep(0.05)
+        wait_for("no process of the killed driver left behind", lambda: [p for p in pids if not gone(p)], 5,
+                 poll_s=0.05, until=lambda left: not left)
     finally:
         for p in pids:  # a failed run must not leave the stand-ins looping
             try:
