@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -66,10 +65,7 @@ def test_a_spare_plans_as_the_cold_planner_does_and_goes_when_closed():
         assert not warm.spare_niced  # after a check: the next upgrade may come at once
     finally:
         warm.close()
-    deadline = time.monotonic() + 10
-    while not gone(nxt):
-        assert time.monotonic() < deadline, "the spare outlived close()"
-        time.sleep(0.1)
+    wait_for("the spare gone after close()", lambda: gone(nxt), 10)
 
 
 def test_a_spare_that_died_is_no_answer():
@@ -79,10 +75,7 @@ def test_a_spare_that_died_is_no_answer():
         spare = warm.spare_pid
         assert spare is not None
         os.killpg(spare, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while not gone(spare):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for("the killed spare gone", lambda: gone(spare), 10)
         assert warm.plan(**REQUEST) is None
     finally:
         warm.close()
