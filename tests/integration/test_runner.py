@@ -414,12 +414,8 @@ def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path)
     work dir): the JVM would never see the runner go. Stood in for by a stopped JVM."""
     d = drivers(tmp_path / "orphan-starting", via_parent=True)
     fake_tm = psutil.Process(d.proc.pid)
-    deadline = time.monotonic() + START_TIMEOUT
-    jvm = None
-    while jvm is None:
-        assert time.monotonic() < deadline, "no JVM started under the driver"
-        jvm = _java_under(fake_tm)
-        time.sleep(0.02)
+    jvm = wait_for("a JVM started under the driver", lambda: _java_under(fake_tm), START_TIMEOUT, poll_s=0.02,
+                   until=lambda found: found is not None)
     d.tree = [fake_tm, *fake_tm.children(recursive=True)]
     jvm.suspend()
     fake_tm.kill()
