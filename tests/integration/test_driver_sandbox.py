@@ -29,6 +29,7 @@ from services.taskmanager.drivers import env as driver_env
 from services.taskmanager.drivers.user import DEFAULT_NAME, give_to_drivers
 from tests.clusters import Rest, start_cluster
 from tests.integration.support import alive, wait_gone
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starting drivers as another user needs root")
 
@@ -224,11 +225,14 @@ def test_pages_shared_between_a_drivers_processes_count_once_against_its_limit(c
     job = submit(rest, tmp_path, "sharing.py", SHARING, str(out),
                  config={"headrace.task.memory-limit": f"{SHARING_LIMIT // 1024**2}m"})
     try:
-        deadline = time.monotonic() + 240
-        while not out.exists() or not out.read_text().strip():
-            assert time.monotonic() < deadline, "the pipeline did not fork its readers"
+
+        def readers_forked() -> bool:
+            if out.exists() and out.read_text().strip():
+                return True
             assert rest.job(job)["state"] not in DONE, rest.get(f"/jobs/{job}/exceptions")
-            time.sleep(0.2)
+            return False
+
+        wait_for("the pipeline forking its readers", readers_forked, 240, poll_s=0.2)
         rest.wait_attempt_running(job, 0, timeout_s=120)
         # Issue 42's case: summed RSS above the limit, the memory the kernel charges well below it.
         assert session_rss(int(out.read_text())) > SHARING_LIMIT
@@ -271,11 +275,14 @@ FORKER = """
 def forked(cluster, rest, tmp_path, mode: str) -> tuple[str, int, int]:
     out = outbox(cluster) / f"forker-{mode}.txt"
     job = submit(rest, tmp_path, f"forker_{mode}.py", FORKER, str(out), mode)
-    deadline = time.monotonic() + 240
-    while not out.exists() or not out.read_text().strip():
-        assert time.monotonic() < deadline, "the pipeline did not start its sleeper"
+
+    def sleeper_started() -> bool:
+        if out.exists() and out.read_text().strip():
+            return True
         assert rest.job(job)["state"] not in DONE or mode == "fail", rest.get(f"/jobs/{job}/exceptions")
-        time.sleep(0.2)
+        return False
+
+    wait_for("the pipeline starting its sleeper", sleeper_started, 240, poll_s=0.2)
     sleeper, driver = map(int, out.read_text().split())
     return job, sleeper, driver
 
