@@ -32,6 +32,7 @@ from services.taskmanager.drivers.sandbox import DriverSandbox
 from services.taskmanager.drivers.task_processes import DriverCgroups, cluster_cgroups, rss_bytes, sweep
 from services.taskmanager.drivers.user import DEFAULT_NAME, DriverUser
 from tests.integration.support import wait_gone
+from tests.waiting import wait_for
 
 MB = 1024**2
 SHARED = 256 * MB
@@ -162,10 +163,8 @@ def test_children_that_made_the_pages_their_own_are_killed_with_the_measure_name
         pids = tree.pids()
         assert pss_by_psutil(pids) > LIMIT
         tree.driver._watch_memory(LIMIT)
-        deadline = time.monotonic() + 10
-        while tree.driver.exit_reason is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert tree.driver.exit_reason is not None, "the tree above its limit was not killed"
+        wait_for("the tree above its limit killed (an exit reason)", lambda: tree.driver.exit_reason, 10, poll_s=0.05,
+                 until=lambda reason: reason is not None)
         name, cause = tree.driver.exit_reason
         assert name == "MemoryLimitExceeded"
         assert cause.startswith("the task's processes used 1.") and "GB (PSS summed over 6 processes), above its " \
