@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from shared.states import CheckpointStatus, OperationStatus
 from shared.streams import JM_STREAM
 from shared.transport import InMemoryTransport
 from tests.clusters import ServedApp
+from tests.waiting import wait_for
 
 
 def headrace(*args: str) -> subprocess.CompletedProcess:
@@ -83,13 +83,10 @@ class Live:
         return job_id
 
     def requested(self, kind: type, timeout_s: float = 30):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = [b for b in self.transport.bodies(JM_STREAM) if isinstance(b, kind)]
-            if found:
-                return found[-1]
-            time.sleep(0.05)
-        raise AssertionError(f"no {kind.__name__} was published")
+        def published() -> list:
+            return [b for b in self.transport.bodies(JM_STREAM) if isinstance(b, kind)]
+
+        return wait_for(f"a {kind.__name__} published", published, timeout_s, poll_s=0.05)[-1]
 
     def finish(self, request_id: str, status: OperationStatus, **kw) -> None:
         with self.catalog.session() as s:
