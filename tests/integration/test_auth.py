@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import uvicorn
@@ -28,6 +27,7 @@ from shared.ports import free_port
 from shared.settings import Settings
 from shared.transport import InMemoryTransport
 from tests.servers import missing
+from tests.waiting import wait_for
 
 ROLES = ("viewer", "operator", "admin")
 READS = {"get", "head"}
@@ -262,10 +262,7 @@ def test_flink_cli_sends_a_token_from_its_environment(tmp_path, sqlite_url):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the dispatcher did not start within 30 s"
-            time.sleep(0.05)
+        wait_for("the dispatcher started", lambda: server.started, 30, poll_s=0.05)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLINK_")}
         env.update(FLINK_CONF_DIR=str(FLINK_HOME / "dist" / "pyflink" / "conf"), FLINK_LOG_DIR=str(tmp_path),
                    FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS, FLINK_REST_CLIENT_HEADERS=f"Authorization:Bearer {token}")
