@@ -137,11 +137,7 @@ def test_forged_slot_requests_are_refused(cluster, rest, client):
 
 def test_parallelism_no_taskmanager_can_offer_says_why_at_once(rest, jar):
     job = noop(rest, jar, parallelism=64)
-    deadline = time.monotonic() + 5
-    reason = None
-    while time.monotonic() < deadline and not reason:
-        reason = rest.job(job).get("waiting-reason")
-        time.sleep(0.1)
+    reason = wait_for("a waiting reason", lambda: rest.job(job).get("waiting-reason"), 5)
     assert reason and "parallelism 64 needs 64 slots on one TaskManager; the largest has 4" in reason, reason
     rest.cancel(job)
     assert rest.wait_state(job, "CANCELED", timeout_s=15)["state"] == "CANCELED"
