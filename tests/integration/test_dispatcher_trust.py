@@ -25,6 +25,7 @@ import yaml
 from shared.catalog import Catalog, tokens
 from shared.ports import free_port
 from tests.servers import RedisServer
+from tests.waiting import wait_for
 
 MB = 1024**2
 HEADER_S, IDLE_S, TOTAL_S = 2.0, 1.5, 4.0
@@ -53,16 +54,17 @@ class Dispatcher:
         self.proc = subprocess.Popen([sys.executable, "-m", "services.dispatcher"], env=self.env,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.http = httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"})
-        deadline = time.monotonic() + 60
-        while True:
+
+        def healthy() -> bool:
             try:
                 if self.http.get("/healthz").status_code == 200:
-                    break
+                    return True
             except httpx.HTTPError:
                 pass
             assert self.proc.poll() is None, (tmp / "dispatcher.log").read_text()
-            assert time.monotonic() < deadline, "the dispatcher did not answer /healthz within 60 s"
-            time.sleep(0.2)
+            return False
+
+        wait_for("the dispatcher answering /healthz", healthy, 60, poll_s=0.2)
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
