@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +71,8 @@ def test_cancel_running_job_frees_its_slots(rest, jar):
 def test_twenty_concurrent_jobs_wait_visibly_and_start_in_submission_order(rest, jar):
     jobs = [noop(rest, jar, duration=1.0, parallelism=2) for _ in range(20)]
     # 2 TaskManagers x 4 slots = four jobs of parallelism 2 at a time; the rest wait.
-    reasons = set()
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not reasons:
-        reasons = {rest.job(j).get("waiting-reason") for j in jobs[4:]} - {None}
-        time.sleep(0.1)
+    reasons = wait_for("a waiting reason among the queued jobs",
+                       lambda: {rest.job(j).get("waiting-reason") for j in jobs[4:]} - {None}, 3)
     assert any(r and r.startswith("waiting for 2 slots;") for r in reasons), reasons
     finals = [rest.wait_state(j, ("FINISHED", "FAILED", "CANCELED"), timeout_s=90) for j in jobs]
     assert [f["state"] for f in finals] == ["FINISHED"] * 20
