@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ import yaml
 from services.cli.client_address import running_cluster_address
 from shared.ports import free_port
 from tests.servers import RedisServer, missing
+from tests.waiting import wait_for
 
 
 def headrace(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -61,16 +61,17 @@ def running(tmp_path_factory):
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env=clean_env(HEADRACE_CONFIG=str(run_dir / "config.yaml")))
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def answers() -> bool:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/overview", timeout=2).status_code == 200:
-                    break
+                    return True
             except httpx.HTTPError:
                 pass
             assert proc.poll() is None, (tmp_path / "dispatcher.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "the dispatcher did not answer within 60 s"
-            time.sleep(0.2)
+            return False
+
+        wait_for("the dispatcher answering /overview", answers, 60, poll_s=0.2)
         (run_dir / "cluster.json").write_text(json.dumps({"dispatcher": f"http://127.0.0.1:{port}",
                                                           "processes": {"dispatcher": proc.pid}}))
         yield home, port, config, proc
