@@ -6,8 +6,6 @@ leaving it DEPLOYING."""
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import pytest
 import redis
@@ -19,6 +17,7 @@ from shared.messages import SubmitJob
 from shared.streams import JM_STREAM
 from shared.transport import RedisStreamsTransport
 from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 HANGING_BUILD = """\
 import time
@@ -64,10 +63,8 @@ def test_a_hanging_build_fails_at_the_startup_timeout_and_restarts(cluster, rest
     assert [e["exceptionName"] for e in history] == ["PipelineStartupTimeout"] * 2
     # The restart strategy decided: one restart, then the job failed.
     assert "RESTARTING" in final["timestamps"]
-    deadline = time.monotonic() + 15
-    while _drivers_of(cluster) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _drivers_of(cluster) == [], "the stuck drivers were not killed"
+    wait_for("the stuck drivers killed", lambda: _drivers_of(cluster), 15, poll_s=0.2,
+             until=lambda drivers: drivers == [])
     assert rest.wait_free_slots(SLOTS, timeout_s=10) == SLOTS
 
 
