@@ -12,7 +12,6 @@ what the page claims; the page's buttons do the rest.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ import pytest
 # (no Chromium, chromedriver, selenium or redis-server: that module skips, and so does this one).
 from tests.browser.dashboard_page import JOB_WAIT_S, Page, api, browser, tokens  # noqa: F401
 from tests.clusters import start_cluster
+from tests.waiting import wait_for
 
 NAME = "clicks-dedup"
 # A program argument that is markup: the diff and the spec must show it as text.
@@ -62,14 +62,8 @@ def put(rest, body: dict) -> None:
 
 
 def wait_deployment(rest, what: str, ok, timeout_s: float = JOB_WAIT_S) -> dict:
-    deadline = time.monotonic() + timeout_s
-    d: dict = {}
-    while time.monotonic() < deadline:
-        d = rest.get(f"/deployments/{NAME}")
-        if ok(d):
-            return d
-        time.sleep(0.5)
-    raise AssertionError(f"deployment {NAME} not {what} within {timeout_s} s: {json.dumps(d.get('status'))}")
+    return wait_for(f"deployment {NAME} {what}", lambda: rest.get(f"/deployments/{NAME}"), timeout_s, poll_s=0.5,
+                    until=ok)
 
 
 def stable_at(generation: int):
