@@ -15,7 +15,6 @@ TaskManagers running no-op jobs (no Spark: every figure here comes from the cont
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -29,6 +28,7 @@ import redis
 from shared import streams
 from tests.browser.dashboard_page import JOB_WAIT_S, Page, browser  # noqa: F401
 from tests.clusters import Rest, start_cluster
+from tests.waiting import wait_for
 
 TRACE = (Path(__file__).parents[1] / "unit" / "failure_traces" / "data_source_not_found.txt").read_text()
 TRACE_SUMMARY = "SparkClassNotFoundException: [DATA_SOURCE_NOT_FOUND] Failed to find the data source: nosuchformat."
@@ -95,13 +95,8 @@ def deployment(api, jar) -> dict:
             "rollback": {"enabled": True, "readyWithin": "30 s"}}
     r = api.http.put(f"/deployments/{DEPLOYMENT}", json=body)
     assert r.status_code == 200, r.text
-    deadline = time.monotonic() + JOB_WAIT_S
-    while time.monotonic() < deadline:
-        d = api.get(f"/deployments/{DEPLOYMENT}")
-        if d["status"].get("lifecycleState") == "STABLE":
-            return d
-        time.sleep(0.5)
-    raise AssertionError(f"deployment {DEPLOYMENT} not STABLE: {json.dumps(d['status'])}")
+    return wait_for(f"deployment {DEPLOYMENT} STABLE", lambda: api.get(f"/deployments/{DEPLOYMENT}"), JOB_WAIT_S,
+                    poll_s=0.5, until=lambda d: d["status"].get("lifecycleState") == "STABLE")
 
 
 def test_both_history_tables_fill_in_one_page_session(page, api, checkpointing_job, deployment):
