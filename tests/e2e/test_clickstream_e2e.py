@@ -17,6 +17,7 @@ import pytest
 
 from tests.clusters import Rest, start_cluster
 from tests.e2e.drills import ARGS, TOTAL, expected_counts, settled_drivers, sink_counts
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,10 +64,8 @@ def test_clickstream_counts_then_cancel(cluster):
     assert rest.wait_state(job2, ("CANCELED",), timeout_s=30)["state"] == "CANCELED"
     assert time.monotonic() - t0 < 15
     assert rest.wait_free_slots(4) == 4
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(p.is_running() for p in task_processes):
-        time.sleep(0.2)
-    assert [p.pid for p in task_processes if p.is_running()] == [], "the cancelled task's processes survived"
+    wait_for("the cancelled task's processes gone", lambda: [p.pid for p in task_processes if p.is_running()], 15,
+             poll_s=0.2, until=lambda left: left == [])
 
 
 BROKEN_AT_BUILD = '''
