@@ -33,6 +33,7 @@ import pytest
 from services.cluster.local_cluster import free_port
 from tests.clusters import Rest
 from tests.servers import PG_ADMIN_URL
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks"
@@ -163,10 +164,8 @@ def deployment_with_a_rollback(url: str, directory: Path) -> None:
         assert r.status_code == 200, r.text
 
     def wait(what: str, ok) -> None:
-        deadline = time.monotonic() + DEPLOYMENT_WAIT_S
-        while not ok(rest.get(f"/deployments/{DEPLOYMENT}")):
-            assert time.monotonic() < deadline, f"{DEPLOYMENT} not {what}: {rest.get(f'/deployments/{DEPLOYMENT}')}"
-            time.sleep(1)
+        wait_for(f"{DEPLOYMENT} {what}", lambda: rest.get(f"/deployments/{DEPLOYMENT}"), DEPLOYMENT_WAIT_S, poll_s=1,
+                 until=ok)
 
     put(spec)
     wait("STABLE", lambda d: d["status"].get("lifecycleState") == "STABLE")
