@@ -10,6 +10,8 @@ all of them:
   delta-no-stats   ... without per-file column statistics (spark.databricks.delta.stats.collect)
   delta-no-crc     ... without the checksum file after each commit
   delta-ckpt-100   ... with a log checkpoint every 100 commits instead of every 10
+  delta-no-txn     a Delta append without the transaction id (what the idempotent write costs)
+  delta-lean       the sink's append with none of stats, checksum and the 10-commit checkpoint
 
 The first --skip commits of each table are left out (the JIT and the table's first versions).
 
@@ -29,16 +31,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoint_overhead import machine, percentile
 
-VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "parquet": ("parquet", {}),
-    "delta": ("delta", {}),
-    "delta-no-stats": ("delta", {"spark.databricks.delta.stats.collect": "false"}),
-    "delta-no-crc": ("delta", {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
-    "delta-ckpt-100": ("delta", {"spark.databricks.delta.properties.defaults.checkpointInterval": "100"}),
+NO_STATS = {"spark.databricks.delta.stats.collect": "false"}
+NO_CRC = {"spark.databricks.delta.writeChecksumFile.enabled": "false"}
+CKPT_100 = {"spark.databricks.delta.properties.defaults.checkpointInterval": "100"}
+# name -> (format, session settings, whether the write carries a transaction id and version)
+VARIANTS: dict[str, tuple[str, dict[str, str], bool]] = {
+    "parquet": ("parquet", {}, False),
+    "delta": ("delta", {}, True),
+    "delta-no-stats": ("delta", NO_STATS, True),
+    "delta-no-crc": ("delta", NO_CRC, True),
+    "delta-ckpt-100": ("delta", CKPT_100, True),
+    "delta-no-txn": ("delta", {}, False),
+    "delta-lean": ("delta", {**NO_STATS, **NO_CRC, **CKPT_100}, True),
 }
 
 
-def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str], commits: int) -> list[float]:
+def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str], txn: bool,
+                 commits: int) -> list[float]:
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
@@ -46,7 +55,7 @@ def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str],
         for i in range(commits):
             df = spark.createDataFrame(rows, schema)
             writer = df.write.format(fmt).mode("append")
-            if fmt == "delta":
+            if txn:
                 writer = writer.option("txnAppId", "bench").option("txnVersion", str(i))
             t = time.perf_counter()
             writer.save(path)
@@ -83,8 +92,8 @@ def main() -> None:
     try:
         for rnd in range(args.rounds):
             for name in names:
-                fmt, conf = VARIANTS[name]
-                took = commit_times(spark, rows, schema, str(home / f"{name}-{rnd}"), fmt, conf,
+                fmt, conf, txn = VARIANTS[name]
+                took = commit_times(spark, rows, schema, str(home / f"{name}-{rnd}"), fmt, conf, txn,
                                     args.commits)[args.skip:]
                 print(f"| {rnd + 1} | {name} | {statistics.median(took) * 1000:.0f} ms | "
                       f"{percentile(took, 0.9) * 1000:.0f} ms | {max(took) * 1000:.0f} ms |", flush=True)
