@@ -98,6 +98,7 @@ def test_records_lost_to_retention_fail_the_query_naming_partition_and_offsets(s
     source = kafka_source(spark, name, pattern=None, bootstrap_servers=kafka.bootstrap)
     q = run_to_memory(source, "lost", tmp_path / "cp")
     wait_rows(spark, "lost", 20)
+    q.processAllAvailable()  # the rows are collected before Spark commits their batch: wait for the commit
     q.stop()
     produce(kafka.bootstrap, name, [str(i) for i in range(20, 60)])
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # as retention would: 20..49 go unread
