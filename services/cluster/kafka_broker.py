@@ -119,6 +119,17 @@ def class_path(jars: JarCache) -> str:
     return ":".join(str(j) for j in jars.jars(KAFKA_BROKER))
 
 
+def new_cluster_id() -> str:
+    """16 random bytes in URL-safe base64 without padding, as Kafka's own ids, and like Kafka's
+    Uuid.randomUuid() never starting with '-': the storage tool would read it as an option."""
+    import base64
+
+    while True:
+        made = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not made.startswith("-"):
+            return made
+
+
 def prepare(spec: BrokerSpec, jars: JarCache) -> None:
     """Write the broker's configuration and format its storage unless that was done before."""
     spec.data_dir.mkdir(parents=True, exist_ok=True)
@@ -127,11 +138,8 @@ def prepare(spec: BrokerSpec, jars: JarCache) -> None:
     if (spec.log_dirs / "meta.properties").is_file():
         return  # formatted by an earlier start: its topics and offsets are kept
     id_file = spec.data_dir / "cluster-id"
-    if not id_file.is_file():
-        # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding.
-        import base64
-
-        id_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+    if not id_file.is_file() or id_file.read_text().startswith("-"):
+        id_file.write_text(new_cluster_id())
     cmd = [java(), "-Xmx256m", "-cp", class_path(jars), STORAGE_TOOL, "format", "--standalone",
            "-t", id_file.read_text().strip(), "-c", str(spec.config_file)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S,
