@@ -157,6 +157,7 @@ export let selectedJob = null;   // the job whose page is open
 let activeTab = "overview";
 export let jobDetail = null;     // its latest GET /jobs/{id}
 export let progress = null;      // its latest GET /jobs/{id}/progress tasks (null: unknown or not served)
+let historyLoaded = false;       // its metric history merged (asked again at each refresh until it is)
 
 export function openJob(jid, tab) {
   const tabName = JOB_TABS.includes(tab) ? tab : "overview";
@@ -164,6 +165,7 @@ export function openJob(jid, tab) {
     selectedJob = jid;
     jobDetail = null;
     progress = null;
+    historyLoaded = false;
     for (const id of ["detail-facts", "detail-graph", "detail-vertices", "detail-attempts", "detail-root-exception",
       "detail-exceptions", "detail-config", "metrics-charts", "metrics-tasks"]) {
       $(id).replaceChildren();
@@ -417,7 +419,9 @@ export async function refreshJobPage() {
   renderJobHeader(d);
   // Progress feeds the graph, the Spark UI links and the charts; the endpoint may not exist yet.
   const live = !TERMINAL.has(d.state);
-  if (progress === null) await loadMetricHistory(jid); // once per opening: the last minutes, at once
+  // Once per opening (the last minutes, at once), again at the next refresh if it failed (a slow
+  // dispatcher timed out, Redis away): else the charts stayed empty until the page was reopened.
+  if (!historyLoaded) historyLoaded = await loadMetricHistory(jid);
   if (jid !== selectedJob) return;
   if (live || progress === null) {
     try {

@@ -69,12 +69,15 @@ function mergeHistory(jid, history) {
   keepSamples(jid, list);
 }
 
+/* Whether there is nothing more to load: true once merged, and for a dispatcher without history
+ * (404); false when it should be asked again (Redis away, an answer that timed out). */
 export async function loadMetricHistory(jid) {
   try {
     const history = await api(`/jobs/${enc(jid)}/progress/history`);
     if (jid === selectedJob) mergeHistory(jid, history);
-  } catch (_) {
-    // An older dispatcher without history, or Redis away: the charts fill from live points.
+    return true;
+  } catch (e) {
+    return e && e.status === 404; // meanwhile the charts fill from live points
   }
 }
 
