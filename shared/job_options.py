@@ -52,15 +52,28 @@ through means the same everywhere.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from shared import checkpointing as cp
-from shared import durations, kafka_delivery, restart, sizes
+from shared import durations, kafka_delivery, restart_options, sizes
 from shared.booleans import parse_boolean
+
+# The readers every option shares, and the restart options, are read here under these names too.
+from shared.option_values import (  # noqa: F401
+    DURATION_EXPECTED,
+    MAX_DURATION_S,
+    MAX_INT,
+    OptionProblem,
+    duration_reason,
+    duration_s,
+    integer,
+    integer_expected,
+    noop_seconds,
+)
+from shared.restart_options import RESTART_PREFIX, restart_strategy_from_config  # noqa: F401
 
 STARTUP_TIMEOUT = "headrace.task.startup-timeout"
 MEMORY_LIMIT = "headrace.task.memory-limit"
@@ -70,90 +83,12 @@ NOOP_DURATION = "noop.duration"
 NOOP_FAIL_ATTEMPTS = "noop.fail-attempts"
 NOOP_FAIL_MESSAGE = "noop.fail-message"
 NOOP_STARTUP_DELAY = "noop.startup-delay"
-RESTART_PREFIX = "restart-strategy."
 SINK_MAX_RETRY_TIME = "sink.max-retry-time"
 SINK_MAX_RETRIES = "sink.max-retries"
 LATENCY_MODE = "headrace.latency-mode"
 # Fewer state partitions, fewer state store tasks per micro-batch: 0.23 s against 0.26 s with 4
 # (docs/benchmarks.md, "Where a small micro-batch's time goes").
 LATENCY_STATE_PARTITIONS = 2
-
-MAX_DURATION_S = durations.MAX_DURATION_S
-# Flink's counts and parallelisms are Java ints; so are the catalog's columns (PostgreSQL
-# `integer`): a larger value would overflow the insert, a 500 instead of a 400.
-MAX_INT = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class OptionProblem:
-    """One option with a value Headrace cannot use."""
-
-    option: str
-    value: Any
-    expected: str
-    example: Any  # a good value, as it would be written in the configuration
-    example_option: str | None = None  # the option the example sets, if not this one (a typo)
-    missing: bool = False  # the option is absent but required by others
-    reason: str | None = None  # what is wrong, when "must be <expected>" does not say it
-
-    @property
-    def message(self) -> str:
-        example = json.dumps({self.example_option or self.option: self.example})
-        if self.reason:
-            return f"{self.reason}, got {_show(self.value)}; for example {example}"
-        if self.missing:
-            return f"is required: {self.expected}; for example {example}"
-        if self.example_option:
-            return f"is not an option ({self.expected}); for example {example}"
-        return f"must be {self.expected}, got {_show(self.value)}; for example {example}"
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-# --- value readers: each returns the value or raises ValueError --------------------------------
-
-
-def duration_s(value: Any, *, positive: bool = False) -> float:
-    """Seconds of a duration option of a job's configuration, read as Flink reads it ("10 s",
-    "500 ms", "2 min"; "10000" is milliseconds): shared/durations.py's parse_flink_duration."""
-    seconds = durations.parse_flink_duration(value)  # InvalidDuration is a ValueError
-    if positive and seconds <= 0:
-        raise ValueError("not positive")
-    return seconds
-
-
-def noop_seconds(value: Any, *, allow_negative: bool = False) -> float:
-    """Seconds of a no-op task's option (Headrace's test tasks, documented in seconds): a number
-    of seconds, negative where the option allows one, or a string with a unit
-    (shared/durations.py's parse_duration)."""
-    if allow_negative and _negative_number(value):
-        seconds = float(value)
-        if not -MAX_DURATION_S <= seconds:  # -inf, or beyond a century
-            raise ValueError("out of range")
-        return seconds
-    return durations.parse_duration(value)  # InvalidDuration is a ValueError
-
-
-def _negative_number(value: Any) -> bool:
-    if isinstance(value, str):
-        return re.fullmatch(r"\s*-\d{1,30}(\.\d{1,30})?\s*", value) is not None
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
-
-
-def integer(value: Any, minimum: int, maximum: int = MAX_INT) -> int:
-    if isinstance(value, bool):
-        raise ValueError("not an integer")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,30}\s*", value):
-        value = int(value)
-    if not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ValueError("out of range")
-    return value
-
 
 def _text(value: Any) -> str:
     if not isinstance(value, str) or "\x00" in value:
@@ -173,7 +108,7 @@ def _runtime_mode(value: Any) -> str:
     raise ValueError("not a runtime mode")
 
 
-_DURATION = durations.FLINK_EXPECTED
+_DURATION = DURATION_EXPECTED
 _POSITIVE_DURATION = f"a duration greater than 0 ({_DURATION})"
 
 
@@ -188,16 +123,7 @@ class _Rule:
 
 
 def _integer_rule(minimum: int, example: int) -> _Rule:
-    return _Rule(lambda v: integer(v, minimum), lambda v: _integer_expected(v, minimum), example)
-
-
-def _integer_expected(value: Any, minimum: int) -> str:
-    """The upper bound is named only when it is what was crossed: it is rarely the mistake."""
-    try:
-        above = integer(value, minimum, maximum=10**4000) > MAX_INT
-    except ValueError:
-        above = False
-    return f"an integer between {minimum} and {MAX_INT}" if above else f"an integer >= {minimum}"
+    return _Rule(lambda v: integer(v, minimum), lambda v: integer_expected(v, minimum), example)
 
 
 MEMORY_LIMIT_OFF = ("off", "none", "0", "false")
@@ -259,36 +185,6 @@ CHECKPOINT_EXAMPLES: dict[str, Any] = {
 _CHECKPOINT_DURATIONS = (cp.INTERVAL, cp.TIMEOUT, cp.MIN_PAUSE)
 _CHECKPOINT_COUNTS = (cp.MAX_CONCURRENT, cp.TOLERABLE, cp.NUM_RETAINED)
 
-# Flink's restart options in a configuration: restart-strategy.type and
-# restart-strategy.<type>.<parameter>; values as shared/restart.py reads them.
-RESTART_PARAMETERS: dict[str, dict[str, tuple[str, Any]]] = {
-    "none": {},
-    "fixed-delay": {"attempts": ("count", 3), "delay": ("duration", "10 s")},
-    "failure-rate": {"max-failures-per-interval": ("count1", 1), "failure-rate-interval": ("duration", "1 min"),
-                     "delay": ("duration", "10 s")},
-    "exponential-delay": {"initial-backoff": ("duration", "1 s"), "max-backoff": ("duration", "1 min"),
-                          "backoff-multiplier": ("multiplier", 1.5),
-                          "reset-backoff-threshold": ("duration", "1 h"), "jitter-factor": ("fraction", 0.1),
-                          "attempts-before-reset-backoff": ("count1", 10)},
-}
-_RESTART_TYPE_ALIASES = restart.TYPE_ALIASES
-
-
-def _restart_value(kind: str, value: Any) -> Any:
-    if kind == "duration":
-        return duration_s(value)
-    if kind in ("count", "count1"):
-        return integer(value, 0 if kind == "count" else 1)
-    number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
-    if not math.isfinite(number) or (kind == "multiplier" and not 1.0 <= number <= 1e6) \
-            or (kind == "fraction" and not 0.0 <= number <= 1.0):
-        raise ValueError("out of range")
-    return number
-
-
-_RESTART_EXPECTED = {"duration": _DURATION, "multiplier": "a number >= 1", "fraction": "a number between 0 and 1"}
-
-
 # --- the checks --------------------------------------------------------------------------------
 
 
@@ -309,23 +205,15 @@ def problems(config: Mapping[str, Any] | None) -> list[OptionProblem]:
                 rule.read(value)
             except (ValueError, TypeError, OverflowError) as exc:
                 found.append(OptionProblem(key, value, rule.expected_for(value), rule.example,
-                                           reason=_duration_reason(exc)))
+                                           reason=duration_reason(exc)))
         elif key.startswith("noop."):
             found.append(_unknown_noop_option(key, value))
         elif key in cp.KEYS:
             problem = _checkpoint_problem(key, value)
             if problem is not None:
                 found.append(problem)
-    found.extend(_restart_problems(config))
+    found.extend(restart_options.problems(config))
     return found
-
-
-def _duration_reason(exc: Exception) -> str | None:
-    """What to say of a duration refused for its missing unit (how to write it); None for other
-    refusals, which "must be <expected>" describes."""
-    if isinstance(exc, durations.InvalidDuration) and exc.hint:
-        return f"{exc.reason}: {exc.hint}"
-    return None
 
 
 def _json_safe(value: Any) -> bool:
@@ -356,13 +244,13 @@ def _checkpoint_problem(key: str, value: Any) -> OptionProblem | None:
         try:
             duration_s(value)
         except ValueError as exc:
-            return OptionProblem(key, value, _DURATION, example, reason=_duration_reason(exc))
+            return OptionProblem(key, value, _DURATION, example, reason=duration_reason(exc))
     if key in _CHECKPOINT_COUNTS and value is not None:
         minimum = 0 if key == cp.TOLERABLE else 1
         try:
             integer(value, minimum)
         except ValueError:
-            return OptionProblem(key, value, _integer_expected(value, minimum), example)
+            return OptionProblem(key, value, integer_expected(value, minimum), example)
     try:
         cp.checkpoint_config({key: value})
     except cp.InvalidCheckpointConfig as exc:
@@ -371,77 +259,6 @@ def _checkpoint_problem(key: str, value: Any) -> OptionProblem | None:
             return OptionProblem(key, value, text.removeprefix("expected ").removeprefix("must be "), example)
         return OptionProblem(key, value, text, example, reason=text)
     return None
-
-
-def _restart_keys(config: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if isinstance(k, str) and k.startswith(RESTART_PREFIX)}
-
-
-def _restart_type(raw: Any) -> str | None:
-    return restart.strategy_type(raw)
-
-
-def _restart_problems(config: Mapping[str, Any]) -> list[OptionProblem]:
-    keys = _restart_keys(config)
-    if not keys:
-        return []
-    type_key = RESTART_PREFIX + "type"
-    types = ", ".join(RESTART_PARAMETERS)
-    if type_key not in keys:
-        first = next(iter(keys))
-        return [OptionProblem(type_key, None, f"other restart-strategy options are set ({first}); the type is "
-                              f"one of {types}", "fixed-delay", missing=True)]
-    kind = _restart_type(keys[type_key])
-    if kind is None:
-        return [OptionProblem(type_key, keys[type_key], f"one of {types}", "fixed-delay")]
-    found = []
-    for key, value in keys.items():
-        if key == type_key:
-            continue
-        rest = key[len(RESTART_PREFIX):]
-        owner, _, param = rest.partition(".")
-        owner = _RESTART_TYPE_ALIASES.get(owner, owner)
-        if owner not in RESTART_PARAMETERS or param not in RESTART_PARAMETERS[owner]:
-            params = ", ".join(f"{RESTART_PREFIX}{kind}.{p}" for p in RESTART_PARAMETERS[kind])
-            found.append(OptionProblem(key, value, f"the options of {kind} are: {params}" if params else
-                                       f"{kind} has no options",
-                                       *_first_param_example(kind)))
-            continue
-        if owner != kind:
-            continue  # Flink ignores the parameters of the strategies not chosen
-        what, example = RESTART_PARAMETERS[owner][param]
-        try:
-            _restart_value(what, value)
-        except (ValueError, TypeError, OverflowError) as exc:
-            expected = _integer_expected(value, 0 if what == "count" else 1) if what in ("count", "count1") \
-                else _RESTART_EXPECTED[what]
-            found.append(OptionProblem(key, value, expected, example, reason=_duration_reason(exc)))
-    return found
-
-
-def _first_param_example(kind: str) -> tuple[Any, str]:
-    """A good value and the option it is for: the chosen strategy's first parameter."""
-    params = RESTART_PARAMETERS[kind]
-    if not params:
-        return kind, RESTART_PREFIX + "type"
-    name, (_what, example) = next(iter(params.items()))
-    return example, f"{RESTART_PREFIX}{kind}.{name}"
-
-
-def restart_strategy_from_config(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The restart strategy Flink's options in a configuration describe (shared/restart.py's
-    form: the type plus its parameters), or None if the configuration names none. Call it on a
-    configuration `problems` found nothing wrong with."""
-    keys = _restart_keys(config or {})
-    kind = _restart_type(keys.get(RESTART_PREFIX + "type"))
-    if kind is None:
-        return None
-    out: dict[str, Any] = {"type": kind}
-    for key, value in keys.items():
-        owner, _, param = key[len(RESTART_PREFIX):].partition(".")
-        if _RESTART_TYPE_ALIASES.get(owner, owner) == kind and param in RESTART_PARAMETERS[kind]:
-            out[param] = _restart_value(RESTART_PARAMETERS[kind][param][0], value)
-    return restart.normalise(out)
 
 
 def startup_timeout_s(config: Mapping[str, Any] | None, default_s: float) -> float:
