@@ -30,6 +30,8 @@ What is read, and by whom:
   sink.delta.optimize.every, .optimize.interval, .vacuum.every, .vacuum.interval,
   .vacuum.retention              driver (Delta sinks): compaction and clean-up of the tables
                                  (N micro-batches, durations; a sink's own options win)
+  headrace.redis.keys.read, .write  JobManager: the Redis data keys the job's lineage user may
+                                 read, and read and write (shared/redis_key_grants.py)
   headrace.latency-mode          driver / views: true trades throughput for latency (the next
                                  micro-batch at once, LATENCY_STATE_PARTITIONS state partitions
                                  unless the job chooses them; docs/runbooks/
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from shared import checkpointing as cp
-from shared import durations, kafka_delivery, restart_options, sizes
+from shared import durations, kafka_delivery, redis_key_grants, restart_options, sizes
 from shared.booleans import parse_boolean
 
 # The readers every option shares, and the restart options, are read here under these names too.
@@ -67,11 +69,11 @@ from shared.option_values import (  # noqa: F401
     MAX_DURATION_S,
     MAX_INT,
     OptionProblem,
-    duration_reason,
     duration_s,
     integer,
     integer_expected,
     noop_seconds,
+    refusal_reason,
 )
 from shared.restart_options import RESTART_PREFIX, restart_strategy_from_config  # noqa: F401
 
@@ -168,6 +170,8 @@ RULES: dict[str, _Rule] = {
     kafka_delivery.TRANSACTION_TIMEOUT_OPTION: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION,
                                                      "10 min"),
     kafka_delivery.REAL_TIME_OPTION: _Rule(kafka_delivery.real_time_seconds, "a duration of at least 1 s", "5 s"),
+    **{option: _Rule(redis_key_grants.parse_patterns, redis_key_grants.EXPECTED, redis_key_grants.EXAMPLE)
+       for option in redis_key_grants.OPTIONS},
     # Every Delta sink's upkeep (services/taskmanager/runtime/connectors/delta_maintenance.py).
     "sink.delta.optimize.every": _integer_rule(0, 100),
     "sink.delta.vacuum.every": _integer_rule(0, 1000),
@@ -205,7 +209,7 @@ def problems(config: Mapping[str, Any] | None) -> list[OptionProblem]:
                 rule.read(value)
             except (ValueError, TypeError, OverflowError) as exc:
                 found.append(OptionProblem(key, value, rule.expected_for(value), rule.example,
-                                           reason=duration_reason(exc)))
+                                           reason=refusal_reason(exc)))
         elif key.startswith("noop."):
             found.append(_unknown_noop_option(key, value))
         elif key in cp.KEYS:
@@ -244,7 +248,7 @@ def _checkpoint_problem(key: str, value: Any) -> OptionProblem | None:
         try:
             duration_s(value)
         except ValueError as exc:
-            return OptionProblem(key, value, _DURATION, example, reason=duration_reason(exc))
+            return OptionProblem(key, value, _DURATION, example, reason=refusal_reason(exc))
     if key in _CHECKPOINT_COUNTS and value is not None:
         minimum = 0 if key == cp.TOLERABLE else 1
         try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import durations
+from shared.errors import ConfigError
 
 DURATION_EXPECTED = durations.FLINK_EXPECTED
 MAX_DURATION_S = durations.MAX_DURATION_S
@@ -98,9 +99,16 @@ def integer_expected(value: Any, minimum: int) -> str:
     return f"an integer between {minimum} and {MAX_INT}" if above else f"an integer >= {minimum}"
 
 
-def duration_reason(exc: Exception) -> str | None:
-    """What to say of a duration refused for its missing unit (how to write it); None for other
-    refusals, which "must be <expected>" describes."""
+class RefusedValue(ConfigError, ValueError):
+    """A value refused for a reason of its own, which the problem states instead of "must be
+    <expected>" (its message is that reason)."""
+
+
+def refusal_reason(exc: Exception) -> str | None:
+    """What to say of a refused value when "must be <expected>" does not say it: a duration
+    refused for its missing unit (how to write it), or a RefusedValue's reason; None otherwise."""
     if isinstance(exc, durations.InvalidDuration) and exc.hint:
         return f"{exc.reason}: {exc.hint}"
+    if isinstance(exc, RefusedValue):
+        return str(exc)
     return None

@@ -14,6 +14,9 @@ for good. Sink ids are `<lineage>:<stream>`, so each lineage's bookkeeping is un
 it when it deploys one of the lineage's tasks (services/jobmanager/pipeline_redis_users.py) and
 hands the task its URL; its password is derived from the cluster secret, so nothing stores it.
 
+A job may declare the data keys it reads and writes (shared/redis_key_grants.py); its lineage's
+user then reaches those and its bookkeeping only.
+
 The shared `pipeline` user (the dispatcher's restore-check planner, and any pipeline when its
 lineage's user cannot be made) has the data keys only: a Redis sink's bookkeeping is refused to
 it, with an error that says so.
@@ -97,7 +100,9 @@ def shared_rules() -> str:
     return f"resetchannels {COMMANDS} " + " ".join(f"~{p}" for p in data_patterns())
 
 
-def lineage_rules(lineage: str) -> list[str]:
-    """A lineage's user's rules as ACL SETUSER arguments (without its password)."""
-    return ["resetchannels", "resetkeys", *COMMANDS.split(), *(f"~{p}" for p in data_patterns()),
-            f"~{sink_keys(lineage)}"]
+def lineage_rules(lineage: str, data: list[str] | None = None) -> list[str]:
+    """A lineage's user's rules as ACL SETUSER arguments (without its password): `data`, the key
+    rules of what its job declared (shared/redis_key_grants.py), else every data key."""
+    if data is None:
+        data = [f"~{p}" for p in data_patterns()]
+    return ["resetchannels", "resetkeys", *COMMANDS.split(), *data, f"~{sink_keys(lineage)}"]

@@ -9,14 +9,7 @@ import math
 from typing import Any, Mapping
 
 from shared import restart
-from shared.option_values import (
-    DURATION_EXPECTED,
-    OptionProblem,
-    duration_reason,
-    duration_s,
-    integer,
-    integer_expected,
-)
+from shared.option_values import DURATION_EXPECTED, OptionProblem, duration_s, integer, integer_expected, refusal_reason
 
 RESTART_PREFIX = "restart-strategy."
 RESTART_PARAMETERS: dict[str, dict[str, tuple[str, Any]]] = {
@@ -90,7 +83,7 @@ def problems(config: Mapping[str, Any]) -> list[OptionProblem]:
         except (ValueError, TypeError, OverflowError) as exc:
             expected = integer_expected(value, 0 if what == "count" else 1) if what in ("count", "count1") \
                 else _RESTART_EXPECTED[what]
-            found.append(OptionProblem(key, value, expected, example, reason=duration_reason(exc)))
+            found.append(OptionProblem(key, value, expected, example, reason=refusal_reason(exc)))
     return found
 
 

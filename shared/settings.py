@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
     driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
     driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")
+    pipeline_redis_keys: Literal["shared", "declared"] = Field(
+        "shared", description="shared: a job that declares no Redis keys (headrace.redis.keys.read/.write) reaches "
+                              "every data key; declared: every job must declare them and reaches only those")
     pipeline_catalog_url: str | None = Field(
         None, description="the database a pipeline's SQL sources and sinks use by default (ctx.catalog_url); "
                           "never the control catalog; none: a pipeline must name its database")

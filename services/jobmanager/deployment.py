@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
 from services.jobmanager.lineage import Lineages
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
-from shared import job_options, storage_roots
+from shared import job_options, redis_key_grants, storage_roots
 from shared.catalog import repository as repo
 from shared.catalog.models import Execution, Job, Vertex
 from shared.ids import ExecutionId, slot_request_id
@@ -71,9 +71,7 @@ class Deployment:
         else:
             restore_from, restore_id = ex.restored_from, ex.restored_checkpoint_id
         lineage = self.lineages.of(s, job)
-        redis_url = self.settings.pipeline_redis_url or self.settings.redis_url
-        if self.pipeline_users is not None and job.kind != "noop":  # a no-op task runs no pipeline
-            redis_url = self.pipeline_users.url_for(lineage) or redis_url
+        redis_url = self.pipeline_redis_url(job, lineage)
         spec = TaskSpec(
             job_id=job.id, job_name=job.name, vertex_id=vertex.id, execution_id=ex.id, attempt=ex.attempt,
             parallelism=vertex.parallelism, kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
@@ -90,6 +88,20 @@ class Deployment:
         )
         return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
                           slot_indices=msg.slot_indices, spec=spec)
+
+    def pipeline_redis_url(self, job: Job, lineage: str) -> str:
+        """What a task gets as ctx.redis_url: its lineage's own user, confined to the keys its job
+        declares; the shared user when that user cannot be made, unless every job must declare."""
+        shared = self.settings.pipeline_redis_url or self.settings.redis_url
+        if self.pipeline_users is None or job.kind == "noop":  # a no-op task runs no pipeline
+            return shared
+        grants = redis_key_grants.grants_of(job.config)
+        if grants is None and self.settings.pipeline_redis_keys == redis_key_grants.DECLARED:
+            grants = redis_key_grants.KeyGrants()  # stored before the cluster required declarations
+        own = self.pipeline_users.url_for(lineage, grants)
+        if own is None and self.settings.pipeline_redis_keys == redis_key_grants.DECLARED:
+            return ""
+        return own or shared
 
     def live_lineages(self, s: Session) -> set[str]:
         """The lineages of every job not yet ended (their Redis users stay)."""

@@ -2,16 +2,19 @@
 are shared/pipeline_redis.py).
 
 When it deploys a task of lineage L, the JobManager makes sure `pipeline.<L>` exists with today's
-rules (ACL SETUSER, then ACL SAVE where the server has an ACL file, so a restarted Redis keeps
-it) and puts its URL in the TaskSpec. Its password is derived from the cluster secret: made
-again the same, stored nowhere. A sweep every SWEEP_S deletes the users of lineages with no live
+rules, the data keys its job declared among them (shared/redis_key_grants.py): ACL SETUSER,
+then ACL SAVE where the server has an ACL file, so a restarted Redis keeps it. It puts the user's
+URL in the TaskSpec. Its password is derived from the cluster secret: made again the same, stored
+nowhere. A sweep every SWEEP_S deletes the users of lineages with no live
 job; Redis closes their connections, so a task that outlived its job loses Redis with them.
 
 Only for the cluster's own Redis, when the pipelines' URL names the shared `pipeline` user: the
 JobManager holds no administration of another Redis (a pipeline_redis_url of its own), and a
 Redis without users (HEADRACE_REDIS_AUTH=false) has no boundary to draw. When the users cannot
 be made (a jobmanager ACL user from before these rules: `headrace redis-auth deploy` again),
-tasks get the shared user, whose Redis sinks are then refused with an error naming this.
+tasks get the shared user, whose Redis sinks are then refused with an error naming this; where
+every job must declare its keys (pipeline_redis_keys: declared), they get no Redis URL instead, as
+the shared user would reach every data key.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 
 from shared import pipeline_redis as pr
+from shared.redis_key_grants import KeyGrants
 
 log = logging.getLogger("headrace.jobmanager")
 SWEEP_S = 60.0
@@ -38,7 +42,7 @@ def _server(url: str) -> tuple[str, int, str]:
 class PipelineRedisUsers:
     def __init__(self, client: redis.Redis, secret: bytes, pipeline_url: str):
         self.client, self.secret, self.pipeline_url = client, secret, pipeline_url
-        self._made: set[str] = set()  # lineages whose user this process set to today's rules
+        self._made: dict[str, list[str]] = {}  # the rules this process last gave each lineage's user
         self._refused = False
         self._next_sweep = time.monotonic() + SWEEP_S
 
@@ -53,18 +57,19 @@ class PipelineRedisUsers:
             return None
         return cls(client, secret, pipeline_url)
 
-    def url_for(self, lineage: str) -> str | None:
-        """The URL of lineage's own user, made if missing; None when it cannot be made (the
-        caller hands out the shared user's URL)."""
+    def url_for(self, lineage: str, grants: KeyGrants | None = None) -> str | None:
+        """The URL of lineage's own user, made if missing, reaching the data keys `grants` names
+        (None: every data key); None when it cannot be made (the caller decides what the task
+        gets instead)."""
         user = pr.lineage_user(lineage)
         password = pr.lineage_password(self.secret, lineage)
+        rules = pr.lineage_rules(lineage, grants.acl_rules() if grants is not None else None)
         try:
-            if lineage not in self._made or self.client.acl_getuser(user) is None:
+            if self._made.get(lineage) != rules or self.client.acl_getuser(user) is None:
                 self.client.execute_command("ACL", "SETUSER", user, "reset", "on",
-                                            f"#{hashlib.sha256(password.encode()).hexdigest()}",
-                                            *pr.lineage_rules(lineage))
+                                            f"#{hashlib.sha256(password.encode()).hexdigest()}", *rules)
                 self._save()
-                self._made.add(lineage)
+                self._made[lineage] = rules
         except redis.exceptions.NoPermissionError as exc:
             if not self._refused:
                 self._refused = True
@@ -96,7 +101,8 @@ class PipelineRedisUsers:
             if gone:
                 self.client.execute_command("ACL", "DELUSER", *gone)
                 self._save()
-                self._made.difference_update(pr.lineage_of_user(u) for u in gone)
+                for u in gone:
+                    self._made.pop(lineages[u] or "", None)
                 log.info("deleted the Redis users of %d lineages without a live job", len(gone))
             return len(gone)
         except redis.exceptions.NoPermissionError:

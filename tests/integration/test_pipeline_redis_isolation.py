@@ -3,7 +3,8 @@ redis-server with its ACL file, a real Spark driver): through the Redis URL its 
 pipeline set another job's sink fence to 2^62 and read every job's sink bookkeeping. Now each
 running lineage has a Redis user of its own (shared/pipeline_redis.py) that reaches its own
 `headrace:sink:<lineage>:*` and the data keys, and the shared `pipeline` user reaches the data
-keys only."""
+keys only. A job that declares its Redis keys (shared/redis_key_grants.py) is confined to them: it
+can neither read nor trim nor delete another job's streams."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.taskmanager.runtime.connectors.ownership import SinkOwner
+from services.taskmanager.runtime.connectors.redis_replies import StreamReadRefused, count_after, entries
 from services.taskmanager.runtime.connectors.redis_sink_fence import (
     SinkBookkeepingRefused,
     commit_entries,
@@ -24,6 +26,7 @@ from services.taskmanager.runtime.connectors.redis_sink_fence import (
 )
 from shared import pipeline_redis
 from shared.message_auth import load_secret
+from shared.redis_key_grants import READ_OPTION, WRITE_OPTION, KeyGrants
 from tests.clusters import start_cluster
 from tests.waiting import wait_for
 
@@ -56,6 +59,33 @@ HOSTILE = textwrap.dedent('''
 ''')
 
 
+DECLARING = textwrap.dedent('''
+    import json
+    import redis
+
+    def build(ctx):
+        r = redis.Redis.from_url(ctx.redis_url)
+        tries = {
+            "read_victim": lambda: r.xlen("victim-stream"),
+            "trim_victim": lambda: r.xtrim("victim-stream", maxlen=0),
+            "maxlen0_victim": lambda: r.xadd("victim-stream", {"x": 1}, maxlen=0),
+            "delete_victim": lambda: r.delete("victim-stream"),
+            "read_source": lambda: r.xlen("declared-src"),
+            "trim_source": lambda: r.xtrim("declared-src", maxlen=0),
+        }
+        outcome = {}
+        for name, attempt in tries.items():
+            try:
+                attempt()
+                outcome[name] = "ok"
+            except redis.exceptions.NoPermissionError:
+                outcome[name] = "NOPERM"
+        r.xadd("declared-results", {"json": json.dumps(outcome)})
+        df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
+        return ctx.sinks.redis_stream(df, ctx.args[0])
+''')
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
     c = start_cluster(tmp_path_factory.mktemp("lineage-home"), catalog_url=pg_url_module, taskmanagers=1, slots=2)
@@ -68,6 +98,15 @@ def admin(cluster):
     c = redis.Redis.from_url(cluster.redis_url)
     yield c
     c.close()
+
+
+def lineage_users(cluster) -> PipelineRedisUsers:
+    settings = yaml.safe_load((cluster.run_dir / "jobmanager.yaml").read_text())
+    jm = redis.Redis.from_url(service_url(cluster, "jobmanager"))
+    users = PipelineRedisUsers.for_cluster(jm, load_secret(cluster.settings, create=False), settings["redis_url"],
+                                           settings["pipeline_redis_url"])
+    assert users is not None  # the JobManager's own user may make them
+    return users
 
 
 def service_url(cluster, name: str) -> str:
@@ -145,3 +184,69 @@ def test_a_hostile_pipeline_reaches_no_other_lineages_sink(cluster, admin, rest,
     # Its own sink wrote, bookkeeping under its lineage.
     wait_for("its sink's entries", lambda: admin.xlen("hostile-out") > 0, timeout_s=10)
     assert admin.get(f"headrace:sink:{job}:hostile-out:last_batch") is not None
+
+
+def test_a_lineage_that_declares_its_keys_reaches_only_those(cluster, admin):
+    users, mine = lineage_users(cluster), "c" * 32
+    admin.xadd("granted-src", {"json": "{}"})
+    admin.xadd("granted-victim", {"json": "{}"})
+    url = users.url_for(mine, KeyGrants(read=("granted-src",), write=("granted-out", "granted-out:*")))
+    assert url is not None
+    hostile = redis.Redis.from_url(url)
+    # What it reads it reads, the server-side count (EVAL_RO) included, and cannot change.
+    assert hostile.xlen("granted-src") == 1 and count_after(hostile, "granted-src", "0-0", 10) == 1
+    for forbidden in (lambda: hostile.xadd("granted-src", {"x": 1}), lambda: hostile.xtrim("granted-src", maxlen=0),
+                      lambda: hostile.delete("granted-src"),
+                      lambda: hostile.xlen("granted-victim"), lambda: hostile.xtrim("granted-victim", maxlen=0),
+                      lambda: hostile.xadd("granted-victim", {"x": 1}, maxlen=0),
+                      lambda: hostile.delete("granted-victim"), lambda: hostile.set("granted-outx", 1)):
+        with pytest.raises(NOPERM):
+            forbidden()
+    assert admin.xlen("granted-src") == 1 and admin.xlen("granted-victim") == 1
+    # The connectors say what to declare.
+    with pytest.raises(StreamReadRefused, match=READ_OPTION):
+        entries(hostile, "granted-victim", "-", "+")
+    owner = SinkOwner(lineage=mine, job_id=mine)
+    with pytest.raises(SinkBookkeepingRefused, match=WRITE_OPTION):
+        prepare_sink(hostile, "granted-victim", sink_id=f"{mine}:granted-victim", attempt=1, restored_batch_id=-1,
+                     owner=owner)
+    prepare_sink(hostile, "granted-out:1", sink_id=f"{mine}:granted-out:1", attempt=1, restored_batch_id=-1,
+                 owner=owner)
+    assert commit_entries(hostile, "granted-out:1", [b"x"], sink_id=f"{mine}:granted-out:1", batch_id=0, attempt=1)
+    # A later deploy without a declaration gives the user every data key again.
+    assert users.url_for(mine) == url and hostile.xlen("granted-victim") == 1
+    users.sweep(live=set())
+    hostile.close()
+
+
+def test_a_job_that_declares_its_keys_cannot_touch_another_jobs_stream(cluster, admin, rest, tmp_path):
+    admin.delete("victim-stream", "declared-results")
+    for n in range(3):
+        admin.xadd("victim-stream", {"n": n})
+    admin.xadd("declared-src", {"n": 0})
+    path = tmp_path / "declaring.py"
+    path.write_text(DECLARING)
+    jar = rest.upload(path)
+    config = {READ_OPTION: ["declared-src"], WRITE_OPTION: ["declared-out", "declared-results"]}
+    job = rest.run(jar, parallelism=1, programArgsList=["declared-out"], restartStrategy={"type": "none"},
+                   flinkConfiguration=config)
+    final = rest.wait_state(job, ["FINISHED", "FAILED"], timeout_s=420)
+    assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
+    [(_, fields)] = admin.xrange("declared-results")
+    assert json.loads(fields[b"json"]) == {
+        "read_victim": "NOPERM", "trim_victim": "NOPERM", "maxlen0_victim": "NOPERM", "delete_victim": "NOPERM",
+        "read_source": "ok", "trim_source": "NOPERM"}
+    assert admin.xlen("victim-stream") == 3 and admin.xlen("declared-src") == 1
+    wait_for("its sink's entries", lambda: admin.xlen("declared-out") > 0, timeout_s=10)
+
+    # A sink writing a stream its job did not declare fails, saying what to declare.
+    job = rest.run(jar, parallelism=1, programArgsList=["undeclared-out"], restartStrategy={"type": "none"},
+                   flinkConfiguration=config)
+    final = rest.wait_state(job, ["FINISHED", "FAILED"], timeout_s=420)
+    root = rest.get(f"/jobs/{job}/exceptions")["root-exception"] or ""
+    assert final["state"] == "FAILED" and WRITE_OPTION in root and "undeclared-out" in root, root
+    assert not admin.exists("undeclared-out")
+
+    # Patterns that would reach Headrace's own keys are refused at submission.
+    r = rest.http.post(f"/jars/{jar}/run", json={"flinkConfiguration": {WRITE_OPTION: ["h*"]}})
+    assert r.status_code == 400 and "'hr:'" in r.text, r.text

@@ -18,7 +18,7 @@ from services.dispatcher.schemas import stored_restart_strategy
 from services.dispatcher.submission import artifacts, checkpoint_dir_option, entry_check, restore, restore_check
 from services.dispatcher.submission.warm_planner import WarmPlanner
 from services.dispatcher.views.overview_cache import OverviewCache
-from shared import checkpointing, kafka_delivery
+from shared import checkpointing, kafka_delivery, redis_key_grants
 from shared import job_options as job_config
 from shared.catalog import Catalog, repository
 from shared.catalog.repository import NotFound
@@ -168,6 +168,10 @@ def check_config(config: dict, settings: Settings) -> None:
                                           "\"10 s\", \"500 ms\" or \"2 min\" (without a unit: milliseconds)")
                              for p in found])
     check_kafka_transaction_timeout(config, settings)
+    undeclared = redis_key_grants.undeclared_problem(config, settings.pipeline_redis_keys)
+    if undeclared:
+        raise ApiError.of(400, undeclared, field=redis_key_grants.WRITE_OPTION, expected=redis_key_grants.EXPECTED,
+                          hint="see docs/runbooks/auth.md, \"Redis users\"", prefix=False)
 
 
 def check_kafka_transaction_timeout(config: dict, settings: Settings) -> None:

@@ -23,6 +23,7 @@ import redis
 from redis.typing import EncodableT
 
 from shared.errors import TaskError
+from shared.redis_key_grants import WRITE_OPTION
 
 from .ownership import MAX_REPLACED, UNKNOWN, SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError
@@ -164,26 +165,28 @@ def _text(v: Any) -> str:
 
 
 class SinkBookkeepingRefused(TaskError, RuntimeError):
-    """This task's Redis user may not touch the sink's bookkeeping keys."""
+    """This task's Redis user may not touch the sink's stream or bookkeeping keys."""
 
-    def __init__(self, sink_id: str, error: Exception | str):
-        self.sink_id, self.error = sink_id, str(error)
+    def __init__(self, sink_id: str, error: Exception | str, stream: str = ""):
+        self.sink_id, self.error, self.stream = sink_id, str(error), stream
         super().__init__(
-            f"Redis refused this task's user the bookkeeping of sink {sink_id!r} (headrace:sink:{sink_id}:*; "
-            f"{error}): a task reaches only its own lineage's sinks, whose ids are '<lineage>:<name>' "
+            f"Redis refused this task's user the stream {stream!r} or the bookkeeping of sink {sink_id!r} "
+            f"(headrace:sink:{sink_id}:*; {error}). A job that declares its Redis keys writes only the streams "
+            f"named in {WRITE_OPTION}: add the stream there. A task reaches only its own lineage's sinks, whose "
+            f"ids are '<lineage>:<name>' "
             f"(ctx.sinks.redis_stream names them so; an explicit sink_id must start with the lineage). If this is "
             f"ctx.sinks.redis_stream, the JobManager could not make the lineage's Redis user: its log says why "
             f"(docs/runbooks/auth.md, \"Redis users\").")
 
     def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
-        return (SinkBookkeepingRefused, (self.sink_id, self.error))
+        return (SinkBookkeepingRefused, (self.sink_id, self.error, self.stream))
 
 
 def _eval(client: redis.Redis, script: str, keys: list[str], args: list[EncodableT], sink_id: str) -> list[str]:
     try:
         return [_text(x) for x in client.eval(script, len(keys), *keys, *args)]
     except redis.exceptions.NoPermissionError as exc:
-        raise SinkBookkeepingRefused(sink_id, exc) from None
+        raise SinkBookkeepingRefused(sink_id, exc, stream=keys[0]) from None
 
 
 def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int,

@@ -276,7 +276,7 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
         parts = self.opts.partitions
         if parts > 1:
             # Counted from the start to the stream's end, so never fewer than the batch holds.
-            held = count_after(self.client, self.opts.stream, start["id"], cap=SPLIT_MIN_ENTRIES * parts)
+            held = redis_replies.count_after(self.client, self.opts.stream, start["id"], cap=SPLIT_MIN_ENTRIES * parts)
             parts = max(1, min(parts, held // SPLIT_MIN_ENTRIES))
         return split_id_range(start["id"], end["id"], parts)
 
@@ -297,28 +297,13 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
             self._client = None
 
 
-# KEYS: stream. ARGV: exclusive start id, cap. Counts entries after the id on the server, in
-# pages, so their contents never cross the network.
-_COUNT_AFTER = """
-local n, cursor, cap = 0, ARGV[1], tonumber(ARGV[2])
-while n < cap do
-  local want = math.min(200, cap - n)
-  local page = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', want)
-  n = n + #page
-  if #page < want then break end
-  cursor = page[#page][1]
-end
-return n
-"""
-
-
 def entries_after(client: redis.Redis, stream: str, after: str, last: str | None = None,
                   cap: int = LAG_COUNT_CAP) -> int:
     """How many entries of `stream` have an id above `after`: exact up to `cap`, estimated above
     it (XLEN times the share of the stream's time span after `after`)."""
     if last is not None and parse_id(after) >= parse_id(last):
         return 0
-    counted = count_after(client, stream, after, cap)
+    counted = redis_replies.count_after(client, stream, after, cap)
     if counted < cap:
         return counted
     length = client.xlen(stream)
@@ -328,11 +313,6 @@ def entries_after(client: redis.Redis, stream: str, after: str, last: str | None
     t_first, t_after, t_last = parse_id(first[0][0])[0] if first else 0, parse_id(after)[0], parse_id(last_id)[0]
     share = (t_last - t_after) / (t_last - t_first) if t_last > t_first else 1.0
     return max(cap, min(length, int(length * share)))
-
-
-def count_after(client: redis.Redis, stream: str, after: str, cap: int) -> int:
-    """How many entries of `stream` have an id above `after`, counted on the server up to `cap`."""
-    return int(client.eval(_COUNT_AFTER, 1, stream, after, cap))
 
 
 def read_entries(client: redis.Redis, stream: str, after: str, until: str,

@@ -1,0 +1,114 @@
+"""The Redis data keys a job declares it reads and writes, and the ACL rules its lineage's user
+gets from them (issue 43.5, second half; docs/runbooks/auth.md "Redis users").
+
+Without a declaration a lineage's user reaches every data key (shared/pipeline_redis.py): streams
+are shared as Kafka topics are, so one pipeline may trim or delete another's stream. A job that
+declares its keys is confined to them, as a Kafka principal is to the topics its ACLs name:
+
+    headrace.redis.keys.read   keys it only reads (XRANGE, XLEN, GET...)
+    headrace.redis.keys.write  keys it reads and writes (a Redis sink's stream: XADD, XDEL)
+
+Each a JSON list or one string separated by ';' (Flink's list separator) or ','. A pattern is a
+key name, or a prefix ending in one '*' ("clicks", "tenant-a:*"); no other glob character, so
+what a pattern reaches is plain to see and can be checked to stay outside the control plane's
+keys and the sinks' bookkeeping. A cluster whose setting `pipeline_redis_keys` is `declared`
+refuses jobs that declare nothing.
+
+Pure: the dispatcher checks the options with it, the JobManager makes the user's rules with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from shared.option_values import RefusedValue
+from shared.pipeline_redis import CONTROL_PLANE_PREFIXES, SINK_PREFIX
+
+READ_OPTION = "headrace.redis.keys.read"
+WRITE_OPTION = "headrace.redis.keys.write"
+OPTIONS = (READ_OPTION, WRITE_OPTION)
+# The cluster setting pipeline_redis_keys: "shared" (a job that declares nothing reaches every
+# data key) or "declared" (every job must declare its keys).
+SHARED, DECLARED = "shared", "declared"
+MODES = (SHARED, DECLARED)
+FORBIDDEN_PREFIXES = (*CONTROL_PLANE_PREFIXES, SINK_PREFIX)
+MAX_PATTERNS = 64
+MAX_PATTERN_LENGTH = 256
+GLOB_CHARACTERS = "*?[]\\"
+EXPECTED = ("a list of Redis keys the job may use: key names, or prefixes ending in '*', outside "
+            f"{', '.join(FORBIDDEN_PREFIXES)}")
+EXAMPLE = ["clicks", "counts:*"]
+
+
+@dataclass(frozen=True)
+class KeyGrants:
+    """What a lineage's user may reach of the data keys: `read` read-only, `write` both."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+    def acl_rules(self) -> list[str]:
+        """ACL SETUSER key rules (Redis 7: `%R~` read-only, `~` read and write)."""
+        return [*(f"%R~{p}" for p in self.read), *(f"~{p}" for p in self.write)]
+
+
+def check_pattern(pattern: Any) -> str:
+    """`pattern` if a job may be granted it; RefusedValue saying why not."""
+    if not isinstance(pattern, str) or not pattern:
+        raise RefusedValue("each key pattern must be a non-empty string")
+    if len(pattern) > MAX_PATTERN_LENGTH or any(c.isspace() or not c.isprintable() for c in pattern):
+        raise RefusedValue(f"a key pattern is at most {MAX_PATTERN_LENGTH} printable characters without spaces")
+    literal, star, after = pattern.partition("*")
+    if after or any(c in literal for c in GLOB_CHARACTERS):
+        raise RefusedValue(f"key pattern {pattern!r} may use '*' only as its last character and no other glob "
+                           "character (?, [, ], \\)")
+    if not literal:
+        raise RefusedValue("'*' would reach the control plane's keys: name the keys, or leave the option out "
+                           "where the cluster lets a job reach every data key")
+    for forbidden in FORBIDDEN_PREFIXES:
+        if literal.startswith(forbidden) or (star and forbidden.startswith(literal)):
+            raise RefusedValue(f"key pattern {pattern!r} reaches keys under {forbidden!r}, which are Headrace's "
+                               "own; choose a name or prefix outside them")
+    return pattern
+
+
+def parse_patterns(value: Any) -> tuple[str, ...]:
+    """A key option's patterns, each checked; RefusedValue for one that cannot be granted."""
+    if isinstance(value, str):
+        items: list[Any] = [p.strip() for p in value.replace(",", ";").split(";") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise RefusedValue("expected a list of key patterns or one string of them separated by ';'")
+    if len(items) > MAX_PATTERNS:
+        raise RefusedValue(f"at most {MAX_PATTERNS} key patterns (a prefix ending in '*' covers many keys)")
+    return tuple(dict.fromkeys(check_pattern(p) for p in items))
+
+
+def declared(config: Mapping[str, Any] | None) -> bool:
+    return any(option in (config or {}) for option in OPTIONS)
+
+
+def grants_of(config: Mapping[str, Any] | None) -> KeyGrants | None:
+    """The keys a job's configuration grants it, or None if it declares none. Call it on a
+    configuration the dispatcher accepted; an option it could not read grants nothing."""
+    config = config or {}
+    if not declared(config):
+        return None
+    found = {}
+    for option in OPTIONS:
+        try:
+            found[option] = parse_patterns(config.get(option, ()))
+        except ValueError:
+            found[option] = ()
+    return KeyGrants(read=found[READ_OPTION], write=found[WRITE_OPTION])
+
+
+def undeclared_problem(config: Mapping[str, Any] | None, mode: str) -> str | None:
+    """Why a cluster in `mode` refuses a job's configuration, or None."""
+    if mode == DECLARED and not declared(config):
+        return (f"this cluster confines every pipeline to the Redis keys it declares (pipeline_redis_keys: "
+                f"{DECLARED}): set {WRITE_OPTION} to the streams its Redis sinks write and {READ_OPTION} to those "
+                "it reads (an empty list if it uses none)")
+    return None

@@ -1,0 +1,111 @@
+"""The Redis keys a job declares (shared/redis_key_grants.py): what a pattern may be, the ACL
+rules its lineage's user gets, and the submission check of a cluster that requires them."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import pytest
+
+from services.dispatcher.errors import ApiError
+from services.dispatcher.submission.submitter import check_config
+from shared import job_options, pipeline_redis
+from shared import redis_key_grants as grants
+from shared.settings import Settings
+
+READ, WRITE = grants.READ_OPTION, grants.WRITE_OPTION
+CONTROL_AND_BOOKKEEPING = ("hr:jm:epoch", "hr:stream:dlq", "tm.tm-1", "_kombu.binding.x", "unacked_index",
+                           f"headrace:sink:{'b' * 32}:out:attempt")
+
+
+def reaches(rules: list[str], key: str, mode: str) -> bool:
+    """Whether Redis's rules (`~p`, `%R~p`, `%W~p`, `%RW~p`) let `mode` ("R" or "W") of `key`."""
+    for rule in rules:
+        perms, sep, pattern = rule.partition("~")
+        if not sep:
+            continue
+        allowed = perms.lstrip("%") or "RW"
+        if mode in allowed and fnmatch.fnmatchcase(key, pattern.replace("[^", "[!")):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("value, expected", [
+    (["clicks", "counts:*"], ("clicks", "counts:*")),
+    ("clicks; counts:*", ("clicks", "counts:*")),
+    ("a,b,a", ("a", "b")),
+    ([], ()),
+    ("", ()),
+    ("hrx", ("hrx",)),  # "hr" + "x" is not under "hr:"
+    ("headrace:out", ("headrace:out",)),
+])
+def test_key_patterns_a_job_may_declare(value, expected):
+    assert grants.parse_patterns(value) == expected
+    assert job_options.problems({READ: value}) == []
+
+
+@pytest.mark.parametrize("pattern, says", [
+    ("*", "would reach the control plane"),
+    ("h*", "'hr:'"),
+    ("hr:*", "'hr:'"),
+    ("hr:jm:epoch", "'hr:'"),
+    ("tm.tm-1", "'tm.'"),
+    ("t*", "'tm.'"),
+    ("_kombu.x", "'_kombu.'"),
+    ("un*", "'unacked'"),
+    ("unacked_index", "'unacked'"),
+    ("headrace:*", "'headrace:sink:'"),
+    ("headrace:sink:abc:out", "'headrace:sink:'"),
+    ("a*b", "only as its last character"),
+    ("a?", "no other glob character"),
+    ("a[bc]", "no other glob character"),
+    ("two words", "without spaces"),
+    ("x" * 300, "at most 256"),
+])
+def test_a_pattern_that_reaches_headraces_own_keys_or_is_not_plain_is_refused(pattern, says):
+    with pytest.raises(grants.RefusedValue, match=None) as refused:
+        grants.parse_patterns([pattern])
+    assert says in str(refused.value)
+    [problem] = job_options.problems({WRITE: [pattern]})
+    assert problem.option == WRITE and says in problem.message and '"clicks"' in problem.message
+
+
+def test_other_refused_values():
+    for value in (5, None, [""], [5], {"a": 1}):
+        assert job_options.problems({READ: value}), value
+    assert "at most 64" in job_options.problems({READ: [f"k{n}" for n in range(65)]})[0].message
+
+
+def test_a_declaring_lineages_user_reaches_its_keys_its_bookkeeping_and_nothing_else():
+    lineage = "a" * 32
+    declared = grants.grants_of({READ: ["clicks", "shared:*"], WRITE: "out;out:*"})
+    assert declared == grants.KeyGrants(read=("clicks", "shared:*"), write=("out", "out:*"))
+    rules = pipeline_redis.lineage_rules(lineage, declared.acl_rules())
+    for key in ("clicks", "shared:x", "out", "out:1"):
+        assert reaches(rules, key, "R"), key
+    for key in ("out", "out:1", f"headrace:sink:{lineage}:out:attempt"):
+        assert reaches(rules, key, "W"), key
+    for key in ("clicks", "shared:x"):  # read-only: no XADD, XTRIM or DEL
+        assert not reaches(rules, key, "W"), key
+    for key in ("another-jobs-out", "clicksx", "outx", *CONTROL_AND_BOOKKEEPING):
+        assert not reaches(rules, key, "R") and not reaches(rules, key, "W"), key
+    # No declaration: every data key, as before.
+    assert grants.grants_of({"noop.duration": 1}) is None
+    everything = pipeline_redis.lineage_rules(lineage)
+    assert reaches(everything, "another-jobs-out", "W")
+    assert not any(reaches(everything, key, "R") for key in CONTROL_AND_BOOKKEEPING[:-1])
+    # Declaring nothing at all reaches only the bookkeeping.
+    nothing = pipeline_redis.lineage_rules(lineage, grants.grants_of({READ: []}).acl_rules())
+    assert not reaches(nothing, "clicks", "R") and reaches(nothing, f"headrace:sink:{lineage}:x:y", "W")
+
+
+def test_a_cluster_that_requires_declarations_refuses_a_job_without_them():
+    required = Settings(pipeline_redis_keys="declared")
+    with pytest.raises(ApiError) as refused:
+        check_config({"execution.checkpointing.interval": "10 s"}, required)
+    assert refused.value.status == 400
+    [problem] = refused.value.problems
+    assert problem.field == WRITE and "pipeline_redis_keys: declared" in problem.text()
+    check_config({WRITE: ["out"], READ: []}, required)
+    check_config({READ: []}, required)
+    check_config({}, Settings())  # shared (the default): nothing to declare
