@@ -29,8 +29,11 @@ TEST = "tests/e2e/test_compose_stack.py"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cold", action="store_true", help="build everything in a fresh cache directory")
+    parser.add_argument("--logs", type=Path, help="write every service's timestamped log here")
     args = parser.parse_args()
     env = dict(os.environ)
+    if args.logs:
+        env["HEADRACE_STACK_LOGS"] = str(args.logs.absolute())
     if args.cold:
         cache = Path(tempfile.mkdtemp(prefix="headrace-cold-cache-"))
         env["HEADRACE_CACHE"] = str(cache)

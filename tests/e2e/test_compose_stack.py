@@ -18,7 +18,7 @@ After each step the sink holds exactly the count and sum of every event written 
 
 It starts its own dockerd when none runs (tests/docker_engine.py) and is skipped, with the reason,
 only where no engine can start. Phase timings go to stdout (and to HEADRACE_STACK_TIMINGS as JSON,
-for bench/compose_stack.py).
+for bench/compose_stack.py; HEADRACE_STACK_LOGS: every service's timestamped log).
 """
 
 from __future__ import annotations
@@ -288,6 +288,9 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
     finally:
         if outside is not None:
             outside.stop()
+        if os.environ.get("HEADRACE_STACK_LOGS"):  # every service's whole log, timestamped (bench/compose_stack.py)
+            Path(os.environ["HEADRACE_STACK_LOGS"]).write_text(
+                stack.compose("logs", "--no-color", "--timestamps", check=False, timeout=120))
         t0 = time.monotonic()
         stack.down()
         timings.phase("down", t0)
