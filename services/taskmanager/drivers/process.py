@@ -11,7 +11,7 @@ lose that core to a driver nobody asked for yet. The task that takes it raises i
 TaskManager's own priority (`raise_priority`; every thread of its session: Spark's Python
 daemons leave the driver's process group, and the task's Python workers fork from them). The
 session's autogroup gets the same nice value: with autogroup scheduling, sessions share the CPU
-as equals whatever their processes' nice values (`set_autogroup_nice`). Where the
+as equals whatever their processes' nice values (shared/cpu_priority.py). Where the
 TaskManager could not raise it back (not root and RLIMIT_NICE too low), warm drivers keep the
 normal priority instead.
 """
@@ -41,13 +41,7 @@ from services.taskmanager.memory import limit as memory_limit
 from services.taskmanager.memory.measure import Sample, pss_sample
 from shared import backoff, cpu_priority
 from shared import task_protocol as tp
-from shared.driver_contract import (
-    PHASE_MARKER,
-    STACK_DUMP_SIGNAL,
-    kill_session,
-    remove_python_socket_dirs,
-    session_groups,
-)
+from shared.driver_contract import PHASE_MARKER, STACK_DUMP_SIGNAL, kill_session, remove_python_socket_dirs
 from shared.ids import ExecutionId
 
 log = logging.getLogger("headrace.taskmanager.driver")
@@ -69,7 +63,6 @@ _ids = itertools.count(1)
 # nice 19 took as much CPU as the running task beside it (docs/benchmarks.md, "Throughput").
 WARMUP_NICE = cpu_priority.RESERVE_NICE
 may_raise_priority = cpu_priority.may_raise_priority
-set_autogroup_nice = cpu_priority.set_autogroup_nice
 
 
 def warm_up_args(in_reserve: bool, query: bool) -> tuple[str, ...]:
@@ -174,42 +167,17 @@ class DriverProcess:
 
     def lower_priority(self) -> None:
         """Warm up at WARMUP_NICE: the driver's process group and its session's autogroup."""
-        if self.proc is None:
-            return  # not started
-        pid = self.proc.pid
-        try:
-            os.setpriority(os.PRIO_PGRP, pid, WARMUP_NICE)
-            self.niced = True
-        except OSError:
-            log.warning("could not lower the priority of warm driver %s", self.id, exc_info=True)
-            return
-        set_autogroup_nice(pid, WARMUP_NICE)
+        if self.proc is not None:
+            self.niced = cpu_priority.lower(self.proc.pid)
 
     def raise_priority(self) -> None:
-        """A task took this driver: every thread of its session back to the TaskManager's
-        priority. The session, not only the group: Spark's Python worker daemons (started during
-        the warm-up, so niced too) move to process groups of their own, and the task's Python
-        workers are forked from them."""
-        if not self.niced or self.proc is None:
-            return
-        own = os.getpriority(os.PRIO_PROCESS, 0)
-        try:
-            os.setpriority(os.PRIO_PGRP, self.proc.pid, own)
+        """A task took this driver: every process group of its session back to the TaskManager's
+        priority, and the session's autogroup. The session, not only the group: Spark's Python
+        worker daemons (started during the warm-up, so niced too) move to process groups of their
+        own, and the task's Python workers are forked from them."""
+        if self.niced and self.proc is not None:
+            cpu_priority.restore(self.proc.pid)
             self.niced = False
-        except ProcessLookupError:
-            return
-        except OSError:
-            log.warning("could not raise the priority of driver %s for its task", self.id, exc_info=True)
-            return
-        set_autogroup_nice(self.proc.pid, own)
-        for group in session_groups(self.proc.pid) - {self.proc.pid}:
-            try:
-                os.setpriority(os.PRIO_PGRP, group, own)
-            except ProcessLookupError:
-                pass
-            except OSError:
-                log.warning("could not raise the priority of process group %d of driver %s", group, self.id,
-                            exc_info=True)
 
     def hurry(self) -> None:
         """A task waits for this driver: it skips what is left of its warm-up (task_protocol)."""
