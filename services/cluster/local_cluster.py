@@ -198,21 +198,10 @@ class LocalCluster:
             broker_child = infrastructure.start_kafka(s, broker, self._spawn, env)
             self.kafka_spec = broker
             config["pipeline_kafka_bootstrap_servers"] = broker.bootstrap
-        # Every file holds a Redis password once auth is on: owner-only, like the credentials.
-        redis_auth.write_private(self.run_dir / "config.yaml", yaml.safe_dump(config))
-        for role in redis_auth.SERVICES:
-            redis_auth.write_private(self.run_dir / f"{role}.yaml",
-                                     yaml.safe_dump(config | {"redis_url": self.service_redis_urls[role]}))
-        for tm in self._taskmanager_ids():  # each with only its own credentials, never the cluster secret
-            tm_config = taskmanager_credentials.taskmanager_config(
-                config, tm, self.service_redis_urls.get(tm, self.redis_url), load_secret(s, create=True))
-            redis_auth.write_private(self.run_dir / f"{tm}.yaml", yaml.safe_dump(tm_config))
-        env["HEADRACE_CONFIG"] = str(self.run_dir / "config.yaml")
-        # Children read the file; drop inherited overrides that would contradict it.
-        for key in [k for k in env if k.startswith("HEADRACE_") and k not in ("HEADRACE_CONFIG", "HEADRACE_LOG_LEVEL")]:
-            env.pop(key)
+        write_service_configs(self.run_dir, config, self.service_redis_urls, self._taskmanager_ids(),
+                              self.redis_url, load_secret(s, create=True))
+        self._env = env = children_env(env, self.run_dir / "config.yaml")
         Catalog(self.catalog_url).migrate()
-        self._env = env
         py = [sys.executable, "-m", "services.cli"]
         self._spawn("resourcemanager", py + ["resourcemanager"], self._metrics_env("resourcemanager", env))
         for i in range(self.jobmanagers):
@@ -384,6 +373,28 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def write_service_configs(run_dir: Path, config: dict, service_redis_urls: dict[str, str],
+                          taskmanager_ids: list[str], admin_redis_url: str, secret: bytes) -> None:
+    """config.yaml (the operator's: the admin Redis URL), one file per service with its own Redis
+    user, and one per TaskManager with only its own credentials, never the cluster secret. Every
+    file holds a Redis password once auth is on: owner-only, like the credentials."""
+    redis_auth.write_private(run_dir / "config.yaml", yaml.safe_dump(config))
+    for role in redis_auth.SERVICES:
+        redis_auth.write_private(run_dir / f"{role}.yaml",
+                                 yaml.safe_dump(config | {"redis_url": service_redis_urls[role]}))
+    for tm in taskmanager_ids:
+        tm_config = taskmanager_credentials.taskmanager_config(
+            config, tm, service_redis_urls.get(tm, admin_redis_url), secret)
+        redis_auth.write_private(run_dir / f"{tm}.yaml", yaml.safe_dump(tm_config))
+
+
+def children_env(env: dict[str, str], config_path: Path) -> dict[str, str]:
+    """The services' environment: they read `config_path`; inherited HEADRACE_ overrides that
+    would contradict it are dropped (the log level stays)."""
+    kept = {k: v for k, v in env.items() if not k.startswith("HEADRACE_") or k == "HEADRACE_LOG_LEVEL"}
+    return kept | {"HEADRACE_CONFIG": str(config_path)}
 
 
 def _signal_process(pid: int, sig: int) -> None:
