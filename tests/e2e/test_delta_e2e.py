@@ -183,7 +183,10 @@ def test_a_failed_upgrade_rolled_back_leaves_no_row_of_it_and_every_event_once(c
         wait_for(f"every one of {produced} events once in the table",
                  lambda: events_once(path, produced), 300, poll_s=0.25)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {events_off(path, produced)}") from None
+        status = rest.get(f"/deployments/{deployment}")["status"]
+        job_id = status.get("jobId")
+        job = f"{rest.job(job_id)['state']}: {rest.get(f'/jobs/{job_id}/exceptions')}" if job_id else "none"
+        raise AssertionError(f"{exc}: {events_off(path, produced)}; deployment {status}; its job {job}") from None
     assert {r["tag"] for r in rs_rows(path)} == {"v1"}
     df = spark.read.format("delta").load(str(path))
     assert df.filter("tag != 'v1'").count() == 0 and df.count() == produced
