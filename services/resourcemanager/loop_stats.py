@@ -1,5 +1,6 @@
 """The figures the ResourceManager publishes to hr:rm:stats once a second (slots, TaskManagers,
-heartbeat rate and lag); services/resourcemanager/metrics.py turns them into Prometheus metrics."""
+heartbeat rate and lag; services/resourcemanager/metrics.py turns them into Prometheus metrics)
+and the slot counts of the tasks each TaskManager runs (shared/standby_shape.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from typing import Callable
 
 from services.resourcemanager.slot_manager import SlotManager
+from shared import standby_shape
 from shared.clock import Clock
 
 
@@ -43,6 +45,8 @@ class LoopStats:
             "heartbeat_lag_max_ms": round(self._max_lag_ms, 1),
             "heartbeat_lag_avg_ms": round(self._lag_sum_ms / beats, 1) if beats else 0.0,
             "taskmanagers_lost_total": self.lost_total, "at": time.time(),
+            # What the TaskManagers' warm drivers take the shape of (shared/standby_shape.py).
+            standby_shape.TASK_SLOTS: standby_shape.task_slots(slots.allocations.values()),
         })
         self._last_publish = now
         self._heartbeats, self._max_lag_ms, self._lag_sum_ms = 0, 0.0, 0.0

@@ -148,7 +148,8 @@ def driver_launch(settings: Settings, slots: int, archive_args: list[str],
 
     return DriverLaunch(driver_memory=settings.driver_memory, shuffle_partitions=settings.spark_shuffle_partitions,
                         engine_args=lambda config: driver_engine_args(settings, config) + archive_args,
-                        sandbox=sandbox, warm_pool=warm_pool, warm_up_query=settings.warm_up_query)
+                        sandbox=sandbox, warm_pool=warm_pool, warm_up_query=settings.warm_up_query,
+                        follow_standby=settings.spark_master != "local" and not settings.warm_parallelism)
 
 
 def celery_app(settings: Settings, reports: HeldReports, dead_letter_stream: str) -> Celery:

@@ -311,7 +311,9 @@ class TaskSupervisor:
         self.drivers.replenish(self.free_slots())
 
     def publish_warm_status(self) -> None:
-        """For operators and benchmarks: how many warm drivers are ready right now."""
+        """For operators and benchmarks: how many warm drivers are ready right now; and the warm
+        drivers' size kept to the tasks that may fail over here."""
+        self.drivers.follow_standby_shape(len(self.slots))
         self.drivers.publish_status()
 
     def free_slots(self) -> int:

@@ -57,6 +57,9 @@ HEALTHY_TIMEOUT_S = 600  # JVMs start in 1-3 min when the machine's 2 cores are 
 TASK_TIMEOUT_S = 420
 BURST = 400  # events written per step
 TM_SERVICE = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}
+# A TaskManager container killed under its task -> RUNNING on the other's warm driver: 16-19 s with
+# a cold driver, so a bound with room for a loaded machine still catches that.
+FAILOVER_BOUND_S = 10.0
 KAFKA_TOPIC = "compose-kafka"
 KAFKA_RECORDS = 20
 # Run with `python -c` in a TaskManager's container, where pipelines run: produce to the topic
@@ -141,9 +144,23 @@ class Outside:
 
 
 class Timings(dict):
-    def phase(self, name: str, t0: float) -> None:
+    def phase(self, name: str, t0: float) -> float:
         self[name] = round(time.monotonic() - t0, 1)
         print(f"stack timing: {name} {self[name]} s", flush=True)
+        return self[name]
+
+
+def warm_status(stack: ComposeStack, taskmanager_id: str) -> dict:
+    """How many warm drivers are ready on a TaskManager, and their parallelism (its own view, read
+    inside its container with its own Redis user)."""
+    script = ("import json, os, redis; from shared import streams; "
+              "r = redis.Redis.from_url(os.environ['HEADRACE_REDIS_URL']); "
+              f"s = json.loads(r.get(streams.tm_warm_key({taskmanager_id!r})) or '{{}}'); "
+              "print(json.dumps({'ready': s.get('ready'), 'parallelism': s.get('parallelism')}))")
+    try:
+        return json.loads(stack.exec(TM_SERVICE[taskmanager_id], "python3", "-c", script).strip().splitlines()[-1])
+    except (RuntimeError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
 
 
 def leader(rest: Rest) -> tuple[str, int] | None:
@@ -222,14 +239,20 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         exact("first run")
         wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 120, poll_s=0.25)
 
-        # A TaskManager container dies with the task: it runs again on the other one.
+        # A TaskManager container dies with the task: it runs again on the other one, on a warm
+        # driver of the task's size (shared/standby_shape.py), not a cold one.
         first_tm = attempts[-1]["taskmanager-id"]
+        survivor = next(tm for tm in TM_SERVICE if tm != first_tm)
+        wait_for(f"a ready warm driver of parallelism 1 on {survivor}",
+                 lambda: warm_status(stack, survivor) in ({"ready": n, "parallelism": 1} for n in (1, 2)),
+                 HEALTHY_TIMEOUT_S, poll_s=1)
         t0 = time.monotonic()
         stack.kill(TM_SERVICE[first_tm])
         burst()  # written while the task is down: read after the restart, nothing lost
         attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=TASK_TIMEOUT_S)
-        timings.phase("taskmanager_kill_to_running", t0)
+        took = timings.phase("taskmanager_kill_to_running", t0)
         assert attempts[-1]["taskmanager-id"] != first_tm, attempts
+        assert took < FAILOVER_BOUND_S, f"the task took {took:.1f} s to run again on {survivor}'s warm driver"
         assert "/chk-" in (attempts[-1]["restored-from"] or ""), attempts
         exact("after the TaskManager container was killed")
 

@@ -292,3 +292,42 @@ def test_a_niced_warm_up_gives_its_token_to_an_urgent_one_and_warms_on(tmp_path)
     assert not replacing_started[1].killed and replacing.status()["starting"] == 1
     for p in (replacing, urgent):
         p.shutdown()
+
+
+def test_a_pool_of_exact_fits_takes_the_shape_of_the_tasks_that_may_fail_over_to_it():
+    # Compose: tm-2 of 2 slots kept a warm driver of 2 while the task on tm-1 ran at 1; its
+    # failover started a cold driver (issue 42.8). Retargeted, it warms one of 1 instead.
+    started = []
+    pool = _pool(started, size=1, parallelism=2)
+    pool.replenish(free_slots=2)
+    [of_two] = started
+    of_two.ready.set()
+    pool.retarget(1)
+    assert of_two.killed and [d.parallelism for d in started] == [2, 1]
+    started[1].ready.set()
+    taken = pool.take(1)
+    assert taken is started[1] and not taken.for_task
+    pool.retarget(1)  # no change: nothing ended, nothing started
+    assert len(started) == 2
+    # A pool whose drivers serve smaller tasks keeps them.
+    smaller = []
+    local = _pool(smaller, size=1, parallelism=2, serves_smaller=True)
+    local.replenish(free_slots=2)
+    local.retarget(1)
+    assert [d.killed for d in smaller] == [False] and local.parallelism == 2
+
+
+def test_the_standby_size_is_the_most_common_task_size_elsewhere_that_fits():
+    from shared.standby_shape import standby_parallelism, task_slots
+
+    class Alloc:
+        def __init__(self, tm, n):
+            self.taskmanager_id, self.indices = tm, tuple(range(n))
+
+    published = task_slots([Alloc("tm-1", 1), Alloc("tm-1", 2), Alloc("tm-3", 1), Alloc("tm-2", 2)])
+    assert published == {"tm-1": [2, 1], "tm-3": [1], "tm-2": [2]}
+    assert standby_parallelism(published, "tm-2", slots=2) == 1  # 1 twice elsewhere, 2 once
+    assert standby_parallelism(published, "tm-3", slots=2) == 2  # a tie: the larger
+    assert standby_parallelism(published, "tm-2", slots=1) == 1  # 2 does not fit here
+    assert standby_parallelism({"tm-2": [2]}, "tm-2", slots=2) is None  # only its own tasks
+    assert standby_parallelism({"tm-1": ["x", 0, 9]}, "tm-2", slots=4) is None  # nothing readable fits

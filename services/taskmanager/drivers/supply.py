@@ -14,7 +14,7 @@ from typing import Any
 from services.taskmanager.drivers.process import DriverProcess
 from services.taskmanager.drivers.sandbox import DriverSandbox
 from services.taskmanager.drivers.warm_pool import DriverFactory, WarmPool
-from shared import streams
+from shared import standby_shape, streams
 from shared import task_protocol as tp
 
 log = logging.getLogger("headrace.taskmanager")
@@ -37,6 +37,9 @@ class DriverLaunch:
     warm_up_query: bool = True  # Settings.warm_up_query: drivers in reserve run the warm-up query
     # The warm pool, given the supply's driver factory; None: every task gets a cold driver.
     warm_pool: Callable[[DriverFactory], WarmPool] | None = None
+    # Warm drivers take the size of the tasks on the other TaskManagers (shared/standby_shape.py):
+    # where a driver serves only its own parallelism and no warm_parallelism is set.
+    follow_standby: bool = False
 
 
 class DriverSupply:
@@ -74,6 +77,22 @@ class DriverSupply:
         if self.warm is not None:
             self.warm.replenish(free_slots)
             self.publish_status()
+
+    def follow_standby_shape(self, slots: int) -> None:
+        """Warm drivers of the size the other TaskManagers' tasks run at, as the ResourceManager
+        last published them (shared/standby_shape.py); only where set by `follow_standby`."""
+        if self.warm is None or self.status_client is None or self.launch is None or not self.launch.follow_standby:
+            return
+        try:
+            raw = self.status_client.get(streams.RM_STATS_KEY)
+            published = json.loads(raw).get(standby_shape.TASK_SLOTS) if raw else None
+        except Exception:  # best effort: the pool keeps its shape until the next heartbeat
+            log.debug("could not read the ResourceManager's stats", exc_info=True)
+            return
+        if isinstance(published, dict):
+            wanted = standby_shape.standby_parallelism(published, self.taskmanager_id, slots)
+            if wanted is not None:
+                self.warm.retarget(wanted)
 
     def publish_status(self) -> None:
         """For operators and benchmarks: how many warm drivers are ready right now."""

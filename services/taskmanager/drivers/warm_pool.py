@@ -250,6 +250,22 @@ class WarmPool:
                      "" if token else " beside a warm-up that holds every token")
             return d
 
+    def retarget(self, parallelism: int) -> None:
+        """Warm drivers of `parallelism` from now on (shared/standby_shape.py): a pool whose
+        drivers serve only their own parallelism ends its idle drivers of another and warms
+        one that fits instead; a pool that serves smaller tasks keeps its drivers."""
+        with self._lock:
+            if self.serves_smaller or parallelism == self.parallelism or parallelism < 1 or self._closed:
+                return
+            log.info("warm drivers of parallelism %d from now on (was %d): the tasks that may fail over here run "
+                     "at %d", parallelism, self.parallelism, parallelism)
+            self.parallelism = parallelism
+            for d in [d for d in self._drivers if d.parallelism != parallelism]:
+                self._drivers.remove(d)
+                self._trimmed.add(d.id)
+                d.kill()
+            self._top_up()
+
     def fits(self, d: DriverProcess, parallelism: int) -> bool:
         return d.parallelism == parallelism or (self.serves_smaller and d.parallelism > parallelism)
 
