@@ -309,6 +309,13 @@ def test_a_pool_of_exact_fits_takes_the_shape_of_the_tasks_that_may_fail_over_to
     assert taken is started[1] and not taken.for_task
     pool.retarget(1)  # no change: nothing ended, nothing started
     assert len(started) == 2
+    # One slot free: none of 2 fits it, one of 1 does.
+    narrow = []
+    one_free = _pool(narrow, size=1, parallelism=2)
+    one_free.replenish(free_slots=1)
+    assert narrow == []
+    one_free.retarget(1)
+    assert [d.parallelism for d in narrow] == [1]
     # A pool whose drivers serve smaller tasks keeps them.
     smaller = []
     local = _pool(smaller, size=1, parallelism=2, serves_smaller=True)

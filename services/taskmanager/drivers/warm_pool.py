@@ -200,6 +200,7 @@ class WarmPool:
         self._drivers: list[DriverProcess] = []
         self._lock = threading.RLock()
         self._want = 0
+        self._free_slots = 0  # as the last replenish saw them
         self._retrying = False
         self._task_starts: list[DriverProcess] = []  # handed to a task before they were ready
         self._handed: list[DriverProcess] = []  # handed to a task, until they exit
@@ -260,6 +261,7 @@ class WarmPool:
             log.info("warm drivers of parallelism %d from now on (was %d): the tasks that may fail over here run "
                      "at %d", parallelism, self.parallelism, parallelism)
             self.parallelism = parallelism
+            self._want = self._wanted()
             for d in [d for d in self._drivers if d.parallelism != parallelism]:
                 self._drivers.remove(d)
                 self._trimmed.add(d.id)
@@ -279,12 +281,15 @@ class WarmPool:
 
     def replenish(self, free_slots: int) -> None:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""
+        with self._lock:
+            self._free_slots = free_slots
+            self._want = self._wanted()
+            self._top_up()
+
+    def _wanted(self) -> int:
         # A driver that serves smaller tasks is worth keeping while any slot is free.
         per_driver = 1 if self.serves_smaller else self.parallelism
-        want = 0 if self.parallelism <= 0 else min(self.size, free_slots // per_driver)
-        with self._lock:
-            self._want = want
-            self._top_up()
+        return 0 if self.parallelism <= 0 else min(self.size, self._free_slots // per_driver)
 
     def rank(self) -> int:
         """This pool's place in the machine's line for warm-up tokens: URGENT while it has no
