@@ -164,6 +164,15 @@ def warm_status(stack: ComposeStack, taskmanager_id: str) -> dict:
         return {}
 
 
+def driver_logs(stack: ComposeStack, service: str) -> str:
+    """The Spark drivers' logs in a running TaskManager's container (their phases: build, restore,
+    query start), which `docker-compose logs` does not show."""
+    out = stack.compose("exec", "-T", service, "sh", "-c",
+                        "for f in /var/lib/headrace/work/taskmanagers/*/logs/driver-*.log; do "
+                        "echo \"== $f\"; tail -n 300 \"$f\"; done", check=False, timeout=120)
+    return f"\n=== {service}: driver logs\n{out}"
+
+
 def leader(rest: Rest) -> tuple[str, int] | None:
     """(compose service, epoch) of the leading JobManager: its id is jobmanager@<hostname>:<pid>."""
     lead = rest.get("/jobmanager/leader").get("leader") or {}
@@ -316,7 +325,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
             outside.stop()
         if os.environ.get("HEADRACE_STACK_LOGS"):  # every service's whole log, timestamped (bench/compose_stack.py)
             Path(os.environ["HEADRACE_STACK_LOGS"]).write_text(
-                stack.compose("logs", "--no-color", "--timestamps", check=False, timeout=120))
+                stack.compose("logs", "--no-color", "--timestamps", check=False, timeout=120)
+                + "".join(driver_logs(stack, service) for service in TM_SERVICE.values()))
         t0 = time.monotonic()
         stack.down()
         timings.phase("down", t0)
