@@ -10,6 +10,7 @@ then each second whose slowest event waited over --stall-s, and the log lines of
 (checkpoints, warm drivers starting and ready, the task's phases) within a few seconds of them.
 
 usage: python bench/latency_timeline.py [--duration-s 60] [--rate 100] [--stall-s 1.0] [--latency-mode]
+                                         [--no-warm-planner]
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from shared.job_options import LATENCY_MODE
 from tests.clusters import Rest, start_cluster
 
 # Log lines worth seeing beside a stall (the services' logs and the drivers').
-NOTABLE = re.compile(r"checkpoint \d+ .*completed|warm driver|warm-up|task phase|restart|GC|gave up|waiting", re.I)
+NOTABLE = re.compile(r"checkpoint \d+ .*completed|warm driver|warm-up|task phase|restart|GC|gave up|waiting|planner",
+                     re.I)
 LOG_TIMES = ((re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"), "%Y-%m-%d %H:%M:%S,%f"),  # the services'
              (re.compile(r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d)"), "%y/%m/%d %H:%M:%S"))  # Spark's, in drivers' logs
 
@@ -75,6 +77,8 @@ def main() -> None:
     p.add_argument("--stall-s", type=float, default=1.0)
     p.add_argument("--poll-ms", type=float, default=20)
     p.add_argument("--latency-mode", action="store_true")
+    p.add_argument("--no-warm-planner", action="store_true",
+                   help="the dispatcher keeps no spare restore-check planner (whose JVM warms up in the first minute)")
     args = p.parse_args()
     home = Path(tempfile.mkdtemp(prefix="hr-latency-timeline-"))
     procs = Procs(home, {})
@@ -90,7 +94,8 @@ def run(args, home: Path, procs: Procs, sink_url: str, catalog_url: str, engine)
     cluster = None
     try:
         source = procs.redis()
-        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1)
+        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
+                                warm_planner=not args.no_warm_planner)
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
         wait_warm(cluster, 1)

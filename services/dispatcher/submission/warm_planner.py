@@ -83,6 +83,7 @@ class _Spare:
         with self._priority:
             if self.niced and self.proc.poll() is None:
                 cpu_priority.restore(self.proc.pid)
+                log.info("warm planner %d at the dispatcher's priority from now on", self.proc.pid)
             self.niced = False
 
     def _line(self, deadline: float) -> str | None:
