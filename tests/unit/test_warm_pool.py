@@ -338,3 +338,4 @@ def test_the_standby_size_is_the_most_common_task_size_elsewhere_that_fits():
     assert standby_parallelism(published, "tm-2", slots=1) == 1  # 2 does not fit here
     assert standby_parallelism({"tm-2": [2]}, "tm-2", slots=2) is None  # only its own tasks
     assert standby_parallelism({"tm-1": ["x", 0, 9]}, "tm-2", slots=4) is None  # nothing readable fits
+    assert standby_parallelism({"tm-1": 2, "tm-3": "12", "tm-4": [1]}, "tm-2", slots=4) == 1  # not lists: skipped

@@ -86,13 +86,13 @@ class DriverSupply:
         try:
             raw = self.status_client.get(streams.RM_STATS_KEY)
             published = json.loads(raw).get(standby_shape.TASK_SLOTS) if raw else None
-        except Exception:  # best effort: the pool keeps its shape until the next heartbeat
-            log.debug("could not read the ResourceManager's stats", exc_info=True)
+            wanted = standby_shape.standby_parallelism(published, self.taskmanager_id, slots) \
+                if isinstance(published, dict) else None
+        except Exception:  # best effort (Redis away, a stats value not of this shape): keep the pool's shape
+            log.debug("could not read the task sizes from the ResourceManager's stats", exc_info=True)
             return
-        if isinstance(published, dict):
-            wanted = standby_shape.standby_parallelism(published, self.taskmanager_id, slots)
-            if wanted is not None:
-                self.warm.retarget(wanted)
+        if wanted is not None:
+            self.warm.retarget(wanted)
 
     def publish_status(self) -> None:
         """For operators and benchmarks: how many warm drivers are ready right now."""
