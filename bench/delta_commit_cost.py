@@ -15,7 +15,10 @@ all of them:
 
 The first --skip commits of each table are left out (the JIT and the table's first versions).
 
-usage: python3 bench/delta_commit_cost.py [--commits 40] [--rows 10] [--rounds 2]
+--jobs prints, per variant, the Spark jobs one commit ran (their stages' names and task counts),
+from the last commit of the table: what a commit does besides writing its rows.
+
+usage: python3 bench/delta_commit_cost.py [--commits 40] [--rows 10] [--rounds 2] [--jobs]
 """
 
 from __future__ import annotations
@@ -46,6 +49,17 @@ VARIANTS: dict[str, tuple[str, dict[str, str], bool]] = {
 }
 
 
+def jobs_of_group(spark, group: str) -> list[str]:
+    """One line per Spark job of a job group: its stages' names and task counts."""
+    tracker = spark.sparkContext.statusTracker()
+    lines = []
+    for job_id in sorted(tracker.getJobIdsForGroup(group)):
+        job = tracker.getJobInfo(job_id)
+        stages = [tracker.getStageInfo(s) for s in (job.stageIds if job else [])]
+        lines.append(f"job {job_id}: " + "; ".join(f"{st.name} ({st.numTasks} tasks)" for st in stages if st))
+    return lines
+
+
 def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str], txn: bool,
                  commits: int) -> list[float]:
     for k, v in conf.items():
@@ -57,6 +71,7 @@ def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str],
             writer = df.write.format(fmt).mode("append")
             if txn:
                 writer = writer.option("txnAppId", "bench").option("txnVersion", str(i))
+            spark.sparkContext.setJobGroup(f"{path}#{i}", f"commit {i}")
             t = time.perf_counter()
             writer.save(path)
             took.append(time.perf_counter() - t)
@@ -73,6 +88,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--jobs", action="store_true", help="print the Spark jobs of each table's last commit")
     args = p.parse_args()
     names = args.variants.split(",")
     if unknown := [n for n in names if n not in VARIANTS]:
@@ -97,6 +113,9 @@ def main() -> None:
                                     args.commits)[args.skip:]
                 print(f"| {rnd + 1} | {name} | {statistics.median(took) * 1000:.0f} ms | "
                       f"{percentile(took, 0.9) * 1000:.0f} ms | {max(took) * 1000:.0f} ms |", flush=True)
+                if args.jobs:
+                    for line in jobs_of_group(spark, f"{home / f'{name}-{rnd}'}#{args.commits - 1}"):
+                        print(f"    {name}: {line}", flush=True)
     finally:
         spark.stop()
 

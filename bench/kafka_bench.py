@@ -247,7 +247,8 @@ def measure_kafka(engine, table: str, bootstrap: str, topic: str, *, rate: float
 # 10 s, as in bench/latency.py, unless the kind says otherwise)
 LATENCY_MODE = {"headrace.latency-mode": "true"}
 LATENCY_KINDS = {"default": {}, "latency-mode": LATENCY_MODE,
-                 "latency-mode-2s-checkpoints": {**LATENCY_MODE, **CHECKPOINTS}}
+                 "latency-mode-2s-checkpoints": {**LATENCY_MODE, **CHECKPOINTS},
+                 "latency-mode-1-state-partition": {**LATENCY_MODE, "spark.sql.shuffle.partitions": "1"}}
 
 
 def latency(args, home: Path) -> None:
