@@ -23,7 +23,7 @@ class JobView:
     status: str  # JobStatus value
     terminal: bool
     running: bool  # its current attempt is RUNNING
-    failures_since_deploy: int = 0  # failed attempts, other than INFRASTRUCTURE_FAILURES
+    failures_since_deploy: int = 0  # failed attempts, other than INFRASTRUCTURE_FAILURES (deployment_rollback.py)
     checkpoint_since_deploy: bool = False  # a checkpoint completed after the generation started
     newest_checkpoint_age_s: float | None = None
     latest_snapshot: str | None = None  # newest completed checkpoint or savepoint path

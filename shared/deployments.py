@@ -23,15 +23,18 @@ Every move the rules name is in the lifecycle's transition table (shared/states.
 test_deployment_transitions.py holds the two equal).
 
 A step that must wait (a stop-with-savepoint, a job's end) is kept in the deployment's row as
-`pending`; each pass looks at it again, so a new leader carries on where the old one was.
+`pending`; each pass looks at it again, so a new leader carries on where the old one was. The
+rules for those steps are shared/deployment_pending.py; whether a new generation is ready, and
+the rollback when it is not, shared/deployment_rollback.py; the rest (deletion, suspension, a
+new spec, keeping a settled deployment healthy) are here, and `decide` is the one entry to all.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from shared import durations
 from shared.deployment_model import NOTHING, JobView, Lifecycle, Observed, OperationView, Plan, Start  # noqa: F401
+from shared.deployment_pending import advance_pending
+from shared.deployment_rollback import judge_new_generation, rollback
 from shared.deployment_spec import (  # noqa: F401 - the spec's and the model's names are the rules' too (dep.X)
     DEFAULT_HISTORY_MAX,
     DEFAULT_READY_WITHIN_S,
@@ -44,23 +47,12 @@ from shared.deployment_spec import (  # noqa: F401 - the spec's and the model's 
     waiting_reason,
 )
 
-# A new generation that fails this often before it is ready is rolled back without waiting for
-# its restart strategy to give up or for readyWithin to pass: a version that fails as it starts
-# will fail again. Failures that are the cluster's, not the version's (a TaskManager lost), do not
-# count (INFRASTRUCTURE_FAILURES, prefixes of an attempt's failure cause).
-FAILURES_BEFORE_ROLLBACK = 1
-INFRASTRUCTURE_FAILURES = ("TaskManagerLost",)
 # A STABLE job whose newest completed checkpoint is older than this many intervals, and than
 # STUCK_AFTER_AT_LEAST_S, is stuck. The floor: on a loaded machine checkpoints of a short interval
 # fall behind for a while without anything being wrong (failing checkpoints have their own bound,
 # execution.checkpointing.tolerable-failed-checkpoints).
 STUCK_AFTER_INTERVALS = 5
 STUCK_AFTER_AT_LEAST_S = 300.0
-# A suspend or delete whose stop-with-savepoint failed is tried again after this long.
-RETRY_FAILED_STOP_S = 30.0
-# A task whose stop savepoint completed but which has not ended this long after is cancelled: the
-# savepoint is there, and the next generation must not wait for a task that hangs as it stops.
-STOP_GRACE_S = 60.0
 
 
 def decide(o: Observed) -> Plan:
@@ -68,7 +60,7 @@ def decide(o: Observed) -> Plan:
     a pending step first, then deletion, suspension, a new deployment, a change of spec, and
     the health of what runs."""
     if o.pending:
-        return _advance_pending(o)
+        return advance_pending(o)
     job = o.job
     live = job is not None and not job.terminal
     if o.deleting:
@@ -99,9 +91,9 @@ def decide(o: Observed) -> Plan:
             # Asked while another generation was being tried, which has settled since (or never).
             return Plan(consume_rollback_request=True, reason=f"rollback asked for, but generation "
                         f"{o.job_generation} runs and is the stable one: nothing to roll back")
-        return _rollback(o, live, why="rollback asked for", consume=True)
+        return rollback(o, live, why="rollback asked for", consume=True)
     if o.lifecycle in (Lifecycle.DEPLOYING, Lifecycle.UPGRADING, Lifecycle.ROLLING_BACK):
-        return _judge_new_generation(o, live)
+        return judge_new_generation(o, live)
     if o.lifecycle == Lifecycle.FAILED and job is not None and job.running and job.checkpoint_since_deploy:
         # Slower than readyWithin, not broken: it runs and checkpoints now.
         back = o.job_generation != o.generation
@@ -137,7 +129,7 @@ def _suspended_the_stable_generation(o: Observed) -> bool:
 def _resume_stable(o: Observed, restore: str | None) -> Plan:
     """Resume what was running: the stable generation, from the suspension's savepoint. The
     current generation is blocked as the one it repeats was (applying it again retries it), and
-    the deployment settles ROLLED_BACK again (_judge_new_generation)."""
+    the deployment settles ROLLED_BACK again (shared/deployment_rollback.py)."""
     s = o.job_generation
     assert s is not None
     return Plan(to=Lifecycle.DEPLOYING, start=Start(s, restore, from_stable=True), rollback_point=restore,
@@ -188,83 +180,6 @@ def _recover_failed(o: Observed, live: bool) -> Plan:
                 reason=f"generation {g} applied to a failed deployment: started from {snapshot or 'nothing'}")
 
 
-def _judge_new_generation(o: Observed, live: bool) -> Plan:
-    """DEPLOYING, UPGRADING or ROLLING_BACK: ready in time, or not."""
-    job = o.job
-    assert o.lifecycle is not None
-    rolling_back = o.lifecycle == Lifecycle.ROLLING_BACK
-    # The stable generation resumed in place of a blocked current one is rolled back still.
-    in_place_of_blocked = o.job_generation != o.generation and o.blocked_generation == o.generation
-    settled_to = Lifecycle.ROLLED_BACK if rolling_back or in_place_of_blocked else Lifecycle.STABLE
-    if job is not None and job.running and job.checkpoint_since_deploy:
-        # A rollback's error stays: it says why the newer generation is not the one running.
-        return Plan(to=settled_to, stable=not rolling_back, clear_error=settled_to == Lifecycle.STABLE,
-                    scale_settled=not rolling_back,
-                    reason=f"generation {o.job_generation} is running and completed a checkpoint (job {job.id})")
-    why = _not_ready(o, live)
-    if why is None:
-        return NOTHING
-    if o.scaled_from is not None and not rolling_back and o.job_generation == o.stable_generation:
-        return _unscale(o, live, why)
-    if rolling_back or o.lifecycle == Lifecycle.DEPLOYING and o.stable_generation in (None, o.job_generation):
-        # The failing job may be the stable generation's (a failed rollback or restart): the
-        # generation blocked before, the one that was rolled back, stays blocked.
-        block = o.job_generation if o.job_generation == o.generation else None
-        return Plan(to=Lifecycle.FAILED, error=why, block=block, reason=f"generation {o.job_generation} failed: {why}")
-    return _rollback(o, live, why=why)
-
-
-def _not_ready(o: Observed, live: bool) -> str | None:
-    job = o.job
-    if job is None:
-        return "its job is missing"
-    if job.terminal:
-        return f"its job {job.id} ended {job.status}" + (f": {job.failure}" if job.failure else "")
-    if job.failures_since_deploy >= FAILURES_BEFORE_ROLLBACK:
-        return (f"its job {job.id} failed {job.failures_since_deploy} time(s)"
-                + (f" (last failure: {job.failure})" if job.failure else ""))
-    ready_within = o.spec.ready_within_s
-    if o.deployed_s_ago is not None and o.deployed_s_ago > ready_within:
-        what = "is not RUNNING" if not job.running else "has completed no checkpoint"
-        return f"its job {job.id} {what} after {ready_within:g} s (rollback.readyWithin)"
-    return None
-
-
-def _rollback(o: Observed, live: bool, *, why: str, consume: bool = False) -> Plan:
-    s = o.stable_generation
-    if not o.spec.rollback_enabled and not consume:
-        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation,
-                    reason=f"generation {o.job_generation} failed: {why} (rollback is disabled)")
-    if s is None or s == o.job_generation or o.stable_spec is None:
-        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation, consume_rollback_request=consume,
-                    reason=f"generation {o.job_generation} failed: {why}; there is no stable generation to roll "
-                           "back to")
-    point = o.rollback_point
-    then = {"generation": s, "restore": point, "fromStable": True}
-    reason = (f"generation {o.job_generation} {'rolled back' if consume else 'not ready'}: {why}; rolling back to "
-              f"generation {s} from {point or 'nothing'}")
-    if live:
-        return Plan(to=Lifecycle.ROLLING_BACK, cancel_job=True, error=why, block=o.job_generation,
-                    consume_rollback_request=consume, reason=reason,
-                    pending={"kind": "ends", "purpose": "rollback", **then})
-    return Plan(to=Lifecycle.ROLLING_BACK, start=Start(s, point, from_stable=True), error=why, block=o.job_generation,
-                consume_rollback_request=consume, reason=reason, rollback_point=point)
-
-
-def _unscale(o: Observed, live: bool, why: str) -> Plan:
-    """The autoscaler's rescale of the stable generation is not ready: the same generation again
-    at the parallelism before it, from the rescale's savepoint; the autoscaler holds off."""
-    back, point, g = o.scaled_from, o.rollback_point, o.job_generation or o.generation
-    reason = (f"the autoscaler's rescale to parallelism {o.target_parallelism} not ready: {why}; back to "
-              f"parallelism {back} from {point or 'nothing'}")
-    if live:
-        return Plan(to=Lifecycle.ROLLING_BACK, cancel_job=True, error=why, unscale_to=back, reason=reason,
-                    pending={"kind": "ends", "purpose": "rollback", "generation": g, "restore": point,
-                             "parallelism": back})
-    return Plan(to=Lifecycle.ROLLING_BACK, start=Start(g, point, parallelism=back), error=why, unscale_to=back,
-                reason=reason, rollback_point=point)
-
-
 def _keep_healthy(o: Observed, live: bool) -> Plan:
     """STABLE or ROLLED_BACK: a job that ended is started again from its newest snapshot; one that
     stopped completing checkpoints is restarted from it; periodic savepoints are taken."""
@@ -303,100 +218,3 @@ def _checkpoint_interval_s(spec: DeploymentSpec) -> float | None:
         return durations.parse_flink_duration(raw) or None
     except ValueError:
         return None
-
-
-def _advance_pending(o: Observed) -> Plan:
-    p = dict(o.pending or {})
-    kind, purpose = p.get("kind"), p.get("purpose")
-    job = o.job
-    if kind == "wait":  # the back-off after a failed stop
-        return NOTHING if o.now_s < float(p.get("until") or 0) else Plan(pending=None)
-    if kind == "savepoint":  # periodic: the job keeps running
-        op = o.operation
-        if op is None or op.status == "IN_PROGRESS":
-            return NOTHING
-        return Plan(pending=None, last_savepoint=op.location if op.status == "COMPLETED" else None,
-                    periodic_done=True,
-                    reason="" if op.status == "COMPLETED" else f"periodic savepoint failed: {op.failure}")
-    if kind == "stop":
-        op = o.operation
-        if op is not None and op.status == "FAILED" and job is not None and not job.terminal:
-            return _stop_failed(o, purpose, op.failure or "unknown cause")
-        if purpose == "rescale":
-            return _advance_rescale(o)
-        if job is not None and not job.terminal:
-            if (op is not None and op.status == "COMPLETED" and (op.done_s_ago or 0) > STOP_GRACE_S
-                    and not p.get("cancelled")):
-                return Plan(cancel_job=True, pending={**p, "cancelled": True},
-                            reason=f"job {job.id} has not ended {STOP_GRACE_S:g} s after its stop savepoint "
-                                   f"{op.location} completed: cancelling it")
-            return NOTHING  # the savepoint is being taken, or the task is stopping
-        savepoint = op.location if op is not None and op.status == "COMPLETED" else None
-        fallback = job.latest_snapshot if job else None
-        return _after_stop(o, purpose, savepoint, fallback, p)
-    if kind == "ends":
-        if job is not None and not job.terminal:
-            return NOTHING
-        restore = p.get("restore")
-        if restore == "latest":
-            restore = job.latest_snapshot if job else None
-        if purpose == "delete" or o.deleting:
-            return Plan(delete=True, pending=None, reason="deleted")
-        if o.spec.state == "suspended":  # asked while the job was ending: nothing is started
-            return Plan(to=Lifecycle.SUSPENDED, pending=None, rollback_point=restore,
-                        reason=f"suspended (its job had ended; resumes from {restore or 'nothing'})")
-        # An upgrade starts the newest spec, even one applied while the old job was ending.
-        gen = o.generation if purpose == "upgrade" else int(p.get("generation") or o.generation)
-        start = Start(gen, restore, from_stable=bool(p.get("fromStable")), parallelism=p.get("parallelism"))
-        to = Lifecycle.ROLLING_BACK if purpose == "rollback" else o.lifecycle
-        return Plan(to=to, start=start, pending=None, rollback_point=restore,
-                    reason=f"job {job.id if job else '?'} ended: generation {gen} started from "
-                           f"{restore or 'nothing'}")
-    return Plan(pending=None, reason=f"unknown pending step {kind!r} dropped")
-
-
-def _stop_failed(o: Observed, purpose: str | None, cause: str) -> Plan:
-    back = o.stable_generation is not None and o.lifecycle == Lifecycle.UPGRADING
-    to = Lifecycle.STABLE if back else o.lifecycle
-    if purpose in ("upgrade", "rescale"):
-        return Plan(to=to, pending=None, error=f"the stop with a savepoint failed: {cause}", block=o.generation,
-                    reason=f"generation {o.generation} not applied: the stop with a savepoint failed ({cause}); "
-                           "the running job was left as it was; apply the spec again to retry")
-    return Plan(to=to, pending={"kind": "wait", "until": o.now_s + RETRY_FAILED_STOP_S},
-                error=f"{purpose}: the stop with a savepoint failed: {cause}",
-                reason=f"{purpose} not done yet: the stop with a savepoint failed ({cause}); the job keeps running "
-                       f"and the stop is tried again in {RETRY_FAILED_STOP_S:g} s")
-
-
-def _after_stop(o: Observed, purpose: str | None, savepoint: str | None, fallback: str | None,
-                p: Mapping[str, Any]) -> Plan:
-    """The job stopped: with its savepoint, or (it ended first) with only its newest snapshot to
-    go on from, which is not recorded as a savepoint of the deployment."""
-    restore = savepoint or fallback
-    if purpose == "delete" or o.deleting:
-        return Plan(delete=True, pending=None, reason="deleted")
-    if purpose == "suspend" or o.spec.state == "suspended":
-        return Plan(to=Lifecycle.SUSPENDED, pending=None, last_savepoint=savepoint, rollback_point=restore,
-                    reason=f"suspended with savepoint {savepoint or '(none: the job ended first)'}")
-    gen = o.generation  # the newest spec, even one applied while the old job was stopping
-    return Plan(to=Lifecycle.UPGRADING, start=Start(gen, restore), pending=None, rollback_point=restore,
-                last_savepoint=savepoint,
-                reason=f"generation {gen} started from savepoint {savepoint}" if savepoint else
-                f"generation {gen} started from {restore or 'nothing'} (the job ended before its savepoint)")
-
-
-def _advance_rescale(o: Observed) -> Plan:
-    """The same job goes on with the new parallelism once its rescale savepoint completed."""
-    op, job = o.operation, o.job
-    if op is None or op.status == "IN_PROGRESS":
-        return NOTHING
-    if op.status == "COMPLETED" and job is not None and not job.terminal:
-        return Plan(to=Lifecycle.UPGRADING, pending=None, rollback_point=op.location, last_savepoint=op.location,
-                    adopt_generation=o.generation,
-                    reason=f"rescaling job {job.id} to parallelism {(o.pending or {}).get('parallelism') or '?'} "
-                           f"from savepoint {op.location}")
-    savepoint = op.location if op.status == "COMPLETED" else (job.latest_snapshot if job else None)
-    return Plan(to=Lifecycle.UPGRADING, start=Start(o.generation, savepoint), pending=None,
-                rollback_point=savepoint, reason=f"the rescaled job ended: generation {o.generation} started from "
-                                                 f"{savepoint or 'nothing'}")
-

@@ -31,6 +31,7 @@ from shared.catalog import repository as repo
 from shared.catalog.models import DeploymentRow, utcnow
 from shared.catalog.repository import deployments as deployments_repo
 from shared.clock import Clock
+from shared.deployment_rollback import INFRASTRUCTURE_FAILURES
 from shared.failure_summary import summarize
 from shared.ids import JobId, new_job_id, new_request_id
 from shared.messages import CancelJob, RequestSavepoint, SubmitJob
@@ -179,7 +180,7 @@ class DeploymentReconciler:
         latest = list(repo.latest_executions(s, job.id).values())
         running = job.status == JS.RUNNING.value and bool(latest) and all(e.state == ES.RUNNING.value for e in latest)
         failed = [e for e in repo.failed_executions_since(s, job.id, since)
-                  if not (e.failure_cause or "").startswith(dep.INFRASTRUCTURE_FAILURES)]
+                  if not (e.failure_cause or "").startswith(INFRASTRUCTURE_FAILURES)]
         newest_ack = repo.newest_checkpoint_ack(s, job.id)
         failure = failed[0].failure_cause if failed else None
         return dep.JobView(

@@ -1,6 +1,7 @@
-"""The deployments' rules (shared/deployments.py `decide`) as plain values: an `Observed` in, a
-`Plan` out, one test per rule, with no catalog, no servers and no mocks. `after` records a plan
-the way services/jobmanager/deployment_reconciler.py does, for the rules that take two passes.
+"""The deployments' rules (shared/deployments.py `decide`, with shared/deployment_pending.py and
+shared/deployment_rollback.py) as plain values: an `Observed` in, a `Plan` out, one test per
+rule, with no catalog, no servers and no mocks. `after` records a plan the way
+services/jobmanager/deployment_reconciler.py does, for the rules that take two passes.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from dataclasses import replace
 import pytest
 
 from shared.autoscaling import AutoscalerSpec
+from shared.deployment_pending import RETRY_FAILED_STOP_S, STOP_GRACE_S
+from shared.deployment_rollback import FAILURES_BEFORE_ROLLBACK
 from shared.deployments import (
     DEFAULT_HISTORY_MAX,
     DEFAULT_READY_WITHIN_S,
-    FAILURES_BEFORE_ROLLBACK,
     NOTHING,
-    RETRY_FAILED_STOP_S,
-    STOP_GRACE_S,
     STUCK_AFTER_AT_LEAST_S,
     STUCK_AFTER_INTERVALS,
     DeploymentSpec,

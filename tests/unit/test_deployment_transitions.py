@@ -111,7 +111,7 @@ PENDING = (None, {"kind": "wait", "until": 0}, {"kind": "wait", "until": 1e12},
              for p in ("upgrade", "delete", "rollback", "restart")),
            {"kind": "unknown"})
 ANY = frozenset(L)
-# The lifecycles each pending step is set with (shared/deployments.py): a stop or end for a
+# The lifecycles each pending step is set with (shared/deployments.py, deployment_pending.py): a stop or end for a
 # deletion, and a stop for a suspension, in whatever state the deployment was; the others with
 # the state their plan moves to. Steps not listed (waits, periodic savepoints) name no state.
 PENDING_IN = {
