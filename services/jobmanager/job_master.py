@@ -7,6 +7,7 @@ The rooms it wires together, each in its module:
   transitions.py     the rules: (state, event) -> (new states, effects), decided without I/O
   deployment.py      slot requests and deploy commands
   restarts.py        failures, the restart strategy, the end of a job
+  submission.py      a job's submission: its plan and its slot request, one by one or a batch's together
   ack_timers.py      unacknowledged deploys and cancels
   reconciliation.py  a new leader's recovery, (re-)registering and lost TaskManagers
   checkpoint_coordinator.py  the checkpoint coordinator (through a narrow port: trigger, fail over, cancel)
@@ -30,11 +31,9 @@ import contextlib
 import logging
 from typing import Any, Callable, Iterator, Sequence
 
-from sqlalchemy.orm import Session
-
 from services.jobmanager import transitions as tr
 from services.jobmanager.ack_timers import AckTimers
-from services.jobmanager.batch_prefetch import job_of, prefetch
+from services.jobmanager.batch_prefetch import prefetch
 from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
 from services.jobmanager.checkpoint_store import CatalogCheckpointStore, CheckpointStore
 from services.jobmanager.context import Context
@@ -46,13 +45,14 @@ from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.restarts import Restarts
 from services.jobmanager.slot_request_watch import SlotRequestWatch
 from services.jobmanager.snapshot_requests import SnapshotRequests
+from services.jobmanager.submission import Submissions
 from services.jobmanager.timers import Timers
 from services.jobmanager.transitions import Fx
 from services.jobmanager.unit_of_work import UnitOfWork
 from shared.catalog import Catalog
 from shared.catalog import repository as repo
 from shared.clock import Clock
-from shared.ids import ExecutionId, JobId, new_execution_id, new_vertex_id
+from shared.ids import ExecutionId, JobId
 from shared.messages import (
     CancelJob,
     CheckpointAcknowledged,
@@ -114,6 +114,7 @@ class JobMaster:
         ctx = Context(settings, self.uow, self.checkpoints, self.timers, epoch, restart_clock or clock)
         self.snapshots = SnapshotRequests(ctx)
         self.deployment = Deployment(settings, self.checkpoints, pipeline_users)
+        self.submissions = Submissions(ctx, self.deployment)
         self.restarts = Restarts(ctx, self.deployment, arm_ack=lambda ex, state: self.acks.arm(ex, state))
         self.acks = AckTimers(ctx, self.restarts)
         self.slot_watch = SlotRequestWatch(ctx, clock, lambda ex, cause: self.restarts.fail(
@@ -156,7 +157,7 @@ class JobMaster:
             self.checkpoints.store.prefetch(s, deploying)
             try:
                 if self.uow.grouping:
-                    self._submit_together(s, envelopes)
+                    self.submissions.submit_together(s, envelopes)
                 yield
             finally:
                 self.reconciliation.live_on = None
@@ -175,66 +176,10 @@ class JobMaster:
         self.restarts.fail(execution_id, cause_name="CheckpointException", cause=cause, expected_tm=None,
                            still_running=True)
 
-    # --- submission and scheduling -----------------------------------------------------
+    # --- submission (submission.py) and slot answers ----------------------------------
 
     def on_submit(self, msg: SubmitJob) -> None:
-        with self.uow.tx() as s:
-            try:
-                job = repo.get_job(s, msg.job_id, lock=True)
-            except repo.NotFound:
-                log.warning("SubmitJob for unknown job %s", msg.job_id)
-                return
-            if job.status != JS.INITIALIZING.value:
-                return  # a redelivered submission
-            repo.transition_job(s, job, JS.CREATED, epoch=self.epoch)
-            self.checkpoints.on_submitted(s, job)
-            vertex = repo.create_vertex(s, id=new_vertex_id(), job_id=job.id, name=job.name,
-                                        parallelism=job.parallelism)
-            ex = repo.create_execution(s, id=new_execution_id(), job_id=job.id, vertex_id=vertex.id, attempt=0,
-                                       keep_history=self.settings.max_attempts_history)
-            repo.transition_execution(s, ex, ES.SCHEDULED)
-            repo.transition_job(s, job, JS.RUNNING, epoch=self.epoch)
-            request = self.deployment.slot_request(job, vertex, ex)
-        log.info("job %s (%s) submitted, parallelism %d", job.id, job.name, job.parallelism)
-        self.uow.emit(request)
-
-    def _submit_together(self, s: Session, envelopes: Sequence[Envelope]) -> None:
-        """The batch's submissions, set-based: what `on_submit` does for each job, with the
-        vertices, executions and state history of all of them written in three bulk INSERTs.
-        2,000 submissions at once spent most of their time in the ORM's bookkeeping of the
-        10,000 new objects. A submission is taken here only if no earlier message of the batch
-        concerns its job, so handling it first changes nothing; `on_submit` then finds the job
-        RUNNING and does nothing, as for a redelivered submission. Not in the savepoint-per-message
-        batches after a failure (see UnitOfWork.batch): there every message goes alone."""
-        mentioned: set[JobId] = set()
-        first: list[JobId] = []
-        for env in envelopes:
-            job_id = job_of(env.body)
-            if isinstance(env.body, SubmitJob) and job_id not in mentioned:
-                first.append(env.body.job_id)
-            if job_id:
-                mentioned.add(job_id)
-        history: list[dict] = []
-        vertices, executions, requests = [], [], []
-        for job_id in dict.fromkeys(first):
-            try:
-                job = repo.get_job(s, job_id, lock=True)  # prefetched and locked: no SQL
-            except repo.NotFound:
-                continue  # on_submit logs it
-            if job.status != JS.INITIALIZING.value:
-                continue
-            repo.transition_job(s, job, JS.CREATED, epoch=self.epoch, history=history)
-            self.checkpoints.on_submitted(s, job)
-            vertex_id, execution_id = new_vertex_id(), new_execution_id()
-            vertices.append(dict(id=vertex_id, job_id=job.id, name=job.name, idx=0, parallelism=job.parallelism))
-            executions.append(dict(id=execution_id, job_id=job.id, vertex_id=vertex_id, attempt=0))
-            repo.transition_job(s, job, JS.RUNNING, epoch=self.epoch, history=history)
-            requests.append(self.deployment.request(job, job.parallelism, execution_id))
-            log.info("job %s (%s) submitted, parallelism %d", job.id, job.name, job.parallelism)
-        repo.add_scheduled_plans(s, vertices, executions)
-        repo.add_job_transitions(s, history)
-        for r in requests:
-            self.uow.emit(r)
+        self.submissions.submit(msg)
 
     def on_slot_pending(self, msg: SlotRequestPending) -> None:
         self.slot_watch.answered(msg.execution_id, pending=True)
