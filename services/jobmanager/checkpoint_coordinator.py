@@ -16,15 +16,16 @@ Per job (options with Flink's names, see shared/checkpointing.py):
             of checkpoints count as consecutive failures; beyond `tolerable-failed-checkpoints`
             the job fails over (its restart strategy decides), as in Flink. A task that can never
             checkpoint (a batch query) declines permanently and is no longer triggered.
+            (checkpoint_failures.py)
   restore   every attempt starts from the latest completed checkpoint or savepoint (else from the
             submission's `execution.savepoint.path`, else fresh), copied into its own live dir.
   end       FINISHED: the job's checkpoints are deleted; CANCELED: deleted only with
             DELETE_ON_CANCELLATION; FAILED: kept. Savepoints belong to the user and are never
             deleted by the coordinator.
 
-Scheduling state (next trigger time, pending trigger times) is in memory and rebuilt from the
-catalog by a new leader; everything else is in the catalog, changed in the JobManager's unit of
-work. File deletions run after the transaction committed.
+Scheduling state (next trigger time, pending trigger times, checkpoint_schedule.py) is in memory
+and rebuilt from the catalog by a new leader; everything else is in the catalog, changed in the
+JobManager's unit of work. File deletions run after the transaction committed.
 """
 
 from __future__ import annotations
@@ -32,19 +33,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.checkpoint_failures import CheckpointFailures
+from services.jobmanager.checkpoint_schedule import Track, TriggerSchedule
 from services.jobmanager.checkpoint_store import BatchLatest
 from services.jobmanager.snapshot_files import discard_files
 from shared import checkpointing
 from shared.catalog import repository as repo
 from shared.catalog.models import CheckpointRow, Execution, Job
-from shared.ids import NO_TASKMANAGER, ExecutionId, JobId, TaskManagerId, VertexId
+from shared.ids import NO_TASKMANAGER, ExecutionId, JobId, VertexId
 from shared.messages import CheckpointAcknowledged, CheckpointDeclined, TriggerCheckpoint
 from shared.states import CheckpointStatus as CS
 from shared.states import ExecutionState as ES
@@ -59,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headrace.jobmanager.checkpoints")
 
-EXPIRED = "Checkpoint expired before completing."
 # Failures that are not the checkpoint's fault do not count toward the tolerable failures (as
 # Flink's CheckpointFailureManager ignores e.g. a task that is not running).
 ABORTED_BY_TASK_END = "the task attempt ended before the checkpoint completed"
@@ -74,20 +75,6 @@ class CheckpointPort(Protocol):
     def fail_over(self, execution_id: ExecutionId, cause: str) -> None: ...
 
     def cancel(self, job_id: JobId) -> None: ...
-
-
-@dataclass
-class _Track:
-    """One job's running attempt, as far as checkpointing is concerned."""
-
-    execution_id: ExecutionId
-    vertex_id: VertexId
-    taskmanager_id: TaskManagerId
-    config: checkpointing.CheckpointConfig
-    next_due: float
-    last_completed: float = float("-inf")
-    pending: dict[int, float] = field(default_factory=dict)  # checkpoint id -> trigger time (monotonic)
-    checkpointable: bool = True
 
 
 def job_checkpoint_config(job: Job, cluster_default: dict, savepoint_dir: str) -> checkpointing.CheckpointConfig:
@@ -130,11 +117,12 @@ class CheckpointCoordinator:
                  store: CheckpointStore):
         self.settings, self.clock, self.uow, self.port = settings, clock, uow, port
         self.store = BatchLatest(store, after_commit=uow.after_commit)
-        self._tracks: dict[JobId, _Track] = {}
+        self.schedule = TriggerSchedule()
         self._next_tick = 0.0
         # Effective options by the job's own (kind, options): read on every submit, deploy and
         # RUNNING report, and most jobs share a few option sets. Frozen values, so sharing is safe.
         self._configs: dict[tuple[str, str], checkpointing.CheckpointConfig] = {}
+        self.failures = CheckpointFailures(settings, uow, self.schedule, self.config, port.fail_over)
 
     # --- configuration and paths -------------------------------------------------------
 
@@ -180,31 +168,28 @@ class CheckpointCoordinator:
     def on_execution_running(self, s, job: Job, ex: Execution) -> None:
         cfg = self.config(job)
         now = self.clock.now()
-        old = self._tracks.get(job.id)
-        if old is not None and old.execution_id == ex.id:
+        if self.schedule.tracks(job.id, ex.id):
             return
         due = now + (cfg.interval_s or 0.0)
-        self._tracks[job.id] = _Track(ex.id, ex.vertex_id, ex.taskmanager_id or NO_TASKMANAGER, cfg, next_due=due)
+        self.schedule.track(job.id, Track(ex.id, ex.vertex_id, ex.taskmanager_id or NO_TASKMANAGER, cfg, next_due=due))
 
     def on_execution_ended(self, s, job_id: JobId, execution_id: ExecutionId, state: ES) -> None:
         """Pending checkpoints of an attempt that ended can never complete."""
-        track = self._tracks.get(job_id)
-        if track is not None and track.execution_id == execution_id:
-            self._tracks.pop(job_id, None)
+        self.schedule.forget(job_id, execution_id)
         for row in repo.list_checkpoints(s, job_id, statuses=[CS.IN_PROGRESS]):
             if row.execution_id == execution_id:
                 cause = f"{ABORTED_BY_TASK_END} ({state.value})"
-                self._fail_row(s, row, cause)
+                self.failures.fail(s, row, cause)
                 if row.path:
                     # The driver may have begun writing it; no ack will come to claim it.
                     self.uow.after_commit(partial(self._discard, [row.path]))
 
     def on_job_terminal(self, s, job: Job, status: JS) -> None:
-        self._tracks.pop(job.id, None)
+        self.schedule.forget(job.id)
         for op in repo.job_operations(s, job.id, statuses=[OS.IN_PROGRESS]):
             repo.finish_operation(s, op, OS.FAILED, failure_cause=f"the job reached {status.value} first")
         for row in repo.list_checkpoints(s, job.id, statuses=[CS.IN_PROGRESS]):
-            self._fail_row(s, row, f"the job reached {status.value}")
+            self.failures.fail(s, row, f"the job reached {status.value}")
         cfg = self.config(job)
         delete = status == JS.FINISHED or (status == JS.CANCELED and cfg.retention == "DELETE_ON_CANCELLATION")
         if delete:
@@ -230,36 +215,29 @@ class CheckpointCoordinator:
                                 checkpoint_id=cid, kind=kind, target=str(target),
                                 stop_after=after in ("stop", "rescale"), drain=drain)
         self.port.trigger(self.uow.queue_of(cmd.taskmanager_id, s), cmd)
-        track = self._tracks.get(job.id)
-        if track is None or track.execution_id != ex.id:
-            track = _Track(ex.id, ex.vertex_id, cmd.taskmanager_id, self.config(job), next_due=self.clock.now())
-            self._tracks[job.id] = track
-        track.pending[cid] = self.clock.now()
+        if not self.schedule.tracks(job.id, ex.id):
+            self.schedule.track(job.id, Track(ex.id, ex.vertex_id, cmd.taskmanager_id, self.config(job),
+                                              next_due=self.clock.now()))
+        self.schedule.triggered(job.id, cid, self.clock.now())
         return row
 
     def due(self) -> bool:
-        return bool(self._tracks) and self.clock.now() >= self._next_tick
+        return bool(self.schedule) and self.clock.now() >= self._next_tick
 
     def tick(self) -> None:
         """Time out old pending checkpoints and trigger periodic ones that are due. Runs in a unit
         of work of its own, every TICK_S while any job is tracked."""
         now = self.clock.now()
         self._next_tick = now + self.TICK_S
-        for job_id, before in list(self._tracks.items()):
-            for cid, started in list(before.pending.items()):
-                if now - started > before.config.timeout_s:
-                    self._expire(job_id, cid)
-            track = self._tracks.get(job_id)  # an expiry may have failed the job over
-            if track is None or track.config.interval_s is None or not track.checkpointable:
-                continue  # interval_s None: not periodic
-            if len(track.pending) >= track.config.max_concurrent or now < track.next_due:
+        for job_id in self.schedule.jobs():
+            for cid in self.schedule.timed_out(job_id, now):
+                self.failures.expire(job_id, cid)
+            execution_id = self.schedule.take_due(job_id, now)  # after the expiries: one may have failed it over
+            if execution_id is None:
                 continue
-            if now - track.last_completed < track.config.min_pause_s:
-                continue
-            track.next_due = now + track.config.interval_s
             with self.uow.tx() as s:
                 found = running_attempt(s, job_id)
-                if isinstance(found, str) or found[1].id != track.execution_id:
+                if isinstance(found, str) or found[1].id != execution_id:
                     continue  # the job moved on; its hooks will update the track
                 job, ex = found
                 self.trigger(s, job, ex, kind="checkpoint")
@@ -285,10 +263,7 @@ class CheckpointCoordinator:
                                        state_size=msg.state_size, duration_ms=msg.duration_ms,
                                        source_offsets=list(msg.source_offsets))
             job = repo.get_job(s, msg.job_id, lock=True)
-            track = self._tracks.get(job.id)
-            if track is not None:
-                track.pending.pop(row.checkpoint_id, None)
-                track.last_completed = self.clock.now()
+            self.schedule.completed(job.id, row.checkpoint_id, self.clock.now())
             self.store.add(s, job.id, row.checkpoint_id, {"path": row.path, "batch_id": msg.batch_id,
                                                           "kind": row.kind, "at": time.time()})
             if row.kind == "checkpoint":
@@ -322,75 +297,19 @@ class CheckpointCoordinator:
             self.uow.after_commit(lambda: self._discard(paths))
 
     def on_decline(self, msg: CheckpointDeclined) -> None:
-        permanent = msg.permanent
-        with self.uow.tx() as s:
-            try:
-                row = repo.get_checkpoint(s, msg.job_id, msg.checkpoint_id, lock=True)
-            except repo.NotFound:
-                return
-            if row.status != CS.IN_PROGRESS.value or row.execution_id != msg.execution_id:
-                return
-            track = self._tracks.get(msg.job_id)
-            if permanent and track is not None:
-                track.checkpointable = False
-            self._count_failure(s, row, f"declined by the task: {msg.reason}", counts=not permanent)
-        log.warning("checkpoint %d of job %s declined: %s", msg.checkpoint_id, msg.job_id, msg.reason)
-
-    def _expire(self, job_id: JobId, checkpoint_id: int) -> None:
-        track = self._tracks.get(job_id)
-        if track is not None:
-            track.pending.pop(checkpoint_id, None)
-        with self.uow.tx() as s:
-            try:
-                row = repo.get_checkpoint(s, job_id, checkpoint_id, lock=True)
-            except repo.NotFound:
-                return
-            if row.status != CS.IN_PROGRESS.value:
-                return
-            self._count_failure(s, row, EXPIRED, counts=True)
-            if row.path:
-                self.uow.after_commit(partial(self._discard, [row.path]))
-        log.warning("checkpoint %d of job %s expired", checkpoint_id, job_id)
-
-    def _count_failure(self, s, row, cause: str, *, counts: bool) -> None:
-        self._fail_row(s, row, cause)
-        track = self._tracks.get(row.job_id)
-        if track is not None:
-            track.pending.pop(row.checkpoint_id, None)
-        if row.kind != "checkpoint" or not counts:
-            return  # a failed savepoint never fails the job over (as in Flink)
-        job = repo.get_job(s, row.job_id, lock=True)
-        failures = (job.checkpoint_failures or 0) + 1
-        tolerable = self.config(job).tolerable_failures
-        repo.set_checkpoint_failures(s, job, failures)
-        if failures > tolerable and job.status == JS.RUNNING.value and row.execution_id:
-            repo.set_checkpoint_failures(s, job, 0)
-            self.port.fail_over(
-                row.execution_id,
-                f"Exceeded checkpoint tolerable failure threshold ({tolerable}): {failures} consecutive "
-                f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}")
+        self.failures.on_decline(msg)
 
     def still_pending(self, job_id: JobId, checkpoint_id: int, execution_id: ExecutionId) -> bool:
         """Is checkpoint `checkpoint_id` adopted as pending for that very attempt? (After
         `recover`, which adopts only the pending checkpoints of running attempts.)"""
-        track = self._tracks.get(job_id)
-        return track is not None and track.execution_id == execution_id and checkpoint_id in track.pending
-
-    def _fail_row(self, s, row, cause: str) -> None:
-        repo.transition_checkpoint(s, row, CS.FAILED, failure_cause=cause)
-        if row.request_id:
-            try:
-                op = repo.get_operation(s, row.request_id, lock=True)
-                repo.finish_operation(s, op, OS.FAILED, failure_cause=cause, checkpoint_id=row.checkpoint_id)
-            except repo.NotFound:
-                pass
+        return self.schedule.still_pending(job_id, checkpoint_id, execution_id)
 
     # --- leader change -----------------------------------------------------------------
 
     def recover(self, s) -> None:
         """A new leader adopts the pending checkpoints of its predecessor (their acks may still
         come) with their original trigger times, and tracks every running attempt again."""
-        self._tracks.clear()
+        self.schedule.clear()
         live = repo.list_jobs(s, statuses=[st for st in JS if not st.is_terminal])
         for job in (j for j in live if j.status == JS.RUNNING.value):
             for ex in repo.latest_executions(s, job.id).values():
@@ -398,12 +317,9 @@ class CheckpointCoordinator:
                     self.on_execution_running(s, job, ex)
         now_wall = time.time()
         for row in repo.pending_checkpoints(s):
-            track = self._tracks.get(row.job_id)
             trigger_at = row.trigger_at.timestamp() if row.trigger_at else now_wall
             age = max(0.0, now_wall - trigger_at)
-            if track is not None and track.execution_id == row.execution_id:
-                track.pending[row.checkpoint_id] = self.clock.now() - age
-            else:
-                self._fail_row(s, row, "its task attempt is no longer running (JobManager change)")
+            if not self.schedule.adopt(row.job_id, row.execution_id, row.checkpoint_id, self.clock.now() - age):
+                self.failures.fail(s, row, "its task attempt is no longer running (JobManager change)")
         self.store.reconcile(s, [job.id for job in live])
 
