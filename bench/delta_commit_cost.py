@@ -12,6 +12,9 @@ all of them:
   delta-ckpt-100   ... with a log checkpoint every 100 commits instead of every 10
   delta-no-txn     a Delta append without the transaction id (what the idempotent write costs)
   delta-lean       the sink's append with none of stats, checksum and the 10-commit checkpoint
+  delta-1-snapshot-partition  the sink's append with the log's state in one partition, not 2
+  write-once       the Delta sink's own idempotent append (connectors/delta_idempotent_write.py):
+                   the app's version read from the checksum file, not by a state reconstruction
 
 The first --skip commits of each table are left out (the JIT and the table's first versions).
 
@@ -33,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoint_overhead import machine, percentile
+from services.taskmanager.runtime.connectors.delta_idempotent_write import write_once
 
 NO_STATS = {"spark.databricks.delta.stats.collect": "false"}
 NO_CRC = {"spark.databricks.delta.writeChecksumFile.enabled": "false"}
@@ -46,6 +50,8 @@ VARIANTS: dict[str, tuple[str, dict[str, str], bool]] = {
     "delta-ckpt-100": ("delta", CKPT_100, True),
     "delta-no-txn": ("delta", {}, False),
     "delta-lean": ("delta", {**NO_STATS, **NO_CRC, **CKPT_100}, True),
+    "delta-1-snapshot-partition": ("delta", {"spark.databricks.delta.snapshotPartitions": "1"}, True),
+    "write-once": ("write-once", {}, True),
 }
 
 
@@ -68,6 +74,15 @@ def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str],
         took = []
         for i in range(commits):
             df = spark.createDataFrame(rows, schema)
+            if fmt == "write-once":
+                if i == 0:
+                    df.limit(0).write.format("delta").save(path)
+                spark.sparkContext.setJobGroup(f"{path}#{i}", f"commit {i}")
+                t = time.perf_counter()
+                write_once(spark, df, path, app_id="bench", version=i, mode="append", options={},
+                           user_metadata=f"commit {i}")
+                took.append(time.perf_counter() - t)
+                continue
             writer = df.write.format(fmt).mode("append")
             if txn:
                 writer = writer.option("txnAppId", "bench").option("txnVersion", str(i))
