@@ -2,20 +2,23 @@
 
 Sources, highest first: explicit arguments (CLI flags), `HEADRACE_*` environment variables,
 the YAML file named by `HEADRACE_CONFIG` (_YamlSource, on pydantic-settings' own), then defaults.
+The rules between settings are in settings_rules.py; the state directories derived from `home`
+(checkpoints, lake, ...) in state_locations.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
 
-from shared import jars
+from shared import jars, settings_rules
+from shared.settings_rules import CommaSeparated
+from shared.state_locations import UnderHome
 
 
 class _YamlSource(YamlConfigSettingsSource):
@@ -73,7 +76,7 @@ class Settings(BaseSettings):
     auth: Literal["off", "required"] | None = Field(
         None, description="REST API bearer tokens (headrace token create): off | required; default: required "
                           "unless dispatcher_host is a loopback address (services/dispatcher/guards/auth.py)")
-    allowed_hosts: str | None = Field(
+    allowed_hosts: CommaSeparated = Field(
         None, description="Host header names the dispatcher answers, comma-separated ('*': any); default with "
                           "auth on: localhost, loopback and IP literals, dispatcher_host and this machine's names")
 
@@ -218,7 +221,7 @@ class Settings(BaseSettings):
     # Directories a savepoint may be written to, restored from or disposed of, and a job's own
     # state.checkpoints.dir may name (shared/storage_roots.py); the services write there as
     # their own user, so a REST caller must not be able to point them at /etc.
-    storage_roots: str | None = Field(
+    storage_roots: CommaSeparated = Field(
         None, description="allowed roots of savepoint targets, restore paths and per-job checkpoint "
                           "directories, comma-separated (YAML: a list); always includes the checkpoint and "
                           "savepoint dirs")
@@ -249,30 +252,9 @@ class Settings(BaseSettings):
     zookeeper_session_timeout_s: float = Field(
         10.0, description="a dead leader is replaced after this; a shorter one risks revocations on hiccups")
 
-    @field_validator("allowed_hosts", "storage_roots", mode="before")
-    @classmethod
-    def _join_hosts(cls, value: Any) -> Any:
-        # YAML may list them; the environment variable holds them comma-separated.
-        return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-
     @model_validator(mode="after")
     def _check(self) -> "Settings":
-        if self.heartbeat_interval_s <= 0:
-            raise ValueError("heartbeat_interval_s must be > 0")
-        if self.heartbeat_interval_s >= self.heartbeat_timeout_s:
-            raise ValueError(
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be smaller than "
-                f"heartbeat_timeout_s ({self.heartbeat_timeout_s})"
-            )
-        if self.spark_master != "local" and not re.fullmatch(r"spark://[^\s/:,]+:\d+(,[^\s/:,]+:\d+)*",
-                                                               self.spark_master):
-            raise ValueError(f"spark_master must be 'local' or a standalone master URL such as "
-                             f"'spark://127.0.0.1:7077'; got {self.spark_master!r}")
-        if self.taskmanager_slots < 1:
-            raise ValueError("taskmanager_slots must be at least 1")
-        if self.high_availability == "zookeeper" and not self.zookeeper_quorum:
-            raise ValueError("high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM), "
-                             "e.g. '127.0.0.1:2181'")
+        settings_rules.check(self)  # the rules between settings
         return self
 
     @classmethod
@@ -281,30 +263,16 @@ class Settings(BaseSettings):
     ):
         return (init_settings, env_settings, _YamlSource(settings_cls, os.environ.get("HEADRACE_CONFIG")))
 
-    # Derived locations: computed, never stored, so changing `home` moves them all.
+    # Derived locations (shared/state_locations.py): changing `home` moves them all.
+    checkpoints: ClassVar[UnderHome] = UnderHome("checkpoint_dir", "checkpoints")
+    savepoints: ClassVar[UnderHome] = UnderHome("savepoint_dir", "savepoints")
+    lake: ClassVar[UnderHome] = UnderHome("lake_dir", "lake")
+    artifacts: ClassVar[UnderHome] = UnderHome("artifact_dir", "artifacts")
+    workdir: ClassVar[UnderHome] = UnderHome(None, "work")
+
     @property
     def catalog(self) -> str:
         return self.catalog_url or f"sqlite:///{self.home / 'catalog.db'}"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.checkpoint_dir or self.home / "checkpoints"
-
-    @property
-    def savepoints(self) -> Path:
-        return self.savepoint_dir or self.home / "savepoints"
-
-    @property
-    def lake(self) -> Path:
-        return self.lake_dir or self.home / "lake"
-
-    @property
-    def artifacts(self) -> Path:
-        return self.artifact_dir or self.home / "artifacts"
-
-    @property
-    def workdir(self) -> Path:
-        return self.home / "work"
 
 
 def load_settings(**overrides: Any) -> Settings:
