@@ -22,10 +22,10 @@ and the RESTORE commit's userMetadata). Every snapshot records the version the s
 committed at its batch (`on_snapshot`, kept under "sink" in `_metadata`) and pins it against
 VACUUM (delta_maintenance.py), which also compacts the table every N batches when asked.
 
-Output modes: `append` adds every row once; `update` MERGEs each batch into the table by
-`key_columns` (insert or update, keys compared null-safely; a batch must hold one row per key, as a
-stateful aggregate's update output does); `complete` replaces the table's rows with the batch in
-one commit. Struct columns are kept (Delta stores nested types).
+Output modes (delta_write.py makes the commits): `append` adds every row once; `update` MERGEs
+each batch into the table by `key_columns` (insert or update, keys compared null-safely; a batch
+must hold one row per key, as a stateful aggregate's update output does); `complete` replaces the
+table's rows with the batch in one commit. Struct columns are kept (Delta stores nested types).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from . import delta_claim, delta_log, delta_restore, delta_schema
-from .delta_errors import RUNBOOK
-from .delta_maintenance import OPTION_KEYS, Maintenance, Pins, Policy
+from .delta_maintenance import Maintenance, Pins, Policy
+from .delta_write import DeltaWriter
 from .ownership import SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError, SinkHandle
 
@@ -70,10 +70,9 @@ class DeltaSink:
                  key_columns: Sequence[str] = (), partition_by: Sequence[str] = (),
                  options: Mapping[str, str] | None = None, shared_append: bool = False,
                  policy: Policy | None = None, on_wait: Callable[[str | None], None] | None = None):
-        self.spark, self.path, self.app, self.schema = spark, path, app, schema
-        self.output_mode, self.key_columns, self.partition_by = output_mode, tuple(key_columns), tuple(partition_by)
-        self.writer_options = {k: str(v) for k, v in (options or {}).items() if k not in OPTION_KEYS}
-        self.merge_schema = self.writer_options.get("mergeSchema", "false").lower() == "true"
+        self.spark, self.path, self.app = spark, path, app
+        self.writer = DeltaWriter(path, app, schema, output_mode=output_mode, key_columns=key_columns,
+                                  partition_by=partition_by, options=options)
         self.shared_append = shared_append
         self.fence: int | None = None  # the fencing token of the attempt, once prepare began
         self.seq: int | None = None  # this attempt's seq, once prepared
@@ -97,18 +96,19 @@ class DeltaSink:
         DeltaSchemaMismatch or DeltaUndoRefused before changing any row."""
         self.fence, self.seq = fence, None  # set first: a failed prepare leaves the sink refusing writes
         spark, r = self.spark, restored_batch_id
-        self._ensure_table(spark)
+        self.writer.ensure_table(spark)
         state = delta_log.table_state(spark, self.path, self.app)
         # Whose table it is first (that refusal says more), then whether the rows fit: both before
         # the claim writes anything.
         delta_claim.new_record(self.path, self.app, state, fence=fence, owner=owner, shared=self.shared_append,
                                restored_batch_id=r, sink_name=self.sink_name)
-        delta_schema.check(self.path, state.schema_json, self.schema, merge_schema=self.merge_schema)
+        delta_schema.check(self.path, state.schema_json, self.writer.schema, merge_schema=self.writer.merge_schema)
         record = delta_claim.claim(spark, self.path, self.app, fence=fence, owner=owner, shared=self.shared_append,
                                    restored_batch_id=r, sink_name=self.sink_name)
         writers = {k: v for k, v in delta_log.table_state(spark, self.path, self.app).properties.items()
                    if k.startswith(delta_claim.PREFIX)}
-        self._commit_txn(spark, self._empty(spark), delta_log.txn_version(record.seq, r), "append", f"fence r={r}")
+        self.writer.commit_txn(spark, self.writer.empty(spark), delta_log.txn_version(record.seq, r), "append",
+                               f"fence r={r}")
         state = delta_log.table_state(spark, self.path, self.app)
         self._check_txn(state, record.seq)
         target = self._restore_point(r, record, state)
@@ -138,22 +138,6 @@ class DeltaSink:
         props = ", ".join(f"{delta_log.sql_string(k)} = {delta_log.sql_string(v)}" for k, v in sorted(writers.items()))
         with delta_log.tagged(spark, delta_log.tag(self.app, "claims again after the undo")):
             spark.sql(f"ALTER TABLE {delta_log.quoted(self.path)} SET TBLPROPERTIES ({props})")
-
-    def _ensure_table(self, spark: Any) -> None:
-        if delta_log.table_exists(self.path):
-            return
-        writer = self._empty(spark).write.format("delta").mode("append").option(
-            "userMetadata", delta_log.tag(self.app, "create"))
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        try:
-            writer.save(self.path)
-        except Exception as exc:
-            if not (delta_claim.is_conflict(exc) and delta_log.table_exists(self.path)):
-                raise
-
-    def _empty(self, spark: Any) -> Any:
-        return spark.createDataFrame([], self.schema)
 
     def _check_txn(self, state: delta_log.TableState, seq: int) -> None:
         """Fenced unless the app's transaction version is of `seq`: a newer attempt claimed after us."""
@@ -185,7 +169,7 @@ class DeltaSink:
             self._record(batch_id, found.version if found else state.version, 0,
                          found.timestamp_ms if found else state.timestamp_ms)
             return False
-        self._write(spark, df, txn, batch_id)
+        self.writer.write_batch(spark, df, txn, batch_id)
         after = delta_log.table_state(spark, self.path, self.app)
         if after.txn != txn:
             if delta_log.seq_of(after.txn) > seq:  # a newer attempt fenced us while we wrote: Delta skipped it
@@ -212,45 +196,6 @@ class DeltaSink:
             if rec.lineage != lineage and not (self.shared_append and rec.shared):
                 raise SinkOwnedError("Delta table", self.path, rec.lineage, rec.job_id, f"the sink {self.app}",
                                      delta_claim.release_hint(self.path, other))
-
-    def _write(self, spark: Any, df: Any, txn: int, batch_id: int) -> None:
-        what = f"batch {batch_id}"
-        try:
-            if self.output_mode == "update":
-                self._merge(spark, df, txn, what)
-            else:
-                self._commit_txn(spark, df, txn, "overwrite" if self.output_mode == "complete" else "append", what)
-        except Exception as exc:
-            if delta_schema.is_schema_refusal(exc):
-                current = delta_log.table_state(spark, self.path, self.app)
-                delta_schema.check(self.path, current.schema_json, df.schema, merge_schema=self.merge_schema)
-            if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" in str(exc):
-                raise ValueError(f"Delta sink {self.path} (update mode): micro-batch {batch_id} holds several rows "
-                                 f"with the same key {list(self.key_columns)}; MERGE needs one row per key "
-                                 f"({RUNBOOK}, \"Update mode\")") from exc
-            raise
-
-    def _commit_txn(self, spark: Any, df: Any, txn: int, mode: str, what: str) -> None:
-        df.write.format("delta").mode(mode).options(**self.writer_options).option("txnAppId", self.app) \
-            .option("txnVersion", str(txn)).option("userMetadata", delta_log.tag(self.app, what)).save(self.path)
-
-    def _merge(self, spark: Any, df: Any, txn: int, what: str) -> None:
-        view = f"headrace_delta_{hashlib.sha1(self.app.encode()).hexdigest()[:12]}"
-        df.createOrReplaceTempView(view)
-        on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.key_columns)
-        confs = {"spark.databricks.delta.write.txnAppId": self.app, "spark.databricks.delta.write.txnVersion": str(txn)}
-        if self.merge_schema:
-            confs["spark.databricks.delta.schema.autoMerge.enabled"] = "true"
-        for key, value in confs.items():
-            spark.conf.set(key, value)
-        try:
-            with delta_log.tagged(spark, delta_log.tag(self.app, what)):
-                spark.sql(f"MERGE INTO {delta_log.quoted(self.path)} AS t USING {view} AS s ON {on} "
-                          f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
-        finally:
-            for key in confs:
-                spark.conf.unset(key)
-            spark.catalog.dropTempView(view)
 
     def _record(self, batch_id: int, version: int, files_added: int, committed_ms: int) -> None:
         with self._lock:
@@ -296,26 +241,10 @@ class DeltaSink:
                 if not (self.shared_append and rec.shared):
                     raise SinkOwnedError("Delta table", self.path, rec.lineage, rec.job_id, "a batch write",
                                          delta_claim.release_hint(self.path, other))
-            delta_schema.check(self.path, state.schema_json, df.schema, merge_schema=self.merge_schema)
+            delta_schema.check(self.path, state.schema_json, df.schema, merge_schema=self.writer.merge_schema)
         else:
-            self._ensure_table(spark)
-        if self.output_mode == "update":
-            with delta_log.tagged(spark, delta_log.tag(self.app, "batch job")):
-                self._merge_untracked(spark, df)
-            return
-        mode = "overwrite" if self.output_mode == "complete" else "append"
-        df.write.format("delta").mode(mode).options(**self.writer_options) \
-            .option("userMetadata", delta_log.tag(self.app, "batch job")).save(self.path)
-
-    def _merge_untracked(self, spark: Any, df: Any) -> None:
-        view = f"headrace_delta_batch_{hashlib.sha1(self.app.encode()).hexdigest()[:12]}"
-        df.createOrReplaceTempView(view)
-        on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.key_columns)
-        try:
-            spark.sql(f"MERGE INTO {delta_log.quoted(self.path)} AS t USING {view} AS s ON {on} "
-                      f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
-        finally:
-            spark.catalog.dropTempView(view)
+            self.writer.ensure_table(spark)
+        self.writer.write_untracked(spark, df)
 
 
 def delta_sink(df: Any, path: str, *, lineage: str, output_mode: str = "append", key_columns: Sequence[str] = (),
