@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from services.taskmanager.runtime.connectors import datagen, sql
+from services.taskmanager.runtime.connectors import datagen, sql, sql_source
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,7 +50,7 @@ def seed_table(url: str, table: str, n: int, seed: int, job_id: str) -> None:
 def build(ctx):
     args = parse_args(ctx.args)
     url = args.source_url or ctx.config.get("source_url") or ctx.catalog_url
-    if not sql.table_exists(url, args.table):
+    if not sql_source.table_exists(url, args.table):
         seed_table(url, args.table, args.seed_events, args.seed, ctx.job_id)
     clicks = ctx.sources.sql_table(args.table, url=url)
     daily = (

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from services.taskmanager.runtime import class_archive, jit_in_reserve
 from services.taskmanager.runtime.connectors.datagen import generate_events
 from services.taskmanager.runtime.connectors.ownership import SinkOwner
-from services.taskmanager.runtime.connectors.sql import make_engine
+from services.taskmanager.runtime.connectors.sql_engine import make_engine
 from services.taskmanager.tasks.sink_claims import SinkClaims
 from shared import safe_fs
 from shared.driver_contract import remove_python_socket_dirs

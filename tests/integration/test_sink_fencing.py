@@ -40,7 +40,9 @@ from services.taskmanager.runtime.connectors.redis_streams import (
     redis_stream_sink,
     unpack_entry,
 )
-from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine, read_table
+from services.taskmanager.runtime.connectors.sql import SqlTableSink
+from services.taskmanager.runtime.connectors.sql_engine import make_engine
+from services.taskmanager.runtime.connectors.sql_source import read_table
 from services.taskmanager.runtime.spark_session import build_spark
 
 KV = "k string, v long, src string"

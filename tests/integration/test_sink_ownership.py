@@ -30,7 +30,8 @@ from services.taskmanager.runtime.connectors.redis_streams import (
     prepare_sink,
     unpack_entry,
 )
-from services.taskmanager.runtime.connectors.sql import SqlTableSink, make_engine
+from services.taskmanager.runtime.connectors.sql import SqlTableSink
+from services.taskmanager.runtime.connectors.sql_engine import make_engine
 from services.taskmanager.runtime.spark_session import build_spark
 
 KV = "k string, v long, src string"

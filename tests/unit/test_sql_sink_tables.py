@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from services.taskmanager.runtime.connectors.sql import _create_all
+from services.taskmanager.runtime.connectors.sql_tables import create_all
 
 
 def _table(md):
@@ -24,7 +24,7 @@ def test_a_concurrent_creator_of_the_same_table_is_not_an_error(tmp_path):
         _table(sa.MetaData()).create(other)
         other.dispose()
 
-    _create_all(md, engine)
+    create_all(md, engine)
     assert "clicks" in sa.inspect(engine).get_table_names()
 
 
@@ -33,4 +33,4 @@ def test_a_real_creation_error_still_raises(tmp_path):
     md = sa.MetaData()
     sa.Table("bad", md, sa.Column("x", sa.Integer, primary_key=True), sa.CheckConstraint("no_such_column > 0"))
     with pytest.raises(sa.exc.DBAPIError):
-        _create_all(md, engine)
+        create_all(md, engine)

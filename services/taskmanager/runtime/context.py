@@ -40,6 +40,7 @@ from .connectors import (
     kafka_sink,
     kafka_source,
     sql_retry,
+    sql_source,
 )
 from .connectors import console as console_conn
 from .connectors import datagen as datagen_conn
@@ -172,7 +173,7 @@ class Sources:
     def sql_table(self, table: str, *, url: str | None = None,
                   columns: Sequence[str] | None = None) -> DataFrame:
         """A bounded (batch) DataFrame of a whole table, read on the driver."""
-        return sql_conn.sql_source(self._ctx.spark, self._ctx.database_url(url, "sources"), table, columns=columns)
+        return sql_source.sql_source(self._ctx.spark, self._ctx.database_url(url, "sources"), table, columns=columns)
 
     def delta(self, path: str, *, starting_version: int | str | None = None,
               options: Mapping[str, Any] | None = None) -> DataFrame:

@@ -1,14 +1,11 @@
-"""SQL tables (PostgreSQL, SQLite) as a bounded source and an exactly-once sink.
+"""SQL tables (PostgreSQL, SQLite) as an exactly-once sink; sql_source.py reads them as a bounded
+source, sql_tables.py defines the tables the sink writes besides the pipeline's.
 
-Source: the table is read on the driver with SQLAlchemy into Arrow and handed to Spark; meant
-for bounded jobs over modest tables, not for bulk extraction. The sink's bookkeeping columns
-(`_headrace_sink`, `_headrace_batch`) are left out unless asked for by name.
-
-Sink: each (micro-)batch is collected to the driver and written in ONE transaction together
+Each (micro-)batch is collected to the driver and written in ONE transaction together
 with a `(sink_id, batch_id)` marker row in `_headrace_sink_commits`. Spark may re-run the last
 micro-batch after a crash; the marker makes the re-run a no-op, and rows are upserted by key
 columns so even a sink without the marker would converge. Timestamps are stored as UTC without
-time zone; naive timestamps read back are taken as UTC.
+time zone.
 
 Attempt fencing (streaming, after `SinkHandle.prepare(attempt, r)`): the row of the sink in
 `_headrace_sink_fences` names the attempt holding it. `prepare`, in one transaction with that
@@ -39,138 +36,29 @@ bound costs no task restart.
 from __future__ import annotations
 
 import datetime as dt
-import decimal
-import hashlib
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from . import SinkFencedError, SinkHandle, flatten_structs, sql_owners, sql_stale_writers
 from .ownership import SinkOwner
-from .sql_engine import make_engine, sink_engine
+from .sql_engine import sink_engine
 from .sql_retry import Retrier, RetryPolicy, describe_database
-
-COMMITS_TABLE = "_headrace_sink_commits"
-FENCES_TABLE = "_headrace_sink_fences"
-LINEAGE_SINK = "_headrace_sink"
-LINEAGE_BATCH = "_headrace_batch"
-LINEAGE_COLUMNS = (LINEAGE_SINK, LINEAGE_BATCH)
-
-
-# ---------------------------------------------------------------- source
-
-def _arrow_type(col_type: sa.types.TypeEngine) -> pa.DataType:
-    if isinstance(col_type, sa.Boolean):
-        return pa.bool_()
-    if isinstance(col_type, sa.Integer):
-        return pa.int64()
-    if isinstance(col_type, sa.Numeric) and not isinstance(col_type, sa.Float):
-        if col_type.precision and col_type.scale is not None and col_type.precision <= 38:
-            return pa.decimal128(col_type.precision, col_type.scale)
-        return pa.float64()
-    if isinstance(col_type, (sa.Float, sa.REAL)):
-        return pa.float64()
-    if isinstance(col_type, sa.DateTime):
-        return pa.timestamp("us", tz="UTC")
-    if isinstance(col_type, sa.Date):
-        return pa.date32()
-    if isinstance(col_type, sa.LargeBinary):
-        return pa.binary()
-    return pa.string()
-
-
-def _to_arrow_value(v: Any, typ: pa.DataType) -> Any:
-    if v is None:
-        return None
-    if pa.types.is_timestamp(typ) and isinstance(v, dt.datetime):
-        return v.replace(tzinfo=dt.timezone.utc) if v.tzinfo is None else v
-    if pa.types.is_timestamp(typ) and isinstance(v, str):  # SQLite without declared type
-        t = dt.datetime.fromisoformat(v)
-        return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t
-    if pa.types.is_floating(typ) and isinstance(v, decimal.Decimal):
-        return float(v)
-    if pa.types.is_string(typ) and not isinstance(v, str):
-        return str(v)
-    return v
-
-
-def read_table(url: str, table: str, *, columns: Sequence[str] | None = None) -> pa.Table:
-    """The whole table (or the given columns) as an Arrow table with a schema from the DB."""
-    engine = make_engine(url)
-    try:
-        tbl = sa.Table(table, sa.MetaData(), autoload_with=engine)
-        cols = ([tbl.c[c] for c in columns] if columns
-                else [c for c in tbl.columns if c.name not in LINEAGE_COLUMNS])
-        schema = pa.schema([(c.name, _arrow_type(c.type)) for c in cols])
-        with engine.connect() as conn:
-            rows = conn.execute(sa.select(*cols)).all()
-    finally:
-        engine.dispose()
-    data = {
-        f.name: pa.array([_to_arrow_value(r[k], f.type) for r in rows], type=f.type)
-        for k, f in enumerate(schema)
-    }
-    return pa.table(data, schema=schema)
-
-
-def table_exists(url: str, table: str) -> bool:
-    engine = make_engine(url)
-    try:
-        return sa.inspect(engine).has_table(table)
-    finally:
-        engine.dispose()
-
-
-def sql_source(spark: SparkSession, url: str, table: str, *, columns: Sequence[str] | None = None) -> DataFrame:
-    return spark.createDataFrame(read_table(url, table, columns=columns))
-
-
-# ---------------------------------------------------------------- sink
-
-def _sa_type(t: T.DataType) -> sa.types.TypeEngine:
-    if isinstance(t, T.StringType):
-        return sa.Text()
-    if isinstance(t, T.LongType):
-        return sa.BigInteger()
-    if isinstance(t, (T.IntegerType, T.ShortType, T.ByteType)):
-        return sa.Integer()
-    if isinstance(t, (T.DoubleType, T.FloatType)):
-        return sa.Float(precision=53)
-    if isinstance(t, T.BooleanType):
-        return sa.Boolean()
-    if isinstance(t, (T.TimestampType, T.TimestampNTZType)):
-        return sa.DateTime()
-    if isinstance(t, T.DateType):
-        return sa.Date()
-    if isinstance(t, T.DecimalType):
-        return sa.Numeric(t.precision, t.scale)
-    if isinstance(t, T.BinaryType):
-        return sa.LargeBinary()
-    raise TypeError(f"SQL sink cannot store Spark type {t.simpleString()}")
-
-
-def _commits_table(md: sa.MetaData) -> sa.Table:
-    return sa.Table(
-        COMMITS_TABLE, md,
-        sa.Column("sink_id", sa.String(512), primary_key=True),
-        sa.Column("batch_id", sa.BigInteger, primary_key=True),
-        sa.Column("num_rows", sa.BigInteger, nullable=False),
-        sa.Column("committed_at", sa.DateTime, nullable=False),
-    )
-
-
-def _fences_table(md: sa.MetaData) -> sa.Table:
-    return sa.Table(
-        FENCES_TABLE, md,
-        sa.Column("sink_id", sa.String(512), primary_key=True),
-        sa.Column("attempt", sa.BigInteger, nullable=False),
-        sa.Column("restored_batch_id", sa.BigInteger, nullable=False),
-        sa.Column("fenced_at", sa.DateTime, nullable=False),
-    )
+from .sql_tables import (
+    FENCES_TABLE,
+    LINEAGE_BATCH,
+    LINEAGE_COLUMNS,
+    LINEAGE_SINK,
+    commits_table,
+    create_all,
+    fences_table,
+    lineage_index_name,
+    sa_type,
+)
 
 
 def _insert(engine: sa.Engine, table: sa.Table):
@@ -213,11 +101,6 @@ def _plain_rows(table: pa.Table) -> list[dict[str, Any]]:
     return pa.table(cols, names=table.column_names).to_pylist()
 
 
-def _lineage_index_name(table: str) -> str:
-    # PostgreSQL truncates identifiers at 63 bytes; a digest keeps long table names distinct.
-    return f"ix_headrace_lineage_{hashlib.sha1(table.encode()).hexdigest()[:16]}"
-
-
 class SqlTableSink:
     """Writes Arrow batches into `table`, idempotently per `(sink_id, batch_id)`, fenced by
     attempt once `prepare` was called.
@@ -238,8 +121,8 @@ class SqlTableSink:
         self._table: sa.Table | None = None
         self._lineage = False  # the table has the keyless bookkeeping columns
         md = sa.MetaData()
-        self._commits = _commits_table(md)
-        self._fences = _fences_table(md)
+        self._commits = commits_table(md)
+        self._fences = fences_table(md)
         self._owners = sql_owners.owners_table(md)
         self._bookkeeping_md = md
         self._bookkeeping_checked = False
@@ -260,7 +143,7 @@ class SqlTableSink:
 
     def _ensure_bookkeeping(self) -> None:
         if not self._bookkeeping_checked:  # once per sink, not per micro-batch
-            _create_all(self._bookkeeping_md, self.engine)
+            create_all(self._bookkeeping_md, self.engine)
             self._bookkeeping_checked = True
 
     def _ensure_tables(self, schema: T.StructType) -> sa.Table:
@@ -272,15 +155,15 @@ class SqlTableSink:
             raise ValueError(f"key columns {missing} are not in the output columns {schema.fieldNames()}")
         md = sa.MetaData()
         columns: list[Any] = [
-            sa.Column(f.name, _sa_type(f.dataType), primary_key=f.name in self.key_columns,
+            sa.Column(f.name, sa_type(f.dataType), primary_key=f.name in self.key_columns,
                       nullable=f.name not in self.key_columns)
             for f in schema.fields
         ]
         if not self.key_columns:
             columns += [sa.Column(LINEAGE_SINK, sa.String(512)), sa.Column(LINEAGE_BATCH, sa.BigInteger),
-                        sa.Index(_lineage_index_name(self.table_name), LINEAGE_SINK, LINEAGE_BATCH)]
+                        sa.Index(lineage_index_name(self.table_name), LINEAGE_SINK, LINEAGE_BATCH)]
         sa.Table(self.table_name, md, *columns)
-        _create_all(md, self.engine)
+        create_all(md, self.engine)
         # An existing table wins over the one we would have created: reflect its real columns.
         self._table = sa.Table(self.table_name, sa.MetaData(), autoload_with=self.engine)
         self._lineage = not self.key_columns and all(c in self._table.c for c in LINEAGE_COLUMNS)
@@ -473,15 +356,3 @@ def sql_sink(
                       output_mode=output_mode if df.isStreaming else "append",
                       trigger=trigger, configure=configure, run_batch=run_batch,
                       on_prepare=sink.prepare)
-
-
-def _create_all(md: sa.MetaData, engine) -> None:
-    """CREATE what is missing, tolerating a concurrent creator: two tasks (or two attempts of
-    one, during a failover) may check for the same absent table at the same moment, and the
-    loser's CREATE fails with "already exists" although the outcome is what it wanted."""
-    try:
-        md.create_all(engine, checkfirst=True)
-    except sa.exc.DBAPIError:
-        existing = set(sa.inspect(engine).get_table_names())
-        if not all(t.name in existing for t in md.sorted_tables):
-            raise

@@ -1,5 +1,6 @@
-"""The SQLAlchemy engines of the SQL connectors (sql.py): the PostgreSQL driver, timeouts that
-let a sink notice a database that stopped answering, and SQLite's locking for the sink."""
+"""The SQLAlchemy engines of the SQL connectors (sql.py, sql_source.py): the PostgreSQL driver,
+timeouts that let a sink notice a database that stopped answering, and SQLite's locking for the
+sink."""
 
 from __future__ import annotations
 
