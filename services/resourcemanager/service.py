@@ -22,6 +22,7 @@ from services.resourcemanager.loop_stats import LoopStats
 from services.resourcemanager.report_streams import ReportStreams
 from services.resourcemanager.returning import ReturningTaskManagers
 from services.resourcemanager.slot_manager import Allocation, Drift, SlotManager
+from services.resourcemanager.slot_reasons import timeout_reason, waiting_reason
 from services.resourcemanager.unsatisfiable import UnsatisfiableRequests
 from shared import streams
 from shared.catalog import Catalog
@@ -157,7 +158,8 @@ class ResourceManager:
             for name in self.liveness.dead(watched, seen):
                 for tm_id in [t for t, n in self._liveness_names.items() if n == name]:
                     self._lose(tm_id, "TaskManager lost: its process exited (connection closed)")
-        for req, message in (self.slots.expire_pending() if scan else ()):
+        for req in (self.slots.expire_pending() if scan else ()):
+            message = timeout_reason(self.slots, req)
             log.warning("slot request %s timed out: %s", req.request_id, message)
             self._send_jm(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
                                             job_id=req.job_id, reason=message))
@@ -287,7 +289,7 @@ class ResourceManager:
             self._allocated(alloc)
         else:
             self._send_jm(SlotRequestPending(request_id=msg.request_id, execution_id=msg.execution_id,
-                                             job_id=msg.job_id, reason=self.slots.waiting_reason(msg.request_id)))
+                                             job_id=msg.job_id, reason=waiting_reason(self.slots, msg.request_id)))
 
     def _serve_pending(self) -> None:
         for _req, alloc in self.slots.serve_pending():

@@ -3,12 +3,14 @@
 A task of parallelism p holds p slots on ONE TaskManager (the local engine runs its driver as
 `local[p]`). Requests are served in submission order; a request that no registered TaskManager
 could ever hold (p above every TaskManager's size) does not block the ones behind it, and fails
-for good once the cluster has settled (unsatisfiable.py). Allocation prefers a TaskManager with a
-ready warm driver that fits the task (warm_drivers.py: ~1 s to start instead of 10+ s), then
-spreads tasks over TaskManagers (the one with the most free slots wins), so warm drivers on every
-TaskManager get used and a TaskManager loss hits as few tasks as possible. The ready count is as
-fresh as the last heartbeat; an allocation made here counts as taking one of its TaskManager's
-ready drivers until a report lists it, so a burst of tasks does not pile onto one warm driver.
+for good once the cluster has settled (unsatisfiable.py); what a waiting or timed-out request is
+told is worded in slot_reasons.py. Allocation prefers a TaskManager with a ready warm driver that
+fits the task (warm_drivers.py: ~1 s to start instead of 10+ s), then spreads tasks over
+TaskManagers (the one with the most free slots wins), so warm drivers on every TaskManager get
+used and a TaskManager loss hits as few tasks as possible (free_slot_index.py finds it). The
+ready count is as fresh as the last heartbeat; an allocation made here counts as taking one of
+its TaskManager's ready drivers until a report lists it, so a burst of tasks does not pile onto
+one warm driver.
 
 Reconciliation: a TaskManager's slot report is the truth about what runs on it (this class
 only believes what it was told). Registering (again) replaces the allocations held for it by
@@ -24,10 +26,9 @@ the ones it reports. Every heartbeat carries the report too, and `reconcile` rep
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
-from services.resourcemanager.warm_drivers import WarmDriverIndex
+from services.resourcemanager.free_slot_index import FreeSlotIndex
 from shared.clock import Clock
 from shared.ids import AllocationId, ExecutionId, JobId, RequestId, TaskManagerId, new_allocation_id
 
@@ -98,41 +99,13 @@ class SlotManager:
         self.allocations: dict[AllocationId, Allocation] = {}
         self.pending: dict[RequestId, SlotRequest] = {}  # insertion order = arrival order
         self._request_allocation: dict[RequestId, AllocationId] = {}
-        self._by_free: dict[int, set[TaskManagerId]] = {}  # free slot count -> TaskManagers with that many
-        self._warm = WarmDriverIndex()
-        self._free_total = 0
-        # How many TaskManagers have each slot total: the largest is then known without a scan
-        # (a scan per registration made 10,000 registrations quadratic).
-        self._totals: Counter[int] = Counter()
+        self._free = FreeSlotIndex()  # where a request goes (free_slot_index.py)
         self._unconfirmed: dict[AllocationId, float] = {}  # made at; not reported by its TaskManager yet
         self._released: dict[AllocationId, float] = {}  # released by the JobManager at
 
-    def _index(self, entry: TaskManagerEntry, delta_sign: int) -> None:
-        """Add (+1) or remove (-1) a TaskManager from the free-count buckets and totals."""
-        free = len(entry.free_indices())
-        bucket = self._by_free.setdefault(free, set())
-        warm = entry.ready_warm_drivers() > 0
-        if delta_sign > 0:
-            bucket.add(entry.taskmanager_id)
-            if warm:
-                self._warm.add(entry.taskmanager_id, free=free, parallelism=entry.warm_parallelism)
-            self._totals[entry.total] += 1
-        else:
-            bucket.discard(entry.taskmanager_id)
-            if warm:
-                self._warm.discard(entry.taskmanager_id, free=free, parallelism=entry.warm_parallelism)
-            self._totals[entry.total] -= 1
-            if self._totals[entry.total] <= 0:
-                del self._totals[entry.total]
-        self._free_total += delta_sign * free
-
-    @property
-    def _max_total(self) -> int:
-        return max(self._totals, default=0)
-
     def largest_taskmanager(self) -> int:
         """The slot count of the largest registered TaskManager (0: none registered)."""
-        return self._max_total
+        return self._free.largest()
 
     # --- TaskManagers ------------------------------------------------------------------
 
@@ -145,7 +118,7 @@ class SlotManager:
         old = self.taskmanagers.get(taskmanager_id)
         dropped: list[Allocation] = []
         if old is not None:
-            self._index(old, -1)
+            self._free.discard(old)
             reported = {a.allocation_id for a in (occupied or {}).values()}
             for alloc_id in {a for a in old.slots.values() if a}:
                 alloc = self._forget(alloc_id)
@@ -158,7 +131,7 @@ class SlotManager:
                 entry.slots[i] = alloc.allocation_id
                 self.allocations[alloc.allocation_id] = alloc
         self.taskmanagers[taskmanager_id] = entry
-        self._index(entry, +1)
+        self._free.add(entry)
         return dropped
 
     def report_warm(self, taskmanager_id: TaskManagerId, *, ready: int, parallelism: int) -> None:
@@ -167,10 +140,10 @@ class SlotManager:
         entry = self.taskmanagers.get(taskmanager_id)
         if entry is None:
             return
-        self._index(entry, -1)
+        self._free.discard(entry)
         entry.warm_taken = {a for a in entry.warm_taken if a in self._unconfirmed}
         entry.warm_ready, entry.warm_parallelism = max(0, ready), parallelism
-        self._index(entry, +1)
+        self._free.add(entry)
 
     def reconcile(self, taskmanager_id: TaskManagerId, reported: dict[int, Allocation], *, grace_s: float) -> Drift:
         """Repair drift between what is held for a TaskManager and the slot report of its
@@ -187,7 +160,7 @@ class SlotManager:
         held = {a for a in entry.slots.values() if a}
         if held == set(by_id) and not any(a in self._unconfirmed for a in held):
             return drift  # the common case, in O(slots): nothing to repair
-        self._index(entry, -1)
+        self._free.discard(entry)
         for alloc_id in held - set(by_id):
             made = self._unconfirmed.get(alloc_id)
             if made is not None and now - made < grace_s:
@@ -215,7 +188,7 @@ class SlotManager:
                 entry.slots[i] = alloc_id
             self.allocations[alloc_id] = alloc
             drift.adopted.append(alloc)
-        self._index(entry, +1)
+        self._free.add(entry)
         return drift
 
     def _forget(self, allocation_id: AllocationId) -> Allocation | None:
@@ -237,7 +210,7 @@ class SlotManager:
         entry = self.taskmanagers.pop(taskmanager_id, None)
         if entry is None:
             return []
-        self._index(entry, -1)
+        self._free.discard(entry)
         lost = [self.allocations.pop(a) for a in set(entry.slots.values()) if a and a in self.allocations]
         for a in lost:
             self._request_allocation.pop(a.request_id, None)
@@ -272,10 +245,10 @@ class SlotManager:
             return None
         entry = self.taskmanagers.get(alloc.taskmanager_id)
         if entry is not None:
-            self._index(entry, -1)
+            self._free.discard(entry)
         self._forget(allocation_id)
         if entry is not None:
-            self._index(entry, +1)
+            self._free.add(entry)
         return alloc
 
     def serve_pending(self) -> list[tuple[SlotRequest, Allocation]]:
@@ -292,7 +265,8 @@ class SlotManager:
             served.append((req, alloc))
         return served
 
-    def expire_pending(self) -> list[tuple[SlotRequest, str]]:
+    def expire_pending(self) -> list[SlotRequest]:
+        """Remove and return the pending requests past their deadline (slot_reasons.py says why)."""
         now = self.clock.now()
         if self._released:
             self._released = {a: t for a, t in self._released.items() if now - t < self.released_memory_s}
@@ -300,40 +274,16 @@ class SlotManager:
         for req in list(self.pending.values()):
             if now >= req.deadline:
                 del self.pending[req.request_id]
-                expired.append((req, self.timeout_message(req)))
+                expired.append(req)
         return expired
 
     # --- reporting ---------------------------------------------------------------------
 
     def free_slots(self) -> int:
-        return self._free_total
+        return self._free.free_total()
 
     def total_slots(self) -> int:
         return sum(tm.total for tm in self.taskmanagers.values())
-
-    def waiting_reason(self, request_id: RequestId) -> str:
-        req = self.pending[request_id]
-        if next(reversed(self.pending)) == request_id:
-            ahead = len(self.pending) - 1  # the common case: it was just queued
-        else:
-            ahead = list(self.pending).index(request_id)
-        if not self._could_ever_fit(req):
-            largest = f"the largest has {self._max_total}" if self.taskmanagers else "none is registered"
-            return (f"parallelism {req.slots} needs {req.slots} slots on one TaskManager; {largest} "
-                    f"(no TaskManager has {req.slots} slots: waiting for one to register)")
-        reason = f"waiting for {req.slots} slot{'s' if req.slots != 1 else ''}; {self.free_slots()} free"
-        if ahead:
-            reason += f"; {ahead} request{'s' if ahead != 1 else ''} ahead"
-        return reason
-
-    def timeout_message(self, req: SlotRequest) -> str:
-        per_tm = ", ".join(f"{tm.taskmanager_id}: {len(tm.free_indices())}/{tm.total} free"
-                           for tm in sorted(self.taskmanagers.values(), key=lambda t: t.taskmanager_id))
-        return (
-            f"could not allocate {req.slots} slot{'s' if req.slots != 1 else ''} on one TaskManager "
-            f"for job {req.job_id} within the slot request timeout; {self.free_slots()} of "
-            f"{self.total_slots()} slots free ({per_tm or 'no TaskManagers registered'})"
-        )
 
     def allocations_of(self, taskmanager_id: TaskManagerId) -> list[dict]:
         entry = self.taskmanagers.get(taskmanager_id)
@@ -350,34 +300,26 @@ class SlotManager:
     # --- internals ---------------------------------------------------------------------
 
     def _could_ever_fit(self, req: SlotRequest) -> bool:
-        return req.slots <= self._max_total
+        return req.slots <= self._free.largest()
 
     def _blocking_ahead(self, req: SlotRequest) -> bool:
         return any(self._could_ever_fit(p) for p in self.pending.values())
 
     def _try_allocate(self, req: SlotRequest) -> Allocation | None:
-        if req.slots > self._free_total:
+        chosen = self._free.choose(req.slots)
+        if chosen is None:
             return None
-        # A ready warm driver that fits first, then the most free slots (spreading); buckets make
-        # this O(max slots), not O(TaskManagers).
-        warm_id = self._warm.best_for(req.slots)
-        if warm_id is not None:
-            tm = self.taskmanagers[warm_id]
-        else:
-            for free in sorted((f for f, ids in self._by_free.items() if ids and f >= req.slots), reverse=True):
-                tm = self.taskmanagers[next(iter(self._by_free[free]))]
-                break
-            else:
-                return None
-        self._index(tm, -1)
+        tm_id, for_warm_driver = chosen
+        tm = self.taskmanagers[tm_id]
+        self._free.discard(tm)
         indices = tuple(tm.free_indices()[: req.slots])
         alloc = Allocation(new_allocation_id(), tm.taskmanager_id, tm.queue, req.job_id, req.execution_id,
                            req.request_id, indices)
         for i in indices:
             tm.slots[i] = alloc.allocation_id
-        if warm_id is not None:
+        if for_warm_driver:
             tm.warm_taken.add(alloc.allocation_id)
-        self._index(tm, +1)
+        self._free.add(tm)
         self.allocations[alloc.allocation_id] = alloc
         self._request_allocation[req.request_id] = alloc.allocation_id
         self._unconfirmed[alloc.allocation_id] = self.clock.now()

@@ -1,4 +1,5 @@
 from services.resourcemanager.slot_manager import SlotManager
+from services.resourcemanager.slot_reasons import timeout_reason, waiting_reason
 from services.resourcemanager.unsatisfiable import UnsatisfiableRequests, permanent_reason
 from shared.clock import FakeClock
 
@@ -34,8 +35,8 @@ def test_queue_in_submission_order_and_release_serves_head_first():
     first = req(sm, "r1", 2)
     assert req(sm, "r2", 2) is None
     assert req(sm, "r3", 1) is None  # must not overtake r2
-    assert sm.waiting_reason("r2") == "waiting for 2 slots; 0 free"
-    assert sm.waiting_reason("r3") == "waiting for 1 slot; 0 free; 1 request ahead"
+    assert waiting_reason(sm, "r2") == "waiting for 2 slots; 0 free"
+    assert waiting_reason(sm, "r3") == "waiting for 1 slot; 0 free; 1 request ahead"
     sm.release(first.allocation_id)
     served = sm.serve_pending()
     assert [r.request_id for r, _ in served] == ["r2"]
@@ -45,7 +46,7 @@ def test_queue_in_submission_order_and_release_serves_head_first():
 def test_request_bigger_than_any_taskmanager_does_not_block_others():
     sm = make(tms=(("tm-a", 2),))
     assert req(sm, "big", 3) is None
-    assert "no TaskManager has 3 slots" in sm.waiting_reason("big")
+    assert "no TaskManager has 3 slots" in waiting_reason(sm, "big")
     assert req(sm, "small", 1) is not None
 
 
@@ -57,7 +58,8 @@ def test_timeout_fails_with_what_was_asked_and_what_is_free():
     clock.advance(4)
     assert sm.expire_pending() == []
     clock.advance(2)
-    [(r, message)] = sm.expire_pending()
+    [r] = sm.expire_pending()
+    message = timeout_reason(sm, r)
     assert r.request_id == "r2"
     assert "could not allocate 1 slot" in message and "0 of 1 slots free" in message and "tm-a: 0/1 free" in message
     assert not sm.pending
@@ -95,18 +97,18 @@ def test_cancelled_request_leaves_the_queue():
 
 def test_largest_taskmanager_is_tracked_through_registrations_and_removals():
     sm = make(tms=(("tm-a", 2), ("tm-b", 4), ("tm-c", 4)))
-    assert sm._max_total == 4
+    assert sm.largest_taskmanager() == 4
     sm.remove("tm-b")
-    assert sm._max_total == 4  # tm-c still has 4
+    assert sm.largest_taskmanager() == 4  # tm-c still has 4
     sm.register(taskmanager_id="tm-c", queue="tm.tm-c", host="h", slots=1, cores=2, memory_bytes=1)
-    assert sm._max_total == 2  # re-registered smaller
-    assert req(sm, "r1", 3) is None and "the largest has 2" in sm.waiting_reason("r1")
+    assert sm.largest_taskmanager() == 2  # re-registered smaller
+    assert req(sm, "r1", 3) is None and "the largest has 2" in waiting_reason(sm, "r1")
     sm.register(taskmanager_id="tm-d", queue="tm.tm-d", host="h", slots=8, cores=2, memory_bytes=1)
-    assert sm._max_total == 8
+    assert sm.largest_taskmanager() == 8
     sm.remove("tm-d")
     sm.remove("tm-a")
     sm.remove("tm-c")
-    assert sm._max_total == 0
+    assert sm.largest_taskmanager() == 0
 
 
 # --- requests no TaskManager could ever hold (unsatisfiable.py) --------------------------------
