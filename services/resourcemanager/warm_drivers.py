@@ -1,4 +1,4 @@
-"""Which TaskManagers have a ready warm driver, for placement (slot_manager.py).
+"""Which TaskManagers have a ready warm driver, for placement (free_slot_index.py).
 
 A task placed where a warm driver is ready starts in about a second; one placed where the
 warm-up has just begun (a TaskManager restarted after a kill comes back with every slot free)

@@ -230,7 +230,7 @@ def test_registration_replaces_what_the_resourcemanager_held(rmr):
 
 
 def test_heartbeat_slot_reports_repair_drift(rmr):
-    grace = rmr.rm.in_flight_grace_s
+    grace = rmr.rm.members.in_flight_grace_s
     # Held, never reported: in flight for the grace period, then freed.
     a = rmr.request(1)
     for _ in range(int(grace // 5)):
