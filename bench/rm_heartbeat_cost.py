@@ -49,7 +49,8 @@ def main() -> None:
         tms = RedisStreamsTransport.from_url(url, sender="tm",
                                              auth=TaskManagerAuth([f"tm-{i}" for i in range(n)], secret=secret))
         tms.publish_many([(streams.RM_STREAM, RegisterTaskManager(
-            taskmanager_id=f"tm-{i}", host="h", slots=1, cores=1, memory_bytes=1, queue="q")) for i in range(n)])
+            taskmanager_id=f"tm-{i}", host="h", slots=1, cores=1, memory_bytes=1, queue=f"tm.tm-{i}"))
+            for i in range(n)])
         while len(rm.slots.taskmanagers) < n:
             rm.poll_once(0)
         rm.tick()

@@ -39,15 +39,17 @@ def write_once(spark: Any, df: Any, path: str, *, app_id: str, version: int, mod
         params = {**options, "path": path, "txnAppId": app_id, "txnVersion": str(version),
                   "userMetadata": user_metadata}
         delta_options = delta.DeltaOptions(_scala_map(jvm, params), jspark.sessionState().conf())
+        table_conf = _scala_map(jvm, {k: v for k, v in options.items() if k.startswith("delta.")})
+        configs = getattr(getattr(delta, "DeltaConfigs$"), "MODULE$")
         save_mode = jvm.org.apache.spark.sql.SaveMode.valueOf(mode.capitalize())
         none = jvm.scala.Option.empty()
         command = delta.commands.WriteIntoDelta(log, save_mode, delta_options, _scala_seq(jvm, []),
-                                                _scala_map(jvm, {}), df._jdf, none, none, False)
+                                                configs.validateConfigurations(table_conf), df._jdf, none, none, False)
         data = command.writeAndReturnCommitData(txn, jspark, none, False)
-        can_merge = jvm.scala.Option.apply(True) if delta_options.canMergeSchema() else none
         operation = getattr(delta, "DeltaOperations$Write")(
-            save_mode, jvm.scala.Option.apply(_scala_seq(jvm, [])), none, jvm.scala.Option.apply(user_metadata),
-            none, none, can_merge, none, none)
+            save_mode, jvm.scala.Option.apply(_scala_seq(jvm, [])), delta_options.replaceWhere(),
+            jvm.scala.Option.apply(user_metadata), none, _flag(jvm, delta_options.canOverwriteSchema()),
+            _flag(jvm, delta_options.canMergeSchema()), none, none)
         txn.commitIfNeeded(data.actions(), operation, data.stringTags())
         return True
     finally:
@@ -70,6 +72,11 @@ def last_version(txn: Any, app_id: str) -> int:
         if action.appId() == app_id:
             found = max(found, int(action.version()))
     return found
+
+
+def _flag(jvm: Any, value: bool) -> Any:
+    """Some(true) for a set flag, else None: how Delta's own write records it in the commit."""
+    return jvm.scala.Option.apply(True) if value else jvm.scala.Option.empty()
 
 
 def _scala_map(jvm: Any, values: Mapping[str, str]) -> Any:

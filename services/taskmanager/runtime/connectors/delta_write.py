@@ -3,8 +3,9 @@
 A micro-batch is one commit stamped with Delta's idempotent-write pair, `txnAppId` (the sink's
 app id) and `txnVersion` (delta_log.txn_version: the attempt's seq and the batch), and a
 `userMetadata` tag naming the sink and the batch: `append` and `complete` (overwrite) go through
-the DataFrame writer with the pipeline's writer options, `update` through one MERGE by the key
-columns (compared null-safely), for which the pair is set as session confs around the statement.
+delta_idempotent_write.py with the pipeline's writer options (Delta's own write path, minus the
+state reconstruction its version lookup costs), `update` through one MERGE by the key columns
+(compared null-safely), for which the pair is set as session confs around the statement.
 A batch job's write carries the tag but no transaction version. A table that does not exist yet
 is created empty, with the pipeline's schema and `partition_by`.
 """
@@ -16,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from . import delta_claim, delta_log, delta_schema
 from .delta_errors import RUNBOOK
+from .delta_idempotent_write import write_once
 from .delta_maintenance import OPTION_KEYS
 
 
@@ -65,8 +67,8 @@ class DeltaWriter:
             raise
 
     def commit_txn(self, spark: Any, df: Any, txn: int, mode: str, what: str) -> None:
-        df.write.format("delta").mode(mode).options(**self.writer_options).option("txnAppId", self.app) \
-            .option("txnVersion", str(txn)).option("userMetadata", delta_log.tag(self.app, what)).save(self.path)
+        write_once(spark, df, self.path, app_id=self.app, version=txn, mode=mode, options=self.writer_options,
+                   user_metadata=delta_log.tag(self.app, what))
 
     def _merge(self, spark: Any, df: Any, txn: int, what: str) -> None:
         view = f"headrace_delta_{hashlib.sha1(self.app.encode()).hexdigest()[:12]}"
