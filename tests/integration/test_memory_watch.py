@@ -5,7 +5,7 @@ them once per process, PSS once, and a limit between the two must not kill the t
 "False memory kills"). Children that write to it make their own copies: the tree really holds
 more than the limit and is killed, the cause naming the measure.
 
-The watch is a DriverProcess's own (`_watch_memory`, as `run_task` starts it) over the tree as the
+The watch is a DriverProcess's own (`memory.watch`, as `run_task` starts it) over the tree as the
 driver's processes, found by the driver's cgroup where this machine lets the TaskManager make one
 (cgroup v2; without its memory controller here, so the watchdog applies) or by a /proc scan. The
 tree runs as the drivers' user when the tests run as root, as a TaskManager's drivers do."""
@@ -120,8 +120,7 @@ class Tree:
         return self.driver.proc is not None and self.driver.proc.poll() is None
 
     def stop(self) -> None:
-        if self.driver._memory is not None:
-            self.driver._memory.stop()
+        self.driver.memory.stop()
         self.driver.kill()
         if self.driver.proc is not None:
             self.driver.proc.wait(10)
@@ -143,11 +142,11 @@ def test_children_sharing_their_parents_pages_are_not_killed_below_the_limit(roo
         # The case of issue 42: the RSS sum (what the old watchdog compared) is above the limit,
         # what the kernel charges is far below it.
         assert pss < LIMIT < rss, (pss // MB, rss // MB)
-        tree.driver._watch_memory(LIMIT)
+        tree.driver.memory.watch(LIMIT)
         time.sleep(3)  # twelve samples, two PSS readings
         assert tree.driver.exit_reason is None, tree.driver.exit_reason
         assert tree.alive() and tree.pids() == pids
-        figure = tree.driver.memory_figure()
+        figure = tree.driver.memory.figure()
         assert figure is not None
         sample, limit = figure
         assert limit == LIMIT and sample.label() == "PSS" and sample.processes == CHILDREN + 1
@@ -162,7 +161,7 @@ def test_children_that_made_the_pages_their_own_are_killed_with_the_measure_name
     try:
         pids = tree.pids()
         assert pss_by_psutil(pids) > LIMIT
-        tree.driver._watch_memory(LIMIT)
+        tree.driver.memory.watch(LIMIT)
         wait_for("the tree above its limit killed (an exit reason)", lambda: tree.driver.exit_reason, 10, poll_s=0.05,
                  until=lambda reason: reason is not None)
         name, cause = tree.driver.exit_reason

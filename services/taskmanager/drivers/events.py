@@ -1,10 +1,12 @@
 """What a driver's protocol events (shared/task_protocol.py) become for the JobManager, as
 tables: the events forwarded as a message of their own, and the events that end a task; and how
-their lines are read (`bounded_lines`): the driver runs the pipeline's code, so a line may be of
-any length, and must not be what sizes this process's memory."""
+their lines are read (`bounded_lines`, `decoded_events`): the driver runs the pipeline's code, so a
+line may be of any length, and must not be what sizes this process's memory, nor may a garbled
+one stop the reading."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +14,8 @@ from typing import Any
 from shared import task_protocol as tp
 from shared.messages import CheckpointAcknowledged, CheckpointDeclined, Message, TaskProgress, TaskWaiting
 from shared.states import ExecutionState as ES
+
+log = logging.getLogger("headrace.taskmanager.driver")
 
 
 def _progress(spec: tp.TaskSpec, tm: str, e: tp.Progress) -> Message:
@@ -90,3 +94,20 @@ def bounded_lines(fd: int, max_bytes: int = tp.MAX_EVENT_LINE_BYTES,
         on_dropped(dropping)
     elif buf:
         yield bytes(buf)
+
+
+def decoded_events(fd: int, driver_id: str) -> Iterator[Any]:
+    """The events driver `driver_id` writes to `fd`, decoded, until EOF. A line too long or
+    unreadable is logged and skipped: a garbled line must not stop the reader."""
+
+    def dropped(n: int) -> None:
+        log.warning("driver %s sent an event line of %d bytes, above the %d a line may have: dropped unread",
+                    driver_id, n, tp.MAX_EVENT_LINE_BYTES)
+
+    for line in bounded_lines(fd, on_dropped=dropped):
+        try:
+            event = tp.decode_event(line)
+        except Exception:  # noqa: BLE001 - a garbled line must not kill the reader
+            log.warning("driver %s sent an unreadable event line: %r", driver_id, line[:200])
+            continue
+        yield event

@@ -31,17 +31,17 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from services.taskmanager.drivers.driver_memory import DriverMemory
 from services.taskmanager.drivers.env import driver_environment
-from services.taskmanager.drivers.events import bounded_lines
+from services.taskmanager.drivers.events import decoded_events
 from services.taskmanager.drivers.home import DriverHome
 from services.taskmanager.drivers.rotating_log import RotatingLog
 from services.taskmanager.drivers.sandbox import DriverSandbox
-from services.taskmanager.drivers.task_processes import TaskProcesses, rss_bytes
+from services.taskmanager.drivers.task_processes import TaskProcesses
 from services.taskmanager.memory import limit as memory_limit
-from services.taskmanager.memory.measure import Sample, pss_sample
 from shared import backoff, cpu_priority
 from shared import task_protocol as tp
-from shared.driver_contract import PHASE_MARKER, STACK_DUMP_SIGNAL, kill_session, remove_python_socket_dirs
+from shared.driver_contract import STACK_DUMP_SIGNAL, kill_session, remove_python_socket_dirs
 from shared.ids import ExecutionId
 
 log = logging.getLogger("headrace.taskmanager.driver")
@@ -104,7 +104,8 @@ class DriverProcess:
         # (failure name, cause) when this TaskManager ended the driver for its task's sake (memory):
         # the task fails with it, whatever the driver reports while it dies.
         self.exit_reason: tuple[str, str] | None = None
-        self._memory: memory_limit.MemoryWatch | None = None
+        # Its task's memory: limit, watch and latest figure (drivers/driver_memory.py).
+        self.memory = DriverMemory(self.processes, self.sandbox, name=self.id, on_exceeded=self._memory_exceeded)
 
     def start(self) -> "DriverProcess":
         lease = self.sandbox.users.acquire(f"driver {self.id}")
@@ -191,7 +192,7 @@ class DriverProcess:
         """Hand the task to the driver as the sandbox shapes it, and watch its memory from now on.
         False if the driver cannot take it (exit_reason says why when it was the hand-over)."""
         try:
-            limit = memory_limit.task_limit(spec.config, self.sandbox.memory_limit, self.sandbox.memory_limit_max)
+            limit = self.memory.task_limit(spec)
         except memory_limit.MemoryLimitRefused as exc:
             log.warning("task %s refused: %s", spec.execution_id, exc)
             self.exit_reason = (type(exc).__name__, str(exc))
@@ -206,32 +207,13 @@ class DriverProcess:
             return False
         if not self.send(tp.RunTask(spec=spec)):
             return False
-        self._watch_memory(limit)
+        self.memory.watch(limit)
         return True
-
-    def _watch_memory(self, limit: int | None) -> None:
-        # The task's user is its own: the shared memory it owns is the task's (memory/shmem_usage.py).
-        uid = self.processes.uid if self.sandbox.users.isolated else None
-        self._memory = memory_limit.watch(self.processes, limit, uid=uid, on_exceeded=self._memory_exceeded,
-                                          name=self.id)
-
-    def memory_figure(self) -> tuple[Sample, int | None] | None:
-        """The task's latest memory figure and its limit (None: no limit); None before the first."""
-        watch = self._memory
-        sample = watch.latest if watch is not None else None
-        return (sample, watch.limit) if watch is not None and sample is not None else None
 
     def _memory_exceeded(self, cause: str) -> None:
         log.warning("driver %s (task %s): %s", self.id, self.execution_id, cause)
         self.exit_reason = (memory_limit.NAME, cause)
         self.kill()
-
-    def memory_within(self, limit: int) -> bool:
-        """Whether every process of the driver holds `limit` or less, PSS summed (the warm pool's
-        measure, a task's too). The RSS sum answers first when it can: it bounds the PSS sum from
-        above at a hundredth of the cost (a warm driver is checked as a task takes it)."""
-        pids = self.processes.pids()
-        return rss_bytes(pids) <= limit or pss_sample(pids).used <= limit
 
     def send(self, command) -> bool:
         storage = self.home.storage if self.home is not None else None
@@ -269,25 +251,13 @@ class DriverProcess:
 
     def dump_stacks(self) -> None:
         """Ask the driver (its Python process only, not the JVM) to write its threads' stacks to
-        its log: where a stuck pipeline is stuck."""
+        its log: where a stuck pipeline is stuck (drivers/startup_report.py reads them)."""
         if self.proc is None:
             return
         try:
             os.kill(self.proc.pid, STACK_DUMP_SIGNAL)
         except ProcessLookupError:
             pass
-
-    def startup_report(self, max_lines: int = 200) -> tuple[str | None, str]:
-        """The start-up phase the driver last announced in its log (None if none), and what it
-        logged since (its thread dump, after `dump_stacks`), at most `max_lines` lines."""
-        lines = self.log_tail(2000).splitlines()
-        phase, since = None, lines
-        for i in range(len(lines) - 1, -1, -1):
-            if lines[i].startswith(PHASE_MARKER):
-                phase, since = lines[i][len(PHASE_MARKER):].strip() or None, lines[i + 1:]
-                break
-        return phase, "\n".join(_stuck_thread_first(since)[:max_lines])
-
 
     def log_tail(self, lines: int = 40) -> str:
         data = self.log.tail(max(16384, lines * 300))
@@ -301,17 +271,8 @@ class DriverProcess:
         self.kill()
 
     def _read_events(self, fd: int) -> None:
-        def dropped(n: int) -> None:
-            log.warning("driver %s sent an event line of %d bytes, above the %d a line may have: dropped unread",
-                        self.id, n, tp.MAX_EVENT_LINE_BYTES)
-
         try:
-            for line in bounded_lines(fd, on_dropped=dropped):
-                try:
-                    event = tp.decode_event(line)
-                except Exception:  # noqa: BLE001 - a garbled line must not kill the reader
-                    log.warning("driver %s sent an unreadable event line: %r", self.id, line[:200])
-                    continue
+            for event in decoded_events(fd, self.id):
                 if isinstance(event, tp.Ready):
                     self.ready.set()
                 if self.exit_reason is not None:
@@ -323,8 +284,7 @@ class DriverProcess:
         finally:
             os.close(fd)
         code = self.proc.wait() if self.proc else -1
-        if self._memory is not None:
-            self._memory.stop()
+        self.memory.stop()
         # The group may still hold a JVM whose parent just died; make sure nothing survives.
         self.kill()
         self.processes.release()
@@ -345,12 +305,3 @@ class DriverProcess:
                 log.exception("driver %s: handling an event failed (try %d); retrying", self.id, i + 1)
                 time.sleep(backoff.exponential(i + 1, first_s=0.2, max_s=5.0))
 
-
-def _stuck_thread_first(lines: list[str]) -> list[str]:
-    """faulthandler prints the thread that took the signal, the main one where the pipeline
-    runs, last ("Current thread ..."): move its block to the front, where a reader looks."""
-    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread ")), None)
-    if start is None:
-        return lines
-    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
-    return lines[start:end] + [""] + lines[:start] + lines[end:]

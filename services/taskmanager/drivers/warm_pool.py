@@ -277,7 +277,7 @@ class WarmPool:
         if self.max_rss_bytes is None or d.pid is None:
             return True
         # The same measure as a task's memory limit (memory/limit.py): every process of the driver.
-        return d.memory_within(self.max_rss_bytes)
+        return d.memory.within(self.max_rss_bytes)
 
     def replenish(self, free_slots: int) -> None:
         """Top the pool up to what the free slots can use; trim it if slots became scarce."""

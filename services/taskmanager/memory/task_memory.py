@@ -38,7 +38,7 @@ def figures(task_drivers: list[tuple[tp.TaskSpec, DriverProcess]]) -> list[TaskM
     """The latest figure of each task whose driver measured one (supervisor.task_drivers())."""
     out = []
     for spec, driver in task_drivers:
-        figure = driver.memory_figure()
+        figure = driver.memory.figure()
         if figure is not None:
             sample, limit = figure
             out.append(TaskMemory(spec.execution_id, spec.job_id, sample.used, limit, sample.label()))

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from services.taskmanager.drivers.startup_report import STARTUP_LOG_LINES, startup_report
 from shared import job_options
 
 if TYPE_CHECKING:  # the task record imports this module's default
@@ -85,7 +86,7 @@ class StartupWatch:
         else:
             driver.dump_stacks()  # into its log, read below
             time.sleep(STACK_DUMP_WAIT_S)
-            reported_phase, logged = driver.startup_report()
+            reported_phase, logged = startup_report(driver.log_tail(STARTUP_LOG_LINES))
             phase = reported_phase or "importing or building the pipeline"
             where = f"Where it was (the driver's thread dump and log since, from {driver.log_path}):\n{logged}"
         with self._lock:
