@@ -20,33 +20,28 @@ slots, rather than leaving it DEPLOYING.
 
 Its rooms: tasks/record.py (what is kept of a task), tasks/slot_table.py (which allocation holds each
 slot), drivers/supply.py (warm or cold drivers, the warm pool's upkeep), tasks/startup.py (the
-start-up timers), tasks/noop.py (tasks without a driver), drivers/events.py (what a driver's
-events become for the JobManager). One lock, this class's, guards them all.
+start-up timers), tasks/driver_tasks.py (tasks in a Spark driver: the hand-over, cancel and
+snapshot, the driver's events and exit), tasks/noop.py (tasks without a driver). One lock, this
+class's, guards them all.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from services.taskmanager.drivers.events import ENDINGS
 from services.taskmanager.drivers.process import DriverProcess
 from services.taskmanager.drivers.supply import DriverLaunch, DriverSupply
 from services.taskmanager.drivers.warm_pool import WarmPool
+from services.taskmanager.tasks.driver_tasks import DriverTasks
 from services.taskmanager.tasks.held_reports import HeldReports
 from services.taskmanager.tasks.noop import NOOP_KIND, NoopRunner, NoopTasks
 from services.taskmanager.tasks.record import Task
 from services.taskmanager.tasks.reports import TaskReports
 from services.taskmanager.tasks.slot_table import SlotTable
-from services.taskmanager.tasks.startup import (
-    DEFAULT_STARTUP_TIMEOUT_S,
-    StartupWatch,
-    driver_start_timeout_s,
-    startup_timeout_s,
-)
+from services.taskmanager.tasks.startup import DEFAULT_STARTUP_TIMEOUT_S, StartupWatch, startup_timeout_s
 from shared import task_protocol as tp
 from shared.ids import ExecutionId, JobId, TaskManagerId
 from shared.messages import DeployTask, SlotState, TaskReport, TriggerCheckpoint
@@ -65,18 +60,20 @@ class TaskSupervisor:
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, reports: HeldReports | None = None,
                  metrics: TaskMetrics | None = None) -> None:
         self.taskmanager_id = taskmanager_id
-        self.cancel_timeout_s = cancel_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.noop = noop
-        self.drivers = DriverSupply(drivers, taskmanager_id=taskmanager_id, workdir=workdir,
-                                    on_event=self._on_driver_event, on_exit=self._on_driver_exit,
-                                    status_client=transport.redis_client)
         self.slots = SlotTable(slots)
         self.tasks: dict[ExecutionId, Task] = {}
         self._lock = threading.RLock()
         self.startup = StartupWatch(lock=self._lock, still_starting=self._still_starting, fail=self._fail)
         held = reports or HeldReports(transport)  # shared by the process's TaskManagers
         self.reports = TaskReports(taskmanager_id=taskmanager_id, transport=transport, held=held, metrics=metrics)
+        self.driver_tasks = DriverTasks(lock=self._lock, tasks=self.tasks, reports=self.reports, startup=self.startup,
+                                        cancel_timeout_s=cancel_timeout_s, finish=self._finish,
+                                        on_warm_ready=self.publish_warm_status)
+        self.drivers = DriverSupply(drivers, taskmanager_id=taskmanager_id, workdir=workdir,
+                                    on_event=self.driver_tasks.on_event, on_exit=self._on_driver_exit,
+                                    status_client=transport.redis_client)
         self.noop_tasks = NoopTasks(noop, taskmanager_id=taskmanager_id, transport=transport, reports=held,
                                     on_state=self._on_noop_state, on_startup_timeout=self.startup.expired,
                                     finish=self._finish, decline=self.reports.declined)
@@ -127,19 +124,7 @@ class TaskSupervisor:
             driver, kind = self.drivers.for_task(spec)
             driver.execution_id = spec.execution_id
             task.driver = driver
-        log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
-                 kind, driver.id)
-        try:
-            self.reports.state(spec, ES.INITIALIZING)  # taken: the deploy is acknowledged
-        except Exception:  # best effort: RUNNING acknowledges it too
-            log.warning("could not report task %s INITIALIZING", spec.execution_id, exc_info=True)
-        if driver.ready.is_set():
-            self._hand_over(task)
-        else:
-            # The driver gets its task when it reports ready (see _on_driver_event), unless it
-            # never does; a warm driver taken while warming up skips the rest of its warm-up.
-            driver.hurry()
-            self.startup.arm(task, driver_start_timeout_s(task.startup_timeout_s), waiting_for_driver=True)
+        self.driver_tasks.start(task, driver, kind)
         self._replenish()
 
     def cancel(self, execution_id: ExecutionId, job_id: JobId | None = None) -> None:
@@ -159,17 +144,12 @@ class TaskSupervisor:
             driver = task.driver
             task.state = ES.CANCELING
         if driver is not None:
-            if not driver.send(tp.CancelRun()):
-                driver.terminate()
-            # Graceful first (the query stops at a batch boundary), forceful after the timeout.
-            timer = threading.Timer(self.cancel_timeout_s, self._force_kill, args=(execution_id,))
-            timer.daemon = True
-            timer.start()
+            self.driver_tasks.cancel(execution_id, driver)
 
     def trigger_checkpoint(self, cmd: TriggerCheckpoint) -> None:
-        """Hand a checkpoint or savepoint trigger to the task's driver; the driver answers with
-        a snapshot_taken or snapshot_declined event. Anything that cannot even reach a driver is
-        declined here, so the JobManager never waits for its timeout in silence."""
+        """Hand a checkpoint or savepoint trigger to the task's driver (or take a no-op task's
+        snapshot). Anything that cannot even reach a driver is declined, so the JobManager never
+        waits for its timeout in silence."""
         with self._lock:
             task = self.tasks.get(cmd.execution_id)
             state = task.state if task else None
@@ -180,105 +160,18 @@ class TaskSupervisor:
         if noop is not None:
             noop.snapshot(task, cmd)
             return
-        driver = task.driver
-        if state != ES.RUNNING or driver is None:
-            self.reports.declined(cmd, f"task {cmd.execution_id} is {state.value if state else 'unknown'}, "
-                                       f"not RUNNING yet")
-            return
-        if not driver.send(tp.TakeSnapshot(checkpoint_id=cmd.checkpoint_id, kind=cmd.kind, target=cmd.target,
-                                           stop_after=cmd.stop_after, drain=cmd.drain)):
-            self.reports.declined(cmd, "the task's Spark driver process does not accept commands (it is exiting)")
-
-    def _force_kill(self, execution_id: ExecutionId) -> None:
-        with self._lock:
-            task = self.tasks.get(execution_id)
-            driver = task.driver if task else None
-        if driver is not None and driver.alive():
-            log.warning("task %s did not stop within %.0f s; killing its driver", execution_id, self.cancel_timeout_s)
-            driver.kill()
-
-    # --- driver events -----------------------------------------------------------------
-
-    def _hand_over(self, task: Task) -> None:
-        # Called from the deploy path and from the driver's Ready event: exactly once.
-        with self._lock:
-            if task.handed_over:
-                return
-            task.handed_over = True
-            driver = task.driver
-        if driver is None:
-            return  # only tasks with a driver are handed over
-        if task.cancel_requested:
-            driver.kill()
-            return
-        if not driver.run_task(task.spec):
-            driver.kill()  # the exit handler reports the failure
-            return
-        # Counted from here: the time a cold driver takes to start is not the pipeline's.
-        self.startup.arm(task, task.startup_timeout_s)
-
-    def _still_starting(self, task: Task) -> bool:
-        with self._lock:
-            return (self.tasks.get(task.spec.execution_id) is task and not task.reported_terminal
-                    and not task.cancel_requested and task.state not in (ES.RUNNING, ES.CANCELING))
+        self.driver_tasks.snapshot(task, state, cmd)
 
     def _noop_of(self, task: Task) -> NoopTasks | None:
-        """Where no-op tasks part from the others: every branch for them asks here."""
+        """Where no-op tasks part from the others (the rest run in a driver, DriverTasks): every
+        branch for them asks here."""
         return self.noop_tasks if task.spec.kind == NOOP_KIND else None
 
-    def _task_of(self, driver: DriverProcess) -> Task | None:
-        return self.tasks.get(driver.execution_id) if driver.execution_id else None
-
-    def _on_driver_event(self, driver: DriverProcess, event: Any) -> None:
-        with self._lock:
-            task = self._task_of(driver)
-        if task is None:
-            if isinstance(event, tp.Ready):
-                log.info("warm driver %s ready after %.1f s", driver.id, event.startup_s)
-                self.publish_warm_status()
-            return
-        if self.reports.forwarded(task.spec, event):
-            return
-        ending = ENDINGS.get(type(event))
-        if ending is not None:
-            state, cause, name = ending(event)
-            self._finish(task, state, cause=cause, name=name)
-        elif isinstance(event, tp.Ready):
-            self._hand_over(task)
-        elif isinstance(event, tp.Running):
-            self._on_running(task)
-        # Initializing: reported when this TaskManager took the task
-
-    def _on_running(self, task: Task) -> None:
-        with self._lock:
-            if task.reported_terminal:
-                return  # failed meanwhile (its start-up timeout): RUNNING would come too late
-            if task.state != ES.CANCELING:
-                task.state = ES.RUNNING
-            timer = task.startup_timer
-        if timer is not None:
-            timer.cancel()
-        self.reports.state(task.spec, ES.RUNNING)
+    # --- driver exits and no-op task states ----------------------------------------------
 
     def _on_driver_exit(self, driver: DriverProcess, code: int) -> None:
         self.drivers.forget(driver)
-        with self._lock:
-            task = self._task_of(driver)
-        if task is not None:
-            # The attempt's live Spark checkpoint is never used again (a restart starts from a
-            # copy of a completed snapshot, whose state files are hard links that survive this).
-            live = task.spec.checkpoint_dir
-            threading.Thread(target=shutil.rmtree, args=(live,), kwargs={"ignore_errors": True},
-                             name="live-dir-cleanup", daemon=True).start()
-        if task is not None and not task.reported_terminal:
-            if task.cancel_requested:
-                self._finish(task, ES.CANCELED)
-            elif driver.exit_reason is not None:  # ended by this TaskManager (its memory limit)
-                self._fail(task, driver.exit_reason[0], driver.exit_reason[1])
-            else:
-                self._fail(task, "DriverProcessExited",
-                           f"Spark driver process exited with code {code} before the task ended; "
-                           f"last lines of {driver.log_path}:\n{driver.log_tail()}")
+        self.driver_tasks.on_exit(driver, code)
         self._replenish()
 
     def _on_noop_state(self, task: Task, state: ES, cause: str | None) -> None:
@@ -290,6 +183,11 @@ class TaskSupervisor:
             self.reports.state(task.spec, state)
 
     # --- bookkeeping -------------------------------------------------------------------
+
+    def _still_starting(self, task: Task) -> bool:
+        with self._lock:
+            return (self.tasks.get(task.spec.execution_id) is task and not task.reported_terminal
+                    and not task.cancel_requested and task.state not in (ES.RUNNING, ES.CANCELING))
 
     def _fail(self, task: Task, name: str, cause: str) -> None:
         self._finish(task, ES.FAILED, name=name, cause=cause)
