@@ -41,7 +41,7 @@ from shared.ports import free_port
 from shared.settings import Settings
 
 if TYPE_CHECKING:
-    from services.cluster.local_cluster import Child
+    from services.cluster.child_processes import Child
 
 CHILD = "postgres"  # the child's name, as the compose stack's service is named
 DIRECTORY = "postgres"

@@ -29,7 +29,7 @@ from shared.settings import Settings
 from shared.transport.redis_streams import wait_for_redis
 
 if TYPE_CHECKING:
-    from services.cluster.local_cluster import Child
+    from services.cluster.child_processes import Child
 
 # Starts one supervised child of the cluster: (name, command, environment) -> the child.
 Spawn = Callable[[str, list[str], dict], "Child"]

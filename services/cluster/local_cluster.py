@@ -5,8 +5,9 @@ PostgreSQL catalog server (unless a catalog URL is configured: services/cluster/
 migrates the catalog, then one JobManager (or, in ZooKeeper mode, a ZooKeeper server unless a quorum
 is configured and several JobManagers that elect a leader), one ResourceManager, N TaskManagers and the
 dispatcher, each a separate process in its own process group with its log under the run
-directory. Stopping ends supervision, then sends SIGTERM to every group (the TaskManagers stop
-their Spark drivers), waits, then SIGKILLs what is left: no orphan JVMs.
+directory (services/cluster/child_processes.py). Stopping ends supervision, then sends SIGTERM to
+every group (the TaskManagers stop their Spark drivers), waits, then SIGKILLs what is left: no
+orphan JVMs.
 
 The redis-server it starts keeps its data in $HEADRACE_HOME/redis (AOF, fsync every second), so
 streams, consumer groups with their pending entries and the dead letters survive a restart of
@@ -28,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +40,7 @@ import yaml
 
 from services.cluster import (
     catalog_server,
+    child_processes,
     infrastructure,
     kafka_broker,
     readiness,
@@ -47,6 +48,7 @@ from services.cluster import (
     spark_standalone,
     taskmanager_credentials,
 )
+from services.cluster.child_processes import Child
 from services.cluster.infrastructure import ClusterError
 from services.cluster.pinned_ports import PinnedPorts, role_of
 from services.cluster.pipeline_database import pipeline_database
@@ -63,25 +65,6 @@ SQLITE_WITH_HA = ("high availability needs a catalog that a paused JobManager ca
                   "stays locked while a JobManager stopped inside a write transaction sleeps, so no standby can take "
                   "over: unset HEADRACE_CATALOG_URL (headrace up --ha then runs a PostgreSQL catalog of its own) or "
                   "set it to a PostgreSQL URL")
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    log: Path
-    env: dict = field(default_factory=dict, repr=False)
-    cmd: list[str] = field(default_factory=list)  # what respawn() runs again
-    # How stop() asks it to end: None, SIGTERM to its process group; a signal, that signal to its
-    # own process only, which ends the rest itself (PostgreSQL's postmaster: SIGINT, fast shutdown).
-    shutdown_signal: int | None = None
-
-
-def config_name(name: str) -> str | None:
-    """Whose <run>/<config>.yaml a child reads: taskmanager-3 is TaskManager tm-3, with a file
-    (and Redis user) of its own; the other services one per role."""
-    role = role_of(name)
-    return f"tm-{name.rsplit('-', 1)[1]}" if role == redis_auth.TASKMANAGER else role
 
 
 @dataclass
@@ -299,27 +282,14 @@ class LocalCluster:
             old = self.child(name)
             if old.proc.poll() is None:
                 raise ClusterError(f"{name} is still running (pid {old.proc.pid})")
-            # Whatever the dead process left in its group (a Celery or ZooKeeper helper) must
-            # not compete with its successor.
-            _signal_group(old.proc.pid, signal.SIGKILL)
+            child_processes.prepare_respawn(old)
             self.children.remove(old)
-            with open(old.log, "ab") as f:
-                f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {name} (pid {old.proc.pid}) "
-                        f"exited with code {old.proc.returncode}; starting it again ---\n".encode())
             new = self._spawn(name, old.cmd, old.env or self._env)
         new.shutdown_signal = old.shutdown_signal
         return new
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> Child:
-        role = config_name(name)
-        if role is not None and env.get("HEADRACE_CONFIG"):
-            env = env | {"HEADRACE_CONFIG": str(self.run_path / f"{role}.yaml")}
-        log = self.run_path / "logs" / f"{name}.log"
-        env = env | {"HEADRACE_LOG_FILE": str(log)}  # what its metrics port serves at /logs
-        with open(log, "ab") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-        child = Child(name, proc, log, env, cmd=list(cmd))
+        child = child_processes.spawn(name, cmd, env, self.run_path)
         with self._lock:
             self.children.append(child)
         return child
@@ -335,38 +305,13 @@ class LocalCluster:
         if self.supervisor is not None:
             self.supervisor.stop()  # first: nothing may be restarted while the cluster stops
         with self._lock:
-            names = [c.name for c in self.children]
-        front = ["dispatcher"] + [n for n in names if n.startswith("jobmanager")]
-        middle = [n for n in names if n.startswith("taskmanager")]
-        # The Spark workers after the TaskManagers (whose drivers use their executors), and
-        # whatever else runs: nothing started here may outlive stop().
-        spark = [n for n in names if n.startswith("spark-worker")] + ["spark-master"]
-        back = ["resourcemanager", "redis", "zookeeper", "kafka"]  # the drivers used the broker till here
-        catalog = [catalog_server.CHILD]  # the last service that used it has ended
-        rest = [n for n in names if n not in {*front, *middle, *spark, *back, *catalog}]
-        with self._lock:
-            by_name = {c.name: c for c in self.children}
-        for group in (front, middle, spark, back, catalog, rest):
-            live = [by_name[n] for n in group if n in by_name and by_name[n].proc.poll() is None]
-            for c in live:
-                if c.shutdown_signal is None:
-                    _signal_group(c.proc.pid, signal.SIGTERM)
-                else:
-                    _signal_process(c.proc.pid, c.shutdown_signal)
-            deadline = time.monotonic() + timeout_s
-            for c in live:
-                try:
-                    c.proc.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-                _signal_group(c.proc.pid, signal.SIGKILL)
-                try:
-                    c.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
-            if group is middle:  # what a pipeline started outside its driver's session ends too
-                workdir = self.settings.workdir
-                task_processes.sweep(workdir, task_processes.cluster_cgroups(workdir))
+            children = list(self.children)
+        child_processes.stop_in_order(children, timeout_s, after_taskmanagers=self._sweep_task_processes)
+
+    def _sweep_task_processes(self) -> None:
+        """What a pipeline started outside its driver's session ends with the TaskManagers."""
+        workdir = self.settings.workdir
+        task_processes.sweep(workdir, task_processes.cluster_cgroups(workdir))
 
     def __enter__(self) -> "LocalCluster":
         return self
@@ -395,20 +340,6 @@ def children_env(env: dict[str, str], config_path: Path) -> dict[str, str]:
     would contradict it are dropped (the log level stays)."""
     kept = {k: v for k, v in env.items() if not k.startswith("HEADRACE_") or k == "HEADRACE_LOG_LEVEL"}
     return kept | {"HEADRACE_CONFIG": str(config_path)}
-
-
-def _signal_process(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def describe(cluster: LocalCluster) -> dict:

@@ -17,7 +17,7 @@ from shared import streams
 from shared.catalog import Catalog
 
 if TYPE_CHECKING:
-    from services.cluster.local_cluster import Child
+    from services.cluster.child_processes import Child
 
 
 def wait_until_ready(dispatcher_url: str, children: Sequence[Child], taskmanagers: int, catalog_url: str,
