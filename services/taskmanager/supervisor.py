@@ -167,7 +167,7 @@ class TaskSupervisor:
         branch for them asks here."""
         return self.noop_tasks if task.spec.kind == NOOP_KIND else None
 
-    # --- driver exits and no-op task states ----------------------------------------------
+    # --- driver exits and no-op task states -------------------------------------------
 
     def _on_driver_exit(self, driver: DriverProcess, code: int) -> None:
         self.drivers.forget(driver)
