@@ -46,8 +46,22 @@ class Procs:
 
     def redis(self) -> str:
         port = free_port()
-        self.spawn("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(self.workdir)])
+        self.spawn(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+        )
         url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
         for _ in range(100):
@@ -73,8 +87,14 @@ class Procs:
 
     def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / "logs" / f"{name}.log", "ab")
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, **(env or {})),
-                             start_new_session=True, cwd=code_dir())
+        p = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(self.env, **(env or {})),
+            start_new_session=True,
+            cwd=code_dir(),
+        )
         self.procs[name] = p
         return p
 

@@ -52,16 +52,32 @@ class Deployment:
         self.stream, self.table = f"bench-{name}", f"bench_{name.replace('-', '_')}"
         self.producer = Producer(cluster.redis_url, self.stream, rate=a.low).start()
         self.extra = 0  # backlog events written besides the producer's
-        spec = {"jarId": jar, "parallelism": 2 if name == "fixed-2" else 1,
-                "programArgsList": ["--stream", self.stream, "--table", self.table, "--sink-url", sink_url,
-                                    "--cost-ms", str(a.cost_ms)],
-                "flinkConfiguration": {"execution.checkpointing.interval": "5 s"},
-                "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
-                "rollback": {"readyWithin": "120 s"}}
+        spec = {
+            "jarId": jar,
+            "parallelism": 2 if name == "fixed-2" else 1,
+            "programArgsList": [
+                "--stream",
+                self.stream,
+                "--table",
+                self.table,
+                "--sink-url",
+                sink_url,
+                "--cost-ms",
+                str(a.cost_ms),
+            ],
+            "flinkConfiguration": {"execution.checkpointing.interval": "5 s"},
+            "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+            "rollback": {"readyWithin": "120 s"},
+        }
         if name == "autoscaled":
-            spec["autoscaler"] = {"enabled": True, "minParallelism": 1, "maxParallelism": 2,
-                                  "metricsWindow": f"{a.window} s", "stabilization": f"{a.stabilization} s",
-                                  "catchUp": f"{a.catch_up} s"}
+            spec["autoscaler"] = {
+                "enabled": True,
+                "minParallelism": 1,
+                "maxParallelism": 2,
+                "metricsWindow": f"{a.window} s",
+                "stabilization": f"{a.stabilization} s",
+                "catchUp": f"{a.catch_up} s",
+            }
         r = rest.http.put(f"/deployments/{name}", json=spec, timeout=300)
         assert r.status_code == 200, r.text
 
@@ -128,8 +144,11 @@ def follow(deps: dict[str, Deployment], t0: float, rate: float, *, decided_at: i
 
 def decision_log(rest: Rest) -> list[str]:
     evaluations = rest.get("/deployments/autoscaled/autoscaler?limit=2000")["evaluations"]
-    return [f"{e['outcome']} {e['parallelism']}->{e['proposed']}: {e['reason']}" for e in evaluations
-            if e["outcome"] in ("scale-up", "scale-down", "held")]
+    return [
+        f"{e['outcome']} {e['parallelism']}->{e['proposed']}: {e['reason']}"
+        for e in evaluations
+        if e["outcome"] in ("scale-up", "scale-down", "held")
+    ]
 
 
 def main() -> None:
@@ -155,8 +174,11 @@ def main() -> None:
         for name in NAMES:
             deps[name] = Deployment(name, rest, cluster, sink_url, jar, a)
         wait_for(lambda: all(d.running_parallelism() for d in deps.values()), 600, "all three STABLE")
-        wait_for(lambda: any(e["outcome"] == "keep" for e in rest.get("/deployments/autoscaled/autoscaler")
-                          ["evaluations"]), 300, "the autoscaler to evaluate")
+        wait_for(
+            lambda: any(e["outcome"] == "keep" for e in rest.get("/deployments/autoscaled/autoscaler")["evaluations"]),
+            300,
+            "the autoscaler to evaluate",
+        )
         print(f"steady at {a.low:g}/s: autoscaled at {deps['autoscaled'].running_parallelism()}", flush=True)
 
         t0 = time.monotonic()

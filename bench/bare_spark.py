@@ -43,8 +43,12 @@ def main() -> int:
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument("--catalog-url", default="")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE: a Spark option more (repeatable)")
-    p.add_argument("--commit-interval", type=float, default=2.0,
-                   help="seconds between commits of a sink that commits at checkpoints")
+    p.add_argument(
+        "--commit-interval",
+        type=float,
+        default=2.0,
+        help="seconds between commits of a sink that commits at checkpoints",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args()
     pipeline_args = args.args[1:] if args.args[:1] == ["--"] else args.args
@@ -64,7 +68,8 @@ def main() -> int:
         key, _, value = item.partition("=")
         builder = builder.config(key, value)
     spark = (
-        builder.master(f"local[{args.parallelism}]").appName("bare")
+        builder.master(f"local[{args.parallelism}]")
+        .appName("bare")
         .config("spark.driver.memory", args.driver_memory)
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
         .config("spark.ui.enabled", "false")
@@ -84,8 +89,15 @@ def main() -> int:
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)
-    ctx = PipelineContext(spark, job_id="bare", args=pipeline_args, parallelism=args.parallelism,
-                          checkpoint_dir=args.checkpoint, catalog_url=args.catalog_url, redis_url=args.redis_url)
+    ctx = PipelineContext(
+        spark,
+        job_id="bare",
+        args=pipeline_args,
+        parallelism=args.parallelism,
+        checkpoint_dir=args.checkpoint,
+        catalog_url=args.catalog_url,
+        redis_url=args.redis_url,
+    )
     handle = module.build(ctx)
     live = Path(args.checkpoint) / handle.name
     if handle.two_phase is not None:

@@ -53,8 +53,9 @@ from tests.clusters import Rest, start_cluster
 ROOT = Path(__file__).resolve().parent.parent
 KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"
 DEFAULT_PG = os.environ.get("HEADRACE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-EVENT_SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("value", pa.int64()),
-                          ("event_time", pa.timestamp("us", tz="UTC"))])
+EVENT_SCHEMA = pa.schema(
+    [("key", pa.string()), ("n", pa.int64()), ("value", pa.int64()), ("event_time", pa.timestamp("us", tz="UTC"))]
+)
 BASE_TIME_US = int(dt.datetime(2026, 11, 22, tzinfo=dt.timezone.utc).timestamp() * 1_000_000)
 PIPELINE_DEPTH = 100  # XADDs per round trip while preloading
 # A declined checkpoint must not fail the job over in the middle of a measurement (the default
@@ -94,26 +95,33 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def machine() -> dict:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"nproc": os.cpu_count(), "memory_gb": round(mem / 2**30, 1),
-            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gb": round(mem / 2**30, 1),
+        "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 # ---------------------------------------------------------------- data
 
 
-def event_entries(count: int, *, keys: Callable[[np.ndarray], pa.Array], per_entry: int, first: int = 0,
-                  seed: int = 7) -> Iterator[bytes]:
+def event_entries(
+    count: int, *, keys: Callable[[np.ndarray], pa.Array], per_entry: int, first: int = 0, seed: int = 7
+) -> Iterator[bytes]:
     """Packed entries of `count` events numbered from `first` (keyed_counts' schema); `keys` maps
     event numbers to the key column."""
     rng = np.random.default_rng(seed + first)
     for start in range(first, first + count, per_entry):
         n = np.arange(start, min(start + per_entry, first + count), dtype=np.int64)
-        table = pa.table({
-            "key": keys(n),
-            "n": pa.array(n),
-            "value": pa.array(rng.integers(0, 1000, len(n), dtype=np.int64)),
-            "event_time": pa.array(BASE_TIME_US + n * 1000, type=pa.timestamp("us", tz="UTC")),
-        }, schema=EVENT_SCHEMA)
+        table = pa.table(
+            {
+                "key": keys(n),
+                "n": pa.array(n),
+                "value": pa.array(rng.integers(0, 1000, len(n), dtype=np.int64)),
+                "event_time": pa.array(BASE_TIME_US + n * 1000, type=pa.timestamp("us", tz="UTC")),
+            },
+            schema=EVENT_SCHEMA,
+        )
         yield pack_events(table)
 
 
@@ -186,12 +194,16 @@ def sink_sum(engine: sa.Engine, table: str) -> int | None:
 
 def sink_batches(engine: sa.Engine, table: str) -> int:
     with engine.connect() as c:
-        return int(c.execute(sa.text("SELECT count(*) FROM _headrace_sink_commits WHERE sink_id LIKE :s"),
-                             {"s": f"%:{table}"}).scalar())
+        return int(
+            c.execute(
+                sa.text("SELECT count(*) FROM _headrace_sink_commits WHERE sink_id LIKE :s"), {"s": f"%:{table}"}
+            ).scalar()
+        )
 
 
-def watch_sink(engine: sa.Engine, table: str, events: int, t0: float, timeout_s: float, alive=lambda: True,
-               poll_s: float = 0.1) -> dict:
+def watch_sink(
+    engine: sa.Engine, table: str, events: int, t0: float, timeout_s: float, alive=lambda: True, poll_s: float = 0.1
+) -> dict:
     """Poll the sink until sum(count) == `events` (exactly: more fails the run) and time it from
     `t0`: the first committed batch, the last, and the rates over the whole run and after the
     first batch (steady). `alive()` False ends the wait early, as a failure."""
@@ -212,10 +224,14 @@ def watch_sink(engine: sa.Engine, table: str, events: int, t0: float, timeout_s:
     if total != events:
         raise SystemExit(f"{table}: the sink counted {total} events, not {events}")
     steady = now - t_first
-    return {"first_s": round(t_first - t0, 2), "total_s": round(now - t0, 2), "steady_s": round(steady, 2),
-            "total_eps": round(events / (now - t0)),
-            "steady_eps": round((events - s_first) / steady) if steady > 0 else None,
-            "batches": sink_batches(engine, table)}
+    return {
+        "first_s": round(t_first - t0, 2),
+        "total_s": round(now - t0, 2),
+        "steady_s": round(steady, 2),
+        "total_eps": round(events / (now - t0)),
+        "steady_eps": round((events - s_first) / steady) if steady > 0 else None,
+        "batches": sink_batches(engine, table),
+    }
 
 
 # ---------------------------------------------------------------- checkpoints of a job
@@ -227,8 +243,11 @@ def checkpoint_rows(catalog_url: str, job_id: str) -> list[CheckpointRow]:
     engine = sa.create_engine(catalog_url)
     try:
         with Session(engine) as s:
-            return list(s.execute(sa.select(CheckpointRow).where(CheckpointRow.job_id == job_id)
-                                  .order_by(CheckpointRow.checkpoint_id)).scalars())
+            return list(
+                s.execute(
+                    sa.select(CheckpointRow).where(CheckpointRow.job_id == job_id).order_by(CheckpointRow.checkpoint_id)
+                ).scalars()
+            )
     finally:
         engine.dispose()
 
@@ -239,12 +258,14 @@ def utc_epoch(value: dt.datetime | None) -> float | None:
     return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
-def checkpoint_summary(rows: list[CheckpointRow], *, kind: str = "checkpoint", since: float | None = None,
-                       until: float | None = None) -> dict:
+def checkpoint_summary(
+    rows: list[CheckpointRow], *, kind: str = "checkpoint", since: float | None = None, until: float | None = None
+) -> dict:
     """Counts and durations of the job's snapshots of `kind` triggered within [since, until]
     (epoch seconds). `driver_ms` is the duration the driver reports (request received ->
     snapshot on disk, including the wait for the barrier batch to commit), `trigger_to_ack_ms`
     the coordinator's (trigger written -> acknowledgement handled)."""
+
     def inside(r: CheckpointRow) -> bool:
         t = utc_epoch(r.trigger_at)
         return (since is None or t >= since) and (until is None or t <= until)
@@ -262,10 +283,15 @@ def checkpoint_summary(rows: list[CheckpointRow], *, kind: str = "checkpoint", s
     # The benchmark cancels each job: the checkpoint pending then is aborted, not a failure.
     aborted = [r for r in failed if (r.failure_cause or "").startswith(ABORTED_BY_TASK_END)]
     failed = [r for r in failed if r not in aborted]
-    return {"completed": len(done), "failed": len(failed), "aborted_by_cancel": len(aborted),
-            "failure_causes": sorted({(r.failure_cause or "?")[:200] for r in failed}),
-            "driver_ms": pcts(driver), "trigger_to_ack_ms": pcts(e2e),
-            "state_size_bytes": {"last": sizes[-1] if sizes else None, "max": max(sizes) if sizes else None}}
+    return {
+        "completed": len(done),
+        "failed": len(failed),
+        "aborted_by_cancel": len(aborted),
+        "failure_causes": sorted({(r.failure_cause or "?")[:200] for r in failed}),
+        "driver_ms": pcts(driver),
+        "trigger_to_ack_ms": pcts(e2e),
+        "state_size_bytes": {"last": sizes[-1] if sizes else None, "max": max(sizes) if sizes else None},
+    }
 
 
 def snapshot_copy_ms(location: str, scratch: Path) -> int:
@@ -285,13 +311,38 @@ def snapshot_copy_ms(location: str, scratch: Path) -> int:
 # ---------------------------------------------------------------- one run
 
 
-def measure_run(rest: Rest, engine: sa.Engine, jar: str, *, run: int, interval: str, events: int, stream: str,
-                sink_url: str, max_entries: int, timeout_s: float) -> dict:
+def measure_run(
+    rest: Rest,
+    engine: sa.Engine,
+    jar: str,
+    *,
+    run: int,
+    interval: str,
+    events: int,
+    stream: str,
+    sink_url: str,
+    max_entries: int,
+    timeout_s: float,
+) -> dict:
     table = f"bench_ckpt_{run}"
-    job = rest.run(jar, parallelism=1, jobName=f"ckpt-overhead-{run}",
-                   programArgsList=["--stream", stream, "--sink", "sql", "--table", table, "--sink-url", sink_url,
-                                    "--max-entries-per-trigger", str(max_entries)],
-                   flinkConfiguration={"execution.checkpointing.interval": interval, **TOLERATE_DECLINES})
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName=f"ckpt-overhead-{run}",
+        programArgsList=[
+            "--stream",
+            stream,
+            "--sink",
+            "sql",
+            "--table",
+            table,
+            "--sink-url",
+            sink_url,
+            "--max-entries-per-trigger",
+            str(max_entries),
+        ],
+        flinkConfiguration={"execution.checkpointing.interval": interval, **TOLERATE_DECLINES},
+    )
     deadline = time.monotonic() + timeout_s
     t0 = s0 = None
     polls = 0
@@ -318,9 +369,15 @@ def measure_run(rest: Rest, engine: sa.Engine, jar: str, *, run: int, interval: 
     finally:
         rest.cancel(job)
         rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
-    return {"job": job, "table": table, "seconds": round(elapsed, 2), "events_timed": events - s0,
-            "events_per_s": round((events - s0) / elapsed) if elapsed > 0 else None,
-            "batches": sink_batches(engine, table), "window": (wall0, wall1)}
+    return {
+        "job": job,
+        "table": table,
+        "seconds": round(elapsed, 2),
+        "events_timed": events - s0,
+        "events_per_s": round((events - s0) / elapsed) if elapsed > 0 else None,
+        "batches": sink_batches(engine, table),
+        "window": (wall0, wall1),
+    }
 
 
 def main() -> None:
@@ -330,8 +387,12 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--keys", type=int, default=1000, help="distinct keys")
     ap.add_argument("--events-per-entry", type=int, default=1000)
-    ap.add_argument("--max-entries-per-trigger", type=int, default=40,
-                    help="stream entries per micro-batch (40 x 1000 events: ~50 batches for 2M)")
+    ap.add_argument(
+        "--max-entries-per-trigger",
+        type=int,
+        default=40,
+        help="stream entries per micro-batch (40 x 1000 events: ~50 batches for 2M)",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (A: checkpoints, B: none)")
     ap.add_argument("--interval", default="1 s", help="checkpoint interval of the A runs")
     ap.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL admin URL; a throwaway database is created")
@@ -339,8 +400,9 @@ def main() -> None:
     ap.add_argument("--load-wait", type=float, default=300, help="seconds to wait for the load to drop")
     ap.add_argument("--run-timeout", type=float, default=600)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one round, no waiting for quiet")
-    ap.add_argument("--keep", action="store_true",
-                    help="keep the temporary home (logs, checkpoints); kept anyway after a failure")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the temporary home (logs, checkpoints); kept anyway after a failure"
+    )
     a = ap.parse_args()
     if a.smoke:
         a.events, a.rounds, a.max_entries_per_trigger, a.load_wait = 20_000, 1, 4, 0
@@ -351,15 +413,26 @@ def main() -> None:
     catalog = f"sqlite:///{home / 'catalog.db'}"
     cluster = None
     ok = False
-    result: dict = {"machine": machine(), "events": a.events, "keys": a.keys, "events_per_entry": a.events_per_entry,
-                    "max_entries_per_trigger": a.max_entries_per_trigger, "interval": a.interval, "runs": []}
+    result: dict = {
+        "machine": machine(),
+        "events": a.events,
+        "keys": a.keys,
+        "events_per_entry": a.events_per_entry,
+        "max_entries_per_trigger": a.max_entries_per_trigger,
+        "interval": a.interval,
+        "runs": [],
+    }
     try:
-        cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1,
-                                pipeline_catalog_url=sink_db_url(home))
+        cluster = start_cluster(
+            home, catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1, pipeline_catalog_url=sink_db_url(home)
+        )
         rest = Rest(cluster.dispatcher_url)
         t = time.monotonic()
-        entries = append_entries(cluster.redis_url, "events",
-                                 event_entries(a.events, keys=cycling_keys(a.keys), per_entry=a.events_per_entry))
+        entries = append_entries(
+            cluster.redis_url,
+            "events",
+            event_entries(a.events, keys=cycling_keys(a.keys), per_entry=a.events_per_entry),
+        )
         print(f"preloaded {a.events} events in {entries} entries in {time.monotonic() - t:.1f} s", file=sys.stderr)
         jar = rest.upload(KEYED_COUNTS)
         variants = [("A", a.interval), ("B", "0")]
@@ -367,8 +440,18 @@ def main() -> None:
             name, interval = variants[run % 2]
             wait_warm(cluster, 1)
             load = wait_quiet(a.max_load, a.load_wait, echo=lambda m: print(m, file=sys.stderr))
-            r = measure_run(rest, engine, jar, run=run, interval=interval, events=a.events, stream="events",
-                            sink_url=sink_url, max_entries=a.max_entries_per_trigger, timeout_s=a.run_timeout)
+            r = measure_run(
+                rest,
+                engine,
+                jar,
+                run=run,
+                interval=interval,
+                events=a.events,
+                stream="events",
+                sink_url=sink_url,
+                max_entries=a.max_entries_per_trigger,
+                timeout_s=a.run_timeout,
+            )
             r.update(variant=name, interval=interval, load=load, load_after=round(os.getloadavg()[0], 2))
             if name == "A":
                 rows = checkpoint_rows(catalog, r["job"])
@@ -382,11 +465,17 @@ def main() -> None:
             r.pop("window")
             result["runs"].append(r)
             ck = r.get("checkpoints")
-            print(f"run {run} {name} ({interval}): {r['events_per_s']} events/s, {r['seconds']} s, {r['batches']} "
-                  f"batches, load {load} -> {r['load_after']}"
-                  + (f", {ck['completed']} checkpoints, driver p50 {ck['driver_ms']['p50']} ms, copy alone "
-                     f"{ck.get('copy_alone_ms')} ms" if ck else ""),
-                  file=sys.stderr)
+            print(
+                f"run {run} {name} ({interval}): {r['events_per_s']} events/s, {r['seconds']} s, {r['batches']} "
+                f"batches, load {load} -> {r['load_after']}"
+                + (
+                    f", {ck['completed']} checkpoints, driver p50 {ck['driver_ms']['p50']} ms, copy alone "
+                    f"{ck.get('copy_alone_ms')} ms"
+                    if ck
+                    else ""
+                ),
+                file=sys.stderr,
+            )
         a_rates = [r["events_per_s"] for r in result["runs"] if r["variant"] == "A"]
         b_rates = [r["events_per_s"] for r in result["runs"] if r["variant"] == "B"]
         result["median_events_per_s"] = {"A": statistics.median(a_rates), "B": statistics.median(b_rates)}

@@ -98,7 +98,8 @@ def distinct_keys(key_bytes: int, seed: int = 11) -> Callable[[np.ndarray], pa.A
 
     def keys(n: np.ndarray) -> pa.Array:
         raw = base64.b64encode(np.random.default_rng(seed + int(n[0])).bytes(len(n) * pad)).decode()
-        return pa.array([f"{i:010d}-{raw[j * pad:(j + 1) * pad]}" for j, i in enumerate(n.tolist())])
+        return pa.array([f"{i:010d}-{raw[j * pad : (j + 1) * pad]}" for j, i in enumerate(n.tolist())])
+
     return keys
 
 
@@ -118,8 +119,11 @@ class Stream:
     def repeat(self, entry: int, events: int) -> None:
         """`events` existing keys (the start of the entry-th entry) again: updates, no new state."""
         first = (entry % max(1, self.fed // PER_ENTRY)) * PER_ENTRY
-        append_entries(self.url, self.name, event_entries(min(events, PER_ENTRY, self.fed), keys=self.keys,
-                                                          per_entry=PER_ENTRY, first=first))
+        append_entries(
+            self.url,
+            self.name,
+            event_entries(min(events, PER_ENTRY, self.fed), keys=self.keys, per_entry=PER_ENTRY, first=first),
+        )
 
     def last_id(self) -> str:
         last = self.client.xrevrange(self.name, "+", "-", count=1)
@@ -193,8 +197,12 @@ def grow(rest: Rest, job: str, stream: Stream, target: int, deadline: float) -> 
         per_key = max(1.0, size / stream.fed)
         more = (target - size) / per_key
         chunk = max(PER_ENTRY, int(min(more, 4 * stream.fed)) // PER_ENTRY * PER_ENTRY)
-    return {"keys": stream.fed, "state_size_bytes": size, "checkpoint": ckpt["id"] if ckpt else None,
-            "reached": size >= REACHED * target}
+    return {
+        "keys": stream.fed,
+        "state_size_bytes": size,
+        "checkpoint": ckpt["id"] if ckpt else None,
+        "reached": size >= REACHED * target,
+    }
 
 
 def wait_checkpoints(rest: Rest, job: str, after_id: int, count: int, timeout_s: float) -> int:
@@ -233,8 +241,14 @@ def savepoint(rest: Rest, job: str, target_dir: Path, timeout_s: float) -> tuple
 
 def restore(rest: Rest, jar: str, args: list[str], config: dict, location: str, timeout_s: float) -> dict:
     t0 = time.monotonic()
-    job = rest.run(jar, parallelism=1, jobName="state-sizes-restored", programArgsList=args,
-                   flinkConfiguration=config, savepointPath=location)
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName="state-sizes-restored",
+        programArgsList=args,
+        flinkConfiguration=config,
+        savepointPath=location,
+    )
     running = batch = None
     deadline = t0 + timeout_s
     try:
@@ -262,15 +276,27 @@ def measure_size(cluster, rest: Rest, jar: str, home: Path, target: int, a: argp
     provider = a.provider if a.provider != "auto" else ("rocksdb" if target >= a.rocksdb_from else "hdfs")
     name = f"state_{label(target)}"
     stream = Stream(cluster.redis_url, name, a.key_bytes)
-    args = ["--stream", name, "--table", name, "--sink-url", f"sqlite:///{home / 'sink.db'}",
-            "--max-entries-per-trigger", str(a.max_entries_per_trigger)]
-    config = {"execution.checkpointing.interval": a.interval, **TOLERATE_DECLINES,
-              PROVIDER_OPTION: ROCKSDB if provider == "rocksdb" else HDFS}
+    args = [
+        "--stream",
+        name,
+        "--table",
+        name,
+        "--sink-url",
+        f"sqlite:///{home / 'sink.db'}",
+        "--max-entries-per-trigger",
+        str(a.max_entries_per_trigger),
+    ]
+    config = {
+        "execution.checkpointing.interval": a.interval,
+        **TOLERATE_DECLINES,
+        PROVIDER_OPTION: ROCKSDB if provider == "rocksdb" else HDFS,
+    }
     out: dict = {"target": label(target), "target_bytes": target, "provider": provider}
     log(f"{label(target)} ({provider}):")
     wait_warm(cluster, 1)
-    job = rest.run(jar, parallelism=1, jobName=f"state-sizes-{label(target)}", programArgsList=args,
-                   flinkConfiguration=config)
+    job = rest.run(
+        jar, parallelism=1, jobName=f"state-sizes-{label(target)}", programArgsList=args, flinkConfiguration=config
+    )
     jobs = [job]
     savepoint_dir = home / "savepoints" / name
     try:
@@ -294,9 +320,13 @@ def measure_size(cluster, rest: Rest, jar: str, home: Path, target: int, a: argp
         out["checkpoints"] = checkpoint_summary(rows, since=t_since, until=t_until)
         out["checkpoints"]["waited_for"] = got
         meta = checkpoint_storage.read_metadata(location)
-        out["savepoint"] = {"seconds": round(took, 2), "state_size_bytes": meta["size_bytes"],
-                            "files": meta["files"], "batch_id": meta["spark"]["batch_id"],
-                            "copy_alone_ms": snapshot_copy_ms(location, savepoint_dir.parent)}
+        out["savepoint"] = {
+            "seconds": round(took, 2),
+            "state_size_bytes": meta["size_bytes"],
+            "files": meta["files"],
+            "batch_id": meta["spark"]["batch_id"],
+            "copy_alone_ms": snapshot_copy_ms(location, savepoint_dir.parent),
+        }
         rest.cancel(job)
         rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
         wait_warm(cluster, 1)
@@ -305,14 +335,16 @@ def measure_size(cluster, rest: Rest, jar: str, home: Path, target: int, a: argp
         out["restore"] = restore(rest, jar, args, config, location, timeout_s=a.size_timeout)
         jobs.append(out["restore"]["job"])
         ck, sp, rs = out["checkpoints"], out["savepoint"], out["restore"]
-        log(f"  {label(target)}: {out['grow']['keys']} keys, state {out['grow']['state_size_bytes'] / 1e6:.1f} MB "
+        log(
+            f"  {label(target)}: {out['grow']['keys']} keys, state {out['grow']['state_size_bytes'] / 1e6:.1f} MB "
             f"(savepoint {sp['state_size_bytes'] / 1e6:.1f} MB, {sp['files']} files, copied alone in "
             f"{sp['copy_alone_ms']} ms); checkpoints {ck['completed']}: "
             f"driver p50 {ck['driver_ms']['p50']} / p99 {ck['driver_ms']['p99']} ms, trigger->ack p50 "
             f"{ck['trigger_to_ack_ms']['p50']} / p99 {ck['trigger_to_ack_ms']['p99']} ms (load "
             f"{out['load_checkpoints']}); savepoint {sp['seconds']} s (load {out['load_savepoint']}); restore "
             f"RUNNING {rs['post_to_running_s']} s, first batch {rs['post_to_first_batch_s']} s "
-            f"(load {out['load_restore']})")
+            f"(load {out['load_restore']})"
+        )
     finally:
         for j in jobs:
             if rest.job(j)["state"] not in ("CANCELED", "FAILED", "FINISHED"):
@@ -331,17 +363,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10MB,100MB,1GB", help="comma-separated target state sizes")
     ap.add_argument("--provider", choices=("auto", "hdfs", "rocksdb"), default="auto")
-    ap.add_argument("--rocksdb-from", type=parse_size, default=parse_size("100MB"),
-                    help="with --provider auto: sizes from this one up use RocksDB")
+    ap.add_argument(
+        "--rocksdb-from",
+        type=parse_size,
+        default=parse_size("100MB"),
+        help="with --provider auto: sizes from this one up use RocksDB",
+    )
     ap.add_argument("--key-bytes", type=int, default=80)
-    ap.add_argument("--max-entries-per-trigger", type=int, default=500,
-                    help="stream entries (of 1000 events) per micro-batch while growing")
+    ap.add_argument(
+        "--max-entries-per-trigger",
+        type=int,
+        default=500,
+        help="stream entries (of 1000 events) per micro-batch while growing",
+    )
     ap.add_argument("--interval", default="1 s", help="checkpoint interval")
-    ap.add_argument("--trickle-events", type=int, default=100,
-                    help="updates of existing keys every 0.5 s while checkpoints are measured")
+    ap.add_argument(
+        "--trickle-events",
+        type=int,
+        default=100,
+        help="updates of existing keys every 0.5 s while checkpoints are measured",
+    )
     ap.add_argument("--checkpoints", type=int, default=10, help="checkpoints measured at each size")
-    ap.add_argument("--size-timeout", type=float, default=600,
-                    help="seconds to grow each size (then: measured as far as it got)")
+    ap.add_argument(
+        "--size-timeout", type=float, default=600, help="seconds to grow each size (then: measured as far as it got)"
+    )
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--load-wait", type=float, default=300)
     ap.add_argument("--smoke", action="store_true", help="one tiny size, 3 checkpoints, no waiting for quiet")
@@ -353,13 +398,19 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="headrace-state-sizes-"))
     log(f"home {home}")
     a.catalog = f"sqlite:///{home / 'catalog.db'}"
-    result: dict = {"machine": machine(), "key_bytes": a.key_bytes, "interval": a.interval,
-                    "max_entries_per_trigger": a.max_entries_per_trigger, "sizes": []}
+    result: dict = {
+        "machine": machine(),
+        "key_bytes": a.key_bytes,
+        "interval": a.interval,
+        "max_entries_per_trigger": a.max_entries_per_trigger,
+        "sizes": [],
+    }
     cluster = None
     ok = False
     try:
-        cluster = start_cluster(home, catalog_url=a.catalog, taskmanagers=2, slots=2, warm_drivers=1,
-                                pipeline_catalog_url=sink_db_url(home))
+        cluster = start_cluster(
+            home, catalog_url=a.catalog, taskmanagers=2, slots=2, warm_drivers=1, pipeline_catalog_url=sink_db_url(home)
+        )
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
         for target in sizes:

@@ -62,11 +62,13 @@ def _kind(pid: int) -> str:
         return "driver JVM"
     if "redis-server" in text:
         return "redis-server"
-    for marker, kind in (("pyspark.daemon", "Spark Python daemons and workers"),
-                         ("python_forkserver", "Python fork servers"),
-                         ("runtime.runner", "Python drivers"),
-                         ("python_streaming_source_runner", "Spark Python daemons and workers"),
-                         ("pyspark", "Spark Python daemons and workers")):
+    for marker, kind in (
+        ("pyspark.daemon", "Spark Python daemons and workers"),
+        ("python_forkserver", "Python fork servers"),
+        ("runtime.runner", "Python drivers"),
+        ("python_streaming_source_runner", "Spark Python daemons and workers"),
+        ("pyspark", "Spark Python daemons and workers"),
+    ):
         if marker in text:
             return kind
     return "services (headrace up and its five processes)"
@@ -106,8 +108,9 @@ def cpu_profile(root: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
-def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", warm_up_query: str = "",
-              profile: bool = False) -> dict:
+def one_start(
+    timeout_s: float, taskmanagers: int = 2, concurrency: str = "", warm_up_query: str = "", profile: bool = False
+) -> dict:
     home = Path(tempfile.mkdtemp(prefix="hr-start-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port())}
@@ -118,8 +121,14 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", wa
     out = home / "up.log"
     t0, cpu0 = time.monotonic(), busy_cpu_s()
     with open(out, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "-n", str(taskmanagers)], stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=code_dir())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "up", "-n", str(taskmanagers)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=code_dir(),
+        )
     up = warm = cpu = None
     client = None
     try:
@@ -138,8 +147,10 @@ def one_start(timeout_s: float, taskmanagers: int = 2, concurrency: str = "", wa
                     client = redis.Redis.from_url(yaml.safe_load(config.read_text())["redis_url"])
             if client is not None:
                 try:
-                    ready = [json.loads(client.get(streams.tm_warm_key(f"tm-{i + 1}")) or "{}").get("ready", 0)
-                             for i in range(taskmanagers)]
+                    ready = [
+                        json.loads(client.get(streams.tm_warm_key(f"tm-{i + 1}")) or "{}").get("ready", 0)
+                        for i in range(taskmanagers)
+                    ]
                 except (redis.RedisError, ValueError):
                     ready = []
                 if ready and all(r >= 1 for r in ready) and up is not None:
@@ -158,18 +169,27 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timeout", type=float, default=180)
-    p.add_argument("--concurrency", default="",
-                   help="comma-separated HEADRACE_WARMUP_CONCURRENCY values to alternate (default: the default)")
-    p.add_argument("--warm-up-query", default="",
-                   help="comma-separated HEADRACE_WARM_UP_QUERY values to alternate (default: the default)")
+    p.add_argument(
+        "--concurrency",
+        default="",
+        help="comma-separated HEADRACE_WARMUP_CONCURRENCY values to alternate (default: the default)",
+    )
+    p.add_argument(
+        "--warm-up-query",
+        default="",
+        help="comma-separated HEADRACE_WARM_UP_QUERY values to alternate (default: the default)",
+    )
     p.add_argument("--smoke", action="store_true", help="one run: checks the benchmark still works")
     p.add_argument("--profile", action="store_true", help="print CPU-s by process kind at ready")
     args = p.parse_args()
     if args.smoke:
         args.runs = 1
     print(f"machine: {machine()}", flush=True)
-    variants = [(c, q) for c in (args.concurrency.split(",") if args.concurrency else [""])
-                for q in (args.warm_up_query.split(",") if args.warm_up_query else [""])]
+    variants = [
+        (c, q)
+        for c in (args.concurrency.split(",") if args.concurrency else [""])
+        for q in (args.warm_up_query.split(",") if args.warm_up_query else [""])
+    ]
     runs: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
 
     def label(v: tuple[str, str]) -> str:
@@ -180,14 +200,19 @@ def main() -> None:
             load = round(os.getloadavg()[0], 2)
             r = one_start(args.timeout, concurrency=v[0], warm_up_query=v[1], profile=args.profile)
             runs[v].append(r)
-            print(f"run {i + 1} ({label(v)}): up after {r['up_s']:.2f} s, "
-                  f"warm drivers ready after {r['warm_s']:.2f} s, machine busy {r['cpu_s']:.1f} CPU-s until then "
-                  f"(load {load})", flush=True)
+            print(
+                f"run {i + 1} ({label(v)}): up after {r['up_s']:.2f} s, "
+                f"warm drivers ready after {r['warm_s']:.2f} s, machine busy {r['cpu_s']:.1f} CPU-s until then "
+                f"(load {load})",
+                flush=True,
+            )
             time.sleep(3)
     for v, rs in runs.items():
-        print(f"median ({label(v)}): up {statistics.median(r['up_s'] for r in rs):.2f} s, "
-              f"warm {statistics.median(r['warm_s'] for r in rs):.2f} s, "
-              f"machine busy {statistics.median(r['cpu_s'] for r in rs):.1f} CPU-s")
+        print(
+            f"median ({label(v)}): up {statistics.median(r['up_s'] for r in rs):.2f} s, "
+            f"warm {statistics.median(r['warm_s'] for r in rs):.2f} s, "
+            f"machine busy {statistics.median(r['cpu_s'] for r in rs):.1f} CPU-s"
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ def main() -> int:
         out = Path(f.name)
     env["HEADRACE_STACK_TIMINGS"] = str(out)
     t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST],
-                         cwd=ROOT, env=env, timeout=7200)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST],
+        cwd=ROOT,
+        env=env,
+        timeout=7200,
+    )
     total = time.monotonic() - t0
     timings = json.loads(out.read_text() or "{}") if out.exists() and out.stat().st_size else {}
     out.unlink(missing_ok=True)

@@ -59,8 +59,13 @@ def drop_pg(admin_url: str, catalog_url: str) -> None:
 
 def scale_env(work: Path, catalog_url: str) -> dict[str, str]:
     """The services' settings for a simulated fleet: 1 s heartbeats, 10 s timeout, quiet logs."""
-    return {"HEADRACE_HOME": str(work), "HEADRACE_CATALOG_URL": catalog_url, "HEADRACE_HEARTBEAT_INTERVAL_S": "1",
-            "HEADRACE_HEARTBEAT_TIMEOUT_S": "10", "HEADRACE_LOG_LEVEL": "WARNING"}
+    return {
+        "HEADRACE_HOME": str(work),
+        "HEADRACE_CATALOG_URL": catalog_url,
+        "HEADRACE_HEARTBEAT_INTERVAL_S": "1",
+        "HEADRACE_HEARTBEAT_TIMEOUT_S": "10",
+        "HEADRACE_LOG_LEVEL": "WARNING",
+    }
 
 
 def wait_registered(client: redis.Redis, n: int, timeout_s: float = 120) -> float:
@@ -162,9 +167,18 @@ def main() -> None:
         ids = [new_job_id() for _ in range(a.tasks)]
         with catalog.session() as s:
             for i, jid in enumerate(ids):
-                repo.create_job(s, id=jid, name=f"noop-{i}", artifact_id=None, entry="build", parallelism=1,
-                                program_args=[], config={"noop.duration": -1}, restart_strategy={"type": "none"},
-                                kind="noop")
+                repo.create_job(
+                    s,
+                    id=jid,
+                    name=f"noop-{i}",
+                    artifact_id=None,
+                    entry="build",
+                    parallelism=1,
+                    program_args=[],
+                    config={"noop.duration": -1},
+                    restart_strategy={"type": "none"},
+                    kind="noop",
+                )
         cpu_before = process_cpu(procs)
         t_submit = time.monotonic()
         transport.publish_many([(streams.JM_STREAM, SubmitJob(job_id=j)) for j in ids])
@@ -177,8 +191,10 @@ def main() -> None:
             if a.verbose:
                 # Where the work waits: messages not yet read by the JobManager and the
                 # ResourceManager, commands not yet taken by the simulated TaskManagers.
-                backlog = {g: stream_lag(client, st, g) for st, g in
-                           ((streams.JM_STREAM, streams.JM_GROUP), (streams.RM_STREAM, streams.RM_GROUP))}
+                backlog = {
+                    g: stream_lag(client, st, g)
+                    for st, g in ((streams.JM_STREAM, streams.JM_GROUP), (streams.RM_STREAM, streams.RM_GROUP))
+                }
                 backlog["tm_queue"] = client.llen(streams.tm_queue("sim"))
                 print(f"{time.monotonic() - t_submit:6.2f}s {hist} waiting {backlog}", file=sys.stderr)
         result["all_tasks_running_s"] = round(time.monotonic() - t_submit, 2) if running >= a.tasks else None

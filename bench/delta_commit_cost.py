@@ -66,8 +66,9 @@ def jobs_of_group(spark, group: str) -> list[str]:
     return lines
 
 
-def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str], txn: bool,
-                 commits: int) -> list[float]:
+def commit_times(
+    spark, rows, schema, path: str, fmt: str, conf: dict[str, str], txn: bool, commits: int
+) -> list[float]:
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
@@ -79,8 +80,9 @@ def commit_times(spark, rows, schema, path: str, fmt: str, conf: dict[str, str],
                     df.limit(0).write.format("delta").save(path)
                 spark.sparkContext.setJobGroup(f"{path}#{i}", f"commit {i}")
                 t = time.perf_counter()
-                write_once(spark, df, path, app_id="bench", version=i, mode="append", options={},
-                           user_metadata=f"commit {i}")
+                write_once(
+                    spark, df, path, app_id="bench", version=i, mode="append", options={}, user_metadata=f"commit {i}"
+                )
                 took.append(time.perf_counter() - t)
                 continue
             writer = df.write.format(fmt).mode("append")
@@ -114,20 +116,27 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="hr-delta-commit-"))
     spark = build_spark(2, home / "driver", shuffle_partitions=2, python_forkserver=True)
     spark.conf.set(SNAPSHOT_PARTITIONS_CONF, "2")  # what the Delta sink sets on a driver of 2 cores
-    sample = spark.range(args.rows).selectExpr("cast(id as string) key", "id n", "id value",
-                                               "current_timestamp() event_time")
+    sample = spark.range(args.rows).selectExpr(
+        "cast(id as string) key", "id n", "id value", "current_timestamp() event_time"
+    )
     rows, schema = sample.collect(), sample.schema
-    print(f"machine: {machine()}; {args.commits} commits of {args.rows} rows per table, first {args.skip} left out",
-          flush=True)
+    print(
+        f"machine: {machine()}; {args.commits} commits of {args.rows} rows per table, first {args.skip} left out",
+        flush=True,
+    )
     print("| round | variant | median | p90 | max |\n|---|---|---|---|---|")
     try:
         for rnd in range(args.rounds):
             for name in names:
                 fmt, conf, txn = VARIANTS[name]
-                took = commit_times(spark, rows, schema, str(home / f"{name}-{rnd}"), fmt, conf, txn,
-                                    args.commits)[args.skip:]
-                print(f"| {rnd + 1} | {name} | {statistics.median(took) * 1000:.0f} ms | "
-                      f"{percentile(took, 0.9) * 1000:.0f} ms | {max(took) * 1000:.0f} ms |", flush=True)
+                took = commit_times(spark, rows, schema, str(home / f"{name}-{rnd}"), fmt, conf, txn, args.commits)[
+                    args.skip :
+                ]
+                print(
+                    f"| {rnd + 1} | {name} | {statistics.median(took) * 1000:.0f} ms | "
+                    f"{percentile(took, 0.9) * 1000:.0f} ms | {max(took) * 1000:.0f} ms |",
+                    flush=True,
+                )
                 if args.jobs:
                     for line in jobs_of_group(spark, f"{home / f'{name}-{rnd}'}#{args.commits - 1}"):
                         print(f"    {name}: {line}", flush=True)

@@ -44,8 +44,15 @@ def run(spark, home: Path, source: str, variant: str, batches: int, per_entry: i
     args += [a for k, v in VARIANTS[variant].items() for a in ("--option", f"{k}={v}")]
     from bench.pipelines.redis_to_delta import build
 
-    ctx = PipelineContext(spark, job_id=f"bench-{variant}", args=args, parallelism=2,
-                          checkpoint_dir=str(home / "chk"), redis_url=source, lake_dir=str(home / "lake"))
+    ctx = PipelineContext(
+        spark,
+        job_id=f"bench-{variant}",
+        args=args,
+        parallelism=2,
+        checkpoint_dir=str(home / "chk"),
+        redis_url=source,
+        lake_dir=str(home / "lake"),
+    )
     handle = build(ctx)
     handle.prepare(1, -1, SinkOwner(lineage=f"bench-{variant}", job_id=f"bench-{variant}"))
     table = home / "lake" / variant
@@ -64,11 +71,18 @@ def run(spark, home: Path, source: str, variant: str, batches: int, per_entry: i
         query.stop()
     live = len(DeltaTable(str(table)).file_uris())
     ops = [h["operation"] for h in DeltaTable(str(table)).history()]
-    return {"variant": variant, "batches": watch.commits_with_rows, "rows": watch.rows, "live_files": live,
-            "files_on_disk": data_files(table), "seconds": round(elapsed, 1),
-            "median_batch_ms": statistics.median(durations) if durations else None,
-            "optimize_runs": ops.count("OPTIMIZE"), "vacuum_runs": ops.count("VACUUM END"),
-            "load": round(os.getloadavg()[0], 2)}
+    return {
+        "variant": variant,
+        "batches": watch.commits_with_rows,
+        "rows": watch.rows,
+        "live_files": live,
+        "files_on_disk": data_files(table),
+        "seconds": round(elapsed, 1),
+        "median_batch_ms": statistics.median(durations) if durations else None,
+        "optimize_runs": ops.count("OPTIMIZE"),
+        "vacuum_runs": ops.count("VACUUM END"),
+        "load": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:
@@ -99,8 +113,10 @@ def main() -> None:
         print("| upkeep | micro-batches | files in the latest version | data files on disk | run | median batch |")
         print("|---|---|---|---|---|---|")
         for r in out:
-            print(f"| {r['variant']} | {r['batches']} | {r['live_files']} | {r['files_on_disk']} | {r['seconds']} s "
-                  f"| {r['median_batch_ms']} ms |")
+            print(
+                f"| {r['variant']} | {r['batches']} | {r['live_files']} | {r['files_on_disk']} | {r['seconds']} s "
+                f"| {r['median_batch_ms']} ms |"
+            )
     finally:
         procs.stop()
 

@@ -39,8 +39,17 @@ from tests.clusters import Rest, start_cluster
 KINDS = ("headrace", "headrace-latency", "bare")
 
 
-def measure(table: Path, source: str, stream: str, *, rate: float, warmup_s: float, duration_s: float,
-            poll_s: float, alive=lambda: True) -> dict:
+def measure(
+    table: Path,
+    source: str,
+    stream: str,
+    *,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    poll_s: float,
+    alive=lambda: True,
+) -> dict:
     total = int(rate * (warmup_s + duration_s))
     producer = Producer(source, stream, rate, 0, total)
     watch = LogWatch(table)
@@ -65,8 +74,14 @@ def measure(table: Path, source: str, stream: str, *, rate: float, warmup_s: flo
         producer.join(5)
     skip = int(rate * warmup_s)
     lat = [seen_at[n] - producer.written[n] for n in range(skip, total) if n in producer.written]
-    return {"events": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p90_s": round(percentile(lat, 0.9), 3),
-            "p99_s": round(percentile(lat, 0.99), 3), "max_s": round(max(lat), 3), "commits": watch.commits_with_rows}
+    return {
+        "events": len(lat),
+        "p50_s": round(percentile(lat, 0.5), 3),
+        "p90_s": round(percentile(lat, 0.9), 3),
+        "p99_s": round(percentile(lat, 0.99), 3),
+        "max_s": round(max(lat), 3),
+        "commits": watch.commits_with_rows,
+    }
 
 
 def main() -> None:
@@ -87,24 +102,50 @@ def main() -> None:
     cluster = None
     try:
         source = procs.redis()
-        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
-                                restart_strategy={"type": "none"})
+        cluster = start_cluster(
+            home / "cluster",
+            catalog_url=catalog_url,
+            taskmanagers=2,
+            slots=2,
+            warm_drivers=1,
+            restart_strategy={"type": "none"},
+        )
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
         lake = Path(cluster.settings.lake)
-        print(f"machine: {machine()}; {args.rate:g} events/s, {args.duration_s:g} s measured after "
-              f"{args.warmup_s:g} s", flush=True)
+        print(
+            f"machine: {machine()}; {args.rate:g} events/s, {args.duration_s:g} s measured after {args.warmup_s:g} s",
+            flush=True,
+        )
         results = {}
         for kind in kinds:
             stream = kind.replace("-", "_")
             table = lake / stream
-            pargs = ["--stream", stream, "--source-url", source, "--table", str(table),
-                     "--sink", "native" if kind == "bare" else "headrace"]
+            pargs = [
+                "--stream",
+                stream,
+                "--source-url",
+                source,
+                "--table",
+                str(table),
+                "--sink",
+                "native" if kind == "bare" else "headrace",
+            ]
             load = round(os.getloadavg()[0], 2)
             if kind == "bare":
                 conf = {**JarCache(DEFAULT_CACHE_DIR).spark_conf(), **SNAPSHOT_PARTITIONS}
-                cmd = [sys.executable, str(BARE), "--parallelism", "2", "--checkpoint", str(home / "bare" / stream),
-                       *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")], str(PIPELINE), "--", *pargs]
+                cmd = [
+                    sys.executable,
+                    str(BARE),
+                    "--parallelism",
+                    "2",
+                    "--checkpoint",
+                    str(home / "bare" / stream),
+                    *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
+                    str(PIPELINE),
+                    "--",
+                    *pargs,
+                ]
                 (home / "logs").mkdir(exist_ok=True)
                 log = home / "logs" / f"{stream}.log"
                 with open(log, "ab") as out:
@@ -115,9 +156,16 @@ def main() -> None:
                         if time.monotonic() > deadline or proc.poll() is not None:
                             raise SystemExit(f"the bare query did not start; see {log}")
                         time.sleep(0.2)
-                    r = measure(table, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                                duration_s=args.duration_s, poll_s=args.poll_ms / 1000,
-                                alive=lambda p=proc: p.poll() is None)
+                    r = measure(
+                        table,
+                        source,
+                        stream,
+                        rate=args.rate,
+                        warmup_s=args.warmup_s,
+                        duration_s=args.duration_s,
+                        poll_s=args.poll_ms / 1000,
+                        alive=lambda p=proc: p.poll() is None,
+                    )
                 finally:
                     stop_group(proc)
             else:
@@ -126,15 +174,25 @@ def main() -> None:
                 job = rest.run(jar, parallelism=2, jobName=kind, programArgsList=pargs, flinkConfiguration=config)
                 try:
                     rest.wait_running_task(job, timeout_s=300)
-                    r = measure(table, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                                duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
+                    r = measure(
+                        table,
+                        source,
+                        stream,
+                        rate=args.rate,
+                        warmup_s=args.warmup_s,
+                        duration_s=args.duration_s,
+                        poll_s=args.poll_ms / 1000,
+                    )
                 finally:
                     rest.cancel(job)
                     rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
             r["load"] = load
             results[kind] = r
-            print(f"{kind:16s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
-                  f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  {r['commits']} commits  (load {load})", flush=True)
+            print(
+                f"{kind:16s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
+                f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  {r['commits']} commits  (load {load})",
+                flush=True,
+            )
         print(json.dumps(results))
     finally:
         if cluster is not None:

@@ -63,10 +63,13 @@ def watch(table: Path, events: int, t0: float, timeout_s: float, alive=lambda: T
     if w.rows != events:
         raise SystemExit(f"{table}: {w.rows} rows committed, not {events}")
     steady = now - (t_first or now)
-    return {"first_s": round((t_first or now) - t0, 2), "total_s": round(now - t0, 2),
-            "total_eps": round(events / (now - t0)),
-            "steady_eps": round((events - (rows_first or 0)) / steady) if steady > 0 else None,
-            "commits": w.commits_with_rows}
+    return {
+        "first_s": round((t_first or now) - t0, 2),
+        "total_s": round(now - t0, 2),
+        "total_eps": round(events / (now - t0)),
+        "steady_eps": round((events - (rows_first or 0)) / steady) if steady > 0 else None,
+        "commits": w.commits_with_rows,
+    }
 
 
 def run_headrace(rest: Rest, jar: str, table: Path, args: list[str], events: int, timeout_s: float) -> dict:
@@ -83,9 +86,22 @@ def run_bare(home: Path, table: Path, args: list[str], events: int, timeout_s: f
     (home / "logs").mkdir(parents=True, exist_ok=True)
     conf = {**JarCache(DEFAULT_CACHE_DIR).spark_conf(), **SNAPSHOT_PARTITIONS}
     confs = [a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]
-    cmd = [sys.executable, str(BARE), "--parallelism", "2", "--checkpoint", str(home / "bare-checkpoints" / table.name),
-           "--shuffle-partitions", str(settings.spark_shuffle_partitions), "--driver-memory", settings.driver_memory,
-           *confs, str(PIPELINE), "--", *args]
+    cmd = [
+        sys.executable,
+        str(BARE),
+        "--parallelism",
+        "2",
+        "--checkpoint",
+        str(home / "bare-checkpoints" / table.name),
+        "--shuffle-partitions",
+        str(settings.spark_shuffle_partitions),
+        "--driver-memory",
+        settings.driver_memory,
+        *confs,
+        str(PIPELINE),
+        "--",
+        *args,
+    ]
     t0 = time.monotonic()
     with open(home / "logs" / f"{table.name}.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -116,20 +132,38 @@ def main() -> None:
     try:
         source = procs.redis()
         append_entries(source, "events", click_entries(args.events))
-        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
-                                restart_strategy={"type": "none"})
+        cluster = start_cluster(
+            home / "cluster",
+            catalog_url=catalog_url,
+            taskmanagers=2,
+            slots=2,
+            warm_drivers=1,
+            restart_strategy={"type": "none"},
+        )
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
         lake = Path(cluster.settings.lake)
-        print(f"machine: {machine()}; {args.events:,} events, {args.max_entries} entries of 1000 per micro-batch, "
-              f"parallelism 2", flush=True)
+        print(
+            f"machine: {machine()}; {args.events:,} events, {args.max_entries} entries of 1000 per micro-batch, "
+            f"parallelism 2",
+            flush=True,
+        )
         results: dict[str, list[dict]] = {"headrace": [], "bare": []}
         for rnd in range(args.rounds):
             for kind in ("headrace", "bare"):
                 table = lake / f"{kind}_{rnd}"
-                pargs = ["--stream", "events", "--source-url", source, "--table", str(table),
-                         "--max-entries-per-trigger", str(args.max_entries),
-                         "--sink", "headrace" if kind == "headrace" else "native"]
+                pargs = [
+                    "--stream",
+                    "events",
+                    "--source-url",
+                    source,
+                    "--table",
+                    str(table),
+                    "--max-entries-per-trigger",
+                    str(args.max_entries),
+                    "--sink",
+                    "headrace" if kind == "headrace" else "native",
+                ]
                 load = round(os.getloadavg()[0], 2)
                 if kind == "headrace":
                     wait_warm(cluster, 1)
@@ -138,15 +172,20 @@ def main() -> None:
                     r = run_bare(home, table, pargs, args.events, args.timeout, cluster.settings)
                 r["load"] = load
                 results[kind].append(r)
-                print(f"round {rnd + 1} {kind:8s} first commit {r['first_s']:6.2f} s  all {r['total_s']:6.2f} s  "
-                      f"total {r['total_eps']:>9,} ev/s  steady {r['steady_eps'] or 0:>9,} ev/s  "
-                      f"{r['commits']} commits  (load {load})", flush=True)
+                print(
+                    f"round {rnd + 1} {kind:8s} first commit {r['first_s']:6.2f} s  all {r['total_s']:6.2f} s  "
+                    f"total {r['total_eps']:>9,} ev/s  steady {r['steady_eps'] or 0:>9,} ev/s  "
+                    f"{r['commits']} commits  (load {load})",
+                    flush=True,
+                )
         print("| run | first commit | all | events/s whole run | steady events/s |")
         print("|---|---|---|---|---|")
         for kind, rs in results.items():
-            print(f"| {kind} (median of {len(rs)}) | {median_of(rs, 'first_s'):.2f} s "
-                  f"| {median_of(rs, 'total_s'):.2f} s | {median_of(rs, 'total_eps'):,.0f} "
-                  f"| {median_of(rs, 'steady_eps'):,.0f} |")
+            print(
+                f"| {kind} (median of {len(rs)}) | {median_of(rs, 'first_s'):.2f} s "
+                f"| {median_of(rs, 'total_s'):.2f} s | {median_of(rs, 'total_eps'):,.0f} "
+                f"| {median_of(rs, 'steady_eps'):,.0f} |"
+            )
         for key in ("total_eps", "steady_eps"):
             ratio = median_of(results["headrace"], key) / max(1.0, median_of(results["bare"], key))
             print(f"headrace / bare, {key}: {ratio:.3f}")

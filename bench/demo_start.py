@@ -34,8 +34,10 @@ from bench._procs import free_port
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("after", "before")
 RESULT = re.compile(r"^\d+ rows, \d+ events$")
-TIMINGS = re.compile(r"timings \(s\): total ([\d.]+) = cluster start ([\d.]+) \+ until the task ran ([\d.]+) "
-                     r".*\+ run ([\d.]+) \+ result ([\d.]+)")
+TIMINGS = re.compile(
+    r"timings \(s\): total ([\d.]+) = cluster start ([\d.]+) \+ until the task ran ([\d.]+) "
+    r".*\+ run ([\d.]+) \+ result ([\d.]+)"
+)
 
 
 def export(rev: str) -> Path:
@@ -53,8 +55,9 @@ def run_once(variant: str, code_dir: Path, timeout_s: float) -> dict:
     cmd = [sys.executable, "-m", "services.cli", "demo", "--once", "--port", str(free_port())]
     started = time.monotonic()
     # Every process of the cluster inherits this directory: `python -m` imports from it first.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=code_dir)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=code_dir
+    )
     out: list[str] = []
     result_at = None
     try:
@@ -82,8 +85,9 @@ def run_once(variant: str, code_dir: Path, timeout_s: float) -> dict:
         return {"variant": variant, "ok": False, "error": f"no result (exit {proc.returncode}); last lines:\n{tail}"}
     m = next((TIMINGS.search(line) for line in out if TIMINGS.search(line)), None)
     rows = next((line for line in out if RESULT.match(line.strip())), "")
-    parts = (f"cluster {m.group(2)}, until the task ran {m.group(3)}, run {m.group(4)}, result {m.group(5)}; "
-             if m else "")
+    parts = (
+        f"cluster {m.group(2)}, until the task ran {m.group(3)}, run {m.group(4)}, result {m.group(5)}; " if m else ""
+    )
     return {"variant": variant, "ok": True, "to_result": result_at, "detail": parts + rows}
 
 
@@ -109,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             r = run_once(v, dirs[v], args.timeout)
             results.append(r)
             if r["ok"]:
-                print(f"run {i + 1} {v:<7} result after {r['to_result']:5.1f} s  ({r['detail']}; "
-                      f"load {os.getloadavg()[0]:.2f})", flush=True)
+                print(
+                    f"run {i + 1} {v:<7} result after {r['to_result']:5.1f} s  ({r['detail']}; "
+                    f"load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
             else:
                 print(f"run {i + 1} {v:<7} FAILED: {r['error']}", flush=True)
     if "before" in dirs:

@@ -85,15 +85,28 @@ def wait(pred, timeout_s: float, what: str):
 class Bench:
     def __init__(self, rest: Rest, catalog_url: str, sink_url: str, jars: dict[str, str]):
         self.rest, self.catalog_url, self.sink_url, self.jars = rest, catalog_url, sink_url, jars
-        self.args = ["--stream", STREAM, "--sink", "sql", "--table", "bench_deploy", "--sink-url", sink_url,
-                     "--trigger", "500 milliseconds"]
+        self.args = [
+            "--stream",
+            STREAM,
+            "--sink",
+            "sql",
+            "--table",
+            "bench_deploy",
+            "--sink-url",
+            sink_url,
+            "--trigger",
+            "500 milliseconds",
+        ]
         self.interval = 1
 
     def spec(self, jar: str, args: list[str] | None = None, ready_within_s: float = READY_WITHIN_S, **config) -> dict:
-        return {"jarId": jar, "programArgsList": args or self.args,
-                "flinkConfiguration": {"execution.checkpointing.interval": f"{self.interval} s", **config},
-                "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
-                "rollback": {"readyWithin": f"{ready_within_s} s"}}
+        return {
+            "jarId": jar,
+            "programArgsList": args or self.args,
+            "flinkConfiguration": {"execution.checkpointing.interval": f"{self.interval} s", **config},
+            "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+            "rollback": {"readyWithin": f"{ready_within_s} s"},
+        }
 
     def status(self, name: str) -> dict:
         return self.rest.get(f"/deployments/{name}")["status"]
@@ -124,14 +137,14 @@ class Bench:
         def new_job():
             st = self.status(name)
             return st["jobId"] if st["jobGeneration"] == gen and st["jobId"] != old else None
+
         out = {"put_answered": answered, **self.marks(t0, new_job)}
         wait(lambda: self.status(name)["lifecycleState"] == "STABLE", 120, "STABLE")
         out["stable"] = time.monotonic() - t0
         return out
 
     def deploy_rollback(self, name: str, jar: str) -> dict[str, float]:
-        broken = [self.sink_url.rsplit("/", 1)[0] + "/no_such_database" if a == self.sink_url else a
-                  for a in self.args]
+        broken = [self.sink_url.rsplit("/", 1)[0] + "/no_such_database" if a == self.sink_url else a for a in self.args]
         stable_job = self.status(name)["jobId"]
         bad = self.spec(jar, broken, ROLLBACK_READY_WITHIN_S, **{"sink.max-retry-time": "0 s"})
         r = self.rest.http.put(f"/deployments/{name}", json=bad, timeout=300)
@@ -140,8 +153,14 @@ class Bench:
 
         def back():
             st = self.status(name)
-            return st["jobId"] if st["lifecycleState"] in ("ROLLING_BACK", "ROLLED_BACK") and st["jobId"] not in (
-                stable_job,) and st["jobGeneration"] != r.json()["generation"] else None
+            return (
+                st["jobId"]
+                if st["lifecycleState"] in ("ROLLING_BACK", "ROLLED_BACK")
+                and st["jobId"] not in (stable_job,)
+                and st["jobGeneration"] != r.json()["generation"]
+                else None
+            )
+
         out = self.marks(t0, back)
         wait(lambda: self.status(name)["lifecycleState"] == "ROLLED_BACK", 120, "ROLLED_BACK")
         out["rolled_back"] = time.monotonic() - t0
@@ -166,15 +185,20 @@ class Bench:
         def done():
             st = self.rest.get(f"/jobs/{job}/savepoints/{rid}")
             return st["operation"].get("location") if st["status"]["id"] == "COMPLETED" else None
+
         location = wait(done, 120, "the stop savepoint")
         wait(lambda: self.rest.job(job)["state"] == "FINISHED", 60, "the job FINISHED")
         return location
 
     def run_from(self, jar: str, savepoint: str, args: list[str] | None = None, **config) -> str:
         spec = self.spec(jar, args, **config)
-        return self.rest.run(jar, programArgsList=spec["programArgsList"],
-                             flinkConfiguration=spec["flinkConfiguration"], restartStrategy=spec["restartStrategy"],
-                             savepointPath=savepoint)
+        return self.rest.run(
+            jar,
+            programArgsList=spec["programArgsList"],
+            flinkConfiguration=spec["flinkConfiguration"],
+            restartStrategy=spec["restartStrategy"],
+            savepointPath=savepoint,
+        )
 
     def hand_upgrade(self, job: str, jar: str) -> tuple[dict[str, float], str]:
         self.interval = 3 - self.interval
@@ -185,12 +209,14 @@ class Bench:
 
     def hand_rollback(self, job: str, jar: str) -> tuple[dict[str, float], str]:
         savepoint = self.stop_with_savepoint(job)
-        broken = [self.sink_url.rsplit("/", 1)[0] + "/no_such_database" if a == self.sink_url else a
-                  for a in self.args]
+        broken = [self.sink_url.rsplit("/", 1)[0] + "/no_such_database" if a == self.sink_url else a for a in self.args]
         bad = self.run_from(jar, savepoint, broken, **{"sink.max-retry-time": "0 s"})
         t0 = time.monotonic()
-        wait(lambda: len(self.rest.attempts(bad)) >= 3 or self.rest.job(bad)["state"] == "FAILED", 120,
-             "the broken job's second restart")
+        wait(
+            lambda: len(self.rest.attempts(bad)) >= 3 or self.rest.job(bad)["state"] == "FAILED",
+            120,
+            "the broken job's second restart",
+        )
         self.rest.cancel(bad)
         wait(lambda: self.rest.job(bad)["state"] in ("CANCELED", "FAILED"), 60, "the broken job to end")
         good = self.run_from(jar, savepoint)
@@ -199,8 +225,9 @@ class Bench:
 
 def summary(name: str, runs: list[dict[str, float]]) -> None:
     keys = runs[0].keys()
-    cells = ", ".join(f"{k} {statistics.median(r[k] for r in runs):.2f} s "
-                      f"[{' '.join(f'{r[k]:.2f}' for r in runs)}]" for k in keys)
+    cells = ", ".join(
+        f"{k} {statistics.median(r[k] for r in runs):.2f} s [{' '.join(f'{r[k]:.2f}' for r in runs)}]" for k in keys
+    )
     print(f"{name:28} median (runs): {cells}", flush=True)
 
 
@@ -228,9 +255,16 @@ def main() -> None:
         wait(lambda: b.status("bench")["lifecycleState"] == "STABLE", 300, "the first STABLE")
         b_hand = Bench(rest, catalog_url, sink_url, jars)
         b_hand.args = [*b.args[:5], "bench_hand", *b.args[6:]]  # its own sink table
-        results: dict[str, list[dict[str, float]]] = {k: [] for k in (
-            "deployment upgrade", "by hand upgrade", "deployment code change", "deployment rollback",
-            "by hand rollback")}
+        results: dict[str, list[dict[str, float]]] = {
+            k: []
+            for k in (
+                "deployment upgrade",
+                "by hand upgrade",
+                "deployment code change",
+                "deployment rollback",
+                "by hand rollback",
+            )
+        }
         # One pipeline runs at a time (beside the producer): the deployment's cases, then it is
         # suspended and a job run by hand takes its turn, then the deployment is resumed.
         for run in range(a.runs):
@@ -258,8 +292,11 @@ def main() -> None:
             b_hand.stop_with_savepoint(hand_job)
             b.put_state("bench", running_spec, "running")
             print(f"run {run + 1} (a warm driver ready before each case: {warm})", flush=True)
-            print(f"run {run + 1}: " + "; ".join(f"{k}: " + " ".join(f"{m} {v:.2f}" for m, v in r[-1].items())
-                                                  for k, r in results.items()), flush=True)
+            print(
+                f"run {run + 1}: "
+                + "; ".join(f"{k}: " + " ".join(f"{m} {v:.2f}" for m, v in r[-1].items()) for k, r in results.items()),
+                flush=True,
+            )
         print(f"\nruns: {a.runs}, loadavg {os.getloadavg()[0]:.1f}")
         for name, runs in results.items():
             summary(name, runs)

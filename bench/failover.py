@@ -49,8 +49,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--catalog", default=None, help="catalog URL (default SQLite in a temp home)")
     ap.add_argument("--case", choices=["warm", "just-started"], default="warm")
-    ap.add_argument("--ready", choices=["up", "warm"], default="up",
-                    help="just-started: submit when the cluster is up, or once its warm drivers are ready")
+    ap.add_argument(
+        "--ready",
+        choices=["up", "warm"],
+        default="up",
+        help="just-started: submit when the cluster is up, or once its warm drivers are ready",
+    )
     ap.add_argument("--second-kill-after", type=float, default=30.0, help="just-started: seconds after the first")
     a = ap.parse_args()
     if a.case == "just-started":
@@ -61,8 +65,14 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="headrace-failover-"))
     catalog = a.catalog or f"sqlite:///{home / 'catalog.db'}"
     spark = a.kind in ("pyspark", "kafka")
-    cluster = start_cluster(home, catalog_url=catalog, taskmanagers=2, slots=2,
-                            warm_drivers=1 if spark else 0, pipeline_catalog_url=sink_db_url(home))
+    cluster = start_cluster(
+        home,
+        catalog_url=catalog,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1 if spark else 0,
+        pipeline_catalog_url=sink_db_url(home),
+    )
     rest = Rest(cluster.dispatcher_url)
     times, detail = [], []
     broker = feeder = None
@@ -76,8 +86,11 @@ def main() -> None:
             create_topic(broker.bootstrap, "out")
             feeder = Feeder(broker.bootstrap, "in", rate=50).start()
             jar = rest.upload(COPY)
-            body = {"parallelism": 1, "flinkConfiguration": {"execution.checkpointing.interval": "2 s"},
-                    "programArgsList": ["--input", "in", "--output", "out", "--bootstrap-servers", broker.bootstrap]}
+            body = {
+                "parallelism": 1,
+                "flinkConfiguration": {"execution.checkpointing.interval": "2 s"},
+                "programArgsList": ["--input", "in", "--output", "out", "--bootstrap-servers", broker.bootstrap],
+            }
         elif a.kind == "pyspark":
             jar = rest.upload(STREAM)
             body = {"parallelism": 1}
@@ -105,8 +118,7 @@ def main() -> None:
             attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=120)
             took = time.monotonic() - t0
             times.append(took)
-            detail.append({"run": run, "seconds": round(took, 2), "from": victim,
-                           "to": attempts[-1]["taskmanager-id"]})
+            detail.append({"run": run, "seconds": round(took, 2), "from": victim, "to": attempts[-1]["taskmanager-id"]})
             print(f"run {run}: {took:.2f} s ({victim} -> {attempts[-1]['taskmanager-id']})", file=sys.stderr)
             # Bring the victim back as a fresh TaskManager with the same id for the next run.
             if a.signal == "STOP":
@@ -123,9 +135,19 @@ def main() -> None:
             feeder.stop()
         if broker is not None:
             broker.stop()
-    print(json.dumps({"kind": a.kind, "signal": a.signal, "runs": detail,
-                      "median_s": round(statistics.median(times), 2), "min_s": round(min(times), 2),
-                      "max_s": round(max(times), 2)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "kind": a.kind,
+                "signal": a.signal,
+                "runs": detail,
+                "median_s": round(statistics.median(times), 2),
+                "min_s": round(min(times), 2),
+                "max_s": round(max(times), 2),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,11 +80,19 @@ def kill_and_time(cluster, rest: Rest, client: redis.Redis, job: str) -> dict:
     try:
         attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=KILL_WAIT_S)
     except AssertionError:
-        return {"seconds": None, "from": victim, "to": f"nothing RUNNING within {KILL_WAIT_S:.0f} s",
-                "survivor_warm": survivor_warm}
+        return {
+            "seconds": None,
+            "from": victim,
+            "to": f"nothing RUNNING within {KILL_WAIT_S:.0f} s",
+            "survivor_warm": survivor_warm,
+        }
     took = time.monotonic() - t0
-    return {"seconds": round(took, 2), "from": victim, "to": attempts[-1]["taskmanager-id"],
-            "survivor_warm": survivor_warm}
+    return {
+        "seconds": round(took, 2),
+        "from": victim,
+        "to": attempts[-1]["taskmanager-id"],
+        "survivor_warm": survivor_warm,
+    }
 
 
 def shown(kill: dict) -> str:
@@ -104,8 +112,9 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
     try:
         source = procs.redis()
         t_start = time.monotonic()
-        cluster = start_cluster(home / "cluster", catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1,
-                                restart_strategy=RESTART)
+        cluster = start_cluster(
+            home / "cluster", catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1, restart_strategy=RESTART
+        )
         cluster.supervise()  # as `headrace up` does
         up_s = time.monotonic() - t_start
         client = redis.Redis.from_url(cluster.redis_url)
@@ -118,11 +127,29 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(KEYED_COUNTS)
         producer = Producer(source, "events", rate=100.0).start()
-        args = ["--stream", "events", "--source-url", source, "--sink", "sql", "--table", TABLE, "--sink-url", sink,
-                "--trigger", "500 milliseconds"]
+        args = [
+            "--stream",
+            "events",
+            "--source-url",
+            source,
+            "--sink",
+            "sql",
+            "--table",
+            TABLE,
+            "--sink-url",
+            sink,
+            "--trigger",
+            "500 milliseconds",
+        ]
         t_submit = time.monotonic()
-        job = rest.run(jar, parallelism=1, jobName=TABLE, programArgsList=args, restartStrategy=RESTART,
-                       flinkConfiguration={"execution.checkpointing.interval": "1 s"})
+        job = rest.run(
+            jar,
+            parallelism=1,
+            jobName=TABLE,
+            programArgsList=args,
+            restartStrategy=RESTART,
+            flinkConfiguration={"execution.checkpointing.interval": "1 s"},
+        )
         wait_for(lambda: sql_totals(sink, TABLE), 300, "the job's first committed output")
         output_s = time.monotonic() - t_submit
         first = kill_and_time(cluster, rest, client, job)
@@ -140,8 +167,16 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
             exact = False
         rest.cancel(job)
         client.close()
-        return {"up_s": round(up_s, 2), "ready_s": round(ready_s, 2), "output_s": round(output_s, 2),
-                "first": first, "second": second, "events": produced, "exact": exact, "load": load}
+        return {
+            "up_s": round(up_s, 2),
+            "ready_s": round(ready_s, 2),
+            "output_s": round(output_s, 2),
+            "first": first,
+            "second": second,
+            "events": produced,
+            "exact": exact,
+            "load": load,
+        }
     finally:
         if saved_tmp is None:
             os.environ.pop("TMPDIR", None)
@@ -157,8 +192,11 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
 
 
 def run_series(*, runs: int, ready: str, second_kill_after_s: float) -> None:
-    print(f"machine: {machine()}; submitted when {'up' if ready == 'up' else 'the warm drivers are ready'}; "
-          f"second kill {second_kill_after_s:.0f} s after the first", flush=True)
+    print(
+        f"machine: {machine()}; submitted when {'up' if ready == 'up' else 'the warm drivers are ready'}; "
+        f"second kill {second_kill_after_s:.0f} s after the first",
+        flush=True,
+    )
     rows = []
     for _ in range(runs):
         r = one_run(ready, second_kill_after_s)
@@ -167,12 +205,16 @@ def run_series(*, runs: int, ready: str, second_kill_after_s: float) -> None:
     print("| run | up | submitted at | first output after | kill 1 -> RUNNING | kill 2 -> RUNNING | exact | load |")
     print("|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows, 1):
-        print(f"| {i} | {r['up_s']:.1f} s | {r['ready_s']:.1f} s | {r['output_s']:.1f} s "
-              f"| {shown(r['first'])} | {shown(r['second'])} "
-              f"| {'yes' if r['exact'] else 'NO'} ({r['events']} events) | {r['load']} |")
+        print(
+            f"| {i} | {r['up_s']:.1f} s | {r['ready_s']:.1f} s | {r['output_s']:.1f} s "
+            f"| {shown(r['first'])} | {shown(r['second'])} "
+            f"| {'yes' if r['exact'] else 'NO'} ({r['events']} events) | {r['load']} |"
+        )
     for which in ("first", "second"):
         times = [r[which]["seconds"] for r in rows if r[which]["seconds"] is not None]
         failed = sum(1 for r in rows if r[which]["seconds"] is None)
         if times:
-            print(f"kill {1 if which == 'first' else 2}: median {statistics.median(times):.2f} s, "
-                  f"max {max(times):.2f} s" + (f"; {failed} without a RUNNING attempt" if failed else ""))
+            print(
+                f"kill {1 if which == 'first' else 2}: median {statistics.median(times):.2f} s, "
+                f"max {max(times):.2f} s" + (f"; {failed} without a RUNNING attempt" if failed else "")
+            )

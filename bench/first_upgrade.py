@@ -44,8 +44,7 @@ def one_run(code: Path) -> dict[str, float]:
     home = Path(tempfile.mkdtemp(prefix=PREFIX))
     catalog_url, sink_url = fresh_pg(ADMIN_URL), fresh_pg(ADMIN_URL)
     t_start = time.monotonic()
-    cluster = start_cluster(home, catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
-                            warm_planner=True)
+    cluster = start_cluster(home, catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1, warm_planner=True)
     producer = None
     try:
         out = {"cluster_up": time.monotonic() - t_start}
@@ -66,8 +65,11 @@ def one_run(code: Path) -> dict[str, float]:
         job = b.status("bench")["jobId"]
         wait(lambda: first_batch(catalog_url, job), 300, "the first batch")
         taken = rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"]
-        wait(lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] > taken, 300,
-             "a checkpoint after the first batch")
+        wait(
+            lambda: rest.get(f"/jobs/{job}/checkpoints")["counts"]["completed"] > taken,
+            300,
+            "a checkpoint after the first batch",
+        )
         for case, jar in (("first", jars["changed"]), ("second", jars["v1"])):
             settle(cluster)
             b.interval = 3 - b.interval  # keep the checkpoint interval: only the file changes
@@ -96,12 +98,18 @@ def main() -> None:
         for name, code in codes.items():
             figures = one_run(code)
             results[name].append(figures)
-            print(f"run {run + 1}, {name}: " + " ".join(f"{k} {v:.2f}" for k, v in figures.items())
-                  + f" (loadavg {os.getloadavg()[0]:.1f})", flush=True)
+            print(
+                f"run {run + 1}, {name}: "
+                + " ".join(f"{k} {v:.2f}" for k, v in figures.items())
+                + f" (loadavg {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     print()
     for name, runs in results.items():
-        cells = ", ".join(f"{k} {statistics.median(r[k] for r in runs):.2f} s [{' '.join(f'{r[k]:.2f}' for r in runs)}]"
-                          for k in runs[0])
+        cells = ", ".join(
+            f"{k} {statistics.median(r[k] for r in runs):.2f} s [{' '.join(f'{r[k]:.2f}' for r in runs)}]"
+            for k in runs[0]
+        )
         print(f"{name}: median [runs]: {cells}", flush=True)
     print(f"the checks: grep 'restore check' /tmp/{PREFIX}*/runs/*/logs/dispatcher.log")
 

@@ -38,12 +38,34 @@ from tests.e2e.counting import Producer, completed_checkpoints  # noqa: E402
 DEFAULT_SETTINGS = ["500 milliseconds,1 s", "1 second,2 s"]
 
 
-def measure(rest: Rest, jar: str, redis_url: str, sink_url: str, trigger: str, interval: str, *, rate: float,
-            settle_s: float, seconds: float, tag: str, partitions: int | None = None) -> dict:
+def measure(
+    rest: Rest,
+    jar: str,
+    redis_url: str,
+    sink_url: str,
+    trigger: str,
+    interval: str,
+    *,
+    rate: float,
+    settle_s: float,
+    seconds: float,
+    tag: str,
+    partitions: int | None = None,
+) -> dict:
     stream = f"cpu-{tag}"
     producer = Producer(redis_url, stream, rate=rate).start()
-    args = ["--stream", stream, "--sink", "sql", "--table", f"bench_cpu_{tag}", "--sink-url", sink_url,
-            "--trigger", trigger]
+    args = [
+        "--stream",
+        stream,
+        "--sink",
+        "sql",
+        "--table",
+        f"bench_cpu_{tag}",
+        "--sink-url",
+        sink_url,
+        "--trigger",
+        trigger,
+    ]
     config = {"execution.checkpointing.interval": interval}
     if partitions is not None:
         config["spark.sql.shuffle.partitions"] = str(partitions)
@@ -54,9 +76,13 @@ def measure(rest: Rest, jar: str, redis_url: str, sink_url: str, trigger: str, i
         t0, cpu0, chk0 = time.monotonic(), busy_cpu_s(), completed_checkpoints(rest, job)
         time.sleep(seconds)
         elapsed = time.monotonic() - t0
-        return {"trigger": trigger, "checkpoint_interval": interval, "state_partitions": partitions or "default",
-                "busy_cores": round((busy_cpu_s() - cpu0) / elapsed, 3),
-                "checkpoints_per_s": round((completed_checkpoints(rest, job) - chk0) / elapsed, 2)}
+        return {
+            "trigger": trigger,
+            "checkpoint_interval": interval,
+            "state_partitions": partitions or "default",
+            "busy_cores": round((busy_cpu_s() - cpu0) / elapsed, 3),
+            "checkpoints_per_s": round((completed_checkpoints(rest, job) - chk0) / elapsed, 2),
+        }
     finally:
         producer.stop()
         rest.cancel(job)
@@ -80,20 +106,33 @@ def main() -> None:
     settings = [s.split(",", 2) for s in (opts.setting or DEFAULT_SETTINGS)]
     for setting in settings:
         if len(setting) < 2 or (len(setting) == 3 and not setting[2].strip().isdigit()):
-            ap.error(f"--setting {','.join(setting)!r}: expected "
-                     f"\"<trigger>,<checkpoint interval>[,<state partitions>]\"")
+            ap.error(
+                f'--setting {",".join(setting)!r}: expected "<trigger>,<checkpoint interval>[,<state partitions>]"'
+            )
     print({**machine(), "JDK_JAVA_OPTIONS": os.environ.get("JDK_JAVA_OPTIONS", "")}, flush=True)
     home = Path(tempfile.mkdtemp(prefix="job-cpu-"))
-    cluster = start_cluster(home, catalog_url=f"sqlite:///{home}/catalog.db", taskmanagers=1, slots=2,
-                            warm_drivers=0)
+    cluster = start_cluster(home, catalog_url=f"sqlite:///{home}/catalog.db", taskmanagers=1, slots=2, warm_drivers=0)
     try:
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
         for r in range(opts.rounds):
             for i, (trigger, interval, *partitions) in enumerate(settings):
-                print(measure(rest, jar, cluster.redis_url, opts.sink_url, trigger.strip(), interval.strip(),
-                              rate=opts.rate, settle_s=opts.settle, seconds=opts.seconds, tag=f"{r}_{i}",
-                              partitions=int(partitions[0]) if partitions else None), flush=True)
+                print(
+                    measure(
+                        rest,
+                        jar,
+                        cluster.redis_url,
+                        opts.sink_url,
+                        trigger.strip(),
+                        interval.strip(),
+                        rate=opts.rate,
+                        settle_s=opts.settle,
+                        seconds=opts.seconds,
+                        tag=f"{r}_{i}",
+                        partitions=int(partitions[0]) if partitions else None,
+                    ),
+                    flush=True,
+                )
     finally:
         cluster.stop()
 

@@ -72,9 +72,18 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
     ids = [new_job_id() for _ in range(tasks)]
     with catalog.session() as s:
         for i, jid in enumerate(ids):
-            repo.create_job(s, id=jid, name=f"noop-{i}", artifact_id=None, entry="build", parallelism=1,
-                            program_args=[], config={"noop.duration": -1}, restart_strategy={"type": "none"},
-                            kind="noop")
+            repo.create_job(
+                s,
+                id=jid,
+                name=f"noop-{i}",
+                artifact_id=None,
+                entry="build",
+                parallelism=1,
+                program_args=[],
+                config={"noop.duration": -1},
+                restart_strategy={"type": "none"},
+                kind="noop",
+            )
 
     # Task reports go out signed as the TaskManager they name (checkouts before signed messages
     # take no sender).
@@ -85,24 +94,40 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
             tm = getattr(b, "taskmanager_id", None) if isinstance(b, TaskStateChanged) else None
             t.publish(streams.JM_STREAM, b, **({"sender": f"taskmanager:{tm}"} if tm and as_taskmanager else {}))
         w0, c0 = time.perf_counter(), time.process_time()
-        while t.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", jm.handle, count=BATCH,
-                     around_batch=jm.unit_of_work):
+        while t.poll(
+            streams.JM_STREAM, streams.JM_GROUP, "jobmanager", jm.handle, count=BATCH, around_batch=jm.unit_of_work
+        ):
             pass
         return {"wall_s": round(time.perf_counter() - w0, 3), "cpu_s": round(time.process_time() - c0, 3)}
 
     out = {"submit": feed(SubmitJob(job_id=j) for j in ids)}
     # Read as the ResourceManager would: its consumer group on its stream.
     requests: list[RequestSlots] = []
-    t.drain(streams.RM_STREAM, streams.RM_GROUP,
-            lambda env: requests.append(env.body) if isinstance(env.body, RequestSlots) else None)
+    t.drain(
+        streams.RM_STREAM,
+        streams.RM_GROUP,
+        lambda env: requests.append(env.body) if isinstance(env.body, RequestSlots) else None,
+    )
     assert len(requests) == tasks, f"{len(requests)} slot requests for {tasks} jobs"
     queue = streams.tm_queue("bench-sim")
-    out["deploy"] = feed(SlotsAllocated(request_id=r.request_id, execution_id=r.execution_id, job_id=r.job_id,
-                                        allocation_id=new_allocation_id(), taskmanager_id=f"bench-sim{i:05d}",
-                                        queue=queue, slot_indices=(0,)) for i, r in enumerate(requests))
+    out["deploy"] = feed(
+        SlotsAllocated(
+            request_id=r.request_id,
+            execution_id=r.execution_id,
+            job_id=r.job_id,
+            allocation_id=new_allocation_id(),
+            taskmanager_id=f"bench-sim{i:05d}",
+            queue=queue,
+            slot_indices=(0,),
+        )
+        for i, r in enumerate(requests)
+    )
     placed = {r.execution_id: (r.job_id, f"bench-sim{i:05d}") for i, r in enumerate(requests)}
-    out["running"] = feed(TaskStateChanged(execution_id=e, job_id=j, taskmanager_id=tm, state=st)
-                          for st in (ES.INITIALIZING, ES.RUNNING) for e, (j, tm) in placed.items())
+    out["running"] = feed(
+        TaskStateChanged(execution_id=e, job_id=j, taskmanager_id=tm, state=st)
+        for st in (ES.INITIALIZING, ES.RUNNING)
+        for e, (j, tm) in placed.items()
+    )
     with catalog.session() as s:
         running = repo.execution_states(s, list(placed)).values()
     assert sum(1 for st in running if st == ES.RUNNING.value) == tasks, "not every execution is RUNNING"
@@ -135,7 +160,8 @@ def main() -> None:
     result = {"tasks": a.tasks, "runs": runs}
     for phase in ("submit", "deploy", "running"):
         result[f"{phase}_cpu_ms_per_task_median"] = round(
-            statistics.median(r[phase]["cpu_s"] for r in runs) * 1000 / a.tasks, 3)
+            statistics.median(r[phase]["cpu_s"] for r in runs) * 1000 / a.tasks, 3
+        )
     result["total_wall_s_median"] = round(statistics.median(sum(r[p]["wall_s"] for p in r) for r in runs), 2)
     print(json.dumps(result, indent=2))
 

@@ -45,8 +45,15 @@ def main() -> None:
     ap.add_argument("--session-timeout", type=float, default=10.0, help="zookeeper_session_timeout_s")
     a = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="headrace-jm-failover-"))
-    cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=4,
-                            ha=True, jobmanagers=2, zookeeper_session_timeout_s=a.session_timeout)
+    cluster = start_cluster(
+        home,
+        catalog_url=f"sqlite:///{home / 'catalog.db'}",
+        taskmanagers=2,
+        slots=4,
+        ha=True,
+        jobmanagers=2,
+        zookeeper_session_timeout_s=a.session_timeout,
+    )
     rest = Rest(cluster.dispatcher_url)
     times = []
     try:
@@ -70,11 +77,19 @@ def main() -> None:
             cluster.respawn(name)
             time.sleep(3)  # the respawned JobManager is standby again
         restarted = len(rest.attempts(endless)) - 1
-        print(json.dumps({
-            "signal": a.signal, "session_timeout_s": a.session_timeout, "runs": a.runs,
-            "to_running_s": [round(t, 2) for t in times], "median_s": round(statistics.median(times), 2),
-            "tasks_restarted_by_leader_changes": restarted,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "signal": a.signal,
+                    "session_timeout_s": a.session_timeout,
+                    "runs": a.runs,
+                    "to_running_s": [round(t, 2) for t in times],
+                    "median_s": round(statistics.median(times), 2),
+                    "tasks_restarted_by_leader_changes": restarted,
+                },
+                indent=2,
+            )
+        )
     finally:
         cluster.stop()
 

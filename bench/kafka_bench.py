@@ -92,9 +92,16 @@ class Counter(threading.Thread):
         super().__init__(daemon=True)
         from confluent_kafka import Consumer
 
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                                  "enable.auto.commit": False, "fetch.wait.max.ms": 50})
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 50,
+            }
+        )
         self.consumer.subscribe([topic])
         self.target, self.count = target, 0
         self.first_at: float | None = None
@@ -113,14 +120,26 @@ class Counter(threading.Thread):
 
 def bare_process(home: Path, name: str, args: list[str]) -> subprocess.Popen:
     (home / "logs").mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(BARE), "--parallelism", "2", "--checkpoint", str(home / "bare" / name),
-           "--commit-interval", "2", str(COPY), "--", *args]
+    cmd = [
+        sys.executable,
+        str(BARE),
+        "--parallelism",
+        "2",
+        "--checkpoint",
+        str(home / "bare" / name),
+        "--commit-interval",
+        "2",
+        str(COPY),
+        "--",
+        *args,
+    ]
     with open(home / "logs" / f"{name}.log", "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def copy_once(kind: str, rnd: int, *, home: Path, rest: Rest, cluster, jar: str, bootstrap: str, records: int,
-              timeout_s: float) -> dict:
+def copy_once(
+    kind: str, rnd: int, *, home: Path, rest: Rest, cluster, jar: str, bootstrap: str, records: int, timeout_s: float
+) -> dict:
     out = create_topic(bootstrap, f"out-{kind}-{rnd}")
     delivery = "at-least-once" if kind.endswith("alo") else "exactly-once"
     args = ["--input", "in", "--output", out, "--bootstrap-servers", bootstrap, "--delivery", delivery]
@@ -147,8 +166,12 @@ def copy_once(kind: str, rnd: int, *, home: Path, rest: Rest, cluster, jar: str,
             stop_group(proc)
     total = counter.done_at - t0
     steady = counter.done_at - (counter.first_at or t0)
-    return {"total_s": round(total, 2), "total_rps": round(records / total),
-            "first_s": round((counter.first_at or t0) - t0, 2), "steady_rps": round(records / steady)}
+    return {
+        "total_s": round(total, 2),
+        "total_rps": round(records / total),
+        "first_s": round((counter.first_at or t0) - t0, 2),
+        "steady_rps": round(records / steady),
+    }
 
 
 def throughput(args, home: Path) -> None:
@@ -160,8 +183,14 @@ def throughput(args, home: Path) -> None:
         t = time.monotonic()
         preload(broker.bootstrap, "in", args.records)
         print(f"machine: {machine()}; preloaded {args.records:,} records in {time.monotonic() - t:.1f} s", flush=True)
-        cluster = start_cluster(home / "cluster", catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1,
-                                restart_strategy={"type": "none"})
+        cluster = start_cluster(
+            home / "cluster",
+            catalog_url=catalog,
+            taskmanagers=2,
+            slots=2,
+            warm_drivers=1,
+            restart_strategy={"type": "none"},
+        )
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(COPY)
         kinds = ("headrace-eo", "bare-eo", "headrace-alo")
@@ -169,20 +198,36 @@ def throughput(args, home: Path) -> None:
         for rnd in range(args.rounds):
             for kind in kinds:
                 load = round(os.getloadavg()[0], 2)
-                r = copy_once(kind, rnd, home=home, rest=rest, cluster=cluster, jar=jar, bootstrap=broker.bootstrap,
-                              records=args.records, timeout_s=args.timeout)
+                r = copy_once(
+                    kind,
+                    rnd,
+                    home=home,
+                    rest=rest,
+                    cluster=cluster,
+                    jar=jar,
+                    bootstrap=broker.bootstrap,
+                    records=args.records,
+                    timeout_s=args.timeout,
+                )
                 results[kind].append(r)
-                print(f"round {rnd + 1} {kind:13s} all visible {r['total_s']:6.2f} s  {r['total_rps']:>9,} rec/s  "
-                      f"first {r['first_s']:5.2f} s  steady {r['steady_rps']:>9,} rec/s  (load {load})", flush=True)
-        med = {k: {f: statistics.median(r[f] for r in rs) for f in ("total_rps", "steady_rps")}
-               for k, rs in results.items()}
+                print(
+                    f"round {rnd + 1} {kind:13s} all visible {r['total_s']:6.2f} s  {r['total_rps']:>9,} rec/s  "
+                    f"first {r['first_s']:5.2f} s  steady {r['steady_rps']:>9,} rec/s  (load {load})",
+                    flush=True,
+                )
+        med = {
+            k: {f: statistics.median(r[f] for r in rs) for f in ("total_rps", "steady_rps")}
+            for k, rs in results.items()
+        }
         print("| run (median of %d) | records/s, whole run | records/s, first to last |" % args.rounds)
         print("|---|---|---|")
         for kind, m in med.items():
             print(f"| {kind} | {m['total_rps']:,.0f} | {m['steady_rps']:,.0f} |")
         for a, b in (("headrace-eo", "bare-eo"), ("headrace-eo", "headrace-alo")):
-            print(f"{a} / {b}: whole run {med[a]['total_rps'] / med[b]['total_rps']:.2f}, "
-                  f"first to last {med[a]['steady_rps'] / med[b]['steady_rps']:.2f}")
+            print(
+                f"{a} / {b}: whole run {med[a]['total_rps'] / med[b]['total_rps']:.2f}, "
+                f"first to last {med[a]['steady_rps'] / med[b]['steady_rps']:.2f}"
+            )
     finally:
         if cluster is not None:
             cluster.stop()
@@ -209,8 +254,11 @@ class TimedProducer(threading.Thread):
             delay = start + n / self.rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            value = {"key": f"k{n % 10}", "n": n, "value": 1,
-                     "event_time": dt.datetime.now(dt.timezone.utc).isoformat()} if self.as_event else {"n": n}
+            value = (
+                {"key": f"k{n % 10}", "n": n, "value": 1, "event_time": dt.datetime.now(dt.timezone.utc).isoformat()}
+                if self.as_event
+                else {"n": n}
+            )
             self.producer.produce(self.topic, value=json.dumps(value).encode())
             self.written[n] = time.monotonic()
             self.producer.poll(0)
@@ -218,12 +266,26 @@ class TimedProducer(threading.Thread):
 
 
 def summary(lat: list[float]) -> dict:
-    return {"events": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p90_s": round(percentile(lat, 0.9), 3),
-            "p99_s": round(percentile(lat, 0.99), 3), "max_s": round(max(lat), 3)}
+    return {
+        "events": len(lat),
+        "p50_s": round(percentile(lat, 0.5), 3),
+        "p90_s": round(percentile(lat, 0.9), 3),
+        "p99_s": round(percentile(lat, 0.99), 3),
+        "max_s": round(max(lat), 3),
+    }
 
 
-def measure_kafka(engine, table: str, bootstrap: str, topic: str, *, rate: float, warmup_s: float,
-                  duration_s: float, poll_s: float = 0.01) -> dict:
+def measure_kafka(
+    engine,
+    table: str,
+    bootstrap: str,
+    topic: str,
+    *,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    poll_s: float = 0.01,
+) -> dict:
     """Produce `rate` events/s into `topic` for warm-up + duration; latency of event n = the first
     poll of `table` showing n committed - when n was produced (bounded: 60 s after the last)."""
     total = int(rate * (warmup_s + duration_s))
@@ -239,16 +301,18 @@ def measure_kafka(engine, table: str, bootstrap: str, topic: str, *, rate: float
         last = max(last, n)
         time.sleep(poll_s)
     skip = int(rate * warmup_s)
-    return summary([seen[n] - producer.written[n] for n in range(skip, total)
-                    if n in seen and n in producer.written])
+    return summary([seen[n] - producer.written[n] for n in range(skip, total) if n in seen and n in producer.written])
 
 
 # --kinds of the latency case: the job's options (checkpoints at the cluster's default interval,
 # 10 s, as in bench/latency.py, unless the kind says otherwise)
 LATENCY_MODE = {"headrace.latency-mode": "true"}
-LATENCY_KINDS = {"default": {}, "latency-mode": LATENCY_MODE,
-                 "latency-mode-2s-checkpoints": {**LATENCY_MODE, **CHECKPOINTS},
-                 "latency-mode-1-state-partition": {**LATENCY_MODE, "spark.sql.shuffle.partitions": "1"}}
+LATENCY_KINDS = {
+    "default": {},
+    "latency-mode": LATENCY_MODE,
+    "latency-mode-2s-checkpoints": {**LATENCY_MODE, **CHECKPOINTS},
+    "latency-mode-1-state-partition": {**LATENCY_MODE, "spark.sql.shuffle.partitions": "1"},
+}
 
 
 def latency(args, home: Path) -> None:
@@ -263,22 +327,47 @@ def latency(args, home: Path) -> None:
         cluster = start_cluster(home / "cluster", catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1)
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(WINDOWS)
-        print(f"machine: {machine()}; {args.rate:g} events/s, {args.warmup_s:g} s warm-up, {args.duration_s:g} s "
-              f"measured; kinds {kinds}, alternating", flush=True)
+        print(
+            f"machine: {machine()}; {args.rate:g} events/s, {args.warmup_s:g} s warm-up, {args.duration_s:g} s "
+            f"measured; kinds {kinds}, alternating",
+            flush=True,
+        )
         for rnd in range(args.rounds):
             for kind in kinds:
                 topic = create_topic(broker.bootstrap, f"events-{kind}-{rnd}".replace("-", "_"))
                 wait_warm(cluster, 1)
-                job = rest.run(jar, parallelism=2, jobName=topic,
-                               flinkConfiguration=LATENCY_KINDS[kind],
-                               programArgsList=["--topic", topic, "--bootstrap-servers", broker.bootstrap,
-                                                "--sink-url", sink, "--table", topic, "--low-latency"])
+                job = rest.run(
+                    jar,
+                    parallelism=2,
+                    jobName=topic,
+                    flinkConfiguration=LATENCY_KINDS[kind],
+                    programArgsList=[
+                        "--topic",
+                        topic,
+                        "--bootstrap-servers",
+                        broker.bootstrap,
+                        "--sink-url",
+                        sink,
+                        "--table",
+                        topic,
+                        "--low-latency",
+                    ],
+                )
                 try:
                     rest.wait_running_task(job, timeout_s=180)
-                    r = measure_kafka(engine, topic, broker.bootstrap, topic, rate=args.rate,
-                                      warmup_s=args.warmup_s, duration_s=args.duration_s)
-                    print(f"round {rnd + 1} {kind:12s} Kafka -> PostgreSQL: {r} (load {os.getloadavg()[0]:.1f})",
-                          flush=True)
+                    r = measure_kafka(
+                        engine,
+                        topic,
+                        broker.bootstrap,
+                        topic,
+                        rate=args.rate,
+                        warmup_s=args.warmup_s,
+                        duration_s=args.duration_s,
+                    )
+                    print(
+                        f"round {rnd + 1} {kind:12s} Kafka -> PostgreSQL: {r} (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
                 finally:
                     rest.cancel(job)
                     rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
@@ -301,19 +390,42 @@ def realtime(args, home: Path) -> None:
         cluster = start_cluster(home / "cluster", catalog_url=catalog, taskmanagers=2, slots=2, warm_drivers=1)
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(COPY)
-        print(f"machine: {machine()}; {args.rate:g} records/s, {args.warmup_s:g} s warm-up, {args.duration_s:g} s "
-              "measured", flush=True)
+        print(
+            f"machine: {machine()}; {args.rate:g} records/s, {args.warmup_s:g} s warm-up, {args.duration_s:g} s "
+            "measured",
+            flush=True,
+        )
         for rnd in range(args.rounds):
             for kind in ("micro-batch", "real-time"):
                 src, out = (create_topic(broker.bootstrap, f"{kind}-{rnd}-{x}") for x in ("in", "out"))
                 real_time = {"headrace.real-time-mode": args.real_time_batch} if kind == "real-time" else {}
                 config = {**CHECKPOINTS, **real_time}
                 wait_warm(cluster, 1)
-                job = rest.run(jar, parallelism=2, jobName=src, flinkConfiguration=config,
-                               programArgsList=["--input", src, "--output", out, "--bootstrap-servers",
-                                                broker.bootstrap, "--delivery", "at-least-once", "--low-latency"])
-                consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"rt-{uuid.uuid4().hex[:6]}",
-                                     "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
+                job = rest.run(
+                    jar,
+                    parallelism=2,
+                    jobName=src,
+                    flinkConfiguration=config,
+                    programArgsList=[
+                        "--input",
+                        src,
+                        "--output",
+                        out,
+                        "--bootstrap-servers",
+                        broker.bootstrap,
+                        "--delivery",
+                        "at-least-once",
+                        "--low-latency",
+                    ],
+                )
+                consumer = Consumer(
+                    {
+                        "bootstrap.servers": broker.bootstrap,
+                        "group.id": f"rt-{uuid.uuid4().hex[:6]}",
+                        "auto.offset.reset": "earliest",
+                        "fetch.wait.max.ms": 5,
+                    }
+                )
                 consumer.subscribe([out])
                 try:
                     rest.wait_running_task(job, timeout_s=180)
@@ -328,8 +440,9 @@ def realtime(args, home: Path) -> None:
                             if m.error() is None:
                                 got.setdefault(int(json.loads(m.value())["n"]), time.monotonic())
                     skip = int(args.rate * args.warmup_s)
-                    r = summary([got[n] - producer.written[n] for n in range(skip, total)
-                                 if n in got and n in producer.written])
+                    r = summary(
+                        [got[n] - producer.written[n] for n in range(skip, total) if n in got and n in producer.written]
+                    )
                     print(f"round {rnd + 1} {kind:11s} {r}", flush=True)
                 finally:
                     consumer.close()

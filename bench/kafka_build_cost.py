@@ -44,8 +44,10 @@ def one_process(bootstrap: str, warm_kafka: bool) -> dict[str, float]:
     opts = {"kafka.bootstrap.servers": bootstrap}
     timed("import confluent_kafka.admin", lambda: __import__("confluent_kafka.admin"))
     for n in (1, 2):
-        timed(f"Kafka source load() #{n}", lambda: spark.readStream.format("kafka").options(
-            **opts, subscribe="t").load().select("value").schema)
+        timed(
+            f"Kafka source load() #{n}",
+            lambda: spark.readStream.format("kafka").options(**opts, subscribe="t").load().select("value").schema,
+        )
         timed(f"check_reachable #{n}", lambda: check_reachable(opts, names=[]))
     spark.stop()
     return out
@@ -67,8 +69,16 @@ def main() -> None:
         results: dict[str, dict[str, list[float]]] = {"plain warm-up": {}, "with the Kafka warm-up": {}}
         for _ in range(a.rounds):
             for kind, flag in (("plain warm-up", []), ("with the Kafka warm-up", ["--warm-kafka"])):
-                line = subprocess.run([sys.executable, __file__, "--one", broker.bootstrap, *flag], check=True,
-                                      capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                line = (
+                    subprocess.run(
+                        [sys.executable, __file__, "--one", broker.bootstrap, *flag],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    )
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 for k, v in json.loads(line).items():
                     results[kind].setdefault(k, []).append(v)
         for kind, figures in results.items():

@@ -65,8 +65,12 @@ class Producer(threading.Thread):
             if delay > 0:
                 time.sleep(delay)
             n = self.first + i
-            event = {"key": f"/page/{n % KEYS}", "n": n, "value": 1,
-                     "event_time": dt.datetime.now(dt.timezone.utc).isoformat()}
+            event = {
+                "key": f"/page/{n % KEYS}",
+                "n": n,
+                "value": 1,
+                "event_time": dt.datetime.now(dt.timezone.utc).isoformat(),
+            }
             self.client.xadd(self.stream, {"json": json.dumps(event)})
             self.written[n] = time.monotonic()
 
@@ -79,8 +83,18 @@ def committed_n(engine: sa.Engine, table: str) -> int:
         return -1  # no batch has created the table yet
 
 
-def measure(engine: sa.Engine, table: str, source: str, stream: str, *, rate: float, warmup_s: float,
-            duration_s: float, poll_s: float, alive=lambda: True) -> dict:
+def measure(
+    engine: sa.Engine,
+    table: str,
+    source: str,
+    stream: str,
+    *,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    poll_s: float,
+    alive=lambda: True,
+) -> dict:
     """Feed the stream for warmup + duration, then wait (bounded) for the last event's commit."""
     total = int(rate * (warmup_s + duration_s))
     producer = Producer(source, stream, rate, 0, total)
@@ -106,8 +120,13 @@ def measure(engine: sa.Engine, table: str, source: str, stream: str, *, rate: fl
         producer.join(5)
     skip = int(rate * warmup_s)
     lat = [seen_at[n] - producer.written[n] for n in range(skip, total) if n in producer.written]
-    return {"events": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p90_s": round(percentile(lat, 0.9), 3),
-            "p99_s": round(percentile(lat, 0.99), 3), "max_s": round(max(lat), 3)}
+    return {
+        "events": len(lat),
+        "p50_s": round(percentile(lat, 0.5), 3),
+        "p90_s": round(percentile(lat, 0.9), 3),
+        "p99_s": round(percentile(lat, 0.99), 3),
+        "max_s": round(max(lat), 3),
+    }
 
 
 KINDS = ("headrace", "headrace-latency", "bare", "bare-tuned")
@@ -120,20 +139,34 @@ def bare_conf(kind: str) -> tuple[dict[str, str], int]:
         from services.taskmanager.runtime.spark_session import CHECKPOINT_FILE_MANAGER
         from shared.job_options import LATENCY_STATE_PARTITIONS
 
-        return ({"spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
-                 "spark.python.unix.domain.socket.enabled": "true"}, LATENCY_STATE_PARTITIONS)
+        return (
+            {
+                "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+                "spark.python.unix.domain.socket.enabled": "true",
+            },
+            LATENCY_STATE_PARTITIONS,
+        )
     return {}, 0
 
 
-def run_headrace(kind: str, cluster, rest: Rest, jar: str, engine, pargs: list[str], source: str, stream: str,
-                 args) -> dict:
+def run_headrace(
+    kind: str, cluster, rest: Rest, jar: str, engine, pargs: list[str], source: str, stream: str, args
+) -> dict:
     config = {LATENCY_MODE: "true"} if kind == "headrace-latency" else {}
     wait_warm(cluster, 1)
     job = rest.run(jar, parallelism=2, jobName=kind, programArgsList=pargs, flinkConfiguration=config)
     try:
         rest.wait_running_task(job, timeout_s=120)
-        return measure(engine, stream, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                       duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
+        return measure(
+            engine,
+            stream,
+            source,
+            stream,
+            rate=args.rate,
+            warmup_s=args.warmup_s,
+            duration_s=args.duration_s,
+            poll_s=args.poll_ms / 1000,
+        )
     finally:
         rest.cancel(job)
         rest.wait_state(job, ("CANCELED", "FAILED", "FINISHED"), timeout_s=120)
@@ -141,8 +174,14 @@ def run_headrace(kind: str, cluster, rest: Rest, jar: str, engine, pargs: list[s
 
 def run_bare(kind: str, home: Path, engine, pargs: list[str], source: str, stream: str, settings, args) -> dict:
     conf, partitions = bare_conf(kind)
-    proc = start_bare(home, table=stream, args=pargs, driver_memory=settings.driver_memory, conf=conf,
-                      shuffle_partitions=partitions or settings.spark_shuffle_partitions)
+    proc = start_bare(
+        home,
+        table=stream,
+        args=pargs,
+        driver_memory=settings.driver_memory,
+        conf=conf,
+        shuffle_partitions=partitions or settings.spark_shuffle_partitions,
+    )
     try:
         # The producer starts once the query runs, as it does for Headrace.
         log = home / "logs" / f"{stream}.log"
@@ -151,8 +190,17 @@ def run_bare(kind: str, home: Path, engine, pargs: list[str], source: str, strea
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise SystemExit(f"the bare query did not start; see {log}")
             time.sleep(0.2)
-        return measure(engine, stream, source, stream, rate=args.rate, warmup_s=args.warmup_s,
-                       duration_s=args.duration_s, poll_s=args.poll_ms / 1000, alive=lambda: proc.poll() is None)
+        return measure(
+            engine,
+            stream,
+            source,
+            stream,
+            rate=args.rate,
+            warmup_s=args.warmup_s,
+            duration_s=args.duration_s,
+            poll_s=args.poll_ms / 1000,
+            alive=lambda: proc.poll() is None,
+        )
     finally:
         stop_group(proc)
 
@@ -162,8 +210,11 @@ def main() -> None:
     p.add_argument("--duration-s", type=float, default=60)
     p.add_argument("--warmup-s", type=float, default=15)
     p.add_argument("--rate", type=float, default=100)
-    p.add_argument("--trigger", default=None, help='a processing-time trigger for the pipeline (default: none, '
-                                                   'the next micro-batch at once)')
+    p.add_argument(
+        "--trigger",
+        default=None,
+        help="a processing-time trigger for the pipeline (default: none, the next micro-batch at once)",
+    )
     p.add_argument("--poll-ms", type=float, default=20)
     p.add_argument("--kinds", default=",".join(KINDS), help=f"which runs, in order: {', '.join(KINDS)}")
     p.add_argument("--rounds", type=int, default=1, help="run every kind this many times, alternating")
@@ -182,12 +233,21 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     try:
         source = procs.redis()
-        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
-                                restart_strategy={"type": "none"})
+        cluster = start_cluster(
+            home / "cluster",
+            catalog_url=catalog_url,
+            taskmanagers=2,
+            slots=2,
+            warm_drivers=1,
+            restart_strategy={"type": "none"},
+        )
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
-        print(f"machine: {machine()}; {args.rate:g} events/s, trigger {args.trigger or 'none (at once)'}, "
-              f"{args.duration_s:g} s measured after {args.warmup_s:g} s", flush=True)
+        print(
+            f"machine: {machine()}; {args.rate:g} events/s, trigger {args.trigger or 'none (at once)'}, "
+            f"{args.duration_s:g} s measured after {args.warmup_s:g} s",
+            flush=True,
+        )
         for run in range(args.rounds):
             for kind in kinds:
                 stream = f"{kind.replace('-', '_')}_{run}"
@@ -201,8 +261,11 @@ def main() -> None:
                     r = run_bare(kind, home, engine, pargs, source, stream, cluster.settings, args)
                 r["load"] = load
                 results.setdefault(kind, []).append(r)
-                print(f"{kind:16s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
-                      f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  (load {load})", flush=True)
+                print(
+                    f"{kind:16s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
+                    f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  (load {load})",
+                    flush=True,
+                )
         print(json.dumps(results))
     finally:
         if cluster is not None:

@@ -46,8 +46,10 @@ from bench.latency import measure
 from bench.throughput import PIPELINE
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-FILE_CONTEXT_MANAGER = {"spark.sql.streaming.checkpointFileManagerClass":
-                        "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"}
+FILE_CONTEXT_MANAGER_CLASS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+)
+FILE_CONTEXT_MANAGER = {"spark.sql.streaming.checkpointFileManagerClass": FILE_CONTEXT_MANAGER_CLASS}
 # name -> (spark.sql.* options, trigger or None for Spark's default: the next batch at once). Every
 # variant starts from the session a Headrace driver has (its checkpoint file manager, Unix sockets
 # to the Python workers unless --python-over-tcp), 4 state partitions, the default trigger.
@@ -59,8 +61,13 @@ VARIANTS: dict[str, tuple[dict[str, str], str | None]] = {
     "one-partition": ({"spark.sql.shuffle.partitions": "1"}, None),
     "no-data-batches-off": ({"spark.sql.streaming.noDataMicroBatches.enabled": "false"}, None),
     "rocksdb": ({"spark.sql.streaming.stateStore.providerClass": ROCKSDB}, None),
-    "rocksdb-changelog": ({"spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-                           "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}, None),
+    "rocksdb-changelog": (
+        {
+            "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        },
+        None,
+    ),
 }
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 SINK_PHASES = ("check", "collect", "transaction", "foreachBatch", "callback")
@@ -186,8 +193,16 @@ class RedisFeed:
         return ["--stream", f"trickle_{table}", "--source-url", self.url]
 
     def measure(self, engine, table: str, args) -> dict:
-        return measure(engine, table, self.url, f"trickle_{table}", rate=args.rate, warmup_s=args.warmup_s,
-                       duration_s=args.duration_s, poll_s=args.poll_ms / 1000)
+        return measure(
+            engine,
+            table,
+            self.url,
+            f"trickle_{table}",
+            rate=args.rate,
+            warmup_s=args.warmup_s,
+            duration_s=args.duration_s,
+            poll_s=args.poll_ms / 1000,
+        )
 
 
 class KafkaFeed:
@@ -207,16 +222,22 @@ class KafkaFeed:
         return ["--topic", topic, "--bootstrap-servers", self.broker.bootstrap, "--low-latency"]
 
     def measure(self, engine, table: str, args) -> dict:
-        return self.bench.measure_kafka(engine, table, self.broker.bootstrap, table, rate=args.rate,
-                                        warmup_s=args.warmup_s, duration_s=args.duration_s,
-                                        poll_s=args.poll_ms / 1000)
+        return self.bench.measure_kafka(
+            engine,
+            table,
+            self.broker.bootstrap,
+            table,
+            rate=args.rate,
+            warmup_s=args.warmup_s,
+            duration_s=args.duration_s,
+            poll_s=args.poll_ms / 1000,
+        )
 
     def stop(self) -> None:
         self.broker.stop()
 
 
-def run_variant(spark, feed, timer: SinkTimer, name: str, *, run: int, sink_url: str, engine,
-                home: Path, args) -> dict:
+def run_variant(spark, feed, timer: SinkTimer, name: str, *, run: int, sink_url: str, engine, home: Path, args) -> dict:
     from services.taskmanager.runtime.context import PipelineContext
 
     conf, trigger = VARIANTS[name]
@@ -227,8 +248,15 @@ def run_variant(spark, feed, timer: SinkTimer, name: str, *, run: int, sink_url:
     pargs = [*feed.pipeline_args(table), "--sink-url", sink_url, "--table", table]
     if trigger:
         pargs += ["--trigger", trigger]
-    ctx = PipelineContext(spark, job_id=table, args=pargs, parallelism=args.parallelism,
-                          checkpoint_dir=str(home / "cp"), catalog_url="", redis_url=getattr(feed, "url", ""))
+    ctx = PipelineContext(
+        spark,
+        job_id=table,
+        args=pargs,
+        parallelism=args.parallelism,
+        checkpoint_dir=str(home / "cp"),
+        catalog_url="",
+        redis_url=getattr(feed, "url", ""),
+    )
     handle = feed.module.build(ctx)
     query = handle.start(str(home / "cp" / table), query_name=table)
     log = ProgressLog(query)
@@ -250,15 +278,22 @@ def run_variant(spark, feed, timer: SinkTimer, name: str, *, run: int, sink_url:
     with_data = [d for rows, d in log.batches.values() if rows > 0]
     empty = sum(1 for rows, _ in log.batches.values() if rows == 0)
     phases = {ph: [d.get(ph, 0) / 1000 for d in with_data] for ph in PHASES}
-    return {"latency": latency, "batches": len(with_data), "empty_batches": empty,
-            "phases": {ph: (statistics.median(v), percentile(v, 0.9)) for ph, v in phases.items() if v},
-            "sink": {ph: (statistics.median(v), percentile(v, 0.9)) for ph, v in timer.samples.items() if v}}
+    return {
+        "latency": latency,
+        "batches": len(with_data),
+        "empty_batches": empty,
+        "phases": {ph: (statistics.median(v), percentile(v, 0.9)) for ph, v in phases.items() if v},
+        "sink": {ph: (statistics.median(v), percentile(v, 0.9)) for ph, v in timer.samples.items() if v},
+    }
 
 
 def report(name: str, r: dict) -> None:
     lat = r["latency"]
-    print(f"\n{name}: {lat['events']} events, p50 {lat['p50_s']:.3f} s, p99 {lat['p99_s']:.3f} s, "
-          f"max {lat['max_s']:.3f} s; {r['batches']} batches with data, {r['empty_batches']} without", flush=True)
+    print(
+        f"\n{name}: {lat['events']} events, p50 {lat['p50_s']:.3f} s, p99 {lat['p99_s']:.3f} s, "
+        f"max {lat['max_s']:.3f} s; {r['batches']} batches with data, {r['empty_batches']} without",
+        flush=True,
+    )
     for ph, (med, p90) in r["phases"].items():
         print(f"    spark {ph:16s} median {med * 1000:7.1f} ms   p90 {p90 * 1000:7.1f} ms")
     for ph in SINK_PHASES:
@@ -270,8 +305,11 @@ def report(name: str, r: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--variants", default="default,file-context-manager,two-partitions,trigger-200ms")
-    p.add_argument("--python-over-tcp", action="store_true",
-                   help="Spark's own loopback TCP to the Python workers instead of the driver's Unix sockets")
+    p.add_argument(
+        "--python-over-tcp",
+        action="store_true",
+        help="Spark's own loopback TCP to the Python workers instead of the driver's Unix sockets",
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--duration-s", type=float, default=40)
     p.add_argument("--warmup-s", type=float, default=10)
@@ -298,20 +336,25 @@ def main() -> None:
         drop_unix_sockets()
     feeds: list = []
 
-    spark = build_spark(args.parallelism, home / "driver", shuffle_partitions=args.shuffle_partitions,
-                        python_forkserver=True)
+    spark = build_spark(
+        args.parallelism, home / "driver", shuffle_partitions=args.shuffle_partitions, python_forkserver=True
+    )
     try:
         warm_up(spark, home / "driver", args.parallelism)
         timer = SinkTimer()
         timer.install()
         feeds += [RedisFeed(procs.redis()) if src == "redis" else KafkaFeed(home) for src in args.sources.split(",")]
-        print(f"machine: {machine()}; {args.rate:g} events/s; {args.duration_s:g} s measured after "
-              f"{args.warmup_s:g} s; variants {names}, {args.rounds} round(s)", flush=True)
+        print(
+            f"machine: {machine()}; {args.rate:g} events/s; {args.duration_s:g} s measured after "
+            f"{args.warmup_s:g} s; variants {names}, {args.rounds} round(s)",
+            flush=True,
+        )
         for run in range(args.rounds):
             for name in names:
                 for feed in feeds:
-                    r = run_variant(spark, feed, timer, name, run=run, sink_url=sink_url, engine=engine,
-                                    home=home, args=args)
+                    r = run_variant(
+                        spark, feed, timer, name, run=run, sink_url=sink_url, engine=engine, home=home, args=args
+                    )
                     report(f"round {run + 1} {name} ({feed.name})", r)
     finally:
         for feed in feeds:

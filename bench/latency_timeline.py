@@ -35,10 +35,13 @@ from shared.job_options import LATENCY_MODE
 from tests.clusters import Rest, start_cluster
 
 # Log lines worth seeing beside a stall (the services' logs and the drivers').
-NOTABLE = re.compile(r"checkpoint \d+ .*completed|warm driver|warm-up|task phase|restart|GC|gave up|waiting|planner",
-                     re.I)
-LOG_TIMES = ((re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"), "%Y-%m-%d %H:%M:%S,%f"),  # the services'
-             (re.compile(r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d)"), "%y/%m/%d %H:%M:%S"))  # Spark's, in drivers' logs
+NOTABLE = re.compile(
+    r"checkpoint \d+ .*completed|warm driver|warm-up|task phase|restart|GC|gave up|waiting|planner", re.I
+)
+LOG_TIMES = (
+    (re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"), "%Y-%m-%d %H:%M:%S,%f"),  # the services'
+    (re.compile(r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d)"), "%y/%m/%d %H:%M:%S"),
+)  # Spark's, in drivers' logs
 
 
 def series(engine, table: str, producer: Producer, total: int, poll_s: float, deadline: float) -> dict[int, float]:
@@ -65,7 +68,7 @@ def log_lines(root: Path) -> list[tuple[float, str, str]]:
             for pattern, form in LOG_TIMES:
                 if m := pattern.match(line):
                     at = dt.datetime.strptime(m.group(1), form).timestamp()
-                    out.append((at, path.name, line[len(m.group(1)):].strip()[:160]))
+                    out.append((at, path.name, line[len(m.group(1)) :].strip()[:160]))
                     break
     return sorted(out)
 
@@ -77,8 +80,11 @@ def main() -> None:
     p.add_argument("--stall-s", type=float, default=1.0)
     p.add_argument("--poll-ms", type=float, default=20)
     p.add_argument("--latency-mode", action="store_true")
-    p.add_argument("--no-warm-planner", action="store_true",
-                   help="the dispatcher keeps no spare restore-check planner (whose JVM warms up in the first minute)")
+    p.add_argument(
+        "--no-warm-planner",
+        action="store_true",
+        help="the dispatcher keeps no spare restore-check planner (whose JVM warms up in the first minute)",
+    )
     args = p.parse_args()
     home = Path(tempfile.mkdtemp(prefix="hr-latency-timeline-"))
     procs = Procs(home, {})
@@ -94,16 +100,26 @@ def run(args, home: Path, procs: Procs, sink_url: str, catalog_url: str, engine)
     cluster = None
     try:
         source = procs.redis()
-        cluster = start_cluster(home / "cluster", catalog_url=catalog_url, taskmanagers=2, slots=2, warm_drivers=1,
-                                warm_planner=not args.no_warm_planner)
+        cluster = start_cluster(
+            home / "cluster",
+            catalog_url=catalog_url,
+            taskmanagers=2,
+            slots=2,
+            warm_drivers=1,
+            warm_planner=not args.no_warm_planner,
+        )
         rest = Rest(cluster.dispatcher_url)
         jar = rest.upload(PIPELINE)
         wait_warm(cluster, 1)
         stream = "timeline"
         config = {LATENCY_MODE: "true"} if args.latency_mode else {}
-        job = rest.run(jar, parallelism=2, jobName=stream, flinkConfiguration=config,
-                       programArgsList=["--stream", stream, "--source-url", source, "--sink-url", sink_url,
-                                        "--table", stream])
+        job = rest.run(
+            jar,
+            parallelism=2,
+            jobName=stream,
+            flinkConfiguration=config,
+            programArgsList=["--stream", stream, "--source-url", source, "--sink-url", sink_url, "--table", stream],
+        )
         total = int(args.rate * (args.duration_s + 20))
         producer = Producer(source, stream, args.rate, 0, total)
         producer.start()
@@ -115,21 +131,31 @@ def run(args, home: Path, procs: Procs, sink_url: str, catalog_url: str, engine)
         if first is None:
             raise SystemExit("no event reached the sink")
         start = seen[first]
-        lat = {n: seen[n] - (producer.written[n] + wall0) for n in seen
-               if n in producer.written and seen[n] - start <= args.duration_s}
+        lat = {
+            n: seen[n] - (producer.written[n] + wall0)
+            for n in seen
+            if n in producer.written and seen[n] - start <= args.duration_s
+        }
         values = list(lat.values())
-        print(f"machine: {machine()}; {len(values)} events over {args.duration_s:g} s from the first committed one "
-              f"(event {first}); p50 {percentile(values, 0.5):.3f} s, p99 {percentile(values, 0.99):.3f} s, "
-              f"max {max(values):.3f} s")
+        print(
+            f"machine: {machine()}; {len(values)} events over {args.duration_s:g} s from the first committed one "
+            f"(event {first}); p50 {percentile(values, 0.5):.3f} s, p99 {percentile(values, 0.99):.3f} s, "
+            f"max {max(values):.3f} s"
+        )
         by_second: dict[int, float] = {}
         for n, v in lat.items():
             sec = int(seen[n] - start)
             by_second[sec] = max(by_second.get(sec, 0.0), v)
         stalls = [s for s, v in sorted(by_second.items()) if v > args.stall_s]
-        print(f"seconds (from the first committed event) whose slowest event waited over {args.stall_s:g} s: "
-              + (", ".join(f"{s} ({by_second[s]:.2f} s)" for s in stalls) or "none"))
-        near = [(when, name, line) for when, name, line in log_lines(home)
-                if any(start + s - 4 <= when <= start + s + 1 for s in stalls)]
+        print(
+            f"seconds (from the first committed event) whose slowest event waited over {args.stall_s:g} s: "
+            + (", ".join(f"{s} ({by_second[s]:.2f} s)" for s in stalls) or "none")
+        )
+        near = [
+            (when, name, line)
+            for when, name, line in log_lines(home)
+            if any(start + s - 4 <= when <= start + s + 1 for s in stalls)
+        ]
         for when, name, line in near:
             print(f"  {when - start:+7.2f} s {name}: {line}")
     finally:

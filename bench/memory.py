@@ -52,8 +52,14 @@ def pss(p: psutil.Process) -> int:
 def driver_parts(driver: psutil.Process) -> dict[str, float]:
     """PSS of a warm driver's tree: the runner (Python), its JVM, and Spark's Python daemons and
     workers under the JVM; and the plain RSS sum for comparison."""
-    parts = {"python driver": pss(driver) / MB, "jvm": 0.0, "python workers": 0.0, "workers": 0,
-             "fork server": 0.0, "rss sum": rss(driver) / MB}
+    parts = {
+        "python driver": pss(driver) / MB,
+        "jvm": 0.0,
+        "python workers": 0.0,
+        "workers": 0,
+        "fork server": 0.0,
+        "rss sum": rss(driver) / MB,
+    }
     tree = []
     for child in driver.children(recursive=True):
         try:
@@ -99,17 +105,20 @@ def main() -> None:
                 drivers += [(c.name, d) for d in proc.children() if "runtime.runner" in " ".join(d.cmdline())]
         for name, mb in services.items():
             print(f"  {name:16s} {mb:7.1f} MB")
-        control = sum(v for k, v in services.items() if k.split("-")[0] in ("jobmanager", "resourcemanager",
-                                                                             "dispatcher"))
+        control = sum(
+            v for k, v in services.items() if k.split("-")[0] in ("jobmanager", "resourcemanager", "dispatcher")
+        )
         print(f"JobManager + ResourceManager + dispatcher: {control:.1f} MB (budget 300 MB)")
         tms = [v for k, v in services.items() if k.startswith("taskmanager")]
         print(f"TaskManager alone: max {max(tms):.1f} MB (budget 150 MB)")
         for name, d in drivers:
             parts = driver_parts(d)
             total = parts["python driver"] + parts["jvm"] + parts["python workers"] + parts["fork server"]
-            print(f"warm driver of {name}: {total:.1f} MB (PSS) = Python driver {parts['python driver']} + JVM "
-                  f"{parts['jvm']} + {parts['workers']} Python daemons and workers {parts['python workers']} + "
-                  f"Python fork server {parts['fork server']}; RSS summed: {parts['rss sum']} MB")
+            print(
+                f"warm driver of {name}: {total:.1f} MB (PSS) = Python driver {parts['python driver']} + JVM "
+                f"{parts['jvm']} + {parts['workers']} Python daemons and workers {parts['python workers']} + "
+                f"Python fork server {parts['fork server']}; RSS summed: {parts['rss sum']} MB"
+            )
     finally:
         if cluster is not None:
             cluster.stop()

@@ -35,6 +35,7 @@ def by_hand(key: bytes):
         o = outer.copy()
         o.update(i.digest())
         return o.hexdigest()
+
     return sign
 
 
@@ -44,8 +45,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     key, payload = os.urandom(32), os.urandom(300)
-    ways = {"new": lambda p: hmac.new(key, p, hashlib.sha256).hexdigest(), "pads": by_hand(key),
-            "copy": KeyedMac(key).hexdigest}
+    ways = {
+        "new": lambda p: hmac.new(key, p, hashlib.sha256).hexdigest(),
+        "pads": by_hand(key),
+        "copy": KeyedMac(key).hexdigest,
+    }
     assert len({sign(payload) for sign in ways.values()}) == 1
     per: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.rounds):
@@ -55,10 +59,14 @@ def main() -> None:
                 sign(payload)
             per[name].append((time.perf_counter() - t0) / args.messages * 1e6)
     for name, values in per.items():
-        print(f"{name:5s} median {statistics.median(values):.2f} us per message "
-              f"(rounds {', '.join(f'{v:.2f}' for v in values)})")
-    print(f"copy / pads {statistics.median(per['copy']) / statistics.median(per['pads']):.2f}, "
-          f"copy / new {statistics.median(per['copy']) / statistics.median(per['new']):.2f}")
+        print(
+            f"{name:5s} median {statistics.median(values):.2f} us per message "
+            f"(rounds {', '.join(f'{v:.2f}' for v in values)})"
+        )
+    print(
+        f"copy / pads {statistics.median(per['copy']) / statistics.median(per['pads']):.2f}, "
+        f"copy / new {statistics.median(per['copy']) / statistics.median(per['new']):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,18 @@ WORKERS = 16  # concurrent requests at most; more than 200/s × 50 ms needs
 def fill(catalog: Catalog, jobs: int) -> None:
     with catalog.session() as s:
         for i in range(jobs):
-            repo.create_job(s, id=new_job_id(), name=f"job-{i}", artifact_id=None, entry="build", parallelism=1,
-                            program_args=[], config={}, restart_strategy={"type": "none"}, kind="noop")
+            repo.create_job(
+                s,
+                id=new_job_id(),
+                name=f"job-{i}",
+                artifact_id=None,
+                entry="build",
+                parallelism=1,
+                program_args=[],
+                config={},
+                restart_strategy={"type": "none"},
+                kind="noop",
+            )
 
 
 def load(url: str, rate: float, duration_s: float) -> dict:
@@ -98,8 +108,15 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="hr-overview-"))
     catalog_url = fresh_pg(DEFAULT_PG)
     port = free_port()
-    procs = Procs(home, {"HEADRACE_HOME": str(home), "HEADRACE_CATALOG_URL": catalog_url,
-                         "HEADRACE_DISPATCHER_PORT": str(port), "HEADRACE_LOG_LEVEL": "WARNING"})
+    procs = Procs(
+        home,
+        {
+            "HEADRACE_HOME": str(home),
+            "HEADRACE_CATALOG_URL": catalog_url,
+            "HEADRACE_DISPATCHER_PORT": str(port),
+            "HEADRACE_LOG_LEVEL": "WARNING",
+        },
+    )
     try:
         procs.redis()
         catalog = Catalog(catalog_url)
@@ -118,11 +135,17 @@ def main() -> None:
                 raise SystemExit(f"the dispatcher did not answer within 60 s; see {home}/logs/dispatcher.log")
             time.sleep(0.2)
         jobs = len(httpx.get(f"{url}/jobs/overview", timeout=10).json()["jobs"])
-        print(f"machine: {machine()}; {jobs} jobs in the catalog, {args.rate:g} requests/s for "
-              f"{args.duration_s:g} s; load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"machine: {machine()}; {jobs} jobs in the catalog, {args.rate:g} requests/s for "
+            f"{args.duration_s:g} s; load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         r = load(url, args.rate, args.duration_s)
-        print(f"{r['requests']} requests at {r['rate']}/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
-              f"max {r['max_ms']} ms, {r['failures']} failed {r['failure_kinds'] or ''}", flush=True)
+        print(
+            f"{r['requests']} requests at {r['rate']}/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+            f"max {r['max_ms']} ms, {r['failures']} failed {r['failure_kinds'] or ''}",
+            flush=True,
+        )
     finally:
         procs.stop()
         drop_pg(DEFAULT_PG, catalog_url)

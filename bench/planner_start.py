@@ -29,9 +29,16 @@ ARGS = ["--stream", "bench", "--sink", "sql", "--table", "t", "--sink-url", "sql
 
 def once(archive_dir: Path | None) -> float:
     t0 = time.monotonic()
-    result = run_planner(python=sys.executable, artifact_path=str(ROOT / "examples" / "keyed_counts.py"),
-                         entry="build", args=ARGS, config={}, parallelism=1, timeout_s=300,
-                         runtime=SparkRuntime(Settings().jar_cache_dir, archive_dir))
+    result = run_planner(
+        python=sys.executable,
+        artifact_path=str(ROOT / "examples" / "keyed_counts.py"),
+        entry="build",
+        args=ARGS,
+        config={},
+        parallelism=1,
+        timeout_s=300,
+        runtime=SparkRuntime(Settings().jar_cache_dir, archive_dir),
+    )
     took = time.monotonic() - t0
     if not (result or {}).get("ok"):
         raise SystemExit(f"the planner failed: {result}")
@@ -42,8 +49,14 @@ def warm_once(warm: WarmPlanner, ready_after_s: float) -> float:
     warm.replenish()
     time.sleep(ready_after_s)  # between two upgrades the spare has had its time to start
     t0 = time.monotonic()
-    result = warm.plan(artifact_path=str(ROOT / "examples" / "keyed_counts.py"), entry="build", args=ARGS,
-                       config={}, parallelism=1, timeout_s=300)
+    result = warm.plan(
+        artifact_path=str(ROOT / "examples" / "keyed_counts.py"),
+        entry="build",
+        args=ARGS,
+        config={},
+        parallelism=1,
+        timeout_s=300,
+    )
     took = time.monotonic() - t0
     if not (result or {}).get("ok"):
         raise SystemExit(f"the warm planner gave no result: {result}")
@@ -57,8 +70,13 @@ def main() -> None:
     a = ap.parse_args()
     archive_dir = Settings().driver_class_archive_dir
     once(None)  # the first run pays for the page cache; not counted
-    warm = WarmPlanner(python=sys.executable, run_as=None, catalog_url=None, redis_url=None,
-                       runtime=SparkRuntime(Settings().jar_cache_dir, archive_dir))
+    warm = WarmPlanner(
+        python=sys.executable,
+        run_as=None,
+        catalog_url=None,
+        redis_url=None,
+        runtime=SparkRuntime(Settings().jar_cache_dir, archive_dir),
+    )
     without, with_archive, warmed = [], [], []
     try:
         for _ in range(a.runs):
@@ -67,11 +85,16 @@ def main() -> None:
             warmed.append(warm_once(warm, a.ready_after))
     finally:
         warm.close()
-    for name, runs in (("cold, no archive", without), ("cold, with the archive", with_archive),
-                       ("warm planner", warmed)):
+    for name, runs in (
+        ("cold, no archive", without),
+        ("cold, with the archive", with_archive),
+        ("warm planner", warmed),
+    ):
         print(f"{name:24} median {statistics.median(runs):.2f} s  runs {' '.join(f'{r:.2f}' for r in runs)}")
-    print(f"with the archive / without: {statistics.median(with_archive) / statistics.median(without):.2f}; "
-          f"warm / cold with the archive: {statistics.median(warmed) / statistics.median(with_archive):.2f}")
+    print(
+        f"with the archive / without: {statistics.median(with_archive) / statistics.median(without):.2f}; "
+        f"warm / cold with the archive: {statistics.median(warmed) / statistics.median(with_archive):.2f}"
+    )
 
 
 if __name__ == "__main__":

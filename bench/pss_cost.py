@@ -89,8 +89,14 @@ def main() -> None:
     user = switchable_user(DEFAULT_NAME) if os.geteuid() == 0 else None
     home = Path(tempfile.mkdtemp(prefix="headrace-pss-", dir="/tmp"))
     os.chmod(home, 0o755)
-    cluster = start_cluster(home / "home", catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=1, slots=2,
-                            warm_drivers=0, driver_user=user.name if user and user.name else "")
+    cluster = start_cluster(
+        home / "home",
+        catalog_url=f"sqlite:///{home / 'catalog.db'}",
+        taskmanagers=1,
+        slots=2,
+        warm_drivers=0,
+        driver_user=user.name if user and user.name else "",
+    )
     producer = None
     try:
         rest = Rest(cluster.dispatcher_url)
@@ -104,24 +110,34 @@ def main() -> None:
         pids = sorted(scan(mark=str(drivers), uid=user.uid if user and user.name else os.geteuid()))
         rss_cpu, rss_wall, rss = timed(lambda: rss_bytes(pids), args.rounds)
         pss_cpu, pss_wall, sample = timed(lambda: pss_sample(pids), args.rounds)
-        print(f"\n{len(pids)} processes: RSS sum {rss / MB:.0f} MB, PSS sum {sample.used / MB:.0f} MB "
-              f"({sample.label()})")
+        print(
+            f"\n{len(pids)} processes: RSS sum {rss / MB:.0f} MB, PSS sum {sample.used / MB:.0f} MB ({sample.label()})"
+        )
         print(f"one RSS sum: {rss_cpu:.2f} ms CPU, {rss_wall:.2f} ms wall (medians of {args.rounds})")
         print(f"one PSS sum: {pss_cpu:.2f} ms CPU, {pss_wall:.2f} ms wall")
         for pid in pids:
             cpu, wall, _ = timed(lambda one=[pid]: pss_sample(one), 10)
-            print(f"  {pid:>7} {comm(pid):<16} RSS {rss_bytes([pid]) / MB:7.0f} MB  PSS "
-                  f"{pss_sample([pid]).used / MB:7.0f} MB  {cpu:.2f} ms CPU {wall:.2f} ms wall")
+            print(
+                f"  {pid:>7} {comm(pid):<16} RSS {rss_bytes([pid]) / MB:7.0f} MB  PSS "
+                f"{pss_sample([pid]).used / MB:7.0f} MB  {cpu:.2f} ms CPU {wall:.2f} ms wall"
+            )
         between = (sample.used + rss) // 2
-        for label, limit in (("default limit 3 GB", 3 * GB), (f"limit {between / GB:.2f} GB (PSS < it < RSS sum)",
-                                                               between)):
+        for label, limit in (
+            ("default limit 3 GB", 3 * GB),
+            (f"limit {between / GB:.2f} GB (PSS < it < RSS sum)", between),
+        ):
             per_s, reads = watch_cost(pids, limit, args.watch_s)
-            print(f"watchdog at {label}: {per_s:.2f} ms CPU per second of watching "
-                  f"({per_s / 10:.2f} % of a core), {reads} PSS reads in {args.watch_s:.0f} s")
-        print(f"the old watchdog (RSS sum every {WATCH_INTERVAL_S} s): {rss_cpu / WATCH_INTERVAL_S:.2f} ms CPU "
-              f"per second")
-        print(f"PSS at every sample instead: {pss_cpu / WATCH_INTERVAL_S:.1f} ms CPU per second "
-              f"({pss_cpu / WATCH_INTERVAL_S / 10:.1f} % of a core)")
+            print(
+                f"watchdog at {label}: {per_s:.2f} ms CPU per second of watching "
+                f"({per_s / 10:.2f} % of a core), {reads} PSS reads in {args.watch_s:.0f} s"
+            )
+        print(
+            f"the old watchdog (RSS sum every {WATCH_INTERVAL_S} s): {rss_cpu / WATCH_INTERVAL_S:.2f} ms CPU per second"
+        )
+        print(
+            f"PSS at every sample instead: {pss_cpu / WATCH_INTERVAL_S:.1f} ms CPU per second "
+            f"({pss_cpu / WATCH_INTERVAL_S / 10:.1f} % of a core)"
+        )
     finally:
         if producer is not None:
             producer.stop()

@@ -46,27 +46,51 @@ def main() -> None:
         rm = ResourceManager(
             settings, catalog, RedisStreamsTransport.from_url(url, sender="rm", auth=ClusterAuth(secret)), SystemClock()
         )
-        tms = RedisStreamsTransport.from_url(url, sender="tm",
-                                             auth=TaskManagerAuth([f"tm-{i}" for i in range(n)], secret=secret))
-        tms.publish_many([(streams.RM_STREAM, RegisterTaskManager(
-            taskmanager_id=f"tm-{i}", host="h", slots=1, cores=1, memory_bytes=1, queue=f"tm.tm-{i}"))
-            for i in range(n)])
+        tms = RedisStreamsTransport.from_url(
+            url, sender="tm", auth=TaskManagerAuth([f"tm-{i}" for i in range(n)], secret=secret)
+        )
+        tms.publish_many(
+            [
+                (
+                    streams.RM_STREAM,
+                    RegisterTaskManager(
+                        taskmanager_id=f"tm-{i}", host="h", slots=1, cores=1, memory_bytes=1, queue=f"tm.tm-{i}"
+                    ),
+                )
+                for i in range(n)
+            ]
+        )
         while len(rm.slots.taskmanagers) < n:
             rm.poll_once(0)
         rm.tick()
         per_round = []
         for _ in range(a.rounds):
-            tms.publish_many([(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(
-                taskmanager_id=f"tm-{i}", slot_report=(SlotState(index=0),))) for i in range(n)])
+            tms.publish_many(
+                [
+                    (
+                        streams.RM_HEARTBEAT_STREAM,
+                        TaskManagerHeartbeat(taskmanager_id=f"tm-{i}", slot_report=(SlotState(index=0),)),
+                    )
+                    for i in range(n)
+                ]
+            )
             t0 = time.perf_counter()
             handled = 0
             while handled < n:
                 handled += rm.poll_once(0)
             per_round.append(time.perf_counter() - t0)
         med = statistics.median(per_round)
-        print(json.dumps({"taskmanagers": n, "median_drain_s": round(med, 3),
-                          "us_per_heartbeat": round(med / n * 1e6, 1),
-                          "core_share_at_1hz": round(med, 3)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "taskmanagers": n,
+                    "median_drain_s": round(med, 3),
+                    "us_per_heartbeat": round(med / n * 1e6, 1),
+                    "core_share_at_1hz": round(med, 3),
+                },
+                indent=2,
+            )
+        )
     finally:
         procs.stop()
 

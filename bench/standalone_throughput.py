@@ -42,14 +42,40 @@ ROOT = Path(__file__).resolve().parent.parent
 KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"
 
 
-def run_once(rest: Rest, jar: str, engine, *, name: str, events: int, source: str, sink_url: str,
-             max_entries: int, timeout_s: float) -> dict:
+def run_once(
+    rest: Rest,
+    jar: str,
+    engine,
+    *,
+    name: str,
+    events: int,
+    source: str,
+    sink_url: str,
+    max_entries: int,
+    timeout_s: float,
+) -> dict:
     table = f"bench_{name}"
     t_submit = time.monotonic()
-    job = rest.run(jar, parallelism=2, jobName=name,
-                   programArgsList=["--stream", "events", "--source-url", source, "--sink", "sql", "--table", table,
-                                    "--sink-url", sink_url, "--max-entries-per-trigger", str(max_entries)],
-                   flinkConfiguration={"execution.checkpointing.interval": "1 h"})
+    job = rest.run(
+        jar,
+        parallelism=2,
+        jobName=name,
+        programArgsList=[
+            "--stream",
+            "events",
+            "--source-url",
+            source,
+            "--sink",
+            "sql",
+            "--table",
+            table,
+            "--sink-url",
+            sink_url,
+            "--max-entries-per-trigger",
+            str(max_entries),
+        ],
+        flinkConfiguration={"execution.checkpointing.interval": "1 h"},
+    )
     try:
         r = watch_sink(engine, table, events, t_submit, timeout_s, poll_s=0.02)
     finally:
@@ -77,29 +103,48 @@ def main() -> None:
     try:
         source = procs.redis()
         append_entries(source, "events", event_entries(args.events, keys=cycling_keys(1000), per_entry=1000))
-        clusters["local"] = start_cluster(home / "local", catalog_url=catalogs["local"], taskmanagers=1, slots=2,
-                                          restart_strategy={"type": "none"})
-        clusters["standalone"] = start_cluster(home / "standalone", catalog_url=catalogs["standalone"],
-                                               taskmanagers=1, slots=2, spark_workers=2,
-                                               restart_strategy={"type": "none"})
+        clusters["local"] = start_cluster(
+            home / "local", catalog_url=catalogs["local"], taskmanagers=1, slots=2, restart_strategy={"type": "none"}
+        )
+        clusters["standalone"] = start_cluster(
+            home / "standalone",
+            catalog_url=catalogs["standalone"],
+            taskmanagers=1,
+            slots=2,
+            spark_workers=2,
+            restart_strategy={"type": "none"},
+        )
         rests = {k: Rest(c.dispatcher_url) for k, c in clusters.items()}
         jars = {k: r.upload(KEYED_COUNTS) for k, r in rests.items()}
         print(f"machine: {machine()}; {args.events} events, {args.max_entries} entries per batch, parallelism 2")
         results: dict[str, list[dict]] = {"local": [], "standalone": []}
         for rnd in range(args.rounds):
             for kind in ("local", "standalone"):
-                r = run_once(rests[kind], jars[kind], engine, name=f"{kind}_{rnd}", events=args.events,
-                             source=source, sink_url=sink_url, max_entries=args.max_entries,
-                             timeout_s=600)
+                r = run_once(
+                    rests[kind],
+                    jars[kind],
+                    engine,
+                    name=f"{kind}_{rnd}",
+                    events=args.events,
+                    source=source,
+                    sink_url=sink_url,
+                    max_entries=args.max_entries,
+                    timeout_s=600,
+                )
                 r["load"] = round(os.getloadavg()[0], 2)
                 results[kind].append(r)
-                print(f"round {rnd + 1} {kind:10s} start {r['start_s']:6.2f} s  steady {r['steady_s']:6.2f} s  "
-                      f"{r['events_per_s']:>9,} events/s  (load {r['load']})", flush=True)
+                print(
+                    f"round {rnd + 1} {kind:10s} start {r['start_s']:6.2f} s  steady {r['steady_s']:6.2f} s  "
+                    f"{r['events_per_s']:>9,} events/s  (load {r['load']})",
+                    flush=True,
+                )
         med = {k: statistics.median(x["events_per_s"] for x in v) for k, v in results.items()}
         starts = {k: statistics.median(x["start_s"] for x in v) for k, v in results.items()}
-        print(f"median events/s: local[2] {med['local']:,.0f}, standalone 2 workers {med['standalone']:,.0f}; "
-              f"ratio standalone / local {med['standalone'] / med['local']:.2f}; "
-              f"median start: local {starts['local']:.1f} s, standalone {starts['standalone']:.1f} s")
+        print(
+            f"median events/s: local[2] {med['local']:,.0f}, standalone 2 workers {med['standalone']:,.0f}; "
+            f"ratio standalone / local {med['standalone'] / med['local']:.2f}; "
+            f"median start: local {starts['local']:.1f} s, standalone {starts['standalone']:.1f} s"
+        )
     finally:
         for c in clusters.values():
             c.stop()

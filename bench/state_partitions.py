@@ -32,8 +32,12 @@ def durations(spark, partitions: int, work: Path, *, rate: int, batches: int, sk
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     events = spark.readStream.format("rate").option("rowsPerSecond", rate).load()
     counts = events.groupBy((F.col("value") % 1000).alias("key")).agg(F.count("*").alias("n"))
-    query = (counts.writeStream.outputMode("update").format("noop")
-             .option("checkpointLocation", str(work / f"chk-{partitions}-{time.monotonic_ns()}")).start())
+    query = (
+        counts.writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(work / f"chk-{partitions}-{time.monotonic_ns()}"))
+        .start()
+    )
     try:
         seen: dict[int, float] = {}
         deadline = time.monotonic() + 600
@@ -62,16 +66,21 @@ def main() -> None:
             for n in COUNTS if r % 2 == 0 else reversed(COUNTS):
                 got = durations(spark, n, work, rate=a.rate, batches=a.batches, skip=a.skip)
                 results[n] += got
-                print(f"round {r + 1}, {n} partitions: median {statistics.median(got):.3f} s over {len(got)} batches",
-                      flush=True)
+                print(
+                    f"round {r + 1}, {n} partitions: median {statistics.median(got):.3f} s over {len(got)} batches",
+                    flush=True,
+                )
     finally:
         spark.stop()
     base = statistics.median(results[COUNTS[0]])
     for n in COUNTS:
         d = sorted(results[n])
         med, p90 = statistics.median(d), d[int(0.9 * (len(d) - 1))]
-        print(f"{n:3d} partitions: median {med:.3f} s, p90 {p90:.3f} s per micro-batch ({med / base:.2f} x "
-              f"{COUNTS[0]}), {len(d)} batches", flush=True)
+        print(
+            f"{n:3d} partitions: median {med:.3f} s, p90 {p90:.3f} s per micro-batch ({med / base:.2f} x "
+            f"{COUNTS[0]}), {len(d)} batches",
+            flush=True,
+        )
     print(f"loadavg {os.getloadavg()[0]:.1f}", flush=True)
 
 

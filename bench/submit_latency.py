@@ -75,8 +75,11 @@ def driver_phases(home: Path) -> list[str]:
     """The phases the driver of the newest task logged (see runtime/driver_io.py, PhaseLog)."""
     logs = sorted(home.glob("work/taskmanagers/*/logs/driver-*.log"), key=lambda p: p.stat().st_mtime)
     for log in reversed(logs):
-        lines = [ln.split("headrace task phase: ", 1)[1].strip() for ln in log.read_text(errors="replace").splitlines()
-                 if "headrace task phase: " in ln]
+        lines = [
+            ln.split("headrace task phase: ", 1)[1].strip()
+            for ln in log.read_text(errors="replace").splitlines()
+            if "headrace task phase: " in ln
+        ]
         if lines:
             return lines
     return []
@@ -93,23 +96,35 @@ def main() -> None:
     sink_db = home / "sink" / "sink.db"
     sink_db.parent.mkdir()
     give_to_drivers(sink_db.parent, os.environ.get("HEADRACE_DRIVER_USER", DEFAULT_NAME), files=(sink_db.name,))
-    cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=2,
-                            warm_drivers=a.warm, pipeline_catalog_url=f"sqlite:///{sink_db}")
+    cluster = start_cluster(
+        home,
+        catalog_url=f"sqlite:///{home / 'catalog.db'}",
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=a.warm,
+        pipeline_catalog_url=f"sqlite:///{sink_db}",
+    )
     rest = Rest(cluster.dispatcher_url)
     result: dict = {}
     try:
         wait_warm(cluster, a.warm)
         result["idle_rss_mb"] = {c.name: rss_mb(c.proc.pid, with_children=False) for c in cluster.children}
         result["idle_rss_mb_taskmanager_with_warm_drivers"] = {
-            c.name: rss_mb(c.proc.pid) for c in cluster.children if c.name.startswith("taskmanager")}
+            c.name: rss_mb(c.proc.pid) for c in cluster.children if c.name.startswith("taskmanager")
+        }
         jar = rest.upload(ROOT / "examples" / "clickstream.py")
         to_running, to_batch, to_result = [], [], []
         catalog = sqlite3.connect(sink_db, timeout=30)
         for run in range(a.runs):
             t0 = time.monotonic()
-            r = httpx.post(f"{cluster.dispatcher_url}/jars/{jar}/run", json={
-                "parallelism": 1, "programArgsList": ["--total", "2000", "--rate", "2000", "--table", f"bench_{run}"]},
-                timeout=30)
+            r = httpx.post(
+                f"{cluster.dispatcher_url}/jars/{jar}/run",
+                json={
+                    "parallelism": 1,
+                    "programArgsList": ["--total", "2000", "--rate", "2000", "--table", f"bench_{run}"],
+                },
+                timeout=30,
+            )
             job = r.json()["jobid"]
             running = batch = in_sink = None
             while time.monotonic() - t0 < 300 and (batch is None or in_sink is None):
@@ -127,18 +142,27 @@ def main() -> None:
             to_running.append(running)
             to_batch.append(batch)
             to_result.append(in_sink)
-            print(f"run {run}: RUNNING after {running:.2f} s, first result in the sink after {in_sink:.2f} s, "
-                  f"first batch reported after {batch:.2f} s", file=sys.stderr)
+            print(
+                f"run {run}: RUNNING after {running:.2f} s, first result in the sink after {in_sink:.2f} s, "
+                f"first batch reported after {batch:.2f} s",
+                file=sys.stderr,
+            )
             for line in driver_phases(home):
                 print(f"    {line}", file=sys.stderr)
             rest.wait_state(job, ("FINISHED",), timeout_s=300)
             wait_warm(cluster, a.warm)
-        result["post_to_running_s"] = {"median": round(statistics.median(to_running), 2),
-                                       "all": [round(x, 2) for x in to_running]}
-        result["post_to_first_batch_s"] = {"median": round(statistics.median(to_batch), 2),
-                                           "all": [round(x, 2) for x in to_batch]}
-        result["post_to_first_result_in_sink_s"] = {"median": round(statistics.median(to_result), 2),
-                                                    "all": [round(x, 2) for x in to_result]}
+        result["post_to_running_s"] = {
+            "median": round(statistics.median(to_running), 2),
+            "all": [round(x, 2) for x in to_running],
+        }
+        result["post_to_first_batch_s"] = {
+            "median": round(statistics.median(to_batch), 2),
+            "all": [round(x, 2) for x in to_batch],
+        }
+        result["post_to_first_result_in_sink_s"] = {
+            "median": round(statistics.median(to_result), 2),
+            "all": [round(x, 2) for x in to_result],
+        }
     finally:
         cluster.stop()
     print(json.dumps(result, indent=2))

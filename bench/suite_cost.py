@@ -34,8 +34,19 @@ sys.path.insert(0, str(ROOT))
 from bench.checkpoint_overhead import machine  # noqa: E402
 from bench.cluster_start import busy_cpu_s  # noqa: E402
 
-JOB_CPU = [sys.executable, str(ROOT / "bench" / "job_cpu.py"), "--suite-jvm", "--setting", "1 second,2 s,4",
-           "--rounds", "1", "--seconds", "30", "--settle", "15"]
+JOB_CPU = [
+    sys.executable,
+    str(ROOT / "bench" / "job_cpu.py"),
+    "--suite-jvm",
+    "--setting",
+    "1 second,2 s,4",
+    "--rounds",
+    "1",
+    "--seconds",
+    "30",
+    "--settle",
+    "15",
+]
 JOB_CPU_TIMEOUT_S = 600
 SUITE_TIMEOUT_S = 90 * 60  # CI's own limit
 
@@ -59,14 +70,25 @@ def run_suite(checkout: Path, pytest_args: list[str]) -> dict:
     env = {**os.environ, "CI": "true", "PYTHONPATH": str(checkout)}
     t0, cpu0 = time.monotonic(), busy_cpu_s()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
-                              cwd=checkout, env=env, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SUITE_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         raise SystemExit(f"the suite did not finish within {SUITE_TIMEOUT_S // 60} min (CI's limit)") from None
     wall, busy = time.monotonic() - t0, busy_cpu_s() - cpu0
     summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-    return {"exit_code": done.returncode, "summary": summary, "wall_s": round(wall, 1),
-            "busy_core_s": round(busy, 1), "busy_cores": round(busy / wall, 2)}
+    return {
+        "exit_code": done.returncode,
+        "summary": summary,
+        "wall_s": round(wall, 1),
+        "busy_core_s": round(busy, 1),
+        "busy_cores": round(busy / wall, 2),
+    }
 
 
 def main() -> None:
@@ -89,9 +111,14 @@ def main() -> None:
     reference = opts.reference_job_cores
     # The same work at the same use of the cores on the reference machine.
     ref_wall = [suite["wall_s"] * reference / cores for cores in (high, low)]
-    print({"job_cores_after": after,
-           "work_in_job_seconds": [round(suite["busy_core_s"] / high), round(suite["busy_core_s"] / low)],
-           f"minutes_at_{reference}_cores_per_job": [round(w / 60, 1) for w in ref_wall]}, flush=True)
+    print(
+        {
+            "job_cores_after": after,
+            "work_in_job_seconds": [round(suite["busy_core_s"] / high), round(suite["busy_core_s"] / low)],
+            f"minutes_at_{reference}_cores_per_job": [round(w / 60, 1) for w in ref_wall],
+        },
+        flush=True,
+    )
     if suite["exit_code"] != 0:
         raise SystemExit(f"the suite failed: {suite['summary']}")
 

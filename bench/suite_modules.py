@@ -29,7 +29,7 @@ from bench.cluster_start import busy_cpu_s
 
 
 def parse_variant(text: str) -> tuple[str, Path, dict[str, str]]:
-    """"name=DIR[,NAME=VALUE...]" -> (name, checkout, environment)."""
+    """ "name=DIR[,NAME=VALUE...]" -> (name, checkout, environment)."""
     name, _, rest = text.partition("=")
     checkout, *settings = rest.split(",")
     if not name or not checkout:
@@ -47,10 +47,19 @@ def run_modules(checkout: Path, env: dict[str, str], modules: list[str], log: Pa
     environment = {**os.environ, "CI": "true", "PYTHONPATH": str(checkout), **env}
     t0, cpu0 = time.monotonic(), busy_cpu_s()
     with open(log, "wb") as out:
-        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *modules],
-                             cwd=checkout, env=environment, stdout=out, stderr=subprocess.STDOUT)
-    return {"rc": rc, "wall_s": time.monotonic() - t0, "cpu_s": busy_cpu_s() - cpu0,
-            "summary": log.read_text(errors="replace").strip().splitlines()[-1:]}
+        rc = subprocess.call(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *modules],
+            cwd=checkout,
+            env=environment,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return {
+        "rc": rc,
+        "wall_s": time.monotonic() - t0,
+        "cpu_s": busy_cpu_s() - cpu0,
+        "summary": log.read_text(errors="replace").strip().splitlines()[-1:],
+    }
 
 
 def main() -> None:
@@ -69,11 +78,17 @@ def main() -> None:
         for name, checkout, env in order:
             r = run_modules(checkout, env, args.modules, logs / f"{name}-{i + 1}.log")
             results[name].append(r)
-            print(f"round {i + 1} {name}: wall {r['wall_s']:.1f} s, machine busy {r['cpu_s']:.1f} CPU-s, "
-                  f"exit {r['rc']} {r['summary']} (load {os.getloadavg()[0]:.2f})", flush=True)
+            print(
+                f"round {i + 1} {name}: wall {r['wall_s']:.1f} s, machine busy {r['cpu_s']:.1f} CPU-s, "
+                f"exit {r['rc']} {r['summary']} (load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
     for name, rs in results.items():
-        print(f"median {name}: wall {statistics.median(r['wall_s'] for r in rs):.1f} s, "
-              f"busy {statistics.median(r['cpu_s'] for r in rs):.1f} CPU-s", flush=True)
+        print(
+            f"median {name}: wall {statistics.median(r['wall_s'] for r in rs):.1f} s, "
+            f"busy {statistics.median(r['cpu_s'] for r in rs):.1f} CPU-s",
+            flush=True,
+        )
     print(f"logs: {logs}")
 
 

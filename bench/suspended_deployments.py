@@ -32,10 +32,19 @@ from shared.clock import SystemClock, WallClock  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.transport import InMemoryTransport  # noqa: E402
 
-SPEC = {"jarId": "0" * 32, "entryClass": "build", "kind": "noop", "programArgsList": [], "parallelism": 1,
-        "flinkConfiguration": {}, "restartStrategy": {"type": "none"}, "upgradeMode": "savepoint",
-        "state": "suspended", "rollback": {"enabled": True, "readyWithin": 60.0},
-        "savepoints": {"interval": None, "historyMax": 5}}
+SPEC = {
+    "jarId": "0" * 32,
+    "entryClass": "build",
+    "kind": "noop",
+    "programArgsList": [],
+    "parallelism": 1,
+    "flinkConfiguration": {},
+    "restartStrategy": {"type": "none"},
+    "upgradeMode": "savepoint",
+    "state": "suspended",
+    "rollback": {"enabled": True, "readyWithin": 60.0},
+    "savepoints": {"interval": None, "historyMax": 5},
+}
 
 
 def main() -> None:
@@ -45,12 +54,31 @@ def main() -> None:
         catalog.migrate()
         with catalog.session() as s:
             now = utcnow()
-            s.add_all([DeploymentRow(name=f"d{i:04d}", spec=SPEC, generation=1, deleting=False,
-                                     delete_with_savepoint=True, rollback_requested=False, lifecycle="SUSPENDED",
-                                     created_at=now, updated_at=now) for i in range(args.deployments)])
+            s.add_all(
+                [
+                    DeploymentRow(
+                        name=f"d{i:04d}",
+                        spec=SPEC,
+                        generation=1,
+                        deleting=False,
+                        delete_with_savepoint=True,
+                        rollback_requested=False,
+                        lifecycle="SUSPENDED",
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    for i in range(args.deployments)
+                ]
+            )
         settings = Settings(home=Path("/tmp/headrace-bench-suspended"), catalog=url)
-        master = JobMaster(settings, catalog, InMemoryTransport(sender="jobmanager", epoch=1), gateway=None,
-                           clock=SystemClock(), epoch=1)
+        master = JobMaster(
+            settings,
+            catalog,
+            InMemoryTransport(sender="jobmanager", epoch=1),
+            gateway=None,
+            clock=SystemClock(),
+            epoch=1,
+        )
         with master.unit_of_work():
             master.recover()
         reconciler = DeploymentReconciler(master, settings, WallClock())
@@ -63,8 +91,17 @@ def main() -> None:
             time.sleep(0.01)
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
         catalog.dispose()
-        print(json.dumps({"deployments": args.deployments, "passes": passes, "seconds": round(wall, 1),
-                          "cores": round(cpu / wall, 3), "checkout": args.checkout}))
+        print(
+            json.dumps(
+                {
+                    "deployments": args.deployments,
+                    "passes": passes,
+                    "seconds": round(wall, 1),
+                    "cores": round(cpu / wall, 3),
+                    "checkout": args.checkout,
+                }
+            )
+        )
     finally:
         drop_pg(args.catalog, url)
 

@@ -48,17 +48,34 @@ REPORTS = streams.tm_jm_stream(FLEET) if hasattr(streams, "tm_jm_stream") else s
 def deploys(n: int, taskmanagers: int, redis_url: str, catalog_url: str) -> list[DeployTask]:
     out = []
     for i in range(n):
-        spec = TaskSpec(job_id=new_job_id(), job_name=f"noop-{i}", vertex_id=new_vertex_id(),
-                        execution_id=new_execution_id(), attempt=0, parallelism=1, kind="noop",
-                        checkpoint_dir=f"/tmp/headrace-bench-unused/{i}", fence_token=i + 1,
-                        catalog_url=catalog_url, redis_url=redis_url, config={"noop.duration": -1})
-        out.append(DeployTask(taskmanager_id=f"{FLEET}-sim{i % taskmanagers:05d}", allocation_id=new_allocation_id(),
-                              slot_indices=(i // taskmanagers,), spec=spec))
+        spec = TaskSpec(
+            job_id=new_job_id(),
+            job_name=f"noop-{i}",
+            vertex_id=new_vertex_id(),
+            execution_id=new_execution_id(),
+            attempt=0,
+            parallelism=1,
+            kind="noop",
+            checkpoint_dir=f"/tmp/headrace-bench-unused/{i}",
+            fence_token=i + 1,
+            catalog_url=catalog_url,
+            redis_url=redis_url,
+            config={"noop.duration": -1},
+        )
+        out.append(
+            DeployTask(
+                taskmanager_id=f"{FLEET}-sim{i % taskmanagers:05d}",
+                allocation_id=new_allocation_id(),
+                slot_indices=(i // taskmanagers,),
+                spec=spec,
+            )
+        )
     return out
 
 
-def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask], tm: psutil.Process,
-            timeout_s: float) -> dict:
+def one_run(
+    client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask], tm: psutil.Process, timeout_s: float
+) -> dict:
     wanted = {c.spec.execution_id for c in cmds}
     last_id = client.xinfo_stream(REPORTS)["last-generated-id"] if client.exists(REPORTS) else "0"
     cpu0 = sum(tm.cpu_times()[:2])
@@ -81,8 +98,11 @@ def one_run(client: redis.Redis, gateway: CommandGateway, cmds: list[DeployTask]
                 if isinstance(body, TaskStateChanged) and body.state == ES.RUNNING and body.execution_id in wanted:
                     running.add(body.execution_id)
     wall = time.perf_counter() - t0
-    return {"sent_s": round(sent_s, 3), "all_running_s": round(wall, 3),
-            "taskmanager_cpu_s": round(sum(tm.cpu_times()[:2]) - cpu0, 3)}
+    return {
+        "sent_s": round(sent_s, 3),
+        "all_running_s": round(wall, 3),
+        "taskmanager_cpu_s": round(sum(tm.cpu_times()[:2]) - cpu0, 3),
+    }
 
 
 def main() -> None:
@@ -109,8 +129,13 @@ def main() -> None:
         leader_epoch.publish(client, 1)
         # Commands signed with the fleet's keys: the simulated TaskManagers derive theirs from the
         # secret the services keep in `work`.
-        gateway = CommandGateway(make_celery(url, "headrace-jobmanager"), sender="jobmanager", epoch=1, client=client,
-                                 auth=control_plane_auth(Settings(home=work)))
+        gateway = CommandGateway(
+            make_celery(url, "headrace-jobmanager"),
+            sender="jobmanager",
+            epoch=1,
+            client=client,
+            auth=control_plane_auth(Settings(home=work)),
+        )
         for i in range(a.runs):
             # A fresh ResourceManager and fleet per run: free slots, an empty queue, fresh counts.
             client.delete(streams.RM_STATS_KEY)
@@ -135,7 +160,8 @@ def main() -> None:
     result["runs"] = runs
     result["all_running_s_median"] = statistics.median(r["all_running_s"] for r in runs)
     result["taskmanager_cpu_ms_per_task_median"] = round(
-        statistics.median(r["taskmanager_cpu_s"] for r in runs) * 1000 / a.tasks, 3)
+        statistics.median(r["taskmanager_cpu_s"] for r in runs) * 1000 / a.tasks, 3
+    )
     print(json.dumps(result, indent=2))
 
 

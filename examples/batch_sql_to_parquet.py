@@ -35,10 +35,14 @@ def seed_table(url: str, table: str, n: int, seed: int, job_id: str) -> None:
     concurrent seeding leaves the same rows."""
     from pyspark.sql import types as T
 
-    schema = T.StructType([
-        T.StructField("i", T.LongType()), T.StructField("user_id", T.StringType()),
-        T.StructField("url", T.StringType()), T.StructField("event_time", T.TimestampType()),
-    ])
+    schema = T.StructType(
+        [
+            T.StructField("i", T.LongType()),
+            T.StructField("user_id", T.StringType()),
+            T.StructField("url", T.StringType()),
+            T.StructField("event_time", T.TimestampType()),
+        ]
+    )
     data = pa.Table.from_batches([datagen.generate_batch(seed, 0, n)])
     sink = sql.SqlTableSink(url, table, sink_id=f"{job_id}:seed:{table}", key_columns=["i"])
     try:

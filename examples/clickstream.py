@@ -20,8 +20,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--total", type=int, default=3000, help="events to generate (bounded)")
     p.add_argument("--rate", type=float, default=300.0, help="events per second")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--events-per-minute", type=int, default=600,
-                   help="event-time density: 3000 events at 600/min span 5 minutes")
+    p.add_argument(
+        "--events-per-minute", type=int, default=600, help="event-time density: 3000 events at 600/min span 5 minutes"
+    )
     p.add_argument("--max-delay-ms", type=int, default=5000, help="out-of-orderness of event time")
     p.add_argument("--watermark", default="10 seconds")
     p.add_argument("--table", default="clicks_per_minute")
@@ -40,9 +41,7 @@ def build(ctx):
         max_delay_ms=args.max_delay_ms,
     )
     counts = (
-        clicks.withWatermark("event_time", args.watermark)
-        .groupBy(F.window("event_time", "1 minute"), "url")
-        .count()
+        clicks.withWatermark("event_time", args.watermark).groupBy(F.window("event_time", "1 minute"), "url").count()
     )
     sink_url = args.sink_url or ctx.config.get("sink_url") or ctx.catalog_url
     return ctx.sinks.sql_table(

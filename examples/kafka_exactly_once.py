@@ -38,12 +38,15 @@ def build(ctx):
     records = ctx.sources.kafka(args.input, bootstrap_servers=args.bootstrap_servers, options=options)
     enriched = records.select(
         F.col("key"),
-        F.to_json(F.struct(
-            F.col("value").cast("string").alias("payload"),
-            F.col("partition").alias("source_partition"),
-            F.col("offset").alias("source_offset"),
-            F.col("timestamp").alias("source_time"),
-        )).alias("value"),
+        F.to_json(
+            F.struct(
+                F.col("value").cast("string").alias("payload"),
+                F.col("partition").alias("source_partition"),
+                F.col("offset").alias("source_offset"),
+                F.col("timestamp").alias("source_time"),
+            )
+        ).alias("value"),
     )
-    return ctx.sinks.kafka(enriched, args.output, bootstrap_servers=args.bootstrap_servers,
-                           delivery=args.delivery, trigger=args.trigger)
+    return ctx.sinks.kafka(
+        enriched, args.output, bootstrap_servers=args.bootstrap_servers, delivery=args.delivery, trigger=args.trigger
+    )

@@ -44,13 +44,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build(ctx):
     args = parse_args(ctx.args)
     options = {"maxOffsetsPerTrigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else None
-    raw = ctx.sources.kafka(args.topic, bootstrap_servers=args.bootstrap_servers,
-                            starting_offsets=args.starting_offsets, options=options)
-    events = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("e"), "partition", "offset") \
-        .select("e.*", "partition", "offset")
+    raw = ctx.sources.kafka(
+        args.topic, bootstrap_servers=args.bootstrap_servers, starting_offsets=args.starting_offsets, options=options
+    )
+    events = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("e"), "partition", "offset").select(
+        "e.*", "partition", "offset"
+    )
     upkeep = {"optimize.every": str(args.optimize_every)} if args.optimize_every else {}
     if args.totals:
         totals = events.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("total"))
-        return ctx.sinks.delta(totals, args.table, key_columns=["key"], output_mode="update", options=upkeep,
-                               trigger=args.trigger)
+        return ctx.sinks.delta(
+            totals, args.table, key_columns=["key"], output_mode="update", options=upkeep, trigger=args.trigger
+        )
     return ctx.sinks.delta(events, args.table, options=upkeep, trigger=args.trigger)

@@ -38,16 +38,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build(ctx):
     args = parse_args(ctx.args)
     options = {"maxOffsetsPerTrigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else None
-    raw = ctx.sources.kafka(args.topic, bootstrap_servers=args.bootstrap_servers,
-                            starting_offsets=args.starting_offsets, options=options)
+    raw = ctx.sources.kafka(
+        args.topic, bootstrap_servers=args.bootstrap_servers, starting_offsets=args.starting_offsets, options=options
+    )
     events = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("e")).select("e.*")
     if args.window:
-        counts = (events.withWatermark("event_time", args.watermark)
-                  .groupBy(F.window("event_time", args.window), "key")
-                  .agg(F.count("*").alias("count"), F.sum("value").alias("total")))
+        counts = (
+            events.withWatermark("event_time", args.watermark)
+            .groupBy(F.window("event_time", args.window), "key")
+            .agg(F.count("*").alias("count"), F.sum("value").alias("total"))
+        )
         keys = ["window_start", "window_end", "key"]
     else:
         counts = events.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("total"))
         keys = ["key"]
-    return ctx.sinks.sql_table(counts, args.table, key_columns=keys, url=args.sink_url or ctx.catalog_url,
-                               output_mode="update", trigger=args.trigger)
+    return ctx.sinks.sql_table(
+        counts,
+        args.table,
+        key_columns=keys,
+        url=args.sink_url or ctx.catalog_url,
+        output_mode="update",
+        trigger=args.trigger,
+    )

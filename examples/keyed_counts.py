@@ -21,8 +21,9 @@ SCHEMA = "key STRING, n BIGINT, value BIGINT, event_time TIMESTAMP"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="keyed_counts")
     p.add_argument("--stream", default="events")
-    p.add_argument("--source-url", default=None,
-                   help="Redis URL of the source stream when it is not in the cluster's Redis")
+    p.add_argument(
+        "--source-url", default=None, help="Redis URL of the source stream when it is not in the cluster's Redis"
+    )
     p.add_argument("--sink", choices=("sql", "parquet"), default="sql")
     p.add_argument("--table", default="keyed_counts", help="SQL sink: output table")
     p.add_argument("--path", default=None, help="parquet sink: output directory")
@@ -38,13 +39,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build(ctx):
     args = parse_args(ctx.args)
-    events = ctx.sources.redis_stream(args.stream, schema=SCHEMA, url=args.source_url,
-                                      max_entries_per_trigger=args.max_entries_per_trigger)
+    events = ctx.sources.redis_stream(
+        args.stream, schema=SCHEMA, url=args.source_url, max_entries_per_trigger=args.max_entries_per_trigger
+    )
     if args.sink == "sql":
         totals = events.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("total"))
-        return ctx.sinks.sql_table(totals, args.table, key_columns=["key"],
-                                   url=args.sink_url or ctx.config.get("sink_url") or ctx.catalog_url,
-                                   output_mode="update", trigger=args.trigger)
+        return ctx.sinks.sql_table(
+            totals,
+            args.table,
+            key_columns=["key"],
+            url=args.sink_url or ctx.config.get("sink_url") or ctx.catalog_url,
+            output_mode="update",
+            trigger=args.trigger,
+        )
     windows = (
         events.withWatermark("event_time", args.watermark)
         .groupBy(F.window("event_time", args.window), "key")

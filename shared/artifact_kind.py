@@ -19,5 +19,5 @@ EXPECTED = "a .py module or a .zip of .py files (suffix in any letter case)"
 
 
 def kind_of(name: str | PurePath) -> Kind | None:
-    """"py" or "zip" for an artifact's file name, else None."""
+    """ "py" or "zip" for an artifact's file name, else None."""
     return KINDS.get(PurePath(str(name)).suffix.lower())

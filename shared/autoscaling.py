@@ -91,12 +91,14 @@ class AutoscalerSpec:
         if not rec.get("enabled"):
             return cls()
         return cls(
-            enabled=True, min_parallelism=int(rec.get("minParallelism") or 1),
+            enabled=True,
+            min_parallelism=int(rec.get("minParallelism") or 1),
             max_parallelism=int(rec.get("maxParallelism") or max(parallelism, 1)),
             target_utilization=float(rec.get("targetUtilization") or DEFAULT_TARGET_UTILIZATION),
             metrics_window_s=durations.parse_duration(rec.get("metricsWindow") or DEFAULT_METRICS_WINDOW_S),
-            stabilization_s=durations.parse_duration(DEFAULT_STABILIZATION_S if rec.get("stabilization") is None
-                                                     else rec["stabilization"]),
+            stabilization_s=durations.parse_duration(
+                DEFAULT_STABILIZATION_S if rec.get("stabilization") is None else rec["stabilization"]
+            ),
             catch_up_s=durations.parse_duration(rec.get("catchUp") or DEFAULT_CATCH_UP_S),
         )
 
@@ -155,8 +157,14 @@ class Evaluation:
     def record(self) -> dict[str, Any]:
         # A wanted scale-up travels with the figures, where the next evaluation reads it back.
         figures = dict(self.figures) | ({"wanted": self.wanted} if self.wanted is not None else {})
-        return {"at": self.at_s, "parallelism": self.parallelism, "proposed": self.proposed,
-                "outcome": self.outcome.value, "reason": self.reason, "figures": figures}
+        return {
+            "at": self.at_s,
+            "parallelism": self.parallelism,
+            "proposed": self.proposed,
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "figures": figures,
+        }
 
 
 @dataclass(frozen=True)
@@ -178,11 +186,20 @@ class Figures:
     def record(self) -> dict[str, float | int | None]:
         def rounded(x: float) -> float | None:
             return None if math.isinf(x) else round(x, 4)
-        return {"spanS": round(self.span_s, 2), "busy": round(self.busy, 3), "readRate": round(self.read_rate, 1),
-                "lag": round(self.lag, 1), "lagGrowth": round(self.lag_growth, 1),
-                "arrivalRate": round(self.arrival_rate, 1), "fixedCostS": round(self.fixed_cost_s, 4),
-                "capacity": rounded(self.capacity), "capacityLow": rounded(self.capacity_low),
-                "saturated": int(self.saturated), "shownRate": round(self.shown_rate, 1)}
+
+        return {
+            "spanS": round(self.span_s, 2),
+            "busy": round(self.busy, 3),
+            "readRate": round(self.read_rate, 1),
+            "lag": round(self.lag, 1),
+            "lagGrowth": round(self.lag_growth, 1),
+            "arrivalRate": round(self.arrival_rate, 1),
+            "fixedCostS": round(self.fixed_cost_s, 4),
+            "capacity": rounded(self.capacity),
+            "capacityLow": rounded(self.capacity_low),
+            "saturated": int(self.saturated),
+            "shownRate": round(self.shown_rate, 1),
+        }
 
 
 def window(points: Sequence[Point], spec: AutoscalerSpec, now_s: float) -> list[Point]:
@@ -223,8 +240,11 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None, shown: f
     read_rate = rates[len(rates) // 2] if rates else mean_rows * batch_rate
     lags = [p for p in points if p.lag is not None]
     lag = float(lags[-1].lag or 0.0) if lags else 0.0
-    growth = ((lags[-1].lag or 0.0) - (lags[0].lag or 0.0)) / (lags[-1].at_s - lags[0].at_s) \
-        if len(lags) >= 2 and lags[-1].at_s > lags[0].at_s else 0.0
+    growth = (
+        ((lags[-1].lag or 0.0) - (lags[0].lag or 0.0)) / (lags[-1].at_s - lags[0].at_s)
+        if len(lags) >= 2 and lags[-1].at_s > lags[0].at_s
+        else 0.0
+    )
     arrival = max(0.0, read_rate + growth)
     shortest = min(p.duration_s or 0.0 for p in timed)
     lowest = min(shortest, fixed_cost_s) if fixed_cost_s is not None else shortest
@@ -290,15 +310,19 @@ def _per_second(row_time: float) -> float:
 def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]) -> Evaluation:
     p, now = situation.parallelism, situation.now_s
 
-    def out(outcome: Outcome, reason: str, proposed: int = p, fig: Figures | None = None,
-            wanted: int | None = None) -> Evaluation:
+    def out(
+        outcome: Outcome, reason: str, proposed: int = p, fig: Figures | None = None, wanted: int | None = None
+    ) -> Evaluation:
         return Evaluation(now, p, proposed, outcome, reason, fig.record() if fig else {}, wanted)
 
     if situation.held:
         return out(Outcome.HELD, f"holding off: {situation.held}")
     if situation.quiet_s is not None and situation.quiet_s < spec.stabilization_s:
-        return out(Outcome.WAIT, f"stabilizing: {situation.quiet_s:.0f} s since the last start, rescale or "
-                                 f"rollback, {spec.stabilization_s:g} s needed")
+        return out(
+            Outcome.WAIT,
+            f"stabilizing: {situation.quiet_s:.0f} s since the last start, rescale or "
+            f"rollback, {spec.stabilization_s:g} s needed",
+        )
     # Figures from before the stabilization ended describe the task as it started (its first
     # batch takes in the backlog of its start-up) and are not read (as Flink's autoscaler does).
     settled_at = now - (situation.quiet_s or 0.0) + spec.stabilization_s if situation.quiet_s is not None else None
@@ -306,11 +330,19 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     seen = window(settled, spec, now)
     fig = figures(seen, situation.fixed_cost_s, shown_rate(settled))
     if fig is None or fig.span_s < MIN_WINDOW_SHARE * spec.metrics_window_s:
-        return out(Outcome.WAIT, f"too few figures: {len(seen)} micro-batch point(s) over "
-                                 f"{fig.span_s if fig else 0:.0f} s of the {spec.metrics_window_s:g} s window", fig=fig)
+        return out(
+            Outcome.WAIT,
+            f"too few figures: {len(seen)} micro-batch point(s) over "
+            f"{fig.span_s if fig else 0:.0f} s of the {spec.metrics_window_s:g} s window",
+            fig=fig,
+        )
     if sum(q.rows for q in seen) < MIN_ROWS_PER_BATCH * len(seen):
-        return out(Outcome.WAIT, f"the window's {len(seen)} micro-batches carry almost no rows (under "
-                                 f"{MIN_ROWS_PER_BATCH:g} each on average): nothing to judge a capacity by", fig=fig)
+        return out(
+            Outcome.WAIT,
+            f"the window's {len(seen)} micro-batches carry almost no rows (under "
+            f"{MIN_ROWS_PER_BATCH:g} each on average): nothing to judge a capacity by",
+            fig=fig,
+        )
     lowest = spec.min_parallelism
     bounds = _bounds(spec, situation, settled)
     highest = max(lowest, min(bounds.values()))
@@ -318,8 +350,11 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
 
     def needed_at(capacity: float) -> int:
         per_core = capacity / p
-        return lowest if math.isinf(per_core) else max(1, math.ceil(needed_rate / (per_core * spec.target_utilization)
-                                                                    - 1e-9))
+        return (
+            lowest
+            if math.isinf(per_core)
+            else max(1, math.ceil(needed_rate / (per_core * spec.target_utilization) - 1e-9))
+        )
 
     # Up from the high capacity estimate, down from the low one: noise in either keeps the parallelism.
     needed = needed_at(fig.capacity)
@@ -328,30 +363,49 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
     bounded = min(max(needed, lowest), highest)
     per_core = fig.capacity_low / p
     utilization = fig.arrival_rate / fig.capacity if fig.capacity > 0 else math.inf
-    about = (f"arrival {fig.arrival_rate:.0f}/s, lag {fig.lag:.0f} ({fig.lag_growth:+.0f}/s), capacity "
-             f"{'unbounded' if math.isinf(fig.capacity) else f'{fig.capacity:.0f}/s'} at parallelism {p} "
-             f"(utilization {utilization:.2f}, busy {fig.busy:.2f})")
+    about = (
+        f"arrival {fig.arrival_rate:.0f}/s, lag {fig.lag:.0f} ({fig.lag_growth:+.0f}/s), capacity "
+        f"{'unbounded' if math.isinf(fig.capacity) else f'{fig.capacity:.0f}/s'} at parallelism {p} "
+        f"(utilization {utilization:.2f}, busy {fig.busy:.2f})"
+    )
     cap = f" (bounded by {min(bounds, key=lambda k: bounds[k])} {highest})" if needed > highest else ""
     if bounded > p:
         if fig.lag < 1 and fig.lag_growth <= 0 and (situation.last_wanted is None or situation.last_wanted <= p):
             # One low capacity estimate among high ones, with nothing waiting, is noise more often
             # than load: a second evaluation must find the same before the task restarts for it.
-            return out(Outcome.KEEP, f"{about}: parallelism {needed} needed by this estimate, but no input waits: "
-                                     f"scaling up once the next evaluation finds it too{cap}", fig=fig,
-                       wanted=bounded)
-        return out(Outcome.SCALE_UP, f"{about}: parallelism {needed} needed to process the input and drain the "
-                                     f"lag within {spec.catch_up_s:g} s at {spec.target_utilization:g}{cap}",
-                   bounded, fig)
+            return out(
+                Outcome.KEEP,
+                f"{about}: parallelism {needed} needed by this estimate, but no input waits: "
+                f"scaling up once the next evaluation finds it too{cap}",
+                fig=fig,
+                wanted=bounded,
+            )
+        return out(
+            Outcome.SCALE_UP,
+            f"{about}: parallelism {needed} needed to process the input and drain the "
+            f"lag within {spec.catch_up_s:g} s at {spec.target_utilization:g}{cap}",
+            bounded,
+            fig,
+        )
     if bounded < p:
         after = fig.arrival_rate / (per_core * bounded) if per_core > 0 else math.inf
         if fig.lag_growth > LAG_GROWTH_SHARE * max(fig.read_rate, 1.0):
             return out(Outcome.KEEP, f"{about}: not scaling down while the lag grows", fig=fig)
         floor = spec.target_utilization - SCALE_DOWN_BAND
         if after >= floor:
-            return out(Outcome.KEEP, f"{about}: parallelism {bounded} would run at {after:.2f}, not below "
-                                     f"{floor:.2f} (the target less {SCALE_DOWN_BAND:g})", fig=fig)
-        return out(Outcome.SCALE_DOWN, f"{about}: parallelism {bounded} runs the current input at {after:.2f}, "
-                                       f"below {floor:.2f} (the target less {SCALE_DOWN_BAND:g})", bounded, fig)
+            return out(
+                Outcome.KEEP,
+                f"{about}: parallelism {bounded} would run at {after:.2f}, not below "
+                f"{floor:.2f} (the target less {SCALE_DOWN_BAND:g})",
+                fig=fig,
+            )
+        return out(
+            Outcome.SCALE_DOWN,
+            f"{about}: parallelism {bounded} runs the current input at {after:.2f}, "
+            f"below {floor:.2f} (the target less {SCALE_DOWN_BAND:g})",
+            bounded,
+            fig,
+        )
     if needed > highest == p:
         return out(Outcome.KEEP, f"{about}: parallelism {needed} needed, but {p} is the most{cap}", fig=fig)
     return out(Outcome.KEEP, f"{about}: parallelism {p} is right", fig=fig)

@@ -15,4 +15,4 @@ def exponential(step: int, *, first_s: float, max_s: float, factor: float = 2.0)
     # Past this the pause is max_s anyway, and factor ** exponent would only grow (or overflow).
     if factor > 1 and first_s * factor ** min(exponent, 64) >= max_s:
         return max_s
-    return min(max_s, first_s * factor ** exponent)
+    return min(max_s, first_s * factor**exponent)

@@ -46,34 +46,82 @@ class CeleryWire:
         expires = (now + timedelta(seconds=expires_s)).isoformat()
         body = json.dumps([args, {}, _EMBED]).encode()
         headers = {
-            "lang": "py", "task": name, "id": task_id, "shadow": None, "eta": None, "expires": expires,
-            "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
-            "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": "{}", "origin": self.origin,
-            "ignore_result": None, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+            "lang": "py",
+            "task": name,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": expires,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": argsrepr,
+            "kwargsrepr": "{}",
+            "origin": self.origin,
+            "ignore_result": None,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
         }
         message = {
-            "body": base64.b64encode(body).decode(), "content-encoding": "utf-8", "content-type": "application/json",
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
             "headers": headers,
             "properties": {
-                "correlation_id": task_id, "reply_to": self.reply_to, "argsrepr": argsrepr, "delivery_mode": 2,
-                "expiration": str(int(expires_s * 1000)), "delivery_info": {"exchange": "", "routing_key": queue},
-                "priority": 0, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+                "correlation_id": task_id,
+                "reply_to": self.reply_to,
+                "argsrepr": argsrepr,
+                "delivery_mode": 2,
+                "expiration": str(int(expires_s * 1000)),
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
             },
         }
         event = None
         if self.send_sent_event:
-            event = self._event({
-                "hostname": self.origin, "utcoffset": utcoffset(), "pid": self.pid, "clock": self.app.clock.forward(),
-                "uuid": task_id, "root_id": task_id, "parent_id": None, "name": name, "args": argsrepr,
-                "kwargs": "{}", "retries": 0, "eta": None, "expires": expires, "queue": queue, "exchange": "",
-                "routing_key": queue, "timestamp": time.time(), "type": "task-sent",
-            })
+            event = self._event(
+                {
+                    "hostname": self.origin,
+                    "utcoffset": utcoffset(),
+                    "pid": self.pid,
+                    "clock": self.app.clock.forward(),
+                    "uuid": task_id,
+                    "root_id": task_id,
+                    "parent_id": None,
+                    "name": name,
+                    "args": argsrepr,
+                    "kwargs": "{}",
+                    "retries": 0,
+                    "eta": None,
+                    "expires": expires,
+                    "queue": queue,
+                    "exchange": "",
+                    "routing_key": queue,
+                    "timestamp": time.time(),
+                    "type": "task-sent",
+                }
+            )
         return json.dumps(message).encode(), event
 
     def _event(self, fields: dict) -> bytes:
-        return json.dumps({
-            "body": base64.b64encode(json.dumps(fields).encode()).decode(), "content-encoding": "utf-8",
-            "content-type": "application/json", "headers": {"hostname": self.origin},
-            "properties": {"delivery_mode": 1, "delivery_info": {"exchange": "celeryev", "routing_key": "task.sent"},
-                           "priority": 0, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())},
-        }).encode()
+        return json.dumps(
+            {
+                "body": base64.b64encode(json.dumps(fields).encode()).decode(),
+                "content-encoding": "utf-8",
+                "content-type": "application/json",
+                "headers": {"hostname": self.origin},
+                "properties": {
+                    "delivery_mode": 1,
+                    "delivery_info": {"exchange": "celeryev", "routing_key": "task.sent"},
+                    "priority": 0,
+                    "body_encoding": "base64",
+                    "delivery_tag": str(uuid.uuid4()),
+                },
+            }
+        ).encode()

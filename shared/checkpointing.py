@@ -47,8 +47,19 @@ RESTORE_PATH = "execution.savepoint.path"
 ALLOW_NON_RESTORED = "execution.savepoint.ignore-unclaimed-state"
 RESTORE_MODE = "execution.savepoint-restore-mode"
 
-KEYS = (INTERVAL, TIMEOUT, MIN_PAUSE, MAX_CONCURRENT, TOLERABLE, NUM_RETAINED, RETENTION, SAVEPOINT_DIR,
-        RESTORE_PATH, ALLOW_NON_RESTORED, RESTORE_MODE)
+KEYS = (
+    INTERVAL,
+    TIMEOUT,
+    MIN_PAUSE,
+    MAX_CONCURRENT,
+    TOLERABLE,
+    NUM_RETAINED,
+    RETENTION,
+    SAVEPOINT_DIR,
+    RESTORE_PATH,
+    ALLOW_NON_RESTORED,
+    RESTORE_MODE,
+)
 
 Retention = Literal["RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION"]
 RestoreMode = Literal["NO_CLAIM", "CLAIM"]
@@ -86,9 +97,13 @@ class CheckpointConfig:
         reads back the same in a job's configuration (for GET /jobs/{id}/checkpoints/config)."""
         return {
             INTERVAL: flink_text(self.interval_s) if self.interval_s is not None else None,
-            TIMEOUT: flink_text(self.timeout_s), MIN_PAUSE: flink_text(self.min_pause_s),
-            MAX_CONCURRENT: self.max_concurrent, TOLERABLE: self.tolerable_failures,
-            NUM_RETAINED: self.num_retained, RETENTION: self.retention, SAVEPOINT_DIR: self.savepoint_dir,
+            TIMEOUT: flink_text(self.timeout_s),
+            MIN_PAUSE: flink_text(self.min_pause_s),
+            MAX_CONCURRENT: self.max_concurrent,
+            TOLERABLE: self.tolerable_failures,
+            NUM_RETAINED: self.num_retained,
+            RETENTION: self.retention,
+            SAVEPOINT_DIR: self.savepoint_dir,
         }
 
 
@@ -128,27 +143,33 @@ def to_local_path(raw: str) -> str:
     message, since checkpoint storage here is a (shared) filesystem."""
     raw = raw.strip()
     if raw.startswith("file://"):
-        rest = raw[len("file://"):]
+        rest = raw[len("file://") :]
         # file:///a/b (empty authority) and file://localhost/a/b
         if rest.startswith("localhost/"):
-            rest = rest[len("localhost"):]
+            rest = rest[len("localhost") :]
         if not rest.startswith("/"):
             raise ValueError(f"{raw!r} is not an absolute file:// URI (expected file:///path)")
         return rest
     if raw.startswith("file:/"):  # Flink prints locations as file:/a/b
-        return raw[len("file:"):]
+        return raw[len("file:") :]
     scheme_match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", raw)
     if scheme_match:
         scheme = scheme_match.group(1)
-        raise ValueError(f"scheme {scheme!r} is not supported: use a path every TaskManager can reach "
-                         "(a shared filesystem), or file:///path")
+        raise ValueError(
+            f"scheme {scheme!r} is not supported: use a path every TaskManager can reach "
+            "(a shared filesystem), or file:///path"
+        )
     if "\x00" in raw:
         raise ValueError("a path cannot contain NUL bytes")
     return raw
 
 
-def checkpoint_config(job_config: Mapping[str, Any] | None, cluster_default: Mapping[str, Any] | None = None,
-                      *, savepoint_dir: str | None = None) -> CheckpointConfig:
+def checkpoint_config(
+    job_config: Mapping[str, Any] | None,
+    cluster_default: Mapping[str, Any] | None = None,
+    *,
+    savepoint_dir: str | None = None,
+) -> CheckpointConfig:
     """The effective configuration of one job. Raises InvalidCheckpointConfig naming the option."""
     merged: dict[str, Any] = {**(cluster_default or {}), **(job_config or {})}
     kw: dict[str, Any] = {}
@@ -176,8 +197,9 @@ def checkpoint_config(job_config: Mapping[str, Any] | None, cluster_default: Map
         if value == "NO_EXTERNALIZED_CHECKPOINTS":
             value = "DELETE_ON_CANCELLATION"
         if value not in ("RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION"):
-            raise InvalidCheckpointConfig(RETENTION, "expected RETAIN_ON_CANCELLATION or DELETE_ON_CANCELLATION, "
-                                                     f"got {merged[RETENTION]!r}")
+            raise InvalidCheckpointConfig(
+                RETENTION, f"expected RETAIN_ON_CANCELLATION or DELETE_ON_CANCELLATION, got {merged[RETENTION]!r}"
+            )
         kw["retention"] = value
     sp_dir = merged.get(SAVEPOINT_DIR) or savepoint_dir
     if sp_dir:

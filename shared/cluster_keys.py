@@ -49,11 +49,13 @@ def parse_secret(text: str, *, what: str = "cluster secret") -> bytes:
     try:
         raw = bytes.fromhex(value)
     except ValueError:
-        raise ClusterSecretError(f"the {what} must be hexadecimal (e.g. from `python3 -c \"import secrets; "
-                                 f"print(secrets.token_hex(32))\"`)") from None
+        raise ClusterSecretError(
+            f'the {what} must be hexadecimal (e.g. from `python3 -c "import secrets; print(secrets.token_hex(32))"`)'
+        ) from None
     if len(raw) < SECRET_BYTES:
-        raise ClusterSecretError(f"the {what} must hold at least {SECRET_BYTES} bytes ({2 * SECRET_BYTES} hex "
-                                 f"digits); it has {len(raw)}")
+        raise ClusterSecretError(
+            f"the {what} must hold at least {SECRET_BYTES} bytes ({2 * SECRET_BYTES} hex digits); it has {len(raw)}"
+        )
     return raw
 
 

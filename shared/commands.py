@@ -92,8 +92,15 @@ class CommandGateway:
     Given the Redis client of the broker, commands are written as Celery would write them
     (shared/celery_wire.py) without its per-message cost; without one, through `send_task`."""
 
-    def __init__(self, app: Celery, *, sender: str, epoch: int, client: redis.Redis | None = None,
-                 auth: ClusterAuth | None = None):
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        sender: str,
+        epoch: int,
+        client: redis.Redis | None = None,
+        auth: ClusterAuth | None = None,
+    ):
         self.app, self.sender, self.epoch, self.client = app, sender, epoch, client
         self.auth = auth or ClusterAuth.ephemeral()  # without the cluster's keys no TaskManager obeys
         self.wire = CeleryWire(app, db=client.connection_pool.connection_kwargs.get("db", 0)) if client else None
@@ -139,15 +146,26 @@ class CommandGateway:
         # A command is only useful for seconds; one stuck in a dead TaskManager's queue must
         # not start a task much later when a TaskManager with that id reappears.
         if self.wire is not None:
-            item = (queue, *self.wire.task(name, queue, [payload, signature], argsrepr=summary(body, self.epoch),
-                                           expires_s=COMMAND_EXPIRES_S))
+            item = (
+                queue,
+                *self.wire.task(
+                    name, queue, [payload, signature], argsrepr=summary(body, self.epoch), expires_s=COMMAND_EXPIRES_S
+                ),
+            )
             if getattr(self._local, "open", False):
                 self._local.items.append(item)
             else:
                 self._write([item])
             return
-        self.app.send_task(name, args=[payload, signature], queue=queue, routing_key=queue, expires=COMMAND_EXPIRES_S,
-                           argsrepr=summary(body, self.epoch), producer=getattr(self._local, "producer", None))
+        self.app.send_task(
+            name,
+            args=[payload, signature],
+            queue=queue,
+            routing_key=queue,
+            expires=COMMAND_EXPIRES_S,
+            argsrepr=summary(body, self.epoch),
+            producer=getattr(self._local, "producer", None),
+        )
 
     def _write(self, items: list[tuple[str, bytes, bytes | None]]) -> None:
         if not items:
@@ -168,8 +186,12 @@ def summary(body, epoch: int) -> str:
     the ids an operator looks for, and nothing of the task spec (its catalog URL may hold a
     password)."""
     spec = getattr(body, "spec", None)
-    fields = {"job": getattr(body, "job_id", None) or getattr(spec, "job_id", None),
-              "execution": getattr(body, "execution_id", None) or getattr(spec, "execution_id", None),
-              "attempt": getattr(spec, "attempt", None), "checkpoint": getattr(body, "checkpoint_id", None),
-              "taskmanager": getattr(body, "taskmanager_id", None), "epoch": epoch}
+    fields = {
+        "job": getattr(body, "job_id", None) or getattr(spec, "job_id", None),
+        "execution": getattr(body, "execution_id", None) or getattr(spec, "execution_id", None),
+        "attempt": getattr(spec, "attempt", None),
+        "checkpoint": getattr(body, "checkpoint_id", None),
+        "taskmanager": getattr(body, "taskmanager_id", None),
+        "epoch": epoch,
+    }
     return f"{body.type}(" + ", ".join(f"{k}={v}" for k, v in fields.items() if v is not None) + ")"

@@ -28,9 +28,13 @@ def judge_new_generation(o: Observed, live: bool) -> Plan:
     settled_to = Lifecycle.ROLLED_BACK if rolling_back or in_place_of_blocked else Lifecycle.STABLE
     if job is not None and job.running and job.checkpoint_since_deploy:
         # A rollback's error stays: it says why the newer generation is not the one running.
-        return Plan(to=settled_to, stable=not rolling_back, clear_error=settled_to == Lifecycle.STABLE,
-                    scale_settled=not rolling_back,
-                    reason=f"generation {o.job_generation} is running and completed a checkpoint (job {job.id})")
+        return Plan(
+            to=settled_to,
+            stable=not rolling_back,
+            clear_error=settled_to == Lifecycle.STABLE,
+            scale_settled=not rolling_back,
+            reason=f"generation {o.job_generation} is running and completed a checkpoint (job {job.id})",
+        )
     why = _not_ready(o, live)
     if why is None:
         return NOTHING
@@ -51,8 +55,9 @@ def _not_ready(o: Observed, live: bool) -> str | None:
     if job.terminal:
         return f"its job {job.id} ended {job.status}" + (f": {job.failure}" if job.failure else "")
     if job.failures_since_deploy >= FAILURES_BEFORE_ROLLBACK:
-        return (f"its job {job.id} failed {job.failures_since_deploy} time(s)"
-                + (f" (last failure: {job.failure})" if job.failure else ""))
+        return f"its job {job.id} failed {job.failures_since_deploy} time(s)" + (
+            f" (last failure: {job.failure})" if job.failure else ""
+        )
     ready_within = o.spec.ready_within_s
     if o.deployed_s_ago is not None and o.deployed_s_ago > ready_within:
         what = "is not RUNNING" if not job.running else "has completed no checkpoint"
@@ -63,33 +68,69 @@ def _not_ready(o: Observed, live: bool) -> str | None:
 def rollback(o: Observed, live: bool, *, why: str, consume: bool = False) -> Plan:
     s = o.stable_generation
     if not o.spec.rollback_enabled and not consume:
-        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation,
-                    reason=f"generation {o.job_generation} failed: {why} (rollback is disabled)")
+        return Plan(
+            to=Lifecycle.FAILED,
+            error=why,
+            block=o.job_generation,
+            reason=f"generation {o.job_generation} failed: {why} (rollback is disabled)",
+        )
     if s is None or s == o.job_generation or o.stable_spec is None:
-        return Plan(to=Lifecycle.FAILED, error=why, block=o.job_generation, consume_rollback_request=consume,
-                    reason=f"generation {o.job_generation} failed: {why}; there is no stable generation to roll "
-                           "back to")
+        return Plan(
+            to=Lifecycle.FAILED,
+            error=why,
+            block=o.job_generation,
+            consume_rollback_request=consume,
+            reason=f"generation {o.job_generation} failed: {why}; there is no stable generation to roll back to",
+        )
     point = o.rollback_point
     then = {"generation": s, "restore": point, "fromStable": True}
-    reason = (f"generation {o.job_generation} {'rolled back' if consume else 'not ready'}: {why}; rolling back to "
-              f"generation {s} from {point or 'nothing'}")
+    reason = (
+        f"generation {o.job_generation} {'rolled back' if consume else 'not ready'}: {why}; rolling back to "
+        f"generation {s} from {point or 'nothing'}"
+    )
     if live:
-        return Plan(to=Lifecycle.ROLLING_BACK, cancel_job=True, error=why, block=o.job_generation,
-                    consume_rollback_request=consume, reason=reason,
-                    pending={"kind": "ends", "purpose": "rollback", **then})
-    return Plan(to=Lifecycle.ROLLING_BACK, start=Start(s, point, from_stable=True), error=why, block=o.job_generation,
-                consume_rollback_request=consume, reason=reason, rollback_point=point)
+        return Plan(
+            to=Lifecycle.ROLLING_BACK,
+            cancel_job=True,
+            error=why,
+            block=o.job_generation,
+            consume_rollback_request=consume,
+            reason=reason,
+            pending={"kind": "ends", "purpose": "rollback", **then},
+        )
+    return Plan(
+        to=Lifecycle.ROLLING_BACK,
+        start=Start(s, point, from_stable=True),
+        error=why,
+        block=o.job_generation,
+        consume_rollback_request=consume,
+        reason=reason,
+        rollback_point=point,
+    )
 
 
 def _unscale(o: Observed, live: bool, why: str) -> Plan:
     """The autoscaler's rescale of the stable generation is not ready: the same generation again
     at the parallelism before it, from the rescale's savepoint; the autoscaler holds off."""
     back, point, g = o.scaled_from, o.rollback_point, o.job_generation or o.generation
-    reason = (f"the autoscaler's rescale to parallelism {o.target_parallelism} not ready: {why}; back to "
-              f"parallelism {back} from {point or 'nothing'}")
+    reason = (
+        f"the autoscaler's rescale to parallelism {o.target_parallelism} not ready: {why}; back to "
+        f"parallelism {back} from {point or 'nothing'}"
+    )
     if live:
-        return Plan(to=Lifecycle.ROLLING_BACK, cancel_job=True, error=why, unscale_to=back, reason=reason,
-                    pending={"kind": "ends", "purpose": "rollback", "generation": g, "restore": point,
-                             "parallelism": back})
-    return Plan(to=Lifecycle.ROLLING_BACK, start=Start(g, point, parallelism=back), error=why, unscale_to=back,
-                reason=reason, rollback_point=point)
+        return Plan(
+            to=Lifecycle.ROLLING_BACK,
+            cancel_job=True,
+            error=why,
+            unscale_to=back,
+            reason=reason,
+            pending={"kind": "ends", "purpose": "rollback", "generation": g, "restore": point, "parallelism": back},
+        )
+    return Plan(
+        to=Lifecycle.ROLLING_BACK,
+        start=Start(g, point, parallelism=back),
+        error=why,
+        unscale_to=back,
+        reason=reason,
+        rollback_point=point,
+    )

@@ -48,11 +48,16 @@ class DeploymentSpec:
         savepoints = rec.get("savepoints") or {}
         interval = savepoints.get("interval")
         return cls(
-            jar_id=str(rec["jarId"]), entry=rec.get("entryClass") or "build", kind=rec.get("kind") or "pyspark",
+            jar_id=str(rec["jarId"]),
+            entry=rec.get("entryClass") or "build",
+            kind=rec.get("kind") or "pyspark",
             program_args=tuple(str(a) for a in rec.get("programArgsList") or ()),
-            parallelism=int(rec.get("parallelism") or 1), config=dict(rec.get("flinkConfiguration") or {}),
-            restart_strategy=rec.get("restartStrategy") or None, upgrade_mode=rec.get("upgradeMode") or "savepoint",
-            state=rec.get("state") or "running", rollback_enabled=rollback.get("enabled", True) is not False,
+            parallelism=int(rec.get("parallelism") or 1),
+            config=dict(rec.get("flinkConfiguration") or {}),
+            restart_strategy=rec.get("restartStrategy") or None,
+            upgrade_mode=rec.get("upgradeMode") or "savepoint",
+            state=rec.get("state") or "running",
+            rollback_enabled=rollback.get("enabled", True) is not False,
             ready_within_s=durations.parse_duration(rollback.get("readyWithin") or DEFAULT_READY_WITHIN_S),
             savepoint_interval_s=durations.parse_duration(interval) if interval else None,
             history_max=int(savepoints.get("historyMax", DEFAULT_HISTORY_MAX)),
@@ -64,8 +69,9 @@ class DeploymentSpec:
         row) within its bounds while it is enabled, else the spec's."""
         a = self.autoscaler
         if not a.enabled or chosen is None:
-            return self.parallelism if not a.enabled else min(max(self.parallelism, a.min_parallelism),
-                                                                a.max_parallelism)
+            return (
+                self.parallelism if not a.enabled else min(max(self.parallelism, a.min_parallelism), a.max_parallelism)
+            )
         return min(max(chosen, a.min_parallelism), a.max_parallelism)
 
     def same_version(self, other: "DeploymentSpec") -> bool:
@@ -75,11 +81,22 @@ class DeploymentSpec:
     def same_pipeline_except_parallelism(self, other: "DeploymentSpec") -> bool:
         """Only the parallelism differs (and what the lifecycle alone reads): a rescale will do."""
         return (self.jar_id, self.entry, self.kind, self.program_args, dict(self.config), self.restart_strategy) == (
-            other.jar_id, other.entry, other.kind, other.program_args, dict(other.config), other.restart_strategy)
+            other.jar_id,
+            other.entry,
+            other.kind,
+            other.program_args,
+            dict(other.config),
+            other.restart_strategy,
+        )
 
 
-def waiting_reason(lifecycle: str | None, pending: Mapping[str, Any] | None, job_id: str | None,
-                   job_state: str | None, ready_within_s: float) -> str | None:
+def waiting_reason(
+    lifecycle: str | None,
+    pending: Mapping[str, Any] | None,
+    job_id: str | None,
+    job_state: str | None,
+    ready_within_s: float,
+) -> str | None:
     """What a deployment waits for, in words (GET /deployments/{name} `status.waitingReason`);
     None when it waits for nothing."""
     job = f"job {job_id}" if job_id else "its job"
@@ -93,6 +110,8 @@ def waiting_reason(lifecycle: str | None, pending: Mapping[str, Any] | None, job
     if kind == "wait":
         return "waiting before the failed stop is tried again"
     if lifecycle in ("DEPLOYING", "UPGRADING", "ROLLING_BACK"):
-        return (f"waiting for {job} ({job_state}) to run and complete a checkpoint, at most "
-                f"{ready_within_s:g} s (rollback.readyWithin)")
+        return (
+            f"waiting for {job} ({job_state}) to run and complete a checkpoint, at most "
+            f"{ready_within_s:g} s (rollback.readyWithin)"
+        )
     return None

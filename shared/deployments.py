@@ -65,41 +65,63 @@ def decide(o: Observed) -> Plan:
     live = job is not None and not job.terminal
     if o.deleting:
         if live and o.delete_with_savepoint:
-            return Plan(stop="delete", pending={"kind": "stop", "purpose": "delete"},
-                        reason="deleting: stopping the job with a savepoint")
+            return Plan(
+                stop="delete",
+                pending={"kind": "stop", "purpose": "delete"},
+                reason="deleting: stopping the job with a savepoint",
+            )
         if live:
-            return Plan(cancel_job=True, pending={"kind": "ends", "purpose": "delete"},
-                        reason="deleting: cancelling the job (no savepoint asked)")
+            return Plan(
+                cancel_job=True,
+                pending={"kind": "ends", "purpose": "delete"},
+                reason="deleting: cancelling the job (no savepoint asked)",
+            )
         return Plan(delete=True, reason="deleted")
     if o.spec.state == "suspended":
         return _suspend(o, live)
     if o.lifecycle is None or (o.lifecycle == Lifecycle.FAILED and job is None):
         restore = o.last_savepoint
-        return Plan(to=Lifecycle.DEPLOYING, start=Start(o.generation, restore), rollback_point=restore,
-                    reason=f"generation {o.generation} deployed" + (f" from {restore}" if restore else ""),
-                    pending=None, clear_error=True)
+        return Plan(
+            to=Lifecycle.DEPLOYING,
+            start=Start(o.generation, restore),
+            rollback_point=restore,
+            reason=f"generation {o.generation} deployed" + (f" from {restore}" if restore else ""),
+            pending=None,
+            clear_error=True,
+        )
     if o.lifecycle == Lifecycle.SUSPENDED:
         # What the suspension left to resume from (its savepoint, else the job's newest snapshot).
         restore = o.rollback_point or o.last_savepoint or (job.latest_snapshot if job else None)
         if _suspended_the_stable_generation(o):
             return _resume_stable(o, restore)
-        return Plan(to=Lifecycle.DEPLOYING, start=Start(o.generation, restore), rollback_point=restore,
-                    reason=f"resumed: generation {o.generation} started from {restore or 'nothing (no savepoint)'}",
-                    clear_error=True, unblock=True)
+        return Plan(
+            to=Lifecycle.DEPLOYING,
+            start=Start(o.generation, restore),
+            rollback_point=restore,
+            reason=f"resumed: generation {o.generation} started from {restore or 'nothing (no savepoint)'}",
+            clear_error=True,
+            unblock=True,
+        )
     if o.rollback_requested:
         if o.stable_generation is None or o.stable_generation == o.job_generation:
             # Asked while another generation was being tried, which has settled since (or never).
-            return Plan(consume_rollback_request=True, reason=f"rollback asked for, but generation "
-                        f"{o.job_generation} runs and is the stable one: nothing to roll back")
+            return Plan(
+                consume_rollback_request=True,
+                reason=f"rollback asked for, but generation "
+                f"{o.job_generation} runs and is the stable one: nothing to roll back",
+            )
         return rollback(o, live, why="rollback asked for", consume=True)
     if o.lifecycle in (Lifecycle.DEPLOYING, Lifecycle.UPGRADING, Lifecycle.ROLLING_BACK):
         return judge_new_generation(o, live)
     if o.lifecycle == Lifecycle.FAILED and job is not None and job.running and job.checkpoint_since_deploy:
         # Slower than readyWithin, not broken: it runs and checkpoints now.
         back = o.job_generation != o.generation
-        return Plan(to=Lifecycle.ROLLED_BACK if back else Lifecycle.STABLE, stable=True, clear_error=not back,
-                    reason=f"generation {o.job_generation} recovered: job {job.id} is running and completed a "
-                           "checkpoint")
+        return Plan(
+            to=Lifecycle.ROLLED_BACK if back else Lifecycle.STABLE,
+            stable=True,
+            clear_error=not back,
+            reason=f"generation {o.job_generation} recovered: job {job.id} is running and completed a checkpoint",
+        )
     if o.job_generation != o.generation and o.blocked_generation != o.generation:
         return _recover_failed(o, live) if o.lifecycle == Lifecycle.FAILED else _upgrade(o, live)
     if o.lifecycle.settled:
@@ -111,19 +133,29 @@ def _suspend(o: Observed, live: bool) -> Plan:
     if o.lifecycle == Lifecycle.SUSPENDED:
         return NOTHING
     if live:
-        return Plan(stop="suspend", pending={"kind": "stop", "purpose": "suspend"},
-                    reason="suspending: stopping the job with a savepoint")
+        return Plan(
+            stop="suspend",
+            pending={"kind": "stop", "purpose": "suspend"},
+            reason="suspending: stopping the job with a savepoint",
+        )
     snapshot = (o.job.latest_snapshot if o.job else None) or o.last_savepoint
-    return Plan(to=Lifecycle.SUSPENDED, rollback_point=snapshot,
-                reason=f"suspended (no job was running; resumes from {snapshot or 'nothing'})")
+    return Plan(
+        to=Lifecycle.SUSPENDED,
+        rollback_point=snapshot,
+        reason=f"suspended (no job was running; resumes from {snapshot or 'nothing'})",
+    )
 
 
 def _suspended_the_stable_generation(o: Observed) -> bool:
     """Suspended while the stable generation ran in place of a rolled-back (or failed) one, and
     resumed with the spec of that blocked one: `headrace deploy suspend|resume` send the current
     spec back with another state, so neither is a new version to try."""
-    return (o.job_generation is not None and o.job_generation == o.stable_generation
-            and o.job_generation != o.generation and o.asks_blocked_version)
+    return (
+        o.job_generation is not None
+        and o.job_generation == o.stable_generation
+        and o.job_generation != o.generation
+        and o.asks_blocked_version
+    )
 
 
 def _resume_stable(o: Observed, restore: str | None) -> Plan:
@@ -132,11 +164,15 @@ def _resume_stable(o: Observed, restore: str | None) -> Plan:
     the deployment settles ROLLED_BACK again (shared/deployment_rollback.py)."""
     s = o.job_generation
     assert s is not None
-    return Plan(to=Lifecycle.DEPLOYING, start=Start(s, restore, from_stable=True), rollback_point=restore,
-                block=o.generation,
-                reason=f"resumed: generation {s}, the stable one that ran when it was suspended, started from "
-                       f"{restore or 'nothing (no savepoint)'}; generation {o.generation} repeats generation "
-                       f"{o.blocked_generation}, which was not ready, and is not run (apply it again to retry it)")
+    return Plan(
+        to=Lifecycle.DEPLOYING,
+        start=Start(s, restore, from_stable=True),
+        rollback_point=restore,
+        block=o.generation,
+        reason=f"resumed: generation {s}, the stable one that ran when it was suspended, started from "
+        f"{restore or 'nothing (no savepoint)'}; generation {o.generation} repeats generation "
+        f"{o.blocked_generation}, which was not ready, and is not run (apply it again to retry it)",
+    )
 
 
 def _upgrade(o: Observed, live: bool) -> Plan:
@@ -144,26 +180,51 @@ def _upgrade(o: Observed, live: bool) -> Plan:
     current = o.stable_spec
     if not live:
         snapshot = o.job.latest_snapshot if o.job else o.last_savepoint
-        return Plan(to=Lifecycle.UPGRADING, start=Start(g, snapshot), rollback_point=snapshot, clear_error=True,
-                    reason=f"generation {g} applied; the previous job had ended: started from "
-                           f"{snapshot or 'nothing'}")
+        return Plan(
+            to=Lifecycle.UPGRADING,
+            start=Start(g, snapshot),
+            rollback_point=snapshot,
+            clear_error=True,
+            reason=f"generation {g} applied; the previous job had ended: started from {snapshot or 'nothing'}",
+        )
     if current is not None and o.spec.same_pipeline_except_parallelism(current) and o.spec.upgrade_mode != "stateless":
         target = o.target_parallelism
         if o.job is not None and o.job.running and o.job.parallelism == target:
-            return Plan(to=Lifecycle.STABLE, adopt_generation=g, stable=True, clear_error=True,
-                        reason=f"generation {g} applied: its job {o.job.id} runs as it asks (parallelism {target})")
-        return Plan(to=Lifecycle.UPGRADING, rescale_to=target, clear_error=True,
-                    pending={"kind": "stop", "purpose": "rescale", "generation": g, "parallelism": target},
-                    reason=f"generation {g} applied: rescaling to parallelism {target} through a savepoint")
+            return Plan(
+                to=Lifecycle.STABLE,
+                adopt_generation=g,
+                stable=True,
+                clear_error=True,
+                reason=f"generation {g} applied: its job {o.job.id} runs as it asks (parallelism {target})",
+            )
+        return Plan(
+            to=Lifecycle.UPGRADING,
+            rescale_to=target,
+            clear_error=True,
+            pending={"kind": "stop", "purpose": "rescale", "generation": g, "parallelism": target},
+            reason=f"generation {g} applied: rescaling to parallelism {target} through a savepoint",
+        )
     mode = o.spec.upgrade_mode
     if mode == "savepoint":
-        return Plan(to=Lifecycle.UPGRADING, stop="upgrade", clear_error=True,
-                    pending={"kind": "stop", "purpose": "upgrade", "generation": g},
-                    reason=f"generation {g} applied: stopping job {o.job.id if o.job else '?'} with a savepoint")
-    return Plan(to=Lifecycle.UPGRADING, cancel_job=True, clear_error=True,
-                pending={"kind": "ends", "purpose": "upgrade", "generation": g,
-                         "restore": "latest" if mode == "last-state" else None},
-                reason=f"generation {g} applied ({mode}): cancelling job {o.job.id if o.job else '?'}")
+        return Plan(
+            to=Lifecycle.UPGRADING,
+            stop="upgrade",
+            clear_error=True,
+            pending={"kind": "stop", "purpose": "upgrade", "generation": g},
+            reason=f"generation {g} applied: stopping job {o.job.id if o.job else '?'} with a savepoint",
+        )
+    return Plan(
+        to=Lifecycle.UPGRADING,
+        cancel_job=True,
+        clear_error=True,
+        pending={
+            "kind": "ends",
+            "purpose": "upgrade",
+            "generation": g,
+            "restore": "latest" if mode == "last-state" else None,
+        },
+        reason=f"generation {g} applied ({mode}): cancelling job {o.job.id if o.job else '?'}",
+    )
 
 
 def _recover_failed(o: Observed, live: bool) -> Plan:
@@ -171,13 +232,22 @@ def _recover_failed(o: Observed, live: bool) -> Plan:
     starts from the newest snapshot the job left (as last-state would)."""
     g = o.generation
     if live:
-        return Plan(to=Lifecycle.UPGRADING, cancel_job=True, clear_error=True,
-                    pending={"kind": "ends", "purpose": "upgrade", "generation": g, "restore": "latest"},
-                    reason=f"generation {g} applied to a failed deployment: cancelling job "
-                           f"{o.job.id if o.job else '?'}, then starting from its latest snapshot")
+        return Plan(
+            to=Lifecycle.UPGRADING,
+            cancel_job=True,
+            clear_error=True,
+            pending={"kind": "ends", "purpose": "upgrade", "generation": g, "restore": "latest"},
+            reason=f"generation {g} applied to a failed deployment: cancelling job "
+            f"{o.job.id if o.job else '?'}, then starting from its latest snapshot",
+        )
     snapshot = (o.job.latest_snapshot if o.job else None) or o.last_savepoint
-    return Plan(to=Lifecycle.UPGRADING, start=Start(g, snapshot), rollback_point=snapshot, clear_error=True,
-                reason=f"generation {g} applied to a failed deployment: started from {snapshot or 'nothing'}")
+    return Plan(
+        to=Lifecycle.UPGRADING,
+        start=Start(g, snapshot),
+        rollback_point=snapshot,
+        clear_error=True,
+        reason=f"generation {g} applied to a failed deployment: started from {snapshot or 'nothing'}",
+    )
 
 
 def _keep_healthy(o: Observed, live: bool) -> Plan:
@@ -188,23 +258,42 @@ def _keep_healthy(o: Observed, live: bool) -> Plan:
     from_stable = o.job_generation != o.generation
     if job is None or job.terminal:
         snapshot = job.latest_snapshot if job else o.last_savepoint
-        return Plan(to=Lifecycle.DEPLOYING, start=Start(g, snapshot, from_stable=from_stable), rollback_point=snapshot,
-                    reason=f"job {job.id if job else '?'} ended {job.status if job else ''}: generation {g} "
-                           f"started again from {snapshot or 'nothing'}")
+        return Plan(
+            to=Lifecycle.DEPLOYING,
+            start=Start(g, snapshot, from_stable=from_stable),
+            rollback_point=snapshot,
+            reason=f"job {job.id if job else '?'} ended {job.status if job else ''}: generation {g} "
+            f"started again from {snapshot or 'nothing'}",
+        )
     interval = _checkpoint_interval_s(o.spec)
-    if (interval and job.running and job.newest_checkpoint_age_s is not None
-            and job.newest_checkpoint_age_s > max(STUCK_AFTER_INTERVALS * interval, STUCK_AFTER_AT_LEAST_S)):
-        return Plan(to=Lifecycle.DEPLOYING, cancel_job=True,
-                    pending={"kind": "ends", "purpose": "restart", "generation": g, "restore": "latest",
-                             "fromStable": from_stable},
-                    reason=f"job {job.id} completed no checkpoint for {job.newest_checkpoint_age_s:.0f} s: restarting "
-                           "it from its latest checkpoint")
+    if (
+        interval
+        and job.running
+        and job.newest_checkpoint_age_s is not None
+        and job.newest_checkpoint_age_s > max(STUCK_AFTER_INTERVALS * interval, STUCK_AFTER_AT_LEAST_S)
+    ):
+        return Plan(
+            to=Lifecycle.DEPLOYING,
+            cancel_job=True,
+            pending={
+                "kind": "ends",
+                "purpose": "restart",
+                "generation": g,
+                "restore": "latest",
+                "fromStable": from_stable,
+            },
+            reason=f"job {job.id} completed no checkpoint for {job.newest_checkpoint_age_s:.0f} s: restarting "
+            "it from its latest checkpoint",
+        )
     target = o.target_parallelism
     if o.lifecycle == Lifecycle.STABLE and job.running and job.parallelism and job.parallelism != target:
-        return Plan(to=Lifecycle.UPGRADING, rescale_to=target,
-                    pending={"kind": "stop", "purpose": "rescale", "generation": g, "parallelism": target},
-                    reason=f"rescaling job {job.id} from parallelism {job.parallelism} to {target} through a savepoint"
-                           + (" (the autoscaler's decision)" if o.scaled_from is not None else ""))
+        return Plan(
+            to=Lifecycle.UPGRADING,
+            rescale_to=target,
+            pending={"kind": "stop", "purpose": "rescale", "generation": g, "parallelism": target},
+            reason=f"rescaling job {job.id} from parallelism {job.parallelism} to {target} through a savepoint"
+            + (" (the autoscaler's decision)" if o.scaled_from is not None else ""),
+        )
     if o.savepoint_due and job.running:
         return Plan(savepoint=True, pending={"kind": "savepoint", "purpose": "periodic"}, reason="")
     return NOTHING

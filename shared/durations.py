@@ -63,8 +63,9 @@ class InvalidDuration(ConfigError, ValueError):
     """A value that is not a duration Headrace can wait for. `hint` says how to write a number
     whose unit is missing (None for other refusals)."""
 
-    def __init__(self, value: Any, reason: str = "not a duration", *, expected: str = EXPECTED,
-                 hint: str | None = None):
+    def __init__(
+        self, value: Any, reason: str = "not a duration", *, expected: str = EXPECTED, hint: str | None = None
+    ):
         super().__init__(f"{reason}: expected {expected}, got {_show(value)}" + (f"; {hint}" if hint else ""))
         self.value, self.reason, self.expected, self.hint = value, reason, expected, hint
 
@@ -102,8 +103,11 @@ def parse_duration(value: Any) -> float:
     number, unit = _with_unit(value, EXPECTED)
     if not unit and number != 0:
         text = value.strip()
-        raise InvalidDuration(value, "no unit", hint=f'write {text} (a JSON number of seconds) or "{text} s" '
-                                                     f'(Flink would read "{text}" as milliseconds)')
+        raise InvalidDuration(
+            value,
+            "no unit",
+            hint=f'write {text} (a JSON number of seconds) or "{text} s" (Flink would read "{text}" as milliseconds)',
+        )
     return _bounded(number * UNITS[unit] if unit else 0.0, value, EXPECTED)
 
 
@@ -127,8 +131,11 @@ def parse_flink_duration(value: Any) -> float:
         if value == 0 or not math.isfinite(value) or value < 0:
             return _bounded(float(value), value, FLINK_EXPECTED)
         text = _number(value)
-        raise InvalidDuration(value, "a JSON number has no unit", expected=FLINK_EXPECTED,
-                              hint=f'write "{text} s" for seconds, or the string "{text}" for milliseconds as Flink '
-                                   f'reads it')
+        raise InvalidDuration(
+            value,
+            "a JSON number has no unit",
+            expected=FLINK_EXPECTED,
+            hint=f'write "{text} s" for seconds, or the string "{text}" for milliseconds as Flink reads it',
+        )
     number, unit = _with_unit(value, FLINK_EXPECTED)
     return _bounded(number * (UNITS[unit] if unit else 1e-3), value, FLINK_EXPECTED)

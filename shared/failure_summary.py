@@ -32,8 +32,10 @@ ROOT_LIMIT = 120  # of the root cause's part, so that a long message leaves room
 PYTHON_FRAME = re.compile(r'^\s+File "')
 JAVA_FRAME = re.compile(r"^\s+(at \S|\.\.\. \d+ (more|common frames omitted))")
 # `Caused by: x.Y: m`, Py4J's `: x.Y: m`, `Suppressed: …`, or a plain `x.YException: m` line.
-JAVA_HEADER = re.compile(r"^(?P<kind>Caused by: |Suppressed: |: )?(?P<line>[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*"
-                         r"(?:Exception|Error|Throwable)\b.*)$")
+JAVA_HEADER = re.compile(
+    r"^(?P<kind>Caused by: |Suppressed: |: )?(?P<line>[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*"
+    r"(?:Exception|Error|Throwable)\b.*)$"
+)
 QUALIFIED_TYPE = re.compile(r"^(?:[A-Za-z_$][\w$]*\.)+(?=[A-Za-z_$][\w$]*(?::|$))")
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 

@@ -76,7 +76,7 @@ def new_artifact_id(filename: str) -> ArtifactId:
         # The stored file is named by the id, and the driver picks .py or .zip by its suffix:
         # a long name cut at 80 characters made a file no driver could load.
         stem, dot, suffix = safe.rpartition(".")
-        safe = safe[:80] if not dot or len(suffix) > 16 else f"{stem[:79 - len(suffix)]}.{suffix}"
+        safe = safe[:80] if not dot or len(suffix) > 16 else f"{stem[: 79 - len(suffix)]}.{suffix}"
     return ArtifactId(f"{_hex()}_{safe}")
 
 

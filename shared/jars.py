@@ -66,11 +66,15 @@ class JarSet:
         deps = []
         for coordinate in self.artifacts:
             group, artifact, version = coordinate.split(":")
-            deps.append(f"<dependency><groupId>{escape(group)}</groupId><artifactId>{escape(artifact)}</artifactId>"
-                        f"<version>{escape(version)}</version></dependency>")
-        return ('<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
-                f"<groupId>headrace.jars</groupId><artifactId>{escape(self.name)}</artifactId><version>1</version>"
-                f"<packaging>pom</packaging><dependencies>{''.join(deps)}</dependencies></project>\n")
+            deps.append(
+                f"<dependency><groupId>{escape(group)}</groupId><artifactId>{escape(artifact)}</artifactId>"
+                f"<version>{escape(version)}</version></dependency>"
+            )
+        return (
+            '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+            f"<groupId>headrace.jars</groupId><artifactId>{escape(self.name)}</artifactId><version>1</version>"
+            f"<packaging>pom</packaging><dependencies>{''.join(deps)}</dependencies></project>\n"
+        )
 
 
 def load_sets(path: Path = SETS_FILE) -> dict[str, JarSet]:
@@ -111,9 +115,11 @@ class JarCache:
         s = self._set(name)
         spark = installed_spark_version()
         if s.spark_version and spark and s.spark_version != spark:
-            raise MissingJars(f"the jar set {name} is built for Spark {s.spark_version} but PySpark {spark} is "
-                              f"installed: install pyspark=={s.spark_version} (pip install -e .), or change "
-                              f"{SETS_FILE.name} and {BOOTSTRAP_HINT}")
+            raise MissingJars(
+                f"the jar set {name} is built for Spark {s.spark_version} but PySpark {spark} is "
+                f"installed: install pyspark=={s.spark_version} (pip install -e .), or change "
+                f"{SETS_FILE.name} and {BOOTSTRAP_HINT}"
+            )
         directory = self.directory(name)
         try:
             listed = json.loads((directory / MANIFEST).read_text())["jars"]
@@ -157,12 +163,22 @@ class JarCache:
         stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=self.root))
         try:
             (stage / "pom.xml").write_text(s.pom())
-            cmd = [mvn, "-q", "-B", "-f", str(stage / "pom.xml"), "dependency:copy-dependencies",
-                   f"-DoutputDirectory={stage / 'jars'}", "-DincludeScope=runtime"]
+            cmd = [
+                mvn,
+                "-q",
+                "-B",
+                "-f",
+                str(stage / "pom.xml"),
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={stage / 'jars'}",
+                "-DincludeScope=runtime",
+            ]
             if not s.transitive:
                 cmd.append("-DexcludeTransitive=true")
-            echo(f"jars: fetching {name} ({len(s.artifacts)} artifacts{', with dependencies' if s.transitive else ''}) "
-                 "from Maven Central")
+            echo(
+                f"jars: fetching {name} ({len(s.artifacts)} artifacts{', with dependencies' if s.transitive else ''}) "
+                "from Maven Central"
+            )
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
             if done.returncode != 0:
                 tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
@@ -173,8 +189,9 @@ class JarCache:
                 os.chmod(stage / p.name, 0o644)  # drivers run as another user (drivers/user.py)
             (stage / "jars").rmdir()
             (stage / "pom.xml").unlink()
-            (stage / MANIFEST).write_text(json.dumps({"set": name, "artifacts": list(s.artifacts), "jars": jars},
-                                                     indent=1))
+            (stage / MANIFEST).write_text(
+                json.dumps({"set": name, "artifacts": list(s.artifacts), "jars": jars}, indent=1)
+            )
             os.chmod(stage, 0o755)
             if target.exists():  # an incomplete one left by an older fetcher
                 shutil.rmtree(target)

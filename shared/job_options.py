@@ -92,6 +92,7 @@ LATENCY_MODE = "headrace.latency-mode"
 # (docs/benchmarks.md, "Where a small micro-batch's time goes").
 LATENCY_STATE_PARTITIONS = 2
 
+
 def _text(value: Any) -> str:
     if not isinstance(value, str) or "\x00" in value:
         raise ValueError("not a string")
@@ -146,15 +147,18 @@ def spark_executor_memory(value: Any) -> str:
 
 
 RULES: dict[str, _Rule] = {
-    NOOP_DURATION: _Rule(lambda v: noop_seconds(v, allow_negative=True),
-                         'seconds as a number (negative: run until cancelled), or a duration string such as '
-                         '"10 s", "500 ms" or "2 min"', 2.5),
+    NOOP_DURATION: _Rule(
+        lambda v: noop_seconds(v, allow_negative=True),
+        'seconds as a number (negative: run until cancelled), or a duration string such as "10 s", "500 ms" or "2 min"',
+        2.5,
+    ),
     NOOP_FAIL_ATTEMPTS: _integer_rule(0, 2),
     NOOP_FAIL_MESSAGE: _Rule(_text, "a string", "simulated failure"),
     NOOP_STARTUP_DELAY: _Rule(noop_seconds, f"a duration of at least 0 ({durations.EXPECTED})", "2 s"),
     STARTUP_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "2 min"),
-    MEMORY_LIMIT: _Rule(memory_limit_bytes, 'a size such as "3g", "2500m" or "4 gb" (Flink\'s spellings), or "off"',
-                        "4g"),
+    MEMORY_LIMIT: _Rule(
+        memory_limit_bytes, 'a size such as "3g", "2500m" or "4 gb" (Flink\'s spellings), or "off"', "4g"
+    ),
     SLOT_REQUEST_TIMEOUT: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "5 min"),
     "spark.sql.shuffle.partitions": _integer_rule(1, 8),
     # Read by a TaskManager whose tasks run on a Spark standalone cluster (executor size).
@@ -167,24 +171,36 @@ RULES: dict[str, _Rule] = {
     SINK_MAX_RETRY_TIME: _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", "60 s"),
     SINK_MAX_RETRIES: _integer_rule(0, 3),
     LATENCY_MODE: _Rule(parse_boolean, "true or false", True),
-    kafka_delivery.TRANSACTION_TIMEOUT_OPTION: _Rule(lambda v: duration_s(v, positive=True), _POSITIVE_DURATION,
-                                                     "10 min"),
+    kafka_delivery.TRANSACTION_TIMEOUT_OPTION: _Rule(
+        lambda v: duration_s(v, positive=True), _POSITIVE_DURATION, "10 min"
+    ),
     kafka_delivery.REAL_TIME_OPTION: _Rule(kafka_delivery.real_time_seconds, "a duration of at least 1 s", "5 s"),
-    **{option: _Rule(redis_key_grants.parse_patterns, redis_key_grants.EXPECTED, redis_key_grants.EXAMPLE)
-       for option in redis_key_grants.OPTIONS},
+    **{
+        option: _Rule(redis_key_grants.parse_patterns, redis_key_grants.EXPECTED, redis_key_grants.EXAMPLE)
+        for option in redis_key_grants.OPTIONS
+    },
     # Every Delta sink's upkeep (services/taskmanager/runtime/connectors/delta_maintenance.py).
     "sink.delta.optimize.every": _integer_rule(0, 100),
     "sink.delta.vacuum.every": _integer_rule(0, 1000),
-    **{f"sink.delta.{name}": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", example)
-       for name, example in (("optimize.interval", "30 min"), ("vacuum.interval", "1 d"), ("vacuum.retention", "7 d"))},
+    **{
+        f"sink.delta.{name}": _Rule(duration_s, f"a duration of at least 0 ({_DURATION})", example)
+        for name, example in (("optimize.interval", "30 min"), ("vacuum.interval", "1 d"), ("vacuum.retention", "7 d"))
+    },
 }
 
 # Checkpoint options are read by shared/checkpointing.py; these are good values to show.
 CHECKPOINT_EXAMPLES: dict[str, Any] = {
-    cp.INTERVAL: "10 s", cp.TIMEOUT: "10 min", cp.MIN_PAUSE: "500 ms", cp.MAX_CONCURRENT: 1,
-    cp.TOLERABLE: 3, cp.NUM_RETAINED: 3, cp.RETENTION: "RETAIN_ON_CANCELLATION",
-    cp.SAVEPOINT_DIR: "/shared/savepoints", cp.RESTORE_PATH: "/shared/savepoints/savepoint-1a2b3c",
-    cp.ALLOW_NON_RESTORED: True, cp.RESTORE_MODE: "NO_CLAIM",
+    cp.INTERVAL: "10 s",
+    cp.TIMEOUT: "10 min",
+    cp.MIN_PAUSE: "500 ms",
+    cp.MAX_CONCURRENT: 1,
+    cp.TOLERABLE: 3,
+    cp.NUM_RETAINED: 3,
+    cp.RETENTION: "RETAIN_ON_CANCELLATION",
+    cp.SAVEPOINT_DIR: "/shared/savepoints",
+    cp.RESTORE_PATH: "/shared/savepoints/savepoint-1a2b3c",
+    cp.ALLOW_NON_RESTORED: True,
+    cp.RESTORE_MODE: "NO_CLAIM",
 }
 _CHECKPOINT_DURATIONS = (cp.INTERVAL, cp.TIMEOUT, cp.MIN_PAUSE)
 _CHECKPOINT_COUNTS = (cp.MAX_CONCURRENT, cp.TOLERABLE, cp.NUM_RETAINED)
@@ -208,8 +224,9 @@ def problems(config: Mapping[str, Any] | None) -> list[OptionProblem]:
             try:
                 rule.read(value)
             except (ValueError, TypeError, OverflowError) as exc:
-                found.append(OptionProblem(key, value, rule.expected_for(value), rule.example,
-                                           reason=refusal_reason(exc)))
+                found.append(
+                    OptionProblem(key, value, rule.expected_for(value), rule.example, reason=refusal_reason(exc))
+                )
         elif key.startswith("noop."):
             found.append(_unknown_noop_option(key, value))
         elif key in cp.KEYS:
@@ -234,10 +251,16 @@ def _unknown_noop_option(key: str, value: Any) -> OptionProblem:
     noop_options = [k for k in RULES if k.startswith("noop.")]
     close = difflib.get_close_matches(key, noop_options, n=1, cutoff=0.8)
     if close:
-        return OptionProblem(key, value, f"did you mean {close[0]!r}?", RULES[close[0]].example,
-                             example_option=close[0])
-    return OptionProblem(key, value, f"one of the no-op task's options: {', '.join(noop_options)}",
-                         RULES[NOOP_DURATION].example, example_option=NOOP_DURATION)
+        return OptionProblem(
+            key, value, f"did you mean {close[0]!r}?", RULES[close[0]].example, example_option=close[0]
+        )
+    return OptionProblem(
+        key,
+        value,
+        f"one of the no-op task's options: {', '.join(noop_options)}",
+        RULES[NOOP_DURATION].example,
+        example_option=NOOP_DURATION,
+    )
 
 
 def _checkpoint_problem(key: str, value: Any) -> OptionProblem | None:

@@ -43,8 +43,9 @@ def delivery(word: object) -> str:
         spelled = word.strip().lower().replace("_", "-").replace(" ", "-")
         if spelled in DELIVERIES:
             return spelled
-    raise DeliveryError(f"delivery must be {EXACTLY_ONCE!r} or {AT_LEAST_ONCE!r} (Flink's EXACTLY_ONCE and "
-                        f"AT_LEAST_ONCE), got {word!r}")
+    raise DeliveryError(
+        f"delivery must be {EXACTLY_ONCE!r} or {AT_LEAST_ONCE!r} (Flink's EXACTLY_ONCE and AT_LEAST_ONCE), got {word!r}"
+    )
 
 
 def default_timeout_s(interval_s: float | None) -> float:
@@ -57,23 +58,29 @@ def timeout_problem(timeout_s: float, interval_s: float | None) -> str | None:
     """Why `timeout_s` cannot work with checkpoints every `interval_s` (None: not periodic);
     None when it can."""
     if interval_s is None:
-        return ("an exactly-once Kafka sink commits at checkpoints, and this job takes none: set "
-                "execution.checkpointing.interval (e.g. \"10 s\"), or use delivery='at-least-once'")
+        return (
+            "an exactly-once Kafka sink commits at checkpoints, and this job takes none: set "
+            "execution.checkpointing.interval (e.g. \"10 s\"), or use delivery='at-least-once'"
+        )
     if timeout_s < interval_s + BARRIER_ROOM_S:
-        return (f"the Kafka transaction timeout ({_text(timeout_s)}) must be at least the checkpoint interval "
-                f"({_text(interval_s)}) plus {_text(BARRIER_ROOM_S)}: a transaction stays open from one checkpoint "
-                f"to the next. Set {TRANSACTION_TIMEOUT_OPTION} to \"{_text(interval_s + BARRIER_ROOM_S)}\" or more, "
-                "or checkpoint more often")
+        return (
+            f"the Kafka transaction timeout ({_text(timeout_s)}) must be at least the checkpoint interval "
+            f"({_text(interval_s)}) plus {_text(BARRIER_ROOM_S)}: a transaction stays open from one checkpoint "
+            f'to the next. Set {TRANSACTION_TIMEOUT_OPTION} to "{_text(interval_s + BARRIER_ROOM_S)}" or more, '
+            "or checkpoint more often"
+        )
     return None
 
 
 def broker_refusal(timeout_s: float, broker_max_s: float | None) -> str:
     """What to say when the brokers refuse `timeout_s` (their maximum, if they told it)."""
     limit = f" ({_text(broker_max_s)})" if broker_max_s is not None else ""
-    fit = f"\"{_text(broker_max_s)}\" or less" if broker_max_s is not None else "below it"
-    return (f"the Kafka brokers refuse the transaction timeout {_text(timeout_s)}: it is above their "
-            f"transaction.max.timeout.ms{limit}. Set {TRANSACTION_TIMEOUT_OPTION} to {fit} (with the checkpoint "
-            "interval a minute below it), or raise transaction.max.timeout.ms on the brokers")
+    fit = f'"{_text(broker_max_s)}" or less' if broker_max_s is not None else "below it"
+    return (
+        f"the Kafka brokers refuse the transaction timeout {_text(timeout_s)}: it is above their "
+        f"transaction.max.timeout.ms{limit}. Set {TRANSACTION_TIMEOUT_OPTION} to {fit} (with the checkpoint "
+        "interval a minute below it), or raise transaction.max.timeout.ms on the brokers"
+    )
 
 
 def _text(seconds: float) -> str:
@@ -86,8 +93,10 @@ def real_time_seconds(value: Any) -> float:
     """A real-time batch's length from the job option (a Flink duration of at least a second)."""
     seconds = durations.parse_flink_duration(value)
     if seconds < REAL_TIME_MIN_S:
-        raise DeliveryError(f"{REAL_TIME_OPTION} must be at least {REAL_TIME_MIN_S:g} s (each real-time batch "
-                            f"ends in a checkpoint), got {value!r}")
+        raise DeliveryError(
+            f"{REAL_TIME_OPTION} must be at least {REAL_TIME_MIN_S:g} s (each real-time batch "
+            f"ends in a checkpoint), got {value!r}"
+        )
     return seconds
 
 

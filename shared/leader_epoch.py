@@ -47,8 +47,9 @@ class LeaderEpochFence:
     `refresh_s` while epochs match, and at once when one differs (a new leader has just
     published: its first messages must not be refused for a stale cache)."""
 
-    def __init__(self, read: Callable[[], int | None], *, refresh_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, read: Callable[[], int | None], *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ):
         self._read, self._refresh_s, self._clock = read, refresh_s, clock
         self._epoch: int | None = None
         self._read_at = -1e18

@@ -59,7 +59,7 @@ def _fields(header: str | None) -> dict[str, str] | None:
     if not header or not header.startswith(SCHEME + " "):
         return None
     out = {}
-    for part in header[len(SCHEME) + 1:].split(","):
+    for part in header[len(SCHEME) + 1 :].split(","):
         name, _, value = part.strip().partition("=")
         out[name] = value
     return out
@@ -76,16 +76,20 @@ class LogGuard:
         """Why this request may not read logs, or None."""
         fields = _fields(header)
         if fields is None or "t" not in fields or "s" not in fields:
-            return ("log files are served only to the dispatcher (a request signed by the control plane): read "
-                    "them with GET /taskmanagers/{id}/logs or /jobmanager/logs and an operator's token")
+            return (
+                "log files are served only to the dispatcher (a request signed by the control plane): read "
+                "them with GET /taskmanagers/{id}/logs or /jobmanager/logs and an operator's token"
+            )
         try:
             at = int(fields["t"])
         except ValueError:
             return "the request's time is not a number"
         now = time.time() if now is None else now
         if abs(now - at) > MAX_CLOCK_SKEW_S:
-            return (f"the request was signed {now - at:.0f} s from this server's clock; more than "
-                    f"{MAX_CLOCK_SKEW_S} s is refused (synchronise the hosts' clocks)")
+            return (
+                f"the request was signed {now - at:.0f} s from this server's clock; more than "
+                f"{MAX_CLOCK_SKEW_S} s is refused (synchronise the hosts' clocks)"
+            )
         expected = _mac(self.request_key, _REQUEST, method.upper().encode(), target.encode(), fields["t"].encode())
         if not hmac.compare_digest(expected, fields["s"]):
             return "the request's signature does not check out: it was not signed for this process"

@@ -69,9 +69,8 @@ class LogFiles:
             except OSError:
                 siblings = []
             for e in siblings:
-                rotation = e.name.startswith(self.main.name + ".") and e.name[len(self.main.name) + 1:].isdigit()
-                if (e.name == self.main.name or rotation) and valid_name(e.name) \
-                        and e.is_file(follow_symlinks=False):
+                rotation = e.name.startswith(self.main.name + ".") and e.name[len(self.main.name) + 1 :].isdigit()
+                if (e.name == self.main.name or rotation) and valid_name(e.name) and e.is_file(follow_symlinks=False):
                     found[e.name] = Path(e.path)
         return found
 
@@ -107,7 +106,7 @@ def read_tail(path: Path, tail_bytes: int) -> bytes:
     if start > 0:
         cut = data.find(b"\n")
         if 0 <= cut < len(data) - 1:
-            data = data[cut + 1:]
+            data = data[cut + 1 :]
     return data
 
 

@@ -68,8 +68,17 @@ MAX_CLOCK_SKEW_S = 5 * 60
 MAX_AGE_S = DEDUP_WINDOW_S - MAX_CLOCK_SKEW_S
 
 # What a TaskManager may publish; each names itself where the body has a taskmanager_id.
-TASKMANAGER_MESSAGES = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager, TaskStateChanged,
-                        TaskProgress, TaskWaiting, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
+TASKMANAGER_MESSAGES = (
+    RegisterTaskManager,
+    TaskManagerHeartbeat,
+    UnregisterTaskManager,
+    TaskStateChanged,
+    TaskProgress,
+    TaskWaiting,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    CommandRejected,
+)
 # What only the TaskManager it names may send (the ResourceManager's sender check).
 SELF_ONLY = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager)
 
@@ -90,7 +99,7 @@ def taskmanager_sender(taskmanager_id: str) -> str:
 
 def taskmanager_of(sender: str | None) -> str | None:
     if sender and sender.startswith(TASKMANAGER_PREFIX):
-        return sender[len(TASKMANAGER_PREFIX):]
+        return sender[len(TASKMANAGER_PREFIX) :]
     return None
 
 
@@ -100,14 +109,18 @@ def staleness(env: Envelope, now: float | None = None) -> str | None:
     age = now - env.sent_at
     sent = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(env.sent_at)) if abs(env.sent_at) < 1e11 else "?"
     if age > MAX_AGE_S:
-        return (f"stale: this {env.body.type} from {env.sender!r} was sent at {sent}, {age / 60:.0f} min ago; "
-                f"messages older than {MAX_AGE_S // 60} min are refused (past the {DEDUP_WINDOW_S // 3600} h "
-                f"in which handled ids are remembered, a replayed copy would be handled again): a consumer "
-                f"that was down that long, or a sender's clock more than {MAX_CLOCK_SKEW_S // 60} min behind")
+        return (
+            f"stale: this {env.body.type} from {env.sender!r} was sent at {sent}, {age / 60:.0f} min ago; "
+            f"messages older than {MAX_AGE_S // 60} min are refused (past the {DEDUP_WINDOW_S // 3600} h "
+            f"in which handled ids are remembered, a replayed copy would be handled again): a consumer "
+            f"that was down that long, or a sender's clock more than {MAX_CLOCK_SKEW_S // 60} min behind"
+        )
     if -age > MAX_CLOCK_SKEW_S:
-        return (f"from the future: this {env.body.type} from {env.sender!r} was sent at {sent}, {-age:.0f} s "
-                f"ahead of this receiver's clock; more than {MAX_CLOCK_SKEW_S} s of clock skew is refused "
-                f"(synchronise the hosts' clocks)")
+        return (
+            f"from the future: this {env.body.type} from {env.sender!r} was sent at {sent}, {-age:.0f} s "
+            f"ahead of this receiver's clock; more than {MAX_CLOCK_SKEW_S} s of clock skew is refused "
+            f"(synchronise the hosts' clocks)"
+        )
     return None
 
 
@@ -123,12 +136,15 @@ def rule_violation(env: Envelope) -> str | None:
         if isinstance(body, RegisterTaskManager) and body.queue != streams.tm_queue(tm) and not body.simulated:
             # Its deploys would go to another TaskManager's queue, signed for this one. (A
             # benchmark's simulated TaskManagers share their process's queue; they run no-op tasks.)
-            return (f"TaskManager {tm!r} registers with queue {body.queue!r}; its command queue is "
-                    f"{streams.tm_queue(tm)!r}")
+            return (
+                f"TaskManager {tm!r} registers with queue {body.queue!r}; its command queue is {streams.tm_queue(tm)!r}"
+            )
         return None
     if isinstance(body, SELF_ONLY):
-        return (f"{body.type} of TaskManager {body.taskmanager_id!r} must come from that TaskManager, not from "
-                f"{env.sender!r}")
+        return (
+            f"{body.type} of TaskManager {body.taskmanager_id!r} must come from that TaskManager, not from "
+            f"{env.sender!r}"
+        )
     return None
 
 
@@ -158,12 +174,14 @@ def _same(expected: str, signature) -> bool:
 
 
 def inbox_owner(stream: str) -> str | None:
-    return stream[len(_INBOX_PREFIX):] if stream.startswith(_INBOX_PREFIX) else None
+    return stream[len(_INBOX_PREFIX) :] if stream.startswith(_INBOX_PREFIX) else None
 
 
 def _unsigned(sender: str) -> str:
-    return (f"unsigned message from {sender!r}: every message on the bus carries an HMAC of its sender's key "
-            f"(a producer without the cluster's keys, or an old version)")
+    return (
+        f"unsigned message from {sender!r}: every message on the bus carries an HMAC of its sender's key "
+        f"(a producer without the cluster's keys, or an old version)"
+    )
 
 
 class ClusterAuth:
@@ -200,8 +218,11 @@ class ClusterAuth:
         key = self._senders.get(sender)
         if key is None:
             tm = taskmanager_of(sender)
-            key = (cluster_keys.sender_key(self._secret, tm) if tm is not None
-                   else cluster_keys.service_key(self._secret, sender))
+            key = (
+                cluster_keys.sender_key(self._secret, tm)
+                if tm is not None
+                else cluster_keys.service_key(self._secret, sender)
+            )
             if len(self._senders) >= _CACHE_MAX:
                 self._senders.clear()
             self._senders[sender] = key
@@ -235,8 +256,10 @@ class ClusterAuth:
         except MissingKey as exc:
             return str(exc)
         if not ok:
-            return (f"bad signature: this {env.body.type} claims sender {env.sender!r} but is not signed with "
-                    f"its key (forged, or signed under another cluster secret)")
+            return (
+                f"bad signature: this {env.body.type} claims sender {env.sender!r} but is not signed with "
+                f"its key (forged, or signed under another cluster secret)"
+            )
         return staleness(env) or rule_violation(env)
 
     def sign_command(self, taskmanager_id: str, payload: bytes) -> str:
@@ -250,8 +273,10 @@ class ClusterAuth:
         except MissingKey as exc:
             return str(exc)
         if not self._matches(key, payload, signature):
-            return (f"bad signature: the command is not signed with TaskManager {taskmanager_id!r}'s command key "
-                    f"(forged, meant for another TaskManager, or signed under another cluster secret)")
+            return (
+                f"bad signature: the command is not signed with TaskManager {taskmanager_id!r}'s command key "
+                f"(forged, meant for another TaskManager, or signed under another cluster secret)"
+            )
         return None
 
 
@@ -270,16 +295,17 @@ class TaskManagerAuth(ClusterAuth):
     secret at hand (one machine, or a process simulating thousands of TaskManagers) it derives
     them for the ids it serves, and only for those."""
 
-    def __init__(self, taskmanager_ids, *, keys: dict[str, TaskManagerKeys] | None = None,
-                 secret: bytes | None = None):
+    def __init__(self, taskmanager_ids, *, keys: dict[str, TaskManagerKeys] | None = None, secret: bytes | None = None):
         super().__init__(b"")
         self._ids = frozenset(taskmanager_ids)
         self._keys = dict(keys or {})
         self._derive_from = secret
         missing = [tm for tm in self._ids if tm not in self._keys]
         if missing and secret is None:
-            raise MissingKey(f"no keys for TaskManager(s) {', '.join(sorted(missing)[:5])}: set taskmanager_key and "
-                             f"taskmanager_command_key (`headrace credentials taskmanager ID`)")
+            raise MissingKey(
+                f"no keys for TaskManager(s) {', '.join(sorted(missing)[:5])}: set taskmanager_key and "
+                f"taskmanager_command_key (`headrace credentials taskmanager ID`)"
+            )
 
     def _of(self, taskmanager_id: str | None) -> TaskManagerKeys:
         if taskmanager_id is None or taskmanager_id not in self._ids:
@@ -350,8 +376,10 @@ def taskmanager_auth(settings, taskmanager_ids) -> TaskManagerAuth:
             raise MissingKey("set both taskmanager_key and taskmanager_command_key (or neither)")
         if len(ids) != 1:
             raise MissingKey("taskmanager_key serves one TaskManager; a simulating process needs the cluster secret")
-        keys = TaskManagerKeys(_hex_key(settings.taskmanager_key, "taskmanager_key"),
-                               _hex_key(settings.taskmanager_command_key, "taskmanager_command_key"))
+        keys = TaskManagerKeys(
+            _hex_key(settings.taskmanager_key, "taskmanager_key"),
+            _hex_key(settings.taskmanager_command_key, "taskmanager_command_key"),
+        )
         return TaskManagerAuth(ids, keys={ids[0]: keys})
     return TaskManagerAuth(ids, secret=load_secret(settings, create=False))
 

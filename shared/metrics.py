@@ -47,8 +47,16 @@ def name(suffix: str) -> str:
     return f"{PREFIX}_{suffix}"
 
 
-def serve(registry: CollectorRegistry, *, host: str, port: int, service: str,
-          logs: LogFiles | None = None, log_file: str | None = None, log_guard: LogGuard | None = None) -> int | None:
+def serve(
+    registry: CollectorRegistry,
+    *,
+    host: str,
+    port: int,
+    service: str,
+    logs: LogFiles | None = None,
+    log_file: str | None = None,
+    log_guard: LogGuard | None = None,
+) -> int | None:
     """Serve `registry` at /metrics and `logs` (default: this process's own log file, `log_file`
     if the setting names one) at /logs to the requests `log_guard` admits (none without one)
     over HTTP in a daemon thread; returns the port, or None when disabled or when the port is
@@ -58,17 +66,29 @@ def serve(registry: CollectorRegistry, *, host: str, port: int, service: str,
         return None
     logs = logs if logs is not None else LogFiles.of_this_process(main=log_file)
     try:
-        server = make_server(host, port, _app(registry, logs, log_guard), server_class=_server_class(host),
-                             handler_class=_QuietHandler)
+        server = make_server(
+            host, port, _app(registry, logs, log_guard), server_class=_server_class(host), handler_class=_QuietHandler
+        )
     except OSError as exc:
-        log.error("%s metrics not served: cannot listen on %s:%d (%s); set another *_metrics_port "
-                  "(0 = any free port, -1 = off)", service, host, port, exc)
+        log.error(
+            "%s metrics not served: cannot listen on %s:%d (%s); set another *_metrics_port "
+            "(0 = any free port, -1 = off)",
+            service,
+            host,
+            port,
+            exc,
+        )
         return None
     threading.Thread(target=server.serve_forever, name=f"metrics-{service}", daemon=True).start()
     actual = server.server_port
     _served[service] = actual
-    log.info("%s metrics on http://%s:%d/metrics, logs on /logs (%s)", service, host, actual,
-             logs.main or "no log file of its own")
+    log.info(
+        "%s metrics on http://%s:%d/metrics, logs on /logs (%s)",
+        service,
+        host,
+        actual,
+        logs.main or "no log file of its own",
+    )
     return actual
 
 
@@ -124,16 +144,21 @@ def _app(registry: CollectorRegistry, logs: LogFiles, guard: LogGuard | None):
             return metrics_app(environ, start_response)
         query = environ.get("QUERY_STRING") or ""
         header = environ.get("HTTP_" + HEADER.upper())
-        refused = "no key to check requests with" if guard is None else \
-            guard.refusal(environ.get("REQUEST_METHOD") or "GET", path + (f"?{query}" if query else ""), header)
+        refused = (
+            "no key to check requests with"
+            if guard is None
+            else guard.refusal(environ.get("REQUEST_METHOD") or "GET", path + (f"?{query}" if query else ""), header)
+        )
         if refused is not None:
             body = json.dumps({"errors": [refused]}).encode()
             start_response("403 Forbidden", _headers(body, "application/json"))
             return [body]
         assert guard is not None  # refused otherwise
         status, body, content_type = _logs_answer(path, query, logs)
-        start_response(status, _headers(body, content_type)
-                       + [(ANSWER_HEADER, guard.sign_answer(header, int(status.split()[0]), body))])
+        start_response(
+            status,
+            _headers(body, content_type) + [(ANSWER_HEADER, guard.sign_answer(header, int(status.split()[0]), body))],
+        )
         return [body]
 
     return app
@@ -151,7 +176,7 @@ def _logs_answer(path: str, query_string: str, logs: LogFiles) -> tuple[str, byt
 
     if path == "/logs" or path == "/logs/":
         return "200 OK", json.dumps({"logs": logs.listing(), "main": logs.main_name}).encode(), "application/json"
-    name = unquote(path[len("/logs/"):])
+    name = unquote(path[len("/logs/") :])
     try:
         tail = log_files.parse_tail(next(iter(parse_qs(query_string).get("tail") or []), None))
     except ValueError as exc:
@@ -197,8 +222,9 @@ class CachedCollector(Collector):
                     log.warning("%s metrics: %s: %s", self.source, type(exc).__name__, exc)
                 self._at = self.clock()
             families = list(self._families)
-        errors = GaugeMetricFamily(name("scrape_errors"), "failed metric queries since start, by source",
-                                   labels=["source"])
+        errors = GaugeMetricFamily(
+            name("scrape_errors"), "failed metric queries since start, by source", labels=["source"]
+        )
         errors.add_metric([self.source], self._errors)
         return families + [errors]
 
@@ -213,13 +239,19 @@ def stream_group_families(client, stream_names: Iterable[str]) -> list[Metric]:
         pipe.xlen(s)
         pipe.xinfo_groups(s)
     answers = pipe.execute(raise_on_error=False)
-    length = GaugeMetricFamily(name("stream_length"), "entries in the stream (capped by stream_maxlen)",
-                               labels=["stream"])
-    lag = GaugeMetricFamily(name("stream_group_lag"), "entries of the stream not yet delivered to the consumer group",
-                            labels=["stream", "group"])
-    pending = GaugeMetricFamily(name("stream_group_pending"),
-                                "entries delivered to the consumer group but not acknowledged",
-                                labels=["stream", "group"])
+    length = GaugeMetricFamily(
+        name("stream_length"), "entries in the stream (capped by stream_maxlen)", labels=["stream"]
+    )
+    lag = GaugeMetricFamily(
+        name("stream_group_lag"),
+        "entries of the stream not yet delivered to the consumer group",
+        labels=["stream", "group"],
+    )
+    pending = GaugeMetricFamily(
+        name("stream_group_pending"),
+        "entries delivered to the consumer group but not acknowledged",
+        labels=["stream", "group"],
+    )
     for i, s in enumerate(stream_names):
         xlen, groups = answers[2 * i], answers[2 * i + 1]
         length.add_metric([s], xlen if isinstance(xlen, int) else 0)

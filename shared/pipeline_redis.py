@@ -80,7 +80,7 @@ def lineage_user(lineage: str) -> str:
 
 
 def lineage_of_user(user: str) -> str | None:
-    rest = user[len(LINEAGE_USER_PREFIX):] if user.startswith(LINEAGE_USER_PREFIX) else None
+    rest = user[len(LINEAGE_USER_PREFIX) :] if user.startswith(LINEAGE_USER_PREFIX) else None
     return rest if rest is not None and LINEAGE_ID.fullmatch(rest) else None
 
 

@@ -36,8 +36,10 @@ FORBIDDEN_PREFIXES = (*CONTROL_PLANE_PREFIXES, SINK_PREFIX)
 MAX_PATTERNS = 64
 MAX_PATTERN_LENGTH = 256
 GLOB_CHARACTERS = "*?[]\\"
-EXPECTED = ("a list of Redis keys the job may use: key names, or prefixes ending in '*', outside "
-            f"{', '.join(FORBIDDEN_PREFIXES)}")
+EXPECTED = (
+    "a list of Redis keys the job may use: key names, or prefixes ending in '*', outside "
+    f"{', '.join(FORBIDDEN_PREFIXES)}"
+)
 EXAMPLE = ["clicks", "counts:*"]
 
 
@@ -61,15 +63,20 @@ def check_pattern(pattern: Any) -> str:
         raise RefusedValue(f"a key pattern is at most {MAX_PATTERN_LENGTH} printable characters without spaces")
     literal, star, after = pattern.partition("*")
     if after or any(c in literal for c in GLOB_CHARACTERS):
-        raise RefusedValue(f"key pattern {pattern!r} may use '*' only as its last character and no other glob "
-                           "character (?, [, ], \\)")
+        raise RefusedValue(
+            f"key pattern {pattern!r} may use '*' only as its last character and no other glob character (?, [, ], \\)"
+        )
     if not literal:
-        raise RefusedValue("'*' would reach the control plane's keys: name the keys, or leave the option out "
-                           "where the cluster lets a job reach every data key")
+        raise RefusedValue(
+            "'*' would reach the control plane's keys: name the keys, or leave the option out "
+            "where the cluster lets a job reach every data key"
+        )
     for forbidden in FORBIDDEN_PREFIXES:
         if literal.startswith(forbidden) or (star and forbidden.startswith(literal)):
-            raise RefusedValue(f"key pattern {pattern!r} reaches keys under {forbidden!r}, which are Headrace's "
-                               "own; choose a name or prefix outside them")
+            raise RefusedValue(
+                f"key pattern {pattern!r} reaches keys under {forbidden!r}, which are Headrace's "
+                "own; choose a name or prefix outside them"
+            )
     return pattern
 
 
@@ -108,7 +115,9 @@ def grants_of(config: Mapping[str, Any] | None) -> KeyGrants | None:
 def undeclared_problem(config: Mapping[str, Any] | None, mode: str) -> str | None:
     """Why a cluster in `mode` refuses a job's configuration, or None."""
     if mode == DECLARED and not declared(config):
-        return (f"this cluster confines every pipeline to the Redis keys it declares (pipeline_redis_keys: "
-                f"{DECLARED}): set {WRITE_OPTION} to the streams its Redis sinks write and {READ_OPTION} to those "
-                "it reads (an empty list if it uses none)")
+        return (
+            f"this cluster confines every pipeline to the Redis keys it declares (pipeline_redis_keys: "
+            f"{DECLARED}): set {WRITE_OPTION} to the streams its Redis sinks write and {READ_OPTION} to those "
+            "it reads (an empty list if it uses none)"
+        )
     return None

@@ -134,9 +134,17 @@ class FailureRate:
 
 
 class ExponentialDelay:
-    def __init__(self, clock: Clock, initial_s: float = 1.0, max_s: float = 60.0, multiplier: float = 1.5,
-                 reset_threshold_s: float = 3600.0, jitter: float = 0.1, max_attempts: int | None = None,
-                 rng: random.Random | None = None):
+    def __init__(
+        self,
+        clock: Clock,
+        initial_s: float = 1.0,
+        max_s: float = 60.0,
+        multiplier: float = 1.5,
+        reset_threshold_s: float = 3600.0,
+        jitter: float = 0.1,
+        max_attempts: int | None = None,
+        rng: random.Random | None = None,
+    ):
         self.clock, self.initial_s, self.max_s, self.multiplier = clock, initial_s, max_s, multiplier
         self.reset_threshold_s, self.jitter, self.max_attempts = reset_threshold_s, jitter, max_attempts
         self.rng = rng or random.Random()
@@ -175,9 +183,15 @@ class ExponentialDelay:
 STRATEGY_TYPES = ("none", "fixed-delay", "failure-rate", "exponential-delay")
 # Flink's spellings of `restart-strategy.type` (RestartStrategyOptions), any letter case; "no" and
 # "norestart" are Headrace's own, accepted by its REST API and job options since they existed.
-TYPE_ALIASES = {"off": "none", "disable": "none", "no": "none", "norestart": "none",
-                "fixeddelay": "fixed-delay", "failurerate": "failure-rate",
-                "exponentialdelay": "exponential-delay"}
+TYPE_ALIASES = {
+    "off": "none",
+    "disable": "none",
+    "no": "none",
+    "norestart": "none",
+    "fixeddelay": "fixed-delay",
+    "failurerate": "failure-rate",
+    "exponentialdelay": "exponential-delay",
+}
 
 
 def strategy_type(raw: Any) -> str | None:
@@ -193,8 +207,14 @@ _KNOWN_KEYS = {
     "none": set(),
     "fixed-delay": {"attempts", "delay"},
     "failure-rate": {"max-failures-per-interval", "failure-rate-interval", "delay"},
-    "exponential-delay": {"initial-backoff", "max-backoff", "backoff-multiplier", "reset-backoff-threshold",
-                          "jitter-factor", "attempts-before-reset-backoff"},
+    "exponential-delay": {
+        "initial-backoff",
+        "max-backoff",
+        "backoff-multiplier",
+        "reset-backoff-threshold",
+        "jitter-factor",
+        "attempts-before-reset-backoff",
+    },
 }
 
 
@@ -204,11 +224,12 @@ def normalise(config: dict[str, Any] | None, *, field: str = "restartStrategy") 
     if config is None:
         return {}
     if not isinstance(config, dict):
-        raise InvalidRestartStrategy(field, "expected an object such as {\"type\": \"fixed-delay\", \"attempts\": 3}")
+        raise InvalidRestartStrategy(field, 'expected an object such as {"type": "fixed-delay", "attempts": 3}')
     kind = strategy_type(config.get("type"))
     if kind is None:
-        raise InvalidRestartStrategy(f"{field}.type",
-                                     f"expected one of {', '.join(STRATEGY_TYPES)}, got {config.get('type')!r}")
+        raise InvalidRestartStrategy(
+            f"{field}.type", f"expected one of {', '.join(STRATEGY_TYPES)}, got {config.get('type')!r}"
+        )
     unknown = set(config) - _KNOWN_KEYS[kind] - {"type"}
     if unknown:
         known = ", ".join(sorted(_KNOWN_KEYS[kind])) or "none"
@@ -230,14 +251,18 @@ MIN_RESTART_PAUSE_S = 1.0
 
 def _check_pause(strategy: "RestartStrategy", field: str) -> None:
     limit, pause = MAX_RESTARTS_WITHOUT_PAUSE, MIN_RESTART_PAUSE_S
-    why = (f"with more than {limit} restarts allowed, a failing job must wait at least {pause:g} s before "
-           f"each (a restart costs a slot request, a deploy and a driver)")
+    why = (
+        f"with more than {limit} restarts allowed, a failing job must wait at least {pause:g} s before "
+        f"each (a restart costs a slot request, a deploy and a driver)"
+    )
     if isinstance(strategy, FixedDelay) and strategy.attempts > limit and strategy.delay_s < pause:
-        raise InvalidRestartStrategy(f"{field}.delay", f"{strategy.attempts} attempts {strategy.delay_s:g} s "
-                                                       f"apart: {why}")
+        raise InvalidRestartStrategy(
+            f"{field}.delay", f"{strategy.attempts} attempts {strategy.delay_s:g} s apart: {why}"
+        )
     if isinstance(strategy, FailureRate) and strategy.max_failures > limit and strategy.delay_s < pause:
-        raise InvalidRestartStrategy(f"{field}.delay", f"{strategy.max_failures} failures per interval "
-                                                       f"{strategy.delay_s:g} s apart: {why}")
+        raise InvalidRestartStrategy(
+            f"{field}.delay", f"{strategy.max_failures} failures per interval {strategy.delay_s:g} s apart: {why}"
+        )
     if isinstance(strategy, ExponentialDelay) and (strategy.max_attempts is None or strategy.max_attempts > limit):
         backoff = strategy.initial_s
         for _ in range(limit - 1):
@@ -247,7 +272,8 @@ def _check_pause(strategy: "RestartStrategy", field: str) -> None:
                 f"{field}.initial-backoff",
                 f"the backoff is still {backoff:g} s after {limit} restarts (initial-backoff "
                 f"{strategy.initial_s:g} s, backoff-multiplier {strategy.multiplier:g}, max-backoff "
-                f"{strategy.max_s:g} s): {why}")
+                f"{strategy.max_s:g} s): {why}",
+            )
 
 
 class _NullClock:
@@ -255,8 +281,9 @@ class _NullClock:
         return 0.0
 
 
-def build(config: dict[str, Any], *, clock: Clock, field: str = "restartStrategy",
-          rng: random.Random | None = None) -> RestartStrategy:
+def build(
+    config: dict[str, Any], *, clock: Clock, field: str = "restartStrategy", rng: random.Random | None = None
+) -> RestartStrategy:
     kind = strategy_type(config.get("type", "none")) or str(config.get("type"))
     p = config
     if kind == "none":
@@ -265,7 +292,8 @@ def build(config: dict[str, Any], *, clock: Clock, field: str = "restartStrategy
         return FixedDelay(_int(p, "attempts", 1, field), parse_duration(p.get("delay", 1.0), f"{field}.delay"))
     if kind == "failure-rate":
         return FailureRate(
-            clock, _int(p, "max-failures-per-interval", 1, field, 1),
+            clock,
+            _int(p, "max-failures-per-interval", 1, field, 1),
             parse_duration(p.get("failure-rate-interval", 60.0), f"{field}.failure-rate-interval"),
             parse_duration(p.get("delay", 1.0), f"{field}.delay"),
         )

@@ -15,12 +15,19 @@ RESTART_PREFIX = "restart-strategy."
 RESTART_PARAMETERS: dict[str, dict[str, tuple[str, Any]]] = {
     "none": {},
     "fixed-delay": {"attempts": ("count", 3), "delay": ("duration", "10 s")},
-    "failure-rate": {"max-failures-per-interval": ("count1", 1), "failure-rate-interval": ("duration", "1 min"),
-                     "delay": ("duration", "10 s")},
-    "exponential-delay": {"initial-backoff": ("duration", "1 s"), "max-backoff": ("duration", "1 min"),
-                          "backoff-multiplier": ("multiplier", 1.5),
-                          "reset-backoff-threshold": ("duration", "1 h"), "jitter-factor": ("fraction", 0.1),
-                          "attempts-before-reset-backoff": ("count1", 10)},
+    "failure-rate": {
+        "max-failures-per-interval": ("count1", 1),
+        "failure-rate-interval": ("duration", "1 min"),
+        "delay": ("duration", "10 s"),
+    },
+    "exponential-delay": {
+        "initial-backoff": ("duration", "1 s"),
+        "max-backoff": ("duration", "1 min"),
+        "backoff-multiplier": ("multiplier", 1.5),
+        "reset-backoff-threshold": ("duration", "1 h"),
+        "jitter-factor": ("fraction", 0.1),
+        "attempts-before-reset-backoff": ("count1", 10),
+    },
 }
 _RESTART_TYPE_ALIASES = restart.TYPE_ALIASES
 
@@ -31,14 +38,20 @@ def _restart_value(kind: str, value: Any) -> Any:
     if kind in ("count", "count1"):
         return integer(value, 0 if kind == "count" else 1)
     number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
-    if not math.isfinite(number) or (kind == "multiplier" and not 1.0 <= number <= 1e6) \
-            or (kind == "fraction" and not 0.0 <= number <= 1.0):
+    if (
+        not math.isfinite(number)
+        or (kind == "multiplier" and not 1.0 <= number <= 1e6)
+        or (kind == "fraction" and not 0.0 <= number <= 1.0)
+    ):
         raise ValueError("out of range")
     return number
 
 
-_RESTART_EXPECTED = {"duration": DURATION_EXPECTED, "multiplier": "a number >= 1",
-                     "fraction": "a number between 0 and 1"}
+_RESTART_EXPECTED = {
+    "duration": DURATION_EXPECTED,
+    "multiplier": "a number >= 1",
+    "fraction": "a number between 0 and 1",
+}
 
 
 def _restart_keys(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,8 +70,15 @@ def problems(config: Mapping[str, Any]) -> list[OptionProblem]:
     types = ", ".join(RESTART_PARAMETERS)
     if type_key not in keys:
         first = next(iter(keys))
-        return [OptionProblem(type_key, None, f"other restart-strategy options are set ({first}); the type is "
-                              f"one of {types}", "fixed-delay", missing=True)]
+        return [
+            OptionProblem(
+                type_key,
+                None,
+                f"other restart-strategy options are set ({first}); the type is one of {types}",
+                "fixed-delay",
+                missing=True,
+            )
+        ]
     kind = _restart_type(keys[type_key])
     if kind is None:
         return [OptionProblem(type_key, keys[type_key], f"one of {types}", "fixed-delay")]
@@ -66,14 +86,19 @@ def problems(config: Mapping[str, Any]) -> list[OptionProblem]:
     for key, value in keys.items():
         if key == type_key:
             continue
-        rest = key[len(RESTART_PREFIX):]
+        rest = key[len(RESTART_PREFIX) :]
         owner, _, param = rest.partition(".")
         owner = _RESTART_TYPE_ALIASES.get(owner, owner)
         if owner not in RESTART_PARAMETERS or param not in RESTART_PARAMETERS[owner]:
             params = ", ".join(f"{RESTART_PREFIX}{kind}.{p}" for p in RESTART_PARAMETERS[kind])
-            found.append(OptionProblem(key, value, f"the options of {kind} are: {params}" if params else
-                                       f"{kind} has no options",
-                                       *_first_param_example(kind)))
+            found.append(
+                OptionProblem(
+                    key,
+                    value,
+                    f"the options of {kind} are: {params}" if params else f"{kind} has no options",
+                    *_first_param_example(kind),
+                )
+            )
             continue
         if owner != kind:
             continue  # Flink ignores the parameters of the strategies not chosen
@@ -81,8 +106,11 @@ def problems(config: Mapping[str, Any]) -> list[OptionProblem]:
         try:
             _restart_value(what, value)
         except (ValueError, TypeError, OverflowError) as exc:
-            expected = integer_expected(value, 0 if what == "count" else 1) if what in ("count", "count1") \
+            expected = (
+                integer_expected(value, 0 if what == "count" else 1)
+                if what in ("count", "count1")
                 else _RESTART_EXPECTED[what]
+            )
             found.append(OptionProblem(key, value, expected, example, reason=refusal_reason(exc)))
     return found
 
@@ -106,7 +134,7 @@ def restart_strategy_from_config(config: Mapping[str, Any] | None) -> dict[str, 
         return None
     out: dict[str, Any] = {"type": kind}
     for key, value in keys.items():
-        owner, _, param = key[len(RESTART_PREFIX):].partition(".")
+        owner, _, param = key[len(RESTART_PREFIX) :].partition(".")
         if _RESTART_TYPE_ALIASES.get(owner, owner) == kind and param in RESTART_PARAMETERS[kind]:
             out[param] = _restart_value(RESTART_PARAMETERS[kind][param][0], value)
     return restart.normalise(out)

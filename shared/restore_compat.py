@@ -41,29 +41,44 @@ SPARK_OPERATOR_KINDS = {
 _AGGREGATES = ("aggregate", "sessionWindowAggregate")
 UNKNOWN_KIND = "stateful operator"  # the snapshot does not say which kind
 # Names Spark makes up for state columns: they say nothing about what the column holds.
-_SYNTHETIC_NAME = re.compile(r"^(_groupingexpression.*|field\d+|index|value|key|matched|__dummy__|"
-                             r"expiresAtMicros|sessionStartTime|groupState|timeoutTimestamp)$")
+_SYNTHETIC_NAME = re.compile(
+    r"^(_groupingexpression.*|field\d+|index|value|key|matched|__dummy__|"
+    r"expiresAtMicros|sessionStartTime|groupState|timeoutTimestamp)$"
+)
 
-HINT_FRESH_SOURCE = ("the snapshot's offsets belong to the old source and cannot be used for another one: "
-                     "keep the source as it was, or start the new pipeline as a fresh job (without a savepoint)")
-HINT_NO_NEW_STATE = ("Spark cannot add a stateful operator to an existing checkpoint: keep the stateful "
-                     "operators as they were, or start the new pipeline as a fresh job (without a savepoint)")
-HINT_CHANGED_STATE = ("the state in the snapshot was built by the old operator and cannot be read by the new "
-                      "one: keep the operator (its keys and aggregates) as it was, or start the new pipeline "
-                      "as a fresh job (without a savepoint)")
-HINT_ALLOW_DROP = ("to start without the state of removed operators, submit with allowNonRestoredState=true "
-                   "(CLI: --allow-non-restored-state)")
+HINT_FRESH_SOURCE = (
+    "the snapshot's offsets belong to the old source and cannot be used for another one: "
+    "keep the source as it was, or start the new pipeline as a fresh job (without a savepoint)"
+)
+HINT_NO_NEW_STATE = (
+    "Spark cannot add a stateful operator to an existing checkpoint: keep the stateful "
+    "operators as they were, or start the new pipeline as a fresh job (without a savepoint)"
+)
+HINT_CHANGED_STATE = (
+    "the state in the snapshot was built by the old operator and cannot be read by the new "
+    "one: keep the operator (its keys and aggregates) as it was, or start the new pipeline "
+    "as a fresh job (without a savepoint)"
+)
+HINT_ALLOW_DROP = (
+    "to start without the state of removed operators, submit with allowNonRestoredState=true "
+    "(CLI: --allow-non-restored-state)"
+)
 HINT_DROP_ONLY_TRAILING = (
     "allowNonRestoredState can only drop the state of operators numbered after every remaining one: Spark "
     "numbers stateful operators from the sink towards the sources (0 first), so removing or changing an "
-    "operator nearer the sink renumbers the others and Spark would read one operator's state as another's")
-HINT_RENAMED_KEY = ("if only the column's name changed and it holds the same values, give it its old name "
-                    "(e.g. .alias(\"url\")) before the stateful operator")
+    "operator nearer the sink renumbers the others and Spark would read one operator's state as another's"
+)
+HINT_RENAMED_KEY = (
+    "if only the column's name changed and it holds the same values, give it its old name "
+    '(e.g. .alias("url")) before the stateful operator'
+)
 
 
 def partition_hint(n: int) -> str:
-    return (f"the state partition count is fixed when a job first starts (like Flink's max parallelism): "
-            f"drop the option or set it to {n}; parallelism can still change")
+    return (
+        f"the state partition count is fixed when a job first starts (like Flink's max parallelism): "
+        f"drop the option or set it to {n}; parallelism can still change"
+    )
 
 
 # ---------------------------------------------------------------- types
@@ -126,7 +141,7 @@ def _parse_type(s: str, i: int) -> tuple[str, int]:
 def _skip_name(s: str, i: int) -> int:
     if s[i] == "`":
         i += 1
-        while not (s[i] == "`" and s[i + 1:i + 2] != "`"):
+        while not (s[i] == "`" and s[i + 1 : i + 2] != "`"):
             i += 2 if s[i] == "`" else 1
         i += 1
     else:
@@ -156,6 +171,7 @@ def schema_fields(schema: Mapping[str, Any] | None) -> tuple[list[str], list[str
 
 
 # ---------------------------------------------------------------- normalised operators
+
 
 @dataclass(frozen=True)
 class _Store:
@@ -193,11 +209,17 @@ def _ops_from_plan(plan: Mapping[str, Any]) -> list[_Op]:
     for o in plan.get("operators") or []:
         stores = {}
         for s in o.get("stores") or []:
-            stores[s["name"]] = _Store(s["name"], _tuple(s.get("key_names")), _tuple(s.get("key_types")),
-                                       _tuple(s.get("value_names")), _tuple(s.get("value_types")))
+            stores[s["name"]] = _Store(
+                s["name"],
+                _tuple(s.get("key_names")),
+                _tuple(s.get("key_types")),
+                _tuple(s.get("value_names")),
+                _tuple(s.get("value_types")),
+            )
         exprs = _tuple(o.get("key_exprs"))
-        ops.append(_Op(int(o["id"]), o["kind"], o.get("spark_name"), exprs or _tuple(o.get("key_names")),
-                       stores, exprs))
+        ops.append(
+            _Op(int(o["id"]), o["kind"], o.get("spark_name"), exprs or _tuple(o.get("key_names")), stores, exprs)
+        )
     return sorted(ops, key=lambda op: op.id)
 
 
@@ -208,8 +230,13 @@ def _ops_from_state_files(spark: Mapping[str, Any]) -> list[_Op]:
         stores = {}
         for s in o.get("stores") or []:
             key, value = schema_fields(s.get("key_schema")), schema_fields(s.get("value_schema"))
-            stores[s["name"]] = _Store(s["name"], _tuple(key and key[0]), _tuple(key and key[1]),
-                                       _tuple(value and value[0]), _tuple(value and value[1]))
+            stores[s["name"]] = _Store(
+                s["name"],
+                _tuple(key and key[0]),
+                _tuple(key and key[1]),
+                _tuple(value and value[0]),
+                _tuple(value and value[1]),
+            )
         name = o.get("name")  # None: Spark wrote no operator metadata (before 4.0)
         default = stores.get("default")
         keys = None
@@ -221,6 +248,7 @@ def _ops_from_state_files(spark: Mapping[str, Any]) -> list[_Op]:
 
 
 # ---------------------------------------------------------------- the verdict
+
 
 @dataclass
 class Verdict:
@@ -256,8 +284,13 @@ def describe_snapshot(meta: Mapping[str, Any]) -> str:
     return f"{out} of job {job}" if job else out
 
 
-def check(snapshot_meta: Mapping[str, Any], new_plan: Mapping[str, Any] | None, *,
-          new_shuffle_partitions: int | None, allow_non_restored_state: bool) -> Verdict:
+def check(
+    snapshot_meta: Mapping[str, Any],
+    new_plan: Mapping[str, Any] | None,
+    *,
+    new_shuffle_partitions: int | None,
+    allow_non_restored_state: bool,
+) -> Verdict:
     """What stops a job with `new_plan` (a plan signature; None: the pipeline is unchanged, check
     the configuration only) and an explicit `spark.sql.shuffle.partitions` of
     `new_shuffle_partitions` (None: not set) from starting from the snapshot `snapshot_meta`."""
@@ -269,8 +302,10 @@ def check(snapshot_meta: Mapping[str, Any], new_plan: Mapping[str, Any] | None, 
     if new_plan is None:
         return v
     if new_plan.get("streaming") is False:
-        v.refuse("the new pipeline is a batch job: only a streaming query can continue from a checkpoint "
-                 "or savepoint", "submit it without a savepoint")
+        v.refuse(
+            "the new pipeline is a batch job: only a streaming query can continue from a checkpoint or savepoint",
+            "submit it without a savepoint",
+        )
         return v
     old_plan = (snapshot_meta.get("pipeline") or {}).get("plan")
     _check_sources(v, old_plan, spark, new_plan.get("sources") or [])
@@ -295,19 +330,24 @@ def _check_partitions(v: Verdict, spark: Mapping[str, Any], new: int | None) -> 
     old = state_partitions(spark)
     if new is None or old is None or int(new) == old:
         return
-    v.refuse(f"spark.sql.shuffle.partitions is set to {new}, but the snapshot's state has {old} partitions "
-             f"(Spark would keep {old} and ignore the option)", partition_hint(old))
+    v.refuse(
+        f"spark.sql.shuffle.partitions is set to {new}, but the snapshot's state has {old} partitions "
+        f"(Spark would keep {old} and ignore the option)",
+        partition_hint(old),
+    )
 
 
 # ---------------------------------------------------------------- sources
+
 
 def _source_text(s: Mapping[str, Any]) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in sorted((s.get("options") or {}).items()))
     return f"{s.get('format')}({opts})" if opts else str(s.get("format"))
 
 
-def _check_sources(v: Verdict, old_plan: Mapping[str, Any] | None, spark: Mapping[str, Any],
-                   new: Sequence[Mapping[str, Any]]) -> None:
+def _check_sources(
+    v: Verdict, old_plan: Mapping[str, Any] | None, spark: Mapping[str, Any], new: Sequence[Mapping[str, Any]]
+) -> None:
     if old_plan and old_plan.get("sources") is not None:
         old = old_plan["sources"]
         for i, (a, b) in enumerate(zip(old, new, strict=False)):
@@ -315,21 +355,29 @@ def _check_sources(v: Verdict, old_plan: Mapping[str, Any] | None, spark: Mappin
             # Only options both signatures recorded: a newer signature may identify sources by more.
             # Kafka's subscribe, subscribePattern and assign are alternatives: one replaced by
             # another is a changed subscription, whatever the two name.
-            differs = a.get("format") != b.get("format") or any(oa[k] != ob[k] for k in oa.keys() & ob.keys()) \
+            differs = (
+                a.get("format") != b.get("format")
+                or any(oa[k] != ob[k] for k in oa.keys() & ob.keys())
                 or (a.get("format") == "kafka" and oa.keys() != ob.keys())
+            )
             if differs:
                 v.refuse(f"source {i} changed: was {_source_text(a)}, now {_source_text(b)}", HINT_FRESH_SOURCE)
         if len(old) != len(new):
-            v.refuse(f"the pipeline reads {len(new)} source(s), the snapshot has offsets for {len(old)}: "
-                     f"{', '.join(map(_source_text, old)) or 'none'}", HINT_FRESH_SOURCE)
+            v.refuse(
+                f"the pipeline reads {len(new)} source(s), the snapshot has offsets for {len(old)}: "
+                f"{', '.join(map(_source_text, old)) or 'none'}",
+                HINT_FRESH_SOURCE,
+            )
         return
     offsets = spark.get("source_offsets")
     if isinstance(offsets, list) and offsets and len(offsets) != len(new):
-        v.refuse(f"the pipeline reads {len(new)} source(s), the snapshot has offsets for {len(offsets)}",
-                 HINT_FRESH_SOURCE)
+        v.refuse(
+            f"the pipeline reads {len(new)} source(s), the snapshot has offsets for {len(offsets)}", HINT_FRESH_SOURCE
+        )
 
 
 # ---------------------------------------------------------------- operators
+
 
 def _check_operators(v: Verdict, old: list[_Op], new: list[_Op], allow_drop: bool) -> None:
     old_by_id = {o.id: o for o in old}
@@ -349,12 +397,17 @@ def _check_operators(v: Verdict, old: list[_Op], new: list[_Op], allow_drop: boo
     labels = ", ".join(old_by_id[i].label for i in removed)
     droppable = not changed and removed[0] == len(new)
     if not allow_drop:
-        v.refuse(f"{labels} {'is' if len(removed) == 1 else 'are'} not in the new pipeline: "
-                 f"{'its' if len(removed) == 1 else 'their'} state would not be restored",
-                 HINT_ALLOW_DROP if droppable else HINT_DROP_ONLY_TRAILING)
+        v.refuse(
+            f"{labels} {'is' if len(removed) == 1 else 'are'} not in the new pipeline: "
+            f"{'its' if len(removed) == 1 else 'their'} state would not be restored",
+            HINT_ALLOW_DROP if droppable else HINT_DROP_ONLY_TRAILING,
+        )
     elif not droppable:
-        v.refuse(f"{labels} cannot be dropped with allowNonRestoredState, because the remaining operators "
-                 f"do not match the snapshot's operators 0..{len(new) - 1}", HINT_DROP_ONLY_TRAILING)
+        v.refuse(
+            f"{labels} cannot be dropped with allowNonRestoredState, because the remaining operators "
+            f"do not match the snapshot's operators 0..{len(new) - 1}",
+            HINT_DROP_ONLY_TRAILING,
+        )
     else:
         v.drop_operators = removed
 
@@ -376,18 +429,25 @@ def _op_changes(old: _Op, new: _Op) -> tuple[str, list[str]] | None:
         a, b = old.stores[name], new.stores[name]
         where = "" if name == "default" else f" in state store {name}"
         if _types_differ(a.key_types, b.key_types):
-            what.append(f"its key types{where} changed: was {_fmt(a.key_types, a.key_names)}, "
-                        f"now {_fmt(b.key_types, b.key_names)}")
+            what.append(
+                f"its key types{where} changed: was {_fmt(a.key_types, a.key_names)}, "
+                f"now {_fmt(b.key_types, b.key_names)}"
+            )
         elif not what and _names_differ(a.key_names, b.key_names):
-            what.append(f"its key changed{where}: was {_fmt(a.key_types, a.key_names)}, "
-                        f"now {_fmt(b.key_types, b.key_names)}")
+            what.append(
+                f"its key changed{where}: was {_fmt(a.key_types, a.key_names)}, now {_fmt(b.key_types, b.key_names)}"
+            )
             hints.append(HINT_RENAMED_KEY)
         if _types_differ(a.value_types, b.value_types):
-            what.append(f"its state values{where} changed: was {_fmt(a.value_types, a.value_names)}, "
-                        f"now {_fmt(b.value_types, b.value_names)}")
+            what.append(
+                f"its state values{where} changed: was {_fmt(a.value_types, a.value_names)}, "
+                f"now {_fmt(b.value_types, b.value_names)}"
+            )
         elif new.kind in _AGGREGATES and _names_differ(a.value_names, b.value_names):
-            what.append(f"its aggregates{where} changed: the state holds {_fmt(a.value_types, a.value_names)}, "
-                        f"the new pipeline keeps {_fmt(b.value_types, b.value_names)}")
+            what.append(
+                f"its aggregates{where} changed: the state holds {_fmt(a.value_types, a.value_names)}, "
+                f"the new pipeline keeps {_fmt(b.value_types, b.value_names)}"
+            )
     if old.stores and new.stores and old.stores.keys() != new.stores.keys():
         what.append(f"its state stores changed: was {sorted(old.stores)}, now {sorted(new.stores)}")
     if not what:

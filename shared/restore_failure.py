@@ -63,11 +63,15 @@ def verify(path: str, metadata: dict) -> None:
         size += os.lstat(f).st_size
     want_files, want_size = metadata.get("files"), metadata.get("size_bytes")
     if isinstance(want_files, int) and count != want_files:
-        raise SnapshotError(f"{spark_dir} holds {count} files, its metadata counted {want_files}: files were "
-                            f"deleted from (or added to) the snapshot")
+        raise SnapshotError(
+            f"{spark_dir} holds {count} files, its metadata counted {want_files}: files were "
+            f"deleted from (or added to) the snapshot"
+        )
     if isinstance(want_size, int) and size != want_size:
-        raise SnapshotError(f"{spark_dir} holds {size} bytes, its metadata counted {want_size}: a file of the "
-                            f"snapshot was truncated or rewritten")
+        raise SnapshotError(
+            f"{spark_dir} holds {size} bytes, its metadata counted {want_size}: a file of the "
+            f"snapshot was truncated or rewritten"
+        )
     batch = int((metadata.get("spark") or {}).get("batch_id", -1))
     if batch >= 0:
         spark_conf_at(spark_dir, batch)  # raises SnapshotError when the offset log is unreadable

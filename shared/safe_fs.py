@@ -51,8 +51,11 @@ class Ownership:
     def driver_may_write(self, st: os.stat_result) -> bool:
         """Whether a driver could create, rename or remove entries of this directory."""
         mode = st.st_mode
-        return (self.driver_uid(st.st_uid) or bool(mode & stat.S_IWOTH)
-                or (bool(mode & stat.S_IWGRP) and self.driver_gid(st.st_gid)))
+        return (
+            self.driver_uid(st.st_uid)
+            or bool(mode & stat.S_IWOTH)
+            or (bool(mode & stat.S_IWGRP) and self.driver_gid(st.st_gid))
+        )
 
 
 def open_dir_at(dir_fd: int, name: str) -> int:
@@ -80,8 +83,12 @@ def secure_dir(fd: int, owners: Ownership, *, where: str, mode_or: int = 0o711) 
     bit goes where the group is the drivers'; `mode_or` is added (traversal for others)."""
     st = os.fstat(fd)
     if owners.driver_uid(st.st_uid) or (st.st_uid != owners.uid and owners.driver_may_write(st)):
-        log.warning("%s belonged to uid %d (mode %o), which a pipeline may use; taking it back", where,
-                    st.st_uid, stat.S_IMODE(st.st_mode))
+        log.warning(
+            "%s belonged to uid %d (mode %o), which a pipeline may use; taking it back",
+            where,
+            st.st_uid,
+            stat.S_IMODE(st.st_mode),
+        )
         os.fchown(fd, owners.uid, owners.gid)
     mode = stat.S_IMODE(st.st_mode)
     new = (mode & ~stat.S_IWOTH) | mode_or
@@ -91,8 +98,9 @@ def secure_dir(fd: int, owners: Ownership, *, where: str, mode_or: int = 0o711) 
         os.fchmod(fd, new)
 
 
-def ensure_dirs(root_fd: int, rel: PurePath | str, owners: Ownership, *, mode: int = 0o711,
-                where: str = "", create: bool = True) -> int:
+def ensure_dirs(
+    root_fd: int, rel: PurePath | str, owners: Ownership, *, mode: int = 0o711, where: str = "", create: bool = True
+) -> int:
     """Open (creating, unless not `create`) `rel` below the trusted directory `root_fd`, each
     component root's and closed to drivers (`secure_dir`); returns the last one's fd (the caller
     closes it)."""
@@ -136,8 +144,9 @@ def make_dir(parent_fd: int, name: str, *, mode: int, uid: int, gid: int, exist_
     return fd
 
 
-def write_file(parent_fd: int, name: str, data: bytes, *, mode: int = 0o644, uid: int | None = None,
-               gid: int | None = None) -> None:
+def write_file(
+    parent_fd: int, name: str, data: bytes, *, mode: int = 0o644, uid: int | None = None, gid: int | None = None
+) -> None:
     """Write `name` whole and atomically (a new temporary file renamed over it)."""
     tmp = f".{name}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent_fd)
@@ -157,12 +166,20 @@ def write_file(parent_fd: int, name: str, data: bytes, *, mode: int = 0o644, uid
     os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
 
 
-def copy_file(source: str | os.PathLike, parent_fd: int, name: str, *, mode: int = 0o644, uid: int | None = None,
-              gid: int | None = None) -> None:
+def copy_file(
+    source: str | os.PathLike,
+    parent_fd: int,
+    name: str,
+    *,
+    mode: int = 0o644,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> None:
     """Copy the file `source` (a path root trusts) into the new file `name` below `parent_fd`."""
     with open(source, "rb") as src:
-        dst_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=parent_fd)
+        dst_fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent_fd
+        )
         with os.fdopen(dst_fd, "wb") as dst:
             shutil.copyfileobj(src, dst, 1024 * 1024)
             dst.flush()
@@ -206,8 +223,15 @@ def walk(top_fd: int) -> Iterator[tuple[int, list[str], list[str]]]:
         yield dirfd, dirnames, filenames
 
 
-def chown_tree(top_fd: int, uid: int, gid: int, *, only: Callable[[int], bool] = lambda uid: True,
-               files_readable: bool = False, adopt: bool = False) -> int:
+def chown_tree(
+    top_fd: int,
+    uid: int,
+    gid: int,
+    *,
+    only: Callable[[int], bool] = lambda uid: True,
+    files_readable: bool = False,
+    adopt: bool = False,
+) -> int:
     """Give every entry below `top_fd` (and the directory itself) whose owner `only` accepts to
     uid:gid; `files_readable` adds read for all to regular files (the directories above them
     decide who reaches them). `adopt` (a tree another user may have laid out): symbolic links are
@@ -297,8 +321,9 @@ def link_tree(src_fd: int, dst_fd: int, *, dir_mode: int = 0o755) -> tuple[int, 
             into = made.pop(path)
             try:
                 for name in dirnames:
-                    made[os.path.join(path, name)] = make_dir(into, name, mode=dir_mode, uid=os.geteuid(),
-                                                              gid=os.getegid())
+                    made[os.path.join(path, name)] = make_dir(
+                        into, name, mode=dir_mode, uid=os.geteuid(), gid=os.getegid()
+                    )
                 for name in filenames:
                     st = os.lstat(name, dir_fd=dirfd)
                     if not stat.S_ISREG(st.st_mode):
@@ -324,8 +349,9 @@ def _copy_at(src_dirfd: int, name: str, dst_dirfd: int) -> None:
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
             return
-        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                      dir_fd=dst_dirfd)
+        dst = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dst_dirfd
+        )
         with os.fdopen(os.dup(src), "rb") as r, os.fdopen(dst, "wb") as w:
             shutil.copyfileobj(r, w, 1024 * 1024)
     finally:

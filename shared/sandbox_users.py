@@ -69,8 +69,10 @@ class SandboxUsers:
         try:
             self.shared_gid = grp.getgrnam(group).gr_gid
         except KeyError:
-            raise SandboxUsersError(f"there is no group {group!r} for the drivers' users: run scripts/bootstrap as "
-                                    f"root (python -m services.taskmanager.drivers.user --prepare)") from None
+            raise SandboxUsersError(
+                f"there is no group {group!r} for the drivers' users: run scripts/bootstrap as "
+                f"root (python -m services.taskmanager.drivers.user --prepare)"
+            ) from None
         users, missing = [], []
         for i in range(size):
             try:
@@ -79,14 +81,16 @@ class SandboxUsers:
                 missing.append(user_name(group, i))
                 continue
             if pw.pw_uid == 0 or pw.pw_uid == os.geteuid():
-                raise SandboxUsersError(f"the drivers' user {pw.pw_name} is uid {pw.pw_uid}: it must be an "
-                                        f"unprivileged user of its own")
+                raise SandboxUsersError(
+                    f"the drivers' user {pw.pw_name} is uid {pw.pw_uid}: it must be an unprivileged user of its own"
+                )
             users.append(PoolUser(pw.pw_name, pw.pw_uid, pw.pw_gid))
         if missing:
             raise SandboxUsersError(
                 f"{len(missing)} of the {size} drivers' users are missing ({', '.join(missing[:3])}"
                 f"{', ...' if len(missing) > 3 else ''}): run scripts/bootstrap as root (python -m "
-                f"services.taskmanager.drivers.user --prepare), or lower driver_users (HEADRACE_DRIVER_USERS)")
+                f"services.taskmanager.drivers.user --prepare), or lower driver_users (HEADRACE_DRIVER_USERS)"
+            )
         self.users = users
         self._uids = frozenset(u.uid for u in users)
         self._gids = frozenset(u.gid for u in users) | {self.shared_gid}
@@ -114,8 +118,9 @@ class SandboxUsers:
         start = self._next_index()
         for k in range(self.size):
             user = self.users[(start + k) % self.size]
-            fd = os.open(self.lock_dir / f"{user.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)
+            fd = os.open(
+                self.lock_dir / f"{user.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -128,7 +133,8 @@ class SandboxUsers:
         raise SandboxUsersError(
             f"all {self.size} drivers' users of this machine are in use (every running driver and restore-check "
             f"planner of every cluster here holds one; see {self.lock_dir}): raise driver_users "
-            f"(HEADRACE_DRIVER_USERS) and run scripts/bootstrap as root to create the new ones")
+            f"(HEADRACE_DRIVER_USERS) and run scripts/bootstrap as root to create the new ones"
+        )
 
     def _ensure_lock_dir(self) -> None:
         try:
@@ -137,8 +143,10 @@ class SandboxUsers:
             pass
         st = os.lstat(self.lock_dir)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise SandboxUsersError(f"{self.lock_dir} must be a directory of uid {os.geteuid()} that no one else "
-                                    f"may write (found uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
+            raise SandboxUsersError(
+                f"{self.lock_dir} must be a directory of uid {os.geteuid()} that no one else "
+                f"may write (found uid {st.st_uid}, mode {stat.filemode(st.st_mode)})"
+            )
 
     def _next_index(self) -> int:
         fd = os.open(self.lock_dir / "next.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -252,5 +260,6 @@ def remove_shared_memory(uid: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     for shmid, _ in shared_memory_of(uid):
         if libc.shmctl(shmid, _IPC_RMID, None) != 0:
-            log.warning("could not remove shared memory segment %d of uid %d (errno %d)", shmid, uid,
-                        ctypes.get_errno())
+            log.warning(
+                "could not remove shared memory segment %d of uid %d (errno %d)", shmid, uid, ctypes.get_errno()
+            )

@@ -49,8 +49,10 @@ def parse_cron(expr: str) -> crontab:
         raise CronError("is empty")
     fields = expr.split()
     if len(fields) != 5:
-        raise CronError(f"has {len(fields)} field{'s' if len(fields) != 1 else ''}, a cron expression has 5 "
-                        "(minute hour day-of-month month day-of-week)")
+        raise CronError(
+            f"has {len(fields)} field{'s' if len(fields) != 1 else ''}, a cron expression has 5 "
+            "(minute hour day-of-month month day-of-week)"
+        )
     names = ("minute", "hour", "day-of-month", "month", "day-of-week")
     for name, value in zip(names, fields, strict=True):
         try:
@@ -66,8 +68,13 @@ def parse_cron(expr: str) -> crontab:
     return cron
 
 
-_CELERY_FIELD = {"minute": "minute", "hour": "hour", "day-of-month": "day_of_month", "month": "month_of_year",
-                 "day-of-week": "day_of_week"}
+_CELERY_FIELD = {
+    "minute": "minute",
+    "hour": "hour",
+    "day-of-month": "day_of_month",
+    "month": "month_of_year",
+    "day-of-week": "day_of_week",
+}
 
 
 @dataclass(frozen=True)
@@ -118,10 +125,10 @@ def _utc(t: datetime) -> datetime:
 class CatchUp:
     """What a beat pass does with one schedule whose next tick has come."""
 
-    fire: datetime | None          # the tick to fire now (None: nothing is due, or it is too late)
+    fire: datetime | None  # the tick to fire now (None: nothing is due, or it is too late)
     misfired: tuple[datetime, ...]  # ticks recorded as skipped_misfire (oldest first)
-    dropped: int                   # older missed ticks not recorded at all (beyond MAX_MISFIRE_ROWS)
-    next_fire_at: datetime         # the schedule's next tick after this pass
+    dropped: int  # older missed ticks not recorded at all (beyond MAX_MISFIRE_ROWS)
+    next_fire_at: datetime  # the schedule's next tick after this pass
 
 
 # Long outages are not walked tick by tick from their start: ticks this far before `now` are

@@ -54,31 +54,45 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=default_home, description="state: catalog, artifacts, logs")
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_auth: bool = Field(
-        True, description="headrace up/demo: the redis-server they start requires a password and gives each service "
-                          "its own ACL user (credentials 0600 in $HEADRACE_HOME/redis/); false: no password")
+        True,
+        description="headrace up/demo: the redis-server they start requires a password and gives each service "
+        "its own ACL user (credentials 0600 in $HEADRACE_HOME/redis/); false: no password",
+    )
     pipeline_redis_url: str | None = Field(
-        None, description="the Redis URL a task's pipeline gets by default (ctx.redis_url); default: redis_url. "
-                          "headrace up sets it to its `pipeline` ACL user, which cannot touch the control plane")
-    catalog_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite in home (headrace up --ha: "
-                                                      "a PostgreSQL server of its own)")
-    catalog_port: int = Field(0, ge=0, le=65535, description="headrace up --ha without catalog_url: the port of the "
-                                                             "PostgreSQL catalog it runs (0: a free one)")
+        None,
+        description="the Redis URL a task's pipeline gets by default (ctx.redis_url); default: redis_url. "
+        "headrace up sets it to its `pipeline` ACL user, which cannot touch the control plane",
+    )
+    catalog_url: str | None = Field(
+        None, description="SQLAlchemy URL; default: SQLite in home (headrace up --ha: a PostgreSQL server of its own)"
+    )
+    catalog_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="headrace up --ha without catalog_url: the port of the PostgreSQL catalog it runs (0: a free one)",
+    )
     checkpoint_dir: Path | None = Field(None, description="shared by every TaskManager")
     # Where the pipelines' Delta tables live (ctx.sinks.delta / ctx.sources.delta): a relative
     # table path lands here, an absolute one must lie here or under a storage root. Writable by
     # the drivers' user; the TaskManagers create it (connectors/delta_paths.py).
-    lake_dir: Path | None = Field(None, description="the pipelines' Delta tables (default $HEADRACE_HOME/lake); "
-                                                    "shared by every TaskManager")
+    lake_dir: Path | None = Field(
+        None, description="the pipelines' Delta tables (default $HEADRACE_HOME/lake); shared by every TaskManager"
+    )
     artifact_dir: Path | None = None
 
     dispatcher_host: str = "127.0.0.1"
     dispatcher_port: int = 8081
     auth: Literal["off", "required"] | None = Field(
-        None, description="REST API bearer tokens (headrace token create): off | required; default: required "
-                          "unless dispatcher_host is a loopback address (services/dispatcher/guards/auth.py)")
+        None,
+        description="REST API bearer tokens (headrace token create): off | required; default: required "
+        "unless dispatcher_host is a loopback address (services/dispatcher/guards/auth.py)",
+    )
     allowed_hosts: CommaSeparated = Field(
-        None, description="Host header names the dispatcher answers, comma-separated ('*': any); default with "
-                          "auth on: localhost, loopback and IP literals, dispatcher_host and this machine's names")
+        None,
+        description="Host header names the dispatcher answers, comma-separated ('*': any); default with "
+        "auth on: localhost, loopback and IP literals, dispatcher_host and this machine's names",
+    )
 
     # Prometheus endpoints (docs/runbooks/metrics.md); the dispatcher serves GET /metrics on its
     # REST port. 0: any free port (logged at start); -1: no endpoint.
@@ -90,8 +104,9 @@ class Settings(BaseSettings):
     # the dispatcher fetches for GET /taskmanagers/{id}/logs and /jobmanager/logs. This is the
     # host name the dispatcher is told to use; None: metrics_host, or this machine's host name
     # when metrics_host is a wildcard address (docs/runbooks/logs.md).
-    advertised_host: str | None = Field(None, description="host name other machines reach this process's "
-                                                          "metrics and log endpoint by")
+    advertised_host: str | None = Field(
+        None, description="host name other machines reach this process's metrics and log endpoint by"
+    )
 
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 10.0
@@ -128,8 +143,9 @@ class Settings(BaseSettings):
     # How long the dispatcher serves one encoded answer of GET /jobs/overview before building it
     # again (services/dispatcher/views/overview_cache.py): it may lag the catalog by this much, except
     # after this dispatcher's own submissions. 0: built on every request.
-    overview_cache_ms: int = Field(1000, ge=0, description="GET /jobs/overview is rebuilt at most this often "
-                                                           "(milliseconds; 0: on every request)")
+    overview_cache_ms: int = Field(
+        1000, ge=0, description="GET /jobs/overview is rebuilt at most this often (milliseconds; 0: on every request)"
+    )
 
     restart_strategy: dict[str, Any] = Field(
         default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay": 1.0},
@@ -151,47 +167,68 @@ class Settings(BaseSettings):
     driver_memory: str = "1g"
     # Named for the RSS it was once compared with; compared with the PSS summed over the driver's
     # processes since issue 42, like a task's memory limit (services/taskmanager/memory/limit.py).
-    warm_driver_max_rss_bytes: int = Field(2 * 1024**3, description="a warm driver whose processes hold more (PSS "
-                                                                     "summed) is discarded")
+    warm_driver_max_rss_bytes: int = Field(
+        2 * 1024**3, description="a warm driver whose processes hold more (PSS summed) is discarded"
+    )
     # The driver sandbox (services/taskmanager/drivers/user.py, drivers/task_processes.py, memory/limit.py).
-    driver_user: str = Field("headrace-driver", description="the Spark drivers run as users of their own, "
-                                                             "<driver_user>-0..N-1, in the group <driver_user> (the "
-                                                             "TaskManager must be root); \"\": its own user, no "
-                                                             "isolation")
+    driver_user: str = Field(
+        "headrace-driver",
+        description="the Spark drivers run as users of their own, "
+        "<driver_user>-0..N-1, in the group <driver_user> (the "
+        'TaskManager must be root); "": its own user, no '
+        "isolation",
+    )
     # Every running driver and restore-check planner of the machine holds one (shared/sandbox_users.py).
-    driver_users: int = Field(32, ge=1, description="how many users the drivers of this machine take in turn "
-                                                    "(scripts/bootstrap creates them)")
-    driver_memory_limit: str | None = Field(None, description="a task's processes above this (their PSS summed, "
-                                                              "or their cgroup's charge) are killed and the task "
-                                                              "fails; default driver_memory + 2g; off: none")
+    driver_users: int = Field(
+        32, ge=1, description="how many users the drivers of this machine take in turn (scripts/bootstrap creates them)"
+    )
+    driver_memory_limit: str | None = Field(
+        None,
+        description="a task's processes above this (their PSS summed, "
+        "or their cgroup's charge) are killed and the task "
+        "fails; default driver_memory + 2g; off: none",
+    )
     # A job's headrace.task.memory-limit is its author's: the operator's bound on it.
-    driver_memory_limit_max: str | None = Field(None, description="the highest headrace.task.memory-limit a job "
-                                                                  "may set; default: the larger of "
-                                                                  "taskmanager_memory_bytes and the cluster's "
-                                                                  "default limit; off: any, \"off\" included")
+    driver_memory_limit_max: str | None = Field(
+        None,
+        description="the highest headrace.task.memory-limit a job "
+        "may set; default: the larger of "
+        "taskmanager_memory_bytes and the cluster's "
+        'default limit; off: any, "off" included',
+    )
     driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
     driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
     driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")
     pipeline_redis_keys: Literal["shared", "declared"] = Field(
-        "shared", description="shared: a job that declares no Redis keys (headrace.redis.keys.read/.write) reaches "
-                              "every data key; declared: every job must declare them and reaches only those")
+        "shared",
+        description="shared: a job that declares no Redis keys (headrace.redis.keys.read/.write) reaches "
+        "every data key; declared: every job must declare them and reaches only those",
+    )
     pipeline_catalog_url: str | None = Field(
-        None, description="the database a pipeline's SQL sources and sinks use by default (ctx.catalog_url); "
-                          "never the control catalog; none: a pipeline must name its database")
+        None,
+        description="the database a pipeline's SQL sources and sinks use by default (ctx.catalog_url); "
+        "never the control catalog; none: a pipeline must name its database",
+    )
     pipeline_kafka_bootstrap_servers: str | None = Field(
-        None, description="the Kafka brokers (host:port[,host:port]) a pipeline gets by default "
-                          "(ctx.kafka_bootstrap_servers; per job kafka_bootstrap_servers); headrace up --kafka sets "
-                          "it to its broker")
+        None,
+        description="the Kafka brokers (host:port[,host:port]) a pipeline gets by default "
+        "(ctx.kafka_bootstrap_servers; per job kafka_bootstrap_servers); headrace up --kafka sets "
+        "it to its broker",
+    )
     spark_shuffle_partitions: int = 4
     # A class-data-sharing archive of the Spark driver JVM's classes, built once per machine and
     # JDK/PySpark version (services/taskmanager/runtime/class_archive.py): drivers start ~2 s
     # faster. Outside HEADRACE_HOME so that every cluster on the machine shares it; off: false.
     driver_class_archive: bool = Field(True, description="share the driver JVM's classes through an AppCDS archive")
-    driver_class_archive_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "headrace" / "cds",
-                                           description="where the driver class archive is kept")
+    driver_class_archive_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "headrace" / "cds",
+        description="where the driver class archive is kept",
+    )
     # Jars from Maven Central (shared/jars.py), fetched by scripts/bootstrap: never at run time.
-    jar_cache_dir: Path = Field(default_factory=lambda: jars.DEFAULT_CACHE_DIR,
-                                description="where scripts/bootstrap put the Kafka, Delta and broker jars")
+    jar_cache_dir: Path = Field(
+        default_factory=lambda: jars.DEFAULT_CACHE_DIR,
+        description="where scripts/bootstrap put the Kafka, Delta and broker jars",
+    )
     # The dispatcher keeps one restore-check planner warm from its start (a JVM of a few hundred MB,
     # started at the lowest CPU priority; services/dispatcher/submission/warm_planner.py): a changed pipeline is
     # checked in about a second instead of a cold Spark's 6-15 s, the first upgrade too. Off: false.
@@ -199,8 +236,9 @@ class Settings(BaseSettings):
     # A fork server per local driver with PySpark and the connectors imported, which starts the
     # Python process Spark spawns per streaming query of a Python source (~0.5 s sooner:
     # services/taskmanager/runtime/python_forkserver.py). ~45 MB per driver; off: false.
-    driver_python_forkserver: bool = Field(True, description="fork Spark's per-query Python source runner "
-                                                              "from a preloaded process")
+    driver_python_forkserver: bool = Field(
+        True, description="fork Spark's per-query Python source runner from a preloaded process"
+    )
     # Each task's Spark UI on a free port, linked from the dashboard (sparkUi of
     # GET /jobs/{id}/progress). Off by default: a UI per driver costs memory on a small machine.
     spark_ui: bool = Field(False, description="run the Spark UI in each task's driver (HEADRACE_SPARK_UI)")
@@ -215,42 +253,52 @@ class Settings(BaseSettings):
     checkpointing: dict[str, Any] = Field(
         default_factory=lambda: {"execution.checkpointing.interval": "10 s"},
         description="cluster default of the checkpoint options, with Flink's names (see shared/checkpointing.py); "
-                    "a job's own configuration overrides each of them",
+        "a job's own configuration overrides each of them",
     )
     savepoint_dir: Path | None = Field(None, description="default target of savepoints (state.savepoints.dir)")
     # Directories a savepoint may be written to, restored from or disposed of, and a job's own
     # state.checkpoints.dir may name (shared/storage_roots.py); the services write there as
     # their own user, so a REST caller must not be able to point them at /etc.
     storage_roots: CommaSeparated = Field(
-        None, description="allowed roots of savepoint targets, restore paths and per-job checkpoint "
-                          "directories, comma-separated (YAML: a list); always includes the checkpoint and "
-                          "savepoint dirs")
+        None,
+        description="allowed roots of savepoint targets, restore paths and per-job checkpoint "
+        "directories, comma-separated (YAML: a list); always includes the checkpoint and "
+        "savepoint dirs",
+    )
 
     stream_maxlen: int = 100_000
 
     # Message authentication (shared/message_auth.py, docs/runbooks/auth.md "Signed messages").
     cluster_secret: str | None = Field(
-        None, description="hex; control plane only (JobManager, ResourceManager, dispatcher): every key is derived "
-                          "from it. Default: $HEADRACE_HOME/secrets/cluster-secret, created 0600 on first use")
+        None,
+        description="hex; control plane only (JobManager, ResourceManager, dispatcher): every key is derived "
+        "from it. Default: $HEADRACE_HOME/secrets/cluster-secret, created 0600 on first use",
+    )
     taskmanager_key: str | None = Field(
-        None, description="hex: this TaskManager's sender key (headrace credentials taskmanager ID); default: "
-                          "derived from the cluster secret file if this process can read it")
+        None,
+        description="hex: this TaskManager's sender key (headrace credentials taskmanager ID); default: "
+        "derived from the cluster secret file if this process can read it",
+    )
     taskmanager_command_key: str | None = Field(
-        None, description="hex: the key this TaskManager checks the JobManager's commands with; default as "
-                          "taskmanager_key")
+        None,
+        description="hex: the key this TaskManager checks the JobManager's commands with; default as taskmanager_key",
+    )
 
     # `headrace up --kafka`: one Kafka broker in KRaft mode beside the cluster, its data in
     # $HEADRACE_HOME/kafka (services/cluster/kafka_broker.py, docs/runbooks/kafka-broker.md).
     kafka_port: int = Field(9092, ge=1, le=65535, description="headrace up --kafka: the broker's client port")
-    kafka_controller_port: int = Field(0, ge=0, le=65535, description="headrace up --kafka: the broker's KRaft "
-                                                                      "controller port (0: a free one)")
+    kafka_controller_port: int = Field(
+        0, ge=0, le=65535, description="headrace up --kafka: the broker's KRaft controller port (0: a free one)"
+    )
 
     high_availability: Literal["none", "zookeeper"] = Field(
-        "none", description="none: one JobManager (standalone); zookeeper: leader election among several")
+        "none", description="none: one JobManager (standalone); zookeeper: leader election among several"
+    )
     zookeeper_quorum: str | None = Field(None, description="host:port[,host:port...]")
     zookeeper_root: str = "/headrace"
     zookeeper_session_timeout_s: float = Field(
-        10.0, description="a dead leader is replaced after this; a shorter one risks revocations on hiccups")
+        10.0, description="a dead leader is replaced after this; a shorter one risks revocations on hiccups"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -35,10 +35,13 @@ def check(settings: Settings) -> None:
             f"heartbeat_timeout_s ({settings.heartbeat_timeout_s})"
         )
     if settings.spark_master != "local" and not SPARK_STANDALONE_MASTER.fullmatch(settings.spark_master):
-        raise ValueError(f"spark_master must be 'local' or a standalone master URL such as "
-                         f"'spark://127.0.0.1:7077'; got {settings.spark_master!r}")
+        raise ValueError(
+            f"spark_master must be 'local' or a standalone master URL such as "
+            f"'spark://127.0.0.1:7077'; got {settings.spark_master!r}"
+        )
     if settings.taskmanager_slots < 1:
         raise ValueError("taskmanager_slots must be at least 1")
     if settings.high_availability == "zookeeper" and not settings.zookeeper_quorum:
-        raise ValueError("high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM), "
-                         "e.g. '127.0.0.1:2181'")
+        raise ValueError(
+            "high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM), e.g. '127.0.0.1:2181'"
+        )

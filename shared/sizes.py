@@ -108,7 +108,6 @@ def parse_bytes(value: Any, *, what: str = "size", minimum: int = 1, default_uni
     return size
 
 
-
 def spark_spelling(size: int) -> str:
     """A size as Spark's JVM memory strings take it ("1536m", "2g"; no space, no fraction):
     the largest unit that gives a whole number."""

@@ -22,8 +22,10 @@ class SparkRuntime:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "SparkRuntime":
-        return cls(jar_cache_dir=settings.jar_cache_dir,
-                   class_archive_dir=settings.driver_class_archive_dir if settings.driver_class_archive else None)
+        return cls(
+            jar_cache_dir=settings.jar_cache_dir,
+            class_archive_dir=settings.driver_class_archive_dir if settings.driver_class_archive else None,
+        )
 
     @property
     def jars(self) -> JarCache:
@@ -43,11 +45,19 @@ class SparkRuntime:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--jar-cache", type=Path, default=DEFAULT_CACHE_DIR,
-                            help="the jar cache (shared/jars.py): Spark's Kafka connector and Delta Lake "
-                                 "(default: this user's, ~/.cache/headrace/jars)")
-        parser.add_argument("--class-archive-dir", type=Path, default=None,
-                            help="where the drivers' class-data-sharing archive is (class_archive.py); none: off")
+        parser.add_argument(
+            "--jar-cache",
+            type=Path,
+            default=DEFAULT_CACHE_DIR,
+            help="the jar cache (shared/jars.py): Spark's Kafka connector and Delta Lake "
+            "(default: this user's, ~/.cache/headrace/jars)",
+        )
+        parser.add_argument(
+            "--class-archive-dir",
+            type=Path,
+            default=None,
+            help="where the drivers' class-data-sharing archive is (class_archive.py); none: off",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "SparkRuntime":

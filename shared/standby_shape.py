@@ -40,8 +40,13 @@ def task_slots(allocations: Iterable[Placed]) -> dict[str, list[int]]:
 def standby_parallelism(slots_by_taskmanager: Mapping[str, Sequence[int]], own_id: str, slots: int) -> int | None:
     """The warm parallelism for TaskManager `own_id` of `slots` slots: the most common size among
     the other TaskManagers' tasks that fits here, the larger on a tie; None if there is none."""
-    sizes = Counter(p for tm, ps in slots_by_taskmanager.items() if tm != own_id and isinstance(ps, list)
-                    for p in ps if isinstance(p, int) and 1 <= p <= slots)
+    sizes = Counter(
+        p
+        for tm, ps in slots_by_taskmanager.items()
+        if tm != own_id and isinstance(ps, list)
+        for p in ps
+        if isinstance(p, int) and 1 <= p <= slots
+    )
     if not sizes:
         return None
     return max(sizes, key=lambda p: (sizes[p], p))

@@ -224,5 +224,4 @@ def check_deployment_transition(current: Lifecycle | None, target: Lifecycle) ->
     """`current` None: a deployment never reconciled."""
     legal = DEPLOYMENT_START if current is None else DEPLOYMENT_TRANSITIONS[current]
     if target not in legal:
-        raise IllegalTransition(f"deployment cannot go from {current.value if current else '(new)'} to "
-                                f"{target.value}")
+        raise IllegalTransition(f"deployment cannot go from {current.value if current else '(new)'} to {target.value}")

@@ -63,12 +63,15 @@ def configured_roots(settings: Settings) -> tuple[str, ...]:
         except SnapshotError as exc:
             raise ValueError(f"{SETTING}: {exc}") from None
         if not path.startswith("/"):
-            raise ValueError(f"{SETTING}: {entry!r} is not an absolute path; list absolute directories, "
-                             f"comma-separated, e.g. /data/savepoints,/mnt/shared/checkpoints")
+            raise ValueError(
+                f"{SETTING}: {entry!r} is not an absolute path; list absolute directories, "
+                f"comma-separated, e.g. /data/savepoints,/mnt/shared/checkpoints"
+            )
         norm = posixpath.normpath(path)
         if norm == "/":
-            raise ValueError(f"{SETTING}: '/' would allow every directory of the machine; list the "
-                             f"directories that hold snapshots")
+            raise ValueError(
+                f"{SETTING}: '/' would allow every directory of the machine; list the directories that hold snapshots"
+            )
         if norm not in out:
             out.append(norm)
     return tuple(out)
@@ -104,7 +107,9 @@ def confine(raw: str | os.PathLike, settings: Settings, *, what: str) -> str:
     shown = path if real == path else f"{path} (which resolves to {real})"
     raise OutsideStorageRoots(
         f"{what} {shown} is outside the allowed storage roots ({_describe(roots)}); choose a directory "
-        f"under one of them, or add its parent to {SETTING} on the dispatcher and the JobManager", roots)
+        f"under one of them, or add its parent to {SETTING} on the dispatcher and the JobManager",
+        roots,
+    )
 
 
 def no_symlinks(raw: str | os.PathLike, settings: Settings, *, what: str) -> str:
@@ -118,7 +123,9 @@ def no_symlinks(raw: str | os.PathLike, settings: Settings, *, what: str) -> str
     if not candidates:
         raise OutsideStorageRoots(
             f"{what} {path} is not under an allowed storage root ({_describe(roots)}); only snapshots "
-            f"inside them can be disposed of ({SETTING})", roots)
+            f"inside them can be disposed of ({SETTING})",
+            roots,
+        )
     root = max(candidates, key=len)  # the innermost root: fewest components left to trust
     current = root
     for part in Path(path).relative_to(root).parts:
@@ -130,5 +137,7 @@ def no_symlinks(raw: str | os.PathLike, settings: Settings, *, what: str) -> str
         if stat.S_ISLNK(mode):
             raise OutsideStorageRoots(
                 f"{what} {path} goes through the symlink {current} (to {os.readlink(current)}); a "
-                f"snapshot is disposed of only by its real path, so nothing was renamed or deleted", roots)
+                f"snapshot is disposed of only by its real path, so nothing was renamed or deleted",
+                roots,
+            )
     return path

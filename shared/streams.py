@@ -75,15 +75,19 @@ def tm_dead_letters(taskmanager_id: str) -> str:
 
 def taskmanager_routes(taskmanager_id: str) -> dict[str, str]:
     """Where a TaskManager process writes what it addresses to the control plane's streams."""
-    return {RM_STREAM: tm_rm_stream(taskmanager_id), RM_HEARTBEAT_STREAM: tm_rm_stream(taskmanager_id),
-            JM_STREAM: tm_jm_stream(taskmanager_id), DLQ_STREAM: tm_dead_letters(taskmanager_id)}
+    return {
+        RM_STREAM: tm_rm_stream(taskmanager_id),
+        RM_HEARTBEAT_STREAM: tm_rm_stream(taskmanager_id),
+        JM_STREAM: tm_jm_stream(taskmanager_id),
+        DLQ_STREAM: tm_dead_letters(taskmanager_id),
+    }
 
 
 def reporter_of_queue(queue: str) -> str | None:
     """The id whose report streams serve the TaskManager(s) of this command queue (a simulating
     process's TaskManagers share its queue and its streams); None for no queue of ours."""
     prefix = tm_queue("")
-    return queue[len(prefix):] or None if queue.startswith(prefix) else None
+    return queue[len(prefix) :] or None if queue.startswith(prefix) else None
 
 
 def reporter_name(taskmanager_id: str) -> str:

@@ -56,7 +56,7 @@ def cut(text: object, limit: int, head: int | None = None) -> object:
     note = f"\n[... {len(text) - limit} characters cut: the driver sent {len(text)}, at most {limit} are kept ...]\n"
     keep = max(0, limit - len(note))
     first = min(keep, head if head is not None else keep)
-    return text[:first] + note + (text[len(text) - (keep - first):] if keep > first else "")
+    return text[:first] + note + (text[len(text) - (keep - first) :] if keep > first else "")
 
 
 def _bounded(limit: int, head: int | None = None):
@@ -70,12 +70,14 @@ def _first(limit: int):
 
 def _items(limit: int):
     """At most `limit` items of a list or mapping (the rest dropped)."""
+
     def take(v: object) -> object:
         if isinstance(v, dict) and len(v) > limit:
             return dict(list(v.items())[:limit])
         if isinstance(v, (list, tuple)) and len(v) > limit:
             return list(v)[:limit]
         return v
+
     return BeforeValidator(take)
 
 
@@ -271,8 +273,20 @@ class ViewSnapshot(_M):
 
 
 DriverEvent = Annotated[
-    Union[Ready, Initializing, Running, Progress, Waiting, Finished, Failed, Canceled, SnapshotTaken,
-          SnapshotDeclined, ClaimDirectory, ViewSnapshot],
+    Union[
+        Ready,
+        Initializing,
+        Running,
+        Progress,
+        Waiting,
+        Finished,
+        Failed,
+        Canceled,
+        SnapshotTaken,
+        SnapshotDeclined,
+        ClaimDirectory,
+        ViewSnapshot,
+    ],
     Field(discriminator="event"),
 ]
 
@@ -295,11 +309,22 @@ def decode_event(line: bytes | str):
 def snapshot_metadata(spec: TaskSpec, *, kind: str, checkpoint_id: int) -> dict:
     """What every snapshot's `_metadata` says about the task that took it (the storage adds the
     Spark side: batch, offsets, state operators, sizes)."""
-    return {"kind": kind, "checkpoint_id": checkpoint_id, "job_id": spec.job_id, "job_name": spec.job_name,
-            "vertex_id": spec.vertex_id, "execution_id": spec.execution_id, "attempt": spec.attempt,
-            "parallelism": spec.parallelism,
-            "pipeline": {"kind": spec.kind, "artifact_sha256": spec.artifact_sha256, "entry": spec.entry,
-                         "args": list(spec.program_args)}}
+    return {
+        "kind": kind,
+        "checkpoint_id": checkpoint_id,
+        "job_id": spec.job_id,
+        "job_name": spec.job_name,
+        "vertex_id": spec.vertex_id,
+        "execution_id": spec.execution_id,
+        "attempt": spec.attempt,
+        "parallelism": spec.parallelism,
+        "pipeline": {
+            "kind": spec.kind,
+            "artifact_sha256": spec.artifact_sha256,
+            "entry": spec.entry,
+            "args": list(spec.program_args),
+        },
+    }
 
 
 def spec_from_json(text: str) -> TaskSpec:

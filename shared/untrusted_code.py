@@ -21,8 +21,21 @@ from typing import Mapping
 
 # Kept as they are, when the starting process has them. JDK_JAVA_OPTIONS is the operator's way to
 # give every JVM a driver starts the same options (the JDK's launcher reads it; no secret).
-ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "JAVA_HOME", "JDK_JAVA_OPTIONS", "PYTHONPATH",
-                     "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONHASHSEED"})
+ALLOWED = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "JAVA_HOME",
+        "JDK_JAVA_OPTIONS",
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "PYTHONIOENCODING",
+        "PYTHONHASHSEED",
+    }
+)
 ALLOWED_PREFIXES = ("LC_", "SPARK_", "PYSPARK_")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -31,14 +44,14 @@ def allowed(name: str) -> bool:
     return name in ALLOWED or name.startswith(ALLOWED_PREFIXES)
 
 
-def environment(environ: Mapping[str, str], *, home: Path, user: str | None,
-                import_root: Path | None = None) -> dict[str, str]:
+def environment(
+    environ: Mapping[str, str], *, home: Path, user: str | None, import_root: Path | None = None
+) -> dict[str, str]:
     """The environment of untrusted code working in `home` (its HOME and TMPDIR too), run as
     `user` (None: the caller's own), with `import_root` first on PYTHONPATH."""
     env = {k: v for k, v in environ.items() if allowed(k)}
     env.setdefault("PATH", DEFAULT_PATH)
-    env.update(HOME=str(home), TMPDIR=str(home), PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable)
+    env.update(HOME=str(home), TMPDIR=str(home), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if import_root is not None:
         paths.insert(0, str(import_root))

@@ -51,8 +51,15 @@ class Leadership:
 
 
 class LeaderElection:
-    def __init__(self, quorum: str, *, root: str = "/headrace", contender_id: str, session_timeout_s: float = 10.0,
-                 connect_timeout_s: float = 15.0):
+    def __init__(
+        self,
+        quorum: str,
+        *,
+        root: str = "/headrace",
+        contender_id: str,
+        session_timeout_s: float = 10.0,
+        connect_timeout_s: float = 15.0,
+    ):
         self.root = "/" + root.strip("/")
         self.contender_id = contender_id
         # Kazoo's default reconnect backoff doubles up to an hour: after a long ZooKeeper outage
@@ -78,8 +85,9 @@ class LeaderElection:
                 self.zk.stop()
             except KazooException:
                 pass
-            raise HAUnavailable(f"ZooKeeper at {self.zk.hosts} not reachable within "
-                                f"{self.connect_timeout_s:g} s: {exc}") from None
+            raise HAUnavailable(
+                f"ZooKeeper at {self.zk.hosts} not reachable within {self.connect_timeout_s:g} s: {exc}"
+            ) from None
 
     def close(self) -> None:
         self.resign()
@@ -91,8 +99,14 @@ class LeaderElection:
 
     # --- election ----------------------------------------------------------------------
 
-    def campaign(self, *, stop: Callable[[], bool], epoch_floor: Callable[[], int] = lambda: 0,
-                 poll_s: float = 0.25, leader_dead: Callable[[str], bool] | None = None) -> Leadership | None:
+    def campaign(
+        self,
+        *,
+        stop: Callable[[], bool],
+        epoch_floor: Callable[[], int] = lambda: 0,
+        poll_s: float = 0.25,
+        leader_dead: Callable[[str], bool] | None = None,
+    ) -> Leadership | None:
         """Block until this contender leads (returns its Leadership) or `stop()` says so (None).
         The epoch is the ZooKeeper counter's next value, raised above `epoch_floor()` (the
         catalog's newest epoch) if ZooKeeper lost its data. `leader_dead(contender_id)`: asked
@@ -180,8 +194,9 @@ class LeaderElection:
             self.zk.delete(held[0])
         except NoNodeError:
             return False
-        log.warning("deposed %s (its process is gone) without waiting for its ZooKeeper session to expire",
-                    contender_id)
+        log.warning(
+            "deposed %s (its process is gone) without waiting for its ZooKeeper session to expire", contender_id
+        )
         return True
 
     # --- internals ---------------------------------------------------------------------

@@ -13,8 +13,17 @@ FIXED_S = 0.15  # per micro-batch
 ROW_S = 1 / 4000  # one core processes 4,000 rows/s
 
 
-def simulate(rate, seconds: float, parallelism: int, *, lag0: float = 0.0, after: list[Point] | None = None,
-             max_batch: int = 100_000, fixed_s: float = FIXED_S, row_s: float = ROW_S) -> list[Point]:
+def simulate(
+    rate,
+    seconds: float,
+    parallelism: int,
+    *,
+    lag0: float = 0.0,
+    after: list[Point] | None = None,
+    max_batch: int = 100_000,
+    fixed_s: float = FIXED_S,
+    row_s: float = ROW_S,
+) -> list[Point]:
     """Points of a task at `parallelism` whose input arrives at rate(t) rows per second (going on
     from the points `after`, with lag0 more rows waiting)."""
     t0 = after[-1].at_s if after else 0.0
@@ -32,8 +41,11 @@ def simulate(rate, seconds: float, parallelism: int, *, lag0: float = 0.0, after
         input_rate = rows / previous if previous else None
         previous = duration
         if t - last_point >= 1.0:
-            points.append(Point(at_s=t, batch_id=batch, rows=rows, duration_s=duration, lag=max(behind, 0.0),
-                                input_rate=input_rate))
+            points.append(
+                Point(
+                    at_s=t, batch_id=batch, rows=rows, duration_s=duration, lag=max(behind, 0.0), input_rate=input_rate
+                )
+            )
             last_point = t
     return points
 

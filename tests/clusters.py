@@ -46,15 +46,24 @@ def start_cluster(
 ) -> LocalCluster:
     """`catalog_url` None: none configured, as a user's `headrace up` (SQLite in `home`; with `ha`, a
     PostgreSQL server of the cluster's own)."""
-    kwargs = dict(home=home, dispatcher_port=free_port(), warm_drivers=warm_drivers, taskmanager_slots=slots,
-                  **settings)
+    kwargs = dict(
+        home=home, dispatcher_port=free_port(), warm_drivers=warm_drivers, taskmanager_slots=slots, **settings
+    )
     if catalog_url is not None:
         kwargs["catalog_url"] = catalog_url
     if redis_url:
         kwargs["redis_url"] = redis_url
-    cluster = LocalCluster(Settings(**kwargs), taskmanagers=taskmanagers, slots=slots, jobmanagers=jobmanagers,
-                           ha=ha, spark_workers=spark_workers, redis_bind=redis_bind, zookeeper_bind=zookeeper_bind,
-                           kafka=kafka)
+    cluster = LocalCluster(
+        Settings(**kwargs),
+        taskmanagers=taskmanagers,
+        slots=slots,
+        jobmanagers=jobmanagers,
+        ha=ha,
+        spark_workers=spark_workers,
+        redis_bind=redis_bind,
+        zookeeper_bind=zookeeper_bind,
+        kafka=kafka,
+    )
     try:
         cluster.start(wait_s=90)
     except Exception:

@@ -16,8 +16,12 @@ from shared.ports import free_port
 from tests.docker_engine import DockerEngine
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-PORT_VARIABLES = ("HEADRACE_PUBLISH_DISPATCHER", "HEADRACE_PUBLISH_SPARK_UI", "HEADRACE_PUBLISH_PROMETHEUS",
-                  "HEADRACE_PUBLISH_FLOWER")
+PORT_VARIABLES = (
+    "HEADRACE_PUBLISH_DISPATCHER",
+    "HEADRACE_PUBLISH_SPARK_UI",
+    "HEADRACE_PUBLISH_PROMETHEUS",
+    "HEADRACE_PUBLISH_FLOWER",
+)
 COMMAND_TIMEOUT_S = 300
 
 
@@ -41,8 +45,16 @@ class ComposeStack:
         return out.stdout
 
     def compose(self, *args: str, timeout: float = COMMAND_TIMEOUT_S, check: bool = True) -> str:
-        cmd = ["docker-compose", "-p", self.project, "-f", str(self.work / "docker-compose.yml"), "-f",
-               str(self.work / "docker-compose.local.yml"), *args]
+        cmd = [
+            "docker-compose",
+            "-p",
+            self.project,
+            "-f",
+            str(self.work / "docker-compose.yml"),
+            "-f",
+            str(self.work / "docker-compose.local.yml"),
+            *args,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.engine.env, cwd=self.work)
         if check and out.returncode != 0:
             raise RuntimeError(
@@ -52,8 +64,14 @@ class ComposeStack:
 
     def containers(self) -> dict[str, str]:
         """service -> container id, for every container of the project (running or not)."""
-        out = self.docker("ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}", "--format",
-                          '{{.ID}} {{.Label "com.docker.compose.service"}}')
+        out = self.docker(
+            "ps",
+            "-a",
+            "--filter",
+            f"label=com.docker.compose.project={self.project}",
+            "--format",
+            '{{.ID}} {{.Label "com.docker.compose.service"}}',
+        )
         return {service: cid for cid, service in (line.split() for line in out.splitlines() if line.strip())}
 
     def health(self) -> dict[str, str]:
@@ -62,8 +80,11 @@ class ComposeStack:
         if not ids:
             return {}
         out = self.docker("inspect", *ids)
-        return {c["Config"]["Labels"]["com.docker.compose.service"]:
-                (c["State"].get("Health") or {}).get("Status") or c["State"]["Status"] for c in json.loads(out)}
+        return {
+            c["Config"]["Labels"]["com.docker.compose.service"]: (c["State"].get("Health") or {}).get("Status")
+            or c["State"]["Status"]
+            for c in json.loads(out)
+        }
 
     def wait_healthy(self, services: int, timeout_s: float) -> float:
         """Seconds until `services` containers all report healthy; TimeoutError naming the others."""
@@ -75,8 +96,10 @@ class ComposeStack:
                 return time.monotonic() - t0
             time.sleep(1)
         late = {k: v for k, v in status.items() if v != "healthy"}
-        raise TimeoutError(f"not healthy within {timeout_s:.0f} s: {late or 'no containers'} (of {len(status)}); "
-                           f"docker-compose -p {self.project} ps / logs <service>")
+        raise TimeoutError(
+            f"not healthy within {timeout_s:.0f} s: {late or 'no containers'} (of {len(status)}); "
+            f"docker-compose -p {self.project} ps / logs <service>"
+        )
 
     def up(self, services: int, timeout_s: float) -> float:
         """`up -d`, then every service healthy: seconds taken. Compose 1.29 gives up on a service
@@ -104,8 +127,9 @@ class ComposeStack:
 
     def gateway(self) -> str:
         """The host's address on the project's network: how a container reaches servers outside the stack."""
-        out = self.docker("network", "inspect", f"{self.project}_default", "--format",
-                          "{{range .IPAM.Config}}{{.Gateway}}{{end}}")
+        out = self.docker(
+            "network", "inspect", f"{self.project}_default", "--format", "{{range .IPAM.Config}}{{.Gateway}}{{end}}"
+        )
         return out.strip()
 
     def leftovers(self) -> dict[str, list[str]]:

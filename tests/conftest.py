@@ -136,8 +136,13 @@ DRILLS = "tests/e2e/"
 # Spark or a browser is `slow`: `python3 -m pytest -m "not slow"` is the fast loop of unit and
 # component tests (README, "Development"). pyproject.toml registers the markers.
 TESTS_DIR = Path(__file__).resolve().parent
-FOLDER_MARKERS = {"unit": ("unit",), "component": ("component",), "integration": ("integration", "slow"),
-                  "e2e": ("e2e", "slow"), "browser": ("browser", "slow")}
+FOLDER_MARKERS = {
+    "unit": ("unit",),
+    "component": ("component",),
+    "integration": ("integration", "slow"),
+    "e2e": ("e2e", "slow"),
+    "browser": ("browser", "slow"),
+}
 
 
 def folder_markers(path: Path) -> tuple[str, ...]:
@@ -170,8 +175,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def _run_rank(nodeid: str) -> int:
-    return next((rank for rank, prefix in reversed(list(enumerate(RUN_ORDER))) if nodeid.startswith(prefix)),
-                len(RUN_ORDER))
+    return next(
+        (rank for rank, prefix in reversed(list(enumerate(RUN_ORDER))) if nodeid.startswith(prefix)), len(RUN_ORDER)
+    )
 
 
 def _xdist_worker(config) -> bool:
@@ -228,8 +234,9 @@ def pytest_runtest_makereport(item, call):
         return
     logs = [(child.name, child.log) for child in cluster.children]
     # The newest Spark driver logs too: a task stuck before RUNNING is explained there.
-    drivers = sorted(Path(cluster.settings.home).glob("work/taskmanagers/*/logs/driver-*.log"),
-                     key=lambda p: p.stat().st_mtime)[-3:]
+    drivers = sorted(
+        Path(cluster.settings.home).glob("work/taskmanagers/*/logs/driver-*.log"), key=lambda p: p.stat().st_mtime
+    )[-3:]
     logs += [(f"{d.parent.parent.name} {d.stem}", d) for d in drivers]
     for name, path in logs:
         try:

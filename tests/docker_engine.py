@@ -26,8 +26,9 @@ class EngineUnavailable(RuntimeError):
 
 
 def answers(host: str) -> bool:
-    out = subprocess.run(["docker", "-H", host, "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                         timeout=30)
+    out = subprocess.run(
+        ["docker", "-H", host, "version", "--format", "{{.Server.Version}}"], capture_output=True, timeout=30
+    )
     return out.returncode == 0
 
 
@@ -82,17 +83,31 @@ class DockerEngine:
         socket = runs / "docker.sock"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                ["dockerd", "--data-root", str(data_root), "--exec-root", str(runs / "exec"), "-H",
-                 f"unix://{socket}", "--pidfile", str(runs / "docker.pid")],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "dockerd",
+                    "--data-root",
+                    str(data_root),
+                    "--exec-root",
+                    str(runs / "exec"),
+                    "-H",
+                    f"unix://{socket}",
+                    "--pidfile",
+                    str(runs / "docker.pid"),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         engine = cls(f"unix://{socket}", proc, restore_ip_forward=before)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not answers(engine.host):
             if proc.poll() is not None or time.monotonic() > deadline:
                 engine.stop()
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                raise RuntimeError(f"dockerd did not answer on {socket} within {START_TIMEOUT_S} s "
-                                   f"(exit code {proc.poll()}); its log {log}:\n{tail}")
+                raise RuntimeError(
+                    f"dockerd did not answer on {socket} within {START_TIMEOUT_S} s "
+                    f"(exit code {proc.poll()}); its log {log}:\n{tail}"
+                )
             time.sleep(0.5)
         return engine
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from tests.clusters import SUITE_JIT_AND_GC_OPTIONS
 
 FLINK_VERSION = "2.3.0"
-FLINK_HOME = Path(os.environ.get("HEADRACE_FLINK_HOME")
-                  or Path.home() / ".cache" / "headrace" / f"flink-{FLINK_VERSION}")
+FLINK_HOME = Path(
+    os.environ.get("HEADRACE_FLINK_HOME") or Path.home() / ".cache" / "headrace" / f"flink-{FLINK_VERSION}"
+)
 LAUNCHER = FLINK_HOME / "bin" / "flink"
 CLI_TIMEOUT_S = 120
 

@@ -66,8 +66,12 @@ class Prebuild:
             return
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                ["nice", "-n", "19", sys.executable, str(ROOT / "deploy" / "local-images")], stdout=out,
-                stderr=subprocess.STDOUT, env=self.engine.env, start_new_session=True)
+                ["nice", "-n", "19", sys.executable, str(ROOT / "deploy" / "local-images")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.engine.env,
+                start_new_session=True,
+            )
         self.started = time.monotonic()
         _write_status(log_dir, building=True)
         threading.Thread(target=self._report_end, args=(log_dir,), daemon=True, name="prebuild-status").start()
@@ -118,9 +122,14 @@ class PrebuildWatch:
         if self._seen is None:
             status = self._status_within(WATCH_START_TIMEOUT_S)
             if status is None:
-                self._seen = (None, None, RuntimeError(
-                    f"the controller's image build left no {STATUS_FILE} in {self.log_dir} within "
-                    f"{WATCH_START_TIMEOUT_S} s"))
+                self._seen = (
+                    None,
+                    None,
+                    RuntimeError(
+                        f"the controller's image build left no {STATUS_FILE} in {self.log_dir} within "
+                        f"{WATCH_START_TIMEOUT_S} s"
+                    ),
+                )
             elif "unavailable" in status:
                 self._seen = (None, status["unavailable"], None)
             elif "error" in status:
@@ -160,8 +169,10 @@ class PrebuildWatch:
             status = self._status() or {}
             if "exit_code" in status:
                 self.build_s = status["build_s"]
-                return (f"background image build (the controller's) ended with exit code {status['exit_code']}, "
-                        f"{self.build_s:.0f} s after it started")
+                return (
+                    f"background image build (the controller's) ended with exit code {status['exit_code']}, "
+                    f"{self.build_s:.0f} s after it started"
+                )
             if "building" not in status:
                 return "no background build"
             time.sleep(1)

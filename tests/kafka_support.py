@@ -18,8 +18,14 @@ STEP_MS = 20
 
 def counting_event(n: int) -> str:
     """Event n as the counting drills produce it (their totals: tests/e2e/counting.expected_totals)."""
-    return json.dumps({"key": f"k{n % KEYS}", "n": n, "value": n,
-                       "event_time": (BASE + timedelta(milliseconds=n * STEP_MS)).isoformat()})
+    return json.dumps(
+        {
+            "key": f"k{n % KEYS}",
+            "n": n,
+            "value": n,
+            "event_time": (BASE + timedelta(milliseconds=n * STEP_MS)).isoformat(),
+        }
+    )
 
 
 class Feeder:
@@ -30,8 +36,9 @@ class Feeder:
     def __init__(self, bootstrap: str, topic: str, rate: float, json_events: bool = False):
         from confluent_kafka import Producer
 
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                                  "message.timeout.ms": 300_000})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "message.timeout.ms": 300_000}
+        )
         self.topic, self.rate, self.json_events = topic, rate, json_events
         self.produced = 0
         self._stop = threading.Event()
@@ -60,15 +67,22 @@ class Feeder:
         return self.produced
 
 
-def read_all(bootstrap: str, topic: str, *, committed_only: bool = True, settle_s: float = 3.0,
-             timeout_s: float = 60.0) -> list[bytes]:
+def read_all(
+    bootstrap: str, topic: str, *, committed_only: bool = True, settle_s: float = 3.0, timeout_s: float = 60.0
+) -> list[bytes]:
     """Every value in `topic` a consumer with `isolation.level` read_committed (or
     read_uncommitted) sees, read until nothing new came for `settle_s`."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": "read_committed" if committed_only else "read_uncommitted"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
+        }
+    )
     consumer.subscribe([topic])
     values: list[bytes] = []
     deadline = time.monotonic() + timeout_s

@@ -28,6 +28,8 @@ def _free_octet() -> int:
         if str(n) not in used:
             return n
     raise RuntimeError(f"no free /24 left in {SUBNET}.0.0/16 (stale test links? tests/netns.py cleanup_stale)")
+
+
 _PREFIX = "hrt"
 _used = set()
 _used_lock = threading.Lock()
@@ -134,12 +136,19 @@ class NetnsHost:
             self._iptables("-D", *rule)
 
     def _rules(self, port: int) -> list[tuple[str, ...]]:
-        return [("OUTPUT", "-p", "tcp", "-d", self.gateway, "--dport", str(port), "-j", "DROP"),
-                ("INPUT", "-p", "tcp", "-s", self.gateway, "--sport", str(port), "-j", "DROP")]
+        return [
+            ("OUTPUT", "-p", "tcp", "-d", self.gateway, "--dport", str(port), "-j", "DROP"),
+            ("INPUT", "-p", "tcp", "-s", self.gateway, "--sport", str(port), "-j", "DROP"),
+        ]
 
     def _iptables(self, *args: str) -> None:
-        subprocess.run(["ip", "netns", "exec", self.name, "iptables", *args], check=True, capture_output=True,
-                       text=True, timeout=10)
+        subprocess.run(
+            ["ip", "netns", "exec", self.name, "iptables", *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
 
     def pids(self) -> list[int]:
         out = _ip("netns", "pids", self.name, check=False).stdout.split()

@@ -68,4 +68,3 @@ class TcpProxy:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-

@@ -55,9 +55,14 @@ class PrivatePostgres:
         self.data = self.root / "data"
         if self._user:
             shutil.chown(self.root, self._user, self._user)
-        subprocess.run([_binary("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync",
-                        "-E", "UTF8"], check=True, capture_output=True, user=self._user, group=self._user,
-                       timeout=120)
+        subprocess.run(
+            [_binary("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"],
+            check=True,
+            capture_output=True,
+            user=self._user,
+            group=self._user,
+            timeout=120,
+        )
         self.log = self.root / "postgres.log"
 
     def start(self) -> None:
@@ -65,15 +70,36 @@ class PrivatePostgres:
             return
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [_binary("postgres"), "-D", str(self.data), "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
-                 "-c", "unix_socket_directories=", "-c", "fsync=off", "-c", "full_page_writes=off",
-                 "-c", "max_connections=50"],
-                stdout=log, stderr=subprocess.STDOUT, user=self._user, group=self._user, start_new_session=True)
+                [
+                    _binary("postgres"),
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "unix_socket_directories=",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=50",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=self._user,
+                group=self._user,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.answers():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"private PostgreSQL on port {self.port} did not start within "
-                                   f"{START_TIMEOUT_S:.0f} s; its log:\n{self.log.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(
+                    f"private PostgreSQL on port {self.port} did not start within "
+                    f"{START_TIMEOUT_S:.0f} s; its log:\n{self.log.read_text(errors='replace')[-3000:]}"
+                )
             time.sleep(0.1)
 
     def answers(self) -> bool:

@@ -41,9 +41,22 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         from shared.transport.redis_streams import wait_for_redis
 
@@ -110,8 +123,9 @@ class KafkaServer:
         from services.cluster import kafka_broker
         from shared.jars import DEFAULT_CACHE_DIR, JarCache
 
-        spec = kafka_broker.BrokerSpec(data_dir=tmp / "kafka", port=free_port(), controller_port=free_port(),
-                                       heap="384m")
+        spec = kafka_broker.BrokerSpec(
+            data_dir=tmp / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
+        )
         self.broker = kafka_broker.Broker(spec, JarCache(DEFAULT_CACHE_DIR), tmp / "kafka.log")
         self.bootstrap = spec.bootstrap
 
@@ -123,8 +137,9 @@ class KafkaServer:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})  # kept: its futures die with it
-        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
-                                      operation_timeout=30)
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1)], operation_timeout=30
+        )
         for future in futures.values():
             future.result(60)
         return name

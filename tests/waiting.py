@@ -29,8 +29,15 @@ class WaitTimeout(AssertionError):
         self.last = last
 
 
-def wait_for(what: str, check: Callable[[], T], timeout_s: float = 30, poll_s: float = 0.1, *,
-             until: Callable[[T], object] = bool, ignoring: tuple[type[BaseException], ...] = ()) -> T:
+def wait_for(
+    what: str,
+    check: Callable[[], T],
+    timeout_s: float = 30,
+    poll_s: float = 0.1,
+    *,
+    until: Callable[[T], object] = bool,
+    ignoring: tuple[type[BaseException], ...] = (),
+) -> T:
     """`check()`'s first value that `until` accepts (by default: the first truthy one), polled every
     `poll_s` s; WaitTimeout naming `what` and showing the last value after `timeout_s` s.
 
@@ -49,8 +56,9 @@ def wait_for(what: str, check: Callable[[], T], timeout_s: float = 30, poll_s: f
         except ignoring as exc:
             last = exc
         if time.monotonic() >= deadline:
-            raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what} (last seen: {_clip(repr(last))})",
-                              last)
+            raise WaitTimeout(
+                f"timed out after {timeout_s:g} s waiting for {what} (last seen: {_clip(repr(last))})", last
+            )
         time.sleep(poll_s)
 
 

@@ -33,13 +33,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build(ctx):
     args = parse_args(ctx.args)
-    clicks = ctx.sources.redis_stream(args.stream, schema=SCHEMA, url=args.source_url, start=args.start,
-                                      max_entries_per_trigger=args.max_entries_per_trigger)
+    clicks = ctx.sources.redis_stream(
+        args.stream,
+        schema=SCHEMA,
+        url=args.source_url,
+        start=args.start,
+        max_entries_per_trigger=args.max_entries_per_trigger,
+    )
     counts = (
         clicks.withWatermark("event_time", args.watermark)
         .groupBy(F.window("event_time", args.window), "key")
         .agg(F.count("*").alias("count"), F.max("n").alias("last_n"))
     )
-    return ctx.sinks.sql_table(counts, args.table, key_columns=["window_start", "window_end", "key"],
-                               url=args.sink_url or ctx.catalog_url, output_mode="update",
-                               trigger=args.trigger)
+    return ctx.sinks.sql_table(
+        counts,
+        args.table,
+        key_columns=["window_start", "window_end", "key"],
+        url=args.sink_url or ctx.catalog_url,
+        output_mode="update",
+        trigger=args.trigger,
+    )

@@ -31,12 +31,28 @@ def build(ctx):
     source_options = {"kafka.fetch.max.wait.ms": "5"} if args.low_latency else {}
     if args.max_offsets_per_trigger:
         source_options["maxOffsetsPerTrigger"] = str(args.max_offsets_per_trigger)
-    records = ctx.sources.kafka(args.input, bootstrap_servers=args.bootstrap_servers,
-                                starting_offsets=args.starting_offsets, options=source_options)
+    records = ctx.sources.kafka(
+        args.input,
+        bootstrap_servers=args.bootstrap_servers,
+        starting_offsets=args.starting_offsets,
+        options=source_options,
+    )
     out = records.select(
         F.col("key"),
-        F.to_json(F.struct(F.get_json_object(F.col("value").cast("string"), "$.n").cast("long").alias("n"),
-                           F.col("partition"), F.col("offset"))).alias("value"))
+        F.to_json(
+            F.struct(
+                F.get_json_object(F.col("value").cast("string"), "$.n").cast("long").alias("n"),
+                F.col("partition"),
+                F.col("offset"),
+            )
+        ).alias("value"),
+    )
     sink_options = {"kafka.linger.ms": "0"} if args.low_latency else None
-    return ctx.sinks.kafka(out, args.output, bootstrap_servers=args.bootstrap_servers, delivery=args.delivery,
-                           options=sink_options, trigger=args.trigger)
+    return ctx.sinks.kafka(
+        out,
+        args.output,
+        bootstrap_servers=args.bootstrap_servers,
+        delivery=args.delivery,
+        options=sink_options,
+        trigger=args.trigger,
+    )

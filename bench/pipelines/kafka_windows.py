@@ -25,11 +25,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build(ctx):
     args = parse_args(ctx.args)
     options = {"kafka.fetch.max.wait.ms": "5"} if args.low_latency else None
-    raw = ctx.sources.kafka(args.topic, bootstrap_servers=args.bootstrap_servers, starting_offsets="earliest",
-                            options=options)
+    raw = ctx.sources.kafka(
+        args.topic, bootstrap_servers=args.bootstrap_servers, starting_offsets="earliest", options=options
+    )
     events = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("e")).select("e.*")
-    counts = (events.withWatermark("event_time", "10 seconds")
-              .groupBy(F.window("event_time", "10 seconds"), "key")
-              .agg(F.count("*").alias("count"), F.max("n").alias("last_n")))
-    return ctx.sinks.sql_table(counts, args.table, key_columns=["window_start", "window_end", "key"],
-                               url=args.sink_url or ctx.catalog_url, output_mode="update", trigger=args.trigger)
+    counts = (
+        events.withWatermark("event_time", "10 seconds")
+        .groupBy(F.window("event_time", "10 seconds"), "key")
+        .agg(F.count("*").alias("count"), F.max("n").alias("last_n"))
+    )
+    return ctx.sinks.sql_table(
+        counts,
+        args.table,
+        key_columns=["window_start", "window_end", "key"],
+        url=args.sink_url or ctx.catalog_url,
+        output_mode="update",
+        trigger=args.trigger,
+    )

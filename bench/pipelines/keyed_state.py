@@ -28,9 +28,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build(ctx):
     args = parse_args(ctx.args)
-    events = ctx.sources.redis_stream(args.stream, schema=SCHEMA,
-                                      max_entries_per_trigger=args.max_entries_per_trigger)
+    events = ctx.sources.redis_stream(args.stream, schema=SCHEMA, max_entries_per_trigger=args.max_entries_per_trigger)
     totals = events.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("total"))
     silent = totals.where(F.col("count") < 0)
-    return ctx.sinks.sql_table(silent, args.table, key_columns=["key"], url=args.sink_url or ctx.catalog_url,
-                               output_mode="update")
+    return ctx.sinks.sql_table(
+        silent, args.table, key_columns=["key"], url=args.sink_url or ctx.catalog_url, output_mode="update"
+    )

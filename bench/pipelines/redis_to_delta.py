@@ -28,12 +28,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build(ctx):
     args = parse_args(ctx.args)
-    events = ctx.sources.redis_stream(args.stream, schema=SCHEMA, url=args.source_url,
-                                      max_entries_per_trigger=args.max_entries_per_trigger)
+    events = ctx.sources.redis_stream(
+        args.stream, schema=SCHEMA, url=args.source_url, max_entries_per_trigger=args.max_entries_per_trigger
+    )
     if args.sink == "native":
         from services.taskmanager.runtime.connectors import SinkHandle
 
-        return SinkHandle(name="delta-native", df=events, trigger=args.trigger,
-                          configure=lambda w: w.format("delta").option("path", args.table))
+        return SinkHandle(
+            name="delta-native",
+            df=events,
+            trigger=args.trigger,
+            configure=lambda w: w.format("delta").option("path", args.table),
+        )
     options = dict(o.split("=", 1) for o in args.option)
     return ctx.sinks.delta(events, args.table, options=options, trigger=args.trigger)

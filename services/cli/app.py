@@ -28,8 +28,13 @@ from services.cli import (
 # Click's own help layout (rich_markup_mode=None): rich's tables cut long option names
 # (`--allow-non-restored-stat…`) to fit 80 columns; click wraps the help text instead and never
 # shortens a name.
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Headrace: a Flink-style control plane for PySpark pipelines.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Headrace: a Flink-style control plane for PySpark pipelines.",
+)
 
 
 def package_version() -> str:
@@ -49,9 +54,13 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                          help="print Headrace's version and exit")) -> None:
+def _options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="print Headrace's version and exit"
+    ),
+) -> None:
     """Headrace: a Flink-style control plane for PySpark pipelines."""
+
 
 for _module in (service_commands, cluster_commands, job_commands):
     app.add_typer(_module.commands)

@@ -14,8 +14,10 @@ from shared.settings import Settings, load_settings
 if TYPE_CHECKING:
     import httpx
 
-URL_HELP = ("dispatcher URL (default: dispatcher_host/dispatcher_port of the settings, HEADRACE_CONFIG; "
-            "without them the running `headrace up` cluster of HEADRACE_HOME)")
+URL_HELP = (
+    "dispatcher URL (default: dispatcher_host/dispatcher_port of the settings, HEADRACE_CONFIG; "
+    "without them the running `headrace up` cluster of HEADRACE_HOME)"
+)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -42,8 +44,11 @@ def client(url: str | None) -> httpx.Client:
     from services.cli.client_address import dispatcher_url
 
     token = os.environ.get("HEADRACE_TOKEN")
-    return httpx.Client(base_url=dispatcher_url(url, settings_or_fail), timeout=30,
-                        headers={"Authorization": f"Bearer {token}"} if token else None)
+    return httpx.Client(
+        base_url=dispatcher_url(url, settings_or_fail),
+        timeout=30,
+        headers={"Authorization": f"Bearer {token}"} if token else None,
+    )
 
 
 def call(client: httpx.Client, method: str, path: str, **kw) -> dict:
@@ -54,8 +59,10 @@ def call(client: httpx.Client, method: str, path: str, **kw) -> dict:
     except httpx.TimeoutException:
         # Reached but slow (a loaded machine, a long restore check): not "is the cluster up?".
         waited = kw.get("timeout", client.timeout.read)
-        fail(f"the dispatcher at {client.base_url} did not answer {method} {path} within {waited} s; "
-             f"what it was asked may still happen: check with headrace list")
+        fail(
+            f"the dispatcher at {client.base_url} did not answer {method} {path} within {waited} s; "
+            f"what it was asked may still happen: check with headrace list"
+        )
     except httpx.HTTPError:
         fail(f"cannot reach the dispatcher at {client.base_url}: is the cluster up? (headrace up)")
     if r.status_code >= 400:

@@ -16,8 +16,12 @@ from pydantic import ValidationError
 
 from services.cli.common import fail
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Credentials of TaskManagers (Redis user and signing keys); see docs/runbooks/auth.md.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Credentials of TaskManagers (Redis user and signing keys); see docs/runbooks/auth.md.",
+)
 
 
 @app.command("taskmanager")
@@ -48,8 +52,11 @@ def taskmanager(
     try:
         if revoke:
             deleted, not_saved = creds.revoke(admin, taskmanager_id)
-            typer.echo(f"revoked {redis_auth.taskmanager_user(taskmanager_id)} at {where}; its connections are closed"
-                       if deleted else f"{redis_auth.taskmanager_user(taskmanager_id)} had no user at {where}")
+            typer.echo(
+                f"revoked {redis_auth.taskmanager_user(taskmanager_id)} at {where}; its connections are closed"
+                if deleted
+                else f"{redis_auth.taskmanager_user(taskmanager_id)} had no user at {where}"
+            )
             _say_saved(not_saved)
             return
         try:
@@ -57,20 +64,28 @@ def taskmanager(
         except ClusterSecretError as exc:
             fail(str(exc), 2)
         if secret is None:
-            fail(f"no cluster secret: set HEADRACE_CLUSTER_SECRET, or run this with the control plane's settings "
-                  f"(HEADRACE_CONFIG=<run>/config.yaml) where {settings.home}/secrets/cluster-secret is readable", 2)
+            fail(
+                f"no cluster secret: set HEADRACE_CLUSTER_SECRET, or run this with the control plane's settings "
+                f"(HEADRACE_CONFIG=<run>/config.yaml) where {settings.home}/secrets/cluster-secret is readable",
+                2,
+            )
         not_saved = creds.grant(admin, secret, taskmanager_id)
     except redis.exceptions.NoPermissionError:
-        fail(f"the Redis user of HEADRACE_REDIS_URL ({where}) may not manage ACL users: use the admin (default) "
-              f"user's URL, e.g. HEADRACE_CONFIG=<run>/config.yaml of headrace up")
+        fail(
+            f"the Redis user of HEADRACE_REDIS_URL ({where}) may not manage ACL users: use the admin (default) "
+            f"user's URL, e.g. HEADRACE_CONFIG=<run>/config.yaml of headrace up"
+        )
     except redis.exceptions.AuthenticationError as exc:
         fail(f"Redis at {where} refused the login ({exc}): use the admin (default) user's URL")
     except redis.exceptions.RedisError as exc:
         fail(f"Redis at {where}: {exc}")
     finally:
         admin.close()
-    url = redis_auth.url_for(settings.redis_url, redis_auth.taskmanager_user(taskmanager_id),
-                             creds.passwords(secret, [taskmanager_id])[taskmanager_id])
+    url = redis_auth.url_for(
+        settings.redis_url,
+        redis_auth.taskmanager_user(taskmanager_id),
+        creds.passwords(secret, [taskmanager_id])[taskmanager_id],
+    )
     config = creds.taskmanager_config(settings.model_dump(mode="json"), taskmanager_id, url, secret)
     path = out or Path(f"{taskmanager_id}.yaml")
     try:
@@ -79,11 +94,16 @@ def taskmanager(
         fail(f"cannot write {path}: {exc}")
     typer.echo(f"created Redis user {redis_auth.taskmanager_user(taskmanager_id)} at {where}")
     _say_saved(not_saved)
-    typer.echo(f"wrote {path} (mode 0600; its Redis password and keys, not the cluster secret); start it with:\n"
-               f"  HEADRACE_CONFIG={path} headrace taskmanager --id {taskmanager_id}")
+    typer.echo(
+        f"wrote {path} (mode 0600; its Redis password and keys, not the cluster secret); start it with:\n"
+        f"  HEADRACE_CONFIG={path} headrace taskmanager --id {taskmanager_id}"
+    )
 
 
 def _say_saved(not_saved: str | None) -> None:
     if not_saved:
-        typer.echo(f"warning: {not_saved}: the change lasts until this Redis restarts (give it a writable --aclfile, "
-                   f"or in the compose stack use headrace redis-auth deploy)", err=True)
+        typer.echo(
+            f"warning: {not_saved}: the change lasts until this Redis restarts (give it a writable --aclfile, "
+            f"or in the compose stack use headrace redis-auth deploy)",
+            err=True,
+        )

@@ -29,17 +29,23 @@ GAVE_UP_STATES = ("FAILED", "ROLLED_BACK")
 NEW = "(new)"  # lifecycleState is null until the JobManager first sees a deployment
 POLL_INTERVAL_S = 1.0
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Declared deployments: a pipeline kept running at the spec of a YAML file, upgraded "
-                       "(and rolled back) by the JobManager when the spec changes.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Declared deployments: a pipeline kept running at the spec of a YAML file, upgraded "
+    "(and rolled back) by the JobManager when the spec changes.",
+)
 
 URL = typer.Option(None, "-m", "--jobmanager", help=URL_HELP)
-WAIT = typer.Option(None, "--wait", metavar="STATE",
-                    help=f"then wait until the deployment is in STATE ({', '.join(LIFECYCLE_STATES)})")
+WAIT = typer.Option(
+    None, "--wait", metavar="STATE", help=f"then wait until the deployment is in STATE ({', '.join(LIFECYCLE_STATES)})"
+)
 TIMEOUT = typer.Option(300.0, "--timeout", help="seconds --wait waits at most")
 
 
 # --- waiting for a state ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Before:
@@ -103,17 +109,23 @@ def _wait_for(c: httpx.Client, name: str, target: str, generation: int, timeout_
         if verdict:
             return
         if verdict is False:
-            fail(f"deployment {name} is {state}, not {target}: {status.get('error') or reason or 'no reason given'} "
-                 f"(headrace deploy show {name})")
+            fail(
+                f"deployment {name} is {state}, not {target}: {status.get('error') or reason or 'no reason given'} "
+                f"(headrace deploy show {name})"
+            )
         if time.monotonic() >= deadline:
             # STABLE, but at an older generation than the one applied: say so, not "is STABLE".
             older = f" at generation {status.get('stableGeneration')}, not {generation}" if state == target else ""
-            fail(f"deployment {name} did not become {target} within {timeout_s:g} s: it is {state}{older}"
-                 + (f", newest history: {reason}" if reason else "") + f" (headrace deploy show {name})")
+            fail(
+                f"deployment {name} did not become {target} within {timeout_s:g} s: it is {state}{older}"
+                + (f", newest history: {reason}" if reason else "")
+                + f" (headrace deploy show {name})"
+            )
         time.sleep(POLL_INTERVAL_S)
 
 
 # --- commands -------------------------------------------------------------------------------------
+
 
 def _checked_name(name: str) -> None:
     if not NAME_RULE.match(name):
@@ -128,8 +140,10 @@ def _put(c: httpx.Client, name: str, body: dict, expected_generation: int | None
     # A changed spec is answered after the dispatcher checked the job's state fits the new pipeline.
     params = {"expectedGeneration": expected_generation} if expected_generation is not None else None
     answer = call(c, "PUT", f"/deployments/{name}", json=body, params=params, timeout=RESTORE_CHECK_WAIT_S)
-    typer.echo(f"Deployment {name}: generation {answer['generation']} applied "
-               f"({'changed' if answer.get('changed') else 'unchanged'})")
+    typer.echo(
+        f"Deployment {name}: generation {answer['generation']} applied "
+        f"({'changed' if answer.get('changed') else 'unchanged'})"
+    )
     return answer
 
 
@@ -141,7 +155,9 @@ def _before_apply(c: httpx.Client, name: str) -> Before:
 @app.command()
 def apply(
     file: Path = typer.Argument(..., help="deployment file (YAML): name, and jarId or pipeline, and the spec"),
-    wait: Optional[str] = WAIT, timeout: float = TIMEOUT, url: Optional[str] = URL,
+    wait: Optional[str] = WAIT,
+    timeout: float = TIMEOUT,
+    url: Optional[str] = URL,
 ) -> None:
     """Create or update a deployment from a YAML file; a `pipeline:` file is uploaded first."""
     target = _checked_wait(wait, timeout)
@@ -185,8 +201,15 @@ def list_deployments(url: Optional[str] = URL) -> None:
     for d in rows:
         stable = d.get("stableGeneration")
         job = f"{d['jobId']} ({d.get('jobState') or '?'})" if d.get("jobId") else "-"
-        table.append((d["name"], d.get("lifecycleState") or NEW, f"{d['generation']}/{stable or '-'}", job,
-                      summarize(d.get("error"), limit=60) or "-"))
+        table.append(
+            (
+                d["name"],
+                d.get("lifecycleState") or NEW,
+                f"{d['generation']}/{stable or '-'}",
+                job,
+                summarize(d.get("error"), limit=60) or "-",
+            )
+        )
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     for r in table:
         typer.echo("  ".join(r[i].ljust(w) for i, w in enumerate(widths)) + "  " + r[-1])
@@ -199,8 +222,11 @@ def _savepoint_text(path: str | None, savepoints: list[dict]) -> str:
 
 
 @app.command()
-def show(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json", help="print the GET body"),
-         url: Optional[str] = URL) -> None:
+def show(
+    name: str = typer.Argument(...),
+    as_json: bool = typer.Option(False, "--json", help="print the GET body"),
+    url: Optional[str] = URL,
+) -> None:
     """One deployment: its state, job, last savepoint and history (newest last)."""
     _checked_name(name)
     with client(url) as c:
@@ -209,26 +235,34 @@ def show(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "-
         typer.echo(json.dumps(d, indent=2))
         return
     s, spec = d.get("status") or {}, d.get("spec") or {}
-    typer.echo(f"Deployment {d['name']}: {s.get('lifecycleState') or NEW}, generation {d['generation']}, "
-               f"stable generation {s.get('stableGeneration') or '-'}")
-    typer.echo(f"Spec: jar {spec.get('jarId')}, parallelism {spec.get('parallelism', '-')}, "
-               f"upgrade mode {spec.get('upgradeMode', '-')}, state {spec.get('state', '-')}")
+    typer.echo(
+        f"Deployment {d['name']}: {s.get('lifecycleState') or NEW}, generation {d['generation']}, "
+        f"stable generation {s.get('stableGeneration') or '-'}"
+    )
+    typer.echo(
+        f"Spec: jar {spec.get('jarId')}, parallelism {spec.get('parallelism', '-')}, "
+        f"upgrade mode {spec.get('upgradeMode', '-')}, state {spec.get('state', '-')}"
+    )
     job = f"{s['jobId']} {s.get('jobState') or '?'} (generation {s.get('jobGeneration')})" if s.get("jobId") else "none"
     typer.echo(f"Job: {job}")
     auto = s.get("autoscaler")
     if auto:
         last = auto.get("lastEvaluation") or {}
-        typer.echo(f"Autoscaler: parallelism {s.get('parallelism')}"
-                   + (f", holding off: {auto['heldOff']}" if auto.get("heldOff") else "")
-                   + (f"; last evaluation: {last.get('outcome')}, {last.get('reason')}" if last else ""))
+        typer.echo(
+            f"Autoscaler: parallelism {s.get('parallelism')}"
+            + (f", holding off: {auto['heldOff']}" if auto.get("heldOff") else "")
+            + (f"; last evaluation: {last.get('outcome')}, {last.get('reason')}" if last else "")
+        )
     typer.echo(f"Last savepoint: {_savepoint_text(s.get('lastSavepoint'), d.get('savepoints') or [])}")
     if s.get("error"):
         typer.echo(f"Error: {s['error']}")
     history = s.get("history") or []
     typer.echo("History:" if history else "History: none yet")
     for h in history:
-        typer.echo(f"  {_when(h.get('at'))}  gen {h.get('generation')}  {h.get('from') or '-'} → {h.get('to')}  "
-                   f"{h.get('reason') or ''}".rstrip())
+        typer.echo(
+            f"  {_when(h.get('at'))}  gen {h.get('generation')}  {h.get('from') or '-'} → {h.get('to')}  "
+            f"{h.get('reason') or ''}".rstrip()
+        )
 
 
 def _set_state(name: str, state: str, wait: str | None, timeout: float, url: str | None) -> None:
@@ -244,22 +278,25 @@ def _set_state(name: str, state: str, wait: str | None, timeout: float, url: str
 
 
 @app.command()
-def suspend(name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT,
-            url: Optional[str] = URL) -> None:
+def suspend(
+    name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT, url: Optional[str] = URL
+) -> None:
     """Suspend a deployment: its job stops with a savepoint; the spec stays."""
     _set_state(name, "suspended", wait, timeout, url)
 
 
 @app.command()
-def resume(name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT,
-           url: Optional[str] = URL) -> None:
+def resume(
+    name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT, url: Optional[str] = URL
+) -> None:
     """Resume a suspended deployment, from the savepoint its suspension took."""
     _set_state(name, "running", wait, timeout, url)
 
 
 @app.command()
-def rollback(name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT,
-             url: Optional[str] = URL) -> None:
+def rollback(
+    name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeout: float = TIMEOUT, url: Optional[str] = URL
+) -> None:
     """Roll a deployment back to its last stable generation (409 when there is none); it ends
     ROLLED_BACK (--wait ROLLED_BACK), and stays so until the next apply."""
     target = _checked_wait(wait, timeout)
@@ -273,9 +310,11 @@ def rollback(name: str = typer.Argument(...), wait: Optional[str] = WAIT, timeou
 
 
 @app.command()
-def delete(name: str = typer.Argument(...),
-           no_savepoint: bool = typer.Option(False, "--no-savepoint", help="cancel the job without a savepoint"),
-           url: Optional[str] = URL) -> None:
+def delete(
+    name: str = typer.Argument(...),
+    no_savepoint: bool = typer.Option(False, "--no-savepoint", help="cancel the job without a savepoint"),
+    url: Optional[str] = URL,
+) -> None:
     """Delete a deployment; its job stops with a final savepoint unless --no-savepoint."""
     _checked_name(name)
     params = {"savepoint": "false"} if no_savepoint else None

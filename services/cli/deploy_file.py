@@ -39,7 +39,8 @@ class _SpecLoader(yaml.SafeLoader):
 
 _SpecLoader.yaml_implicit_resolvers = {
     first: [(tag, rule) for tag, rule in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def _mapping_without_repeats(loader: _SpecLoader, node: yaml.MappingNode) -> dict:
@@ -66,8 +67,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     if mark is None:  # a reader error (a control character, bad encoding): one line still
         return " ".join(str(exc).split())
     context = getattr(exc, "context", None)
-    return (f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', None) or exc}"
-            + (f" ({context})" if context else ""))
+    return f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', None) or exc}" + (
+        f" ({context})" if context else ""
+    )
 
 
 def parse_deployment(text: str, source: str, base_dir: Path) -> DeploymentFile:
@@ -79,29 +81,36 @@ def parse_deployment(text: str, source: str, base_dir: Path) -> DeploymentFile:
         raise DeploymentFileError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(doc, dict):
         got = "nothing" if doc is None else f"a {type(doc).__name__}"
-        raise DeploymentFileError(f"{source}: the top level must be a mapping (name: ..., jarId or pipeline: ..., "
-                                  f"parallelism: ...), found {got}")
+        raise DeploymentFileError(
+            f"{source}: the top level must be a mapping (name: ..., jarId or pipeline: ..., "
+            f"parallelism: ...), found {got}"
+        )
     body = dict(doc)
     name = body.pop("name", None)
     if name is None:
         raise DeploymentFileError(f"{source}: no `name` (the deployment's name: {NAME_RULE_TEXT})")
     if not isinstance(name, str):
-        raise DeploymentFileError(f"{source}: `name` must be text, YAML read {name!r} as "
-                                  f"{type(name).__name__}; quote it")
+        raise DeploymentFileError(
+            f"{source}: `name` must be text, YAML read {name!r} as {type(name).__name__}; quote it"
+        )
     if not NAME_RULE.match(name):
         raise DeploymentFileError(f"{source}: name {name!r} is not valid: {NAME_RULE_TEXT}")
     pipeline = body.pop("pipeline", None)
     if (pipeline is None) == ("jarId" not in body):
-        raise DeploymentFileError(f"{source}: give exactly one of `jarId` (an uploaded jar's id) and "
-                                  f"`pipeline` (a .py or .zip file to upload)")
+        raise DeploymentFileError(
+            f"{source}: give exactly one of `jarId` (an uploaded jar's id) and "
+            f"`pipeline` (a .py or .zip file to upload)"
+        )
     if pipeline is not None and (not isinstance(pipeline, str) or not pipeline.strip()):
         raise DeploymentFileError(f"{source}: `pipeline` must be a file path, got {pipeline!r}")
     args = body.get("programArgsList")
     for i, arg in enumerate(args if isinstance(args, list) else []):
         # The server would refuse `10` or `yes` too, but only the reader of the YAML can say why.
         if not isinstance(arg, str):
-            raise DeploymentFileError(f"{source}: programArgsList[{i}]: YAML read {arg!r} as "
-                                      f"{type(arg).__name__}, arguments are text; quote it")
+            raise DeploymentFileError(
+                f"{source}: programArgsList[{i}]: YAML read {arg!r} as "
+                f"{type(arg).__name__}, arguments are text; quote it"
+            )
     try:
         json.dumps(body, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -121,9 +130,12 @@ def load_deployment_file(file: Path) -> DeploymentFile:
     parsed = parse_deployment(text, str(file), file.parent)
     if parsed.pipeline is not None:
         if not parsed.pipeline.is_file():
-            raise DeploymentFileError(f"{file}: pipeline {parsed.pipeline}: no such file (a relative path is "
-                                      f"taken from the deployment file's directory)")
+            raise DeploymentFileError(
+                f"{file}: pipeline {parsed.pipeline}: no such file (a relative path is "
+                f"taken from the deployment file's directory)"
+            )
         if kind_of(parsed.pipeline) is None:
-            raise DeploymentFileError(f"{file}: pipeline {parsed.pipeline}: a pipeline is a .py file or a .zip "
-                                      f"of a package")
+            raise DeploymentFileError(
+                f"{file}: pipeline {parsed.pipeline}: a pipeline is a .py file or a .zip of a package"
+            )
     return parsed

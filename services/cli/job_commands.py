@@ -46,16 +46,26 @@ def run(
     args: Optional[str] = typer.Option(None, "--args", help="program arguments, shell-quoted"),
     wait: bool = typer.Option(False, "--wait", help="wait for a terminal state"),
     options: Optional[list[str]] = typer.Option(
-        None, "-D", metavar="KEY=VALUE",
-        help='a job option, as Flink\'s -D (repeatable), e.g. -D headrace.latency-mode=true'),
+        None,
+        "-D",
+        metavar="KEY=VALUE",
+        help="a job option, as Flink's -D (repeatable), e.g. -D headrace.latency-mode=true",
+    ),
     from_savepoint: Optional[str] = typer.Option(
-        None, "-s", "--from-savepoint", "--fromSavepoint",
-        help="start from this savepoint or retained checkpoint (a path or file:// URI)"),
+        None,
+        "-s",
+        "--from-savepoint",
+        "--fromSavepoint",
+        help="start from this savepoint or retained checkpoint (a path or file:// URI)",
+    ),
     allow_non_restored: bool = typer.Option(
-        False, "-n", "--allow-non-restored-state", "--allowNonRestoredState",
-        help="drop snapshot state no operator of the new pipeline claims"),
-    claim_mode: Optional[str] = typer.Option(None, "--claim-mode", "--claimMode",
-                                             help="NO_CLAIM (default) or CLAIM"),
+        False,
+        "-n",
+        "--allow-non-restored-state",
+        "--allowNonRestoredState",
+        help="drop snapshot state no operator of the new pipeline claims",
+    ),
+    claim_mode: Optional[str] = typer.Option(None, "--claim-mode", "--claimMode", help="NO_CLAIM (default) or CLAIM"),
 ) -> None:
     """Upload a pipeline and run it (optionally from a savepoint: -s PATH)."""
     if not file.is_file():
@@ -172,8 +182,10 @@ def wait_for_operation(c: httpx.Client, path: str, what: str, timeout_s: float) 
                 fail(f"{what} failed: {detail}")
             return operation
         if time.monotonic() >= deadline:
-            fail(f"{what} is still in progress after {timeout_s:.0f} s; it goes on without this command: "
-                 f"GET {path} tells when it ends (or wait longer with --timeout)")
+            fail(
+                f"{what} is still in progress after {timeout_s:.0f} s; it goes on without this command: "
+                f"GET {path} tells when it ends (or wait longer with --timeout)"
+            )
         time.sleep(POLL_INTERVAL_S)
 
 
@@ -181,7 +193,7 @@ def _local(location: str) -> str:
     """Flink reports snapshot locations as `file:/path`; print the plain path, which `mv`, `ls`
     and `headrace run -s` all take."""
     if location.startswith("file:"):
-        return "/" + location[len("file:"):].lstrip("/")
+        return "/" + location[len("file:") :].lstrip("/")
     return location
 
 
@@ -218,7 +230,8 @@ def savepoint(
 def stop(
     job_id: str = typer.Argument(..., help="the job to stop"),
     savepoint_path: Optional[str] = typer.Option(
-        None, "-p", "--savepoint-path", "--savepointPath", help="target directory (default: state.savepoints.dir)"),
+        None, "-p", "--savepoint-path", "--savepointPath", help="target directory (default: state.savepoints.dir)"
+    ),
     drain: bool = typer.Option(False, "-d", "--drain", help="fire every open event-time window before stopping"),
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="seconds to wait for the result"),
     url: Optional[str] = typer.Option(None, "-m", "--jobmanager", help=URL_HELP),
@@ -227,8 +240,10 @@ def stop(
     _check_timeout(timeout)
     with client(url) as c:
         where = savepoint_path or "the default savepoint directory (state.savepoints.dir)"
-        typer.echo(f"Stopping job {job_id} with a savepoint in {where}{', draining it first' if drain else ''}; "
-                   "it ends FINISHED once the savepoint is complete.")
+        typer.echo(
+            f"Stopping job {job_id} with a savepoint in {where}{', draining it first' if drain else ''}; "
+            "it ends FINISHED once the savepoint is complete."
+        )
         body = {"targetDirectory": savepoint_path, "drain": drain, "formatType": "CANONICAL"}
         rid = call(c, "POST", f"/jobs/{job_id}/stop", json=body)["request-id"]
         typer.echo("Waiting for response...")
@@ -254,8 +269,17 @@ def checkpoint_table(stats: dict) -> list[str]:
         kind = "savepoint" if cp.get("is_savepoint") else "checkpoint"
         batch = cp.get("batch_id")
         path = _local(cp.get("external_path") or "") or summarize(cp.get("failure_message"), limit=80) or "-"
-        rows.append((str(cp.get("id")), status, kind, "-" if batch is None else str(batch),
-                     _size(cp.get("state_size")), f"{int(cp.get('end_to_end_duration') or 0)} ms", path))
+        rows.append(
+            (
+                str(cp.get("id")),
+                status,
+                kind,
+                "-" if batch is None else str(batch),
+                _size(cp.get("state_size")),
+                f"{int(cp.get('end_to_end_duration') or 0)} ms",
+                path,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
 
@@ -266,8 +290,10 @@ def checkpoints(job_id: str, url: Optional[str] = typer.Option(None, "-m", "--jo
     with client(url) as c:
         stats = call(c, "GET", f"/jobs/{job_id}/checkpoints")
     counts = stats.get("counts") or {}
-    typer.echo(f"{counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed, "
-               f"{counts.get('in_progress', 0)} in progress, {counts.get('restored', 0)} restored")
+    typer.echo(
+        f"{counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed, "
+        f"{counts.get('in_progress', 0)} in progress, {counts.get('restored', 0)} restored"
+    )
     if not stats.get("history"):
         typer.echo("No checkpoints yet.")
         return

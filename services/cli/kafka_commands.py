@@ -16,8 +16,10 @@ from services.cli.common import fail, settings_or_fail
 
 app = typer.Typer(no_args_is_help=True, help="Topics of the pipelines' Kafka broker (headrace up --kafka).")
 
-BOOTSTRAP_HELP = ("the broker, host:port[,host:port] (default: pipeline_kafka_bootstrap_servers, else the running "
-                  "headrace up --kafka cluster's broker)")
+BOOTSTRAP_HELP = (
+    "the broker, host:port[,host:port] (default: pipeline_kafka_bootstrap_servers, else the running "
+    "headrace up --kafka cluster's broker)"
+)
 
 
 def bootstrap_servers(explicit: str | None) -> str:
@@ -31,8 +33,11 @@ def bootstrap_servers(explicit: str | None) -> str:
     running = running_cluster_config(settings.home) or {}
     if running.get("pipeline_kafka_bootstrap_servers"):
         return str(running["pipeline_kafka_bootstrap_servers"])
-    fail("no Kafka broker known: pass --bootstrap HOST:PORT, set HEADRACE_PIPELINE_KAFKA_BOOTSTRAP_SERVERS, or "
-         "start one with headrace up --kafka", 2)
+    fail(
+        "no Kafka broker known: pass --bootstrap HOST:PORT, set HEADRACE_PIPELINE_KAFKA_BOOTSTRAP_SERVERS, or "
+        "start one with headrace up --kafka",
+        2,
+    )
 
 
 @app.command("create-topic")

@@ -14,9 +14,13 @@ from services.cli.common import call, client, fail
 
 OVERLAPS = ("skip", "queue", "cancel_previous")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Scheduled submissions: run a jar on a cron expression (UTC) or every N seconds; "
-                       "see docs/runbooks/schedules.md.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Scheduled submissions: run a jar on a cron expression (UTC) or every N seconds; "
+    "see docs/runbooks/schedules.md.",
+)
 
 URL = typer.Option(None, "-m", "--jobmanager", help="dispatcher URL (default: from the settings, HEADRACE_CONFIG)")
 
@@ -39,8 +43,9 @@ def create(
     entry: Optional[str] = typer.Option(None, "--entry", help="entry function (default build)"),
     parallelism: Optional[int] = typer.Option(None, "-p", "--parallelism"),
     overlap: str = typer.Option("skip", "--overlap", help="previous run still going: skip, queue or cancel_previous"),
-    misfire_grace: Optional[int] = typer.Option(None, "--misfire-grace",
-                                                help="seconds a missed tick may still run after (default 60)"),
+    misfire_grace: Optional[int] = typer.Option(
+        None, "--misfire-grace", help="seconds a missed tick may still run after (default 60)"
+    ),
     kind: Optional[str] = typer.Option(None, "--kind", help="pyspark (default) or noop"),
     paused: bool = typer.Option(False, "--paused", help="create it paused"),
     args: Optional[List[str]] = typer.Argument(None, help="program arguments, after --"),
@@ -56,8 +61,15 @@ def create(
     if parallelism is not None and parallelism < 1:
         fail("-p/--parallelism must be at least 1", 2)
     body: dict = {"jarId": jar, "overlap": overlap, "enabled": not paused}
-    for key, value in (("cron", cron), ("everySeconds", every), ("name", name), ("entryClass", entry),
-                       ("parallelism", parallelism), ("misfireGraceSeconds", misfire_grace), ("kind", kind)):
+    for key, value in (
+        ("cron", cron),
+        ("everySeconds", every),
+        ("name", name),
+        ("entryClass", entry),
+        ("parallelism", parallelism),
+        ("misfireGraceSeconds", misfire_grace),
+        ("kind", kind),
+    ):
         if value is not None:
             body[key] = value
     if args:
@@ -78,20 +90,25 @@ def list_schedules(url: Optional[str] = URL) -> None:
     if not rows:
         typer.echo("No schedules (create one with: headrace schedule create --jar ID --cron '*/5 * * * *').")
         return
-    typer.echo(f"{'ID':<32}  {'STATE':<7}  {'WHEN':<24}  {'OVERLAP':<15}  {'NEXT RUN':<23}  {'RUNS':>5}  "
-               f"{'LAST':<16}  NAME")
+    typer.echo(
+        f"{'ID':<32}  {'STATE':<7}  {'WHEN':<24}  {'OVERLAP':<15}  {'NEXT RUN':<23}  {'RUNS':>5}  {'LAST':<16}  NAME"
+    )
     for s in rows:
-        typer.echo(f"{s['id']:<32}  {'active' if s['enabled'] else 'paused':<7}  {_timing(s):<24}  "
-                   f"{s['overlap']:<15}  {_when(s.get('nextFire')):<23}  {s['runs']:>5}  "
-                   f"{s.get('lastOutcome') or '-':<16}  {s['name']}")
+        typer.echo(
+            f"{s['id']:<32}  {'active' if s['enabled'] else 'paused':<7}  {_timing(s):<24}  "
+            f"{s['overlap']:<15}  {_when(s.get('nextFire')):<23}  {s['runs']:>5}  "
+            f"{s.get('lastOutcome') or '-':<16}  {s['name']}"
+        )
 
 
 @app.command()
 def show(schedule_id: str = typer.Argument(..., metavar="ID"), url: Optional[str] = URL) -> None:
     """One schedule and its newest ticks (what each became)."""
     s = _rest(url, "GET", f"/jobs/schedules/{schedule_id}")
-    typer.echo(f"{s['name']} ({s['id']}): {'active' if s['enabled'] else 'paused'}, {_timing(s)}, overlap "
-               f"{s['overlap']}, misfire grace {s['misfireGraceSeconds']} s; next run {_when(s.get('nextFire'))}")
+    typer.echo(
+        f"{s['name']} ({s['id']}): {'active' if s['enabled'] else 'paused'}, {_timing(s)}, overlap "
+        f"{s['overlap']}, misfire grace {s['misfireGraceSeconds']} s; next run {_when(s.get('nextFire'))}"
+    )
     if not s["history"]:
         typer.echo("No ticks yet.")
         return

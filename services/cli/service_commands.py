@@ -87,8 +87,10 @@ def spark_worker(
     addr = ss.MasterAddress(m.group(1), int(m.group(2)), 0)
     work = settings_or_fail().home / "spark" / "worker"
     work.mkdir(parents=True, exist_ok=True)
-    _exec(ss.worker_command(addr, host=host, cores=cores, memory=memory, webui_port=webui_port, work_dir=work),
-          ss.environment(os.environ, host=host, log_dir=work, work_dir=work))
+    _exec(
+        ss.worker_command(addr, host=host, cores=cores, memory=memory, webui_port=webui_port, work_dir=work),
+        ss.environment(os.environ, host=host, log_dir=work, work_dir=work),
+    )
 
 
 def _exec(cmd: list[str], env: dict) -> None:

@@ -18,8 +18,12 @@ from shared.settings import load_settings
 
 ROLES = ("viewer", "operator", "admin")  # shared.catalog.tokens.ROLES, without importing the catalog
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Bearer tokens for the REST API (roles: viewer, operator, admin); see docs/runbooks/auth.md.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Bearer tokens for the REST API (roles: viewer, operator, admin); see docs/runbooks/auth.md.",
+)
 
 
 @contextlib.contextmanager
@@ -44,8 +48,10 @@ def _session() -> Iterator:
         fail(str(exc), 2)
     except sa_exc.SQLAlchemyError as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        fail(f"the catalog ({where}) cannot be used: {first[0] if first else type(exc).__name__} "
-              f"(is HEADRACE_CONFIG pointing at the cluster's settings?)")
+        fail(
+            f"the catalog ({where}) cannot be used: {first[0] if first else type(exc).__name__} "
+            f"(is HEADRACE_CONFIG pointing at the cluster's settings?)"
+        )
     finally:
         catalog.dispose()
 
@@ -56,8 +62,12 @@ def _when(dt) -> str:
 
 @app.command()
 def create(
-    role: str = typer.Option(..., "--role", "-r", help="viewer (reads), operator (run, cancel, stop, savepoints), "
-                                                       "admin (uploads, deletions, disposal, settings)"),
+    role: str = typer.Option(
+        ...,
+        "--role",
+        "-r",
+        help="viewer (reads), operator (run, cancel, stop, savepoints), admin (uploads, deletions, disposal, settings)",
+    ),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="who or what uses it (default: ROLE-ID)"),
 ) -> None:
     """Create a token and print it (the last word of the output; it is not stored, only its hash)."""
@@ -68,8 +78,10 @@ def create(
         fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}", 2)
     with _session() as s:
         info, token = tokens.create(s, role, name)
-    typer.echo(f"created token {info.id} ({info.name}, role {info.role}); it is shown only this once, "
-               f"send it as 'Authorization: Bearer <token>':")
+    typer.echo(
+        f"created token {info.id} ({info.name}, role {info.role}); it is shown only this once, "
+        f"send it as 'Authorization: Bearer <token>':"
+    )
     typer.echo(token)
 
 
@@ -97,5 +109,6 @@ def revoke(token_id: str = typer.Argument(..., metavar="ID", help="the id shown 
     with _session() as s:
         was_revoked = any(t.id == token_id and t.revoked_at for t in tokens.list_all(s))
         info = tokens.revoke(s, token_id)
-    typer.echo(f"token {info.id} ({info.name}, role {info.role}) " +
-               ("was already revoked" if was_revoked else "revoked"))
+    typer.echo(
+        f"token {info.id} ({info.name}, role {info.role}) " + ("was already revoked" if was_revoked else "revoked")
+    )

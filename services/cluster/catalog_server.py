@@ -75,9 +75,19 @@ class CatalogServer:
     def command(self) -> list[str]:
         """The postmaster in the foreground. Under another OS user through setpriv, which execs it:
         the postmaster is the child's own process, in its own group, signalled by its PID."""
-        cmd = [str(self.binaries / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-               "-c", f"listen_addresses={HOST}", "-c", "unix_socket_directories=",
-               "-c", "password_encryption=scram-sha-256"]
+        cmd = [
+            str(self.binaries / "postgres"),
+            "-D",
+            str(self.data_dir),
+            "-p",
+            str(self.port),
+            "-c",
+            f"listen_addresses={HOST}",
+            "-c",
+            "unix_socket_directories=",
+            "-c",
+            "password_encryption=scram-sha-256",
+        ]
         return _as_user(self.os_user) + cmd
 
 
@@ -87,12 +97,16 @@ def binaries_dir() -> Path:
     on_path = shutil.which("postgres")
     if on_path and shutil.which("initdb"):
         return Path(on_path).parent
-    versions = sorted((d for d in DEBIAN_BINARIES.glob("*/bin") if (d / "postgres").exists() and
-                       (d / "initdb").exists()), key=lambda d: _version(d.parent.name))
+    versions = sorted(
+        (d for d in DEBIAN_BINARIES.glob("*/bin") if (d / "postgres").exists() and (d / "initdb").exists()),
+        key=lambda d: _version(d.parent.name),
+    )
     if not versions:
-        raise ClusterError("headrace up --ha runs its catalog on PostgreSQL, which is not installed (Debian: "
-                           "apt-get install postgresql; scripts/bootstrap installs it), or set HEADRACE_CATALOG_URL "
-                           "to a PostgreSQL server of yours")
+        raise ClusterError(
+            "headrace up --ha runs its catalog on PostgreSQL, which is not installed (Debian: "
+            "apt-get install postgresql; scripts/bootstrap installs it), or set HEADRACE_CATALOG_URL "
+            "to a PostgreSQL server of yours"
+        )
     return versions[-1]
 
 
@@ -106,9 +120,11 @@ def _os_user() -> str | None:
     try:
         pwd.getpwnam(OS_USER)
     except KeyError:
-        raise ClusterError(f"PostgreSQL refuses to run as root, and there is no {OS_USER!r} OS user to run the "
-                           "catalog as (Debian's postgresql package creates it), or set HEADRACE_CATALOG_URL to a "
-                           "PostgreSQL server of yours") from None
+        raise ClusterError(
+            f"PostgreSQL refuses to run as root, and there is no {OS_USER!r} OS user to run the "
+            "catalog as (Debian's postgresql package creates it), or set HEADRACE_CATALOG_URL to a "
+            "PostgreSQL server of yours"
+        ) from None
     return OS_USER
 
 
@@ -144,9 +160,11 @@ def prepare(settings: Settings) -> CatalogServer:
         _initdb(binaries, data, password, os_user)
     port = settings.catalog_port or free_port()
     if settings.catalog_port and port_taken(HOST, port):
-        raise ClusterError(f"the catalog's port {port} (catalog_port) is taken on {HOST}: another server or process "
-                           f"listens there (ss -ltnp 'sport = :{port}'); stop it or set HEADRACE_CATALOG_PORT to a "
-                           "free port (0: a free one)")
+        raise ClusterError(
+            f"the catalog's port {port} (catalog_port) is taken on {HOST}: another server or process "
+            f"listens there (ss -ltnp 'sport = :{port}'); stop it or set HEADRACE_CATALOG_PORT to a "
+            "free port (0: a free one)"
+        )
     return CatalogServer(data_dir=data, passfile=passfile, port=port, binaries=binaries, os_user=os_user)
 
 
@@ -181,10 +199,25 @@ def _initdb(binaries: Path, data: Path, password: str, os_user: str | None) -> N
             pw = pwd.getpwnam(os_user)
             for path in (making, pwfile):
                 os.chown(path, pw.pw_uid, pw.pw_gid)
-        cmd = _as_user(os_user) + [str(binaries / "initdb"), "-D", str(making), "-U", USER, f"--pwfile={pwfile}",
-                                   "--auth=scram-sha-256", "-E", "UTF8", "--locale=C"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INITDB_TIMEOUT_S,
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"})
+        cmd = _as_user(os_user) + [
+            str(binaries / "initdb"),
+            "-D",
+            str(making),
+            "-U",
+            USER,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=INITDB_TIMEOUT_S,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
+        )
     except subprocess.TimeoutExpired:
         raise ClusterError(f"initdb of the catalog's PostgreSQL in {data} took over {INITDB_TIMEOUT_S:.0f} s") from None
     finally:
@@ -201,8 +234,9 @@ def environment(env: dict) -> dict:
     return {"PATH": env.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
 
 
-def wait_until_ready(server: CatalogServer, *, alive: Callable[[], bool], log: Path,
-                     timeout_s: float = START_TIMEOUT_S) -> str:
+def wait_until_ready(
+    server: CatalogServer, *, alive: Callable[[], bool], log: Path, timeout_s: float = START_TIMEOUT_S
+) -> str:
     """Until the server accepts the superuser; then the catalog database exists (made on the first
     run). The catalog URL; ClusterError naming the log if the server exits or is late."""
     deadline = time.monotonic() + timeout_s

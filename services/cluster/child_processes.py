@@ -46,8 +46,9 @@ def spawn(name: str, cmd: list[str], env: dict, run_dir: Path) -> Child:
     log = run_dir / "logs" / f"{name}.log"
     env = env | {"HEADRACE_LOG_FILE": str(log)}  # what its metrics port serves at /logs
     with open(log, "ab") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
     return Child(name, proc, log, env, cmd=list(cmd))
 
 
@@ -56,8 +57,10 @@ def prepare_respawn(old: Child) -> None:
     or ZooKeeper helper must not compete with its successor), and say in its log that it starts again."""
     _signal_group(old.proc.pid, signal.SIGKILL)
     with open(old.log, "ab") as f:
-        f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {old.name} (pid {old.proc.pid}) "
-                f"exited with code {old.proc.returncode}; starting it again ---\n".encode())
+        f.write(
+            f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {old.name} (pid {old.proc.pid}) "
+            f"exited with code {old.proc.returncode}; starting it again ---\n".encode()
+        )
 
 
 def stop_in_order(children: list[Child], timeout_s: float, *, after_taskmanagers: Callable[[], None]) -> None:

@@ -37,9 +37,11 @@ def suffix(taskmanager_id: str) -> str:
 
 def taskmanager_variables(secret: bytes, taskmanager_id: str) -> dict[str, str]:
     x = suffix(taskmanager_id)
-    return {f"HEADRACE_REDIS_PASSWORD_{x}": cluster_keys.redis_password(secret, taskmanager_id),
-            f"HEADRACE_TASKMANAGER_KEY_{x}": cluster_keys.sender_key(secret, taskmanager_id).hex(),
-            f"HEADRACE_TASKMANAGER_COMMAND_KEY_{x}": cluster_keys.command_key(secret, taskmanager_id).hex()}
+    return {
+        f"HEADRACE_REDIS_PASSWORD_{x}": cluster_keys.redis_password(secret, taskmanager_id),
+        f"HEADRACE_TASKMANAGER_KEY_{x}": cluster_keys.sender_key(secret, taskmanager_id).hex(),
+        f"HEADRACE_TASKMANAGER_COMMAND_KEY_{x}": cluster_keys.command_key(secret, taskmanager_id).hex(),
+    }
 
 
 def compose_taskmanagers(compose_file: Path) -> list[str]:
@@ -53,8 +55,10 @@ def compose_taskmanagers(compose_file: Path) -> list[str]:
         command = service.get("command") if isinstance(service, dict) else None
         if isinstance(command, list) and command[:1] == ["taskmanager"]:
             if "--id" not in command[:-1]:
-                raise ValueError(f"{compose_file}: service {name} runs a TaskManager without --id; each needs a "
-                                 f"fixed id to get credentials of its own")
+                raise ValueError(
+                    f"{compose_file}: service {name} runs a TaskManager without --id; each needs a "
+                    f"fixed id to get credentials of its own"
+                )
             ids.append(command[command.index("--id") + 1])
     clashes = [x for x in {suffix(t) for t in ids} if sum(suffix(t) == x for t in ids) > 1]
     if clashes:

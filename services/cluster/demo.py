@@ -46,16 +46,25 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
     cluster = LocalCluster(settings, spark_workers=spark_workers)
     marks = {"start": time.monotonic()}
     try:
-        echo("starting a local cluster (redis-server, JobManager, ResourceManager, 2 TaskManagers, dispatcher"
-             + (f", a Spark master and {spark_workers} worker(s)" if spark_workers else "") + ") ...")
+        echo(
+            "starting a local cluster (redis-server, JobManager, ResourceManager, 2 TaskManagers, dispatcher"
+            + (f", a Spark master and {spark_workers} worker(s)" if spark_workers else "")
+            + ") ..."
+        )
         cluster.start(wait_s=120)
         marks["cluster"] = time.monotonic()
         echo(f"dashboard: {cluster.dispatcher_url}/   logs: {cluster.run_dir}/logs")
         with httpx.Client(base_url=cluster.dispatcher_url, timeout=30) as http:
             with open(EXAMPLE, "rb") as f:
                 jar = http.post("/jars/upload", files={"jarfile": (EXAMPLE.name, f)}).json()
-            run = http.post(f"/jars/{jar['id']}/run", json={"parallelism": 1, "jobName": "clickstream-demo",
-                                                            "programArgsList": [*DEMO_ARGS, "--sink-url", sink_url]})
+            run = http.post(
+                f"/jars/{jar['id']}/run",
+                json={
+                    "parallelism": 1,
+                    "jobName": "clickstream-demo",
+                    "programArgsList": [*DEMO_ARGS, "--sink-url", sink_url],
+                },
+            )
             if run.status_code != 200:
                 fail(f"submission refused: {run.text}")
             job_id = run.json()["jobid"]
@@ -84,17 +93,21 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
 
 def timings(marks: dict[str, float]) -> str:
     """One line: the seconds each phase took, from the start of the cluster to the result."""
+
     def span(a: str, b: str) -> str:
         return f"{marks[b] - marks[a]:.1f}" if a in marks and b in marks else "?"
 
     running = "task_running" if "task_running" in marks else "finished"
-    return (f"timings (s): total {span('start', 'result')} = cluster start {span('start', 'cluster')}"
-            f" + until the task ran {span('cluster', running)} (submit, a Spark driver)"
-            f" + run {span(running, 'finished')} + result {span('finished', 'result')}")
+    return (
+        f"timings (s): total {span('start', 'result')} = cluster start {span('start', 'cluster')}"
+        f" + until the task ran {span('cluster', running)} (submit, a Spark driver)"
+        f" + run {span(running, 'finished')} + result {span('finished', 'result')}"
+    )
 
 
-def _wait(http: httpx.Client, job_id: str, stop: threading.Event, echo, marks: dict[str, float],
-          timeout_s: float = 600) -> str:
+def _wait(
+    http: httpx.Client, job_id: str, stop: threading.Event, echo, marks: dict[str, float], timeout_s: float = 600
+) -> str:
     deadline = time.monotonic() + timeout_s
     last = last_task = None
     while time.monotonic() < deadline and not stop.is_set():
@@ -122,8 +135,9 @@ def _print_windows(catalog_url: str, echo) -> None:
             echo(f"(the sink table {DEMO_TABLE} was not created)")
             return
         with engine.connect() as c:
-            rows = c.execute(text(f"SELECT window_start, window_end, url, count FROM {DEMO_TABLE} "
-                                  "ORDER BY window_start, url")).all()
+            rows = c.execute(
+                text(f"SELECT window_start, window_end, url, count FROM {DEMO_TABLE} ORDER BY window_start, url")
+            ).all()
     finally:
         engine.dispose()
     echo("")

@@ -51,8 +51,25 @@ def redis_command(data_dir: Path, port: int, aclfile: Path | None, bind: tuple[s
     """redis-server for the control plane: AOF with an fsync every second (a crash loses at
     most the last second), no RDB snapshots, no idle timeout (each TaskManager keeps an idle
     named liveness connection), noeviction (an evicted stream would lose messages silently)."""
-    cmd = ["redis-server", "--port", str(port), "--bind", " ".join(bind), "--dir", str(data_dir), "--save", "",
-           "--appendonly", "yes", "--appendfsync", "everysec", "--timeout", "0", "--maxmemory-policy", "noeviction"]
+    cmd = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        " ".join(bind),
+        "--dir",
+        str(data_dir),
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--timeout",
+        "0",
+        "--maxmemory-policy",
+        "noeviction",
+    ]
     return cmd + (["--aclfile", str(aclfile)] if aclfile else [])
 
 
@@ -61,14 +78,26 @@ def zookeeper_command(data_dir: Path, port: int, bind: str = "127.0.0.1") -> lis
     its data under data_dir. Sessions may be as short as 1 s (tests use short ones)."""
     script = ZOOKEEPER_HOME / "bin" / "zkServer.sh"
     if not script.exists():
-        raise ClusterError(f"ZooKeeper is not installed ({script} missing; Debian: apt-get install zookeeper), "
-                           "or set HEADRACE_ZOOKEEPER_HOME, or configure zookeeper_quorum")
+        raise ClusterError(
+            f"ZooKeeper is not installed ({script} missing; Debian: apt-get install zookeeper), "
+            "or set HEADRACE_ZOOKEEPER_HOME, or configure zookeeper_quorum"
+        )
     (data_dir / "data").mkdir(parents=True, exist_ok=True)
     cfg = data_dir / "zoo.cfg"
-    cfg.write_text("\n".join([
-        "tickTime=500", f"dataDir={data_dir / 'data'}", f"clientPort={port}", f"clientPortAddress={bind}",
-        "admin.enableServer=false", "minSessionTimeout=1000", "maxSessionTimeout=60000", "",
-    ]))
+    cfg.write_text(
+        "\n".join(
+            [
+                "tickTime=500",
+                f"dataDir={data_dir / 'data'}",
+                f"clientPort={port}",
+                f"clientPortAddress={bind}",
+                "admin.enableServer=false",
+                "minSessionTimeout=1000",
+                "maxSessionTimeout=60000",
+                "",
+            ]
+        )
+    )
     return [str(script), "start-foreground", str(cfg)]
 
 
@@ -81,13 +110,22 @@ class RedisUrls:
     by_user: dict[str, str] = field(default_factory=dict, repr=False)
 
 
-def start_redis(settings: Settings, spawn: Spawn, env: dict, *, taskmanager_ids: Sequence[str],
-                bind: tuple[str, ...], port: int | None = None) -> RedisUrls:
+def start_redis(
+    settings: Settings,
+    spawn: Spawn,
+    env: dict,
+    *,
+    taskmanager_ids: Sequence[str],
+    bind: tuple[str, ...],
+    port: int | None = None,
+) -> RedisUrls:
     """A redis-server on `port` (None: a free one) with its data (AOF) in $HEADRACE_HOME/redis;
     unless `redis_auth` is off, with a password and an ACL user per service and TaskManager."""
     if not shutil.which("redis-server"):
-        raise ClusterError("redis-server is not installed (Debian: apt-get install redis-server), "
-                           "or set HEADRACE_REDIS_URL to a running Redis")
+        raise ClusterError(
+            "redis-server is not installed (Debian: apt-get install redis-server), "
+            "or set HEADRACE_REDIS_URL to a running Redis"
+        )
     data_dir = settings.home / "redis"
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
@@ -98,8 +136,10 @@ def start_redis(settings: Settings, spawn: Spawn, env: dict, *, taskmanager_ids:
         passwords = redis_auth.load_or_create_passwords(data_dir)
         aclfile = data_dir / "users.acl"
         # TaskManagers added by `headrace credentials` (saved in the file) keep their users.
-        tms = taskmanager_credentials.passwords(load_secret(settings, create=True), dict.fromkeys(
-            [*taskmanager_ids, *taskmanager_credentials.ids_in_acl_file(aclfile)]))
+        tms = taskmanager_credentials.passwords(
+            load_secret(settings, create=True),
+            dict.fromkeys([*taskmanager_ids, *taskmanager_credentials.ids_in_acl_file(aclfile)]),
+        )
         redis_auth.write_private(aclfile, redis_auth.acl_file(passwords, tms))
         users = {u: redis_auth.url_for(base, u, passwords[u]) for u in (*redis_auth.SERVICES, redis_auth.PIPELINE)}
         users |= {tm: redis_auth.url_for(base, redis_auth.taskmanager_user(tm), pw) for tm, pw in tms.items()}
@@ -129,14 +169,20 @@ def start_zookeeper(spawn: Spawn, env: dict, data_dir: Path, bind: str, port: in
     raise ClusterError(f"ZooKeeper did not start; see {child.log}")
 
 
-def start_spark(spawn: Spawn, env: dict, run_dir: Path, *, workers: int, worker_cores: int,
-                worker_memory: str) -> spark_standalone.MasterAddress:
+def start_spark(
+    spawn: Spawn, env: dict, run_dir: Path, *, workers: int, worker_cores: int, worker_memory: str
+) -> spark_standalone.MasterAddress:
     """A Spark standalone master and `workers` workers on loopback, registered with it."""
     host = "127.0.0.1"
     master = spark_standalone.MasterAddress(host, free_port(), free_port())
     spark_dir = run_dir / "spark"
-    started = [spawn("spark-master", spark_standalone.master_command(master),
-                     spark_standalone.environment(env, host=host, log_dir=spark_dir / "master"))]
+    started = [
+        spawn(
+            "spark-master",
+            spark_standalone.master_command(master),
+            spark_standalone.environment(env, host=host, log_dir=spark_dir / "master"),
+        )
+    ]
     # Workers start once the master answers: a worker that finds no master retries at 5-15 s
     # intervals six times, then once a minute, so on a loaded machine a worker started beside a
     # slow master could register minutes late.
@@ -144,15 +190,22 @@ def start_spark(spawn: Spawn, env: dict, run_dir: Path, *, workers: int, worker_
     for i in range(workers):
         work = spark_dir / f"worker-{i + 1}"
         work.mkdir(parents=True, exist_ok=True)
-        started.append(spawn(f"spark-worker-{i + 1}", spark_standalone.worker_command(
-            master, host=host, cores=worker_cores, memory=worker_memory, webui_port=free_port(), work_dir=work),
-            spark_standalone.environment(env, host=host, log_dir=work, work_dir=work)))
+        started.append(
+            spawn(
+                f"spark-worker-{i + 1}",
+                spark_standalone.worker_command(
+                    master, host=host, cores=worker_cores, memory=worker_memory, webui_port=free_port(), work_dir=work
+                ),
+                spark_standalone.environment(env, host=host, log_dir=work, work_dir=work),
+            )
+        )
     _wait_spark(master, workers, started, run_dir)
     return master
 
 
 def _wait_spark(master: spark_standalone.MasterAddress, workers: int, started: Sequence[Child], run_dir: Path) -> None:
     """The master answers and `workers` workers registered, while every process started lives."""
+
     def alive() -> bool:
         return all(c.proc.poll() is None for c in started)
 
@@ -165,8 +218,11 @@ def _wait_spark(master: spark_standalone.MasterAddress, workers: int, started: S
 def kafka_spec(settings: Settings) -> kafka_broker.BrokerSpec:
     """The broker of `headrace up --kafka`: its data in $HEADRACE_HOME/kafka, kept from one run to
     the next as Redis's is (a new controller port each run is fine: a single node votes for itself)."""
-    return kafka_broker.BrokerSpec(data_dir=settings.home / "kafka", port=settings.kafka_port,
-                                   controller_port=settings.kafka_controller_port or free_port())
+    return kafka_broker.BrokerSpec(
+        data_dir=settings.home / "kafka",
+        port=settings.kafka_port,
+        controller_port=settings.kafka_controller_port or free_port(),
+    )
 
 
 def check_kafka(settings: Settings, spec: kafka_broker.BrokerSpec) -> None:
@@ -178,9 +234,11 @@ def check_kafka(settings: Settings, spec: kafka_broker.BrokerSpec) -> None:
         raise ClusterError(str(exc)) from None
     for port, setting in ((spec.port, "kafka_port"), (spec.controller_port, "kafka_controller_port")):
         if port_taken(spec.host, port):
-            raise ClusterError(f"the Kafka broker's port {port} ({setting}) is taken on {spec.host}: another broker "
-                               f"or process listens there (ss -ltnp 'sport = :{port}'); stop it or set "
-                               f"HEADRACE_{setting.upper()} to a free port")
+            raise ClusterError(
+                f"the Kafka broker's port {port} ({setting}) is taken on {spec.host}: another broker "
+                f"or process listens there (ss -ltnp 'sport = :{port}'); stop it or set "
+                f"HEADRACE_{setting.upper()} to a free port"
+            )
 
 
 def start_kafka(settings: Settings, spec: kafka_broker.BrokerSpec, spawn: Spawn, env: dict) -> Child:
@@ -211,8 +269,10 @@ def check_pinned_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:
             raise ClusterError(f"port {port} is asked for twice: {seen[port]} and {what}")
         seen[port] = what
         if port_taken(host, port):
-            raise ClusterError(f"port {port} for {what} is taken on {host}: another process listens there "
-                               f"(ss -ltnp 'sport = :{port}'); stop it or choose another port")
+            raise ClusterError(
+                f"port {port} for {what} is taken on {host}: another process listens there "
+                f"(ss -ltnp 'sport = :{port}'); stop it or choose another port"
+            )
 
 
 def port_taken(host: str, port: int) -> bool:

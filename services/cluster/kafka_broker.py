@@ -109,8 +109,9 @@ def java() -> str:
     home = os.environ.get("JAVA_HOME")
     found = os.path.join(home, "bin", "java") if home else shutil.which("java")
     if not found or not os.path.exists(found):
-        raise KafkaBrokerError("java is not installed (Kafka needs Java 17 or newer: "
-                               "apt-get install openjdk-17-jre-headless)")
+        raise KafkaBrokerError(
+            "java is not installed (Kafka needs Java 17 or newer: apt-get install openjdk-17-jre-headless)"
+        )
     return found
 
 
@@ -140,10 +141,20 @@ def prepare(spec: BrokerSpec, jars: JarCache) -> None:
     id_file = spec.data_dir / "cluster-id"
     if not id_file.is_file() or id_file.read_text().startswith("-"):
         id_file.write_text(new_cluster_id())
-    cmd = [java(), "-Xmx256m", "-cp", class_path(jars), STORAGE_TOOL, "format", "--standalone",
-           "-t", id_file.read_text().strip(), "-c", str(spec.config_file)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S,
-                          env=environment(spec))
+    cmd = [
+        java(),
+        "-Xmx256m",
+        "-cp",
+        class_path(jars),
+        STORAGE_TOOL,
+        "format",
+        "--standalone",
+        "-t",
+        id_file.read_text().strip(),
+        "-c",
+        str(spec.config_file),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, env=environment(spec))
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-6:])
         raise KafkaBrokerError(f"formatting the Kafka storage in {spec.log_dirs} failed:\n{tail}")
@@ -151,9 +162,17 @@ def prepare(spec: BrokerSpec, jars: JarCache) -> None:
 
 def command(spec: BrokerSpec, jars: JarCache) -> list[str]:
     """The broker's command line (run prepare() first)."""
-    return [java(), f"-Xmx{spec.heap}", f"-Xms{spec.heap}",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={spec.data_dir / 'log4j2.properties'}",
-            "-cp", class_path(jars), MAIN_CLASS, str(spec.config_file)]
+    return [
+        java(),
+        f"-Xmx{spec.heap}",
+        f"-Xms{spec.heap}",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={spec.data_dir / 'log4j2.properties'}",
+        "-cp",
+        class_path(jars),
+        MAIN_CLASS,
+        str(spec.config_file),
+    ]
 
 
 def environment(spec: BrokerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -177,8 +196,9 @@ def answers(spec: BrokerSpec, timeout_s: float = 5.0) -> bool:
     return bool(md.brokers)
 
 
-def wait_until_ready(spec: BrokerSpec, *, alive: Callable[[], bool], log: Path | None = None,
-                     timeout_s: float = START_TIMEOUT_S) -> None:
+def wait_until_ready(
+    spec: BrokerSpec, *, alive: Callable[[], bool], log: Path | None = None, timeout_s: float = START_TIMEOUT_S
+) -> None:
     """Return once the broker answers; KafkaBrokerError if it exits or does not within timeout_s."""
     deadline = time.monotonic() + timeout_s
     where = f"; see {log}" if log else ""
@@ -205,9 +225,14 @@ class Broker:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "Broker":
         prepare(self.spec, self.jars)
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(command(self.spec, self.jars), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=environment(self.spec),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                command(self.spec, self.jars),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=environment(self.spec),
+                start_new_session=True,
+            )
         proc = self.proc
         wait_until_ready(self.spec, alive=lambda: proc.poll() is None, log=self.log_path, timeout_s=timeout_s)
         return self

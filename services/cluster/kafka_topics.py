@@ -44,8 +44,10 @@ def admin_client(bootstrap: str):
 
 
 def unreachable(bootstrap: str, why: str) -> KafkaUnreachable:
-    return KafkaUnreachable(f"cannot reach the Kafka broker at {bootstrap} ({why}): is it running? "
-                            "(headrace up --kafka; docs/runbooks/kafka-broker.md)")
+    return KafkaUnreachable(
+        f"cannot reach the Kafka broker at {bootstrap} ({why}): is it running? "
+        "(headrace up --kafka; docs/runbooks/kafka-broker.md)"
+    )
 
 
 def topics(bootstrap: str, *, include_internal: bool = False, timeout_s: float = LIST_TIMEOUT_S) -> dict[str, int]:
@@ -56,20 +58,27 @@ def topics(bootstrap: str, *, include_internal: bool = False, timeout_s: float =
         metadata = admin_client(bootstrap).list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise unreachable(bootstrap, exc.args[0].str()) from None
-    return {name: len(topic.partitions) for name, topic in sorted(metadata.topics.items())
-            if include_internal or not name.startswith(INTERNAL_PREFIX)}
+    return {
+        name: len(topic.partitions)
+        for name, topic in sorted(metadata.topics.items())
+        if include_internal or not name.startswith(INTERNAL_PREFIX)
+    }
 
 
-def create_topic(bootstrap: str, name: str, *, partitions: int = 1, replication_factor: int = 1,
-                 timeout_s: float = CREATE_TIMEOUT_S) -> None:
+def create_topic(
+    bootstrap: str, name: str, *, partitions: int = 1, replication_factor: int = 1, timeout_s: float = CREATE_TIMEOUT_S
+) -> None:
     """Create `name`; TopicExists if it is there already, KafkaUnreachable if nobody answers."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
     topics(bootstrap, timeout_s=min(timeout_s, LIST_TIMEOUT_S))  # unreachable: said as such, not as a timeout
     client = admin_client(bootstrap)  # kept until the future is done: it dies with its client
-    future = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
-                                  operation_timeout=timeout_s, request_timeout=timeout_s)[name]
+    future = client.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
+        operation_timeout=timeout_s,
+        request_timeout=timeout_s,
+    )[name]
     try:
         future.result(timeout=timeout_s + 5)
     except KafkaException as exc:
@@ -80,5 +89,7 @@ def create_topic(bootstrap: str, name: str, *, partitions: int = 1, replication_
             raise unreachable(bootstrap, error.str()) from None
         raise KafkaTopicsError(f"the broker at {bootstrap} refused to create the topic {name}: {error.str()}") from None
     except TimeoutError:
-        raise KafkaTopicsError(f"the broker at {bootstrap} did not confirm the topic {name} within "
-                               f"{timeout_s + 5:.0f} s; see headrace kafka topics") from None
+        raise KafkaTopicsError(
+            f"the broker at {bootstrap} did not confirm the topic {name} within "
+            f"{timeout_s + 5:.0f} s; see headrace kafka topics"
+        ) from None

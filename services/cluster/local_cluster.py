@@ -61,10 +61,12 @@ from shared.ports import free_port
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 
-SQLITE_WITH_HA = ("high availability needs a catalog that a paused JobManager cannot lock up, and an SQLite catalog "
-                  "stays locked while a JobManager stopped inside a write transaction sleeps, so no standby can take "
-                  "over: unset HEADRACE_CATALOG_URL (headrace up --ha then runs a PostgreSQL catalog of its own) or "
-                  "set it to a PostgreSQL URL")
+SQLITE_WITH_HA = (
+    "high availability needs a catalog that a paused JobManager cannot lock up, and an SQLite catalog "
+    "stays locked while a JobManager stopped inside a write transaction sleeps, so no standby can take "
+    "over: unset HEADRACE_CATALOG_URL (headrace up --ha then runs a PostgreSQL catalog of its own) or "
+    "set it to a PostgreSQL URL"
+)
 
 
 @dataclass
@@ -155,34 +157,51 @@ class LocalCluster:
             self.redis_url = s.redis_url  # the user's Redis: its persistence and ACLs are theirs to set
             self.service_redis_urls = dict.fromkeys(redis_auth.SERVICES, s.redis_url)
         else:
-            urls = infrastructure.start_redis(s, self._spawn, env, taskmanager_ids=self._taskmanager_ids(),
-                                              bind=self.redis_bind, port=self.redis_port)
+            urls = infrastructure.start_redis(
+                s, self._spawn, env, taskmanager_ids=self._taskmanager_ids(), bind=self.redis_bind, port=self.redis_port
+            )
             self.redis_url, self.service_redis_urls = urls.admin, urls.by_user
         self.catalog_url = s.catalog
         if self.runs_catalog_server:
             server, child = catalog_server.start(s, self._spawn, env)
-            self.catalog_url = catalog_server.wait_until_ready(server, alive=lambda: child.proc.poll() is None,
-                                                               log=child.log)
-        config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": self.catalog_url,
-                                              "pipeline_catalog_url": self.pipeline_catalog_url}
+            self.catalog_url = catalog_server.wait_until_ready(
+                server, alive=lambda: child.proc.poll() is None, log=child.log
+            )
+        config = s.model_dump(mode="json") | {
+            "redis_url": self.redis_url,
+            "catalog_url": self.catalog_url,
+            "pipeline_catalog_url": self.pipeline_catalog_url,
+        }
         if redis_auth.PIPELINE in self.service_redis_urls:
             config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
         if self.high_availability:
             self.zookeeper_quorum = s.zookeeper_quorum or infrastructure.start_zookeeper(
-                self._spawn, env, self.run_path / "zookeeper", self.zookeeper_bind, port=self.zookeeper_port)
+                self._spawn, env, self.run_path / "zookeeper", self.zookeeper_bind, port=self.zookeeper_port
+            )
             config |= {"high_availability": "zookeeper", "zookeeper_quorum": self.zookeeper_quorum}
         if self.spark_workers > 0:
             master = self.spark_master = infrastructure.start_spark(
-                self._spawn, env, self.run_path, workers=self.spark_workers, worker_cores=self.spark_worker_cores,
-                worker_memory=self.spark_worker_memory)
+                self._spawn,
+                env,
+                self.run_path,
+                workers=self.spark_workers,
+                worker_cores=self.spark_worker_cores,
+                worker_memory=self.spark_worker_memory,
+            )
             config |= {"spark_master": master.url, "spark_master_ui": master.webui}
         broker_child = None
         if broker is not None:  # waited for below, while the services start
             broker_child = infrastructure.start_kafka(s, broker, self._spawn, env)
             self.kafka_spec = broker
             config["pipeline_kafka_bootstrap_servers"] = broker.bootstrap
-        write_service_configs(self.run_dir, config, self.service_redis_urls, self._taskmanager_ids(),
-                              self.redis_url, load_secret(s, create=True))
+        write_service_configs(
+            self.run_dir,
+            config,
+            self.service_redis_urls,
+            self._taskmanager_ids(),
+            self.redis_url,
+            load_secret(s, create=True),
+        )
         self._env = env = children_env(env, self.run_dir / "config.yaml")
         Catalog(self.catalog_url).migrate()
         py = [sys.executable, "-m", "services.cli"]
@@ -193,13 +212,15 @@ class LocalCluster:
         slots = self.slots or s.taskmanager_slots
         for i in range(self.taskmanagers):
             name = f"taskmanager-{i + 1}"
-            self._spawn(name, py + ["taskmanager", "--slots", str(slots), "--id", f"tm-{i + 1}"],
-                        self._metrics_env(name, env))
+            self._spawn(
+                name, py + ["taskmanager", "--slots", str(slots), "--id", f"tm-{i + 1}"], self._metrics_env(name, env)
+            )
         self._spawn("dispatcher", py + ["dispatcher"], env)
         self.dispatcher_url = f"http://{s.dispatcher_host}:{s.dispatcher_port}"
         self.metrics_urls["dispatcher"] = f"{self.dispatcher_url}/metrics"
-        problem = readiness.wait_until_ready(self.dispatcher_url, self.children, self.taskmanagers,
-                                             self.catalog_url, wait_s, self.run_dir / "logs")
+        problem = readiness.wait_until_ready(
+            self.dispatcher_url, self.children, self.taskmanagers, self.catalog_url, wait_s, self.run_dir / "logs"
+        )
         if problem is not None:
             raise ClusterError(problem)
         if broker is not None and broker_child is not None:
@@ -227,8 +248,9 @@ class LocalCluster:
         return self._ports().all()
 
     def _ports(self) -> PinnedPorts:
-        return PinnedPorts(self.settings, tuple(self.planned_children()), self.redis_port, self.zookeeper_port,
-                           self.metrics_port_base)
+        return PinnedPorts(
+            self.settings, tuple(self.planned_children()), self.redis_port, self.zookeeper_port, self.metrics_port_base
+        )
 
     def _metrics_env(self, name: str, env: dict) -> dict:
         """Several members of one role run on this host: each gets its own metrics port, pinned or
@@ -320,18 +342,26 @@ class LocalCluster:
         self.stop()
 
 
-def write_service_configs(run_dir: Path, config: dict, service_redis_urls: dict[str, str],
-                          taskmanager_ids: list[str], admin_redis_url: str, secret: bytes) -> None:
+def write_service_configs(
+    run_dir: Path,
+    config: dict,
+    service_redis_urls: dict[str, str],
+    taskmanager_ids: list[str],
+    admin_redis_url: str,
+    secret: bytes,
+) -> None:
     """config.yaml (the operator's: the admin Redis URL), one file per service with its own Redis
     user, and one per TaskManager with only its own credentials, never the cluster secret. Every
     file holds a Redis password once auth is on: owner-only, like the credentials."""
     redis_auth.write_private(run_dir / "config.yaml", yaml.safe_dump(config))
     for role in redis_auth.SERVICES:
-        redis_auth.write_private(run_dir / f"{role}.yaml",
-                                 yaml.safe_dump(config | {"redis_url": service_redis_urls[role]}))
+        redis_auth.write_private(
+            run_dir / f"{role}.yaml", yaml.safe_dump(config | {"redis_url": service_redis_urls[role]})
+        )
     for tm in taskmanager_ids:
         tm_config = taskmanager_credentials.taskmanager_config(
-            config, tm, service_redis_urls.get(tm, admin_redis_url), secret)
+            config, tm, service_redis_urls.get(tm, admin_redis_url), secret
+        )
         redis_auth.write_private(run_dir / f"{tm}.yaml", yaml.safe_dump(tm_config))
 
 
@@ -344,15 +374,22 @@ def children_env(env: dict[str, str], config_path: Path) -> dict[str, str]:
 
 def describe(cluster: LocalCluster) -> dict:
     """Where each part of `cluster` listens and its processes (the caller holds its lock)."""
-    out = {"dispatcher": cluster.dispatcher_url, "redis": redis_auth.masked(cluster.redis_url),
-           "redis_port": urlsplit(cluster.redis_url).port,
-           "catalog": redis_auth.masked(cluster.catalog_url or cluster.settings.catalog),
-           "zookeeper": cluster.zookeeper_quorum,
-           "run_dir": str(cluster.run_dir), "processes": {c.name: c.proc.pid for c in cluster.children},
-           "metrics": dict(cluster.metrics_urls)}
+    out = {
+        "dispatcher": cluster.dispatcher_url,
+        "redis": redis_auth.masked(cluster.redis_url),
+        "redis_port": urlsplit(cluster.redis_url).port,
+        "catalog": redis_auth.masked(cluster.catalog_url or cluster.settings.catalog),
+        "zookeeper": cluster.zookeeper_quorum,
+        "run_dir": str(cluster.run_dir),
+        "processes": {c.name: c.proc.pid for c in cluster.children},
+        "metrics": dict(cluster.metrics_urls),
+    }
     if cluster.spark_master is not None:
-        out["spark"] = {"master": cluster.spark_master.url, "ui": cluster.spark_master.webui,
-                        "workers": cluster.spark_workers}
+        out["spark"] = {
+            "master": cluster.spark_master.url,
+            "ui": cluster.spark_master.webui,
+            "workers": cluster.spark_workers,
+        }
     if cluster.kafka_spec is not None:
         out["kafka"] = {"bootstrap": cluster.kafka_spec.bootstrap, "data_dir": str(cluster.kafka_spec.data_dir)}
     return out

@@ -29,11 +29,15 @@ class PinnedPorts:
     def all(self) -> dict[str, int]:
         """The ports fixed instead of chosen free, by what will listen there."""
         if self.redis_port and "redis" not in self.planned:
-            raise ClusterError("--redis-port pins the Redis headrace up starts; with HEADRACE_REDIS_URL set it "
-                               "starts none (that URL names the port)")
+            raise ClusterError(
+                "--redis-port pins the Redis headrace up starts; with HEADRACE_REDIS_URL set it "
+                "starts none (that URL names the port)"
+            )
         if self.zookeeper_port and "zookeeper" not in self.planned:
-            raise ClusterError("--zookeeper-port pins the ZooKeeper headrace up starts with --ha; without --ha, "
-                               "or with HEADRACE_ZOOKEEPER_QUORUM set, it starts none")
+            raise ClusterError(
+                "--zookeeper-port pins the ZooKeeper headrace up starts with --ha; without --ha, "
+                "or with HEADRACE_ZOOKEEPER_QUORUM set, it starts none"
+            )
         ports = {"redis (--redis-port)": self.redis_port, "zookeeper (--zookeeper-port)": self.zookeeper_port}
         ports |= {f"{name}'s metrics (--metrics-port-base)": port for name, port in self.metrics().items()}
         return {what: port for what, port in ports.items() if port}

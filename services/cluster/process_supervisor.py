@@ -60,10 +60,14 @@ class ChildRecord:
     restart_at: float | None = None  # monotonic; set while a restart waits out its backoff
 
     def view(self) -> dict:
-        return {"restarts": self.restarts, "last_exit": self.last_exit,
-                "last_exit_at": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_exit_at))
-                                 if self.last_exit_at else None),
-                "crash_loop": self.quick_exits >= CRASH_LOOP_AFTER}
+        return {
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "last_exit_at": (
+                time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_exit_at)) if self.last_exit_at else None
+            ),
+            "crash_loop": self.quick_exits >= CRASH_LOOP_AFTER,
+        }
 
 
 class Supervised(Protocol):
@@ -89,8 +93,15 @@ def describe_exit(code: int) -> str:
 
 
 class Supervisor:
-    def __init__(self, cluster: Supervised, *, policy: RestartPolicy | None = None, poll_s: float = 0.2,
-                 notify: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        cluster: Supervised,
+        *,
+        policy: RestartPolicy | None = None,
+        poll_s: float = 0.2,
+        notify: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.cluster = cluster
         self.policy = policy or RestartPolicy()
         self.poll_s = poll_s
@@ -172,8 +183,11 @@ class Supervisor:
         rec.last_exit, rec.last_exit_at = code, time.time()
         delay = self.policy.delay(rec.quick_exits)
         rec.restart_at = now + delay
-        loop = (f"; crash loop: {rec.quick_exits} exits within {self.policy.reset_after_s:.0f} s of a start"
-                if rec.quick_exits >= CRASH_LOOP_AFTER else "")
+        loop = (
+            f"; crash loop: {rec.quick_exits} exits within {self.policy.reset_after_s:.0f} s of a start"
+            if rec.quick_exits >= CRASH_LOOP_AFTER
+            else ""
+        )
         return f"{describe_exit(code)}; restarting in {delay:.0f} s (restart {rec.restarts + 1}{loop})"
 
     def _say(self, message: str, *, warning: bool = False) -> None:

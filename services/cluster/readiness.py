@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from services.cluster.child_processes import Child
 
 
-def wait_until_ready(dispatcher_url: str, children: Sequence[Child], taskmanagers: int, catalog_url: str,
-                     wait_s: float, logs: Path) -> str | None:
+def wait_until_ready(
+    dispatcher_url: str, children: Sequence[Child], taskmanagers: int, catalog_url: str, wait_s: float, logs: Path
+) -> str | None:
     """None once `taskmanagers` TaskManagers are registered; otherwise why not: a child exited
     first, or `wait_s` passed."""
     deadline = time.monotonic() + wait_s
@@ -64,8 +65,9 @@ def registered_taskmanagers(catalog_url: str) -> int:
         return 0
 
 
-def wait_for_warm_drivers(redis_url: str, taskmanager_ids: Sequence[str], wait_s: float,
-                          stopped: Callable[[], bool] = lambda: False) -> list[str]:
+def wait_for_warm_drivers(
+    redis_url: str, taskmanager_ids: Sequence[str], wait_s: float, stopped: Callable[[], bool] = lambda: False
+) -> list[str]:
     """Wait until every TaskManager reports a ready warm driver (hr:tm:<id>:warm, which each one
     refreshes with its heartbeat), or wants none (no free slot a driver would fit). Returns the
     TaskManagers still without one after `wait_s`, or when `stopped()` (Ctrl-C) says so: a task

@@ -62,9 +62,13 @@ CELERY_QUEUES = "tm.*"
 # The remote-control (pidbox) binding tables every worker refreshes and kombu's sweep of expired
 # ones (a script over _kombu.binding_deadlines); the TaskManager's transport keeps no unacked copy
 # (shared/transport/kombu_redis.py), so none of kombu's unacked* keys.
-CELERY_PIDBOX_KEYS = ("_kombu.binding.celery.pidbox", "_kombu.binding_permanent.celery.pidbox",
-                      "_kombu.binding.reply.celery.pidbox", "_kombu.binding_permanent.reply.celery.pidbox",
-                      "_kombu.binding_deadlines")
+CELERY_PIDBOX_KEYS = (
+    "_kombu.binding.celery.pidbox",
+    "_kombu.binding_permanent.celery.pidbox",
+    "_kombu.binding.reply.celery.pidbox",
+    "_kombu.binding_permanent.reply.celery.pidbox",
+    "_kombu.binding_deadlines",
+)
 # The reply queues of `celery inspect` (<ticket>.reply.celery.pidbox): a worker answers there.
 CELERY_REPLY_QUEUES = "*.reply.celery.pidbox"
 # kombu's fanout exchanges are pub/sub channels "/<db>.<exchange>"; the worker's remote
@@ -81,8 +85,10 @@ SERVICE_COMMANDS = "+@all -@dangerous"
 
 def check_taskmanager_id(taskmanager_id: str) -> str:
     if not isinstance(taskmanager_id, str) or not TASKMANAGER_ID.fullmatch(taskmanager_id):
-        raise ValueError(f"TaskManager id {taskmanager_id!r} must be 1-100 letters, digits, '.', '_' or '-', "
-                         f"starting with a letter or digit (it names a Redis user and its keys)")
+        raise ValueError(
+            f"TaskManager id {taskmanager_id!r} must be 1-100 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit (it names a Redis user and its keys)"
+        )
     return taskmanager_id
 
 
@@ -92,8 +98,8 @@ def taskmanager_user(taskmanager_id: str) -> str:
 
 def taskmanager_of(user: str) -> str | None:
     """The TaskManager id of a per-TaskManager user name, else None."""
-    if user.startswith(TASKMANAGER_USER_PREFIX) and TASKMANAGER_ID.fullmatch(user[len(TASKMANAGER_USER_PREFIX):]):
-        return user[len(TASKMANAGER_USER_PREFIX):]
+    if user.startswith(TASKMANAGER_USER_PREFIX) and TASKMANAGER_ID.fullmatch(user[len(TASKMANAGER_USER_PREFIX) :]):
+        return user[len(TASKMANAGER_USER_PREFIX) :]
     return None
 
 
@@ -123,23 +129,47 @@ def rules(user: str) -> str:
     if user == "dispatcher":
         parts = read_all + [_only("xadd", [streams.JM_STREAM, streams.DLQ_STREAM])]
     elif user == "jobmanager":
-        parts = (read_all + _keys("", [streams.JM_STREAM, streams.tm_jm_stream("*"), f"{P}:jm:*",
-                                       done(streams.JM_GROUP), *CELERY_PRODUCER_KEYS])
-                 + ["+client|list"] + [f"&{c}" for c in CELERY_EVENT_CHANNELS]
-                 # The running lineages' users (services/jobmanager/pipeline_redis_users.py).
-                 + ["+acl|setuser", "+acl|deluser", "+acl|getuser", "+acl|users", "+acl|save"]
-                 + [_only("xadd", [streams.RM_STREAM, streams.DLQ_STREAM]), _only("lpush", [CELERY_QUEUES])])
+        parts = (
+            read_all
+            + _keys(
+                "",
+                [
+                    streams.JM_STREAM,
+                    streams.tm_jm_stream("*"),
+                    f"{P}:jm:*",
+                    done(streams.JM_GROUP),
+                    *CELERY_PRODUCER_KEYS,
+                ],
+            )
+            + ["+client|list"]
+            + [f"&{c}" for c in CELERY_EVENT_CHANNELS]
+            # The running lineages' users (services/jobmanager/pipeline_redis_users.py).
+            + ["+acl|setuser", "+acl|deluser", "+acl|getuser", "+acl|users", "+acl|save"]
+            + [_only("xadd", [streams.RM_STREAM, streams.DLQ_STREAM]), _only("lpush", [CELERY_QUEUES])]
+        )
     elif user == "resourcemanager":
-        parts = (read_all + _keys("", [streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.tm_rm_stream("*"),
-                                       f"{P}:rm:*", done(streams.RM_GROUP)])
-                 # INFO's run_id tells a Redis restart (every connection dropped) from deaths.
-                 + ["+client|list", "+info"]
-                 + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])])
+        parts = (
+            read_all
+            + _keys(
+                "",
+                [
+                    streams.RM_STREAM,
+                    streams.RM_HEARTBEAT_STREAM,
+                    streams.tm_rm_stream("*"),
+                    f"{P}:rm:*",
+                    done(streams.RM_GROUP),
+                ],
+            )
+            # INFO's run_id tells a Redis restart (every connection dropped) from deaths.
+            + ["+client|list", "+info"]
+            + [_only("xadd", [streams.JM_STREAM, streams.tm_inbox("*"), streams.DLQ_STREAM])]
+        )
     elif user == PIPELINE:
         return pipeline_redis.shared_rules()
     else:
-        raise ValueError(f"unknown Redis user {user!r}; one of {', '.join(USERS)} or "
-                         f"{TASKMANAGER_USER_PREFIX}<TaskManager id>")
+        raise ValueError(
+            f"unknown Redis user {user!r}; one of {', '.join(USERS)} or {TASKMANAGER_USER_PREFIX}<TaskManager id>"
+        )
     return f"resetchannels {SERVICE_COMMANDS} {' '.join(parts)}"
 
 
@@ -155,9 +185,19 @@ def taskmanager_rules(taskmanager_id: str) -> str:
     # What it writes is under its own hr:tm:<id>: (its progress figures and storage probe among
     # them, streams.py), so it cannot change another TaskManager's.
     reads = _keys("%R", [f"{P}:jm:*", f"{P}:rm:*", f"{P}:tm:*"])
-    own = _keys("", [streams.tm_inbox(tm), f"{P}:tm:{tm}:*", queue,
-                     f"{queue}{NOT_IN_AN_ID}*", f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
-                     f"{tm}@*.celery.pidbox*", *CELERY_PIDBOX_KEYS])  # its worker <id>@<host>'s own pidbox
+    own = _keys(
+        "",
+        [
+            streams.tm_inbox(tm),
+            f"{P}:tm:{tm}:*",
+            queue,
+            f"{queue}{NOT_IN_AN_ID}*",
+            f"_kombu.binding.{queue}",
+            f"_kombu.binding_permanent.{queue}",
+            f"{tm}@*.celery.pidbox*",
+            *CELERY_PIDBOX_KEYS,
+        ],
+    )  # its worker <id>@<host>'s own pidbox
     selectors = [
         _only("xadd", [streams.tm_rm_stream(tm), streams.tm_jm_stream(tm), streams.tm_dead_letters(tm)]),
         _only("lpush", [CELERY_REPLY_QUEUES]),
@@ -179,8 +219,10 @@ def acl_file(passwords: dict[str, str], taskmanagers: dict[str, str] | None = No
     """An ACL file for redis-server --aclfile: the services' users and one per TaskManager
     (id -> its password). It names `default` too: a user left out of the file would be Redis's
     own default, which needs no password and may do anything."""
-    return "".join([acl_line(u, passwords[u]) for u in USERS]
-                   + [acl_line(taskmanager_user(tm), pw) for tm, pw in sorted((taskmanagers or {}).items())])
+    return "".join(
+        [acl_line(u, passwords[u]) for u in USERS]
+        + [acl_line(taskmanager_user(tm), pw) for tm, pw in sorted((taskmanagers or {}).items())]
+    )
 
 
 def new_passwords() -> dict[str, str]:

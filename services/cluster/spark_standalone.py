@@ -41,8 +41,15 @@ def environment(base: Mapping[str, str], *, host: str, log_dir: Path, work_dir: 
     """What a master or worker process needs: Spark's home, its own log and scratch folders, and
     the Python every executor's Python workers run (the same as the drivers', or pickled
     functions would not load)."""
-    env = dict(base, SPARK_HOME=str(spark_home()), SPARK_LOG_DIR=str(log_dir), SPARK_LOCAL_IP=host,
-               SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env = dict(
+        base,
+        SPARK_HOME=str(spark_home()),
+        SPARK_LOG_DIR=str(log_dir),
+        SPARK_LOCAL_IP=host,
+        SPARK_NO_DAEMONIZE="1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+    )
     if work_dir is not None:
         env["SPARK_WORKER_DIR"] = str(work_dir)
     # The executors import Headrace's connectors from where the drivers do.
@@ -68,14 +75,36 @@ class MasterAddress:
 
 
 def master_command(addr: MasterAddress) -> list[str]:
-    return [spark_class(), MASTER_CLASS, "--host", addr.host, "--port", str(addr.port),
-            "--webui-port", str(addr.webui_port)]
+    return [
+        spark_class(),
+        MASTER_CLASS,
+        "--host",
+        addr.host,
+        "--port",
+        str(addr.port),
+        "--webui-port",
+        str(addr.webui_port),
+    ]
 
 
-def worker_command(master: MasterAddress, *, host: str, cores: int, memory: str, webui_port: int,
-                   work_dir: Path) -> list[str]:
-    return [spark_class(), WORKER_CLASS, "--host", host, "--cores", str(cores), "--memory", memory,
-            "--webui-port", str(webui_port), "--work-dir", str(work_dir), master.url]
+def worker_command(
+    master: MasterAddress, *, host: str, cores: int, memory: str, webui_port: int, work_dir: Path
+) -> list[str]:
+    return [
+        spark_class(),
+        WORKER_CLASS,
+        "--host",
+        host,
+        "--cores",
+        str(cores),
+        "--memory",
+        memory,
+        "--webui-port",
+        str(webui_port),
+        "--work-dir",
+        str(work_dir),
+        master.url,
+    ]
 
 
 def master_status(webui: str, *, timeout_s: float = 2.0) -> dict:
@@ -111,5 +140,6 @@ def wait_until_ready(master: MasterAddress, workers: int, *, timeout_s: float = 
             return status
         reason = f"{workers} ALIVE workers at {master.url} (have {len(alive_workers(status))})"
         time.sleep(0.3)
-    raise SparkClusterError(f"the Spark standalone cluster was not ready within {timeout_s:.0f} s: "
-                            f"still waiting for {reason}")
+    raise SparkClusterError(
+        f"the Spark standalone cluster was not ready within {timeout_s:.0f} s: still waiting for {reason}"
+    )

@@ -37,9 +37,11 @@ def taskmanager_config(base: dict, taskmanager_id: str, redis_url: str, secret: 
     and nothing only the control plane may know."""
     redis_auth.check_taskmanager_id(taskmanager_id)
     config = {k: v for k, v in base.items() if k not in CONTROL_PLANE_ONLY}
-    return config | {"redis_url": redis_url,
-                     KEY_SETTING: cluster_keys.sender_key(secret, taskmanager_id).hex(),
-                     COMMAND_KEY_SETTING: cluster_keys.command_key(secret, taskmanager_id).hex()}
+    return config | {
+        "redis_url": redis_url,
+        KEY_SETTING: cluster_keys.sender_key(secret, taskmanager_id).hex(),
+        COMMAND_KEY_SETTING: cluster_keys.command_key(secret, taskmanager_id).hex(),
+    }
 
 
 def passwords(secret: bytes, taskmanager_ids) -> dict[str, str]:
@@ -80,8 +82,15 @@ def grant(admin: redis.Redis, secret: bytes, taskmanager_id: str) -> str | None:
     ACL file now holds it, else why not."""
     user = redis_auth.taskmanager_user(taskmanager_id)
     password = cluster_keys.redis_password(secret, taskmanager_id)
-    admin.execute_command("ACL", "SETUSER", user, "reset", "on", f"#{redis_auth.password_hash(password)}",
-                          *rule_args(redis_auth.taskmanager_rules(taskmanager_id)))
+    admin.execute_command(
+        "ACL",
+        "SETUSER",
+        user,
+        "reset",
+        "on",
+        f"#{redis_auth.password_hash(password)}",
+        *rule_args(redis_auth.taskmanager_rules(taskmanager_id)),
+    )
     return _save_acl(admin)
 
 

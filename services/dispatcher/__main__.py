@@ -25,15 +25,26 @@ def run(settings: Settings) -> None:
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     settings.artifacts.mkdir(parents=True, exist_ok=True)
-    transport = RedisStreamsTransport.from_url(settings.redis_url, sender="dispatcher",
-                                               maxlen=settings.stream_maxlen, auth=control_plane_auth(settings))
+    transport = RedisStreamsTransport.from_url(
+        settings.redis_url, sender="dispatcher", maxlen=settings.stream_maxlen, auth=control_plane_auth(settings)
+    )
     app = create_app(settings, catalog, transport, max_upload_bytes=max_upload_bytes)
-    log.info("dispatcher on http://%s:%d (catalog %s, artifacts %s, uploads up to %s)", settings.dispatcher_host,
-             settings.dispatcher_port, catalog.url.split("@")[-1], settings.artifacts,
-             limits.human(app.state.max_upload_bytes))
+    log.info(
+        "dispatcher on http://%s:%d (catalog %s, artifacts %s, uploads up to %s)",
+        settings.dispatcher_host,
+        settings.dispatcher_port,
+        catalog.url.split("@")[-1],
+        settings.artifacts,
+        limits.human(app.state.max_upload_bytes),
+    )
     try:
-        uvicorn.run(app, host=settings.dispatcher_host, port=settings.dispatcher_port, log_level="info",
-                    **slow_clients.server_options(settings))
+        uvicorn.run(
+            app,
+            host=settings.dispatcher_host,
+            port=settings.dispatcher_port,
+            log_level="info",
+            **slow_clients.server_options(settings),
+        )
     finally:
         transport.close()
         catalog.dispose()

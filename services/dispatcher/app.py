@@ -64,14 +64,21 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.warm_planner.close()
 
 
-def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, web_dir: Path | None = DEFAULT_WEB_DIR,
-               clock_ms: Callable[[], int] | None = None, max_upload_bytes: int | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    catalog: Catalog,
+    transport: Transport,
+    *,
+    web_dir: Path | None = DEFAULT_WEB_DIR,
+    clock_ms: Callable[[], int] | None = None,
+    max_upload_bytes: int | None = None,
+) -> FastAPI:
     app = FastAPI(
         lifespan=_lifespan,
         title="Headrace dispatcher",
         version=FLINK_VERSION,
         description="Flink REST v1 paths and JSON shapes for PySpark pipelines. Every error answers "
-                    '{"errors": [...], "field", "expected", "hint", "details"}.',
+        '{"errors": [...], "field", "expected", "hint", "details"}.',
     )
     app.state.settings = settings
     app.state.catalog = catalog
@@ -86,11 +93,15 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.overview_cache = OverviewCache(settings.overview_cache_ms / 1000)
     app.state.warm_planner = None
     if settings.warm_planner:
-        warm = WarmPlanner(python=sys.executable, run_as=settings.driver_user,
-                           catalog_url=settings.pipeline_catalog_url,
-                           redis_url=settings.pipeline_redis_url or settings.redis_url,
-                           runtime=SparkRuntime.from_settings(settings), users=settings.driver_users,
-                           lake_dir=str(settings.lake.absolute()))
+        warm = WarmPlanner(
+            python=sys.executable,
+            run_as=settings.driver_user,
+            catalog_url=settings.pipeline_catalog_url,
+            redis_url=settings.pipeline_redis_url or settings.redis_url,
+            runtime=SparkRuntime.from_settings(settings),
+            users=settings.driver_users,
+            lake_dir=str(settings.lake.absolute()),
+        )
         app.state.warm_planner = warm
 
     errors.install(app)
@@ -104,8 +115,7 @@ def create_app(settings: Settings, catalog: Catalog, transport: Transport, *, we
     app.state.metrics_registry = metrics.registry_for(catalog, transport.redis_client)
     app.include_router(metrics.router)  # Prometheus scrapes /metrics only, never /v1/metrics
     # schedules before jobs: /jobs/schedules must not be taken for /jobs/{jobid}.
-    api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager,
-           deployments)
+    api = (overview, jars, schedules, jobs, job_metrics, checkpoints, savepoints, taskmanagers, jobmanager, deployments)
     for module in (*api, whoami, ui):
         app.include_router(module.router)
     # Flink's clients (the `flink` CLI among them) call every endpoint under /v1/.

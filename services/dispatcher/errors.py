@@ -44,7 +44,7 @@ _MISSING = object()
 # Extra advice for fields people commonly get wrong, keyed by field name.
 FIELD_HINTS = {
     "jarfile": "send the file as the multipart/form-data field 'jarfile', "
-               "e.g. curl -X POST -F jarfile=@job.py http://HOST:8081/jars/upload",
+    "e.g. curl -X POST -F jarfile=@job.py http://HOST:8081/jars/upload"
 }
 
 # How to describe the expectation behind pydantic's built-in error types.
@@ -101,10 +101,21 @@ class ApiError(RequestError):
     problems: list[Problem] = dc_field(default_factory=list)
 
     @classmethod
-    def of(cls, status: int, message: str, *, field: str | None = None, expected: str | None = None,
-           got: Any = _MISSING, hint: str | None = None, prefix: bool = True, **extra: Any) -> "ApiError":
-        return cls(status, [Problem(message, field=field, expected=expected, got=got, hint=hint, extra=extra,
-                                    prefix=prefix)])
+    def of(
+        cls,
+        status: int,
+        message: str,
+        *,
+        field: str | None = None,
+        expected: str | None = None,
+        got: Any = _MISSING,
+        hint: str | None = None,
+        prefix: bool = True,
+        **extra: Any,
+    ) -> "ApiError":
+        return cls(
+            status, [Problem(message, field=field, expected=expected, got=got, hint=hint, extra=extra, prefix=prefix)]
+        )
 
     def __str__(self) -> str:
         return "; ".join(p.text() for p in self.problems)
@@ -136,8 +147,9 @@ def flink_error_body(problems: list[Problem]) -> dict[str, Any]:
     return {"errors": [p.text() + (f" (hint: {p.hint})" if p.hint else "") for p in problems]}
 
 
-def error_response(status: int, problems: list[Problem], headers: dict[str, str] | None = None,
-                   request: Request | None = None) -> JSONResponse:
+def error_response(
+    status: int, problems: list[Problem], headers: dict[str, str] | None = None, request: Request | None = None
+) -> JSONResponse:
     """The shared shape; under /v1/, where Flink's own clients call, Flink's exact one."""
     flink = request is not None and request.url.path.startswith(FLINK_CLIENT_PREFIX)
     body = flink_error_body(problems) if flink else error_body(problems)
@@ -206,14 +218,22 @@ def describe(err: dict[str, Any]) -> Problem:
     hint = ctx.get("hint") or (FIELD_HINTS.get(field.split(".")[-1]) if field else None)
 
     if etype == "json_invalid":
-        return Problem(f"request body is not valid JSON ({ctx.get('error', 'parse error')})",
-                       field=None, expected="a JSON object", hint="send Content-Type: application/json "
-                       "with a body such as {\"parallelism\": 2}")
+        return Problem(
+            f"request body is not valid JSON ({ctx.get('error', 'parse error')})",
+            field=None,
+            expected="a JSON object",
+            hint='send Content-Type: application/json with a body such as {"parallelism": 2}',
+        )
     if etype == "missing":
         return Problem("field required", field=field, expected=_EXPECTED_BY_TYPE["missing"], hint=hint)
     if etype == "extra_forbidden":
-        return Problem("unknown field", field=field, expected="no such field", got=got,
-                       hint=hint or "remove it or check its spelling; the accepted fields are listed at /docs")
+        return Problem(
+            "unknown field",
+            field=field,
+            expected="no such field",
+            got=got,
+            hint=hint or "remove it or check its spelling; the accepted fields are listed at /docs",
+        )
     if etype in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[etype]
         bound = next(iter(v for k, v in ctx.items() if k in ("ge", "gt", "le", "lt")), "?")
@@ -228,8 +248,13 @@ def describe(err: dict[str, Any]) -> Problem:
         expected = f"one of {tags}"
         if etype == "union_tag_not_found":
             return Problem(f"field required: must be {expected}", field=tag_field, expected=expected, hint=hint)
-        return Problem(f"must be {expected}, got {ctx.get('tag')!r}", field=tag_field, expected=expected,
-                       got=ctx.get("tag"), hint=hint)
+        return Problem(
+            f"must be {expected}, got {ctx.get('tag')!r}",
+            field=tag_field,
+            expected=expected,
+            got=ctx.get("tag"),
+            hint=hint,
+        )
     if expected is None:
         expected = _EXPECTED_BY_TYPE.get(etype)
     if expected is not None and etype in _EXPECTED_BY_TYPE:
@@ -275,8 +300,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    return error_response(exc.status_code, [Problem(message)], headers=getattr(exc, "headers", None),
-                          request=request)
+    return error_response(exc.status_code, [Problem(message)], headers=getattr(exc, "headers", None), request=request)
 
 
 # The status of every error of shared/errors.py that reaches the REST layer without a route
@@ -307,8 +331,7 @@ async def _headrace_error(request: Request, exc: Exception) -> JSONResponse:
 CATALOG_RETRY_AFTER_S = 5
 # Errors that mean "the catalog cannot be reached now", not "this request is wrong": a refused or
 # broken connection, a server shutting down, a full pool, SQLite's lock timeout.
-CATALOG_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
-                       sa_exc.DisconnectionError)
+CATALOG_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sa_exc.DisconnectionError)
 
 
 def _catalog_where(request: Request) -> str:
@@ -328,8 +351,11 @@ async def _catalog_unavailable(request: Request, exc: Exception) -> JSONResponse
     log.warning("catalog unavailable on %s %s: %s", request.method, request.url.path, reason)
     problem = Problem(
         f"the catalog ({_catalog_where(request)}) is unavailable: {reason}; the request was not carried out, "
-        f"try again in {CATALOG_RETRY_AFTER_S} s", expected="a reachable catalog",
-        hint="running jobs keep running meanwhile; see docs/runbooks/catalog-outage.md", prefix=False)
+        f"try again in {CATALOG_RETRY_AFTER_S} s",
+        expected="a reachable catalog",
+        hint="running jobs keep running meanwhile; see docs/runbooks/catalog-outage.md",
+        prefix=False,
+    )
     return error_response(503, [problem], headers={"Retry-After": str(CATALOG_RETRY_AFTER_S)}, request=request)
 
 
@@ -351,10 +377,13 @@ def _document_400_not_422(app: FastAPI) -> None:
             for op in operations.values():
                 responses = op.get("responses", {})
                 if responses.pop("422", None) is not None:
-                    responses.setdefault("400", {
-                        "description": "Bad Request: the body names the field, what is expected and how to fix it",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
-                    })
+                    responses.setdefault(
+                        "400",
+                        {
+                            "description": "Bad Request: the body names the field, what is expected and how to fix it",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                        },
+                    )
         components = schema.get("components", {}).get("schemas", {})
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)

@@ -44,9 +44,16 @@ class JobManagerProcess:
     """One leadership term: the loop of a JobMaster that leads with one epoch. It ends when the
     process is asked to stop or (ZooKeeper mode) when its leadership is revoked."""
 
-    def __init__(self, master: JobMaster, transport, should_stop: Callable[[], bool],
-                 announce: Callable[[], None] = lambda: None, beat: ScheduleBeat | None = None,
-                 deployments: DeploymentReconciler | None = None, autoscaler: Autoscaler | None = None):
+    def __init__(
+        self,
+        master: JobMaster,
+        transport,
+        should_stop: Callable[[], bool],
+        announce: Callable[[], None] = lambda: None,
+        beat: ScheduleBeat | None = None,
+        deployments: DeploymentReconciler | None = None,
+        autoscaler: Autoscaler | None = None,
+    ):
         self.master, self.transport = master, transport
         self.should_stop, self.announce = should_stop, announce
         self.redis_ok_at = time.monotonic()  # the last poll of the stream that Redis answered
@@ -76,9 +83,16 @@ class JobManagerProcess:
             due = master.timers.next_due_in()
             block = 100 if due is None else max(1, min(100, int(due * 1000)))
             # Its own stream and every TaskManager's reports, in one blocking read.
-            handled = self.transport.poll(streams.JM_STREAM, streams.JM_GROUP, "jobmanager", master.handle,
-                                          count=500, block_ms=block, around_batch=master.unit_of_work,
-                                          also=master.uow.report_streams())
+            handled = self.transport.poll(
+                streams.JM_STREAM,
+                streams.JM_GROUP,
+                "jobmanager",
+                master.handle,
+                count=500,
+                block_ms=block,
+                around_batch=master.unit_of_work,
+                also=master.uow.report_streams(),
+            )
             self.redis_ok_at = time.monotonic()
             self.run_due_timers()
             if master.checkpoints.due():
@@ -115,10 +129,18 @@ class JobManagerProcess:
                 return
 
 
-def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
-         should_stop: Callable[[], bool], leader_id: str, checkpoint_store: CheckpointStore | None = None,
-         still_leading: Callable[[], bool] = lambda: True, jm_metrics: JobManagerMetrics | None = None,
-         resign_unreachable_after_s: float | None = None) -> bool:
+def lead(
+    settings: Settings,
+    client: redis.Redis,
+    catalog: Catalog,
+    epoch: int,
+    should_stop: Callable[[], bool],
+    leader_id: str,
+    checkpoint_store: CheckpointStore | None = None,
+    still_leading: Callable[[], bool] = lambda: True,
+    jm_metrics: JobManagerMetrics | None = None,
+    resign_unreachable_after_s: float | None = None,
+) -> bool:
     """Act as the leader with `epoch` until `should_stop()`; survive Redis/catalog outages.
     `checkpoint_store`: checkpoint ids and pointers (ZooKeeper in HA mode; default the catalog).
     `still_leading`: checked before every commit (the ZooKeeper lease). Returns False when it
@@ -127,21 +149,45 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
     unreachable that long, so a standby that does reach it can lead (a leader cut off from Redis
     but not from ZooKeeper would otherwise hold its lease and do nothing)."""
     auth = control_plane_auth(settings)
-    transport = RedisStreamsTransport(client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen,
-                                      auth=auth)
+    transport = RedisStreamsTransport(
+        client, sender="jobmanager", epoch=epoch, maxlen=settings.stream_maxlen, auth=auth
+    )
     # Each running lineage's own Redis user (services/jobmanager/pipeline_redis_users.py).
-    pipeline_users = PipelineRedisUsers.for_cluster(client, load_secret(settings, create=True), settings.redis_url,
-                                                    settings.pipeline_redis_url)
-    gateway = CommandGateway(make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch,
-                             client=client, auth=auth)
-    master = JobMaster(settings, catalog, transport, gateway, SystemClock(), epoch=epoch,
-                       checkpoint_store=checkpoint_store, leader_id=leader_id, still_leading=still_leading,
-                       restart_clock=WallClock(), pipeline_users=pipeline_users)
+    pipeline_users = PipelineRedisUsers.for_cluster(
+        client, load_secret(settings, create=True), settings.redis_url, settings.pipeline_redis_url
+    )
+    gateway = CommandGateway(
+        make_celery(settings.redis_url, "headrace-jobmanager"),
+        sender="jobmanager",
+        epoch=epoch,
+        client=client,
+        auth=auth,
+    )
+    master = JobMaster(
+        settings,
+        catalog,
+        transport,
+        gateway,
+        SystemClock(),
+        epoch=epoch,
+        checkpoint_store=checkpoint_store,
+        leader_id=leader_id,
+        still_leading=still_leading,
+        restart_clock=WallClock(),
+        pipeline_users=pipeline_users,
+    )
     if jm_metrics is not None:
         jm_metrics.leading(master, epoch)
         transport.on_refused = jm_metrics.count_refused
-    leader = json.dumps({"id": leader_id, "epoch": epoch, "mode": settings.high_availability,
-                         "since": int(time.time() * 1000), "address": metrics.advertised_url("jobmanager", settings)})
+    leader = json.dumps(
+        {
+            "id": leader_id,
+            "epoch": epoch,
+            "mode": settings.high_availability,
+            "since": int(time.time() * 1000),
+            "address": metrics.advertised_url("jobmanager", settings),
+        }
+    )
 
     def announce() -> None:
         # The epoch too: a Redis that restarted empty learns the leader's epoch back within
@@ -150,10 +196,15 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
         leader_epoch.publish(client, epoch)
         client.set(streams.JM_LEADER_KEY, leader, px=streams.JM_LEADER_TTL_MS)
 
-    proc = JobManagerProcess(master, transport, should_stop, announce=announce,
-                             beat=ScheduleBeat(master, WallClock()),
-                             deployments=DeploymentReconciler(master, settings, WallClock()),
-                             autoscaler=Autoscaler(master, client, settings, WallClock()))
+    proc = JobManagerProcess(
+        master,
+        transport,
+        should_stop,
+        announce=announce,
+        beat=ScheduleBeat(master, WallClock()),
+        deployments=DeploymentReconciler(master, settings, WallClock()),
+        autoscaler=Autoscaler(master, client, settings, WallClock()),
+    )
     redis_lost = False
     while not should_stop():
         try:
@@ -168,8 +219,12 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             # missing connection for a dead process (services/jobmanager/leader_liveness.py).
             silent_s = time.monotonic() - proc.redis_ok_at
             if resign_unreachable_after_s is not None and silent_s >= resign_unreachable_after_s:
-                log.warning("Redis unreachable for %.0f s (%s): giving up the leadership so a JobManager that "
-                            "reaches it can lead", silent_s, exc)
+                log.warning(
+                    "Redis unreachable for %.0f s (%s): giving up the leadership so a JobManager that "
+                    "reaches it can lead",
+                    silent_s,
+                    exc,
+                )
                 redis_lost = True
                 break
             log.warning("Redis unreachable (%s); retrying in 0.2 s", exc)
@@ -179,8 +234,10 @@ def lead(settings: Settings, client: redis.Redis, catalog: Catalog, epoch: int,
             if leader_sessions.is_lock_timeout(exc):
                 # A row held past the lock timeout: by an older leader's session that survived the
                 # takeover (it woke and stopped again), or by someone else's; the unit is retried.
-                log.warning("a catalog row stayed locked for %.0f s; ending older leaders' sessions and retrying",
-                            leader_sessions.LOCK_TIMEOUT_S)
+                log.warning(
+                    "a catalog row stayed locked for %.0f s; ending older leaders' sessions and retrying",
+                    leader_sessions.LOCK_TIMEOUT_S,
+                )
                 leader_sessions.end_older_leaders(catalog, epoch)
                 continue
             log.exception("JobManager loop failed; retrying in 1 s")
@@ -207,26 +264,42 @@ def contender_id() -> str:
 def named_client(url: str, contender: str) -> redis.Redis:
     """Every connection of this process carries its liveness name (redis-py sets it again on
     each reconnect), so its death is visible in CLIENT LIST at once."""
-    return redis.Redis(connection_pool=redis.ConnectionPool.from_url(
-        url, client_name=streams.jm_liveness_name(contender),
-        # A silent network (a partition, not a closed port) must raise, not block forever: the
-        # longest blocking read is 0.1 s (XREADGROUP BLOCK in the loop).
-        socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S))
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool.from_url(
+            url,
+            client_name=streams.jm_liveness_name(contender),
+            # A silent network (a partition, not a closed port) must raise, not block forever: the
+            # longest blocking read is 0.1 s (XREADGROUP BLOCK in the loop).
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+        )
+    )
 
 
-def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog, stopping: threading.Event,
-                       jm_metrics: JobManagerMetrics | None = None) -> None:
+def run_with_zookeeper(
+    settings: Settings,
+    client: redis.Redis,
+    catalog: Catalog,
+    stopping: threading.Event,
+    jm_metrics: JobManagerMetrics | None = None,
+) -> None:
     """Contend for leadership; lead while elected; back to standby when revoked."""
     contender = contender_id()
     leader_connection = LeaderConnection(client)
     if settings.zookeeper_quorum is None:  # Settings refuses high_availability 'zookeeper' without one
         raise ConfigError("high_availability 'zookeeper' needs zookeeper_quorum (HEADRACE_ZOOKEEPER_QUORUM)")
-    election = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root, contender_id=contender,
-                              session_timeout_s=settings.zookeeper_session_timeout_s)
+    election = LeaderElection(
+        settings.zookeeper_quorum,
+        root=settings.zookeeper_root,
+        contender_id=contender,
+        session_timeout_s=settings.zookeeper_session_timeout_s,
+    )
     if catalog.is_sqlite:
-        log.warning("ZooKeeper mode on an SQLite catalog: a leader stopped inside a write transaction keeps the file "
-                    "locked and no standby can take over until it wakes; use a PostgreSQL catalog "
-                    "(docs/runbooks/jobmanager-restart.md)")
+        log.warning(
+            "ZooKeeper mode on an SQLite catalog: a leader stopped inside a write transaction keeps the file "
+            "locked and no standby can take over until it wakes; use a PostgreSQL catalog "
+            "(docs/runbooks/jobmanager-restart.md)"
+        )
     while not stopping.is_set():
         try:
             election.start()
@@ -240,9 +313,11 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
                 # Above every epoch anyone has seen, even if ZooKeeper lost its data or the
                 # cluster ran standalone before (its epochs count in Redis): receivers fence
                 # older ones.
-                lease = election.campaign(stop=stopping.is_set, epoch_floor=lambda: max(
-                    newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)),
-                    leader_dead=leader_connection.dead)
+                lease = election.campaign(
+                    stop=stopping.is_set,
+                    epoch_floor=lambda: max(newest_catalog_epoch(catalog), int(client.get(streams.JM_EPOCH_KEY) or 0)),
+                    leader_dead=leader_connection.dead,
+                )
                 if lease is None:
                     break
                 leader_epoch.publish(client, lease.epoch)
@@ -254,13 +329,18 @@ def run_with_zookeeper(settings: Settings, client: redis.Redis, catalog: Catalog
             log.info("JobManager %s started as leader with epoch %d (ZooKeeper)", contender, lease.epoch)
             take_catalog(catalog, contender, lease.epoch)
             # The lambdas below are called only inside lead(), within this iteration's lease.
-            lead(settings, client, catalog, lease.epoch,
-                 should_stop=lambda: stopping.is_set() or lease.revoked.is_set(),  # noqa: B023
-                 leader_id=contender,
-                 checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)),
-                 still_leading=lambda: not lease.revoked.is_set(),  # noqa: B023
-                 jm_metrics=jm_metrics,
-                 resign_unreachable_after_s=settings.heartbeat_timeout_s)
+            lead(
+                settings,
+                client,
+                catalog,
+                lease.epoch,
+                should_stop=lambda: stopping.is_set() or lease.revoked.is_set(),  # noqa: B023
+                leader_id=contender,
+                checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(election.zk, settings.zookeeper_root)),
+                still_leading=lambda: not lease.revoked.is_set(),  # noqa: B023
+                jm_metrics=jm_metrics,
+                resign_unreachable_after_s=settings.heartbeat_timeout_s,
+            )
             if lease.revoked.is_set() and not stopping.is_set():
                 log.warning("leadership with epoch %d revoked (%s); back to standby", lease.epoch, lease.reason)
             election.resign()
@@ -288,8 +368,14 @@ def run(settings: Settings) -> None:
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     jm_metrics = JobManagerMetrics()
     key = control_plane_auth(settings).sender_key("jobmanager")  # its logs: to the control plane only
-    metrics.serve(jm_metrics.registry, host=settings.metrics_host, port=settings.jobmanager_metrics_port,
-                  service="jobmanager", log_file=settings.log_file, log_guard=LogGuard(key, key))
+    metrics.serve(
+        jm_metrics.registry,
+        host=settings.metrics_host,
+        port=settings.jobmanager_metrics_port,
+        service="jobmanager",
+        log_file=settings.log_file,
+        log_guard=LogGuard(key, key),
+    )
     gc_tuning.tune()
     if settings.high_availability == "zookeeper":
         run_with_zookeeper(settings, client, catalog, stopping, jm_metrics)
@@ -297,8 +383,15 @@ def run(settings: Settings) -> None:
         epoch = acquire_standalone_epoch(client, catalog)
         log.info("JobManager started as leader with epoch %d (standalone)", epoch)
         take_catalog(catalog, contender_id(), epoch)
-        if not lead(settings, client, catalog, epoch, should_stop=stopping.is_set, leader_id=contender_id(),
-                    jm_metrics=jm_metrics):
+        if not lead(
+            settings,
+            client,
+            catalog,
+            epoch,
+            should_stop=stopping.is_set,
+            leader_id=contender_id(),
+            jm_metrics=jm_metrics,
+        ):
             # Another standalone JobManager took over the catalog: two would only depose each
             # other in turn. Exit non-zero so whoever supervises this one sees it.
             log.error("another JobManager leads this catalog with a newer epoch; exiting")

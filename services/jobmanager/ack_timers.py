@@ -38,19 +38,28 @@ class AckTimers:
             decision = tr.on_ack_timeout(ES(ex.state), state, resent=resent)
             tm, job_id = ex.taskmanager_id, ex.job_id
         if Fx.FAIL_OVER in decision:
-            self.restarts.fail(execution_id, cause_name="DeploymentTimeoutException",
-                               cause=f"TaskManager {tm} did not acknowledge the deployment within {timeout:g} s "
-                                     "(deploy_ack_timeout_s): the command was lost or refused; failing over",
-                               expected_tm=None)
+            self.restarts.fail(
+                execution_id,
+                cause_name="DeploymentTimeoutException",
+                cause=f"TaskManager {tm} did not acknowledge the deployment within {timeout:g} s "
+                "(deploy_ack_timeout_s): the command was lost or refused; failing over",
+                expected_tm=None,
+            )
         elif Fx.RESEND_CANCEL in decision:
             log.warning("cancel of %s not confirmed by %s within %g s; sending it again", execution_id, tm, timeout)
             target = tm or NO_TASKMANAGER
-            self.ctx.uow.command(CANCEL, self.ctx.uow.queue_of(target),
-                                 CancelTask(taskmanager_id=target, execution_id=execution_id, job_id=job_id))
+            self.ctx.uow.command(
+                CANCEL,
+                self.ctx.uow.queue_of(target),
+                CancelTask(taskmanager_id=target, execution_id=execution_id, job_id=job_id),
+            )
             self.arm(execution_id, ES.CANCELING, resent=True)
         elif Fx.GIVE_UP_CANCEL in decision:
-            self.give_up_cancel(execution_id, f"TaskManager {tm} did not confirm the cancellation within "
-                                              f"{2 * timeout:g} s (cancel_ack_timeout_s, sent twice)")
+            self.give_up_cancel(
+                execution_id,
+                f"TaskManager {tm} did not confirm the cancellation within "
+                f"{2 * timeout:g} s (cancel_ack_timeout_s, sent twice)",
+            )
 
     def give_up_cancel(self, execution_id: ExecutionId, why: str) -> None:
         """CANCELING -> CANCELED without the TaskManager's word: its slots go back, and its sinks
@@ -63,9 +72,16 @@ class AckTimers:
             if decision.execution is None:
                 return
             repo.transition_execution(s, ex, decision.execution, failure_cause=why)
-            repo.record_exception(s, job_id=ex.job_id, exception_name="CancelTimeoutException", stacktrace=why,
-                                  execution_id=ex.id, attempt=ex.attempt, taskmanager_id=ex.taskmanager_id,
-                                  keep=ctx.settings.exception_history_size)
+            repo.record_exception(
+                s,
+                job_id=ex.job_id,
+                exception_name="CancelTimeoutException",
+                stacktrace=why,
+                execution_id=ex.id,
+                attempt=ex.attempt,
+                taskmanager_id=ex.taskmanager_id,
+                keep=ctx.settings.exception_history_size,
+            )
             release = ex.allocation_id
             ctx.checkpoints.on_execution_ended(s, ex.job_id, ex.id, decision.execution)
             self.restarts.settle(s, ex.job_id)
@@ -76,14 +92,19 @@ class AckTimers:
     def on_command_rejected(self, msg: CommandRejected) -> None:
         fx = tr.on_command_rejected(msg.command, names_attempt=bool(msg.execution_id))
         if not msg.execution_id:
-            log.warning("TaskManager %s rejected a %s command: %s", msg.taskmanager_id, msg.command or "unreadable",
-                        msg.reason)
+            log.warning(
+                "TaskManager %s rejected a %s command: %s", msg.taskmanager_id, msg.command or "unreadable", msg.reason
+            )
         elif fx == Fx.GIVE_UP_CANCEL:
             self.give_up_cancel(msg.execution_id, f"TaskManager {msg.taskmanager_id} rejected the cancel: {msg.reason}")
         elif fx == Fx.FAIL_OVER:
-            self.restarts.fail(msg.execution_id, cause_name="CommandRejected",
-                               cause=f"TaskManager {msg.taskmanager_id} rejected the deployment: {msg.reason}",
-                               expected_tm=msg.taskmanager_id)
+            self.restarts.fail(
+                msg.execution_id,
+                cause_name="CommandRejected",
+                cause=f"TaskManager {msg.taskmanager_id} rejected the deployment: {msg.reason}",
+                expected_tm=msg.taskmanager_id,
+            )
         else:
-            log.warning("TaskManager %s rejected %s for %s: %s", msg.taskmanager_id, msg.command, msg.execution_id,
-                        msg.reason)
+            log.warning(
+                "TaskManager %s rejected %s for %s: %s", msg.taskmanager_id, msg.command, msg.execution_id, msg.reason
+            )

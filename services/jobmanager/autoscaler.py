@@ -49,8 +49,16 @@ class Autoscaler:
     INTERVAL_S = 5.0
     RETRY_S = 5.0
 
-    def __init__(self, master: MasterPort, redis_client: Any, settings: Settings, clock: Clock, *,
-                 interval_s: float = INTERVAL_S, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        master: MasterPort,
+        redis_client: Any,
+        settings: Settings,
+        clock: Clock,
+        *,
+        interval_s: float = INTERVAL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.master, self.redis, self.settings, self.clock = master, redis_client, settings, clock
         self.interval_s, self.monotonic = interval_s, monotonic
         self._next_pass = monotonic()
@@ -62,8 +70,11 @@ class Autoscaler:
         self._next_pass = self.monotonic() + self.interval_s
         try:
             with self.master.catalog.session() as s:
-                names = [r.name for r in deployments_repo.list_deployments(s)
-                         if (r.spec.get("autoscaler") or {}).get("enabled")]
+                names = [
+                    r.name
+                    for r in deployments_repo.list_deployments(s)
+                    if (r.spec.get("autoscaler") or {}).get("enabled")
+                ]
         except Exception:  # catalog unreachable: the loop goes on
             log.warning("autoscaler: cannot read the catalog; trying again in %.0f s", self.RETRY_S, exc_info=True)
             return
@@ -85,8 +96,14 @@ class Autoscaler:
             except repo.NotFound:
                 return None
             spec = dep.DeploymentSpec.from_record(row.spec)
-            if (not spec.autoscaler.enabled or row.lifecycle != dep.Lifecycle.STABLE.value or row.pending
-                    or row.deleting or spec.state != "running" or row.job_id is None):
+            if (
+                not spec.autoscaler.enabled
+                or row.lifecycle != dep.Lifecycle.STABLE.value
+                or row.pending
+                or row.deleting
+                or spec.state != "running"
+                or row.job_id is None
+            ):
                 return None
             running = self._running_task(s, row)
             if running is None:
@@ -95,13 +112,22 @@ class Autoscaler:
             points = self._points(running_on, execution_id)
             durations = [p.duration_s for p in points if p.duration_s is not None]
             now = self.clock.now()
-            quiet_since = max(_seconds(t) for t in (row.deployed_at, row.scaled_at) if t is not None) \
-                if row.deployed_at or row.scaled_at else None
+            quiet_since = (
+                max(_seconds(t) for t in (row.deployed_at, row.scaled_at) if t is not None)
+                if row.deployed_at or row.scaled_at
+                else None
+            )
             held = row.autoscaler_hold if row.autoscaler_held_generation == row.generation else None
-            situation = auto.Situation(parallelism=parallelism, partitions=partitions, now_s=now,
-                                       quiet_s=None if quiet_since is None else now - quiet_since, held=held,
-                                       fixed_cost_s=row.fixed_cost_s, slot_capacity=slot_capacity,
-                                       last_wanted=_last_wanted(s, name, parallelism))
+            situation = auto.Situation(
+                parallelism=parallelism,
+                partitions=partitions,
+                now_s=now,
+                quiet_s=None if quiet_since is None else now - quiet_since,
+                held=held,
+                fixed_cost_s=row.fixed_cost_s,
+                slot_capacity=slot_capacity,
+                last_wanted=_last_wanted(s, name, parallelism),
+            )
             evaluation = auto.evaluate(spec.autoscaler, situation, points)
             if durations:
                 # The shortest batch seen is the best estimate of a batch's fixed part.
@@ -134,8 +160,9 @@ class Autoscaler:
         Spark standalone cluster, where the task holds one slot and its executors run elsewhere."""
         if self.settings.spark_master != "local":
             return None
-        free = [tm.slots_free + (parallelism if tm.id == running_on else 0)
-                for tm in taskmanagers_repo.list_taskmanagers(s)]
+        free = [
+            tm.slots_free + (parallelism if tm.id == running_on else 0) for tm in taskmanagers_repo.list_taskmanagers(s)
+        ]
         return max(free) if free else None
 
     def _points(self, taskmanager_id: str, execution_id: str) -> list[auto.Point]:
@@ -147,13 +174,17 @@ class Autoscaler:
         for entry_id, fields in entries:
             f = {_text(k): _text(v) for k, v in fields.items()}
             try:
-                out.append(auto.Point(
-                    at_s=int(_text(entry_id).split("-", 1)[0]) / 1000, batch_id=int(f["batch_id"]),
-                    rows=int(float(f.get("num_input_rows") or 0)),
-                    duration_s=float(f["batch_duration_ms"]) / 1000 if f.get("batch_duration_ms") else None,
-                    lag=float(f["source_lag"]) if f.get("source_lag") not in (None, "", "None") else None,
-                    source_partitions=int(f["source_partitions"]) if f.get("source_partitions") else None,
-                    input_rate=float(f["input_rows_per_second"]) if f.get("input_rows_per_second") else None))
+                out.append(
+                    auto.Point(
+                        at_s=int(_text(entry_id).split("-", 1)[0]) / 1000,
+                        batch_id=int(f["batch_id"]),
+                        rows=int(float(f.get("num_input_rows") or 0)),
+                        duration_s=float(f["batch_duration_ms"]) / 1000 if f.get("batch_duration_ms") else None,
+                        lag=float(f["source_lag"]) if f.get("source_lag") not in (None, "", "None") else None,
+                        source_partitions=int(f["source_partitions"]) if f.get("source_partitions") else None,
+                        input_rate=float(f["input_rows_per_second"]) if f.get("input_rows_per_second") else None,
+                    )
+                )
             except (KeyError, ValueError):
                 continue  # a point from an older TaskManager without the figures
         return out
@@ -161,10 +192,13 @@ class Autoscaler:
     def _rescale(self, s: Session, row: DeploymentRow, evaluation: auto.Evaluation) -> None:
         row.parallelism, row.scaled_from, row.scaled_at = evaluation.proposed, evaluation.parallelism, utcnow()
         row.updated_at = utcnow()
-        reason = f"autoscaler: {evaluation.outcome.value} from {evaluation.parallelism} to {evaluation.proposed}: " \
-                 f"{evaluation.reason}"
-        deployments_repo.record_deployment_event(s, row, from_state=row.lifecycle, to_state=row.lifecycle,
-                                                 reason=reason)
+        reason = (
+            f"autoscaler: {evaluation.outcome.value} from {evaluation.parallelism} to {evaluation.proposed}: "
+            f"{evaluation.reason}"
+        )
+        deployments_repo.record_deployment_event(
+            s, row, from_state=row.lifecycle, to_state=row.lifecycle, reason=reason
+        )
         log.info("deployment %s: %s", row.name, reason)
 
 

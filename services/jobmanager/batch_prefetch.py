@@ -29,8 +29,17 @@ from shared.messages import (
 )
 
 # The messages about one attempt, and those about one job (every message about an attempt is).
-ABOUT_EXECUTION = (SlotsAllocated, SlotRequestPending, SlotRequestFailed, TaskStateChanged, TaskProgress,
-                   TaskWaiting, CommandRejected, CheckpointAcknowledged, CheckpointDeclined)
+ABOUT_EXECUTION = (
+    SlotsAllocated,
+    SlotRequestPending,
+    SlotRequestFailed,
+    TaskStateChanged,
+    TaskProgress,
+    TaskWaiting,
+    CommandRejected,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+)
 ABOUT_JOB = (*ABOUT_EXECUTION, SubmitJob, CancelJob, RequestCheckpoint, RequestSavepoint)
 
 

@@ -113,8 +113,7 @@ class CheckpointCoordinator:
     TICK_S = 0.2
     CONFIG_CACHE_SIZE = 1024
 
-    def __init__(self, settings: Settings, clock: Clock, uow: UnitOfWork, port: CheckpointPort,
-                 store: CheckpointStore):
+    def __init__(self, settings: Settings, clock: Clock, uow: UnitOfWork, port: CheckpointPort, store: CheckpointStore):
         self.settings, self.clock, self.uow, self.port = settings, clock, uow, port
         self.store = BatchLatest(store, after_commit=uow.after_commit)
         self.schedule = TriggerSchedule()
@@ -132,8 +131,9 @@ class CheckpointCoordinator:
         if cfg is None:
             if len(self._configs) >= self.CONFIG_CACHE_SIZE:
                 self._configs.clear()
-            cfg = self._configs[key] = job_checkpoint_config(job, self.settings.checkpointing,
-                                                             str(self.settings.savepoints))
+            cfg = self._configs[key] = job_checkpoint_config(
+                job, self.settings.checkpointing, str(self.settings.savepoints)
+            )
         return cfg
 
     def checkpoint_path(self, job_id: JobId, checkpoint_id: int) -> Path:
@@ -159,11 +159,22 @@ class CheckpointCoordinator:
         if not cfg.restore_path or cfg.restore_mode != "CLAIM":
             return
         cid = self.store.next_id(s, job.id)
-        row = repo.create_checkpoint(s, job_id=job.id, checkpoint_id=cid, kind="checkpoint", execution_id=None,
-                                     vertex_id=None, path=cfg.restore_path)
+        row = repo.create_checkpoint(
+            s,
+            job_id=job.id,
+            checkpoint_id=cid,
+            kind="checkpoint",
+            execution_id=None,
+            vertex_id=None,
+            path=cfg.restore_path,
+        )
         repo.transition_checkpoint(s, row, CS.COMPLETED, failure_cause=None)
-        self.store.add(s, job.id, cid, {"path": cfg.restore_path, "batch_id": None, "kind": "checkpoint",
-                                        "at": time.time(), "claimed": True})
+        self.store.add(
+            s,
+            job.id,
+            cid,
+            {"path": cfg.restore_path, "batch_id": None, "kind": "checkpoint", "at": time.time(), "claimed": True},
+        )
 
     def on_execution_running(self, s, job: Job, ex: Execution) -> None:
         cfg = self.config(job)
@@ -204,20 +215,47 @@ class CheckpointCoordinator:
 
     # --- triggering --------------------------------------------------------------------
 
-    def trigger(self, s: Session, job: Job, ex: Execution, *, kind: str, request_id: str | None = None,
-                target: Path | None = None, after: str = "continue", drain: bool = False) -> CheckpointRow:
+    def trigger(
+        self,
+        s: Session,
+        job: Job,
+        ex: Execution,
+        *,
+        kind: str,
+        request_id: str | None = None,
+        target: Path | None = None,
+        after: str = "continue",
+        drain: bool = False,
+    ) -> CheckpointRow:
         """A checkpoint or savepoint of the attempt: its row, and the trigger sent after commit."""
         cid = self.store.next_id(s, job.id)
         target = target or self.checkpoint_path(job.id, cid)
-        row = repo.create_checkpoint(s, job_id=job.id, checkpoint_id=cid, kind=kind, execution_id=ex.id,
-                                     vertex_id=ex.vertex_id, request_id=request_id, after=after, path=str(target))
-        cmd = TriggerCheckpoint(taskmanager_id=ex.placed_on(), job_id=job.id, execution_id=ex.id,
-                                checkpoint_id=cid, kind=kind, target=str(target),
-                                stop_after=after in ("stop", "rescale"), drain=drain)
+        row = repo.create_checkpoint(
+            s,
+            job_id=job.id,
+            checkpoint_id=cid,
+            kind=kind,
+            execution_id=ex.id,
+            vertex_id=ex.vertex_id,
+            request_id=request_id,
+            after=after,
+            path=str(target),
+        )
+        cmd = TriggerCheckpoint(
+            taskmanager_id=ex.placed_on(),
+            job_id=job.id,
+            execution_id=ex.id,
+            checkpoint_id=cid,
+            kind=kind,
+            target=str(target),
+            stop_after=after in ("stop", "rescale"),
+            drain=drain,
+        )
         self.port.trigger(self.uow.queue_of(cmd.taskmanager_id, s), cmd)
         if not self.schedule.tracks(job.id, ex.id):
-            self.schedule.track(job.id, Track(ex.id, ex.vertex_id, cmd.taskmanager_id, self.config(job),
-                                              next_due=self.clock.now()))
+            self.schedule.track(
+                job.id, Track(ex.id, ex.vertex_id, cmd.taskmanager_id, self.config(job), next_due=self.clock.now())
+            )
         self.schedule.triggered(job.id, cid, self.clock.now())
         return row
 
@@ -257,15 +295,31 @@ class CheckpointCoordinator:
             if row.path and msg.path != row.path:
                 # The snapshot was written where the trigger said, or it is not ours to record
                 # (a path recorded here is deleted by retention later).
-                log.warning("checkpoint %d of job %s acknowledged at %s, triggered into %s: recording the "
-                            "trigger's path", msg.checkpoint_id, msg.job_id, msg.path, row.path)
-            repo.transition_checkpoint(s, row, CS.COMPLETED, path=row.path or msg.path, batch_id=msg.batch_id,
-                                       state_size=msg.state_size, duration_ms=msg.duration_ms,
-                                       source_offsets=list(msg.source_offsets))
+                log.warning(
+                    "checkpoint %d of job %s acknowledged at %s, triggered into %s: recording the trigger's path",
+                    msg.checkpoint_id,
+                    msg.job_id,
+                    msg.path,
+                    row.path,
+                )
+            repo.transition_checkpoint(
+                s,
+                row,
+                CS.COMPLETED,
+                path=row.path or msg.path,
+                batch_id=msg.batch_id,
+                state_size=msg.state_size,
+                duration_ms=msg.duration_ms,
+                source_offsets=list(msg.source_offsets),
+            )
             job = repo.get_job(s, msg.job_id, lock=True)
             self.schedule.completed(job.id, row.checkpoint_id, self.clock.now())
-            self.store.add(s, job.id, row.checkpoint_id, {"path": row.path, "batch_id": msg.batch_id,
-                                                          "kind": row.kind, "at": time.time()})
+            self.store.add(
+                s,
+                job.id,
+                row.checkpoint_id,
+                {"path": row.path, "batch_id": msg.batch_id, "kind": row.kind, "at": time.time()},
+            )
             if row.kind == "checkpoint":
                 repo.set_checkpoint_failures(s, job, 0)
                 self._prune(s, job)
@@ -276,8 +330,14 @@ class CheckpointCoordinator:
                 except repo.NotFound:
                     pass
             after = row.after
-        log.info("checkpoint %d of job %s completed at batch %d (%d bytes, %d ms)", msg.checkpoint_id, msg.job_id,
-                 msg.batch_id, msg.state_size, msg.duration_ms)
+        log.info(
+            "checkpoint %d of job %s completed at batch %d (%d bytes, %d ms)",
+            msg.checkpoint_id,
+            msg.job_id,
+            msg.batch_id,
+            msg.state_size,
+            msg.duration_ms,
+        )
         if after == "cancel":
             self.port.cancel(msg.job_id)
 
@@ -322,4 +382,3 @@ class CheckpointCoordinator:
             if not self.schedule.adopt(row.job_id, row.execution_id, row.checkpoint_id, self.clock.now() - age):
                 self.failures.fail(s, row, "its task attempt is no longer running (JobManager change)")
         self.store.reconcile(s, [job.id for job in live])
-

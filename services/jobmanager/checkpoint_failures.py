@@ -36,9 +36,14 @@ EXPIRED = "Checkpoint expired before completing."
 
 
 class CheckpointFailures:
-    def __init__(self, settings: Settings, uow: UnitOfWork, schedule: TriggerSchedule,
-                 config: Callable[[Job], checkpointing.CheckpointConfig],
-                 fail_over: Callable[[ExecutionId, str], None]):
+    def __init__(
+        self,
+        settings: Settings,
+        uow: UnitOfWork,
+        schedule: TriggerSchedule,
+        config: Callable[[Job], checkpointing.CheckpointConfig],
+        fail_over: Callable[[ExecutionId, str], None],
+    ):
         self.settings, self.uow, self.schedule = settings, uow, schedule
         self.config, self.fail_over = config, fail_over
 
@@ -95,4 +100,5 @@ class CheckpointFailures:
             self.fail_over(
                 row.execution_id,
                 f"Exceeded checkpoint tolerable failure threshold ({tolerable}): {failures} consecutive "
-                f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}")
+                f"checkpoint failures; the last one (checkpoint {row.checkpoint_id}): {cause}",
+            )

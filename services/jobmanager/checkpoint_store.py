@@ -57,9 +57,15 @@ def catalog_pointers(s: Session, job_ids: list[JobId]) -> dict[JobId, list[dict]
     their pointers must be."""
     out: dict[JobId, list[dict]] = {}
     for r in repo.completed_checkpoints_of(s, job_ids):
-        out.setdefault(r.job_id, []).append({"id": r.checkpoint_id, "path": r.path, "kind": r.kind,
-                                             "batch_id": r.batch_id,
-                                             "at": r.ack_at.timestamp() if r.ack_at else None})
+        out.setdefault(r.job_id, []).append(
+            {
+                "id": r.checkpoint_id,
+                "path": r.path,
+                "kind": r.kind,
+                "batch_id": r.batch_id,
+                "at": r.ack_at.timestamp() if r.ack_at else None,
+            }
+        )
     for pointers in out.values():
         pointers.sort(key=lambda p: p["id"])
     return out
@@ -85,8 +91,7 @@ class BatchLatest:
     drops the job's prefetched answer, so a restart never restores from a superseded checkpoint.
     Pointer writes go to the store through `after_commit` (see CheckpointStore)."""
 
-    def __init__(self, store: CheckpointStore,
-                 after_commit: Callable[[Callable[[], None]], None] | None = None):
+    def __init__(self, store: CheckpointStore, after_commit: Callable[[Callable[[], None]], None] | None = None):
         self.inner = store
         self._latest: dict[JobId, dict | None] = {}
         self._after_commit = after_commit or (lambda action: action())
@@ -205,7 +210,10 @@ class ZooKeeperStore:
             try:
                 self._retry[0]()
             except Exception:  # ZooKeeper unreachable: the catalog already holds the truth
-                log.warning("checkpoint pointer write to ZooKeeper failed; %d write(s) retried with the next one",
-                            len(self._retry), exc_info=True)
+                log.warning(
+                    "checkpoint pointer write to ZooKeeper failed; %d write(s) retried with the next one",
+                    len(self._retry),
+                    exc_info=True,
+                )
                 return
             self._retry.pop(0)

@@ -39,8 +39,9 @@ def slot_request_timeout(config: dict, default_s: float) -> float:
 
 
 class Deployment:
-    def __init__(self, settings: Settings, checkpoints: CheckpointCoordinator,
-                 pipeline_users: PipelineRedisUsers | None = None):
+    def __init__(
+        self, settings: Settings, checkpoints: CheckpointCoordinator, pipeline_users: PipelineRedisUsers | None = None
+    ):
         self.settings, self.checkpoints = settings, checkpoints
         self.lineages, self.pipeline_users = Lineages(), pipeline_users
         self._last_fence = 0
@@ -49,8 +50,14 @@ class Deployment:
 
     def request(self, job: Job, parallelism: int, execution_id: ExecutionId) -> RequestSlots:
         timeout = slot_request_timeout(job.config, self.settings.slot_request_timeout_s)
-        msg = RequestSlots(request_id=slot_request_id(execution_id), job_id=job.id, execution_id=execution_id,
-                           slots=parallelism, timeout_s=timeout, submitted_seq=job.seq)
+        msg = RequestSlots(
+            request_id=slot_request_id(execution_id),
+            job_id=job.id,
+            execution_id=execution_id,
+            slots=parallelism,
+            timeout_s=timeout,
+            submitted_seq=job.seq,
+        )
         if self.on_request is not None:
             self.on_request(msg)
         return msg
@@ -73,21 +80,33 @@ class Deployment:
         lineage = self.lineages.of(s, job)
         redis_url = self.pipeline_redis_url(job, lineage)
         spec = TaskSpec(
-            job_id=job.id, job_name=job.name, vertex_id=vertex.id, execution_id=ex.id, attempt=ex.attempt,
-            parallelism=vertex.parallelism, kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
-            artifact_path=artifact_path, entry=job.entry, program_args=tuple(job.program_args or ()),
+            job_id=job.id,
+            job_name=job.name,
+            vertex_id=vertex.id,
+            execution_id=ex.id,
+            attempt=ex.attempt,
+            parallelism=vertex.parallelism,
+            kind=job.kind if job.kind in ("pyspark", "noop") else "pyspark",
+            artifact_path=artifact_path,
+            entry=job.entry,
+            program_args=tuple(job.program_args or ()),
             checkpoint_dir=str(self.checkpoints.live_dir(job.id, vertex.id, ex.id)),
-            restore_from=restore_from, restore_checkpoint_id=restore_id,
+            restore_from=restore_from,
+            restore_checkpoint_id=restore_id,
             allow_non_restored_state=self.checkpoints.config(job).allow_non_restored_state,
-            artifact_sha256=artifact.sha256 if artifact is not None else None, fence_token=self.next_fence(),
+            artifact_sha256=artifact.sha256 if artifact is not None else None,
+            fence_token=self.next_fence(),
             catalog_url=self.settings.pipeline_catalog_url or "",
-            redis_url=redis_url, lineage_id=lineage,
+            redis_url=redis_url,
+            lineage_id=lineage,
             kafka_bootstrap_servers=self.settings.pipeline_kafka_bootstrap_servers or "",
-            lake_dir=str(self.settings.lake.absolute()), storage_roots=storage_roots.configured_roots(self.settings),
+            lake_dir=str(self.settings.lake.absolute()),
+            storage_roots=storage_roots.configured_roots(self.settings),
             config=dict(job.config or {}),
         )
-        return DeployTask(taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id,
-                          slot_indices=msg.slot_indices, spec=spec)
+        return DeployTask(
+            taskmanager_id=msg.taskmanager_id, allocation_id=msg.allocation_id, slot_indices=msg.slot_indices, spec=spec
+        )
 
     def pipeline_redis_url(self, job: Job, lineage: str) -> str:
         """What a task gets as ctx.redis_url: its lineage's own user, confined to the keys its job

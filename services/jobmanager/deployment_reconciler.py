@@ -42,8 +42,13 @@ from shared.states import JobStatus as JS
 log = logging.getLogger("headrace.jobmanager.deployments")
 
 # What a stop or savepoint of each purpose is recorded as in the savepoint history.
-SAVEPOINT_TRIGGERS = {"upgrade": "upgrade", "suspend": "suspend", "delete": "delete", "rescale": "rescale",
-                      "periodic": "periodic"}
+SAVEPOINT_TRIGGERS = {
+    "upgrade": "upgrade",
+    "suspend": "suspend",
+    "delete": "delete",
+    "rescale": "rescale",
+    "periodic": "periodic",
+}
 
 
 class JobMasterPort(Protocol):
@@ -69,8 +74,15 @@ class DeploymentReconciler:
     INTERVAL_S = 0.2
     RETRY_S = 2.0
 
-    def __init__(self, master: JobMasterPort, settings: Settings, clock: Clock, *, interval_s: float = INTERVAL_S,
-                 monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        master: JobMasterPort,
+        settings: Settings,
+        clock: Clock,
+        *,
+        interval_s: float = INTERVAL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.master, self.settings, self.clock = master, settings, clock
         self.interval_s, self.monotonic = interval_s, monotonic
         self._next_pass = monotonic()
@@ -110,8 +122,9 @@ class DeploymentReconciler:
             except LeadershipLost:
                 raise
             except Exception:
-                log.exception("deployment %s: reconciling failed (nothing committed); trying again in %.0f s",
-                              name, self.RETRY_S)
+                log.exception(
+                    "deployment %s: reconciling failed (nothing committed); trying again in %.0f s", name, self.RETRY_S
+                )
                 self._next_pass = self.monotonic() + self.RETRY_S
 
     # --- one deployment, inside the leader's unit of work ---------------------------------------
@@ -150,21 +163,36 @@ class DeploymentReconciler:
                 operation = dep.OperationView(op.id, op.status, op.location, op.failure_cause, done_ago)
             except repo.NotFound:
                 operation = dep.OperationView(pending["op"], "FAILED", failure="its operation row is gone")
-        stable_spec, blocked_spec = (self._generation_spec(s, row.name, g)
-                                     for g in (row.stable_generation, row.blocked_generation))
+        stable_spec, blocked_spec = (
+            self._generation_spec(s, row.name, g) for g in (row.stable_generation, row.blocked_generation)
+        )
         spec = dep.DeploymentSpec.from_record(row.spec)
         deployed_ago = now - _seconds(row.deployed_at) if row.deployed_at else None
         last_periodic = _seconds(row.last_periodic_savepoint_at or row.deployed_at) if row.deployed_at else now
         savepoint_due = bool(spec.savepoint_interval_s) and now - last_periodic >= (spec.savepoint_interval_s or 0)
         return dep.Observed(
-            generation=row.generation, spec=spec, lifecycle=dep.Lifecycle(row.lifecycle) if row.lifecycle else None,
-            job=job, job_generation=row.job_generation, stable_generation=row.stable_generation,
-            stable_spec=stable_spec, rollback_point=row.rollback_point, last_savepoint=row.last_savepoint,
-            blocked_generation=row.blocked_generation, pending=pending, operation=operation,
-            deployed_s_ago=deployed_ago, deleting=row.deleting, delete_with_savepoint=row.delete_with_savepoint,
-            rollback_requested=row.rollback_requested, savepoint_due=savepoint_due, now_s=now,
-            parallelism=spec.effective_parallelism(row.parallelism), scaled_from=row.scaled_from,
-            blocked_spec=blocked_spec)
+            generation=row.generation,
+            spec=spec,
+            lifecycle=dep.Lifecycle(row.lifecycle) if row.lifecycle else None,
+            job=job,
+            job_generation=row.job_generation,
+            stable_generation=row.stable_generation,
+            stable_spec=stable_spec,
+            rollback_point=row.rollback_point,
+            last_savepoint=row.last_savepoint,
+            blocked_generation=row.blocked_generation,
+            pending=pending,
+            operation=operation,
+            deployed_s_ago=deployed_ago,
+            deleting=row.deleting,
+            delete_with_savepoint=row.delete_with_savepoint,
+            rollback_requested=row.rollback_requested,
+            savepoint_due=savepoint_due,
+            now_s=now,
+            parallelism=spec.effective_parallelism(row.parallelism),
+            scaled_from=row.scaled_from,
+            blocked_spec=blocked_spec,
+        )
 
     @staticmethod
     def _generation_spec(s: Session, name: str, generation: int | None) -> dep.DeploymentSpec | None:
@@ -179,23 +207,37 @@ class DeploymentReconciler:
         since = row.deployed_at or job.created_at
         latest = list(repo.latest_executions(s, job.id).values())
         running = job.status == JS.RUNNING.value and bool(latest) and all(e.state == ES.RUNNING.value for e in latest)
-        failed = [e for e in repo.failed_executions_since(s, job.id, since)
-                  if not (e.failure_cause or "").startswith(INFRASTRUCTURE_FAILURES)]
+        failed = [
+            e
+            for e in repo.failed_executions_since(s, job.id, since)
+            if not (e.failure_cause or "").startswith(INFRASTRUCTURE_FAILURES)
+        ]
         newest_ack = repo.newest_checkpoint_ack(s, job.id)
         failure = failed[0].failure_cause if failed else None
         return dep.JobView(
-            id=job.id, status=job.status, terminal=JS(job.status).is_terminal, running=running,
+            id=job.id,
+            status=job.status,
+            terminal=JS(job.status).is_terminal,
+            running=running,
             failures_since_deploy=len(failed),
             checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
             newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
             latest_snapshot=repo.newest_snapshot_path(s, job.id),
             failure=summarize(failure),
-            parallelism=max((v.parallelism for v in repo.job_vertices(s, job.id)), default=None))
+            parallelism=max((v.parallelism for v in repo.job_vertices(s, job.id)), default=None),
+        )
 
     # --- carrying a plan out --------------------------------------------------------------------
 
-    def carry_out(self, s: Session, row: DeploymentRow, plan: dep.Plan, submit: list[JobId], cancel: list[JobId],
-                  savepoints: list[RequestSavepoint]) -> None:
+    def carry_out(
+        self,
+        s: Session,
+        row: DeploymentRow,
+        plan: dep.Plan,
+        submit: list[JobId],
+        cancel: list[JobId],
+        savepoints: list[RequestSavepoint],
+    ) -> None:
         before = row.lifecycle
         if plan.delete:
             deployments_repo.delete_deployment(s, row.name)
@@ -245,8 +287,9 @@ class DeploymentReconciler:
             deployments_repo.transition_deployment(s, row, plan.to)
         row.updated_at = utcnow()
         if plan.reason:
-            deployments_repo.record_deployment_event(s, row, from_state=before, to_state=row.lifecycle,
-                                                     reason=plan.reason, savepoint=plan.last_savepoint)
+            deployments_repo.record_deployment_event(
+                s, row, from_state=before, to_state=row.lifecycle, reason=plan.reason, savepoint=plan.last_savepoint
+            )
             log.info("deployment %s: %s -> %s: %s", row.name, before, row.lifecycle, plan.reason)
 
     def _record_pending_savepoint(self, s: Session, row: DeploymentRow, plan: dep.Plan) -> None:
@@ -255,22 +298,27 @@ class DeploymentReconciler:
         if plan.last_savepoint is None or not row.pending:
             return
         purpose = (row.pending or {}).get("purpose") or "upgrade"
-        deployments_repo.add_deployment_savepoint(s, row, path=plan.last_savepoint,
-                                                  trigger=SAVEPOINT_TRIGGERS.get(purpose, purpose))
+        deployments_repo.add_deployment_savepoint(
+            s, row, path=plan.last_savepoint, trigger=SAVEPOINT_TRIGGERS.get(purpose, purpose)
+        )
         self._dispose_beyond_history(s, row, keep={plan.last_savepoint, plan.rollback_point, row.rollback_point})
 
     def _dispose_beyond_history(self, s: Session, row: DeploymentRow, keep: set[str | None]) -> None:
         spec = dep.DeploymentSpec.from_record(row.spec)
         kept = list(deployments_repo.deployment_savepoints(s, row.name, kept_only=True))
-        excess = [sp for sp in kept[:-spec.history_max] if sp.path not in keep] if spec.history_max else []
+        excess = [sp for sp in kept[: -spec.history_max] if sp.path not in keep] if spec.history_max else []
         if not excess:
             return
         for sp in excess:
             sp.disposed = True
         paths = [sp.path for sp in excess]
         self.master.uow.after_commit(lambda: discard_files(paths, self.settings))
-        log.info("deployment %s: disposed %d savepoint(s) beyond savepoints.historyMax %d", row.name, len(paths),
-                 spec.history_max)
+        log.info(
+            "deployment %s: disposed %d savepoint(s) beyond savepoints.historyMax %d",
+            row.name,
+            len(paths),
+            spec.history_max,
+        )
 
     def _savepoint(self, s: Session, row: DeploymentRow, plan: dep.Plan, out: list[RequestSavepoint]) -> str:
         """The operation of a stop, rescale or periodic savepoint, created as the REST API's are."""
@@ -288,8 +336,15 @@ class DeploymentReconciler:
         if plan.rescale_to:
             params["parallelism"] = plan.rescale_to
         repo.create_operation(s, id=request_id, kind=kind, job_id=row.job_id, params=params)
-        out.append(RequestSavepoint(job_id=row.job_id, request_id=request_id, target_directory=target, after=after,
-                                    parallelism=plan.rescale_to))
+        out.append(
+            RequestSavepoint(
+                job_id=row.job_id,
+                request_id=request_id,
+                target_directory=target,
+                after=after,
+                parallelism=plan.rescale_to,
+            )
+        )
         return request_id
 
     def _start(self, s: Session, row: DeploymentRow, start: dep.Start) -> JobId:
@@ -298,9 +353,15 @@ class DeploymentReconciler:
         if start.restore_from:
             config[cp.RESTORE_PATH] = start.restore_from
         parallelism = start.parallelism or dep.DeploymentSpec.from_record(rec).effective_parallelism(row.parallelism)
-        job = deployments_repo.create_deployment_job(s, row, new_job_id(), rec,
-                                                     restart_strategy=dict(rec.get("restartStrategy") or {}),
-                                                     config=config, parallelism=parallelism)
+        job = deployments_repo.create_deployment_job(
+            s,
+            row,
+            new_job_id(),
+            rec,
+            restart_strategy=dict(rec.get("restartStrategy") or {}),
+            config=config,
+            parallelism=parallelism,
+        )
         row.job_id, row.job_generation, row.deployed_at = job.id, start.generation, utcnow()
         return job.id
 

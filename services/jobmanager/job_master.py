@@ -100,40 +100,71 @@ class _CheckpointPort:
 
 
 class JobMaster:
-    def __init__(self, settings: Settings, catalog: Catalog, transport: Any, gateway: Any, clock: Clock, *,
-                 epoch: int, checkpoint_store: CheckpointStore | None = None, leader_id: str = "jobmanager",
-                 still_leading: Callable[[], bool] = lambda: True, restart_clock: Clock | None = None,
-                 pipeline_users: PipelineRedisUsers | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        transport: Any,
+        gateway: Any,
+        clock: Clock,
+        *,
+        epoch: int,
+        checkpoint_store: CheckpointStore | None = None,
+        leader_id: str = "jobmanager",
+        still_leading: Callable[[], bool] = lambda: True,
+        restart_clock: Clock | None = None,
+        pipeline_users: PipelineRedisUsers | None = None,
+    ):
         self.settings, self.catalog, self.transport = settings, catalog, transport
         self.clock, self.epoch = clock, epoch
         self.timers = Timers(clock)
         self.outbox = Outbox(catalog, transport, gateway, sender="jobmanager", epoch=epoch)
         self.uow = UnitOfWork(catalog, self.outbox, epoch=epoch, still_leading=still_leading)
-        self.checkpoints = CheckpointCoordinator(settings, clock, self.uow, _CheckpointPort(self),
-                                                 checkpoint_store or CatalogCheckpointStore())
+        self.checkpoints = CheckpointCoordinator(
+            settings, clock, self.uow, _CheckpointPort(self), checkpoint_store or CatalogCheckpointStore()
+        )
         ctx = Context(settings, self.uow, self.checkpoints, self.timers, epoch, restart_clock or clock)
         self.snapshots = SnapshotRequests(ctx)
         self.deployment = Deployment(settings, self.checkpoints, pipeline_users)
         self.submissions = Submissions(ctx, self.deployment)
         self.restarts = Restarts(ctx, self.deployment, arm_ack=lambda ex, state: self.acks.arm(ex, state))
         self.acks = AckTimers(ctx, self.restarts)
-        self.slot_watch = SlotRequestWatch(ctx, clock, lambda ex, cause: self.restarts.fail(
-            ex, cause_name="NoResourceAvailableException", cause=cause, expected_tm=None))
+        self.slot_watch = SlotRequestWatch(
+            ctx,
+            clock,
+            lambda ex, cause: self.restarts.fail(
+                ex, cause_name="NoResourceAvailableException", cause=cause, expected_tm=None
+            ),
+        )
         self.deployment.on_request = self.slot_watch.sent
         self.reconciliation = Reconciliation(
-            ctx, self.outbox, self.deployment, self.restarts, self.acks, leader_id=leader_id,
+            ctx,
+            self.outbox,
+            self.deployment,
+            self.restarts,
+            self.acks,
+            leader_id=leader_id,
             submit=lambda job_id: self.on_submit(SubmitJob(job_id=job_id)),
-            cancel=lambda job_id: self.on_cancel(CancelJob(job_id=job_id)))
+            cancel=lambda job_id: self.on_cancel(CancelJob(job_id=job_id)),
+        )
         rec = self.reconciliation
         self._handlers: dict[type, Callable[[Any], None]] = {
-            SubmitJob: self.on_submit, CancelJob: self.on_cancel, SlotsAllocated: self.on_slots_allocated,
-            SlotRequestPending: self.on_slot_pending, SlotRequestFailed: self.on_slot_request_failed,
-            TaskStateChanged: self.on_task_state, TaskProgress: self.on_progress, TaskWaiting: self.on_waiting,
-            TaskManagerLost: rec.on_taskmanager_lost, TaskManagerRegistered: rec.on_taskmanager_registered,
-            ResourceManagerStarted: rec.on_resourcemanager_started, CommandRejected: self.acks.on_command_rejected,
+            SubmitJob: self.on_submit,
+            CancelJob: self.on_cancel,
+            SlotsAllocated: self.on_slots_allocated,
+            SlotRequestPending: self.on_slot_pending,
+            SlotRequestFailed: self.on_slot_request_failed,
+            TaskStateChanged: self.on_task_state,
+            TaskProgress: self.on_progress,
+            TaskWaiting: self.on_waiting,
+            TaskManagerLost: rec.on_taskmanager_lost,
+            TaskManagerRegistered: rec.on_taskmanager_registered,
+            ResourceManagerStarted: rec.on_resourcemanager_started,
+            CommandRejected: self.acks.on_command_rejected,
             RequestCheckpoint: self.snapshots.on_request_checkpoint,
             RequestSavepoint: self.snapshots.on_request_savepoint,
-            CheckpointAcknowledged: self.checkpoints.on_ack, CheckpointDeclined: self.checkpoints.on_decline,
+            CheckpointAcknowledged: self.checkpoints.on_ack,
+            CheckpointDeclined: self.checkpoints.on_decline,
         }
 
     def handle(self, env: Envelope) -> None:
@@ -173,8 +204,9 @@ class JobMaster:
         # The task itself still runs: it is cancelled like the job's other attempts, and its
         # slots return only when its TaskManager confirms (a restart must not be deployed into
         # a slot the old attempt still occupies).
-        self.restarts.fail(execution_id, cause_name="CheckpointException", cause=cause, expected_tm=None,
-                           still_running=True)
+        self.restarts.fail(
+            execution_id, cause_name="CheckpointException", cause=cause, expected_tm=None, still_running=True
+        )
 
     # --- submission (submission.py) and slot answers ----------------------------------
 
@@ -197,13 +229,20 @@ class JobMaster:
             try:
                 ex = repo.get_execution(s, msg.execution_id, lock=True)
                 job = repo.get_job(s, msg.job_id)
-                decision = tr.on_slots_allocated(ES(ex.state), same_allocation=ex.allocation_id == msg.allocation_id,
-                                                 job=JS(job.status))
+                decision = tr.on_slots_allocated(
+                    ES(ex.state), same_allocation=ex.allocation_id == msg.allocation_id, job=JS(job.status)
+                )
             except repo.NotFound:
                 decision = tr.on_slots_allocated(None, same_allocation=False, job=None)
             if decision.execution is not None:
-                repo.transition_execution(s, ex, decision.execution, taskmanager_id=msg.taskmanager_id,
-                                          allocation_id=msg.allocation_id, slots=list(msg.slot_indices))
+                repo.transition_execution(
+                    s,
+                    ex,
+                    decision.execution,
+                    taskmanager_id=msg.taskmanager_id,
+                    allocation_id=msg.allocation_id,
+                    slots=list(msg.slot_indices),
+                )
                 repo.set_job_waiting_reason(s, job, None)
             if Fx.DEPLOY in decision or Fx.REDEPLOY in decision:
                 deploy = self.deployment.command(s, job, ex, msg, choose_restore=Fx.DEPLOY in decision)
@@ -214,20 +253,34 @@ class JobMaster:
             return
         self.uow.command(DEPLOY, msg.queue, deploy)
         self.acks.arm(msg.execution_id, ES.DEPLOYING)
-        log.info("deploying %s attempt of job %s to %s slots %s", msg.execution_id, msg.job_id,
-                 msg.taskmanager_id, list(msg.slot_indices))
+        log.info(
+            "deploying %s attempt of job %s to %s slots %s",
+            msg.execution_id,
+            msg.job_id,
+            msg.taskmanager_id,
+            list(msg.slot_indices),
+        )
 
     def on_slot_request_failed(self, msg: SlotRequestFailed) -> None:
         self.slot_watch.answered(msg.execution_id, pending=False)
-        self.restarts.fail(msg.execution_id, cause_name="NoResourceAvailableException", cause=msg.reason,
-                           expected_tm=None, permanent=msg.permanent)
+        self.restarts.fail(
+            msg.execution_id,
+            cause_name="NoResourceAvailableException",
+            cause=msg.reason,
+            expected_tm=None,
+            permanent=msg.permanent,
+        )
 
     # --- task reports ------------------------------------------------------------------
 
     def on_task_state(self, msg: TaskStateChanged) -> None:
         if msg.state == ES.FAILED:
-            self.restarts.fail(msg.execution_id, cause_name=msg.failure_name or "TaskFailure",
-                               cause=msg.failure_cause or "task failed", expected_tm=msg.taskmanager_id)
+            self.restarts.fail(
+                msg.execution_id,
+                cause_name=msg.failure_name or "TaskFailure",
+                cause=msg.failure_cause or "task failed",
+                expected_tm=msg.taskmanager_id,
+            )
             return
         release = None
         with self.uow.tx() as s:

@@ -28,8 +28,7 @@ log = logging.getLogger("headrace.jobmanager.liveness")
 
 
 class LeaderConnection:
-    def __init__(self, client: redis.Redis, *, absent_for_s: float = 0.75,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, client: redis.Redis, *, absent_for_s: float = 0.75, clock: Callable[[], float] = time.monotonic):
         self.client, self.absent_for_s, self.clock = client, absent_for_s, clock
         self._seen: set[str] = set()
         self._absent_since: dict[str, float] = {}
@@ -50,7 +49,10 @@ class LeaderConnection:
             return False
         since = self._absent_since.setdefault(name, now)
         if now - since >= self.absent_for_s:
-            log.warning("the leading JobManager %s has had no Redis connection for %.1f s: its process is gone",
-                        leader_id, now - since)
+            log.warning(
+                "the leading JobManager %s has had no Redis connection for %.1f s: its process is gone",
+                leader_id,
+                now - since,
+            )
             return True
         return False

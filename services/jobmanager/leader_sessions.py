@@ -55,8 +55,9 @@ def session_name(contender: str, epoch: int | None) -> str:
 def name_sessions(catalog: Catalog, contender: str, epoch: int | None = None) -> None:
     """This process's catalog sessions from now on: named for its role (`epoch` while it leads),
     with the lock and statement timeouts."""
-    catalog.set_sessions(name=session_name(contender, epoch), lock_timeout_s=LOCK_TIMEOUT_S,
-                         statement_timeout_s=STATEMENT_TIMEOUT_S)
+    catalog.set_sessions(
+        name=session_name(contender, epoch), lock_timeout_s=LOCK_TIMEOUT_S, statement_timeout_s=STATEMENT_TIMEOUT_S
+    )
 
 
 def end_older_leaders(catalog: Catalog, epoch: int) -> list[str]:
@@ -69,13 +70,16 @@ def end_older_leaders(catalog: Catalog, epoch: int) -> list[str]:
     ended: list[str] = []
     try:
         with catalog.engine.connect() as conn:
-            rows = conn.execute(text(
-                "SELECT pid, application_name, state FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND datname = current_database() AND left(application_name, :n) = :prefix"),
-                {"n": len(prefix), "prefix": prefix}).all()
+            rows = conn.execute(
+                text(
+                    "SELECT pid, application_name, state FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                    "AND datname = current_database() AND left(application_name, :n) = :prefix"
+                ),
+                {"n": len(prefix), "prefix": prefix},
+            ).all()
             waits = (conn.dialect.server_version_info or (0,)) >= (14,)
             for pid, name, state in rows:
-                older = name[len(prefix):].split(" ", 1)[0]
+                older = name[len(prefix) :].split(" ", 1)[0]
                 if not older.isdigit() or int(older) >= epoch:
                     continue
                 # PostgreSQL 14 and later wait for the session to be gone, and its locks with it.
@@ -84,12 +88,18 @@ def end_older_leaders(catalog: Catalog, epoch: int) -> list[str]:
                     ended.append(f"session {pid} ({name}, {state})")
             conn.commit()
     except DBAPIError as exc:
-        log.warning("could not end the catalog sessions of earlier leaders (%s); retried after a lock timeout",
-                    str(exc).splitlines()[0])
+        log.warning(
+            "could not end the catalog sessions of earlier leaders (%s); retried after a lock timeout",
+            str(exc).splitlines()[0],
+        )
         return ended
     if ended:
-        log.warning("ended %d catalog session(s) of earlier leaders, whose open transactions could hold rows this "
-                    "leader needs: %s", len(ended), "; ".join(ended))
+        log.warning(
+            "ended %d catalog session(s) of earlier leaders, whose open transactions could hold rows this "
+            "leader needs: %s",
+            len(ended),
+            "; ".join(ended),
+        )
     return ended
 
 

@@ -65,10 +65,20 @@ class Outbox:
         deleting = list(self._sent)
         repo.delete_outbox(s, deleting)
         base = time.time_ns()
-        repo.add_outbox(s, [
-            {"id": e.id, "seq": base + i, "kind": e.kind, "target": e.target, "execution_id": e.execution_id,
-             "envelope": encode(wrap(e.body, sender=self.sender, epoch=self.epoch)).decode()}
-            for i, e in enumerate(effects)])
+        repo.add_outbox(
+            s,
+            [
+                {
+                    "id": e.id,
+                    "seq": base + i,
+                    "kind": e.kind,
+                    "target": e.target,
+                    "execution_id": e.execution_id,
+                    "envelope": encode(wrap(e.body, sender=self.sender, epoch=self.epoch)).decode(),
+                }
+                for i, e in enumerate(effects)
+            ],
+        )
         return deleting
 
     def forget_sent(self) -> None:
@@ -94,8 +104,11 @@ class Outbox:
         try:
             self._send(effects)
         except Exception:  # Redis down: the entries wait in the catalog
-            log.warning("could not send %d committed effects; they stay in the outbox and are retried",
-                        len(effects), exc_info=True)
+            log.warning(
+                "could not send %d committed effects; they stay in the outbox and are retried",
+                len(effects),
+                exc_info=True,
+            )
             self.backlog = True
             return
         self._sent.extend(e.id for e in effects)

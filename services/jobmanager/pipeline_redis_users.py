@@ -47,8 +47,9 @@ class PipelineRedisUsers:
         self._next_sweep = time.monotonic() + SWEEP_S
 
     @classmethod
-    def for_cluster(cls, client: redis.Redis, secret: bytes, redis_url: str,
-                    pipeline_url: str | None) -> "PipelineRedisUsers | None":
+    def for_cluster(
+        cls, client: redis.Redis, secret: bytes, redis_url: str, pipeline_url: str | None
+    ) -> "PipelineRedisUsers | None":
         """The users' maker when the pipelines use the cluster's Redis through the shared
         `pipeline` user; None otherwise."""
         if not pipeline_url or urlsplit(pipeline_url).username != pr.PIPELINE:
@@ -66,16 +67,20 @@ class PipelineRedisUsers:
         rules = pr.lineage_rules(lineage, grants.acl_rules() if grants is not None else None)
         try:
             if self._made.get(lineage) != rules or self.client.acl_getuser(user) is None:
-                self.client.execute_command("ACL", "SETUSER", user, "reset", "on",
-                                            f"#{hashlib.sha256(password.encode()).hexdigest()}", *rules)
+                self.client.execute_command(
+                    "ACL", "SETUSER", user, "reset", "on", f"#{hashlib.sha256(password.encode()).hexdigest()}", *rules
+                )
                 self._save()
                 self._made[lineage] = rules
         except redis.exceptions.NoPermissionError as exc:
             if not self._refused:
                 self._refused = True
-                log.error("cannot make the Redis users of the pipelines' lineages (%s): tasks get the shared "
-                          "`pipeline` user, whose Redis sinks are refused. Run `headrace redis-auth deploy` again "
-                          "(or restart `headrace up`) so the jobmanager user may", exc)
+                log.error(
+                    "cannot make the Redis users of the pipelines' lineages (%s): tasks get the shared "
+                    "`pipeline` user, whose Redis sinks are refused. Run `headrace redis-auth deploy` again "
+                    "(or restart `headrace up`) so the jobmanager user may",
+                    exc,
+                )
             return None
         parts = urlsplit(self.pipeline_url)
         netloc = f"{quote(user, safe='')}:{password}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
@@ -107,4 +112,3 @@ class PipelineRedisUsers:
             return len(gone)
         except redis.exceptions.NoPermissionError:
             return 0  # logged by url_for already
-

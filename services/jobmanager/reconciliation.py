@@ -39,8 +39,18 @@ log = logging.getLogger("headrace.jobmanager")
 
 
 class Reconciliation:
-    def __init__(self, ctx: Context, outbox: Outbox, deployment: Deployment, restarts: Restarts, acks: AckTimers,
-                 *, leader_id: str, submit: Callable[[JobId], None], cancel: Callable[[JobId], None]):
+    def __init__(
+        self,
+        ctx: Context,
+        outbox: Outbox,
+        deployment: Deployment,
+        restarts: Restarts,
+        acks: AckTimers,
+        *,
+        leader_id: str,
+        submit: Callable[[JobId], None],
+        cancel: Callable[[JobId], None],
+    ):
         self.ctx, self.outbox, self.deployment = ctx, outbox, deployment
         self.restarts, self.acks = restarts, acks
         self.leader_id, self.submit, self.cancel = leader_id, submit, cancel
@@ -112,16 +122,23 @@ class Reconciliation:
                 if job.status != JS.RUNNING.value or not ex.taskmanager_id:
                     continue
                 queue = uow.queue_of(ex.taskmanager_id, s)
-                alloc = SlotsAllocated(request_id=ex.id, job_id=ex.job_id, execution_id=ex.id,
-                                       allocation_id=ex.allocation_id or "", taskmanager_id=ex.taskmanager_id,
-                                       queue=queue, slot_indices=tuple(ex.slots or ()))
+                alloc = SlotsAllocated(
+                    request_id=ex.id,
+                    job_id=ex.job_id,
+                    execution_id=ex.id,
+                    allocation_id=ex.allocation_id or "",
+                    taskmanager_id=ex.taskmanager_id,
+                    queue=queue,
+                    slot_indices=tuple(ex.slots or ()),
+                )
                 uow.learn_queue(ex.taskmanager_id, queue)
                 uow.command(DEPLOY, queue, self.deployment.command(s, job, ex, alloc, choose_restore=False))
                 self.acks.arm(ex.id, ES.DEPLOYING)
             else:
                 tm = ex.taskmanager_id or NO_TASKMANAGER
-                uow.command(CANCEL, uow.queue_of(tm, s),
-                            CancelTask(taskmanager_id=tm, execution_id=ex.id, job_id=ex.job_id))
+                uow.command(
+                    CANCEL, uow.queue_of(tm, s), CancelTask(taskmanager_id=tm, execution_id=ex.id, job_id=ex.job_id)
+                )
                 self.acks.arm(ex.id, ES.CANCELING)
 
     # --- the ResourceManager and the TaskManagers --------------------------------------
@@ -148,8 +165,14 @@ class Reconciliation:
         with self.ctx.uow.tx() as s:
             victims = [e.id for e in repo.live_executions_on(s, msg.taskmanager_id)]
         for ex_id in victims:
-            self.restarts.fail(ex_id, cause_name="TaskManagerLost", cause=msg.reason,
-                               expected_tm=msg.taskmanager_id, release=False, silent_for_s=msg.silent_for_s)
+            self.restarts.fail(
+                ex_id,
+                cause_name="TaskManagerLost",
+                cause=msg.reason,
+                expected_tm=msg.taskmanager_id,
+                release=False,
+                silent_for_s=msg.silent_for_s,
+            )
 
     def on_taskmanager_registered(self, msg: TaskManagerRegistered) -> None:
         """Reconcile what a (re-)registering TaskManager runs with what the catalog believes,
@@ -172,8 +195,11 @@ class Reconciliation:
                     ex: Execution | None = repo.get_execution(s, report.execution_id, lock=True)
                 except repo.NotFound:
                     ex = None
-                fx = tr.reported_attempt(ES(ex.state) if ex is not None else None,
-                                         held_here=ex is not None and ex.taskmanager_id == tm, reported=report.state)
+                fx = tr.reported_attempt(
+                    ES(ex.state) if ex is not None else None,
+                    held_here=ex is not None and ex.taskmanager_id == tm,
+                    reported=report.state,
+                )
                 if fx == Fx.CANCEL_TASK:
                     zombies.append(report)
                 elif fx == Fx.PROMOTE and ex is not None:
@@ -190,19 +216,28 @@ class Reconciliation:
                     lost.append(ex.id)
         for z in zombies:
             log.warning("cancelling zombie task %s on %s", z.execution_id, tm)
-            uow.command(CANCEL, uow.queue_of(tm), CancelTask(taskmanager_id=tm, execution_id=z.execution_id,
-                                                            job_id=z.job_id))
+            uow.command(
+                CANCEL, uow.queue_of(tm), CancelTask(taskmanager_id=tm, execution_id=z.execution_id, job_id=z.job_id)
+            )
             if z.allocation_id in elsewhere:
-                log.warning("TaskManager %s reports allocation %s, which the catalog places on %s: not released",
-                            tm, z.allocation_id, elsewhere[z.allocation_id])
+                log.warning(
+                    "TaskManager %s reports allocation %s, which the catalog places on %s: not released",
+                    tm,
+                    z.allocation_id,
+                    elsewhere[z.allocation_id],
+                )
             elif z.allocation_id:
                 # The re-registration brought its slots back as allocated; nobody else will free them.
                 uow.emit(ReleaseSlots(allocation_id=z.allocation_id, reason="zombie task cancelled"))
         for ex_id in lost:
             log.warning("TaskManager %s registered without %s, which the catalog places on it: failing over", tm, ex_id)
-            self.restarts.fail(ex_id, cause_name="TaskLostException",
-                               cause=f"TaskManager {tm} registered again without this task (it restarted or lost "
-                                     "it): nothing runs it any more", expected_tm=tm)
+            self.restarts.fail(
+                ex_id,
+                cause_name="TaskLostException",
+                cause=f"TaskManager {tm} registered again without this task (it restarted or lost "
+                "it): nothing runs it any more",
+                expected_tm=tm,
+            )
         for ex_id in gone_cancels:
             self.acks.give_up_cancel(ex_id, f"TaskManager {tm} registered again without this task: it is gone")
 

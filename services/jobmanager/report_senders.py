@@ -37,12 +37,16 @@ def check_report_sender(env: Envelope, s: Session) -> None:
     tm = taskmanager_of(env.sender)
     execution_id = getattr(body, "execution_id", None)
     if tm is None:
-        raise RefusedMessage(f"{body.type} about execution {execution_id} comes from {env.sender!r}: only the "
-                             f"TaskManager that holds an execution reports on it")
+        raise RefusedMessage(
+            f"{body.type} about execution {execution_id} comes from {env.sender!r}: only the "
+            f"TaskManager that holds an execution reports on it"
+        )
     if execution_id is None:
         return  # a CommandRejected of a command it could not read: it names only its sender
     ex = repo.find_execution(s, execution_id)  # locked and prefetched with the batch: no round trip
     if ex is None or ex.taskmanager_id == tm:
         return
-    raise RefusedMessage(f"execution {execution_id} is held by {ex.taskmanager_id or 'no TaskManager yet'}, not by "
-                         f"{tm}: its {body.type} is refused")
+    raise RefusedMessage(
+        f"execution {execution_id} is held by {ex.taskmanager_id or 'no TaskManager yet'}, not by "
+        f"{tm}: its {body.type} is refused"
+    )

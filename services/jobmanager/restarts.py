@@ -34,9 +34,18 @@ class Restarts:
     def __init__(self, ctx: Context, deployment: Deployment, arm_ack: Callable[[ExecutionId, ES], None]):
         self.ctx, self.deployment, self.arm_ack = ctx, deployment, arm_ack
 
-    def fail(self, execution_id: ExecutionId, *, cause_name: str, cause: str, expected_tm: TaskManagerId | None,
-             release: bool = True, silent_for_s: float | None = None, still_running: bool = False,
-             permanent: bool = False) -> None:
+    def fail(
+        self,
+        execution_id: ExecutionId,
+        *,
+        cause_name: str,
+        cause: str,
+        expected_tm: TaskManagerId | None,
+        release: bool = True,
+        silent_for_s: float | None = None,
+        still_running: bool = False,
+        permanent: bool = False,
+    ) -> None:
         """The attempt failed: record why and restart the job or fail it. `still_running`: the
         failure was decided here (a checkpoint failover) while the attempt still runs on its
         TaskManager, so it is cancelled with the others instead of being marked FAILED.
@@ -63,9 +72,17 @@ class Restarts:
             if cause_name == restore_fallback.RESTORE_FAILED:  # never the same damaged snapshot again
                 cause, permanent = restore_fallback.fall_back(s, ctx.checkpoints, job, ex, cause)
             vertex = next(v for v in repo.job_vertices(s, job.id) if v.id == ex.vertex_id)
-            repo.record_exception(s, job_id=job.id, exception_name=cause_name, stacktrace=cause,
-                                  execution_id=ex.id, vertex_name=vertex.name, attempt=ex.attempt,
-                                  taskmanager_id=ex.taskmanager_id, keep=ctx.settings.exception_history_size)
+            repo.record_exception(
+                s,
+                job_id=job.id,
+                exception_name=cause_name,
+                stacktrace=cause,
+                execution_id=ex.id,
+                vertex_name=vertex.name,
+                attempt=ex.attempt,
+                taskmanager_id=ex.taskmanager_id,
+                keep=ctx.settings.exception_history_size,
+            )
             status = JS(job.status)
             can_restart = False
             strategy = None
@@ -74,8 +91,9 @@ class Restarts:
                 strategy.notify_failure()
                 repo.set_restart_state(s, job, strategy.state())
                 can_restart = strategy.can_restart()
-            decision = tr.on_failure(status, can_restart=can_restart, cause_name=cause_name, permanent=permanent,
-                                     still_running=still_running)
+            decision = tr.on_failure(
+                status, can_restart=can_restart, cause_name=cause_name, permanent=permanent, still_running=still_running
+            )
             if Fx.SETTLE in decision:
                 self.settle(s, job.id)
             if Fx.CANCEL_TASKS in decision:
@@ -117,8 +135,9 @@ class Restarts:
                 self.arm_ack(ex.id, ES.CANCELING)
             if Fx.CANCEL_TASK in decision:
                 tm = ex.placed_on()  # a task to cancel was deployed somewhere
-                out.append((self.ctx.uow.queue_of(tm, s), CancelTask(taskmanager_id=tm, execution_id=ex.id,
-                                                                     job_id=job_id)))
+                out.append(
+                    (self.ctx.uow.queue_of(tm, s), CancelTask(taskmanager_id=tm, execution_id=ex.id, job_id=job_id))
+                )
         return out
 
     def settle(self, s: Session, job_id: JobId) -> None:
@@ -160,9 +179,14 @@ class Restarts:
                 prev = latest.get(v.id)
                 if not tr.restarts_vertex(ES(prev.state) if prev is not None else None, rescaling=rescaling):
                     continue
-                ex = repo.create_execution(s, id=new_execution_id(), job_id=job_id, vertex_id=v.id,
-                                           attempt=(prev.attempt + 1) if prev else 0,
-                                           keep_history=ctx.settings.max_attempts_history)
+                ex = repo.create_execution(
+                    s,
+                    id=new_execution_id(),
+                    job_id=job_id,
+                    vertex_id=v.id,
+                    attempt=(prev.attempt + 1) if prev else 0,
+                    keep_history=ctx.settings.max_attempts_history,
+                )
                 repo.transition_execution(s, ex.id, ES.SCHEDULED)
                 requests.append(self.deployment.slot_request(job, v, ex))
             repo.transition_job(s, job_id, JS.RUNNING, epoch=ctx.epoch)

@@ -47,9 +47,11 @@ def fall_back(s, checkpoints: "CheckpointCoordinator", job: Job, ex: Execution, 
     reason = reason_of(cause)
     failed_id, failed_path = ex.restored_checkpoint_id, ex.restored_from
     if failed_id is None:
-        summary = (f"the savepoint {failed_path} the job was submitted to start from could not be restored "
-                   f"({reason}); the job fails rather than start without it: repair or replace the savepoint and "
-                   f"submit the job again")
+        summary = (
+            f"the savepoint {failed_path} the job was submitted to start from could not be restored "
+            f"({reason}); the job fails rather than start without it: repair or replace the savepoint and "
+            f"submit the job again"
+        )
         return _log(job, summary, cause, permanent=True)
     try:
         row = repo.get_checkpoint(s, job.id, failed_id, lock=True)
@@ -61,9 +63,11 @@ def fall_back(s, checkpoints: "CheckpointCoordinator", job: Job, ex: Execution, 
     checkpoints.store.remove(s, job.id, failed_id)
     next_path, next_id = checkpoints.restore_point(s, job)
     if next_path is None or next_path == failed_path:
-        summary = (f"{what} could not be restored ({reason}), and the job has no older retained checkpoint to "
-                   f"fall back to: it fails rather than start over from nothing; submit it again from a "
-                   f"savepoint, or without one to start afresh")
+        summary = (
+            f"{what} could not be restored ({reason}), and the job has no older retained checkpoint to "
+            f"fall back to: it fails rather than start over from nothing; submit it again from a "
+            f"savepoint, or without one to start afresh"
+        )
         return _log(job, summary, cause, permanent=True)
     where = f"checkpoint {next_id}" if next_id is not None else f"the savepoint it was submitted with ({next_path})"
     summary = f"{what} could not be restored ({reason}); restarting from {where}"

@@ -74,8 +74,15 @@ class ScheduleBeat:
     # among it) before judging whether a schedule's previous run still lives.
     FIRST_PASS_AFTER_S = 1.0
 
-    def __init__(self, master: Submitter, clock: Clock | None = None, *, interval_s: float = INTERVAL_S,
-                 first_pass_after_s: float = FIRST_PASS_AFTER_S, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        master: Submitter,
+        clock: Clock | None = None,
+        *,
+        interval_s: float = INTERVAL_S,
+        first_pass_after_s: float = FIRST_PASS_AFTER_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.master, self.clock = master, clock or WallClock()
         self.interval_s, self.monotonic = interval_s, monotonic
         self._next_pass = monotonic() + first_pass_after_s
@@ -108,11 +115,14 @@ class ScheduleBeat:
             except IntegrityError:
                 # Another JobManager recorded this tick (two leaders for a moment): ours rolled
                 # back whole; the next pass reads the schedule as the other one left it.
-                log.warning("schedule %s: a tick was recorded by another JobManager meanwhile; nothing of ours "
-                            "was committed", schedule_id)
+                log.warning(
+                    "schedule %s: a tick was recorded by another JobManager meanwhile; nothing of ours was committed",
+                    schedule_id,
+                )
             except Exception:
-                log.exception("schedule %s: firing failed (nothing committed); trying again in %.0f s",
-                              schedule_id, self.RETRY_S)
+                log.exception(
+                    "schedule %s: firing failed (nothing committed); trying again in %.0f s", schedule_id, self.RETRY_S
+                )
                 self._next_pass = self.monotonic() + self.RETRY_S
 
     # --- one schedule, inside the leader's unit of work --------------------------------------
@@ -145,9 +155,14 @@ class ScheduleBeat:
         for tick in plan.misfired:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=sch.SKIPPED_MISFIRE)
         if plan.misfired or plan.dropped:
-            log.warning("schedule %s (%s): %d missed tick(s) recorded as skipped_misfire%s (misfire grace %d s)",
-                        sched.id, sched.name, len(plan.misfired),
-                        f", {plan.dropped} older ones not recorded" if plan.dropped else "", sched.misfire_grace_s)
+            log.warning(
+                "schedule %s (%s): %d missed tick(s) recorded as skipped_misfire%s (misfire grace %d s)",
+                sched.id,
+                sched.name,
+                len(plan.misfired),
+                f", {plan.dropped} older ones not recorded" if plan.dropped else "",
+                sched.misfire_grace_s,
+            )
         if plan.fire is not None:
             self._fire_tick(s, sched, plan.fire, submit, cancel)
         repo.advance_schedule(s, sched, next_fire_at=plan.next_fire_at, fired_at=plan.fire)
@@ -155,8 +170,13 @@ class ScheduleBeat:
     def _fire_tick(self, s, sched: Schedule, tick: datetime, submit: list[JobId], cancel: list[JobId]) -> None:
         if repo.find_artifact(s, sched.artifact_id) is None:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=SKIPPED_MISSING_JAR)
-            log.warning("schedule %s (%s): jar %s no longer exists; tick %s skipped", sched.id, sched.name,
-                        sched.artifact_id, tick.isoformat())
+            log.warning(
+                "schedule %s (%s): jar %s no longer exists; tick %s skipped",
+                sched.id,
+                sched.name,
+                sched.artifact_id,
+                tick.isoformat(),
+            )
             return
         previous = repo.last_schedule_job(s, sched.id)
         running = previous is not None and not JS(previous.status).is_terminal
@@ -164,18 +184,29 @@ class ScheduleBeat:
         action = sch.overlap_action(sched.overlap, running, queued)
         if action == sch.SKIP:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=sch.SKIPPED_OVERLAP)
-            log.info("schedule %s (%s): tick %s skipped, run %s has not ended", sched.id, sched.name,
-                     tick.isoformat(), previous.id if previous else "(queued)")
+            log.info(
+                "schedule %s (%s): tick %s skipped, run %s has not ended",
+                sched.id,
+                sched.name,
+                tick.isoformat(),
+                previous.id if previous else "(queued)",
+            )
             return
         if action == sch.QUEUE:
             repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=sch.QUEUED)
-            log.info("schedule %s (%s): tick %s queued behind job %s", sched.id, sched.name, tick.isoformat(),
-                     previous.id if previous else "(none)")
+            log.info(
+                "schedule %s (%s): tick %s queued behind job %s",
+                sched.id,
+                sched.name,
+                tick.isoformat(),
+                previous.id if previous else "(none)",
+            )
             return
         if action == sch.CANCEL_AND_SUBMIT and previous is not None:  # chosen only while it runs
             cancel.append(previous.id)
-            log.info("schedule %s (%s): cancelling job %s for tick %s", sched.id, sched.name, previous.id,
-                     tick.isoformat())
+            log.info(
+                "schedule %s (%s): cancelling job %s for tick %s", sched.id, sched.name, previous.id, tick.isoformat()
+            )
         job = repo.create_scheduled_job(s, sched, new_job_id())
         repo.record_schedule_run(s, schedule_id=sched.id, tick_at=tick, outcome=sch.SUBMITTED, job_id=job.id)
         submit.append(job.id)
@@ -195,8 +226,13 @@ class ScheduleBeat:
             return []
         job = repo.create_scheduled_job(s, sched, new_job_id())
         repo.set_schedule_run(s, run, outcome=sch.SUBMITTED, job_id=job.id)
-        log.info("schedule %s (%s): queued tick %s submitted job %s (the previous run ended)", sched.id,
-                 sched.name, _utc(run.tick_at).isoformat(), job.id)
+        log.info(
+            "schedule %s (%s): queued tick %s submitted job %s (the previous run ended)",
+            sched.id,
+            sched.name,
+            _utc(run.tick_at).isoformat(),
+            job.id,
+        )
         return [job.id]
 
 

@@ -56,8 +56,9 @@ class SlotRequestWatch:
         """A request is (about to be) sent: watched from now, unless it is being watched."""
         if request.execution_id not in self._watches:
             self._watches[request.execution_id] = _Watch(request, self.clock.now())
-            heapq.heappush(self._heap, (self.clock.now() + min(self.unanswered_s, request.timeout_s),
-                                        request.execution_id))
+            heapq.heappush(
+                self._heap, (self.clock.now() + min(self.unanswered_s, request.timeout_s), request.execution_id)
+            )
 
     def answered(self, execution_id: ExecutionId, *, pending: bool) -> None:
         watch = self._watches.get(execution_id)
@@ -98,23 +99,33 @@ class SlotRequestWatch:
                 return
             waited = now - watch.first_sent
             if now < deadline:
-                reason = (f"the ResourceManager has not answered the request for {request.slots} slot"
-                          f"{'s' if request.slots != 1 else ''} for {waited:.0f} s (it may be restarting or "
-                          f"overloaded, or the request was lost); asked again")
+                reason = (
+                    f"the ResourceManager has not answered the request for {request.slots} slot"
+                    f"{'s' if request.slots != 1 else ''} for {waited:.0f} s (it may be restarting or "
+                    f"overloaded, or the request was lost); asked again"
+                )
                 repo.set_execution_waiting_reason(s, ex, reason)
                 repo.set_job_waiting_reason(s, repo.get_job(s, ex.job_id, lock=True), reason)
                 self.ctx.uow.emit(request)
                 heapq.heappush(self._heap, (min(now + self.unanswered_s, deadline), execution_id))
-                log.warning("slot request %s for %s unanswered for %.0f s: asking again", request.request_id,
-                            execution_id, waited)
+                log.warning(
+                    "slot request %s for %s unanswered for %.0f s: asking again",
+                    request.request_id,
+                    execution_id,
+                    waited,
+                )
                 return
             del self._watches[execution_id]
             slots = f"{request.slots} slot{'s' if request.slots != 1 else ''}"
-            cause = (f"could not get {slots} for job {request.job_id} within the slot request timeout "
-                     f"({request.timeout_s:g} s): " + (
-                         f"the ResourceManager's own timeout did not arrive within {self.grace_s:g} s after it"
-                         if answered else "the ResourceManager never answered the request (it was down, or the "
-                                          "request was lost)"))
+            cause = (
+                f"could not get {slots} for job {request.job_id} within the slot request timeout "
+                f"({request.timeout_s:g} s): "
+                + (
+                    f"the ResourceManager's own timeout did not arrive within {self.grace_s:g} s after it"
+                    if answered
+                    else "the ResourceManager never answered the request (it was down, or the request was lost)"
+                )
+            )
             log.warning("slot request %s: %s", request.request_id, cause)
             self.fail(execution_id, cause)
         self.ctx.uow.emit(CancelSlotRequest(request_id=request.request_id))

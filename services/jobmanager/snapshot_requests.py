@@ -56,8 +56,7 @@ class SnapshotRequests:
             op = _new_request(s, msg.request_id)
             if op is None:
                 return
-            params: dict[str, Any] = {"target_directory": msg.target_directory, "after": msg.after,
-                                      "drain": msg.drain}
+            params: dict[str, Any] = {"target_directory": msg.target_directory, "after": msg.after, "drain": msg.drain}
             if msg.after == "rescale":
                 if not msg.parallelism:
                     repo.finish_operation(s, op, OS.FAILED, failure_cause="rescaling needs a parallelism")
@@ -91,11 +90,14 @@ class SnapshotRequests:
         if not waiting:
             bound = self.ctx.checkpoints.config(repo.get_job(s, job_id)).timeout_s
             waiting = {"since": now, "deadline": now + bound, "bound_s": bound}
-            log.info("%s %s of job %s waits for its task to run (%s), at most %g s", op.kind, op.id, op.job_id, why,
-                     bound)
+            log.info(
+                "%s %s of job %s waits for its task to run (%s), at most %g s", op.kind, op.id, op.job_id, why, bound
+            )
         elif now >= waiting["deadline"]:
-            cause = (f"the {op.kind} was not triggered: the job's task did not reach RUNNING within "
-                     f"{waiting['bound_s']:g} s (execution.checkpointing.timeout) of the request; last seen: {why}")
+            cause = (
+                f"the {op.kind} was not triggered: the job's task did not reach RUNNING within "
+                f"{waiting['bound_s']:g} s (execution.checkpointing.timeout) of the request; last seen: {why}"
+            )
             repo.finish_operation(s, op, OS.FAILED, failure_cause=cause)
             log.warning("%s %s of job %s: %s", op.kind, op.id, op.job_id, cause)
             return
@@ -109,6 +111,7 @@ class SnapshotRequests:
             if operation_id not in self._watched:
                 self._watched.add(operation_id)
                 self.ctx.timers.call_later(delay_s, lambda: self._recheck(operation_id))
+
         self.ctx.uow.after_commit(arm)  # a rolled-back wait is not one
 
     def _recheck(self, operation_id: str) -> None:
@@ -148,8 +151,16 @@ class SnapshotRequests:
                 return
             target = new_savepoint_dir(parent, job.id)
             after = params.get("after") or "continue"
-            row = coordinator.trigger(s, job, ex, kind="savepoint", request_id=op.id, target=target, after=after,
-                                      drain=bool(params.get("drain")))
+            row = coordinator.trigger(
+                s,
+                job,
+                ex,
+                kind="savepoint",
+                request_id=op.id,
+                target=target,
+                after=after,
+                drain=bool(params.get("drain")),
+            )
             log.info("savepoint %d of job %s triggered into %s (then %s)", row.checkpoint_id, job.id, target, after)
         repo.set_operation_checkpoint(s, op, row.checkpoint_id)
 

@@ -41,10 +41,17 @@ class Submissions:
                 return  # a redelivered submission
             repo.transition_job(s, job, JS.CREATED, epoch=ctx.epoch)
             ctx.checkpoints.on_submitted(s, job)
-            vertex = repo.create_vertex(s, id=new_vertex_id(), job_id=job.id, name=job.name,
-                                        parallelism=job.parallelism)
-            ex = repo.create_execution(s, id=new_execution_id(), job_id=job.id, vertex_id=vertex.id, attempt=0,
-                                       keep_history=ctx.settings.max_attempts_history)
+            vertex = repo.create_vertex(
+                s, id=new_vertex_id(), job_id=job.id, name=job.name, parallelism=job.parallelism
+            )
+            ex = repo.create_execution(
+                s,
+                id=new_execution_id(),
+                job_id=job.id,
+                vertex_id=vertex.id,
+                attempt=0,
+                keep_history=ctx.settings.max_attempts_history,
+            )
             repo.transition_execution(s, ex, ES.SCHEDULED)
             repo.transition_job(s, job, JS.RUNNING, epoch=ctx.epoch)
             request = self.deployment.slot_request(job, vertex, ex)

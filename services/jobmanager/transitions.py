@@ -19,9 +19,19 @@ from shared.states import JobStatus as JS
 # (options, delivery word, a transaction timeout the brokers refuse) and records Kafka no longer has.
 # A Delta table path outside the lake, rows that do not fit the table, and a restore the table
 # cannot be taken back for (connectors/delta_errors.py) fail alike on every attempt.
-NON_RECOVERABLE = frozenset({"IncompatibleStateError", "SinkOwnedError", "KafkaOptionError", "DeliveryError",
-                             "KafkaTimeoutRefused", "KafkaDataLoss", "DeltaPathRefused", "DeltaSchemaMismatch",
-                             "DeltaUndoRefused"})
+NON_RECOVERABLE = frozenset(
+    {
+        "IncompatibleStateError",
+        "SinkOwnedError",
+        "KafkaOptionError",
+        "DeliveryError",
+        "KafkaTimeoutRefused",
+        "KafkaDataLoss",
+        "DeltaPathRefused",
+        "DeltaSchemaMismatch",
+        "DeltaUndoRefused",
+    }
+)
 
 # A DEPLOYING attempt the registering TaskManager does not report may be a deploy still on its
 # way (sent just before the registration): leave it to the acknowledgement timer for this long.
@@ -68,6 +78,7 @@ def _d(job: tuple[JS, ...] = (), execution: ES | None = None, *effects: Fx) -> D
 
 
 # --- the job ---------------------------------------------------------------------------------
+
 
 def settle(job: JS, attempts: Sequence[ES]) -> Decision:
     """An attempt ended (FINISHED or CANCELED, or given up): has the whole job? A RUNNING job
@@ -133,11 +144,17 @@ def is_rescaling(attempts: Sequence[ES]) -> bool:
 
 def on_recover(job: JS) -> Fx | None:
     """A new leader picks the job up."""
-    return {JS.INITIALIZING: Fx.SUBMIT, JS.RESTARTING: Fx.RESTART, JS.CANCELLING: Fx.CANCEL_TASKS,
-            JS.RUNNING: Fx.REQUEST_SLOTS, JS.CREATED: Fx.REQUEST_SLOTS}.get(job)
+    return {
+        JS.INITIALIZING: Fx.SUBMIT,
+        JS.RESTARTING: Fx.RESTART,
+        JS.CANCELLING: Fx.CANCEL_TASKS,
+        JS.RUNNING: Fx.REQUEST_SLOTS,
+        JS.CREATED: Fx.REQUEST_SLOTS,
+    }.get(job)
 
 
 # --- one attempt -----------------------------------------------------------------------------
+
 
 def cancel_attempt(state: ES) -> Decision:
     """The job's attempt is to stop (a restart or a cancel). One already CANCELING gets the
@@ -198,6 +215,7 @@ def on_command_rejected(command: str | None, *, names_attempt: bool) -> Fx:
 
 
 # --- a TaskManager registers (again) ---------------------------------------------------------
+
 
 def reported_attempt(state: ES | None, *, held_here: bool, reported: ES) -> Fx | None:
     """An attempt the registering TaskManager says it runs (`state` None: unknown here).

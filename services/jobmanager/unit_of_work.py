@@ -100,8 +100,9 @@ class UnitOfWork:
         """The last statement before a commit: still the leader? (lease, then the catalog row
         under lock, so nobody can take over between the check and the commit)."""
         if not self.still_leading():
-            raise LeadershipLost(f"leadership of epoch {self.epoch} was revoked: nothing of this unit of work "
-                                 "is committed")
+            raise LeadershipLost(
+                f"leadership of epoch {self.epoch} was revoked: nothing of this unit of work is committed"
+            )
         try:
             repo.check_leadership(s, self.epoch)
         except repo.StaleEpoch as exc:
@@ -127,8 +128,8 @@ class UnitOfWork:
                     yield self._batch
             except Exception:
                 # What a rolled-back handler meant to send or do is void.
-                del self._effects[marks[0]:]
-                del self._post_commit[marks[1]:]
+                del self._effects[marks[0] :]
+                del self._post_commit[marks[1] :]
                 raise
         else:
             yield self._batch

@@ -33,8 +33,14 @@ def run(settings: Settings) -> None:
     rm_metrics = ResourceManagerMetrics()
     transport.on_refused = rm_metrics.count_refused
     key = auth.sender_key("resourcemanager")  # its logs: to the control plane only
-    metrics.serve(rm_metrics.registry, host=settings.metrics_host, port=settings.resourcemanager_metrics_port,
-                  service="resourcemanager", log_file=settings.log_file, log_guard=LogGuard(key, key))
+    metrics.serve(
+        rm_metrics.registry,
+        host=settings.metrics_host,
+        port=settings.resourcemanager_metrics_port,
+        service="resourcemanager",
+        log_file=settings.log_file,
+        log_guard=LogGuard(key, key),
+    )
 
     def publish_stats(stats: dict) -> None:
         rm_metrics.record(stats)
@@ -45,8 +51,16 @@ def run(settings: Settings) -> None:
 
     clock = SystemClock()
     fence = JobManagerFence(LeaderEpochFence.from_redis(client), clock=clock.now)
-    rm = ResourceManager(settings, catalog, transport, clock, ConnectionLiveness(client),
-                         publish_stats=publish_stats, announce=announce, fence=fence)
+    rm = ResourceManager(
+        settings,
+        catalog,
+        transport,
+        clock,
+        ConnectionLiveness(client),
+        publish_stats=publish_stats,
+        announce=announce,
+        fence=fence,
+    )
 
     def stop(*_):
         rm.stopping = True

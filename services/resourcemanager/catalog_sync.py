@@ -67,18 +67,31 @@ class TaskManagerCatalogSync:
             self._losses = losses | self._losses
             raise
 
-    def _write(self, changed: set[TaskManagerId], heard: dict[TaskManagerId, datetime],
-               registrations: dict[TaskManagerId, RegisterTaskManager],
-               gone: dict[TaskManagerId, tuple[str, str]],
-               losses: dict[TaskManagerId, tuple[datetime, str]]) -> None:
+    def _write(
+        self,
+        changed: set[TaskManagerId],
+        heard: dict[TaskManagerId, datetime],
+        registrations: dict[TaskManagerId, RegisterTaskManager],
+        gone: dict[TaskManagerId, tuple[str, str]],
+        losses: dict[TaskManagerId, tuple[datetime, str]],
+    ) -> None:
         with self.catalog.session() as s:
             rows = []
             for tm_id, msg in registrations.items():
                 entry = self.slots.taskmanagers.get(tm_id)
                 if entry is not None:
-                    rows.append(dict(id=tm_id, host=msg.host, queue=msg.queue, slots_total=msg.slots,
-                                     slots_free=len(entry.free_indices()), cores=msg.cores,
-                                     memory_bytes=msg.memory_bytes, allocations=self.slots.allocations_of(tm_id)))
+                    rows.append(
+                        dict(
+                            id=tm_id,
+                            host=msg.host,
+                            queue=msg.queue,
+                            slots_total=msg.slots,
+                            slots_free=len(entry.free_indices()),
+                            cores=msg.cores,
+                            memory_bytes=msg.memory_bytes,
+                            allocations=self.slots.allocations_of(tm_id),
+                        )
+                    )
             repo.register_taskmanagers(s, rows)
             for tm_id, (state, reason) in gone.items():
                 repo.mark_taskmanager_gone(s, tm_id, state=state, reason=reason)
@@ -87,7 +100,10 @@ class TaskManagerCatalogSync:
             for tm_id in changed - set(registrations):
                 entry = self.slots.taskmanagers.get(tm_id)
                 if entry is not None:
-                    slot_rows.append(dict(id=tm_id, slots_free=len(entry.free_indices()),
-                                          allocations=self.slots.allocations_of(tm_id)))
+                    slot_rows.append(
+                        dict(
+                            id=tm_id, slots_free=len(entry.free_indices()), allocations=self.slots.allocations_of(tm_id)
+                        )
+                    )
             repo.update_taskmanager_slots(s, slot_rows)
             repo.touch_taskmanagers(s, heard)

@@ -45,23 +45,30 @@ class RegistrationClaims:
         # registers none, and must not cost a deletion each).
         self._kept: set[TaskManagerId] = set()
 
-    def allocations(self, env: Envelope, occupied: dict[int, Allocation]) -> tuple[dict[int, Allocation],
-                                                                                  set[AllocationId]]:
+    def allocations(
+        self, env: Envelope, occupied: dict[int, Allocation]
+    ) -> tuple[dict[int, Allocation], set[AllocationId]]:
         """(the claimed allocations it may have, the ids refused): those of its slot report and of
         the tasks it reports running."""
         msg = env.body
         assert isinstance(msg, RegisterTaskManager)
         tm = msg.taskmanager_id
-        claimed = {a.allocation_id for a in occupied.values()} | {r.allocation_id for r in msg.running
-                                                                  if r.allocation_id}
+        claimed = {a.allocation_id for a in occupied.values()} | {
+            r.allocation_id for r in msg.running if r.allocation_id
+        }
         if not claimed:
             return occupied, set()
         try:
             with self.catalog.session() as s:
                 placed = repo.live_placements(s, claimed)
         except Exception as exc:  # noqa: BLE001 - the catalog away: this ResourceManager's own memory decides
-            log.warning("cannot read where the catalog places %d allocations claimed by %s (%s); judging them by "
-                        "what this ResourceManager holds", len(claimed), tm, exc)
+            log.warning(
+                "cannot read where the catalog places %d allocations claimed by %s (%s); judging them by "
+                "what this ResourceManager holds",
+                len(claimed),
+                tm,
+                exc,
+            )
             placed = {}
         refused: dict[AllocationId, TaskManagerId] = {}
         for alloc_id in claimed:
@@ -73,8 +80,11 @@ class RegistrationClaims:
                 refused[alloc_id] = elsewhere
         if refused:
             listed = ", ".join(f"{a} (placed on {where})" for a, where in sorted(refused.items()))
-            self._dead_letter(env, f"RegisterTaskManager of {tm} claims allocations placed on other TaskManagers: "
-                                   f"{listed}; those claims (and their tasks' reports) are ignored")
+            self._dead_letter(
+                env,
+                f"RegisterTaskManager of {tm} claims allocations placed on other TaskManagers: "
+                f"{listed}; those claims (and their tasks' reports) are ignored",
+            )
         return {i: a for i, a in occupied.items() if a.allocation_id not in refused}, set(refused)
 
     def endpoint(self, env: Envelope) -> None:
@@ -84,8 +94,11 @@ class RegistrationClaims:
         if address is not None:
             problem = endpoint_problem(address)
             if problem is not None:
-                self._dead_letter(env, f"RegisterTaskManager of {msg.taskmanager_id} names log endpoint "
-                                       f"{address[:200]!r}: {problem}; it is not used")
+                self._dead_letter(
+                    env,
+                    f"RegisterTaskManager of {msg.taskmanager_id} names log endpoint "
+                    f"{address[:200]!r}: {problem}; it is not used",
+                )
                 address = None
         if address is not None:
             self._endpoints[msg.taskmanager_id] = json.dumps({"address": address, "log": msg.main_log})
@@ -119,5 +132,9 @@ class RegistrationClaims:
     def _dead_letter(self, env: Envelope, error: str) -> None:
         log.warning("%s", error)
         if self.client is not None:
-            dead_letters.add_safely(self.client, error=error, original={"m": encode(env)},
-                                    origin={"check": "registration claims", "sender": env.sender})
+            dead_letters.add_safely(
+                self.client,
+                error=error,
+                original={"m": encode(env)},
+                origin={"check": "registration claims", "sender": env.sender},
+            )

@@ -51,8 +51,11 @@ class ConnectionLiveness:
         knows_runs = not isinstance(server, Exception)
         if not knows_runs and not self._warned:
             self._warned = True
-            log.warning("Redis refused INFO (%s): a Redis restart may be taken for TaskManager deaths; run "
-                        "`headrace redis-auth deploy` again (it grants the resourcemanager user +info)", server)
+            log.warning(
+                "Redis refused INFO (%s): a Redis restart may be taken for TaskManager deaths; run "
+                "`headrace redis-auth deploy` again (it grants the resourcemanager user +info)",
+                server,
+            )
         run = server.get("run_id") if knows_runs else None
         if knows_runs and run != self._server_run:  # first look, or Redis restarted: nobody reconnected yet
             self._server_run = run

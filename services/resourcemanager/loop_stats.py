@@ -38,15 +38,20 @@ class LoopStats:
             return
         elapsed = max(1e-9, now - self._last_publish) if self._last_publish else 1.0
         beats = self._heartbeats
-        self.publish({
-            "taskmanagers": len(slots.taskmanagers), "slots_total": slots.total_slots(),
-            "slots_free": slots.free_slots(), "pending_requests": len(slots.pending),
-            "heartbeats_per_s": round(beats / elapsed, 1),
-            "heartbeat_lag_max_ms": round(self._max_lag_ms, 1),
-            "heartbeat_lag_avg_ms": round(self._lag_sum_ms / beats, 1) if beats else 0.0,
-            "taskmanagers_lost_total": self.lost_total, "at": time.time(),
-            # What the TaskManagers' warm drivers take the shape of (shared/standby_shape.py).
-            standby_shape.TASK_SLOTS: standby_shape.task_slots(slots.allocations.values()),
-        })
+        self.publish(
+            {
+                "taskmanagers": len(slots.taskmanagers),
+                "slots_total": slots.total_slots(),
+                "slots_free": slots.free_slots(),
+                "pending_requests": len(slots.pending),
+                "heartbeats_per_s": round(beats / elapsed, 1),
+                "heartbeat_lag_max_ms": round(self._max_lag_ms, 1),
+                "heartbeat_lag_avg_ms": round(self._lag_sum_ms / beats, 1) if beats else 0.0,
+                "taskmanagers_lost_total": self.lost_total,
+                "at": time.time(),
+                # What the TaskManagers' warm drivers take the shape of (shared/standby_shape.py).
+                standby_shape.TASK_SLOTS: standby_shape.task_slots(slots.allocations.values()),
+            }
+        )
         self._last_publish = now
         self._heartbeats, self._max_lag_ms, self._lag_sum_ms = 0, 0.0, 0.0

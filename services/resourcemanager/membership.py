@@ -51,15 +51,27 @@ IN_FLIGHT_COMMAND_S = 60.0
 class TaskManagerMembership:
     """`session`: the ResourceManager's, sent in every heartbeat ack."""
 
-    def __init__(self, settings: Settings, clock: Clock, *, session: str, slots: SlotManager,
-                 requests: SlotRequests, catalog_sync: TaskManagerCatalogSync, claims: RegistrationClaims,
-                 returning: ReturningTaskManagers, stats: LoopStats, replies: Replies):
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        *,
+        session: str,
+        slots: SlotManager,
+        requests: SlotRequests,
+        catalog_sync: TaskManagerCatalogSync,
+        claims: RegistrationClaims,
+        returning: ReturningTaskManagers,
+        stats: LoopStats,
+        replies: Replies,
+    ):
         self.settings, self.clock, self.session = settings, clock, session
         self.slots, self.requests, self.catalog_sync, self.claims = slots, requests, catalog_sync, claims
         self.returning, self.stats, self.replies = returning, stats, replies
         self.in_flight_grace_s = IN_FLIGHT_COMMAND_S + 2 * settings.heartbeat_interval_s
         self.heartbeats: HeartbeatMonitor[TaskManagerId] = HeartbeatMonitor(
-            clock, interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s)
+            clock, interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s
+        )
         self._connection_names: dict[TaskManagerId, str] = {}  # taskmanager id -> its liveness connection
         self._new_verdict = False
 
@@ -71,29 +83,43 @@ class TaskManagerMembership:
         # Its slot report replaces what we held for it (see slot_manager.py), but only with what is
         # its own to claim (claims.py).
         occupied, refused = self.claims.allocations(
-            env, reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report))
+            env, reported_allocations(msg.taskmanager_id, msg.queue, msg.slot_report)
+        )
         self.claims.endpoint(env)
         for alloc_id in {a.allocation_id for a in occupied.values()}:
             other = self.slots.allocations.get(alloc_id)
             if other is not None and other.taskmanager_id != msg.taskmanager_id:
                 # The catalog places it here: the TaskManager holding it claimed it falsely.
                 self.slots.release(alloc_id)
-        dropped = self.slots.register(taskmanager_id=msg.taskmanager_id, queue=msg.queue, host=msg.host,
-                                      slots=msg.slots, cores=msg.cores, memory_bytes=msg.memory_bytes,
-                                      occupied=occupied)
+        dropped = self.slots.register(
+            taskmanager_id=msg.taskmanager_id,
+            queue=msg.queue,
+            host=msg.host,
+            slots=msg.slots,
+            cores=msg.cores,
+            memory_bytes=msg.memory_bytes,
+            occupied=occupied,
+        )
         self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
         for alloc in dropped:
-            log.warning("TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
-                        msg.taskmanager_id, alloc.allocation_id, alloc.job_id, alloc.execution_id)
+            log.warning(
+                "TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
+                msg.taskmanager_id,
+                alloc.allocation_id,
+                alloc.job_id,
+                alloc.execution_id,
+            )
         self.heartbeats.monitor(msg.taskmanager_id)
         if msg.liveness_name:
             self._connection_names[msg.taskmanager_id] = msg.liveness_name
         self.catalog_sync.registered(msg)
         self.returning.returned(msg.taskmanager_id)
-        log.info("TaskManager %s registered with %d slots (%d running)", msg.taskmanager_id, msg.slots,
-                 len(msg.running))
-        self.replies.to_taskmanager(msg.taskmanager_id,
-                                    HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session))
+        log.info(
+            "TaskManager %s registered with %d slots (%d running)", msg.taskmanager_id, msg.slots, len(msg.running)
+        )
+        self.replies.to_taskmanager(
+            msg.taskmanager_id, HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session)
+        )
         running = tuple(r for r in msg.running if r.allocation_id not in refused)
         self.replies.to_jobmanager(TaskManagerRegistered(taskmanager_id=msg.taskmanager_id, running=running))
         self.requests.serve_pending()
@@ -103,29 +129,49 @@ class TaskManagerMembership:
             self.catalog_sync.heard_from(msg.taskmanager_id)
             entry = self.slots.taskmanagers.get(msg.taskmanager_id)
             if entry is not None:
-                drift = self.slots.reconcile(msg.taskmanager_id,
-                                             reported_allocations(msg.taskmanager_id, entry.queue, msg.slot_report),
-                                             grace_s=self.in_flight_grace_s)
+                drift = self.slots.reconcile(
+                    msg.taskmanager_id,
+                    reported_allocations(msg.taskmanager_id, entry.queue, msg.slot_report),
+                    grace_s=self.in_flight_grace_s,
+                )
                 self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
                 if drift:
                     self._repaired(msg.taskmanager_id, drift)
             return
         # An unknown TaskManager (we restarted, or declared it lost) is told to register again.
-        self.replies.to_taskmanager(msg.taskmanager_id, HeartbeatAck(taskmanager_id=msg.taskmanager_id,
-                                                                     rm_session=self.session, known=False))
+        self.replies.to_taskmanager(
+            msg.taskmanager_id, HeartbeatAck(taskmanager_id=msg.taskmanager_id, rm_session=self.session, known=False)
+        )
 
     def _repaired(self, tm_id: TaskManagerId, drift: Drift) -> None:
         for alloc in drift.freed:
-            log.warning("allocation %s (job %s, attempt %s) is not in the slot report of %s: freed",
-                        alloc.allocation_id, alloc.job_id, alloc.execution_id, tm_id)
+            log.warning(
+                "allocation %s (job %s, attempt %s) is not in the slot report of %s: freed",
+                alloc.allocation_id,
+                alloc.job_id,
+                alloc.execution_id,
+                tm_id,
+            )
         for alloc in drift.evicted:
-            log.warning("allocation %s (job %s, attempt %s) on %s lost its slots %s to a task the TaskManager "
-                        "reports running: freed", alloc.allocation_id, alloc.job_id, alloc.execution_id, tm_id,
-                        list(alloc.indices))
+            log.warning(
+                "allocation %s (job %s, attempt %s) on %s lost its slots %s to a task the TaskManager "
+                "reports running: freed",
+                alloc.allocation_id,
+                alloc.job_id,
+                alloc.execution_id,
+                tm_id,
+                list(alloc.indices),
+            )
         for alloc in drift.adopted:
-            log.warning("adopting allocation %s (job %s, attempt %s) on slots %s of %s: the TaskManager reports it "
-                        "and we did not hold it", alloc.allocation_id, alloc.job_id, alloc.execution_id,
-                        list(alloc.indices), tm_id)
+            log.warning(
+                "adopting allocation %s (job %s, attempt %s) on slots %s of %s: the TaskManager reports it "
+                "and we did not hold it",
+                alloc.allocation_id,
+                alloc.job_id,
+                alloc.execution_id,
+                list(alloc.indices),
+                tm_id,
+            )
         self.catalog_sync.slots_changed(tm_id)
         self.requests.serve_pending()
 
@@ -137,12 +183,17 @@ class TaskManagerMembership:
         for tm_id in self.returning.overdue():
             # Its allocations died with the previous ResourceManager's memory; the JobManager
             # fails whatever the catalog says still runs there.
-            self._declare_gone(tm_id, f"TaskManager lost: it did not register again within "
-                                      f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager "
-                                      f"restarted", ())
+            self._declare_gone(
+                tm_id,
+                f"TaskManager lost: it did not register again within "
+                f"{self.settings.heartbeat_timeout_s:g} s after the ResourceManager "
+                f"restarted",
+                (),
+            )
         for tm_id, last in self.heartbeats.silent():
-            self.lose(tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s",
-                      last_heard=last)
+            self.lose(
+                tm_id, f"TaskManager lost: no heartbeat for {self.settings.heartbeat_timeout_s:g} s", last_heard=last
+            )
 
     def connection_names(self) -> set[str]:
         """The liveness connections of the registered TaskManagers that named one."""
@@ -168,15 +219,28 @@ class TaskManagerMembership:
         self._declare_gone(tm_id, reason, tuple(a.allocation_id for a in lost), heard_at, silent)
         self.requests.serve_pending()
 
-    def _declare_gone(self, tm_id: TaskManagerId, reason: str, allocations: tuple[AllocationId, ...],
-                      last_heard_at: float | None = None, silent_for_s: float | None = None) -> None:
+    def _declare_gone(
+        self,
+        tm_id: TaskManagerId,
+        reason: str,
+        allocations: tuple[AllocationId, ...],
+        last_heard_at: float | None = None,
+        silent_for_s: float | None = None,
+    ) -> None:
         log.warning("%s (%s); %d allocations lost", reason, tm_id, len(allocations))
         self.stats.taskmanager_lost()
         self.catalog_sync.gone(tm_id, state="UNREGISTERED" if "unregistered" in reason else "LOST", reason=reason)
         self.claims.gone(tm_id)
         self._new_verdict = True
-        self.replies.to_jobmanager(TaskManagerLost(taskmanager_id=tm_id, reason=reason, allocations=allocations,
-                                                   last_heard_at=last_heard_at, silent_for_s=silent_for_s))
+        self.replies.to_jobmanager(
+            TaskManagerLost(
+                taskmanager_id=tm_id,
+                reason=reason,
+                allocations=allocations,
+                last_heard_at=last_heard_at,
+                silent_for_s=silent_for_s,
+            )
+        )
 
     def take_new_verdict(self) -> bool:
         """Whether a TaskManager was declared gone since the last call: the ResourceManager then
@@ -200,7 +264,8 @@ def reported_allocations(tm_id: TaskManagerId, queue: str, report: tuple[SlotSta
         s = first[alloc_id]
         job_id, execution_id = s.job_id, s.execution_id
         assert job_id is not None and execution_id is not None  # only such slots were collected
-        alloc = Allocation(alloc_id, tm_id, queue, job_id, execution_id, slot_request_id(execution_id),
-                           tuple(sorted(idx)))
+        alloc = Allocation(
+            alloc_id, tm_id, queue, job_id, execution_id, slot_request_id(execution_id), tuple(sorted(idx))
+        )
         out.update(dict.fromkeys(idx, alloc))
     return out

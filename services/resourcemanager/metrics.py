@@ -16,18 +16,27 @@ class ResourceManagerMetrics:
         self.slots_total = Gauge(n("slots_total"), "slots of the registered TaskManagers", registry=r)
         self.slots_free = Gauge(n("slots_free"), "slots not allocated to a task", registry=r)
         self.pending = Gauge(n("slot_requests_pending"), "slot requests waiting for free slots", registry=r)
-        self.heartbeats = Gauge(n("heartbeats_per_second"), "TaskManager heartbeats received per second",
-                                registry=r)
-        self.lag_max = Gauge(n("heartbeat_lag_max_seconds"),
-                             "longest send-to-handling delay of a heartbeat in the last second", registry=r)
-        self.lag_avg = Gauge(n("heartbeat_lag_avg_seconds"),
-                             "mean send-to-handling delay of the heartbeats in the last second", registry=r)
-        self.lost = Counter(n("taskmanagers_lost"), "TaskManagers declared lost since this process started",
-                            registry=r)
+        self.heartbeats = Gauge(n("heartbeats_per_second"), "TaskManager heartbeats received per second", registry=r)
+        self.lag_max = Gauge(
+            n("heartbeat_lag_max_seconds"),
+            "longest send-to-handling delay of a heartbeat in the last second",
+            registry=r,
+        )
+        self.lag_avg = Gauge(
+            n("heartbeat_lag_avg_seconds"),
+            "mean send-to-handling delay of the heartbeats in the last second",
+            registry=r,
+        )
+        self.lost = Counter(n("taskmanagers_lost"), "TaskManagers declared lost since this process started", registry=r)
         self._lost_seen = 0
-        self.refused = Counter(n("messages_refused"), "messages dead-lettered unread because their sender may not "
-                                                      "send them (unsigned, forged, another TaskManager's "
-                                                      "registration or heartbeat)", ["stream", "type"], registry=r)
+        self.refused = Counter(
+            n("messages_refused"),
+            "messages dead-lettered unread because their sender may not "
+            "send them (unsigned, forged, another TaskManager's "
+            "registration or heartbeat)",
+            ["stream", "type"],
+            registry=r,
+        )
 
     def count_refused(self, stream: str, message_type: str) -> None:
         self.refused.labels(stream=stream, type=message_type).inc()

@@ -56,7 +56,7 @@ class ReportStreams:
             name = str(c.get("name") or "")
             if not name.startswith(streams.REPORTER_NAME_PREFIX):
                 continue
-            reporter = name[len(streams.REPORTER_NAME_PREFIX):]
+            reporter = name[len(streams.REPORTER_NAME_PREFIX) :]
             user = str(c.get("user") or ADMIN_USER)
             if not TASKMANAGER_ID.fullmatch(reporter) or user not in (ADMIN_USER, f"taskmanager.{reporter}"):
                 continue  # a TaskManager naming itself after another: its name counts for nothing

@@ -51,10 +51,18 @@ class ResourceManager:
     """`fence` decides which JobManager messages are obeyed (services/resourcemanager/fencing.py);
     None obeys every one, for tests and benchmarks that run without a leader."""
 
-    def __init__(self, settings: Settings, catalog: Catalog, transport: Transport, clock: Clock,
-                 liveness: ConnectionLiveness | None = None, name: str = "resourcemanager",
-                 publish_stats: Callable[[dict], None] | None = None,
-                 announce: Callable[[str], None] | None = None, fence: JobManagerFence | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        transport: Transport,
+        clock: Clock,
+        liveness: ConnectionLiveness | None = None,
+        name: str = "resourcemanager",
+        publish_stats: Callable[[dict], None] | None = None,
+        announce: Callable[[str], None] | None = None,
+        fence: JobManagerFence | None = None,
+    ):
         self.settings, self.catalog, self.transport, self.clock = settings, catalog, transport, clock
         self.name = name
         self.fence = fence
@@ -67,12 +75,24 @@ class ResourceManager:
         self.reports = ReportStreams()  # the TaskManagers' own streams (report_streams.py)
         self.stats = LoopStats(clock, publish_stats)
         self.returning = ReturningTaskManagers(clock, timeout_s=settings.heartbeat_timeout_s)
-        self.requests = SlotRequests(self.slots, UnsatisfiableRequests(clock, grace_s=settings.heartbeat_timeout_s),
-                                     self.catalog_sync, self.replies)
-        self.members = TaskManagerMembership(settings, clock, session=self.session, slots=self.slots,
-                                             requests=self.requests, catalog_sync=self.catalog_sync,
-                                             claims=self.claims, returning=self.returning, stats=self.stats,
-                                             replies=self.replies)
+        self.requests = SlotRequests(
+            self.slots,
+            UnsatisfiableRequests(clock, grace_s=settings.heartbeat_timeout_s),
+            self.catalog_sync,
+            self.replies,
+        )
+        self.members = TaskManagerMembership(
+            settings,
+            clock,
+            session=self.session,
+            slots=self.slots,
+            requests=self.requests,
+            catalog_sync=self.catalog_sync,
+            claims=self.claims,
+            returning=self.returning,
+            stats=self.stats,
+            replies=self.replies,
+        )
         self._backlog = False
         self._last_scan = -1e9
         self._last_flush = 0.0
@@ -97,11 +117,19 @@ class ResourceManager:
         heartbeats, each on its own stream: a heartbeat backlog must never delay an allocation.
         Blocks only when there was no control work. (hr:stream:rm:heartbeats carries heartbeats
         only from processes that hold the cluster secret: benchmarks and tests.)"""
-        control = self.transport.poll(streams.RM_STREAM, streams.RM_GROUP, self.name, self.handle,
-                                      count=self.BATCH, block_ms=0)
+        control = self.transport.poll(
+            streams.RM_STREAM, streams.RM_GROUP, self.name, self.handle, count=self.BATCH, block_ms=0
+        )
         self.flush_outbox()
-        beats = self.transport.poll(streams.RM_HEARTBEAT_STREAM, streams.RM_GROUP, self.name, self.handle,
-                                    count=self.BATCH, block_ms=0 if control else block_ms, also=self.reports.names())
+        beats = self.transport.poll(
+            streams.RM_HEARTBEAT_STREAM,
+            streams.RM_GROUP,
+            self.name,
+            self.handle,
+            count=self.BATCH,
+            block_ms=0 if control else block_ms,
+            also=self.reports.names(),
+        )
         self._backlog = beats >= self.BATCH
         self.flush_outbox()
         return control + beats
@@ -153,8 +181,11 @@ class ResourceManager:
             previous = [tm.id for tm in repo.list_taskmanagers(s)]
         waiting = self.returning.expect(previous, self.slots.taskmanagers)
         if waiting:
-            log.info("waiting up to %g s for %d TaskManagers of the previous ResourceManager to register again",
-                     self.settings.heartbeat_timeout_s, waiting)
+            log.info(
+                "waiting up to %g s for %d TaskManagers of the previous ResourceManager to register again",
+                self.settings.heartbeat_timeout_s,
+                waiting,
+            )
 
     # --- handlers ----------------------------------------------------------------------
 
@@ -196,4 +227,3 @@ class ResourceManager:
     def flush_catalog(self) -> None:
         self.catalog_sync.flush()
         self.claims.flush()
-

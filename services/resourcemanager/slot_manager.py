@@ -109,8 +109,17 @@ class SlotManager:
 
     # --- TaskManagers ------------------------------------------------------------------
 
-    def register(self, *, taskmanager_id: TaskManagerId, queue: str, host: str, slots: int, cores: float,
-                 memory_bytes: int, occupied: dict[int, Allocation] | None = None) -> list[Allocation]:
+    def register(
+        self,
+        *,
+        taskmanager_id: TaskManagerId,
+        queue: str,
+        host: str,
+        slots: int,
+        cores: float,
+        memory_bytes: int,
+        occupied: dict[int, Allocation] | None = None,
+    ) -> list[Allocation]:
         """(Re-)register. `occupied` is what the TaskManager reports it is running (slot index ->
         allocation): it replaces whatever was held for it, so a restarted ResourceManager learns
         allocations it never made and a returning TaskManager sheds the ones it no longer has.
@@ -124,8 +133,9 @@ class SlotManager:
                 alloc = self._forget(alloc_id)
                 if alloc is not None and alloc_id not in reported:
                     dropped.append(alloc)
-        entry = TaskManagerEntry(taskmanager_id, queue, host, slots, cores, memory_bytes,
-                                 {i: None for i in range(slots)})
+        entry = TaskManagerEntry(
+            taskmanager_id, queue, host, slots, cores, memory_bytes, {i: None for i in range(slots)}
+        )
         for i, alloc in (occupied or {}).items():
             if 0 <= i < slots:
                 entry.slots[i] = alloc.allocation_id
@@ -182,8 +192,15 @@ class SlotManager:
                 if evicted is not None:
                     drift.evicted.append(evicted)
             sample = reported[indices[0]]
-            alloc = Allocation(alloc_id, taskmanager_id, entry.queue, sample.job_id, sample.execution_id,
-                               sample.request_id, tuple(sorted(indices)))
+            alloc = Allocation(
+                alloc_id,
+                taskmanager_id,
+                entry.queue,
+                sample.job_id,
+                sample.execution_id,
+                sample.request_id,
+                tuple(sorted(indices)),
+            )
             for i in alloc.indices:
                 entry.slots[i] = alloc_id
             self.allocations[alloc_id] = alloc
@@ -219,8 +236,16 @@ class SlotManager:
 
     # --- requests ----------------------------------------------------------------------
 
-    def request(self, *, request_id: RequestId, job_id: JobId, execution_id: ExecutionId, slots: int, timeout_s: float,
-                seq: int = 0) -> Allocation | None:
+    def request(
+        self,
+        *,
+        request_id: RequestId,
+        job_id: JobId,
+        execution_id: ExecutionId,
+        slots: int,
+        timeout_s: float,
+        seq: int = 0,
+    ) -> Allocation | None:
         """Allocate now if the queue is empty and something fits; else queue. Idempotent."""
         if request_id in self._request_allocation:
             return self.allocations.get(self._request_allocation[request_id])
@@ -293,8 +318,7 @@ class SlotManager:
         for i, a in sorted(entry.slots.items()):
             if a is not None and a in self.allocations:
                 alloc = self.allocations[a]
-                out.append({"index": i, "allocation_id": a, "job_id": alloc.job_id,
-                            "execution_id": alloc.execution_id})
+                out.append({"index": i, "allocation_id": a, "job_id": alloc.job_id, "execution_id": alloc.execution_id})
         return out
 
     # --- internals ---------------------------------------------------------------------
@@ -313,8 +337,9 @@ class SlotManager:
         tm = self.taskmanagers[tm_id]
         self._free.discard(tm)
         indices = tuple(tm.free_indices()[: req.slots])
-        alloc = Allocation(new_allocation_id(), tm.taskmanager_id, tm.queue, req.job_id, req.execution_id,
-                           req.request_id, indices)
+        alloc = Allocation(
+            new_allocation_id(), tm.taskmanager_id, tm.queue, req.job_id, req.execution_id, req.request_id, indices
+        )
         for i in indices:
             tm.slots[i] = alloc.allocation_id
         if for_warm_driver:

@@ -19,8 +19,10 @@ def waiting_reason(slots: SlotManager, request_id: RequestId) -> str:
     largest = slots.largest_taskmanager()
     if req.slots > largest:
         have = f"the largest has {largest}" if slots.taskmanagers else "none is registered"
-        return (f"parallelism {req.slots} needs {req.slots} slots on one TaskManager; {have} "
-                f"(no TaskManager has {req.slots} slots: waiting for one to register)")
+        return (
+            f"parallelism {req.slots} needs {req.slots} slots on one TaskManager; {have} "
+            f"(no TaskManager has {req.slots} slots: waiting for one to register)"
+        )
     reason = f"waiting for {req.slots} slot{'s' if req.slots != 1 else ''}; {slots.free_slots()} free"
     if ahead:
         reason += f"; {ahead} request{'s' if ahead != 1 else ''} ahead"
@@ -29,8 +31,10 @@ def waiting_reason(slots: SlotManager, request_id: RequestId) -> str:
 
 def timeout_reason(slots: SlotManager, req: SlotRequest) -> str:
     """Why `req` failed at its deadline: what it asked for, and what each TaskManager had free."""
-    per_tm = ", ".join(f"{tm.taskmanager_id}: {len(tm.free_indices())}/{tm.total} free"
-                       for tm in sorted(slots.taskmanagers.values(), key=lambda t: t.taskmanager_id))
+    per_tm = ", ".join(
+        f"{tm.taskmanager_id}: {len(tm.free_indices())}/{tm.total} free"
+        for tm in sorted(slots.taskmanagers.values(), key=lambda t: t.taskmanager_id)
+    )
     return (
         f"could not allocate {req.slots} slot{'s' if req.slots != 1 else ''} on one TaskManager "
         f"for job {req.job_id} within the slot request timeout; {slots.free_slots()} of "

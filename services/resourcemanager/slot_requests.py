@@ -26,19 +26,35 @@ log = logging.getLogger("headrace.resourcemanager")
 
 
 class SlotRequests:
-    def __init__(self, slots: SlotManager, unsatisfiable: UnsatisfiableRequests,
-                 catalog_sync: TaskManagerCatalogSync, replies: Replies):
+    def __init__(
+        self,
+        slots: SlotManager,
+        unsatisfiable: UnsatisfiableRequests,
+        catalog_sync: TaskManagerCatalogSync,
+        replies: Replies,
+    ):
         self.slots, self.unsatisfiable, self.catalog_sync, self.replies = slots, unsatisfiable, catalog_sync, replies
 
     def request(self, msg: RequestSlots) -> None:
-        alloc = self.slots.request(request_id=msg.request_id, job_id=msg.job_id, execution_id=msg.execution_id,
-                                   slots=msg.slots, timeout_s=msg.timeout_s, seq=msg.submitted_seq)
+        alloc = self.slots.request(
+            request_id=msg.request_id,
+            job_id=msg.job_id,
+            execution_id=msg.execution_id,
+            slots=msg.slots,
+            timeout_s=msg.timeout_s,
+            seq=msg.submitted_seq,
+        )
         if alloc is not None:
             self._allocated(alloc)
         else:
-            self.replies.to_jobmanager(SlotRequestPending(request_id=msg.request_id, execution_id=msg.execution_id,
-                                                          job_id=msg.job_id,
-                                                          reason=waiting_reason(self.slots, msg.request_id)))
+            self.replies.to_jobmanager(
+                SlotRequestPending(
+                    request_id=msg.request_id,
+                    execution_id=msg.execution_id,
+                    job_id=msg.job_id,
+                    reason=waiting_reason(self.slots, msg.request_id),
+                )
+            )
 
     def release(self, msg: ReleaseSlots) -> None:
         released = self.slots.release(msg.allocation_id)
@@ -62,16 +78,33 @@ class SlotRequests:
         for req in self.slots.expire_pending():
             message = timeout_reason(self.slots, req)
             log.warning("slot request %s timed out: %s", req.request_id, message)
-            self.replies.to_jobmanager(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
-                                                         job_id=req.job_id, reason=message))
+            self.replies.to_jobmanager(
+                SlotRequestFailed(
+                    request_id=req.request_id, execution_id=req.execution_id, job_id=req.job_id, reason=message
+                )
+            )
         for req, message in self.unsatisfiable.take(self.slots):
             log.warning("slot request %s can never be served: %s", req.request_id, message)
-            self.replies.to_jobmanager(SlotRequestFailed(request_id=req.request_id, execution_id=req.execution_id,
-                                                         job_id=req.job_id, reason=message, permanent=True))
+            self.replies.to_jobmanager(
+                SlotRequestFailed(
+                    request_id=req.request_id,
+                    execution_id=req.execution_id,
+                    job_id=req.job_id,
+                    reason=message,
+                    permanent=True,
+                )
+            )
 
     def _allocated(self, alloc: Allocation) -> None:
         self.catalog_sync.slots_changed(alloc.taskmanager_id)
-        self.replies.to_jobmanager(SlotsAllocated(request_id=alloc.request_id, execution_id=alloc.execution_id,
-                                                  job_id=alloc.job_id, allocation_id=alloc.allocation_id,
-                                                  taskmanager_id=alloc.taskmanager_id, queue=alloc.queue,
-                                                  slot_indices=alloc.indices))
+        self.replies.to_jobmanager(
+            SlotsAllocated(
+                request_id=alloc.request_id,
+                execution_id=alloc.execution_id,
+                job_id=alloc.job_id,
+                allocation_id=alloc.allocation_id,
+                taskmanager_id=alloc.taskmanager_id,
+                queue=alloc.queue,
+                slot_indices=alloc.indices,
+            )
+        )

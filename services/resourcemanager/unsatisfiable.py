@@ -51,9 +51,12 @@ class UnsatisfiableRequests:
 
 def permanent_reason(req: SlotRequest, slots: SlotManager, largest: int) -> str:
     names = sorted(tm.taskmanager_id for tm in slots.taskmanagers.values() if tm.total == largest)
-    shown = ", ".join(names[:NAMES_SHOWN]) + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN
-                                              else "")
-    return (f"parallelism {req.slots} needs {req.slots} slots on one TaskManager; the largest registered "
-            f"TaskManager has {largest} ({shown}; {len(slots.taskmanagers)} registered), so no restart can "
-            f"help: resubmit with parallelism {largest} or less, or add a TaskManager with at least "
-            f"{req.slots} slots (headrace taskmanager --slots {req.slots}) and submit again")
+    shown = ", ".join(names[:NAMES_SHOWN]) + (
+        f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+    )
+    return (
+        f"parallelism {req.slots} needs {req.slots} slots on one TaskManager; the largest registered "
+        f"TaskManager has {largest} ({shown}; {len(slots.taskmanagers)} registered), so no restart can "
+        f"help: resubmit with parallelism {largest} or less, or add a TaskManager with at least "
+        f"{req.slots} slots (headrace taskmanager --slots {req.slots}) and submit again"
+    )

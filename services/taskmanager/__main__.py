@@ -59,8 +59,7 @@ class EndpointAnnouncer:
     claims.py). Refreshed every heartbeat interval and expiring after the heartbeat timeout, so
     the key of a TaskManager that died is gone when it is declared lost."""
 
-    def __init__(self, client, taskmanager_ids, *, address: str, main_log: str | None, interval_s: float,
-                 ttl_s: float):
+    def __init__(self, client, taskmanager_ids, *, address: str, main_log: str | None, interval_s: float, ttl_s: float):
         self.client, self.ids, self.interval_s = client, list(taskmanager_ids), interval_s
         self.ttl_ms = max(1000, int(ttl_s * 1000))
         self.value = json.dumps({"address": address, "log": main_log})
@@ -119,9 +118,18 @@ def driver_engine_args(settings: Settings, config: dict | None = None) -> list[s
     if not cores.isdigit() or int(cores) < 1:
         raise ValueError(f"spark.executor.cores must be a whole number >= 1, got {cores!r}")
     memory = job_options.spark_executor_memory(memory)  # InvalidSize (a ValueError) names the key
-    return ["--master", settings.spark_master, "--executor-cores", cores, "--executor-memory", memory,
-            "--executor-timeout", str(settings.slot_request_timeout_s),
-            "--host", settings.advertised_host or "127.0.0.1"]
+    return [
+        "--master",
+        settings.spark_master,
+        "--executor-cores",
+        cores,
+        "--executor-memory",
+        memory,
+        "--executor-timeout",
+        str(settings.slot_request_timeout_s),
+        "--host",
+        settings.advertised_host or "127.0.0.1",
+    ]
 
 
 def start_up_args(settings: Settings, workdir: Path) -> list[str]:
@@ -129,27 +137,39 @@ def start_up_args(settings: Settings, workdir: Path) -> list[str]:
     starts here in the background if it is missing) and the Python fork server."""
     runtime = SparkRuntime.from_settings(settings)
     if runtime.class_archive_dir is not None:
-        class_archive.ensure_started(class_archive.archive_path(runtime.class_archive_dir),
-                                     workdir / "logs" / "class-archive.log")
+        class_archive.ensure_started(
+            class_archive.archive_path(runtime.class_archive_dir), workdir / "logs" / "class-archive.log"
+        )
     args = runtime.cli_args()
     if settings.driver_python_forkserver:
         args.append("--python-forkserver")
     return args
 
 
-def driver_launch(settings: Settings, slots: int, archive_args: list[str],
-                  sandbox: DriverSandbox | None) -> DriverLaunch:
+def driver_launch(
+    settings: Settings, slots: int, archive_args: list[str], sandbox: DriverSandbox | None
+) -> DriverLaunch:
     """How the TaskManager's supervisors start drivers, and their warm pools."""
-    def warm_pool(factory: Callable[..., DriverProcess]) -> WarmPool:
-        return WarmPool(size=settings.warm_drivers, parallelism=settings.warm_parallelism or slots,
-                        factory=factory, max_rss_bytes=settings.warm_driver_max_rss_bytes,
-                        tokens=WarmupTokens.for_machine(settings.warmup_concurrency),
-                        serves_smaller=settings.spark_master == "local")
 
-    return DriverLaunch(driver_memory=settings.driver_memory, shuffle_partitions=settings.spark_shuffle_partitions,
-                        engine_args=lambda config: driver_engine_args(settings, config) + archive_args,
-                        sandbox=sandbox, warm_pool=warm_pool, warm_up_query=settings.warm_up_query,
-                        follow_standby=settings.spark_master != "local" and not settings.warm_parallelism)
+    def warm_pool(factory: Callable[..., DriverProcess]) -> WarmPool:
+        return WarmPool(
+            size=settings.warm_drivers,
+            parallelism=settings.warm_parallelism or slots,
+            factory=factory,
+            max_rss_bytes=settings.warm_driver_max_rss_bytes,
+            tokens=WarmupTokens.for_machine(settings.warmup_concurrency),
+            serves_smaller=settings.spark_master == "local",
+        )
+
+    return DriverLaunch(
+        driver_memory=settings.driver_memory,
+        shuffle_partitions=settings.spark_shuffle_partitions,
+        engine_args=lambda config: driver_engine_args(settings, config) + archive_args,
+        sandbox=sandbox,
+        warm_pool=warm_pool,
+        warm_up_query=settings.warm_up_query,
+        follow_standby=settings.spark_master != "local" and not settings.warm_parallelism,
+    )
 
 
 def celery_app(settings: Settings, reports: HeldReports, dead_letter_stream: str) -> Celery:
@@ -161,14 +181,15 @@ def celery_app(settings: Settings, reports: HeldReports, dead_letter_stream: str
     # Celery's remote control answers inspection only: no `celery control shutdown` stops it.
     app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"
     # The reports of the commands taken in one read of the queue go out together.
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options,
-                                         kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False),
-                                         kombu_redis.DEAD_LETTERS: dead_letter_stream}
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        kombu_redis.AROUND_READ: lambda: reports.hold(raise_errors=False),
+        kombu_redis.DEAD_LETTERS: dead_letter_stream,
+    }
     return app
 
 
-def check_storage(settings: Settings, base_id: str, client: redis.Redis,
-                  announcer: EndpointAnnouncer | None) -> None:
+def check_storage(settings: Settings, base_id: str, client: redis.Redis, announcer: EndpointAnnouncer | None) -> None:
     """Exit (EXIT_STORAGE_NOT_SHARED) unless the checkpoint directory is the one shared with
     the other TaskManagers."""
     try:
@@ -178,8 +199,11 @@ def check_storage(settings: Settings, base_id: str, client: redis.Redis,
         if announcer is not None:
             announcer.stop()
         raise SystemExit(EXIT_STORAGE_NOT_SHARED) from None
-    log.info("checkpoint directory %s: writable, and shared with %s", settings.checkpoints,
-             ", ".join(checked) if checked else "no other running TaskManager")
+    log.info(
+        "checkpoint directory %s: writable, and shared with %s",
+        settings.checkpoints,
+        ", ".join(checked) if checked else "no other running TaskManager",
+    )
 
 
 def keys_or_exit(settings: Settings, base_id: TaskManagerId, ids: list[TaskManagerId]) -> TaskManagerAuth:
@@ -188,7 +212,7 @@ def keys_or_exit(settings: Settings, base_id: TaskManagerId, ids: list[TaskManag
     try:
         return taskmanager_auth(settings, ids)
     except (MissingKey, ValueError) as exc:
-        log.error("TaskManager %s cannot start: %s (docs/runbooks/auth.md, \"Signed messages\")", base_id, exc)
+        log.error('TaskManager %s cannot start: %s (docs/runbooks/auth.md, "Signed messages")', base_id, exc)
         raise SystemExit(EXIT_NO_KEYS) from None
 
 
@@ -200,8 +224,9 @@ class ProcessParts:
     TaskManager from them; bench/simulated_taskmanagers.py composes a fleet of no-op ones for
     the control-plane benchmarks."""
 
-    def __init__(self, settings: Settings, base_id: TaskManagerId, ids: list[TaskManagerId], slots: int,
-                 auth: TaskManagerAuth) -> None:
+    def __init__(
+        self, settings: Settings, base_id: TaskManagerId, ids: list[TaskManagerId], slots: int, auth: TaskManagerAuth
+    ) -> None:
         self.settings, self.base_id, self.ids, self.slots, self.auth = settings, base_id, ids, slots, auth
         # Named, so the ResourceManager finds this process's report streams (streams.reporter_name).
         self.client = wait_for_redis(settings.redis_url, client_name=streams.reporter_name(base_id))
@@ -212,8 +237,9 @@ class ProcessParts:
         self.liveness.ping()
         # What it reports goes to streams of its own (shared/streams.py), the only ones its user may write.
         self.routes = streams.taskmanager_routes(base_id)
-        self.transport = RedisStreamsTransport(self.client, sender=f"taskmanager:{base_id}",
-                                               maxlen=settings.stream_maxlen, auth=auth, route=self.routes)
+        self.transport = RedisStreamsTransport(
+            self.client, sender=f"taskmanager:{base_id}", maxlen=settings.stream_maxlen, auth=auth, route=self.routes
+        )
         self.workdir = settings.workdir / "taskmanagers" / base_id
 
     def supervise(self, drivers: Callable[[], DriverLaunch | None]) -> None:
@@ -229,18 +255,34 @@ class ProcessParts:
             os.environ[SPARK_UI_ENV] = "true"
         self.task_metrics = TaskMetrics(self.client, advertised_host=metrics.advertised_host(settings))
         launch = drivers()
-        self.supervisors = {tm: TaskSupervisor(
-            taskmanager_id=tm, slots=self.slots, transport=self.transport, workdir=self.workdir,
-            cancel_timeout_s=settings.task_cancel_timeout_s, noop=noop, drivers=launch,
-            startup_timeout_s=settings.task_startup_timeout_s, reports=self.reports, metrics=self.task_metrics)
-            for tm in self.ids}
+        self.supervisors = {
+            tm: TaskSupervisor(
+                taskmanager_id=tm,
+                slots=self.slots,
+                transport=self.transport,
+                workdir=self.workdir,
+                cancel_timeout_s=settings.task_cancel_timeout_s,
+                noop=noop,
+                drivers=launch,
+                startup_timeout_s=settings.task_startup_timeout_s,
+                reports=self.reports,
+                metrics=self.task_metrics,
+            )
+            for tm in self.ids
+        }
 
     def commands(self, artifacts: ArtifactChecker | None) -> Celery:
         """The Celery app whose commands go to the supervisors (an artifact checked by `artifacts`)."""
         app = celery_app(self.settings, self.reports, self.routes[streams.DLQ_STREAM])
-        intake = CommandIntake(supervisors=self.supervisors, fence=LeaderEpochFence.from_redis(self.client),
-                               transport=self.transport, dead_letter_client=self.client, auth=self.auth,
-                               dead_letter_stream=self.routes[streams.DLQ_STREAM], artifacts=artifacts)
+        intake = CommandIntake(
+            supervisors=self.supervisors,
+            fence=LeaderEpochFence.from_redis(self.client),
+            transport=self.transport,
+            dead_letter_client=self.client,
+            auth=self.auth,
+            dead_letter_stream=self.routes[streams.DLQ_STREAM],
+            artifacts=artifacts,
+        )
         register_commands(app, intake)
         self.task_metrics.registry.register(TaskManagerCollector(self.supervisors, self.client))
         return app
@@ -251,23 +293,48 @@ class ProcessParts:
         # to the dispatcher's requests signed with this TaskManager's command key (shared/log_access.py).
         self.logs = LogFiles.of_this_process(self.workdir / "logs", main=self.settings.log_file)
         service = f"taskmanager {self.base_id}"
-        metrics.serve(self.task_metrics.registry, host=self.settings.metrics_host,
-                      port=self.settings.taskmanager_metrics_port, service=service, logs=self.logs, log_guard=guard)
+        metrics.serve(
+            self.task_metrics.registry,
+            host=self.settings.metrics_host,
+            port=self.settings.taskmanager_metrics_port,
+            service=service,
+            logs=self.logs,
+            log_guard=guard,
+        )
         return metrics.advertised_url(service, self.settings)
 
-    def link(self, *, queue_of: Callable[[str], str], log_endpoint: str | None,
-             simulated: bool = False) -> ResourceManagerLink:
+    def link(
+        self, *, queue_of: Callable[[str], str], log_endpoint: str | None, simulated: bool = False
+    ) -> ResourceManagerLink:
         settings = self.settings
-        return ResourceManagerLink(client=self.client, transport=self.transport, supervisors=self.supervisors,
-                                   slots=self.slots, cores=settings.taskmanager_cores,
-                                   memory_bytes=settings.taskmanager_memory_bytes,
-                                   interval_s=settings.heartbeat_interval_s, timeout_s=settings.heartbeat_timeout_s,
-                                   liveness_name=self.liveness_name, simulated=simulated, queue_of=queue_of,
-                                   liveness=self.liveness, log_endpoint=log_endpoint, main_log=self.logs.main_name)
+        return ResourceManagerLink(
+            client=self.client,
+            transport=self.transport,
+            supervisors=self.supervisors,
+            slots=self.slots,
+            cores=settings.taskmanager_cores,
+            memory_bytes=settings.taskmanager_memory_bytes,
+            interval_s=settings.heartbeat_interval_s,
+            timeout_s=settings.heartbeat_timeout_s,
+            liveness_name=self.liveness_name,
+            simulated=simulated,
+            queue_of=queue_of,
+            liveness=self.liveness,
+            log_endpoint=log_endpoint,
+            main_log=self.logs.main_name,
+        )
 
-    def work(self, app: Celery, link: ResourceManagerLink, queues: list[str], *, started: str = "",
-             without_heartbeat: bool = False, announcer: EndpointAnnouncer | None = None,
-             sandbox: DriverSandbox | None = None) -> None:
+    def work(
+        self,
+        app: Celery,
+        link: ResourceManagerLink,
+        queues: list[str],
+        *,
+        started: str = "",
+        without_heartbeat: bool = False,
+        announcer: EndpointAnnouncer | None = None,
+        sandbox: DriverSandbox | None = None,
+    ) -> None:
         """Start the link and the supervisors, consume `queues` until the worker stops, then stop
         everything (`announcer`'s keys, the link, the supervisors and what `sandbox` left)."""
         base_id, settings = self.base_id, self.settings
@@ -276,10 +343,17 @@ class ProcessParts:
             sup.start()
         log.info("TaskManager %s started: %d slots%s", base_id, self.slots, started)
         gc_tuning.tune()
-        worker = app.Worker(queues=queues, pool="solo", concurrency=1,
-                            hostname=f"{base_id}@{socket.gethostname()}", without_gossip=True, without_mingle=True,
-                            without_heartbeat=without_heartbeat, loglevel=settings.log_level.upper(),
-                            quiet=True)
+        worker = app.Worker(
+            queues=queues,
+            pool="solo",
+            concurrency=1,
+            hostname=f"{base_id}@{socket.gethostname()}",
+            without_gossip=True,
+            without_mingle=True,
+            without_heartbeat=without_heartbeat,
+            loglevel=settings.log_level.upper(),
+            quiet=True,
+        )
         try:
             worker.start()
         finally:
@@ -311,14 +385,20 @@ def run(settings: Settings, *, slots: int | None = None, taskmanager_id: str | N
     sandbox = start_sandbox(settings, base_id, workdir)
     parts.supervise(lambda: driver_launch(settings, slots, start_up_args(settings, workdir), sandbox))
     app = parts.commands(ArtifactChecker(settings.artifacts))
-    address = parts.serve_metrics(LogGuard(request_key=auth.command_key(base_id),
-                                           answer_key=auth.sender_key(taskmanager_sender(base_id))))
+    address = parts.serve_metrics(
+        LogGuard(request_key=auth.command_key(base_id), answer_key=auth.sender_key(taskmanager_sender(base_id)))
+    )
     link = parts.link(queue_of=streams.tm_queue, log_endpoint=address)
     announcer = None
     if address is not None:
-        announcer = EndpointAnnouncer(parts.client, [base_id], address=address, main_log=parts.logs.main_name,
-                                      interval_s=settings.heartbeat_interval_s,
-                                      ttl_s=settings.heartbeat_timeout_s).start()
+        announcer = EndpointAnnouncer(
+            parts.client,
+            [base_id],
+            address=address,
+            main_log=parts.logs.main_name,
+            interval_s=settings.heartbeat_interval_s,
+            ttl_s=settings.heartbeat_timeout_s,
+        ).start()
     check_storage(settings, base_id, parts.client, announcer)
     parts.work(app, link, [streams.tm_queue(base_id)], announcer=announcer, sandbox=sandbox)
 

@@ -83,11 +83,14 @@ def peek(payload: str) -> Peek:
     execution_id = text(body.get("execution_id"), spec.get("execution_id"))
     job_id = text(body.get("job_id"), spec.get("job_id"))
     epoch = env.get("epoch")
-    return Peek(sender=text(env.get("sender")), epoch=epoch if type(epoch) is int else None,
-                command=text(body.get("type")),
-                taskmanager_id=TaskManagerId(taskmanager_id) if taskmanager_id is not None else None,
-                execution_id=ExecutionId(execution_id) if execution_id is not None else None,
-                job_id=JobId(job_id) if job_id is not None else None)
+    return Peek(
+        sender=text(env.get("sender")),
+        epoch=epoch if type(epoch) is int else None,
+        command=text(body.get("type")),
+        taskmanager_id=TaskManagerId(taskmanager_id) if taskmanager_id is not None else None,
+        execution_id=ExecutionId(execution_id) if execution_id is not None else None,
+        job_id=JobId(job_id) if job_id is not None else None,
+    )
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -111,10 +114,19 @@ Command = DeployTask | CancelTask | TriggerCheckpoint
 class CommandIntake:
     """Fences, checks and routes one process's commands (see the module docstring)."""
 
-    def __init__(self, *, supervisors: Mapping[TaskManagerId, CommandTarget], fence: LeaderEpochFence,
-                 transport: Transport, dead_letter_client: Any, auth: ClusterAuth,
-                 artifacts: ArtifactChecker | None = None, dead_letter_stream: str = streams.DLQ_STREAM,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        *,
+        supervisors: Mapping[TaskManagerId, CommandTarget],
+        fence: LeaderEpochFence,
+        transport: Transport,
+        dead_letter_client: Any,
+        auth: ClusterAuth,
+        artifacts: ArtifactChecker | None = None,
+        dead_letter_stream: str = streams.DLQ_STREAM,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.supervisors, self.fence, self.transport = supervisors, fence, transport
         self.dead_letter_client, self.dead_letter_stream = dead_letter_client, dead_letter_stream
         self.auth = auth
@@ -124,13 +136,21 @@ class CommandIntake:
 
     def handle(self, expected: type[Command], args: tuple, kwargs: dict, queue: str) -> None:
         if len(args) == 1 and not kwargs and isinstance(args[0], str):
-            self._dead_letter(queue, expected, "unsigned command: the JobManager signs every command with the "
-                                               "TaskManager's command key", args[0])
+            self._dead_letter(
+                queue,
+                expected,
+                "unsigned command: the JobManager signs every command with the TaskManager's command key",
+                args[0],
+            )
             return
         if len(args) != 2 or kwargs or not all(isinstance(a, str) for a in args):
-            self._dead_letter(queue, expected, f"expected two arguments, an envelope's JSON and its signature; got "
-                                               f"{len(args)} positional and {len(kwargs)} keyword arguments",
-                              repr(args))
+            self._dead_letter(
+                queue,
+                expected,
+                f"expected two arguments, an envelope's JSON and its signature; got "
+                f"{len(args)} positional and {len(kwargs)} keyword arguments",
+                repr(args),
+            )
             return
         payload, signature = args
         refused = self.auth.check_command(self._addressee(payload, queue), payload.encode(), signature)
@@ -152,9 +172,16 @@ class CommandIntake:
         if not isinstance(body, expected):
             error = f"a {body.type} sent as {expected.__name__}"
             self._dead_letter(queue, expected, error, payload)
-            self._reject(queue, Peek(command=body.type, taskmanager_id=getattr(body, "taskmanager_id", None),
-                                     execution_id=getattr(body, "execution_id", None),
-                                     job_id=getattr(body, "job_id", None)), error)
+            self._reject(
+                queue,
+                Peek(
+                    command=body.type,
+                    taskmanager_id=getattr(body, "taskmanager_id", None),
+                    execution_id=getattr(body, "execution_id", None),
+                    job_id=getattr(body, "job_id", None),
+                ),
+                error,
+            )
             return
         if isinstance(body, DeployTask):
             refused = self.artifacts.refusal(body.spec) if self.artifacts is not None else None
@@ -188,8 +215,12 @@ class CommandIntake:
             log.warning("dropping %s from sender %r: commands come only from the JobManager", command, sender)
             return False
         if epoch is None or not self._is_current(epoch):
-            log.warning("dropping %s from JobManager epoch %s: the current leader's epoch is %s", command, epoch,
-                        self.fence.epoch)
+            log.warning(
+                "dropping %s from JobManager epoch %s: the current leader's epoch is %s",
+                command,
+                epoch,
+                self.fence.epoch,
+            )
             return False
         return True
 
@@ -214,29 +245,44 @@ class CommandIntake:
 
     def _dead_letter(self, queue: str, expected: type[Command], error: str, payload: str) -> None:
         log.error("dead-lettering a %s command from queue %s: %s", expected.__name__, queue, error)
-        dead_letters.add_safely(self.dead_letter_client, error=error, stream=self.dead_letter_stream,
-                                origin={"queue": queue, "task": TASK_NAMES[expected]}, original={"m": payload})
+        dead_letters.add_safely(
+            self.dead_letter_client,
+            error=error,
+            stream=self.dead_letter_stream,
+            origin={"queue": queue, "task": TASK_NAMES[expected]},
+            original={"m": payload},
+        )
 
     def _reject(self, queue: str, seen: Peek, reason: str) -> None:
         tm = seen.taskmanager_id
         if tm is None or tm not in self.supervisors:
             tm = _taskmanager_of(queue)
         try:
-            self.transport.publish(streams.JM_STREAM, CommandRejected(
-                taskmanager_id=tm, command=seen.command, execution_id=seen.execution_id, job_id=seen.job_id,
-                reason=reason[:2000]))
+            self.transport.publish(
+                streams.JM_STREAM,
+                CommandRejected(
+                    taskmanager_id=tm,
+                    command=seen.command,
+                    execution_id=seen.execution_id,
+                    job_id=seen.job_id,
+                    reason=reason[:2000],
+                ),
+            )
         except Exception:  # the JobManager's acknowledgement timer is the fallback
             log.exception("could not report the rejected %s (%s) to the JobManager", seen.command, reason[:200])
 
 
 def _taskmanager_of(queue: str) -> TaskManagerId:
     prefix = streams.tm_queue("")
-    return TaskManagerId(queue[len(prefix):] if queue.startswith(prefix) else queue)
+    return TaskManagerId(queue[len(prefix) :] if queue.startswith(prefix) else queue)
 
 
 # Celery task name <-> message type, and what the supervisor does with each.
-TASK_NAMES: dict[type[Command], str] = {DeployTask: DEPLOY_TASK, CancelTask: CANCEL_TASK,
-                                         TriggerCheckpoint: TRIGGER_CHECKPOINT}
+TASK_NAMES: dict[type[Command], str] = {
+    DeployTask: DEPLOY_TASK,
+    CancelTask: CANCEL_TASK,
+    TriggerCheckpoint: TRIGGER_CHECKPOINT,
+}
 ACTIONS: dict[type[Command], Callable[[CommandTarget, Any], None]] = {
     DeployTask: lambda sup, body: sup.deploy(body),
     CancelTask: lambda sup, body: sup.cancel(body.execution_id, body.job_id),
@@ -267,8 +313,13 @@ def _dead_letter_celery_refusals(intake: CommandIntake) -> None:
         raw = getattr(message, "_raw", None)
         original = json.dumps(raw) if isinstance(raw, dict) else getattr(message, "body", b"")
         queue = ((getattr(message, "delivery_info", None) or {}).get("routing_key")) or "?"
-        dead_letters.add_safely(intake.dead_letter_client, error=why, origin={"queue": queue},
-                                original={"item": original}, stream=intake.dead_letter_stream)
+        dead_letters.add_safely(
+            intake.dead_letter_client,
+            error=why,
+            origin={"queue": queue},
+            original={"item": original},
+            stream=intake.dead_letter_stream,
+        )
 
     def on_unknown(sender=None, message=None, exc=None, name=None, **_):
         refused(message, f"unknown task {name!r}: not a Headrace command")

@@ -26,8 +26,16 @@ from shared import metrics, streams
 
 TASK_LABELS = ("taskmanager", "job", "execution")
 # The figures of a history point (streams.progress_history_key): the hash's, without the ids.
-HISTORY_FIELDS = ("batch_id", "input_rows_per_second", "processed_rows_per_second", "num_input_rows", "timestamp",
-                  "batch_duration_ms", "source_lag", "source_partitions")
+HISTORY_FIELDS = (
+    "batch_id",
+    "input_rows_per_second",
+    "processed_rows_per_second",
+    "num_input_rows",
+    "timestamp",
+    "batch_duration_ms",
+    "source_lag",
+    "source_partitions",
+)
 PARTITION_LABELS = (*TASK_LABELS, "topic", "partition")
 log = logging.getLogger("headrace.taskmanager.metrics")
 
@@ -45,35 +53,68 @@ def rehost(url: str | None, host: str | None) -> str | None:
 
 
 class TaskMetrics:
-    def __init__(self, redis_client=None, *, advertised_host: str | None = None,
-                 clock_ms=lambda: int(time.time() * 1000)) -> None:
+    def __init__(
+        self, redis_client=None, *, advertised_host: str | None = None, clock_ms=lambda: int(time.time() * 1000)
+    ) -> None:
         self.redis, self.advertised_host, self.clock_ms = redis_client, advertised_host, clock_ms
         self.registry = CollectorRegistry(auto_describe=True)
         r, n = self.registry, metrics.name
         self._lock = threading.Lock()
         self._live: set[tuple[str, str, str]] = set()
         self._history_at: dict[str, int] = {}  # execution id -> when its newest history point was written (ms)
-        self.batch_id = Gauge(n("task_last_batch_id"), "id of the task's newest completed micro-batch",
-                              TASK_LABELS, registry=r)
-        self.batch_duration = Gauge(n("task_batch_duration_seconds"), "duration of the newest micro-batch",
-                                    TASK_LABELS, registry=r)
-        self.input_rate = Gauge(n("task_input_rows_per_second"), "rows per second arriving at the sources "
-                                "(Spark's inputRowsPerSecond)", TASK_LABELS, registry=r)
-        self.processed_rate = Gauge(n("task_processed_rows_per_second"), "rows per second processed "
-                                    "(Spark's processedRowsPerSecond)", TASK_LABELS, registry=r)
-        self.source_lag = Gauge(n("task_source_lag"), "entries the sources hold beyond what the task read",
-                                TASK_LABELS, registry=r)
-        self.input_rows = Counter(n("task_input_rows"), "rows read by the task's micro-batches",
-                                  TASK_LABELS, registry=r)
-        self.partition_lag = Gauge(n("task_source_partition_lag"), "records of a Kafka partition beyond what the "
-                                   "task read (its consumer lag)", PARTITION_LABELS, registry=r)
+        self.batch_id = Gauge(
+            n("task_last_batch_id"), "id of the task's newest completed micro-batch", TASK_LABELS, registry=r
+        )
+        self.batch_duration = Gauge(
+            n("task_batch_duration_seconds"), "duration of the newest micro-batch", TASK_LABELS, registry=r
+        )
+        self.input_rate = Gauge(
+            n("task_input_rows_per_second"),
+            "rows per second arriving at the sources (Spark's inputRowsPerSecond)",
+            TASK_LABELS,
+            registry=r,
+        )
+        self.processed_rate = Gauge(
+            n("task_processed_rows_per_second"),
+            "rows per second processed (Spark's processedRowsPerSecond)",
+            TASK_LABELS,
+            registry=r,
+        )
+        self.source_lag = Gauge(
+            n("task_source_lag"), "entries the sources hold beyond what the task read", TASK_LABELS, registry=r
+        )
+        self.input_rows = Counter(
+            n("task_input_rows"), "rows read by the task's micro-batches", TASK_LABELS, registry=r
+        )
+        self.partition_lag = Gauge(
+            n("task_source_partition_lag"),
+            "records of a Kafka partition beyond what the task read (its consumer lag)",
+            PARTITION_LABELS,
+            registry=r,
+        )
         self._partitions: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
-        self.sink_version = Gauge(n("task_sink_table_version"), "the table version the task's sink committed last "
-                                  "(a Delta sink)", TASK_LABELS, registry=r)
-        self.sink_files = Counter(n("task_sink_files_added"), "data files the task's sink added to its table "
-                                  "(a Delta sink; compaction's rewrites not counted)", TASK_LABELS, registry=r)
-        self._per_task = (self.batch_id, self.batch_duration, self.input_rate, self.processed_rate,
-                          self.source_lag, self.input_rows, self.sink_version, self.sink_files)
+        self.sink_version = Gauge(
+            n("task_sink_table_version"),
+            "the table version the task's sink committed last (a Delta sink)",
+            TASK_LABELS,
+            registry=r,
+        )
+        self.sink_files = Counter(
+            n("task_sink_files_added"),
+            "data files the task's sink added to its table (a Delta sink; compaction's rewrites not counted)",
+            TASK_LABELS,
+            registry=r,
+        )
+        self._per_task = (
+            self.batch_id,
+            self.batch_duration,
+            self.input_rate,
+            self.processed_rate,
+            self.source_lag,
+            self.input_rows,
+            self.sink_version,
+            self.sink_files,
+        )
 
     def progress(self, taskmanager_id: str, spec, event) -> None:
         """Record one driver Progress event (shared/task_protocol.py)."""
@@ -116,18 +157,27 @@ class TaskMetrics:
         Prometheus series above still have them)."""
         if self.redis is None:
             return
-        fields = {"job_id": spec.job_id, "vertex_id": spec.vertex_id, "execution_id": spec.execution_id,
-                  "attempt": spec.attempt, "taskmanager_id": taskmanager_id, "batch_id": event.batch_id,
-                  "input_rows_per_second": event.input_rows_per_second,
-                  "processed_rows_per_second": event.processed_rows_per_second,
-                  "num_input_rows": event.num_input_rows, "timestamp": self.clock_ms()}
+        fields = {
+            "job_id": spec.job_id,
+            "vertex_id": spec.vertex_id,
+            "execution_id": spec.execution_id,
+            "attempt": spec.attempt,
+            "taskmanager_id": taskmanager_id,
+            "batch_id": event.batch_id,
+            "input_rows_per_second": event.input_rows_per_second,
+            "processed_rows_per_second": event.processed_rows_per_second,
+            "num_input_rows": event.num_input_rows,
+            "timestamp": self.clock_ms(),
+        }
         partitions = getattr(event, "partition_lag", None)
-        optional = {"batch_duration_ms": getattr(event, "batch_duration_ms", None),
-                    "source_lag": getattr(event, "source_lag", None),
-                    "partition_lag": json.dumps(partitions, sort_keys=True) if partitions else None,
-                    "source_partitions": len(partitions) if partitions else None,
-                    "sink_version": (getattr(event, "sink_commit", None) or {}).get("version"),
-                    "spark_ui": rehost(getattr(event, "spark_ui", None), self.advertised_host)}
+        optional = {
+            "batch_duration_ms": getattr(event, "batch_duration_ms", None),
+            "source_lag": getattr(event, "source_lag", None),
+            "partition_lag": json.dumps(partitions, sort_keys=True) if partitions else None,
+            "source_partitions": len(partitions) if partitions else None,
+            "sink_version": (getattr(event, "sink_commit", None) or {}).get("version"),
+            "spark_ui": rehost(getattr(event, "spark_ui", None), self.advertised_host),
+        }
         fields.update({k: v for k, v in optional.items() if v is not None})
         key = streams.progress_key(taskmanager_id, spec.execution_id)
         try:
@@ -190,12 +240,15 @@ class TaskManagerCollector(metrics.CachedCollector):
     def gather(self):
         n = metrics.name
         slots = GaugeMetricFamily(n("taskmanager_slots"), "slots of this TaskManager", labels=["taskmanager"])
-        free = GaugeMetricFamily(n("taskmanager_slots_free"), "slots of this TaskManager running no task",
-                                 labels=["taskmanager"])
-        tasks = GaugeMetricFamily(n("taskmanager_tasks"), "tasks this TaskManager holds, by state",
-                                  labels=["taskmanager", "state"])
-        warm = GaugeMetricFamily(n("taskmanager_warm_drivers"), "warm Spark drivers, ready or starting",
-                                 labels=["taskmanager", "status"])
+        free = GaugeMetricFamily(
+            n("taskmanager_slots_free"), "slots of this TaskManager running no task", labels=["taskmanager"]
+        )
+        tasks = GaugeMetricFamily(
+            n("taskmanager_tasks"), "tasks this TaskManager holds, by state", labels=["taskmanager", "state"]
+        )
+        warm = GaugeMetricFamily(
+            n("taskmanager_warm_drivers"), "warm Spark drivers, ready or starting", labels=["taskmanager", "status"]
+        )
         for tm, sup in self.supervisors.items():
             slots.add_metric([tm], len(sup.slots))
             free.add_metric([tm], sup.free_slots())
@@ -218,11 +271,15 @@ class TaskManagerCollector(metrics.CachedCollector):
         """Each task's latest memory figure and its limit, as its memory watch measured them
         (services/taskmanager/memory/task_memory.py): the figure the limit is compared with."""
         n = metrics.name
-        used = GaugeMetricFamily(n("task_memory_bytes"), "the task's processes' memory as its limit is measured "
-                                 "(label measure: PSS summed over its processes, or its cgroup's charge)",
-                                 labels=[*TASK_LABELS, "measure"])
-        limit = GaugeMetricFamily(n("task_memory_limit_bytes"), "the task's memory limit (absent: none)",
-                                  labels=list(TASK_LABELS))
+        used = GaugeMetricFamily(
+            n("task_memory_bytes"),
+            "the task's processes' memory as its limit is measured "
+            "(label measure: PSS summed over its processes, or its cgroup's charge)",
+            labels=[*TASK_LABELS, "measure"],
+        )
+        limit = GaugeMetricFamily(
+            n("task_memory_limit_bytes"), "the task's memory limit (absent: none)", labels=list(TASK_LABELS)
+        )
         for tm, sup in self.supervisors.items():
             for f in task_memory.figures(sup.task_drivers()):
                 used.add_metric([tm, f.job_id, f.execution_id, f.measure], f.used)

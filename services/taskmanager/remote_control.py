@@ -27,20 +27,42 @@ log = logging.getLogger(__name__)
 # `conf` (it lists the worker's settings, its broker URL with its Redis password among them),
 # `memdump`, `memsample`, `objgraph` (they cost the worker memory and seconds of CPU) and
 # `hello` (mingle, which TaskManagers do not use).
-INSPECTION = frozenset({
-    "ping", "stats", "report", "clock", "active_queues", "registered", "dump_tasks", "active", "dump_active",
-    "reserved", "dump_reserved", "scheduled", "dump_schedule", "revoked", "dump_revoked", "query_task",
-    # A control command, but all it does is make the worker send one heartbeat event now.
-    "heartbeat",
-})
+INSPECTION = frozenset(
+    {
+        "ping",
+        "stats",
+        "report",
+        "clock",
+        "active_queues",
+        "registered",
+        "dump_tasks",
+        "active",
+        "dump_active",
+        "reserved",
+        "dump_reserved",
+        "scheduled",
+        "dump_schedule",
+        "revoked",
+        "dump_revoked",
+        "query_task",
+        # A control command, but all it does is make the worker send one heartbeat event now.
+        "heartbeat",
+    }
+)
 
 
 def refusal(method: str):
     def refuse(state, **_arguments):
-        log.warning("refused Celery remote control command %r: a TaskManager's worker answers only inspection "
-                    "(docs/runbooks/auth.md, Redis users)", method)
-        return {"error": f"{method!r} is disabled on Headrace TaskManagers: they answer inspection only; stop or "
-                         f"restart a TaskManager through its supervisor, cancel a job through the REST API"}
+        log.warning(
+            "refused Celery remote control command %r: a TaskManager's worker answers only inspection "
+            "(docs/runbooks/auth.md, Redis users)",
+            method,
+        )
+        return {
+            "error": f"{method!r} is disabled on Headrace TaskManagers: they answer inspection only; stop or "
+            f"restart a TaskManager through its supervisor, cancel a job through the REST API"
+        }
+
     return refuse
 
 
@@ -66,5 +88,7 @@ CELERY_CONTROL_STEP = "celery.worker.consumer.control:Control"
 
 class Consumer(CeleryConsumer):
     class Blueprint(CeleryConsumer.Blueprint):
-        default_steps = [f"{__name__}:InspectionOnlyControl" if step == CELERY_CONTROL_STEP else step
-                         for step in CeleryConsumer.Blueprint.default_steps]
+        default_steps = [
+            f"{__name__}:InspectionOnlyControl" if step == CELERY_CONTROL_STEP else step
+            for step in CeleryConsumer.Blueprint.default_steps
+        ]

@@ -78,18 +78,32 @@ def registration_due(st: LinkState, now: float, *, interval_s: float, timeout_s:
     lengthened the backlog until nobody was answered in time. An answer resets it (_on_ack)."""
     if st.registration_sent is not None and now - st.registration_sent < st.registration_retry_s:
         return False
-    st.registration_retry_s = interval_s if st.registration_sent is None else min(timeout_s / 2,
-                                                                                 st.registration_retry_s * 2)
+    st.registration_retry_s = (
+        interval_s if st.registration_sent is None else min(timeout_s / 2, st.registration_retry_s * 2)
+    )
     st.registration_sent = now
     return True
 
 
 class ResourceManagerLink:
-    def __init__(self, *, client: redis.Redis, transport: RedisStreamsTransport,
-                 supervisors: dict[TaskManagerId, TaskSupervisor], slots: int, cores: float, memory_bytes: int,
-                 interval_s: float, timeout_s: float, liveness_name: str, simulated: bool = False,
-                 queue_of: Callable[[str], str] = streams.tm_queue, liveness: redis.Redis | None = None,
-                 log_endpoint: str | None = None, main_log: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        client: redis.Redis,
+        transport: RedisStreamsTransport,
+        supervisors: dict[TaskManagerId, TaskSupervisor],
+        slots: int,
+        cores: float,
+        memory_bytes: int,
+        interval_s: float,
+        timeout_s: float,
+        liveness_name: str,
+        simulated: bool = False,
+        queue_of: Callable[[str], str] = streams.tm_queue,
+        liveness: redis.Redis | None = None,
+        log_endpoint: str | None = None,
+        main_log: str | None = None,
+    ) -> None:
         self.client, self.transport, self.supervisors = client, transport, supervisors
         self.slots, self.cores, self.memory_bytes = slots, cores, memory_bytes
         self.interval_s, self.timeout_s = interval_s, timeout_s
@@ -106,7 +120,7 @@ class ResourceManagerLink:
         # the inbox emptied, reading from "0" never misses an ack that lands between two reads.
         keys = [streams.tm_inbox(tm) for tm in self.states]
         for i in range(0, len(keys), 1000):
-            self.client.delete(*keys[i:i + 1000])
+            self.client.delete(*keys[i : i + 1000])
         now = time.monotonic()
         for st in self.states.values():
             st.last_ack = now
@@ -117,8 +131,9 @@ class ResourceManagerLink:
         self._thread.join(timeout=5)
         if unregister:
             try:
-                self.transport.publish_many([(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id=tm))
-                                             for tm in self.states])
+                self.transport.publish_many(
+                    [(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id=tm)) for tm in self.states]
+                )
                 self.client.delete(*[streams.tm_inbox(tm) for tm in self.states])
             except redis.RedisError:
                 pass
@@ -155,8 +170,9 @@ class ResourceManagerLink:
                     st.registered = False
             if not st.rm_lost and now - st.last_ack > self.timeout_s:
                 st.rm_lost = True
-                log.warning("ResourceManager lost for %s (no answer for %.0f s); tasks keep running", tm,
-                            self.timeout_s)
+                log.warning(
+                    "ResourceManager lost for %s (no answer for %.0f s); tasks keep running", tm, self.timeout_s
+                )
             if not st.registered:
                 if registration_due(st, now, interval_s=self.interval_s, timeout_s=self.timeout_s):
                     out.append((streams.RM_STREAM, self._registration(tm, sup)))
@@ -169,20 +185,35 @@ class ResourceManagerLink:
                 out.append(
                     (
                         streams.RM_HEARTBEAT_STREAM,
-                        TaskManagerHeartbeat(taskmanager_id=tm, slot_report=slot_report, seq=st.seq,
-                                             warm_ready=warm_ready, warm_parallelism=warm_parallelism),
+                        TaskManagerHeartbeat(
+                            taskmanager_id=tm,
+                            slot_report=slot_report,
+                            seq=st.seq,
+                            warm_ready=warm_ready,
+                            warm_parallelism=warm_parallelism,
+                        ),
                     )
                 )
         self.transport.publish_many(out)
 
     def _registration(self, tm: TaskManagerId, sup: TaskSupervisor) -> RegisterTaskManager:
         warm_ready, warm_parallelism = warm_drivers(sup)
-        return RegisterTaskManager(taskmanager_id=tm, host=self._host, slots=self.slots, cores=self.cores,
-                                   memory_bytes=self.memory_bytes, queue=self.queue_of(tm),
-                                   slot_report=sup.slot_report(), running=sup.running_reports(),
-                                   simulated=self.simulated, liveness_name=self.liveness_name,
-                                   warm_ready=warm_ready, warm_parallelism=warm_parallelism,
-                                   log_endpoint=self.log_endpoint, main_log=self.main_log)
+        return RegisterTaskManager(
+            taskmanager_id=tm,
+            host=self._host,
+            slots=self.slots,
+            cores=self.cores,
+            memory_bytes=self.memory_bytes,
+            queue=self.queue_of(tm),
+            slot_report=sup.slot_report(),
+            running=sup.running_reports(),
+            simulated=self.simulated,
+            liveness_name=self.liveness_name,
+            warm_ready=warm_ready,
+            warm_parallelism=warm_parallelism,
+            log_endpoint=self.log_endpoint,
+            main_log=self.main_log,
+        )
 
     def _read_acks(self, block_ms: int) -> None:
         keys: dict[KeyT, StreamIdT] = {streams.tm_inbox(tm): st.inbox_cursor for tm, st in self.states.items()}
@@ -199,15 +230,20 @@ class ResourceManagerLink:
                     env = decode(fields[b"m"])
                     # Only the control plane signs an inbox entry (with this TaskManager's command
                     # key): a forged "unknown TaskManager" must not make it stop its tasks.
-                    error = self.transport.auth.check(streams.tm_inbox(tm), env, fields[b"m"],
-                                                      fields.get(SIGNATURE_FIELD))
+                    error = self.transport.auth.check(
+                        streams.tm_inbox(tm), env, fields[b"m"], fields.get(SIGNATURE_FIELD)
+                    )
                 except (UndecodableMessage, KeyError) as exc:
                     error = "entry has no 'm' field" if isinstance(exc, KeyError) else str(exc)
                 if error is not None:
                     log.warning("dead-lettering entry %s of %s: %s", st.inbox_cursor, streams.tm_inbox(tm), error)
-                    dead_letters.add_safely(self.client, error=error, original=fields,
-                                            origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor},
-                                            stream=self.transport.route.get(streams.DLQ_STREAM, streams.DLQ_STREAM))
+                    dead_letters.add_safely(
+                        self.client,
+                        error=error,
+                        original=fields,
+                        origin={"stream": streams.tm_inbox(tm), "entry_id": st.inbox_cursor},
+                        stream=self.transport.route.get(streams.DLQ_STREAM, streams.DLQ_STREAM),
+                    )
                     continue
                 if isinstance(env.body, HeartbeatAck):
                     self._on_ack(st, env.body)
@@ -223,9 +259,13 @@ class ResourceManagerLink:
                 # them here at once, as Flink's TaskExecutor does, instead of letting them work
                 # until the JobManager finds them at the re-registration.
                 stopped = self.supervisors[st.taskmanager_id].abandon_tasks(
-                    "the ResourceManager declared this TaskManager lost")
-                log.warning("%s was declared lost by the ResourceManager: stopped its %d task(s); re-registering",
-                            st.taskmanager_id, stopped)
+                    "the ResourceManager declared this TaskManager lost"
+                )
+                log.warning(
+                    "%s was declared lost by the ResourceManager: stopped its %d task(s); re-registering",
+                    st.taskmanager_id,
+                    stopped,
+                )
             elif st.registered:
                 log.info("re-registering %s: the ResourceManager does not know it", st.taskmanager_id)
             st.registered = False

@@ -49,11 +49,14 @@ def write_probe(directory: Path, taskmanager_id: str) -> str:
         os.replace(tmp, path)
         back = path.read_text()
     except OSError as exc:
-        raise StorageNotShared(f"the checkpoint directory {directory} is not usable by TaskManager {taskmanager_id}: "
-                               f"{exc}; it must be writable by every TaskManager and Spark worker") from None
+        raise StorageNotShared(
+            f"the checkpoint directory {directory} is not usable by TaskManager {taskmanager_id}: "
+            f"{exc}; it must be writable by every TaskManager and Spark worker"
+        ) from None
     if back != nonce:
-        raise StorageNotShared(f"the checkpoint directory {directory} did not return what TaskManager "
-                               f"{taskmanager_id} wrote to {path}")
+        raise StorageNotShared(
+            f"the checkpoint directory {directory} did not return what TaskManager {taskmanager_id} wrote to {path}"
+        )
     return nonce
 
 
@@ -83,24 +86,36 @@ def check_shared(directory: Path, taskmanager_id: str, client) -> list[str]:
         if seen is None:
             unseen.append((other, f"TaskManager {other} wrote its probe to {path}, which is missing here"))
         elif seen != expected:
-            misstated.append((other, f"TaskManager {other}'s probe file {path} is here but holds another value "
-                                     "than it announces"))
+            misstated.append(
+                (other, f"TaskManager {other}'s probe file {path} is here but holds another value than it announces")
+            )
         else:
             checked.append(other)
     for other, why in misstated:
-        log.warning("the checkpoint directory %s holds TaskManager %s's probe file, so it is shared with it, but: "
-                    "%s (its Redis credential may be in other hands; see docs/runbooks/shared-storage.md)",
-                    directory, other, why)
+        log.warning(
+            "the checkpoint directory %s holds TaskManager %s's probe file, so it is shared with it, but: "
+            "%s (its Redis credential may be in other hands; see docs/runbooks/shared-storage.md)",
+            directory,
+            other,
+            why,
+        )
     if unseen and not checked and not misstated:
         raise StorageNotShared(
             f"the checkpoint directory {directory} is not shared: {unseen[0][1]} (on TaskManager {taskmanager_id}). "
             f"Every TaskManager and Spark worker must see the same directory: mount one shared filesystem at "
             f"that path on every host, or set HEADRACE_CHECKPOINT_DIR to such a mount "
-            f"(docs/runbooks/shared-storage.md)")
+            f"(docs/runbooks/shared-storage.md)"
+        )
     for other, why in unseen:
-        log.warning("the checkpoint directory %s is shared with %s but not with TaskManager %s: %s; that "
-                    "TaskManager's directory is another one, or it misstates its probe (see "
-                    "docs/runbooks/shared-storage.md)", directory, ", ".join(checked), other, why)
+        log.warning(
+            "the checkpoint directory %s is shared with %s but not with TaskManager %s: %s; that "
+            "TaskManager's directory is another one, or it misstates its probe (see "
+            "docs/runbooks/shared-storage.md)",
+            directory,
+            ", ".join(checked),
+            other,
+            why,
+        )
     return checked
 
 
@@ -114,13 +129,16 @@ def running_taskmanagers(client) -> list[str]:
     found = []
     for raw in client.scan_iter(match=pattern, count=1000):
         name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        tm = name[len(prefix):len(name) - len(suffix)]
+        tm = name[len(prefix) : len(name) - len(suffix)]
         # Only a TaskManager's own endpoint key: an id has no ':', so a key some TaskManager made
         # deeper under its own prefix (hr:tm:<id>:x:endpoint) names no TaskManager.
         if TASKMANAGER_ID.fullmatch(tm):
             found.append(tm)
         if time.monotonic() > deadline:
-            log.warning("finding the running TaskManagers took over %.0f s (a large keyspace); checking the %d "
-                        "found so far", FIND_TIMEOUT_S, len(found))
+            log.warning(
+                "finding the running TaskManagers took over %.0f s (a large keyspace); checking the %d found so far",
+                FIND_TIMEOUT_S,
+                len(found),
+            )
             break
     return sorted(set(found))

@@ -55,10 +55,20 @@ log = logging.getLogger("headrace.taskmanager")
 
 
 class TaskSupervisor:
-    def __init__(self, *, taskmanager_id: TaskManagerId, slots: int, transport: Transport, workdir: Path,
-                 cancel_timeout_s: float, noop: NoopRunner, drivers: DriverLaunch | None = None,
-                 startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, reports: HeldReports | None = None,
-                 metrics: TaskMetrics | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        taskmanager_id: TaskManagerId,
+        slots: int,
+        transport: Transport,
+        workdir: Path,
+        cancel_timeout_s: float,
+        noop: NoopRunner,
+        drivers: DriverLaunch | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        reports: HeldReports | None = None,
+        metrics: TaskMetrics | None = None,
+    ) -> None:
         self.taskmanager_id = taskmanager_id
         self.startup_timeout_s = startup_timeout_s
         self.noop = noop
@@ -68,15 +78,33 @@ class TaskSupervisor:
         self.startup = StartupWatch(lock=self._lock, still_starting=self._still_starting, fail=self._fail)
         held = reports or HeldReports(transport)  # shared by the process's TaskManagers
         self.reports = TaskReports(taskmanager_id=taskmanager_id, transport=transport, held=held, metrics=metrics)
-        self.driver_tasks = DriverTasks(lock=self._lock, tasks=self.tasks, reports=self.reports, startup=self.startup,
-                                        cancel_timeout_s=cancel_timeout_s, finish=self._finish,
-                                        on_warm_ready=self.publish_warm_status)
-        self.drivers = DriverSupply(drivers, taskmanager_id=taskmanager_id, workdir=workdir,
-                                    on_event=self.driver_tasks.on_event, on_exit=self._on_driver_exit,
-                                    status_client=transport.redis_client)
-        self.noop_tasks = NoopTasks(noop, taskmanager_id=taskmanager_id, transport=transport, reports=held,
-                                    on_state=self._on_noop_state, on_startup_timeout=self.startup.expired,
-                                    finish=self._finish, decline=self.reports.declined)
+        self.driver_tasks = DriverTasks(
+            lock=self._lock,
+            tasks=self.tasks,
+            reports=self.reports,
+            startup=self.startup,
+            cancel_timeout_s=cancel_timeout_s,
+            finish=self._finish,
+            on_warm_ready=self.publish_warm_status,
+        )
+        self.drivers = DriverSupply(
+            drivers,
+            taskmanager_id=taskmanager_id,
+            workdir=workdir,
+            on_event=self.driver_tasks.on_event,
+            on_exit=self._on_driver_exit,
+            status_client=transport.redis_client,
+        )
+        self.noop_tasks = NoopTasks(
+            noop,
+            taskmanager_id=taskmanager_id,
+            transport=transport,
+            reports=held,
+            on_state=self._on_noop_state,
+            on_startup_timeout=self.startup.expired,
+            finish=self._finish,
+            decline=self.reports.declined,
+        )
 
     @property
     def warm(self) -> WarmPool | None:
@@ -96,12 +124,20 @@ class TaskSupervisor:
                 return  # a redelivered command
             busy = self.slots.taken_by_others(cmd.slot_indices, cmd.allocation_id)
             if busy:
-                self.reports.state(spec, ES.FAILED, cause=f"slots {busy} of {self.taskmanager_id} are not free",
-                                   name="SlotOccupiedException")
+                self.reports.state(
+                    spec,
+                    ES.FAILED,
+                    cause=f"slots {busy} of {self.taskmanager_id} are not free",
+                    name="SlotOccupiedException",
+                )
                 return
             self.slots.take(cmd.slot_indices, cmd.allocation_id)
-            task = Task(spec=spec, allocation_id=cmd.allocation_id, slots=tuple(cmd.slot_indices),
-                        startup_timeout_s=startup_timeout_s(spec.config, self.startup_timeout_s))
+            task = Task(
+                spec=spec,
+                allocation_id=cmd.allocation_id,
+                slots=tuple(cmd.slot_indices),
+                startup_timeout_s=startup_timeout_s(spec.config, self.startup_timeout_s),
+            )
             self.tasks[spec.execution_id] = task
         try:
             self._start(task)
@@ -186,8 +222,12 @@ class TaskSupervisor:
 
     def _still_starting(self, task: Task) -> bool:
         with self._lock:
-            return (self.tasks.get(task.spec.execution_id) is task and not task.reported_terminal
-                    and not task.cancel_requested and task.state not in (ES.RUNNING, ES.CANCELING))
+            return (
+                self.tasks.get(task.spec.execution_id) is task
+                and not task.reported_terminal
+                and not task.cancel_requested
+                and task.state not in (ES.RUNNING, ES.CANCELING)
+            )
 
     def _fail(self, task: Task, name: str, cause: str) -> None:
         self._finish(task, ES.FAILED, name=name, cause=cause)
@@ -229,8 +269,14 @@ class TaskSupervisor:
             out = []
             for i, a in self.slots.holders():
                 t = by_alloc.get(a) if a else None
-                out.append(SlotState(index=i, allocation_id=a, job_id=t.spec.job_id if t else None,
-                                     execution_id=t.spec.execution_id if t else None))
+                out.append(
+                    SlotState(
+                        index=i,
+                        allocation_id=a,
+                        job_id=t.spec.job_id if t else None,
+                        execution_id=t.spec.execution_id if t else None,
+                    )
+                )
             return tuple(out)
 
     def abandon_tasks(self, why: str) -> int:
@@ -244,8 +290,12 @@ class TaskSupervisor:
 
     def running_reports(self) -> tuple[TaskReport, ...]:
         with self._lock:
-            return tuple(TaskReport(execution_id=t.spec.execution_id, job_id=t.spec.job_id, state=t.state,
-                                    allocation_id=t.allocation_id) for t in self.tasks.values())
+            return tuple(
+                TaskReport(
+                    execution_id=t.spec.execution_id, job_id=t.spec.job_id, state=t.state, allocation_id=t.allocation_id
+                )
+                for t in self.tasks.values()
+            )
 
     def shutdown(self) -> None:
         """Stop everything this TaskManager started; nothing may outlive it."""

@@ -51,17 +51,20 @@ class Catalog:
             event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def set_sessions(self, *, name: str, lock_timeout_s: float | None = None,
-                     statement_timeout_s: float | None = None) -> None:
+    def set_sessions(
+        self, *, name: str, lock_timeout_s: float | None = None, statement_timeout_s: float | None = None
+    ) -> None:
         """PostgreSQL: every session from now on is named `name` (its application_name, what
         pg_stat_activity shows) and waits at most `lock_timeout_s` for a lock and
         `statement_timeout_s` for a statement; the pool's open sessions are closed, so none keeps
         an older name. Nothing on SQLite, which has neither."""
         if self.is_sqlite:
             return
-        options = " ".join(f"-c {key}={int(s * 1000)}" for key, s in (("lock_timeout", lock_timeout_s),
-                                                                        ("statement_timeout", statement_timeout_s))
-                           if s is not None)
+        options = " ".join(
+            f"-c {key}={int(s * 1000)}"
+            for key, s in (("lock_timeout", lock_timeout_s), ("statement_timeout", statement_timeout_s))
+            if s is not None
+        )
         self._session_options = {"application_name": name[:63]} | ({"options": options} if options else {})
         self.engine.dispose()  # sessions checked out now keep their name until they are returned
 

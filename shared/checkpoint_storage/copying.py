@@ -40,6 +40,7 @@ from shared.checkpoint_storage.spark_files import (
 
 def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
     """(directory, visible file names) under `root`; listing errors are raised, not ignored."""
+
     def fail(err: OSError) -> None:
         raise err
 
@@ -90,13 +91,16 @@ def _place(src: Path, dst: Path, *, link: bool) -> None:
     shutil.copyfile(src, dst)
 
 
-_VANISHED_LIVE = ("vanished while taking the snapshot: Spark's maintenance deletes files older than "
-                  "spark.sql.streaming.minBatchesToRetain batches; snapshot a newer batch")
+_VANISHED_LIVE = (
+    "vanished while taking the snapshot: Spark's maintenance deletes files older than "
+    "spark.sql.streaming.minBatchesToRetain batches; snapshot a newer batch"
+)
 _VANISHED_SNAPSHOT = "is missing: the snapshot is damaged (a file was deleted from it); restore another one"
 
 
-def _copy_tree(src_root: Path, dst_root: Path, files: Iterable[Path], *, vanished: str,
-               may_vanish=lambda rel: False) -> tuple[int, int, list[Path]]:
+def _copy_tree(
+    src_root: Path, dst_root: Path, files: Iterable[Path], *, vanished: str, may_vanish=lambda rel: False
+) -> tuple[int, int, list[Path]]:
     """Place each relative path of `files`; returns (files, bytes, the paths placed). A file that
     disappears meanwhile is an error unless `may_vanish(rel)`."""
     count = size = 0
@@ -120,12 +124,14 @@ def _old_enough_to_vanish(batch_id: int):
     copies them, without harm to that snapshot: logs of batches before the last two (a restart
     reads the newest batch's and, when it was not committed, the one before), and state
     versions (whether the chain to batch_id's state survived is checked after the copy)."""
+
     def check(rel: Path) -> bool:
         top, name = rel.parts[0], rel.parts[-1]
         if top in ("offsets", "commits", "sources"):
             m = _SOURCE_LOG.match(name)
             return m is not None and int(m.group(1)) < batch_id - 1
         return top == "state" and bool(_STATE_VERSION.match(name))
+
     return check
 
 
@@ -154,7 +160,8 @@ def check_state_chains(files: Iterable[Path], selected: Iterable[Path], batch_id
             raise SnapshotError(
                 f"{directory}: state version {v} is missing, so batch {batch_id} (state version {want}) cannot be "
                 f"restored (versions present up to {want}: {_ranges(sorted(versions))}); Spark's maintenance "
-                f"deleted it (spark.sql.streaming.minBatchesToRetain): snapshot a newer batch")
+                f"deleted it (spark.sql.streaming.minBatchesToRetain): snapshot a newer batch"
+            )
 
 
 def _ranges(values: list[int]) -> str:
@@ -191,8 +198,10 @@ def take_snapshot(live: Path, target: Path, *, batch_id: int, metadata: dict) ->
     live, target = local_path(live), local_path(target)
     if not (live / "commits" / str(batch_id)).is_file():
         newest = latest_committed_batch(live)
-        raise SnapshotError(f"{live}: batch {batch_id} is not committed (no commits/{batch_id}; newest committed "
-                            f"batch: {newest}); snapshot a committed batch")
+        raise SnapshotError(
+            f"{live}: batch {batch_id} is not committed (no commits/{batch_id}; newest committed "
+            f"batch: {newest}); snapshot a committed batch"
+        )
     work, spark_dst, in_place = _work_dir(target)
     try:
         spark_dst.mkdir(parents=True)
@@ -205,12 +214,21 @@ def take_snapshot(live: Path, target: Path, *, batch_id: int, metadata: dict) ->
         # Spark's maintenance runs beside us: it may delete the oldest retained files of a busy
         # query (minBatchesToRetain) during the copy. Those are not needed to restore batch_id;
         # the state chains are checked again on what was actually copied.
-        count, size, placed = _copy_tree(live, spark_dst, selected, vanished=_VANISHED_LIVE,
-                                         may_vanish=_old_enough_to_vanish(batch_id))
+        count, size, placed = _copy_tree(
+            live, spark_dst, selected, vanished=_VANISHED_LIVE, may_vanish=_old_enough_to_vanish(batch_id)
+        )
         if len(placed) < len(selected):
             check_state_chains(files, placed, batch_id)
-        info = _finish(work, target, batch_id=batch_id, metadata=metadata, files=count, size=size,
-                       started=started, in_place=in_place)
+        info = _finish(
+            work,
+            target,
+            batch_id=batch_id,
+            metadata=metadata,
+            files=count,
+            size=size,
+            started=started,
+            in_place=in_place,
+        )
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -225,16 +243,26 @@ def take_empty_snapshot(target: Path, *, metadata: dict) -> SnapshotInfo:
     work, spark_dst, in_place = _work_dir(target)
     try:
         spark_dst.mkdir(parents=True)
-        info = _finish(work, target, batch_id=-1, metadata=metadata, files=0, size=0, started=started,
-                       in_place=in_place)
+        info = _finish(
+            work, target, batch_id=-1, metadata=metadata, files=0, size=0, started=started, in_place=in_place
+        )
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return info
 
 
-def _finish(work: Path, target: Path, *, batch_id: int, metadata: dict, files: int, size: int,
-            started: float, in_place: bool = False) -> SnapshotInfo:
+def _finish(
+    work: Path,
+    target: Path,
+    *,
+    batch_id: int,
+    metadata: dict,
+    files: int,
+    size: int,
+    started: float,
+    in_place: bool = False,
+) -> SnapshotInfo:
     spark_dir = work if in_place else work / SPARK_DIR
     if batch_id >= 0:
         batch_meta, source_offsets = _offset_log(spark_dir, batch_id)
@@ -253,25 +281,43 @@ def _finish(work: Path, target: Path, *, batch_id: int, metadata: dict, files: i
         "state_partitions": _state_partitions(operators, conf) if batch_id >= 0 else None,
         "query_id": query_id,
     }
-    meta = {**metadata, "format": FORMAT, "spark": spark, "size_bytes": size, "files": files,
-            "completed_at": time.time()}
+    meta = {
+        **metadata,
+        "format": FORMAT,
+        "spark": spark,
+        "size_bytes": size,
+        "files": files,
+        "completed_at": time.time(),
+    }
     if in_place:
         _fsync(work, directory=True)
         os.rename(work, target / SPARK_DIR)
         _write_json_atomic(target / METADATA_FILE, meta)  # last: the snapshot is complete
         _fsync(target, directory=True)
-        return SnapshotInfo(path=str(target), batch_id=batch_id, state_size=size, files=files,
-                            duration_ms=int((time.monotonic() - started) * 1000),
-                            source_offsets=tuple(source_offsets), metadata=meta)
+        return SnapshotInfo(
+            path=str(target),
+            batch_id=batch_id,
+            state_size=size,
+            files=files,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            source_offsets=tuple(source_offsets),
+            metadata=meta,
+        )
     _write_json_atomic(work / METADATA_FILE, meta)
     _fsync(work, directory=True)
     if os.path.lexists(target):
         raise SnapshotError(f"{target} appeared while the snapshot was being written; not overwriting it")
     os.rename(work, target)
     _fsync(target.parent, directory=True)
-    return SnapshotInfo(path=str(target), batch_id=batch_id, state_size=size, files=files,
-                        duration_ms=int((time.monotonic() - started) * 1000),
-                        source_offsets=tuple(source_offsets), metadata=meta)
+    return SnapshotInfo(
+        path=str(target),
+        batch_id=batch_id,
+        state_size=size,
+        files=files,
+        duration_ms=int((time.monotonic() - started) * 1000),
+        source_offsets=tuple(source_offsets),
+        metadata=meta,
+    )
 
 
 def _query_id(spark_dir: Path) -> str | None:
@@ -289,8 +335,10 @@ def restore(snapshot: str | Path, live: Path, *, drop_operators: Iterable[int] =
     directory, meta = _load(snapshot)
     live = local_path(live)
     if live.exists() and (not live.is_dir() or any(live.iterdir())):
-        raise SnapshotError(f"{live} is not empty: a snapshot is restored only into a new, empty directory, "
-                            f"never over another query's checkpoint")
+        raise SnapshotError(
+            f"{live} is not empty: a snapshot is restored only into a new, empty directory, "
+            f"never over another query's checkpoint"
+        )
     drop = {str(int(op)) for op in drop_operators}
     src = directory / SPARK_DIR
     rels = []

@@ -41,11 +41,14 @@ def local_path(path: str | os.PathLike) -> Path:
     if isinstance(text, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", text):
         url = urlparse(text)
         if url.scheme.lower() != "file":
-            raise SnapshotError(f"{text}: scheme {url.scheme!r} is not supported; checkpoint storage is a "
-                                f"filesystem path (plain or file:///...)")
+            raise SnapshotError(
+                f"{text}: scheme {url.scheme!r} is not supported; checkpoint storage is a "
+                f"filesystem path (plain or file:///...)"
+            )
         if url.netloc not in ("", "localhost"):
-            raise SnapshotError(f"{text}: a file URI with host {url.netloc!r} is not supported; "
-                                f"write file:///absolute/path")
+            raise SnapshotError(
+                f"{text}: a file URI with host {url.netloc!r} is not supported; write file:///absolute/path"
+            )
         return Path(unquote(url.path))
     return Path(text)
 
@@ -117,23 +120,31 @@ def _load(path: str | Path) -> tuple[Path, dict]:
     if not directory.exists():
         raise SnapshotError(f"{directory} does not exist")
     if not directory.is_dir():
-        raise SnapshotError(f"{directory} is a file, not a snapshot directory (expected a directory holding "
-                            f"{METADATA_FILE}, or its {METADATA_FILE} file)")
+        raise SnapshotError(
+            f"{directory} is a file, not a snapshot directory (expected a directory holding "
+            f"{METADATA_FILE}, or its {METADATA_FILE} file)"
+        )
     meta_path = directory / METADATA_FILE
     if not meta_path.is_file():
         if INPROGRESS in directory.name:
-            raise SnapshotError(f"{directory} is an unfinished snapshot (still being written, or its writer "
-                                f"crashed): it has no {METADATA_FILE}; it cannot be restored")
-        raise SnapshotError(f"{directory} is not a snapshot: it holds no {METADATA_FILE} file (give the directory "
-                            f"of a completed checkpoint or savepoint, e.g. .../chk-<n> or .../savepoint-...)")
+            raise SnapshotError(
+                f"{directory} is an unfinished snapshot (still being written, or its writer "
+                f"crashed): it has no {METADATA_FILE}; it cannot be restored"
+            )
+        raise SnapshotError(
+            f"{directory} is not a snapshot: it holds no {METADATA_FILE} file (give the directory "
+            f"of a completed checkpoint or savepoint, e.g. .../chk-<n> or .../savepoint-...)"
+        )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"{meta_path}: unreadable snapshot metadata ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise SnapshotError(f"{meta_path}: format {got!r} is not {FORMAT!r}; this is not a Headrace snapshot "
-                            f"or it was written by an incompatible version")
+        raise SnapshotError(
+            f"{meta_path}: format {got!r} is not {FORMAT!r}; this is not a Headrace snapshot "
+            f"or it was written by an incompatible version"
+        )
     if not (directory / SPARK_DIR).is_dir():
         raise SnapshotError(f"{directory}: its {SPARK_DIR}/ directory is missing; the snapshot is damaged")
     return directory, meta

@@ -72,8 +72,10 @@ def log_final_watermark_batch(live: Path) -> int:
     committed = latest_committed_batch(live)
     planned = latest_planned_batch(live)
     if committed is None or planned != committed:
-        raise SnapshotError(f"{live}: the query's last planned batch ({planned}) is not committed "
-                            f"({committed}); drain it before ending event time")
+        raise SnapshotError(
+            f"{live}: the query's last planned batch ({planned}) is not committed "
+            f"({committed}); drain it before ending event time"
+        )
     meta, sources = _offset_log(live, committed)
     meta = {**meta, "batchWatermarkMs": END_OF_TIME_MS, "batchTimestampMs": int(time.time() * 1000)}
     nxt = committed + 1
@@ -137,8 +139,9 @@ def _schema_file(op_dir: Path, store: str) -> Path | None:
             return c
     v3 = op_dir / "_stateSchema" / store
     if v3.is_dir():
-        files = sorted((p for p in v3.iterdir() if p.is_file() and not p.name.startswith(".")),
-                       key=lambda p: _leading_int(p.name))
+        files = sorted(
+            (p for p in v3.iterdir() if p.is_file() and not p.name.startswith(".")), key=lambda p: _leading_int(p.name)
+        )
         if files:
             return files[-1]
     return None
@@ -168,8 +171,9 @@ def state_operators(spark_dir: Path) -> list[dict]:
     if not state.is_dir():
         return []
     ops = []
-    for op_dir in sorted((p for p in state.iterdir() if p.is_dir() and _NUMBERED.match(p.name)),
-                         key=lambda p: int(p.name)):
+    for op_dir in sorted(
+        (p for p in state.iterdir() if p.is_dir() and _NUMBERED.match(p.name)), key=lambda p: int(p.name)
+    ):
         meta = _operator_metadata(op_dir)
         partition_dirs = [p for p in op_dir.iterdir() if p.is_dir() and _NUMBERED.match(p.name)]
         if meta is not None:
@@ -184,8 +188,14 @@ def state_operators(spark_dir: Path) -> list[dict]:
             store = s.get("storeName", "default")
             schema = _schema_file(op_dir, store)
             key, value = _read_schema(schema) if schema is not None else (None, None)
-            stores.append({"name": store, "partitions": int(s.get("numPartitions", len(partition_dirs))),
-                           "key_schema": key, "value_schema": value})
+            stores.append(
+                {
+                    "name": store,
+                    "partitions": int(s.get("numPartitions", len(partition_dirs))),
+                    "key_schema": key,
+                    "value_schema": value,
+                }
+            )
         ops.append({"id": int(op_dir.name), "name": name, "stores": stores})
     return ops
 

@@ -46,7 +46,7 @@ def entry(*, error: str, origin: Mapping[str, Value], original: Mapping[Value, V
     for key, value in items[:MAX_FIELDS]:
         name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
         data = _as_bytes(value)
-        kept = data[:max(0, budget)]
+        kept = data[: max(0, budget)]
         budget -= len(kept)
         fields[f"orig.{name[:200]}"] = kept
         if len(kept) < len(data):
@@ -58,16 +58,29 @@ def entry(*, error: str, origin: Mapping[str, Value], original: Mapping[Value, V
     return fields
 
 
-def add(client, *, error: str, origin: Mapping[str, Value], original: Mapping[Value, Value],
-        stream: str = streams.DLQ_STREAM) -> None:
+def add(
+    client,
+    *,
+    error: str,
+    origin: Mapping[str, Value],
+    original: Mapping[Value, Value],
+    stream: str = streams.DLQ_STREAM,
+) -> None:
     """Append one dead letter; `client` is a redis client or pipeline (executed by the caller).
     `stream`: a TaskManager's own (streams.tm_dead_letters), the control plane's otherwise."""
-    client.xadd(stream, entry(error=error, origin=origin, original=original),
-                maxlen=streams.DLQ_MAXLEN, approximate=False)
+    client.xadd(
+        stream, entry(error=error, origin=origin, original=original), maxlen=streams.DLQ_MAXLEN, approximate=False
+    )
 
 
-def add_safely(client, *, error: str, origin: Mapping[str, Value], original: Mapping[Value, Value],
-               stream: str = streams.DLQ_STREAM) -> bool:
+def add_safely(
+    client,
+    *,
+    error: str,
+    origin: Mapping[str, Value],
+    original: Mapping[Value, Value],
+    stream: str = streams.DLQ_STREAM,
+) -> bool:
     """`add`, for callers that must carry on even if Redis refuses (a worker reading its queue):
     the failure is logged with the error the entry would have carried."""
     try:

@@ -150,7 +150,7 @@ class Channel(kombu_redis.Channel):
             try:
                 self.connection._deliver(message, queue)
             except BaseException:
-                rest = items[i + 1:]
+                rest = items[i + 1 :]
                 if rest:
                     with self.conn_or_acquire() as client:
                         client.rpush(key, *reversed(rest))  # BRPOP takes from the right
@@ -160,8 +160,9 @@ class Channel(kombu_redis.Channel):
         log.error("dead-lettering an unreadable item of queue %s (%d bytes): %s", queue, len(item), error)
         stream = self.connection.client.transport_options.get(DEAD_LETTERS, streams.DLQ_STREAM)
         with self.conn_or_acquire() as client:
-            dead_letters.add_safely(client, error=error, origin={"queue": queue}, original={"item": item},
-                                    stream=stream)
+            dead_letters.add_safely(
+                client, error=error, origin={"queue": queue}, original={"item": item}, stream=stream
+            )
 
 
 class Transport(kombu_redis.Transport):

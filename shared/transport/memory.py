@@ -53,15 +53,24 @@ class InMemoryTransport:
             entries = self._streams[stream]
             entries.append((len(entries), raw, signature))
 
-    def poll(self, stream: str, group: str, consumer: str, handler: Handler, *, count: int = 256,
-             block_ms: int = 0, around_batch=None, also=()) -> int:
-        return sum(self._poll_one(name, group, handler, count, around_batch)
-                   for name in dict.fromkeys([stream, *also]))
+    def poll(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        handler: Handler,
+        *,
+        count: int = 256,
+        block_ms: int = 0,
+        around_batch=None,
+        also=(),
+    ) -> int:
+        return sum(self._poll_one(name, group, handler, count, around_batch) for name in dict.fromkeys([stream, *also]))
 
     def _poll_one(self, stream: str, group: str, handler: Handler, count: int, around_batch) -> int:
         with self._lock:
             start = self._cursor[(stream, group)]
-            batch = self._streams[stream][start:start + count]
+            batch = self._streams[stream][start : start + count]
         done_before = set(self._done)
         envelopes = []
         for _, raw, signature in batch:
@@ -69,7 +78,7 @@ class InMemoryTransport:
             if isinstance(env, Envelope):
                 envelopes.append(env)
         try:
-            with (around_batch(envelopes) if around_batch else contextlib.nullcontext()):
+            with around_batch(envelopes) if around_batch else contextlib.nullcontext():
                 return self._deliver(stream, group, batch, handler)
         except Exception:
             # Like the Redis transport: nothing of a failed batch counts as handled.

@@ -46,8 +46,16 @@ def _no_unit_of_work(_envelopes):
 
 
 class RedisStreamsTransport:
-    def __init__(self, client: redis.Redis, *, sender: str, epoch: int = 0, maxlen: int = 100_000,
-                 auth: ClusterAuth | None = None, route: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        sender: str,
+        epoch: int = 0,
+        maxlen: int = 100_000,
+        auth: ClusterAuth | None = None,
+        route: Mapping[str, str] | None = None,
+    ):
         self.client = client
         self.sender = sender
         self.route = dict(route or {})
@@ -70,8 +78,7 @@ class RedisStreamsTransport:
         return self.client
 
     @classmethod
-    def from_url(cls, url: str, *, sender: str, epoch: int = 0, maxlen: int = 100_000,
-                 auth: ClusterAuth | None = None):
+    def from_url(cls, url: str, *, sender: str, epoch: int = 0, maxlen: int = 100_000, auth: ClusterAuth | None = None):
         return cls(redis.Redis.from_url(url), sender=sender, epoch=epoch, maxlen=maxlen, auth=auth)
 
     def signed(self, stream: str, body, *, epoch: int | None, sender: str | None) -> tuple[str, dict]:
@@ -88,8 +95,9 @@ class RedisStreamsTransport:
         self.client.xadd(stream, fields, maxlen=streams.maxlen_for(stream, self.maxlen), approximate=True)
         return message_id
 
-    def publish_many(self, items: list[tuple[str, object]], *, epoch: int | None = None,
-                     sender: str | None = None) -> None:
+    def publish_many(
+        self, items: list[tuple[str, object]], *, epoch: int | None = None, sender: str | None = None
+    ) -> None:
         pipe = self.client.pipeline(transaction=False)
         for named, body in items:
             stream = self.route.get(named, named)
@@ -108,8 +116,18 @@ class RedisStreamsTransport:
                 raise
         self._groups.add((stream, group))
 
-    def poll(self, stream: str, group: str, consumer: str, handler: Handler, *, count: int = 256,
-             block_ms: int = 1000, around_batch=None, also: Sequence[str] = ()) -> int:
+    def poll(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        handler: Handler,
+        *,
+        count: int = 256,
+        block_ms: int = 1000,
+        around_batch=None,
+        also: Sequence[str] = (),
+    ) -> int:
         """Read `stream` and the `also` streams (up to `count` entries of each) in one call."""
         names = list(dict.fromkeys([stream, *also]))
         kw = dict(count=count, block_ms=block_ms, around_batch=around_batch)
@@ -122,8 +140,9 @@ class RedisStreamsTransport:
                 raise
         # Redis restarted empty: the groups went with the streams, and our pending entries with
         # them. Create them again and read in this same call (a second NOGROUP is an error).
-        log.warning("consumer group %s of %s is gone (Redis lost its data?); creating it again", group,
-                    ", ".join(names))
+        log.warning(
+            "consumer group %s of %s is gone (Redis lost its data?); creating it again", group, ", ".join(names)
+        )
         for name in names:
             self._groups.discard((name, group))
             self._drained_pending.discard((name, group, consumer))
@@ -139,8 +158,9 @@ class RedisStreamsTransport:
             read = {stream for stream, _, _ in items}
             self._drained_pending.update((n, group, consumer) for n in undrained if n not in read)
         if not items:
-            items = _items(self.client.xreadgroup(group, consumer, dict.fromkeys(names, ">"), count=count,
-                                                  block=block_ms or None))
+            items = _items(
+                self.client.xreadgroup(group, consumer, dict.fromkeys(names, ">"), count=count, block=block_ms or None)
+            )
         if not items:
             return 0
         items.sort(key=lambda item: _order(item[1]))
@@ -173,8 +193,12 @@ class RedisStreamsTransport:
             pipe = self.client.pipeline(transaction=False)
             for stream, entry_id, original, error in dead:
                 log.warning("dead-lettering entry %s of %s: %s", entry_id, stream, error)
-                dead_letters.add(pipe, error=error, origin={"stream": stream, "entry_id": entry_id, "group": group},
-                                 original=original)
+                dead_letters.add(
+                    pipe,
+                    error=error,
+                    origin={"stream": stream, "entry_id": entry_id, "group": group},
+                    original=original,
+                )
                 pipe.xack(stream, group, entry_id)
             pipe.execute()
         if not decoded:
@@ -198,10 +222,15 @@ class RedisStreamsTransport:
                 try:
                     handler(env)
                 except RefusedMessage as exc:
-                    log.warning("dead-lettering %s %s of %s from %s: %s", env.body.type, entry_id, stream, env.sender,
-                                exc)
-                    dead_letters.add(pipe, error=str(exc), original={"m": encode(env)},
-                                     origin={"stream": stream, "entry_id": entry_id, "group": group})
+                    log.warning(
+                        "dead-lettering %s %s of %s from %s: %s", env.body.type, entry_id, stream, env.sender, exc
+                    )
+                    dead_letters.add(
+                        pipe,
+                        error=str(exc),
+                        original={"m": encode(env)},
+                        origin={"stream": stream, "entry_id": entry_id, "group": group},
+                    )
                     self._count_refusal(stream, env.body.type)
                 except Exception as exc:
                     n = self._failures[(stream, entry_id)] = self._failures.get((stream, entry_id), 0) + 1
@@ -209,9 +238,12 @@ class RedisStreamsTransport:
                         raise
                     # A poison message: park it where an operator can see it, move on.
                     log.exception("handler failed %d times on %s; dead-lettering", n, entry_id)
-                    dead_letters.add(pipe, error=f"handler failed: {exc!r}",
-                                     origin={"stream": stream, "entry_id": entry_id, "group": group},
-                                     original={"m": encode(env)})
+                    dead_letters.add(
+                        pipe,
+                        error=f"handler failed: {exc!r}",
+                        origin={"stream": stream, "entry_id": entry_id, "group": group},
+                        original={"m": encode(env)},
+                    )
                 self._failures.pop((stream, entry_id), None)
                 handled += 1
                 done[env.message_id] = None

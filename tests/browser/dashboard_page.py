@@ -45,8 +45,8 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-PAGE_WAIT_S = 15      # the page polls once a second
-JOB_WAIT_S = 120      # a Spark driver starts in 20-40 s on a busy 2-core machine
+PAGE_WAIT_S = 15  # the page polls once a second
+JOB_WAIT_S = 120  # a Spark driver starts in 20-40 s on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,15 @@ def api(cluster, tokens) -> Rest:
 def browser(cluster):
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000",
-                "--no-first-run", "--disable-extensions"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # An explicit driver path: Selenium Manager would otherwise try to download one (offline here).
@@ -95,16 +102,19 @@ class Page:
 
     def wait(self, what: str, condition, timeout_s: float = PAGE_WAIT_S):
         try:
-            return WebDriverWait(self.d, timeout_s, poll_frequency=0.2,
-                                 ignored_exceptions=(StaleElementReferenceException,)).until(lambda d: condition(d))
+            return WebDriverWait(
+                self.d, timeout_s, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+            ).until(lambda d: condition(d))
         except TimeoutException:
             # What the page showed instead, so a CI failure explains itself.
             shot = self.shots / f"timeout-{len(list(self.shots.iterdir()))}.png"
             self.d.save_screenshot(str(shot))
             shown = self.d.execute_script("return document.body.innerText.slice(0, 1500)")
             errors = [e["message"] for e in self.console() if e.get("level") == "SEVERE"][-5:]
-            raise AssertionError(f"{what} not seen within {timeout_s} s at {self.d.current_url}; screenshot {shot}; "
-                                 f"console errors {errors}; the page shows:\n{shown}") from None
+            raise AssertionError(
+                f"{what} not seen within {timeout_s} s at {self.d.current_url}; screenshot {shot}; "
+                f"console errors {errors}; the page shows:\n{shown}"
+            ) from None
 
     def go(self, hash_: str) -> None:
         self.d.execute_script("window.location.hash = arguments[0]", hash_)
@@ -119,8 +129,8 @@ class Page:
         """One attribute of every match, read in one step: the page re-renders its tables
         every few seconds, and an element found in one call may be gone by the next."""
         return self.d.execute_script(
-            "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute(arguments[1]))",
-            css, name)
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute(arguments[1]))", css, name
+        )
 
     def text(self, css: str) -> str:
         found = self.els(css)
@@ -168,6 +178,5 @@ class Page:
         if restart:
             self.el(f"#f-restart option[value='{restart}']").click()
         self.el("#f-submit").click()
-        link = self.wait("the submitted job's link", lambda d: self.els("#f-message.ok #f-job-link"),
-                         timeout_s=60)[0]
+        link = self.wait("the submitted job's link", lambda d: self.els("#f-message.ok #f-job-link"), timeout_s=60)[0]
         return link.text

@@ -23,8 +23,14 @@ XSS_NAME = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("browser-home"), catalog_url=pg_url_module, taskmanagers=1, slots=2,
-                      warm_drivers=1, auth="required")
+    c = start_cluster(
+        tmp_path_factory.mktemp("browser-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=1,
+        slots=2,
+        warm_drivers=1,
+        auth="required",
+    )
     yield c
     c.stop()
 
@@ -96,8 +102,14 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
     page.wait("a task manager in the vertex table", lambda d: page.text("#detail-vertices td.mono a") == "tm-1")
 
     page.el("#tab-btn-attempts").click()
-    page.wait("the attempts tab", lambda d: page.visible("#tab-attempts") and "#/jobs/" in page.d.current_url
-              and page.d.current_url.endswith("/attempts"))
+    page.wait(
+        "the attempts tab",
+        lambda d: (
+            page.visible("#tab-attempts")
+            and "#/jobs/" in page.d.current_url
+            and page.d.current_url.endswith("/attempts")
+        ),
+    )
     page.wait("attempt 0 on tm-1", lambda d: page.text("#detail-attempts tr td:nth-child(4)") == "tm-1")
     assert "fresh start" in page.text("#detail-attempts")
 
@@ -128,10 +140,18 @@ def test_streaming_job_runs_and_its_name_stays_text(page, api, streaming_job, cl
 
     # The probe did nothing: no script ran, no element was made from the name.
     assert page.xss() is None
-    assert page.d.execute_script(
-        "return [...document.querySelectorAll('img')].filter(i => (i.getAttribute('src') || '') === 'x').length") == 0
-    assert page.d.execute_script(
-        "return [...document.querySelectorAll('script')].filter(s => s.textContent.includes('__xss')).length") == 0
+    assert (
+        page.d.execute_script(
+            "return [...document.querySelectorAll('img')].filter(i => (i.getAttribute('src') || '') === 'x').length"
+        )
+        == 0
+    )
+    assert (
+        page.d.execute_script(
+            "return [...document.querySelectorAll('script')].filter(s => s.textContent.includes('__xss')).length"
+        )
+        == 0
+    )
     names = page.d.execute_script(
         "return [...document.querySelectorAll('a, span, div, td')]"
         ".filter(e => e.children.length === 0 && e.textContent === arguments[0]).length",
@@ -144,21 +164,26 @@ def chart_points(page) -> int:
     """Points of the first chart's line (input rows/s), 0 while it has none."""
     return page.d.execute_script(
         "const l = document.querySelector('#metrics-charts svg.chart polyline');"
-        "return l ? l.getAttribute('points').trim().split(/\\s+/).length : 0")
+        "return l ? l.getAttribute('points').trim().split(/\\s+/).length : 0"
+    )
 
 
 def see_the_last_minutes_at_once(page, api, jid: str) -> None:
     """A chart opened on a fresh page draws the history the TaskManager kept, not only the
     points polled since: more points than one-a-second polling could have added."""
+
     def kept():
         tasks = api.get(f"/jobs/{jid}/progress/history")["tasks"]
         return sum(len(t["points"]) for t in tasks) >= 8 or None
+
     page.wait("eight seconds of history", lambda d: kept(), JOB_WAIT_S)
     page.d.refresh()  # a new page: nothing of the charts in memory (the token stays in sessionStorage)
     opened = time.monotonic()
     page.go(f"#/jobs/{jid}/metrics")
-    seen = page.wait("the history drawn on the chart", lambda d: (lambda n: (n, time.monotonic() - opened)
-                                                                  if n >= 8 else None)(chart_points(page)))
+    seen = page.wait(
+        "the history drawn on the chart",
+        lambda d: (lambda n: (n, time.monotonic() - opened) if n >= 8 else None)(chart_points(page)),
+    )
     points, after_s = seen
     assert points > after_s + 2, f"{points} points {after_s:.1f} s after opening: live polling alone, no history"
 
@@ -167,16 +192,20 @@ def see_its_memory_beside_its_limit(page, api, jid: str) -> None:
     """The TaskManager page shows the running task's memory beside its limit, as its TaskManager
     measures it for the limit: "721.3 MB of 3.0 GB (PSS)" on the slot it holds."""
     page.go("#/taskmanagers/tm-1")
-    text = page.wait("the task's memory beside its limit", lambda d: next(
-        (e.text for e in page.els("#tmd-slots td.task-memory") if " of " in e.text), None), JOB_WAIT_S)
+    text = page.wait(
+        "the task's memory beside its limit",
+        lambda d: next((e.text for e in page.els("#tmd-slots td.task-memory") if " of " in e.text), None),
+        JOB_WAIT_S,
+    )
     memory = next(s["memory"] for s in api.get("/taskmanagers/tm-1")["allocatedSlots"] if s["job_id"] == jid)
     assert re.fullmatch(r"\d+\.\d [MG]B of \d+\.\d GB \((PSS|cgroup charge)\)", text), text
     assert text.endswith(f"of {memory['limit'] / 2**30:.1f} GB ({memory['measure']})"), (text, memory)
 
 
 def test_failing_job_exception_markup_is_shown_as_text(page, api, tmp_path_factory):
-    jid = page.submit(tmp_path_factory.mktemp("failing"), "failing_probe.py", FAILING, name="failing probe",
-                      restart="none")
+    jid = page.submit(
+        tmp_path_factory.mktemp("failing"), "failing_probe.py", FAILING, name="failing probe", restart="none"
+    )
     page.go(f"#/jobs/{jid}/exceptions")
     page.wait("the job FAILED", lambda d: page.text("#detail-state") == "FAILED", JOB_WAIT_S)
     page.wait("the exception text", lambda d: EXCEPTION_PROBE in page.text("#detail-exceptions pre.stacktrace"))
@@ -199,9 +228,13 @@ def test_a_viewer_token_is_told_its_role_cannot_change_things(page, tokens, tmp_
     page.wait("the 403 explained", lambda d: "Your token's role viewer cannot do this" in page.text("#f-message.error"))
     # Logs need the operator role: the log viewer says so in place of the log.
     page.go("#/jobmanager")
-    page.wait("the JobManager's log refused in place",
-              lambda d: "role viewer cannot do this" in page.d.execute_script(
-                  "return document.querySelector('#jm-logs pre').textContent"))
+    page.wait(
+        "the JobManager's log refused in place",
+        lambda d: (
+            "role viewer cannot do this"
+            in page.d.execute_script("return document.querySelector('#jm-logs pre').textContent")
+        ),
+    )
     page.wait("the rest of the page still showing", lambda d: page.text("#jm-leader dd"))
 
 
@@ -236,26 +269,41 @@ def test_schedules_are_created_paused_resumed_and_deleted_from_the_page(page, ap
 
 
 def test_every_page_renders_without_errors(page):
-    for hash_, ready in (("#/overview", "#ov-completed tr"), ("#/taskmanagers", "#tm-body tr"),
-                         ("#/taskmanagers/tm-1", "#tmd-slots tr"), ("#/jobmanager", "#jm-leader dd"),
-                         ("#/schedules", "#page-schedules .panel")):
+    for hash_, ready in (
+        ("#/overview", "#ov-completed tr"),
+        ("#/taskmanagers", "#tm-body tr"),
+        ("#/taskmanagers/tm-1", "#tmd-slots tr"),
+        ("#/jobmanager", "#jm-leader dd"),
+        ("#/schedules", "#page-schedules .panel"),
+    ):
         page.go(hash_)
         page.wait(f"{hash_} rendered", lambda d, css=ready: page.els(css) and page.els(css)[0].is_displayed())
         if hash_ == "#/taskmanagers/tm-1":
             # The log viewer lists the TaskManager's log and its drivers' logs, and shows the first.
-            page.wait("the TaskManager's log", lambda d: "taskmanager" in page.d.execute_script(
-                "return document.querySelector('#tmd-logs pre').textContent"))
+            page.wait(
+                "the TaskManager's log",
+                lambda d: (
+                    "taskmanager" in page.d.execute_script("return document.querySelector('#tmd-logs pre').textContent")
+                ),
+            )
             # Read in one script: the page redraws the list on every poll, so an option element held
             # between two WebDriver calls can be stale.
-            files = page.wait("the log file list", lambda d: d.execute_script(
-                "return [...document.querySelectorAll('#tmd-logs select.log-file option')].map(o => o.value)"))
+            files = page.wait(
+                "the log file list",
+                lambda d: d.execute_script(
+                    "return [...document.querySelectorAll('#tmd-logs select.log-file option')].map(o => o.value)"
+                ),
+            )
             assert files[0].startswith("taskmanager") and any(f.startswith("driver-") for f in files), files
     assert page.xss() is None
 
 
 def test_no_content_security_policy_violations(page):
-    refused = [e for e in page.console() if "Content Security Policy" in e.get("message", "")
-               or "Refused to" in e.get("message", "")]
+    refused = [
+        e
+        for e in page.console()
+        if "Content Security Policy" in e.get("message", "") or "Refused to" in e.get("message", "")
+    ]
     assert not refused, refused
     errors = [e for e in page.console() if e.get("level") == "SEVERE" and e.get("source") == "javascript"]
     assert not errors, errors

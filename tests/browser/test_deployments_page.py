@@ -30,8 +30,14 @@ ROW = f"#dep-body tr[data-key='{NAME}']"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
     # As test_dashboard.py's, without the warm Spark driver: no-op jobs start no Spark.
-    c = start_cluster(tmp_path_factory.mktemp("deployments-home"), catalog_url=pg_url_module, taskmanagers=1, slots=2,
-                      warm_drivers=0, auth="required")
+    c = start_cluster(
+        tmp_path_factory.mktemp("deployments-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=1,
+        slots=2,
+        warm_drivers=0,
+        auth="required",
+    )
     yield c
     c.stop()
 
@@ -49,7 +55,10 @@ def spec(jar: str, *, parallelism: int, args: list[str]) -> dict:
     # after 1 s by default) and checkpoints (a generation is ready once its job completed one; no-op
     # jobs have no periodic checkpoints unless asked); upgrades stop it with a savepoint (the default).
     return {
-        "jarId": jar, "kind": "noop", "programArgsList": args, "parallelism": parallelism,
+        "jarId": jar,
+        "kind": "noop",
+        "programArgsList": args,
+        "parallelism": parallelism,
         "flinkConfiguration": {"noop.duration": "-1", "execution.checkpointing.interval": "500 ms"},
         "restartStrategy": {"type": "fixed-delay", "attempts": 5, "delay": "200 ms"},
         "rollback": {"enabled": True, "readyWithin": "10 s"},
@@ -62,8 +71,9 @@ def put(rest, body: dict) -> None:
 
 
 def wait_deployment(rest, what: str, ok, timeout_s: float = JOB_WAIT_S) -> dict:
-    return wait_for(f"deployment {NAME} {what}", lambda: rest.get(f"/deployments/{NAME}"), timeout_s, poll_s=0.5,
-                    until=ok)
+    return wait_for(
+        f"deployment {NAME} {what}", lambda: rest.get(f"/deployments/{NAME}"), timeout_s, poll_s=0.5, until=ok
+    )
 
 
 def stable_at(generation: int):
@@ -96,8 +106,10 @@ def test_the_list_shows_the_deployment_stable_with_its_job(page, api, first_gene
     [listed] = [d for d in api.get("/deployments")["deployments"] if d["name"] == NAME]
     job_id = listed["jobId"]
     assert job_id
-    page.wait("the job's link", lambda d: (page.el(f"{ROW} a.job-link").get_attribute("href") or "")
-              .endswith(f"#/jobs/{job_id}"))
+    page.wait(
+        "the job's link",
+        lambda d: (page.el(f"{ROW} a.job-link").get_attribute("href") or "").endswith(f"#/jobs/{job_id}"),
+    )
     page.el(f"{ROW} td.name a").click()
     page.wait("the deployment's page", lambda d: page.visible("#page-deployment") and page.text("#depd-name") == NAME)
     page.wait("its job on its page", lambda d: job_id in page.text("#depd-facts"))
@@ -123,7 +135,8 @@ def test_the_second_generation_shows_its_difference_and_the_history(page, api, j
     page.wait("generation 2 compared with generation 1", lambda _: page.els(block))
     # Newest first: generation 2's block comes before generation 1's.
     keys = page.d.execute_script(
-        "return [...document.querySelectorAll('#depd-generations .generation')].map(g => g.dataset.key)")
+        "return [...document.querySelectorAll('#depd-generations .generation')].map(g => g.dataset.key)"
+    )
     assert keys[:2] == ["2:1", "1:"], keys
     par = f"{block} tr[data-path='parallelism']"
     assert page.text(f"{par} td.diff-change") == "changed"
@@ -151,8 +164,10 @@ def test_the_second_generation_shows_its_difference_and_the_history(page, api, j
     assert not page.visible("#depd-savepoints-empty")
 
     page.go("#/deployments")
-    page.wait("generation 2 in the list", lambda _: page.text(f"{ROW} td:nth-child(3)") == "2"
-              and page.text(f"{ROW} td:nth-child(4)") == "2")
+    page.wait(
+        "generation 2 in the list",
+        lambda _: page.text(f"{ROW} td:nth-child(3)") == "2" and page.text(f"{ROW} td:nth-child(4)") == "2",
+    )
 
 
 def test_suspend_from_the_page_and_a_viewer_is_refused(page, api, tokens, first_generation):
@@ -163,8 +178,10 @@ def test_suspend_from_the_page_and_a_viewer_is_refused(page, api, tokens, first_
     page.wait("the suspend accepted", lambda _: page.text("#depd-message.ok"))
     d = wait_deployment(api, "SUSPENDED", lambda x: x["status"]["lifecycleState"] == "SUSPENDED")
     assert d["spec"]["state"] == "suspended"
-    page.wait("SUSPENDED on the page", lambda _: page.text("#depd-state .badge") == "SUSPENDED"
-              and page.text("#depd-suspend") == "Resume")
+    page.wait(
+        "SUSPENDED on the page",
+        lambda _: page.text("#depd-state .badge") == "SUSPENDED" and page.text("#depd-suspend") == "Resume",
+    )
     # Suspending is a change of the spec: generation 3, which differs from 2 in its state alone.
     assert max(g["generation"] for g in d["generations"]) == 3
     block = "#depd-generations .generation[data-key='3:2']"
@@ -179,15 +196,18 @@ def test_suspend_from_the_page_and_a_viewer_is_refused(page, api, tokens, first_
     page.wait("the page for a viewer", lambda _: page.text("#depd-suspend") == "Resume")
     page.el("#depd-suspend").click()
     page.accept_confirm()
-    page.wait("the 403 explained",
-              lambda _: "Your token's role viewer cannot do this" in page.text("#depd-message.error"))
+    page.wait(
+        "the 403 explained", lambda _: "Your token's role viewer cannot do this" in page.text("#depd-message.error")
+    )
     assert api.get(f"/deployments/{NAME}")["spec"]["state"] == "suspended"
 
 
 def test_an_autoscaled_deployment_shows_its_evaluations_and_parallelism(page, api, jar):
     name = "autoscaled"
-    body = {**spec(jar, parallelism=1, args=["--autoscaled"]),
-            "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "stabilization": "0 s"}}
+    body = {
+        **spec(jar, parallelism=1, args=["--autoscaled"]),
+        "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "stabilization": "0 s"},
+    }
     r = api.http.put(f"/deployments/{name}", json=body)
     assert r.status_code == 200, r.text
     page.go(f"#/deployments/{name}")
@@ -200,21 +220,37 @@ def test_an_autoscaled_deployment_shows_its_evaluations_and_parallelism(page, ap
 
 
 def test_the_autoscaler_panels_samples_carry_each_evaluations_figures(page):
-    out = page.d.execute_script("return Autoscaler.autoscalerSamples(arguments[0])", [
-        {"at": 1, "parallelism": 1, "proposed": 2, "outcome": "scale-up", "figures": {"lag": 900, "busy": 1}},
-        {"at": 2, "parallelism": 2, "proposed": 2, "outcome": "wait", "figures": {}}])
+    out = page.d.execute_script(
+        "return Autoscaler.autoscalerSamples(arguments[0])",
+        [
+            {"at": 1, "parallelism": 1, "proposed": 2, "outcome": "scale-up", "figures": {"lag": 900, "busy": 1}},
+            {"at": 2, "parallelism": 2, "proposed": 2, "outcome": "wait", "figures": {}},
+        ],
+    )
     assert out == [{"t": 1, "parallelism": 1, "lag": 900, "busy": 1}, {"t": 2, "parallelism": 2}]
-    kept = page.d.execute_script("return Autoscaler.decisions(arguments[0]).map((e) => e.at)", [
-        {"at": 1, "outcome": "scale-up"}, {"at": 2, "outcome": "keep"}, {"at": 3, "outcome": "scale-down"}])
+    kept = page.d.execute_script(
+        "return Autoscaler.decisions(arguments[0]).map((e) => e.at)",
+        [{"at": 1, "outcome": "scale-up"}, {"at": 2, "outcome": "keep"}, {"at": 3, "outcome": "scale-down"}],
+    )
     assert kept == [3, 1]
 
 
 def test_the_diff_function_names_nested_keys_by_dotted_paths(page):
-    out = page.d.execute_script("return Deployments.diffSpecs(arguments[0], arguments[1])",
-                                {"parallelism": 1, "rollback": {"enabled": True, "readyWithin": "30 s"}, "gone": 1,
-                                 "flinkConfiguration": {"a": {"x": 1, "y": 2}}},
-                                {"parallelism": 1, "rollback": {"enabled": False}, "kind": "noop",
-                                 "flinkConfiguration": {"a": {"y": 2, "x": 1}}})
+    out = page.d.execute_script(
+        "return Deployments.diffSpecs(arguments[0], arguments[1])",
+        {
+            "parallelism": 1,
+            "rollback": {"enabled": True, "readyWithin": "30 s"},
+            "gone": 1,
+            "flinkConfiguration": {"a": {"x": 1, "y": 2}},
+        },
+        {
+            "parallelism": 1,
+            "rollback": {"enabled": False},
+            "kind": "noop",
+            "flinkConfiguration": {"a": {"y": 2, "x": 1}},
+        },
+    )
     assert out == [
         {"path": "gone", "change": "removed", "from": 1},
         {"path": "kind", "change": "added", "to": "noop"},
@@ -224,8 +260,11 @@ def test_the_diff_function_names_nested_keys_by_dotted_paths(page):
 
 
 def test_no_content_security_policy_violations_or_script_errors(page):
-    refused = [e for e in page.console() if "Content Security Policy" in e.get("message", "")
-               or "Refused to" in e.get("message", "")]
+    refused = [
+        e
+        for e in page.console()
+        if "Content Security Policy" in e.get("message", "") or "Refused to" in e.get("message", "")
+    ]
     assert not refused, refused
     errors = [e for e in page.console() if e.get("level") == "SEVERE" and e.get("source") == "javascript"]
     assert not errors, errors

@@ -37,8 +37,14 @@ DEPLOYMENT = "clicks-incident"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("incident-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=0, auth="off")
+    c = start_cluster(
+        tmp_path_factory.mktemp("incident-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=0,
+        auth="off",
+    )
     yield c
     c.stop()
 
@@ -65,9 +71,14 @@ def content(page, css: str) -> str:
 
 
 def noop_job(api: Rest, jar: str, name: str, **config) -> str:
-    return api.run(jar, kind="noop", jobName=name, parallelism=1,
-                   flinkConfiguration={"noop.duration": "-1", **config},
-                   restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "200 ms"})
+    return api.run(
+        jar,
+        kind="noop",
+        jobName=name,
+        parallelism=1,
+        flinkConfiguration={"noop.duration": "-1", **config},
+        restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "200 ms"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,29 +93,41 @@ def checkpointing_job(api, jar) -> str:
 @pytest.fixture(scope="module")
 def failed_once(api, jar) -> str:
     """Its first attempt fails with a real Py4J trace as its cause; the second finishes."""
-    jid = noop_job(api, jar, "failed once", **{"noop.duration": "300 ms", "noop.fail-attempts": 1,
-                                                "noop.fail-message": TRACE})
+    jid = noop_job(
+        api, jar, "failed once", **{"noop.duration": "300 ms", "noop.fail-attempts": 1, "noop.fail-message": TRACE}
+    )
     api.wait_state(jid, "FINISHED", timeout_s=JOB_WAIT_S)
     return jid
 
 
 @pytest.fixture(scope="module")
 def deployment(api, jar) -> dict:
-    body = {"jarId": jar, "kind": "noop", "parallelism": 1,
-            "flinkConfiguration": {"noop.duration": "-1", "execution.checkpointing.interval": "500 ms"},
-            "rollback": {"enabled": True, "readyWithin": "30 s"}}
+    body = {
+        "jarId": jar,
+        "kind": "noop",
+        "parallelism": 1,
+        "flinkConfiguration": {"noop.duration": "-1", "execution.checkpointing.interval": "500 ms"},
+        "rollback": {"enabled": True, "readyWithin": "30 s"},
+    }
     r = api.http.put(f"/deployments/{DEPLOYMENT}", json=body)
     assert r.status_code == 200, r.text
-    return wait_for(f"deployment {DEPLOYMENT} STABLE", lambda: api.get(f"/deployments/{DEPLOYMENT}"), JOB_WAIT_S,
-                    poll_s=0.5, until=lambda d: d["status"].get("lifecycleState") == "STABLE")
+    return wait_for(
+        f"deployment {DEPLOYMENT} STABLE",
+        lambda: api.get(f"/deployments/{DEPLOYMENT}"),
+        JOB_WAIT_S,
+        poll_s=0.5,
+        until=lambda d: d["status"].get("lifecycleState") == "STABLE",
+    )
 
 
 def test_both_history_tables_fill_in_one_page_session(page, api, checkpointing_job, deployment):
     page.go(f"#/deployments/{DEPLOYMENT}")
     page.wait("the deployment's history", lambda d: len(page.els("#depd-history tr")) >= 1)
     page.go(f"#/jobs/{checkpointing_job}/checkpoints")
-    keys = page.wait("checkpoint rows in Checkpoints → History",
-                     lambda d: (lambda k: k if len(k) >= 3 else None)(page.attributes("#cp-history tr", "data-key")))
+    keys = page.wait(
+        "checkpoint rows in Checkpoints → History",
+        lambda d: (lambda k: k if len(k) >= 3 else None)(page.attributes("#cp-history tr", "data-key")),
+    )
     assert page.visible("#cp-history-table") and not page.visible("#cp-history-empty")
     shown = set(keys)
     listed = {str(c["id"]) for c in api.get(f"/jobs/{checkpointing_job}/checkpoints")["history"]}
@@ -126,12 +149,15 @@ def test_the_failure_cause_fits_a_1280_pixel_screen(page, failed_once):
         assert "Traceback" not in content(page, cause)
         whole = page.el(cause).get_attribute("title")  # the whole cause, on hover
         assert whole.startswith("NoopTaskFailure: Py4JJavaError: Traceback") and whole.strip().endswith("... 23 more")
-        geometry = page.d.execute_script("""
+        geometry = page.d.execute_script(
+            """
             const cell = document.querySelector(arguments[0]).getBoundingClientRect();
             const scroll = document.querySelector('#tab-attempts .table-scroll');
             return {right: cell.right, width: cell.width, viewport: document.documentElement.clientWidth,
                     scrollWidth: scroll.scrollWidth, clientWidth: scroll.clientWidth,
-                    pageScroll: document.documentElement.scrollWidth};""", cause)
+                    pageScroll: document.documentElement.scrollWidth};""",
+            cause,
+        )
         assert geometry["right"] <= geometry["viewport"], geometry
         assert geometry["width"] >= 150, geometry  # a column, not a sliver
         assert geometry["scrollWidth"] <= geometry["clientWidth"] + 1, geometry  # nothing to scroll sideways to
@@ -150,16 +176,19 @@ def test_the_job_list_shows_restarts_and_links_a_deployments_jobs(page, api, fai
     page.wait("the deployment's job linked to it", lambda d: page.text(link) == DEPLOYMENT)
     assert page.text(f"{row} td.deployment") == "–"
     page.el(link).click()
-    page.wait("the deployment's page", lambda d: page.visible("#page-deployment")
-              and page.text("#depd-name") == DEPLOYMENT)
+    page.wait(
+        "the deployment's page", lambda d: page.visible("#page-deployment") and page.text("#depd-name") == DEPLOYMENT
+    )
     # The job's own page names its deployment and its last failure, summarised.
     page.go(f"#/jobs/{failed_once}")
     page.wait("the last failure in the job's facts", lambda d: content(page, ".last-failure").startswith(TRACE_SUMMARY))
     page.wait("its restarts in the job's facts", lambda d: "Restarts\n1" in page.text("#detail-facts"))
     # The Exceptions tab: the same line over the whole trace.
     page.go(f"#/jobs/{failed_once}/exceptions")
-    page.wait("the exception's summary over its trace",
-              lambda d: page.text("#detail-exceptions .exc-summary").startswith(TRACE_SUMMARY))
+    page.wait(
+        "the exception's summary over its trace",
+        lambda d: page.text("#detail-exceptions .exc-summary").startswith(TRACE_SUMMARY),
+    )
     assert "... 23 more" in page.text("#detail-exceptions pre.stacktrace")
 
 
@@ -169,9 +198,18 @@ def add_progress_history(cluster, taskmanager_id: str, execution_id: str, times_
     client = redis.Redis.from_url(cluster.redis_url)
     key = streams.progress_history_key(taskmanager_id, execution_id)
     for i, t in enumerate(times_ms):
-        client.xadd(key, {"timestamp": t, "batch_id": i, "input_rows_per_second": 10 + i,
-                          "processed_rows_per_second": 12 + i, "batch_duration_ms": 200, "num_input_rows": 10},
-                    id=f"{t}-0")
+        client.xadd(
+            key,
+            {
+                "timestamp": t,
+                "batch_id": i,
+                "input_rows_per_second": 10 + i,
+                "processed_rows_per_second": 12 + i,
+                "batch_duration_ms": 200,
+                "num_input_rows": 10,
+            },
+            id=f"{t}-0",
+        )
     client.expire(key, 600)
     client.close()
 
@@ -195,9 +233,12 @@ def test_the_charts_plot_against_a_labelled_time_axis(page, api, cluster, checkp
     add_progress_history(cluster, taskmanager, execution, first + second)
     page.d.refresh()  # a fresh page loads the history when the job's page opens
     page.go(f"#/jobs/{checkpointing_job}/metrics")
-    seen = page.wait("two runs of points on the first chart", lambda d: (lambda c: c if c and len(c["lines"]) == 2
-                                                                         and all(len(run) == 6 for run in c["lines"])
-                                                                         else None)(chart_coordinates(page)))
+    seen = page.wait(
+        "two runs of points on the first chart",
+        lambda d: (lambda c: c if c and len(c["lines"]) == 2 and all(len(run) == 6 for run in c["lines"]) else None)(
+            chart_coordinates(page)
+        ),
+    )
     xs = seen["lines"][0] + seen["lines"][1]
     step = (xs[5] - xs[0]) / 5
     assert xs[6] - xs[5] == pytest.approx(30 * step, rel=0.05), xs  # the pause is thirty seconds wide
@@ -213,8 +254,11 @@ def test_a_lost_taskmanager_stays_listed_with_when_and_why_until_it_registers(pa
     killed_at = time.time()
     cluster.kill("taskmanager-2")
     row = "#tm-body tr[data-key='tm-2']"
-    page.wait("tm-2 LOST with a reason", lambda d: "LOST" in page.text(f"{row} td.tm-state")
-              and page.els(f"{row} .lost-reason"), timeout_s=60)
+    page.wait(
+        "tm-2 LOST with a reason",
+        lambda d: "LOST" in page.text(f"{row} td.tm-state") and page.els(f"{row} .lost-reason"),
+        timeout_s=60,
+    )
     assert re.search(r"LOST (just now|\d+s ago)", page.text(f"{row} td.tm-state")), page.text(row)
     lost = next(t for t in api.get("/taskmanagers?include=lost")["taskmanagers"] if t["id"] == "tm-2")
     assert lost["state"] == "LOST" and lost["lost-reason"] and lost["last-lost-at"] >= killed_at * 1000 - 2000
@@ -233,23 +277,30 @@ def test_a_hung_dispatcher_is_shown_as_not_answering_and_polling_goes_on(page, c
     os.killpg(dispatcher, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        first = page.wait("no answer from the dispatcher", lambda d: (lambda t: t if t.startswith(
-            "no answer from the dispatcher for") else None)(page.text("#conn")), timeout_s=8)
+        first = page.wait(
+            "no answer from the dispatcher",
+            lambda d: (lambda t: t if t.startswith("no answer from the dispatcher for") else None)(page.text("#conn")),
+            timeout_s=8,
+        )
         assert time.monotonic() - stopped < 6, "seen too late"
         assert "conn down" in page.el("#conn").get_attribute("class")
         assert "live" not in page.el("#leader").get_attribute("class").split()  # who leads is not known either
         page.wait("the silence counted", lambda d: page.text("#conn") != first, timeout_s=5)
         # Past the request's time limit (10 s) the poll is given up and the next one starts.
-        page.wait("a poll given up", lambda d: int(re.search(r"(\d+) s$", page.text("#conn")).group(1)) >= 12,
-                  timeout_s=20)
+        page.wait(
+            "a poll given up", lambda d: int(re.search(r"(\d+) s$", page.text("#conn")).group(1)) >= 12, timeout_s=20
+        )
     finally:
         os.killpg(dispatcher, signal.SIGCONT)
     page.wait("live again", lambda d: page.text("#conn").startswith("live"), timeout_s=20)
 
 
 def test_no_script_errors_or_refusals(page):
-    refused = [e for e in page.console() if "Content Security Policy" in e.get("message", "")
-               or "Refused to" in e.get("message", "")]
+    refused = [
+        e
+        for e in page.console()
+        if "Content Security Policy" in e.get("message", "") or "Refused to" in e.get("message", "")
+    ]
     assert not refused, refused
     errors = [e for e in page.console() if e.get("level") == "SEVERE" and e.get("source") == "javascript"]
     assert not errors, errors

@@ -68,8 +68,12 @@ class Harness:
             self.jm.recover()  # claims the catalog's leadership row, as a real leader does
         self.rm = ResourceManager(self.settings, self.catalog, self.t, self.clock)
         for i, n in enumerate(slots):
-            self.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=f"tm-{i}", host="h", slots=n, cores=2,
-                                                                  memory_bytes=1, queue=f"tm.tm-{i}"))
+            self.t.publish(
+                streams.RM_STREAM,
+                RegisterTaskManager(
+                    taskmanager_id=f"tm-{i}", host="h", slots=n, cores=2, memory_bytes=1, queue=f"tm.tm-{i}"
+                ),
+            )
         self.pump()
 
     def pump(self, rounds=5):
@@ -86,9 +90,18 @@ class Harness:
     def submit(self, parallelism=1, restart=None, name="job", config=None, announce=True) -> str:
         job_id = new_job_id()
         with self.catalog.session() as s:
-            repo.create_job(s, id=job_id, name=name, artifact_id=None, entry="build", parallelism=parallelism,
-                            program_args=[], config=config or {}, restart_strategy=restart or {"type": "none"},
-                            kind="noop")
+            repo.create_job(
+                s,
+                id=job_id,
+                name=name,
+                artifact_id=None,
+                entry="build",
+                parallelism=parallelism,
+                program_args=[],
+                config=config or {},
+                restart_strategy=restart or {"type": "none"},
+                kind="noop",
+            )
         if announce:
             self.t.publish(streams.JM_STREAM, SubmitJob(job_id=job_id))
         return job_id
@@ -102,8 +115,12 @@ class Harness:
         tm = cmd.spec.execution_id
         ex_tm = self.execution(cmd.spec.execution_id).taskmanager_id
         for st in states:
-            self.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=tm, job_id=cmd.spec.job_id,
-                                                               taskmanager_id=ex_tm, state=st, failure_cause=cause))
+            self.t.publish(
+                streams.JM_STREAM,
+                TaskStateChanged(
+                    execution_id=tm, job_id=cmd.spec.job_id, taskmanager_id=ex_tm, state=st, failure_cause=cause
+                ),
+            )
         self.pump()
 
     def execution(self, ex_id):
@@ -122,6 +139,8 @@ class Harness:
 def executions_of(h, job_id):
     with h.catalog.session() as s:
         return list(repo.job_executions(s, job_id))
+
+
 CONFIG = {"execution.checkpointing.interval": "1 s", "state.checkpoints.num-retained": 2}
 
 
@@ -133,11 +152,22 @@ def triggers(h) -> list[TriggerCheckpoint]:
 
 def ack(h, trig: TriggerCheckpoint, batch_id: int = 7) -> str:
     """Write the snapshot the task would have written, then acknowledge it."""
-    info = storage.take_empty_snapshot(Path(trig.target), metadata={"job_id": trig.job_id, "kind": trig.kind,
-                                                                  "checkpoint_id": trig.checkpoint_id})
-    h.t.publish(streams.JM_STREAM, CheckpointAcknowledged(
-        job_id=trig.job_id, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
-        checkpoint_id=trig.checkpoint_id, path=str(info.path), batch_id=batch_id, state_size=123, duration_ms=5))
+    info = storage.take_empty_snapshot(
+        Path(trig.target), metadata={"job_id": trig.job_id, "kind": trig.kind, "checkpoint_id": trig.checkpoint_id}
+    )
+    h.t.publish(
+        streams.JM_STREAM,
+        CheckpointAcknowledged(
+            job_id=trig.job_id,
+            execution_id=trig.execution_id,
+            taskmanager_id=trig.taskmanager_id,
+            checkpoint_id=trig.checkpoint_id,
+            path=str(info.path),
+            batch_id=batch_id,
+            state_size=123,
+            duration_ms=5,
+        ),
+    )
     h.pump()
     return str(info.path)
 

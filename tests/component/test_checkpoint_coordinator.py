@@ -46,8 +46,12 @@ def test_periodic_checkpoints_complete_and_only_the_retained_ones_stay(h):
         assert (trig.checkpoint_id, trig.kind, trig.execution_id) == (n, "checkpoint", cmd.spec.execution_id)
         assert trig.target == str(h.settings.checkpoints / job / f"chk-{n}")
         paths.append(ack(h, trig, batch_id=10 * n))
-    assert rows(h, job) == [(1, "checkpoint", "DISCARDED"), (2, "checkpoint", "DISCARDED"),
-                            (3, "checkpoint", "COMPLETED"), (4, "checkpoint", "COMPLETED")]
+    assert rows(h, job) == [
+        (1, "checkpoint", "DISCARDED"),
+        (2, "checkpoint", "DISCARDED"),
+        (3, "checkpoint", "COMPLETED"),
+        (4, "checkpoint", "COMPLETED"),
+    ]
     assert [Path(p).exists() for p in paths] == [False, False, True, True]
     with h.catalog.session() as s:
         latest = repo.list_checkpoints(s, job, statuses=None)[0]
@@ -126,9 +130,16 @@ def test_tolerable_failures_let_declines_pass_and_a_completion_resets_the_count(
         h.pump()
         [trig] = triggers(h)
         if expected_failures:
-            h.t.publish(streams.JM_STREAM, CheckpointDeclined(
-                job_id=job, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
-                checkpoint_id=trig.checkpoint_id, reason="disk full"))
+            h.t.publish(
+                streams.JM_STREAM,
+                CheckpointDeclined(
+                    job_id=job,
+                    execution_id=trig.execution_id,
+                    taskmanager_id=trig.taskmanager_id,
+                    checkpoint_id=trig.checkpoint_id,
+                    reason="disk full",
+                ),
+            )
             h.pump()
         else:
             ack(h, trig)
@@ -141,9 +152,17 @@ def test_a_batch_task_declines_permanently_and_is_not_triggered_again(h):
     h.clock.advance(1.0)
     h.pump()
     [trig] = triggers(h)
-    h.t.publish(streams.JM_STREAM, CheckpointDeclined(
-        job_id=job, execution_id=trig.execution_id, taskmanager_id=trig.taskmanager_id,
-        checkpoint_id=trig.checkpoint_id, reason="a batch task has no checkpoints", permanent=True))
+    h.t.publish(
+        streams.JM_STREAM,
+        CheckpointDeclined(
+            job_id=job,
+            execution_id=trig.execution_id,
+            taskmanager_id=trig.taskmanager_id,
+            checkpoint_id=trig.checkpoint_id,
+            reason="a batch task has no checkpoints",
+            permanent=True,
+        ),
+    )
     h.pump()
     h.clock.advance(5.0)
     h.pump()

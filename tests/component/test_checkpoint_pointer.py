@@ -52,8 +52,16 @@ class MemoryPointers:
 
 def leader(h: Harness, zk: MemoryPointers, epoch: int, leading: list[bool] | None = None) -> JobMaster:
     flag = leading if leading is not None else [True]
-    jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=epoch, checkpoint_store=ZooKeeperStore(zk),
-                   still_leading=lambda: flag[0])
+    jm = JobMaster(
+        h.settings,
+        h.catalog,
+        h.t,
+        h.gw,
+        h.clock,
+        epoch=epoch,
+        checkpoint_store=ZooKeeperStore(zk),
+        still_leading=lambda: flag[0],
+    )
     with jm.unit_of_work():
         jm.recover()
     return jm

@@ -51,8 +51,10 @@ def wait(h, seconds: float, *deploys: DeployTask) -> None:
     """Let `seconds` pass with both TaskManagers heartbeating, reporting the slots of `deploys`."""
     reports = {"tm-0": [], "tm-1": []}
     for d in deploys:
-        reports[d.taskmanager_id] += [SlotState(index=i, allocation_id=d.allocation_id, job_id=d.spec.job_id,
-                                                execution_id=d.spec.execution_id) for i in d.slot_indices]
+        reports[d.taskmanager_id] += [
+            SlotState(index=i, allocation_id=d.allocation_id, job_id=d.spec.job_id, execution_id=d.spec.execution_id)
+            for i in d.slot_indices
+        ]
     left = seconds
     while left > 0:
         step = min(2.0, left)
@@ -64,8 +66,13 @@ def wait(h, seconds: float, *deploys: DeployTask) -> None:
 
 
 def fail_report(cmd: DeployTask, ex_tm: str) -> TaskStateChanged:
-    return TaskStateChanged(execution_id=cmd.spec.execution_id, job_id=cmd.spec.job_id, taskmanager_id=ex_tm,
-                            state=ES.FAILED, failure_cause="boom")
+    return TaskStateChanged(
+        execution_id=cmd.spec.execution_id,
+        job_id=cmd.spec.job_id,
+        taskmanager_id=ex_tm,
+        state=ES.FAILED,
+        failure_cause="boom",
+    )
 
 
 def test_a_deposed_leader_commits_nothing_even_for_jobs_the_new_leader_has_not_touched(h):
@@ -119,9 +126,15 @@ def test_a_deploy_committed_by_the_old_leader_goes_out_only_under_the_new_epoch(
     del h.gw.deploy
     sent = []
     h.jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=2)
-    h.jm.outbox.gateway = type("G", (), {"deploy": lambda self, q, c: sent.append(("epoch", h.jm.epoch, c)),
-                                         "cancel": lambda self, q, c: None,
-                                         "trigger_checkpoint": lambda self, q, c: None})()
+    h.jm.outbox.gateway = type(
+        "G",
+        (),
+        {
+            "deploy": lambda self, q, c: sent.append(("epoch", h.jm.epoch, c)),
+            "cancel": lambda self, q, c: None,
+            "trigger_checkpoint": lambda self, q, c: None,
+        },
+    )()
     with h.jm.unit_of_work():
         h.jm.recover()
     [(_, epoch, cmd)] = sent
@@ -148,9 +161,16 @@ def test_a_rejected_deploy_fails_over_at_once(h):
     h.pump()
     [cmd] = h.deployed()
     tm = h.execution(cmd.spec.execution_id).taskmanager_id
-    h.t.publish(streams.JM_STREAM, CommandRejected(taskmanager_id=tm, command="DeployTask",
-                                                   execution_id=cmd.spec.execution_id, job_id=job,
-                                                   reason="spec failed validation: parallelism: must be > 0"))
+    h.t.publish(
+        streams.JM_STREAM,
+        CommandRejected(
+            taskmanager_id=tm,
+            command="DeployTask",
+            execution_id=cmd.spec.execution_id,
+            job_id=job,
+            reason="spec failed validation: parallelism: must be > 0",
+        ),
+    )
     h.pump()
     assert "spec failed validation" in h.execution(cmd.spec.execution_id).failure_cause
     [again] = h.deployed()
@@ -205,8 +225,11 @@ def test_a_redelivered_progress_report_is_counted_once(h):
     for _ in range(2):
         h.t.publish(streams.JM_STREAM, p, sender=sender)
         h.pump()
-    h.t.publish(streams.JM_STREAM, TaskProgress(execution_id=cmd.spec.execution_id, job_id=job, batch_id=1,
-                                                num_input_rows=7), sender=sender)
+    h.t.publish(
+        streams.JM_STREAM,
+        TaskProgress(execution_id=cmd.spec.execution_id, job_id=job, batch_id=1, num_input_rows=7),
+        sender=sender,
+    )
     h.pump()
     ex = h.execution(cmd.spec.execution_id)
     assert (ex.last_batch_id, ex.rows_processed) == (1, 507)

@@ -150,7 +150,8 @@ def test_a_new_leader_takes_older_epochs_entries_over_to_decide_them_again(catal
     with catalog.session() as s:
         inherited = new.take_over(s)
     assert [(e.id, e.kind, e.target, e.body, e.execution_id) for e in inherited] == [
-        (effect.id, CANCEL, "tm.tm-1", cancel(7), "ex-7")]
+        (effect.id, CANCEL, "tm.tm-1", cancel(7), "ex-7")
+    ]
     assert pending_ids(catalog) == [] and new_gateway.sent == []
 
 

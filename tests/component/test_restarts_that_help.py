@@ -68,8 +68,10 @@ def test_parallelism_above_every_taskmanager_fails_the_job_after_the_grace_witho
     assert h.job(job).status == "FAILED"
     [(name, text)] = exceptions(h, job)
     assert name == "NoResourceAvailableException"
-    assert text.startswith("parallelism 3 needs 3 slots on one TaskManager; the largest registered TaskManager "
-                           "has 2 (tm-0, tm-1; 2 registered)")
+    assert text.startswith(
+        "parallelism 3 needs 3 slots on one TaskManager; the largest registered TaskManager "
+        "has 2 (tm-0, tm-1; 2 registered)"
+    )
     assert "resubmit with parallelism 2 or less" in text
     assert h.attempts(job) == [(0, "FAILED")]  # no restart, however many the strategy allows
     assert h.deployed() == [] and not h.rm.slots.pending
@@ -80,8 +82,10 @@ def test_a_request_that_fits_once_a_bigger_taskmanager_registers_in_the_grace_ru
     job = h.submit(parallelism=3, restart=RESTARTS)
     h.pump()
     wait(h, 3)
-    h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id="tm-big", host="h", slots=4, cores=2,
-                                                      memory_bytes=1, queue="tm.tm-big"))
+    h.t.publish(
+        streams.RM_STREAM,
+        RegisterTaskManager(taskmanager_id="tm-big", host="h", slots=4, cores=2, memory_bytes=1, queue="tm.tm-big"),
+    )
     h.pump()
     [cmd] = h.deployed()
     assert cmd.taskmanager_id == "tm-big" and h.job(job).status == "RUNNING"
@@ -122,8 +126,9 @@ def completed(h, job, cid, kind="checkpoint") -> str:
     path = h.settings.checkpoints / job / f"chk-{cid}"
     storage.take_empty_snapshot(path, metadata={"job_id": job, "kind": kind, "checkpoint_id": cid})
     with h.catalog.session() as s:
-        row = repo.create_checkpoint(s, job_id=job, checkpoint_id=cid, kind=kind, execution_id=None, vertex_id=None,
-                                     path=str(path))
+        row = repo.create_checkpoint(
+            s, job_id=job, checkpoint_id=cid, kind=kind, execution_id=None, vertex_id=None, path=str(path)
+        )
         repo.transition_checkpoint(s, row, CS.COMPLETED, batch_id=cid)
         repo.next_value(s, f"checkpoint:{job}")
     return str(path)
@@ -131,16 +136,28 @@ def completed(h, job, cid, kind="checkpoint") -> str:
 
 def fail(h, cmd, name: str, cause: str) -> None:
     ex = h.execution(cmd.spec.execution_id)
-    h.t.publish(streams.JM_STREAM, TaskStateChanged(execution_id=ex.id, job_id=ex.job_id,
-                                                    taskmanager_id=ex.taskmanager_id, state=ES.FAILED,
-                                                    failure_name=name, failure_cause=cause))
+    h.t.publish(
+        streams.JM_STREAM,
+        TaskStateChanged(
+            execution_id=ex.id,
+            job_id=ex.job_id,
+            taskmanager_id=ex.taskmanager_id,
+            state=ES.FAILED,
+            failure_name=name,
+            failure_cause=cause,
+        ),
+    )
     h.pump()
 
 
 def restore_failed(h, cmd, why="spark/offsets/2: not a Spark offset log") -> None:
-    fail(h, cmd, SnapshotRestoreError.__name__,
-         f"Traceback (most recent call last):\n  ...\nshared.restore_failure.SnapshotRestoreError: the snapshot "
-         f"{cmd.spec.restore_from} could not be restored: {why}\n")
+    fail(
+        h,
+        cmd,
+        SnapshotRestoreError.__name__,
+        f"Traceback (most recent call last):\n  ...\nshared.restore_failure.SnapshotRestoreError: the snapshot "
+        f"{cmd.spec.restore_from} could not be restored: {why}\n",
+    )
 
 
 def checkpoint_rows(h, job):
@@ -161,13 +178,20 @@ def test_a_checkpoint_that_cannot_be_restored_is_marked_and_the_restart_uses_the
     restore_failed(h, second)
     [third] = h.deployed()
     assert third.spec.restore_from == one and third.spec.restore_checkpoint_id == 1
-    assert checkpoint_rows(h, job) == {2: ("DISCARDED", "restore failed: the snapshot " + two + " could not be "
-                                          "restored: spark/offsets/2: not a Spark offset log"), 1: ("COMPLETED", None)}
+    assert checkpoint_rows(h, job) == {
+        2: (
+            "DISCARDED",
+            "restore failed: the snapshot " + two + " could not be restored: spark/offsets/2: not a Spark offset log",
+        ),
+        1: ("COMPLETED", None),
+    }
     assert Path(two, "_metadata").is_file()  # kept for inspection: retention never deletes it
     name, text = exceptions(h, job)[0]
     assert name == "SnapshotRestoreError"
-    assert text.startswith(f"checkpoint 2 could not be restored (the snapshot {two} could not be restored: "
-                           f"spark/offsets/2: not a Spark offset log); restarting from checkpoint 1\n")
+    assert text.startswith(
+        f"checkpoint 2 could not be restored (the snapshot {two} could not be restored: "
+        f"spark/offsets/2: not a Spark offset log); restarting from checkpoint 1\n"
+    )
     # The next checkpoint after the fallback is 3, and restores come from it again.
     h.report(third, ES.INITIALIZING, ES.RUNNING)
     three = completed(h, job, 3)
@@ -237,8 +261,12 @@ def test_a_forged_savepoint_request_outside_the_roots_fails_and_triggers_nothing
     rid = new_request_id()
     with h.catalog.session() as s:
         repo.create_operation(s, id=rid, kind="savepoint", job_id=job, params={})
-    h.t.publish(streams.JM_STREAM, RequestSavepoint(
-        job_id=job, request_id=rid, target_directory=target.format(savepoints=h.settings.savepoints, link=link)))
+    h.t.publish(
+        streams.JM_STREAM,
+        RequestSavepoint(
+            job_id=job, request_id=rid, target_directory=target.format(savepoints=h.settings.savepoints, link=link)
+        ),
+    )
     h.pump()
     with h.catalog.session() as s:
         op = repo.get_operation(s, rid)

@@ -138,8 +138,12 @@ def test_taskmanager_that_died_while_the_resourcemanager_was_down_is_declared_lo
     survivor = "tm-1" if dead == "tm-0" else "tm-0"
     _restart_resourcemanager(h)
     # Only the survivor registers again, as TaskManagers do when they see a new session.
-    h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=survivor, host="h", slots=4, cores=2,
-                                                       memory_bytes=1, queue=f"tm.{survivor}"))
+    h.t.publish(
+        streams.RM_STREAM,
+        RegisterTaskManager(
+            taskmanager_id=survivor, host="h", slots=4, cores=2, memory_bytes=1, queue=f"tm.{survivor}"
+        ),
+    )
     h.pump()
     h.clock.advance(h.settings.heartbeat_timeout_s - 1)
     h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=survivor, slot_report=()))
@@ -216,14 +220,26 @@ def test_taskmanager_that_registers_again_after_a_resourcemanager_restart_keeps_
     _restart_resourcemanager(h)
     # The TaskManager that runs the task reports it, and its slots, when it registers again.
     ex = h.execution(cmd.spec.execution_id)
-    held = tuple(SlotState(index=i, allocation_id=cmd.allocation_id, job_id=ex.job_id, execution_id=ex.id)
-                 for i in cmd.slot_indices)
+    held = tuple(
+        SlotState(index=i, allocation_id=cmd.allocation_id, job_id=ex.job_id, execution_id=ex.id)
+        for i in cmd.slot_indices
+    )
     reports = {tm: (held if tm == ex.taskmanager_id else ()) for tm in ("tm-0", "tm-1")}
     running = (TaskReport(execution_id=ex.id, job_id=ex.job_id, state=ES.RUNNING, allocation_id=cmd.allocation_id),)
     for tm in ("tm-0", "tm-1"):
-        h.t.publish(streams.RM_STREAM, RegisterTaskManager(
-            taskmanager_id=tm, host="h", slots=4, cores=2, memory_bytes=1, queue=f"tm.{tm}",
-            slot_report=reports[tm], running=running if tm == ex.taskmanager_id else ()))
+        h.t.publish(
+            streams.RM_STREAM,
+            RegisterTaskManager(
+                taskmanager_id=tm,
+                host="h",
+                slots=4,
+                cores=2,
+                memory_bytes=1,
+                queue=f"tm.{tm}",
+                slot_report=reports[tm],
+                running=running if tm == ex.taskmanager_id else (),
+            ),
+        )
     for _ in range(8):
         h.clock.advance(2)
         for tm in ("tm-0", "tm-1"):
@@ -243,8 +259,10 @@ def test_taskmanager_that_registers_again_without_its_task_fails_it_over(h):
     # nothing: the catalog's RUNNING attempt has nothing behind it and must move at once.
     _restart_resourcemanager(h)
     for tm in ("tm-0", "tm-1"):
-        h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=tm, host="h", slots=4, cores=2,
-                                                           memory_bytes=1, queue=f"tm.{tm}"))
+        h.t.publish(
+            streams.RM_STREAM,
+            RegisterTaskManager(taskmanager_id=tm, host="h", slots=4, cores=2, memory_bytes=1, queue=f"tm.{tm}"),
+        )
     h.pump()
     assert h.execution(ex.id).state == "FAILED"
     assert "registered again without this task" in h.execution(ex.id).failure_cause
@@ -295,9 +313,15 @@ def test_submissions_of_one_batch_start_together_and_keep_the_order_of_the_batch
     ids = {}
     for name in "ABCD":
         ids[name] = h.submit(name=name, announce=False)
-    for body in (SubmitJob(job_id=ids["A"]), CancelJob(job_id=ids["A"]), SubmitJob(job_id=ids["B"]),
-                 CancelJob(job_id=ids["C"]), SubmitJob(job_id=ids["B"]), SubmitJob(job_id=ids["C"]),
-                 SubmitJob(job_id=ids["D"])):
+    for body in (
+        SubmitJob(job_id=ids["A"]),
+        CancelJob(job_id=ids["A"]),
+        SubmitJob(job_id=ids["B"]),
+        CancelJob(job_id=ids["C"]),
+        SubmitJob(job_id=ids["B"]),
+        SubmitJob(job_id=ids["C"]),
+        SubmitJob(job_id=ids["D"]),
+    ):
         h.t.publish(streams.JM_STREAM, body)
     h.pump()
     assert h.job(ids["A"]).status == "CANCELED" and h.attempts(ids["A"]) == [(0, "CANCELED")]
@@ -330,6 +354,7 @@ class _Unreachable:
 
         def refuse(*_a, **_k):
             raise ConnectionError("Redis is down")
+
         return refuse
 
 
@@ -418,8 +443,10 @@ def test_a_taskmanager_back_within_one_flush_keeps_its_last_loss_in_the_catalog(
     # A supervisor restarts a killed TaskManager within seconds: the loss and the new
     # registration can reach the ResourceManager before its next catalog write.
     h.t.publish(streams.RM_STREAM, UnregisterTaskManager(taskmanager_id="tm-0", reason="shutdown"))
-    h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id="tm-0", host="h", slots=4, cores=2,
-                                                       memory_bytes=1, queue="tm.tm-0"))
+    h.t.publish(
+        streams.RM_STREAM,
+        RegisterTaskManager(taskmanager_id="tm-0", host="h", slots=4, cores=2, memory_bytes=1, queue="tm.tm-0"),
+    )
     h.pump()
     h.rm.flush_catalog()
     with h.catalog.session() as s:

@@ -17,8 +17,10 @@ from shared.messages import TaskWaiting
 from shared.states import ExecutionState as ES
 from tests.component.harness import Harness
 
-REASON = ("SQL sink lin:counts: waiting for database postgresql://db:5432/out, unreachable since 10:00:00 UTC "
-          "(the task fails after 60 s, sink.max-retry-time)")
+REASON = (
+    "SQL sink lin:counts: waiting for database postgresql://db:5432/out, unreachable since 10:00:00 UTC "
+    "(the task fails after 60 s, sink.max-retry-time)"
+)
 
 
 @pytest.fixture
@@ -30,8 +32,15 @@ def test_the_driver_event_becomes_the_jobmanager_message():
     line = tp.encode_line(tp.Waiting(reason=REASON))
     event = tp.decode_event(line)
     assert event == tp.Waiting(reason=REASON)
-    spec = tp.TaskSpec(job_id="j1", vertex_id="v1", execution_id="e1", attempt=0, parallelism=1,
-                       checkpoint_dir="/tmp/c", redis_url="redis://x")
+    spec = tp.TaskSpec(
+        job_id="j1",
+        vertex_id="v1",
+        execution_id="e1",
+        attempt=0,
+        parallelism=1,
+        checkpoint_dir="/tmp/c",
+        redis_url="redis://x",
+    )
     msg = FORWARDED[tp.Waiting](spec, "tm-1", event)
     assert isinstance(msg, TaskWaiting) and (msg.execution_id, msg.job_id, msg.reason) == ("e1", "j1", REASON)
     assert isinstance(msg, TASKMANAGER_MESSAGES)  # a TaskManager may send it
@@ -69,13 +78,17 @@ def test_another_taskmanager_cannot_set_it_and_an_ended_attempt_keeps_none(h):
     h.report(cmd, ES.INITIALIZING, ES.RUNNING)
     other = "tm-1" if cmd.taskmanager_id == "tm-0" else "tm-0"
     ex_id = cmd.spec.execution_id
-    h.t.publish(streams.JM_STREAM, TaskWaiting(execution_id=ex_id, job_id=job, reason=REASON),
-                sender=f"taskmanager:{other}")
+    h.t.publish(
+        streams.JM_STREAM, TaskWaiting(execution_id=ex_id, job_id=job, reason=REASON), sender=f"taskmanager:{other}"
+    )
     h.pump()
     assert _latest(h, job)[1] is None
     h.report(cmd, ES.FAILED, cause="boom")
     assert h.execution(ex_id).state == "FAILED"
-    h.t.publish(streams.JM_STREAM, TaskWaiting(execution_id=ex_id, job_id=job, reason=REASON),
-                sender=f"taskmanager:{cmd.taskmanager_id}")
+    h.t.publish(
+        streams.JM_STREAM,
+        TaskWaiting(execution_id=ex_id, job_id=job, reason=REASON),
+        sender=f"taskmanager:{cmd.taskmanager_id}",
+    )
     h.pump()
     assert _latest(h, job)[1] is None

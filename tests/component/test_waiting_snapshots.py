@@ -191,8 +191,10 @@ def test_a_redelivered_request_does_not_trigger_twice(h):
     h.pump()
     [cmd] = h.deployed()
     rid = savepoint(h, job)
-    h.t.publish(streams.JM_STREAM, RequestSavepoint(job_id=job, request_id=rid,
-                                                 target_directory=str(h.settings.savepoints / "sp")))
+    h.t.publish(
+        streams.JM_STREAM,
+        RequestSavepoint(job_id=job, request_id=rid, target_directory=str(h.settings.savepoints / "sp")),
+    )
     h.pump()
     h.report(cmd, ES.INITIALIZING, ES.RUNNING)
     settle(h, 1)

@@ -12,10 +12,15 @@ from tests.component.harness import Harness
 
 
 def heartbeat(h: Harness, tm: str, running: list[DeployTask], *, warm_ready: int) -> None:
-    report = tuple(SlotState(index=i, allocation_id=c.allocation_id, job_id=c.spec.job_id,
-                             execution_id=c.spec.execution_id) for c in running for i in c.slot_indices)
-    h.t.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id=tm, slot_report=report,
-                                                                  warm_ready=warm_ready, warm_parallelism=2))
+    report = tuple(
+        SlotState(index=i, allocation_id=c.allocation_id, job_id=c.spec.job_id, execution_id=c.spec.execution_id)
+        for c in running
+        for i in c.slot_indices
+    )
+    h.t.publish(
+        streams.RM_HEARTBEAT_STREAM,
+        TaskManagerHeartbeat(taskmanager_id=tm, slot_report=report, warm_ready=warm_ready, warm_parallelism=2),
+    )
 
 
 def test_a_restarted_task_goes_to_the_ready_warm_driver_not_the_returned_empty_taskmanager(tmp_path):
@@ -37,8 +42,12 @@ def test_a_restarted_task_goes_to_the_ready_warm_driver_not_the_returned_empty_t
         h.pump()
     assert h.deployed() == []  # the restart waits its 20 s
     # The lost TaskManager is back: every slot free (2 against the survivor's 1), no driver ready.
-    h.t.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id=lost, host="h", slots=2, cores=2,
-                                                       memory_bytes=1, queue=f"tm.{lost}", warm_parallelism=2))
+    h.t.publish(
+        streams.RM_STREAM,
+        RegisterTaskManager(
+            taskmanager_id=lost, host="h", slots=2, cores=2, memory_bytes=1, queue=f"tm.{lost}", warm_parallelism=2
+        ),
+    )
     h.pump()
     for _ in range(5):
         h.clock.advance(2)

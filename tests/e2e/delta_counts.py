@@ -32,8 +32,13 @@ def build(ctx):
     args = parse_args(ctx.args)
     events = ctx.sources.redis_stream(args.stream, schema=SCHEMA, max_entries_per_trigger=args.max_entries_per_trigger)
     if args.fail_at is not None:
-        events = events.withColumn("n", F.when(F.col("n") >= args.fail_at, F.raise_error(
-            F.lit(f"broken version {args.tag}: event {args.fail_at} or later"))).otherwise(F.col("n")))
+        events = events.withColumn(
+            "n",
+            F.when(
+                F.col("n") >= args.fail_at,
+                F.raise_error(F.lit(f"broken version {args.tag}: event {args.fail_at} or later")),
+            ).otherwise(F.col("n")),
+        )
     if args.mode == "totals":
         totals = events.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("total"))
         return ctx.sinks.delta(totals, args.table, key_columns=["key"], output_mode="update", trigger=args.trigger)

@@ -18,8 +18,20 @@ from tests.clusters import Rest
 from tests.waiting import wait_for
 
 SEED, TOTAL = 42, 2400
-ARGS = ["--total", str(TOTAL), "--rate", "800", "--seed", str(SEED), "--events-per-minute", "600",
-        "--max-delay-ms", "5000", "--table", "e2e_clicks"]
+ARGS = [
+    "--total",
+    str(TOTAL),
+    "--rate",
+    "800",
+    "--seed",
+    str(SEED),
+    "--events-per-minute",
+    "600",
+    "--max-delay-ms",
+    "5000",
+    "--table",
+    "e2e_clicks",
+]
 
 
 def expected_counts() -> Counter:

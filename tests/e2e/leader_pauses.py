@@ -36,8 +36,10 @@ class Pause:
 
     def describe(self) -> str:
         where = "inside a write transaction" if self.in_transaction else "outside any write transaction"
-        return (f"{self.stopped} (epoch {self.epoch}) stopped {where}: epoch {self.new_epoch} leads after "
-                f"{self.takeover_s:.2f} s; {self.sessions_left} session(s) of epoch {self.epoch} left")
+        return (
+            f"{self.stopped} (epoch {self.epoch}) stopped {where}: epoch {self.new_epoch} leads after "
+            f"{self.takeover_s:.2f} s; {self.sessions_left} session(s) of epoch {self.epoch} left"
+        )
 
 
 class LeaderPauses:
@@ -59,8 +61,9 @@ class LeaderPauses:
                 zk.close()
             if node is not None:
                 pid = int(node["id"].rsplit(":", 1)[1])
-                name = next((ch.name for ch in self.c.children
-                             if ch.name.startswith("jobmanager") and ch.proc.pid == pid), None)
+                name = next(
+                    (ch.name for ch in self.c.children if ch.name.startswith("jobmanager") and ch.proc.pid == pid), None
+                )
                 if name is not None:
                     return name, int(node["epoch"])
             time.sleep(0.2)
@@ -69,9 +72,11 @@ class LeaderPauses:
     def _sessions(self, conn: psycopg.Connection, epoch: int) -> list[tuple[int, bool]]:
         """(pid, inside a transaction that has written) of the catalog sessions named for `epoch`:
         one that wrote holds the locks of the rows it wrote until it ends."""
-        rows = conn.execute("SELECT pid, backend_xid IS NOT NULL FROM pg_stat_activity WHERE datname = "
-                            "current_database() AND application_name LIKE %s",
-                            (f"headrace-jobmanager epoch {epoch} %",)).fetchall()
+        rows = conn.execute(
+            "SELECT pid, backend_xid IS NOT NULL FROM pg_stat_activity WHERE datname = "
+            "current_database() AND application_name LIKE %s",
+            (f"headrace-jobmanager epoch {epoch} %",),
+        ).fetchall()
         return [(pid, bool(busy)) for pid, busy in rows]
 
     def pause(self) -> Pause:
@@ -102,13 +107,21 @@ class LeaderPauses:
 
     def _wait_for_new_leader(self, epoch: int) -> int:
         """The epoch of the JobManager that announces itself next (it announces once it recovered)."""
-        now = wait_for(f"a JobManager with an epoch above {epoch} to announce itself after the leader's SIGSTOP",
-                       lambda: (self.rest.get("/overview")["jobmanager"] or {}).get("epoch") or 0, TAKEOVER_WAIT_S,
-                       poll_s=0.05, until=lambda now: now > epoch,
-                       ignoring=(Exception,))  # a slow answer on a loaded machine: ask again
+        now = wait_for(
+            f"a JobManager with an epoch above {epoch} to announce itself after the leader's SIGSTOP",
+            lambda: (self.rest.get("/overview")["jobmanager"] or {}).get("epoch") or 0,
+            TAKEOVER_WAIT_S,
+            poll_s=0.05,
+            until=lambda now: now > epoch,
+            ignoring=(Exception,),
+        )  # a slow answer on a loaded machine: ask again
         return int(now)
 
     def _wait_standby(self, log, before: int) -> None:
-        wait_for(f"the woken JobManager to stand by again (see {log})",
-                 lambda: log.read_text(errors="replace").count(" is standby: "), STANDBY_WAIT_S, poll_s=0.2,
-                 until=lambda standbys: standbys > before)
+        wait_for(
+            f"the woken JobManager to stand by again (see {log})",
+            lambda: log.read_text(errors="replace").count(" is standby: "),
+            STANDBY_WAIT_S,
+            poll_s=0.2,
+            until=lambda standbys: standbys > before,
+        )

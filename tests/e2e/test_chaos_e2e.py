@@ -58,9 +58,23 @@ def source(tmp_path_factory):
         missing("redis-server")
     port = free_port()
     d = tmp_path_factory.mktemp("source-redis")
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(d)], stdout=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(d),
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     wait_for("the source redis-server", lambda: redis_pings(url), 10, poll_s=0.25)
     yield url
@@ -79,9 +93,17 @@ def env(tmp_path_factory, pg_url_module, source):
     proxy.start()
     proxied = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     home = tmp_path_factory.mktemp("chaos-home")
-    c = start_cluster(home, catalog_url=proxied, taskmanagers=2, slots=2,
-                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=4,
-                      restart_strategy={"type": "fixed-delay", "attempts": 1000, "delay": "1 s"})
+    c = start_cluster(
+        home,
+        catalog_url=proxied,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        ha=True,
+        jobmanagers=2,
+        zookeeper_session_timeout_s=4,
+        restart_strategy={"type": "fixed-delay", "attempts": 1000, "delay": "1 s"},
+    )
     # As `headrace up` does, with a short backoff: a fault every few seconds must not leave a
     # process down for half a minute.
     c.supervise(policy=RestartPolicy(initial_s=0.5, max_s=2.0, reset_after_s=20.0))
@@ -131,6 +153,7 @@ class Chaos:
 
     def leader(self) -> str:
         """The child name of the leading JobManager (from ZooKeeper's leader node)."""
+
         def find():
             zk = KazooClient(hosts=self.c.zookeeper_quorum)
             try:
@@ -142,8 +165,10 @@ class Chaos:
             finally:
                 zk.stop()
                 zk.close()
-            return next((ch.name for ch in self.c.children
-                         if ch.name.startswith("jobmanager") and ch.proc.pid == pid), None)
+            return next(
+                (ch.name for ch in self.c.children if ch.name.startswith("jobmanager") and ch.proc.pid == pid), None
+            )
+
         return wait_for("a leading JobManager", find, 60, poll_s=0.25)
 
     def kill(self, name: str) -> None:
@@ -187,8 +212,17 @@ class Chaos:
         self.kafka.broker.start()
 
     def random_fault(self) -> None:
-        kinds = ["kill-leader", "freeze-leader", "kill-tm", "kill-tm", "kill-rm", "kill-dispatcher", "redis",
-                 "zookeeper", "postgres"]
+        kinds = [
+            "kill-leader",
+            "freeze-leader",
+            "kill-tm",
+            "kill-tm",
+            "kill-rm",
+            "kill-dispatcher",
+            "redis",
+            "zookeeper",
+            "postgres",
+        ]
         kind = self.rng.choice(kinds + (["kafka", "kafka"] if self.kafka is not None else []))
         if kind == "kafka":
             self.restart_kafka()
@@ -217,10 +251,25 @@ def start_kafka_counting_job(env, kafka, table: str) -> tuple[Rest, str, Feeder]
     topic = kafka.create_topic(table, partitions=2)
     jar = rest.upload(ROOT / "examples" / "kafka_to_postgres.py")
     feeder = Feeder(kafka.bootstrap, topic, rate=100.0, json_events=True).start()
-    args = ["--topic", topic, "--bootstrap-servers", kafka.bootstrap, "--table", table, "--sink-url", proxied,
-            "--trigger", TRIGGER]
-    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+    args = [
+        "--topic",
+        topic,
+        "--bootstrap-servers",
+        kafka.bootstrap,
+        "--table",
+        table,
+        "--sink-url",
+        proxied,
+        "--trigger",
+        TRIGGER,
+    ]
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName=table,
+        programArgsList=args,
+        flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL},
+    )
     rest.wait_attempt_running(job, 0, timeout_s=300)
     return rest, job, feeder
 
@@ -230,10 +279,27 @@ def start_counting_job(env, stream: str, table: str) -> tuple[Rest, str, Produce
     rest = Rest(c.dispatcher_url)
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     producer = Producer(source_url, stream, rate=100.0).start()
-    args = ["--stream", stream, "--source-url", source_url, "--sink", "sql", "--table", table,
-            "--sink-url", proxied, "--trigger", TRIGGER]
-    job = rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+    args = [
+        "--stream",
+        stream,
+        "--source-url",
+        source_url,
+        "--sink",
+        "sql",
+        "--table",
+        table,
+        "--sink-url",
+        proxied,
+        "--trigger",
+        TRIGGER,
+    ]
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName=table,
+        programArgsList=args,
+        flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL},
+    )
     rest.wait_attempt_running(job, 0, timeout_s=300)
     return rest, job, producer
 
@@ -250,16 +316,19 @@ def _try(call):
         return None
 
 
-def finish_exactly(env, rest: Rest, job: str, producer: Producer | Feeder, table: str,
-                   faults: list[str]) -> list[str]:
+def finish_exactly(env, rest: Rest, job: str, producer: Producer | Feeder, table: str, faults: list[str]) -> list[str]:
     """The sink holds exactly what was produced, the job still runs; the failures that restarted
     its task, oldest first."""
     produced = producer.stop()
     _, _, _, _, pg_direct = env
     expected = expected_totals(produced)
     try:
-        wait_for(f"the sink to hold exactly {produced} events",
-                 lambda: sql_totals(pg_direct, table) == expected, 300, poll_s=0.25)
+        wait_for(
+            f"the sink to hold exactly {produced} events",
+            lambda: sql_totals(pg_direct, table) == expected,
+            300,
+            poll_s=0.25,
+        )
     finally:
         attempts = robust(lambda: rest.attempts(job)) or []
         causes = [
@@ -269,8 +338,10 @@ def finish_exactly(env, rest: Rest, job: str, producer: Producer | Feeder, table
             .get("entries", [])
         ]
         print(f"faults ({len(faults)}): {'; '.join(faults)}")
-        print(f"events: {produced}; attempts: {len(attempts)} (restarted by: {', '.join(reversed(causes)) or 'none'}); "
-              f"job: {robust(lambda: rest.job(job))['state']}")
+        print(
+            f"events: {produced}; attempts: {len(attempts)} (restarted by: {', '.join(reversed(causes)) or 'none'}); "
+            f"job: {robust(lambda: rest.job(job))['state']}"
+        )
     assert robust(lambda: rest.job(job))["state"] == "RUNNING"
     rest.cancel(job)
     assert rest.wait_state(job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"
@@ -305,8 +376,9 @@ def test_chaos_random_faults_under_a_counting_job(env):
     # Only a lost TaskManager restarts the task (when it ran it): noticed as lost, found without
     # the task when it registers again, or silent to the deploy of the next attempt.
     tm_kills = sum(1 for f in chaos.log if "taskmanager" in f)
-    assert set(restarted_by) <= TASKMANAGER_LOSS_CAUSES and len(restarted_by) <= tm_kills, \
+    assert set(restarted_by) <= TASKMANAGER_LOSS_CAUSES and len(restarted_by) <= tm_kills, (
         f"restarts not explained by the {tm_kills} TaskManager kills: {restarted_by}"
+    )
 
 
 def test_chaos_with_a_kafka_source_and_the_broker_among_the_faults(env, kafka):
@@ -328,8 +400,9 @@ class CpuHogs:
     """Busy processes that keep every core's run queue long, as on a loaded production host."""
 
     def __init__(self, count: int) -> None:
-        self.procs = [subprocess.Popen(["python3", "-c", "while True: pass"], start_new_session=True)
-                      for _ in range(count)]
+        self.procs = [
+            subprocess.Popen(["python3", "-c", "while True: pass"], start_new_session=True) for _ in range(count)
+        ]
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -349,8 +422,11 @@ def test_control_plane_kills_under_load_restart_nothing(env):
     try:
         for n in range(max(6, FAULTS)):
             time.sleep(rng.uniform(3, 6))
-            [lambda: chaos.kill(chaos.leader()), lambda: chaos.kill("resourcemanager"),
-             lambda: chaos.kill("dispatcher")][n % 3]()
+            [
+                lambda: chaos.kill(chaos.leader()),
+                lambda: chaos.kill("resourcemanager"),
+                lambda: chaos.kill("dispatcher"),
+            ][n % 3]()
     finally:
         hogs.stop()
     restarted_by = finish_exactly(env, rest, job, producer, "control_plane_counts", chaos.log)

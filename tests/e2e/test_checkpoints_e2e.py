@@ -45,12 +45,20 @@ from tests.e2e.drills import kill_task_taskmanager, runner_processes, savepoint
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
     # Savepoints go to (and are moved between) the tests' own directories: a storage root here.
-    c = start_cluster(tmp_path_factory.mktemp("chk-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
-                      storage_roots=str(tmp_path_factory.getbasetemp()))
+    c = start_cluster(
+        tmp_path_factory.mktemp("chk-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+        storage_roots=str(tmp_path_factory.getbasetemp()),
+    )
     yield c, pg_url_module
     c.stop()
 
@@ -64,8 +72,16 @@ def expected_windows(produced: int) -> Counter:
     return got
 
 
-def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed: Path | None = None,
-          kill_a: bool = True, kill_b: bool = True) -> None:
+def drill(
+    c,
+    rest: Rest,
+    tmp: Path,
+    args: list[str],
+    producer: Producer,
+    changed: Path | None = None,
+    kill_a: bool = True,
+    kill_b: bool = True,
+) -> None:
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     config = {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, "state.checkpoints.num-retained": 2}
     a = rest.run(jar, parallelism=1, jobName="counts-a", programArgsList=args, flinkConfiguration=config)
@@ -74,15 +90,17 @@ def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed
 
     savepoint(rest, a, "savepoints", {"target-directory": str(tmp / "savepoints")})
     after_savepoint = completed_checkpoints(rest, a)
-    wait_for("a checkpoint after the savepoint",
-             lambda: completed_checkpoints(rest, a) > after_savepoint, 60, poll_s=0.25)
+    wait_for(
+        "a checkpoint after the savepoint", lambda: completed_checkpoints(rest, a) > after_savepoint, 60, poll_s=0.25
+    )
     if kill_a:
         kill_task_taskmanager(c, rest, a)
         restored = rest.attempts(a)[-1]["restored-from"]
         assert restored and "/chk-" in restored, rest.attempts(a)
         before = completed_checkpoints(rest, a)
-        wait_for("a checkpoint of the restarted attempt",
-                 lambda: completed_checkpoints(rest, a) > before, 90, poll_s=0.25)
+        wait_for(
+            "a checkpoint of the restarted attempt", lambda: completed_checkpoints(rest, a) > before, 90, poll_s=0.25
+        )
 
     stopped = savepoint(rest, a, "stop", {"targetDirectory": str(tmp / "savepoints"), "drain": False})
     assert rest.wait_state(a, ("FINISHED", "FAILED", "CANCELED"), timeout_s=60)["state"] == "FINISHED"
@@ -95,13 +113,18 @@ def drill(c, rest: Rest, tmp: Path, args: list[str], producer: Producer, changed
     if changed is not None:  # a new grouping key cannot reuse the savepoint's state
         bad = rest.upload(changed)
         # The dispatcher plans the changed pipeline in a cold Spark first (15-30 s here).
-        r = rest.http.post(f"/jars/{bad}/run", json={"programArgsList": args, "savepointPath": str(moved)},
-                           timeout=240)
+        r = rest.http.post(f"/jars/{bad}/run", json={"programArgsList": args, "savepointPath": str(moved)}, timeout=240)
         assert r.status_code == 400, r.text
         assert "key" in json.dumps(r.json()).lower(), r.text
 
-    b = rest.run(jar, parallelism=2, jobName="counts-b", programArgsList=args, flinkConfiguration=config,
-                 savepointPath=f"file://{moved}")
+    b = rest.run(
+        jar,
+        parallelism=2,
+        jobName="counts-b",
+        programArgsList=args,
+        flinkConfiguration=config,
+        savepointPath=f"file://{moved}",
+    )
     attempts = rest.wait_attempt_running(b, 0, timeout_s=300)
     assert attempts[-1]["restored-from"] == str(moved)
     wait_for("a checkpoint of job B", lambda: completed_checkpoints(rest, b) >= 1, 90, poll_s=0.25)
@@ -116,18 +139,21 @@ def test_sql_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_path):
     stream = "e2e-counts-sql"
     producer = Producer(c.redis_url, stream).start()
     changed = tmp_path / "keyed_counts_by_parity.py"
-    changed.write_text((ROOT / "examples" / "keyed_counts.py").read_text().replace(
-        'events.groupBy("key")', 'events.groupBy("key", (F.col("value") % 2).alias("parity"))'))
-    args = ["--stream", stream, "--sink", "sql", "--table", "e2e_keyed", "--sink-url", pg,
-            "--trigger", TRIGGER]
+    changed.write_text(
+        (ROOT / "examples" / "keyed_counts.py")
+        .read_text()
+        .replace('events.groupBy("key")', 'events.groupBy("key", (F.col("value") % 2).alias("parity"))')
+    )
+    args = ["--stream", stream, "--sink", "sql", "--table", "e2e_keyed", "--sink-url", pg, "--trigger", TRIGGER]
     try:
         b = drill(c, rest, tmp_path, args, producer, changed=changed)
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
 
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(pg, "e2e_keyed") == expected, 120, poll_s=0.25)
+    wait_for(
+        f"the sink to hold exactly {produced} events", lambda: sql_totals(pg, "e2e_keyed") == expected, 120, poll_s=0.25
+    )
     rest.cancel(b)
     assert rest.wait_state(b, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
 
@@ -138,8 +164,7 @@ def test_parquet_sink_exact_through_savepoints_rescale_and_kills(cluster, tmp_pa
     stream = "e2e-counts-parquet"
     out = tmp_path / "windows"
     producer = Producer(c.redis_url, stream).start()
-    args = ["--stream", stream, "--sink", "parquet", "--path", str(out), "--window", "10 seconds",
-            "--trigger", TRIGGER]
+    args = ["--stream", stream, "--sink", "parquet", "--path", str(out), "--window", "10 seconds", "--trigger", TRIGGER]
     try:
         # The kills are the SQL drill's (and the file sink's failover is tests/integration/
         # test_sink_fencing.py's): this one checks the windows through savepoints and a rescale.
@@ -169,9 +194,23 @@ def test_stop_with_drain_fires_every_open_window(cluster, tmp_path):
     for n in range(1200):  # 24 s of event time: the last windows stay open without a drain
         producer.client.xadd(stream, {"json": json.dumps(producer.event(n))})
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
-    job = rest.run(jar, parallelism=1, jobName="counts-drain",
-                   programArgsList=["--stream", stream, "--sink", "parquet", "--path", str(out),
-                                    "--window", "10 seconds", "--trigger", TRIGGER])
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName="counts-drain",
+        programArgsList=[
+            "--stream",
+            stream,
+            "--sink",
+            "parquet",
+            "--path",
+            str(out),
+            "--window",
+            "10 seconds",
+            "--trigger",
+            TRIGGER,
+        ],
+    )
     rest.wait_attempt_running(job, 0, timeout_s=300)
     # Windows [0 s, 10 s) and [10 s, 20 s) close by themselves (1000 events); [20 s, 30 s) stays open.
     wait_for("the closed windows in the output", lambda: sum(parquet_windows(out).values()) >= 1000, 120, poll_s=0.25)
@@ -205,12 +244,16 @@ def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothi
     rest = Rest(c.dispatcher_url)
     stream = "e2e-counts-freeze"
     producer = Producer(c.redis_url, stream).start()
-    args = ["--stream", stream, "--sink", "sql", "--table", "e2e_freeze", "--sink-url", pg,
-            "--trigger", TRIGGER]
+    args = ["--stream", stream, "--sink", "sql", "--table", "e2e_freeze", "--sink-url", pg, "--trigger", TRIGGER]
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     try:
-        job = rest.run(jar, parallelism=1, jobName="counts-freeze", programArgsList=args,
-                       flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+        job = rest.run(
+            jar,
+            parallelism=1,
+            jobName="counts-freeze",
+            programArgsList=args,
+            flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL},
+        )
         rest.wait_attempt_running(job, 0, timeout_s=300)
         wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 90, poll_s=0.25)
         tm = rest.attempts(job)[-1]["taskmanager-id"]
@@ -228,8 +271,12 @@ def test_frozen_taskmanager_thawed_costs_one_restart_and_its_zombie_writes_nothi
         produced = producer.stop()
     expected = expected_totals(produced)
 
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(pg, "e2e_freeze") == expected, 120, poll_s=0.25)
+    wait_for(
+        f"the sink to hold exactly {produced} events",
+        lambda: sql_totals(pg, "e2e_freeze") == expected,
+        120,
+        poll_s=0.25,
+    )
     attempts = rest.attempts(job)
     assert [a["attempt"] for a in attempts] == [0, 1], attempts  # one restart, not two
     assert attempts[-1]["status"] == "RUNNING"
@@ -247,8 +294,13 @@ def test_the_latency_mode_starts_each_batch_at_once_on_two_state_partitions_and_
     producer = Producer(c.redis_url, stream, rate=100).start()
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     args = ["--stream", stream, "--sink", "sql", "--table", table, "--sink-url", pg, "--trigger", "5 seconds"]
-    job = rest.run(jar, parallelism=2, jobName="counts-latency", programArgsList=args,
-                   flinkConfiguration={"headrace.latency-mode": True})
+    job = rest.run(
+        jar,
+        parallelism=2,
+        jobName="counts-latency",
+        programArgsList=args,
+        flinkConfiguration={"headrace.latency-mode": True},
+    )
     rest.wait_attempt_running(job, 0, timeout_s=300)
     wait_for("the first batch in the sink", lambda: sql_totals(pg, table), 120, poll_s=0.25)
     running_since = time.monotonic()
@@ -263,6 +315,7 @@ def test_the_latency_mode_starts_each_batch_at_once_on_two_state_partitions_and_
     assert spark["state_partitions"] == job_options.LATENCY_STATE_PARTITIONS
     # A 5 s trigger could not have run more than elapsed / 5 + 2 batches in that time.
     assert spark["batch_id"] > elapsed / 5 + 2, (spark["batch_id"], elapsed)
-    logs = "\n".join(p.read_text(errors="replace")
-                     for p in Path(c.settings.home).glob("work/taskmanagers/*/logs/driver-*.log"))
+    logs = "\n".join(
+        p.read_text(errors="replace") for p in Path(c.settings.home).glob("work/taskmanagers/*/logs/driver-*.log")
+    )
     assert "latency mode: the pipeline's trigger (5 seconds) is not used" in logs

@@ -26,9 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def cluster(tmp_path_factory, pg_url_module):
     pg = pg_url_module
     # The pipelines' own database (ctx.catalog_url): here the same server as the catalog.
-    c = start_cluster(tmp_path_factory.mktemp("e2e-home"), catalog_url=pg, pipeline_catalog_url=pg,
-                      taskmanagers=2, slots=2, warm_drivers=1,
-                      restart_strategy={"type": "none"})
+    c = start_cluster(
+        tmp_path_factory.mktemp("e2e-home"),
+        catalog_url=pg,
+        pipeline_catalog_url=pg,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        restart_strategy={"type": "none"},
+    )
     yield c, pg
     c.stop()
 
@@ -64,16 +70,21 @@ def test_clickstream_counts_then_cancel(cluster):
     assert rest.wait_state(job2, ("CANCELED",), timeout_s=30)["state"] == "CANCELED"
     assert time.monotonic() - t0 < 15
     assert rest.wait_free_slots(4) == 4
-    wait_for("the cancelled task's processes gone", lambda: [p.pid for p in task_processes if p.is_running()], 15,
-             poll_s=0.2, until=lambda left: left == [])
+    wait_for(
+        "the cancelled task's processes gone",
+        lambda: [p.pid for p in task_processes if p.is_running()],
+        15,
+        poll_s=0.2,
+        until=lambda left: left == [],
+    )
 
 
-BROKEN_AT_BUILD = '''
+BROKEN_AT_BUILD = """
 def build(ctx):
     raise ValueError("bad pipeline: the table 'clicks_raw' does not exist")
-'''
+"""
 
-BROKEN_AT_RUN = '''
+BROKEN_AT_RUN = """
 from pyspark.sql import functions as F
 
 
@@ -87,13 +98,16 @@ def explode_on_bad_row(url):
 def build(ctx):
     clicks = ctx.sources.datagen(seed=3, total=500, rows_per_second=500)
     return ctx.sinks.console(clicks.select(explode_on_bad_row("url").alias("u")))
-'''
+"""
 
 
-@pytest.mark.parametrize("source, message", [
-    (BROKEN_AT_BUILD, "ValueError: bad pipeline: the table 'clicks_raw' does not exist"),
-    (BROKEN_AT_RUN, "RuntimeError: cannot price an empty cart"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (BROKEN_AT_BUILD, "ValueError: bad pipeline: the table 'clicks_raw' does not exist"),
+        (BROKEN_AT_RUN, "RuntimeError: cannot price an empty cart"),
+    ],
+)
 def test_failing_pipeline_ends_failed_with_its_traceback(cluster, tmp_path, source, message):
     c, _ = cluster
     rest = Rest(c.dispatcher_url)
@@ -115,8 +129,10 @@ def test_no_service_was_refused_by_redis(cluster):
     import redis
 
     c, _ = cluster
-    refused = [{k: e.get(k) for k in ("username", "reason", "object", "context")}
-               for e in redis.Redis.from_url(c.redis_url).acl_log(count=50)]
+    refused = [
+        {k: e.get(k) for k in ("username", "reason", "object", "context")}
+        for e in redis.Redis.from_url(c.redis_url).acl_log(count=50)
+    ]
     assert refused == [], refused
 
 

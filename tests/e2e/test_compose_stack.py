@@ -128,8 +128,24 @@ class Outside:
     def __init__(self, home: Path, gateway: str, pg_url: str):
         port = free_port()
         self.redis = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {gateway}", "--save", "", "--appendonly",
-             "no", "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                f"127.0.0.1 {gateway}",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--dir",
+                str(home),
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.source_local = f"redis://127.0.0.1:{port}/0"
         self.source_url = f"redis://{gateway}:{port}/0"
         wait_for("the outside redis-server", lambda: redis_pings(self.source_local), 10, poll_s=0.25)
@@ -154,10 +170,12 @@ class Timings(dict):
 def warm_status(stack: ComposeStack, taskmanager_id: str) -> dict:
     """How many warm drivers are ready on a TaskManager, and their parallelism (its own view, read
     inside its container with its own Redis user)."""
-    script = ("import json, os, redis; from shared import streams; "
-              "r = redis.Redis.from_url(os.environ['HEADRACE_REDIS_URL']); "
-              f"s = json.loads(r.get(streams.tm_warm_key({taskmanager_id!r})) or '{{}}'); "
-              "print(json.dumps({'ready': s.get('ready'), 'parallelism': s.get('parallelism')}))")
+    script = (
+        "import json, os, redis; from shared import streams; "
+        "r = redis.Redis.from_url(os.environ['HEADRACE_REDIS_URL']); "
+        f"s = json.loads(r.get(streams.tm_warm_key({taskmanager_id!r})) or '{{}}'); "
+        "print(json.dumps({'ready': s.get('ready'), 'parallelism': s.get('parallelism')}))"
+    )
     try:
         return json.loads(stack.exec(TM_SERVICE[taskmanager_id], "python3", "-c", script).strip().splitlines()[-1])
     except (RuntimeError, subprocess.SubprocessError, ValueError, IndexError):
@@ -167,9 +185,16 @@ def warm_status(stack: ComposeStack, taskmanager_id: str) -> dict:
 def driver_logs(stack: ComposeStack, service: str) -> str:
     """The Spark drivers' logs in a running TaskManager's container (their phases: build, restore,
     query start), which `docker-compose logs` does not show."""
-    out = stack.compose("exec", "-T", service, "sh", "-c",
-                        "for f in /var/lib/headrace/work/taskmanagers/*/logs/driver-*.log; do "
-                        "echo \"== $f\"; tail -n 300 \"$f\"; done", check=False, timeout=120)
+    out = stack.compose(
+        "exec",
+        "-T",
+        service,
+        "sh",
+        "-c",
+        'for f in /var/lib/headrace/work/taskmanagers/*/logs/driver-*.log; do echo "== $f"; tail -n 300 "$f"; done',
+        check=False,
+        timeout=120,
+    )
     return f"\n=== {service}: driver logs\n{out}"
 
 
@@ -189,8 +214,13 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
     if prebuild is not None and prebuild.build_s is not None:
         timings["images_background"] = prebuild.build_s  # overlapped with the tests before this one
     t0 = time.monotonic()
-    built = subprocess.run([sys.executable, str(ROOT / "deploy" / "local-images")], capture_output=True, text=True,
-                           timeout=IMAGES_TIMEOUT_S, env=engine.env)
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "local-images")],
+        capture_output=True,
+        text=True,
+        timeout=IMAGES_TIMEOUT_S,
+        env=engine.env,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     print(built.stdout, flush=True)
     timings.phase("images", t0)
@@ -229,17 +259,36 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
 
         def exact(what: str, timeout_s: float = 180) -> None:
             expected = expected_totals(written)
-            wait_for(f"the sink to hold exactly the {written} events written ({what})",
-                     lambda: sql_totals(pg_url, "compose_counts") == expected, timeout_s, poll_s=0.25)
+            wait_for(
+                f"the sink to hold exactly the {written} events written ({what})",
+                lambda: sql_totals(pg_url, "compose_counts") == expected,
+                timeout_s,
+                poll_s=0.25,
+            )
 
         rest.http.headers["Authorization"] = f"Bearer {admin}"
         jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
         rest.http.headers["Authorization"] = f"Bearer {operator}"
-        job = rest.run(jar, parallelism=1, jobName="compose-counts",
-                       programArgsList=["--stream", "compose-counts", "--source-url", outside.source_url,
-                                        "--sink", "sql", "--table", "compose_counts", "--sink-url", outside.sink_url,
-                                        "--trigger", TRIGGER],
-                       flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+        job = rest.run(
+            jar,
+            parallelism=1,
+            jobName="compose-counts",
+            programArgsList=[
+                "--stream",
+                "compose-counts",
+                "--source-url",
+                outside.source_url,
+                "--sink",
+                "sql",
+                "--table",
+                "compose_counts",
+                "--sink-url",
+                outside.sink_url,
+                "--trigger",
+                TRIGGER,
+            ],
+            flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL},
+        )
         t0 = time.monotonic()
         attempts = rest.wait_attempt_running(job, 0, timeout_s=TASK_TIMEOUT_S)
         timings.phase("submit_to_running", t0)
@@ -253,9 +302,12 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         # driver of the task's size (shared/standby_shape.py), not a cold one.
         first_tm = attempts[-1]["taskmanager-id"]
         survivor = next(tm for tm in TM_SERVICE if tm != first_tm)
-        wait_for(f"a ready warm driver of parallelism 1 on {survivor}",
-                 lambda: warm_status(stack, survivor) in ({"ready": n, "parallelism": 1} for n in (1, 2)),
-                 HEALTHY_TIMEOUT_S, poll_s=1)
+        wait_for(
+            f"a ready warm driver of parallelism 1 on {survivor}",
+            lambda: warm_status(stack, survivor) in ({"ready": n, "parallelism": 1} for n in (1, 2)),
+            HEALTHY_TIMEOUT_S,
+            poll_s=1,
+        )
         t0 = time.monotonic()
         stack.kill(TM_SERVICE[first_tm])
         burst()  # written while the task is down: read after the restart, nothing lost
@@ -273,9 +325,12 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         running = attempts[-1]["attempt"]
         t0 = time.monotonic()
         stack.kill(old_leader)
-        new_leader = wait_for("a new leader after the kill",
-                              lambda: (lambda seen: seen if seen and seen[1] > old_epoch else None)(leader(rest)),
-                              120, poll_s=0.25)
+        new_leader = wait_for(
+            "a new leader after the kill",
+            lambda: (lambda seen: seen if seen and seen[1] > old_epoch else None)(leader(rest)),
+            120,
+            poll_s=0.25,
+        )
         timings.phase("jobmanager_kill_to_new_leader", t0)
         assert new_leader[0] != old_leader, (old_leader, new_leader)
         burst()
@@ -307,13 +362,29 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         rest.http.headers["Authorization"] = f"Bearer {admin}"
         kafka_jar = rest.upload(ROOT / "examples" / "kafka_to_postgres.py")
         rest.http.headers["Authorization"] = f"Bearer {operator}"
-        kafka_job = rest.run(kafka_jar, parallelism=1, jobName="compose-kafka-counts",
-                             programArgsList=["--topic", KAFKA_JOB_TOPIC, "--table", "compose_kafka_counts",
-                                              "--sink-url", outside.sink_url, "--trigger", TRIGGER])
+        kafka_job = rest.run(
+            kafka_jar,
+            parallelism=1,
+            jobName="compose-kafka-counts",
+            programArgsList=[
+                "--topic",
+                KAFKA_JOB_TOPIC,
+                "--table",
+                "compose_kafka_counts",
+                "--sink-url",
+                outside.sink_url,
+                "--trigger",
+                TRIGGER,
+            ],
+        )
         rest.wait_attempt_running(kafka_job, 0, timeout_s=TASK_TIMEOUT_S)
         wanted = expected_totals(KAFKA_JOB_EVENTS)
-        wait_for(f"the {KAFKA_JOB_EVENTS} Kafka events counted once",
-                 lambda: sql_totals(pg_url, "compose_kafka_counts") == wanted, 180, poll_s=0.25)
+        wait_for(
+            f"the {KAFKA_JOB_EVENTS} Kafka events counted once",
+            lambda: sql_totals(pg_url, "compose_kafka_counts") == wanted,
+            180,
+            poll_s=0.25,
+        )
         timings.phase("kafka_job_to_exact", t0)
         rest.cancel(kafka_job)
         assert rest.wait_state(kafka_job, ("CANCELED",), timeout_s=120)["state"] == "CANCELED"
@@ -326,7 +397,8 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
         if os.environ.get("HEADRACE_STACK_LOGS"):  # every service's whole log, timestamped (bench/compose_stack.py)
             Path(os.environ["HEADRACE_STACK_LOGS"]).write_text(
                 stack.compose("logs", "--no-color", "--timestamps", check=False, timeout=120)
-                + "".join(driver_logs(stack, service) for service in TM_SERVICE.values()))
+                + "".join(driver_logs(stack, service) for service in TM_SERVICE.values())
+            )
         t0 = time.monotonic()
         stack.down()
         timings.phase("down", t0)

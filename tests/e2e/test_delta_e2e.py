@@ -37,8 +37,15 @@ READY_WITHIN_S = 240
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("delta-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, restart_strategy=RESTARTS, storage_roots=str(tmp_path_factory.getbasetemp()))
+    c = start_cluster(
+        tmp_path_factory.mktemp("delta-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        restart_strategy=RESTARTS,
+        storage_roots=str(tmp_path_factory.getbasetemp()),
+    )
     yield c
     c.stop()
 
@@ -74,8 +81,10 @@ def events_off(path: Path, produced: int) -> str:
     seen = Counter(r["n"] for r in rs_rows(path))
     missing = sorted(set(range(produced)) - set(seen))
     twice = sorted(n for n, v in seen.items() if v > 1)
-    return (f"{len(missing)} missing (first {missing[:5]}), {len(twice)} more than once (first {twice[:5]}), "
-            f"{len(set(seen) - set(range(produced)))} unknown")
+    return (
+        f"{len(missing)} missing (first {missing[:5]}), {len(twice)} more than once (first {twice[:5]}), "
+        f"{len(set(seen) - set(range(produced)))} unknown"
+    )
 
 
 def totals(path: Path) -> dict[str, tuple[int, int]]:
@@ -84,8 +93,7 @@ def totals(path: Path) -> dict[str, tuple[int, int]]:
 
 def run(rest: Rest, jar: str, args: list[str], *, parallelism: int = 1, name: str, **body) -> str:
     config = {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, "state.checkpoints.num-retained": 2}
-    return rest.run(jar, parallelism=parallelism, jobName=name, programArgsList=args, flinkConfiguration=config,
-                    **body)
+    return rest.run(jar, parallelism=parallelism, jobName=name, programArgsList=args, flinkConfiguration=config, **body)
 
 
 def test_append_under_a_taskmanager_kill_writes_every_event_once(cluster, spark):
@@ -99,8 +107,9 @@ def test_append_under_a_taskmanager_kill_writes_every_event_once(cluster, spark)
         wait_for("two completed checkpoints", lambda: completed_checkpoints(rest, job) >= 2, 120, poll_s=0.25)
         kill_task_taskmanager(cluster, rest, job)
         before = completed_checkpoints(rest, job)
-        wait_for("a checkpoint of the restarted attempt",
-                 lambda: completed_checkpoints(rest, job) > before, 120, poll_s=0.25)
+        wait_for(
+            "a checkpoint of the restarted attempt", lambda: completed_checkpoints(rest, job) > before, 120, poll_s=0.25
+        )
     finally:
         produced = producer.stop()
     path = table(cluster, name)
@@ -150,10 +159,15 @@ def test_a_failed_upgrade_rolled_back_leaves_no_row_of_it_and_every_event_once(c
     base = ["--stream", stream, "--table", name, "--trigger", TRIGGER, "--max-entries-per-trigger", "100"]
 
     def spec(args: list[str], interval: str = CHECKPOINT_INTERVAL) -> dict:
-        return {"jarId": jar, "programArgsList": args, "parallelism": 1,
-                "flinkConfiguration": {"execution.checkpointing.interval": interval},
-                "restartStrategy": RESTARTS, "upgradeMode": "savepoint",
-                "rollback": {"enabled": True, "readyWithin": f"{READY_WITHIN_S} s"}}
+        return {
+            "jarId": jar,
+            "programArgsList": args,
+            "parallelism": 1,
+            "flinkConfiguration": {"execution.checkpointing.interval": interval},
+            "restartStrategy": RESTARTS,
+            "upgradeMode": "savepoint",
+            "rollback": {"enabled": True, "readyWithin": f"{READY_WITHIN_S} s"},
+        }
 
     def put(body: dict) -> int:
         r = rest.http.put(f"/deployments/{deployment}", json=body, timeout=300)
@@ -172,16 +186,18 @@ def test_a_failed_upgrade_rolled_back_leaves_no_row_of_it_and_every_event_once(c
         # and never completes a checkpoint (its interval is 10 min): the deployment rolls it back.
         fail_at = producer.produced + 400
         put(spec([*base, "--tag", "v2", "--fail-at", str(fail_at)], interval="10 min"))
-        wait_for("rows of v2 in the table",
-                 lambda: any(r["tag"] == "v2" for r in rs_rows(path)), READY_WITHIN_S, poll_s=0.25)
+        wait_for(
+            "rows of v2 in the table", lambda: any(r["tag"] == "v2" for r in rs_rows(path)), READY_WITHIN_S, poll_s=0.25
+        )
         back = wait_for("the rollback to v1", lambda: state("ROLLED_BACK"), 2 * READY_WITHIN_S + 60, poll_s=0.25)
         assert back["jobGeneration"] == 1
         wait_for("checkpoints of v1 again", lambda: completed_checkpoints(rest, back["jobId"]) >= 2, 120, poll_s=0.25)
     finally:
         produced = producer.stop()
     try:
-        wait_for(f"every one of {produced} events once in the table",
-                 lambda: events_once(path, produced), 300, poll_s=0.25)
+        wait_for(
+            f"every one of {produced} events once in the table", lambda: events_once(path, produced), 300, poll_s=0.25
+        )
     except AssertionError as exc:
         status = rest.get(f"/deployments/{deployment}")["status"]
         job_id = status.get("jobId")
@@ -226,8 +242,11 @@ def test_a_frozen_driver_woken_after_its_task_moved_commits_nothing(cluster, spa
     app = next(a for a in DeltaTable(str(path)).metadata().configuration if a.startswith("headrace.writer."))
     app_id = app.removeprefix("headrace.writer.")
     latest = DeltaTable(str(path)).version()
-    late = [v for v in range(new_fence + 1, latest + 1)
-            if (c := delta_log.commit(str(path), v)) is not None and delta_log.seq_of(c.txns.get(app_id)) == 1]
+    late = [
+        v
+        for v in range(new_fence + 1, latest + 1)
+        if (c := delta_log.commit(str(path), v)) is not None and delta_log.seq_of(c.txns.get(app_id)) == 1
+    ]
     assert late == []
     assert spark.read.format("delta").load(str(path)).count() == produced
     rest.cancel(job)

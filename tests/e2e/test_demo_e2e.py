@@ -16,8 +16,14 @@ def test_headrace_demo_once_counts_every_event(tmp_path):
     # drill whose drivers keep the optimising JIT, the default collector and bytecode verification.
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_") and k != "JDK_JAVA_OPTIONS"}
     env |= {"HEADRACE_HOME": str(tmp_path / "home"), "HEADRACE_DISPATCHER_PORT": str(free_port())}
-    done = subprocess.run([sys.executable, "-m", "services.cli", "demo", "--once"], env=env, capture_output=True,
-                          text=True, timeout=400, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "demo", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = re.search(r"^(\d+) rows, (\d+) events$", done.stdout, re.M)
     assert found, done.stdout[-3000:]

@@ -41,9 +41,18 @@ def cluster(tmp_path_factory, pg_url_module):
     # Warm drivers with their warm-up query, as users run them (the suite's default skips it): the
     # autoscaler drill judges capacity from batch times, and a task's first batches on cold code
     # paths made 20 events/s look like a saturated core on a loaded machine.
-    c = start_cluster(tmp_path_factory.mktemp("deploy-e2e"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, ha=True, jobmanagers=2, zookeeper_session_timeout_s=3.0, warm_up_query=True,
-                      warm_planner=True)
+    c = start_cluster(
+        tmp_path_factory.mktemp("deploy-e2e"),
+        catalog_url=pg_url_module,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        ha=True,
+        jobmanagers=2,
+        zookeeper_session_timeout_s=3.0,
+        warm_up_query=True,
+        warm_planner=True,
+    )
     yield c, pg_url_module
     c.stop()
 
@@ -51,20 +60,33 @@ def cluster(tmp_path_factory, pg_url_module):
 def pipelines(rest: Rest, tmp: Path) -> dict[str, str]:
     source = (ROOT / "examples" / "keyed_counts.py").read_text()
     v2 = tmp / "keyed_counts_v2.py"
-    v2.write_text(source.replace('p = argparse.ArgumentParser(prog="keyed_counts")',
-                                 'p = argparse.ArgumentParser(prog="keyed_counts", description="v2")'))
+    v2.write_text(
+        source.replace(
+            'p = argparse.ArgumentParser(prog="keyed_counts")',
+            'p = argparse.ArgumentParser(prog="keyed_counts", description="v2")',
+        )
+    )
     by_parity = tmp / "keyed_counts_by_parity.py"
-    by_parity.write_text(source.replace('events.groupBy("key")',
-                                        'events.groupBy("key", (F.col("value") % 2).alias("parity"))'))
-    return {"v1": rest.upload(ROOT / "examples" / "keyed_counts.py"), "v2": rest.upload(v2),
-            "parity": rest.upload(by_parity)}
+    by_parity.write_text(
+        source.replace('events.groupBy("key")', 'events.groupBy("key", (F.col("value") % 2).alias("parity"))')
+    )
+    return {
+        "v1": rest.upload(ROOT / "examples" / "keyed_counts.py"),
+        "v2": rest.upload(v2),
+        "parity": rest.upload(by_parity),
+    }
 
 
 def spec(jar: str, args: list[str], **config) -> dict:
-    return {"jarId": jar, "programArgsList": args, "parallelism": 1,
-            "flinkConfiguration": {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, **config},
-            "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
-            "upgradeMode": "savepoint", "rollback": {"enabled": True, "readyWithin": f"{READY_WITHIN_S} s"}}
+    return {
+        "jarId": jar,
+        "programArgsList": args,
+        "parallelism": 1,
+        "flinkConfiguration": {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, **config},
+        "restartStrategy": {"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+        "upgradeMode": "savepoint",
+        "rollback": {"enabled": True, "readyWithin": f"{READY_WITHIN_S} s"},
+    }
 
 
 def put(rest: Rest, body: dict) -> dict:
@@ -82,6 +104,7 @@ def wait_lifecycle(rest: Rest, state: str, generation: int | None = None, timeou
         st = status(rest)
         ok = st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation)
         return st if ok else None
+
     return wait_for(f"deployment {NAME} {state} at generation {generation}", reached, timeout_s, poll_s=0.25)
 
 
@@ -90,8 +113,7 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
     rest = Rest(c.dispatcher_url)
     producer = Producer(c.redis_url, "e2e-deployment").start()
     jars = pipelines(rest, tmp_path)
-    args = ["--stream", "e2e-deployment", "--sink", "sql", "--table", TABLE, "--sink-url", pg,
-            "--trigger", TRIGGER]
+    args = ["--stream", "e2e-deployment", "--sink", "sql", "--table", TABLE, "--sink-url", pg, "--trigger", TRIGGER]
     try:
         put(rest, spec(jars["v1"], args))
         v1 = wait_lifecycle(rest, "STABLE", 1)
@@ -128,7 +150,7 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
         resumed = wait_lifecycle(rest, "ROLLED_BACK", 2)
         assert rest.attempts(resumed["jobId"])[0]["restored-from"] == suspended["lastSavepoint"]
         history = [e["to"] for e in resumed["history"]]
-        assert history[len(history) - history[::-1].index("SUSPENDED"):] == ["DEPLOYING", "ROLLED_BACK"], history
+        assert history[len(history) - history[::-1].index("SUSPENDED") :] == ["DEPLOYING", "ROLLED_BACK"], history
 
         # v5 (another trigger interval), with the leading JobManager killed in the middle of it.
         v5_gen = put(rest, spec(jars["v2"], [*args[:-1], "400 milliseconds"]))["generation"]
@@ -146,8 +168,12 @@ def test_a_deployment_upgrades_rolls_back_refuses_suspends_and_survives_a_leader
     expected = expected_totals(produced)
     wait_for(f"the sink to hold exactly {produced} events", lambda: sql_totals(pg, TABLE) == expected, 180, poll_s=0.25)
     assert rest.http.delete(f"/deployments/{NAME}").status_code == 202
-    wait_for("the deployment to be deleted",
-             lambda: rest.http.get(f"/deployments/{NAME}").status_code == 404, 120, poll_s=0.25)
+    wait_for(
+        "the deployment to be deleted",
+        lambda: rest.http.get(f"/deployments/{NAME}").status_code == 404,
+        120,
+        poll_s=0.25,
+    )
 
 
 # --- the autoscaler on the same cluster -------------------------------------------------------
@@ -164,8 +190,10 @@ LOW_RATE, HIGH_RATE = 20, 300
 
 def last_evaluations(rest: Rest, n: int = 6) -> list[str]:
     """The newest evaluations, also printed whole (an assertion's message is cut short)."""
-    out = [f"{e['outcome']} {e['parallelism']}->{e['proposed']}: {e['reason']} {e['figures']}"
-           for e in rest.get(f"/deployments/{SCALED}/autoscaler?limit={n}")["evaluations"]]
+    out = [
+        f"{e['outcome']} {e['parallelism']}->{e['proposed']}: {e['reason']} {e['figures']}"
+        for e in rest.get(f"/deployments/{SCALED}/autoscaler?limit={n}")["evaluations"]
+    ]
     print("autoscaler e2e: the last evaluations:", *out, sep="\n  ", flush=True)
     return out
 
@@ -183,9 +211,17 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
     stream = "e2e-autoscaled"
     producer = Producer(c.redis_url, stream, rate=LOW_RATE).start()
     jar = rest.upload(ROOT / "tests" / "e2e" / "slow_counts.py")
-    body = {**spec(jar, ["--stream", stream, "--table", SCALED_TABLE, "--sink-url", pg, "--cost-ms", str(COST_MS)]),
-            "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "metricsWindow": "20 s",
-                           "stabilization": "20 s", "catchUp": "1 min"}}
+    body = {
+        **spec(jar, ["--stream", stream, "--table", SCALED_TABLE, "--sink-url", pg, "--cost-ms", str(COST_MS)]),
+        "autoscaler": {
+            "enabled": True,
+            "minParallelism": 1,
+            "maxParallelism": 2,
+            "metricsWindow": "20 s",
+            "stabilization": "20 s",
+            "catchUp": "1 min",
+        },
+    }
     try:
         r = rest.http.put(f"/deployments/{SCALED}", json=body, timeout=PUT_TIMEOUT_S)
         assert r.status_code == 200, r.text
@@ -193,32 +229,51 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
         job = rest.get(f"/deployments/{SCALED}")["status"]["jobId"]
 
         # An input one core handles easily: it stays at 1, having looked.
-        wait_for("three evaluations that keep parallelism 1",
-                 lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
-                          if e["outcome"] == "keep"][2:], 120, poll_s=0.25)
+        wait_for(
+            "three evaluations that keep parallelism 1",
+            lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"] if e["outcome"] == "keep"][
+                2:
+            ],
+            120,
+            poll_s=0.25,
+        )
         assert scaled_parallelism(rest) == 1, last_evaluations(rest, 12)
 
         # Above one core: parallelism 2 within 60 s of the rise, the same job, and the lag drains.
         producer.set_rate(HIGH_RATE)
         t_rise = time.monotonic()
         try:
-            wait_for("the autoscaler to decide parallelism 2",
-                     lambda: rest.get(f"/deployments/{SCALED}")["status"]["parallelism"] == 2, 60, poll_s=0.25)
+            wait_for(
+                "the autoscaler to decide parallelism 2",
+                lambda: rest.get(f"/deployments/{SCALED}")["status"]["parallelism"] == 2,
+                60,
+                poll_s=0.25,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
         decided_s = time.monotonic() - t_rise
         wait_for("the job RUNNING at parallelism 2", lambda: scaled_parallelism(rest) == 2, 120, poll_s=0.25)
         assert rest.get(f"/deployments/{SCALED}")["status"]["jobId"] == job
-        print(f"autoscaler e2e: rise -> decision {decided_s:.1f} s, -> RUNNING at 2 "
-              f"{time.monotonic() - t_rise:.1f} s", flush=True)
+        print(
+            f"autoscaler e2e: rise -> decision {decided_s:.1f} s, -> RUNNING at 2 {time.monotonic() - t_rise:.1f} s",
+            flush=True,
+        )
         # The peak outlasts the stabilization: the task at 2 is evaluated keeping up with it, its
         # lag under a second of input. (Those batches are also the throughput it has shown, on
         # which the way down is judged when the machine's load inflates every batch's fixed part.)
         try:
-            wait_for("an evaluation at parallelism 2 keeping up with the peak",
-                     lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
-                              if e["parallelism"] == 2 and e["outcome"] == "keep"
-                              and e["figures"].get("lag", HIGH_RATE) < HIGH_RATE], 120, poll_s=0.25)
+            wait_for(
+                "an evaluation at parallelism 2 keeping up with the peak",
+                lambda: [
+                    e
+                    for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+                    if e["parallelism"] == 2
+                    and e["outcome"] == "keep"
+                    and e["figures"].get("lag", HIGH_RATE) < HIGH_RATE
+                ],
+                120,
+                poll_s=0.25,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest)}") from None
 
@@ -232,10 +287,15 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(pg, SCALED_TABLE) == expected, 300, poll_s=0.25)
+    wait_for(
+        f"the sink to hold exactly {produced} events",
+        lambda: sql_totals(pg, SCALED_TABLE) == expected,
+        300,
+        poll_s=0.25,
+    )
     evaluations = rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
-    rescales = [(e["outcome"], e["parallelism"], e["proposed"]) for e in evaluations
-                if e["parallelism"] != e["proposed"]]
+    rescales = [
+        (e["outcome"], e["parallelism"], e["proposed"]) for e in evaluations if e["parallelism"] != e["proposed"]
+    ]
     assert rescales == [("scale-up", 1, 2), ("scale-down", 2, 1)], rescales
     assert rest.http.delete(f"/deployments/{SCALED}?savepoint=false").status_code == 202

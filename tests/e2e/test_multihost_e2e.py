@@ -59,8 +59,24 @@ class Env:
         # The outside world, reachable from both hosts at this machine's address on the link.
         port = free_port()
         self.source_proc = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {gw}", "--save", "", "--appendonly", "no",
-             "--protected-mode", "no", "--dir", str(home)], stdout=subprocess.DEVNULL, start_new_session=True)
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                f"127.0.0.1 {gw}",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--dir",
+                str(home),
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.source_url = f"redis://{gw}:{port}/0"
         wait_for("the source redis-server", lambda: redis_pings(self.source_url), timeout_s=10)
         self.pg = TcpProxy(("127.0.0.1", 5432), listen_host=gw)
@@ -69,11 +85,19 @@ class Env:
         self.sink_direct = pg_url  # for the test's own checks
         # ZooKeeper mode with no JobManager of the cluster's own: the test starts them, one of
         # them on tm-ns's host, to cut the leader off.
-        self.cluster = start_cluster(home / "cluster", catalog_url=pg_url, taskmanagers=0, ha=True, jobmanagers=0,
-                                     redis_bind=("127.0.0.1", gw), zookeeper_bind="0.0.0.0",
-                                     zookeeper_session_timeout_s=ZOOKEEPER_SESSION_S,
-                                     heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, heartbeat_interval_s=1.0,
-                                     restart_strategy={"type": "fixed-delay", "attempts": 100, "delay": "1 s"})
+        self.cluster = start_cluster(
+            home / "cluster",
+            catalog_url=pg_url,
+            taskmanagers=0,
+            ha=True,
+            jobmanagers=0,
+            redis_bind=("127.0.0.1", gw),
+            zookeeper_bind="0.0.0.0",
+            zookeeper_session_timeout_s=ZOOKEEPER_SESSION_S,
+            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+            heartbeat_interval_s=1.0,
+            restart_strategy={"type": "fixed-delay", "attempts": 100, "delay": "1 s"},
+        )
         self.catalog_remote = with_host(pg_url, gw, self.pg.port)
         self.rest = Rest(self.cluster.dispatcher_url)
         self.jms: dict[str, subprocess.Popen] = {}
@@ -83,10 +107,13 @@ class Env:
     def jobmanager(self, name: str, *, remote: bool) -> subprocess.Popen:
         config = yaml.safe_load((self.cluster.run_dir / "jobmanager.yaml").read_text())
         if remote:
-            config.update(redis_url=with_host(config["redis_url"], self.host.gateway),
-                          zookeeper_quorum=f"{self.host.gateway}:{self.cluster.zookeeper_quorum.rsplit(':', 1)[1]}",
-                          catalog_url=self.catalog_remote, advertised_host=self.host.address,
-                          metrics_host="0.0.0.0")
+            config.update(
+                redis_url=with_host(config["redis_url"], self.host.gateway),
+                zookeeper_quorum=f"{self.host.gateway}:{self.cluster.zookeeper_quorum.rsplit(':', 1)[1]}",
+                catalog_url=self.catalog_remote,
+                advertised_host=self.host.address,
+                metrics_host="0.0.0.0",
+            )
         config["jobmanager_metrics_port"] = 0
         path = self.home / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -114,9 +141,13 @@ class Env:
         """tm_id's own config (Redis user and keys), as `headrace credentials taskmanager` writes it."""
         path = self.home / f"{tm_id}.credentials.yaml"
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
-        made = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", tm_id, "--out",
-                               str(path)], env=env | {"HEADRACE_CONFIG": str(self.cluster.run_dir / "config.yaml")},
-                              capture_output=True, text=True, timeout=60)
+        made = subprocess.run(
+            [sys.executable, "-m", "services.cli", "credentials", "taskmanager", tm_id, "--out", str(path)],
+            env=env | {"HEADRACE_CONFIG": str(self.cluster.run_dir / "config.yaml")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert made.returncode == 0, made.stderr
         return yaml.safe_load(path.read_text())
 
@@ -125,12 +156,18 @@ class Env:
         if tm_id in self.tms and self.tms[tm_id].poll() is None:
             return self.tms[tm_id]
         config = self.credentials(tm_id) | settings
-        config.update(checkpoint_dir=str(self.cluster.settings.checkpoints),
-                      artifact_dir=str(self.cluster.settings.artifacts), home=str(self.home / tm_id),
-                      taskmanager_metrics_port=0)
+        config.update(
+            checkpoint_dir=str(self.cluster.settings.checkpoints),
+            artifact_dir=str(self.cluster.settings.artifacts),
+            home=str(self.home / tm_id),
+            taskmanager_metrics_port=0,
+        )
         if remote:
-            config.update(redis_url=with_host(config["redis_url"], self.host.gateway),
-                          advertised_host=self.host.address, metrics_host="0.0.0.0")
+            config.update(
+                redis_url=with_host(config["redis_url"], self.host.gateway),
+                advertised_host=self.host.address,
+                metrics_host="0.0.0.0",
+            )
         path = self.home / f"{tm_id}.yaml"
         path.write_text(yaml.safe_dump(config))
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {"HEADRACE_CONFIG": str(path)}
@@ -148,10 +185,27 @@ class Env:
         second, running on `tm_id`."""
         jar = self.rest.upload(ROOT / "examples" / "keyed_counts.py")
         producer = Producer(self.source_url, table, rate=100.0).start()
-        args = ["--stream", table, "--source-url", self.source_url, "--sink", "sql", "--table", table,
-                "--sink-url", self.sink_url, "--trigger", TRIGGER]
-        job = self.rest.run(jar, parallelism=1, jobName=table, programArgsList=args,
-                            flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+        args = [
+            "--stream",
+            table,
+            "--source-url",
+            self.source_url,
+            "--sink",
+            "sql",
+            "--table",
+            table,
+            "--sink-url",
+            self.sink_url,
+            "--trigger",
+            TRIGGER,
+        ]
+        job = self.rest.run(
+            jar,
+            parallelism=1,
+            jobName=table,
+            programArgsList=args,
+            flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL},
+        )
         self.rest.wait_attempt_running(job, 0, timeout_s=300)
         if tm_id is not None:
             assert self.rest.attempts(job)[-1]["taskmanager-id"] == tm_id
@@ -160,8 +214,11 @@ class Env:
     def finish_exactly(self, job: str, producer: Producer, table: str) -> None:
         """Stop the producer; the sink must reach exactly its counts with the job still RUNNING."""
         produced = producer.stop()
-        wait_for(f"the sink to hold exactly {produced} events",
-                 lambda: sql_totals(self.sink_direct, table) == expected_totals(produced), timeout_s=180)
+        wait_for(
+            f"the sink to hold exactly {produced} events",
+            lambda: sql_totals(self.sink_direct, table) == expected_totals(produced),
+            timeout_s=180,
+        )
         assert self.rest.job(job)["state"] == "RUNNING"
         self.rest.cancel(job)
         assert self.rest.wait_state(job, ("CANCELED",), timeout_s=60)["state"] == "CANCELED"
@@ -183,8 +240,9 @@ def with_host(url: str, host: str, port: int | None = None) -> str:
     parts = urlsplit(url)
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = f"{host}:{port or parts.port}"
-    return urlunsplit((parts.scheme, f"{userinfo}@{netloc}" if userinfo else netloc, parts.path, parts.query,
-                       parts.fragment))
+    return urlunsplit(
+        (parts.scheme, f"{userinfo}@{netloc}" if userinfo else netloc, parts.path, parts.query, parts.fragment)
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -232,25 +290,41 @@ def test_spark_executors_on_a_worker_on_another_host(env):
     master = spark_standalone.MasterAddress(gw, free_port(), free_port())
     logs = env.home / "spark"
     with open(env.home / "spark-master.log", "ab") as log:
-        env.procs.append(subprocess.Popen(spark_standalone.master_command(master), stdout=log, stderr=subprocess.STDOUT,
-                                          env=spark_standalone.environment(os.environ, host=gw, log_dir=logs / "m"),
-                                          start_new_session=True))
+        env.procs.append(
+            subprocess.Popen(
+                spark_standalone.master_command(master),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=spark_standalone.environment(os.environ, host=gw, log_dir=logs / "m"),
+                start_new_session=True,
+            )
+        )
     work = env.home / "spark-worker"
     work.mkdir()
     with open(env.home / "spark-worker.log", "ab") as log:
-        env.procs.append(env.host.popen(
-            spark_standalone.worker_command(master, host=env.host.address, cores=2, memory="2g", webui_port=free_port(),
-                                            work_dir=work),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=spark_standalone.environment(os.environ, host=env.host.address, log_dir=work, work_dir=work)))
+        env.procs.append(
+            env.host.popen(
+                spark_standalone.worker_command(
+                    master, host=env.host.address, cores=2, memory="2g", webui_port=free_port(), work_dir=work
+                ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=spark_standalone.environment(os.environ, host=env.host.address, log_dir=work, work_dir=work),
+            )
+        )
     status = spark_standalone.wait_until_ready(master, 1, timeout_s=120)
     assert spark_standalone.alive_workers(status)[0]["host"] == env.host.address
     rest = env.rest
     env.taskmanager("tm-spark", remote=False, slots=2, spark_master=master.url, advertised_host=gw)
     jar = rest.upload(ROOT / "examples" / "clickstream.py")
-    job = rest.run(jar, parallelism=2, jobName="clickstream-remote-executors",
-                   programArgsList=[a if a != "e2e_clicks" else "remote_executor_clicks" for a in ARGS],
-                   flinkConfiguration={"catalog_url": env.sink_url})
+    job = rest.run(
+        jar,
+        parallelism=2,
+        jobName="clickstream-remote-executors",
+        programArgsList=[a if a != "e2e_clicks" else "remote_executor_clicks" for a in ARGS],
+        flinkConfiguration={"catalog_url": env.sink_url},
+    )
     final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
     assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
     assert rest.attempts(job)[0]["taskmanager-id"] == "tm-spark"
@@ -264,9 +338,13 @@ def test_a_taskmanager_on_another_host_runs_a_task_with_exact_output(env):
     rest = env.rest
     env.taskmanager("tm-ns", remote=True)
     jar = rest.upload(ROOT / "examples" / "clickstream.py")
-    job = rest.run(jar, parallelism=1, jobName="clickstream-netns",
-                   programArgsList=[a if a != "e2e_clicks" else "netns_clicks" for a in ARGS],
-                   flinkConfiguration={"catalog_url": env.sink_url})  # its sink, at the address tm-ns reaches
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName="clickstream-netns",
+        programArgsList=[a if a != "e2e_clicks" else "netns_clicks" for a in ARGS],
+        flinkConfiguration={"catalog_url": env.sink_url},
+    )  # its sink, at the address tm-ns reaches
     final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
     assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
     assert rest.attempts(job)[0]["taskmanager-id"] == "tm-ns"
@@ -381,14 +459,18 @@ def test_a_leader_cut_off_zookeeper_or_redis_hands_over_and_one_leader_acts(env,
         # Lead from the other host: start a JobManager there, stop this machine's one, start it again.
         env.jobmanager("jm-ns", remote=True)
         env.stop_jobmanager("jm-host")
-        name, epoch = wait_for("jm-ns leading", lambda: (env.leader() or (None,))[0] == "jm-ns" and env.leader(),
-                               timeout_s=60)
+        name, epoch = wait_for(
+            "jm-ns leading", lambda: (env.leader() or (None,))[0] == "jm-ns" and env.leader(), timeout_s=60
+        )
         env.jobmanager("jm-host", remote=False)
         epochs.append(epoch)
         env.host.block(port)
         try:
-            name, epoch = wait_for(f"jm-host leading after jm-ns lost {cut}",
-                                   lambda: (env.leader() or (None,))[0] == "jm-host" and env.leader(), timeout_s=60)
+            name, epoch = wait_for(
+                f"jm-host leading after jm-ns lost {cut}",
+                lambda: (env.leader() or (None,))[0] == "jm-host" and env.leader(),
+                timeout_s=60,
+            )
             assert epoch > epochs[-1]
             epochs.append(epoch)
             probe = rest.run(noop, kind="noop", jobName=f"during-{cut}-cut", flinkConfiguration={"noop.duration": 0.5})

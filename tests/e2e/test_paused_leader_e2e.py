@@ -38,9 +38,23 @@ def source(tmp_path_factory):
     if not shutil.which("redis-server"):
         missing("redis-server")
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("source-redis"))],
-                            stdout=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path_factory.mktemp("source-redis")),
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     wait_for("the source redis-server", lambda: redis_pings(url), 10, poll_s=0.25)
     yield url
@@ -59,8 +73,15 @@ def cluster(tmp_path_factory):
         binaries_dir()
     except ClusterError:
         missing("PostgreSQL's server binaries (Debian package postgresql)")
-    c = start_cluster(tmp_path_factory.mktemp("paused-leader"), catalog_url=None, taskmanagers=2, slots=2,
-                      warm_drivers=1, ha=True, jobmanagers=2)
+    c = start_cluster(
+        tmp_path_factory.mktemp("paused-leader"),
+        catalog_url=None,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        ha=True,
+        jobmanagers=2,
+    )
     c.supervise(policy=RestartPolicy())  # as `headrace up` does
     yield c
     c.stop()
@@ -72,10 +93,27 @@ def test_a_paused_leader_is_replaced_within_the_goal_ten_times_in_a_row(cluster,
     rest = Rest(cluster.dispatcher_url)
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     producer = Producer(source, "paused-leader", rate=100.0).start()
-    args = ["--stream", "paused-leader", "--source-url", source, "--sink", "sql", "--table", TABLE,
-            "--sink-url", pg_url_module, "--trigger", TRIGGER]
-    job = rest.run(jar, parallelism=1, jobName=TABLE, programArgsList=args,
-                   flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL})
+    args = [
+        "--stream",
+        "paused-leader",
+        "--source-url",
+        source,
+        "--sink",
+        "sql",
+        "--table",
+        TABLE,
+        "--sink-url",
+        pg_url_module,
+        "--trigger",
+        TRIGGER,
+    ]
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName=TABLE,
+        programArgsList=args,
+        flinkConfiguration={"execution.checkpointing.interval": CHECKPOINT_INTERVAL},
+    )
     pauses = []
     try:
         rest.wait_attempt_running(job, 0, timeout_s=300)
@@ -87,16 +125,23 @@ def test_a_paused_leader_is_replaced_within_the_goal_ten_times_in_a_row(cluster,
             print(f"pause {i + 1}: {pause.describe()}", flush=True)
     finally:
         produced = producer.stop()
-        print("takeovers (s):", " ".join(f"{p.takeover_s:.2f}" for p in pauses),
-              f"; {sum(p.in_transaction for p in pauses)} of {len(pauses)} stopped inside a write transaction",
-              flush=True)
+        print(
+            "takeovers (s):",
+            " ".join(f"{p.takeover_s:.2f}" for p in pauses),
+            f"; {sum(p.in_transaction for p in pauses)} of {len(pauses)} stopped inside a write transaction",
+            flush=True,
+        )
     late = [f"{p.takeover_s:.2f} s" for p in pauses if p.takeover_s > TAKEOVER_GOAL_S]
     assert not late, f"takeovers over {TAKEOVER_GOAL_S:g} s: {late}"
     assert all(p.sessions_left == 0 for p in pauses), [p.describe() for p in pauses]
     assert any(p.in_transaction for p in pauses), "no pause caught the leader inside a write transaction"
     expected = expected_totals(produced)
-    wait_for(f"the sink to hold exactly {produced} events",
-             lambda: sql_totals(pg_url_module, TABLE) == expected, 300, poll_s=0.25)
+    wait_for(
+        f"the sink to hold exactly {produced} events",
+        lambda: sql_totals(pg_url_module, TABLE) == expected,
+        300,
+        poll_s=0.25,
+    )
     assert rest.job(job)["state"] == "RUNNING"
     rest.cancel(job)
     rest.wait_state(job, "CANCELED", timeout_s=120)

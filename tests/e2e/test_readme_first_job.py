@@ -24,8 +24,14 @@ def test_the_readmes_first_job_runs_on_headrace_up_as_written(tmp_path):
         assert cluster.pipeline_catalog_url.startswith("sqlite:///")
         assert cluster.pipeline_catalog_url != cluster.settings.catalog
         env = {**os.environ, "HEADRACE_CONFIG": str(cluster.run_path / "config.yaml")}
-        done = subprocess.run([sys.executable, "-m", "services.cli", "run", "examples/clickstream.py", "-p", "2",
-                               "--wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", "run", "examples/clickstream.py", "-p", "2", "--wait"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert "FINISHED" in done.stdout, done.stdout
         engine = create_engine(cluster.pipeline_catalog_url)
@@ -49,13 +55,25 @@ def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
     from tests.waiting import wait_for
 
     home = tmp_path / "home"
-    cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=2, slots=4,
-                            kafka=True, kafka_port=free_port())
+    cluster = start_cluster(
+        home,
+        catalog_url=f"sqlite:///{home / 'catalog.db'}",
+        taskmanagers=2,
+        slots=4,
+        kafka=True,
+        kafka_port=free_port(),
+    )
     env = {**os.environ, "HEADRACE_CONFIG": str(cluster.run_path / "config.yaml")}
 
     def headrace(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, f"headrace {' '.join(args)}: {done.stdout}{done.stderr}"
         return done.stdout
 
@@ -79,7 +97,8 @@ def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
         path = headrace("stop", job).strip().split("Path:")[-1].strip()
         produce(bootstrap, "orders", [counting_event(n) for n in range(300, 500)])
         headrace("run", "examples/kafka_to_postgres.py", "-s", path, "-p", "4", "--args", "--topic orders")
-        wait_for("every event counted once after the resume",
-                 lambda: totals() == expected_totals(500), 240, poll_s=0.25)
+        wait_for(
+            "every event counted once after the resume", lambda: totals() == expected_totals(500), 240, poll_s=0.25
+        )
     finally:
         cluster.stop()

@@ -37,8 +37,13 @@ from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks"
-TESTED = ("taskmanager-loss.md", "jobmanager-restart.md", "savepoint-upgrade.md", "deployments.md",
-          "autoscaler.md")  # in this order
+TESTED = (
+    "taskmanager-loss.md",
+    "jobmanager-restart.md",
+    "savepoint-upgrade.md",
+    "deployments.md",
+    "autoscaler.md",
+)  # in this order
 SETUP_MARK = "<!-- runbook-test: setup"
 SKIP_MARK = "<!-- not run by the runbook test:"
 SHELLS = ("sh", "bash", "shell")
@@ -68,7 +73,7 @@ def code_blocks(path: Path) -> list[Block]:
         note = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
         assert end is not None, f"{path.name}:{i + 1}: code block never closed"
-        body = "\n".join(line[len(indent):] if line.startswith(indent) else line for line in lines[i + 1:end])
+        body = "\n".join(line[len(indent) :] if line.startswith(indent) else line for line in lines[i + 1 : end])
         blocks.append(Block(lang, textwrap.dedent(body), i + 1, note))
         i = end + 1
     return blocks
@@ -92,8 +97,9 @@ def test_every_shell_block_is_run_or_says_why_not():
     for name in TESTED:
         blocks = code_blocks(RUNBOOKS / name)
         assert sum(b.lang == "sh" for b in blocks) >= 2, f"{name}: no runnable (sh) blocks"
-        unexplained = [b.line for b in blocks
-                       if b.lang in SHELLS and b.lang != "sh" and not b.note.startswith(SKIP_MARK)]
+        unexplained = [
+            b.line for b in blocks if b.lang in SHELLS and b.lang != "sh" and not b.note.startswith(SKIP_MARK)
+        ]
         assert not unexplained, f"{name}: shell blocks at lines {unexplained} are neither sh nor marked as not run"
         syntax = subprocess.run(["bash", "-n", "-c", runbook_script(name)], capture_output=True, text=True, timeout=30)
         assert syntax.returncode == 0, f"{name}: bash cannot parse its sh blocks: {syntax.stderr}"
@@ -111,19 +117,28 @@ class HeadraceUp:
         # Drivers as the test's own user: pytest's directories are closed to a driver user. No warm
         # drivers: on two loaded cores their warm-up delays the rehearsal jobs' own drivers by
         # minutes, and no step of these runbooks depends on them.
-        self.env |= {"HEADRACE_HOME": str(home), "HEADRACE_DRIVER_USER": os.environ.get("HEADRACE_DRIVER_USER", ""),
-                     "HEADRACE_WARM_DRIVERS": "0"}
+        self.env |= {
+            "HEADRACE_HOME": str(home),
+            "HEADRACE_DRIVER_USER": os.environ.get("HEADRACE_DRIVER_USER", ""),
+            "HEADRACE_WARM_DRIVERS": "0",
+        }
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--ha", "--port",
-                                          str(free_port())], cwd=ROOT, env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "up", "--ha", "--port", str(free_port())],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + CLUSTER_START_S
         while "Press Ctrl-C to stop." not in log.read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise AssertionError(f"headrace up --ha not ready within {CLUSTER_START_S} s:\n"
-                                     f"{log.read_text(errors='replace')[-3000:]}")
+                raise AssertionError(
+                    f"headrace up --ha not ready within {CLUSTER_START_S} s:\n{log.read_text(errors='replace')[-3000:]}"
+                )
             time.sleep(0.5)
 
     @property
@@ -132,8 +147,9 @@ class HeadraceUp:
         return json.loads((run / "cluster.json").read_text())["dispatcher"]
 
     def run(self, script: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "-c", script], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=RUNBOOK_TIMEOUT_S)
+        return subprocess.run(
+            ["bash", "-c", script], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=RUNBOOK_TIMEOUT_S
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -153,26 +169,41 @@ def deployment_with_a_rollback(url: str, directory: Path) -> None:
     """A no-op deployment with the autoscaler on: STABLE with at least one evaluation, then a
     generation whose attempts fail, rolled back to the first."""
     rest = Rest(url)
-    spec = {"jarId": rest.upload_noop_pipeline(directory), "kind": "noop", "parallelism": 1,
-            "flinkConfiguration": {"noop.duration": "-1", "execution.checkpointing.interval": "1 s"},
-            "restartStrategy": {"type": "fixed-delay", "attempts": 2, "delay": "200 ms"},
-            "rollback": {"enabled": True, "readyWithin": "60 s"},
-            "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2}}
+    spec = {
+        "jarId": rest.upload_noop_pipeline(directory),
+        "kind": "noop",
+        "parallelism": 1,
+        "flinkConfiguration": {"noop.duration": "-1", "execution.checkpointing.interval": "1 s"},
+        "restartStrategy": {"type": "fixed-delay", "attempts": 2, "delay": "200 ms"},
+        "rollback": {"enabled": True, "readyWithin": "60 s"},
+        "autoscaler": {"enabled": True, "minParallelism": 1, "maxParallelism": 2},
+    }
 
     def put(body: dict) -> None:
         r = rest.http.put(f"/deployments/{DEPLOYMENT}", json=body)
         assert r.status_code == 200, r.text
 
     def wait(what: str, ok) -> None:
-        wait_for(f"{DEPLOYMENT} {what}", lambda: rest.get(f"/deployments/{DEPLOYMENT}"), DEPLOYMENT_WAIT_S, poll_s=1,
-                 until=ok)
+        wait_for(
+            f"{DEPLOYMENT} {what}",
+            lambda: rest.get(f"/deployments/{DEPLOYMENT}"),
+            DEPLOYMENT_WAIT_S,
+            poll_s=1,
+            until=ok,
+        )
 
     put(spec)
     wait("STABLE", lambda d: d["status"].get("lifecycleState") == "STABLE")
     wait("evaluated", lambda d: rest.get(f"/deployments/{DEPLOYMENT}/autoscaler")["evaluations"])
-    failing = {**spec, "flinkConfiguration": {**spec["flinkConfiguration"], "noop.duration": "1 s",
-                                              "noop.fail-attempts": 99,
-                                              "noop.fail-message": "ValueError: event without a key"}}
+    failing = {
+        **spec,
+        "flinkConfiguration": {
+            **spec["flinkConfiguration"],
+            "noop.duration": "1 s",
+            "noop.fail-attempts": 99,
+            "noop.fail-message": "ValueError: event without a key",
+        },
+    }
     put(failing)
     wait("ROLLED_BACK", lambda d: d["status"].get("lifecycleState") == "ROLLED_BACK")
 
@@ -181,11 +212,13 @@ PRELUDES = {"deployments.md": deployment_with_a_rollback}
 # What the helpers of README.md's setup must have found, so that a block that finds nothing (a
 # pattern that no longer matches this cluster's processes, a jq path that is gone) fails here.
 EXPECTED_OUTPUT = {
-    "taskmanager-loss.md": [r"jvm \d+, group \d+: its runner leads the group"],   # hr_jvms: the restarted driver
+    "taskmanager-loss.md": [r"jvm \d+, group \d+: its runner leads the group"],  # hr_jvms: the restarted driver
     "jobmanager-restart.md": [r"\d+ +\d+ \S*python\S* -m services\.cli jobmanager"],  # hr_ps
-    "deployments.md": [r"CANCELED restarts \d+ NoopTaskFailure: ValueError: event without a key",  # its failed job
-                       r'"summary": "NoopTaskFailure: ValueError: event without a key"'],
-    "autoscaler.md": [r" \w[\w-]* 1->\d+ "],                                       # an evaluation
+    "deployments.md": [
+        r"CANCELED restarts \d+ NoopTaskFailure: ValueError: event without a key",  # its failed job
+        r'"summary": "NoopTaskFailure: ValueError: event without a key"',
+    ],
+    "autoscaler.md": [r" \w[\w-]* 1->\d+ "],  # an evaluation
 }
 
 
@@ -203,15 +236,21 @@ def test_the_runbooks_work_as_written_on_headrace_up_ha(tmp_path):
             assert done.returncode == 0, (
                 f"{name} failed (exit {done.returncode}) in the block at {last} after {took:.0f} s\n"
                 f"--- stdout (end)\n{done.stdout[-4000:]}\n--- stderr (end)\n{done.stderr[-4000:]}\n"
-                f"--- headrace up\n{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-2000:]}")
+                f"--- headrace up\n{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-2000:]}"
+            )
             for pattern in EXPECTED_OUTPUT.get(name, ()):
                 assert re.search(pattern, done.stdout), (
                     f"{name}: no {pattern!r} in its output:\n{done.stdout[-4000:]}\n--- stderr (end)\n"
                     f"{done.stderr[-2000:]}\n--- headrace up\n"
                     f"{(tmp_path / 'headrace-up.log').read_text(errors='replace')[-4000:]}\n--- Spark JVMs\n"
-                    + subprocess.run("ps -ww -eo pid,pgid,etimes,args | grep -o '^ *[0-9]* *[0-9]* *[0-9]* .*java' "
-                                     "| head; ps -ww -eo args | grep -o 'java.io.tmpdir=[^ ]*' | head",
-                                     shell=True, capture_output=True, text=True).stdout)
+                    + subprocess.run(
+                        "ps -ww -eo pid,pgid,etimes,args | grep -o '^ *[0-9]* *[0-9]* *[0-9]* .*java' "
+                        "| head; ps -ww -eo args | grep -o 'java.io.tmpdir=[^ ]*' | head",
+                        shell=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                )
             print(f"{name}: {took:.0f} s")
     finally:
         cluster.stop()
@@ -219,16 +258,22 @@ def test_the_runbooks_work_as_written_on_headrace_up_ha(tmp_path):
 
 def setup_functions(*names: str) -> str:
     """The named functions of README.md's `headrace up` setup block, as bash reads them."""
-    [block] = [b.code for b in code_blocks(RUNBOOKS / "README.md")
-               if b.note.startswith(SETUP_MARK) and "RUN=$(ls -td" in b.code]
+    [block] = [
+        b.code
+        for b in code_blocks(RUNBOOKS / "README.md")
+        if b.note.startswith(SETUP_MARK) and "RUN=$(ls -td" in b.code
+    ]
     lines = block.splitlines()
     script = []
     for name in names:
         start = next((i for i, line in enumerate(lines) if re.match(rf"{name}\(\)\s+\{{", line)), None)
         assert start is not None, f"README.md's setup defines no {name}()"
-        end = start if lines[start].rstrip().endswith("}") else next(
-            i for i in range(start, len(lines)) if lines[i].rstrip() == "}")
-        script += lines[start:end + 1]
+        end = (
+            start
+            if lines[start].rstrip().endswith("}")
+            else next(i for i in range(start, len(lines)) if lines[i].rstrip() == "}")
+        )
+        script += lines[start : end + 1]
     return "\n".join(script)
 
 
@@ -241,8 +286,9 @@ def test_the_setups_sql_reads_the_clusters_catalog_whatever_its_kind(tmp_path, c
     run.mkdir()
     if catalog == "sqlite":
         db = tmp_path / "catalog.db"
-        subprocess.run(["sqlite3", str(db), "CREATE TABLE jobs (status TEXT); INSERT INTO jobs VALUES ('RUNNING')"],
-                       check=True)
+        subprocess.run(
+            ["sqlite3", str(db), "CREATE TABLE jobs (status TEXT); INSERT INTO jobs VALUES ('RUNNING')"], check=True
+        )
         url = f"sqlite:///{db}"
     else:
         if subprocess.run(["psql", PG_ADMIN_URL, "-c", "SELECT 1"], capture_output=True).returncode != 0:
@@ -250,7 +296,11 @@ def test_the_setups_sql_reads_the_clusters_catalog_whatever_its_kind(tmp_path, c
         url = PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg://", 1)
     (run / "config.yaml").write_text(f"catalog_url: {url}\nredis_url: redis://x\n")
     query = "SELECT 'RUNNING' AS status;" if catalog == "postgresql" else "SELECT status FROM jobs;"
-    done = subprocess.run(["bash", "-c", f"set -eu\nRUN={run}\n{setup_functions('sql')}\nsql <<'SQL'\n{query}\nSQL"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", f"set -eu\nRUN={run}\n{setup_functions('sql')}\nsql <<'SQL'\n{query}\nSQL"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "status" in done.stdout and "RUNNING" in done.stdout, done.stdout

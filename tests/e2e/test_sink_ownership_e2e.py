@@ -89,10 +89,17 @@ def test_a_second_job_on_the_directory_fails_once_and_the_first_runs_on(cluster,
     assert rest.wait_state(x, ("FINISHED", "FAILED", "CANCELED"), timeout_s=120)["state"] == "FINISHED"
     sp = rest.get(f"/jobs/{x}/checkpoints")["latest"]["savepoint"]
     restored = sp["batch_id"]
-    kept = {k: v for k, v in listing(out).items()
-            if not k.startswith("_headrace") and int(k[1:k.index("-")]) <= restored}
-    z = rest.run(jar, parallelism=1, jobName="z", programArgsList=args, restartStrategy=RESTARTS,
-                 savepointPath=sp["external_path"])
+    kept = {
+        k: v for k, v in listing(out).items() if not k.startswith("_headrace") and int(k[1 : k.index("-")]) <= restored
+    }
+    z = rest.run(
+        jar,
+        parallelism=1,
+        jobName="z",
+        programArgsList=args,
+        restartStrategy=RESTARTS,
+        savepointPath=sp["external_path"],
+    )
     rest.wait_attempt_running(z, 0, timeout_s=300)
     wait_for("job Z's batches", lambda: len(markers(out)) >= restored + 3, timeout_s=120)
     owner = json.loads(record.read_text())["owner"]

@@ -30,11 +30,18 @@ NO_EXECUTOR_TIMEOUT_S = 20
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("standalone"), catalog_url=pg_url_module, taskmanagers=1, slots=2,
-                      pipeline_catalog_url=pg_url_module,  # the pipeline's own database
-                      spark_workers=2, restart_strategy={"type": "none"}, warm_drivers=1,
-                      warm_up_query=True,  # as users run it: the warm-up query is what took executors
-                      slot_request_timeout_s=NO_EXECUTOR_TIMEOUT_S)
+    c = start_cluster(
+        tmp_path_factory.mktemp("standalone"),
+        catalog_url=pg_url_module,
+        taskmanagers=1,
+        slots=2,
+        pipeline_catalog_url=pg_url_module,  # the pipeline's own database
+        spark_workers=2,
+        restart_strategy={"type": "none"},
+        warm_drivers=1,
+        warm_up_query=True,  # as users run it: the warm-up query is what took executors
+        slot_request_timeout_s=NO_EXECUTOR_TIMEOUT_S,
+    )
     yield c, pg_url_module
     spark = [psutil.Process(c.child(n).proc.pid) for n in ("spark-master", "spark-worker-1", "spark-worker-2")]
     c.stop()
@@ -64,8 +71,12 @@ def test_the_dashboard_links_the_master_and_the_workers_run_the_executors(cluste
     assert sorted(c.live_children()) == sorted(c.planned_children())
 
     jar = rest.upload(ROOT / "examples" / "clickstream.py")
-    job = rest.run(jar, parallelism=2, jobName="clickstream-standalone",
-                   programArgsList=[a if a != "e2e_clicks" else "standalone_clicks" for a in ARGS])
+    job = rest.run(
+        jar,
+        parallelism=2,
+        jobName="clickstream-standalone",
+        programArgsList=[a if a != "e2e_clicks" else "standalone_clicks" for a in ARGS],
+    )
     final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
     assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
     got = sink_counts(pg, "standalone_clicks")
@@ -83,9 +94,13 @@ def test_a_task_the_cluster_cannot_serve_fails_with_the_reason(cluster):
     c, _ = cluster
     rest = Rest(c.dispatcher_url)
     jar = rest.upload(ROOT / "examples" / "clickstream.py")
-    job = rest.run(jar, parallelism=1, jobName="too-big",
-                   programArgsList=[a if a != "e2e_clicks" else "too_big_clicks" for a in ARGS],
-                   flinkConfiguration={"spark.executor.memory": "64g"})
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName="too-big",
+        programArgsList=[a if a != "e2e_clicks" else "too_big_clicks" for a in ARGS],
+        flinkConfiguration={"spark.executor.memory": "64g"},
+    )
     final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=NO_EXECUTOR_TIMEOUT_S + 120)
     assert final["state"] == "FAILED"
     root = rest.get(f"/jobs/{job}/exceptions")["root-exception"]

@@ -34,27 +34,50 @@ def sink_pg():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("sink-outage-home"), catalog_url=pg_url_module, taskmanagers=1,
-                      slots=1, warm_drivers=1, restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"})
+    c = start_cluster(
+        tmp_path_factory.mktemp("sink-outage-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=1,
+        slots=1,
+        warm_drivers=1,
+        restart_strategy={"type": "fixed-delay", "attempts": 10, "delay": "1 s"},
+    )
     yield c
     c.stop()
 
 
 def driver_log_text(c) -> str:
-    return "\n".join(p.read_text(errors="replace")
-                     for p in Path(c.settings.home).glob("work/taskmanagers/*/logs/driver-*.log"))
+    return "\n".join(
+        p.read_text(errors="replace") for p in Path(c.settings.home).glob("work/taskmanagers/*/logs/driver-*.log")
+    )
 
 
 def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(cluster, sink_pg, redis_server):
     rest = Rest(cluster.dispatcher_url)
     jar = rest.upload(ROOT / "examples" / "keyed_counts.py")
     producer = Producer(redis_server.url, "events", rate=100.0).start()
-    args = ["--stream", "events", "--source-url", redis_server.url, "--sink", "sql", "--table", "outage_counts",
-            "--sink-url", sink_pg.url, "--trigger", TRIGGER]
-    job = rest.run(jar, parallelism=1, jobName="sink-outage", programArgsList=args,
-                   # A loaded machine (the suite's other tests) may take minutes to start a driver.
-                   flinkConfiguration={"execution.checkpointing.interval": "2 s",
-                                       "headrace.task.startup-timeout": "5 min"})
+    args = [
+        "--stream",
+        "events",
+        "--source-url",
+        redis_server.url,
+        "--sink",
+        "sql",
+        "--table",
+        "outage_counts",
+        "--sink-url",
+        sink_pg.url,
+        "--trigger",
+        TRIGGER,
+    ]
+    job = rest.run(
+        jar,
+        parallelism=1,
+        jobName="sink-outage",
+        programArgsList=args,
+        # A loaded machine (the suite's other tests) may take minutes to start a driver.
+        flinkConfiguration={"execution.checkpointing.interval": "2 s", "headrace.task.startup-timeout": "5 min"},
+    )
     try:
         rest.wait_attempt_running(job, 0, timeout_s=320)
         wait_for("the job's first committed batch", lambda: sql_totals(sink_pg.url, "outage_counts"), 120, poll_s=0.25)
@@ -62,8 +85,12 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
         sink_pg.stop()
         stopped = time.monotonic()
         # The outage must meet a batch: on a loaded machine the next one may take a while to come.
-        wait_for("the sink to say it waits for its database",
-                 lambda: WAITING_LINE in driver_log_text(cluster), 90, poll_s=0.25)
+        wait_for(
+            "the sink to say it waits for its database",
+            lambda: WAITING_LINE in driver_log_text(cluster),
+            90,
+            poll_s=0.25,
+        )
         noticed = time.monotonic()
         # The task's status says so: the attempt's (and the job's) waiting-reason.
         reason = wait_for("the job's waiting-reason", lambda: rest.job(job).get("waiting-reason"), 20, poll_s=0.25)
@@ -75,8 +102,12 @@ def test_a_30_s_outage_of_the_sink_database_costs_no_restart_and_counts_exactly(
         time.sleep(3)  # a few batches after the outage, then the producer stops
         produced = producer.stop()
         expected = expected_totals(produced)
-        wait_for(f"the sink to hold exactly the {produced} events",
-                 lambda: sql_totals(sink_pg.url, "outage_counts") == expected, 120, poll_s=0.25)
+        wait_for(
+            f"the sink to hold exactly the {produced} events",
+            lambda: sql_totals(sink_pg.url, "outage_counts") == expected,
+            120,
+            poll_s=0.25,
+        )
         attempts = rest.attempts(job)
         assert [a["attempt"] for a in attempts] == [0], f"the outage cost a restart: {attempts}"
         assert attempts[0]["status"] == "RUNNING"

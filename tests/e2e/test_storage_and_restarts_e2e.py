@@ -38,8 +38,14 @@ RESTARTS = {"type": "fixed-delay", "attempts": 5, "delay": "1 s"}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("roots-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      warm_drivers=1, restart_strategy=RESTARTS)
+    c = start_cluster(
+        tmp_path_factory.mktemp("roots-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=2,
+        slots=2,
+        warm_drivers=1,
+        restart_strategy=RESTARTS,
+    )
     yield c, pg_url_module
     c.stop()
 
@@ -51,8 +57,7 @@ def rest(cluster):
 
 def noop(rest: Rest, tmp: Path, parallelism: int = 1) -> str:
     jar = rest.upload_noop_pipeline(tmp)
-    return rest.run(jar, kind="noop", parallelism=parallelism, restartStrategy=RESTARTS,
-                    config={"noop.duration": -1})
+    return rest.run(jar, kind="noop", parallelism=parallelism, restartStrategy=RESTARTS, config={"noop.duration": -1})
 
 
 def test_snapshot_paths_outside_the_storage_roots_are_refused_at_the_rest_call(cluster, rest, tmp_path):
@@ -60,9 +65,11 @@ def test_snapshot_paths_outside_the_storage_roots_are_refused_at_the_rest_call(c
     job = noop(rest, tmp_path)
     rest.wait_running_task(job)
     victim = Path("/etc") / f"headrace-{job[:8]}"
-    for route, body in (("savepoints", {"target-directory": str(victim)}),
-                        ("savepoints", {"target-directory": f"{c.settings.savepoints}/../../../../etc/x"}),
-                        ("stop", {"targetDirectory": f"file://{victim}"})):
+    for route, body in (
+        ("savepoints", {"target-directory": str(victim)}),
+        ("savepoints", {"target-directory": f"{c.settings.savepoints}/../../../../etc/x"}),
+        ("stop", {"targetDirectory": f"file://{victim}"}),
+    ):
         r = rest.http.post(f"/jobs/{job}/{route}", json=body)
         assert r.status_code == 400, r.text
         err = r.json()
@@ -89,8 +96,10 @@ def test_parallelism_above_every_taskmanager_fails_at_once_with_the_reason(clust
     assert time.monotonic() - started < 30  # not the slot request timeout (300 s), four times
     history = rest.get(f"/jobs/{job}/exceptions")["exceptionHistory"]["entries"]
     assert len(history) == 1 and history[0]["exceptionName"] == "NoResourceAvailableException"
-    assert history[0]["stacktrace"].startswith("parallelism 3 needs 3 slots on one TaskManager; the largest "
-                                               "registered TaskManager has 2 (tm-1, tm-2; 2 registered)")
+    assert history[0]["stacktrace"].startswith(
+        "parallelism 3 needs 3 slots on one TaskManager; the largest "
+        "registered TaskManager has 2 (tm-1, tm-2; 2 registered)"
+    )
     assert [a["attempt"] for a in rest.attempts(job)] == [0] and not final["timestamps"].get("RESTARTING")
 
 
@@ -125,8 +134,14 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
     args = ["--stream", stream, "--sink", "sql", "--table", table, "--sink-url", pg, "--trigger", TRIGGER]
     config = {"execution.checkpointing.interval": CHECKPOINT_INTERVAL, "state.checkpoints.num-retained": 3}
     try:
-        job = rest.run(jar, parallelism=1, jobName="damaged", programArgsList=args, flinkConfiguration=config,
-                       restartStrategy=RESTARTS)
+        job = rest.run(
+            jar,
+            parallelism=1,
+            jobName="damaged",
+            programArgsList=args,
+            flinkConfiguration=config,
+            restartStrategy=RESTARTS,
+        )
         rest.wait_attempt_running(job, 0, timeout_s=300)
         wait_for("four completed checkpoints", lambda: completed_checkpoints(rest, job) >= 4, 120, poll_s=0.25)
         # Freeze the driver so that no newer checkpoint completes, then damage the latest one.
@@ -145,6 +160,7 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
         assert _damage(latest_path)
         for p in session:
             _signal(p, signal.SIGKILL)
+
         # The restart from the damaged checkpoint fails, the next one starts from the one before.
         def restored_from_previous():
             attempts = rest.attempts(job)
@@ -154,11 +170,16 @@ def test_a_damaged_latest_checkpoint_restarts_from_the_one_before_with_exact_cou
             )
 
         attempts = wait_for(f"an attempt restored from chk-{previous}", restored_from_previous, 300, poll_s=0.25)
-        assert any(a["restored-from"] and a["restored-from"].endswith(f"/chk-{latest}") and a["status"] == "FAILED"
-                   for a in attempts), attempts
-        wait_for("a checkpoint of the restored attempt",
-                 lambda: completed_checkpoints(rest, job) > len([h for h in history.values()
-                                                                if h["status"] == "COMPLETED"]), 90, poll_s=0.25)
+        assert any(
+            a["restored-from"] and a["restored-from"].endswith(f"/chk-{latest}") and a["status"] == "FAILED"
+            for a in attempts
+        ), attempts
+        wait_for(
+            "a checkpoint of the restored attempt",
+            lambda: completed_checkpoints(rest, job) > len([h for h in history.values() if h["status"] == "COMPLETED"]),
+            90,
+            poll_s=0.25,
+        )
     finally:
         produced = producer.stop()
     expected = expected_totals(produced)

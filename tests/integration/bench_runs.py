@@ -19,12 +19,18 @@ def run_smoke(script: str, *args: str, timeout_s: float = 400) -> str:
     """`bench/<script> --smoke ARGS`; its standard output, or the failure with its error output."""
     if not shutil.which("redis-server"):
         missing("redis-server")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--smoke", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc.stdout
 
 
 def run_bench(script: str, *args: str, timeout_s: float = 400) -> dict:
     out = run_smoke(script, *args, timeout_s=timeout_s)
-    return json.loads(out[out.index("{"):])
+    return json.loads(out[out.index("{") :])

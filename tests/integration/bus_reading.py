@@ -13,20 +13,45 @@ from shared.messages import decode
 from tests.waiting import wait_for
 
 
-def kombu_item(task: str, args, *, body: str | None = None, content_type: str = "application/json",
-               queue: str = streams.tm_queue("tm-1")) -> bytes:
+def kombu_item(
+    task: str,
+    args,
+    *,
+    body: str | None = None,
+    content_type: str = "application/json",
+    queue: str = streams.tm_queue("tm-1"),
+) -> bytes:
     """A Celery protocol-2 message as kombu's Redis transport stores it in a queue list."""
     if body is None:
-        body = base64.b64encode(json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None,
-                                                       "chord": None}]).encode()).decode()
+        body = base64.b64encode(
+            json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]).encode()
+        ).decode()
     task_id = str(uuid.uuid4())
-    return json.dumps({
-        "body": body, "content-encoding": "utf-8", "content-type": content_type,
-        "headers": {"lang": "py", "task": task, "id": task_id, "root_id": task_id, "retries": 0,
-                    "timelimit": [None, None], "argsrepr": "", "kwargsrepr": "{}"},
-        "properties": {"correlation_id": task_id, "delivery_mode": 2, "priority": 0, "body_encoding": "base64",
-                       "delivery_info": {"exchange": "", "routing_key": queue}, "delivery_tag": str(uuid.uuid4())},
-    }).encode()
+    return json.dumps(
+        {
+            "body": body,
+            "content-encoding": "utf-8",
+            "content-type": content_type,
+            "headers": {
+                "lang": "py",
+                "task": task,
+                "id": task_id,
+                "root_id": task_id,
+                "retries": 0,
+                "timelimit": [None, None],
+                "argsrepr": "",
+                "kwargsrepr": "{}",
+            },
+            "properties": {
+                "correlation_id": task_id,
+                "delivery_mode": 2,
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    ).encode()
 
 
 def family(client, stream: str) -> list[str]:

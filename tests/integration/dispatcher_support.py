@@ -35,8 +35,11 @@ def catalog_url(request) -> str:
 
 @pytest.fixture
 def settings(tmp_path, catalog_url) -> Settings:
-    return Settings(home=tmp_path / "home", catalog_url=catalog_url,
-                    restart_strategy={"type": "fixed-delay", "attempts": 3, "delay": 1.0})
+    return Settings(
+        home=tmp_path / "home",
+        catalog_url=catalog_url,
+        restart_strategy={"type": "fixed-delay", "attempts": 3, "delay": 1.0},
+    )
 
 
 @pytest.fixture
@@ -72,9 +75,17 @@ def submit(client, jar_id: str, body: dict | None = None, **params) -> str:
 
 def register_tm(catalog, tm_id="tm-a", *, host="host-a", slots=4, free=4, allocations=()):
     with catalog.session() as s:
-        repository.register_taskmanager(s, id=tm_id, host=host, queue=f"tm.{tm_id}", slots_total=slots,
-                                        slots_free=free, cores=4.0, memory_bytes=8 * 2**30,
-                                        allocations=list(allocations))
+        repository.register_taskmanager(
+            s,
+            id=tm_id,
+            host=host,
+            queue=f"tm.{tm_id}",
+            slots_total=slots,
+            slots_free=free,
+            cores=4.0,
+            memory_bytes=8 * 2**30,
+            allocations=list(allocations),
+        )
 
 
 def schedule(catalog, job_id, *, attempt=0, vertex_id=None, waiting=None) -> tuple[str, str]:
@@ -85,8 +96,9 @@ def schedule(catalog, job_id, *, attempt=0, vertex_id=None, waiting=None) -> tup
             repository.transition_job(s, job_id, J.CREATED, epoch=1)
         if vertex_id is None:
             vertex_id = new_vertex_id()
-            repository.create_vertex(s, id=vertex_id, job_id=job_id, name="Source: rate -> Sink: redis",
-                                     parallelism=job.parallelism)
+            repository.create_vertex(
+                s, id=vertex_id, job_id=job_id, name="Source: rate -> Sink: redis", parallelism=job.parallelism
+            )
         ex_id = new_execution_id()
         repository.create_execution(s, id=ex_id, job_id=job_id, vertex_id=vertex_id, attempt=attempt)
         repository.transition_execution(s, ex_id, E.SCHEDULED)
@@ -97,8 +109,9 @@ def schedule(catalog, job_id, *, attempt=0, vertex_id=None, waiting=None) -> tup
 
 def deploy(catalog, job_id, ex_id, *, tm_id="tm-a", slots=(0,)) -> None:
     with catalog.session() as s:
-        repository.transition_execution(s, ex_id, E.DEPLOYING, taskmanager_id=tm_id, allocation_id="a" * 32,
-                                        slots=list(slots))
+        repository.transition_execution(
+            s, ex_id, E.DEPLOYING, taskmanager_id=tm_id, allocation_id="a" * 32, slots=list(slots)
+        )
         repository.transition_execution(s, ex_id, E.RUNNING)
         job = repository.get_job(s, job_id)
         if J(job.status) != J.RUNNING:
@@ -108,9 +121,16 @@ def deploy(catalog, job_id, ex_id, *, tm_id="tm-a", slots=(0,)) -> None:
 def fail_attempt(catalog, job_id, ex_id, *, cause="boom", tm_id="tm-a") -> None:
     with catalog.session() as s:
         repository.transition_execution(s, ex_id, E.FAILED, failure_cause=cause)
-        repository.record_exception(s, job_id=job_id, exception_name="RuntimeError", stacktrace=cause,
-                                    execution_id=ex_id, vertex_name="Source: rate -> Sink: redis", attempt=0,
-                                    taskmanager_id=tm_id)
+        repository.record_exception(
+            s,
+            job_id=job_id,
+            exception_name="RuntimeError",
+            stacktrace=cause,
+            execution_id=ex_id,
+            vertex_name="Source: rate -> Sink: redis",
+            attempt=0,
+            taskmanager_id=tm_id,
+        )
         repository.transition_job(s, job_id, J.RESTARTING, epoch=1)
 
 

@@ -34,10 +34,18 @@ READS = {"get", "head"}
 OPEN = {"/", "/healthz", "/metrics", "/openapi.json", "/docs"}
 # The changes an operator may make (method, OpenAPI path); every other change needs admin.
 OPERATOR = {
-    ("post", "/jars/{jarid}/run"), ("patch", "/jobs/{jobid}"), ("post", "/jobs/{jobid}/stop"),
-    ("post", "/jobs/{jobid}/savepoints"), ("post", "/jobs/{jobid}/checkpoints"), ("patch", "/jobs/{jobid}/rescaling"),
-    ("post", "/jobs/schedules"), ("patch", "/jobs/schedules/{scheduleid}"), ("delete", "/jobs/schedules/{scheduleid}"),
-    ("put", "/deployments/{name}"), ("post", "/deployments/{name}/rollback"), ("delete", "/deployments/{name}"),
+    ("post", "/jars/{jarid}/run"),
+    ("patch", "/jobs/{jobid}"),
+    ("post", "/jobs/{jobid}/stop"),
+    ("post", "/jobs/{jobid}/savepoints"),
+    ("post", "/jobs/{jobid}/checkpoints"),
+    ("patch", "/jobs/{jobid}/rescaling"),
+    ("post", "/jobs/schedules"),
+    ("patch", "/jobs/schedules/{scheduleid}"),
+    ("delete", "/jobs/schedules/{scheduleid}"),
+    ("put", "/deployments/{name}"),
+    ("post", "/deployments/{name}/rollback"),
+    ("delete", "/deployments/{name}"),
 }
 ADMIN_EXPECTED = {("post", "/jars/upload"), ("delete", "/jars/{jarid}"), ("post", "/savepoint-disposal")}
 PLACEHOLDER = "0123456789abcdef0123456789abcdef"
@@ -82,8 +90,14 @@ def bearer(token: str | None) -> dict[str, str]:
 
 
 # Logs may hold secrets (connection strings in a traceback): reading them is an operator's.
-OPERATOR_READS = {"/taskmanagers/{tmid}/logs", "/taskmanagers/{tmid}/logs/{name}", "/taskmanagers/{tmid}/log",
-                  "/jobmanager/logs", "/jobmanager/logs/{name}", "/jobmanager/log"}
+OPERATOR_READS = {
+    "/taskmanagers/{tmid}/logs",
+    "/taskmanagers/{tmid}/logs/{name}",
+    "/taskmanagers/{tmid}/log",
+    "/jobmanager/logs",
+    "/jobmanager/logs/{name}",
+    "/jobmanager/log",
+}
 
 
 def expected_role(method: str, path: str) -> str | None:
@@ -110,9 +124,11 @@ def test_every_endpoint_needs_its_role(secured, role_tokens):
         need = expected_role(method, template)
         declared = spec["paths"][template][method]
         if declared.get("security") != ([] if need is None else [{"bearerAuth": []}]) or (
-                need is not None and f"role `{need}`" not in declared.get("description", "")):
-            failures.append(f"{method.upper()} {template}: the document declares {declared.get('security')} "
-                            f"(needs {need})")
+            need is not None and f"role `{need}`" not in declared.get("description", "")
+        ):
+            failures.append(
+                f"{method.upper()} {template}: the document declares {declared.get('security')} (needs {need})"
+            )
         path = re.sub(r"\{[^}]+\}", PLACEHOLDER, template)
         for prefix in ("", "/v1"):
             for who in (None, *ROLES):
@@ -123,8 +139,10 @@ def test_every_endpoint_needs_its_role(secured, role_tokens):
                 else:
                     ok = r.status_code == (401 if who is None else 403) and r.json().get("errors")
                 if not ok:
-                    failures.append(f"{method.upper()} {prefix}{template} as {who or 'anonymous'} (needs {need}): "
-                                    f"{r.status_code} {r.text[:120]}")
+                    failures.append(
+                        f"{method.upper()} {prefix}{template} as {who or 'anonymous'} (needs {need}): "
+                        f"{r.status_code} {r.text[:120]}"
+                    )
     assert not failures, "\n".join(failures)
 
 
@@ -158,8 +176,9 @@ def test_cross_site_upload_and_run_are_refused(secured, role_tokens):
         assert r.status_code == 403 and "cross-site request refused" in r.json()["errors"][0], r.text
     assert secured.get("/jars", headers=admin).json()["files"] == []
     # The dashboard's own page posts with its own origin.
-    r = secured.post("/jars/upload", files=files, headers={**admin, "Origin": "http://testserver",
-                                                            "Sec-Fetch-Site": "same-origin"})
+    r = secured.post(
+        "/jars/upload", files=files, headers={**admin, "Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
+    )
     assert r.status_code == 200, r.text
     jar = r.json()["id"]
     r = secured.post(f"/jars/{jar}/run", headers={**admin, "Origin": "http://evil.example"})
@@ -213,8 +232,13 @@ def test_token_cli_create_list_revoke(tmp_path, sqlite_url):
     config = tmp_path / "headrace.yaml"
     config.write_text(yaml.safe_dump({"catalog_url": sqlite_url, "home": str(tmp_path / "home")}))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}, "HEADRACE_CONFIG": str(config)}
-    created = subprocess.run([sys.executable, "-m", "services.cli", "token", "create", "--role", "operator",
-                              "--name", "ci-deploy"], capture_output=True, text=True, timeout=60, env=env)
+    created = subprocess.run(
+        [sys.executable, "-m", "services.cli", "token", "create", "--role", "operator", "--name", "ci-deploy"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert created.returncode == 0, created.stderr
     token = created.stdout.split()[-1]
     token_id = created.stdout.split()[2]
@@ -257,19 +281,34 @@ def test_flink_cli_sends_a_token_from_its_environment(tmp_path, sqlite_url):
         token = tokens.create(s, "operator", "flink-cli")[1]
     port = free_port()
     settings = Settings(home=tmp_path / "home", catalog_url=sqlite_url, auth="required")
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, catalog, InMemoryTransport(sender="dispatcher")),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, catalog, InMemoryTransport(sender="dispatcher")),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         wait_for("the dispatcher started", lambda: server.started, 30, poll_s=0.05)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLINK_")}
-        env.update(FLINK_CONF_DIR=str(FLINK_HOME / "dist" / "pyflink" / "conf"), FLINK_LOG_DIR=str(tmp_path),
-                   FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS, FLINK_REST_CLIENT_HEADERS=f"Authorization:Bearer {token}")
+        env.update(
+            FLINK_CONF_DIR=str(FLINK_HOME / "dist" / "pyflink" / "conf"),
+            FLINK_LOG_DIR=str(tmp_path),
+            FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS,
+            FLINK_REST_CLIENT_HEADERS=f"Authorization:Bearer {token}",
+        )
         if env.get("JAVA_HOME") and not os.path.exists(os.path.join(env["JAVA_HOME"], "bin", "java")):
             del env["JAVA_HOME"]
-        run = subprocess.run([str(LAUNCHER), "list", "-m", f"127.0.0.1:{port}"], env=env, capture_output=True,
-                             text=True, timeout=CLI_TIMEOUT_S)
+        run = subprocess.run(
+            [str(LAUNCHER), "list", "-m", f"127.0.0.1:{port}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_S,
+        )
         assert run.returncode == 0 and "No running jobs" in run.stdout, run.stdout + run.stderr
     finally:
         server.should_exit = True

@@ -17,9 +17,13 @@ import pytest
 from tests.integration.bench_runs import BENCH_PG, run_bench
 from tests.servers import missing
 
-pytestmark = [pytest.mark.timeout(420),
-              pytest.mark.skipif(os.environ.get("HEADRACE_BENCH_SMOKE") != "1",
-                                 reason="benchmark smoke runs take minutes: set HEADRACE_BENCH_SMOKE=1")]
+pytestmark = [
+    pytest.mark.timeout(420),
+    pytest.mark.skipif(
+        os.environ.get("HEADRACE_BENCH_SMOKE") != "1",
+        reason="benchmark smoke runs take minutes: set HEADRACE_BENCH_SMOKE=1",
+    ),
+]
 
 
 def test_checkpoint_overhead_smoke():

@@ -16,9 +16,13 @@ import pytest
 
 from tests.integration.bench_runs import run_smoke
 
-pytestmark = [pytest.mark.timeout(420),
-              pytest.mark.skipif(os.environ.get("HEADRACE_BENCH_SMOKE") != "1",
-                                 reason="benchmark smoke runs take minutes: set HEADRACE_BENCH_SMOKE=1")]
+pytestmark = [
+    pytest.mark.timeout(420),
+    pytest.mark.skipif(
+        os.environ.get("HEADRACE_BENCH_SMOKE") != "1",
+        reason="benchmark smoke runs take minutes: set HEADRACE_BENCH_SMOKE=1",
+    ),
+]
 
 
 def test_throughput_smoke_runs_both_sides_to_exact_counts():

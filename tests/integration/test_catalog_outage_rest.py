@@ -68,16 +68,31 @@ def _assert_unavailable(r, path: str) -> None:
 
 
 def _wait_back(client, path: str, timeout_s: float = 10.0) -> None:
-    wait_for(f"{path} to answer 200 again after the catalog came back", lambda: client.get(path).status_code,
-             timeout_s, until=lambda status: status == 200)
+    wait_for(
+        f"{path} to answer 200 again after the catalog came back",
+        lambda: client.get(path).status_code,
+        timeout_s,
+        until=lambda status: status == 200,
+    )
 
 
 def test_reads_answer_503_with_retry_after_while_the_catalog_is_down(dispatcher):
     client, proxy, _transport, settings = dispatcher
     jar, job = _seed(client)
-    reads = ["/jobs/overview", "/jobs", f"/jobs/{job}", f"/jobs/{job}/config", f"/jobs/{job}/exceptions",
-             f"/jobs/{job}/checkpoints", f"/jobs/{job}/checkpoints/config", "/overview", "/jars", "/taskmanagers",
-             "/v1/jobs/overview", f"/v1/jobs/{job}"]
+    reads = [
+        "/jobs/overview",
+        "/jobs",
+        f"/jobs/{job}",
+        f"/jobs/{job}/config",
+        f"/jobs/{job}/exceptions",
+        f"/jobs/{job}/checkpoints",
+        f"/jobs/{job}/checkpoints/config",
+        "/overview",
+        "/jars",
+        "/taskmanagers",
+        "/v1/jobs/overview",
+        f"/v1/jobs/{job}",
+    ]
     for path in reads:
         assert client.get(path).status_code == 200, path
 

@@ -31,8 +31,9 @@ def cluster(tmp_path_factory, pg_url_module):
 def celery(cluster, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env["HEADRACE_REDIS_URL"] = cluster.redis_url  # the operator's (admin) user
-    return subprocess.run([sys.executable, "-m", "celery", "-A", APP, *args], env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, *args], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def test_inspect_ping_and_active_queues_reach_the_taskmanager(cluster):
@@ -61,8 +62,7 @@ def test_commands_show_up_as_celery_events(cluster, rest, jar):
     sub = redis.Redis.from_url(cluster.redis_url).pubsub(ignore_subscribe_messages=True)
     sub.psubscribe("/0.celeryev/*")
     try:
-        job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
-                       config={"noop.duration": 0.5})
+        job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": 0.5})
         rest.wait_state(job, "FINISHED", timeout_s=30)
         seen: dict[str, dict] = {}
         deadline = time.monotonic() + 10
@@ -89,10 +89,23 @@ def test_a_command_is_summarised_by_its_ids():
     from shared.messages import CancelTask, DeployTask
     from shared.task_protocol import TaskSpec
 
-    deploy = DeployTask(taskmanager_id="tm-1", allocation_id="a", slot_indices=(0,),
-                        spec=TaskSpec(job_id="j1", vertex_id="v1", execution_id="e1", attempt=2, parallelism=1,
-                                      checkpoint_dir="/tmp/x", redis_url="redis://",
-                                      catalog_url="postgresql://u:secret@db/headrace"))
+    deploy = DeployTask(
+        taskmanager_id="tm-1",
+        allocation_id="a",
+        slot_indices=(0,),
+        spec=TaskSpec(
+            job_id="j1",
+            vertex_id="v1",
+            execution_id="e1",
+            attempt=2,
+            parallelism=1,
+            checkpoint_dir="/tmp/x",
+            redis_url="redis://",
+            catalog_url="postgresql://u:secret@db/headrace",
+        ),
+    )
     assert summary(deploy, 7) == "DeployTask(job=j1, execution=e1, attempt=2, taskmanager=tm-1, epoch=7)"
-    assert summary(CancelTask(taskmanager_id="tm-1", execution_id="e1", job_id="j1"), 7) == \
-        "CancelTask(job=j1, execution=e1, taskmanager=tm-1, epoch=7)"
+    assert (
+        summary(CancelTask(taskmanager_id="tm-1", execution_id="e1", job_id="j1"), 7)
+        == "CancelTask(job=j1, execution=e1, taskmanager=tm-1, epoch=7)"
+    )

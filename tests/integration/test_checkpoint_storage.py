@@ -45,11 +45,13 @@ class Recorder:
         def write(df, batch_id: int) -> None:
             rows = select(df).collect()
             self.batches.setdefault(run, {})[batch_id] = {tuple(r[:-1]): r[-1] for r in rows}
+
         return write
 
 
 def wait_while_running(query, what: str, check, timeout_s: float):
     """wait_for `check`, except that a streaming query that failed ends the wait at once with its error."""
+
     def checked():
         if query.exception() is not None:
             raise query.exception()
@@ -77,16 +79,26 @@ def timed(name: str, fn, *args, **kw):
 
 # ---------------------------------------------------------------- queries
 
+
 def windowed_counts(spark, live: Path, rec: Recorder, run: str, **opts):
     """Per (1-minute window, url) counts of the deterministic datagen stream (Python source)."""
     from pyspark.sql import functions as F
 
-    df = (spark.readStream.format("datagen").options(**{**DATAGEN, **opts}).load()
-          .withWatermark("event_time", "10 seconds")
-          .groupBy(F.window("event_time", "1 minute"), "url").count())
+    df = (
+        spark.readStream.format("datagen")
+        .options(**{**DATAGEN, **opts})
+        .load()
+        .withWatermark("event_time", "10 seconds")
+        .groupBy(F.window("event_time", "1 minute"), "url")
+        .count()
+    )
     select = lambda d: d.select(F.col("window.start").cast("long"), "url", "count")  # noqa: E731
-    return (df.writeStream.foreachBatch(rec.sink(run, select)).outputMode("update")
-            .option("checkpointLocation", str(live)).start())
+    return (
+        df.writeStream.foreachBatch(rec.sink(run, select))
+        .outputMode("update")
+        .option("checkpointLocation", str(live))
+        .start()
+    )
 
 
 def expected_windowed_counts(total: int) -> dict:
@@ -103,12 +115,21 @@ def modulo_counts(spark, live: Path, rec: Recorder, run: str):
     count == max // KEYS + 1."""
     from pyspark.sql import functions as F
 
-    df = (spark.readStream.format("rate").option("rowsPerSecond", 20).option("numPartitions", 1).load()
-          .groupBy((F.col("value") % KEYS).alias("k"))
-          .agg(F.max("value").alias("max"), F.count("*").alias("count")))
+    df = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 20)
+        .option("numPartitions", 1)
+        .load()
+        .groupBy((F.col("value") % KEYS).alias("k"))
+        .agg(F.max("value").alias("max"), F.count("*").alias("count"))
+    )
     select = lambda d: d.select("k", "max", "count")  # noqa: E731
-    return (df.writeStream.foreachBatch(rec.sink(run, select)).outputMode("update")
-            .option("checkpointLocation", str(live)).start())
+    return (
+        df.writeStream.foreachBatch(rec.sink(run, select))
+        .outputMode("update")
+        .option("checkpointLocation", str(live))
+        .start()
+    )
 
 
 def assert_modulo_counts_exact(batches: dict[int, dict]) -> None:
@@ -120,6 +141,7 @@ def assert_modulo_counts_exact(batches: dict[int, dict]) -> None:
 
 # ---------------------------------------------------------------- 1: resume exactly
 
+
 @pytest.fixture(scope="module")
 def datagen_snapshot(spark, tmp_path_factory):
     """A snapshot taken while the windowed count runs (paced, so it is mid-stream)."""
@@ -127,10 +149,20 @@ def datagen_snapshot(spark, tmp_path_factory):
     live, rec = base / "live-1", Recorder()
     q = windowed_counts(spark, live, rec, "first", rows_per_second="150")
     try:
-        batch = wait_while_running(q, "batch 2 to commit", lambda: (storage.latest_committed_batch(live) or 0) >= 2
-                                   and storage.latest_committed_batch(live), 120)
-        info = timed("take_snapshot (datagen, running)", storage.take_snapshot, live, base / "chk-1",
-                     batch_id=batch, metadata={"job_id": "j" * 32, "kind": "checkpoint", "checkpoint_id": 1})
+        batch = wait_while_running(
+            q,
+            "batch 2 to commit",
+            lambda: (storage.latest_committed_batch(live) or 0) >= 2 and storage.latest_committed_batch(live),
+            120,
+        )
+        info = timed(
+            "take_snapshot (datagen, running)",
+            storage.take_snapshot,
+            live,
+            base / "chk-1",
+            batch_id=batch,
+            metadata={"job_id": "j" * 32, "kind": "checkpoint", "checkpoint_id": 1},
+        )
     finally:
         q.stop()
     return info, rec, base
@@ -167,6 +199,7 @@ def test_restored_query_resumes_after_the_snapshot_batch_and_counts_exactly(spar
 
 # ---------------------------------------------------------------- 2 + 3: immutable, relocatable
 
+
 @pytest.fixture(scope="module")
 def maintained_snapshot(spark, tmp_path_factory):
     """A snapshot taken while a query runs, then 20+ more batches of Spark clean-up in `live`."""
@@ -174,21 +207,37 @@ def maintained_snapshot(spark, tmp_path_factory):
     live, rec = base / "live", Recorder()
     q = modulo_counts(spark, live, rec, "first")
     try:
-        batch = wait_while_running(q, "batch 2 to commit", lambda: (storage.latest_committed_batch(live) or 0) >= 2
-                                   and storage.latest_committed_batch(live), 120)
-        info = timed("take_snapshot (rate, running)", storage.take_snapshot, live, base / "chk-1",
-                     batch_id=batch, metadata={"kind": "savepoint"})
+        batch = wait_while_running(
+            q,
+            "batch 2 to commit",
+            lambda: (storage.latest_committed_batch(live) or 0) >= 2 and storage.latest_committed_batch(live),
+            120,
+        )
+        info = timed(
+            "take_snapshot (rate, running)",
+            storage.take_snapshot,
+            live,
+            base / "chk-1",
+            batch_id=batch,
+            metadata={"kind": "savepoint"},
+        )
         before = sha256_tree(Path(info.path))
         snap = Path(info.path) / storage.SPARK_DIR
-        linked = [p for p in (live / "state").rglob("*.delta")
-                  if (snap / p.relative_to(live)).exists()
-                  and os.stat(p).st_ino == os.stat(snap / p.relative_to(live)).st_ino]
+        linked = [
+            p
+            for p in (live / "state").rglob("*.delta")
+            if (snap / p.relative_to(live)).exists() and os.stat(p).st_ino == os.stat(snap / p.relative_to(live)).st_ino
+        ]
         wait_while_running(q, "20 more batches", lambda: (storage.latest_committed_batch(live) or 0) >= batch + 20, 240)
         # Spark deletes old files in its maintenance thread: give it a moment beyond the commits
         # (the test then says what was not deleted).
         try:
-            wait_while_running(q, "Spark's clean-up", lambda: not (live / "offsets" / str(batch)).exists()
-                               and any(not p.exists() for p in linked), 30)
+            wait_while_running(
+                q,
+                "Spark's clean-up",
+                lambda: not (live / "offsets" / str(batch)).exists() and any(not p.exists() for p in linked),
+                30,
+            )
         except AssertionError:
             pass
     finally:
@@ -199,8 +248,9 @@ def maintained_snapshot(spark, tmp_path_factory):
 def test_snapshot_files_unchanged_after_spark_maintenance(maintained_snapshot):
     info, before, linked, _rec, _base = maintained_snapshot
     assert linked, "the snapshot shares no state file with the live checkpoint (hard links not used)"
-    assert not (Path(info.path).parent / "live" / "offsets" / str(info.batch_id)).exists(), \
+    assert not (Path(info.path).parent / "live" / "offsets" / str(info.batch_id)).exists(), (
         "Spark's clean-up did not delete the snapshot batch's offset log from the live checkpoint"
+    )
     deleted = [p for p in linked if not p.exists()]
     assert deleted, "Spark's maintenance deleted none of the state files the snapshot links"
     assert sha256_tree(Path(info.path)) == before
@@ -229,6 +279,7 @@ def test_moved_snapshot_restores_and_resumes(spark, maintained_snapshot, tmp_pat
 
 
 # ---------------------------------------------------------------- 4: path forms and refusals
+
 
 def test_snapshot_paths_accepted_in_every_form(datagen_snapshot):
     info, _rec, _base = datagen_snapshot

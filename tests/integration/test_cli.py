@@ -26,18 +26,21 @@ def headrace(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("args, expected", [
-    (("run", "does-not-exist.py"), "does-not-exist.py: no such file"),
-    (("run", "README.md"), "a pipeline is a .py file or a .zip"),
-    (("run", "examples/clickstream.py", "-p", "0"), "-p/--parallelism must be at least 1"),
-    (("list", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
-    (("cancel", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
-    (("savepoint", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
-    (("savepoint", "-d", "/sp/x", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
-    (("stop", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
-    (("checkpoints", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
-    (("taskmanager", "--slots", "0"), "--slots must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("run", "does-not-exist.py"), "does-not-exist.py: no such file"),
+        (("run", "README.md"), "a pipeline is a .py file or a .zip"),
+        (("run", "examples/clickstream.py", "-p", "0"), "-p/--parallelism must be at least 1"),
+        (("list", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
+        (("cancel", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
+        (("savepoint", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
+        (("savepoint", "-d", "/sp/x", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
+        (("stop", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
+        (("checkpoints", "abc", "-m", "http://127.0.0.1:{port}"), "cannot reach the dispatcher"),
+        (("taskmanager", "--slots", "0"), "--slots must be at least 1"),
+    ],
+)
 def test_user_mistakes_get_one_line(args, expected):
     port = str(free_port())
     result = headrace(*[a.replace("{port}", port) for a in args])
@@ -48,8 +51,13 @@ def test_user_mistakes_get_one_line(args, expected):
 
 
 def test_invalid_settings_are_reported_not_raised(monkeypatch):
-    result = subprocess.run([sys.executable, "-m", "services.cli", "jobmanager"], capture_output=True, text=True,
-                            timeout=60, env={"HEADRACE_HEARTBEAT_INTERVAL_S": "20", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "jobmanager"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HEADRACE_HEARTBEAT_INTERVAL_S": "20", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 2
     assert "heartbeat_interval_s" in result.stderr and "Traceback" not in result.stderr
 
@@ -63,8 +71,9 @@ class Live:
 
     def __init__(self, tmp: Path):
         # The test's directory is a storage root: its snapshots may be restored and disposed of.
-        self.settings = Settings(home=tmp / "home", catalog_url=f"sqlite:///{tmp / 'catalog.db'}",
-                                 storage_roots=str(tmp))
+        self.settings = Settings(
+            home=tmp / "home", catalog_url=f"sqlite:///{tmp / 'catalog.db'}", storage_roots=str(tmp)
+        )
         self.catalog = Catalog(self.settings.catalog)
         self.catalog.migrate()
         self.transport = InMemoryTransport(sender="dispatcher")
@@ -78,8 +87,18 @@ class Live:
     def job(self) -> str:
         job_id = new_job_id()
         with self.catalog.session() as s:
-            repository.create_job(s, id=job_id, name="clicks", artifact_id=None, entry="build", parallelism=1,
-                                  program_args=[], config={}, restart_strategy={"type": "none"}, kind="noop")
+            repository.create_job(
+                s,
+                id=job_id,
+                name="clicks",
+                artifact_id=None,
+                entry="build",
+                parallelism=1,
+                program_args=[],
+                config={},
+                restart_strategy={"type": "none"},
+                kind="noop",
+            )
         return job_id
 
     def requested(self, kind: type, timeout_s: float = 30):
@@ -101,8 +120,9 @@ def live(tmp_path):
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "services.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_savepoint_prints_the_location_last(live, tmp_path):
@@ -171,8 +191,9 @@ def test_dispose_of_a_savepoint(live, tmp_path):
     sp = tmp_path / "savepoint-abcdef-0123456789ab"
     checkpoint_storage.take_empty_snapshot(sp, metadata={"job_id": "0" * 32, "kind": "savepoint"})
     with live.catalog.session() as s:  # only a snapshot the catalog records is disposed of
-        row = repository.create_checkpoint(s, job_id=live.job(), checkpoint_id=1, kind="savepoint",
-                                           execution_id=None, vertex_id=None, path=str(sp))
+        row = repository.create_checkpoint(
+            s, job_id=live.job(), checkpoint_id=1, kind="savepoint", execution_id=None, vertex_id=None, path=str(sp)
+        )
         repository.transition_checkpoint(s, row, CheckpointStatus.COMPLETED)
     result = headrace("savepoint", "-d", str(sp), "-m", live.url)
     assert result.returncode == 0, result.stderr
@@ -186,14 +207,26 @@ def test_run_from_a_savepoint(live, tmp_path):
     checkpoint_storage.take_empty_snapshot(sp, metadata={"job_id": "0" * 32, "kind": "savepoint"})
     pipeline = tmp_path / "job.py"
     pipeline.write_text("def build(ctx):\n    return None\n")
-    result = headrace("run", str(pipeline), "-s", f"file://{sp}", "--allow-non-restored-state", "--claim-mode",
-                      "claim", "-m", live.url)
+    result = headrace(
+        "run",
+        str(pipeline),
+        "-s",
+        f"file://{sp}",
+        "--allow-non-restored-state",
+        "--claim-mode",
+        "claim",
+        "-m",
+        live.url,
+    )
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.split()[-1]
     with live.catalog.session() as s:
         config = repository.get_job(s, job_id).config
-    assert config == {"execution.savepoint.path": str(sp), "execution.savepoint.ignore-unclaimed-state": True,
-                      "execution.savepoint-restore-mode": "CLAIM"}
+    assert config == {
+        "execution.savepoint.path": str(sp),
+        "execution.savepoint.ignore-unclaimed-state": True,
+        "execution.savepoint-restore-mode": "CLAIM",
+    }
     result = headrace("run", str(pipeline), "-s", str(tmp_path / "nothing"), "-m", live.url)
     assert result.returncode == 1 and "no completed checkpoint or savepoint at" in result.stderr
     result = headrace("run", str(pipeline), "--claim-mode", "steal", "-m", live.url)
@@ -203,8 +236,16 @@ def test_run_from_a_savepoint(live, tmp_path):
 def test_run_with_job_options(live, tmp_path):
     pipeline = tmp_path / "job.py"
     pipeline.write_text("def build(ctx):\n    return None\n")
-    result = headrace("run", str(pipeline), "-D", "headrace.latency-mode=true", "-D",
-                      "execution.checkpointing.interval = 2 s", "-m", live.url)
+    result = headrace(
+        "run",
+        str(pipeline),
+        "-D",
+        "headrace.latency-mode=true",
+        "-D",
+        "execution.checkpointing.interval = 2 s",
+        "-m",
+        live.url,
+    )
     assert result.returncode == 0, result.stderr
     with live.catalog.session() as s:
         config = repository.get_job(s, result.stdout.split()[-1]).config
@@ -220,12 +261,21 @@ def test_checkpoints_table(live):
     result = headrace("checkpoints", job_id, "-m", live.url)
     assert result.returncode == 0 and "No checkpoints yet." in result.stdout
     with live.catalog.session() as s:
-        row = repository.create_checkpoint(s, job_id=job_id, checkpoint_id=1, kind="checkpoint", execution_id=None,
-                                           vertex_id=None)
-        repository.transition_checkpoint(s, row, CheckpointStatus.COMPLETED, path=f"/chk/{job_id}/chk-1",
-                                         batch_id=12, state_size=3 * 2**20, duration_ms=420)
-        row = repository.create_checkpoint(s, job_id=job_id, checkpoint_id=2, kind="savepoint", execution_id=None,
-                                           vertex_id=None)
+        row = repository.create_checkpoint(
+            s, job_id=job_id, checkpoint_id=1, kind="checkpoint", execution_id=None, vertex_id=None
+        )
+        repository.transition_checkpoint(
+            s,
+            row,
+            CheckpointStatus.COMPLETED,
+            path=f"/chk/{job_id}/chk-1",
+            batch_id=12,
+            state_size=3 * 2**20,
+            duration_ms=420,
+        )
+        row = repository.create_checkpoint(
+            s, job_id=job_id, checkpoint_id=2, kind="savepoint", execution_id=None, vertex_id=None
+        )
         repository.transition_checkpoint(s, row, CheckpointStatus.FAILED, failure_cause="declined: stopped\nmore")
     result = headrace("checkpoints", job_id, "-m", live.url)
     assert result.returncode == 0, result.stderr

@@ -22,8 +22,9 @@ from tests.waiting import wait_for
 
 
 def headrace(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def clean_env(**extra: str) -> dict:
@@ -36,8 +37,11 @@ def write_run(home: Path, name: str, config: dict, dispatcher_pid: int) -> Path:
     run_dir = home / "runs" / name
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    (run_dir / "cluster.json").write_text(json.dumps({"dispatcher": f"http://127.0.0.1:{config['dispatcher_port']}",
-                                                      "processes": {"dispatcher": dispatcher_pid}}))
+    (run_dir / "cluster.json").write_text(
+        json.dumps(
+            {"dispatcher": f"http://127.0.0.1:{config['dispatcher_port']}", "processes": {"dispatcher": dispatcher_pid}}
+        )
+    )
     return run_dir
 
 
@@ -51,15 +55,23 @@ def running(tmp_path_factory):
     redis_server = RedisServer(tmp_path)
     home = tmp_path / "home"
     port = free_port()
-    config = {"home": str(home), "dispatcher_port": port, "redis_url": redis_server.url,
-              "catalog_url": f"sqlite:///{tmp_path / 'catalog.db'}"}
+    config = {
+        "home": str(home),
+        "dispatcher_port": port,
+        "redis_url": redis_server.url,
+        "catalog_url": f"sqlite:///{tmp_path / 'catalog.db'}",
+    }
     run_dir = home / "runs" / "20260101-000000"
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     with open(tmp_path / "dispatcher.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "dispatcher"], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=clean_env(HEADRACE_CONFIG=str(run_dir / "config.yaml")))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "dispatcher"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=clean_env(HEADRACE_CONFIG=str(run_dir / "config.yaml")),
+        )
     try:
 
         def answers() -> bool:
@@ -72,8 +84,9 @@ def running(tmp_path_factory):
             return False
 
         wait_for("the dispatcher answering /overview", answers, 60, poll_s=0.2)
-        (run_dir / "cluster.json").write_text(json.dumps({"dispatcher": f"http://127.0.0.1:{port}",
-                                                          "processes": {"dispatcher": proc.pid}}))
+        (run_dir / "cluster.json").write_text(
+            json.dumps({"dispatcher": f"http://127.0.0.1:{port}", "processes": {"dispatcher": proc.pid}})
+        )
         yield home, port, config, proc
     finally:
         proc.terminate()
@@ -102,8 +115,7 @@ def test_run_and_list_use_the_running_cluster_of_the_home(running, tmp_path):
 def test_explicit_addresses_win_over_the_running_cluster(running):
     home, port, config, _proc = running
     elsewhere = free_port()
-    for extra, args in (({}, ("-m", f"127.0.0.1:{elsewhere}")),
-                        ({"HEADRACE_DISPATCHER_PORT": str(elsewhere)}, ())):
+    for extra, args in (({}, ("-m", f"127.0.0.1:{elsewhere}")), ({"HEADRACE_DISPATCHER_PORT": str(elsewhere)}, ())):
         result = headrace("list", *args, env=clean_env(HEADRACE_HOME=str(home), **extra))
         assert result.returncode == 1
         assert f"cannot reach the dispatcher at http://127.0.0.1:{elsewhere}" in result.stderr
@@ -115,8 +127,9 @@ def test_explicit_addresses_win_over_the_running_cluster(running):
 
 def test_newer_runs_whose_dispatcher_is_gone_are_passed_over(running, tmp_path):
     home, port, config, proc = running
-    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                            text=True, timeout=30)
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=30
+    )
     write_run(home, "20991231-000000", config | {"dispatcher_port": free_port()}, int(exited.stdout))
     # A live process that is not a dispatcher (a reused pid) does not count either.
     write_run(home, "20991231-000001", config | {"dispatcher_port": free_port()}, os.getpid())

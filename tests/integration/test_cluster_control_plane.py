@@ -22,8 +22,13 @@ def cluster(tmp_path_factory, pg_url_module):
 
 
 def noop(rest, jar, *, duration=0.5, fail_attempts=0, restart=None, parallelism=1, **config):
-    return rest.run(jar, kind="noop", parallelism=parallelism, restartStrategy=restart or {"type": "none"},
-                    config={"noop.duration": duration, "noop.fail-attempts": fail_attempts, **config})
+    return rest.run(
+        jar,
+        kind="noop",
+        parallelism=parallelism,
+        restartStrategy=restart or {"type": "none"},
+        config={"noop.duration": duration, "noop.fail-attempts": fail_attempts, **config},
+    )
 
 
 def test_fixed_delay_fails_twice_then_finishes_with_three_attempts(rest, jar):
@@ -38,9 +43,18 @@ def test_fixed_delay_fails_twice_then_finishes_with_three_attempts(rest, jar):
 
 
 def test_failure_rate_exceeded_fails_the_job(rest, jar):
-    job = noop(rest, jar, duration=0.1, fail_attempts=10,
-               restart={"type": "failure-rate", "max-failures-per-interval": 2, "failure-rate-interval": "1 min",
-                        "delay": "100 ms"})
+    job = noop(
+        rest,
+        jar,
+        duration=0.1,
+        fail_attempts=10,
+        restart={
+            "type": "failure-rate",
+            "max-failures-per-interval": 2,
+            "failure-rate-interval": "1 min",
+            "delay": "100 ms",
+        },
+    )
     final = rest.wait_state(job, ("FINISHED", "FAILED"))
     assert final["state"] == "FAILED"
     assert len(rest.attempts(job)) == 3  # two restarts allowed, the third failure is over the rate
@@ -52,8 +66,9 @@ def test_slot_request_that_cannot_be_met_fails_with_message(rest, jar):
     root = rest.get(f"/jobs/{job}/exceptions")["root-exception"]
     # No registered TaskManager has 5 slots: refused for good once the ResourceManager has seen its
     # TaskManagers register (a heartbeat timeout after its start), else after the request's timeout.
-    assert ("parallelism 5 needs 5 slots on one TaskManager" in root
-            or ("could not allocate 5 slots" in root and "slots free" in root)), root
+    assert "parallelism 5 needs 5 slots on one TaskManager" in root or (
+        "could not allocate 5 slots" in root and "slots free" in root
+    ), root
     assert final["state"] == "FAILED"
     assert len(rest.attempts(job)) <= 1 or "could not allocate" in root  # a permanent refusal is not restarted
 
@@ -71,15 +86,18 @@ def test_cancel_running_job_frees_its_slots(rest, jar):
 def test_twenty_concurrent_jobs_wait_visibly_and_start_in_submission_order(rest, jar):
     jobs = [noop(rest, jar, duration=1.0, parallelism=2) for _ in range(20)]
     # 2 TaskManagers x 4 slots = four jobs of parallelism 2 at a time; the rest wait.
-    reasons = wait_for("a waiting reason among the queued jobs",
-                       lambda: {rest.job(j).get("waiting-reason") for j in jobs[4:]} - {None}, 3)
+    reasons = wait_for(
+        "a waiting reason among the queued jobs",
+        lambda: {rest.job(j).get("waiting-reason") for j in jobs[4:]} - {None},
+        3,
+    )
     assert any(r and r.startswith("waiting for 2 slots;") for r in reasons), reasons
     finals = [rest.wait_state(j, ("FINISHED", "FAILED", "CANCELED"), timeout_s=90) for j in jobs]
     assert [f["state"] for f in finals] == ["FINISHED"] * 20
     started = [rest.attempts(j)[0]["timestamps"]["DEPLOYING"] for j in jobs]
     # Served first come, first served: each wave of four starts no earlier than the one before.
-    waves = [max(started[i:i + 4]) for i in range(0, 20, 4)]
-    assert all(min(started[i + 4:i + 8]) >= waves[i // 4] - 50 for i in range(0, 16, 4)), started
+    waves = [max(started[i : i + 4]) for i in range(0, 20, 4)]
+    assert all(min(started[i + 4 : i + 8]) >= waves[i // 4] - 50 for i in range(0, 16, 4)), started
 
 
 def test_killed_taskmanager_fails_over_to_the_other(cluster, rest, jar):

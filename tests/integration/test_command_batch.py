@@ -65,8 +65,22 @@ def _shape(raw: bytes) -> dict:
     its base64 body decoded to JSON."""
     msg = json.loads(raw)
     body = json.loads(base64.b64decode(msg["body"]))
-    volatile = {"id", "root_id", "correlation_id", "delivery_tag", "expires", "timestamp", "clock", "uuid",
-                "reply_to", "origin", "hostname", "pid", "message_id", "sent_at"}
+    volatile = {
+        "id",
+        "root_id",
+        "correlation_id",
+        "delivery_tag",
+        "expires",
+        "timestamp",
+        "clock",
+        "uuid",
+        "reply_to",
+        "origin",
+        "hostname",
+        "pid",
+        "message_id",
+        "sent_at",
+    }
 
     def blank(x):
         if isinstance(x, dict):
@@ -90,17 +104,23 @@ def test_the_wire_writes_what_send_task_writes(redis_url):
     events.get_message(timeout=1)  # the subscription's confirmation
     written = {}
     for mode in ("send_task", "wire"):
-        gateway = CommandGateway(make_celery(redis_url, "test"), sender="jobmanager", epoch=3,
-                                 client=client if mode == "wire" else None)
+        gateway = CommandGateway(
+            make_celery(redis_url, "test"), sender="jobmanager", epoch=3, client=client if mode == "wire" else None
+        )
         with gateway.batch():
             gateway.cancel(f"tm.{mode}", cancel(7))
         [item] = client.lrange(f"tm.{mode}", 0, -1)
         event = events.get_message(timeout=2)
         assert event is not None, f"{mode}: no task-sent event"
         written[mode] = (_shape(item), event["channel"], _shape(event["data"]))
-    assert written["wire"][0] == {**written["send_task"][0], "properties": {
-        **written["send_task"][0]["properties"], "delivery_info": {"exchange": "", "routing_key": "tm.wire"}},
-        "body": written["wire"][0]["body"]}
+    assert written["wire"][0] == {
+        **written["send_task"][0],
+        "properties": {
+            **written["send_task"][0]["properties"],
+            "delivery_info": {"exchange": "", "routing_key": "tm.wire"},
+        },
+        "body": written["wire"][0]["body"],
+    }
     assert written["wire"][0]["body"] == written["send_task"][0]["body"]
     assert written["wire"][1] == written["send_task"][1]
     sent_task, sent_wire = written["send_task"][2], written["wire"][2]

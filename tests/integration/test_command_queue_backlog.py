@@ -22,14 +22,24 @@ from shared.transport import kombu_redis
 
 def item(queue: str, n: int) -> bytes:
     """A Celery protocol-2 message as kombu stores it in the queue list; its task id is `cmd-<n>`."""
-    body = base64.b64encode(json.dumps([[n], {}, {"callbacks": None, "errbacks": None, "chain": None,
-                                                  "chord": None}]).encode()).decode()
-    return json.dumps({
-        "body": body, "content-encoding": "utf-8", "content-type": "application/json",
-        "headers": {"lang": "py", "task": "headrace.test", "id": f"cmd-{n}", "retries": 0},
-        "properties": {"delivery_mode": 2, "priority": 0, "body_encoding": "base64",
-                       "delivery_info": {"exchange": "", "routing_key": queue}, "delivery_tag": str(uuid.uuid4())},
-    }).encode()
+    body = base64.b64encode(
+        json.dumps([[n], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]).encode()
+    ).decode()
+    return json.dumps(
+        {
+            "body": body,
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {"lang": "py", "task": "headrace.test", "id": f"cmd-{n}", "retries": 0},
+            "properties": {
+                "delivery_mode": 2,
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    ).encode()
 
 
 def queue_in_order(client: redis.Redis, queue: str, items: list[bytes]) -> None:
@@ -41,8 +51,7 @@ def queue_in_order(client: redis.Redis, queue: str, items: list[bytes]) -> None:
 
 
 def drain(conn: Connection, queue: str, on_message, *, until) -> None:
-    with Consumer(conn.channel(), queues=[Queue(queue, routing_key=queue)], callbacks=[on_message],
-                  accept=["json"]):
+    with Consumer(conn.channel(), queues=[Queue(queue, routing_key=queue)], callbacks=[on_message], accept=["json"]):
         for _ in range(200):
             if until():
                 return
@@ -74,8 +83,9 @@ def test_a_backlog_arrives_complete_in_order_and_unreadable_items_are_dead_lette
         yield
         inside.append(len(seen) - reads[-1])
 
-    with Connection(redis_url, transport=kombu_redis.Transport,
-                    transport_options={kombu_redis.AROUND_READ: around_read}) as conn:
+    with Connection(
+        redis_url, transport=kombu_redis.Transport, transport_options={kombu_redis.AROUND_READ: around_read}
+    ) as conn:
         drain(conn, queue, on_message, until=lambda: len(seen) == total - len(garbage))
     assert seen == [f"cmd-{i}" for i in range(total) if i not in garbage]
     # Every command was delivered inside a read's hook, up to MORE_PER_READ per read.

@@ -28,22 +28,30 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # a cluster (docs/runbooks/metrics.md, README: celery flower), not part of it. (`headrace up --ha`
 # runs a PostgreSQL catalog as the stack does, unless HEADRACE_CATALOG_URL names one.)
 NOT_IN_LOCAL_TOPOLOGY = {"prometheus", "flower"}
-IMAGE_ROLES = {"redis": "redis", "zookeeper": "zookeeper", "postgres": "postgres", "prom/prometheus": "prometheus",
-               "mher/flower": "flower", "apache/kafka": "kafka"}
+IMAGE_ROLES = {
+    "redis": "redis",
+    "zookeeper": "zookeeper",
+    "postgres": "postgres",
+    "prom/prometheus": "prometheus",
+    "mher/flower": "flower",
+    "apache/kafka": "kafka",
+}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> dict:
     tool = shutil.which("docker-compose")
     if tool is None:
-        pytest.skip("docker-compose is not installed (Debian: apt-get install docker-compose; scripts/bootstrap "
-                    "installs it)")
+        pytest.skip(
+            "docker-compose is not installed (Debian: apt-get install docker-compose; scripts/bootstrap installs it)"
+        )
     work = tmp_path_factory.mktemp("compose") / "deploy"
     shutil.copytree(DEPLOY, work, ignore=shutil.ignore_patterns(".env", "secrets"))
     # What `headrace redis-auth deploy` writes: passwords, the cluster secret, each TaskManager's keys.
     compose_files(work)
-    out = subprocess.run([tool, "-f", str(work / "docker-compose.yml"), "config"], capture_output=True, text=True,
-                         cwd=work, timeout=60)
+    out = subprocess.run(
+        [tool, "-f", str(work / "docker-compose.yml"), "config"], capture_output=True, text=True, cwd=work, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     stack = yaml.safe_load(out.stdout)
     stack["x-deploy-dir"] = work
@@ -60,12 +68,14 @@ def role(name: str, service: dict) -> str:
 def test_every_process_of_the_stack_is_one_headrace_up_runs(stack):
     services = stack["services"]
     compose = Counter(role(n, s) for n, s in services.items())
-    local = LocalCluster(Settings(), taskmanagers=2, jobmanagers=2, ha=True, spark_workers=2,
-                         kafka=True).planned_children()
+    local = LocalCluster(
+        Settings(), taskmanagers=2, jobmanagers=2, ha=True, spark_workers=2, kafka=True
+    ).planned_children()
     local_roles = Counter(re.sub(r"-\d+$", "", n) for n in local)
     assert compose - Counter(NOT_IN_LOCAL_TOPOLOGY) == local_roles, (
         f"compose runs {dict(compose)}, headrace up --ha --spark-workers 2 --kafka runs {dict(local_roles)}; "
-        f"add the process to both, or to NOT_IN_LOCAL_TOPOLOGY with the reason")
+        f"add the process to both, or to NOT_IN_LOCAL_TOPOLOGY with the reason"
+    )
     assert set(compose) >= NOT_IN_LOCAL_TOPOLOGY
 
 
@@ -73,14 +83,18 @@ def test_healthchecks_aof_and_one_shared_checkpoint_volume(stack):
     services = stack["services"]
     assert [n for n, s in services.items() if "healthcheck" not in s] == []
     assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
-    needs_checkpoints = [n for n, s in services.items()
-                         if s.get("image", "").startswith("headrace") and role(n, s) in ("taskmanager", "spark-worker")]
+    needs_checkpoints = [
+        n
+        for n, s in services.items()
+        if s.get("image", "").startswith("headrace") and role(n, s) in ("taskmanager", "spark-worker")
+    ]
     assert len(needs_checkpoints) == 4
     for name in needs_checkpoints:
         s = services[name]
         path = s["environment"]["HEADRACE_CHECKPOINT_DIR"]
         mounts = {(v["source"], v["target"]) for v in s["volumes"] if isinstance(v, dict)} | {
-            tuple(v.split(":")[:2]) for v in s["volumes"] if isinstance(v, str)}
+            tuple(v.split(":")[:2]) for v in s["volumes"] if isinstance(v, str)
+        }
         assert ("checkpoints", path) in mounts, f"{name} does not mount the checkpoints volume at {path}: {mounts}"
         if role(name, s) == "taskmanager":
             assert s["environment"]["HEADRACE_SPARK_MASTER"] == "spark://spark-master:7077"
@@ -94,8 +108,9 @@ def test_each_taskmanager_gets_only_its_own_credentials_and_the_control_plane_th
     secret = cluster_keys.parse_secret(env[SECRET_VARIABLE])
     acl = (stack["x-deploy-dir"] / "secrets" / "redis-users.acl").read_text()
     assert "user taskmanager " not in acl  # no shared TaskManager user any more
-    taskmanagers = [s for s in services.values() if s.get("image", "").startswith("headrace")
-                    and s["command"][0] == "taskmanager"]
+    taskmanagers = [
+        s for s in services.values() if s.get("image", "").startswith("headrace") and s["command"][0] == "taskmanager"
+    ]
     assert len(taskmanagers) == 2
     for s in taskmanagers:
         tm = s["command"][s["command"].index("--id") + 1]
@@ -109,8 +124,11 @@ def test_each_taskmanager_gets_only_its_own_credentials_and_the_control_plane_th
         assert f"user {url.username} on #{redis_auth.password_hash(url.password)} " in acl
         assert url.password not in acl
     for name, s in services.items():
-        if s.get("image", "").startswith("headrace") and s["command"][0] in ("jobmanager", "resourcemanager",
-                                                                             "dispatcher"):
+        if s.get("image", "").startswith("headrace") and s["command"][0] in (
+            "jobmanager",
+            "resourcemanager",
+            "dispatcher",
+        ):
             assert s["environment"][SECRET_VARIABLE] == env[SECRET_VARIABLE], name
         elif s.get("image", "").startswith("headrace"):
             assert SECRET_VARIABLE not in s["environment"], name
@@ -119,8 +137,9 @@ def test_each_taskmanager_gets_only_its_own_credentials_and_the_control_plane_th
     compose_files(stack["x-deploy-dir"])
     assert (stack["x-deploy-dir"] / ".env").read_text() == before
     compose_files(stack["x-deploy-dir"], rotate=True)
-    rotated = dict(line.split("=", 1) for line in (stack["x-deploy-dir"] / ".env").read_text().splitlines()
-                   if "=" in line)
+    rotated = dict(
+        line.split("=", 1) for line in (stack["x-deploy-dir"] / ".env").read_text().splitlines() if "=" in line
+    )
     assert rotated[SECRET_VARIABLE] != env[SECRET_VARIABLE]
     assert rotated["HEADRACE_TASKMANAGER_KEY_TM_1"] != env["HEADRACE_TASKMANAGER_KEY_TM_1"]
 

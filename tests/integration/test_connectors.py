@@ -36,8 +36,9 @@ def db_url(request) -> str:
 
 
 def ctx_for(spark, tmp_path: Path, **kw) -> PipelineContext:
-    return PipelineContext(spark, job_id=kw.pop("job_id", "job-t"), parallelism=2,
-                           checkpoint_dir=str(tmp_path / "cp"), **kw)
+    return PipelineContext(
+        spark, job_id=kw.pop("job_id", "job-t"), parallelism=2, checkpoint_dir=str(tmp_path / "cp"), **kw
+    )
 
 
 def rerun_last_batch(checkpoint: Path) -> int:
@@ -60,6 +61,7 @@ def datagen_stream(spark, **opts):
 
 # ---------------------------------------------------------------- redis streams
 
+
 def test_pack_and_unpack_round_trip():
     events = generate_events(1, 0, 10)
     table = unpack_entry({b"arrow": pack_events(events)})
@@ -80,10 +82,19 @@ def test_redis_source_reads_packed_and_json_entries_and_replays(spark, redis_url
     def run(checkpoint: Path, **opts) -> dict[int, dict]:
         """Events read by a query, by i; a duplicate read would fail the count check."""
         got: list[dict] = []
-        df = (spark.readStream.format("redis_stream").schema(EVENT_DDL)
-              .option("url", redis_url).option("stream", "clicks").options(**opts).load())
-        q = (df.writeStream.foreachBatch(lambda b, _id: got.extend(r.asDict() for r in b.collect()))
-             .option("checkpointLocation", str(checkpoint)).start())
+        df = (
+            spark.readStream.format("redis_stream")
+            .schema(EVENT_DDL)
+            .option("url", redis_url)
+            .option("stream", "clicks")
+            .options(**opts)
+            .load()
+        )
+        q = (
+            df.writeStream.foreachBatch(lambda b, _id: got.extend(r.asDict() for r in b.collect()))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
         try:
             q.processAllAvailable()
         finally:
@@ -152,6 +163,7 @@ def test_redis_sink_writes_packed_entries_once_per_batch(spark, redis_url, tmp_p
 
 # ---------------------------------------------------------------- sql
 
+
 def test_sql_sink_is_exactly_once_per_micro_batch(spark, db_url, tmp_path):
     checkpoint = tmp_path / "cp"
     ctx = ctx_for(spark, tmp_path, catalog_url=db_url, job_id="job-sql")
@@ -172,9 +184,15 @@ def test_sql_sink_is_exactly_once_per_micro_batch(spark, db_url, tmp_path):
     engine = make_engine(db_url)
     with engine.connect() as conn:
         n, distinct = conn.execute(sa.text("select count(*), count(distinct i) from events")).one()
-        commits = conn.execute(sa.text(
-            "select batch_id from _headrace_sink_commits where sink_id = 'job-sql:events' order by batch_id"
-        )).scalars().all()
+        commits = (
+            conn.execute(
+                sa.text(
+                    "select batch_id from _headrace_sink_commits where sink_id = 'job-sql:events' order by batch_id"
+                )
+            )
+            .scalars()
+            .all()
+        )
     engine.dispose()
     assert (n, distinct) == (1500, 1500)
     assert commits == list(range(rerun + 1))
@@ -199,8 +217,9 @@ def test_sql_sink_batch_upserts_flattened_windows(spark, db_url, tmp_path):
     # Same job (e.g. a retried attempt): the batch marker turns the second write into a no-op.
     ctx.sinks.sql_table(counts, "per_minute", key_columns=["window_start", "window_end", "url"]).run()
 
-    expected = Counter((e["event_time"].replace(second=0, microsecond=0, tzinfo=None), e["url"])
-                       for e in generate_events(4, 0, 2000))
+    expected = Counter(
+        (e["event_time"].replace(second=0, microsecond=0, tzinfo=None), e["url"]) for e in generate_events(4, 0, 2000)
+    )
     engine = make_engine(db_url)
     with engine.connect() as conn:
         rows = conn.execute(sa.text("select window_start, window_end, url, count from per_minute")).all()
@@ -231,6 +250,7 @@ def test_sql_sink_skip_path_is_a_noop(db_url):
 
 # ---------------------------------------------------------------- files and the batch example
 
+
 def test_parquet_sink_batch_and_streaming(spark, tmp_path):
     ctx = ctx_for(spark, tmp_path)
     ctx.sinks.files(ctx.sources.datagen(seed=5, total=1200, streaming=False), str(tmp_path / "batch")).run()
@@ -259,8 +279,9 @@ def test_batch_sql_to_parquet_example_seeds_and_aggregates(spark, sqlite_url, tm
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "daily"
-    ctx = ctx_for(spark, tmp_path, catalog_url=sqlite_url,
-                  args=["--seed-events", "1500", "--seed", "9", "--output", str(out)])
+    ctx = ctx_for(
+        spark, tmp_path, catalog_url=sqlite_url, args=["--seed-events", "1500", "--seed", "9", "--output", str(out)]
+    )
     module.build(ctx).run()
     got = {(r["day"], r["url"]): r["clicks"] for r in pq.read_table(out).to_pylist()}
     events = generate_events(9, 0, 1500)
@@ -269,6 +290,7 @@ def test_batch_sql_to_parquet_example_seeds_and_aggregates(spark, sqlite_url, tm
 
 # ---------------------------------------------------------------- pipeline artifacts
 
+
 def test_zip_pipeline_is_importable_on_workers(spark, tmp_path):
     import zipfile
 
@@ -276,13 +298,16 @@ def test_zip_pipeline_is_importable_on_workers(spark, tmp_path):
 
     artifact = tmp_path / "pipeline.zip"
     with zipfile.ZipFile(artifact, "w") as z:
-        z.writestr("zpipe/__init__.py", (
-            "from pyspark.sql import functions as F\n"
-            "from .helpers import double\n"
-            "def build(ctx):\n"
-            "    df = ctx.spark.range(10).select(F.udf(double, 'long')('id').alias('x'))\n"
-            "    return ctx.sinks.console(df)\n"
-        ))
+        z.writestr(
+            "zpipe/__init__.py",
+            (
+                "from pyspark.sql import functions as F\n"
+                "from .helpers import double\n"
+                "def build(ctx):\n"
+                "    df = ctx.spark.range(10).select(F.udf(double, 'long')('id').alias('x'))\n"
+                "    return ctx.sinks.console(df)\n"
+            ),
+        )
         z.writestr("zpipe/helpers.py", "def double(x):\n    return 2 * x\n")
     module = load_pipeline(str(artifact), {}, spark)
     assert module.__name__ == "zpipe"
@@ -300,6 +325,7 @@ def test_zip_pipeline_is_importable_on_workers(spark, tmp_path):
 
 
 # ---------------------------------------------------------------- the driver's warm-up
+
 
 def test_the_warm_up_runs_to_its_end_when_no_task_waits(spark, tmp_path):
     from services.taskmanager.runtime.spark_session import warm_up
@@ -323,8 +349,16 @@ def test_a_waiting_task_stops_the_warm_up_query_and_the_session_still_serves(spa
     assert len(looks) == 3 and looks[-1], "the third look is while the warm-up's query runs"
     assert spark.streams.active == []
     # The task that waited runs on the same session: a streaming count over every event.
-    q = (datagen_stream(spark, total=200).groupBy("url").count().writeStream.format("memory")
-         .queryName("after_warm_up").outputMode("complete").trigger(availableNow=True)
-         .option("checkpointLocation", str(tmp_path / "task-cp")).start())
+    q = (
+        datagen_stream(spark, total=200)
+        .groupBy("url")
+        .count()
+        .writeStream.format("memory")
+        .queryName("after_warm_up")
+        .outputMode("complete")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(tmp_path / "task-cp"))
+        .start()
+    )
     assert q.awaitTermination(120), "the query after the cut warm-up did not finish within 120 s"
     assert sum(r["count"] for r in spark.sql("select * from after_warm_up").collect()) == 200

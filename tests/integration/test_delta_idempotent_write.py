@@ -42,31 +42,38 @@ def newest_commit(path: str) -> list[dict]:
 
 def test_a_version_is_written_once_and_the_log_is_deltas_own(spark, tmp_path):
     path = table(spark, tmp_path)
-    assert write_once(spark, frame(spark, 1, 2), path, app_id="app", version=7, mode="append", options={},
-                      user_metadata="batch 7")
+    assert write_once(
+        spark, frame(spark, 1, 2), path, app_id="app", version=7, mode="append", options={}, user_metadata="batch 7"
+    )
     actions = newest_commit(path)
-    assert {"appId": "app", "version": 7} == {k: v for k, v in next(a["txn"] for a in actions if "txn" in a).items()
-                                              if k in ("appId", "version")}
+    assert {"appId": "app", "version": 7} == {
+        k: v for k, v in next(a["txn"] for a in actions if "txn" in a).items() if k in ("appId", "version")
+    }
     assert next(a["commitInfo"] for a in actions if "commitInfo" in a)["userMetadata"] == "batch 7"
     # the same version again, and an older one: nothing written
-    assert not write_once(spark, frame(spark, 3), path, app_id="app", version=7, mode="append", options={},
-                          user_metadata="again")
-    assert not write_once(spark, frame(spark, 4), path, app_id="app", version=6, mode="append", options={},
-                          user_metadata="older")
+    assert not write_once(
+        spark, frame(spark, 3), path, app_id="app", version=7, mode="append", options={}, user_metadata="again"
+    )
+    assert not write_once(
+        spark, frame(spark, 4), path, app_id="app", version=6, mode="append", options={}, user_metadata="older"
+    )
     assert sorted(r["v"] for r in DeltaTable(path).to_pyarrow_table().to_pylist()) == [1, 2]
     assert delta_log.table_state(spark, path, "app").txn == 7
     # another app id has its own versions
-    assert write_once(spark, frame(spark, 5), path, app_id="other", version=1, mode="append", options={},
-                      user_metadata="other 1")
+    assert write_once(
+        spark, frame(spark, 5), path, app_id="other", version=1, mode="append", options={}, user_metadata="other 1"
+    )
     assert sorted(r["v"] for r in DeltaTable(path).to_pyarrow_table().to_pylist()) == [1, 2, 5]
 
 
 def test_overwrite_replaces_the_rows_in_one_commit(spark, tmp_path):
     path = table(spark, tmp_path)
-    write_once(spark, frame(spark, 1, 2, 3), path, app_id="app", version=1, mode="append", options={},
-               user_metadata="1")
-    assert write_once(spark, frame(spark, 9), path, app_id="app", version=2, mode="overwrite", options={},
-                      user_metadata="2")
+    write_once(
+        spark, frame(spark, 1, 2, 3), path, app_id="app", version=1, mode="append", options={}, user_metadata="1"
+    )
+    assert write_once(
+        spark, frame(spark, 9), path, app_id="app", version=2, mode="overwrite", options={}, user_metadata="2"
+    )
     assert [r["v"] for r in DeltaTable(path).to_pyarrow_table().to_pylist()] == [9]
 
 
@@ -78,8 +85,7 @@ def test_no_state_reconstruction_runs(spark, tmp_path):
     tracker = spark.sparkContext.statusTracker()
     spark.sparkContext.setJobGroup("write-once-jobs", "one idempotent write")
     try:
-        write_once(spark, frame(spark, 2), path, app_id="app", version=2, mode="append", options={},
-                   user_metadata="2")
+        write_once(spark, frame(spark, 2), path, app_id="app", version=2, mode="append", options={}, user_metadata="2")
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     assert len(tracker.getJobIdsForGroup("write-once-jobs")) == 1
@@ -101,8 +107,16 @@ def test_of_two_concurrent_writes_of_one_app_the_second_commit_fails(spark, tmp_
 
     def write(version: int) -> None:
         try:
-            outcome[version] = write_once(spark, writes[version], path, app_id="app", version=version,
-                                          mode="append", options={}, user_metadata=f"v{version}")
+            outcome[version] = write_once(
+                spark,
+                writes[version],
+                path,
+                app_id="app",
+                version=version,
+                mode="append",
+                options={},
+                user_metadata=f"v{version}",
+            )
         except Exception as exc:  # noqa: BLE001 - the outcome under test
             outcome[version] = exc
 

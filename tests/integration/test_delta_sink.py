@@ -25,8 +25,22 @@ from services.taskmanager.runtime.connectors.delta_source import delta_stream, d
 from services.taskmanager.runtime.spark_session import build_spark
 
 KV = "k string, v long, src string"
-EVENTS = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5), ("d", 6), ("a", 7), ("e", 8),
-          ("c", 9), ("f", 10), ("b", 11), ("g", 12), ("h", 13), ("a", 14)]
+EVENTS = [
+    ("a", 1),
+    ("b", 2),
+    ("a", 3),
+    ("c", 4),
+    ("b", 5),
+    ("d", 6),
+    ("a", 7),
+    ("e", 8),
+    ("c", 9),
+    ("f", 10),
+    ("b", 11),
+    ("g", 12),
+    ("h", 13),
+    ("a", 14),
+]
 LINEAGE_A = {b: (2 * b, 2 * b + 2) for b in range(6)}
 LINEAGE_B = {3: (6, 7), 4: (7, 10), 5: (10, 12), 6: (12, 14)}
 OWNER = SinkOwner(lineage="lin-a", job_id="job-a")
@@ -158,7 +172,7 @@ def test_update_mode_merges_by_key_and_a_restore_rewinds_the_merges(spark, tmp_p
         counts: dict[str, int] = {}
         for k, _ in EVENTS[:upto]:
             counts[k] = counts.get(k, 0) + 1
-        return sorted({(k, counts[k]) for k, _ in EVENTS[touched.start:touched.stop]})
+        return sorted({(k, counts[k]) for k, _ in EVENTS[touched.start : touched.stop]})
 
     a = delta_sink(schema, str(path), lineage="lin-a", output_mode="update", key_columns=["k"])
     a.prepare(10, -1, OWNER)
@@ -174,8 +188,9 @@ def test_update_mode_merges_by_key_and_a_restore_rewinds_the_merges(spark, tmp_p
     assert got == totals(6, range(0, 6))  # as after batch 2
     for b, (lo, hi) in LINEAGE_B.items():
         sink_of(b_handle).write_batch(spark.createDataFrame(totals(hi, range(lo, hi)), "k string, n long"), b)
-    assert sink_of(b_handle).write_batch(spark.createDataFrame(totals(14, range(12, 14)), "k string, n long"), 6) \
-        is False
+    assert (
+        sink_of(b_handle).write_batch(spark.createDataFrame(totals(14, range(12, 14)), "k string, n long"), 6) is False
+    )
     got = sorted((r["k"], r["n"]) for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist())
     assert got == totals(14, range(0, 14))
 
@@ -255,8 +270,12 @@ def test_a_streaming_query_through_the_handle_and_the_delta_source(spark, tmp_pa
     from services.taskmanager.runtime.connectors import register_data_sources
 
     register_data_sources(spark)
-    src = spark.readStream.format("datagen").options(total="300", max_rows_per_batch="100", partitions="1").load() \
+    src = (
+        spark.readStream.format("datagen")
+        .options(total="300", max_rows_per_batch="100", partitions="1")
+        .load()
         .selectExpr("url as k", "i as v", "'gen' as src")
+    )
     h = delta_sink(src, str(path), lineage="lin-s")
     h.prepare(1, -1, SinkOwner(lineage="lin-s", job_id="job-s"))
     q = h.start(str(tmp_path / "chk"))
@@ -269,8 +288,12 @@ def test_a_streaming_query_through_the_handle_and_the_delta_source(spark, tmp_pa
     assert sorted(r[1] for r in got) == list(range(300))  # every row once
     assert len(delta_table(spark, str(path)).collect()) == len(got)
     seen: list[int] = []
-    q2 = delta_stream(spark, str(path)).writeStream.foreachBatch(lambda d, _b: seen.append(d.count())) \
-        .option("checkpointLocation", str(tmp_path / "chk2")).start()
+    q2 = (
+        delta_stream(spark, str(path))
+        .writeStream.foreachBatch(lambda d, _b: seen.append(d.count()))
+        .option("checkpointLocation", str(tmp_path / "chk2"))
+        .start()
+    )
     try:
         q2.processAllAvailable()
     finally:

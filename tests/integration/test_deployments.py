@@ -43,9 +43,16 @@ def spec(jar: str, *, args=("v1",), fail=False, parallelism=1, **extra) -> dict:
     config = {"noop.duration": "-1", "execution.checkpointing.interval": "500 ms"}
     if fail:  # each attempt fails 200 ms after RUNNING, before its first checkpoint is due
         config.update({"noop.fail-attempts": "1000", "noop.duration": "200 ms"})
-    return {"jarId": jar, "kind": "noop", "programArgsList": list(args), "parallelism": parallelism,
-            "flinkConfiguration": config, "restartStrategy": {"type": "fixed-delay", "attempts": 5, "delay": "200 ms"},
-            "rollback": {"enabled": True, "readyWithin": "10 s"}, **extra}
+    return {
+        "jarId": jar,
+        "kind": "noop",
+        "programArgsList": list(args),
+        "parallelism": parallelism,
+        "flinkConfiguration": config,
+        "restartStrategy": {"type": "fixed-delay", "attempts": 5, "delay": "200 ms"},
+        "rollback": {"enabled": True, "readyWithin": "10 s"},
+        **extra,
+    }
 
 
 def put(rest, body: dict, name: str = NAME) -> dict:
@@ -60,18 +67,25 @@ def show(rest, name: str = NAME) -> dict:
     return r.json()
 
 
-def wait_lifecycle(rest, state: str, *, generation: int | None = None, timeout_s: float = TIMEOUT_S,
-                   name: str = NAME) -> dict:
+def wait_lifecycle(
+    rest, state: str, *, generation: int | None = None, timeout_s: float = TIMEOUT_S, name: str = NAME
+) -> dict:
     def reached(seen: dict) -> bool:
         st = seen["status"]
         return st["lifecycleState"] == state and (generation is None or st["jobGeneration"] == generation)
 
-    return wait_for(f"deployment {name} {state} (generation {generation})", lambda: show(rest, name), timeout_s,
-                    poll_s=0.2, until=reached)
+    return wait_for(
+        f"deployment {name} {state} (generation {generation})",
+        lambda: show(rest, name),
+        timeout_s,
+        poll_s=0.2,
+        until=reached,
+    )
 
 
 def wait_deleted(rest, name: str = NAME, timeout_s: float = TIMEOUT_S) -> None:
     """Until GET /deployments/<name> answers 404; a timeout shows the deployment's last status."""
+
     def left() -> object:
         r = rest.http.get(f"/deployments/{name}")
         if r.status_code == 404:
@@ -92,8 +106,7 @@ def test_bad_specs_are_refused_naming_the_field(rest, jar):
         (NAME, {**spec(jar), "upgradeMode": "hot-swap"}, "upgradeMode"),
         (NAME, {**spec(jar), "rollback": {"readyWithin": "100 ms"}}, "rollback.readyWithin"),
         (NAME, {**spec(jar), "jarId": "no-such-jar"}, "jarid"),
-        (NAME, {**spec(jar), "flinkConfiguration": {"execution.savepoint.path": "/tmp/x"}},
-         "execution.savepoint.path"),
+        (NAME, {**spec(jar), "flinkConfiguration": {"execution.savepoint.path": "/tmp/x"}}, "execution.savepoint.path"),
         (NAME, {**spec(jar), "name": "other"}, "name"),
     ]
     for name, body, field in cases:
@@ -194,7 +207,7 @@ def test_resume_after_a_rollback_runs_the_stable_version_not_the_failed_one(clus
     assert again["generation"] == 4 and job != back["jobId"] and rest.job(job)["state"] == "RUNNING"
     assert restored_from(rest, job) == sus["status"]["lastSavepoint"]
     states = [e["to"] for e in again["status"]["history"]]
-    since_resume = states[len(states) - states[::-1].index("SUSPENDED"):]
+    since_resume = states[len(states) - states[::-1].index("SUSPENDED") :]
     assert since_resume == ["DEPLOYING", "ROLLED_BACK"], states  # the failed version was not started again
     reasons = [e["reason"] or "" for e in again["status"]["history"]]
     assert any("generation 1, the stable one" in r for r in reasons), reasons
@@ -244,8 +257,9 @@ def test_expected_generation_guards_a_read_modify_write_and_a_deployed_jar_stays
     assert stale.status_code == 409 and stale.json()["field"] == "expectedGeneration", stale.text
     assert show(rest, name)["generation"] == 1
     # Suspended, no job of it runs; still, the jar its generations run cannot be deleted from under it.
-    r = rest.http.put(f"/deployments/{name}", params={"expectedGeneration": 1},
-                      json={**spec(jar), "state": "suspended"})
+    r = rest.http.put(
+        f"/deployments/{name}", params={"expectedGeneration": 1}, json={**spec(jar), "state": "suspended"}
+    )
     assert r.status_code == 200, r.text
     wait_lifecycle(rest, "SUSPENDED", name=name)
     r = rest.http.delete(f"/jars/{jar}")
@@ -259,20 +273,31 @@ def test_periodic_savepoints_are_kept_up_to_history_max_and_older_ones_disposed(
     name = "periodic"
     # The shortest interval accepted (services/dispatcher/schemas/deployments.py MIN_SAVEPOINT_INTERVAL_S).
     put(rest, {**spec(jar), "savepoints": {"interval": "10 s", "historyMax": 2}}, name=name)
+
     def savepoints_first() -> dict:  # a timeout shows the savepoints before the (clipped) rest
         detail = show(rest, name)
         return {"savepoints": detail["savepoints"], **detail}
 
-    wait_for("3 periodic savepoints", savepoints_first, TIMEOUT_S + 30, poll_s=0.2,
-             until=lambda seen: len([sp for sp in seen["savepoints"] if sp["trigger"] == "periodic"]) >= 3)
+    wait_for(
+        "3 periodic savepoints",
+        savepoints_first,
+        TIMEOUT_S + 30,
+        poll_s=0.2,
+        until=lambda seen: len([sp for sp in seen["savepoints"] if sp["trigger"] == "periodic"]) >= 3,
+    )
     detail = show(rest, name)
     kept = [sp for sp in detail["savepoints"] if not sp["disposed"]]
     gone = [sp for sp in detail["savepoints"] if sp["disposed"]]
     assert len(kept) == 2 and len(gone) >= 1, detail["savepoints"]
     assert detail["status"]["lastSavepoint"] == kept[-1]["path"]
     # The files go after the catalog stops pointing at them.
-    wait_for("the disposed savepoints' files removed", lambda: [sp["path"] for sp in gone if Path(sp["path"]).exists()],
-             10, poll_s=0.2, until=lambda left: not left)
+    wait_for(
+        "the disposed savepoints' files removed",
+        lambda: [sp["path"] for sp in gone if Path(sp["path"]).exists()],
+        10,
+        poll_s=0.2,
+        until=lambda left: not left,
+    )
     assert all(Path(sp["path"]).exists() for sp in kept)
     assert rest.http.delete(f"/deployments/{name}", params={"savepoint": "false"}).status_code == 202
 
@@ -286,15 +311,28 @@ class FakeTaskFigures:
     """A no-op task's figures as its TaskManager would write them (services/taskmanager/metrics.py),
     each point when its time comes, from a simulated task (tests/autoscaling_series.py), until stopped."""
 
-    def __init__(self, cluster, rest, job_id: str, rows_per_s: float, parallelism: int, seconds: float = 120,
-                 max_batch: int = 100_000):
+    def __init__(
+        self,
+        cluster,
+        rest,
+        job_id: str,
+        rows_per_s: float,
+        parallelism: int,
+        seconds: float = 120,
+        max_batch: int = 100_000,
+    ):
         attempt = rest.attempts(job_id)[-1]  # the current one
-        self.execution = SimpleNamespace(job_id=job_id, vertex_id=rest.job(job_id)["vertices"][0]["id"],
-                                         execution_id=attempt["execution-id"], attempt=attempt["attempt"])
+        self.execution = SimpleNamespace(
+            job_id=job_id,
+            vertex_id=rest.job(job_id)["vertices"][0]["id"],
+            execution_id=attempt["execution-id"],
+            attempt=attempt["attempt"],
+        )
         # Written under the TaskManager that runs it: the autoscaler reads only that one's figures.
         self.taskmanager = attempt["taskmanager-id"]
-        self.points = shifted(simulate(steady(rows_per_s), seconds, parallelism, max_batch=max_batch),
-                              time.time() + seconds)
+        self.points = shifted(
+            simulate(steady(rows_per_s), seconds, parallelism, max_batch=max_batch), time.time() + seconds
+        )
         self.client = redis.Redis.from_url(cluster.redis_url)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._write, daemon=True)
@@ -304,11 +342,16 @@ class FakeTaskFigures:
         for p in self.points:
             if self.stopped.wait(max(0.0, p.at_s - time.time())):
                 return
-            event = Progress(batch_id=p.batch_id, num_input_rows=p.rows, source_lag=p.lag,
-                             batch_duration_ms=int((p.duration_s or 0) * 1000),
-                             input_rows_per_second=p.input_rate or 0.0)
-            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress(self.taskmanager,
-                                                                                          self.execution, event)
+            event = Progress(
+                batch_id=p.batch_id,
+                num_input_rows=p.rows,
+                source_lag=p.lag,
+                batch_duration_ms=int((p.duration_s or 0) * 1000),
+                input_rows_per_second=p.input_rate or 0.0,
+            )
+            TaskMetrics(self.client, clock_ms=lambda at=p.at_s: int(at * 1000)).progress(
+                self.taskmanager, self.execution, event
+            )
 
     def stop(self) -> None:
         self.stopped.set()
@@ -319,17 +362,32 @@ class FakeTaskFigures:
 def wait_parallelism(rest, parallelism: int, *, name: str, timeout_s: float = TIMEOUT_S) -> dict:
     def reached(seen: dict) -> bool:
         st = seen["status"]
-        return st["lifecycleState"] == "STABLE" and st["parallelism"] == parallelism and bool(st["jobId"]) and \
-            rest.job(st["jobId"])["vertices"][0]["parallelism"] == parallelism
+        return (
+            st["lifecycleState"] == "STABLE"
+            and st["parallelism"] == parallelism
+            and bool(st["jobId"])
+            and rest.job(st["jobId"])["vertices"][0]["parallelism"] == parallelism
+        )
 
-    return wait_for(f"deployment {name} STABLE at parallelism {parallelism}", lambda: show(rest, name), timeout_s,
-                    poll_s=0.5, until=reached)
+    return wait_for(
+        f"deployment {name} STABLE at parallelism {parallelism}",
+        lambda: show(rest, name),
+        timeout_s,
+        poll_s=0.5,
+        until=reached,
+    )
 
 
 def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster, rest, jar):
     name = "scaled"
-    auto = {"enabled": True, "minParallelism": 1, "maxParallelism": 2, "metricsWindow": "10 s",
-            "stabilization": "0 s", "catchUp": "1 min"}
+    auto = {
+        "enabled": True,
+        "minParallelism": 1,
+        "maxParallelism": 2,
+        "metricsWindow": "10 s",
+        "stabilization": "0 s",
+        "catchUp": "1 min",
+    }
     put(rest, spec(jar, autoscaler=auto), name=name)
     first = wait_lifecycle(rest, "STABLE", name=name)
     job = first["status"]["jobId"]
@@ -347,13 +405,19 @@ def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster
     evaluations = rest.get(f"/deployments/{name}/autoscaler")["evaluations"]
     ups = [e for e in evaluations if e["outcome"] == "scale-up"]
     assert len(ups) == 1 and ups[0]["proposed"] == 2 and ups[0]["figures"]["arrivalRate"] > 4000, ups
+
     # /metrics is cached for a moment. The lines naming a deployment (every figure looked for below names one)
     # are kept, and shown on a timeout.
     def deployment_lines() -> str:
         return "\n".join(line for line in rest.http.get("/metrics").text.splitlines() if "deployment" in line)
 
-    text = wait_for("the deployment's parallelism 2 in /metrics", deployment_lines, 10, poll_s=0.5,
-                    until=lambda lines: f'headrace_deployment_parallelism{{deployment="{name}"}} 2.0' in lines)
+    text = wait_for(
+        "the deployment's parallelism 2 in /metrics",
+        deployment_lines,
+        10,
+        poll_s=0.5,
+        until=lambda lines: f'headrace_deployment_parallelism{{deployment="{name}"}} 2.0' in lines,
+    )
     assert f'headrace_autoscaler_rescales_total{{deployment="{name}"}} 1.0' in text
     assert f'headrace_autoscaler_arrival_rows_per_second{{deployment="{name}"}}' in text
 
@@ -375,11 +439,13 @@ def test_the_autoscaler_scales_up_under_load_and_back_down_when_it_falls(cluster
 
 
 def test_bad_autoscaler_specs_are_refused_naming_the_field(rest, jar):
-    for auto, field in [({"enabled": True, "minParallelism": 3, "maxParallelism": 2}, "minParallelism"),
-                        ({"enabled": True, "targetUtilization": 1.5}, "targetUtilization"),
-                        ({"enabled": True, "metricsWindow": "1 s"}, "metricsWindow"),
-                        ({"enabled": True, "metricsWindow": "1 h"}, "metricsWindow"),
-                        ({"enabled": True, "maxParalelism": 2}, "maxParalelism")]:
+    for auto, field in [
+        ({"enabled": True, "minParallelism": 3, "maxParallelism": 2}, "minParallelism"),
+        ({"enabled": True, "targetUtilization": 1.5}, "targetUtilization"),
+        ({"enabled": True, "metricsWindow": "1 s"}, "metricsWindow"),
+        ({"enabled": True, "metricsWindow": "1 h"}, "metricsWindow"),
+        ({"enabled": True, "maxParalelism": 2}, "maxParalelism"),
+    ]:
         r = rest.http.put("/deployments/refused", json=spec(jar, autoscaler=auto))
         assert r.status_code == 400 and field in r.text, (auto, r.text)
 
@@ -389,8 +455,14 @@ def test_the_autoscaler_proposes_no_parallelism_a_taskmanager_cannot_hold(cluste
     # each) can hold: it chooses 4, says why, and the rescaled job runs (issue 42.5: a rescale to 6
     # failed with NoResourceAvailableException and the deployment rolled back).
     name = "overreach"
-    auto = {"enabled": True, "minParallelism": 1, "maxParallelism": 6, "metricsWindow": "10 s",
-            "stabilization": "0 s", "catchUp": "1 min"}
+    auto = {
+        "enabled": True,
+        "minParallelism": 1,
+        "maxParallelism": 6,
+        "metricsWindow": "10 s",
+        "stabilization": "0 s",
+        "catchUp": "1 min",
+    }
     body = spec(jar, autoscaler=auto)
     body["flinkConfiguration"]["pipeline.max-parallelism"] = 8
     put(rest, body, name=name)
@@ -398,15 +470,20 @@ def test_the_autoscaler_proposes_no_parallelism_a_taskmanager_cannot_hold(cluste
     # A source limited to 2,000 rows a batch: a batch a second, and the lag it leaves grows.
     figures = FakeTaskFigures(cluster, rest, job, 15000, 1, max_batch=2000)
     try:
-        scaled = wait_for("the deployment STABLE after a scale-up", lambda: (
-            lambda st: st if st["parallelism"] > 1 and st["lifecycleState"] == "STABLE" else None)(
-            rest.get(f"/deployments/{name}")["status"]), timeout_s=90)
+        scaled = wait_for(
+            "the deployment STABLE after a scale-up",
+            lambda: (lambda st: st if st["parallelism"] > 1 and st["lifecycleState"] == "STABLE" else None)(
+                rest.get(f"/deployments/{name}")["status"]
+            ),
+            timeout_s=90,
+        )
     finally:
         figures.stop()
     reasons = [e["reason"] for e in scaled["history"]]
     up = [r for r in reasons if r.startswith("autoscaler: scale-up from 1 to ")]
     assert up and "bounded by the slots a TaskManager can give 4" in up[0], reasons
     assert scaled["parallelism"] == 4 and not any("ROLLED_BACK" == e["to"] for e in scaled["history"]), scaled
+
     def running_at_4(job: dict) -> bool:
         return job["state"] == "RUNNING" and job["vertices"][0]["parallelism"] == 4
 

@@ -82,8 +82,9 @@ def test_health_config_docs_and_ui(client):
     assert {"/jars/upload", "/jars/{jarid}/run", "/jobs/{jobid}", "/jobs/overview", "/taskmanagers"} <= paths.keys()
     # Validation failures are documented as what they are: 400 in the shared error shape.
     assert all("422" not in op["responses"] for ops in paths.values() for op in ops.values())
-    assert paths["/jars/{jarid}/run"]["post"]["responses"]["400"]["content"]["application/json"]["schema"] == \
-        {"$ref": "#/components/schemas/ErrorBody"}
+    assert paths["/jars/{jarid}/run"]["post"]["responses"]["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorBody"
+    }
     assert "ErrorBody" in spec["components"]["schemas"]
     index = client.get("/")
     assert index.status_code == 200 and "text/html" in index.headers["content-type"]
@@ -119,8 +120,15 @@ def test_overview_counts_taskmanagers_slots_and_jobs(client, catalog):
         repository.transition_job(s, cancelled, J.CANCELED, epoch=1)
     body = client.get("/overview").json()
     assert body == {
-        "taskmanagers": 2, "slots-total": 6, "slots-available": 3, "jobs-running": 2, "jobs-finished": 1,
-        "jobs-cancelled": 1, "jobs-failed": 1, "flink-version": "headrace-0.1.0", "flink-commit": "unknown",
+        "taskmanagers": 2,
+        "slots-total": 6,
+        "slots-available": 3,
+        "jobs-running": 2,
+        "jobs-finished": 1,
+        "jobs-cancelled": 1,
+        "jobs-failed": 1,
+        "flink-version": "headrace-0.1.0",
+        "flink-commit": "unknown",
         "jobmanager": None,  # no JobManager announces itself in this test
     }
 
@@ -160,14 +168,17 @@ def test_upload_rejects_a_module_that_does_not_compile_with_its_line(client, set
     assert client.get("/jars").json()["files"] == []
 
 
-@pytest.mark.parametrize("name,data,fragment", [
-    ("job.jar", b"PK\x03\x04", "not a Python job"),
-    ("job.py", b"", "is empty"),
-    ("job.py", b"\xff\xfe\x00bad", "not UTF-8"),
-    ("job.zip", b"not a zip at all", "not a valid zip"),
-    ("job.zip", make_zip({"README.txt": b"hello"}), "contains no .py files"),
-    ("job.zip", make_zip({"../evil.py": b"x = 1"}), "outside the archive"),
-])
+@pytest.mark.parametrize(
+    "name,data,fragment",
+    [
+        ("job.jar", b"PK\x03\x04", "not a Python job"),
+        ("job.py", b"", "is empty"),
+        ("job.py", b"\xff\xfe\x00bad", "not UTF-8"),
+        ("job.zip", b"not a zip at all", "not a valid zip"),
+        ("job.zip", make_zip({"README.txt": b"hello"}), "contains no .py files"),
+        ("job.zip", make_zip({"../evil.py": b"x = 1"}), "outside the archive"),
+    ],
+)
 def test_upload_rejects_what_cannot_be_a_job(client, name, data, fragment):
     r = client.post("/jars/upload", files={"jarfile": (name, data)})
     assert r.status_code == 400, r.text
@@ -222,36 +233,71 @@ def test_run_with_every_field(client, catalog, transport, tmp_path):
     checkpoint_storage.take_empty_snapshot(savepoint, metadata={"job_id": "0" * 32, "kind": "savepoint"})
     jar = upload(client)["id"]
     wanted = "0123456789abcdef0123456789ABCDEF"
-    job_id = submit(client, jar, {
-        "entryClass": "other", "parallelism": 3, "programArgs": "--topic 'a b' -v", "jobId": wanted,
-        "jobName": "orders", "kind": "noop", "config": {"checkpoint.interval": "5 s", "x": 1},
-        "flinkConfiguration": {"x": "overridden", "y": "2"},
-        "restartStrategy": {"type": "exponential-delay", "initial-backoff": "500 ms", "max-backoff": "2 min"},
-        "savepointPath": f"file://{savepoint}", "allowNonRestoredState": True,
-    })
+    job_id = submit(
+        client,
+        jar,
+        {
+            "entryClass": "other",
+            "parallelism": 3,
+            "programArgs": "--topic 'a b' -v",
+            "jobId": wanted,
+            "jobName": "orders",
+            "kind": "noop",
+            "config": {"checkpoint.interval": "5 s", "x": 1},
+            "flinkConfiguration": {"x": "overridden", "y": "2"},
+            "restartStrategy": {"type": "exponential-delay", "initial-backoff": "500 ms", "max-backoff": "2 min"},
+            "savepointPath": f"file://{savepoint}",
+            "allowNonRestoredState": True,
+        },
+    )
     assert job_id == wanted.lower()
     job = job_row(catalog, job_id)
     assert (job.name, job.entry, job.parallelism, job.kind) == ("orders", "other", 3, "noop")
     assert job.program_args == ["--topic", "a b", "-v"]
-    assert job.config == {"x": 1, "y": "2", "checkpoint.interval": "5 s",
-                          "execution.savepoint.path": str(savepoint),
-                          "execution.savepoint.ignore-unclaimed-state": True}
+    assert job.config == {
+        "x": 1,
+        "y": "2",
+        "checkpoint.interval": "5 s",
+        "execution.savepoint.path": str(savepoint),
+        "execution.savepoint.ignore-unclaimed-state": True,
+    }
     assert job.restart_strategy == {
-        "type": "exponential-delay", "initial-backoff": 0.5, "max-backoff": 120.0, "backoff-multiplier": 1.5,
-        "reset-backoff-threshold": 3600.0, "jitter-factor": 0.1,
+        "type": "exponential-delay",
+        "initial-backoff": 0.5,
+        "max-backoff": 120.0,
+        "backoff-multiplier": 1.5,
+        "reset-backoff-threshold": 3600.0,
+        "jitter-factor": 0.1,
     }
     assert transport.bodies(JM_STREAM) == [SubmitJob(job_id=job_id)]
 
 
-@pytest.mark.parametrize("strategy,stored", [
-    ({"type": "none"}, {"type": "none"}),
-    ({"type": "fixed-delay", "attempts": 5, "delay": "10 s"}, {"type": "fixed-delay", "attempts": 5, "delay": 10.0}),
-    ({"type": "FailureRate", "max_failures_per_interval": 2},
-     {"type": "failure-rate", "max-failures-per-interval": 2, "failure-rate-interval": 60.0, "delay": 1.0}),
-    ({"type": "exponential-delay", "attempts-before-reset-backoff": 4, "backoff-multiplier": 2},
-     {"type": "exponential-delay", "initial-backoff": 1.0, "max-backoff": 60.0, "backoff-multiplier": 2.0,
-      "reset-backoff-threshold": 3600.0, "jitter-factor": 0.1, "attempts-before-reset-backoff": 4}),
-])
+@pytest.mark.parametrize(
+    "strategy,stored",
+    [
+        ({"type": "none"}, {"type": "none"}),
+        (
+            {"type": "fixed-delay", "attempts": 5, "delay": "10 s"},
+            {"type": "fixed-delay", "attempts": 5, "delay": 10.0},
+        ),
+        (
+            {"type": "FailureRate", "max_failures_per_interval": 2},
+            {"type": "failure-rate", "max-failures-per-interval": 2, "failure-rate-interval": 60.0, "delay": 1.0},
+        ),
+        (
+            {"type": "exponential-delay", "attempts-before-reset-backoff": 4, "backoff-multiplier": 2},
+            {
+                "type": "exponential-delay",
+                "initial-backoff": 1.0,
+                "max-backoff": 60.0,
+                "backoff-multiplier": 2.0,
+                "reset-backoff-threshold": 3600.0,
+                "jitter-factor": 0.1,
+                "attempts-before-reset-backoff": 4,
+            },
+        ),
+    ],
+)
 def test_run_normalises_restart_strategies(client, catalog, strategy, stored):
     job_id = submit(client, upload(client)["id"], {"restartStrategy": strategy})
     assert job_row(catalog, job_id).restart_strategy == stored
@@ -272,31 +318,42 @@ def test_run_takes_flink_query_parameters_and_the_body_wins(client, catalog):
     assert job_row(catalog, job_id).program_args == ["p", "q"]
 
 
-@pytest.mark.parametrize("body,params,field,fragment", [
-    ({"parallelism": 0}, {}, "parallelism", "must be an integer >= 1, got 0"),
-    ({"parallelism": "many"}, {}, "parallelism", "must be an integer >= 1"),
-    ({"parallelism": 2.5}, {}, "parallelism", "must be an integer >= 1"),
-    (None, {"parallelism": "0"}, "parallelism", "must be an integer >= 1"),
-    ({"paralellism": 2}, {}, "paralellism", "unknown field"),
-    ({"restartStrategy": {"type": "sometimes"}}, {}, "restartStrategy.type", "must be one of"),
-    ({"restartStrategy": {"attempts": 2}}, {}, "restartStrategy.type", "field required"),
-    ({"restartStrategy": {"type": "fixed-delay", "attempts": -1}}, {}, "restartStrategy.attempts", ">= 0"),
-    ({"restartStrategy": {"type": "fixed-delay", "delay": "soon"}}, {}, "restartStrategy.delay", "duration"),
-    ({"restartStrategy": {"type": "failure-rate", "max-failures-per-interval": 0}}, {},
-     "restartStrategy.max-failures-per-interval", ">= 1"),
-    ({"restartStrategy": {"type": "exponential-delay", "jitter-factor": 2}}, {},
-     "restartStrategy.jitter-factor", "between 0.0 and 1.0"),
-    ({"restartStrategy": {"type": "fixed-delay", "attemps": 2}}, {}, "restartStrategy.attemps", "unknown field"),
-    ({"restartStrategy": "fixed-delay"}, {}, "restartStrategy", "JSON object"),
-    ({"kind": "java"}, {}, "kind", "'pyspark' or 'noop'"),
-    ({"jobId": "not-hex"}, {}, "jobId", "32 hexadecimal"),
-    ({"entryClass": "com.acme.Main$1"}, {}, "entryClass", "Python function name"),
-    ({"programArgs": "a", "programArgsList": ["b"]}, {}, "programArgs", "Confusing request"),
-    ({"programArgs": "unbalanced 'quote"}, {}, "programArgs", "cannot be split"),
-    ({"config": ["a"]}, {}, "config", "JSON object"),
-    ({"jobName": ""}, {}, "jobName", "non-empty"),
-    (None, {"program-args": "'open"}, "program-args", "cannot be split"),
-])
+@pytest.mark.parametrize(
+    "body,params,field,fragment",
+    [
+        ({"parallelism": 0}, {}, "parallelism", "must be an integer >= 1, got 0"),
+        ({"parallelism": "many"}, {}, "parallelism", "must be an integer >= 1"),
+        ({"parallelism": 2.5}, {}, "parallelism", "must be an integer >= 1"),
+        (None, {"parallelism": "0"}, "parallelism", "must be an integer >= 1"),
+        ({"paralellism": 2}, {}, "paralellism", "unknown field"),
+        ({"restartStrategy": {"type": "sometimes"}}, {}, "restartStrategy.type", "must be one of"),
+        ({"restartStrategy": {"attempts": 2}}, {}, "restartStrategy.type", "field required"),
+        ({"restartStrategy": {"type": "fixed-delay", "attempts": -1}}, {}, "restartStrategy.attempts", ">= 0"),
+        ({"restartStrategy": {"type": "fixed-delay", "delay": "soon"}}, {}, "restartStrategy.delay", "duration"),
+        (
+            {"restartStrategy": {"type": "failure-rate", "max-failures-per-interval": 0}},
+            {},
+            "restartStrategy.max-failures-per-interval",
+            ">= 1",
+        ),
+        (
+            {"restartStrategy": {"type": "exponential-delay", "jitter-factor": 2}},
+            {},
+            "restartStrategy.jitter-factor",
+            "between 0.0 and 1.0",
+        ),
+        ({"restartStrategy": {"type": "fixed-delay", "attemps": 2}}, {}, "restartStrategy.attemps", "unknown field"),
+        ({"restartStrategy": "fixed-delay"}, {}, "restartStrategy", "JSON object"),
+        ({"kind": "java"}, {}, "kind", "'pyspark' or 'noop'"),
+        ({"jobId": "not-hex"}, {}, "jobId", "32 hexadecimal"),
+        ({"entryClass": "com.acme.Main$1"}, {}, "entryClass", "Python function name"),
+        ({"programArgs": "a", "programArgsList": ["b"]}, {}, "programArgs", "Confusing request"),
+        ({"programArgs": "unbalanced 'quote"}, {}, "programArgs", "cannot be split"),
+        ({"config": ["a"]}, {}, "config", "JSON object"),
+        ({"jobName": ""}, {}, "jobName", "non-empty"),
+        (None, {"program-args": "'open"}, "program-args", "cannot be split"),
+    ],
+)
 def test_run_rejects_invalid_requests_naming_the_field(client, catalog, transport, body, params, field, fragment):
     jar = upload(client)["id"]
     r = client.post(f"/jars/{jar}/run", json=body, params=params)
@@ -384,8 +441,19 @@ def test_jobs_overview_reports_states_times_and_tasks(client, catalog):
     assert r["jid"] == running and r["state"] == "RUNNING" and r["end-time"] == -1
     assert r["start-time"] > 0 and r["duration"] >= 0 and r["last-modification"] >= r["start-time"]
     assert r["tasks"]["total"] == 1 and r["tasks"]["running"] == 1
-    assert set(r["tasks"]) == {"total", "created", "scheduled", "deploying", "running", "finished", "canceling",
-                               "canceled", "failed", "reconciling", "initializing"}
+    assert set(r["tasks"]) == {
+        "total",
+        "created",
+        "scheduled",
+        "deploying",
+        "running",
+        "finished",
+        "canceling",
+        "canceled",
+        "failed",
+        "reconciling",
+        "initializing",
+    }
     w = by_name["waiting"]
     assert w["state"] == "CREATED" and w["tasks"]["scheduled"] == 1
     assert w["waiting-reason"] == "no TaskManager has 2 free slots (largest: 1)"
@@ -479,19 +547,36 @@ def test_exception_history_newest_first_and_bounded(client, catalog):
     jar = upload(client)["id"]
     job_id = submit(client, jar)
     empty = client.get(f"/jobs/{job_id}/exceptions").json()
-    assert empty == {"root-exception": None, "timestamp": None, "all-exceptions": [], "truncated": False,
-                     "exceptionHistory": {"entries": [], "truncated": False}}
+    assert empty == {
+        "root-exception": None,
+        "timestamp": None,
+        "all-exceptions": [],
+        "truncated": False,
+        "exceptionHistory": {"entries": [], "truncated": False},
+    }
     with catalog.session() as s:
         for i in range(3):
-            repository.record_exception(s, job_id=job_id, exception_name=f"Error{i}", stacktrace=f"trace {i}",
-                                        vertex_name="Source: rate", attempt=i, taskmanager_id="tm-a")
+            repository.record_exception(
+                s,
+                job_id=job_id,
+                exception_name=f"Error{i}",
+                stacktrace=f"trace {i}",
+                vertex_name="Source: rate",
+                attempt=i,
+                taskmanager_id="tm-a",
+            )
     body = client.get(f"/jobs/{job_id}/exceptions").json()
     entries = body["exceptionHistory"]["entries"]
     assert [e["exceptionName"] for e in entries] == ["Error2", "Error1", "Error0"]
     assert body["root-exception"] == "trace 2" and body["timestamp"] == entries[0]["timestamp"] > 0
     e = entries[0]
-    assert (e["taskName"], e["endpoint"], e["taskManagerId"], e["attempt"], e["failureLabels"]) == \
-        ("Source: rate", "worker-1", "tm-a", 2, {})
+    assert (e["taskName"], e["endpoint"], e["taskManagerId"], e["attempt"], e["failureLabels"]) == (
+        "Source: rate",
+        "worker-1",
+        "tm-a",
+        2,
+        {},
+    )
     limited = client.get(f"/jobs/{job_id}/exceptions", params={"maxExceptions": 2}).json()
     assert len(limited["exceptionHistory"]["entries"]) == 2 and limited["exceptionHistory"]["truncated"] is True
     r = client.get(f"/jobs/{job_id}/exceptions", params={"maxExceptions": 0})
@@ -518,8 +603,9 @@ def test_cancel_publishes_cancel_job_for_live_jobs_only(client, catalog, transpo
     published = len(transport.bodies(JM_STREAM))
     r = client.patch(f"/jobs/{job_id}", params={"mode": "cancel"})
     assert r.status_code == 409
-    assert r.json()["errors"] == [f"job {job_id} cannot be cancelled: it has already reached the terminal "
-                                  "state FINISHED"]
+    assert r.json()["errors"] == [
+        f"job {job_id} cannot be cancelled: it has already reached the terminal state FINISHED"
+    ]
     assert len(transport.bodies(JM_STREAM)) == published
 
 
@@ -528,10 +614,17 @@ def test_cancel_publishes_cancel_job_for_live_jobs_only(client, catalog, transpo
 
 def test_taskmanagers_list_and_details(client, catalog):
     job_id = new_job_id()
-    register_tm(catalog, "tm-a", host="worker-1", slots=4, free=2, allocations=[
-        {"index": 0, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32},
-        {"index": 1, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32},
-    ])
+    register_tm(
+        catalog,
+        "tm-a",
+        host="worker-1",
+        slots=4,
+        free=2,
+        allocations=[
+            {"index": 0, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32},
+            {"index": 1, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32},
+        ],
+    )
     register_tm(catalog, "tm-b", host="worker-2", slots=2, free=2)
     register_tm(catalog, "tm-lost", host="worker-3")
     with catalog.session() as s:
@@ -549,8 +642,13 @@ def test_taskmanagers_list_and_details(client, catalog):
 
     d = client.get("/taskmanagers/tm-a").json()
     assert d["state"] == "REGISTERED" and [s["index"] for s in d["allocatedSlots"]] == [0, 1]
-    assert d["allocatedSlots"][0] == {"index": 0, "allocation_id": "a" * 32, "job_id": job_id, "execution_id": "e" * 32,
-                                      "memory": None}  # no Redis here: no TaskManager's figures
+    assert d["allocatedSlots"][0] == {
+        "index": 0,
+        "allocation_id": "a" * 32,
+        "job_id": job_id,
+        "execution_id": "e" * 32,
+        "memory": None,
+    }  # no Redis here: no TaskManager's figures
     lost = client.get("/taskmanagers/tm-lost").json()
     assert lost["state"] == "LOST" and lost["freeSlots"] == 0 and lost["lost-reason"] == "heartbeat timeout"
     r = client.get("/taskmanagers/nope")

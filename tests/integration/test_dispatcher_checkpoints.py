@@ -42,9 +42,12 @@ TRIGGER_KEYS = {"request-id"}
 def settings(tmp_path, catalog_url) -> Settings:
     # The directories these tests name as savepoint targets and snapshot locations are storage
     # roots, as an operator lists them; /etc and the like stay outside.
-    return Settings(home=tmp_path / "home", catalog_url=catalog_url,
-                    restart_strategy={"type": "fixed-delay", "attempts": 3, "delay": 1.0},
-                    storage_roots=["/data/sp", "/srv/sp", "/sp", str(tmp_path / "roots")])
+    return Settings(
+        home=tmp_path / "home",
+        catalog_url=catalog_url,
+        restart_strategy={"type": "fixed-delay", "attempts": 3, "delay": 1.0},
+        storage_roots=["/data/sp", "/srv/sp", "/sp", str(tmp_path / "roots")],
+    )
 
 
 def running_job(client, catalog, body: dict | None = None) -> tuple[str, str, str]:
@@ -70,20 +73,40 @@ def snapshot(path: Path, job_id: str = "0" * 32) -> Path:
     return path
 
 
-def add_checkpoint(catalog, job_id, cid, *, status=CS.COMPLETED, kind="checkpoint", size=1000, duration=100,
-                   path=None, after="continue", cause=None, ex_id=None, vertex_id=None):
+def add_checkpoint(
+    catalog,
+    job_id,
+    cid,
+    *,
+    status=CS.COMPLETED,
+    kind="checkpoint",
+    size=1000,
+    duration=100,
+    path=None,
+    after="continue",
+    cause=None,
+    ex_id=None,
+    vertex_id=None,
+):
     with catalog.session() as s:
-        row = repository.create_checkpoint(s, job_id=job_id, checkpoint_id=cid, kind=kind, execution_id=ex_id,
-                                           vertex_id=vertex_id, after=after)
+        row = repository.create_checkpoint(
+            s, job_id=job_id, checkpoint_id=cid, kind=kind, execution_id=ex_id, vertex_id=vertex_id, after=after
+        )
         if status in (CS.COMPLETED, CS.DISCARDED):
-            repository.transition_checkpoint(s, row, CS.COMPLETED, path=path or f"/chk/{job_id}/chk-{cid}",
-                                             batch_id=cid * 10, state_size=size, duration_ms=duration,
-                                             source_offsets=[{"source": cid}])
+            repository.transition_checkpoint(
+                s,
+                row,
+                CS.COMPLETED,
+                path=path or f"/chk/{job_id}/chk-{cid}",
+                batch_id=cid * 10,
+                state_size=size,
+                duration_ms=duration,
+                source_offsets=[{"source": cid}],
+            )
             if status == CS.DISCARDED:
                 repository.transition_checkpoint(s, row, CS.DISCARDED)
         elif status == CS.FAILED:
-            repository.transition_checkpoint(s, row, CS.FAILED, failure_cause=cause or "declined",
-                                             duration_ms=duration)
+            repository.transition_checkpoint(s, row, CS.FAILED, failure_cause=cause or "declined", duration_ms=duration)
 
 
 # --- savepoints --------------------------------------------------------------------------------
@@ -92,12 +115,15 @@ def add_checkpoint(catalog, job_id, cid, *, status=CS.COMPLETED, kind="checkpoin
 def test_savepoint_trigger_records_the_operation_and_asks_the_jobmanager(client, catalog, transport):
     job_id, _, _ = running_job(client, catalog)
     # The body the real `flink savepoint` CLI 2.3 sends (nulls included).
-    r = client.post(f"/jobs/{job_id}/savepoints", json={"target-directory": "file:///data/sp", "cancel-job": True,
-                                                         "formatType": "NATIVE", "triggerId": None})
+    r = client.post(
+        f"/jobs/{job_id}/savepoints",
+        json={"target-directory": "file:///data/sp", "cancel-job": True, "formatType": "NATIVE", "triggerId": None},
+    )
     assert r.status_code == 202 and set(r.json()) == TRIGGER_KEYS
     rid = r.json()["request-id"]
-    assert transport.bodies(JM_STREAM)[-1] == RequestSavepoint(job_id=job_id, request_id=rid,
-                                                               target_directory="/data/sp", after="cancel")
+    assert transport.bodies(JM_STREAM)[-1] == RequestSavepoint(
+        job_id=job_id, request_id=rid, target_directory="/data/sp", after="cancel"
+    )
     op = operation(catalog, rid)
     assert (op.kind, op.job_id, op.status) == ("savepoint", job_id, "IN_PROGRESS")
     assert op.params == {"target_directory": "/data/sp", "after": "cancel", "drain": False, "format_type": "NATIVE"}
@@ -106,7 +132,9 @@ def test_savepoint_trigger_records_the_operation_and_asks_the_jobmanager(client,
     assert status.status_code == 200 and status.json() == {"status": {"id": "IN_PROGRESS"}, "operation": None}
     finish_op(catalog, rid, OS.COMPLETED, location="/data/sp/savepoint-abcdef-0123456789ab", checkpoint_id=4)
     assert client.get(f"/jobs/{job_id}/savepoints/{rid}").json() == {
-        "status": {"id": "COMPLETED"}, "operation": {"location": "file:/data/sp/savepoint-abcdef-0123456789ab"}}
+        "status": {"id": "COMPLETED"},
+        "operation": {"location": "file:/data/sp/savepoint-abcdef-0123456789ab"},
+    }
 
 
 def test_a_failed_savepoint_is_completed_with_its_cause(client, catalog):
@@ -146,16 +174,20 @@ def test_a_trigger_id_never_triggers_twice(client, catalog, transport):
 def test_stop_with_savepoint_is_polled_at_the_savepoint_resource(client, catalog, transport):
     job_id, _, _ = running_job(client, catalog)
     # The body the real `flink stop --savepointPath /data/sp -d` sends.
-    r = client.post(f"/jobs/{job_id}/stop", json={"targetDirectory": "/data/sp", "drain": True,
-                                                   "formatType": "CANONICAL", "triggerId": None})
+    r = client.post(
+        f"/jobs/{job_id}/stop",
+        json={"targetDirectory": "/data/sp", "drain": True, "formatType": "CANONICAL", "triggerId": None},
+    )
     assert r.status_code == 202 and set(r.json()) == TRIGGER_KEYS
     rid = r.json()["request-id"]
-    assert transport.bodies(JM_STREAM)[-1] == RequestSavepoint(job_id=job_id, request_id=rid,
-                                                               target_directory="/data/sp", after="stop", drain=True)
+    assert transport.bodies(JM_STREAM)[-1] == RequestSavepoint(
+        job_id=job_id, request_id=rid, target_directory="/data/sp", after="stop", drain=True
+    )
     assert operation(catalog, rid).kind == "stop"
     finish_op(catalog, rid, OS.COMPLETED, location="/data/sp/savepoint-abcdef-0123456789ab")
     assert client.get(f"/jobs/{job_id}/savepoints/{rid}").json()["operation"] == {
-        "location": "file:/data/sp/savepoint-abcdef-0123456789ab"}
+        "location": "file:/data/sp/savepoint-abcdef-0123456789ab"
+    }
 
 
 BAD_TRIGGER_BODIES = [
@@ -195,22 +227,23 @@ def test_unknown_and_terminal_jobs(client, catalog, transport):
     published = len(transport.bodies(JM_STREAM))
     r = client.post(f"/jobs/{job_id}/savepoints", json={})
     assert r.status_code == 409
-    assert r.json()["errors"] == [f"job {job_id} cannot take a savepoint: it has already reached the terminal "
-                                  "state CANCELED"]
+    assert r.json()["errors"] == [
+        f"job {job_id} cannot take a savepoint: it has already reached the terminal state CANCELED"
+    ]
     assert client.post(f"/jobs/{job_id}/stop", json={}).status_code == 409
     assert client.post(f"/jobs/{job_id}/checkpoints", json={}).status_code == 409
     assert client.patch(f"/jobs/{job_id}/rescaling", params={"parallelism": 2}).status_code == 409
     assert len(transport.bodies(JM_STREAM)) == published
 
 
-def test_a_rescale_beyond_the_jobs_state_partitions_is_refused_before_anything_is_recorded(client, catalog,
-                                                                                          transport):
+def test_a_rescale_beyond_the_jobs_state_partitions_is_refused_before_anything_is_recorded(client, catalog, transport):
     job_id, _, _ = running_job(client, catalog)
     published = len(transport.bodies(JM_STREAM))
     r = client.patch(f"/jobs/{job_id}/rescaling", params={"parallelism": 5})  # the cluster's default: 4
     assert r.status_code == 400, r.text
-    assert r.json()["errors"] == [f"job {job_id} has 4 state partitions, fixed at its first start: parallelism 5 "
-                                  "could not use more than 4 cores"]
+    assert r.json()["errors"] == [
+        f"job {job_id} has 4 state partitions, fixed at its first start: parallelism 5 could not use more than 4 cores"
+    ]
     assert "pipeline.max-parallelism >= 5" in r.text
     assert len(transport.bodies(JM_STREAM)) == published
     with catalog.session() as s:
@@ -223,10 +256,15 @@ def test_unknown_request_ids_are_404(client, catalog):
     other, _, _ = running_job(client, catalog)
     ck = client.post(f"/jobs/{job_id}/checkpoints", json={}).json()["request-id"]
     sp = client.post(f"/jobs/{other}/savepoints", json={}).json()["request-id"]
-    for url in (f"/jobs/{job_id}/savepoints/{'f' * 32}", f"/jobs/{job_id}/savepoints/{ck}",  # a checkpoint's id
-                f"/jobs/{job_id}/savepoints/{sp}",  # another job's savepoint
-                f"/jobs/{job_id}/checkpoints/{sp}", f"/jobs/{job_id}/rescaling/{sp}", f"/savepoint-disposal/{sp}",
-                f"/jobs/{job_id}/savepoints/%00"):
+    for url in (
+        f"/jobs/{job_id}/savepoints/{'f' * 32}",
+        f"/jobs/{job_id}/savepoints/{ck}",  # a checkpoint's id
+        f"/jobs/{job_id}/savepoints/{sp}",  # another job's savepoint
+        f"/jobs/{job_id}/checkpoints/{sp}",
+        f"/jobs/{job_id}/rescaling/{sp}",
+        f"/savepoint-disposal/{sp}",
+        f"/jobs/{job_id}/savepoints/%00",
+    ):
         r = client.get(url)
         assert r.status_code == 404, (url, r.text)
         assert r.json()["field"] == "triggerid" and "There is no" in r.json()["errors"][0]
@@ -260,12 +298,15 @@ def test_rescaling_is_a_savepoint_then_a_restart(client, catalog, transport, set
     assert r.status_code == 200 and set(r.json()) == TRIGGER_KEYS  # Flink answers this trigger with 200
     rid = r.json()["request-id"]
     assert transport.bodies(JM_STREAM)[-1] == RequestSavepoint(
-        job_id=job_id, request_id=rid, target_directory=str(settings.savepoints.absolute()), after="rescale",
-        parallelism=3)
+        job_id=job_id,
+        request_id=rid,
+        target_directory=str(settings.savepoints.absolute()),
+        after="rescale",
+        parallelism=3,
+    )
     op = operation(catalog, rid)
     assert op.kind == "rescale" and op.params["parallelism"] == 3
-    assert client.get(f"/jobs/{job_id}/rescaling/{rid}").json() == {"status": {"id": "IN_PROGRESS"},
-                                                                    "operation": None}
+    assert client.get(f"/jobs/{job_id}/rescaling/{rid}").json() == {"status": {"id": "IN_PROGRESS"}, "operation": None}
     finish_op(catalog, rid, OS.COMPLETED, location="/sp/savepoint-x", checkpoint_id=9)
     assert client.get(f"/jobs/{job_id}/rescaling/{rid}").json() == {"status": {"id": "COMPLETED"}, "operation": {}}
 
@@ -273,8 +314,15 @@ def test_rescaling_is_a_savepoint_then_a_restart(client, catalog, transport, set
 def test_rescaling_needs_a_positive_int_parallelism(client, catalog, transport):
     job_id, _, _ = running_job(client, catalog)
     published = len(transport.bodies(JM_STREAM))
-    for params in ({"parallelism": 0}, {"parallelism": -1}, {"parallelism": 2**31}, {"parallelism": 2**63},
-                   {"parallelism": "two"}, {"parallelism": "1.5"}, {}):
+    for params in (
+        {"parallelism": 0},
+        {"parallelism": -1},
+        {"parallelism": 2**31},
+        {"parallelism": 2**63},
+        {"parallelism": "two"},
+        {"parallelism": "1.5"},
+        {},
+    ):
         r = client.patch(f"/jobs/{job_id}/rescaling", params=params)
         assert r.status_code == 400, (params, r.text)
         assert r.json()["field"] == "parallelism", params
@@ -294,8 +342,10 @@ def test_manual_checkpoint_trigger_and_status(client, catalog, transport):
     assert (op.kind, op.params) == ("checkpoint", {"checkpoint_type": "FULL"})
     assert client.get(f"/jobs/{job_id}/checkpoints/{rid}").json()["status"] == {"id": "IN_PROGRESS"}
     finish_op(catalog, rid, OS.COMPLETED, checkpoint_id=12, location="/chk/x/chk-12")
-    assert client.get(f"/jobs/{job_id}/checkpoints/{rid}").json() == {"status": {"id": "COMPLETED"},
-                                                                      "operation": {"checkpointId": 12}}
+    assert client.get(f"/jobs/{job_id}/checkpoints/{rid}").json() == {
+        "status": {"id": "COMPLETED"},
+        "operation": {"checkpointId": 12},
+    }
     rid = client.post(f"/jobs/{job_id}/checkpoints").json()["request-id"]
     finish_op(catalog, rid, OS.FAILED, failure_cause="checkpoint 13 expired before completing")
     assert set(client.get(f"/jobs/{job_id}/checkpoints/{rid}").json()["operation"]) == {"failureCause"}
@@ -314,13 +364,27 @@ def test_checkpoint_statistics_from_the_catalog(client, catalog):
     add_checkpoint(catalog, job_id, 1, status=CS.DISCARDED, size=1000, duration=100)
     add_checkpoint(catalog, job_id, 2, size=2000, duration=300, ex_id=ex_id, vertex_id=vertex_id)
     add_checkpoint(catalog, job_id, 3, status=CS.FAILED, cause="checkpoint 3 declined: the query stopped")
-    add_checkpoint(catalog, job_id, 4, kind="savepoint", size=4000, duration=500, after="continue",
-                   path="/sp/savepoint-abcdef-0123456789ab")
+    add_checkpoint(
+        catalog,
+        job_id,
+        4,
+        kind="savepoint",
+        size=4000,
+        duration=500,
+        after="continue",
+        path="/sp/savepoint-abcdef-0123456789ab",
+    )
     add_checkpoint(catalog, job_id, 5, status=CS.IN_PROGRESS)
     body = client.get(f"/jobs/{job_id}/checkpoints").json()
     assert body["counts"] == {"restored": 0, "total": 5, "in_progress": 1, "completed": 3, "failed": 1}
-    assert set(body["summary"]) == {"checkpointed_size", "state_size", "end_to_end_duration", "alignment_buffered",
-                                    "processed_data", "persisted_data"}
+    assert set(body["summary"]) == {
+        "checkpointed_size",
+        "state_size",
+        "end_to_end_duration",
+        "alignment_buffered",
+        "processed_data",
+        "persisted_data",
+    }
     size = body["summary"]["state_size"]
     assert (size["min"], size["max"], size["avg"]) == (1000, 4000, 2333)
     assert set(size) == {"min", "max", "avg", "p50", "p90", "p95", "p99", "p999"}
@@ -334,9 +398,21 @@ def test_checkpoint_statistics_from_the_catalog(client, catalog):
     assert [h["status"] for h in body["history"]] == ["IN_PROGRESS", "COMPLETED", "FAILED", "COMPLETED", "COMPLETED"]
     assert body["history"][-1]["discarded"] is True and body["history"][3]["batch_id"] == 20
     for h in body["history"]:
-        assert {"className", "id", "status", "is_savepoint", "trigger_timestamp", "latest_ack_timestamp",
-                "checkpointed_size", "state_size", "end_to_end_duration", "num_subtasks",
-                "num_acknowledged_subtasks", "checkpoint_type", "tasks"} <= set(h)
+        assert {
+            "className",
+            "id",
+            "status",
+            "is_savepoint",
+            "trigger_timestamp",
+            "latest_ack_timestamp",
+            "checkpointed_size",
+            "state_size",
+            "end_to_end_duration",
+            "num_subtasks",
+            "num_acknowledged_subtasks",
+            "checkpoint_type",
+            "tasks",
+        } <= set(h)
 
     for cid in range(6, 18):  # the history is bounded like Flink's web.checkpoints.history
         add_checkpoint(catalog, job_id, cid)
@@ -347,22 +423,29 @@ def test_checkpoint_statistics_from_the_catalog(client, catalog):
 def test_the_latest_restore_is_reported(client, catalog):
     job_id, vertex_id, ex0 = running_job(client, catalog)
     with catalog.session() as s:
-        repository.set_execution_restore(s, repository.get_execution(s, ex0), path="/sp/savepoint-abcdef-0123456789ab",
-                                         checkpoint_id=None)
+        repository.set_execution_restore(
+            s, repository.get_execution(s, ex0), path="/sp/savepoint-abcdef-0123456789ab", checkpoint_id=None
+        )
     _, ex1 = schedule(catalog, job_id, attempt=1, vertex_id=vertex_id)
     with catalog.session() as s:
-        repository.set_execution_restore(s, repository.get_execution(s, ex1), path=f"/chk/{job_id}/chk-7",
-                                         checkpoint_id=7)
+        repository.set_execution_restore(
+            s, repository.get_execution(s, ex1), path=f"/chk/{job_id}/chk-7", checkpoint_id=7
+        )
     body = client.get(f"/jobs/{job_id}/checkpoints").json()
     assert body["counts"]["restored"] == 2
     restored = body["latest"]["restored"]
     assert set(restored) == {"id", "restore_timestamp", "is_savepoint", "external_path"}
-    assert (restored["id"], restored["is_savepoint"], restored["external_path"]) == \
-        (7, False, f"file:/chk/{job_id}/chk-7")
+    assert (restored["id"], restored["is_savepoint"], restored["external_path"]) == (
+        7,
+        False,
+        f"file:/chk/{job_id}/chk-7",
+    )
     assert restored["restore_timestamp"] > 0
     attempts = client.get(f"/jobs/{job_id}/vertices/{vertex_id}").json()["attempts"]
     assert [(a["restored-from"], a["restored-checkpoint-id"]) for a in attempts] == [
-        ("/sp/savepoint-abcdef-0123456789ab", None), (f"/chk/{job_id}/chk-7", 7)]
+        ("/sp/savepoint-abcdef-0123456789ab", None),
+        (f"/chk/{job_id}/chk-7", 7),
+    ]
 
 
 def test_checkpoint_details(client, catalog):
@@ -381,16 +464,32 @@ def test_checkpoint_details(client, catalog):
 
 
 def test_checkpoint_config_merges_the_job_and_the_cluster_default(client, catalog):
-    job_id, _, _ = running_job(client, catalog, {"flinkConfiguration": {
-        "execution.checkpointing.interval": "1 s", "execution.checkpointing.timeout": "2 min",
-        "state.checkpoints.num-retained": "5",
-        "execution.checkpointing.externalized-checkpoint-retention": "DELETE_ON_CANCELLATION"}})
+    job_id, _, _ = running_job(
+        client,
+        catalog,
+        {
+            "flinkConfiguration": {
+                "execution.checkpointing.interval": "1 s",
+                "execution.checkpointing.timeout": "2 min",
+                "state.checkpoints.num-retained": "5",
+                "execution.checkpointing.externalized-checkpoint-retention": "DELETE_ON_CANCELLATION",
+            }
+        },
+    )
     cfg = client.get(f"/jobs/{job_id}/checkpoints/config").json()
-    assert (cfg["mode"], cfg["interval"], cfg["timeout"], cfg["min_pause"], cfg["max_concurrent"]) == \
-        ("exactly_once", 1000, 120_000, 0, 1)
+    assert (cfg["mode"], cfg["interval"], cfg["timeout"], cfg["min_pause"], cfg["max_concurrent"]) == (
+        "exactly_once",
+        1000,
+        120_000,
+        0,
+        1,
+    )
     assert cfg["externalization"] == {"enabled": True, "delete_on_cancellation": True}
-    assert (cfg["state_backend"], cfg["checkpoint_storage"], cfg["unaligned_checkpoints"]) == \
-        ("hashmap", "FileSystemCheckpointStorage", False)
+    assert (cfg["state_backend"], cfg["checkpoint_storage"], cfg["unaligned_checkpoints"]) == (
+        "hashmap",
+        "FileSystemCheckpointStorage",
+        False,
+    )
     assert cfg["options"]["state.checkpoints.num-retained"] == 5
     plain, _, _ = running_job(client, catalog)
     assert client.get(f"/jobs/{plain}/checkpoints/config").json()["interval"] == 10_000  # the cluster default
@@ -418,11 +517,13 @@ def test_every_endpoint_is_also_served_under_v1(client, catalog, transport):
     # Flink's REST client reads an error only when "errors" is the one key of the body.
     r = client.post(f"/v1/jobs/{'0' * 32}/savepoints", json={})
     assert r.status_code == 404 and r.json() == {
-        "errors": [f"job '{'0' * 32}' not found (hint: GET /jobs lists the known job ids)"]}
+        "errors": [f"job '{'0' * 32}' not found (hint: GET /jobs lists the known job ids)"]
+    }
     r = client.post(f"/v1/jobs/{job_id}/savepoints", json={"target-directory": "s3://b/x"})
     assert r.status_code == 400 and list(r.json()) == ["errors"]
     assert client.get("/v1/no/such/thing").json() == {
-        "errors": ["Not found: /v1/no/such/thing (no such resource; the API is described at /docs)"]}
+        "errors": ["Not found: /v1/no/such/thing (no such resource; the API is described at /docs)"]
+    }
 
 
 # --- savepoint disposal -----------------------------------------------------------------------------
@@ -510,8 +611,9 @@ def test_disposal_outside_the_storage_roots_is_refused(client, catalog, tmp_path
 
 
 @pytest.mark.parametrize("route,field", [("savepoints", "target-directory"), ("stop", "targetDirectory")])
-def test_savepoint_targets_outside_the_storage_roots_are_400(client, catalog, transport, settings, tmp_path,
-                                                             route, field):
+def test_savepoint_targets_outside_the_storage_roots_are_400(
+    client, catalog, transport, settings, tmp_path, route, field
+):
     """Issue 21: `POST /jobs/{id}/savepoints {"target-directory": "/etc/…"}` wrote there."""
     job_id, _, _ = running_job(client, catalog)
     inside = tmp_path / "roots"
@@ -534,9 +636,11 @@ def test_savepoint_targets_outside_the_storage_roots_are_400(client, catalog, tr
 def test_a_jobs_savepoint_dir_and_restore_path_outside_the_roots_are_400(client, catalog, transport, tmp_path):
     sp = snapshot(tmp_path / "elsewhere" / "savepoint-abcdef-0123456789ab")
     jar = upload(client)["id"]
-    for body, field in (({"savepointPath": str(sp)}, "savepointPath"),
-                        ({"flinkConfiguration": {"execution.savepoint.path": str(sp)}}, "execution.savepoint.path"),
-                        ({"flinkConfiguration": {"state.savepoints.dir": "/etc"}}, "state.savepoints.dir")):
+    for body, field in (
+        ({"savepointPath": str(sp)}, "savepointPath"),
+        ({"flinkConfiguration": {"execution.savepoint.path": str(sp)}}, "execution.savepoint.path"),
+        ({"flinkConfiguration": {"state.savepoints.dir": "/etc"}}, "state.savepoints.dir"),
+    ):
         r = client.post(f"/jars/{jar}/run", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["field"] == field and "outside the allowed storage roots" in r.json()["errors"][0]
@@ -549,12 +653,16 @@ def test_a_jobs_savepoint_dir_and_restore_path_outside_the_roots_are_400(client,
 def test_run_from_a_savepoint_stores_the_resolved_local_path(client, catalog, transport, tmp_path):
     sp = snapshot(tmp_path / "roots" / "savepoint-abcdef-0123456789ab")
     jar = upload(client)["id"]
-    job_id = submit(client, jar, {"savepointPath": f"file://{sp}/", "allowNonRestoredState": True,
-                                  "claimMode": "claim"})
+    job_id = submit(
+        client, jar, {"savepointPath": f"file://{sp}/", "allowNonRestoredState": True, "claimMode": "claim"}
+    )
     with catalog.session() as s:
         config = repository.get_job(s, job_id).config
-    assert config == {"execution.savepoint.path": str(sp), "execution.savepoint.ignore-unclaimed-state": True,
-                      "execution.savepoint-restore-mode": "CLAIM"}
+    assert config == {
+        "execution.savepoint.path": str(sp),
+        "execution.savepoint.ignore-unclaimed-state": True,
+        "execution.savepoint-restore-mode": "CLAIM",
+    }
     # Flink's older restoreMode, and the path as Flink prints locations (file:/...), in the query.
     job_id = submit(client, jar, {"restoreMode": "LEGACY"}, savepointPath=f"file:{sp}")
     with catalog.session() as s:
@@ -568,16 +676,28 @@ def bad_run_bodies(tmp: Path) -> list[tuple[dict, str, str]]:
         ({"savepointPath": f"{tmp}/roots"}, "savepointPath", "no completed checkpoint or savepoint at"),
         ({"savepointPath": "s3://bucket/sp"}, "savepointPath", "scheme 's3' is not supported"),
         ({"savepointPath": "sp/relative"}, "savepointPath", "absolute path"),
-        ({"flinkConfiguration": {"execution.savepoint.path": f"{tmp}/roots/nothing"}}, "execution.savepoint.path",
-         "no completed checkpoint or savepoint at"),
+        (
+            {"flinkConfiguration": {"execution.savepoint.path": f"{tmp}/roots/nothing"}},
+            "execution.savepoint.path",
+            "no completed checkpoint or savepoint at",
+        ),
         ({"claimMode": "STEAL"}, "claimMode", "NO_CLAIM or CLAIM"),
         ({"restoreMode": "STEAL"}, "restoreMode", "NO_CLAIM or CLAIM"),
-        ({"flinkConfiguration": {"execution.checkpointing.interval": "often"}}, "execution.checkpointing.interval",
-         "'often'"),
-        ({"flinkConfiguration": {"execution.checkpointing.max-concurrent-checkpoints": 0}},
-         "execution.checkpointing.max-concurrent-checkpoints", ">= 1"),
-        ({"config": {"execution.checkpointing.externalized-checkpoint-retention": "KEEP"}},
-         "execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION"),
+        (
+            {"flinkConfiguration": {"execution.checkpointing.interval": "often"}},
+            "execution.checkpointing.interval",
+            "'often'",
+        ),
+        (
+            {"flinkConfiguration": {"execution.checkpointing.max-concurrent-checkpoints": 0}},
+            "execution.checkpointing.max-concurrent-checkpoints",
+            ">= 1",
+        ),
+        (
+            {"config": {"execution.checkpointing.externalized-checkpoint-retention": "KEEP"}},
+            "execution.checkpointing.externalized-checkpoint-retention",
+            "RETAIN_ON_CANCELLATION",
+        ),
         ({"flinkConfiguration": {"state.savepoints.dir": "s3://b/sp"}}, "state.savepoints.dir", "scheme 's3'"),
     ]
 

@@ -62,8 +62,9 @@ def client(tmp_path, migrated_pg_url):
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     # A 500 must come back as a response here, not as an exception: that is what is tested.
-    with TestClient(create_app(settings, catalog, InMemoryTransport(sender="dispatcher")),
-                    raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(settings, catalog, InMemoryTransport(sender="dispatcher")), raise_server_exceptions=False
+    ) as c:
         c.catalog, c.settings = catalog, settings
         yield c
     catalog.dispose()
@@ -72,8 +73,10 @@ def client(tmp_path, migrated_pg_url):
 def _multipart(size: int, name: str = "huge.py"):
     """A multipart body holding a `size`-byte .py file, generated as it is sent (1 MB at a time,
     the same buffer each time: the client keeps nothing either)."""
-    head = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"jarfile\"; filename=\"{name}\"\r\n"
-            "Content-Type: text/x-python\r\n\r\n").encode()
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="jarfile"; filename="{name}"\r\n'
+        "Content-Type: text/x-python\r\n\r\n"
+    ).encode()
     tail = f"\r\n--{BOUNDARY}--\r\n".encode()
     chunk = b"#" * MB
 
@@ -129,9 +132,13 @@ def test_a_200_mb_upload_is_refused_with_413_as_it_streams(live):
 
 def test_a_client_that_expects_100_continue_is_refused_before_it_sends_the_body(live):
     with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
-        sock.sendall((f"POST /jars/upload HTTP/1.1\r\nHost: x\r\nContent-Length: {200 * MB}\r\n"
-                      f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
-                      "Expect: 100-continue\r\n\r\n").encode())
+        sock.sendall(
+            (
+                f"POST /jars/upload HTTP/1.1\r\nHost: x\r\nContent-Length: {200 * MB}\r\n"
+                f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+                "Expect: 100-continue\r\n\r\n"
+            ).encode()
+        )
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
             data = sock.recv(65536)
@@ -154,8 +161,11 @@ def test_the_limit_is_exact_for_the_file(client):
 
 def test_a_json_body_above_its_limit_is_refused(client):
     jar = _upload(client, "job.py", PIPELINE)
-    r = client.post(f"/jars/{jar}/run", content=b'{"config": {"x": "' + b"a" * (20 * MB) + b'"}}',
-                    headers={"Content-Type": "application/json"})
+    r = client.post(
+        f"/jars/{jar}/run",
+        content=b'{"config": {"x": "' + b"a" * (20 * MB) + b'"}}',
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 413 and "limit for JSON requests" in r.json()["errors"][0], r.text[:300]
 
 
@@ -205,22 +215,26 @@ def test_an_artifact_from_before_listings_gets_its_listing_once(client):
 # --- numbers, strings and options -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, params, field", [
-    ({"parallelism": 2**63}, {}, "parallelism"),
-    ({"parallelism": 2**63 - 1}, {}, "parallelism"),
-    ({"parallelism": 2**31}, {}, "parallelism"),  # fits Python, overflows PostgreSQL's integer
-    ({"parallelism": 2**64}, {}, "parallelism"),
-    ({"parallelism": 0}, {}, "parallelism"),
-    ({}, {"parallelism": str(2**63)}, "parallelism"),
-    ({"restartStrategy": {"type": "fixed-delay", "attempts": 2**63}}, {}, "restartStrategy.attempts"),
-    ({"restartStrategy": {"type": "exponential-delay", "max-backoff": 1e300}}, {}, "restartStrategy.max-backoff"),
-    ({"jobName": "nul\x00byte"}, {}, "jobName"),
-    ({"config": {"x": float("nan")}}, {}, "x"),
-])
+@pytest.mark.parametrize(
+    "body, params, field",
+    [
+        ({"parallelism": 2**63}, {}, "parallelism"),
+        ({"parallelism": 2**63 - 1}, {}, "parallelism"),
+        ({"parallelism": 2**31}, {}, "parallelism"),  # fits Python, overflows PostgreSQL's integer
+        ({"parallelism": 2**64}, {}, "parallelism"),
+        ({"parallelism": 0}, {}, "parallelism"),
+        ({}, {"parallelism": str(2**63)}, "parallelism"),
+        ({"restartStrategy": {"type": "fixed-delay", "attempts": 2**63}}, {}, "restartStrategy.attempts"),
+        ({"restartStrategy": {"type": "exponential-delay", "max-backoff": 1e300}}, {}, "restartStrategy.max-backoff"),
+        ({"jobName": "nul\x00byte"}, {}, "jobName"),
+        ({"config": {"x": float("nan")}}, {}, "x"),
+    ],
+)
 def test_values_the_catalog_cannot_store_answer_400(client, body, params, field):
     jar = _upload(client, "job.py", PIPELINE)
-    r = client.post(f"/jars/{jar}/run", content=json.dumps(body), params=params,
-                    headers={"Content-Type": "application/json"})
+    r = client.post(
+        f"/jars/{jar}/run", content=json.dumps(body), params=params, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 400, r.text[:500]
     assert r.json()["field"] == field, r.json()
     with client.catalog.session() as s:
@@ -242,24 +256,45 @@ def test_a_noop_duration_that_is_not_a_duration_answers_400(client):
     assert message.startswith("noop.duration: must be ") and "got 'abc'" in message
     assert 'for example {"noop.duration": 2.5}' in message
     # Flink's clients send options as flinkConfiguration, with string values.
-    r = client.post(f"/v1/jars/{jar}/run", json={"kind": "noop", "flinkConfiguration": {
-        "headrace.task.startup-timeout": "soon", "restart-strategy.type": "fixed-delay",
-        "restart-strategy.fixed-delay.attempts": "many"}})
+    r = client.post(
+        f"/v1/jars/{jar}/run",
+        json={
+            "kind": "noop",
+            "flinkConfiguration": {
+                "headrace.task.startup-timeout": "soon",
+                "restart-strategy.type": "fixed-delay",
+                "restart-strategy.fixed-delay.attempts": "many",
+            },
+        },
+    )
     assert r.status_code == 400 and set(r.json()) == {"errors"}
     assert [m.split(":", 1)[0] for m in r.json()["errors"]] == [
-        "headrace.task.startup-timeout", "restart-strategy.fixed-delay.attempts"]
+        "headrace.task.startup-timeout",
+        "restart-strategy.fixed-delay.attempts",
+    ]
     with client.catalog.session() as s:
         assert s.query(Job).count() == 0
 
 
 def test_flink_restart_options_are_used_when_the_request_names_no_strategy(client):
     jar = _upload(client, "job.py", PIPELINE)
-    r = client.post(f"/jars/{jar}/run", json={"kind": "noop", "flinkConfiguration": {
-        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": "5",
-        "restart-strategy.fixed-delay.delay": "2 s"}})
+    r = client.post(
+        f"/jars/{jar}/run",
+        json={
+            "kind": "noop",
+            "flinkConfiguration": {
+                "restart-strategy.type": "fixed-delay",
+                "restart-strategy.fixed-delay.attempts": "5",
+                "restart-strategy.fixed-delay.delay": "2 s",
+            },
+        },
+    )
     assert r.status_code == 200, r.text
     assert client.get(f"/jobs/{r.json()['jobid']}").json()["restart-strategy"] == {
-        "type": "fixed-delay", "attempts": 5, "delay": 2.0}
+        "type": "fixed-delay",
+        "attempts": 5,
+        "delay": 2.0,
+    }
 
 
 def test_an_upload_name_the_catalog_would_refuse_is_cleaned(client):
@@ -272,8 +307,12 @@ def test_an_upload_name_the_catalog_would_refuse_is_cleaned(client):
 def test_the_cli_prints_the_400_for_an_impossible_parallelism(live, tmp_path):
     pipeline = tmp_path / "job.py"
     pipeline.write_bytes(PIPELINE)
-    result = subprocess.run([sys.executable, "-m", "services.cli", "run", str(pipeline), "-p", str(2**63),
-                             "-m", live.url], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "run", str(pipeline), "-p", str(2**63), "-m", live.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "400" in result.stderr and "parallelism: must be an integer between 1 and 2147483647" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout

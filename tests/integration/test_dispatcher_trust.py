@@ -43,16 +43,27 @@ class Dispatcher:
         with catalog.session() as s:
             self.token = tokens.create(s, "admin", "trust-test")[1]
         catalog.dispose()
-        self.env = {**os.environ, "HEADRACE_HOME": str(self.home), "HEADRACE_CATALOG_URL": catalog_url,
-                    "HEADRACE_REDIS_URL": self.redis.url, "HEADRACE_DISPATCHER_PORT": str(self.port),
-                    "HEADRACE_AUTH": "required", "HEADRACE_MAX_ARTIFACT_MEMBERS": "50",
-                    "HEADRACE_REQUEST_HEADER_TIMEOUT_S": str(HEADER_S),
-                    "HEADRACE_REQUEST_BODY_IDLE_TIMEOUT_S": str(IDLE_S),
-                    "HEADRACE_REQUEST_BODY_TIMEOUT_S": str(TOTAL_S)}
+        self.env = {
+            **os.environ,
+            "HEADRACE_HOME": str(self.home),
+            "HEADRACE_CATALOG_URL": catalog_url,
+            "HEADRACE_REDIS_URL": self.redis.url,
+            "HEADRACE_DISPATCHER_PORT": str(self.port),
+            "HEADRACE_AUTH": "required",
+            "HEADRACE_MAX_ARTIFACT_MEMBERS": "50",
+            "HEADRACE_REQUEST_HEADER_TIMEOUT_S": str(HEADER_S),
+            "HEADRACE_REQUEST_BODY_IDLE_TIMEOUT_S": str(IDLE_S),
+            "HEADRACE_REQUEST_BODY_TIMEOUT_S": str(TOTAL_S),
+        }
         self.env.pop("HEADRACE_CONFIG", None)
         self.log = open(tmp / "dispatcher.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.dispatcher"], env=self.env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.dispatcher"],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.http = httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"})
 
         def healthy() -> bool:
@@ -124,8 +135,10 @@ def test_a_zip_bomb_is_refused_by_its_directory_and_the_dispatcher_stays_small(l
     r = _upload(live, "bomb.zip", bomb)
     assert r.status_code == 413, r.text
     body = r.json()
-    assert body["field"] == "jarfile" and body["setting"] in ("max_artifact_uncompressed_bytes",
-                                                              "max_artifact_source_bytes"), body
+    assert body["field"] == "jarfile" and body["setting"] in (
+        "max_artifact_uncompressed_bytes",
+        "max_artifact_source_bytes",
+    ), body
     assert body["limit"] > 0 and "HEADRACE_MAX_ARTIFACT" in body["errors"][0]
     assert live.rss() - before < 60 * MB, (before, live.rss())
     assert _overview_s(live) < 1.0
@@ -137,7 +150,7 @@ def _lying_zip(real: int, declared: int) -> bytes:
     data = bytearray(_bomb(real))
     for sig, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):  # local header, central directory
         at = data.find(sig)
-        data[at + offset:at + offset + 4] = struct.pack("<I", declared)
+        data[at + offset : at + offset + 4] = struct.pack("<I", declared)
     return bytes(data)
 
 
@@ -180,8 +193,10 @@ def _answer_and_close(sock: socket.socket) -> tuple[bytes, float]:
 
 def _upload_head(live, length: int, token: str | None) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return (f"POST /jars/upload HTTP/1.1\r\nHost: 127.0.0.1:{live.port}\r\n{auth}"
-            f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {length}\r\n\r\n").encode()
+    return (
+        f"POST /jars/upload HTTP/1.1\r\nHost: 127.0.0.1:{live.port}\r\n{auth}"
+        f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 def test_a_stalled_body_gets_408_and_the_connection_closes(live):
@@ -225,8 +240,9 @@ def test_thirty_trickling_uploads_all_end_within_the_total_bound(live):
     for t in threads:
         t.join(TOTAL_S + 20)
     assert len(results) == 30
-    assert all(d.startswith(b"HTTP/1.1 408") and b"request_body_timeout_s" in d for d, _ in results), \
-        {d[:80] for d, _ in results}
+    assert all(d.startswith(b"HTTP/1.1 408") and b"request_body_timeout_s" in d for d, _ in results), {
+        d[:80] for d, _ in results
+    }
     assert max(end for _, end in results) - start < TOTAL_S + 4
     assert _overview_s(live) < 1.0
 
@@ -307,11 +323,13 @@ def test_headrace_list_finds_the_dispatcher_on_the_configured_port(live, tmp_pat
     config.write_text(yaml.safe_dump({"dispatcher_port": live.port}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env.update(HEADRACE_CONFIG=str(config), HEADRACE_TOKEN=live.token)
-    out = subprocess.run([sys.executable, "-m", "services.cli", "list"], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip(), out  # a job line per job, or "No jobs."
     env.pop("HEADRACE_TOKEN")
-    out = subprocess.run([sys.executable, "-m", "services.cli", "list"], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 1 and "401" in out.stderr and "authentication required" in out.stderr, out.stderr

@@ -77,8 +77,14 @@ def root():
 def cluster(root):
     home = root / "home"
     home.mkdir()
-    c = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=1, slots=3,
-                      warm_drivers=2, driver_user=DEFAULT_NAME)
+    c = start_cluster(
+        home,
+        catalog_url=f"sqlite:///{home / 'catalog.db'}",
+        taskmanagers=1,
+        slots=3,
+        warm_drivers=2,
+        driver_user=DEFAULT_NAME,
+    )
     yield c
     c.stop()
 
@@ -110,8 +116,12 @@ def finished(rest: Rest, job: str, state: str = "FINISHED", timeout_s: float = 3
 
 
 def read(path: Path, timeout_s: float = 240) -> dict:
-    wait_for(f"the pipeline's report {path.name}", lambda: path.exists() and path.stat().st_size > 0,
-             timeout_s=timeout_s, poll_s=0.3)
+    wait_for(
+        f"the pipeline's report {path.name}",
+        lambda: path.exists() and path.stat().st_size > 0,
+        timeout_s=timeout_s,
+        poll_s=0.3,
+    )
     return json.loads(path.read_text())
 
 
@@ -167,8 +177,11 @@ def runners_under(drivers: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"services.taskmanager.runtime.runner" in argv and b"--workdir" in argv \
-                and argv[argv.index(b"--workdir") + 1].decode().startswith(drivers + "/"):
+        if (
+            b"services.taskmanager.runtime.runner" in argv
+            and b"--workdir" in argv
+            and argv[argv.index(b"--workdir") + 1].decode().startswith(drivers + "/")
+        ):
             found.append(int(pid))
     return found
 
@@ -183,16 +196,27 @@ def test_a_pipeline_can_neither_read_signal_nor_write_another_driver(cluster, re
     # Two drivers in reserve: the probe takes one, the other stays a neighbour (warm-up tokens are
     # the machine's: they may wait).
     drivers = str(Path(v["workdir"]).parent.parent)
-    wait_for("two warm drivers in reserve", lambda: len(set(runners_under(drivers)) - {v["pid"]}) >= 2,
-             timeout_s=300, poll_s=1)
+    wait_for(
+        "two warm drivers in reserve",
+        lambda: len(set(runners_under(drivers)) - {v["pid"]}) >= 2,
+        timeout_s=300,
+        poll_s=1,
+    )
     probe = submit(rest, root, NEIGHBOUR, str(outbox / "neighbour.json"))
     finished(rest, probe)
     seen = read(outbox / "neighbour.json")
     assert seen["uid"] not in (0, v["uid"])
     assert str(v["pid"]) in seen["others"] and len(seen["others"]) >= 2, "the victim and a warm driver"
-    refused = {"mem": "PermissionError", "environ": "PermissionError", "cwd": "PermissionError",
-               "signal": "PermissionError", "list": "PermissionError", "write": "PermissionError",
-               "artifact": "PermissionError", "marker": "PermissionError"}
+    refused = {
+        "mem": "PermissionError",
+        "environ": "PermissionError",
+        "cwd": "PermissionError",
+        "signal": "PermissionError",
+        "list": "PermissionError",
+        "write": "PermissionError",
+        "artifact": "PermissionError",
+        "marker": "PermissionError",
+    }
     assert all(r == refused for r in seen["others"].values()), seen["others"]
     assert seen["own artifact"] == seen["own marker"] == "PermissionError"
     assert rest.job(victim)["state"] == "RUNNING" and os.path.exists(f"/proc/{v['pid']}")
@@ -204,8 +228,12 @@ def test_an_upload_named_in_capitals_runs_on_a_driver(cluster, rest, root, outbo
     # Finding 15: `ok.PY` passed upload and run, then the driver refused it.
     path = root / f"ok{uuid.uuid4().hex[:6]}.PY"
     path.write_text(textwrap.dedent(PROBES) + textwrap.dedent(VICTIM))
-    job = rest.run(rest.upload(path), parallelism=1, programArgsList=[str(outbox / "capitals.json")],
-                   restartStrategy={"type": "none"})
+    job = rest.run(
+        rest.upload(path),
+        parallelism=1,
+        programArgsList=[str(outbox / "capitals.json")],
+        restartStrategy={"type": "none"},
+    )
     rest.wait_attempt_running(job, 0, timeout_s=300)
     seen = read(outbox / "capitals.json")
     assert seen["uid"] != 0 and rest.job(job)["state"] == "RUNNING", rest.get(f"/jobs/{job}/exceptions")
@@ -231,11 +259,22 @@ LINKS = """
 def test_root_follows_no_link_in_a_jobs_checkpoint_directories(cluster, rest, root, outbox):
     secret = root / "root-only"
     secret.mkdir(mode=0o700)
-    job = submit(rest, root, LINKS, str(outbox / "links.json"), str(secret),
-                 restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "20 s"})
+    job = submit(
+        rest,
+        root,
+        LINKS,
+        str(outbox / "links.json"),
+        str(secret),
+        restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "20 s"},
+    )
     seen = read(outbox / "links.json")
-    assert seen == {"swap live": "PermissionError", "plant beside live": "PermissionError",
-                    "swap vertex": "PermissionError", "own attempt directory": "done", "uid": seen["uid"]}
+    assert seen == {
+        "swap live": "PermissionError",
+        "plant beside live": "PermissionError",
+        "swap vertex": "PermissionError",
+        "own attempt directory": "done",
+        "uid": seen["uid"],
+    }
     wait_for("the first attempt's failure", lambda: rest.attempts(job)[0]["status"] == "FAILED", timeout_s=120)
     # What an older Headrace left: the vertex directory the drivers' user's, `live` a link.
     vertex = next((cluster.settings.checkpoints / job).iterdir())
@@ -257,8 +296,11 @@ def savepoint(rest: Rest, job: str, target: str | None = None) -> str:
     r = rest.http.post(f"/jobs/{job}/savepoints", json=body)
     assert r.status_code == 202, r.text
     rid = r.json()["request-id"]
-    status = wait_for("the savepoint", lambda: (s := rest.get(f"/jobs/{job}/savepoints/{rid}"))["status"]["id"]
-                      == "COMPLETED" and s, timeout_s=180)
+    status = wait_for(
+        "the savepoint",
+        lambda: (s := rest.get(f"/jobs/{job}/savepoints/{rid}"))["status"]["id"] == "COMPLETED" and s,
+        timeout_s=180,
+    )
     assert "failure-cause" not in (status.get("operation") or {}), status
     return status["operation"]["location"]
 
@@ -292,13 +334,29 @@ def test_savepoints_leave_the_storage_roots_root_and_other_pipelines_out(cluster
         assert (path.stat().st_uid, stat.S_IMODE(path.stat().st_mode)) == (0, 0o700)
         meta = json.loads((path / "_metadata").read_text())
         assert (path / "_metadata").stat().st_uid == 0 and meta["lineage"]["id"] == job == meta["job_id"]
-    probe = submit(rest, root, ROOTS, str(outbox / "roots.json"), str(sp), into_default.removeprefix("file:"),
-                   str(ck), into_checkpoints.removeprefix("file:"))
+    probe = submit(
+        rest,
+        root,
+        ROOTS,
+        str(outbox / "roots.json"),
+        str(sp),
+        into_default.removeprefix("file:"),
+        str(ck),
+        into_checkpoints.removeprefix("file:"),
+    )
     finished(rest, probe)
     seen = read(outbox / "roots.json")
     assert {k: v for k, v in seen.items() if k != "uid"} == dict.fromkeys(
-        ["savepoint root", "rename a savepoint", "write a savepoint", "checkpoint root", "rename one there",
-         "probe files"], "PermissionError"), seen
+        [
+            "savepoint root",
+            "rename a savepoint",
+            "write a savepoint",
+            "checkpoint root",
+            "rename one there",
+            "probe files",
+        ],
+        "PermissionError",
+    ), seen
     rest.cancel(job)
     rest.wait_state(job, DONE, timeout_s=120)
 
@@ -332,9 +390,15 @@ def test_a_pipeline_cannot_forge_or_destroy_another_jobs_files_sink(cluster, res
     data.mkdir()
     give_to_drivers(data, DEFAULT_NAME)  # the operator's grant: the parent, group-writable and sticky
     out = data / "out"
-    writer = submit(rest, root, WRITER, str(out), str(outbox / "writer"),
-                    restartStrategy={"type": "fixed-delay", "attempts": 2, "delay": "1 s"},
-                    config={"execution.checkpointing.interval": "2 s"})
+    writer = submit(
+        rest,
+        root,
+        WRITER,
+        str(out),
+        str(outbox / "writer"),
+        restartStrategy={"type": "fixed-delay", "attempts": 2, "delay": "1 s"},
+        config={"execution.checkpointing.interval": "2 s"},
+    )
     rest.wait_attempt_running(writer, 0, timeout_s=300)
     commits = out / "_headrace" / "commits"
     wait_for("three committed batches", lambda: len(list(commits.glob("*.json"))) >= 3, timeout_s=180)
@@ -344,13 +408,12 @@ def test_a_pipeline_cannot_forge_or_destroy_another_jobs_files_sink(cluster, res
     finished(rest, attacker, "FAILED")
     seen = read(outbox / "sink.json")
     assert {k: v for k, v in seen.items() if k not in ("uid", "seen")} == dict.fromkeys(
-        ["owner record", "fence record", "list the output", "delete the output", "move the output"],
-        "PermissionError"), seen
+        ["owner record", "fence record", "list the output", "delete the output", "move the output"], "PermissionError"
+    ), seen
     root_cause = rest.get(f"/jobs/{attacker}/exceptions")["root-exception"]
     assert "SinkOwnedError" in root_cause and f"is the sink of lineage {writer}" in root_cause, root_cause
     seen_before = len(list(commits.glob("*.json")))
-    wait_for("the writer's next batches", lambda: len(list(commits.glob("*.json"))) >= seen_before + 2,
-             timeout_s=120)
+    wait_for("the writer's next batches", lambda: len(list(commits.glob("*.json"))) >= seen_before + 2, timeout_s=120)
     assert rest.job(writer)["state"] == "RUNNING" and len(rest.attempts(writer)) == 1
     # Its driver killed: the next attempt, another user, restores its checkpoint through a view
     # and claims the directory back; every event once.
@@ -358,8 +421,7 @@ def test_a_pipeline_cannot_forge_or_destroy_another_jobs_files_sink(cluster, res
     rest.wait_attempt_running(writer, 1, timeout_s=300)
     assert read(outbox / "writer.1")["uid"] != read(outbox / "writer.0")["uid"]
     seen_before = len(list(commits.glob("*.json")))
-    wait_for("the next attempt's batches", lambda: len(list(commits.glob("*.json"))) >= seen_before + 2,
-             timeout_s=180)
+    wait_for("the next attempt's batches", lambda: len(list(commits.glob("*.json"))) >= seen_before + 2, timeout_s=180)
     rest.cancel(writer)
     rest.wait_state(writer, DONE, timeout_s=120)
     wait_for("the directory taken back from the writer's user", lambda: out.stat().st_uid == 0, timeout_s=30)
@@ -384,9 +446,15 @@ def test_a_delta_table_outlives_the_pool_user_of_the_attempt_that_made_it(cluste
 
     name = f"isolated_{uuid.uuid4().hex[:6]}"
     table = cluster.settings.lake / name
-    writer = submit(rest, root, DELTA_WRITER, name, str(outbox / "delta"),
-                    restartStrategy={"type": "fixed-delay", "attempts": 2, "delay": "1 s"},
-                    config={"execution.checkpointing.interval": "2 s"})
+    writer = submit(
+        rest,
+        root,
+        DELTA_WRITER,
+        name,
+        str(outbox / "delta"),
+        restartStrategy={"type": "fixed-delay", "attempts": 2, "delay": "1 s"},
+        config={"execution.checkpointing.interval": "2 s"},
+    )
     rest.wait_attempt_running(writer, 0, timeout_s=300)
 
     def version() -> int:
@@ -484,16 +552,23 @@ def test_shared_memory_held_unmapped_counts_against_the_limit(cluster, rest, roo
     # Either the kernel stopped it at its cgroup's memory.max (which charges shmem by itself), or
     # the watch did, on PSS plus the shared memory held unmapped: never PSS alone.
     trace = entry["stacktrace"]
-    assert "the cgroup's charge" in trace or ("PSS summed" in trace and "of shared memory they hold unmapped"
-                                              in trace), trace
-    wait_for("the task's /dev/shm file removed with its user", lambda: not Path(f"/dev/shm/{name}").exists(),
-             timeout_s=30)
-    wait_for("the task's System V segments removed with its user", lambda: not set(sysv_segments_of(pool)) - before,
-             timeout_s=30)
+    assert "the cgroup's charge" in trace or (
+        "PSS summed" in trace and "of shared memory they hold unmapped" in trace
+    ), trace
+    wait_for(
+        "the task's /dev/shm file removed with its user", lambda: not Path(f"/dev/shm/{name}").exists(), timeout_s=30
+    )
+    wait_for(
+        "the task's System V segments removed with its user",
+        lambda: not set(sysv_segments_of(pool)) - before,
+        timeout_s=30,
+    )
 
 
-@pytest.mark.parametrize("limit, says", [("1000g", "is above this cluster's maximum"),
-                                         ("off", "turns the task's memory limit off, which this cluster")])
+@pytest.mark.parametrize(
+    "limit, says",
+    [("1000g", "is above this cluster's maximum"), ("off", "turns the task's memory limit off, which this cluster")],
+)
 def test_a_memory_limit_beyond_the_clusters_maximum_is_refused(cluster, rest, root, limit, says):
     job = submit(rest, root, VICTIM, str(root / "never.json"), config={"headrace.task.memory-limit": limit})
     finished(rest, job, "FAILED", timeout_s=180)

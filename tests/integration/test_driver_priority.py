@@ -58,17 +58,33 @@ def tree(root: int) -> list[int]:
 
 @needs_nice
 def test_raise_priority_reaches_processes_that_left_the_drivers_group(tmp_path):
-    d = DriverProcess(parallelism=1, workdir=tmp_path / "work", driver_memory="1g", shuffle_partitions=1,
-                      on_event=lambda *_: None, on_exit=lambda *_: None)
+    d = DriverProcess(
+        parallelism=1,
+        workdir=tmp_path / "work",
+        driver_memory="1g",
+        shuffle_partitions=1,
+        on_event=lambda *_: None,
+        on_exit=lambda *_: None,
+    )
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    d.proc = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              start_new_session=True, preexec_fn=lambda: os.nice(WARMUP_NICE))
+    d.proc = subprocess.Popen(
+        [sys.executable, "-c", TREE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: os.nice(WARMUP_NICE),
+    )
     try:
         d.lower_priority()  # as DriverProcess.start does for a warm driver
         assert d.niced
         assert d.proc.stdout.readline()
-        wait_for("the stand-in driver forking its daemon and worker", lambda: tree(d.proc.pid), 10, poll_s=0.05,
-                 until=lambda found: len(found) >= 3)
+        wait_for(
+            "the stand-in driver forking its daemon and worker",
+            lambda: tree(d.proc.pid),
+            10,
+            poll_s=0.05,
+            until=lambda found: len(found) >= 3,
+        )
         pids = tree(d.proc.pid)
         groups = {os.getpgid(p) for p in pids}
         assert len(groups) == 2  # the "daemon" and its "worker" left the driver's group
@@ -107,10 +123,17 @@ def gone(pid: int) -> bool:
 
 
 def test_kill_ends_the_processes_that_left_the_drivers_group(tmp_path):
-    d = DriverProcess(parallelism=1, workdir=tmp_path / "work", driver_memory="1g", shuffle_partitions=1,
-                      on_event=lambda *_: None, on_exit=lambda *_: None)
-    d.proc = subprocess.Popen([sys.executable, "-c", STUCK_TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              start_new_session=True)
+    d = DriverProcess(
+        parallelism=1,
+        workdir=tmp_path / "work",
+        driver_memory="1g",
+        shuffle_partitions=1,
+        on_event=lambda *_: None,
+        on_exit=lambda *_: None,
+    )
+    d.proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
     pids: list[int] = []
     try:
         assert d.proc.stdout.readline()
@@ -119,13 +142,23 @@ def test_kill_ends_the_processes_that_left_the_drivers_group(tmp_path):
             pids[:] = tree(d.proc.pid)
             return pids
 
-        wait_for("the stand-in driver forking its daemon and worker", forked, 10, poll_s=0.05,
-                 until=lambda found: len(found) >= 3)
+        wait_for(
+            "the stand-in driver forking its daemon and worker",
+            forked,
+            10,
+            poll_s=0.05,
+            until=lambda found: len(found) >= 3,
+        )
         assert len({os.getpgid(p) for p in pids}) == 2
         d.kill()
         d.proc.wait(10)
-        wait_for("no process of the killed driver left behind", lambda: [p for p in pids if not gone(p)], 5,
-                 poll_s=0.05, until=lambda left: not left)
+        wait_for(
+            "no process of the killed driver left behind",
+            lambda: [p for p in pids if not gone(p)],
+            5,
+            poll_s=0.05,
+            until=lambda left: not left,
+        )
     finally:
         for p in pids:  # a failed run must not leave the stand-ins looping
             try:

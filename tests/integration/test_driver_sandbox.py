@@ -48,8 +48,15 @@ def driver_uids() -> set[int]:
 def sandbox_cluster(root: Path, name: str, **settings):
     home = root / name
     home.mkdir()
-    return start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=1, slots=2,
-                         warm_drivers=0, driver_user=DEFAULT_NAME, **settings), home
+    return start_cluster(
+        home,
+        catalog_url=f"sqlite:///{home / 'catalog.db'}",
+        taskmanagers=1,
+        slots=2,
+        warm_drivers=0,
+        driver_user=DEFAULT_NAME,
+        **settings,
+    ), home
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +120,17 @@ PROBE = """
 def test_a_pipeline_reaches_none_of_the_services_secrets(cluster, rest, tmp_path):
     home = cluster.settings.home
     report = outbox(cluster) / "probe.json"
-    secrets = [*sorted(str(p) for p in cluster.run_dir.glob("*.yaml")), str(home / "redis" / "credentials.json"),
-               str(home / "secrets" / "cluster-secret"), str(home / "catalog.db"), f"w:{home / 'catalog.db'}",
-               str(home), str(home / "artifacts"), str(cluster.run_dir),
-               str(home / "work" / "taskmanagers" / "tm-1" / "logs")]
+    secrets = [
+        *sorted(str(p) for p in cluster.run_dir.glob("*.yaml")),
+        str(home / "redis" / "credentials.json"),
+        str(home / "secrets" / "cluster-secret"),
+        str(home / "catalog.db"),
+        f"w:{home / 'catalog.db'}",
+        str(home),
+        str(home / "artifacts"),
+        str(cluster.run_dir),
+        str(home / "work" / "taskmanagers" / "tm-1" / "logs"),
+    ]
     job = submit(rest, tmp_path, "probe.py", PROBE, str(report), *secrets)
     assert rest.wait_state(job, DONE, timeout_s=240)["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
     seen = json.loads(report.read_text())
@@ -127,8 +141,11 @@ def test_a_pipeline_reaches_none_of_the_services_secrets(cluster, rest, tmp_path
     assert seen["catalog_url"] == f"sqlite:///{home / 'pipelines' / 'pipelines.db'}"
     env = seen["env"]
     assert "HEADRACE_CONFIG" not in env
-    assert [k for k in env if k.startswith("HEADRACE_") and k != driver_env.MARK
-            and not k.startswith("HEADRACE_FORKSERVER_")] == []
+    assert [
+        k
+        for k in env
+        if k.startswith("HEADRACE_") and k != driver_env.MARK and not k.startswith("HEADRACE_FORKSERVER_")
+    ] == []
     credentials = json.loads((home / "redis" / "credentials.json").read_text())
     passwords = [v for v in credentials.values() if isinstance(v, str)] or list(credentials)
     leaked = [k for k, v in env.items() for pw in passwords if pw and pw in v]
@@ -151,8 +168,14 @@ MEMORY_HOG = """
 
 
 def test_a_build_past_its_memory_limit_fails_the_task_through_the_restart_strategy(cluster, rest, tmp_path):
-    job = submit(rest, tmp_path, "memory_hog.py", MEMORY_HOG, config={"headrace.task.memory-limit": "1500m"},
-                 restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "100 ms"})
+    job = submit(
+        rest,
+        tmp_path,
+        "memory_hog.py",
+        MEMORY_HOG,
+        config={"headrace.task.memory-limit": "1500m"},
+        restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "100 ms"},
+    )
     final = rest.wait_state(job, DONE, timeout_s=300)
     assert final["state"] == "FAILED"
     attempts = rest.attempts(job)
@@ -222,8 +245,14 @@ def scrape_task_memory(cluster, job: str) -> dict:
 
 def test_pages_shared_between_a_drivers_processes_count_once_against_its_limit(cluster, rest, tmp_path):
     out = outbox(cluster) / "sharing.txt"
-    job = submit(rest, tmp_path, "sharing.py", SHARING, str(out),
-                 config={"headrace.task.memory-limit": f"{SHARING_LIMIT // 1024**2}m"})
+    job = submit(
+        rest,
+        tmp_path,
+        "sharing.py",
+        SHARING,
+        str(out),
+        config={"headrace.task.memory-limit": f"{SHARING_LIMIT // 1024**2}m"},
+    )
     try:
 
         def readers_forked() -> bool:
@@ -299,8 +328,12 @@ def test_without_cgroups_the_tasks_processes_end_with_the_task_and_with_the_clus
         rest = Rest(c.dispatcher_url)
         job, sleeper, driver = forked(c, rest, tmp_path, "fail")
         assert rest.wait_state(job, DONE, timeout_s=120)["state"] == "FAILED"
-        wait_gone("the failed task's processes to go (found neither by session nor by ancestry: by its mark)",
-                  [sleeper, driver], timeout_s=20, poll_s=0.2)
+        wait_gone(
+            "the failed task's processes to go (found neither by session nor by ancestry: by its mark)",
+            [sleeper, driver],
+            timeout_s=20,
+            poll_s=0.2,
+        )
         job, sleeper, driver = forked(c, rest, tmp_path, "run")
         rest.wait_attempt_running(job, 0, timeout_s=120)
         assert os.getsid(sleeper) != os.getsid(driver), "the sleeper must have left the driver's session"

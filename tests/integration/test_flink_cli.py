@@ -30,8 +30,9 @@ class Cli:
 
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.argv, self.t0 = argv, time.monotonic()
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         self.out, self.took = "", 0.0
         self._reader = threading.Thread(target=self._collect, daemon=True)
         self._reader.start()
@@ -60,8 +61,13 @@ def flink_cli() -> Path:
 @pytest.fixture(scope="module")
 def cluster(flink_cli, tmp_path_factory, pg_url_module):
     # Savepoints go to the test's own directories: pytest's temp dir is a storage root here.
-    c = start_cluster(tmp_path_factory.mktemp("flink-cli-home"), catalog_url=pg_url_module, taskmanagers=1, slots=5,
-                      storage_roots=str(tmp_path_factory.getbasetemp()))
+    c = start_cluster(
+        tmp_path_factory.mktemp("flink-cli-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=1,
+        slots=5,
+        storage_roots=str(tmp_path_factory.getbasetemp()),
+    )
     yield c
     c.stop()
 
@@ -73,9 +79,12 @@ def flink(flink_cli, cluster, tmp_path_factory):
     # The installed tree's own configuration and a private log dir, whatever a global Flink
     # installation exported.
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLINK_")}
-    env.update(FLINK_CONF_DIR=str(FLINK_HOME / "dist" / "pyflink" / "conf"),
-               FLINK_LOG_DIR=str(tmp_path_factory.mktemp("flink-cli-log")), FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS,
-               JDK_JAVA_OPTIONS="")
+    env.update(
+        FLINK_CONF_DIR=str(FLINK_HOME / "dist" / "pyflink" / "conf"),
+        FLINK_LOG_DIR=str(tmp_path_factory.mktemp("flink-cli-log")),
+        FLINK_ENV_JAVA_OPTS_CLI=CLI_JVM_OPTS,
+        JDK_JAVA_OPTIONS="",
+    )
     if env.get("JAVA_HOME") and not Path(env["JAVA_HOME"], "bin", "java").exists():
         del env["JAVA_HOME"]  # stale: the launcher then takes `java` from PATH
     started: list[Cli] = []
@@ -92,8 +101,9 @@ def flink(flink_cli, cluster, tmp_path_factory):
 
 
 def submit(rest: Rest, jar: str, name: str, duration: float = -1) -> str:
-    return rest.run(jar, kind="noop", jobName=name, restartStrategy={"type": "none"},
-                    config={"noop.duration": duration})
+    return rest.run(
+        jar, kind="noop", jobName=name, restartStrategy={"type": "none"}, config={"noop.duration": duration}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +148,7 @@ def savepoint_dir(out: str) -> Path:
     assert found, f"no savepoint path in the CLI's output:\n{out}"
     location = found.group(1)
     assert location.startswith("file:/"), location
-    return Path("/" + location[len("file:"):].lstrip("/"))
+    return Path("/" + location[len("file:") :].lstrip("/"))
 
 
 def test_list_shows_running_jobs_and_with_a_also_finished_ones(runs, jobs):
@@ -181,8 +191,9 @@ def test_stop_with_savepoint_finishes_the_job(runs, jobs, rest, savepoints):
     assert (savepoint / "_metadata").is_file(), sorted(savepoints.rglob("*"))
     assert rest.wait_state(job, TERMINAL, timeout_s=30)["state"] == "FINISHED"
     history = rest.get(f"/jobs/{job}/checkpoints")["history"]
-    assert any(c["checkpoint_type"] == "SYNC_SAVEPOINT" and c["external_path"] == f"file:{savepoint}"
-               for c in history), history
+    assert any(
+        c["checkpoint_type"] == "SYNC_SAVEPOINT" and c["external_path"] == f"file:{savepoint}" for c in history
+    ), history
 
 
 def test_cancel_cancels_the_job(runs, jobs, rest):

@@ -67,16 +67,16 @@ def command_rejections(client, mark: dict[str, str]) -> list:
 def test_garbage_on_a_taskmanager_queue_is_dead_lettered_and_the_worker_survives(cluster, rest, jar, client):
     mark, pid = dlq_tail(client), cluster.child("taskmanager-1").proc.pid
     hostile = [
-        b"garbage",                                                    # not JSON (the worker used to exit)
-        b"123",                                                        # JSON, not a message
-        b'{"a": 1}',                                                   # an object, not a kombu message
-        kombu_item(DEPLOY_TASK, [], body="!!! not base64 !!!"),         # body does not decode
+        b"garbage",  # not JSON (the worker used to exit)
+        b"123",  # JSON, not a message
+        b'{"a": 1}',  # an object, not a kombu message
+        kombu_item(DEPLOY_TASK, [], body="!!! not base64 !!!"),  # body does not decode
         kombu_item(DEPLOY_TASK, [], body=base64.b64encode(b"{not json").decode()),
         kombu_item(DEPLOY_TASK, ["x"], content_type="application/x-python-serialize"),  # pickle: never decoded
-        kombu_item("headrace.no_such_task", ["x"]),                    # not one of our commands
-        kombu_item(CANCEL_TASK, [1, 2]),                               # our command, wrong arguments
-        kombu_item(CANCEL_TASK, ["not an envelope"]),                  # our command, payload not an envelope
-        b"x" * (10 * 1024 * 1024),                                     # 10 MB of garbage
+        kombu_item("headrace.no_such_task", ["x"]),  # not one of our commands
+        kombu_item(CANCEL_TASK, [1, 2]),  # our command, wrong arguments
+        kombu_item(CANCEL_TASK, ["not an envelope"]),  # our command, payload not an envelope
+        b"x" * (10 * 1024 * 1024),  # 10 MB of garbage
     ]
     for item in hostile:
         client.lpush(QUEUE, item)
@@ -112,8 +112,13 @@ def test_invalid_command_of_the_current_leader_is_dead_lettered_and_rejected(clu
         # The last: the same bad spec from an older epoch: dead-lettered, nobody is told.
         for envelope in (bad_spec, undecodable, deploy_with_spec(epoch - 1, {"execution_id": ex3})):
             payload = json.dumps(envelope)
-            app.send_task(DEPLOY_TASK, args=[payload, auth.sign_command(TM, payload.encode())], queue=QUEUE,
-                          routing_key=QUEUE, expires=60)
+            app.send_task(
+                DEPLOY_TASK,
+                args=[payload, auth.sign_command(TM, payload.encode())],
+                queue=QUEUE,
+                routing_key=QUEUE,
+                expires=60,
+            )
     finally:
         app.close()
     rejected = wait_for_at_least("CommandRejected", lambda: command_rejections(client, jm_len), 2)
@@ -132,10 +137,25 @@ def test_invalid_command_of_the_current_leader_is_dead_lettered_and_rejected(clu
 def deploy_with_spec(epoch: int, raw_spec: dict) -> dict:
     """A JobManager's DeployTask envelope carrying `raw_spec` as it is (one that does not
     validate cannot be built as a DeployTask)."""
-    spec = TaskSpec(job_id=new_job_id(), vertex_id=new_vertex_id(), execution_id=new_execution_id(), attempt=0,
-                    parallelism=1, kind="noop", checkpoint_dir="/tmp/x", redis_url="redis://")
-    envelope = json.loads(encode(wrap(DeployTask(taskmanager_id=TM, allocation_id=new_allocation_id(),
-                                                 slot_indices=(0,), spec=spec), sender="jobmanager", epoch=epoch)))
+    spec = TaskSpec(
+        job_id=new_job_id(),
+        vertex_id=new_vertex_id(),
+        execution_id=new_execution_id(),
+        attempt=0,
+        parallelism=1,
+        kind="noop",
+        checkpoint_dir="/tmp/x",
+        redis_url="redis://",
+    )
+    envelope = json.loads(
+        encode(
+            wrap(
+                DeployTask(taskmanager_id=TM, allocation_id=new_allocation_id(), slot_indices=(0,), spec=spec),
+                sender="jobmanager",
+                epoch=epoch,
+            )
+        )
+    )
     envelope["body"]["spec"] = raw_spec
     return envelope
 
@@ -180,9 +200,24 @@ def test_dead_letters_are_capped_in_size_and_length(redis_url):
 
 
 def _start_redis(port: int, directory) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(directory)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     wait_for_redis(f"redis://127.0.0.1:{port}/0", timeout_s=10).close()
     return proc
 

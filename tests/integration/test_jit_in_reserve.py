@@ -75,8 +75,13 @@ def test_c2_threads_idle_in_reserve_and_come_back_on_release(fake_jvm):
         fake_jvm.stdin.flush()
         assert fake_jvm.stdout.readline().strip() == "more"
         # A C2 thread the JVM adds later is found too.
-        wait_for("the new C2 thread idle too", lambda: list(policies(me, "C2 CompilerThre").values()),
-                 jit.POLL_S + 10, poll_s=0.05, until=lambda found: found == [os.SCHED_IDLE] * 2)
+        wait_for(
+            "the new C2 thread idle too",
+            lambda: list(policies(me, "C2 CompilerThre").values()),
+            jit.POLL_S + 10,
+            poll_s=0.05,
+            until=lambda found: found == [os.SCHED_IDLE] * 2,
+        )
     finally:
         optimizer.release()
     assert list(policies(me, "C2 CompilerThre").values()) == [os.SCHED_OTHER] * 2

@@ -23,15 +23,22 @@ def cluster(tmp_path_factory, pg_url_module):
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")
-    c = start_cluster(tmp_path_factory.mktemp("ha-home"), catalog_url=pg_url_module, slots=2, ha=True,
-                      jobmanagers=2, zookeeper_session_timeout_s=SESSION_S)
+    c = start_cluster(
+        tmp_path_factory.mktemp("ha-home"),
+        catalog_url=pg_url_module,
+        slots=2,
+        ha=True,
+        jobmanagers=2,
+        zookeeper_session_timeout_s=SESSION_S,
+    )
     yield c
     c.stop()
 
 
 def noop(rest, jar, duration):
-    return rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
-                    config={"noop.duration": duration})
+    return rest.run(
+        jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": duration}
+    )
 
 
 @pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
@@ -54,8 +61,13 @@ def test_standby_takes_over_and_restarts_no_task(cluster, rest, jar, how):
         log_text = (cluster.run_dir / "logs" / f"{standby}.log").read_text()
         assert f"deposed {before['id']} (its process is gone)" in log_text
     # The dashboard's overview names the new leader (it announces itself every 2 s).
-    wait_for("the overview naming the new leader", lambda: rest.get("/overview"), 10, poll_s=0.2,
-             until=lambda overview: (overview["jobmanager"] or {}).get("epoch") == after["epoch"])
+    wait_for(
+        "the overview naming the new leader",
+        lambda: rest.get("/overview"),
+        10,
+        poll_s=0.2,
+        until=lambda overview: (overview["jobmanager"] or {}).get("epoch") == after["epoch"],
+    )
     assert rest.get("/overview")["jobmanager"]["id"] == after["id"]
     # The running task was not touched by the leader change; the new leader drives its job.
     assert [(a["attempt"], a["status"]) for a in rest.attempts(endless)] == [(0, "RUNNING")]
@@ -72,8 +84,13 @@ def test_zookeeper_outage_stops_leading_and_a_leader_returns_with_it(cluster, re
     os.killpg(cluster.child("zookeeper").proc.pid, signal.SIGKILL)
     cluster.child("zookeeper").proc.wait(10)
     # The leader cannot prove its session: it stops leading, and the overview says nobody leads.
-    wait_for("no JobManager announcing itself without ZooKeeper", lambda: rest.get("/overview")["jobmanager"], 20,
-             poll_s=0.3, until=lambda announced: announced is None)
+    wait_for(
+        "no JobManager announcing itself without ZooKeeper",
+        lambda: rest.get("/overview")["jobmanager"],
+        20,
+        poll_s=0.3,
+        until=lambda announced: announced is None,
+    )
     waiting = noop(rest, jar, 0.2)
     time.sleep(3)
     assert rest.job(waiting)["state"] == "INITIALIZING"  # accepted, waiting for a leader
@@ -109,8 +126,13 @@ def test_a_frozen_leader_woken_after_the_standby_took_over_changes_nothing(clust
     finally:
         os.kill(pid, signal.SIGCONT)
     log_path = cluster.run_dir / "logs" / f"{name}.log"
-    wait_for("the woken leader noticing it no longer leads (its log)", log_path.read_text, 30, poll_s=0.3,
-             until=lambda text: "revoked" in text or "deposed" in text)
+    wait_for(
+        "the woken leader noticing it no longer leads (its log)",
+        log_path.read_text,
+        30,
+        poll_s=0.3,
+        until=lambda text: "revoked" in text or "deposed" in text,
+    )
     time.sleep(3)  # let it try whatever it had in hand
     assert leader(cluster)["epoch"] == after["epoch"]
     assert (rest.get("/overview")["jobmanager"] or {}).get("epoch") == after["epoch"]

@@ -39,14 +39,23 @@ COLLECTED: dict[str, list] = {}
 def run_to_memory(df, name: str, checkpoint) -> object:
     """The query's rows collected on the driver (a foreachBatch: it restarts from its checkpoint)."""
     rows = COLLECTED.setdefault(name, [])
-    return df.selectExpr("CAST(value AS STRING) AS v", "partition").writeStream \
-        .foreachBatch(lambda batch, _id: rows.extend(batch.collect())) \
-        .option("checkpointLocation", str(checkpoint)).trigger(processingTime="200 milliseconds").start()
+    return (
+        df.selectExpr("CAST(value AS STRING) AS v", "partition")
+        .writeStream.foreachBatch(lambda batch, _id: rows.extend(batch.collect()))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
 
 
 def wait_rows(spark, name: str, count: int, timeout_s: float = 90) -> list:
-    return wait_for(f"{count} rows in {name}", lambda: list(COLLECTED.get(name, [])), timeout_s, poll_s=0.3,
-                    until=lambda rows: len(rows) >= count)
+    return wait_for(
+        f"{count} rows in {name}",
+        lambda: list(COLLECTED.get(name, [])),
+        timeout_s,
+        poll_s=0.3,
+        until=lambda rows: len(rows) >= count,
+    )
 
 
 def test_a_changed_subscription_is_named_by_the_restore_check(spark, kafka):
@@ -69,8 +78,9 @@ def test_partitions_added_to_a_topic_are_read(spark, kafka, tmp_path):
 
     name = topic(kafka, partitions=1)
     produce(kafka.bootstrap, name, [f"a{i}" for i in range(50)])
-    q = run_to_memory(kafka_source(spark, name, pattern=None, bootstrap_servers=kafka.bootstrap), "added",
-                      tmp_path / "cp")
+    q = run_to_memory(
+        kafka_source(spark, name, pattern=None, bootstrap_servers=kafka.bootstrap), "added", tmp_path / "cp"
+    )
     try:
         wait_rows(spark, "added", 50)
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
@@ -109,8 +119,9 @@ def test_records_lost_to_retention_fail_the_query_naming_partition_and_offsets(s
         q.awaitTermination(120)
     text = format_failure(failed.value)
     last = text.strip().splitlines()[-1]
-    assert last.startswith("KafkaDataLoss: Kafka records were lost before this query read them: "
-                           f"{name}-0, offsets 20 to 59"), last
+    assert last.startswith(
+        f"KafkaDataLoss: Kafka records were lost before this query read them: {name}-0, offsets 20 to 59"
+    ), last
 
 
 def test_bad_input_gets_clear_errors(spark, kafka):
@@ -130,17 +141,47 @@ def test_bad_input_gets_clear_errors(spark, kafka):
     assert waits and silent in waits[0] and waits[-1] is None  # a waiting reason, then cleared
     df = kafka_source(spark, name, pattern=None, bootstrap_servers=kafka.bootstrap)
     with pytest.raises(KafkaOptionError) as no_value:
-        kafka_sink(df.selectExpr("key"), name, bootstrap_servers=kafka.bootstrap, delivery="exactly-once",
-                   sink_id="l:t", lineage="l", job_id="j", transaction_timeout_s=600)
+        kafka_sink(
+            df.selectExpr("key"),
+            name,
+            bootstrap_servers=kafka.bootstrap,
+            delivery="exactly-once",
+            sink_id="l:t",
+            lineage="l",
+            job_id="j",
+            transaction_timeout_s=600,
+        )
     assert "'value' column" in str(no_value.value) and "key" in str(no_value.value)
     with pytest.raises(DeliveryError) as misspelt:
-        kafka_sink(df, name, bootstrap_servers=kafka.bootstrap, delivery="exactly_one", sink_id="l:t",
-                   lineage="l", job_id="j", transaction_timeout_s=600)
+        kafka_sink(
+            df,
+            name,
+            bootstrap_servers=kafka.bootstrap,
+            delivery="exactly_one",
+            sink_id="l:t",
+            lineage="l",
+            job_id="j",
+            transaction_timeout_s=600,
+        )
     assert "'exactly-once' or 'at-least-once'" in str(misspelt.value)
     with pytest.raises(KafkaOptionError):
-        kafka_source(spark, name, pattern=None, bootstrap_servers=kafka.bootstrap,
-                     options={"kafka.bootstrap.servers": "elsewhere:9092"})
+        kafka_source(
+            spark,
+            name,
+            pattern=None,
+            bootstrap_servers=kafka.bootstrap,
+            options={"kafka.bootstrap.servers": "elsewhere:9092"},
+        )
     with pytest.raises(DeliveryError) as short:
-        kafka_sink(df, name, bootstrap_servers=kafka.bootstrap, delivery="exactly-once", sink_id="l:t", lineage="l",
-                   job_id="j", transaction_timeout_s=30, interval_s=60)
+        kafka_sink(
+            df,
+            name,
+            bootstrap_servers=kafka.bootstrap,
+            delivery="exactly-once",
+            sink_id="l:t",
+            lineage="l",
+            job_id="j",
+            transaction_timeout_s=30,
+            interval_s=60,
+        )
     assert "(1 min)" in str(short.value) and "sink.kafka.transaction-timeout" in str(short.value)

@@ -24,8 +24,14 @@ def rows(start: int, count: int):
 
 
 def writer(kafka, topic: str, lineage: str, job: str = "job-1") -> TransactionalWriter:
-    return TransactionalWriter(topic=topic, client={"bootstrap.servers": kafka.bootstrap}, sink_id=f"{lineage}:{topic}",
-                               lineage=lineage, job_id=job, transaction_timeout_ms=60_000)
+    return TransactionalWriter(
+        topic=topic,
+        client={"bootstrap.servers": kafka.bootstrap},
+        sink_id=f"{lineage}:{topic}",
+        lineage=lineage,
+        job_id=job,
+        transaction_timeout_ms=60_000,
+    )
 
 
 def take_over(w: TransactionalWriter, fence: int, restored_batch: int, owner: SinkOwner, early: bool) -> None:

@@ -51,8 +51,14 @@ def headrace(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedP
     """The CLI as a user in another shell runs it: only HEADRACE_HOME says which cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env |= {"HEADRACE_HOME": str(cluster.settings.home), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def produce(bootstrap: str, topic: str, records: dict[str, str]) -> None:
@@ -67,8 +73,14 @@ def produce(bootstrap: str, topic: str, records: dict[str, str]) -> None:
 def consume(bootstrap: str, topic: str, count: int, timeout_s: float = 120) -> dict[str, str]:
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{topic}-{time.monotonic_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{topic}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
@@ -103,14 +115,18 @@ def test_a_killed_broker_comes_back_on_its_data_with_its_topics_and_records(clus
     assert f"on {bootstrap}" in made.stdout
     again = headrace(cluster, "kafka", "create-topic", "kept")
     assert again.returncode == 1 and again.stderr.strip() == (
-        f"error: the topic kept already exists on {bootstrap} (headrace kafka topics)"), again.stderr
+        f"error: the topic kept already exists on {bootstrap} (headrace kafka topics)"
+    ), again.stderr
     produce(bootstrap, "kept", {f"k{i}": f"v{i}" for i in range(10)})
 
     old = cluster.child("kafka").proc.pid
     os.killpg(old, signal.SIGKILL)
     t0 = time.monotonic()
-    wait_for("the broker started again by the supervisor",
-             lambda: (lambda p: p.pid != old and p.poll() is None)(cluster.child("kafka").proc), RESTART_TIMEOUT_S)
+    wait_for(
+        "the broker started again by the supervisor",
+        lambda: (lambda p: p.pid != old and p.poll() is None)(cluster.child("kafka").proc),
+        RESTART_TIMEOUT_S,
+    )
 
     def kept_topic() -> bool:
         try:
@@ -128,14 +144,14 @@ def test_a_killed_broker_comes_back_on_its_data_with_its_topics_and_records(clus
     assert supervision["restarts"] >= 1
 
 
-PIPELINE = '''
+PIPELINE = """
 def build(ctx):
     # What the task was given, written to the broker it names through Spark's own Kafka sink.
     record = ctx.spark.createDataFrame([(ctx.job_id, ctx.kafka_bootstrap_servers)], ["key", "value"])
     record.write.format("kafka").option("kafka.bootstrap.servers", ctx.kafka_bootstrap_servers) \\
         .option("topic", "from-pipelines").save()
     return ctx.sinks.console(ctx.spark.range(1))
-'''
+"""
 
 
 def test_a_pipeline_gets_the_broker_as_ctx_kafka_bootstrap_servers(cluster, tmp_path):

@@ -20,10 +20,21 @@ UP_TIMEOUT_S = 60  # each case fails before any process starts
 
 def up_kafka(home: Path, jar_cache: Path, kafka_port: int) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
-    env |= {"HEADRACE_HOME": str(home), "HEADRACE_JAR_CACHE_DIR": str(jar_cache), "PYTHONPATH": str(REPO),
-            "HEADRACE_KAFKA_PORT": str(kafka_port), "HEADRACE_DISPATCHER_PORT": str(free_port())}
-    return subprocess.run([sys.executable, "-m", "services.cli", "up", "--kafka", "-n", "1"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=UP_TIMEOUT_S)
+    env |= {
+        "HEADRACE_HOME": str(home),
+        "HEADRACE_JAR_CACHE_DIR": str(jar_cache),
+        "PYTHONPATH": str(REPO),
+        "HEADRACE_KAFKA_PORT": str(kafka_port),
+        "HEADRACE_DISPATCHER_PORT": str(free_port()),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--kafka", "-n", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=UP_TIMEOUT_S,
+    )
 
 
 def assert_one_line_and_nothing_started(done: subprocess.CompletedProcess, home: Path) -> str:

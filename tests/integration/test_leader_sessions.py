@@ -81,8 +81,10 @@ def test_an_older_epochs_session_of_another_database_is_left_alone(migrated_pg_u
 def test_sessions_carry_their_role_and_timeouts(migrated_pg_url):
     catalog = catalog_of(migrated_pg_url, "jobmanager@a:1", None)
     try:
-        query = sa.text("SELECT application_name, current_setting('lock_timeout'), "
-                        "current_setting('statement_timeout') FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+        query = sa.text(
+            "SELECT application_name, current_setting('lock_timeout'), "
+            "current_setting('statement_timeout') FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        )
         with catalog.session() as s:
             assert s.execute(query).one() == ("headrace-jobmanager standby jobmanager@a:1", "5s", "1min")
         leader_sessions.name_sessions(catalog, "jobmanager@a:1", 12)

@@ -98,17 +98,28 @@ class Tree:
         cgroups = DriverCgroups.create(root, f"tm-{mode}") if tracking == "cgroup" else None
         if tracking == "cgroup" and cgroups is None:
             pytest.skip("no cgroup v2 this process may create children in")
-        self.driver = DriverProcess(parallelism=1, workdir=root / "drivers", driver_memory="1g",
-                                    shuffle_partitions=1, on_event=lambda *a: None, on_exit=lambda *a: None,
-                                    sandbox=DriverSandbox(cgroups=cgroups))
+        self.driver = DriverProcess(
+            parallelism=1,
+            workdir=root / "drivers",
+            driver_memory="1g",
+            shuffle_partitions=1,
+            on_event=lambda *a: None,
+            on_exit=lambda *a: None,
+            sandbox=DriverSandbox(cgroups=cgroups),
+        )
         self.driver.processes.uid = user.uid if user.isolated else os.geteuid()
         if cgroups is not None:
             self.driver.processes.cgroup = cgroups.for_driver(self.driver.id)
         self.driver.workdir.mkdir(parents=True)
         env = {"PATH": os.environ["PATH"], driver_env.MARK: str(self.driver.workdir)}
-        proc = subprocess.Popen([sys.executable, str(root / "tree.py"), str(SHARED), str(CHILDREN), mode],
-                                stdout=subprocess.PIPE, start_new_session=True, env=env, cwd=root,
-                                **user.popen_kwargs())
+        proc = subprocess.Popen(
+            [sys.executable, str(root / "tree.py"), str(SHARED), str(CHILDREN), mode],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            cwd=root,
+            **user.popen_kwargs(),
+        )
         self.driver.proc = proc
         self.driver.processes.attach(proc.pid)
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
@@ -162,12 +173,21 @@ def test_children_that_made_the_pages_their_own_are_killed_with_the_measure_name
         pids = tree.pids()
         assert pss_by_psutil(pids) > LIMIT
         tree.driver.memory.watch(LIMIT)
-        wait_for("the tree above its limit killed (an exit reason)", lambda: tree.driver.exit_reason, 10, poll_s=0.05,
-                 until=lambda reason: reason is not None)
+        wait_for(
+            "the tree above its limit killed (an exit reason)",
+            lambda: tree.driver.exit_reason,
+            10,
+            poll_s=0.05,
+            until=lambda reason: reason is not None,
+        )
         name, cause = tree.driver.exit_reason
         assert name == "MemoryLimitExceeded"
-        assert cause.startswith("the task's processes used 1.") and "GB (PSS summed over 6 processes), above its " \
-            "limit of 0.8 GB (headrace.task.memory-limit); they were killed." in cause, cause
+        assert (
+            cause.startswith("the task's processes used 1.")
+            and "GB (PSS summed over 6 processes), above its "
+            "limit of 0.8 GB (headrace.task.memory-limit); they were killed."
+            in cause
+        ), cause
         wait_gone("every process of the killed tree to go", pids, timeout_s=10, poll_s=0.1)
     finally:
         tree.stop()
@@ -203,9 +223,23 @@ def read_without_ptrace(root: Path, pids) -> dict:
     os.chmod(script, 0o644)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     nobody = pwd.getpwnam("nobody")
-    out = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
-                          "--inh-caps=+setuid,+setgid", "--ambient-caps=+setuid,+setgid", sys.executable,
-                          str(script), *map(str, pids)], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={nobody.pw_uid}",
+            f"--regid={nobody.pw_gid}",
+            "--clear-groups",
+            "--inh-caps=+setuid,+setgid",
+            "--ambient-caps=+setuid,+setgid",
+            sys.executable,
+            str(script),
+            *map(str, pids),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -232,8 +266,12 @@ NOT_DUMPABLE = """
 
 def test_a_process_whose_pss_cannot_be_read_counts_by_its_rss_and_the_sample_says_so(root):
     user = drivers_user()
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(NOT_DUMPABLE)], stdout=subprocess.PIPE,
-                            start_new_session=True, **user.popen_kwargs())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(NOT_DUMPABLE)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        **user.popen_kwargs(),
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         seen = read_without_ptrace(root, [proc.pid])

@@ -25,8 +25,11 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
     r = httpx.get(url, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(r.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels) -> float:
@@ -38,14 +41,16 @@ def value(samples: dict, name: str, **labels) -> float:
 def scrape_until(url: str, check, timeout_s: float = 30) -> dict:
     """Scrape until check(samples) holds (an assertion in it failing means "not yet"); the
     endpoints cache for CACHE_S, so poll past that."""
+
     def holds(samples) -> bool:
         try:
             return bool(check(samples))
         except AssertionError:
             return False
 
-    return wait_for(f"{url} to show the expected values", lambda: scrape(url), timeout_s, poll_s=CACHE_S / 2,
-                    until=holds)
+    return wait_for(
+        f"{url} to show the expected values", lambda: scrape(url), timeout_s, poll_s=CACHE_S / 2, until=holds
+    )
 
 
 def endpoints(cluster) -> dict:
@@ -76,12 +81,12 @@ def test_counts_change_when_a_job_runs_and_fails_over(cluster, rest, jar):
     restarts = value(before, "headrace_attempt_restarts_total")
     failovers = value(before, "headrace_job_failovers_total")
 
-    job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
-                   config={"noop.duration": -1})
+    job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": -1})
     rest.wait_running_task(job)
     scrape_until(urls["dispatcher"], lambda s: value(s, "headrace_jobs", state="RUNNING") >= 1)
-    tm = scrape_until(urls["taskmanager-1"],
-                      lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 1)
+    tm = scrape_until(
+        urls["taskmanager-1"], lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 1
+    )
     assert value(tm, "headrace_taskmanager_slots", taskmanager="tm-1") == 2
     held = {labels: v for (n, labels), v in tm.items() if n == "headrace_taskmanager_tasks"}
     assert sum(held.values()) == 1, held
@@ -89,9 +94,13 @@ def test_counts_change_when_a_job_runs_and_fails_over(cluster, rest, jar):
     rest.wait_state(job, "CANCELED", timeout_s=15)
     scrape_until(urls["taskmanager-1"], lambda s: value(s, "headrace_taskmanager_slots_free", taskmanager="tm-1") == 2)
 
-    job = rest.run(jar, kind="noop", parallelism=1,
-                   restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "200 ms"},
-                   config={"noop.duration": 0.2, "noop.fail-attempts": 2})
+    job = rest.run(
+        jar,
+        kind="noop",
+        parallelism=1,
+        restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "200 ms"},
+        config={"noop.duration": 0.2, "noop.fail-attempts": 2},
+    )
     assert rest.wait_state(job, ("FINISHED", "FAILED"))["state"] == "FINISHED"
     after = scrape_until(urls["dispatcher"], lambda s: value(s, "headrace_jobs", state="FINISHED") == finished + 1)
     assert value(after, "headrace_attempt_restarts_total") == restarts + 2

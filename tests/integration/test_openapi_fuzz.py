@@ -27,8 +27,9 @@ def dispatcher(tmp_path_factory, pg_url_module):
     warm drivers): the endpoints that read the leader's or a TaskManager's logs have someone to ask."""
     cluster = start_cluster(tmp_path_factory.mktemp("fuzz"), catalog_url=pg_url_module, taskmanagers=1, slots=2)
     # Something to find: a pipeline and a (no-op) job, so the listings have content to serialise.
-    up = httpx.post(f"{cluster.dispatcher_url}/jars/upload",
-                    files={"jarfile": ("fuzz.py", b"def build(ctx):\n    return None\n")})
+    up = httpx.post(
+        f"{cluster.dispatcher_url}/jars/upload", files={"jarfile": ("fuzz.py", b"def build(ctx):\n    return None\n")}
+    )
     assert up.status_code == 200, up.text
     jar_id = up.json()["filename"].rsplit("/", 1)[-1]
     run = httpx.post(f"{cluster.dispatcher_url}/jars/{jar_id}/run", json={"jobName": "fuzz", "kind": "noop"})
@@ -47,7 +48,6 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_request_makes_the_dispatcher_fail(case, dispatcher):
     case.call_and_validate(base_url=dispatcher.dispatcher_url, checks=[not_a_server_error], timeout=10)

@@ -22,12 +22,12 @@ from tests.waiting import wait_for
 STREAM = "operator-endpoints-input"
 MARKER = "operator-endpoints: build() was called"
 CATALOG_PASSWORD = "s3cret-catalog-pw"  # trust auth ignores it; it must never be shown
-PIPELINE = f'''\
+PIPELINE = f"""\
 def build(ctx):
     print({MARKER!r}, flush=True)
     events = ctx.sources.redis_stream({STREAM!r}, schema="key STRING, n BIGINT", max_entries_per_trigger=2)
     return ctx.sinks.console(events, trigger="300 milliseconds", num_rows=1)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,14 @@ def cluster(tmp_path_factory, pg_url_module):
     scheme, _, rest = pg_url_module.partition("://")
     user, _, host = rest.partition("@")
     catalog = f"{scheme}://{user}:{CATALOG_PASSWORD}@{host}"
-    c = start_cluster(tmp_path_factory.mktemp("operator-home"), catalog_url=catalog, taskmanagers=1, slots=2,
-                      warm_drivers=1, spark_ui=True)
+    c = start_cluster(
+        tmp_path_factory.mktemp("operator-home"),
+        catalog_url=catalog,
+        taskmanagers=1,
+        slots=2,
+        warm_drivers=1,
+        spark_ui=True,
+    )
     yield c
     c.stop()
 
@@ -77,14 +83,18 @@ def test_progress_batch_ids_rise_and_source_lag_drains(rest, source, job, cluste
     assert first["vertexId"] and first["executionId"] and first["attempt"] == 0 and first["subtask"] == 0
     assert first["taskmanagerId"] == "tm-1"
     lags = [first["sourceLag"]]
-    later = wait_for("a newer batch", lambda: [t for t in progress(rest, job) if t["batchId"] > first["batchId"]],
-                     timeout_s=30)[0]
+    later = wait_for(
+        "a newer batch", lambda: [t for t in progress(rest, job) if t["batchId"] > first["batchId"]], timeout_s=30
+    )[0]
     lags.append(later["sourceLag"])
     assert later["timestamp"] >= first["timestamp"]
     produce(source, 30, 6)
-    done = wait_for("source lag 0 once the producer stopped",
-                    lambda: [t for t in progress(rest, job) if t["sourceLag"] == 0 and t["batchId"] > later["batchId"]],
-                    timeout_s=30, poll_s=0.3)[0]
+    done = wait_for(
+        "source lag 0 once the producer stopped",
+        lambda: [t for t in progress(rest, job) if t["sourceLag"] == 0 and t["batchId"] > later["batchId"]],
+        timeout_s=30,
+        poll_s=0.3,
+    )[0]
     assert any(lag and lag > 0 for lag in lags), f"no backlog seen while 2 of 30 entries were read per batch: {lags}"
     assert done["numInputRows"] >= 0 and done["inputRowsPerSecond"] >= 0 and done["batchDurationMs"] >= 0
     # The Spark UI link (spark_ui=True) names the TaskManager's host and answers.
@@ -113,9 +123,12 @@ def history(rest, job_id: str, **params) -> list[dict]:
 def test_progress_history_of_a_running_job_is_ordered_recent_and_bounded(rest, source, job):
     produce(source, 100, 20)  # ten more batches, over three seconds at least
     current = wait_for("a progress report", lambda: progress(rest, job), timeout_s=60)[0]
-    [task] = wait_for("three seconds of history", lambda: [
-        t for t in history(rest, job) if t["executionId"] == current["executionId"] and len(t["points"]) >= 3],
-        timeout_s=60, poll_s=0.5)
+    [task] = wait_for(
+        "three seconds of history",
+        lambda: [t for t in history(rest, job) if t["executionId"] == current["executionId"] and len(t["points"]) >= 3],
+        timeout_s=60,
+        poll_s=0.5,
+    )
     assert task["attempt"] == current["attempt"] and task["vertexId"] == current["vertexId"]
     points = task["points"]
     times = [p["timestamp"] for p in points]
@@ -134,8 +147,7 @@ def test_progress_history_of_a_running_job_is_ordered_recent_and_bounded(rest, s
     assert "200" in spec["responses"] and any(p["name"] == "seconds" for p in spec["parameters"])
 
 
-def test_a_savepoint_asked_right_after_submission_completes_once_the_task_runs(rest, source, cluster,
-                                                                               tmp_path_factory):
+def test_a_savepoint_asked_right_after_submission_completes_once_the_task_runs(rest, source, cluster, tmp_path_factory):
     stream = "operator-endpoints-savepoint"
     path = tmp_path_factory.mktemp("savepoint-pipeline") / "savepoint_pipeline.py"
     path.write_text(PIPELINE.replace(STREAM, stream))
@@ -193,8 +205,9 @@ def test_taskmanager_logs_are_listed_and_read(rest, job, tm_id):
     assert main.status_code == 200 and "TaskManager tm-1 started" in main.text
 
 
-@pytest.mark.parametrize("name", ["..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd", "%2E%2E", ".hidden", "jobmanager.log",
-                                  "no-such.log"])
+@pytest.mark.parametrize(
+    "name", ["..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd", "%2E%2E", ".hidden", "jobmanager.log", "no-such.log"]
+)
 def test_log_names_outside_the_listing_are_refused(rest, tm_id, name):
     r = rest.http.get(f"/taskmanagers/{tm_id}/logs/{name}")
     assert r.status_code in (400, 404), (r.status_code, r.text)
@@ -208,8 +221,14 @@ def test_bad_tail_and_unknown_taskmanager(rest, tm_id):
 
 
 def test_logs_need_the_operator_role():
-    for path in ("/jobmanager/logs", "/jobmanager/logs/jobmanager.log", "/taskmanagers/tm-1/logs",
-                 "/taskmanagers/tm-1/logs/x.log", "/taskmanagers/tm-1/log", "/v1/jobmanager/logs"):
+    for path in (
+        "/jobmanager/logs",
+        "/jobmanager/logs/jobmanager.log",
+        "/taskmanagers/tm-1/logs",
+        "/taskmanagers/tm-1/logs/x.log",
+        "/taskmanagers/tm-1/log",
+        "/v1/jobmanager/logs",
+    ):
         assert required_role("GET", path) == "operator", path
     for path in ("/jobmanager/config", "/jobmanager/leader", "/taskmanagers/tm-1", "/jobs/x/progress"):
         assert required_role("GET", path) == "viewer", path
@@ -256,19 +275,25 @@ def test_contenders_are_read_from_the_election_znodes(zookeeper):
     from services.dispatcher.routes.jobmanager import _contenders, _read_contenders
     from shared.zookeeper import LeaderElection
 
-    settings = SimpleNamespace(high_availability="zookeeper", zookeeper_quorum=zookeeper.quorum,
-                               zookeeper_root="/headrace-ops")
+    settings = SimpleNamespace(
+        high_availability="zookeeper", zookeeper_quorum=zookeeper.quorum, zookeeper_root="/headrace-ops"
+    )
     stop = threading.Event()
-    elections = [LeaderElection(zookeeper.quorum, root="/headrace-ops", contender_id=f"jobmanager@test:{i}")
-                 for i in (1, 2)]
+    elections = [
+        LeaderElection(zookeeper.quorum, root="/headrace-ops", contender_id=f"jobmanager@test:{i}") for i in (1, 2)
+    ]
     standby = threading.Thread(target=elections[1].campaign, kwargs={"stop": stop.is_set}, daemon=True)
     try:
         for e in elections:
             e.start()
         assert elections[0].campaign(stop=stop.is_set) is not None  # leads
         standby.start()
-        got = wait_for("both contenders", lambda: (lambda c: c if len(c[0]) == 2 else None)(_read_contenders(settings)),
-                       timeout_s=15, poll_s=0.2)
+        got = wait_for(
+            "both contenders",
+            lambda: (lambda c: c if len(c[0]) == 2 else None)(_read_contenders(settings)),
+            timeout_s=15,
+            poll_s=0.2,
+        )
         assert got == (["jobmanager@test:1", "jobmanager@test:2"], None)
         state = SimpleNamespace()
         assert _contenders(settings, state) == got
@@ -294,8 +319,10 @@ def test_masking_of_urls_and_secret_settings():
     assert masked_value("redis_url", "redis://:pw@r:6379/0") == "redis://:******@r:6379/0"
     assert masked_value("x", "postgresql://db/x?user=a&password=pw") == "postgresql://db/x?user=a&password=******"
     assert masked_value("api_token", "abc") == "******" and masked_value("home", "/srv") == "/srv"
-    assert masked_value("checkpointing", {"s3.secret-key": "k", "interval": "10 s"}) == \
-        {"s3.secret-key": "******", "interval": "10 s"}
+    assert masked_value("checkpointing", {"s3.secret-key": "k", "interval": "10 s"}) == {
+        "s3.secret-key": "******",
+        "interval": "10 s",
+    }
 
 
 def test_log_files_serve_only_their_own(tmp_path):
@@ -312,8 +339,11 @@ def test_log_files_serve_only_their_own(tmp_path):
     (drivers / "secret.log").symlink_to("/etc/passwd")
     files = LogFiles(run_logs / "taskmanager-1.log", (drivers,))
     names = [f["name"] for f in files.listing()]
-    assert names[0] == "taskmanager-1.log" and set(names) == {"taskmanager-1.log", "taskmanager-1.log.1",
-                                                             "driver-d1-1.log"}
+    assert names[0] == "taskmanager-1.log" and set(names) == {
+        "taskmanager-1.log",
+        "taskmanager-1.log.1",
+        "driver-d1-1.log",
+    }
     for bad in ("../logs/dispatcher.log", "secret.log", "dispatcher.log", "taskmanager-10.log", "..", ""):
         assert files.path_of(bad) is None, bad
     assert read_tail(files.path_of("driver-d1-1.log"), 9) == b"line 2\n"  # cut at a line start
@@ -340,8 +370,10 @@ def test_a_redis_stream_batch_is_read_in_one_partition_per_16_entries_at_most(re
 
     client = redis.Redis.from_url(redis_url)
     ids = [client.xadd("split-count", {"json": "{}"}, id=f"{1000 + i}-0").decode() for i in range(100)]
-    reader = rs._StreamReader(rs._Options({"stream": "split-count", "url": redis_url, "partitions": "4"}),
-                              StructType([StructField("n", LongType())]))
+    reader = rs._StreamReader(
+        rs._Options({"stream": "split-count", "url": redis_url, "partitions": "4"}),
+        StructType([StructField("n", LongType())]),
+    )
 
     def parts(after: str, until: str) -> int:
         return len(reader.partitions({"id": after}, {"id": until}))

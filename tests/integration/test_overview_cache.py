@@ -39,8 +39,9 @@ NOW_MS = 1_900_000_000_000  # a fixed "now": durations of running jobs are the s
 
 
 def app_with(settings: Settings, catalog, transport, *, cache_ms: int, clock_ms=None) -> TestClient:
-    return TestClient(create_app(settings.model_copy(update={"overview_cache_ms": cache_ms}), catalog, transport,
-                                 clock_ms=clock_ms))
+    return TestClient(
+        create_app(settings.model_copy(update={"overview_cache_ms": cache_ms}), catalog, transport, clock_ms=clock_ms)
+    )
 
 
 def reference_overview(catalog, now_ms: int) -> dict:
@@ -87,20 +88,37 @@ def populate(client, catalog) -> dict[str, str]:
     # Written straight to the catalog: a runtime mode of null, and a reason on the job row itself.
     ids["odd"] = new_job_id()
     with catalog.session() as s:
-        repository.create_job(s, id=ids["odd"], name="odd", artifact_id=None, entry="build", parallelism=3,
-                              program_args=[], config={"execution.runtime-mode": None, "x": {"nested": [1, 2]}},
-                              restart_strategy={"type": "none"}, kind="noop")
+        repository.create_job(
+            s,
+            id=ids["odd"],
+            name="odd",
+            artifact_id=None,
+            entry="build",
+            parallelism=3,
+            program_args=[],
+            config={"execution.runtime-mode": None, "x": {"nested": [1, 2]}},
+            restart_strategy={"type": "none"},
+            kind="noop",
+        )
         repository.set_job_waiting_reason(s, ids["odd"], "held by the test")
     return ids
 
 
 def test_cached_answer_is_the_answer_built_per_request_before_the_cache(settings, catalog, transport):
-    with app_with(settings, catalog, transport, cache_ms=60_000, clock_ms=lambda: NOW_MS) as cached, \
-            app_with(settings, catalog, transport, cache_ms=0, clock_ms=lambda: NOW_MS) as uncached:
+    with (
+        app_with(settings, catalog, transport, cache_ms=60_000, clock_ms=lambda: NOW_MS) as cached,
+        app_with(settings, catalog, transport, cache_ms=0, clock_ms=lambda: NOW_MS) as uncached,
+    ):
         ids = populate(cached, catalog)
         expected = reference_overview(catalog, NOW_MS)
-        assert [j["name"] for j in expected["jobs"]] == ["odd", "finished", "restarted", "running", "waiting",
-                                                        "fresh ✓ jöb"]
+        assert [j["name"] for j in expected["jobs"]] == [
+            "odd",
+            "finished",
+            "restarted",
+            "running",
+            "waiting",
+            "fresh ✓ jöb",
+        ]
         by_name = {j["name"]: j for j in expected["jobs"]}  # the catalog holds what the test meant
         assert by_name["restarted"]["tasks"]["running"] == 1 and by_name["restarted"]["tasks"]["scheduled"] == 1
         assert by_name["restarted"]["waiting-reason"] == "waiting for the second vertex's slot"
@@ -122,8 +140,7 @@ def test_a_submitted_job_is_in_the_very_next_overview(settings, catalog, transpo
         assert client.get("/jobs/overview").json() == {"jobs": []}  # cached for a minute ...
         job = submit(client, jar, {"jobName": "mine"})
         # ... but this dispatcher's own submission makes the next request rebuild it.
-        assert [(j["jid"], j["state"]) for j in client.get("/jobs/overview").json()["jobs"]] == \
-            [(job, "INITIALIZING")]
+        assert [(j["jid"], j["state"]) for j in client.get("/jobs/overview").json()["jobs"]] == [(job, "INITIALIZING")]
 
 
 def test_a_submission_that_could_not_be_published_shows_failed_at_once(settings, catalog):

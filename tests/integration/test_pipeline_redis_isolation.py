@@ -32,7 +32,7 @@ from tests.waiting import wait_for
 
 NOPERM = redis.exceptions.NoPermissionError
 VICTIM = "f" * 32  # another job's lineage, with a sink of its own
-HOSTILE = textwrap.dedent('''
+HOSTILE = textwrap.dedent("""
     import json
     import redis
 
@@ -56,10 +56,10 @@ HOSTILE = textwrap.dedent('''
         r.xadd("hostile-results", {"json": json.dumps(outcome), "user": r.acl_whoami()})
         df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
         return ctx.sinks.redis_stream(df, "hostile-out")
-''')
+""")
 
 
-DECLARING = textwrap.dedent('''
+DECLARING = textwrap.dedent("""
     import json
     import redis
 
@@ -83,7 +83,7 @@ DECLARING = textwrap.dedent('''
         r.xadd("declared-results", {"json": json.dumps(outcome)})
         df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
         return ctx.sinks.redis_stream(df, ctx.args[0])
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,9 @@ def admin(cluster):
 def lineage_users(cluster) -> PipelineRedisUsers:
     settings = yaml.safe_load((cluster.run_dir / "jobmanager.yaml").read_text())
     jm = redis.Redis.from_url(service_url(cluster, "jobmanager"))
-    users = PipelineRedisUsers.for_cluster(jm, load_secret(cluster.settings, create=False), settings["redis_url"],
-                                           settings["pipeline_redis_url"])
+    users = PipelineRedisUsers.for_cluster(
+        jm, load_secret(cluster.settings, create=False), settings["redis_url"], settings["pipeline_redis_url"]
+    )
     assert users is not None  # the JobManager's own user may make them
     return users
 
@@ -124,30 +125,46 @@ def test_a_lineages_user_reaches_its_own_sink_bookkeeping_and_the_data_only(clus
     victim_sink(admin)
     settings = yaml.safe_load((cluster.run_dir / "jobmanager.yaml").read_text())
     jm = redis.Redis.from_url(service_url(cluster, "jobmanager"))
-    users = PipelineRedisUsers.for_cluster(jm, load_secret(cluster.settings, create=False), settings["redis_url"],
-                                           settings["pipeline_redis_url"])
+    users = PipelineRedisUsers.for_cluster(
+        jm, load_secret(cluster.settings, create=False), settings["redis_url"], settings["pipeline_redis_url"]
+    )
     assert users is not None  # the JobManager's own user may make them
     mine = "a" * 32
     url = users.url_for(mine)
     assert url and f"{pipeline_redis.lineage_user(mine)}:" in url
     hostile = redis.Redis.from_url(url)
     assert hostile.acl_whoami() == pipeline_redis.lineage_user(mine)
-    for forbidden in (lambda: hostile.set(fence_key(f"{VICTIM}:out"), 2 ** 62),
-                      lambda: hostile.hset(f"headrace:sink:{VICTIM}:out:owner", "lineage", mine),
-                      lambda: hostile.delete(f"headrace:sink:{VICTIM}:out:last_batch"),
-                      lambda: hostile.get(f"headrace:sink:{VICTIM}:out:last_batch"),
-                      lambda: hostile.get("hr:jm:epoch"), lambda: hostile.lpush("tm.tm-1", b"x")):
+    for forbidden in (
+        lambda: hostile.set(fence_key(f"{VICTIM}:out"), 2**62),
+        lambda: hostile.hset(f"headrace:sink:{VICTIM}:out:owner", "lineage", mine),
+        lambda: hostile.delete(f"headrace:sink:{VICTIM}:out:last_batch"),
+        lambda: hostile.get(f"headrace:sink:{VICTIM}:out:last_batch"),
+        lambda: hostile.get("hr:jm:epoch"),
+        lambda: hostile.lpush("tm.tm-1", b"x"),
+    ):
         with pytest.raises(NOPERM):
             forbidden()
     # The real sink, as the hostile lineage: the victim's sink id is refused with the reason...
     with pytest.raises(SinkBookkeepingRefused, match="own lineage"):
-        prepare_sink(hostile, "out", sink_id=f"{VICTIM}:out", attempt=2 ** 62, restored_batch_id=-1,
-                     owner=SinkOwner(lineage=mine, job_id=mine))
+        prepare_sink(
+            hostile,
+            "out",
+            sink_id=f"{VICTIM}:out",
+            attempt=2**62,
+            restored_batch_id=-1,
+            owner=SinkOwner(lineage=mine, job_id=mine),
+        )
     with pytest.raises(SinkBookkeepingRefused):
-        commit_entries(hostile, "out", [b"x"], sink_id=f"{VICTIM}:out", batch_id=99, attempt=2 ** 62)
+        commit_entries(hostile, "out", [b"x"], sink_id=f"{VICTIM}:out", batch_id=99, attempt=2**62)
     # ... and its own sink works, writing the shared data stream.
-    prepare_sink(hostile, "out", sink_id=f"{mine}:out", attempt=1, restored_batch_id=-1,
-                 owner=SinkOwner(lineage=mine, job_id=mine))
+    prepare_sink(
+        hostile,
+        "out",
+        sink_id=f"{mine}:out",
+        attempt=1,
+        restored_batch_id=-1,
+        owner=SinkOwner(lineage=mine, job_id=mine),
+    )
     assert commit_entries(hostile, "out", [b"x"], sink_id=f"{mine}:out", batch_id=0, attempt=1)
     assert hostile.xlen("out") >= 1
     assert admin.get(fence_key(f"{VICTIM}:out")) == b"7"
@@ -155,8 +172,10 @@ def test_a_lineages_user_reaches_its_own_sink_bookkeeping_and_the_data_only(clus
     # The shared user (the dispatcher's planner, or a task whose lineage has no user) has data only.
     shared = redis.Redis.from_url(settings["pipeline_redis_url"])
     assert shared.acl_whoami() == "pipeline" and shared.xlen("out") >= 1
-    for forbidden in (lambda: shared.set(fence_key(f"{VICTIM}:out"), 2 ** 62),
-                      lambda: shared.get(f"headrace:sink:{mine}:out:last_batch")):
+    for forbidden in (
+        lambda: shared.set(fence_key(f"{VICTIM}:out"), 2**62),
+        lambda: shared.get(f"headrace:sink:{mine}:out:last_batch"),
+    ):
         with pytest.raises(NOPERM):
             forbidden()
 
@@ -177,8 +196,13 @@ def test_a_hostile_pipeline_reaches_no_other_lineages_sink(cluster, admin, rest,
     [(_, fields)] = admin.xrange("hostile-results")
     outcome = json.loads(fields[b"json"])
     assert fields[b"user"].decode() == pipeline_redis.lineage_user(job)  # its lineage's own user
-    assert outcome == {"set_fence": "NOPERM", "own_the_sink": "NOPERM", "read_bookkeeping": "NOPERM",
-                       "control_plane": "NOPERM", "read_data": "ok"}, outcome
+    assert outcome == {
+        "set_fence": "NOPERM",
+        "own_the_sink": "NOPERM",
+        "read_bookkeeping": "NOPERM",
+        "control_plane": "NOPERM",
+        "read_data": "ok",
+    }, outcome
     assert admin.get(fence_key(f"{VICTIM}:out")) == b"7"
     assert admin.hget(f"headrace:sink:{VICTIM}:out:owner", "lineage") == VICTIM.encode()
     # Its own sink wrote, bookkeeping under its lineage.
@@ -195,11 +219,16 @@ def test_a_lineage_that_declares_its_keys_reaches_only_those(cluster, admin):
     hostile = redis.Redis.from_url(url)
     # What it reads it reads, the server-side count (EVAL_RO) included, and cannot change.
     assert hostile.xlen("granted-src") == 1 and count_after(hostile, "granted-src", "0-0", 10) == 1
-    for forbidden in (lambda: hostile.xadd("granted-src", {"x": 1}), lambda: hostile.xtrim("granted-src", maxlen=0),
-                      lambda: hostile.delete("granted-src"),
-                      lambda: hostile.xlen("granted-victim"), lambda: hostile.xtrim("granted-victim", maxlen=0),
-                      lambda: hostile.xadd("granted-victim", {"x": 1}, maxlen=0),
-                      lambda: hostile.delete("granted-victim"), lambda: hostile.set("granted-outx", 1)):
+    for forbidden in (
+        lambda: hostile.xadd("granted-src", {"x": 1}),
+        lambda: hostile.xtrim("granted-src", maxlen=0),
+        lambda: hostile.delete("granted-src"),
+        lambda: hostile.xlen("granted-victim"),
+        lambda: hostile.xtrim("granted-victim", maxlen=0),
+        lambda: hostile.xadd("granted-victim", {"x": 1}, maxlen=0),
+        lambda: hostile.delete("granted-victim"),
+        lambda: hostile.set("granted-outx", 1),
+    ):
         with pytest.raises(NOPERM):
             forbidden()
     assert admin.xlen("granted-src") == 1 and admin.xlen("granted-victim") == 1
@@ -208,10 +237,12 @@ def test_a_lineage_that_declares_its_keys_reaches_only_those(cluster, admin):
         entries(hostile, "granted-victim", "-", "+")
     owner = SinkOwner(lineage=mine, job_id=mine)
     with pytest.raises(SinkBookkeepingRefused, match=WRITE_OPTION):
-        prepare_sink(hostile, "granted-victim", sink_id=f"{mine}:granted-victim", attempt=1, restored_batch_id=-1,
-                     owner=owner)
-    prepare_sink(hostile, "granted-out:1", sink_id=f"{mine}:granted-out:1", attempt=1, restored_batch_id=-1,
-                 owner=owner)
+        prepare_sink(
+            hostile, "granted-victim", sink_id=f"{mine}:granted-victim", attempt=1, restored_batch_id=-1, owner=owner
+        )
+    prepare_sink(
+        hostile, "granted-out:1", sink_id=f"{mine}:granted-out:1", attempt=1, restored_batch_id=-1, owner=owner
+    )
     assert commit_entries(hostile, "granted-out:1", [b"x"], sink_id=f"{mine}:granted-out:1", batch_id=0, attempt=1)
     # A later deploy without a declaration gives the user every data key again.
     assert users.url_for(mine) == url and hostile.xlen("granted-victim") == 1
@@ -228,20 +259,35 @@ def test_a_job_that_declares_its_keys_cannot_touch_another_jobs_stream(cluster, 
     path.write_text(DECLARING)
     jar = rest.upload(path)
     config = {READ_OPTION: ["declared-src"], WRITE_OPTION: ["declared-out", "declared-results"]}
-    job = rest.run(jar, parallelism=1, programArgsList=["declared-out"], restartStrategy={"type": "none"},
-                   flinkConfiguration=config)
+    job = rest.run(
+        jar,
+        parallelism=1,
+        programArgsList=["declared-out"],
+        restartStrategy={"type": "none"},
+        flinkConfiguration=config,
+    )
     final = rest.wait_state(job, ["FINISHED", "FAILED"], timeout_s=420)
     assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
     [(_, fields)] = admin.xrange("declared-results")
     assert json.loads(fields[b"json"]) == {
-        "read_victim": "NOPERM", "trim_victim": "NOPERM", "maxlen0_victim": "NOPERM", "delete_victim": "NOPERM",
-        "read_source": "ok", "trim_source": "NOPERM"}
+        "read_victim": "NOPERM",
+        "trim_victim": "NOPERM",
+        "maxlen0_victim": "NOPERM",
+        "delete_victim": "NOPERM",
+        "read_source": "ok",
+        "trim_source": "NOPERM",
+    }
     assert admin.xlen("victim-stream") == 3 and admin.xlen("declared-src") == 1
     wait_for("its sink's entries", lambda: admin.xlen("declared-out") > 0, timeout_s=10)
 
     # A sink writing a stream its job did not declare fails, saying what to declare.
-    job = rest.run(jar, parallelism=1, programArgsList=["undeclared-out"], restartStrategy={"type": "none"},
-                   flinkConfiguration=config)
+    job = rest.run(
+        jar,
+        parallelism=1,
+        programArgsList=["undeclared-out"],
+        restartStrategy={"type": "none"},
+        flinkConfiguration=config,
+    )
     final = rest.wait_state(job, ["FINISHED", "FAILED"], timeout_s=420)
     root = rest.get(f"/jobs/{job}/exceptions")["root-exception"] or ""
     assert final["state"] == "FAILED" and WRITE_OPTION in root and "undeclared-out" in root, root

@@ -32,8 +32,7 @@ def spark(tmp_path_factory):
 
 
 def clicks(spark, total=40, seed=1):
-    return (spark.readStream.format("datagen")
-            .options(seed=str(seed), total=str(total), partitions="1").load())
+    return spark.readStream.format("datagen").options(seed=str(seed), total=str(total), partitions="1").load()
 
 
 def watermarked(spark, total=40, seed=1):
@@ -47,8 +46,10 @@ def windowed_count(df, key="url"):
 def joined(spark, total=40):
     left = watermarked(spark, total, 1).alias("a")
     right = watermarked(spark, total, 2).alias("b")
-    cond = F.expr("a.i = b.i AND a.url = b.url AND "
-                  "b.event_time BETWEEN a.event_time - INTERVAL 1 MINUTE AND a.event_time + INTERVAL 1 MINUTE")
+    cond = F.expr(
+        "a.i = b.i AND a.url = b.url AND "
+        "b.event_time BETWEEN a.event_time - INTERVAL 1 MINUTE AND a.event_time + INTERVAL 1 MINUTE"
+    )
     return left.join(right, cond)
 
 
@@ -59,14 +60,21 @@ PIPELINES = {
     "avg": (lambda s, n: clicks(s, n).groupBy("url").agg(F.avg("i")), "update"),
     "dropDuplicates": (lambda s, n: clicks(s, n).dropDuplicates(["user_id"]), "append"),
     "dedupe within watermark, then windowed count": (
-        lambda s, n: windowed_count(watermarked(s, n).dropDuplicatesWithinWatermark(["i"])), "append"),
+        lambda s, n: windowed_count(watermarked(s, n).dropDuplicatesWithinWatermark(["i"])),
+        "append",
+    ),
     "stream-stream join": (joined, "append"),
 }
 
 
 def run_to_end(df, checkpoint: Path, mode: str) -> None:
-    q = (df.writeStream.format("noop").outputMode(mode).trigger(availableNow=True)
-         .option("checkpointLocation", str(checkpoint)).start())
+    q = (
+        df.writeStream.format("noop")
+        .outputMode(mode)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
     q.awaitTermination()
 
 
@@ -89,6 +97,7 @@ def checkpoints(spark, tmp_path_factory):
 
 # ---------------------------------------------------------------- reading what Spark wrote
 
+
 def read_schema_file(path: Path) -> tuple[dict, dict]:
     """Spark's state schema file (v2): writeUTF("v2"), then key and value schema JSON, each as
     writeInt(chunks) + chunks x writeUTF."""
@@ -96,14 +105,14 @@ def read_schema_file(path: Path) -> tuple[dict, dict]:
 
     def utf() -> str:
         nonlocal pos
-        n = int.from_bytes(data[pos:pos + 2], "big")
+        n = int.from_bytes(data[pos : pos + 2], "big")
         pos += 2
         pos += n
-        return data[pos - n:pos].decode()
+        return data[pos - n : pos].decode()
 
     def chunked() -> dict:
         nonlocal pos
-        count = int.from_bytes(data[pos:pos + 4], "big")
+        count = int.from_bytes(data[pos : pos + 4], "big")
         pos += 4
         return json.loads("".join(utf() for _ in range(count)))
 
@@ -120,10 +129,12 @@ def state_operators(checkpoint: Path) -> list[dict]:
         for s in info["stateStoreInfo"]:
             base = op_dir / "0" if s["storeName"] == "default" else op_dir / "0" / s["storeName"]
             key, value = read_schema_file(base / "_metadata" / "schema")
-            stores.append({"name": s["storeName"], "partitions": s["numPartitions"], "key_schema": key,
-                           "value_schema": value})
-        ops.append({"id": info["operatorInfo"]["operatorId"], "name": info["operatorInfo"]["operatorName"],
-                    "stores": stores})
+            stores.append(
+                {"name": s["storeName"], "partitions": s["numPartitions"], "key_schema": key, "value_schema": value}
+            )
+        ops.append(
+            {"id": info["operatorInfo"]["operatorId"], "name": info["operatorInfo"]["operatorName"], "stores": stores}
+        )
     return ops
 
 
@@ -133,13 +144,13 @@ def take_savepoint(checkpoint: Path, target: Path, plan: dict | None) -> dict:
     pipeline = {"artifact_sha256": "0" * 64, "entry": "build", "args": []}
     if plan is not None:
         pipeline["plan"] = plan
-    meta = {"job_id": "c" * 32, "vertex_id": "d" * 32, "checkpoint_id": 3, "kind": "savepoint",
-            "pipeline": pipeline}
+    meta = {"job_id": "c" * 32, "vertex_id": "d" * 32, "checkpoint_id": 3, "kind": "savepoint", "pipeline": pipeline}
     batch = storage.latest_committed_batch(checkpoint)
     return storage.take_snapshot(checkpoint, target, batch_id=batch, metadata=meta).metadata
 
 
 # ---------------------------------------------------------------- the signature is what Spark writes
+
 
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_signature_predicts_the_state_spark_writes(spark, checkpoints, name):
@@ -168,17 +179,27 @@ def test_signature_details_of_known_plans(spark):
     # Spark numbers state operators from the sink: the aggregate (outermost) is operator 0.
     assert [(o["id"], o["kind"]) for o in chain["operators"]] == [(0, "aggregate"), (1, "deduplicateWithinWatermark")]
     assert chain["sources"] == [{"format": "datagen", "options": {"seed": "1"}}]
-    redis = spark.readStream.format("redis_stream").schema(EVENTS_DDL).options(
-        url="redis://nowhere.invalid:1/0", stream="clicks").load()  # planning never connects
-    sig = plan_signature(redis.union(clicks(spark, seed=7).select("url", "user_id", F.col("i").alias("n"),
-                                                                   "event_time")).groupBy("user_id").count())
-    assert sig["sources"] == [{"format": "redis_stream", "options": {"stream": "clicks"}},
-                              {"format": "datagen", "options": {"seed": "7"}}]
+    redis = (
+        spark.readStream.format("redis_stream")
+        .schema(EVENTS_DDL)
+        .options(url="redis://nowhere.invalid:1/0", stream="clicks")
+        .load()
+    )  # planning never connects
+    sig = plan_signature(
+        redis.union(clicks(spark, seed=7).select("url", "user_id", F.col("i").alias("n"), "event_time"))
+        .groupBy("user_id")
+        .count()
+    )
+    assert sig["sources"] == [
+        {"format": "redis_stream", "options": {"stream": "clicks"}},
+        {"format": "datagen", "options": {"seed": "7"}},
+    ]
     assert plan_signature(clicks(spark).limit(5), output_mode="append")["operators"][0]["kind"] == "limit"
     assert plan_signature(spark.range(3))["streaming"] is False
 
 
 # ---------------------------------------------------------------- the check before a restore
+
 
 def test_changed_grouping_key_is_refused_and_the_same_pipeline_passes(spark, checkpoints, tmp_path):
     cp = checkpoints("windowed count by url")
@@ -201,13 +222,15 @@ def test_changed_grouping_key_is_refused_and_the_same_pipeline_passes(spark, che
 def test_changed_key_type_is_refused_from_the_schema_files(spark, checkpoints, tmp_path):
     meta = take_savepoint(checkpoints("windowed count by url"), tmp_path / "sp", None)
     with pytest.raises(IncompatibleStateError) as err:
-        check_before_start(windowed_count(watermarked(spark), key="i"), meta, shuffle_partitions=None,
-                           allow_non_restored_state=False)
+        check_before_start(
+            windowed_count(watermarked(spark), key="i"), meta, shuffle_partitions=None, allow_non_restored_state=False
+        )
     assert "url: string), now (window: struct<start:timestamp,end:timestamp>, i: bigint)" in str(err.value)
 
 
-def test_allow_non_restored_state_drops_a_trailing_operator_that_spark_then_restores_without(spark, checkpoints,
-                                                                                          tmp_path):
+def test_allow_non_restored_state_drops_a_trailing_operator_that_spark_then_restores_without(
+    spark, checkpoints, tmp_path
+):
     name = "dedupe within watermark, then windowed count"
     savepoint = tmp_path / "sp"
     recorded = plan_signature(PIPELINES[name][0](spark, 40), output_mode="append")
@@ -233,7 +256,7 @@ def test_allow_non_restored_state_drops_a_trailing_operator_that_spark_then_rest
 
 # ---------------------------------------------------------------- the dispatcher's check, through the planner
 
-PIPELINE_FILE = '''
+PIPELINE_FILE = """
 from pyspark.sql import functions as F
 
 print("a pipeline printing while it is imported")  # must not spoil the planner's stdout
@@ -244,7 +267,7 @@ def build(ctx):
     events = ctx.sources.redis_stream("clicks", schema="{ddl}")
     counts = events.groupBy(key).agg(F.count("*").alias("count"))
     return ctx.sinks.sql_table(counts, "counts", key_columns=[key])
-'''
+"""
 
 
 def test_dispatcher_refuses_a_changed_pipeline_through_the_planner(spark, tmp_path, caplog):
@@ -252,19 +275,39 @@ def test_dispatcher_refuses_a_changed_pipeline_through_the_planner(spark, tmp_pa
     savepoint was taken by the version grouping by url."""
     artifact = tmp_path / "counts_job.py"
     artifact.write_text(textwrap.dedent(PIPELINE_FILE.format(ddl=EVENTS_DDL)))
-    events = spark.readStream.format("redis_stream").schema(EVENTS_DDL).options(url="redis://x.invalid:1/0",
-                                                                               stream="clicks").load()
+    events = (
+        spark.readStream.format("redis_stream")
+        .schema(EVENTS_DDL)
+        .options(url="redis://x.invalid:1/0", stream="clicks")
+        .load()
+    )
     old_plan = plan_signature(events.groupBy("url").agg(F.count("*").alias("count")), output_mode="update")
-    meta = {"format": "headrace-snapshot/1", "job_id": "e" * 32, "checkpoint_id": 5, "kind": "savepoint",
-            "pipeline": {"artifact_sha256": "1" * 64, "entry": "build", "args": ["url"], "plan": old_plan},
-            "spark": {"batch_id": 4, "state_partitions": 2, "source_offsets": [{"id": "5-0"}],
-                      "operators": [{"id": 0, "name": "stateStoreSave", "stores": []}]}}
+    meta = {
+        "format": "headrace-snapshot/1",
+        "job_id": "e" * 32,
+        "checkpoint_id": 5,
+        "kind": "savepoint",
+        "pipeline": {"artifact_sha256": "1" * 64, "entry": "build", "args": ["url"], "plan": old_plan},
+        "spark": {
+            "batch_id": 4,
+            "state_partitions": 2,
+            "source_offsets": [{"id": "5-0"}],
+            "operators": [{"id": 0, "name": "stateStoreSave", "stores": []}],
+        },
+    }
     caplog.set_level(logging.INFO, logger=restore_check.__name__)
     t0 = time.monotonic()
     with pytest.raises(restore_check.RestoreIncompatible) as err:
-        restore_check.check_restore(python=sys.executable, artifact_path=str(artifact), artifact_sha256="2" * 64,
-                                    entry="build", args=["user_id"], parallelism=2, snapshot_meta=meta,
-                                    config={"spark.sql.shuffle.partitions": "2", "sink_url": "sqlite:///:memory:"})
+        restore_check.check_restore(
+            python=sys.executable,
+            artifact_path=str(artifact),
+            artifact_sha256="2" * 64,
+            entry="build",
+            args=["user_id"],
+            parallelism=2,
+            snapshot_meta=meta,
+            config={"spark.sql.shuffle.partitions": "2", "sink_url": "sqlite:///:memory:"},
+        )
     elapsed = time.monotonic() - t0
     assert "savepoint 5 of job" in err.value.message
     assert "operator 0 (aggregate by url): its key changed from (url) to (user_id)" in err.value.message
@@ -278,9 +321,17 @@ def test_planner_timeout_is_killed_and_leaves_the_decision_to_the_driver(tmp_pat
     # batch_id >= 0: the snapshot holds state, so the (changed) pipeline must be planned.
     meta = {"pipeline": {"artifact_sha256": "1" * 64}, "spark": {"batch_id": 3, "state_partitions": 2}}
     caplog.set_level(logging.WARNING, logger=restore_check.__name__)
-    restore_check.check_restore(python=sys.executable, artifact_path=str(artifact), artifact_sha256="2" * 64,
-                                entry="build", args=[], config={}, parallelism=1, snapshot_meta=meta,
-                                timeout_s=1.0)
+    restore_check.check_restore(
+        python=sys.executable,
+        artifact_path=str(artifact),
+        artifact_sha256="2" * 64,
+        entry="build",
+        args=[],
+        config={},
+        parallelism=1,
+        snapshot_meta=meta,
+        timeout_s=1.0,
+    )
     [record] = [r for r in caplog.records if "did not finish" in r.getMessage()]
     pid = record.args[0]
     with pytest.raises(ProcessLookupError):

@@ -22,7 +22,7 @@ from tests.servers import IN_CI
 
 DRIVER_USER = "headrace-driver"
 
-PROBE = textwrap.dedent('''
+PROBE = textwrap.dedent("""
     import json, os
 
     def build(ctx):
@@ -36,7 +36,7 @@ PROBE = textwrap.dedent('''
             except OSError:
                 pass
         raise RuntimeError("SEEN" + json.dumps(seen) + "END")
-''')
+""")
 
 
 def _probe(tmp_path, monkeypatch, run_as):
@@ -56,10 +56,20 @@ def _probe(tmp_path, monkeypatch, run_as):
     monkeypatch.setenv("HEADRACE_CATALOG_URL", "postgresql://postgres@127.0.0.1:5432/headrace")
     meta = {"pipeline": {"artifact_sha256": "1" * 64}, "spark": {"batch_id": 3, "state_partitions": 2}}
     with pytest.raises(restore_check.RestoreIncompatible) as err:
-        restore_check.check_restore(python=sys.executable, artifact_path=str(artifact), artifact_sha256="2" * 64,
-                                    entry="build", args=[], config={}, parallelism=1, snapshot_meta=meta,
-                                    catalog_url=None, redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
-                                    run_as=run_as, timeout_s=180)
+        restore_check.check_restore(
+            python=sys.executable,
+            artifact_path=str(artifact),
+            artifact_sha256="2" * 64,
+            entry="build",
+            args=[],
+            config={},
+            parallelism=1,
+            snapshot_meta=meta,
+            catalog_url=None,
+            redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
+            run_as=run_as,
+            timeout_s=180,
+        )
     text = err.value.message
     assert "SEEN" in text, text
     return json.loads(text.split("SEEN", 1)[1].split("END", 1)[0])
@@ -83,7 +93,7 @@ def test_the_planner_runs_as_a_drivers_user_and_cannot_read_the_services_files(t
     assert seen["env"] == ["HEADRACE_PLANNER_REDIS_URL"], seen
 
 
-ARTIFACT_PROBE = textwrap.dedent('''
+ARTIFACT_PROBE = textwrap.dedent("""
     import json, os
 
     def attempt(fn):
@@ -105,7 +115,7 @@ ARTIFACT_PROBE = textwrap.dedent('''
             "link beside artifact/": attempt(lambda: os.symlink("/root", os.path.join(box, "artifact2"))),
         }}
         raise RuntimeError("SEEN" + json.dumps(seen) + "END")
-''')
+""")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 and not IN_CI, reason="switching to the drivers' users needs root")
@@ -118,13 +128,17 @@ def test_the_warm_planners_pipeline_cannot_write_or_plant_a_link_in_its_artifact
         pytest.fail(f"the OS users {DRIVER_USER}-0..31 are missing: scripts/bootstrap creates them")
     artifact = tmp_path / "artifact_probe.py"
     artifact.write_text(ARTIFACT_PROBE)
-    warm = WarmPlanner(python=sys.executable, run_as=DRIVER_USER, catalog_url=None,
-                       redis_url="redis://pipeline:pw@127.0.0.1:6379/0", runtime=SparkRuntime(DEFAULT_CACHE_DIR))
+    warm = WarmPlanner(
+        python=sys.executable,
+        run_as=DRIVER_USER,
+        catalog_url=None,
+        redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
+        runtime=SparkRuntime(DEFAULT_CACHE_DIR),
+    )
     try:
         warm.replenish()
         assert warm.spare_pid is not None
-        result = warm.plan(artifact_path=str(artifact), entry="build", args=[], config={}, parallelism=1,
-                           timeout_s=180)
+        result = warm.plan(artifact_path=str(artifact), entry="build", args=[], config={}, parallelism=1, timeout_s=180)
     finally:
         warm.close()
     assert result is not None and result.get("stage") == "build", result
@@ -133,7 +147,11 @@ def test_the_warm_planners_pipeline_cannot_write_or_plant_a_link_in_its_artifact
     seen = json.loads(text.split("SEEN", 1)[1].split("END", 1)[0])
     assert seen["uid"] in uids, seen
     assert seen["tried"] == {
-        "write in artifact/": "PermissionError", "link in artifact/": "PermissionError",
-        "rewrite own artifact": "PermissionError", "replace own artifact": "PermissionError",
-        "chmod artifact/": "PermissionError", "link beside artifact/": "PermissionError"}, seen
+        "write in artifact/": "PermissionError",
+        "link in artifact/": "PermissionError",
+        "rewrite own artifact": "PermissionError",
+        "replace own artifact": "PermissionError",
+        "chmod artifact/": "PermissionError",
+        "link beside artifact/": "PermissionError",
+    }, seen
     assert seen["artifact dir"].endswith("/artifact"), seen

@@ -20,8 +20,10 @@ SPEC = SimpleNamespace(job_id="j" * 32, vertex_id="v" * 32, execution_id="e" * 3
 
 
 def history(client) -> list[tuple[int, dict]]:
-    return [(int(i.decode().split("-")[0]), {k.decode(): v.decode() for k, v in f.items()})
-            for i, f in client.xrange(streams.progress_history_key("tm-1", SPEC.execution_id))]
+    return [
+        (int(i.decode().split("-")[0]), {k.decode(): v.decode() for k, v in f.items()})
+        for i, f in client.xrange(streams.progress_history_key("tm-1", SPEC.execution_id))
+    ]
 
 
 def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_url):
@@ -30,8 +32,18 @@ def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_
     clock = FakeClock(start)  # milliseconds here
     m = TaskMetrics(client, clock_ms=clock.now)
     for n in range(3600):
-        m.progress("tm-1", SPEC, Progress(batch_id=n, num_input_rows=10, input_rows_per_second=40.0,
-                                          processed_rows_per_second=50.0, batch_duration_ms=200, source_lag=n % 7))
+        m.progress(
+            "tm-1",
+            SPEC,
+            Progress(
+                batch_id=n,
+                num_input_rows=10,
+                input_rows_per_second=40.0,
+                processed_rows_per_second=50.0,
+                batch_duration_ms=200,
+                source_lag=n % 7,
+            ),
+        )
         clock.advance(250)
     points = history(client)
     newest = clock.now() - 250
@@ -42,8 +54,15 @@ def test_history_is_one_point_a_second_ordered_and_bounded_to_ten_minutes(redis_
     assert times[0] >= newest - streams.PROGRESS_HISTORY_S * 1000 and times[-1] >= newest - 1000
     assert len(points) >= streams.PROGRESS_HISTORY_POINTS - 2  # ten minutes at one a second
     last = points[-1][1]
-    assert set(last) == {"batch_id", "input_rows_per_second", "processed_rows_per_second", "num_input_rows",
-                         "timestamp", "batch_duration_ms", "source_lag"}
+    assert set(last) == {
+        "batch_id",
+        "input_rows_per_second",
+        "processed_rows_per_second",
+        "num_input_rows",
+        "timestamp",
+        "batch_duration_ms",
+        "source_lag",
+    }
     assert int(last["timestamp"]) == times[-1] and last["input_rows_per_second"] == "40.0"
     ttl = client.ttl(streams.progress_history_key("tm-1", SPEC.execution_id))
     assert 0 < ttl <= streams.PROGRESS_HISTORY_S

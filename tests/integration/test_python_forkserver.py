@@ -26,9 +26,21 @@ ROUTED = ("json.tool", "probe_mod")
 def server(tmp_path):
     sock = str(tmp_path / "fs.sock")
     log = open(tmp_path / "server.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "services.taskmanager.runtime.python_forkserver", "--serve", sock,
-                             str(os.getpid()), *ROUTED], cwd=REPO, stdin=subprocess.DEVNULL, stderr=log,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.taskmanager.runtime.python_forkserver",
+            "--serve",
+            sock,
+            str(os.getpid()),
+            *ROUTED,
+        ],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+    )
 
     def listening() -> bool:
         if os.path.exists(sock):
@@ -48,15 +60,16 @@ def forked_pids(log: Path) -> list[int]:
 
 
 def run(launcher: str, *args: str, stdin: bytes, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([launcher, *args], input=stdin, capture_output=True, cwd=cwd, timeout=30,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        [launcher, *args], input=stdin, capture_output=True, cwd=cwd, timeout=30, env=dict(os.environ, **(env or {}))
+    )
 
 
 def test_a_routed_start_is_forked_with_the_callers_stdio_cwd_and_status(server, tmp_path):
     launcher, log, _ = server
     ok = run(launcher, "-m", "json.tool", stdin=b'{"a": [1, 2]}', cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.decode().split() == ['{', '"a":', '[', '1,', '2', ']', '}']
+    assert ok.stdout.decode().split() == ["{", '"a":', "[", "1,", "2", "]", "}"]
     bad = run(launcher, "-m", "json.tool", stdin=b"{not json", cwd=tmp_path)
     assert bad.returncode == 1 and b"Expecting property name" in bad.stderr
     assert len(forked_pids(log)) == 2  # both went through the server, not a fresh interpreter
@@ -66,8 +79,9 @@ def test_the_child_sees_the_callers_environment_and_working_directory(server, tm
     launcher, log, _ = server
     work = tmp_path / "elsewhere"
     work.mkdir()
-    (work / "probe_mod.py").write_text("import json, os, sys\n"
-                                       "json.dump({'cwd': os.getcwd(), 'x': os.environ.get('PROBE_X')}, sys.stdout)\n")
+    (work / "probe_mod.py").write_text(
+        "import json, os, sys\njson.dump({'cwd': os.getcwd(), 'x': os.environ.get('PROBE_X')}, sys.stdout)\n"
+    )
     # probe_mod exists only on the caller's PYTHONPATH, which the server never had.
     out = run(launcher, "-m", "probe_mod", stdin=b"", cwd=work, env={"PROBE_X": "42", "PYTHONPATH": str(work)})
     assert out.returncode == 0, out.stderr
@@ -91,8 +105,9 @@ def test_without_a_server_the_launcher_runs_the_real_interpreter(tmp_path):
 
 
 def _started_child(launcher: str, log: Path, cwd: Path) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([launcher, "-m", "json.tool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=cwd)
+    proc = subprocess.Popen(
+        [launcher, "-m", "json.tool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
+    )
     wait_for("a forked child", lambda: forked_pids(log), 20, poll_s=0.05)
     return proc, forked_pids(log)[-1]
 
@@ -131,8 +146,13 @@ def test_sigterm_before_the_server_answers_stops_the_launcher_at_once_and_runs_n
     mute.listen(1)
     mute.settimeout(20)
     launcher = fs.write_launcher(str(tmp_path), sys.executable, str(sock), ROUTED)
-    proc = subprocess.Popen([launcher, "-m", "json.tool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [launcher, "-m", "json.tool"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
     conn, _ = mute.accept()
     conn.settimeout(20)
     assert conn.recv(4)  # its request is arriving: the launcher waits for the answer now
@@ -158,11 +178,19 @@ def test_the_server_leaves_when_its_driver_is_gone(tmp_path):
     sock = tmp_path / "fs.sock"
     # The driver: a process that starts the server and exits at once.
     driver = subprocess.run(
-        [sys.executable, "-c",
-         "import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-m', "
-         "'services.taskmanager.runtime.python_forkserver', '--serve', sys.argv[1], str(os.getpid()), 'json.tool'], "
-         "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)",
-         str(sock)], cwd=REPO, capture_output=True, text=True, timeout=30)
+        [
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-m', "
+            "'services.taskmanager.runtime.python_forkserver', '--serve', sys.argv[1], str(os.getpid()), 'json.tool'], "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)",
+            str(sock),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     server_pid = int(driver.stdout.strip())
     assert _gone(server_pid, 15), "the fork server outlived its driver"
 
@@ -187,11 +215,14 @@ def test_a_silent_connection_holds_up_the_next_launcher_only_until_the_handshake
     silent.close()
 
 
-@pytest.mark.parametrize("payload", [
-    b"[1, 2]",                                               # JSON, but not a request
-    b'{"args": ["-m", "json.tool"], "env": [], "cwd": 3}',  # a request of the wrong types
-    b"\xff\xfe not json",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[1, 2]",  # JSON, but not a request
+        b'{"args": ["-m", "json.tool"], "env": [], "cwd": 3}',  # a request of the wrong types
+        b"\xff\xfe not json",
+    ],
+)
 def test_garbage_requests_are_refused_and_the_server_goes_on(server, tmp_path, payload):
     launcher, log, proc = server
     import socket

@@ -58,8 +58,9 @@ def client(cluster):
 
 
 def noop(rest, jar, *, duration=-1, parallelism=1):
-    return rest.run(jar, kind="noop", parallelism=parallelism, restartStrategy={"type": "none"},
-                    config={"noop.duration": duration})
+    return rest.run(
+        jar, kind="noop", parallelism=parallelism, restartStrategy={"type": "none"}, config={"noop.duration": duration}
+    )
 
 
 # The forgers here hold the cluster's keys (signed messages are tests/integration/
@@ -74,13 +75,15 @@ def forge_command(cluster, queue: str, body, *, epoch: int, sender: str = "jobma
 
 def forge_rm_message(cluster, client, body, *, epoch: int, sender: str = "jobmanager") -> None:
     raw = encode(wrap(body, sender=sender, epoch=epoch))
-    client.xadd(streams.RM_STREAM, {b"m": raw, b"s": control_plane_auth(cluster.settings).sign(streams.RM_STREAM,
-                                                                                                sender, raw)})
+    client.xadd(
+        streams.RM_STREAM, {b"m": raw, b"s": control_plane_auth(cluster.settings).sign(streams.RM_STREAM, sender, raw)}
+    )
 
 
 def wait_consumed(client, timeout_s: float = 10) -> None:
     """Both receivers have taken everything forged so far: the RM group has no lag and the
     TaskManager's Celery queue is empty."""
+
     def consumed() -> bool:
         groups = {g["name"]: g for g in client.xinfo_groups(streams.RM_STREAM)}
         rm = groups.get(streams.RM_GROUP.encode())
@@ -91,11 +94,20 @@ def wait_consumed(client, timeout_s: float = 10) -> None:
 
 def test_forged_future_epoch_does_not_make_real_messages_stale(cluster, rest, jar, client):
     # Like a hostile local user: a slot request and a cancel with an epoch far in the future.
-    forge_rm_message(cluster, client, RequestSlots(request_id=new_execution_id(), job_id=new_job_id(),
-                                                   execution_id=new_execution_id(), slots=1, timeout_s=30),
-                     epoch=FORGED_EPOCH)
-    forge_command(cluster, streams.tm_queue("tm-1"), CancelTask(
-        taskmanager_id="tm-1", execution_id=new_execution_id(), job_id=new_job_id()), epoch=FORGED_EPOCH)
+    forge_rm_message(
+        cluster,
+        client,
+        RequestSlots(
+            request_id=new_execution_id(), job_id=new_job_id(), execution_id=new_execution_id(), slots=1, timeout_s=30
+        ),
+        epoch=FORGED_EPOCH,
+    )
+    forge_command(
+        cluster,
+        streams.tm_queue("tm-1"),
+        CancelTask(taskmanager_id="tm-1", execution_id=new_execution_id(), job_id=new_job_id()),
+        epoch=FORGED_EPOCH,
+    )
     wait_consumed(client)
     # The real JobManager's RequestSlots and DeployTask come after them and must be accepted.
     job = noop(rest, jar)
@@ -106,8 +118,13 @@ def test_forged_future_epoch_does_not_make_real_messages_stale(cluster, rest, ja
     current = leader_epoch.current(client)
     assert current is not None and current < FORGED_EPOCH
     for epoch, sender in ((FORGED_EPOCH, "jobmanager"), (current - 1, "jobmanager"), (current, "intruder")):
-        forge_command(cluster, streams.tm_queue("tm-1"), CancelTask(
-            taskmanager_id="tm-1", execution_id=execution, job_id=job), epoch=epoch, sender=sender)
+        forge_command(
+            cluster,
+            streams.tm_queue("tm-1"),
+            CancelTask(taskmanager_id="tm-1", execution_id=execution, job_id=job),
+            epoch=epoch,
+            sender=sender,
+        )
     wait_consumed(client)
     time.sleep(1.0)  # a cancel that got through would have reported CANCELED by now
     assert [(a["attempt"], a["status"]) for a in rest.attempts(job)] == [(0, "RUNNING")]
@@ -125,9 +142,19 @@ def test_forged_slot_requests_are_refused(cluster, rest, client):
     forged = [(FORGED_EPOCH, "jobmanager"), (current - 1, "jobmanager"), (current, "taskmanager:tm-1")]
     before = client.xlen(streams.JM_STREAM)
     for epoch, sender in forged:
-        forge_rm_message(cluster, client, RequestSlots(request_id=new_execution_id(), job_id=new_job_id(),
-                                                       execution_id=new_execution_id(), slots=4, timeout_s=30),
-                         epoch=epoch, sender=sender)
+        forge_rm_message(
+            cluster,
+            client,
+            RequestSlots(
+                request_id=new_execution_id(),
+                job_id=new_job_id(),
+                execution_id=new_execution_id(),
+                slots=4,
+                timeout_s=30,
+            ),
+            epoch=epoch,
+            sender=sender,
+        )
     wait_consumed(client)
     time.sleep(0.7)  # the ResourceManager answers in its next tick
     answers = client.xrange(streams.JM_STREAM, count=10_000)[before:]
@@ -159,9 +186,13 @@ class RMOnRedis:
         catalog.migrate()
         fence = JobManagerFence(LeaderEpochFence.from_redis(self.client), clock=self.clock.now)
         auth = ClusterAuth.ephemeral()  # one cluster: the three transports share its keys
-        self.rm = ResourceManager(settings, catalog,
-                                  RedisStreamsTransport(self.client, sender="resourcemanager", auth=auth),
-                                  self.clock, fence=fence)
+        self.rm = ResourceManager(
+            settings,
+            catalog,
+            RedisStreamsTransport(self.client, sender="resourcemanager", auth=auth),
+            self.clock,
+            fence=fence,
+        )
         self.rm.adopt_previous_taskmanagers()
         self.jm = RedisStreamsTransport(self.client, sender="jobmanager", epoch=3, auth=auth)
         self.tm = RedisStreamsTransport(self.client, sender="taskmanager:tm-1", auth=auth)
@@ -173,30 +204,52 @@ class RMOnRedis:
             self.rm.tick()
 
     def register(self, report):
-        self.tm.publish(streams.RM_STREAM, RegisterTaskManager(taskmanager_id="tm-1", host="h", slots=4, cores=1,
-                                                               memory_bytes=1, queue="tm.tm-1",
-                                                               slot_report=self.slots(report)))
+        self.tm.publish(
+            streams.RM_STREAM,
+            RegisterTaskManager(
+                taskmanager_id="tm-1",
+                host="h",
+                slots=4,
+                cores=1,
+                memory_bytes=1,
+                queue="tm.tm-1",
+                slot_report=self.slots(report),
+            ),
+        )
         self.pump()
 
     def heartbeat(self, report):
-        self.tm.publish(streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id="tm-1",
-                                                                          slot_report=self.slots(report)))
+        self.tm.publish(
+            streams.RM_HEARTBEAT_STREAM, TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=self.slots(report))
+        )
         self.pump()
 
     @staticmethod
     def slots(report) -> tuple[SlotState, ...]:
         """`report`: (allocation id, indices) pairs the TaskManager runs; every other slot is free."""
         held = {i: a for a, indices in report for i in indices}
-        return tuple(SlotState(index=i, allocation_id=held.get(i), job_id="job-" + held[i] if i in held else None,
-                               execution_id="ex-" + held[i] if i in held else None) for i in range(4))
+        return tuple(
+            SlotState(
+                index=i,
+                allocation_id=held.get(i),
+                job_id="job-" + held[i] if i in held else None,
+                execution_id="ex-" + held[i] if i in held else None,
+            )
+            for i in range(4)
+        )
 
     def request(self, slots: int) -> str:
         ex = new_execution_id()
-        self.jm.publish(streams.RM_STREAM, RequestSlots(request_id=ex, job_id=new_job_id(), execution_id=ex,
-                                                        slots=slots, timeout_s=300))
+        self.jm.publish(
+            streams.RM_STREAM,
+            RequestSlots(request_id=ex, job_id=new_job_id(), execution_id=ex, slots=slots, timeout_s=300),
+        )
         self.pump()
-        [alloc] = [decode(f[b"m"]).body for _, f in self.client.xrange(streams.JM_STREAM)
-                   if b"SlotsAllocated" in f[b"m"] and ex.encode() in f[b"m"]]
+        [alloc] = [
+            decode(f[b"m"]).body
+            for _, f in self.client.xrange(streams.JM_STREAM)
+            if b"SlotsAllocated" in f[b"m"] and ex.encode() in f[b"m"]
+        ]
         return alloc.allocation_id
 
     def held(self) -> dict[str, list[int]]:

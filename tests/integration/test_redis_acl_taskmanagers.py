@@ -54,8 +54,9 @@ def lengths(admin: redis.Redis) -> dict[str, int]:
 def celery(cluster, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env["HEADRACE_REDIS_URL"] = cluster.redis_url  # the admin user: the only one that may publish to the pidbox
-    return subprocess.run([sys.executable, "-m", "celery", "-A", APP, *args], env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_each_taskmanager_has_its_own_user_and_the_shared_one_is_gone(cluster):
@@ -72,14 +73,18 @@ def test_a_taskmanager_cannot_touch_another_ones_queue_or_inbox(cluster):
     admin = redis.Redis.from_url(cluster.redis_url)
     tm1 = client(cluster, "tm-1")
     queued = admin.llen("tm.tm-2")
-    for forged in (lambda: tm1.lpush("tm.tm-2", b"forged cancel"), lambda: tm1.rpop("tm.tm-2"),
-                   lambda: tm1.brpop(["tm.tm-2"], timeout=1), lambda: tm1.delete("tm.tm-2"),
-                   lambda: tm1.lpush("tm.tm-10", b"x"),  # a longer id that starts like its own
-                   lambda: tm1.xreadgroup("taskmanager", "me", {streams.tm_inbox("tm-2"): ">"}),
-                   lambda: tm1.xread({streams.tm_inbox("tm-2"): "0"}),
-                   lambda: tm1.delete(streams.tm_inbox("tm-2")),
-                   lambda: tm1.set(streams.tm_endpoint_key("tm-2"), "{}"),
-                   lambda: tm1.set(streams.JM_EPOCH_KEY, 10**12)):
+    for forged in (
+        lambda: tm1.lpush("tm.tm-2", b"forged cancel"),
+        lambda: tm1.rpop("tm.tm-2"),
+        lambda: tm1.brpop(["tm.tm-2"], timeout=1),
+        lambda: tm1.delete("tm.tm-2"),
+        lambda: tm1.lpush("tm.tm-10", b"x"),  # a longer id that starts like its own
+        lambda: tm1.xreadgroup("taskmanager", "me", {streams.tm_inbox("tm-2"): ">"}),
+        lambda: tm1.xread({streams.tm_inbox("tm-2"): "0"}),
+        lambda: tm1.delete(streams.tm_inbox("tm-2")),
+        lambda: tm1.set(streams.tm_endpoint_key("tm-2"), "{}"),
+        lambda: tm1.set(streams.JM_EPOCH_KEY, 10**12),
+    ):
         with pytest.raises(NOPERM):
             forged()
     assert admin.llen("tm.tm-2") == queued
@@ -88,12 +93,18 @@ def test_a_taskmanager_cannot_touch_another_ones_queue_or_inbox(cluster):
 
 
 def stream_changes_a_publisher_may_not_make(user: redis.Redis, stream: str) -> list[Callable[[], object]]:
-    return [lambda: user.delete(stream), lambda: user.xtrim(stream, maxlen=0),
-            lambda: user.xgroup_destroy(stream, "jobmanager"), lambda: user.xgroup_create(stream, "mine", id="0"),
-            lambda: user.xdel(stream, "0-1"), lambda: user.execute_command("XSETID", stream, "0-1"),
-            lambda: user.xclaim(stream, "jobmanager", "me", 0, ["0-1"]),
-            lambda: user.xautoclaim(stream, "jobmanager", "me", 0),
-            lambda: user.rename(stream, "mine"), lambda: user.expire(stream, 1)]
+    return [
+        lambda: user.delete(stream),
+        lambda: user.xtrim(stream, maxlen=0),
+        lambda: user.xgroup_destroy(stream, "jobmanager"),
+        lambda: user.xgroup_create(stream, "mine", id="0"),
+        lambda: user.xdel(stream, "0-1"),
+        lambda: user.execute_command("XSETID", stream, "0-1"),
+        lambda: user.xclaim(stream, "jobmanager", "me", 0, ["0-1"]),
+        lambda: user.xautoclaim(stream, "jobmanager", "me", 0),
+        lambda: user.rename(stream, "mine"),
+        lambda: user.expire(stream, 1),
+    ]
 
 
 def test_a_taskmanager_only_xadds_to_the_streams_it_reports_on(cluster):
@@ -124,11 +135,14 @@ def test_a_taskmanager_only_xadds_to_the_streams_it_reports_on(cluster):
     sub.close()
 
 
-@pytest.mark.parametrize("service, streams_it_publishes_to", [
-    ("dispatcher", (streams.JM_STREAM, streams.DLQ_STREAM)),
-    ("jobmanager", (streams.RM_STREAM, streams.DLQ_STREAM)),
-    ("resourcemanager", (streams.JM_STREAM, streams.tm_inbox("tm-1"), streams.DLQ_STREAM)),
-])
+@pytest.mark.parametrize(
+    "service, streams_it_publishes_to",
+    [
+        ("dispatcher", (streams.JM_STREAM, streams.DLQ_STREAM)),
+        ("jobmanager", (streams.RM_STREAM, streams.DLQ_STREAM)),
+        ("resourcemanager", (streams.JM_STREAM, streams.tm_inbox("tm-1"), streams.DLQ_STREAM)),
+    ],
+)
 def test_services_only_xadd_to_streams_they_do_not_consume(cluster, service, streams_it_publishes_to):
     admin = redis.Redis.from_url(cluster.redis_url)
     user = client(cluster, service)
@@ -174,8 +188,14 @@ def test_celery_remote_control_cannot_stop_a_taskmanager_even_from_the_admin(clu
 def credentials(cluster, *args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env["HEADRACE_CONFIG"] = str(cluster.run_dir / "config.yaml")  # the control plane's (admin) settings
-    return subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", *args], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "credentials", "taskmanager", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 def test_bad_ids_and_a_service_users_url_get_a_clear_error(cluster, tmp_path):
@@ -183,8 +203,22 @@ def test_bad_ids_and_a_service_users_url_get_a_clear_error(cluster, tmp_path):
     assert bad.returncode == 2 and "must be 1-100 letters, digits" in bad.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     env["HEADRACE_CONFIG"] = str(cluster.run_dir / "jobmanager.yaml")
-    out = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-9", "--out",
-                          str(tmp_path / "tm-9.yaml")], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "credentials",
+            "taskmanager",
+            "tm-9",
+            "--out",
+            str(tmp_path / "tm-9.yaml"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and "may not manage ACL users" in out.stderr, out.stderr
     assert not (tmp_path / "tm-9.yaml").exists()
 
@@ -207,10 +241,17 @@ def test_a_taskmanager_added_by_hand_works_survives_an_acl_reload_and_is_revoked
     assert admin.acl_getuser("taskmanager.tm-3") is not None
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {
-        "HEADRACE_CONFIG": str(path), "HEADRACE_TASKMANAGER_METRICS_PORT": "0"}
+        "HEADRACE_CONFIG": str(path),
+        "HEADRACE_TASKMANAGER_METRICS_PORT": "0",
+    }
     with open(tmp_path / "tm-3.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "taskmanager", "--id", "tm-3", "--slots", "1"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "taskmanager", "--id", "tm-3", "--slots", "1"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for("tm-3 registered", lambda: _state(rest, "tm-3") == "REGISTERED", timeout_s=60)
         with redis.Redis.from_url(config["redis_url"]) as tm3:
@@ -222,8 +263,11 @@ def test_a_taskmanager_added_by_hand_works_survives_an_acl_reload_and_is_revoked
         assert admin.acl_getuser("taskmanager.tm-3") is None
         assert "taskmanager.tm-3" not in acl_file.read_text()
         # Its connections were closed, and it cannot log in again.
-        wait_for("tm-3's connections closed", lambda: not [
-            c for c in admin.client_list() if c.get("user") == "taskmanager.tm-3"], timeout_s=10)
+        wait_for(
+            "tm-3's connections closed",
+            lambda: not [c for c in admin.client_list() if c.get("user") == "taskmanager.tm-3"],
+            timeout_s=10,
+        )
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(config["redis_url"]).ping()
         wait_for("tm-3 no longer registered", lambda: _state(rest, "tm-3") != "REGISTERED", timeout_s=30)
@@ -245,7 +289,10 @@ def test_on_a_redis_without_an_acl_file_the_user_works_and_the_operator_is_warne
 
     secret = cluster_keys.new_secret()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")} | {
-        "HEADRACE_REDIS_URL": redis_server.url, "HEADRACE_CLUSTER_SECRET": secret, "HEADRACE_HOME": str(tmp_path)}
+        "HEADRACE_REDIS_URL": redis_server.url,
+        "HEADRACE_CLUSTER_SECRET": secret,
+        "HEADRACE_HOME": str(tmp_path),
+    }
     path = tmp_path / "tm-5.yaml"
     out = subprocess.run(
         [sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-5", "--out", str(path)],

@@ -24,17 +24,22 @@ ACROSS_RESTART = {"poll_s": 0.2, "ignoring": (redis.RedisError,)}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("redis-restart-home"), catalog_url=pg_url_module,
-                      taskmanagers=TASKMANAGERS, slots=2)
+    c = start_cluster(
+        tmp_path_factory.mktemp("redis-restart-home"), catalog_url=pg_url_module, taskmanagers=TASKMANAGERS, slots=2
+    )
     c.supervise()
     yield c
     c.stop()
 
 
 def noop(rest, jar, duration):
-    return rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "fixed-delay", "attempts": 3,
-                                                                        "delay": "200 ms"},
-                    config={"noop.duration": duration})
+    return rest.run(
+        jar,
+        kind="noop",
+        parallelism=1,
+        restartStrategy={"type": "fixed-delay", "attempts": 3, "delay": "200 ms"},
+        config={"noop.duration": duration},
+    )
 
 
 def groups(client, stream: str) -> dict[str, bytes]:
@@ -55,11 +60,19 @@ def restart_redis(cluster) -> redis.Redis:
             admin.shutdown()
         except redis.ConnectionError:
             pass
-    wait_for("the old redis-server to exit", lambda: cluster.child("redis").proc.pid != old
-             or cluster.child("redis").proc.poll() is not None, timeout_s=10, **ACROSS_RESTART)
+    wait_for(
+        "the old redis-server to exit",
+        lambda: cluster.child("redis").proc.pid != old or cluster.child("redis").proc.poll() is not None,
+        timeout_s=10,
+        **ACROSS_RESTART,
+    )
     client = redis.Redis.from_url(cluster.redis_url)
-    wait_for("redis-server restarted by the supervisor",
-             lambda: cluster.child("redis").proc.pid != old and client.ping(), timeout_s=20, **ACROSS_RESTART)
+    wait_for(
+        "redis-server restarted by the supervisor",
+        lambda: cluster.child("redis").proc.pid != old and client.ping(),
+        timeout_s=20,
+        **ACROSS_RESTART,
+    )
     return client
 
 
@@ -73,8 +86,9 @@ def test_a_redis_restart_loses_no_stream_group_pending_entry_dead_letter_or_job(
     wait_for("the bad entry dead-lettered", lambda: admin.xlen(streams.DLQ_STREAM) >= 1, **ACROSS_RESTART)
     admin.xgroup_create(streams.DLQ_STREAM, "operators", id="0")
     admin.xreadgroup("operators", "me", {streams.DLQ_STREAM: ">"}, count=1)
-    kept = {stream: groups(admin, stream) for stream in (streams.JM_STREAM, streams.RM_STREAM,
-                                                          streams.RM_HEARTBEAT_STREAM)}
+    kept = {
+        stream: groups(admin, stream) for stream in (streams.JM_STREAM, streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM)
+    }
     dead_letters = admin.xlen(streams.DLQ_STREAM)
     epoch = admin.get(streams.JM_EPOCH_KEY)
     time.sleep(1.2)  # AOF fsyncs every second: what is older than that must come back
@@ -91,12 +105,18 @@ def test_a_redis_restart_loses_no_stream_group_pending_entry_dead_letter_or_job(
     assert admin.get(streams.JM_EPOCH_KEY) == epoch
 
     # Every TaskManager reconnects and registers again.
-    wait_for(f"{TASKMANAGERS} TaskManager liveness connections",
-             lambda: sum(1 for c in admin.client_list(_type="normal")
-                         if c.get("name", "").startswith("hr-tm-")) == TASKMANAGERS, **ACROSS_RESTART)
-    wait_for("both TaskManagers registered",
-             lambda: all(rest.get(f"/taskmanagers/tm-{i + 1}")["state"] == "REGISTERED"
-                         for i in range(TASKMANAGERS)), **ACROSS_RESTART)
+    wait_for(
+        f"{TASKMANAGERS} TaskManager liveness connections",
+        lambda: (
+            sum(1 for c in admin.client_list(_type="normal") if c.get("name", "").startswith("hr-tm-")) == TASKMANAGERS
+        ),
+        **ACROSS_RESTART,
+    )
+    wait_for(
+        "both TaskManagers registered",
+        lambda: all(rest.get(f"/taskmanagers/tm-{i + 1}")["state"] == "REGISTERED" for i in range(TASKMANAGERS)),
+        **ACROSS_RESTART,
+    )
     # The job's first attempt runs on: a restart drops every connection at once, which is no
     # TaskManager's death (services/resourcemanager/liveness.py), and the heartbeats resume
     # well within their timeout.
@@ -167,9 +187,13 @@ def test_no_password_is_printed_or_readable_by_others(cluster):
         passwords[f"tm-{i + 1}"] = urlsplit(config["redis_url"]).password
         passwords[f"tm-{i + 1} key"] = config["taskmanager_key"]
         passwords[f"tm-{i + 1} command key"] = config["taskmanager_command_key"]
-    for private in (home / "redis" / "credentials.json", home / "redis" / "users.acl",
-                    cluster.run_dir / "config.yaml", cluster.run_dir / "cluster.json",
-                    *(cluster.run_dir / f"tm-{i + 1}.yaml" for i in range(TASKMANAGERS))):
+    for private in (
+        home / "redis" / "credentials.json",
+        home / "redis" / "users.acl",
+        cluster.run_dir / "config.yaml",
+        cluster.run_dir / "cluster.json",
+        *(cluster.run_dir / f"tm-{i + 1}.yaml" for i in range(TASKMANAGERS)),
+    ):
         assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
     assert stat.S_IMODE((home / "redis").stat().st_mode) == 0o700
     shown = [(cluster.run_dir / "cluster.json").read_text(), (home / "redis" / "users.acl").read_text()]

@@ -27,8 +27,14 @@ from shared.transport import InMemoryTransport
 GOOD_PY = b"def build(ctx):\n    return ctx.spark.range(1)\n"
 DB_URL = "postgresql://app:s3cret-db@db.example:5432/orders"
 JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="s3cret-kafka";'
-CONFIG = {"sink.url": DB_URL, "kafka.sasl.jaas.config": JAAS, "api_token": "s3cret-token",
-          "ssl.keystore.key": "s3cret-pem", "key.serializer": "StringSerializer", "sink.table": "orders"}
+CONFIG = {
+    "sink.url": DB_URL,
+    "kafka.sasl.jaas.config": JAAS,
+    "api_token": "s3cret-token",
+    "ssl.keystore.key": "s3cret-pem",
+    "key.serializer": "StringSerializer",
+    "sink.table": "orders",
+}
 ARGS = ["--table", "orders", "--password", "s3cret-arg", "--db=" + DB_URL, "token=s3cret-kv"]
 SECRETS = ("s3cret-db", "s3cret-kafka", "s3cret-token", "s3cret-pem", "s3cret-arg", "s3cret-kv")
 
@@ -65,14 +71,20 @@ def upload(client, headers, name: str = "job.py", data: bytes = GOOD_PY) -> str:
 
 def test_a_viewer_reads_configurations_specs_and_arguments_with_secrets_masked(client, as_role):
     jar = upload(client, as_role["admin"])
-    r = client.post(f"/jars/{jar}/run", json={"kind": "noop", "config": CONFIG, "programArgsList": ARGS},
-                    headers=as_role["operator"])
+    r = client.post(
+        f"/jars/{jar}/run",
+        json={"kind": "noop", "config": CONFIG, "programArgsList": ARGS},
+        headers=as_role["operator"],
+    )
     assert r.status_code == 200, r.text
     job = r.json()["jobid"]
     spec = {"jarId": jar, "kind": "noop", "flinkConfiguration": CONFIG, "programArgsList": ARGS, "state": "suspended"}
     assert client.put("/deployments/masked", json=spec, headers=as_role["operator"]).status_code == 200
-    r = client.post("/jobs/schedules", json={"jarId": jar, "kind": "noop", "everySeconds": 3600, "enabled": False,
-                                             "programArgsList": ARGS}, headers=as_role["operator"])
+    r = client.post(
+        "/jobs/schedules",
+        json={"jarId": jar, "kind": "noop", "everySeconds": 3600, "enabled": False, "programArgsList": ARGS},
+        headers=as_role["operator"],
+    )
     assert r.status_code == 201, r.text
     schedule = r.json()["id"]
     reads = (f"/jobs/{job}/config", "/deployments/masked", f"/jobs/schedules/{schedule}", "/jobs/schedules")
@@ -83,10 +95,21 @@ def test_a_viewer_reads_configurations_specs_and_arguments_with_secrets_masked(c
         assert not [s for s in SECRETS if s in seen.text], (path, seen.text)
     config = client.get(f"/jobs/{job}/config", headers=as_role["viewer"]).json()["execution-config"]
     assert config["user-config"] == {
-        "sink.url": f"postgresql://app:{MASK}@db.example:5432/orders", "kafka.sasl.jaas.config": MASK,
-        "api_token": MASK, "ssl.keystore.key": MASK, "key.serializer": "StringSerializer", "sink.table": "orders"}
-    assert config["program-args"] == ["--table", "orders", "--password", MASK,
-                                      f"--db=postgresql://app:{MASK}@db.example:5432/orders", f"token={MASK}"]
+        "sink.url": f"postgresql://app:{MASK}@db.example:5432/orders",
+        "kafka.sasl.jaas.config": MASK,
+        "api_token": MASK,
+        "ssl.keystore.key": MASK,
+        "key.serializer": "StringSerializer",
+        "sink.table": "orders",
+    }
+    assert config["program-args"] == [
+        "--table",
+        "orders",
+        "--password",
+        MASK,
+        f"--db=postgresql://app:{MASK}@db.example:5432/orders",
+        f"token={MASK}",
+    ]
     detail = client.get("/deployments/masked", headers=as_role["viewer"]).json()
     assert detail["spec"]["flinkConfiguration"]["kafka.sasl.jaas.config"] == MASK
     assert detail["generations"][0]["spec"]["programArgsList"][3] == MASK
@@ -104,40 +127,57 @@ def test_what_an_operator_can_make_the_control_plane_hold_is_bounded(client, as_
     jar = upload(client, as_role["admin"])
     op = as_role["operator"]
     huge = ["x" * 10_000] * 1_000
-    for path, body in ((f"/jars/{jar}/run", {"kind": "noop", "programArgsList": huge}),
-                       ("/deployments/huge", {"jarId": jar, "kind": "noop", "programArgsList": huge}),
-                       ("/jobs/schedules", {"jarId": jar, "kind": "noop", "everySeconds": 60,
-                                            "programArgsList": huge})):
-        r = client.put(path, json=body, headers=op) if path.startswith("/deployments") else \
-            client.post(path, json=body, headers=op)
+    for path, body in (
+        (f"/jars/{jar}/run", {"kind": "noop", "programArgsList": huge}),
+        ("/deployments/huge", {"jarId": jar, "kind": "noop", "programArgsList": huge}),
+        ("/jobs/schedules", {"jarId": jar, "kind": "noop", "everySeconds": 60, "programArgsList": huge}),
+    ):
+        r = (
+            client.put(path, json=body, headers=op)
+            if path.startswith("/deployments")
+            else client.post(path, json=body, headers=op)
+        )
         assert r.status_code == 400 and f"at most {MAX_PROGRAM_ARGS}" in r.text, (path, r.text[:500])
-    r = client.post(f"/jars/{jar}/run", json={"kind": "noop", "programArgsList": ["y" * (MAX_PROGRAM_ARG_CHARS + 1)]},
-                    headers=op)
+    r = client.post(
+        f"/jars/{jar}/run", json={"kind": "noop", "programArgsList": ["y" * (MAX_PROGRAM_ARG_CHARS + 1)]}, headers=op
+    )
     assert r.status_code == 400 and f"at most {MAX_PROGRAM_ARG_CHARS}" in r.text, r.text[:500]
     r = client.post(f"/jars/{jar}/run", params={"program-args": "a " * 300}, headers=op)
     assert r.status_code == 400 and "300 program arguments" in r.text, r.text[:500]
 
-    r = client.put("/deployments/hoarder", json={"jarId": jar, "kind": "noop",
-                                                 "savepoints": {"interval": 1, "historyMax": 1000}}, headers=op)
+    r = client.put(
+        "/deployments/hoarder",
+        json={"jarId": jar, "kind": "noop", "savepoints": {"interval": 1, "historyMax": 1000}},
+        headers=op,
+    )
     assert r.status_code == 400 and "at least 10 s" in r.text and "100" in r.text, r.text
-    r = client.put("/deployments/hoarder", json={"jarId": jar, "kind": "noop",
-                                                 "savepoints": {"interval": "10 s", "historyMax": 100}}, headers=op)
+    r = client.put(
+        "/deployments/hoarder",
+        json={"jarId": jar, "kind": "noop", "savepoints": {"interval": "10 s", "historyMax": 100}},
+        headers=op,
+    )
     assert r.status_code == 200, r.text
 
-    for strategy, field in (({"type": "fixed-delay", "attempts": 10**9, "delay": 0}, "restartStrategy.delay"),
-                            ({"type": "failure-rate", "max-failures-per-interval": 10**9, "delay": "0 s"},
-                             "restartStrategy.delay"),
-                            ({"type": "exponential-delay", "initial-backoff": 0}, "restartStrategy.initial-backoff")):
+    for strategy, field in (
+        ({"type": "fixed-delay", "attempts": 10**9, "delay": 0}, "restartStrategy.delay"),
+        ({"type": "failure-rate", "max-failures-per-interval": 10**9, "delay": "0 s"}, "restartStrategy.delay"),
+        ({"type": "exponential-delay", "initial-backoff": 0}, "restartStrategy.initial-backoff"),
+    ):
         r = client.post(f"/jars/{jar}/run", json={"kind": "noop", "restartStrategy": strategy}, headers=op)
         assert r.status_code == 400 and "at least 1 s" in r.text and field in r.text, r.text
-        r = client.put("/deployments/crashloop", json={"jarId": jar, "kind": "noop", "restartStrategy": strategy},
-                       headers=op)
+        r = client.put(
+            "/deployments/crashloop", json={"jarId": jar, "kind": "noop", "restartStrategy": strategy}, headers=op
+        )
         assert r.status_code == 400 and "at least 1 s" in r.text, r.text
     # Flink's default for checkpointed jobs (unlimited attempts, 1 s apart) and a few quick retries stay fine.
-    for strategy in ({"type": "fixed-delay", "attempts": 2**31 - 1, "delay": "1 s"},
-                     {"type": "fixed-delay", "attempts": 3, "delay": 0}):
-        assert client.post(f"/jars/{jar}/run", json={"kind": "noop", "restartStrategy": strategy},
-                           headers=op).status_code == 200
+    for strategy in (
+        {"type": "fixed-delay", "attempts": 2**31 - 1, "delay": "1 s"},
+        {"type": "fixed-delay", "attempts": 3, "delay": 0},
+    ):
+        assert (
+            client.post(f"/jars/{jar}/run", json={"kind": "noop", "restartStrategy": strategy}, headers=op).status_code
+            == 200
+        )
 
 
 def test_an_upload_named_in_capitals_is_a_python_module_everywhere(client, as_role, tmp_path):
@@ -165,18 +205,41 @@ def test_suspended_deployments_cost_the_leader_nothing_until_one_changes(catalog
     from shared.catalog.repository import deployments as deployments_repo
     from shared.clock import SystemClock, WallClock
 
-    spec = {"jarId": "0" * 32, "entryClass": "build", "kind": "noop", "programArgsList": [], "parallelism": 1,
-            "flinkConfiguration": {}, "restartStrategy": {"type": "none"}, "upgradeMode": "savepoint",
-            "state": "suspended", "rollback": {"enabled": True, "readyWithin": 60.0},
-            "savepoints": {"interval": None, "historyMax": 5}}
+    spec = {
+        "jarId": "0" * 32,
+        "entryClass": "build",
+        "kind": "noop",
+        "programArgsList": [],
+        "parallelism": 1,
+        "flinkConfiguration": {},
+        "restartStrategy": {"type": "none"},
+        "upgradeMode": "savepoint",
+        "state": "suspended",
+        "rollback": {"enabled": True, "readyWithin": 60.0},
+        "savepoints": {"interval": None, "historyMax": 5},
+    }
     with catalog.session() as s:
         now = utcnow()
-        s.add_all([DeploymentRow(name=f"d{i:03d}", spec=spec, generation=1, deleting=False, delete_with_savepoint=True,
-                                 rollback_requested=False, lifecycle="SUSPENDED", created_at=now, updated_at=now)
-                   for i in range(50)])
+        s.add_all(
+            [
+                DeploymentRow(
+                    name=f"d{i:03d}",
+                    spec=spec,
+                    generation=1,
+                    deleting=False,
+                    delete_with_savepoint=True,
+                    rollback_requested=False,
+                    lifecycle="SUSPENDED",
+                    created_at=now,
+                    updated_at=now,
+                )
+                for i in range(50)
+            ]
+        )
     settings = Settings(home=tmp_path / "home", catalog_url=catalog.url)
-    master = JobMaster(settings, catalog, InMemoryTransport(sender="jobmanager", epoch=1), gateway=None,
-                       clock=SystemClock(), epoch=1)
+    master = JobMaster(
+        settings, catalog, InMemoryTransport(sender="jobmanager", epoch=1), gateway=None, clock=SystemClock(), epoch=1
+    )
     with master.unit_of_work():
         master.recover()
     reconciler = DeploymentReconciler(master, settings, WallClock())

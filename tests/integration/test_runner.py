@@ -65,23 +65,48 @@ class Driver:
             env["JDK_JAVA_OPTIONS"] = jvm_options
         return env
 
-    def __init__(self, workdir: Path, *, warm: bool = False, via_parent: bool = False, extra: tuple[str, ...] = (),
-                 jvm_options: str | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        warm: bool = False,
+        via_parent: bool = False,
+        extra: tuple[str, ...] = (),
+        jvm_options: str | None = None,
+    ):
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         r, w = os.pipe()
-        cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", "2",
-               "--workdir", str(workdir), "--events-fd", str(w), "--shuffle-partitions", "2",
-               *machine_runtime(), *extra]  # a test's own --class-archive-dir comes last and wins
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.taskmanager.runtime.runner",
+            "--parallelism",
+            "2",
+            "--workdir",
+            str(workdir),
+            "--events-fd",
+            str(w),
+            "--shuffle-partitions",
+            "2",
+            *machine_runtime(),
+            *extra,
+        ]  # a test's own --class-archive-dir comes last and wins
         if not warm:
             cmd.append("--no-warmup")
         if via_parent:
             cmd = [sys.executable, "-c", FAKE_TASKMANAGER, *cmd]
         self.log_path = workdir / "driver.log"
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=log,
-                                     stderr=subprocess.STDOUT, pass_fds=(w,),
-                                     env=self._environment(w, jvm_options))
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(w,),
+            env=self._environment(w, jvm_options),
+        )
         os.close(w)
         log.close()
         self.events: queue.Queue = queue.Queue()
@@ -116,8 +141,9 @@ class Driver:
         checkpoints.mkdir(parents=True, exist_ok=True)
         claims = SinkClaims(checkpoints, safe_fs.Ownership(), UntrustedUser(None, os.geteuid(), os.getegid()))
         owner = SinkOwner(lineage=self.spec.job_id, job_id=self.spec.job_id, generation=0)
-        record = claims.claim(ev.path, kind=ev.kind, attempt=ev.attempt, restored_batch_id=ev.restored_batch_id,
-                              owner=owner)
+        record = claims.claim(
+            ev.path, kind=ev.kind, attempt=ev.attempt, restored_batch_id=ev.restored_batch_id, owner=owner
+        )
         return Granted(request_id=ev.request_id, path=record)
 
     def expect(self, name: str, timeout: float = 60):
@@ -157,8 +183,13 @@ class Driver:
             except psutil.NoSuchProcess:
                 return False
 
-        wait_for("no process of the driver's tree left behind", lambda: [p for p in self.tree if alive(p)], timeout,
-                 poll_s=0.2, until=lambda left: left == [])
+        wait_for(
+            "no process of the driver's tree left behind",
+            lambda: [p for p in self.tree if alive(p)],
+            timeout,
+            poll_s=0.2,
+            until=lambda left: left == [],
+        )
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -192,13 +223,21 @@ def drivers():
         d.kill()
 
 
-def spec(tmp_path: Path, artifact: Path, *args: str, job_id: str = "job-1", attempt: int = 1,
-         catalog_url: str | None = None) -> TaskSpec:
-    return TaskSpec(job_id=job_id, vertex_id="v-1", execution_id=f"x-{attempt}", attempt=attempt,
-                    parallelism=2, artifact_path=str(artifact), program_args=args,
-                    checkpoint_dir=str(tmp_path / "checkpoints" / job_id),
-                    catalog_url=catalog_url or f"sqlite:///{tmp_path / 'catalog.db'}",
-                    redis_url="redis://127.0.0.1:1/0")
+def spec(
+    tmp_path: Path, artifact: Path, *args: str, job_id: str = "job-1", attempt: int = 1, catalog_url: str | None = None
+) -> TaskSpec:
+    return TaskSpec(
+        job_id=job_id,
+        vertex_id="v-1",
+        execution_id=f"x-{attempt}",
+        attempt=attempt,
+        parallelism=2,
+        artifact_path=str(artifact),
+        program_args=args,
+        checkpoint_dir=str(tmp_path / "checkpoints" / job_id),
+        catalog_url=catalog_url or f"sqlite:///{tmp_path / 'catalog.db'}",
+        redis_url="redis://127.0.0.1:1/0",
+    )
 
 
 def window_counts(url: str, table: str) -> dict:
@@ -212,10 +251,12 @@ def window_counts(url: str, table: str) -> dict:
 
 
 def expected_counts(seed: int, total: int) -> dict:
-    return dict(Counter(
-        (e["event_time"].replace(second=0, microsecond=0, tzinfo=None), e["url"])
-        for e in generate_events(seed, 0, total)
-    ))
+    return dict(
+        Counter(
+            (e["event_time"].replace(second=0, microsecond=0, tzinfo=None), e["url"])
+            for e in generate_events(seed, 0, total)
+        )
+    )
 
 
 def test_clickstream_exact_counts_survive_kill9_mid_stream(drivers, pg_url, tmp_path):
@@ -254,7 +295,8 @@ def test_batch_job_finishes_on_a_hurried_warm_driver_and_failures_are_reported_w
     bad_build = tmp_path / "bad_build.py"
     bad_build.write_text("def build(ctx):\n    raise ValueError('no pipeline for you')\n")
     bad_stream = tmp_path / "bad_stream.py"
-    bad_stream.write_text(textwrap.dedent("""
+    bad_stream.write_text(
+        textwrap.dedent("""
         from pyspark.sql import functions as F
 
         def explode(i):
@@ -264,7 +306,8 @@ def test_batch_job_finishes_on_a_hurried_warm_driver_and_failures_are_reported_w
             clicks = ctx.sources.datagen(seed=1, total=50)
             bad = clicks.select(F.udf(explode, "long")("i").alias("x"))
             return ctx.sinks.console(bad)
-    """))
+    """)
+    )
     a = drivers(tmp_path / "a")
     b = drivers(tmp_path / "b")
     # c is a warm driver that a task already waits for (the TaskManager's marker, DriverProcess.hurry,
@@ -280,8 +323,17 @@ def test_batch_job_finishes_on_a_hurried_warm_driver_and_failures_are_reported_w
     a.run(spec(tmp_path, bad_build))
     b.run(spec(tmp_path, bad_stream, job_id="job-2"))
     out = tmp_path / "daily"
-    c.run(spec(tmp_path, REPO / "examples" / "batch_sql_to_parquet.py", "--seed-events", "500",
-               "--output", str(out), job_id="job-3"))
+    c.run(
+        spec(
+            tmp_path,
+            REPO / "examples" / "batch_sql_to_parquet.py",
+            "--seed-events",
+            "500",
+            "--output",
+            str(out),
+            job_id="job-3",
+        )
+    )
 
     c.expect("initializing")
     assert c.expect("running", 60).streaming is False
@@ -414,8 +466,13 @@ def test_a_driver_orphaned_while_starting_takes_its_jvm_along(drivers, tmp_path)
     work dir): the JVM would never see the runner go. Stood in for by a stopped JVM."""
     d = drivers(tmp_path / "orphan-starting", via_parent=True)
     fake_tm = psutil.Process(d.proc.pid)
-    jvm = wait_for("a JVM started under the driver", lambda: _java_under(fake_tm), START_TIMEOUT, poll_s=0.02,
-                   until=lambda found: found is not None)
+    jvm = wait_for(
+        "a JVM started under the driver",
+        lambda: _java_under(fake_tm),
+        START_TIMEOUT,
+        poll_s=0.02,
+        until=lambda found: found is not None,
+    )
     d.tree = [fake_tm, *fake_tm.children(recursive=True)]
     jvm.suspend()
     fake_tm.kill()

@@ -36,8 +36,14 @@ def cluster(tmp_path_factory, pg_url_module):
 
     if not (ZOOKEEPER_HOME / "bin" / "zkServer.sh").exists():
         missing("ZooKeeper (Debian package zookeeper)")
-    c = start_cluster(tmp_path_factory.mktemp("schedules-home"), catalog_url=pg_url_module, slots=2, ha=True,
-                      jobmanagers=2, zookeeper_session_timeout_s=3.0)
+    c = start_cluster(
+        tmp_path_factory.mktemp("schedules-home"),
+        catalog_url=pg_url_module,
+        slots=2,
+        ha=True,
+        jobmanagers=2,
+        zookeeper_session_timeout_s=3.0,
+    )
     yield c
     c.stop()
 
@@ -58,8 +64,11 @@ def create(rest, **body) -> str:
 def runs(catalog, sid) -> list[tuple[int, str, str | None]]:
     """(tick in ms, outcome, job id), oldest first, straight from the catalog."""
     with catalog.session() as s:
-        rows = s.execute(select(ScheduleRun).where(ScheduleRun.schedule_id == sid)
-                         .order_by(ScheduleRun.tick_at)).scalars().all()
+        rows = (
+            s.execute(select(ScheduleRun).where(ScheduleRun.schedule_id == sid).order_by(ScheduleRun.tick_at))
+            .scalars()
+            .all()
+        )
         return [(int(r.tick_at.astimezone(timezone.utc).timestamp() * 1000), r.outcome, r.job_id) for r in rows]
 
 
@@ -83,12 +92,38 @@ def test_rest_validation_and_the_shape_the_dashboard_reads(rest, jar):
     assert rest.http.get("/jobs/schedules/0123").status_code == 404
     sid = create(rest, jarId=jar, kind="noop", cron="0 3 * * *", name="nightly", enabled=False)
     [listed] = [s for s in rest.get("/jobs/schedules")["schedules"] if s["id"] == sid]
-    assert {k: listed[k] for k in ("name", "jarId", "entryClass", "cron", "everySeconds", "overlap",
-                                   "misfireGraceSeconds", "enabled", "nextFire", "lastFire", "lastJobId",
-                                   "lastOutcome", "runs")} == {
-        "name": "nightly", "jarId": jar, "entryClass": "build", "cron": "0 3 * * *", "everySeconds": None,
-        "overlap": "skip", "misfireGraceSeconds": 60, "enabled": False, "nextFire": None, "lastFire": None,
-        "lastJobId": None, "lastOutcome": None, "runs": 0}
+    assert {
+        k: listed[k]
+        for k in (
+            "name",
+            "jarId",
+            "entryClass",
+            "cron",
+            "everySeconds",
+            "overlap",
+            "misfireGraceSeconds",
+            "enabled",
+            "nextFire",
+            "lastFire",
+            "lastJobId",
+            "lastOutcome",
+            "runs",
+        )
+    } == {
+        "name": "nightly",
+        "jarId": jar,
+        "entryClass": "build",
+        "cron": "0 3 * * *",
+        "everySeconds": None,
+        "overlap": "skip",
+        "misfireGraceSeconds": 60,
+        "enabled": False,
+        "nextFire": None,
+        "lastFire": None,
+        "lastJobId": None,
+        "lastOutcome": None,
+        "runs": 0,
+    }
     resumed = rest.http.patch(f"/jobs/schedules/{sid}", json={"enabled": True}).json()
     assert resumed["enabled"] and resumed["nextFire"] % 86_400_000 == 3 * 3_600_000 and resumed["history"] == []
     r = rest.http.delete(f"/jars/{jar}")  # its schedule would only record skipped runs
@@ -100,8 +135,27 @@ def test_rest_validation_and_the_shape_the_dashboard_reads(rest, jar):
 def test_cli_create_list_pause_delete(cluster, jar):
     runner = CliRunner()
     url = ["-m", cluster.dispatcher_url]
-    out = runner.invoke(cli.app, ["schedule", "create", "--jar", jar, "--cron", "*/30 * * * *", "--kind", "noop",
-                                  "--name", "from-cli", "--overlap", "queue", *url, "--", "--day", "today"])
+    out = runner.invoke(
+        cli.app,
+        [
+            "schedule",
+            "create",
+            "--jar",
+            jar,
+            "--cron",
+            "*/30 * * * *",
+            "--kind",
+            "noop",
+            "--name",
+            "from-cli",
+            "--overlap",
+            "queue",
+            *url,
+            "--",
+            "--day",
+            "today",
+        ],
+    )
     assert out.exit_code == 0, out.output
     sid = out.output.split()[1]
     assert "cron */30 * * * * UTC" in out.output
@@ -133,8 +187,16 @@ def test_overlap_skip_while_the_previous_run_never_ends(rest, jar, catalog):
 
 
 def test_one_run_per_tick_across_a_kill_9_of_the_leader(cluster, rest, jar, catalog):
-    sid = create(rest, jarId=jar, kind="noop", everySeconds=EVERY_S, name="every-2s", overlap="skip",
-                 config={"noop.duration": 0.1}, restartStrategy={"type": "none"})
+    sid = create(
+        rest,
+        jarId=jar,
+        kind="noop",
+        everySeconds=EVERY_S,
+        name="every-2s",
+        overlap="skip",
+        config={"noop.duration": 0.1},
+        restartStrategy={"type": "none"},
+    )
     wait_for("three runs before the failover", lambda: len(submitted(catalog, sid)) >= 3, timeout_s=30)
     before = leader(cluster)
     name = leader_child(cluster)
@@ -148,9 +210,11 @@ def test_one_run_per_tick_across_a_kill_9_of_the_leader(cluster, rest, jar, cata
         time.sleep(OUTAGE_S)
     finally:
         os.kill(standby.proc.pid, signal.SIGCONT)
-    wait_for("three runs by the new leader",
-             lambda: len([t for t, o, _ in runs(catalog, sid) if o == "submitted" and t > killed_at_ms]) >= 3,
-             timeout_s=40)
+    wait_for(
+        "three runs by the new leader",
+        lambda: len([t for t, o, _ in runs(catalog, sid) if o == "submitted" and t > killed_at_ms]) >= 3,
+        timeout_s=40,
+    )
     assert rest.http.patch(f"/jobs/schedules/{sid}", json={"enabled": False}).status_code == 200
     after = leader(cluster)
     assert after["id"] != before["id"] and after["epoch"] > before["epoch"]

@@ -67,11 +67,20 @@ def pipeline_writing(directory, marker) -> str:
 
 def deploy_for(tm: str, artifact_path: str, sha256: str | None) -> DeployTask:
     ex = new_execution_id()
-    spec = TaskSpec(job_id=new_job_id(), vertex_id=new_vertex_id(), execution_id=ex, attempt=0, parallelism=1,
-                    kind="pyspark", artifact_path=artifact_path, artifact_sha256=sha256,
-                    checkpoint_dir=f"/tmp/{ex}", catalog_url="sqlite://", redis_url="redis://")
-    return DeployTask(taskmanager_id=tm, allocation_id=new_allocation_id(), slot_indices=(0,),
-                      spec=spec)
+    spec = TaskSpec(
+        job_id=new_job_id(),
+        vertex_id=new_vertex_id(),
+        execution_id=ex,
+        attempt=0,
+        parallelism=1,
+        kind="pyspark",
+        artifact_path=artifact_path,
+        artifact_sha256=sha256,
+        checkpoint_dir=f"/tmp/{ex}",
+        catalog_url="sqlite://",
+        redis_url="redis://",
+    )
+    return DeployTask(taskmanager_id=tm, allocation_id=new_allocation_id(), slot_indices=(0,), spec=spec)
 
 
 def send_command(cluster, task: str, queue: str, args: list) -> None:
@@ -119,12 +128,17 @@ def test_a_forged_deploy_never_runs_whatever_it_is_signed_with(cluster, client, 
     epoch = leader_epoch.current(client)
     queue = streams.tm_queue("tm-2")
     mark, jm_len = dlq_tail(client), tails(client, streams.JM_STREAM)
-    forged = [encode(wrap(deploy_for("tm-2", evil, digest), sender="jobmanager", epoch=epoch)).decode()
-              for _ in range(3)]
-    send_command(cluster, DEPLOY_TASK, queue, [forged[0]])                                   # unsigned
+    forged = [
+        encode(wrap(deploy_for("tm-2", evil, digest), sender="jobmanager", epoch=epoch)).decode() for _ in range(3)
+    ]
+    send_command(cluster, DEPLOY_TASK, queue, [forged[0]])  # unsigned
     send_command(cluster, DEPLOY_TASK, queue, [forged[1], stolen.sign_command("tm-1", forged[1].encode())])
-    send_command(cluster, DEPLOY_TASK, queue, [forged[2], cluster_keys.sign(
-        stolen.sender_key("taskmanager:tm-1"), forged[2].encode())])                         # its sender key
+    send_command(
+        cluster,
+        DEPLOY_TASK,
+        queue,
+        [forged[2], cluster_keys.sign(stolen.sender_key("taskmanager:tm-1"), forged[2].encode())],
+    )  # its sender key
     letters = wait_for_at_least("dead letter", lambda: dead_letters_since(client, mark), 3)
     errors = sorted(d["error"].decode() for d in letters)
     assert len(letters) == 3 and all(d["queue"] == queue.encode() for d in letters)
@@ -135,7 +149,8 @@ def test_a_forged_deploy_never_runs_whatever_it_is_signed_with(cluster, client, 
     app = make_celery(cluster.redis_url, "leader-twin")
     try:
         CommandGateway(app, sender="jobmanager", epoch=epoch, auth=control_plane_auth(cluster.settings)).deploy(
-            queue, outside)
+            queue, outside
+        )
     finally:
         app.close()
     [rejected] = wait_for_at_least("CommandRejected", lambda: jm_reports(client, jm_len, "CommandRejected"), 1)
@@ -167,8 +182,7 @@ def test_an_artifact_changed_after_upload_is_refused_and_the_job_fails_with_the_
     assert rest.wait_free_slots(4, timeout_s=10) == 4
 
 
-def test_a_state_report_from_a_taskmanager_that_does_not_hold_the_execution_is_refused(
-        cluster, rest, jar, client):
+def test_a_state_report_from_a_taskmanager_that_does_not_hold_the_execution_is_refused(cluster, rest, jar, client):
     """(c) Finding 3: FINISHED for the execution of one TaskManager, sent by the other with its
     own valid keys (or naming the holder): dead-lettered; the job stays RUNNING and cancels."""
     job, attempt = noop(rest, jar)
@@ -178,9 +192,13 @@ def test_a_state_report_from_a_taskmanager_that_does_not_hold_the_execution_is_r
     thief = TaskManagerAuth([other], keys={other: TaskManagerKeys.derive(secret, other)})
     mark = dlq_tail(client)
     for named in (other, holder):
-        signed_xadd(client, streams.JM_STREAM, TaskStateChanged(
-            execution_id=attempt["execution-id"], job_id=job, taskmanager_id=named, state=ES.FINISHED),
-            sender=f"taskmanager:{other}", auth=thief)
+        signed_xadd(
+            client,
+            streams.JM_STREAM,
+            TaskStateChanged(execution_id=attempt["execution-id"], job_id=job, taskmanager_id=named, state=ES.FINISHED),
+            sender=f"taskmanager:{other}",
+            auth=thief,
+        )
     letters = wait_for_at_least("dead letter", lambda: dead_letters_since(client, mark), 2)
     errors = [d["error"].decode() for d in letters]
     assert any(f"execution {attempt['execution-id']} is held by {holder}, not by {other}" in e for e in errors), errors
@@ -198,10 +216,10 @@ def test_an_unknown_taskmanager_cannot_register_and_gets_nothing(cluster, rest, 
     evil = RegisterTaskManager(taskmanager_id="evil", host="h", slots=8, cores=8, memory_bytes=1, queue="tm.evil")
     beat = TaskManagerHeartbeat(taskmanager_id="evil", slot_report=())
     for stream, body in ((streams.RM_STREAM, evil), (streams.RM_HEARTBEAT_STREAM, beat)):
-        xadd(client, stream, body, sender="taskmanager:evil")                                   # unsigned
+        xadd(client, stream, body, sender="taskmanager:evil")  # unsigned
         raw = encode(wrap(body, sender="taskmanager:evil"))
         client.xadd(stream, {b"m": raw, b"s": cluster_keys.sign(stolen.sender_key("taskmanager:tm-1"), raw)})
-        signed_xadd(client, stream, body, sender="taskmanager:tm-1", auth=stolen)              # as tm-1
+        signed_xadd(client, stream, body, sender="taskmanager:tm-1", auth=stolen)  # as tm-1
     letters = wait_for_at_least("dead letter", lambda: dead_letters_since(client, mark), 6)
     errors = [d["error"].decode() for d in letters]
     assert sum(e.startswith("unsigned message") for e in errors) == 2, errors
@@ -219,8 +237,11 @@ def test_an_unknown_taskmanager_cannot_register_and_gets_nothing(cluster, rest, 
     assert rest.wait_free_slots(4, timeout_s=10) == 4
     with urllib.request.urlopen(cluster.metrics_urls["resourcemanager"], timeout=5) as r:
         scraped = r.read().decode()
-    refused = [line for line in scraped.splitlines()
-               if line.startswith("headrace_messages_refused_total") and 'type="RegisterTaskManager"' in line]
+    refused = [
+        line
+        for line in scraped.splitlines()
+        if line.startswith("headrace_messages_refused_total") and 'type="RegisterTaskManager"' in line
+    ]
     assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 3, refused
 
 
@@ -231,15 +252,21 @@ def test_a_forged_cancel_job_as_the_dispatcher_is_refused(cluster, rest, jar, cl
     job, attempt = noop(rest, jar)
     holder = attempt["taskmanager-id"]
     other = "tm-2" if holder == "tm-1" else "tm-1"
-    thief = TaskManagerAuth([other], keys={other: TaskManagerKeys.derive(load_secret(cluster.settings, create=False),
-                                                                         other)})
+    thief = TaskManagerAuth(
+        [other], keys={other: TaskManagerKeys.derive(load_secret(cluster.settings, create=False), other)}
+    )
     mark = dlq_tail(client)
     xadd(client, streams.JM_STREAM, CancelJob(job_id=job), sender="dispatcher")
     raw = encode(wrap(CancelJob(job_id=job), sender="dispatcher"))
     client.xadd(streams.JM_STREAM, {b"m": raw, b"s": cluster_keys.sign(stolen.sender_key("taskmanager:tm-1"), raw)})
     signed_xadd(client, streams.JM_STREAM, CancelJob(job_id=job), sender="taskmanager:tm-1", auth=stolen)
-    cancel = encode(wrap(CancelTask(taskmanager_id=holder, execution_id=attempt["execution-id"], job_id=job),
-                         sender="jobmanager", epoch=leader_epoch.current(client))).decode()
+    cancel = encode(
+        wrap(
+            CancelTask(taskmanager_id=holder, execution_id=attempt["execution-id"], job_id=job),
+            sender="jobmanager",
+            epoch=leader_epoch.current(client),
+        )
+    ).decode()
     send_command(cluster, CANCEL_TASK, streams.tm_queue(holder), [cancel, thief.sign_command(other, cancel.encode())])
     letters = wait_for_at_least("dead letter", lambda: dead_letters_since(client, mark), 4)
     errors = [d["error"].decode() for d in letters]

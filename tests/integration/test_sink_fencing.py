@@ -49,8 +49,22 @@ KV = "k string, v long, src string"
 
 # Events (key, value). Attempt 0 cuts them into batches 0..5 of two events; attempt 1, restored
 # after batch 2 (events 0..5), cuts the rest differently and reads two more events.
-EVENTS = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5), ("d", 6), ("a", 7), ("e", 8),
-          ("c", 9), ("f", 10), ("b", 11), ("g", 12), ("h", 13), ("a", 14)]
+EVENTS = [
+    ("a", 1),
+    ("b", 2),
+    ("a", 3),
+    ("c", 4),
+    ("b", 5),
+    ("d", 6),
+    ("a", 7),
+    ("e", 8),
+    ("c", 9),
+    ("f", 10),
+    ("b", 11),
+    ("g", 12),
+    ("h", 13),
+    ("a", 14),
+]
 LINEAGE_0 = {b: (2 * b, 2 * b + 2) for b in range(6)}
 LINEAGE_1 = {3: (6, 7), 4: (7, 10), 5: (10, 12), 6: (12, 14)}
 
@@ -122,6 +136,7 @@ def sql_scalars(url: str, sql: str) -> list:
 
 # ---------------------------------------------------------------- sql
 
+
 def run_two_attempts(spark, make_sink, emit):
     """Attempt 0 commits 0..5; attempt 1 restores at 2 and commits 3..6. Returns both sinks."""
     old = make_sink()
@@ -153,8 +168,9 @@ def test_sql_upsert_sink_rewinds_to_the_snapshot_and_fences_the_old_attempt(spar
     assert table_rows(db_url, "totals") == expected
     # Keys a discarded batch touched were overwritten by the new lineage, none kept its tag.
     assert not [r for r in expected if r[2] in ("a0b3", "a0b4", "a0b5")]
-    assert sql_scalars(db_url, "select attempt, restored_batch_id from _headrace_sink_fences "
-                               "where sink_id = 'job-1:totals'") == [(1, 2)]
+    assert sql_scalars(
+        db_url, "select attempt, restored_batch_id from _headrace_sink_fences where sink_id = 'job-1:totals'"
+    ) == [(1, 2)]
 
     # The zombie: refused at its next batch, at a batch id the new attempt also wrote, and at
     # one it had written itself; nothing changes.
@@ -263,7 +279,8 @@ def race_prepares(prepare, hold_lock) -> None:
             t.join(30)
         assert outcome[high] == "prepared"
         assert outcome[low] == "prepared" or (
-            isinstance(outcome[low], SinkFencedError) and outcome[low].newer == high), outcome
+            isinstance(outcome[low], SinkFencedError) and outcome[low].newer == high
+        ), outcome
 
 
 def test_concurrent_prepares_leave_the_higher_attempt_holding_the_sql_sink(spark, db_url):
@@ -279,8 +296,9 @@ def test_concurrent_prepares_leave_the_higher_attempt_holding_the_sql_sink(spark
                 self.conn.execute("BEGIN IMMEDIATE")
             else:
                 self.conn = engine.connect()
-                self.conn.execute(sa.text(
-                    "select attempt from _headrace_sink_fences where sink_id = 'job-1:race' for update"))
+                self.conn.execute(
+                    sa.text("select attempt from _headrace_sink_fences where sink_id = 'job-1:race' for update")
+                )
 
         def __exit__(self, *exc):
             if engine.dialect.name == "sqlite":
@@ -301,6 +319,7 @@ def test_concurrent_prepares_leave_the_higher_attempt_holding_the_sql_sink(spark
 
 
 # ---------------------------------------------------------------- files
+
 
 def listing(path: Path) -> dict[str, float]:
     return {str(p.relative_to(path)): p.stat().st_mtime_ns for p in path.rglob("*")}
@@ -397,6 +416,7 @@ def test_concurrent_prepares_leave_the_higher_attempt_holding_the_file_sink(spar
 
 # ---------------------------------------------------------------- redis streams
 
+
 def entries_by_batch(r: redis.Redis, stream: str) -> list[tuple[str, int, str]]:
     rows = []
     for _, fields in r.xrange(stream):
@@ -480,6 +500,7 @@ def test_concurrent_prepares_leave_the_higher_attempt_holding_the_redis_sink(red
 
 # ---------------------------------------------------------------- real streaming queries
 
+
 def xadd_events(r: redis.Redis, lo: int, hi: int) -> None:
     """One entry of 100 generated events per hundred."""
     for start in range(lo, hi, 100):
@@ -487,9 +508,15 @@ def xadd_events(r: redis.Redis, lo: int, hi: int) -> None:
 
 
 def source(spark, redis_url, per_trigger: int):
-    return (spark.readStream.format("redis_stream").schema("i long, user_id string, url string, event_time timestamp")
-            .option("url", redis_url).option("stream", "in")
-            .option("max_entries_per_trigger", str(per_trigger)).option("partitions", "1").load())
+    return (
+        spark.readStream.format("redis_stream")
+        .schema("i long, user_id string, url string, event_time timestamp")
+        .option("url", redis_url)
+        .option("stream", "in")
+        .option("max_entries_per_trigger", str(per_trigger))
+        .option("partitions", "1")
+        .load()
+    )
 
 
 def failover(spark, redis_url, tmp_path, make_handle, read_back):
@@ -554,8 +581,9 @@ def test_redis_sink_streaming_failover_is_exactly_once(spark, redis_url, tmp_pat
     def read_back():
         return [i for _, f in r.xrange("out") for i in unpack_entry(f).column("i").to_pylist()]
 
-    error = failover(spark, redis_url, tmp_path,
-                     lambda df: redis_stream_sink(df, redis_url, "out", sink_id="job-1:out"), read_back)
+    error = failover(
+        spark, redis_url, tmp_path, lambda df: redis_stream_sink(df, redis_url, "out", sink_id="job-1:out"), read_back
+    )
     # Raised in the Python worker that runs the data source's commit: the attempt got there.
     assert "SinkFencedError" in str(error) and "attempt 0 is fenced off" in str(error)
     assert int(r.get(committed_key("job-1:out"))) == 5

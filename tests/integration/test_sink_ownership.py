@@ -62,10 +62,10 @@ def fresh_jobs(n: int) -> list[SinkOwner]:
 
 # ---------------------------------------------------------------- files
 
+
 def listing(path: Path) -> dict[str, tuple[int, int]]:
     """Every file under the directory with its size and mtime: any change shows."""
-    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in path.rglob("*") if p.is_file()}
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()}
 
 
 def markers(out: Path) -> list[int]:
@@ -118,8 +118,10 @@ def test_fresh_jobs_on_a_directory_are_refused_and_the_owners_20_batches_stay(sp
             with pytest.raises(SinkOwnedError) as refused:
                 sink.prepare(attempt, -1, y)
             text = str(refused.value)
-            assert text.startswith(f"directory {out} is the sink of lineage job-x (job job-x); "
-                                   f"job {y.job_id} (lineage {y.lineage}) may not write it")
+            assert text.startswith(
+                f"directory {out} is the sink of lineage job-x (job job-x); "
+                f"job {y.job_id} (lineage {y.lineage}) may not write it"
+            )
             assert "write this job to another directory" in text
             assert "savepoint or retained checkpoint of job job-x" in text
             assert f"rm -rf {out}" in text and "Nothing was written or deleted" in text
@@ -171,7 +173,8 @@ def test_a_replaced_job_of_the_lineage_cannot_take_the_directory_back(spark, x_d
         FileSink(str(out)).prepare(8, 19, X)  # X restarts from its own latest checkpoint
     assert str(refused.value).startswith(
         f"directory {out} is the sink of lineage job-x, taken over by its newer job job-x2; "
-        f"job job-x (lineage job-x) was replaced by that job")
+        f"job job-x (lineage job-x) was replaced by that job"
+    )
     assert listing(out) == before and markers(out) == list(range(15))
     assert sink.write_batch(frame(spark, rows("x2", 15)), 15) is True  # X2 is not fenced off
     # A rollback is a new job from an older savepoint of the lineage: it may take the directory.
@@ -220,6 +223,7 @@ def test_a_directory_from_before_owners_is_adopted_by_a_restore_and_refused_to_a
 
 # ---------------------------------------------------------------- sql
 
+
 def sql_rows(url: str, table: str) -> list[tuple]:
     engine = make_engine(url)
     try:
@@ -254,7 +258,8 @@ def test_a_fresh_job_reusing_a_sql_sink_id_is_refused_and_the_owners_rows_stay(s
         with pytest.raises(SinkOwnedError) as refused:
             sink.prepare(attempt, -1, y)
         assert str(refused.value).startswith(
-            f"SQL sink 'shared:events' (table events) is the sink of lineage job-x (job job-x); job {y.job_id}")
+            f"SQL sink 'shared:events' (table events) is the sink of lineage job-x (job job-x); job {y.job_id}"
+        )
         assert "DELETE FROM _headrace_sink_owners" in str(refused.value)
         with pytest.raises(SinkFencedError):
             sink.write_batch(frame(spark, rows(y.job_id, 0)), 0)
@@ -309,6 +314,7 @@ def test_lineages_sharing_a_table_undo_only_their_own_rows(spark, pg_url):
 
 # ---------------------------------------------------------------- redis streams
 
+
 def stream_rows(r: redis.Redis, stream: str) -> list[tuple]:
     out = []
     for _, fields in r.xrange(stream):
@@ -332,15 +338,29 @@ def test_a_fresh_job_reusing_a_redis_sink_id_is_refused_and_the_owners_entries_s
         with pytest.raises(SinkOwnedError) as refused:
             prepare_sink(r, "out", sink_id=sink, attempt=attempt, restored_batch_id=-1, owner=y)
         assert str(refused.value).startswith(
-            f"Redis stream sink 'shared:out' (stream out) is the sink of lineage job-x (job job-x); job {y.job_id}")
+            f"Redis stream sink 'shared:out' (stream out) is the sink of lineage job-x (job job-x); job {y.job_id}"
+        )
     assert stream_rows(r, "out") == expected and r.xlen("out") == BATCHES
     assert int(r.get(committed_key(sink))) == BATCHES - 1 and int(r.get(fence_key(sink))) == 3
-    assert r.hgetall(owner_key(sink)) == {b"lineage": b"job-x", b"job_id": b"job-x", b"generation": b"0",
-                                          b"replaced": b""}
+    assert r.hgetall(owner_key(sink)) == {
+        b"lineage": b"job-x",
+        b"job_id": b"job-x",
+        b"generation": b"0",
+        b"replaced": b"",
+    }
     assert commit_entries(r, "out", [packed(rows("x", BATCHES))], sink_id=sink, batch_id=BATCHES, attempt=3)
     # A restore in X's lineage rewinds X's entries as before.
-    assert prepare_sink(r, "out", sink_id=sink, attempt=9, restored_batch_id=9,
-                        owner=SinkOwner(lineage="job-x", job_id="job-x2", generation=1)) == BATCHES + 1 - 10
+    assert (
+        prepare_sink(
+            r,
+            "out",
+            sink_id=sink,
+            attempt=9,
+            restored_batch_id=9,
+            owner=SinkOwner(lineage="job-x", job_id="job-x2", generation=1),
+        )
+        == BATCHES + 1 - 10
+    )
     assert stream_rows(r, "out") == sorted(r_ for b in range(10) for r_ in rows("x", b))
 
 
@@ -373,8 +393,14 @@ def test_lineages_sharing_a_stream_undo_only_their_own_entries(redis_url):
         commit_entries(r, "out", [packed(rows("x", b))], sink_id="job-x:out", batch_id=b, attempt=3)
         if b < 5:
             commit_entries(r, "out", [packed(rows("y", b))], sink_id="job-y0:out", batch_id=b, attempt=4)
-    deleted = prepare_sink(r, "out", sink_id="job-y0:out", attempt=5, restored_batch_id=2,
-                           owner=SinkOwner(lineage="job-y0", job_id="job-y0b", generation=1))
+    deleted = prepare_sink(
+        r,
+        "out",
+        sink_id="job-y0:out",
+        attempt=5,
+        restored_batch_id=2,
+        owner=SinkOwner(lineage="job-y0", job_id="job-y0b", generation=1),
+    )
     assert deleted == 2
     expected = sorted(
         [r_ for b in range(BATCHES) for r_ in rows("x", b)] + [r_ for b in range(3) for r_ in rows("y", b)]

@@ -38,8 +38,10 @@ def server(pg):
 
 
 def batch(*pairs: tuple[str, int]) -> pa.Table:
-    return pa.table({"key": [k for k, _ in pairs], "count": [c for _, c in pairs]},
-                    schema=pa.schema([("key", pa.string()), ("count", pa.int64())]))
+    return pa.table(
+        {"key": [k for k, _ in pairs], "count": [c for _, c in pairs]},
+        schema=pa.schema([("key", pa.string()), ("count", pa.int64())]),
+    )
 
 
 def new_sink(url: str, retry: RetryPolicy, table: str | None = None) -> SqlTableSink:
@@ -54,8 +56,12 @@ def rows(url: str, table: str) -> dict[str, int]:
 
 def markers(url: str, sink_id: str) -> list[int]:
     with psycopg.connect(url) as conn:
-        return [b for (b,) in conn.execute("SELECT batch_id FROM _headrace_sink_commits WHERE sink_id = %s "
-                                           "ORDER BY batch_id", (sink_id,))]
+        return [
+            b
+            for (b,) in conn.execute(
+                "SELECT batch_id FROM _headrace_sink_commits WHERE sink_id = %s ORDER BY batch_id", (sink_id,)
+            )
+        ]
 
 
 def restart_after(pg: PrivatePostgres, seconds: float) -> threading.Thread:
@@ -139,8 +145,12 @@ class LostCommitAck(SqlTableSink):
         if self.tries == 1:
             super()._write_once(rows, batch_id, schema)
             raise sa.exc.OperationalError.instance(
-                "COMMIT", {}, psycopg.OperationalError("server closed the connection unexpectedly"),
-                psycopg.Error, connection_invalidated=True)
+                "COMMIT",
+                {},
+                psycopg.OperationalError("server closed the connection unexpectedly"),
+                psycopg.Error,
+                connection_invalidated=True,
+            )
         return super()._write_once(rows, batch_id, schema)
 
 
@@ -175,16 +185,22 @@ class BrokenOnce(SqlTableSink):
         if self.tries == 1:
             self.between_tries()
             raise sa.exc.OperationalError.instance(
-                "BEGIN", {}, psycopg.OperationalError("connection failed: Connection refused"), psycopg.Error)
+                "BEGIN", {}, psycopg.OperationalError("connection failed: Connection refused"), psycopg.Error
+            )
         return super()._write_once(rows, batch_id, schema)
 
 
 def test_the_fence_holds_across_a_retry(server):
     table = f"fenced_{uuid.uuid4().hex[:8]}"
     newer = SqlTableSink(server.url, table, sink_id=f"lineage-1:{table}", key_columns=["key"])
-    old = BrokenOnce(server.url, table, sink_id=f"lineage-1:{table}", key_columns=["key"],
-                     retry=RetryPolicy(max_retry_time_s=30),
-                     between_tries=lambda: newer.prepare(attempt=2, restored_batch_id=0))
+    old = BrokenOnce(
+        server.url,
+        table,
+        sink_id=f"lineage-1:{table}",
+        key_columns=["key"],
+        retry=RetryPolicy(max_retry_time_s=30),
+        between_tries=lambda: newer.prepare(attempt=2, restored_batch_id=0),
+    )
     try:
         old.prepare(attempt=1, restored_batch_id=-1)
         assert old.write_arrow(batch(("a", 1)), 0, SCHEMA)

@@ -31,24 +31,27 @@ SLOTS = 2
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("startup-home"), catalog_url=pg_url_module, taskmanagers=1,
-                      slots=SLOTS, warm_drivers=0)
+    c = start_cluster(
+        tmp_path_factory.mktemp("startup-home"), catalog_url=pg_url_module, taskmanagers=1, slots=SLOTS, warm_drivers=0
+    )
     yield c
     c.stop()
 
 
 def _drivers_of(cluster) -> list[psutil.Process]:
     tm = psutil.Process(cluster.child("taskmanager-1").proc.pid)
-    return [p for p in tm.children(recursive=True)
-            if "services.taskmanager.runtime.runner" in " ".join(p.cmdline())]
+    return [p for p in tm.children(recursive=True) if "services.taskmanager.runtime.runner" in " ".join(p.cmdline())]
 
 
 def test_a_hanging_build_fails_at_the_startup_timeout_and_restarts(cluster, rest, tmp_path):
     pipeline = tmp_path / "hangs_in_build.py"
     pipeline.write_text(HANGING_BUILD)
-    job = rest.run(rest.upload(pipeline), parallelism=1,
-                   restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "100 ms"},
-                   config={"headrace.task.startup-timeout": "3 s"})
+    job = rest.run(
+        rest.upload(pipeline),
+        parallelism=1,
+        restartStrategy={"type": "fixed-delay", "attempts": 1, "delay": "100 ms"},
+        config={"headrace.task.startup-timeout": "3 s"},
+    )
     # Two cold Spark drivers (no warm ones here) on a shared 2-core machine: minutes at worst.
     final = rest.wait_state(job, ("FINISHED", "FAILED", "CANCELED"), timeout_s=300)
     assert final["state"] == "FAILED"
@@ -63,17 +66,25 @@ def test_a_hanging_build_fails_at_the_startup_timeout_and_restarts(cluster, rest
     assert [e["exceptionName"] for e in history] == ["PipelineStartupTimeout"] * 2
     # The restart strategy decided: one restart, then the job failed.
     assert "RESTARTING" in final["timestamps"]
-    wait_for("the stuck drivers killed", lambda: _drivers_of(cluster), 15, poll_s=0.2,
-             until=lambda drivers: drivers == [])
+    wait_for(
+        "the stuck drivers killed", lambda: _drivers_of(cluster), 15, poll_s=0.2, until=lambda drivers: drivers == []
+    )
     assert rest.wait_free_slots(SLOTS, timeout_s=10) == SLOTS
 
 
 def test_a_slow_noop_start_fails_at_the_timeout_and_a_quick_one_runs(rest, jar):
-    slow = rest.run(jar, kind="noop", restartStrategy={"type": "none"},
-                    config={"noop.startup-delay": "30 s", "headrace.task.startup-timeout": "1 s"})
-    quick = rest.run(jar, kind="noop", restartStrategy={"type": "none"},
-                     config={"noop.startup-delay": "200 ms", "noop.duration": 0.2,
-                             "headrace.task.startup-timeout": "5 s"})
+    slow = rest.run(
+        jar,
+        kind="noop",
+        restartStrategy={"type": "none"},
+        config={"noop.startup-delay": "30 s", "headrace.task.startup-timeout": "1 s"},
+    )
+    quick = rest.run(
+        jar,
+        kind="noop",
+        restartStrategy={"type": "none"},
+        config={"noop.startup-delay": "200 ms", "noop.duration": 0.2, "headrace.task.startup-timeout": "5 s"},
+    )
     assert rest.wait_state(slow, ("FAILED", "FINISHED"), timeout_s=20)["state"] == "FAILED"
     assert "did not start within 1 s" in rest.attempts(slow)[0]["failure-cause"]
     assert rest.wait_state(quick, ("FAILED", "FINISHED"), timeout_s=20)["state"] == "FINISHED"
@@ -86,16 +97,26 @@ def test_a_deploy_that_breaks_fails_the_attempt_and_frees_its_slots(cluster, res
     catalog = Catalog(cluster.settings.catalog)
     try:
         with catalog.session() as s:
-            repository.create_job(s, id=job_id, name="bad-config", artifact_id=jar, entry="build",
-                                  parallelism=SLOTS, program_args=[], config={"noop.duration": "abc"},
-                                  restart_strategy={"type": "none"}, kind="noop")
+            repository.create_job(
+                s,
+                id=job_id,
+                name="bad-config",
+                artifact_id=jar,
+                entry="build",
+                parallelism=SLOTS,
+                program_args=[],
+                config={"noop.duration": "abc"},
+                restart_strategy={"type": "none"},
+                kind="noop",
+            )
     finally:
         catalog.dispose()
     client = redis.Redis.from_url(cluster.redis_url)
     try:
         # As the dispatcher submits: signed with the cluster's keys (shared/message_auth.py).
         RedisStreamsTransport(client, sender="test", auth=control_plane_auth(cluster.settings)).publish(
-            JM_STREAM, SubmitJob(job_id=job_id))
+            JM_STREAM, SubmitJob(job_id=job_id)
+        )
     finally:
         client.close()
     final = rest.wait_state(job_id, ("FAILED", "FINISHED"), timeout_s=30)

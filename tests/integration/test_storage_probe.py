@@ -74,9 +74,13 @@ def test_a_taskmanager_process_with_a_host_local_directory_exits_with_the_reason
         path = tmp_path / "tm-2.yaml"
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
         # tm-2's own credentials, as an operator adds a TaskManager (docs/runbooks/auth.md).
-        made = subprocess.run([sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-2", "--out",
-                               str(path)], env=env | {"HEADRACE_CONFIG": str(cluster.run_dir / "config.yaml")},
-                              capture_output=True, text=True, timeout=60)
+        made = subprocess.run(
+            [sys.executable, "-m", "services.cli", "credentials", "taskmanager", "tm-2", "--out", str(path)],
+            env=env | {"HEADRACE_CONFIG": str(cluster.run_dir / "config.yaml")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert made.returncode == 0, made.stderr
         config = yaml.safe_load(path.read_text())
         config["checkpoint_dir"] = str(tmp_path / "elsewhere")
@@ -84,8 +88,13 @@ def test_a_taskmanager_process_with_a_host_local_directory_exits_with_the_reason
         path.write_text(yaml.safe_dump(config))
         wait_for("tm-1's endpoint", lambda: cluster_redis(cluster).exists(streams.tm_endpoint_key("tm-1")))
         env |= {"HEADRACE_CONFIG": str(path)}
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "taskmanager", "--id", "tm-2"], env=env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "taskmanager", "--id", "tm-2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == EXIT_STORAGE_NOT_SHARED, proc.stderr[-2000:]
         assert "is not shared: TaskManager tm-1 wrote its probe" in proc.stderr + proc.stdout
     finally:

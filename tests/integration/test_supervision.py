@@ -17,16 +17,16 @@ from tests.waiting import wait_for
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("supervision-home"), catalog_url=pg_url_module, taskmanagers=1,
-                      slots=2)
+    c = start_cluster(tmp_path_factory.mktemp("supervision-home"), catalog_url=pg_url_module, taskmanagers=1, slots=2)
     c.supervise()
     yield c
     c.stop()
 
 
 def noop(rest, jar, duration):
-    return rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
-                    config={"noop.duration": duration})
+    return rest.run(
+        jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": duration}
+    )
 
 
 def kill_pid(cluster, name: str) -> int:
@@ -67,9 +67,12 @@ def test_a_killed_taskmanager_comes_back_with_its_id_and_takes_work(cluster, res
     # The new process opens its own liveness connection (hr-tm-<host>-<pid>-...), registers
     # tm-1 again and heartbeats: only it can, the old one is dead.
     wait_for(f"a liveness connection of pid {new}", lambda: any(f"-{new}-" in n for n in liveness_names(cluster)))
-    tm = wait_for("tm-1 registered again", lambda: (lambda t: t if t["state"] == "REGISTERED"
-                                                   and t["timeSinceLastHeartbeat"] > killed_at_ms else None)(
-        rest.get("/taskmanagers/tm-1")))
+    tm = wait_for(
+        "tm-1 registered again",
+        lambda: (lambda t: t if t["state"] == "REGISTERED" and t["timeSinceLastHeartbeat"] > killed_at_ms else None)(
+            rest.get("/taskmanagers/tm-1")
+        ),
+    )
     assert tm["slotsNumber"] == 2
     runs_on(rest, jar, "tm-1")
 

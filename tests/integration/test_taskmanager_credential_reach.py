@@ -52,8 +52,14 @@ NOPERM = redis.exceptions.NoPermissionError
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, pg_url_module):
-    c = start_cluster(tmp_path_factory.mktemp("reach-home"), catalog_url=pg_url_module, taskmanagers=2, slots=2,
-                      heartbeat_interval_s=1.0, heartbeat_timeout_s=4.0)
+    c = start_cluster(
+        tmp_path_factory.mktemp("reach-home"),
+        catalog_url=pg_url_module,
+        taskmanagers=2,
+        slots=2,
+        heartbeat_interval_s=1.0,
+        heartbeat_timeout_s=4.0,
+    )
     yield c
     c.stop()
 
@@ -75,13 +81,16 @@ def stolen(cluster, tm: str) -> tuple[redis.Redis, RedisStreamsTransport]:
     keys = TaskManagerKeys(bytes.fromhex(config["taskmanager_key"]), bytes.fromhex(config["taskmanager_command_key"]))
     client = redis.Redis.from_url(config["redis_url"], socket_timeout=10)
     auth = TaskManagerAuth([tm], keys={tm: keys})
-    return client, RedisStreamsTransport(client, sender=f"taskmanager:{tm}", auth=auth,
-                                         route=streams.taskmanager_routes(tm))
+    return client, RedisStreamsTransport(
+        client, sender=f"taskmanager:{tm}", auth=auth, route=streams.taskmanager_routes(tm)
+    )
 
 
 def dead_letters_after(admin, stream: str, mark: str) -> list[dict]:
-    return [{k.decode(): v.decode("utf-8", "replace") for k, v in f.items()}
-            for _, f in admin.xrange(stream, min=f"({mark}")]
+    return [
+        {k.decode(): v.decode("utf-8", "replace") for k, v in f.items()}
+        for _, f in admin.xrange(stream, min=f"({mark}")
+    ]
 
 
 def tail(admin, stream: str) -> str:
@@ -101,8 +110,9 @@ def placement(cluster, execution_id: str) -> Execution:
 
 
 def noop(rest, jar, **body) -> tuple[str, dict]:
-    job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": -1},
-                   **body)
+    job = rest.run(
+        jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": -1}, **body
+    )
     [attempt] = rest.wait_attempt_running(job, 0, timeout_s=30)
     return job, attempt
 
@@ -112,8 +122,15 @@ def test_a_taskmanager_writes_to_no_stream_but_its_own(cluster, admin, rest, jar
     a TaskManager may XADD to is its own. The control plane's streams, the dead letters and the
     other TaskManager's streams all answer NOPERM; the cluster runs on the TaskManagers' streams."""
     tm1, _ = stolen(cluster, "tm-1")
-    others = [streams.JM_STREAM, streams.RM_STREAM, streams.RM_HEARTBEAT_STREAM, streams.DLQ_STREAM,
-              streams.tm_rm_stream("tm-2"), streams.tm_jm_stream("tm-2"), streams.tm_dead_letters("tm-2")]
+    others = [
+        streams.JM_STREAM,
+        streams.RM_STREAM,
+        streams.RM_HEARTBEAT_STREAM,
+        streams.DLQ_STREAM,
+        streams.tm_rm_stream("tm-2"),
+        streams.tm_jm_stream("tm-2"),
+        streams.tm_dead_letters("tm-2"),
+    ]
     lengths = {s: admin.xlen(s) for s in others}
     for stream in others:
         with pytest.raises(NOPERM):
@@ -135,7 +152,8 @@ def test_a_taskmanager_writes_to_no_stream_but_its_own(cluster, admin, rest, jar
 
 
 def test_a_slot_request_the_resourcemanager_never_saw_waits_visibly_is_asked_again_and_times_out(
-        cluster, admin, rest, jar):
+    cluster, admin, rest, jar
+):
     """43.8: the ResourceManager paused, its stream emptied under it (what a TaskManager could do
     before, with XADD MAXLEN 0): the attempt says what it waits for, the JobManager asks again, and
     a request still unanswered at its timeout fails the attempt, as the ResourceManager's would."""
@@ -143,13 +161,20 @@ def test_a_slot_request_the_resourcemanager_never_saw_waits_visibly_is_asked_aga
     os.killpg(rm, signal.SIGSTOP)
     try:
         before = admin.xlen(streams.RM_STREAM)
-        job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
-                       config={"noop.duration": -1, job_options.SLOT_REQUEST_TIMEOUT: "9 s"})
+        job = rest.run(
+            jar,
+            kind="noop",
+            parallelism=1,
+            restartStrategy={"type": "none"},
+            config={"noop.duration": -1, job_options.SLOT_REQUEST_TIMEOUT: "9 s"},
+        )
         wait_for("the slot request", lambda: admin.xlen(streams.RM_STREAM) > before, timeout_s=20)
         admin.xtrim(streams.RM_STREAM, maxlen=0, approximate=False)  # lost: the ResourceManager never sees it
-        seen = wait_for("a waiting reason naming the silent ResourceManager",
-                        lambda: "has not answered" in (rest.job(job).get("waiting-reason") or "") and rest.job(job),
-                        timeout_s=20)
+        seen = wait_for(
+            "a waiting reason naming the silent ResourceManager",
+            lambda: "has not answered" in (rest.job(job).get("waiting-reason") or "") and rest.job(job),
+            timeout_s=20,
+        )
         assert "asked again" in seen["waiting-reason"], seen
         assert admin.xlen(streams.RM_STREAM) >= 1  # the request, sent again
         admin.xtrim(streams.RM_STREAM, maxlen=0, approximate=False)  # lost again
@@ -163,8 +188,7 @@ def test_a_slot_request_the_resourcemanager_never_saw_waits_visibly_is_asked_aga
     os.killpg(rm, signal.SIGSTOP)
     try:
         before = admin.xlen(streams.RM_STREAM)
-        job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"},
-                       config={"noop.duration": -1})
+        job = rest.run(jar, kind="noop", parallelism=1, restartStrategy={"type": "none"}, config={"noop.duration": -1})
         wait_for("the slot request", lambda: admin.xlen(streams.RM_STREAM) > before, timeout_s=20)
         admin.xtrim(streams.RM_STREAM, maxlen=0, approximate=False)
         wait_for("the request asked again", lambda: admin.xlen(streams.RM_STREAM) >= 1, timeout_s=20)
@@ -187,15 +211,30 @@ def test_a_registration_claiming_another_taskmanagers_allocation_frees_nothing(c
     mark = tail(admin, streams.DLQ_STREAM)
     _, transport = stolen(cluster, hostile)
     endpoint = json.loads(admin.hget(streams.RM_TM_ENDPOINTS_KEY, hostile))  # kept, as its process would
-    transport.publish(streams.RM_STREAM, RegisterTaskManager(
-        taskmanager_id=hostile, host="evil", slots=2, cores=2, memory_bytes=1 << 30, queue=streams.tm_queue(hostile),
-        log_endpoint=endpoint["address"], main_log=endpoint.get("log"),
-        slot_report=(SlotState(index=0, allocation_id=ex.allocation_id, job_id=ex.job_id, execution_id=ex.id),),
-        running=(TaskReport(execution_id=ex.id, job_id=ex.job_id, state=ExecutionState.RUNNING,
-                            allocation_id=ex.allocation_id),)))
-    letters = wait_for("the claim dead-lettered", lambda: [
-        d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark) if "claims allocations" in d["error"]],
-        timeout_s=20)
+    transport.publish(
+        streams.RM_STREAM,
+        RegisterTaskManager(
+            taskmanager_id=hostile,
+            host="evil",
+            slots=2,
+            cores=2,
+            memory_bytes=1 << 30,
+            queue=streams.tm_queue(hostile),
+            log_endpoint=endpoint["address"],
+            main_log=endpoint.get("log"),
+            slot_report=(SlotState(index=0, allocation_id=ex.allocation_id, job_id=ex.job_id, execution_id=ex.id),),
+            running=(
+                TaskReport(
+                    execution_id=ex.id, job_id=ex.job_id, state=ExecutionState.RUNNING, allocation_id=ex.allocation_id
+                ),
+            ),
+        ),
+    )
+    letters = wait_for(
+        "the claim dead-lettered",
+        lambda: [d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark) if "claims allocations" in d["error"]],
+        timeout_s=20,
+    )
     assert ex.allocation_id in letters[0]["error"] and f"placed on {victim}" in letters[0]["error"], letters
     time.sleep(2)  # what a freed allocation would show by now (the ResourceManager writes every 0.5 s)
     assert rest.free_slots() == 3
@@ -216,11 +255,13 @@ def test_a_taskmanager_cannot_write_another_ones_figures_history_or_probe(cluste
     tm1, _ = stolen(cluster, "tm-1")
     execution = "e" * 32
     future = f"{int(time.time() * 1000) + 10**9}-0"
-    for forbidden in (lambda: tm1.hset(streams.progress_key("tm-2", execution), "input_rows_per_second", 1e9),
-                      lambda: tm1.xadd(streams.progress_history_key("tm-2", execution), {"batch_id": 1}, id=future),
-                      lambda: tm1.set(streams.tm_storage_probe_key("tm-2"), "forged"),
-                      lambda: tm1.hset("hr:tm:storage-probe", "tm-2", "forged"),
-                      lambda: tm1.hset(f"hr:tm:progress:{execution}", "batch_id", 1)):
+    for forbidden in (
+        lambda: tm1.hset(streams.progress_key("tm-2", execution), "input_rows_per_second", 1e9),
+        lambda: tm1.xadd(streams.progress_history_key("tm-2", execution), {"batch_id": 1}, id=future),
+        lambda: tm1.set(streams.tm_storage_probe_key("tm-2"), "forged"),
+        lambda: tm1.hset("hr:tm:storage-probe", "tm-2", "forged"),
+        lambda: tm1.hset(f"hr:tm:progress:{execution}", "batch_id", 1),
+    ):
         with pytest.raises(NOPERM):
             forbidden()
     assert admin.get(streams.tm_storage_probe_key("tm-2")) is not None  # tm-2 probed at its start
@@ -269,16 +310,30 @@ def test_logs_are_served_to_the_control_plane_only_from_where_the_taskmanager_re
         mark = tail(admin, streams.DLQ_STREAM)
         for bad in ("file:///etc/passwd", "http://user:pw@127.0.0.1:1", "gopher://127.0.0.1:70", "http://127.0.0.1"):
             transport.publish(streams.RM_STREAM, registration("tm-1", bad))
-        wait_for("the bad endpoints dead-lettered", lambda: len([
-            d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark) if "names log endpoint" in d["error"]]) == 4,
-            timeout_s=20)
+        wait_for(
+            "the bad endpoints dead-lettered",
+            lambda: (
+                len(
+                    [
+                        d
+                        for d in dead_letters_after(admin, streams.DLQ_STREAM, mark)
+                        if "names log endpoint" in d["error"]
+                    ]
+                )
+                == 4
+            ),
+            timeout_s=20,
+        )
         wait_for("no endpoint kept", lambda: admin.hget(streams.RM_TM_ENDPOINTS_KEY, "tm-1") is None, timeout_s=10)
         r = rest.http.get("/taskmanagers/tm-1/logs")
         assert r.status_code == 503 and "registered no log endpoint" in r.text, r.text
 
         transport.publish(streams.RM_STREAM, registration("tm-1", internal))
-        wait_for("the foreign endpoint kept", lambda: internal in (admin.hget(streams.RM_TM_ENDPOINTS_KEY, "tm-1")
-                                                                   or b"").decode(), timeout_s=20)
+        wait_for(
+            "the foreign endpoint kept",
+            lambda: internal in (admin.hget(streams.RM_TM_ENDPOINTS_KEY, "tm-1") or b"").decode(),
+            timeout_s=20,
+        )
         for path in ("/taskmanagers/tm-1/logs", "/taskmanagers/tm-1/logs/x.log", "/taskmanagers/tm-1/log"):
             r = rest.http.get(path)
             assert r.status_code == 502 and "did not prove" in r.text and "SECRET" not in r.text, (path, r.text)
@@ -290,8 +345,16 @@ def test_logs_are_served_to_the_control_plane_only_from_where_the_taskmanager_re
 
 
 def registration(tm: str, endpoint: str, main_log: str | None = None) -> RegisterTaskManager:
-    return RegisterTaskManager(taskmanager_id=tm, host="h", slots=2, cores=2, memory_bytes=1 << 30,
-                               queue=streams.tm_queue(tm), log_endpoint=endpoint, main_log=main_log)
+    return RegisterTaskManager(
+        taskmanager_id=tm,
+        host="h",
+        slots=2,
+        cores=2,
+        memory_bytes=1 << 30,
+        queue=streams.tm_queue(tm),
+        log_endpoint=endpoint,
+        main_log=main_log,
+    )
 
 
 def test_a_signed_message_replayed_after_the_dedup_window_or_from_the_future_is_refused(cluster, admin, rest, jar):
@@ -305,30 +368,53 @@ def test_a_signed_message_replayed_after_the_dedup_window_or_from_the_future_is_
         env = wrap(SubmitJob(job_id="0" * 32), sender="dispatcher").model_copy(update={"sent_at": time.time() - age})
         raw = encode(env)
         admin.xadd(streams.JM_STREAM, {b"m": raw, b"s": auth.sign(streams.JM_STREAM, "dispatcher", raw)})
-    letters = wait_for("two refusals", lambda: (lambda d: d if len(d) >= 2 else None)(
-        [d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark) if "SubmitJob" in d["error"]]), timeout_s=20)
+    letters = wait_for(
+        "two refusals",
+        lambda: (lambda d: d if len(d) >= 2 else None)(
+            [d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark) if "SubmitJob" in d["error"]]
+        ),
+        timeout_s=20,
+    )
     assert letters[0]["error"].startswith("stale:") and "min ago" in letters[0]["error"], letters
     assert letters[1]["error"].startswith("from the future:"), letters
 
     # A cancel of the running task, signed with its TaskManager's command key, but three hours old.
     epoch = leader_epoch.current(admin)
-    env = wrap(CancelTask(taskmanager_id=on, execution_id=attempt["execution-id"], job_id=job),
-               sender="jobmanager", epoch=epoch).model_copy(update={"sent_at": time.time() - 3 * 3600})
+    env = wrap(
+        CancelTask(taskmanager_id=on, execution_id=attempt["execution-id"], job_id=job),
+        sender="jobmanager",
+        epoch=epoch,
+    ).model_copy(update={"sent_at": time.time() - 3 * 3600})
     payload = encode(env).decode()
-    admin.lpush(streams.tm_queue(on), kombu_item(CANCEL_TASK, [payload, auth.sign_command(on, payload.encode())],
-                                                 queue=streams.tm_queue(on)))
-    wait_for("the stale command dead-lettered", lambda: [
-        d for d in dead_letters_after(admin, streams.tm_dead_letters(on), tm_mark) if d["error"].startswith("stale:")],
-        timeout_s=20)
+    admin.lpush(
+        streams.tm_queue(on),
+        kombu_item(CANCEL_TASK, [payload, auth.sign_command(on, payload.encode())], queue=streams.tm_queue(on)),
+    )
+    wait_for(
+        "the stale command dead-lettered",
+        lambda: [
+            d
+            for d in dead_letters_after(admin, streams.tm_dead_letters(on), tm_mark)
+            if d["error"].startswith("stale:")
+        ],
+        timeout_s=20,
+    )
     # And on the ResourceManager's stream: a release of the running task's slots, three hours old.
     held = placement(cluster, attempt["execution-id"]).allocation_id
-    env = wrap(ReleaseSlots(allocation_id=held, reason="replayed"), sender="jobmanager",
-               epoch=epoch).model_copy(update={"sent_at": time.time() - 3 * 3600})
+    env = wrap(ReleaseSlots(allocation_id=held, reason="replayed"), sender="jobmanager", epoch=epoch).model_copy(
+        update={"sent_at": time.time() - 3 * 3600}
+    )
     raw = encode(env)
     admin.xadd(streams.RM_STREAM, {b"m": raw, b"s": auth.sign(streams.RM_STREAM, "jobmanager", raw)})
-    wait_for("the stale release dead-lettered", lambda: [
-        d for d in dead_letters_after(admin, streams.DLQ_STREAM, mark)
-        if "ReleaseSlots" in d["error"] and d["error"].startswith("stale:")], timeout_s=20)
+    wait_for(
+        "the stale release dead-lettered",
+        lambda: [
+            d
+            for d in dead_letters_after(admin, streams.DLQ_STREAM, mark)
+            if "ReleaseSlots" in d["error"] and d["error"].startswith("stale:")
+        ],
+        timeout_s=20,
+    )
     assert rest.attempts(job)[-1]["status"] == "RUNNING"
     assert placement(cluster, attempt["execution-id"]).allocation_id == held
     rest.cancel(job)

@@ -28,8 +28,9 @@ class Bus:
         self.dead_errors = dead_errors  # () -> the errors of the dead letters, oldest first
 
     def drain(self, stream: str, handler, group: str = "g", around_batch=None, polls: int = 4) -> int:
-        return sum(self.t.poll(stream, group, "c", handler, block_ms=10, around_batch=around_batch)
-                   for _ in range(polls))
+        return sum(
+            self.t.poll(stream, group, "c", handler, block_ms=10, around_batch=around_batch) for _ in range(polls)
+        )
 
 
 def _memory_bus(auth: ClusterAuth, epoch: int) -> Bus:
@@ -62,8 +63,11 @@ def make_bus(request):
 
     def make(epoch: int = 0, auth: ClusterAuth | None = None) -> Bus:
         auth = auth or ClusterAuth.ephemeral()
-        bus = (_memory_bus(auth, epoch) if request.param == "memory"
-               else _redis_bus(request.getfixturevalue("redis_url"), auth, epoch))
+        bus = (
+            _memory_bus(auth, epoch)
+            if request.param == "memory"
+            else _redis_bus(request.getfixturevalue("redis_url"), auth, epoch)
+        )
         made.append(bus)
         return bus
 

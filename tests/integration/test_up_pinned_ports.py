@@ -26,8 +26,12 @@ START_TIMEOUT_S = 240
 def environment(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_")}
     # No warm drivers and drivers as this user: nothing here runs a task.
-    return env | {"HEADRACE_HOME": str(home), "PYTHONPATH": str(REPO), "HEADRACE_WARM_DRIVERS": "0",
-                  "HEADRACE_DRIVER_USER": ""}
+    return env | {
+        "HEADRACE_HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        "HEADRACE_WARM_DRIVERS": "0",
+        "HEADRACE_DRIVER_USER": "",
+    }
 
 
 def free_run(count: int) -> int:
@@ -43,10 +47,30 @@ def test_up_listens_where_it_is_told(tmp_path):
     redis_port, zookeeper_port, base, dispatcher = free_port(), free_port(), free_run(4), free_port()
     log = tmp_path / "up.log"
     with open(log, "wb") as out:
-        up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--ha", "-n", "1", "--port", str(dispatcher),
-                               "--redis-port", str(redis_port), "--zookeeper-port", str(zookeeper_port),
-                               "--metrics-port-base", str(base)], cwd=REPO, env=environment(tmp_path / "home"),
-                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "up",
+                "--ha",
+                "-n",
+                "1",
+                "--port",
+                str(dispatcher),
+                "--redis-port",
+                str(redis_port),
+                "--zookeeper-port",
+                str(zookeeper_port),
+                "--metrics-port-base",
+                str(base),
+            ],
+            cwd=REPO,
+            env=environment(tmp_path / "home"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "Press Ctrl-C to stop." not in log.read_text(errors="replace"):
@@ -57,10 +81,12 @@ def test_up_listens_where_it_is_told(tmp_path):
         assert described["redis_port"] == redis_port
         assert described["zookeeper"] == f"127.0.0.1:{zookeeper_port}"
         assert described["metrics"] == {
-            "resourcemanager": f"http://127.0.0.1:{base}/metrics", "jobmanager": f"http://127.0.0.1:{base + 1}/metrics",
+            "resourcemanager": f"http://127.0.0.1:{base}/metrics",
+            "jobmanager": f"http://127.0.0.1:{base + 1}/metrics",
             "jobmanager-2": f"http://127.0.0.1:{base + 2}/metrics",
             "taskmanager-1": f"http://127.0.0.1:{base + 3}/metrics",
-            "dispatcher": f"http://127.0.0.1:{dispatcher}/metrics"}
+            "dispatcher": f"http://127.0.0.1:{dispatcher}/metrics",
+        }
         for url in described["metrics"].values():
             assert httpx.get(url, timeout=30).status_code == 200, url
         with socket.create_connection(("127.0.0.1", redis_port), timeout=5) as redis:
@@ -84,11 +110,29 @@ def test_a_taken_pinned_port_stops_it_before_anything_starts(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "services.cli", "up", "-n", "1", "--port", str(free_port()),
-                               "--redis-port", str(port)], cwd=REPO, env=environment(tmp_path / "home"),
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "up",
+                "-n",
+                "1",
+                "--port",
+                str(free_port()),
+                "--redis-port",
+                str(port),
+            ],
+            cwd=REPO,
+            env=environment(tmp_path / "home"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stderr.strip() == (f"error: port {port} for redis (--redis-port) is taken on 127.0.0.1: another "
-                                   f"process listens there (ss -ltnp 'sport = :{port}'); stop it or choose another "
-                                   "port")
+    assert done.stderr.strip() == (
+        f"error: port {port} for redis (--redis-port) is taken on 127.0.0.1: another "
+        f"process listens there (ss -ltnp 'sport = :{port}'); stop it or choose another "
+        "port"
+    )
     assert not (tmp_path / "home" / "runs").exists()

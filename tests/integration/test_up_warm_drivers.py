@@ -32,8 +32,15 @@ def test_headrace_up_says_when_every_taskmanager_has_a_ready_warm_driver(tmp_pat
     # suite may hold the shared ones for a while.
     (tmp_path / "tmp").mkdir()
     env |= {"HEADRACE_HOME": str(home), "HEADRACE_DISPATCHER_PORT": str(free_port()), "TMPDIR": str(tmp_path / "tmp")}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen: list[str] = []
@@ -47,8 +54,10 @@ def test_headrace_up_says_when_every_taskmanager_has_a_ready_warm_driver(tmp_pat
             except queue.Empty:
                 continue
             assert "No warm driver ready" not in seen[-1], seen
-        order = [next(i for i, line in enumerate(seen) if text in line)
-                 for text in ("Headrace is up", "Warming up a Spark driver on each TaskManager", WARM_LINE)]
+        order = [
+            next(i for i, line in enumerate(seen) if text in line)
+            for text in ("Headrace is up", "Warming up a Spark driver on each TaskManager", WARM_LINE)
+        ]
         assert order == sorted(order), seen
         config = next(home.glob("runs/*/config.yaml"))
         with redis.Redis.from_url(yaml.safe_load(config.read_text())["redis_url"]) as client:
@@ -71,8 +80,10 @@ def test_the_wait_for_warm_drivers_ends_when_each_taskmanager_has_one_or_wants_n
     from services.cluster.readiness import wait_for_warm_drivers
 
     def publish(tm: str, ready: int, starting: int = 0, waiting: int = 0) -> None:
-        client.set(streams.tm_warm_key(tm), json.dumps({"ready": ready, "starting": starting, "waiting": waiting,
-                                                       "parallelism": 2}))
+        client.set(
+            streams.tm_warm_key(tm),
+            json.dumps({"ready": ready, "starting": starting, "waiting": waiting, "parallelism": 2}),
+        )
 
     with redis.Redis.from_url(redis_url) as client:
         publish("tm-1", ready=1)

@@ -30,8 +30,14 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / "examples" / "keyed_counts.py")
 ARGS = ["--stream", "s", "--sink", "sql", "--table", "t", "--sink-url", "sqlite:////tmp/never-opened.db"]
-REQUEST = dict(artifact_path=PIPELINE, entry="build", args=ARGS, config={"spark.sql.shuffle.partitions": "3"},
-               parallelism=1, timeout_s=120)
+REQUEST = dict(
+    artifact_path=PIPELINE,
+    entry="build",
+    args=ARGS,
+    config={"spark.sql.shuffle.partitions": "3"},
+    parallelism=1,
+    timeout_s=120,
+)
 
 
 def gone(pid: int) -> bool:
@@ -42,8 +48,9 @@ def gone(pid: int) -> bool:
 
 
 def warm_planner() -> WarmPlanner:
-    return WarmPlanner(python=sys.executable, run_as=None, catalog_url=None, redis_url=None,
-                       runtime=SparkRuntime(DEFAULT_CACHE_DIR))
+    return WarmPlanner(
+        python=sys.executable, run_as=None, catalog_url=None, redis_url=None, runtime=SparkRuntime(DEFAULT_CACHE_DIR)
+    )
 
 
 def test_a_spare_plans_as_the_cold_planner_does_and_goes_when_closed():
@@ -89,8 +96,9 @@ def test_the_dispatcher_keeps_a_spare_from_its_start(tmp_path, migrated_sqlite_u
         with TestClient(create_app(settings, catalog, InMemoryTransport(sender="dispatcher"))) as client:
             warm = client.app.state.warm_planner
             assert warm.spare_pid is None  # not while the dispatcher itself starts
-            spare = wait_for("a spare planner after the dispatcher's start", lambda: warm.spare_pid,
-                             timeout_s=START_AFTER_S + 10)
+            spare = wait_for(
+                "a spare planner after the dispatcher's start", lambda: warm.spare_pid, timeout_s=START_AFTER_S + 10
+            )
             assert client.get("/overview").status_code == 200
         assert wait_for("the spare to end with the dispatcher", lambda: gone(spare), timeout_s=10)
     finally:
@@ -108,8 +116,12 @@ def test_a_spare_waits_at_the_lowest_priority_and_plans_at_the_dispatchers():
         checking = threading.Thread(target=lambda: results.append(warm.plan(**REQUEST)))
         checking.start()
         own = os.getpriority(os.PRIO_PROCESS, 0)
-        wait_for("the taken spare to plan at the dispatcher's priority",
-                 lambda: gone(spare) or os.getpriority(os.PRIO_PGRP, spare) == own, timeout_s=10, poll_s=0.01)
+        wait_for(
+            "the taken spare to plan at the dispatcher's priority",
+            lambda: gone(spare) or os.getpriority(os.PRIO_PGRP, spare) == own,
+            timeout_s=10,
+            poll_s=0.01,
+        )
         checking.join(120)
         assert results and results[0] is not None and results[0].get("ok"), results
     finally:

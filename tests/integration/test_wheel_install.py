@@ -34,15 +34,27 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_TIMEOUT_S = 400
 STOP_TIMEOUT_S = 90
 # What the installed package must carry beside its code: checkout directory -> package directory.
-PACKAGE_DATA = {"web-ui": "services/dispatcher/web_ui", "examples": "services/cluster/examples",
-                "shared/catalog/migrations": "shared/catalog/migrations"}
+PACKAGE_DATA = {
+    "web-ui": "services/dispatcher/web_ui",
+    "examples": "services/cluster/examples",
+    "shared/catalog/migrations": "shared/catalog/migrations",
+}
 
 
 def source_copy(dst: Path) -> Path:
     """The checkout's files as git sees them (tracked or new, not ignored; links kept as links):
     what a fresh clone builds, without writing build/ into the checkout."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, timeout=60, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src, target = ROOT / rel, dst / rel
         if not (src.is_symlink() or src.is_file()):
@@ -67,8 +79,12 @@ def venv(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("wheel-install")
     source = source_copy(base / "source")
     wheels = base / "wheels"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if built.returncode != 0 and "No matching distribution found for setuptools" in built.stderr:
         missing("setuptools and wheel for pip's build environment (a package index, or PIP_FIND_LINKS)")
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
@@ -77,8 +93,10 @@ def venv(tmp_path_factory) -> Path:
     # No pip of its own (ensurepip takes seconds): the machine's pip, run by the venv's Python,
     # installs into the venv. --force-reinstall: the editable install outside it has the same version.
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], timeout=120)
-    run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", "-q",
-         wheel], timeout=300)
+    run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", "-q", wheel],
+        timeout=300,
+    )
     return venv
 
 
@@ -92,19 +110,25 @@ def user_env(venv, tmp_path) -> dict[str, str]:
     start-up timeout on a loaded machine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_") and k != "PYTHONPATH"}
     (tmp_path / "home").mkdir()
-    env |= {"HOME": str(tmp_path / "home"), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-            "HEADRACE_DISPATCHER_PORT": str(free_port()), "HEADRACE_DRIVER_USER": "",
-            "HEADRACE_DRIVER_CLASS_ARCHIVE_DIR": str(Settings().driver_class_archive_dir),
-            # The machine's jars from Maven Central, as `headrace jars fetch` put them there.
-            "HEADRACE_JAR_CACHE_DIR": str(Settings().jar_cache_dir)}
+    env |= {
+        "HOME": str(tmp_path / "home"),
+        "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        "HEADRACE_DISPATCHER_PORT": str(free_port()),
+        "HEADRACE_DRIVER_USER": "",
+        "HEADRACE_DRIVER_CLASS_ARCHIVE_DIR": str(Settings().driver_class_archive_dir),
+        # The machine's jars from Maven Central, as `headrace jars fetch` put them there.
+        "HEADRACE_JAR_CACHE_DIR": str(Settings().jar_cache_dir),
+    }
     return env
 
 
 def installed_paths(venv: Path, env: dict[str, str], cwd: Path) -> dict[str, str]:
-    script = ("import json, services, shared, shared.catalog.db as db; from services.dispatcher.app import "
-              "DEFAULT_WEB_DIR; from services.cluster.demo import EXAMPLE; print(json.dumps({'services': "
-              "services.__file__, 'shared': shared.__file__, 'web': str(DEFAULT_WEB_DIR), 'example': str(EXAMPLE), "
-              "'migrations': str(db.MIGRATIONS)}))")
+    script = (
+        "import json, services, shared, shared.catalog.db as db; from services.dispatcher.app import "
+        "DEFAULT_WEB_DIR; from services.cluster.demo import EXAMPLE; print(json.dumps({'services': "
+        "services.__file__, 'shared': shared.__file__, 'web': str(DEFAULT_WEB_DIR), 'example': str(EXAMPLE), "
+        "'migrations': str(db.MIGRATIONS)}))"
+    )
     return json.loads(run([venv / "bin" / "python", "-c", script], env=env, cwd=cwd, timeout=120).stdout)
 
 
@@ -115,10 +139,16 @@ def test_the_venv_imports_the_wheels_copy_with_its_package_data(venv, user_env, 
     for name, path in paths.items():
         assert Path(path).is_relative_to(site), (name, path)
     for checkout_dir, package_dir in PACKAGE_DATA.items():
-        expected = {p.relative_to(ROOT / checkout_dir) for p in (ROOT / checkout_dir).rglob("*")
-                    if p.is_file() and "__pycache__" not in p.parts}
-        installed = {p.relative_to(site / package_dir) for p in (site / package_dir).rglob("*")
-                     if p.is_file() and "__pycache__" not in p.parts}
+        expected = {
+            p.relative_to(ROOT / checkout_dir)
+            for p in (ROOT / checkout_dir).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
+        installed = {
+            p.relative_to(site / package_dir)
+            for p in (site / package_dir).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
         assert expected and expected <= installed, (checkout_dir, sorted(expected - installed))
 
 
@@ -177,8 +207,15 @@ def stop(proc: subprocess.Popen) -> None:
 
 def test_headrace_demo_once_and_the_dashboard_from_the_wheel(venv, user_env, tmp_path):
     t0 = time.monotonic()
-    proc = subprocess.Popen([str(venv / "bin" / "headrace"), "demo", "--once"], env=user_env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "headrace"), "demo", "--once"],
+        env=user_env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     out: list[str] = []
     assets: dict[str, tuple[int, str]] = {}
     pythons: set[str] = set()

@@ -44,8 +44,15 @@ def test_counter_pointers_and_cleanup(zk):
 
 
 def leader(h: Harness, zk, epoch: int) -> JobMaster:
-    jm = JobMaster(h.settings, h.catalog, h.t, h.gw, h.clock, epoch=epoch,
-                   checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(zk, "/hr")))
+    jm = JobMaster(
+        h.settings,
+        h.catalog,
+        h.t,
+        h.gw,
+        h.clock,
+        epoch=epoch,
+        checkpoint_store=ZooKeeperStore(ZooKeeperCheckpointStore(zk, "/hr")),
+    )
     with jm.unit_of_work():
         jm.recover()
     return jm

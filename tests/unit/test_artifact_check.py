@@ -14,9 +14,19 @@ DIGEST = hashlib.sha256(SOURCE).hexdigest()
 
 
 def spec(path, sha256=DIGEST, kind="pyspark") -> TaskSpec:
-    return TaskSpec(job_id="j", vertex_id="v", execution_id="e", attempt=0, parallelism=1, kind=kind,
-                    artifact_path=str(path) if path else None, artifact_sha256=sha256, checkpoint_dir="/tmp/c",
-                    catalog_url="sqlite://", redis_url="redis://")
+    return TaskSpec(
+        job_id="j",
+        vertex_id="v",
+        execution_id="e",
+        attempt=0,
+        parallelism=1,
+        kind=kind,
+        artifact_path=str(path) if path else None,
+        artifact_sha256=sha256,
+        checkpoint_dir="/tmp/c",
+        catalog_url="sqlite://",
+        redis_url="redis://",
+    )
 
 
 def setup(tmp_path):

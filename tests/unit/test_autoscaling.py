@@ -12,21 +12,44 @@ from shared import autoscaling as a
 from shared.autoscaling import AutoscalerSpec, Outcome, Situation
 from tests.autoscaling_series import FIXED_S, simulate, steady
 
-SPEC = AutoscalerSpec(enabled=True, min_parallelism=1, max_parallelism=2, target_utilization=0.7,
-                      metrics_window_s=30, stabilization_s=60, catch_up_s=120)
+SPEC = AutoscalerSpec(
+    enabled=True,
+    min_parallelism=1,
+    max_parallelism=2,
+    target_utilization=0.7,
+    metrics_window_s=30,
+    stabilization_s=60,
+    catch_up_s=120,
+)
 REMEMBERED = object()
 
 
-def decide(points, parallelism: int, *, quiet_s: float = 600.0, partitions: int = 4, spec: AutoscalerSpec = SPEC,
-           fixed_cost_s=REMEMBERED, held: str | None = None, last_wanted: int | None = None,
-           slot_capacity: int | None = None):
+def decide(
+    points,
+    parallelism: int,
+    *,
+    quiet_s: float = 600.0,
+    partitions: int = 4,
+    spec: AutoscalerSpec = SPEC,
+    fixed_cost_s=REMEMBERED,
+    held: str | None = None,
+    last_wanted: int | None = None,
+    slot_capacity: int | None = None,
+):
     """The evaluation at the last point; the fixed cost remembered is the shortest batch of the
     whole series, as the autoscaler remembers the shortest it has seen (unless given)."""
     if fixed_cost_s is REMEMBERED:
         fixed_cost_s = min(p.duration_s for p in points)
-    situation = Situation(parallelism=parallelism, partitions=partitions, now_s=points[-1].at_s, quiet_s=quiet_s,
-                          fixed_cost_s=fixed_cost_s, held=held, last_wanted=last_wanted,
-                          slot_capacity=slot_capacity)
+    situation = Situation(
+        parallelism=parallelism,
+        partitions=partitions,
+        now_s=points[-1].at_s,
+        quiet_s=quiet_s,
+        fixed_cost_s=fixed_cost_s,
+        held=held,
+        last_wanted=last_wanted,
+        slot_capacity=slot_capacity,
+    )
     return a.evaluate(spec, situation, points)
 
 
@@ -138,7 +161,7 @@ def test_a_light_input_on_a_loaded_machine_goes_back_to_one_on_the_rate_it_has_s
     assert e.outcome == Outcome.SCALE_DOWN and e.proposed == 1, e.reason
     assert e.figures["shownRate"] >= 2900
     # The same window without that history keeps 2: noise keeps the parallelism.
-    alone = decide(loaded[len(before):], 2, fixed_cost_s=FIXED_S)
+    alone = decide(loaded[len(before) :], 2, fixed_cost_s=FIXED_S)
     assert alone.outcome == Outcome.KEEP and alone.proposed == 2, alone.reason
 
 
@@ -187,14 +210,26 @@ def test_the_fixed_cost_remembered_is_used_over_the_windows_shortest_batch():
     assert decide(points, 1, fixed_cost_s=FIXED_S).figures["fixedCostS"] == pytest.approx(FIXED_S)
 
 
-@pytest.mark.parametrize("rec, expected", [
-    (None, AutoscalerSpec()),
-    ({"enabled": False, "maxParallelism": 4}, AutoscalerSpec()),
-    ({"enabled": True, "maxParallelism": 2, "stabilization": 0}, AutoscalerSpec(True, 1, 2, stabilization_s=0.0)),
-    ({"enabled": True, "minParallelism": 1, "maxParallelism": 4, "targetUtilization": 0.6, "metricsWindow": 20,
-      "stabilization": 30, "catchUp": 60},
-     AutoscalerSpec(True, 1, 4, 0.6, 20.0, 30.0, 60.0)),
-])
+@pytest.mark.parametrize(
+    "rec, expected",
+    [
+        (None, AutoscalerSpec()),
+        ({"enabled": False, "maxParallelism": 4}, AutoscalerSpec()),
+        ({"enabled": True, "maxParallelism": 2, "stabilization": 0}, AutoscalerSpec(True, 1, 2, stabilization_s=0.0)),
+        (
+            {
+                "enabled": True,
+                "minParallelism": 1,
+                "maxParallelism": 4,
+                "targetUtilization": 0.6,
+                "metricsWindow": 20,
+                "stabilization": 30,
+                "catchUp": 60,
+            },
+            AutoscalerSpec(True, 1, 4, 0.6, 20.0, 30.0, 60.0),
+        ),
+    ],
+)
 def test_spec_from_record(rec, expected):
     assert AutoscalerSpec.from_record(rec, parallelism=3) == expected
 

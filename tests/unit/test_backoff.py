@@ -40,6 +40,6 @@ def test_the_sql_sinks_retry_pause_is_its_old_formula():
 
 def test_the_driver_event_and_warm_driver_pauses_are_their_old_formulas():
     for i in range(0, 40):  # driver_process.py: try i (from 0) of handling an event
-        assert exponential(i + 1, first_s=0.2, max_s=5.0) == min(5.0, 0.2 * 2 ** i)
+        assert exponential(i + 1, first_s=0.2, max_s=5.0) == min(5.0, 0.2 * 2**i)
     for failures in range(1, 40):  # warm_pool.py: warm drivers that died in a row (counted first)
-        assert exponential(failures + 1, first_s=1.0, max_s=60.0) == min(60.0, 2.0 ** failures)
+        assert exponential(failures + 1, first_s=1.0, max_s=60.0) == min(60.0, 2.0**failures)

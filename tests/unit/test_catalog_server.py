@@ -43,8 +43,13 @@ def test_the_password_stays_in_its_passfile(tmp_path):
     assert stat.S_IMODE(passfile.stat().st_mode) == 0o600
     assert passfile.read_text() == f"127.0.0.1:*:*:headrace:{password}\n"
     assert catalog_server._password(passfile) == password  # kept from one run to the next
-    server = catalog_server.CatalogServer(data_dir=tmp_path / "data", passfile=passfile, port=5999,
-                                          binaries=Path("/usr/lib/postgresql/15/bin"), os_user="postgres")
+    server = catalog_server.CatalogServer(
+        data_dir=tmp_path / "data",
+        passfile=passfile,
+        port=5999,
+        binaries=Path("/usr/lib/postgresql/15/bin"),
+        os_user="postgres",
+    )
     assert server.url == f"postgresql://headrace@127.0.0.1:5999/headrace?passfile={passfile}"
     assert password not in server.url and password not in " ".join(server.command())
     cmd = server.command()

@@ -16,8 +16,9 @@ def test_defaults_are_flinks_except_retained_three_and_retain_on_cancellation():
 
 def test_job_options_override_the_cluster_default():
     cluster = {"execution.checkpointing.interval": "10 s", "state.checkpoints.num-retained": 5}
-    cfg = checkpoint_config({"execution.checkpointing.interval": "500 ms", "execution.checkpointing.min-pause": "2000"},
-                            cluster)
+    cfg = checkpoint_config(
+        {"execution.checkpointing.interval": "500 ms", "execution.checkpointing.min-pause": "2000"}, cluster
+    )
     assert (cfg.interval_s, cfg.min_pause_s, cfg.num_retained) == (0.5, 2.0, 5)
 
 
@@ -29,24 +30,31 @@ def test_an_interval_of_zero_or_disabled_turns_periodic_checkpoints_off(off):
 
 
 def test_retention_and_restore_mode_names():
-    cfg = checkpoint_config({"execution.checkpointing.externalized-checkpoint-retention": "no_externalized_checkpoints",
-                             "execution.savepoint-restore-mode": "claim",
-                             "execution.savepoint.ignore-unclaimed-state": "true"})
+    cfg = checkpoint_config(
+        {
+            "execution.checkpointing.externalized-checkpoint-retention": "no_externalized_checkpoints",
+            "execution.savepoint-restore-mode": "claim",
+            "execution.savepoint.ignore-unclaimed-state": "true",
+        }
+    )
     assert (cfg.retention, cfg.restore_mode, cfg.allow_non_restored_state) == ("DELETE_ON_CANCELLATION", "CLAIM", True)
 
 
-@pytest.mark.parametrize("key, value, says", [
-    ("execution.checkpointing.interval", "fast", "duration"),
-    ("execution.checkpointing.interval", "10 ms", "at least 100 ms"),
-    ("execution.checkpointing.timeout", 0, "greater than 0"),
-    ("execution.checkpointing.max-concurrent-checkpoints", 0, ">= 1"),
-    ("execution.checkpointing.tolerable-failed-checkpoints", -1, ">= 0"),
-    ("state.checkpoints.num-retained", "many", ">= 1"),
-    ("execution.checkpointing.externalized-checkpoint-retention", "KEEP", "RETAIN_ON_CANCELLATION"),
-    ("execution.savepoint-restore-mode", "STEAL", "NO_CLAIM"),
-    ("execution.savepoint.path", "s3://bucket/sp", "not supported"),
-    ("execution.savepoint.ignore-unclaimed-state", "maybe", "true or false"),
-])
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("execution.checkpointing.interval", "fast", "duration"),
+        ("execution.checkpointing.interval", "10 ms", "at least 100 ms"),
+        ("execution.checkpointing.timeout", 0, "greater than 0"),
+        ("execution.checkpointing.max-concurrent-checkpoints", 0, ">= 1"),
+        ("execution.checkpointing.tolerable-failed-checkpoints", -1, ">= 0"),
+        ("state.checkpoints.num-retained", "many", ">= 1"),
+        ("execution.checkpointing.externalized-checkpoint-retention", "KEEP", "RETAIN_ON_CANCELLATION"),
+        ("execution.savepoint-restore-mode", "STEAL", "NO_CLAIM"),
+        ("execution.savepoint.path", "s3://bucket/sp", "not supported"),
+        ("execution.savepoint.ignore-unclaimed-state", "maybe", "true or false"),
+    ],
+)
 def test_bad_values_name_the_option_and_what_is_expected(key, value, says):
     with pytest.raises(InvalidCheckpointConfig) as err:
         checkpoint_config({key: value})

@@ -16,9 +16,12 @@ from shared.checkpoint_storage import SnapshotError, copying
 
 KEY_SCHEMA = {"type": "struct", "fields": [{"name": "url", "type": "string", "nullable": True, "metadata": {}}]}
 VALUE_SCHEMA = {"type": "struct", "fields": [{"name": "count", "type": "long", "nullable": True, "metadata": {}}]}
-CONF = {"spark.sql.shuffle.partitions": "2",
-        "spark.sql.streaming.stateStore.providerClass":
-            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"}
+CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+    ),
+}
 
 
 def write(path: Path, data: str | bytes) -> Path:
@@ -45,9 +48,18 @@ def schema_bytes() -> bytes:
     return out
 
 
-def fake_live(root: Path, *, committed: int, planned: int, state_versions: int | None = None,
-              snapshots: tuple[int, ...] = (), first_delta: int = 1, rocksdb: bool = False,
-              partitions: int = 2, operators: tuple[int, ...] = (0,)) -> Path:
+def fake_live(
+    root: Path,
+    *,
+    committed: int,
+    planned: int,
+    state_versions: int | None = None,
+    snapshots: tuple[int, ...] = (),
+    first_delta: int = 1,
+    rocksdb: bool = False,
+    partitions: int = 2,
+    operators: tuple[int, ...] = (0,),
+) -> Path:
     """A Spark checkpoint dir: batches 0..committed committed, 0..planned planned, state files
     up to version `state_versions` (default planned + 1: the in-flight batch's state is there)."""
     write(root / "metadata", '{"id":"4f1c0c4e-7d57-4a8e-9f3e-0d5b7a2b1c3d"}')
@@ -60,9 +72,16 @@ def fake_live(root: Path, *, committed: int, planned: int, state_versions: int |
     top = planned + 1 if state_versions is None else state_versions
     for op in operators:
         op_dir = root / "state" / str(op)
-        write(op_dir / "_metadata" / "metadata", "v1\n" + json.dumps({
-            "operatorInfo": {"operatorId": op, "operatorName": "stateStoreSave"},
-            "stateStoreInfo": [{"storeName": "default", "numColsPrefixKey": 0, "numPartitions": partitions}]}))
+        write(
+            op_dir / "_metadata" / "metadata",
+            "v1\n"
+            + json.dumps(
+                {
+                    "operatorInfo": {"operatorId": op, "operatorName": "stateStoreSave"},
+                    "stateStoreInfo": [{"storeName": "default", "numColsPrefixKey": 0, "numPartitions": partitions}],
+                }
+            ),
+        )
         for p in range(partitions):
             part = op_dir / str(p)
             write(part / "_metadata" / "schema", schema_bytes())
@@ -89,6 +108,7 @@ def live(tmp_path) -> Path:
 
 # ---------------------------------------------------------------- batch logs
 
+
 def test_latest_batches_ignore_hidden_and_temporary_files(tmp_path):
     assert storage.latest_committed_batch(tmp_path / "nothing") is None
     assert storage.latest_planned_batch(tmp_path / "nothing") is None
@@ -108,6 +128,7 @@ def test_spark_conf_at_reads_the_pinned_conf(live):
 
 
 # ---------------------------------------------------------------- what a snapshot holds
+
 
 def test_snapshot_keeps_batches_up_to_b_and_state_up_to_b_plus_1(live, tmp_path):
     info = storage.take_snapshot(live, tmp_path / "chk-1", batch_id=3, metadata={})
@@ -165,10 +186,13 @@ def test_rocksdb_versions_and_shared_ssts(tmp_path):
     info = storage.take_snapshot(live, tmp_path / "chk", batch_id=11, metadata={})
     part = Path(info.path) / "spark" / "state" / "0" / "0"
     assert set(names(part.parent.parent.parent, "state/0/0")) == (
-        {f"{v}.changelog" for v in range(1, 13)} | {"5.zip", "10.zip"})
+        {f"{v}.changelog" for v in range(1, 13)} | {"5.zip", "10.zip"}
+    )
     assert names(part, "SSTs") == ["000008-aaaa.sst"]
-    assert os.stat(part / "SSTs" / "000008-aaaa.sst").st_ino == os.stat(
-        live / "state" / "0" / "0" / "SSTs" / "000008-aaaa.sst").st_ino
+    assert (
+        os.stat(part / "SSTs" / "000008-aaaa.sst").st_ino
+        == os.stat(live / "state" / "0" / "0" / "SSTs" / "000008-aaaa.sst").st_ino
+    )
 
 
 def test_checkpoint_format_v2_unique_ids_are_versioned_too(tmp_path):
@@ -183,6 +207,7 @@ def test_checkpoint_format_v2_unique_ids_are_versioned_too(tmp_path):
 
 
 # ---------------------------------------------------------------- refusals
+
 
 def test_uncommitted_batch_is_refused(live, tmp_path):
     with pytest.raises(SnapshotError, match=r"batch 5 is not committed .*newest committed batch: 4"):
@@ -290,6 +315,7 @@ def test_deltas_cleaned_up_below_a_snapshot_are_not_a_hole(tmp_path):
 
 # ---------------------------------------------------------------- metadata
 
+
 def test_metadata_describes_the_snapshot(live, tmp_path):
     caller = {"job_id": "ab" * 16, "kind": "checkpoint", "checkpoint_id": 7, "format": "ignored"}
     info = storage.take_snapshot(live, tmp_path / "chk-7", batch_id=3, metadata=caller)
@@ -302,8 +328,13 @@ def test_metadata_describes_the_snapshot(live, tmp_path):
     assert spark["watermark_ms"] == 3000
     assert spark["conf"] == CONF
     assert spark["source_offsets"] == ['{"i": 400}', "-"] and info.source_offsets == ('{"i": 400}', "-")
-    assert spark["operators"] == [{"id": 0, "name": "stateStoreSave", "stores": [
-        {"name": "default", "partitions": 2, "key_schema": KEY_SCHEMA, "value_schema": VALUE_SCHEMA}]}]
+    assert spark["operators"] == [
+        {
+            "id": 0,
+            "name": "stateStoreSave",
+            "stores": [{"name": "default", "partitions": 2, "key_schema": KEY_SCHEMA, "value_schema": VALUE_SCHEMA}],
+        }
+    ]
     assert spark["state_partitions"] == 2
     assert meta["size_bytes"] == info.state_size and meta["files"] == info.files
     assert meta["completed_at"] > 0
@@ -322,8 +353,9 @@ def test_state_operators_without_operator_metadata_still_count_partitions(tmp_pa
     os.unlink(live / "state" / "1" / "_metadata" / "metadata")
     ops = storage.state_operators(live)
     assert [(o["id"], o["name"]) for o in ops] == [(0, "stateStoreSave"), (1, None)]
-    assert ops[1]["stores"] == [{"name": "default", "partitions": 3, "key_schema": KEY_SCHEMA,
-                                 "value_schema": VALUE_SCHEMA}]
+    assert ops[1]["stores"] == [
+        {"name": "default", "partitions": 3, "key_schema": KEY_SCHEMA, "value_schema": VALUE_SCHEMA}
+    ]
 
 
 def test_empty_snapshot_restores_as_a_fresh_start(tmp_path):
@@ -336,10 +368,17 @@ def test_empty_snapshot_restores_as_a_fresh_start(tmp_path):
 
 # ---------------------------------------------------------------- paths
 
+
 def test_paths_in_every_form(live, tmp_path):
     path = Path(storage.take_snapshot(live, tmp_path / "sp", batch_id=3, metadata={}).path)
-    for form in (path, str(path), path / "_metadata", f"file://{path}", f"file:{path}/_metadata",
-                 f"file://localhost{path}"):
+    for form in (
+        path,
+        str(path),
+        path / "_metadata",
+        f"file://{path}",
+        f"file:{path}/_metadata",
+        f"file://localhost{path}",
+    ):
         assert storage.resolve_snapshot(form) == path
     spaced = tmp_path / "with space"
     storage.take_snapshot(live, spaced, batch_id=3, metadata={})
@@ -393,6 +432,7 @@ def test_new_savepoint_dir_follows_flinks_naming(tmp_path):
 
 
 # ---------------------------------------------------------------- restore and dispose
+
 
 def test_restore_materialises_the_snapshot(live, tmp_path):
     info = storage.take_snapshot(live, tmp_path / "chk", batch_id=3, metadata={"kind": "checkpoint"})

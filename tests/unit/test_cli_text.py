@@ -16,8 +16,10 @@ from typer.testing import CliRunner
 from services.cli import app as cli_app
 from services.cli import deploy, job_commands
 
-TRACE = ('Traceback (most recent call last):\n  File "/job/clicks.py", line 9, in parse\n    return int(raw)\n'
-         "ValueError: invalid literal for int() with base 10: 'x'\n")
+TRACE = (
+    'Traceback (most recent call last):\n  File "/job/clicks.py", line 9, in parse\n    return int(raw)\n'
+    "ValueError: invalid literal for int() with base 10: 'x'\n"
+)
 
 
 def run(*args: str, width: int = 80):
@@ -65,36 +67,49 @@ def fake_dispatcher(monkeypatch, module, routes: dict[tuple[str, str], object]) 
             answer = answer.pop(0) if len(answer) > 1 else answer[0]
         return httpx.Response(200, json=answer)
 
-    monkeypatch.setattr(module, "client", lambda url: httpx.Client(base_url="http://dispatcher",
-                                                                   transport=httpx.MockTransport(handler)))
+    monkeypatch.setattr(
+        module, "client", lambda url: httpx.Client(base_url="http://dispatcher", transport=httpx.MockTransport(handler))
+    )
     return asked
 
 
 def test_stop_says_what_headrace_does(monkeypatch):
     monkeypatch.setattr(job_commands, "POLL_INTERVAL_S", 0)
-    fake_dispatcher(monkeypatch, job_commands, {
-        ("POST", "/jobs/j1/stop"): {"request-id": "r1"},
-        ("GET", "/jobs/j1/savepoints/r1"): [{"status": {"id": "IN_PROGRESS"}},
-                                            {"status": {"id": "COMPLETED"}, "operation": {"location": "file:/sp/x"}}],
-    })
+    fake_dispatcher(
+        monkeypatch,
+        job_commands,
+        {
+            ("POST", "/jobs/j1/stop"): {"request-id": "r1"},
+            ("GET", "/jobs/j1/savepoints/r1"): [
+                {"status": {"id": "IN_PROGRESS"}},
+                {"status": {"id": "COMPLETED"}, "operation": {"location": "file:/sp/x"}},
+            ],
+        },
+    )
     out = run("stop", "j1", "--savepoint-path", "/sp")
     assert out.exit_code == 0, out.output
     assert "Suspending" not in out.output
-    assert out.output.splitlines()[0] == ("Stopping job j1 with a savepoint in /sp; it ends FINISHED once the "
-                                          "savepoint is complete.")
+    assert out.output.splitlines()[0] == (
+        "Stopping job j1 with a savepoint in /sp; it ends FINISHED once the savepoint is complete."
+    )
     assert out.output.splitlines()[-1] == "Savepoint completed. Path: /sp/x"
 
 
 def test_run_wait_names_the_exception_a_failed_job_ended_with(monkeypatch, tmp_path):
     pipeline = tmp_path / "clicks.py"
     pipeline.write_text("def build(ctx):\n    pass\n")
-    fake_dispatcher(monkeypatch, job_commands, {
-        ("POST", "/jars/upload"): {"id": "jar1"},
-        ("POST", "/jars/jar1/run"): {"jobid": "j1"},
-        ("GET", "/jobs/j1"): {"state": "FAILED"},
-        ("GET", "/jobs/j1/exceptions"): {"exceptionHistory": {"entries": [
-            {"exceptionName": "ValueError", "stacktrace": TRACE}]}},
-    })
+    fake_dispatcher(
+        monkeypatch,
+        job_commands,
+        {
+            ("POST", "/jars/upload"): {"id": "jar1"},
+            ("POST", "/jars/jar1/run"): {"jobid": "j1"},
+            ("GET", "/jobs/j1"): {"state": "FAILED"},
+            ("GET", "/jobs/j1/exceptions"): {
+                "exceptionHistory": {"entries": [{"exceptionName": "ValueError", "stacktrace": TRACE}]}
+            },
+        },
+    )
     out = run("run", str(pipeline), "--wait")
     assert out.exit_code == 1
     assert out.output.splitlines()[-1] == "Job j1 FAILED: ValueError: invalid literal for int() with base 10: 'x'"
@@ -102,9 +117,24 @@ def test_run_wait_names_the_exception_a_failed_job_ended_with(monkeypatch, tmp_p
 
 def test_deploy_list_shows_an_errors_exception_not_a_traces_first_line(monkeypatch):
     error = f"ValueError: {TRACE}"
-    fake_dispatcher(monkeypatch, deploy, {("GET", "/deployments"): {"deployments": [
-        {"name": "clicks", "lifecycleState": "FAILED", "generation": 2, "stableGeneration": 1, "jobId": None,
-         "error": error}]}})
+    fake_dispatcher(
+        monkeypatch,
+        deploy,
+        {
+            ("GET", "/deployments"): {
+                "deployments": [
+                    {
+                        "name": "clicks",
+                        "lifecycleState": "FAILED",
+                        "generation": 2,
+                        "stableGeneration": 1,
+                        "jobId": None,
+                        "error": error,
+                    }
+                ]
+            }
+        },
+    )
     out = run("deploy", "list")
     assert out.exit_code == 0, out.output
     row = out.output.splitlines()[1]

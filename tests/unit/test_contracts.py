@@ -22,8 +22,14 @@ def test_messages_are_frozen():
         msg.job_id = "y"
 
 
-@pytest.mark.parametrize("raw", [b"not json", b'{"sender":"x","body":{"type":"Nope"}}',
-                                 b'{"schema_version":99,"sender":"x","body":{"type":"SubmitJob","job_id":"a"}}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b'{"sender":"x","body":{"type":"Nope"}}',
+        b'{"schema_version":99,"sender":"x","body":{"type":"SubmitJob","job_id":"a"}}',
+    ],
+)
 def test_undecodable(raw):
     with pytest.raises(UndecodableMessage):
         decode(raw)

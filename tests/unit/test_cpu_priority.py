@@ -11,9 +11,10 @@ import pytest
 
 from shared import cpu_priority
 
-pytestmark = pytest.mark.skipif(not cpu_priority.may_raise_priority(),
-                                reason="this process may not raise a niced child's priority back (not root, "
-                                       "RLIMIT_NICE too low)")
+pytestmark = pytest.mark.skipif(
+    not cpu_priority.may_raise_priority(),
+    reason="this process may not raise a niced child's priority back (not root, RLIMIT_NICE too low)",
+)
 
 
 def autogroup_nice(pid: int) -> int | None:

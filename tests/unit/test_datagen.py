@@ -31,8 +31,13 @@ def test_event_is_a_pure_function_of_seed_and_index():
 def test_vectorised_batch_equals_scalar_events():
     for seed, start, end in [(0, 0, 1), (1, 0, 2000), (99, 123_456, 125_000)]:
         assert generate_batch(seed, start, end).to_pylist() == generate_events(seed, start, end)
-    shape = dict(urls=("/a", "/b"), num_users=3, events_per_minute=60, max_delay_ms=0,
-                 base_time=datetime(2030, 5, 1, 12, tzinfo=timezone.utc))
+    shape = dict(
+        urls=("/a", "/b"),
+        num_users=3,
+        events_per_minute=60,
+        max_delay_ms=0,
+        base_time=datetime(2030, 5, 1, 12, tzinfo=timezone.utc),
+    )
     assert generate_batch(3, 0, 500, **shape).to_pylist() == generate_events(3, 0, 500, **shape)
 
 

@@ -37,8 +37,14 @@ def test_the_dashboards_figures_name_the_sinks_version():
 
 
 def test_a_snapshots_table_version_is_read_from_its_metadata(tmp_path):
-    entry = {"kind": "delta", "path": "/lake/t", "app_id": "a", "version": 7, "batch_id": 3,
-             "undone": {"to_version": 5, "batches": [4, 5], "versions": [6], "rows": 10}}
+    entry = {
+        "kind": "delta",
+        "path": "/lake/t",
+        "app_id": "a",
+        "version": 7,
+        "batch_id": 3,
+        "undone": {"to_version": 5, "batches": [4, 5], "versions": [6], "rows": 10},
+    }
     storage.take_empty_snapshot(tmp_path / "chk-1", metadata={"job_id": "j", "sink": entry})
     storage.take_empty_snapshot(tmp_path / "chk-2", metadata={"job_id": "j"})
     fields = snapshot_sinks.sink_fields(f"file:{tmp_path / 'chk-1'}")

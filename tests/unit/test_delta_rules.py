@@ -75,16 +75,18 @@ def test_names_are_stable_per_lineage_and_path():
 
 
 def state(records: dict[str, delta_claim.WriterRecord], version: int = 3, txn: int | None = None):
-    return delta_log.TableState(version=version, txn=txn,
-                                properties={delta_claim.PREFIX + a: r.to_json() for a, r in records.items()})
+    return delta_log.TableState(
+        version=version, txn=txn, properties={delta_claim.PREFIX + a: r.to_json() for a, r in records.items()}
+    )
 
 
 A = SinkOwner(lineage="la", job_id="ja")
 
 
 def claim(st, owner=A, fence=10, shared=False, r=-1, app="app-a"):
-    return delta_claim.new_record("/lake/t", app, st, fence=fence, owner=owner, shared=shared, restored_batch_id=r,
-                                  sink_name="delta:/lake/t")
+    return delta_claim.new_record(
+        "/lake/t", app, st, fence=fence, owner=owner, shared=shared, restored_batch_id=r, sink_name="delta:/lake/t"
+    )
 
 
 def test_the_first_claim_starts_at_seq_1_since_the_current_version():
@@ -150,8 +152,14 @@ def test_rows_that_fit_pass_and_misfits_name_their_columns():
 
 
 def test_the_policy_reads_the_sinks_options_before_the_jobs():
-    policy = Policy.read({"optimize.every": "10"}, {"sink.delta.optimize.every": "99", "sink.delta.vacuum.retention":
-                                                    "2 h", "sink.delta.vacuum.interval": "30 min"})
+    policy = Policy.read(
+        {"optimize.every": "10"},
+        {
+            "sink.delta.optimize.every": "99",
+            "sink.delta.vacuum.retention": "2 h",
+            "sink.delta.vacuum.interval": "30 min",
+        },
+    )
     assert (policy.optimize_every, policy.vacuum_retention_s, policy.vacuum_interval_s) == (10, 7200.0, 1800.0)
     assert not Policy().any and policy.any
     with pytest.raises(ValueError, match="optimize.every"):
@@ -225,9 +233,14 @@ def test_the_state_comes_from_the_newest_checksum_and_commits_without_spark(tmp_
     info = {"commitInfo": {"timestamp": 1234, "operation": "WRITE", "userMetadata": "headrace:app:batch 0"}}
     add = {"add": {"path": "p0.parquet", "dataChange": True, "stats": json.dumps({"numRecords": 3})}}
     other = {"txn": {"appId": "other", "version": 1}}
-    write_log(table, [[info, {"txn": {"appId": "app", "version": 5}}, add], [info, other]],
-              crc={"metadata": {"configuration": {"headrace.writer.app": "{}"}, "schemaString": "{}"},
-                   "setTransactions": [{"appId": "app", "version": 5}, {"appId": "other", "version": 1}]})
+    write_log(
+        table,
+        [[info, {"txn": {"appId": "app", "version": 5}}, add], [info, other]],
+        crc={
+            "metadata": {"configuration": {"headrace.writer.app": "{}"}, "schemaString": "{}"},
+            "setTransactions": [{"appId": "app", "version": 5}, {"appId": "other", "version": 1}],
+        },
+    )
     state = delta_log.table_state(None, str(table), "app")  # no Spark needed: the checksum answers
     assert (state.version, state.txn, state.timestamp_ms) == (1, 5, 1234)
     assert state.properties == {"headrace.writer.app": "{}"}

@@ -45,15 +45,25 @@ savepoints: {interval: null, historyMax: 5}
 """)
     assert d.name == "clicks" and d.pipeline is None
     assert d.body == {
-        "jarId": "0b1c_clicks.py", "entryClass": "build", "kind": "pyspark", "programArgsList": ["--day", "2024-01-01"],
-        "parallelism": 2, "flinkConfiguration": {"execution.checkpointing.interval": "10 s"},
-        "restartStrategy": {"type": "fixed-delay", "attempts": 3}, "upgradeMode": "savepoint", "state": "running",
-        "rollback": {"enabled": True, "readyWithin": "60 s"}, "savepoints": {"interval": None, "historyMax": 5}}
+        "jarId": "0b1c_clicks.py",
+        "entryClass": "build",
+        "kind": "pyspark",
+        "programArgsList": ["--day", "2024-01-01"],
+        "parallelism": 2,
+        "flinkConfiguration": {"execution.checkpointing.interval": "10 s"},
+        "restartStrategy": {"type": "fixed-delay", "attempts": 3},
+        "upgradeMode": "savepoint",
+        "state": "running",
+        "rollback": {"enabled": True, "readyWithin": "60 s"},
+        "savepoints": {"interval": None, "historyMax": 5},
+    }
 
 
 def test_an_unquoted_date_stays_the_text_written():
     assert parse("name: a\njarId: j\nprogramArgsList: [--day, 2024-01-01]\n").body["programArgsList"] == [
-        "--day", "2024-01-01"]
+        "--day",
+        "2024-01-01",
+    ]
 
 
 def test_unknown_keys_go_to_the_server_which_names_them():
@@ -86,8 +96,9 @@ def test_a_merge_key_may_be_overridden():
     assert d.body["rollback"] == {"enabled": False, "readyWithin": "60 s"}
 
 
-@pytest.mark.parametrize(("text", "found"), [("", "found nothing"), ("- name: a\n", "found a list"),
-                                             ("just text\n", "found a str")])
+@pytest.mark.parametrize(
+    ("text", "found"), [("", "found nothing"), ("- name: a\n", "found a list"), ("just text\n", "found a str")]
+)
 def test_the_top_level_must_be_a_mapping(text, found):
     message = refused(text)
     assert "the top level must be a mapping" in message and found in message
@@ -164,10 +175,16 @@ def test_wait_rejects_an_unknown_state_before_any_request(tmp_path):
 # --- when --wait may end -----------------------------------------------------------------------------
 # History entries carry the generation of the job at the time (the old one until the new job starts).
 
+
 def status(state: str | None, *history: tuple[int, str], stable: int | None = None, error: str | None = None) -> dict:
-    return {"lifecycleState": state, "stableGeneration": stable, "error": error,
-            "history": [{"at": 1000 * i, "generation": g, "to": to, "reason": f"r{i}"}
-                        for i, (g, to) in enumerate(history)]}
+    return {
+        "lifecycleState": state,
+        "stableGeneration": stable,
+        "error": error,
+        "history": [
+            {"at": 1000 * i, "generation": g, "to": to, "reason": f"r{i}"} for i, (g, to) in enumerate(history)
+        ],
+    }
 
 
 STABLE_AT_1 = status("STABLE", (1, "DEPLOYING"), (1, "STABLE"), stable=1)
@@ -211,8 +228,15 @@ def test_a_failed_state_from_before_the_request_does_not_end_it():
 
 def test_a_failed_stop_with_savepoint_leaves_it_stable_with_a_new_error():
     before = before_of({"status": STABLE_AT_1})
-    kept = status("STABLE", (1, "DEPLOYING"), (1, "STABLE"), (1, "UPGRADING"), (1, "STABLE"), stable=1,
-                  error="the stop with a savepoint failed: x")
+    kept = status(
+        "STABLE",
+        (1, "DEPLOYING"),
+        (1, "STABLE"),
+        (1, "UPGRADING"),
+        (1, "STABLE"),
+        stable=1,
+        error="the stop with a savepoint failed: x",
+    )
     assert wait_verdict(kept, "STABLE", 2, before) is False
     assert wait_verdict(kept, "SUSPENDED", 2, before) is False
 

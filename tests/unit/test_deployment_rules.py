@@ -40,22 +40,49 @@ HEALTHY = {"checkpoint_since_deploy": True, "newest_checkpoint_age_s": 0.2, "lat
 
 
 def job(status: str = "RUNNING", *, id: str = "job-1", running: bool | None = None, **kw) -> JobView:
-    return JobView(id=id, status=status, terminal=status in ("FINISHED", "CANCELED", "FAILED"),
-                   running=status == "RUNNING" if running is None else running, **kw)
+    return JobView(
+        id=id,
+        status=status,
+        terminal=status in ("FINISHED", "CANCELED", "FAILED"),
+        running=status == "RUNNING" if running is None else running,
+        **kw,
+    )
 
 
 def observed(**kw) -> Observed:
     """A STABLE deployment at generation 1 (V1) whose job runs and checkpoints, changed by `kw`."""
-    base = dict(generation=1, spec=V1, lifecycle=L.STABLE, job=job(**HEALTHY), job_generation=1, stable_generation=1,
-                stable_spec=V1, rollback_point=None, last_savepoint=None, blocked_generation=None, pending=None,
-                operation=None, deployed_s_ago=600.0)
+    base = dict(
+        generation=1,
+        spec=V1,
+        lifecycle=L.STABLE,
+        job=job(**HEALTHY),
+        job_generation=1,
+        stable_generation=1,
+        stable_spec=V1,
+        rollback_point=None,
+        last_savepoint=None,
+        blocked_generation=None,
+        pending=None,
+        operation=None,
+        deployed_s_ago=600.0,
+    )
     return Observed(**{**base, **kw})
 
 
 def upgrading(**kw) -> Observed:
     """Generation 2 (V2) started 5 s ago from savepoint sp-1, not ready yet; generation 1 is stable."""
-    return observed(**{"generation": 2, "spec": V2, "lifecycle": L.UPGRADING, "job": job(id="job-2"),
-                       "job_generation": 2, "rollback_point": "sp-1", "deployed_s_ago": 5.0, **kw})
+    return observed(
+        **{
+            "generation": 2,
+            "spec": V2,
+            "lifecycle": L.UPGRADING,
+            "job": job(id="job-2"),
+            "job_generation": 2,
+            "rollback_point": "sp-1",
+            "deployed_s_ago": 5.0,
+            **kw,
+        }
+    )
 
 
 def after(o: Observed, plan: Plan, **next_pass) -> Observed:
@@ -81,16 +108,24 @@ def after(o: Observed, plan: Plan, **next_pass) -> Observed:
     if plan.consume_rollback_request:
         c["rollback_requested"] = False
     if plan.start is not None:
-        c.update(job=job("CREATED", id=f"job-g{plan.start.generation}"), job_generation=plan.start.generation,
-                 deployed_s_ago=0.0)
+        c.update(
+            job=job("CREATED", id=f"job-g{plan.start.generation}"),
+            job_generation=plan.start.generation,
+            deployed_s_ago=0.0,
+        )
     return replace(o, **{**c, **next_pass})
 
 
 def stop_pending(purpose: str, op_status: str = "IN_PROGRESS", location: str | None = None, **kw) -> Observed:
     """UPGRADING to generation 2 (or `purpose` another stop) with its stop-with-savepoint under way."""
     pending = {"kind": "stop", "purpose": purpose, **({"generation": 2} if purpose in ("upgrade", "rescale") else {})}
-    base = {"generation": 2, "spec": V2, "lifecycle": L.UPGRADING, "pending": pending,
-            "operation": OperationView("op-1", op_status, location, "disk full" if op_status == "FAILED" else None)}
+    base = {
+        "generation": 2,
+        "spec": V2,
+        "lifecycle": L.UPGRADING,
+        "pending": pending,
+        "operation": OperationView("op-1", op_status, location, "disk full" if op_status == "FAILED" else None),
+    }
     return observed(**{**base, **kw})
 
 
@@ -98,15 +133,27 @@ def stop_pending(purpose: str, op_status: str = "IN_PROGRESS", location: str | N
 
 
 def test_a_new_deployment_is_started_deploying_from_nothing():
-    plan = decide(observed(lifecycle=None, job=None, job_generation=None, stable_generation=None, stable_spec=None,
-                           deployed_s_ago=None))
+    plan = decide(
+        observed(
+            lifecycle=None, job=None, job_generation=None, stable_generation=None, stable_spec=None, deployed_s_ago=None
+        )
+    )
     assert plan.to == L.DEPLOYING and plan.start == Start(1, None)
     assert plan.pending is None and not plan.keep_pending and plan.clear_error and not plan.cancel_job
 
 
 def test_a_deployment_suspended_at_creation_goes_suspended_without_a_job():
-    plan = decide(observed(spec=replace(V1, state="suspended"), lifecycle=None, job=None, job_generation=None,
-                           stable_generation=None, stable_spec=None, deployed_s_ago=None))
+    plan = decide(
+        observed(
+            spec=replace(V1, state="suspended"),
+            lifecycle=None,
+            job=None,
+            job_generation=None,
+            stable_generation=None,
+            stable_spec=None,
+            deployed_s_ago=None,
+        )
+    )
     assert plan.to == L.SUSPENDED and plan.start is None and plan.stop is None and not plan.cancel_job
 
 
@@ -122,11 +169,14 @@ def test_a_new_generation_is_stable_once_its_job_runs_and_completed_a_checkpoint
     assert after(o, plan).stable_generation == 2
 
 
-@pytest.mark.parametrize("view", [
-    job(id="job-2"),  # RUNNING, no checkpoint since deploy yet
-    job("RUNNING", id="job-2", running=False, checkpoint_since_deploy=True),  # an attempt not RUNNING
-    job("RESTARTING", id="job-2", failures_since_deploy=FAILURES_BEFORE_ROLLBACK - 1),
-])
+@pytest.mark.parametrize(
+    "view",
+    [
+        job(id="job-2"),  # RUNNING, no checkpoint since deploy yet
+        job("RUNNING", id="job-2", running=False, checkpoint_since_deploy=True),  # an attempt not RUNNING
+        job("RESTARTING", id="job-2", failures_since_deploy=FAILURES_BEFORE_ROLLBACK - 1),
+    ],
+)
 @pytest.mark.parametrize("lifecycle", [L.DEPLOYING, L.UPGRADING])
 def test_a_new_generation_is_not_stable_before_it_runs_and_checkpoints(lifecycle, view):
     assert decide(upgrading(lifecycle=lifecycle, job=view)) == NOTHING
@@ -147,8 +197,12 @@ def test_a_changed_spec_in_last_state_or_stateless_mode_cancels_then_starts(mode
     o = observed(generation=2, spec=replace(V2, upgrade_mode=mode))
     plan = decide(o)
     assert plan.to == L.UPGRADING and plan.cancel_job and plan.stop is None and plan.start is None
-    assert plan.pending == {"kind": "ends", "purpose": "upgrade", "generation": 2,
-                            "restore": "latest" if mode == "last-state" else None}
+    assert plan.pending == {
+        "kind": "ends",
+        "purpose": "upgrade",
+        "generation": 2,
+        "restore": "latest" if mode == "last-state" else None,
+    }
     assert decide(after(o, plan, job=job(id="job-1", latest_snapshot="chk-9"))) == NOTHING  # still cancelling
     ended = decide(after(o, plan, job=job("CANCELED", latest_snapshot="chk-5")))
     assert ended.start == Start(2, restore) and ended.to == L.UPGRADING and ended.pending is None
@@ -178,8 +232,9 @@ AUTOSCALED = replace(V1, autoscaler=AutoscalerSpec(enabled=True, min_parallelism
 
 
 def test_the_autoscalers_choice_rescales_a_stable_job_through_a_savepoint():
-    o = observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, job=job(parallelism=1, **HEALTHY), parallelism=2,
-                 scaled_from=1)
+    o = observed(
+        spec=AUTOSCALED, stable_spec=AUTOSCALED, job=job(parallelism=1, **HEALTHY), parallelism=2, scaled_from=1
+    )
     plan = decide(o)
     assert plan.to == L.UPGRADING and plan.rescale_to == 2 and "autoscaler" in plan.reason
     assert plan.pending == {"kind": "stop", "purpose": "rescale", "generation": 1, "parallelism": 2}
@@ -188,22 +243,36 @@ def test_the_autoscalers_choice_rescales_a_stable_job_through_a_savepoint():
 
 
 def test_a_rescaled_job_that_runs_and_checkpoints_settles_the_rescale():
-    o = observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, lifecycle=L.UPGRADING, job=job(parallelism=2, **HEALTHY),
-                 parallelism=2, scaled_from=1, deployed_s_ago=3.0)
+    o = observed(
+        spec=AUTOSCALED,
+        stable_spec=AUTOSCALED,
+        lifecycle=L.UPGRADING,
+        job=job(parallelism=2, **HEALTHY),
+        parallelism=2,
+        scaled_from=1,
+        deployed_s_ago=3.0,
+    )
     plan = decide(o)
     assert plan.to == L.STABLE and plan.scale_settled and plan.stable
 
 
 def test_a_rescale_that_is_not_ready_goes_back_to_the_previous_parallelism():
-    o = observed(spec=AUTOSCALED, stable_spec=AUTOSCALED, lifecycle=L.UPGRADING, rollback_point="sp-r",
-                 job=job(parallelism=2, failures_since_deploy=1, failure="OOM"), parallelism=2, scaled_from=1,
-                 deployed_s_ago=3.0)
+    o = observed(
+        spec=AUTOSCALED,
+        stable_spec=AUTOSCALED,
+        lifecycle=L.UPGRADING,
+        rollback_point="sp-r",
+        job=job(parallelism=2, failures_since_deploy=1, failure="OOM"),
+        parallelism=2,
+        scaled_from=1,
+        deployed_s_ago=3.0,
+    )
     plan = decide(o)
     assert plan.to == L.ROLLING_BACK and plan.cancel_job and plan.unscale_to == 1
-    assert plan.pending == {"kind": "ends", "purpose": "rollback", "generation": 1, "restore": "sp-r",
-                            "parallelism": 1}
-    ended = decide(after(o, plan, pending=plan.pending, job=job("CANCELED", parallelism=2), parallelism=1,
-                         scaled_from=None))
+    assert plan.pending == {"kind": "ends", "purpose": "rollback", "generation": 1, "restore": "sp-r", "parallelism": 1}
+    ended = decide(
+        after(o, plan, pending=plan.pending, job=job("CANCELED", parallelism=2), parallelism=1, scaled_from=None)
+    )
     assert ended.start == Start(1, "sp-r", parallelism=1) and ended.to == L.ROLLING_BACK
 
 
@@ -248,8 +317,13 @@ def test_not_ready_within_ready_within_rolls_back_after_the_job_is_cancelled():
     plan = decide(o)
     assert plan.to == L.ROLLING_BACK and plan.cancel_job and plan.start is None and plan.block == 2
     assert "readyWithin" in plan.error and not plan.consume_rollback_request
-    assert plan.pending == {"kind": "ends", "purpose": "rollback", "generation": 1, "restore": "sp-1",
-                            "fromStable": True}
+    assert plan.pending == {
+        "kind": "ends",
+        "purpose": "rollback",
+        "generation": 1,
+        "restore": "sp-1",
+        "fromStable": True,
+    }
     assert decide(after(o, plan, job=job("CANCELLING", id="job-2", running=False))) == NOTHING
     ended = decide(after(o, plan, job=job("CANCELED", id="job-2", latest_snapshot="chk-2")))
     assert ended.to == L.ROLLING_BACK and ended.start == Start(1, "sp-1", from_stable=True)
@@ -277,8 +351,9 @@ def test_not_ready_with_rollback_disabled_fails_the_generation():
 
 @pytest.mark.parametrize("lifecycle", [L.DEPLOYING, L.UPGRADING])
 def test_not_ready_without_a_stable_generation_fails(lifecycle):
-    plan = decide(upgrading(lifecycle=lifecycle, stable_generation=None, stable_spec=None,
-                            job=job("FAILED", id="job-2")))
+    plan = decide(
+        upgrading(lifecycle=lifecycle, stable_generation=None, stable_spec=None, job=job("FAILED", id="job-2"))
+    )
     assert plan.to == L.FAILED and plan.block == 2 and plan.start is None and not plan.cancel_job
 
 
@@ -293,8 +368,17 @@ def test_a_ready_within_counts_from_the_spec():
 
 def rolled_back(**kw) -> Observed:
     """Generation 2 was rolled back: generation 1's job runs (job-3), 2 is blocked."""
-    return observed(**{"generation": 2, "spec": V2, "lifecycle": L.ROLLED_BACK, "job": job(id="job-3", **HEALTHY),
-                       "blocked_generation": 2, "rollback_point": "sp-1", **kw})
+    return observed(
+        **{
+            "generation": 2,
+            "spec": V2,
+            "lifecycle": L.ROLLED_BACK,
+            "job": job(id="job-3", **HEALTHY),
+            "blocked_generation": 2,
+            "rollback_point": "sp-1",
+            **kw,
+        }
+    )
 
 
 def test_rolling_back_becomes_rolled_back_and_keeps_the_error():
@@ -325,8 +409,15 @@ def test_a_failing_stable_generation_does_not_bring_back_the_rolled_back_one(lif
 
 
 def test_a_new_generation_on_a_failed_deployment_cancels_then_starts_from_the_latest_snapshot():
-    o = observed(generation=2, spec=V2, lifecycle=L.FAILED, blocked_generation=1, stable_generation=None,
-                 stable_spec=None, job=job("RESTARTING", latest_snapshot="chk-7"))
+    o = observed(
+        generation=2,
+        spec=V2,
+        lifecycle=L.FAILED,
+        blocked_generation=1,
+        stable_generation=None,
+        stable_spec=None,
+        job=job("RESTARTING", latest_snapshot="chk-7"),
+    )
     plan = decide(o)
     assert plan.to == L.UPGRADING and plan.cancel_job and plan.start is None and plan.clear_error
     assert plan.pending == {"kind": "ends", "purpose": "upgrade", "generation": 2, "restore": "latest"}
@@ -335,8 +426,11 @@ def test_a_new_generation_on_a_failed_deployment_cancels_then_starts_from_the_la
 
 
 def test_a_new_generation_on_a_failed_deployment_whose_job_ended_starts_at_once():
-    plan = decide(observed(generation=2, spec=V2, lifecycle=L.FAILED, blocked_generation=1,
-                           job=job("FAILED", latest_snapshot="chk-7")))
+    plan = decide(
+        observed(
+            generation=2, spec=V2, lifecycle=L.FAILED, blocked_generation=1, job=job("FAILED", latest_snapshot="chk-7")
+        )
+    )
     assert plan.to == L.UPGRADING and plan.start == Start(2, "chk-7") and not plan.cancel_job
 
 
@@ -357,8 +451,13 @@ def test_a_stable_job_without_a_checkpoint_for_too_many_intervals_is_restarted_f
     stuck = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_AT_LEAST_S + 1})
     plan = decide(observed(job=stuck))
     assert plan.to == L.DEPLOYING and plan.cancel_job and plan.start is None
-    assert plan.pending == {"kind": "ends", "purpose": "restart", "generation": 1, "restore": "latest",
-                            "fromStable": False}
+    assert plan.pending == {
+        "kind": "ends",
+        "purpose": "restart",
+        "generation": 1,
+        "restore": "latest",
+        "fromStable": False,
+    }
     at_bound = job(**{**HEALTHY, "newest_checkpoint_age_s": STUCK_AFTER_AT_LEAST_S})
     assert decide(observed(job=at_bound)) == NOTHING
     no_interval = replace(V1, config={})
@@ -391,16 +490,18 @@ def test_suspending_a_live_job_stops_it_with_a_savepoint():
 
 
 def test_a_completed_suspend_is_suspended_with_its_savepoint():
-    o = stop_pending("suspend", "COMPLETED", "sp-s", spec=replace(V1, state="suspended"), lifecycle=L.STABLE,
-                     job=job("FINISHED"))
+    o = stop_pending(
+        "suspend", "COMPLETED", "sp-s", spec=replace(V1, state="suspended"), lifecycle=L.STABLE, job=job("FINISHED")
+    )
     plan = decide(o)
     assert plan.to == L.SUSPENDED and plan.last_savepoint == "sp-s" and plan.pending is None and plan.start is None
     assert decide(after(o, plan)) == NOTHING
 
 
 def test_resuming_deploys_the_generation_from_the_last_savepoint():
-    plan = decide(observed(generation=3, lifecycle=L.SUSPENDED, job=job("FINISHED"), last_savepoint="sp-s",
-                           blocked_generation=2))
+    plan = decide(
+        observed(generation=3, lifecycle=L.SUSPENDED, job=job("FINISHED"), last_savepoint="sp-s", blocked_generation=2)
+    )
     assert plan.to == L.DEPLOYING and plan.start == Start(3, "sp-s") and plan.rollback_point == "sp-s"
     assert plan.unblock and plan.clear_error and not plan.cancel_job
 
@@ -439,12 +540,15 @@ def test_resuming_after_a_rollback_with_a_new_version_runs_the_new_version():
 # --- deleting --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("view, with_savepoint, stop, cancel, pending, delete", [
-    (job(**HEALTHY), True, "delete", False, {"kind": "stop", "purpose": "delete"}, False),
-    (job(**HEALTHY), False, None, True, {"kind": "ends", "purpose": "delete"}, False),
-    (job("FINISHED"), True, None, False, None, True),
-    (None, True, None, False, None, True),
-])
+@pytest.mark.parametrize(
+    "view, with_savepoint, stop, cancel, pending, delete",
+    [
+        (job(**HEALTHY), True, "delete", False, {"kind": "stop", "purpose": "delete"}, False),
+        (job(**HEALTHY), False, None, True, {"kind": "ends", "purpose": "delete"}, False),
+        (job("FINISHED"), True, None, False, None, True),
+        (None, True, None, False, None, True),
+    ],
+)
 def test_deleting_stops_or_cancels_a_live_job_first(view, with_savepoint, stop, cancel, pending, delete):
     o = observed(job=view, deleting=True, delete_with_savepoint=with_savepoint)
     plan = decide(o)
@@ -467,8 +571,13 @@ def test_an_upgrade_stop_that_completes_after_delete_or_suspend_starts_no_job(ch
 def test_a_rollback_asked_for_while_upgrading_rolls_back_and_consumes_the_request(enabled):
     plan = decide(upgrading(spec=replace(V2, rollback_enabled=enabled), rollback_requested=True))
     assert plan.to == L.ROLLING_BACK and plan.consume_rollback_request and plan.cancel_job and plan.block == 2
-    assert plan.pending == {"kind": "ends", "purpose": "rollback", "generation": 1, "restore": "sp-1",
-                            "fromStable": True}
+    assert plan.pending == {
+        "kind": "ends",
+        "purpose": "rollback",
+        "generation": 1,
+        "restore": "sp-1",
+        "fromStable": True,
+    }
 
 
 def test_an_unknown_pending_step_is_dropped():
@@ -483,23 +592,50 @@ def test_from_record_fills_in_the_defaults():
     spec = DeploymentSpec.from_record({"jarId": "jar-1"})
     assert spec == DeploymentSpec(jar_id="jar-1")
     assert (spec.entry, spec.kind, spec.parallelism, spec.upgrade_mode, spec.state) == (
-        "build", "pyspark", 1, "savepoint", "running")
+        "build",
+        "pyspark",
+        1,
+        "savepoint",
+        "running",
+    )
     assert spec.rollback_enabled and spec.ready_within_s == DEFAULT_READY_WITHIN_S
     assert spec.savepoint_interval_s is None and spec.history_max == DEFAULT_HISTORY_MAX
 
 
 def test_from_record_reads_every_field_with_durations_in_seconds():
-    spec = DeploymentSpec.from_record({
-        "jarId": 7, "entryClass": "main", "kind": "noop", "programArgsList": ["a", 2], "parallelism": "3",
-        "flinkConfiguration": {"k": "v"}, "restartStrategy": {"type": "none"}, "upgradeMode": "last-state",
-        "state": "suspended", "rollback": {"enabled": False, "readyWithin": 30},
-        "savepoints": {"interval": 600, "historyMax": 2}})
+    spec = DeploymentSpec.from_record(
+        {
+            "jarId": 7,
+            "entryClass": "main",
+            "kind": "noop",
+            "programArgsList": ["a", 2],
+            "parallelism": "3",
+            "flinkConfiguration": {"k": "v"},
+            "restartStrategy": {"type": "none"},
+            "upgradeMode": "last-state",
+            "state": "suspended",
+            "rollback": {"enabled": False, "readyWithin": 30},
+            "savepoints": {"interval": 600, "historyMax": 2},
+        }
+    )
     assert spec == DeploymentSpec(
-        jar_id="7", entry="main", kind="noop", program_args=("a", "2"), parallelism=3, config={"k": "v"},
-        restart_strategy={"type": "none"}, upgrade_mode="last-state", state="suspended", rollback_enabled=False,
-        ready_within_s=30.0, savepoint_interval_s=600.0, history_max=2)
-    with_units = DeploymentSpec.from_record({"jarId": "j", "rollback": {"readyWithin": "2 min", "enabled": None},
-                                             "savepoints": {"interval": "1 h"}})
+        jar_id="7",
+        entry="main",
+        kind="noop",
+        program_args=("a", "2"),
+        parallelism=3,
+        config={"k": "v"},
+        restart_strategy={"type": "none"},
+        upgrade_mode="last-state",
+        state="suspended",
+        rollback_enabled=False,
+        ready_within_s=30.0,
+        savepoint_interval_s=600.0,
+        history_max=2,
+    )
+    with_units = DeploymentSpec.from_record(
+        {"jarId": "j", "rollback": {"readyWithin": "2 min", "enabled": None}, "savepoints": {"interval": "1 h"}}
+    )
     assert (with_units.ready_within_s, with_units.savepoint_interval_s) == (120.0, 3600.0)
     assert with_units.rollback_enabled  # only an explicit false disables it
 
@@ -509,18 +645,30 @@ def test_same_version_ignores_only_the_desired_state():
     assert not V1.same_version(replace(V1, parallelism=2)) and not V1.same_version(V2)
 
 
-@pytest.mark.parametrize("change, same", [
-    ({"parallelism": 4}, True),
-    ({"upgrade_mode": "stateless", "rollback_enabled": False, "ready_within_s": 5.0, "state": "suspended",
-      "savepoint_interval_s": 60.0, "history_max": 1}, True),
-    ({"config": {"execution.checkpointing.interval": "500 ms"}}, True),  # an equal mapping
-    ({"jar_id": "jar-2"}, False),
-    ({"entry": "main"}, False),
-    ({"kind": "noop"}, False),
-    ({"program_args": ("v2",)}, False),
-    ({"config": {"execution.checkpointing.interval": "1 s"}}, False),
-    ({"restart_strategy": {"type": "none"}}, False),
-])
+@pytest.mark.parametrize(
+    "change, same",
+    [
+        ({"parallelism": 4}, True),
+        (
+            {
+                "upgrade_mode": "stateless",
+                "rollback_enabled": False,
+                "ready_within_s": 5.0,
+                "state": "suspended",
+                "savepoint_interval_s": 60.0,
+                "history_max": 1,
+            },
+            True,
+        ),
+        ({"config": {"execution.checkpointing.interval": "500 ms"}}, True),  # an equal mapping
+        ({"jar_id": "jar-2"}, False),
+        ({"entry": "main"}, False),
+        ({"kind": "noop"}, False),
+        ({"program_args": ("v2",)}, False),
+        ({"config": {"execution.checkpointing.interval": "1 s"}}, False),
+        ({"restart_strategy": {"type": "none"}}, False),
+    ],
+)
 def test_same_pipeline_except_parallelism(change, same):
     other = replace(V1, **change)
     assert V1.same_pipeline_except_parallelism(other) is same
@@ -571,6 +719,7 @@ def test_a_task_that_hangs_after_its_stop_savepoint_is_cancelled_once():
 
 def test_the_waiting_reason_says_what_a_deployment_waits_for():
     assert "to stop with a savepoint (operation op-1)" in waiting_reason(
-        "UPGRADING", {"kind": "stop", "op": "op-1"}, "job-1", "RUNNING", 60)
+        "UPGRADING", {"kind": "stop", "op": "op-1"}, "job-1", "RUNNING", 60
+    )
     assert "at most 60 s (rollback.readyWithin)" in waiting_reason("DEPLOYING", None, "job-1", "RUNNING", 60)
     assert waiting_reason("STABLE", None, "job-1", "RUNNING", 60) is None

@@ -12,8 +12,9 @@ from shared.ids import new_artifact_id
 from shared.settings import Settings
 
 
-@pytest.mark.parametrize("raw, expected", [(True, True), (False, False), ("true", True), ("FALSE", False),
-                                           (" True ", True)])
+@pytest.mark.parametrize(
+    "raw, expected", [(True, True), (False, False), ("true", True), ("FALSE", False), (" True ", True)]
+)
 def test_strict_bool_takes_true_and_false(raw, expected):
     assert strict_bool(raw) is expected
 
@@ -25,10 +26,20 @@ def test_strict_bool_refuses_everything_else(raw):
     assert "true or false" in str(err.value)
 
 
-@pytest.mark.parametrize("name, problem", [
-    ("build", None), ("_run2", None), ("os.system", "another module"), ("pkg:main", "another module"),
-    ("class", "identifier"), ("1abc", "identifier"), ("", "empty"), (None, "empty"), ("x" * 300, "longer"),
-])
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("build", None),
+        ("_run2", None),
+        ("os.system", "another module"),
+        ("pkg:main", "another module"),
+        ("class", "identifier"),
+        ("1abc", "identifier"),
+        ("", "empty"),
+        (None, "empty"),
+        ("x" * 300, "longer"),
+    ],
+)
 def test_entry_names(name, problem):
     found = entry_problem(name)
     assert (found is None) if problem is None else (problem in found), found

@@ -23,14 +23,17 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_drivers_code_imports_no_taskmanager_module():
-    taken = {f"{path.relative_to(ROOT)}: {module}"
-             for path in (TASKMANAGER / "runtime").rglob("*.py")
-             for module in imported_modules(path)
-             if module.startswith("services.taskmanager.") and not module.startswith("services.taskmanager.runtime")}
+    taken = {
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in (TASKMANAGER / "runtime").rglob("*.py")
+        for module in imported_modules(path)
+        if module.startswith("services.taskmanager.") and not module.startswith("services.taskmanager.runtime")
+    }
     assert not taken, taken
 
 
 def test_the_driver_process_manager_imports_nothing_of_the_drivers_runtime():
-    taken = {m for m in imported_modules(TASKMANAGER / "drivers/process.py")
-             if m.startswith("services.taskmanager.runtime")}
+    taken = {
+        m for m in imported_modules(TASKMANAGER / "drivers/process.py") if m.startswith("services.taskmanager.runtime")
+    }
     assert not taken, taken

@@ -17,7 +17,7 @@ def lines_of(data: bytes, max_bytes: int) -> tuple[list[bytes], list[int]]:
 
     def feed() -> None:
         for i in range(0, len(data), 7000):
-            os.write(w, data[i:i + 7000])
+            os.write(w, data[i : i + 7000])
         os.close(w)
 
     t = threading.Thread(target=feed)
@@ -59,15 +59,20 @@ def test_every_string_of_an_event_is_bounded():
     assert len(tp.decode_event(tp.Waiting(reason=big).model_dump_json()).reason) <= tp.MAX_TEXT_CHARS
     declined = tp.decode_event(tp.SnapshotDeclined(checkpoint_id=1, reason=big).model_dump_json())
     assert len(declined.reason) <= tp.MAX_TEXT_CHARS
-    taken = tp.decode_event(tp.SnapshotTaken(checkpoint_id=1, path=big, batch_id=0, state_size=0, duration_ms=0,
-                                             source_offsets=("o",) * 5000).model_dump_json())
+    taken = tp.decode_event(
+        tp.SnapshotTaken(
+            checkpoint_id=1, path=big, batch_id=0, state_size=0, duration_ms=0, source_offsets=("o",) * 5000
+        ).model_dump_json()
+    )
     assert len(taken.path) <= tp.MAX_TEXT_CHARS and len(taken.source_offsets) == tp.MAX_LIST_ITEMS
-    progress = tp.decode_event(tp.Progress(batch_id=1, spark_ui=big,
-                                           partition_lag={f"t/{i}": i for i in range(5000)}).model_dump_json())
+    progress = tp.decode_event(
+        tp.Progress(batch_id=1, spark_ui=big, partition_lag={f"t/{i}": i for i in range(5000)}).model_dump_json()
+    )
     assert len(progress.spark_ui) <= tp.MAX_TEXT_CHARS and len(progress.partition_lag) == tp.MAX_LIST_ITEMS
 
 
 def test_short_strings_pass_unchanged():
     assert tp.cut("short", 10) == "short"
-    assert tp.decode_event(tp.Failed(error_name="ValueError", traceback="tb").model_dump_json()) == \
-        tp.Failed(error_name="ValueError", traceback="tb")
+    assert tp.decode_event(tp.Failed(error_name="ValueError", traceback="tb").model_dump_json()) == tp.Failed(
+        error_name="ValueError", traceback="tb"
+    )

@@ -23,10 +23,20 @@ GB = 1024**3
 
 
 def test_the_driver_environment_keeps_only_the_allow_list(tmp_path):
-    environ = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "JAVA_HOME": "/jvm", "SPARK_HOME": "/s",
-               "HEADRACE_CONFIG": "/run/tm-1.yaml", "HEADRACE_REDIS_URL": "redis://taskmanager:pw@h/0",
-               "HEADRACE_CATALOG_URL": "postgresql://u:pw@db/h", "HEADRACE_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "x",
-               "PYTHONPATH": "/extra", "HOME": "/root"}
+    environ = {
+        "PATH": "/usr/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "JAVA_HOME": "/jvm",
+        "SPARK_HOME": "/s",
+        "HEADRACE_CONFIG": "/run/tm-1.yaml",
+        "HEADRACE_REDIS_URL": "redis://taskmanager:pw@h/0",
+        "HEADRACE_CATALOG_URL": "postgresql://u:pw@db/h",
+        "HEADRACE_TOKEN": "t",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "PYTHONPATH": "/extra",
+        "HOME": "/root",
+    }
     env = driver_env.driver_environment(environ, workdir=tmp_path, user="headrace-driver")
     assert not [k for k in env if k.startswith("HEADRACE_") and k != driver_env.MARK]
     assert "AWS_SECRET_ACCESS_KEY" not in env and "pw@" not in repr(env)
@@ -35,8 +45,10 @@ def test_the_driver_environment_keeps_only_the_allow_list(tmp_path):
     assert env["PYTHONPATH"].split(os.pathsep) == [str(driver_env.IMPORT_ROOT), "/extra"]
 
 
-@pytest.mark.parametrize("raw, expected", [("3g", 3 * 1024**3), ("4 GB", 4 * 1024**3), ("1536m", 1536 * 1024**2),
-                                           ("512m", 512 * 1024**2), (1024, 1024)])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [("3g", 3 * 1024**3), ("4 GB", 4 * 1024**3), ("1536m", 1536 * 1024**2), ("512m", 512 * 1024**2), (1024, 1024)],
+)
 def test_memory_sizes(raw, expected):
     assert job_options.memory_limit_bytes(raw) == expected
 
@@ -67,8 +79,14 @@ def test_a_jobs_memory_limit_is_bounded_by_the_clusters_maximum():
     with pytest.raises(memory_limit.MemoryLimitRefused, match="turns the task's memory limit off, which this cluster"):
         memory_limit.task_limit({memory_limit.OPTION: "off"}, default, maximum)
     # "off" only where the operator allows it, or where the cluster has no limit anyway.
-    assert memory_limit.task_limit({memory_limit.OPTION: "off"}, default,
-                                   memory_limit.maximum_limit("off", default=default, taskmanager_memory=GB)) is None
+    assert (
+        memory_limit.task_limit(
+            {memory_limit.OPTION: "off"},
+            default,
+            memory_limit.maximum_limit("off", default=default, taskmanager_memory=GB),
+        )
+        is None
+    )
     assert memory_limit.task_limit({memory_limit.OPTION: "off"}, None, maximum) is None
     # The maximum is never below the cluster's own default.
     assert memory_limit.maximum_limit(None, default=12 * GB, taskmanager_memory=8 * GB) == 12 * GB
@@ -96,8 +114,9 @@ class Given:
 def watch_until_fired(meter, limit):
     causes: list[str] = []
     fired = threading.Event()
-    watch = memory_limit.MemoryWatch(limit=limit, meter=meter,
-                                     on_exceeded=lambda c: (causes.append(c), fired.set()), interval_s=0.01)
+    watch = memory_limit.MemoryWatch(
+        limit=limit, meter=meter, on_exceeded=lambda c: (causes.append(c), fired.set()), interval_s=0.01
+    )
     watch.start("t")
     assert fired.wait(5)
     time.sleep(0.05)
@@ -108,25 +127,34 @@ def test_the_watch_reports_once_with_the_figure_its_measure_and_the_option():
     pss = [Sample(n, PSS, processes=14) for n in (100, 200, 6 * GB, 7 * GB)]
     causes, watch = watch_until_fired(Given(pss), 3 * GB)
     assert causes == [causes[0]]
-    assert causes[0].startswith("the task's processes used 6.0 GB (PSS summed over 14 processes), above its "
-                                "limit of 3.0 GB (headrace.task.memory-limit); they were killed. ")
+    assert causes[0].startswith(
+        "the task's processes used 6.0 GB (PSS summed over 14 processes), above its "
+        "limit of 3.0 GB (headrace.task.memory-limit); they were killed. "
+    )
     assert 'raise the job option headrace.task.memory-limit (e.g. "7g")' in causes[0]
     assert watch.latest == pss[2]
 
 
 def test_a_kill_by_the_kernel_reports_the_cgroups_peak():
     charge = [Sample(n, CGROUP, source="memory.current") for n in (GB, 2 * GB, 2 * GB)]
-    causes, _ = watch_until_fired(Given(charge, kills=(0, 0, 1), peak=Sample(3 * GB, CGROUP, source="memory.peak")),
-                                  3 * GB)
-    assert causes == ["the task's processes reached 3.0 GB (the cgroup's charge, memory.peak) at its limit of "
-                      "3.0 GB (headrace.task.memory-limit); the kernel's OOM killer ended them at the cgroup's "
-                      "memory.max. " + causes[0].split("memory.max. ", 1)[1]]
+    causes, _ = watch_until_fired(
+        Given(charge, kills=(0, 0, 1), peak=Sample(3 * GB, CGROUP, source="memory.peak")), 3 * GB
+    )
+    assert causes == [
+        "the task's processes reached 3.0 GB (the cgroup's charge, memory.peak) at its limit of "
+        "3.0 GB (headrace.task.memory-limit); the kernel's OOM killer ended them at the cgroup's "
+        "memory.max. " + causes[0].split("memory.max. ", 1)[1]
+    ]
 
 
 def test_without_a_limit_the_watch_only_measures():
     fired = threading.Event()
-    watch = memory_limit.MemoryWatch(limit=None, meter=Given([Sample(n * GB, PSS, processes=3) for n in range(1, 99)]),
-                                     on_exceeded=lambda c: fired.set(), interval_s=0.01).start("t")
+    watch = memory_limit.MemoryWatch(
+        limit=None,
+        meter=Given([Sample(n * GB, PSS, processes=3) for n in range(1, 99)]),
+        on_exceeded=lambda c: fired.set(),
+        interval_s=0.01,
+    ).start("t")
     time.sleep(0.3)
     watch.stop()
     assert not fired.is_set() and watch.latest is not None and watch.latest.used > GB

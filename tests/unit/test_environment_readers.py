@@ -23,7 +23,6 @@ def test_every_headrace_variable_outside_the_settings_is_documented():
     for path in [*(ROOT / "services").rglob("*.py"), *(ROOT / "shared").rglob("*.py")]:
         for name in LITERAL.findall(path.read_text()):
             found.setdefault(name, path.relative_to(ROOT))
-    unexplained = {name: str(path) for name, path in found.items()
-                   if name not in settings | documented | COMPOSE_FILE}
+    unexplained = {name: str(path) for name, path in found.items() if name not in settings | documented | COMPOSE_FILE}
     assert not unexplained, f"HEADRACE_* variables neither settings nor in docs/architecture.md: {unexplained}"
     assert {"HEADRACE_TOKEN", "HEADRACE_ZOOKEEPER_HOME", "HEADRACE_SPARK_UI"} <= set(found)  # the scan sees them

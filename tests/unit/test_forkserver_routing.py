@@ -10,28 +10,34 @@ from services.taskmanager.runtime.python_forkserver import DAEMON, ROUTED, route
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
 
-@pytest.mark.parametrize("args", [
-    ["-m", RUNNER],
-    ["-m", DAEMON],
-    ["-m", DAEMON, "pyspark.worker"],
-    ["-m", DAEMON, "pyspark.sql.worker.plan_data_source_read"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", RUNNER],
+        ["-m", DAEMON],
+        ["-m", DAEMON, "pyspark.worker"],
+        ["-m", DAEMON, "pyspark.sql.worker.plan_data_source_read"],
+    ],
+)
 def test_routed(args):
     assert routed_start(args, ROUTED)
 
 
-@pytest.mark.parametrize("args", [
-    [],
-    ["-m"],
-    ["-c", "print(1)"],
-    ["-m", "json.tool"],
-    ["-m", RUNNER, "extra"],                      # only the daemon takes an argument
-    ["-m", DAEMON, "os"],                         # a worker module is PySpark's own
-    ["-m", DAEMON, "pyspark.worker; rm -rf /"],
-    ["-m", DAEMON, "pyspark..worker"],
-    ["-m", DAEMON, "pyspark.worker", "more"],
-    ["-m", DAEMON, ["pyspark.worker"]],          # a request's JSON of the wrong type
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["-m"],
+        ["-c", "print(1)"],
+        ["-m", "json.tool"],
+        ["-m", RUNNER, "extra"],  # only the daemon takes an argument
+        ["-m", DAEMON, "os"],  # a worker module is PySpark's own
+        ["-m", DAEMON, "pyspark.worker; rm -rf /"],
+        ["-m", DAEMON, "pyspark..worker"],
+        ["-m", DAEMON, "pyspark.worker", "more"],
+        ["-m", DAEMON, ["pyspark.worker"]],  # a request's JSON of the wrong type
+    ],
+)
 def test_refused(args):
     assert not routed_start(args, ROUTED)
 

@@ -8,14 +8,17 @@ import pytest
 from shared import job_options
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({}, None),
-    ({"pipeline.max-parallelism": 16}, 16),
-    ({"pipeline.max-parallelism": "64"}, 64),
-    ({"spark.sql.shuffle.partitions": "8", "pipeline.max-parallelism": 16}, 8),  # Spark's own name first
-    ({"maxParallelism": 4}, 4),
-    ({"pipeline.max-parallelism": "many"}, None),
-])
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({}, None),
+        ({"pipeline.max-parallelism": 16}, 16),
+        ({"pipeline.max-parallelism": "64"}, 64),
+        ({"spark.sql.shuffle.partitions": "8", "pipeline.max-parallelism": 16}, 8),  # Spark's own name first
+        ({"maxParallelism": 4}, 4),
+        ({"pipeline.max-parallelism": "many"}, None),
+    ],
+)
 def test_a_jobs_state_partitions_by_either_name(config, expected):
     assert job_options.explicit_state_partitions(config) == expected
     assert job_options.state_partitions(config, 4) == (expected or 4)
@@ -25,16 +28,21 @@ def test_the_driver_applies_pipeline_max_parallelism_as_spark_shuffle_partitions
     from services.taskmanager.runtime.restore import sql_conf_keys
 
     assert sql_conf_keys({"pipeline.max-parallelism": 16, "spark.sql.ansi.enabled": "true", "other": 1}) == {
-        "spark.sql.shuffle.partitions": "16", "spark.sql.ansi.enabled": "true"}
+        "spark.sql.shuffle.partitions": "16",
+        "spark.sql.ansi.enabled": "true",
+    }
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({"headrace.latency-mode": True}, job_options.LATENCY_STATE_PARTITIONS),
-    ({"headrace.latency-mode": "true"}, job_options.LATENCY_STATE_PARTITIONS),
-    ({"headrace.latency-mode": "TRUE", "pipeline.max-parallelism": 8}, 8),  # the job's own choice wins
-    ({"headrace.latency-mode": False}, None),
-    ({"headrace.latency-mode": "sometimes"}, None),  # refused at submission; reads as off
-])
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({"headrace.latency-mode": True}, job_options.LATENCY_STATE_PARTITIONS),
+        ({"headrace.latency-mode": "true"}, job_options.LATENCY_STATE_PARTITIONS),
+        ({"headrace.latency-mode": "TRUE", "pipeline.max-parallelism": 8}, 8),  # the job's own choice wins
+        ({"headrace.latency-mode": False}, None),
+        ({"headrace.latency-mode": "sometimes"}, None),  # refused at submission; reads as off
+    ],
+)
 def test_the_latency_mode_chooses_fewer_state_partitions_unless_the_job_does(config, expected):
     from services.taskmanager.runtime.restore import sql_conf_keys
 
@@ -50,8 +58,12 @@ def test_the_latency_mode_does_not_refuse_a_restore_of_another_partition_count()
     snapshot = {"spark": {"batch_id": 7, "state_partitions": 4}}
     config = {"headrace.latency-mode": True}
     assert job_options.explicit_state_partitions(config) is None
-    assert restore_compat.check(snapshot, None, new_shuffle_partitions=job_options.explicit_state_partitions(config),
-                                allow_non_restored_state=False).ok
+    assert restore_compat.check(
+        snapshot,
+        None,
+        new_shuffle_partitions=job_options.explicit_state_partitions(config),
+        allow_non_restored_state=False,
+    ).ok
     assert not restore_compat.check(snapshot, None, new_shuffle_partitions=2, allow_non_restored_state=False).ok
 
 

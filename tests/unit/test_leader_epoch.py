@@ -81,8 +81,11 @@ class RM:
         catalog.migrate()
         self.fence = JobManagerFence(fence_for(self.published, self.clock), clock=self.clock.now, hold_s=10)
         self.rm = ResourceManager(settings, catalog, self.t, self.clock, fence=self.fence)
-        self.send(RegisterTaskManager(taskmanager_id="tm-1", host="h", slots=4, cores=1, memory_bytes=1,
-                                      queue="tm.tm-1"), sender="taskmanager:tm-1", epoch=0)
+        self.send(
+            RegisterTaskManager(taskmanager_id="tm-1", host="h", slots=4, cores=1, memory_bytes=1, queue="tm.tm-1"),
+            sender="taskmanager:tm-1",
+            epoch=0,
+        )
 
     def send(self, body, *, sender="jobmanager", epoch=5):
         self.t.publish_envelope(streams.RM_STREAM, wrap(body, sender=sender, epoch=epoch))
@@ -128,8 +131,9 @@ def test_resourcemanager_refuses_jobmanager_messages_from_other_senders(rm):
     rm.send(request(), sender="taskmanager:tm-1")  # a TaskManager's: refused before the fence
     rm.send(request(), sender="operator")
     assert rm.allocated() == [] and rm.fence.refused == 1
-    assert [d["error"] for d in rm.t.dead] == ["a TaskManager (taskmanager:tm-1) may not send RequestSlots: only "
-                                               "the control plane does"]
+    assert [d["error"] for d in rm.t.dead] == [
+        "a TaskManager (taskmanager:tm-1) may not send RequestSlots: only the control plane does"
+    ]
 
 
 def test_resourcemanager_holds_jobmanager_messages_while_no_epoch_is_published(tmp_path):
@@ -197,9 +201,15 @@ class TM:
             self.clock.advance(s)
 
         self.control_plane = ClusterAuth.ephemeral()
-        self.intake = CommandIntake(supervisors={"tm-1": self.sup}, fence=fence_for(self.published, self.clock),
-                                    transport=self.t, dead_letter_client=self.dlq, clock=self.clock.now, sleep=sleep,
-                                    auth=self.control_plane)
+        self.intake = CommandIntake(
+            supervisors={"tm-1": self.sup},
+            fence=fence_for(self.published, self.clock),
+            transport=self.t,
+            dead_letter_client=self.dlq,
+            clock=self.clock.now,
+            sleep=sleep,
+            auth=self.control_plane,
+        )
 
     def send(self, body, *, epoch=5, sender="jobmanager"):
         self.send_raw(type(body), encode(wrap(body, sender=sender, epoch=epoch)).decode())
@@ -214,14 +224,25 @@ class TM:
 
 
 def spec(execution_id: str, job_id: str, **extra) -> dict:
-    return {"job_id": job_id, "vertex_id": "v" * 32, "execution_id": execution_id, "attempt": 0, "parallelism": 1,
-            "kind": "noop", "checkpoint_dir": "/tmp/x", "catalog_url": "sqlite://", "redis_url": "redis://", **extra}
+    return {
+        "job_id": job_id,
+        "vertex_id": "v" * 32,
+        "execution_id": execution_id,
+        "attempt": 0,
+        "parallelism": 1,
+        "kind": "noop",
+        "checkpoint_dir": "/tmp/x",
+        "catalog_url": "sqlite://",
+        "redis_url": "redis://",
+        **extra,
+    }
 
 
 def deploy(execution_id=None, job_id=None, **spec_fields) -> DeployTask:
     ex, job = execution_id or new_execution_id(), job_id or new_job_id()
-    return DeployTask(taskmanager_id="tm-1", allocation_id=new_allocation_id(), slot_indices=(0,),
-                      spec=spec(ex, job, **spec_fields))
+    return DeployTask(
+        taskmanager_id="tm-1", allocation_id=new_allocation_id(), slot_indices=(0,), spec=spec(ex, job, **spec_fields)
+    )
 
 
 def with_spec(raw_spec: dict, *, epoch: int = 5) -> str:
@@ -265,10 +286,15 @@ def test_invalid_spec_of_the_current_leader_is_dead_lettered_and_rejected_with_i
 def test_undecodable_command_is_dead_lettered_and_rejected_only_if_it_is_the_current_leaders():
     tm = TM()
     tm.send_raw(DeployTask, "garbage")
-    tm.send_raw(DeployTask, '{"sender": "jobmanager", "epoch": 4, "body": {"type": "DeployTask", '
-                            '"spec": {"execution_id": "old"}}}')
-    tm.send_raw(DeployTask, '{"sender": "jobmanager", "epoch": 5, "body": {"type": "DeployTask", '
-                            '"taskmanager_id": "tm-1", "spec": {"execution_id": "cur", "job_id": "j"}}}')
+    tm.send_raw(
+        DeployTask,
+        '{"sender": "jobmanager", "epoch": 4, "body": {"type": "DeployTask", "spec": {"execution_id": "old"}}}',
+    )
+    tm.send_raw(
+        DeployTask,
+        '{"sender": "jobmanager", "epoch": 5, "body": {"type": "DeployTask", '
+        '"taskmanager_id": "tm-1", "spec": {"execution_id": "cur", "job_id": "j"}}}',
+    )
     tm.intake.handle(CancelTask, (1, 2), {}, "tm.tm-1")  # not even one string
     assert len(tm.dlq.entries) == 4
     assert [(r.execution_id, r.job_id) for r in tm.rejected()] == [("cur", "j")]
@@ -287,8 +313,9 @@ def test_a_command_that_cannot_be_carried_out_is_rejected():
 def test_unsigned_or_foreign_signed_commands_are_dead_lettered_and_nobody_is_told():
     tm = TM()
     cp = tm.control_plane
-    unsigned, for_tm2, by_tm1 = (encode(wrap(cancel(n), sender="jobmanager", epoch=5)).decode()
-                                 for n in ("unsigned", "for-tm-2", "by-tm-1"))
+    unsigned, for_tm2, by_tm1 = (
+        encode(wrap(cancel(n), sender="jobmanager", epoch=5)).decode() for n in ("unsigned", "for-tm-2", "by-tm-1")
+    )
     tm.intake.handle(CancelTask, (unsigned,), {}, "tm.tm-1")
     tm.send_raw(CancelTask, for_tm2, cp.sign_command("tm-2", for_tm2.encode()))
     tm.send_raw(CancelTask, by_tm1, cp.sign(streams.JM_STREAM, "taskmanager:tm-1", by_tm1.encode()))

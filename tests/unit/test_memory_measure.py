@@ -63,9 +63,15 @@ class Readings:
         return mm.Sample(self.pss + self.held_shmem, mm.PSS, processes=len(pids), shmem=self.held_shmem)
 
     def meter(self) -> mm.ProcessMeter:
-        return mm.ProcessMeter(lambda: [1, 2, 3], refresh_s=5.0, near_s=1.0, clock=self.clock.now,
-                               read_rss=lambda pids: self.rss, read_pss=self.read_pss,
-                               read_shmem=lambda: self.machine_shmem)
+        return mm.ProcessMeter(
+            lambda: [1, 2, 3],
+            refresh_s=5.0,
+            near_s=1.0,
+            clock=self.clock.now,
+            read_rss=lambda pids: self.rss,
+            read_pss=self.read_pss,
+            read_shmem=lambda: self.machine_shmem,
+        )
 
     def at(self, now: float, *, rss: float | None = None, pss: float | None = None) -> "Readings":
         self.clock.t = now
@@ -125,8 +131,10 @@ def test_shared_memory_held_unmapped_is_read_at_once_when_the_machines_grows():
     r.machine_shmem = r.held_shmem = int(2.5 * GB)  # written into a memfd, never mapped
     sample = meter.sample(3 * GB)
     assert r.pss_reads == 2 and sample.used == 3.5 * GB and sample.shmem == 2.5 * GB
-    assert "2.5 GB of shared memory they hold unmapped" in mm.Sample(
-        int(3.5 * GB), mm.PSS, processes=3, shmem=int(2.5 * GB), shmem_files=1).describe()
+    assert (
+        "2.5 GB of shared memory they hold unmapped"
+        in mm.Sample(int(3.5 * GB), mm.PSS, processes=3, shmem=int(2.5 * GB), shmem_files=1).describe()
+    )
     r.at(0.5)  # held, not grown: the bound keeps it, the reading stands only while within the limit
     assert meter.sample(5 * GB).used == 3.5 * GB and r.pss_reads == 2
 

@@ -38,8 +38,7 @@ SECRET = ck.parse_secret(ck.new_secret())
 
 
 def register(tm: str, queue: str | None = None) -> RegisterTaskManager:
-    return RegisterTaskManager(taskmanager_id=tm, host="h", slots=2, cores=1, memory_bytes=1,
-                               queue=queue or f"tm.{tm}")
+    return RegisterTaskManager(taskmanager_id=tm, host="h", slots=2, cores=1, memory_bytes=1, queue=queue or f"tm.{tm}")
 
 
 def entry(auth, stream, body, sender):
@@ -86,17 +85,20 @@ def test_a_taskmanager_named_like_a_service_holds_no_service_key():
     assert "bad signature" in cp.check(streams.JM_STREAM, env, raw, ck.sign(ck.sender_key(SECRET, "jobmanager"), raw))
 
 
-@pytest.mark.parametrize("sender, body, refused", [
-    ("taskmanager:tm-2", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), "names TaskManager 'tm-1'"),
-    ("taskmanager:tm-1", SubmitJob(job_id="j"), "may not send SubmitJob"),
-    ("taskmanager:tm-1", CancelJob(job_id="j"), "may not send CancelJob"),
-    ("dispatcher", register("tm-1"), "must come from that TaskManager"),
-    ("resourcemanager", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), "must come from that"),
-    ("taskmanager:tm-1", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), None),
-    ("taskmanager:tm-1", register("tm-1", queue="tm.tm-2"), "its command queue is 'tm.tm-1'"),
-    ("taskmanager:tm-1", TaskProgress(execution_id="e", job_id="j", batch_id=1), None),
-    ("dispatcher", SubmitJob(job_id="j"), None),
-])
+@pytest.mark.parametrize(
+    "sender, body, refused",
+    [
+        ("taskmanager:tm-2", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), "names TaskManager 'tm-1'"),
+        ("taskmanager:tm-1", SubmitJob(job_id="j"), "may not send SubmitJob"),
+        ("taskmanager:tm-1", CancelJob(job_id="j"), "may not send CancelJob"),
+        ("dispatcher", register("tm-1"), "must come from that TaskManager"),
+        ("resourcemanager", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), "must come from that"),
+        ("taskmanager:tm-1", TaskManagerHeartbeat(taskmanager_id="tm-1", slot_report=()), None),
+        ("taskmanager:tm-1", register("tm-1", queue="tm.tm-2"), "its command queue is 'tm.tm-1'"),
+        ("taskmanager:tm-1", TaskProgress(execution_id="e", job_id="j", batch_id=1), None),
+        ("dispatcher", SubmitJob(job_id="j"), None),
+    ],
+)
 def test_sender_rules(sender, body, refused):
     found = rule_violation(wrap(body, sender=sender))
     assert (found is None) if refused is None else (refused in found), found
@@ -121,8 +123,9 @@ def test_inbox_entries_are_signed_with_the_taskmanagers_command_key():
     cp = ClusterAuth(SECRET)
     tm1 = TaskManagerAuth(["tm-1"], keys={"tm-1": TaskManagerKeys.derive(SECRET, "tm-1")})
     inbox = streams.tm_inbox("tm-1")
-    env, raw, sig = entry(cp, inbox, HeartbeatAck(taskmanager_id="tm-1", rm_session="s", known=False),
-                          "resourcemanager")
+    env, raw, sig = entry(
+        cp, inbox, HeartbeatAck(taskmanager_id="tm-1", rm_session="s", known=False), "resourcemanager"
+    )
     assert tm1.check(inbox, env, raw, sig) is None
     # Another TaskManager (tm-2 holds its own keys only) cannot write an ack tm-1 accepts.
     tm2 = TaskManagerAuth(["tm-2"], keys={"tm-2": TaskManagerKeys.derive(SECRET, "tm-2")})
@@ -136,8 +139,12 @@ def test_a_simulating_process_speaks_as_each_of_its_taskmanagers():
     auth = TaskManagerAuth(["base-sim00000", "base-sim00001"], secret=SECRET)
     body = TaskStateChanged(execution_id="e", job_id="j", taskmanager_id="base-sim00001", state=ES.RUNNING)
     assert auth.sender_for(body, "taskmanager:base") == "taskmanager:base-sim00001"
-    assert auth.sender_for(TaskStateChanged(execution_id="e", job_id="j", taskmanager_id="tm-9", state=ES.RUNNING),
-                           "taskmanager:base") == "taskmanager:base"
+    assert (
+        auth.sender_for(
+            TaskStateChanged(execution_id="e", job_id="j", taskmanager_id="tm-9", state=ES.RUNNING), "taskmanager:base"
+        )
+        == "taskmanager:base"
+    )
     env, raw, sig = entry(auth, streams.JM_STREAM, body, "taskmanager:base-sim00001")
     assert ClusterAuth(SECRET).check(streams.JM_STREAM, env, raw, sig) is None
     with pytest.raises(MissingKey):  # never derives for an id it does not serve
@@ -159,8 +166,9 @@ def test_taskmanager_keys_from_settings_and_clear_errors(tmp_path):
     # The control plane creates the secret (0600); a TaskManager of the same home derives from it.
     secret = load_secret(Settings(home=tmp_path), create=True)
     assert (tmp_path / "secrets" / ck.SECRET_FILE).stat().st_mode & 0o777 == 0o600
-    assert taskmanager_auth(Settings(home=tmp_path), ["tm-1"]).sender_key("taskmanager:tm-1") == \
-        ck.sender_key(secret, "tm-1")
+    assert taskmanager_auth(Settings(home=tmp_path), ["tm-1"]).sender_key("taskmanager:tm-1") == ck.sender_key(
+        secret, "tm-1"
+    )
 
 
 def test_in_memory_transport_dead_letters_unsigned_forged_and_foreign_messages():

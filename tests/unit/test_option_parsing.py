@@ -19,23 +19,66 @@ from shared import checkpointing, durations, job_options, restart
 # Flink's TimeUtils.parseDuration labels, with and without a space, in any letter case: the same
 # for every reader.
 WITH_UNITS = [
-    ("500 ms", 0.5), ("500ms", 0.5), ("500 milli", 0.5), ("500 millis", 0.5),
-    ("500 millisecond", 0.5), ("500 milliseconds", 0.5), ("500 MS", 0.5),
-    ("10 s", 10.0), ("10s", 10.0), ("10 sec", 10.0), ("10 secs", 10.0), ("10 second", 10.0),
-    ("10 seconds", 10.0), ("10 S", 10.0),
-    ("1 min", 60.0), ("1min", 60.0), ("1 m", 60.0), ("1 minute", 60.0), ("2 minutes", 120.0),
-    ("2 h", 7200.0), ("2h", 7200.0), ("2 hour", 7200.0), ("2 hours", 7200.0),
-    ("1 d", 86400.0), ("1 day", 86400.0), ("3 days", 3 * 86400.0),
-    ("1500000 µs", 1.5), ("1500000 micros", 1.5), ("2000000000 ns", 2.0), ("2000000000 nanos", 2.0),
-    ("1.5 s", 1.5), ("  10 s  ", 10.0), ("0 s", 0.0), (0, 0.0), ("0", 0.0),
+    ("500 ms", 0.5),
+    ("500ms", 0.5),
+    ("500 milli", 0.5),
+    ("500 millis", 0.5),
+    ("500 millisecond", 0.5),
+    ("500 milliseconds", 0.5),
+    ("500 MS", 0.5),
+    ("10 s", 10.0),
+    ("10s", 10.0),
+    ("10 sec", 10.0),
+    ("10 secs", 10.0),
+    ("10 second", 10.0),
+    ("10 seconds", 10.0),
+    ("10 S", 10.0),
+    ("1 min", 60.0),
+    ("1min", 60.0),
+    ("1 m", 60.0),
+    ("1 minute", 60.0),
+    ("2 minutes", 120.0),
+    ("2 h", 7200.0),
+    ("2h", 7200.0),
+    ("2 hour", 7200.0),
+    ("2 hours", 7200.0),
+    ("1 d", 86400.0),
+    ("1 day", 86400.0),
+    ("3 days", 3 * 86400.0),
+    ("1500000 µs", 1.5),
+    ("1500000 micros", 1.5),
+    ("2000000000 ns", 2.0),
+    ("2000000000 nanos", 2.0),
+    ("1.5 s", 1.5),
+    ("  10 s  ", 10.0),
+    ("0 s", 0.0),
+    (0, 0.0),
+    ("0", 0.0),
 ]
 # Without a unit, each reader follows where the value is written. Headrace's own fields (a REST
 # body's restartStrategy, the cluster's restart_strategy, noop.*): a number is seconds.
 HEADRACE_ACCEPTED = WITH_UNITS + [(10, 10.0), (2.5, 2.5), (0.0, 0.0)]
 # A job's configuration options, as Flink reads its configuration: a string is milliseconds.
 FLINK_ACCEPTED = WITH_UNITS + [("10000", 10.0), ("500", 0.5), ("2.5", 0.0025), (" 60000 ", 60.0)]
-REFUSED = ["ten s", "10 fortnights", "s", "", "-1 s", -1, True, None, [10], {"s": 1}, math.inf, math.nan,
-           "10 s 5", "1e3 s", "9" * 400 + " s", "36600 d", 200 * 365 * 86400 * 1000]
+REFUSED = [
+    "ten s",
+    "10 fortnights",
+    "s",
+    "",
+    "-1 s",
+    -1,
+    True,
+    None,
+    [10],
+    {"s": 1},
+    math.inf,
+    math.nan,
+    "10 s 5",
+    "1e3 s",
+    "9" * 400 + " s",
+    "36600 d",
+    200 * 365 * 86400 * 1000,
+]
 # Ambiguous, refused with both ways to write it: a string without a unit where Headrace reads
 # numbers as seconds, a JSON number where Flink reads a unit-less value as milliseconds.
 HEADRACE_AMBIGUOUS = [("10", 'write 10 (a JSON number of seconds) or "10 s"'), ("2.5", 'or "2.5 s"')]
@@ -59,7 +102,8 @@ def _flink_readers():
         "job options": job_options.duration_s,
         "checkpoint options": lambda v: checkpointing.checkpoint_config({checkpointing.MIN_PAUSE: v}).min_pause_s,
         "restart options": lambda v: job_options.restart_strategy_from_config(
-            {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": v})["delay"],
+            {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": v}
+        )["delay"],
     }
 
 
@@ -76,16 +120,22 @@ def test_configuration_options_read_durations_as_flink_does(reader, value, secon
 
 
 @pytest.mark.parametrize("reader", list(_headrace_readers()))
-@pytest.mark.parametrize("value", REFUSED + [v for v, _ in HEADRACE_AMBIGUOUS],
-                         ids=[repr(v)[:20] for v in REFUSED + [v for v, _ in HEADRACE_AMBIGUOUS]])
+@pytest.mark.parametrize(
+    "value",
+    REFUSED + [v for v, _ in HEADRACE_AMBIGUOUS],
+    ids=[repr(v)[:20] for v in REFUSED + [v for v, _ in HEADRACE_AMBIGUOUS]],
+)
 def test_headraces_own_fields_refuse_the_same_durations(reader, value):
     with pytest.raises((ValueError, ValidationError, InvalidTaskConfig)):
         _headrace_readers()[reader](value)
 
 
 @pytest.mark.parametrize("reader", list(_flink_readers()))
-@pytest.mark.parametrize("value", REFUSED + [v for v, _ in FLINK_AMBIGUOUS],
-                         ids=[repr(v)[:20] for v in REFUSED + [v for v, _ in FLINK_AMBIGUOUS]])
+@pytest.mark.parametrize(
+    "value",
+    REFUSED + [v for v, _ in FLINK_AMBIGUOUS],
+    ids=[repr(v)[:20] for v in REFUSED + [v for v, _ in FLINK_AMBIGUOUS]],
+)
 def test_configuration_options_refuse_the_same_durations(reader, value):
     if value is None and reader == "checkpoint options":
         pytest.skip("a checkpoint option set to null is absent: the default applies")
@@ -125,10 +175,18 @@ def test_a_checkpoint_interval_of_a_few_milliseconds_is_still_refused():
 
 # Flink's spellings of restart-strategy.type (RestartStrategyOptions), and Headrace's "no"/"norestart".
 TYPES = [
-    ("none", "none"), ("off", "none"), ("disable", "none"), ("no", "none"), ("norestart", "none"),
-    ("fixed-delay", "fixed-delay"), ("fixeddelay", "fixed-delay"), ("FixedDelay", "fixed-delay"),
-    ("failure-rate", "failure-rate"), ("failurerate", "failure-rate"),
-    ("exponential-delay", "exponential-delay"), ("exponentialdelay", "exponential-delay"),
+    ("none", "none"),
+    ("off", "none"),
+    ("disable", "none"),
+    ("no", "none"),
+    ("norestart", "none"),
+    ("fixed-delay", "fixed-delay"),
+    ("fixeddelay", "fixed-delay"),
+    ("FixedDelay", "fixed-delay"),
+    ("failure-rate", "failure-rate"),
+    ("failurerate", "failure-rate"),
+    ("exponential-delay", "exponential-delay"),
+    ("exponentialdelay", "exponential-delay"),
     (" Fixed-Delay ", "fixed-delay"),
 ]
 REFUSED_TYPES = ["sometimes", "fixed_delay", "fixed delay", "", "exponential"]
@@ -158,14 +216,19 @@ def test_every_reader_refuses_the_same_strategy_types(raw):
 def test_a_restart_delay_with_a_unit_means_the_same_in_a_body_and_in_the_options(value):
     body = schemas.normalise_restart_strategy({"type": "fixed-delay", "delay": value})
     options = job_options.restart_strategy_from_config(
-        {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": value})
+        {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": value}
+    )
     assert body["delay"] == options["delay"] == durations.parse_duration(value)
 
 
 def test_a_unitless_restart_delay_is_seconds_in_a_body_and_milliseconds_in_the_options():
     assert schemas.normalise_restart_strategy({"type": "fixed-delay", "delay": 3})["delay"] == 3.0
-    assert job_options.restart_strategy_from_config(
-        {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "3000"})["delay"] == 3.0
+    assert (
+        job_options.restart_strategy_from_config(
+            {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "3000"}
+        )["delay"]
+        == 3.0
+    )
 
 
 def test_the_bounds_are_defined_once():
@@ -174,8 +237,18 @@ def test_the_bounds_are_defined_once():
     assert schemas.RESTART_TYPES is restart.STRATEGY_TYPES
 
 
-@pytest.mark.parametrize("seconds, text", [(10.0, "10 s"), (600.0, "10 min"), (0.5, "500 ms"), (3600.0, "1 h"),
-                                           (86400.0, "1 d"), (1.5, "1500 ms"), (0.0, "0 ms")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (10.0, "10 s"),
+        (600.0, "10 min"),
+        (0.5, "500 ms"),
+        (3600.0, "1 h"),
+        (86400.0, "1 d"),
+        (1.5, "1500 ms"),
+        (0.0, "0 ms"),
+    ],
+)
 def test_a_duration_is_written_as_flink_writes_it_and_reads_back_the_same(seconds, text):
     assert durations.flink_text(seconds) == text
     assert durations.parse_flink_duration(text) == pytest.approx(seconds)

@@ -54,8 +54,10 @@ def test_an_exit_is_reported_with_its_code_and_log_and_restarted_after_the_backo
     cluster.codes["taskmanager-1"] = -9
     sup.check()
     assert cluster.restarted == []
-    assert notes == ["supervisor: taskmanager-1 (pid 10) was killed by SIGKILL; restarting in 1 s (restart 1); "
-                     "see /logs/taskmanager-1.log"]
+    assert notes == [
+        "supervisor: taskmanager-1 (pid 10) was killed by SIGKILL; restarting in 1 s (restart 1); "
+        "see /logs/taskmanager-1.log"
+    ]
     clock.advance(0.5)
     sup.check()
     assert cluster.restarted == []
@@ -63,7 +65,11 @@ def test_an_exit_is_reported_with_its_code_and_log_and_restarted_after_the_backo
     sup.check()
     assert cluster.restarted == ["taskmanager-1"]
     assert sup.view()["taskmanager-1"] | {"last_exit_at": None} == {
-        "restarts": 1, "last_exit": -9, "last_exit_at": None, "crash_loop": False}
+        "restarts": 1,
+        "last_exit": -9,
+        "last_exit_at": None,
+        "crash_loop": False,
+    }
 
 
 def test_a_crash_loop_backs_off_and_says_so():
@@ -103,8 +109,22 @@ def test_outside_matches_exactly_the_keys_without_the_prefixes():
         # Redis globs: `[^x]` negates like fnmatch's `[!x]`.
         return any(fnmatch.fnmatchcase(key, p.replace("[^", "[!")) for p in patterns)
 
-    for key in ("clicks", "h", "hr", "hrx", "hr-stream", "t", "tm", "tmx", "tm-1", "un", "unack", "headrace:sink:a",
-                "x:hr:y", "unac"):
+    for key in (
+        "clicks",
+        "h",
+        "hr",
+        "hrx",
+        "hr-stream",
+        "t",
+        "tm",
+        "tmx",
+        "tm-1",
+        "un",
+        "unack",
+        "headrace:sink:a",
+        "x:hr:y",
+        "unac",
+    ):
         assert allowed(key), key
     for key in ("hr:", "hr:stream:jm", "tm.tm-1", "unacked", "unacked_index"):
         assert not allowed(key), key

@@ -14,8 +14,14 @@ from shared import redis_key_grants as grants
 from shared.settings import Settings
 
 READ, WRITE = grants.READ_OPTION, grants.WRITE_OPTION
-CONTROL_AND_BOOKKEEPING = ("hr:jm:epoch", "hr:stream:dlq", "tm.tm-1", "_kombu.binding.x", "unacked_index",
-                           f"headrace:sink:{'b' * 32}:out:attempt")
+CONTROL_AND_BOOKKEEPING = (
+    "hr:jm:epoch",
+    "hr:stream:dlq",
+    "tm.tm-1",
+    "_kombu.binding.x",
+    "unacked_index",
+    f"headrace:sink:{'b' * 32}:out:attempt",
+)
 
 
 def reaches(rules: list[str], key: str, mode: str) -> bool:
@@ -30,38 +36,44 @@ def reaches(rules: list[str], key: str, mode: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("value, expected", [
-    (["clicks", "counts:*"], ("clicks", "counts:*")),
-    ("clicks; counts:*", ("clicks", "counts:*")),
-    ("a,b,a", ("a", "b")),
-    ([], ()),
-    ("", ()),
-    ("hrx", ("hrx",)),  # "hr" + "x" is not under "hr:"
-    ("headrace:out", ("headrace:out",)),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (["clicks", "counts:*"], ("clicks", "counts:*")),
+        ("clicks; counts:*", ("clicks", "counts:*")),
+        ("a,b,a", ("a", "b")),
+        ([], ()),
+        ("", ()),
+        ("hrx", ("hrx",)),  # "hr" + "x" is not under "hr:"
+        ("headrace:out", ("headrace:out",)),
+    ],
+)
 def test_key_patterns_a_job_may_declare(value, expected):
     assert grants.parse_patterns(value) == expected
     assert job_options.problems({READ: value}) == []
 
 
-@pytest.mark.parametrize("pattern, says", [
-    ("*", "would reach the control plane"),
-    ("h*", "'hr:'"),
-    ("hr:*", "'hr:'"),
-    ("hr:jm:epoch", "'hr:'"),
-    ("tm.tm-1", "'tm.'"),
-    ("t*", "'tm.'"),
-    ("_kombu.x", "'_kombu.'"),
-    ("un*", "'unacked'"),
-    ("unacked_index", "'unacked'"),
-    ("headrace:*", "'headrace:sink:'"),
-    ("headrace:sink:abc:out", "'headrace:sink:'"),
-    ("a*b", "only as its last character"),
-    ("a?", "no other glob character"),
-    ("a[bc]", "no other glob character"),
-    ("two words", "without spaces"),
-    ("x" * 300, "at most 256"),
-])
+@pytest.mark.parametrize(
+    "pattern, says",
+    [
+        ("*", "would reach the control plane"),
+        ("h*", "'hr:'"),
+        ("hr:*", "'hr:'"),
+        ("hr:jm:epoch", "'hr:'"),
+        ("tm.tm-1", "'tm.'"),
+        ("t*", "'tm.'"),
+        ("_kombu.x", "'_kombu.'"),
+        ("un*", "'unacked'"),
+        ("unacked_index", "'unacked'"),
+        ("headrace:*", "'headrace:sink:'"),
+        ("headrace:sink:abc:out", "'headrace:sink:'"),
+        ("a*b", "only as its last character"),
+        ("a?", "no other glob character"),
+        ("a[bc]", "no other glob character"),
+        ("two words", "without spaces"),
+        ("x" * 300, "at most 256"),
+    ],
+)
 def test_a_pattern_that_reaches_headraces_own_keys_or_is_not_plain_is_refused(pattern, says):
     with pytest.raises(grants.RefusedValue, match=None) as refused:
         grants.parse_patterns([pattern])

@@ -16,8 +16,7 @@ def test_taskmanagers_of_the_previous_resourcemanager_are_awaited_until_the_time
     clock = FakeClock()
     returning = ReturningTaskManagers(clock, timeout_s=10)
     assert not returning.expected
-    waiting = returning.expect([TaskManagerId(t) for t in ("tm-1", "tm-2", "tm-3")],
-                               registered={TaskManagerId("tm-3")})
+    waiting = returning.expect([TaskManagerId(t) for t in ("tm-1", "tm-2", "tm-3")], registered={TaskManagerId("tm-3")})
     assert (waiting, returning.expected) == (2, True)
     clock.advance(9.9)
     assert returning.overdue() == []

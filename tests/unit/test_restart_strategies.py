@@ -32,8 +32,10 @@ def test_fixed_delay_flink_defaults():
 
 def test_failure_rate_counts_only_failures_inside_the_interval():
     clock = FakeClock()
-    s = restart.build({"type": "failure-rate", "max-failures-per-interval": 2, "failure-rate-interval": "1 min",
-                       "delay": 0.5}, clock=clock)
+    s = restart.build(
+        {"type": "failure-rate", "max-failures-per-interval": 2, "failure-rate-interval": "1 min", "delay": 0.5},
+        clock=clock,
+    )
     s.notify_failure()
     clock.advance(10)
     s.notify_failure()
@@ -84,13 +86,16 @@ def test_exponential_delay_attempts_limit():
     assert results == [True, True, False]
 
 
-@pytest.mark.parametrize("config, field", [
-    ({"type": "sometimes"}, "restartStrategy.type"),
-    ({"type": "fixed-delay", "attempts": -1}, "restartStrategy.attempts"),
-    ({"type": "fixed-delay", "delay": "soon"}, "restartStrategy.delay"),
-    ({"type": "fixed-delay", "tries": 3}, "restartStrategy.tries"),
-    ({"type": "exponential-delay", "backoff-multiplier": 0.5}, "restartStrategy.backoff-multiplier"),
-])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"type": "sometimes"}, "restartStrategy.type"),
+        ({"type": "fixed-delay", "attempts": -1}, "restartStrategy.attempts"),
+        ({"type": "fixed-delay", "delay": "soon"}, "restartStrategy.delay"),
+        ({"type": "fixed-delay", "tries": 3}, "restartStrategy.tries"),
+        ({"type": "exponential-delay", "backoff-multiplier": 0.5}, "restartStrategy.backoff-multiplier"),
+    ],
+)
 def test_invalid_config_names_the_field(config, field):
     with pytest.raises(restart.InvalidRestartStrategy) as exc:
         restart.normalise(config)

@@ -11,34 +11,72 @@ from services.dispatcher.submission import restore_check
 from shared import restore_compat as rc
 
 WINDOW = "struct<start:timestamp,end:timestamp>"
-WINDOW_JSON = {"type": "struct", "fields": [
-    {"name": "start", "type": "timestamp", "nullable": True, "metadata": {}},
-    {"name": "end", "type": "timestamp", "nullable": True, "metadata": {}}]}
+WINDOW_JSON = {
+    "type": "struct",
+    "fields": [
+        {"name": "start", "type": "timestamp", "nullable": True, "metadata": {}},
+        {"name": "end", "type": "timestamp", "nullable": True, "metadata": {}},
+    ],
+}
 
 
-def op(op_id, kind="aggregate", keys=("window", "url"), key_types=(WINDOW, "string"),
-       values=("count",), value_types=("bigint",), exprs=None, spark_name=None):
-    spark_name = spark_name or {"aggregate": "stateStoreSave", "deduplicate": "dedupe",
-                                "deduplicateWithinWatermark": "dedupeWithinWatermark"}.get(kind)
-    store = {"name": "default", "key_names": list(keys), "key_types": list(key_types),
-             "value_names": list(values), "value_types": list(value_types)}
-    return {"id": op_id, "kind": kind, "spark_name": spark_name, "key_names": list(keys),
-            "key_exprs": list(exprs or keys), "key_types": list(key_types), "value_names": list(values),
-            "value_types": list(value_types), "stores": [store]}
+def op(
+    op_id,
+    kind="aggregate",
+    keys=("window", "url"),
+    key_types=(WINDOW, "string"),
+    values=("count",),
+    value_types=("bigint",),
+    exprs=None,
+    spark_name=None,
+):
+    spark_name = spark_name or {
+        "aggregate": "stateStoreSave",
+        "deduplicate": "dedupe",
+        "deduplicateWithinWatermark": "dedupeWithinWatermark",
+    }.get(kind)
+    store = {
+        "name": "default",
+        "key_names": list(keys),
+        "key_types": list(key_types),
+        "value_names": list(values),
+        "value_types": list(value_types),
+    }
+    return {
+        "id": op_id,
+        "kind": kind,
+        "spark_name": spark_name,
+        "key_names": list(keys),
+        "key_exprs": list(exprs or keys),
+        "key_types": list(key_types),
+        "value_names": list(values),
+        "value_types": list(value_types),
+        "stores": [store],
+    }
 
 
 def dedupe_op(op_id, key="i"):
-    return op(op_id, "deduplicateWithinWatermark", keys=(key,), key_types=("bigint",),
-              values=("expiresAtMicros",), value_types=("bigint",))
+    return op(
+        op_id,
+        "deduplicateWithinWatermark",
+        keys=(key,),
+        key_types=("bigint",),
+        values=("expiresAtMicros",),
+        value_types=("bigint",),
+    )
 
 
 CLICKS = {"format": "redis_stream", "options": {"stream": "clicks"}}
 
 
 def plan(*ops, sources=None):
-    return {"version": 1, "streaming": True, "output_mode": "update",
-            "sources": sources if sources is not None else [CLICKS],
-            "operators": list(ops)}
+    return {
+        "version": 1,
+        "streaming": True,
+        "output_mode": "update",
+        "sources": sources if sources is not None else [CLICKS],
+        "operators": list(ops),
+    }
 
 
 def field(name, typ):
@@ -50,21 +88,40 @@ def struct(*fields):
 
 
 def state_files_op(op_id, name="stateStoreSave", key=None, value=None, partitions=2):
-    return {"id": op_id, "name": name, "stores": [{
-        "name": "default", "partitions": partitions,
-        "key_schema": key if key is not None else struct(field("window", WINDOW_JSON), field("url", "string")),
-        "value_schema": value if value is not None else struct(field("count", "long"))}]}
+    return {
+        "id": op_id,
+        "name": name,
+        "stores": [
+            {
+                "name": "default",
+                "partitions": partitions,
+                "key_schema": key if key is not None else struct(field("window", WINDOW_JSON), field("url", "string")),
+                "value_schema": value if value is not None else struct(field("count", "long")),
+            }
+        ],
+    }
 
 
 def snapshot(old_plan=None, *, operators=None, partitions=2, offsets=1):
     return {
-        "format": "headrace-snapshot/1", "job_id": "a" * 32, "vertex_id": "b" * 32, "checkpoint_id": 7,
+        "format": "headrace-snapshot/1",
+        "job_id": "a" * 32,
+        "vertex_id": "b" * 32,
+        "checkpoint_id": 7,
         "kind": "savepoint",
-        "pipeline": {"artifact_sha256": "f" * 64, "entry": "build", "args": ["--x", "1"],
-                     **({"plan": old_plan} if old_plan is not None else {})},
-        "spark": {"batch_id": 12, "conf": {"spark.sql.shuffle.partitions": str(partitions)},
-                  "source_offsets": [{"id": "1-0"}] * offsets, "state_partitions": partitions,
-                  "operators": operators if operators is not None else [state_files_op(0, partitions=partitions)]},
+        "pipeline": {
+            "artifact_sha256": "f" * 64,
+            "entry": "build",
+            "args": ["--x", "1"],
+            **({"plan": old_plan} if old_plan is not None else {}),
+        },
+        "spark": {
+            "batch_id": 12,
+            "conf": {"spark.sql.shuffle.partitions": str(partitions)},
+            "source_offsets": [{"id": "1-0"}] * offsets,
+            "state_partitions": partitions,
+            "operators": operators if operators is not None else [state_files_op(0, partitions=partitions)],
+        },
     }
 
 
@@ -74,26 +131,41 @@ def check(meta, new_plan, *, shuffle=None, allow=False):
 
 # ---------------------------------------------------------------- types
 
-@pytest.mark.parametrize("json_type, text", [
-    ("long", "bigint"), ("integer", "int"), ("short", "smallint"), ("byte", "tinyint"), ("string", "string"),
-    ("void", "void"), ("decimal(10,2)", "decimal(10,2)"), (WINDOW_JSON, WINDOW),
-    ({"type": "array", "elementType": "long", "containsNull": True}, "array<bigint>"),
-    ({"type": "map", "keyType": "string", "valueType": WINDOW_JSON, "valueContainsNull": True},
-     f"map<string,{WINDOW}>"),
-    (struct(field("a b", "double"), field("c`d", "date")), "struct<`a b`:double,`c``d`:date>"),
-])
+
+@pytest.mark.parametrize(
+    "json_type, text",
+    [
+        ("long", "bigint"),
+        ("integer", "int"),
+        ("short", "smallint"),
+        ("byte", "tinyint"),
+        ("string", "string"),
+        ("void", "void"),
+        ("decimal(10,2)", "decimal(10,2)"),
+        (WINDOW_JSON, WINDOW),
+        ({"type": "array", "elementType": "long", "containsNull": True}, "array<bigint>"),
+        (
+            {"type": "map", "keyType": "string", "valueType": WINDOW_JSON, "valueContainsNull": True},
+            f"map<string,{WINDOW}>",
+        ),
+        (struct(field("a b", "double"), field("c`d", "date")), "struct<`a b`:double,`c``d`:date>"),
+    ],
+)
 def test_type_string_renders_spark_json_types(json_type, text):
     assert rc.type_string(json_type) == text
 
 
 def test_type_shape_drops_field_names_like_sparks_positional_check():
     assert rc.type_shape(WINDOW) == "struct<timestamp,timestamp>"
-    assert rc.type_shape("struct<`a:b,c`:decimal(10,2),x:map<string,array<struct<y:int>>>>") == \
-        "struct<decimal(10,2),map<string,array<struct<int>>>>"
+    assert (
+        rc.type_shape("struct<`a:b,c`:decimal(10,2),x:map<string,array<struct<y:int>>>>")
+        == "struct<decimal(10,2),map<string,array<struct<int>>>>"
+    )
     assert rc.type_shape("interval day to second") == "interval day to second"
 
 
 # ---------------------------------------------------------------- operators, against a recorded plan
+
 
 def test_same_plan_is_compatible():
     old = plan(op(0))
@@ -143,8 +215,10 @@ def test_changed_aggregate_with_the_same_buffer_types_is_refused_by_name():
 
 
 def test_changed_operator_kind_is_refused():
-    verdict = check(snapshot(plan(op(0))), plan(op(0, "deduplicate", keys=("url",), key_types=("string",),
-                                                    values=("__dummy__",), value_types=("void",))))
+    verdict = check(
+        snapshot(plan(op(0))),
+        plan(op(0, "deduplicate", keys=("url",), key_types=("string",), values=("__dummy__",), value_types=("void",))),
+    )
     [problem] = verdict.problems
     assert "operator 0 (aggregate by window, url) in the snapshot is operator 0 (deduplicate by url)" in problem
 
@@ -181,8 +255,10 @@ def test_removed_leading_operator_is_refused_even_with_allow_non_restored_state(
     meta = snapshot(plan(op(0), dedupe_op(1)))
     verdict = check(meta, plan(dedupe_op(0)), allow=True)  # the aggregate went: the dedupe is now operator 0
     assert not verdict.ok and verdict.drop_operators == []
-    assert any("operator 0 (aggregate by window, url) in the snapshot is operator 0 (deduplicateWithinWatermark"
-               in p for p in verdict.problems)
+    assert any(
+        "operator 0 (aggregate by window, url) in the snapshot is operator 0 (deduplicateWithinWatermark" in p
+        for p in verdict.problems
+    )
     assert any("cannot be dropped with allowNonRestoredState" in p for p in verdict.problems)
     assert rc.HINT_DROP_ONLY_TRAILING in verdict.hints
     # Without the flag, the hint does not send the user to a flag that cannot help.
@@ -192,12 +268,28 @@ def test_removed_leading_operator_is_refused_even_with_allow_non_restored_state(
 def test_join_stores_are_compared_one_by_one():
     def join(value_types):
         key = {"key_names": ["field0"], "key_types": ["bigint"]}
-        stores = [{"name": "left-keyToNumValues", **key, "value_names": ["value"], "value_types": ["bigint"]},
-                  {"name": "left-keyWithIndexToValue", "key_names": ["field0", "index"],
-                   "key_types": ["bigint", "bigint"], "value_names": None, "value_types": value_types}]
-        return {"id": 0, "kind": "join", "spark_name": "symmetricHashJoin", "key_names": ["field0"],
-                "key_exprs": ["i"], "key_types": ["bigint"], "value_names": None, "value_types": None,
-                "stores": stores}
+        stores = [
+            {"name": "left-keyToNumValues", **key, "value_names": ["value"], "value_types": ["bigint"]},
+            {
+                "name": "left-keyWithIndexToValue",
+                "key_names": ["field0", "index"],
+                "key_types": ["bigint", "bigint"],
+                "value_names": None,
+                "value_types": value_types,
+            },
+        ]
+        return {
+            "id": 0,
+            "kind": "join",
+            "spark_name": "symmetricHashJoin",
+            "key_names": ["field0"],
+            "key_exprs": ["i"],
+            "key_types": ["bigint"],
+            "value_names": None,
+            "value_types": None,
+            "stores": stores,
+        }
+
     old = plan(join(["bigint", "string", "boolean"]))
     assert check(snapshot(old), plan(join(["bigint", "string", "boolean"]))).ok
     [problem] = check(snapshot(old), plan(join(["bigint", "boolean"]))).problems
@@ -205,6 +297,7 @@ def test_join_stores_are_compared_one_by_one():
 
 
 # ---------------------------------------------------------------- operators, against state schema files only
+
 
 def test_without_a_recorded_plan_the_state_schema_files_are_compared():
     meta = snapshot()  # no plan: an older snapshot
@@ -216,22 +309,35 @@ def test_without_a_recorded_plan_the_state_schema_files_are_compared():
 
 
 def test_state_files_compare_nested_types_positionally_and_skip_made_up_names():
-    nested_renamed = struct(field("window", struct(field("a", "timestamp"), field("b", "timestamp"))),
-                            field("_groupingexpression", "string"))
+    nested_renamed = struct(
+        field("window", struct(field("a", "timestamp"), field("b", "timestamp"))),
+        field("_groupingexpression", "string"),
+    )
     meta = snapshot(operators=[state_files_op(0, key=nested_renamed)])
     new = plan(op(0, keys=("window", "_groupingexpression"), exprs=("window", "upper(url)")))
     assert check(meta, new).ok
     top_renamed = struct(field("w", WINDOW_JSON), field("_groupingexpression", "string"))
     [problem] = check(snapshot(operators=[state_files_op(0, key=top_renamed)]), new).problems
-    assert problem == (f"operator 0 (aggregate by w): its key changed: was (w: {WINDOW}, _groupingexpression: "
-                       f"string), now (window: {WINDOW}, _groupingexpression: string)")
+    assert problem == (
+        f"operator 0 (aggregate by w): its key changed: was (w: {WINDOW}, _groupingexpression: "
+        f"string), now (window: {WINDOW}, _groupingexpression: string)"
+    )
 
 
 def test_state_files_operator_names_map_to_kinds():
-    meta = snapshot(operators=[state_files_op(0, name="dedupe", key=struct(field("user_id", "string")),
-                                              value=struct(field("__dummy__", "void")))])
-    assert check(meta, plan(op(0, "deduplicate", keys=("user_id",), key_types=("string",),
-                                values=("__dummy__",), value_types=("void",)))).ok
+    meta = snapshot(
+        operators=[
+            state_files_op(
+                0, name="dedupe", key=struct(field("user_id", "string")), value=struct(field("__dummy__", "void"))
+            )
+        ]
+    )
+    assert check(
+        meta,
+        plan(
+            op(0, "deduplicate", keys=("user_id",), key_types=("string",), values=("__dummy__",), value_types=("void",))
+        ),
+    ).ok
     [problem] = check(meta, plan(op(0))).problems
     assert "operator 0 (deduplicate by user_id) in the snapshot is operator 0 (aggregate by window, url)" in problem
 
@@ -251,13 +357,18 @@ def test_unknown_schemas_only_compare_the_operators_kind():
 
 # ---------------------------------------------------------------- partitions, sources, configuration
 
+
 def test_explicit_different_shuffle_partitions_are_refused():
     meta = snapshot(plan(op(0)), partitions=4)
     verdict = check(meta, None, shuffle=8)
-    assert verdict.problems == ["spark.sql.shuffle.partitions is set to 8, but the snapshot's state has 4 partitions "
-                                "(Spark would keep 4 and ignore the option)"]
-    assert verdict.hints == ["the state partition count is fixed when a job first starts (like Flink's max "
-                             "parallelism): drop the option or set it to 4; parallelism can still change"]
+    assert verdict.problems == [
+        "spark.sql.shuffle.partitions is set to 8, but the snapshot's state has 4 partitions "
+        "(Spark would keep 4 and ignore the option)"
+    ]
+    assert verdict.hints == [
+        "the state partition count is fixed when a job first starts (like Flink's max "
+        "parallelism): drop the option or set it to 4; parallelism can still change"
+    ]
     assert check(meta, None, shuffle=4).ok
     assert check(meta, None, shuffle=None).ok
 
@@ -280,8 +391,13 @@ def test_changed_source_stream_is_refused():
 
 def test_changed_source_format_and_count_are_refused():
     old = plan(op(0))
-    new = plan(op(0), sources=[{"format": "datagen", "options": {"seed": "1"}},
-                               {"format": "redis_stream", "options": {"stream": "clicks"}}])
+    new = plan(
+        op(0),
+        sources=[
+            {"format": "datagen", "options": {"seed": "1"}},
+            {"format": "redis_stream", "options": {"stream": "clicks"}},
+        ],
+    )
     problems = check(snapshot(old), new).problems
     assert "source 0 changed: was redis_stream(stream=clicks), now datagen(seed=1)" in problems
     assert any("reads 2 source(s), the snapshot has offsets for 1" in p for p in problems)
@@ -313,10 +429,18 @@ def test_message_lists_every_problem_then_what_to_do():
 
 # ---------------------------------------------------------------- the dispatcher's side
 
+
 def test_same_pipeline_runs_the_configuration_rules_without_planning(caplog):
     meta = snapshot(plan(op(0)), partitions=2)
-    same = dict(python="/nonexistent/python", artifact_path="/nonexistent.py", artifact_sha256="f" * 64,
-                entry="build", args=["--x", "1"], parallelism=3, snapshot_meta=meta)
+    same = dict(
+        python="/nonexistent/python",
+        artifact_path="/nonexistent.py",
+        artifact_sha256="f" * 64,
+        entry="build",
+        args=["--x", "1"],
+        parallelism=3,
+        snapshot_meta=meta,
+    )
     restore_check.check_restore(config={}, **same)
     assert "cannot start the planner" not in caplog.text  # it did not try
     restore_check.check_restore(config={}, **{**same, "args": ["--x", "2"]})
@@ -338,10 +462,17 @@ def test_configuration_flags_are_read_like_flinks():
 def test_planner_results_are_read_by_whose_fault_a_failure_is():
     signature = plan(op(0))
     assert restore_check.interpret({"ok": True, "plan": signature}, artifact_path="/a/p.py", entry="build") == signature
-    assert restore_check.interpret({"ok": False, "stage": "spark", "error": "JVM died"},
-                                   artifact_path="/a/p.py", entry="build") is None
+    assert (
+        restore_check.interpret(
+            {"ok": False, "stage": "spark", "error": "JVM died"}, artifact_path="/a/p.py", entry="build"
+        )
+        is None
+    )
     assert restore_check.interpret({"reason": "timed out"}, artifact_path="/a/p.py", entry="build") is None
     with pytest.raises(restore_check.RestoreIncompatible) as err:
-        restore_check.interpret({"ok": False, "stage": "build", "error": "NameError: name 'F' is not defined"},
-                                artifact_path="/a/p.py", entry="build")
+        restore_check.interpret(
+            {"ok": False, "stage": "build", "error": "NameError: name 'F' is not defined"},
+            artifact_path="/a/p.py",
+            entry="build",
+        )
     assert "p.py (build) could not be built" in err.value.message and "NameError" in err.value.message

@@ -84,8 +84,12 @@ def test_link_tree_mirrors_files_and_leaves_links_out(tmp_path):
     with safe_fs.opened(safe_fs.open_trusted(src)) as s, safe_fs.opened(safe_fs.open_trusted(tmp_path / "view")) as d:
         assert safe_fs.link_tree(s, d) == (2, 3)
     view = tmp_path / "view"
-    assert sorted(str(p.relative_to(view)) for p in view.rglob("*")) == \
-        ["_metadata", "spark", "spark/commits", "spark/commits/0"]
+    assert sorted(str(p.relative_to(view)) for p in view.rglob("*")) == [
+        "_metadata",
+        "spark",
+        "spark/commits",
+        "spark/commits/0",
+    ]
     assert (view / "spark" / "commits" / "0").stat().st_ino == (src / "spark" / "commits" / "0").stat().st_ino
 
 

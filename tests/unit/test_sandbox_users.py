@@ -51,9 +51,16 @@ def test_holders_never_share_a_user_and_the_pool_says_when_it_is_empty(pool):
     try:
         assert leases and len({lease.user.uid for lease in leases}) == len(leases)
         # Another process of the machine (another cluster's TaskManager) sees the same locks.
-        other = subprocess.run([sys.executable, "-c", "from shared.sandbox_users import SandboxUsers; "
-                                f"SandboxUsers({GROUP!r}, {SIZE}).acquire('other')"],
-                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+        other = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from shared.sandbox_users import SandboxUsers; SandboxUsers({GROUP!r}, {SIZE}).acquire('other')",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        )
         assert f"all {SIZE} drivers' users" in other.stderr
         given_back = leases.pop()
         given_back.release()

@@ -39,8 +39,9 @@ def test_cron_ticks_are_celerys_and_strictly_after():
     assert every5.next_after(at(minutes=3, seconds=59)) == at(minutes=5)
     assert sch.Timing(cron="0 0 1 * *").next_after(T0) == datetime(2027, 2, 1, tzinfo=UTC)
     assert sch.Timing(cron="30 2 * * 1").next_after(T0) == datetime(2027, 1, 11, 2, 30, tzinfo=UTC)
-    assert sch.Timing(cron="59 23 * * *").next_after(at(hours=11, minutes=59)) == datetime(2027, 1, 5, 23, 59,
-                                                                                            tzinfo=UTC)
+    assert sch.Timing(cron="59 23 * * *").next_after(at(hours=11, minutes=59)) == datetime(
+        2027, 1, 5, 23, 59, tzinfo=UTC
+    )
 
 
 def test_interval_ticks_are_multiples_of_the_interval_whoever_computes_them():
@@ -51,11 +52,19 @@ def test_interval_ticks_are_multiples_of_the_interval_whoever_computes_them():
     assert every7.next_after(a) == a + timedelta(seconds=7)
 
 
-@pytest.mark.parametrize("expr, says", [
-    ("* * *", "has 3 fields"), ("61 * * * *", "field minute '61'"), ("* 24 * * *", "field hour '24'"),
-    ("* * 32 * *", "field day-of-month"), ("* * * 13 *", "field month"), ("* * * * 9", "field day-of-week"),
-    ("", "is empty"), ("x * * * *", "field minute 'x'"),
-])
+@pytest.mark.parametrize(
+    "expr, says",
+    [
+        ("* * *", "has 3 fields"),
+        ("61 * * * *", "field minute '61'"),
+        ("* 24 * * *", "field hour '24'"),
+        ("* * 32 * *", "field day-of-month"),
+        ("* * * 13 *", "field month"),
+        ("* * * * 9", "field day-of-week"),
+        ("", "is empty"),
+        ("x * * * *", "field minute 'x'"),
+    ],
+)
 def test_a_bad_cron_expression_says_which_field(expr, says):
     with pytest.raises(sch.CronError, match=says):
         sch.parse_cron(expr)
@@ -94,8 +103,9 @@ def test_a_newest_tick_older_than_the_grace_does_not_fire():
     plan = sch.catch_up(sch.Timing(cron="*/5 * * * *"), at(minutes=5), at(minutes=13), grace_s=60)
     assert plan.fire is None and plan.misfired == (at(minutes=5), at(minutes=10))
     assert plan.next_fire_at == at(minutes=15)
-    assert sch.catch_up(sch.Timing(cron="*/5 * * * *"), at(minutes=5), at(minutes=13), grace_s=200).fire == \
-        at(minutes=10)
+    assert sch.catch_up(sch.Timing(cron="*/5 * * * *"), at(minutes=5), at(minutes=13), grace_s=200).fire == at(
+        minutes=10
+    )
 
 
 def test_a_long_outage_records_at_most_a_hundred_misfires_and_never_bursts():
@@ -110,13 +120,18 @@ def test_a_long_outage_records_at_most_a_hundred_misfires_and_never_bursts():
 # --- overlap policy -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy, running, queued, action", [
-    ("skip", False, False, sch.SUBMIT), ("queue", False, False, sch.SUBMIT),
-    ("cancel_previous", False, False, sch.SUBMIT),
-    ("skip", True, False, sch.SKIP), ("queue", True, False, sch.QUEUE),
-    ("cancel_previous", True, False, sch.CANCEL_AND_SUBMIT),
-    ("queue", True, True, sch.SKIP),  # at most one tick waits
-])
+@pytest.mark.parametrize(
+    "policy, running, queued, action",
+    [
+        ("skip", False, False, sch.SUBMIT),
+        ("queue", False, False, sch.SUBMIT),
+        ("cancel_previous", False, False, sch.SUBMIT),
+        ("skip", True, False, sch.SKIP),
+        ("queue", True, False, sch.QUEUE),
+        ("cancel_previous", True, False, sch.CANCEL_AND_SUBMIT),
+        ("queue", True, True, sch.SKIP),  # at most one tick waits
+    ],
+)
 def test_overlap_actions(policy, running, queued, action):
     assert sch.overlap_action(policy, running, queued) == action
 
@@ -126,8 +141,14 @@ def test_overlap_actions(policy, running, queued, action):
 
 class Leader:
     def __init__(self, catalog: Catalog, settings: Settings, clock: FakeClock, epoch: int):
-        self.jm = JobMaster(settings, catalog, InMemoryTransport(sender="jobmanager", epoch=epoch), gateway=None,
-                            clock=FakeClock(), epoch=epoch)
+        self.jm = JobMaster(
+            settings,
+            catalog,
+            InMemoryTransport(sender="jobmanager", epoch=epoch),
+            gateway=None,
+            clock=FakeClock(),
+            epoch=epoch,
+        )
         with self.jm.unit_of_work():
             self.jm.recover()
         self.beat = ScheduleBeat(self.jm, clock, first_pass_after_s=0, monotonic=lambda: 0.0)
@@ -139,8 +160,9 @@ def env(tmp_path):
     catalog = Catalog(settings.catalog)
     catalog.migrate()
     with catalog.session() as s:
-        repo.create_artifact(s, id="jar-1", name="nightly.py", path=str(tmp_path / "nightly.py"), size=1,
-                             sha256="0" * 64)
+        repo.create_artifact(
+            s, id="jar-1", name="nightly.py", path=str(tmp_path / "nightly.py"), size=1, sha256="0" * 64
+        )
     clock = FakeClock(start=T0.timestamp())
     yield catalog, settings, clock
     catalog.dispose()
@@ -151,18 +173,34 @@ def make_schedule(catalog, clock, *, every_s=10, overlap="skip", grace=60) -> st
     timing = sch.Timing(every_s=every_s)
     now = datetime.fromtimestamp(clock.now(), tz=UTC)
     with catalog.session() as s:
-        repo.create_schedule(s, id=sid, name="nightly", artifact_id="jar-1", entry="build", kind="noop",
-                             parallelism=1, program_args=["--day", "today"], config={},
-                             restart_strategy={"type": "none"}, cron=None, every_s=every_s, overlap=overlap,
-                             misfire_grace_s=grace, enabled=True, next_fire_at=timing.next_after(now))
+        repo.create_schedule(
+            s,
+            id=sid,
+            name="nightly",
+            artifact_id="jar-1",
+            entry="build",
+            kind="noop",
+            parallelism=1,
+            program_args=["--day", "today"],
+            config={},
+            restart_strategy={"type": "none"},
+            cron=None,
+            every_s=every_s,
+            overlap=overlap,
+            misfire_grace_s=grace,
+            enabled=True,
+            next_fire_at=timing.next_after(now),
+        )
     return sid
 
 
 def runs(catalog, sid) -> list[tuple[datetime, str, str | None]]:
     with catalog.session() as s:
         rows = s.execute(select(ScheduleRun).where(ScheduleRun.schedule_id == sid).order_by(ScheduleRun.tick_at))
-        return [(r.tick_at.replace(tzinfo=UTC) if r.tick_at.tzinfo is None else r.tick_at, r.outcome, r.job_id)
-                for r in rows.scalars()]
+        return [
+            (r.tick_at.replace(tzinfo=UTC) if r.tick_at.tzinfo is None else r.tick_at, r.outcome, r.job_id)
+            for r in rows.scalars()
+        ]
 
 
 def job(catalog, job_id) -> Job:
@@ -237,8 +275,11 @@ def test_a_new_leader_after_an_outage_fires_the_newest_tick_once_and_records_the
     new.beat.tick()
     new.beat.tick()
     assert [(t, o) for t, o, _ in runs(catalog, sid)] == [
-        (at(seconds=10), sch.SUBMITTED), (at(seconds=20), sch.SKIPPED_MISFIRE),
-        (at(seconds=30), sch.SKIPPED_MISFIRE), (at(seconds=40), sch.SUBMITTED)]
+        (at(seconds=10), sch.SUBMITTED),
+        (at(seconds=20), sch.SKIPPED_MISFIRE),
+        (at(seconds=30), sch.SKIPPED_MISFIRE),
+        (at(seconds=40), sch.SUBMITTED),
+    ]
     # The deposed leader wakes up: its beat commits nothing and it learns it no longer leads.
     clock.advance(10)
     with pytest.raises(LeadershipLost):
@@ -276,8 +317,7 @@ def test_a_paused_schedule_does_not_fire_and_a_deleted_jar_is_skipped(env):
     assert runs(catalog, sid) == []
     now = datetime.fromtimestamp(clock.now(), tz=UTC)
     with catalog.session() as s:
-        repo.set_schedule_enabled(s, repo.get_schedule(s, sid, lock=True), True,
-                                  sch.Timing(every_s=10).next_after(now))
+        repo.set_schedule_enabled(s, repo.get_schedule(s, sid, lock=True), True, sch.Timing(every_s=10).next_after(now))
         repo.delete_artifact(s, "jar-1")
     clock.advance(10)
     leader.beat.tick()

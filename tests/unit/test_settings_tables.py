@@ -31,17 +31,26 @@ def at_home() -> Settings:
 # Defaults computed at run time: field -> (how a table may say it, what the code does).
 DESCRIBED: dict[str, tuple[set[str], Callable[[], bool]]] = {
     "home": ({"~/.headrace"}, lambda: default("home") == Path.home() / ".headrace"),
-    "catalog_url": ({"SQLite in home", "SQLite $HEADRACE_HOME/catalog.db",
-                     "SQLite in home; headrace up --ha: a PostgreSQL server it runs (data in $HEADRACE_HOME/postgres)"},
-                    lambda: at_home().catalog == "sqlite:////h/catalog.db"),
+    "catalog_url": (
+        {
+            "SQLite in home",
+            "SQLite $HEADRACE_HOME/catalog.db",
+            "SQLite in home; headrace up --ha: a PostgreSQL server it runs (data in $HEADRACE_HOME/postgres)",
+        },
+        lambda: at_home().catalog == "sqlite:////h/catalog.db",
+    ),
     "checkpoint_dir": ({"$HEADRACE_HOME/checkpoints"}, lambda: at_home().checkpoints == Path("/h/checkpoints")),
     "savepoint_dir": ({"$HEADRACE_HOME/savepoints"}, lambda: at_home().savepoints == Path("/h/savepoints")),
     "artifact_dir": ({"$HEADRACE_HOME/artifacts"}, lambda: at_home().artifacts == Path("/h/artifacts")),
-    "cluster_secret": ({"$HEADRACE_HOME/secrets/cluster-secret (0600, created on first use)"},
-                       lambda: default("cluster_secret") is None),
+    "cluster_secret": (
+        {"$HEADRACE_HOME/secrets/cluster-secret (0600, created on first use)"},
+        lambda: default("cluster_secret") is None,
+    ),
     "pipeline_redis_url": ({"HEADRACE_REDIS_URL"}, lambda: default("pipeline_redis_url") is None),
-    "pipeline_kafka_bootstrap_servers": ({"none (headrace up --kafka: its broker)", "unset"},
-                                         lambda: default("pipeline_kafka_bootstrap_servers") is None),
+    "pipeline_kafka_bootstrap_servers": (
+        {"none (headrace up --kafka: its broker)", "unset"},
+        lambda: default("pipeline_kafka_bootstrap_servers") is None,
+    ),
     "catalog_port": ({"a free one"}, lambda: default("catalog_port") == 0),
     "lake_dir": ({"$HEADRACE_HOME/lake"}, lambda: at_home().lake == Path("/h/lake")),
     "kafka_controller_port": ({"a free one", "a free port"}, lambda: default("kafka_controller_port") == 0),
@@ -133,4 +142,5 @@ def test_a_documented_default_is_the_settings_default(path, line, name, document
             return
     value = default(field)
     assert literal_matches(documented, value), (
-        f"{path}:{line}: {name} documented as {documented!r}, but shared/settings.py's default is {value!r}")
+        f"{path}:{line}: {name} documented as {documented!r}, but shared/settings.py's default is {value!r}"
+    )

@@ -79,8 +79,15 @@ def test_reregistration_keeps_reported_allocations():
 
     sm = SlotManager(FakeClock())
     alloc = Allocation("al1", "tm-a", "tm.tm-a", "job", "ex", "ex", (0, 1))
-    sm.register(taskmanager_id="tm-a", queue="tm.tm-a", host="h", slots=4, cores=2, memory_bytes=1,
-                occupied={0: alloc, 1: alloc})
+    sm.register(
+        taskmanager_id="tm-a",
+        queue="tm.tm-a",
+        host="h",
+        slots=4,
+        cores=2,
+        memory_bytes=1,
+        occupied={0: alloc, 1: alloc},
+    )
     assert sm.free_slots() == 2
     assert sm.allocations_of("tm-a")[0]["job_id"] == "job"
     sm.release("al1")
@@ -113,6 +120,7 @@ def test_largest_taskmanager_is_tracked_through_registrations_and_removals():
 
 # --- requests no TaskManager could ever hold (unsatisfiable.py) --------------------------------
 
+
 def _unsatisfiable(clock, grace_s=10):
     return UnsatisfiableRequests(clock, grace_s=grace_s)
 
@@ -126,8 +134,10 @@ def test_a_request_above_every_taskmanager_fails_only_once_the_cluster_settled()
     clock.advance(0.1)
     [(request, reason)] = watch.take(sm)
     assert request.request_id == "big" and "big" not in sm.pending
-    assert reason.startswith("parallelism 3 needs 3 slots on one TaskManager; the largest registered TaskManager "
-                             "has 2 (tm-a, tm-b; 2 registered)")
+    assert reason.startswith(
+        "parallelism 3 needs 3 slots on one TaskManager; the largest registered TaskManager "
+        "has 2 (tm-a, tm-b; 2 registered)"
+    )
     assert watch.take(sm) == []
 
 

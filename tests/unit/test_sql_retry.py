@@ -21,31 +21,37 @@ from shared import job_options
 
 
 def _wrapped(orig: Exception, invalidated: bool = False) -> sa.exc.DBAPIError:
-    return sa.exc.OperationalError.instance("INSERT ...", {}, orig, psycopg.Error,
-                                            connection_invalidated=invalidated)
+    return sa.exc.OperationalError.instance("INSERT ...", {}, orig, psycopg.Error, connection_invalidated=invalidated)
 
 
-@pytest.mark.parametrize("exc", [
-    _wrapped(psycopg.OperationalError("connection failed: Connection refused")),
-    _wrapped(psycopg.errors.AdminShutdown("terminating connection due to administrator command")),
-    _wrapped(psycopg.errors.CannotConnectNow("the database system is starting up")),
-    _wrapped(psycopg.errors.CrashShutdown("crash")),
-    _wrapped(psycopg.DatabaseError("server closed the connection unexpectedly"), invalidated=True),
-    psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly"),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _wrapped(psycopg.OperationalError("connection failed: Connection refused")),
+        _wrapped(psycopg.errors.AdminShutdown("terminating connection due to administrator command")),
+        _wrapped(psycopg.errors.CannotConnectNow("the database system is starting up")),
+        _wrapped(psycopg.errors.CrashShutdown("crash")),
+        _wrapped(psycopg.DatabaseError("server closed the connection unexpectedly"), invalidated=True),
+        psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly"),
+    ],
+)
 def test_errors_that_mean_the_database_is_away_are_retried(exc):
     assert is_unreachable(exc)
 
 
-@pytest.mark.parametrize("exc", [
-    sa.exc.IntegrityError.instance("INSERT ...", {}, psycopg.errors.UniqueViolation("duplicate key"),
-                                   psycopg.Error),
-    sa.exc.ProgrammingError.instance("SELECT", {}, psycopg.errors.SyntaxError("syntax error"), psycopg.Error),
-    _wrapped(psycopg.errors.DiskFull("could not extend file")),
-    _wrapped(psycopg.errors.SerializationFailure("could not serialize access")),
-    ValueError("key columns ['x'] are not in the output columns"),
-    sa.exc.OperationalError.instance("INSERT", {}, Exception("database is locked"), Exception),  # SQLite
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        sa.exc.IntegrityError.instance(
+            "INSERT ...", {}, psycopg.errors.UniqueViolation("duplicate key"), psycopg.Error
+        ),
+        sa.exc.ProgrammingError.instance("SELECT", {}, psycopg.errors.SyntaxError("syntax error"), psycopg.Error),
+        _wrapped(psycopg.errors.DiskFull("could not extend file")),
+        _wrapped(psycopg.errors.SerializationFailure("could not serialize access")),
+        ValueError("key columns ['x'] are not in the output columns"),
+        sa.exc.OperationalError.instance("INSERT", {}, Exception("database is locked"), Exception),  # SQLite
+    ],
+)
 def test_errors_that_retrying_cannot_help_fail_at_once(exc):
     assert not is_unreachable(exc)
 
@@ -67,8 +73,14 @@ REFUSED = _wrapped(psycopg.OperationalError("connection failed: Connection refus
 
 
 def _retrier(policy: RetryPolicy, fake: FakeTime, waits: list | None = None) -> Retrier:
-    return Retrier(policy, sink_id="lin:t", database="postgresql://db:5432/out", clock=fake.clock,
-                   sleep=fake.sleep, on_wait=None if waits is None else waits.append)
+    return Retrier(
+        policy,
+        sink_id="lin:t",
+        database="postgresql://db:5432/out",
+        clock=fake.clock,
+        sleep=fake.sleep,
+        on_wait=None if waits is None else waits.append,
+    )
 
 
 def test_a_step_is_retried_with_backoff_until_the_database_answers():
@@ -156,8 +168,10 @@ def test_options_sink_values_win_over_job_options_and_bad_values_are_refused():
     with pytest.raises(ValueError, match="sink.max-retry-time"):
         RetryPolicy.from_options({"sink.max-retry-time": "soon"})
     # The dispatcher refuses the same values at submission.
-    assert [p.option for p in job_options.problems({"sink.max-retry-time": "soon", "sink.max-retries": -1})] \
-        == ["sink.max-retry-time", "sink.max-retries"]
+    assert [p.option for p in job_options.problems({"sink.max-retry-time": "soon", "sink.max-retries": -1})] == [
+        "sink.max-retry-time",
+        "sink.max-retries",
+    ]
     assert job_options.problems(config) == []
 
 

@@ -28,8 +28,11 @@ from shared.states import CheckpointStatus, ExecutionState, JobStatus, Lifecycle
 ROOT = Path(__file__).resolve().parents[2]
 
 MACHINES: dict[str, type[Enum]] = {
-    "JobStatus": JobStatus, "ExecutionState": ExecutionState, "CheckpointStatus": CheckpointStatus,
-    "OperationStatus": OperationStatus, "Lifecycle": Lifecycle,
+    "JobStatus": JobStatus,
+    "ExecutionState": ExecutionState,
+    "CheckpointStatus": CheckpointStatus,
+    "OperationStatus": OperationStatus,
+    "Lifecycle": Lifecycle,
 }
 HEADER = re.compile(rf"^({'|'.join(MACHINES)})\b.*:$")
 MOVE = re.compile(r"^([A-Z_]+)\s*->\s*([A-Z_]+(?:\s*\|\s*[A-Z_]+)*)$")
@@ -62,8 +65,10 @@ class Diagram:
             assert self.start is None, f"{self.machine}: two `start:` lines"
             self.start = {t.strip() for t in start.group(1).split(",")}
         else:
-            raise AssertionError(f"{self.machine}: cannot read the diagram line {line.strip()!r} "
-                                 f"(write `STATE -> NEXT | NEXT`, `terminal: STATE, STATE` or `start: STATE, STATE`)")
+            raise AssertionError(
+                f"{self.machine}: cannot read the diagram line {line.strip()!r} "
+                f"(write `STATE -> NEXT | NEXT`, `terminal: STATE, STATE` or `start: STATE, STATE`)"
+            )
 
 
 def read_diagrams(text: str) -> dict[str, Diagram]:
@@ -120,9 +125,12 @@ DOCUMENTS = {
 
 
 def test_the_tables_cover_every_state():
-    for machine, table in (("JobStatus", states.JOB_TRANSITIONS), ("ExecutionState", states.EXECUTION_TRANSITIONS),
-                           ("CheckpointStatus", states.CHECKPOINT_TRANSITIONS),
-                           ("Lifecycle", states.DEPLOYMENT_TRANSITIONS)):
+    for machine, table in (
+        ("JobStatus", states.JOB_TRANSITIONS),
+        ("ExecutionState", states.EXECUTION_TRANSITIONS),
+        ("CheckpointStatus", states.CHECKPOINT_TRANSITIONS),
+        ("Lifecycle", states.DEPLOYMENT_TRANSITIONS),
+    ):
         assert set(table) == set(MACHINES[machine]), machine
 
 
@@ -139,7 +147,8 @@ def test_a_diagram_shows_exactly_the_legal_moves(document, machine):
     missing, extra = sorted(legal - diagram.edges), sorted(diagram.edges - legal)
     assert not missing and not extra, (
         f"{document}, {machine}: moves the code allows but the diagram omits: {missing}; "
-        f"moves the diagram shows but the code refuses: {extra}")
+        f"moves the diagram shows but the code refuses: {extra}"
+    )
 
 
 @pytest.mark.parametrize("document", sorted(DOCUMENTS))
@@ -150,7 +159,8 @@ def test_a_diagram_names_the_terminal_states(document, machine):
     no_way_out = members - {source for source, _ in CODE[machine]}
     if no_way_out:
         assert diagram.terminal == no_way_out, (
-            f"{document}, {machine}: `terminal:` must list exactly {sorted(no_way_out)}")
+            f"{document}, {machine}: `terminal:` must list exactly {sorted(no_way_out)}"
+        )
     else:
         assert diagram.terminal is None, f"{document}, {machine}: every state has a way out: no `terminal:` line"
     named = {s for edge in diagram.edges for s in edge} | (diagram.terminal or set()) | (diagram.start or set())
@@ -162,14 +172,17 @@ def test_a_diagram_names_the_terminal_states(document, machine):
 def test_a_diagram_names_the_start_states(document, machine):
     diagram = read_diagrams(DOCUMENTS[document]())[machine]
     assert diagram.start == STARTS.get(machine), (
-        f"{document}, {machine}: `start:` must list exactly {sorted(STARTS[machine])}" if machine in STARTS
-        else f"{document}, {machine}: its rows are created in a state: no `start:` line")
+        f"{document}, {machine}: `start:` must list exactly {sorted(STARTS[machine])}"
+        if machine in STARTS
+        else f"{document}, {machine}: its rows are created in a state: no `start:` line"
+    )
 
 
 def test_terminal_states_are_the_ones_no_move_leaves():
     for machine, members in (("JobStatus", list(JobStatus)), ("ExecutionState", list(ExecutionState))):
         assert {s.value for s in members if s.is_terminal} == (
-            {s.value for s in members} - {source for source, _ in CODE[machine]}), machine
+            {s.value for s in members} - {source for source, _ in CODE[machine]}
+        ), machine
 
 
 def test_a_start_line_is_read():
@@ -184,6 +197,7 @@ def test_a_move_in_another_notation_is_refused():
 
 
 def test_a_block_ends_at_the_first_unindented_line():
-    diagrams = read_diagrams("JobStatus::\n\n    CREATED -> RUNNING | FAILED  # note\n"
-                             "prose -> not a move\n    RUNNING -> FINISHED\n")
+    diagrams = read_diagrams(
+        "JobStatus::\n\n    CREATED -> RUNNING | FAILED  # note\nprose -> not a move\n    RUNNING -> FINISHED\n"
+    )
     assert diagrams["JobStatus"].edges == {("CREATED", "RUNNING"), ("CREATED", "FAILED")}

@@ -1,5 +1,6 @@
 """The linters are gates: the suite fails when ruff finds anything in the repository, or mypy anything
 in services/ and shared/ (rules and exceptions in pyproject.toml, [tool.ruff] and [tool.mypy])."""
+
 from __future__ import annotations
 
 import shutil
@@ -13,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(tool: str, *args: str) -> subprocess.CompletedProcess:
-    if shutil.which(tool) is None and subprocess.run([sys.executable, "-m", tool, "--version"],
-                                                     capture_output=True).returncode != 0:
+    if (
+        shutil.which(tool) is None
+        and subprocess.run([sys.executable, "-m", tool, "--version"], capture_output=True).returncode != 0
+    ):
         pytest.fail(f"{tool} is not installed: ./scripts/bootstrap installs it (pip install -e '.[dev]')")
     return subprocess.run([sys.executable, "-m", tool, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 

@@ -18,14 +18,20 @@ def settings(tmp_path) -> Settings:
 
 
 def test_roots_are_the_checkpoint_and_savepoint_dirs_then_the_setting(settings, tmp_path):
-    assert configured_roots(settings) == (f"{tmp_path}/home/checkpoints", f"{tmp_path}/home/savepoints",
-                                          f"{tmp_path}/extra", f"{tmp_path}/uri")
+    assert configured_roots(settings) == (
+        f"{tmp_path}/home/checkpoints",
+        f"{tmp_path}/home/savepoints",
+        f"{tmp_path}/extra",
+        f"{tmp_path}/uri",
+    )
     assert parse_roots(" /a, ,/b ") == ["/a", "/b"] and parse_roots(["/a", " /b"]) == ["/a", "/b"]
     assert Settings(storage_roots=["/x", "/y"]).storage_roots == "/x,/y"  # a YAML list
 
 
-@pytest.mark.parametrize("bad,fragment", [("relative/dir", "not an absolute path"), ("/", "every directory"),
-                                          ("s3://bucket/x", "scheme 's3'")])
+@pytest.mark.parametrize(
+    "bad,fragment",
+    [("relative/dir", "not an absolute path"), ("/", "every directory"), ("s3://bucket/x", "scheme 's3'")],
+)
 def test_a_bad_setting_is_a_clear_error(tmp_path, bad, fragment):
     with pytest.raises(ValueError, match="storage_roots") as err:
         configured_roots(Settings(home=tmp_path, storage_roots=bad))
@@ -97,12 +103,15 @@ def garble(path):
     path.write_bytes(b"#" * path.stat().st_size)
 
 
-@pytest.mark.parametrize("damage,fragment", [
-    (lambda d: (d / "spark/state/0/0/3.delta").write_bytes(b"x" * 10), "was truncated or rewritten"),
-    (lambda d: (d / "spark/state/0/0/2.delta").unlink(), "files were deleted"),
-    (lambda d: garble(d / "spark/offsets/2"), "not a Spark offset log"),  # same size: found by reading it
-    (lambda d: (d / "spark/commits/2").rename(d / "spark/commits/.gone"), "files were deleted"),
-])
+@pytest.mark.parametrize(
+    "damage,fragment",
+    [
+        (lambda d: (d / "spark/state/0/0/3.delta").write_bytes(b"x" * 10), "was truncated or rewritten"),
+        (lambda d: (d / "spark/state/0/0/2.delta").unlink(), "files were deleted"),
+        (lambda d: garble(d / "spark/offsets/2"), "not a Spark offset log"),  # same size: found by reading it
+        (lambda d: (d / "spark/commits/2").rename(d / "spark/commits/.gone"), "files were deleted"),
+    ],
+)
 def test_verify_finds_a_damaged_snapshot(tmp_path, damage, fragment):
     info = _snapshot_with_files(tmp_path)
     verify(info.path, info.metadata)  # intact

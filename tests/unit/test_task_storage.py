@@ -27,9 +27,17 @@ def storage(ck: Path, uid: int = DRIVER) -> TaskStorage:
 
 
 def spec(ck: Path, job: str = "job-a", execution: str = "e1", restore_from: str | None = None) -> tp.TaskSpec:
-    return tp.TaskSpec(job_id=job, vertex_id="v", execution_id=execution, attempt=1, parallelism=1,
-                       checkpoint_dir=str(ck / job / "v" / "live" / execution), redis_url="redis://x",
-                       restore_from=restore_from, artifact_sha256="abc")
+    return tp.TaskSpec(
+        job_id=job,
+        vertex_id="v",
+        execution_id=execution,
+        attempt=1,
+        parallelism=1,
+        checkpoint_dir=str(ck / job / "v" / "live" / execution),
+        redis_url="redis://x",
+        restore_from=restore_from,
+        artifact_sha256="abc",
+    )
 
 
 def owner_mode(p: Path) -> tuple[int, int]:
@@ -41,8 +49,17 @@ def write_snapshot(target: Path, uid: int, lineage: dict, job_id: str = "someone
     """What a (hostile) driver writes into the target made for it."""
     (target / "spark" / "commits").mkdir(parents=True)
     (target / "spark" / "commits" / "0").write_text("v1")
-    (target / "_metadata").write_text(json.dumps({"job_id": job_id, "lineage": lineage, "kind": "checkpoint",
-                                                  "pipeline": {"plan": {"ops": 1}}, "spark": {"batch_id": 0}}))
+    (target / "_metadata").write_text(
+        json.dumps(
+            {
+                "job_id": job_id,
+                "lineage": lineage,
+                "kind": "checkpoint",
+                "pipeline": {"plan": {"ops": 1}},
+                "spark": {"batch_id": 0},
+            }
+        )
+    )
     for p in (target / "spark", target / "spark" / "commits", target / "spark" / "commits" / "0", target / "_metadata"):
         os.chown(p, uid, uid)
         os.chmod(p, 0o700 if p.is_dir() else 0o600)
@@ -86,8 +103,9 @@ def test_a_snapshot_is_sealed_with_the_lineage_root_knows_and_taken_back_at_the_
     assert owner_mode(target / "_metadata") == (0, 0o644)
     assert owner_mode(target / "spark" / "commits" / "0") == (DRIVER, 0o644)  # readable through a view
     with pytest.raises(StorageRefused, match="not a target it was given"):
-        s.seal(tp.SnapshotTaken(checkpoint_id=2, path=str(ck / "job-b" / "chk-1"), batch_id=0, state_size=0,
-                                duration_ms=1))
+        s.seal(
+            tp.SnapshotTaken(checkpoint_id=2, path=str(ck / "job-b" / "chk-1"), batch_id=0, state_size=0, duration_ms=1)
+        )
     s.release()
     assert {p.lstat().st_uid for p in target.rglob("*")} == {0}
 

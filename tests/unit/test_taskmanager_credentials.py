@@ -49,8 +49,12 @@ def test_every_publisher_gets_xadd_alone_on_streams_it_does_not_consume():
 
 def test_config_carries_the_derived_keys_and_never_the_secret_or_the_catalog():
     catalog = "postgresql://headrace:catalog-password@db:5432/headrace"
-    config = creds.taskmanager_config({"cluster_secret": SECRET.hex(), "home": "/h", "catalog_url": catalog}, "tm-2",
-                                      "redis://taskmanager.tm-2:pw@h:1/0", SECRET)
+    config = creds.taskmanager_config(
+        {"cluster_secret": SECRET.hex(), "home": "/h", "catalog_url": catalog},
+        "tm-2",
+        "redis://taskmanager.tm-2:pw@h:1/0",
+        SECRET,
+    )
     assert "cluster_secret" not in config and SECRET.hex() not in str(config)
     assert "catalog_url" not in config and "catalog-password" not in str(config)
     assert config["taskmanager_key"] == cluster_keys.sender_key(SECRET, "tm-2").hex()
@@ -85,8 +89,21 @@ def test_remote_control_keeps_inspection_and_refuses_the_rest():
     table = remote_control.handlers()
     assert table["ping"] is control.Panel.data["ping"]
     assert table["active_queues"] is control.Panel.data["active_queues"]
-    for command in ("shutdown", "pool_restart", "revoke", "add_consumer", "cancel_consumer", "rate_limit",
-                    "time_limit", "autoscale", "pool_grow", "pool_shrink", "disable_events", "conf", "memdump"):
+    for command in (
+        "shutdown",
+        "pool_restart",
+        "revoke",
+        "add_consumer",
+        "cancel_consumer",
+        "rate_limit",
+        "time_limit",
+        "autoscale",
+        "pool_grow",
+        "pool_shrink",
+        "disable_events",
+        "conf",
+        "memdump",
+    ):
         assert table[command] is not control.Panel.data[command]
         assert "disabled on Headrace TaskManagers" in table[command](None)["error"]
     assert control.Panel.data["shutdown"] is not table["shutdown"]  # Celery's own registry is untouched

@@ -20,13 +20,23 @@ def cluster(tmp_path, **kw) -> LocalCluster:
 
 
 def test_metrics_ports_follow_the_base_in_start_order(tmp_path):
-    c = cluster(tmp_path, taskmanagers=2, jobmanagers=2, ha=True, redis_port=16379, zookeeper_port=12181,
-                metrics_port_base=19250)
+    c = cluster(
+        tmp_path,
+        taskmanagers=2,
+        jobmanagers=2,
+        ha=True,
+        redis_port=16379,
+        zookeeper_port=12181,
+        metrics_port_base=19250,
+    )
     assert c.pinned_ports() == {
-        "redis (--redis-port)": 16379, "zookeeper (--zookeeper-port)": 12181,
+        "redis (--redis-port)": 16379,
+        "zookeeper (--zookeeper-port)": 12181,
         "resourcemanager's metrics (--metrics-port-base)": 19250,
-        "jobmanager's metrics (--metrics-port-base)": 19251, "jobmanager-2's metrics (--metrics-port-base)": 19252,
-        "taskmanager-1's metrics (--metrics-port-base)": 19253, "taskmanager-2's metrics (--metrics-port-base)": 19254,
+        "jobmanager's metrics (--metrics-port-base)": 19251,
+        "jobmanager-2's metrics (--metrics-port-base)": 19252,
+        "taskmanager-1's metrics (--metrics-port-base)": 19253,
+        "taskmanager-2's metrics (--metrics-port-base)": 19254,
     }
     env = c._metrics_env("taskmanager-2", {})
     assert env == {"HEADRACE_TASKMANAGER_METRICS_PORT": "19254"}

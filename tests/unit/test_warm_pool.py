@@ -32,8 +32,14 @@ def _pool(started, tokens=None, size=2, parallelism=1, serves_smaller=False):
         d = _Driver(p, for_task)
         started.append(d)
         return d
-    return WarmPool(size=size, parallelism=parallelism, factory=factory, tokens=tokens or WarmupTokens.unlimited(),
-                    serves_smaller=serves_smaller)
+
+    return WarmPool(
+        size=size,
+        parallelism=parallelism,
+        factory=factory,
+        tokens=tokens or WarmupTokens.unlimited(),
+        serves_smaller=serves_smaller,
+    )
 
 
 def test_keeps_no_more_drivers_than_free_slots_can_use():
@@ -134,10 +140,14 @@ def test_a_task_takes_the_warm_up_that_is_already_running(tmp_path):
 def test_a_dead_process_gives_its_token_back(tmp_path):
     import subprocess
     import sys
-    code = ("import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
-            "fcntl.flock(fd,fcntl.LOCK_EX); print('held',flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "token-0.lock")],
-                              stdout=subprocess.PIPE, text=True)
+
+    code = (
+        "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
+        "fcntl.flock(fd,fcntl.LOCK_EX); print('held',flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "token-0.lock")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         tokens = WarmupTokens(tmp_path, 1)
@@ -228,8 +238,13 @@ def test_a_taskmanager_without_any_driver_gets_the_next_token_before_one_replaci
     urgent_started[0].ready.set()
     wait_for("the replacement to get its turn", lambda: len(replacing_started), 5, poll_s=0.02, until=lambda n: n == 2)
     # The pool drops its claim just after the start it records (a busy machine shows the gap).
-    wait_for("no claim to outlive its warm-up's start", lambda: list(tmp_path.glob("waiting-rank-*")), 5,
-             poll_s=0.02, until=lambda claims: claims == [])
+    wait_for(
+        "no claim to outlive its warm-up's start",
+        lambda: list(tmp_path.glob("waiting-rank-*")),
+        5,
+        poll_s=0.02,
+        until=lambda claims: claims == [],
+    )
     for p in (holder_pool, replacing, urgent):
         p.shutdown()
 
@@ -254,8 +269,11 @@ def test_an_urgent_warm_up_runs_at_full_priority_and_a_replacement_beside_a_task
 def test_a_claim_left_by_a_dead_process_holds_nobody_back(tmp_path):
     import subprocess
     import sys
-    code = ("import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
-            "fcntl.flock(fd,fcntl.LOCK_EX); print('held',flush=True); time.sleep(60)")
+
+    code = (
+        "import fcntl,os,sys,time; fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT); "
+        "fcntl.flock(fd,fcntl.LOCK_EX); print('held',flush=True); time.sleep(60)"
+    )
     claim = tmp_path / "waiting-rank-0-99999-1.lock"
     holder = subprocess.Popen([sys.executable, "-c", code, str(claim)], stdout=subprocess.PIPE, text=True)
     try:
@@ -287,8 +305,13 @@ def test_a_niced_warm_up_gives_its_token_to_an_urgent_one_and_warms_on(tmp_path)
     assert replacing.rank() == SPARE
     replacing_started[1].niced = True
     urgent.replenish(free_slots=1)
-    wait_for("the urgent warm-up to get the niced one's token", lambda: len(urgent_started), 5, poll_s=0.02,
-             until=lambda n: n == 1)
+    wait_for(
+        "the urgent warm-up to get the niced one's token",
+        lambda: len(urgent_started),
+        5,
+        poll_s=0.02,
+        until=lambda n: n == 1,
+    )
     assert not replacing_started[1].killed and replacing.status()["starting"] == 1
     for p in (replacing, urgent):
         p.shutdown()

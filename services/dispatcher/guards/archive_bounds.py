@@ -36,8 +36,16 @@ DEFAULT_MAX_SOURCE = 10 * 1024**2
 class ArtifactRejected(ConfigError, ValueError):
     """An upload that cannot be a job (400) or is above a limit (413, with `setting` and `limit`)."""
 
-    def __init__(self, message: str, *, line: int | None = None, member: str | None = None, status: int = 400,
-                 setting: str | None = None, limit: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        member: str | None = None,
+        status: int = 400,
+        setting: str | None = None,
+        limit: int | None = None,
+    ):
         super().__init__(message)
         self.line, self.member, self.status = line, member, status
         self.setting, self.limit = setting, limit
@@ -52,13 +60,16 @@ class ArtifactLimits:
     @classmethod
     def from_settings(cls, settings: Any) -> "ArtifactLimits":
         """Raises ValueError naming the setting when one is not a positive size."""
+
         def size(name: str, default: int) -> int:
             raw = getattr(settings, name, None)
             return default if raw is None else sizes.parse_bytes(raw, what=name)
 
-        return cls(uncompressed=size("max_artifact_uncompressed_bytes", DEFAULT_MAX_UNCOMPRESSED),
-                   members=int(getattr(settings, "max_artifact_members", None) or DEFAULT_MAX_MEMBERS),
-                   source=size("max_artifact_source_bytes", DEFAULT_MAX_SOURCE))
+        return cls(
+            uncompressed=size("max_artifact_uncompressed_bytes", DEFAULT_MAX_UNCOMPRESSED),
+            members=int(getattr(settings, "max_artifact_members", None) or DEFAULT_MAX_MEMBERS),
+            source=size("max_artifact_source_bytes", DEFAULT_MAX_SOURCE),
+        )
 
 
 def too_big(message: str, *, setting: str, limit: int, member: str | None = None) -> ArtifactRejected:
@@ -66,7 +77,11 @@ def too_big(message: str, *, setting: str, limit: int, member: str | None = None
     return ArtifactRejected(
         f"{message}; the dispatcher's limit is {human(limit)} ({limit}): an artifact holds code, not data "
         f"(read data through a source); to raise the limit set {setting} ({env}) and restart the dispatcher",
-        member=member, status=413, setting=setting, limit=limit)
+        member=member,
+        status=413,
+        setting=setting,
+        limit=limit,
+    )
 
 
 def spool(src: IO[bytes], dest: Path, max_bytes: int) -> tuple[int, str]:
@@ -90,8 +105,9 @@ def read_source(path: Path, limits: ArtifactLimits, filename: str) -> bytes:
     """A whole .py upload, if it is within the parse limit."""
     size = path.stat().st_size
     if size > limits.source:
-        raise too_big(f"'{filename}' is a module of {human(size)}", setting="max_artifact_source_bytes",
-                      limit=limits.source)
+        raise too_big(
+            f"'{filename}' is a module of {human(size)}", setting="max_artifact_source_bytes", limit=limits.source
+        )
     with open(path, "rb") as f:
         return f.read(limits.source + 1)
 
@@ -99,21 +115,28 @@ def read_source(path: Path, limits: ArtifactLimits, filename: str) -> bytes:
 def _check_directory(zf: zipfile.ZipFile, limits: ArtifactLimits, filename: str) -> list[zipfile.ZipInfo]:
     infos = zf.infolist()
     if len(infos) > limits.members:
-        raise too_big(f"'{filename}' holds {len(infos)} members", setting="max_artifact_members",
-                      limit=limits.members)
+        raise too_big(f"'{filename}' holds {len(infos)} members", setting="max_artifact_members", limit=limits.members)
     declared = 0
     for info in infos:
         p = PurePosixPath(info.filename)
         if p.is_absolute() or ".." in p.parts:
-            raise ArtifactRejected(f"'{filename}' member {info.filename} points outside the archive",
-                                   member=info.filename)
+            raise ArtifactRejected(
+                f"'{filename}' member {info.filename} points outside the archive", member=info.filename
+            )
         declared += info.file_size
         if info.filename.endswith(".py") and info.file_size > limits.source:
-            raise too_big(f"'{filename}' member {info.filename} is a module of {human(info.file_size)}",
-                          setting="max_artifact_source_bytes", limit=limits.source, member=info.filename)
+            raise too_big(
+                f"'{filename}' member {info.filename} is a module of {human(info.file_size)}",
+                setting="max_artifact_source_bytes",
+                limit=limits.source,
+                member=info.filename,
+            )
     if declared > limits.uncompressed:
-        raise too_big(f"'{filename}' unpacks to {human(declared)}", setting="max_artifact_uncompressed_bytes",
-                      limit=limits.uncompressed)
+        raise too_big(
+            f"'{filename}' unpacks to {human(declared)}",
+            setting="max_artifact_uncompressed_bytes",
+            limit=limits.uncompressed,
+        )
     return infos
 
 
@@ -142,18 +165,31 @@ def zip_sources(path: Path, limits: ArtifactLimits, filename: str) -> Iterator[t
                         seen += len(chunk)
                         unpacked += len(chunk)
                         if seen > info.file_size:
-                            raise ArtifactRejected(f"'{filename}' member {info.filename} unpacks to more than "
-                                                   f"the {info.file_size} bytes its archive declares",
-                                                   member=info.filename)
+                            raise ArtifactRejected(
+                                f"'{filename}' member {info.filename} unpacks to more than "
+                                f"the {info.file_size} bytes its archive declares",
+                                member=info.filename,
+                            )
                         if unpacked > limits.uncompressed:
-                            raise too_big(f"'{filename}' unpacks to more than {human(limits.uncompressed)}",
-                                          setting="max_artifact_uncompressed_bytes", limit=limits.uncompressed)
+                            raise too_big(
+                                f"'{filename}' unpacks to more than {human(limits.uncompressed)}",
+                                setting="max_artifact_uncompressed_bytes",
+                                limit=limits.uncompressed,
+                            )
                         if is_py:
                             kept.append(chunk)
-            except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, NotImplementedError,
-                    RuntimeError, ValueError) as exc:  # CRC, truncation, encryption, unknown compression
-                raise ArtifactRejected(f"'{filename}' is corrupt or unreadable: member {info.filename}: {exc}",
-                                       member=info.filename) from None
+            except (
+                zipfile.BadZipFile,
+                zipfile.LargeZipFile,
+                EOFError,
+                OSError,
+                NotImplementedError,
+                RuntimeError,
+                ValueError,
+            ) as exc:  # CRC, truncation, encryption, unknown compression
+                raise ArtifactRejected(
+                    f"'{filename}' is corrupt or unreadable: member {info.filename}: {exc}", member=info.filename
+                ) from None
             if is_py:
                 found = True
                 yield info.filename, b"".join(kept)
@@ -175,7 +211,7 @@ def zip_module_source(path: Path, module: str, limits: ArtifactLimits) -> bytes 
                 if info.file_size > limits.source:
                     return None
                 with zf.open(info) as member:
-                    return member.read(limits.source + 1)[:limits.source]
+                    return member.read(limits.source + 1)[: limits.source]
     except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, ValueError):
         return None
     return None

@@ -39,7 +39,8 @@ OPEN_PATHS = re.compile(r"^/(|healthz|metrics|docs|docs/oauth2-redirect|redoc|op
 # schedules (which run jobs). Uploads, deletions, savepoint disposal and cluster settings are
 # an admin's, as is every change not listed here.
 OPERATOR_CHANGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (method, re.compile(pattern)) for method, pattern in (
+    (method, re.compile(pattern))
+    for method, pattern in (
         ("POST", r"^/jars/[^/]+/run/?$"),
         ("PATCH", r"^/jobs/[^/]+/?$"),  # cancel (Flink's PATCH /jobs/:jobid?mode=cancel)
         ("POST", r"^/jobs/[^/]+/stop/?$"),
@@ -52,21 +53,21 @@ OPERATOR_CHANGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("PUT", r"^/deployments/[^/]+/?$"),
         ("POST", r"^/deployments/[^/]+/rollback/?$"),
         ("DELETE", r"^/deployments/[^/]+/?$"),
-    ))
+    )
+)
 
 # Reads an operator must make: log files may hold what a viewer must not see (connection URLs
 # with passwords, a pipeline's printed records, tracebacks with arguments). docs/runbooks/logs.md
-OPERATOR_READS: tuple[re.Pattern[str], ...] = tuple(re.compile(pattern) for pattern in (
-    r"^/jobmanager/logs?(/.*)?$",
-    r"^/taskmanagers/[^/]+/logs?(/.*)?$",
-))
+OPERATOR_READS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(pattern) for pattern in (r"^/jobmanager/logs?(/.*)?$", r"^/taskmanagers/[^/]+/logs?(/.*)?$")
+)
 
 
 def required_role(method: str, path: str) -> str | None:
     """The least role allowed to make this request; None when it needs no token."""
     method = method.upper()
     if path == FLINK_PREFIX or path.startswith(FLINK_PREFIX + "/"):
-        path = path[len(FLINK_PREFIX):] or "/"
+        path = path[len(FLINK_PREFIX) :] or "/"
     if method in READ_METHODS:
         if method != "OPTIONS" and any(p.match(path) for p in OPERATOR_READS):
             return "operator"
@@ -87,20 +88,30 @@ def bearer_token(scope: Scope) -> str | None:
 def _unauthorized(role: str) -> Problem:
     return Problem(
         f"authentication required: this request needs a token with role {role} or higher, sent as "
-        f"'Authorization: Bearer <token>'", expected="a bearer token", prefix=False,
+        f"'Authorization: Bearer <token>'",
+        expected="a bearer token",
+        prefix=False,
         hint="an admin creates one with `headrace token create --role " + role + "` on a machine with "
-             "HEADRACE_CONFIG of the cluster; see docs/runbooks/auth.md")
+        "HEADRACE_CONFIG of the cluster; see docs/runbooks/auth.md",
+    )
 
 
 def _invalid() -> Problem:
-    return Problem("the bearer token is unknown or revoked", expected="a live token", prefix=False,
-                   hint="`headrace token list` shows the live tokens; create a new one with `headrace token create`")
+    return Problem(
+        "the bearer token is unknown or revoked",
+        expected="a live token",
+        prefix=False,
+        hint="`headrace token list` shows the live tokens; create a new one with `headrace token create`",
+    )
 
 
 def _forbidden(have: str, role: str, method: str) -> Problem:
-    return Problem(f"forbidden: {method} here needs role {role} or higher; this token has role {have}",
-                   expected=f"a token with role {role}", prefix=False,
-                   hint=f"ask an admin for a token with `headrace token create --role {role}`")
+    return Problem(
+        f"forbidden: {method} here needs role {role} or higher; this token has role {have}",
+        expected=f"a token with role {role}",
+        prefix=False,
+        hint=f"ask an admin for a token with `headrace token create --role {role}`",
+    )
 
 
 class RequireToken:

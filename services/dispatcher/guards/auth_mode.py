@@ -31,8 +31,12 @@ def describe_mode(settings: Any) -> str:
     explicit = getattr(settings, "auth", None) is not None
     if auth_required(settings):
         why = "auth=required" if explicit else f"dispatcher_host {host} is not a loopback address"
-        return (f"authentication required ({why}): every API call needs 'Authorization: Bearer <token>' "
-                f"(headrace token create --role viewer|operator|admin)")
+        return (
+            f"authentication required ({why}): every API call needs 'Authorization: Bearer <token>' "
+            f"(headrace token create --role viewer|operator|admin)"
+        )
     why = "auth=off" if explicit else f"dispatcher_host {host} is loopback only"
-    return (f"authentication OFF ({why}): anyone who can reach the port may run, cancel and upload; "
-            f"set HEADRACE_AUTH=required to require tokens")
+    return (
+        f"authentication OFF ({why}): anyone who can reach the port may run, cancel and upload; "
+        f"set HEADRACE_AUTH=required to require tokens"
+    )

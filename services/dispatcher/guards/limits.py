@@ -51,16 +51,22 @@ def upload_too_large(limit: int, *, got: int | None = None) -> Problem:
     seen = f"; it is {human(got)} ({got} bytes)" if got is not None and got > limit else ""
     return Problem(
         f"the upload is larger than the dispatcher's limit of {human(limit)} ({limit} bytes){seen}",
-        field="jarfile", expected=f"a file of at most {human(limit)}",
+        field="jarfile",
+        expected=f"a file of at most {human(limit)}",
         hint=f"an artifact holds code, not data (read data through a source); to raise the limit set "
-             f"{UPLOAD_ENV} (e.g. {UPLOAD_ENV}=\"{human(max(limit * 2, 200 * 1024**2))}\") for the dispatcher "
-             f"and restart it", prefix=False)
+        f'{UPLOAD_ENV} (e.g. {UPLOAD_ENV}="{human(max(limit * 2, 200 * 1024**2))}") for the dispatcher '
+        f"and restart it",
+        prefix=False,
+    )
 
 
 def body_too_large(limit: int) -> Problem:
-    return Problem(f"the request body is larger than {human(limit)}, the dispatcher's limit for JSON requests",
-                   expected=f"a body of at most {human(limit)}",
-                   hint="a run request carries options, not data; upload code with POST /jars/upload", prefix=False)
+    return Problem(
+        f"the request body is larger than {human(limit)}, the dispatcher's limit for JSON requests",
+        expected=f"a body of at most {human(limit)}",
+        hint="a run request carries options, not data; upload code with POST /jars/upload",
+        prefix=False,
+    )
 
 
 class _TooLarge(BaseException):
@@ -113,8 +119,17 @@ class BodyLimit:
                 raise RuntimeError("request body over the limit after the response started") from None
             await self._refuse(scope, receive, send, upload=upload, got=None, drain=True, already=received)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, upload: bool, got: int | None,
-                      drain: bool, already: int = 0) -> None:
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        upload: bool,
+        got: int | None,
+        drain: bool,
+        already: int = 0,
+    ) -> None:
         if drain:
             already = await discard_body(receive, already)
         problem = upload_too_large(self.upload_limit, got=got or already) if upload else body_too_large(self.json_limit)

@@ -27,7 +27,8 @@ def install(app: FastAPI) -> None:
 def annotate(doc: dict, *, enforced: bool) -> None:
     state = "enforced on this server" if enforced else "not enforced on this server (auth off)"
     doc.setdefault("components", {}).setdefault("securitySchemes", {})[SCHEME] = {
-        "type": "http", "scheme": "bearer",
+        "type": "http",
+        "scheme": "bearer",
         "description": f"A token from `headrace token create --role viewer|operator|admin`; {state}.",
     }
     for path, item in doc.get("paths", {}).items():

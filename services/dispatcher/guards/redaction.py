@@ -102,7 +102,7 @@ def masked_args(args: list[Any]) -> list[Any]:
             continue
         found = _ARG_NAME.match(arg)
         if found and names_a_secret(found.group(1)):
-            out.append(arg[:len(arg) - len(found.group(2))] + MASK)
+            out.append(arg[: len(arg) - len(found.group(2))] + MASK)
         else:
             out.append(mask_text(arg) if "://" in arg else arg)
         follows_secret = arg.startswith("-") and found is None and names_a_secret(arg.lstrip("-"))

@@ -38,8 +38,10 @@ from services.dispatcher.guards.slow_clients import SlowBody
 log = logging.getLogger(__name__)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 CSP_DOCS = "frame-ancestors 'none'"
 DOCS_PATHS = ("/docs", "/redoc")
 COMMON_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
@@ -119,8 +121,10 @@ def allowed_methods(routes: Iterable[Any], scope: Scope) -> list[str]:
     for method in METHOD_ORDER[:-1]:
         probe = {**scope, "method": method}
         # A Mount (the dashboard's static files) takes every method; StaticFiles serves two.
-        if any(route.matches(probe)[0] == Match.FULL and (method in ("GET", "HEAD") or not isinstance(route, Mount))
-               for route in routes):
+        if any(
+            route.matches(probe)[0] == Match.FULL and (method in ("GET", "HEAD") or not isinstance(route, Mount))
+            for route in routes
+        ):
             methods.add(method)
     if not methods:
         return []
@@ -143,21 +147,28 @@ class BrowserGuard:
         request = Request(scope)
         method = scope["method"].upper()
         path = scope["path"]
-        if (self.check_hosts and path not in HOST_CHECK_EXEMPT
-                and not host_allowed(request.headers.get("host"), self.hosts)):
+        if (
+            self.check_hosts
+            and path not in HOST_CHECK_EXEMPT
+            and not host_allowed(request.headers.get("host"), self.hosts)
+        ):
             problem = Problem(
                 f"the Host header {request.headers.get('host')!r} is not one of this dispatcher's names",
-                expected="an allowed host name", prefix=False,
+                expected="an allowed host name",
+                prefix=False,
                 hint="call it by one of its names, or add the name to allowed_hosts (HEADRACE_ALLOWED_HOSTS, "
-                     "comma-separated) and restart it; see docs/runbooks/auth.md")
+                "comma-separated) and restart it; see docs/runbooks/auth.md",
+            )
             return await self._respond(error_response(400, [problem], request=request), scope, receive, send)
         reason = cross_site_reason(method, request.headers, self.origin_hosts)
         if reason is not None:
             log.warning("refused a cross-site %s %s: %s", method, path, reason)
             problem = Problem(
-                f"cross-site request refused: {reason}", expected="a request from the dashboard or a non-browser "
-                "client", prefix=False, hint="use the dashboard served by this dispatcher, curl or the headrace CLI; "
-                "see docs/runbooks/auth.md")
+                f"cross-site request refused: {reason}",
+                expected="a request from the dashboard or a non-browser client",
+                prefix=False,
+                hint="use the dashboard served by this dispatcher, curl or the headrace CLI; see docs/runbooks/auth.md",
+            )
             return await self._respond(error_response(403, [problem], request=request), scope, receive, send)
         routes = scope["app"].router.routes
         if method == "OPTIONS":
@@ -228,6 +239,9 @@ def install(app: Any, *, auth_on: bool) -> None:
     hosts = explicit or default_hosts(getattr(settings, "dispatcher_host", "127.0.0.1"))
     check_hosts = auth_on or bool(explicit)
     if check_hosts:
-        log.info("accepting Host names %s (and IP addresses)%s", ", ".join(sorted(hosts)),
-                 "" if explicit else "; set allowed_hosts (HEADRACE_ALLOWED_HOSTS) to change them")
+        log.info(
+            "accepting Host names %s (and IP addresses)%s",
+            ", ".join(sorted(hosts)),
+            "" if explicit else "; set allowed_hosts (HEADRACE_ALLOWED_HOSTS) to change them",
+        )
     app.add_middleware(BrowserGuard, check_hosts=check_hosts, hosts=hosts, origin_hosts=explicit - {WILDCARD})

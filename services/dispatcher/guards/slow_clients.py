@@ -45,10 +45,13 @@ class SlowBody(BaseException):
 
 
 def _late(what: str, seconds: float, setting: str) -> Problem:
-    return Problem(f"request timeout: {what} within {seconds:g} s; the connection is closed", prefix=False,
-                   expected=f"a request that arrives within {setting}",
-                   hint=f"send the request at a steady pace (a slow link needs a larger {setting} on the "
-                        f"dispatcher); see docs/runbooks/dispatcher-limits.md")
+    return Problem(
+        f"request timeout: {what} within {seconds:g} s; the connection is closed",
+        prefix=False,
+        expected=f"a request that arrives within {setting}",
+        hint=f"send the request at a steady pace (a slow link needs a larger {setting} on the "
+        f"dispatcher); see docs/runbooks/dispatcher-limits.md",
+    )
 
 
 class BodyTimeout:
@@ -105,15 +108,24 @@ class BodyTimeout:
 def install(app: Any, settings: Any) -> None:
     """Adds BodyTimeout as the outermost middleware (after security.install), so that every
     layer's reads, a refusal's drain included, are timed."""
-    app.add_middleware(BodyTimeout, idle_s=float(settings.request_body_idle_timeout_s),
-                       total_s=float(settings.request_body_timeout_s))
+    app.add_middleware(
+        BodyTimeout, idle_s=float(settings.request_body_idle_timeout_s), total_s=float(settings.request_body_timeout_s)
+    )
 
 
 def _raw_408(seconds: float) -> bytes:
-    body = json.dumps({"errors": [f"request timeout: the request's headers did not arrive within {seconds:g} s; "
-                                  f"the connection is closed"], "hint": f"raise {HEADER_SETTING} for slow links"})
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body.encode())
+    body = json.dumps(
+        {
+            "errors": [
+                f"request timeout: the request's headers did not arrive within {seconds:g} s; the connection is closed"
+            ],
+            "hint": f"raise {HEADER_SETTING} for slow links",
+        }
+    )
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body.encode()
+    )
 
 
 def protocol_class(header_timeout_s: float) -> Any:
@@ -160,8 +172,11 @@ def protocol_class(header_timeout_s: float) -> Any:
             if self.transport.is_closing():
                 return
             peer = self.transport.get_extra_info("peername") or ("?",)
-            log.warning("408 for a connection from %s: its request headers were not complete within %g s",
-                        peer[0], header_timeout_s)
+            log.warning(
+                "408 for a connection from %s: its request headers were not complete within %g s",
+                peer[0],
+                header_timeout_s,
+            )
             self.transport.write(_raw_408(header_timeout_s))
             self.transport.close()
 

@@ -12,15 +12,24 @@ from shared import storage_roots
 from shared.catalog import repository
 from shared.settings import Settings
 
-_HINT = ("the cluster writes and reads snapshots only inside its checkpoint and savepoint directories and the "
-         "directories listed in storage_roots (HEADRACE_STORAGE_ROOTS), set on the dispatcher and the JobManager")
+_HINT = (
+    "the cluster writes and reads snapshots only inside its checkpoint and savepoint directories and the "
+    "directories listed in storage_roots (HEADRACE_STORAGE_ROOTS), set on the dispatcher and the JobManager"
+)
 
 
 def _refused(exc: ValueError, field: str, raw: object) -> ApiError:
     roots = getattr(exc, "roots", ())
-    return ApiError.of(400, str(exc), field=field, got=raw, prefix=False, hint=_HINT,
-                       expected=f"a directory under one of: {', '.join(roots)}" if roots else "an allowed directory",
-                       **{"allowed-roots": list(roots)})
+    return ApiError.of(
+        400,
+        str(exc),
+        field=field,
+        got=raw,
+        prefix=False,
+        hint=_HINT,
+        expected=f"a directory under one of: {', '.join(roots)}" if roots else "an allowed directory",
+        **{"allowed-roots": list(roots)},
+    )
 
 
 def confined(path: str, settings: Settings, *, field: str, what: str) -> str:
@@ -48,10 +57,15 @@ def known_snapshot(s: Session, path: str, settings: Settings, *, field: str) -> 
         raise _refused(exc, field, path) from None
     directory = path[: -len("/_metadata")] if path.endswith("/_metadata") else path
     if not repository.is_completed_snapshot(s, path_variants(directory)):
-        raise ApiError.of(404, f"not a savepoint this cluster knows: {directory} (no completed savepoint or "
-                          f"retained checkpoint is recorded at this path); nothing was deleted", field=field,
-                          got=path, prefix=False, expected="the location of a savepoint or retained checkpoint "
-                          "of this cluster, as GET /jobs/{jobid}/checkpoints or `headrace savepoint` printed it",
-                          hint="a directory copied or moved elsewhere is not disposed of through the API: "
-                               "delete it yourself")
+        raise ApiError.of(
+            404,
+            f"not a savepoint this cluster knows: {directory} (no completed savepoint or "
+            f"retained checkpoint is recorded at this path); nothing was deleted",
+            field=field,
+            got=path,
+            prefix=False,
+            expected="the location of a savepoint or retained checkpoint "
+            "of this cluster, as GET /jobs/{jobid}/checkpoints or `headrace savepoint` printed it",
+            hint="a directory copied or moved elsewhere is not disposed of through the API: delete it yourself",
+        )
     return directory

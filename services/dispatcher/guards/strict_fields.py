@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from shared.booleans import parse_boolean
 
 MAX_ENTRY_CHARS = 255
-BOOL_EXPECTED = "true or false (a JSON boolean, or the string \"true\" or \"false\")"
+BOOL_EXPECTED = 'true or false (a JSON boolean, or the string "true" or "false")'
 ENTRY_EXPECTED = "the name of a top-level function of the module, such as 'build' (one Python identifier)"
 
 
@@ -34,9 +34,15 @@ def strict_bool(value: Any) -> bool:
         return parse_boolean(value)
     except ValueError:
         pass
-    raise PydanticCustomError("strict_bool", "must be {expected}, got {got}",
-                              {"expected": BOOL_EXPECTED, "got": _short(value),
-                               "hint": "write true or false; other spellings (yes, 1, on) are refused"})
+    raise PydanticCustomError(
+        "strict_bool",
+        "must be {expected}, got {got}",
+        {
+            "expected": BOOL_EXPECTED,
+            "got": _short(value),
+            "hint": "write true or false; other spellings (yes, 1, on) are refused",
+        },
+    )
 
 
 def entry_problem(value: Any) -> str | None:
@@ -46,8 +52,7 @@ def entry_problem(value: Any) -> str | None:
     if len(value) > MAX_ENTRY_CHARS:
         return f"is longer than {MAX_ENTRY_CHARS} characters"
     if "." in value or ":" in value:
-        return ("names an attribute of another module; the driver calls a function defined in the uploaded "
-                "module itself")
+        return "names an attribute of another module; the driver calls a function defined in the uploaded module itself"
     if not value.isidentifier() or keyword.iskeyword(value):
         return "is not a Python identifier"
     return None
@@ -57,13 +62,22 @@ def entry_name(value: Any) -> str:
     problem = entry_problem(value)
     if problem is None:
         return value
-    raise PydanticCustomError("entry", "must be a Python function name: it {problem}, got {got}",
-                              {"problem": problem, "expected": ENTRY_EXPECTED, "got": _short(value),
-                               "hint": "define `def build(ctx): ...` (or another name passed as entryClass) at "
-                                       "the top level of the uploaded .py (in a .zip: of its pipeline module)"})
+    raise PydanticCustomError(
+        "entry",
+        "must be a Python function name: it {problem}, got {got}",
+        {
+            "problem": problem,
+            "expected": ENTRY_EXPECTED,
+            "got": _short(value),
+            "hint": "define `def build(ctx): ...` (or another name passed as entryClass) at "
+            "the top level of the uploaded .py (in a .zip: of its pipeline module)",
+        },
+    )
 
 
 StrictBool = Annotated[bool, BeforeValidator(strict_bool), WithJsonSchema({"type": "boolean"})]
-EntryName = Annotated[str, BeforeValidator(entry_name),
-                      WithJsonSchema({"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$",
-                                      "maxLength": MAX_ENTRY_CHARS})]
+EntryName = Annotated[
+    str,
+    BeforeValidator(entry_name),
+    WithJsonSchema({"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": MAX_ENTRY_CHARS}),
+]

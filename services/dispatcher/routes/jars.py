@@ -49,15 +49,22 @@ from shared.states import JobStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jars", tags=["jars"])
-_ERRORS = error_responses(400, 404, 409,
-                          described={503: "the catalog is unreachable; retry after Retry-After seconds"})
+_ERRORS = error_responses(400, 404, 409, described={503: "the catalog is unreachable; retry after Retry-After seconds"})
 _LIVE = [s for s in JobStatus if not s.is_terminal]
 
 
-@router.post("/upload", response_model=JarUploadResponse,
-             responses={**_ERRORS, 413: {"model": ErrorBody, "description": "above the upload limit, or an archive "
-                                                                            "that unpacks to more than its limits"}},
-             summary="Upload a job: a .py module or a .zip of .py files")
+@router.post(
+    "/upload",
+    response_model=JarUploadResponse,
+    responses={
+        **_ERRORS,
+        413: {
+            "model": ErrorBody,
+            "description": "above the upload limit, or an archive that unpacks to more than its limits",
+        },
+    },
+    summary="Upload a job: a .py module or a .zip of .py files",
+)
 def upload_jar(
     jarfile: Annotated[UploadFile, File(description="a .py module (entry function `build`) or a .zip of .py files")],
     settings: SettingsDep,
@@ -89,8 +96,9 @@ def upload_jar(
         raise
     try:
         with catalog.session() as s:
-            row = repository.create_artifact(s, id=artifact_id, name=name, path=str(path), size=checked.size,
-                                             sha256=checked.sha256)
+            row = repository.create_artifact(
+                s, id=artifact_id, name=name, path=str(path), size=checked.size, sha256=checked.sha256
+            )
             row.listing = artifacts.listing(checked)
     except BaseException:  # the catalog is away, or anything else: no file without its row
         artifacts.remove(path)
@@ -105,12 +113,25 @@ def _rejected(exc: artifacts.ArtifactRejected) -> ApiError:
         extra["member"] = exc.member
     if exc.status == 413 and exc.setting is not None:
         extra.update(setting=exc.setting, limit=exc.limit)
-        return ApiError.of(413, str(exc), field="jarfile", expected=f"an artifact within {exc.setting}",
-                           hint=f"shrink the artifact, or raise {exc.setting} (HEADRACE_{exc.setting.upper()}) "
-                                f"and restart the dispatcher", prefix=False, **extra)
-    return ApiError.of(400, str(exc), field="jarfile",
-                       expected="a .py module that compiles, or a .zip archive of .py files that compile",
-                       hint="fix the file and upload it again", prefix=False, **extra)
+        return ApiError.of(
+            413,
+            str(exc),
+            field="jarfile",
+            expected=f"an artifact within {exc.setting}",
+            hint=f"shrink the artifact, or raise {exc.setting} (HEADRACE_{exc.setting.upper()}) "
+            f"and restart the dispatcher",
+            prefix=False,
+            **extra,
+        )
+    return ApiError.of(
+        400,
+        str(exc),
+        field="jarfile",
+        expected="a .py module that compiles, or a .zip archive of .py files that compile",
+        hint="fix the file and upload it again",
+        prefix=False,
+        **extra,
+    )
 
 
 @router.get("", response_model=JarListInfo, summary="List uploaded jobs, newest first")
@@ -132,24 +153,36 @@ def delete_jar(jarid: str, settings: SettingsDep, catalog: CatalogDep) -> dict:
             raise submitter.unknown_jar(jarid) from None
         users = [j.id for j in repository.list_jobs(s, statuses=_LIVE) if j.artifact_id == jarid]
         if users:
-            raise ApiError.of(409, f"jar {jarid} is used by job(s) that have not finished: {', '.join(users)}",
-                              field="jarid", expected="a jar no live job uses",
-                              hint="cancel those jobs (PATCH /jobs/{jobid}?mode=cancel) or wait for them to end",
-                              prefix=False)
+            raise ApiError.of(
+                409,
+                f"jar {jarid} is used by job(s) that have not finished: {', '.join(users)}",
+                field="jarid",
+                expected="a jar no live job uses",
+                hint="cancel those jobs (PATCH /jobs/{jobid}?mode=cancel) or wait for them to end",
+                prefix=False,
+            )
         schedules = [sc.id for sc in repository.list_schedules(s) if sc.artifact_id == jarid]
         if schedules:
             # Its schedules would only record skipped runs from now on.
-            raise ApiError.of(409, f"jar {jarid} is used by schedule(s) {', '.join(schedules)}", field="jarid",
-                              expected="a jar no schedule uses",
-                              hint="delete those schedules first (DELETE /jobs/schedules/{id}, "
-                                   "headrace schedule delete ID)", prefix=False)
+            raise ApiError.of(
+                409,
+                f"jar {jarid} is used by schedule(s) {', '.join(schedules)}",
+                field="jarid",
+                expected="a jar no schedule uses",
+                hint="delete those schedules first (DELETE /jobs/schedules/{id}, headrace schedule delete ID)",
+                prefix=False,
+            )
         deployed = deployments_using(s, jarid)
         if deployed:
             # A rollback or a restart of a kept generation would find no pipeline to run.
-            raise ApiError.of(409, f"jar {jarid} is used by deployment(s) {', '.join(deployed)}", field="jarid",
-                              expected="a jar no generation of a deployment uses",
-                              hint="delete those deployments first (DELETE /deployments/{name}, "
-                                   "headrace deploy delete NAME)", prefix=False)
+            raise ApiError.of(
+                409,
+                f"jar {jarid} is used by deployment(s) {', '.join(deployed)}",
+                field="jarid",
+                expected="a jar no generation of a deployment uses",
+                hint="delete those deployments first (DELETE /deployments/{name}, headrace deploy delete NAME)",
+                prefix=False,
+            )
         path = Path(art.path)
         repository.delete_artifact(s, ArtifactId(jarid))
     if _inside(path, settings.artifacts):
@@ -164,8 +197,12 @@ def _inside(path: Path, directory: Path) -> bool:
         return False
 
 
-@router.post("/{jarid}/run", response_model=JarRunResponse, responses={**_ERRORS, 503: {"model": ErrorBody}},
-             summary="Submit a job from an uploaded jar (optionally starting from a savepoint or checkpoint)")
+@router.post(
+    "/{jarid}/run",
+    response_model=JarRunResponse,
+    responses={**_ERRORS, 503: {"model": ErrorBody}},
+    summary="Submit a job from an uploaded jar (optionally starting from a savepoint or checkpoint)",
+)
 def run_jar(
     jarid: str,
     settings: SettingsDep,
@@ -191,14 +228,20 @@ def run_jar(
     if args is None:
         args = _query_args(program_args, program_arg)
     request = submitter.Request(
-        jarid=jarid, entry=req.entryClass or entry_class or artifacts.DEFAULT_ENTRY, args=args,
+        jarid=jarid,
+        entry=req.entryClass or entry_class or artifacts.DEFAULT_ENTRY,
+        args=args,
         config={**(req.flinkConfiguration or {}), **(req.config or {})},
-        parallelism=req.parallelism or parallelism or 1, restart=req.restartStrategy, kind=req.kind or "pyspark",
-        job_id=req.jobId, name=req.jobName,
+        parallelism=req.parallelism or parallelism or 1,
+        restart=req.restartStrategy,
+        kind=req.kind or "pyspark",
+        job_id=req.jobId,
+        name=req.jobName,
         savepoint_path=req.savepointPath if req.savepointPath is not None else savepoint_path,
         allow_non_restored=req.allowNonRestoredState if req.allowNonRestoredState is not None else allow_non_restored,
         mode=req.claimMode if req.claimMode is not None else req.restoreMode,
-        mode_field="claimMode" if req.claimMode is not None else "restoreMode")
+        mode_field="claimMode" if req.claimMode is not None else "restoreMode",
+    )
     job_id = submitter.Submitter(settings, catalog, transport, default_restart, overview, bounds, warm).submit(request)
     return {"jobid": job_id}
 
@@ -211,13 +254,21 @@ def _query_args(program_args: str | None, program_arg: str | None) -> list[str]:
         try:
             args = shlex.split(program_args)
         except ValueError as exc:
-            raise ApiError.of(400, f"cannot be split into arguments: {exc}", field="program-args",
-                              expected="a shell-quoted argument string", got=program_args) from None
+            raise ApiError.of(
+                400,
+                f"cannot be split into arguments: {exc}",
+                field="program-args",
+                expected="a shell-quoted argument string",
+                got=program_args,
+            ) from None
     problem = program_args_problem(args)
     if problem is not None:
-        raise ApiError.of(400, problem, field="program-args",
-                          expected=f"at most {MAX_PROGRAM_ARGS} arguments of at most {MAX_PROGRAM_ARG_CHARS} "
-                                   f"characters, {MAX_PROGRAM_ARGS_CHARS} in all", prefix=False)
+        raise ApiError.of(
+            400,
+            problem,
+            field="program-args",
+            expected=f"at most {MAX_PROGRAM_ARGS} arguments of at most {MAX_PROGRAM_ARG_CHARS} "
+            f"characters, {MAX_PROGRAM_ARGS_CHARS} in all",
+            prefix=False,
+        )
     return args
-
-

@@ -62,7 +62,10 @@ def _text(raw: Any) -> str | None:
 def task_figures(execution, fields: dict) -> dict:
     f = {_text(k): v for k, v in fields.items()}
     return {
-        "vertexId": execution.vertex_id, "subtask": 0, "executionId": execution.id, "attempt": execution.attempt,
+        "vertexId": execution.vertex_id,
+        "subtask": 0,
+        "executionId": execution.id,
+        "attempt": execution.attempt,
         "taskmanagerId": _text(f.get("taskmanager_id")) or execution.taskmanager_id,
         "batchId": _number(f.get("batch_id"), int),
         "inputRowsPerSecond": _number(f.get("input_rows_per_second")),
@@ -81,9 +84,13 @@ def _current_figures(session, transport, job_id: str, vertex_id: str | None = No
     job = operations.get_job(session, job_id)
     # A crashed TaskManager's hashes outlive its attempts: only live attempts' figures are current.
     # Read from the TaskManager the catalog placed each on: only that one writes under its prefix.
-    executions = [ex for ex in repository.latest_executions(session, job.id).values()
-                  if (vertex_id is None or ex.vertex_id == vertex_id) and not ExecutionState(ex.state).is_terminal
-                  and ex.taskmanager_id]
+    executions = [
+        ex
+        for ex in repository.latest_executions(session, job.id).values()
+        if (vertex_id is None or ex.vertex_id == vertex_id)
+        and not ExecutionState(ex.state).is_terminal
+        and ex.taskmanager_id
+    ]
     client = transport.redis_client
     if not executions or client is None:
         return []
@@ -93,13 +100,21 @@ def _current_figures(session, transport, job_id: str, vertex_id: str | None = No
             pipe.hgetall(streams.progress_key(ex.taskmanager_id or "", ex.id))
         answers = pipe.execute()
     except redis.RedisError as exc:
-        raise ApiError.of(503, f"Redis, where the TaskManagers publish task figures, is unavailable: {exc}",
-                          hint="the Prometheus series headrace_task_* carry the same numbers", prefix=False) from None
+        raise ApiError.of(
+            503,
+            f"Redis, where the TaskManagers publish task figures, is unavailable: {exc}",
+            hint="the Prometheus series headrace_task_* carry the same numbers",
+            prefix=False,
+        ) from None
     return [task_figures(ex, fields) for ex, fields in zip(executions, answers, strict=True) if fields]
 
 
-@router.get("/{jobid}/progress", response_model=JobProgressInfo, responses=_404,
-            summary="Newest micro-batch figures of each current attempt of the job (live charts)")
+@router.get(
+    "/{jobid}/progress",
+    response_model=JobProgressInfo,
+    responses=_404,
+    summary="Newest micro-batch figures of each current attempt of the job (live charts)",
+)
 def job_progress(jobid: str, session: SessionDep, transport: TransportDep) -> dict:
     return {"tasks": _current_figures(session, transport, jobid)}
 
@@ -111,23 +126,38 @@ HISTORY_ATTEMPTS = 10
 def history_point(entry_fields: dict) -> dict:
     f = {_text(k): v for k, v in entry_fields.items()}
     return {
-        "timestamp": _number(f.get("timestamp"), int), "batchId": _number(f.get("batch_id"), int),
+        "timestamp": _number(f.get("timestamp"), int),
+        "batchId": _number(f.get("batch_id"), int),
         "inputRowsPerSecond": _number(f.get("input_rows_per_second")),
         "processedRowsPerSecond": _number(f.get("processed_rows_per_second")),
-        "batchDurationMs": _number(f.get("batch_duration_ms"), int), "sourceLag": _number(f.get("source_lag")),
+        "batchDurationMs": _number(f.get("batch_duration_ms"), int),
+        "sourceLag": _number(f.get("source_lag")),
         "numInputRows": _number(f.get("num_input_rows"), int),
         "sinkVersion": _number(f.get("sink_version"), int),
     }
 
 
-@router.get("/{jobid}/progress/history", response_model=JobProgressHistory, responses=_404,
-            summary="The last minutes of each recent attempt's figures (what a chart opened now starts with)")
-def job_progress_history(jobid: str, session: SessionDep, transport: TransportDep,
-                         seconds: int = Query(streams.PROGRESS_HISTORY_S, ge=1, le=streams.PROGRESS_HISTORY_S,
-                                              description="how far back, at most the history kept (600)")) -> dict:
+@router.get(
+    "/{jobid}/progress/history",
+    response_model=JobProgressHistory,
+    responses=_404,
+    summary="The last minutes of each recent attempt's figures (what a chart opened now starts with)",
+)
+def job_progress_history(
+    jobid: str,
+    session: SessionDep,
+    transport: TransportDep,
+    seconds: int = Query(
+        streams.PROGRESS_HISTORY_S,
+        ge=1,
+        le=streams.PROGRESS_HISTORY_S,
+        description="how far back, at most the history kept (600)",
+    ),
+) -> dict:
     job = operations.get_job(session, jobid)
-    executions = [ex for ex in list(repository.job_executions(session, job.id))[-HISTORY_ATTEMPTS:]
-                  if ex.taskmanager_id]
+    executions = [
+        ex for ex in list(repository.job_executions(session, job.id))[-HISTORY_ATTEMPTS:] if ex.taskmanager_id
+    ]
     client = transport.redis_client
     if not executions or client is None:
         return {"seconds": seconds, "tasks": []}
@@ -135,18 +165,32 @@ def job_progress_history(jobid: str, session: SessionDep, transport: TransportDe
     try:
         pipe = client.pipeline(transaction=False)
         for ex in executions:
-            pipe.xrange(streams.progress_history_key(ex.taskmanager_id or "", ex.id), min=str(since_ms),
-                        count=streams.PROGRESS_HISTORY_POINTS)
+            pipe.xrange(
+                streams.progress_history_key(ex.taskmanager_id or "", ex.id),
+                min=str(since_ms),
+                count=streams.PROGRESS_HISTORY_POINTS,
+            )
         answers = pipe.execute()
     except redis.RedisError as exc:
-        raise ApiError.of(503, f"Redis, where the TaskManagers keep the figures' history, is unavailable: {exc}",
-                          hint="the Prometheus series headrace_task_* carry the same numbers", prefix=False) from None
+        raise ApiError.of(
+            503,
+            f"Redis, where the TaskManagers keep the figures' history, is unavailable: {exc}",
+            hint="the Prometheus series headrace_task_* carry the same numbers",
+            prefix=False,
+        ) from None
     tasks = []
     for ex, entries in zip(executions, answers, strict=True):
         recent = [fields for _entry_id, fields in entries]
         if recent:
-            tasks.append({"vertexId": ex.vertex_id, "subtask": 0, "executionId": ex.id, "attempt": ex.attempt,
-                          "points": [p for p in map(history_point, recent) if p["timestamp"] is not None]})
+            tasks.append(
+                {
+                    "vertexId": ex.vertex_id,
+                    "subtask": 0,
+                    "executionId": ex.id,
+                    "attempt": ex.attempt,
+                    "points": [p for p in map(history_point, recent) if p["timestamp"] is not None],
+                }
+            )
     return {"seconds": seconds, "tasks": tasks}
 
 
@@ -158,16 +202,30 @@ def aggregate(name: str, tasks: list[dict]) -> float | None:
     return max(values) if how == "max" else sum(values)
 
 
-@router.get("/{jobid}/vertices/{vertexid}/metrics", response_model=list[MetricValue],
-            response_model_exclude_none=True, responses=_404,
-            summary="Flink's vertex metrics: without `get` the names available, with it their values")
-def vertex_metrics(jobid: str, vertexid: str, session: SessionDep, transport: TransportDep,
-                   get: str | None = Query(None, description="comma-separated metric names")) -> list[dict]:
+@router.get(
+    "/{jobid}/vertices/{vertexid}/metrics",
+    response_model=list[MetricValue],
+    response_model_exclude_none=True,
+    responses=_404,
+    summary="Flink's vertex metrics: without `get` the names available, with it their values",
+)
+def vertex_metrics(
+    jobid: str,
+    vertexid: str,
+    session: SessionDep,
+    transport: TransportDep,
+    get: str | None = Query(None, description="comma-separated metric names"),
+) -> list[dict]:
     job = operations.get_job(session, jobid)
     if not any(v.id == vertexid for v in repository.job_vertices(session, job.id)):
-        raise ApiError.of(404, f"vertex {vertexid!r} not found in job {job.id}", field="vertexid",
-                          expected="the id of one of the job's vertices",
-                          hint=f"GET /jobs/{job.id} lists its vertices", prefix=False)
+        raise ApiError.of(
+            404,
+            f"vertex {vertexid!r} not found in job {job.id}",
+            field="vertexid",
+            expected="the id of one of the job's vertices",
+            hint=f"GET /jobs/{job.id} lists its vertices",
+            prefix=False,
+        )
     if get is None:
         return [{"id": name} for name in VERTEX_METRICS]
     wanted = [n.strip() for n in get.split(",") if n.strip()]

@@ -28,8 +28,14 @@ _ERRORS = error_responses(400, 404, 502, 503, 504)
 def effective_config(settings) -> list[dict[str, str]]:
     """Flink's [{"key", "value"}]: every setting (and the derived locations) as a string."""
     values = settings.model_dump(mode="json")
-    values.update({"catalog": settings.catalog, "checkpoints": str(settings.checkpoints),
-                   "savepoints": str(settings.savepoints), "artifacts": str(settings.artifacts)})
+    values.update(
+        {
+            "catalog": settings.catalog,
+            "checkpoints": str(settings.checkpoints),
+            "savepoints": str(settings.savepoints),
+            "artifacts": str(settings.artifacts),
+        }
+    )
     out = []
     for key in sorted(values):
         value = masked_value(key, values[key])
@@ -38,8 +44,11 @@ def effective_config(settings) -> list[dict[str, str]]:
     return out
 
 
-@router.get("/config", response_model=list[ConfigEntry],
-            summary="The effective cluster settings, secrets masked (Flink's [{key, value}])")
+@router.get(
+    "/config",
+    response_model=list[ConfigEntry],
+    summary="The effective cluster settings, secrets masked (Flink's [{key, value}])",
+)
 def jobmanager_config(settings: SettingsDep) -> list[dict[str, str]]:
     return effective_config(settings)
 
@@ -71,8 +80,12 @@ def _contenders(settings, state) -> tuple[list[str], str | None]:
 def _read_contenders(settings) -> tuple[list[str], str | None]:
     from shared.zookeeper import HAUnavailable, LeaderElection
 
-    observer = LeaderElection(settings.zookeeper_quorum, root=settings.zookeeper_root,
-                              contender_id="dispatcher-observer", connect_timeout_s=ZOOKEEPER_TIMEOUT_S)
+    observer = LeaderElection(
+        settings.zookeeper_quorum,
+        root=settings.zookeeper_root,
+        contender_id="dispatcher-observer",
+        connect_timeout_s=ZOOKEEPER_TIMEOUT_S,
+    )
     try:
         observer.start()
     except HAUnavailable as exc:
@@ -85,8 +98,11 @@ def _read_contenders(settings) -> tuple[list[str], str | None]:
         observer.close()
 
 
-@router.get("/leader", response_model=JobManagerLeaderInfo,
-            summary="The leading JobManager, the fencing epoch and the HA contenders")
+@router.get(
+    "/leader",
+    response_model=JobManagerLeaderInfo,
+    summary="The leading JobManager, the fencing epoch and the HA contenders",
+)
 def jobmanager_leader(request: Request, settings: SettingsDep, transport: TransportDep) -> dict:
     client = _redis(transport)
     record = _leader_record(client)
@@ -107,40 +123,67 @@ def jobmanager_leader(request: Request, settings: SettingsDep, transport: Transp
 def _leader_endpoint(transport) -> log_fetch.LogSource:
     record = _leader_record(_redis(transport))
     if record is None:
-        raise ApiError.of(503, "no JobManager leads right now, so no JobManager log is served",
-                          hint=f"GET /jobmanager/leader; see {log_fetch.RUNBOOK}", prefix=False)
+        raise ApiError.of(
+            503,
+            "no JobManager leads right now, so no JobManager log is served",
+            hint=f"GET /jobmanager/leader; see {log_fetch.RUNBOOK}",
+            prefix=False,
+        )
     who = f"JobManager {record.get('id')} (leader, epoch {record.get('epoch')})"
     if not record.get("address"):
-        raise ApiError.of(503, f"{who} does not serve its logs (jobmanager_metrics_port is -1, or it runs an "
-                               f"older version)", hint=f"see {log_fetch.RUNBOOK}", prefix=False)
+        raise ApiError.of(
+            503,
+            f"{who} does not serve its logs (jobmanager_metrics_port is -1, or it runs an older version)",
+            hint=f"see {log_fetch.RUNBOOK}",
+            prefix=False,
+        )
     return log_fetch.LogSource.service(transport.auth, "jobmanager", who, str(record["address"]))
 
 
-@router.get("/logs", response_model=LogListInfo, responses=_ERRORS,
-            summary="The leading JobManager's log files: name, size, mtime (operator)")
+@router.get(
+    "/logs",
+    response_model=LogListInfo,
+    responses=_ERRORS,
+    summary="The leading JobManager's log files: name, size, mtime (operator)",
+)
 def jobmanager_logs(transport: TransportDep) -> dict:
     return log_fetch.listing(_leader_endpoint(transport))
 
 
-@router.get("/logs/{name}", response_class=Response, responses=_ERRORS,
-            summary="One log file of the leading JobManager as text, its last `tail` bytes (operator)")
-def jobmanager_log_file(name: str, transport: TransportDep,
-                        tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
-                                                                    "at most 4 MiB")) -> Response:
+@router.get(
+    "/logs/{name}",
+    response_class=Response,
+    responses=_ERRORS,
+    summary="One log file of the leading JobManager as text, its last `tail` bytes (operator)",
+)
+def jobmanager_log_file(
+    name: str,
+    transport: TransportDep,
+    tail: str | None = Query(None, description="bytes from the end; default 256 KiB, at most 4 MiB"),
+) -> Response:
     log_fetch.check_name(name)
     size = log_fetch.check_tail(tail)
     return log_fetch.file(_leader_endpoint(transport), name, size)
 
 
-@router.get("/log", response_class=Response, responses=_ERRORS,
-            summary="The leading JobManager's own log (Flink's path), its last `tail` bytes (operator)")
-def jobmanager_main_log(transport: TransportDep,
-                        tail: str | None = Query(None, description="bytes from the end; default 256 KiB, "
-                                                                    "at most 4 MiB")) -> Response:
+@router.get(
+    "/log",
+    response_class=Response,
+    responses=_ERRORS,
+    summary="The leading JobManager's own log (Flink's path), its last `tail` bytes (operator)",
+)
+def jobmanager_main_log(
+    transport: TransportDep,
+    tail: str | None = Query(None, description="bytes from the end; default 256 KiB, at most 4 MiB"),
+) -> Response:
     size = log_fetch.check_tail(tail)
     source = _leader_endpoint(transport)
     main = log_fetch.main_log_name(source)
     if not main:
-        raise ApiError.of(404, f"{source.who} has no log file of its own (its output goes to a terminal or a pipe)",
-                          hint=f"see {log_fetch.RUNBOOK}", prefix=False)
+        raise ApiError.of(
+            404,
+            f"{source.who} has no log file of its own (its output goes to a terminal or a pipe)",
+            hint=f"see {log_fetch.RUNBOOK}",
+            prefix=False,
+        )
     return log_fetch.file(source, main, size)

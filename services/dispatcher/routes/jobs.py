@@ -78,9 +78,19 @@ def overview_answer(s: Session, now_ms: int) -> dict[str, Any]:
         vertices[v.job_id].append(v)
     latest = {ex.vertex_id: ex for ex in repository.latest_attempt_states(s)}
     out = []
-    for (jid, name, status, created_at, end_at, updated_at, mode, waiting, parallelism, deployment) in jobs:
-        job = _OverviewJob(jid, name, status, created_at, end_at, updated_at,
-                           {RUNTIME_MODE: mode} if mode is not None else None, waiting, parallelism, deployment)
+    for jid, name, status, created_at, end_at, updated_at, mode, waiting, parallelism, deployment in jobs:
+        job = _OverviewJob(
+            jid,
+            name,
+            status,
+            created_at,
+            end_at,
+            updated_at,
+            {RUNTIME_MODE: mode} if mode is not None else None,
+            waiting,
+            parallelism,
+            deployment,
+        )
         vs = vertices.get(jid, ())
         out.append(shapes.job_overview(job, vs, {v.id: latest[v.id] for v in vs if v.id in latest}, now_ms))
     return {"jobs": out}
@@ -123,8 +133,12 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
     latest = repository.latest_executions(session, job.id)
     newest_exception = repository.newest_exception(session, job.id)
     return shapes.job_details(
-        job, vertices, latest, repository.job_state_timestamps(session, job.id),
-        max_par=shapes.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
+        job,
+        vertices,
+        latest,
+        repository.job_state_timestamps(session, job.id),
+        max_par=shapes.max_parallelism(job.config, settings.spark_shuffle_partitions),
+        now_ms=now_ms,
         last_exception=newest_exception,
     )
 
@@ -134,26 +148,44 @@ def job_config(jobid: str, request: Request, session: SessionDep) -> dict:
     return redaction.for_caller(request, "", shapes.job_config(_job(session, jobid)))
 
 
-@router.get("/{jobid}/vertices/{vertexid}", response_model=JobVertexDetailsInfo, responses=_404,
-            summary="A vertex: its current attempt as subtask 0, and the history of attempts")
+@router.get(
+    "/{jobid}/vertices/{vertexid}",
+    response_model=JobVertexDetailsInfo,
+    responses=_404,
+    summary="A vertex: its current attempt as subtask 0, and the history of attempts",
+)
 def vertex_details(jobid: str, vertexid: str, session: SessionDep, settings: SettingsDep, now_ms: NowMsDep) -> dict:
     job = _job(session, jobid)
     vertex = next((v for v in repository.job_vertices(session, job.id) if v.id == vertexid), None)
     if vertex is None:
-        raise ApiError.of(404, f"vertex {vertexid!r} not found in job {job.id}", field="vertexid",
-                          expected="the id of one of the job's vertices",
-                          hint=f"GET /jobs/{job.id} lists its vertices", prefix=False)
+        raise ApiError.of(
+            404,
+            f"vertex {vertexid!r} not found in job {job.id}",
+            field="vertexid",
+            expected="the id of one of the job's vertices",
+            hint=f"GET /jobs/{job.id} lists its vertices",
+            prefix=False,
+        )
     return shapes.vertex_details(
-        vertex, repository.vertex_executions(session, vertex.id), _tm_hosts(session),
-        max_par=shapes.max_parallelism(job.config, settings.spark_shuffle_partitions), now_ms=now_ms,
+        vertex,
+        repository.vertex_executions(session, vertex.id),
+        _tm_hosts(session),
+        max_par=shapes.max_parallelism(job.config, settings.spark_shuffle_partitions),
+        now_ms=now_ms,
         history=settings.max_attempts_history,
     )
 
 
-@router.get("/{jobid}/exceptions", response_model=JobExceptionsInfoWithHistory, responses=_404,
-            summary="The job's exception history, newest first")
+@router.get(
+    "/{jobid}/exceptions",
+    response_model=JobExceptionsInfoWithHistory,
+    responses=_404,
+    summary="The job's exception history, newest first",
+)
 def job_exceptions(
-    jobid: str, session: SessionDep, settings: SettingsDep,
+    jobid: str,
+    session: SessionDep,
+    settings: SettingsDep,
     maxExceptions: Annotated[PositiveInt | None, Query(description="at most this many entries")] = None,
 ) -> dict:
     job = _job(session, jobid)
@@ -161,27 +193,47 @@ def job_exceptions(
     return shapes.exceptions(repository.job_exceptions(session, job.id), _tm_hosts(session), limit=limit)
 
 
-@router.patch("/{jobid}", status_code=202, response_model=Empty,
-              responses=error_responses(400, 404, 409, 503),
-              summary="Cancel a job (mode=cancel)")
+@router.patch(
+    "/{jobid}",
+    status_code=202,
+    response_model=Empty,
+    responses=error_responses(400, 404, 409, 503),
+    summary="Cancel a job (mode=cancel)",
+)
 def cancel_job(
-    jobid: str, catalog: CatalogDep, transport: TransportDep,
+    jobid: str,
+    catalog: CatalogDep,
+    transport: TransportDep,
     mode: Annotated[str, Query(description="only 'cancel' is supported")] = "cancel",
 ) -> dict:
     if mode != "cancel":
-        raise ApiError.of(400, f"unsupported mode {mode!r}", field="mode", expected="'cancel'", got=mode,
-                          hint="use PATCH /jobs/{jobid}?mode=cancel")
+        raise ApiError.of(
+            400,
+            f"unsupported mode {mode!r}",
+            field="mode",
+            expected="'cancel'",
+            got=mode,
+            hint="use PATCH /jobs/{jobid}?mode=cancel",
+        )
     with catalog.session() as s:
         job = _job(s, jobid)
         status = JobStatus(job.status)
     if status.is_terminal:
-        raise ApiError.of(409, f"job {job.id} cannot be cancelled: it has already reached the terminal state "
-                          f"{status.value}", field="jobid", expected="a job that has not finished, failed or been "
-                          "cancelled", got=status.value, prefix=False)
+        raise ApiError.of(
+            409,
+            f"job {job.id} cannot be cancelled: it has already reached the terminal state {status.value}",
+            field="jobid",
+            expected="a job that has not finished, failed or been cancelled",
+            got=status.value,
+            prefix=False,
+        )
     try:
         transport.publish(JM_STREAM, CancelJob(job_id=job.id))
     except Exception as exc:  # noqa: BLE001 - any transport failure
-        raise ApiError.of(503, f"job {job.id} was not cancelled: the JobManager stream is unreachable ({exc})",
-                          hint="check that Redis is up (settings.redis_url) and try again") from None
+        raise ApiError.of(
+            503,
+            f"job {job.id} was not cancelled: the JobManager stream is unreachable ({exc})",
+            hint="check that Redis is up (settings.redis_url) and try again",
+        ) from None
     log.info("cancel requested for job %s (%s)", job.id, status.value)
     return {}

@@ -41,10 +41,14 @@ def _leader(transport) -> dict | None:
 @router.get("/config", response_model=DashboardConfiguration, summary="Settings the web dashboard needs")
 def dashboard_config(settings: SettingsDep) -> dict:
     now = time.localtime()
-    return shapes.dashboard_config(refresh_interval_ms=REFRESH_INTERVAL_MS, timezone_name=now.tm_zone or "UTC",
-                                  timezone_offset_ms=int(now.tm_gmtoff or 0) * 1000,
-                                  spark_master=settings.spark_master, spark_master_ui=settings.spark_master_ui,
-                                  kafka_bootstrap_servers=settings.pipeline_kafka_bootstrap_servers)
+    return shapes.dashboard_config(
+        refresh_interval_ms=REFRESH_INTERVAL_MS,
+        timezone_name=now.tm_zone or "UTC",
+        timezone_offset_ms=int(now.tm_gmtoff or 0) * 1000,
+        spark_master=settings.spark_master,
+        spark_master_ui=settings.spark_master_ui,
+        kafka_bootstrap_servers=settings.pipeline_kafka_bootstrap_servers,
+    )
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")

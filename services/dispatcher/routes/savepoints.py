@@ -46,13 +46,25 @@ def default_target(job: Job, settings: Settings) -> str:
     else the cluster's."""
     configured = (job.config or {}).get(cp.SAVEPOINT_DIR)
     if configured:
-        return storage_roots.confined(restore.local_path(configured, cp.SAVEPOINT_DIR), settings,
-                                      field=cp.SAVEPOINT_DIR, what="the job's savepoint directory")
+        return storage_roots.confined(
+            restore.local_path(configured, cp.SAVEPOINT_DIR),
+            settings,
+            field=cp.SAVEPOINT_DIR,
+            what="the job's savepoint directory",
+        )
     return str(Path(settings.savepoints).absolute())
 
 
-def _savepoint(settings: Settings, raw_target: str | None, field: str, *, after: str, drain: bool = False,
-               format_type: str | None = None, parallelism: int | None = None) -> operations.Build:
+def _savepoint(
+    settings: Settings,
+    raw_target: str | None,
+    field: str,
+    *,
+    after: str,
+    drain: bool = False,
+    format_type: str | None = None,
+    parallelism: int | None = None,
+) -> operations.Build:
     # A bad path is refused before anything is recorded.
     target = restore.local_path(raw_target, field) if raw_target else None
     if target is not None:
@@ -61,75 +73,149 @@ def _savepoint(settings: Settings, raw_target: str | None, field: str, *, after:
     def build(job: Job, request_id: str) -> tuple[dict[str, Any], RequestSavepoint]:
         partitions = job_options.state_partitions(job.config, settings.spark_shuffle_partitions)
         if parallelism is not None and parallelism > partitions:
-            raise ApiError.of(400, f"job {job.id} has {partitions} state partitions, fixed at its first start: "
-                                   f"parallelism {parallelism} could not use more than {partitions} cores",
-                              hint=f"rescale to at most {partitions}, or start the pipeline anew with "
-                                   f"pipeline.max-parallelism >= {parallelism}", prefix=False)
+            raise ApiError.of(
+                400,
+                f"job {job.id} has {partitions} state partitions, fixed at its first start: "
+                f"parallelism {parallelism} could not use more than {partitions} cores",
+                hint=f"rescale to at most {partitions}, or start the pipeline anew with "
+                f"pipeline.max-parallelism >= {parallelism}",
+                prefix=False,
+            )
         directory = target or default_target(job, settings)
-        params: dict[str, Any] = {"target_directory": directory, "after": after, "drain": drain,
-                                  "format_type": format_type or "CANONICAL"}
+        params: dict[str, Any] = {
+            "target_directory": directory,
+            "after": after,
+            "drain": drain,
+            "format_type": format_type or "CANONICAL",
+        }
         if parallelism is not None:
             params["parallelism"] = parallelism
-        return params, RequestSavepoint(job_id=job.id, request_id=request_id, target_directory=directory,
-                                        after=after, drain=drain, parallelism=parallelism)
+        return params, RequestSavepoint(
+            job_id=job.id,
+            request_id=request_id,
+            target_directory=directory,
+            after=after,
+            drain=drain,
+            parallelism=parallelism,
+        )
+
     return build
 
 
-@router.post("/jobs/{jobid}/savepoints", status_code=202, response_model=TriggerResponse, responses=_ERRORS,
-             summary="Trigger a savepoint, optionally cancelling the job afterwards")
-def trigger_savepoint(jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
-                      body: Annotated[SavepointTriggerRequest | None, Body()] = None) -> dict:
+@router.post(
+    "/jobs/{jobid}/savepoints",
+    status_code=202,
+    response_model=TriggerResponse,
+    responses=_ERRORS,
+    summary="Trigger a savepoint, optionally cancelling the job afterwards",
+)
+def trigger_savepoint(
+    jobid: str,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    transport: TransportDep,
+    body: Annotated[SavepointTriggerRequest | None, Body()] = None,
+) -> dict:
     req = body or SavepointTriggerRequest()
-    build = _savepoint(settings, req.target_directory, "target-directory",
-                       after="cancel" if req.cancel_job else "continue", format_type=req.formatType)
-    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="savepoint", action="take a savepoint",
-                                    build=build, trigger_id=req.triggerId)
+    build = _savepoint(
+        settings,
+        req.target_directory,
+        "target-directory",
+        after="cancel" if req.cancel_job else "continue",
+        format_type=req.formatType,
+    )
+    request_id = operations.trigger(
+        catalog,
+        transport,
+        jobid=jobid,
+        kind="savepoint",
+        action="take a savepoint",
+        build=build,
+        trigger_id=req.triggerId,
+    )
     return {"request-id": request_id}
 
 
-@router.get("/jobs/{jobid}/savepoints/{triggerid}", response_model=AsynchronousOperationResult,
-            responses={404: {"model": ErrorBody}},
-            summary="Status of a savepoint or stop-with-savepoint: its location once COMPLETED")
+@router.get(
+    "/jobs/{jobid}/savepoints/{triggerid}",
+    response_model=AsynchronousOperationResult,
+    responses={404: {"model": ErrorBody}},
+    summary="Status of a savepoint or stop-with-savepoint: its location once COMPLETED",
+)
 def savepoint_status(jobid: str, triggerid: str, session: SessionDep) -> dict:
-    return operations.status(session, jobid=jobid, triggerid=triggerid, kinds=SAVEPOINT_KINDS, result="savepoint",
-                             what="savepoint")
+    return operations.status(
+        session, jobid=jobid, triggerid=triggerid, kinds=SAVEPOINT_KINDS, result="savepoint", what="savepoint"
+    )
 
 
-@router.post("/jobs/{jobid}/stop", status_code=202, response_model=TriggerResponse, responses=_ERRORS,
-             summary="Stop the job with a savepoint (it ends FINISHED); poll /jobs/{jobid}/savepoints/{request-id}")
-def stop_with_savepoint(jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
-                        body: Annotated[StopWithSavepointRequest | None, Body()] = None) -> dict:
+@router.post(
+    "/jobs/{jobid}/stop",
+    status_code=202,
+    response_model=TriggerResponse,
+    responses=_ERRORS,
+    summary="Stop the job with a savepoint (it ends FINISHED); poll /jobs/{jobid}/savepoints/{request-id}",
+)
+def stop_with_savepoint(
+    jobid: str,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    transport: TransportDep,
+    body: Annotated[StopWithSavepointRequest | None, Body()] = None,
+) -> dict:
     req = body or StopWithSavepointRequest()
-    build = _savepoint(settings, req.targetDirectory, "targetDirectory", after="stop", drain=bool(req.drain),
-                       format_type=req.formatType)
-    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="stop", action="be stopped",
-                                    build=build, trigger_id=req.triggerId)
+    build = _savepoint(
+        settings,
+        req.targetDirectory,
+        "targetDirectory",
+        after="stop",
+        drain=bool(req.drain),
+        format_type=req.formatType,
+    )
+    request_id = operations.trigger(
+        catalog, transport, jobid=jobid, kind="stop", action="be stopped", build=build, trigger_id=req.triggerId
+    )
     return {"request-id": request_id}
 
 
-@router.patch("/jobs/{jobid}/rescaling", response_model=TriggerResponse, responses=_ERRORS,
-              summary="Rescale: stop with a savepoint and run again from it with another parallelism")
+@router.patch(
+    "/jobs/{jobid}/rescaling",
+    response_model=TriggerResponse,
+    responses=_ERRORS,
+    summary="Rescale: stop with a savepoint and run again from it with another parallelism",
+)
 def trigger_rescaling(
-    jobid: str, settings: SettingsDep, catalog: CatalogDep, transport: TransportDep,
+    jobid: str,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    transport: TransportDep,
     parallelism: Annotated[Parallelism, Query(description="the new parallelism")],
 ) -> dict:
     build = _savepoint(settings, None, "parallelism", after="rescale", parallelism=parallelism)
-    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="rescale", action="be rescaled",
-                                    build=build)
+    request_id = operations.trigger(catalog, transport, jobid=jobid, kind="rescale", action="be rescaled", build=build)
     return {"request-id": request_id}
 
 
-@router.get("/jobs/{jobid}/rescaling/{triggerid}", response_model=AsynchronousOperationResult,
-            responses={404: {"model": ErrorBody}}, summary="Status of a rescaling")
+@router.get(
+    "/jobs/{jobid}/rescaling/{triggerid}",
+    response_model=AsynchronousOperationResult,
+    responses={404: {"model": ErrorBody}},
+    summary="Status of a rescaling",
+)
 def rescaling_status(jobid: str, triggerid: str, session: SessionDep) -> dict:
-    return operations.status(session, jobid=jobid, triggerid=triggerid, kinds=("rescale",), result="info",
-                             what="rescaling")
+    return operations.status(
+        session, jobid=jobid, triggerid=triggerid, kinds=("rescale",), result="info", what="rescaling"
+    )
 
 
-@router.post("/savepoint-disposal", response_model=TriggerResponse, responses=_ERRORS,
-             summary="Delete a savepoint or retained checkpoint; poll /savepoint-disposal/{request-id}")
-def dispose_savepoint(body: Annotated[SavepointDisposalRequest, Body()], catalog: CatalogDep,
-                      settings: SettingsDep) -> dict:
+@router.post(
+    "/savepoint-disposal",
+    response_model=TriggerResponse,
+    responses=_ERRORS,
+    summary="Delete a savepoint or retained checkpoint; poll /savepoint-disposal/{request-id}",
+)
+def dispose_savepoint(
+    body: Annotated[SavepointDisposalRequest, Body()], catalog: CatalogDep, settings: SettingsDep
+) -> dict:
     path = restore.local_path(body.savepoint_path, "savepoint-path")
     request_id = new_request_id()
     with catalog.session() as s:
@@ -141,14 +227,14 @@ def dispose_savepoint(body: Annotated[SavepointDisposalRequest, Body()], catalog
         checkpoint_storage.dispose(resolved)
     except (checkpoint_storage.SnapshotError, OSError, ValueError) as exc:
         # Flink's contract: the trigger succeeds and the status resource reports the failure.
-        operations.finish(catalog, request_id, OperationStatus.FAILED,
-                          failure_cause=f"cannot dispose of {path}: {exc}")
+        operations.finish(catalog, request_id, OperationStatus.FAILED, failure_cause=f"cannot dispose of {path}: {exc}")
         log.info("disposal %s of %s failed: %s", request_id, path, exc)
         return {"request-id": request_id}
     with catalog.session() as s:
         discarded = _discard_rows(s, {path, resolved})
-        repository.finish_operation(s, repository.get_operation(s, request_id, lock=True), OperationStatus.COMPLETED,
-                                    location=resolved)
+        repository.finish_operation(
+            s, repository.get_operation(s, request_id, lock=True), OperationStatus.COMPLETED, location=resolved
+        )
     log.info("disposed of %s (%d catalog record(s) discarded)", resolved, discarded)
     return {"request-id": request_id}
 
@@ -163,8 +249,13 @@ def _discard_rows(s, paths: set[str]) -> int:
     return len(rows)
 
 
-@router.get("/savepoint-disposal/{triggerid}", response_model=AsynchronousOperationResult,
-            responses={404: {"model": ErrorBody}}, summary="Status of a savepoint disposal")
+@router.get(
+    "/savepoint-disposal/{triggerid}",
+    response_model=AsynchronousOperationResult,
+    responses={404: {"model": ErrorBody}},
+    summary="Status of a savepoint disposal",
+)
 def disposal_status(triggerid: str, session: SessionDep) -> dict:
-    return operations.status(session, jobid=None, triggerid=triggerid, kinds=("dispose",), result="info",
-                             what="savepoint disposal")
+    return operations.status(
+        session, jobid=None, triggerid=triggerid, kinds=("dispose",), result="info", what="savepoint disposal"
+    )

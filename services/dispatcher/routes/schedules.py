@@ -38,22 +38,38 @@ HISTORY = 50
 
 
 def _unknown_schedule(schedule_id: str) -> ApiError:
-    return ApiError.of(404, f"schedule {schedule_id} not found", field="scheduleid", expected="the id of a schedule",
-                       hint="GET /jobs/schedules lists the schedules", prefix=False)
+    return ApiError.of(
+        404,
+        f"schedule {schedule_id} not found",
+        field="scheduleid",
+        expected="the id of a schedule",
+        hint="GET /jobs/schedules lists the schedules",
+        prefix=False,
+    )
 
 
 def _timing(req: ScheduleCreateRequest) -> sch.Timing:
     if (req.cron is None) == (req.everySeconds is None):
-        raise ApiError.of(400, "give exactly one of cron and everySeconds", field="cron",
-                          expected="a cron expression or an interval in seconds, not both, not neither",
-                          hint=f'for example "cron": "{sch.CRON_EXAMPLE.split("  ")[0]}" or "everySeconds": 30')
+        raise ApiError.of(
+            400,
+            "give exactly one of cron and everySeconds",
+            field="cron",
+            expected="a cron expression or an interval in seconds, not both, not neither",
+            hint=f'for example "cron": "{sch.CRON_EXAMPLE.split("  ")[0]}" or "everySeconds": 30',
+        )
     if req.cron is not None:
         try:
             sch.parse_cron(req.cron)
         except sch.CronError as exc:
-            raise ApiError.of(400, f"cron expression {req.cron[:80]!r} {exc}", field="cron",
-                              expected="5 fields: minute hour day-of-month month day-of-week (UTC)",
-                              got=req.cron[:80], hint=f"for example {sch.CRON_EXAMPLE}", prefix=False) from None
+            raise ApiError.of(
+                400,
+                f"cron expression {req.cron[:80]!r} {exc}",
+                field="cron",
+                expected="5 fields: minute hour day-of-month month day-of-week (UTC)",
+                got=req.cron[:80],
+                hint=f"for example {sch.CRON_EXAMPLE}",
+                prefix=False,
+            ) from None
         return sch.Timing(cron=" ".join(req.cron.split()))
     return sch.Timing(every_s=req.everySeconds)
 
@@ -70,28 +86,51 @@ def _view(s, row: Schedule, counts: dict[str, int], latest: dict) -> dict:
     last_job = repository.last_schedule_job(s, row.id)
     newest = latest.get(row.id)
     return {
-        "id": row.id, "name": row.name, "jarId": row.artifact_id, "entryClass": row.entry, "kind": row.kind,
-        "parallelism": row.parallelism, "programArgs": list(row.program_args or []), "cron": row.cron,
-        "everySeconds": row.every_s, "overlap": row.overlap, "misfireGraceSeconds": row.misfire_grace_s,
-        "enabled": row.enabled, "createdAt": epoch_ms(row.created_at),
-        "nextFire": _ms(row.next_fire_at) if row.enabled else None, "lastFire": _ms(row.last_fire_at),
+        "id": row.id,
+        "name": row.name,
+        "jarId": row.artifact_id,
+        "entryClass": row.entry,
+        "kind": row.kind,
+        "parallelism": row.parallelism,
+        "programArgs": list(row.program_args or []),
+        "cron": row.cron,
+        "everySeconds": row.every_s,
+        "overlap": row.overlap,
+        "misfireGraceSeconds": row.misfire_grace_s,
+        "enabled": row.enabled,
+        "createdAt": epoch_ms(row.created_at),
+        "nextFire": _ms(row.next_fire_at) if row.enabled else None,
+        "lastFire": _ms(row.last_fire_at),
         "lastJobId": last_job.id if last_job is not None else None,
-        "lastOutcome": newest.outcome if newest is not None else None, "runs": counts.get(row.id, 0),
+        "lastOutcome": newest.outcome if newest is not None else None,
+        "runs": counts.get(row.id, 0),
     }
 
 
 def _detail(s, row: Schedule) -> dict:
     out = _view(s, row, repository.schedule_run_counts(s), repository.latest_schedule_runs(s, [row.id]))
-    out["history"] = [{"tick": epoch_ms(r.tick_at), "jobId": r.job_id, "outcome": r.outcome,
-                       "time": epoch_ms(r.created_at)} for r in repository.schedule_runs(s, row.id, limit=HISTORY)]
+    out["history"] = [
+        {"tick": epoch_ms(r.tick_at), "jobId": r.job_id, "outcome": r.outcome, "time": epoch_ms(r.created_at)}
+        for r in repository.schedule_runs(s, row.id, limit=HISTORY)
+    ]
     return out
 
 
-@router.post("", status_code=201, response_model=ScheduleCreated, responses=_ERRORS,
-             summary="Create a schedule: run a jar on a cron expression or every N seconds")
-def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: CatalogDep,
-                    default_restart: DefaultRestartDep, now_ms: NowMsDep, bounds: ArtifactLimitsDep,
-                    settings: SettingsDep) -> dict:
+@router.post(
+    "",
+    status_code=201,
+    response_model=ScheduleCreated,
+    responses=_ERRORS,
+    summary="Create a schedule: run a jar on a cron expression or every N seconds",
+)
+def create_schedule(
+    req: Annotated[ScheduleCreateRequest, Body()],
+    catalog: CatalogDep,
+    default_restart: DefaultRestartDep,
+    now_ms: NowMsDep,
+    bounds: ArtifactLimitsDep,
+    settings: SettingsDep,
+) -> dict:
     timing = _timing(req)
     config = dict(req.config or {})
     check_config(config, settings)
@@ -113,12 +152,30 @@ def create_schedule(req: Annotated[ScheduleCreateRequest, Body()], catalog: Cata
     schedule_id = sch.new_schedule_id()
     with catalog.session() as s:
         repository.create_schedule(
-            s, id=schedule_id, name=req.name or Path(art.name).stem, artifact_id=art.id, entry=entry, kind=kind,
-            parallelism=req.parallelism or 1, program_args=req.program_args(), config=config,
-            restart_strategy=restart, cron=timing.cron, every_s=timing.every_s, overlap=overlap,
-            misfire_grace_s=grace, enabled=enabled, next_fire_at=timing.next_after(_at(now_ms)) if enabled else None)
-    log.info("created schedule %s (%s) for jar %s: %s", schedule_id, req.name or art.name, art.id,
-             f"cron {timing.cron}" if timing.cron else f"every {timing.every_s} s")
+            s,
+            id=schedule_id,
+            name=req.name or Path(art.name).stem,
+            artifact_id=art.id,
+            entry=entry,
+            kind=kind,
+            parallelism=req.parallelism or 1,
+            program_args=req.program_args(),
+            config=config,
+            restart_strategy=restart,
+            cron=timing.cron,
+            every_s=timing.every_s,
+            overlap=overlap,
+            misfire_grace_s=grace,
+            enabled=enabled,
+            next_fire_at=timing.next_after(_at(now_ms)) if enabled else None,
+        )
+    log.info(
+        "created schedule %s (%s) for jar %s: %s",
+        schedule_id,
+        req.name or art.name,
+        art.id,
+        f"cron {timing.cron}" if timing.cron else f"every {timing.every_s} s",
+    )
     return {"id": schedule_id}
 
 
@@ -135,8 +192,9 @@ def _for_caller(request: Request, view: dict) -> dict:
     return {**view, "programArgs": redaction.for_caller(request, "programArgs", view["programArgs"])}
 
 
-@router.get("/{scheduleid}", response_model=ScheduleDetail, responses=_ERRORS,
-            summary="One schedule and its newest 50 ticks")
+@router.get(
+    "/{scheduleid}", response_model=ScheduleDetail, responses=_ERRORS, summary="One schedule and its newest 50 ticks"
+)
 def get_schedule(scheduleid: str, request: Request, session: SessionDep) -> dict:
     try:
         row = repository.get_schedule(session, scheduleid)
@@ -145,10 +203,10 @@ def get_schedule(scheduleid: str, request: Request, session: SessionDep) -> dict
     return _for_caller(request, _detail(session, row))
 
 
-@router.patch("/{scheduleid}", response_model=ScheduleDetail, responses=_ERRORS,
-              summary="Pause or resume a schedule")
-def update_schedule(scheduleid: str, req: Annotated[ScheduleUpdateRequest, Body()], catalog: CatalogDep,
-                    now_ms: NowMsDep) -> dict:
+@router.patch("/{scheduleid}", response_model=ScheduleDetail, responses=_ERRORS, summary="Pause or resume a schedule")
+def update_schedule(
+    scheduleid: str, req: Annotated[ScheduleUpdateRequest, Body()], catalog: CatalogDep, now_ms: NowMsDep
+) -> dict:
     with catalog.session() as s:
         try:
             row = repository.get_schedule(s, scheduleid, lock=True)

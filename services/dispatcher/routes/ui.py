@@ -14,6 +14,11 @@ router = APIRouter(include_in_schema=False)
 def index(request: Request):
     web_dir: Path | None = request.app.state.web_dir
     if web_dir is None or not (web_dir / "index.html").is_file():
-        return JSONResponse({"errors": ["the web dashboard is not installed (no web-ui/index.html)"],
-                             "hint": "the REST API is described at /docs"}, status_code=404)
+        return JSONResponse(
+            {
+                "errors": ["the web dashboard is not installed (no web-ui/index.html)"],
+                "hint": "the REST API is described at /docs",
+            },
+            status_code=404,
+        )
     return FileResponse(web_dir / "index.html", headers={"Cache-Control": "no-cache"})

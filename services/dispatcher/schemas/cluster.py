@@ -29,7 +29,8 @@ class ClusterOverview(_Out):
     flink_version: str = Field(alias="flink-version")
     flink_commit: str = Field(alias="flink-commit")
     jobmanager: JobManagerLeader | None = Field(
-        None, description="the leading JobManager (Headrace addition); null: none leads, submissions wait")
+        None, description="the leading JobManager (Headrace addition); null: none leads, submissions wait"
+    )
 
 
 class TaskManagerInfo(_Out):
@@ -45,13 +46,22 @@ class TaskManagerInfo(_Out):
     hardware: dict[str, Any]
     memoryConfiguration: dict[str, Any]
     blocked: bool
-    last_lost_at: int | None = Field(None, alias="last-lost-at", description=(
-        "epoch ms of its latest loss or unregistration (Headrace addition), kept after it registered again; "
-        "null: never"))
-    last_lost_reason: str | None = Field(None, alias="last-lost-reason", description="why, as the "
-                                         "ResourceManager declared it (e.g. its process exited)")
-    state: str | None = Field(None, description="REGISTERED; LOST (listed with ?include=lost) until it registers "
-                                                "again; UNREGISTERED (GET /taskmanagers/{id} only)")
+    last_lost_at: int | None = Field(
+        None,
+        alias="last-lost-at",
+        description=(
+            "epoch ms of its latest loss or unregistration (Headrace addition), kept after it registered again; "
+            "null: never"
+        ),
+    )
+    last_lost_reason: str | None = Field(
+        None, alias="last-lost-reason", description="why, as the ResourceManager declared it (e.g. its process exited)"
+    )
+    state: str | None = Field(
+        None,
+        description="REGISTERED; LOST (listed with ?include=lost) until it registers "
+        "again; UNREGISTERED (GET /taskmanagers/{id} only)",
+    )
     lost_reason: str | None = Field(None, alias="lost-reason", description="while LOST: why")
 
 
@@ -62,8 +72,10 @@ class TaskManagersInfo(_Out):
 class TaskMemoryInfo(_Out):
     used: int = Field(description="bytes, as the task's memory limit is measured")
     limit: int | None = Field(None, description="bytes; null: no limit")
-    measure: str = Field(description="PSS (summed over the task's processes; \"PSS, RSS for N\" when N of them "
-                                     "could not be read) or \"cgroup charge\"")
+    measure: str = Field(
+        description='PSS (summed over the task\'s processes; "PSS, RSS for N" when N of them '
+        'could not be read) or "cgroup charge"'
+    )
 
 
 class SlotInfo(_Out):
@@ -71,16 +83,23 @@ class SlotInfo(_Out):
     allocation_id: str | None = None
     job_id: str | None = None
     execution_id: str | None = None
-    memory: TaskMemoryInfo | None = Field(None, description=(
-        "the task's latest memory figure beside its limit, as its TaskManager measured it (Headrace addition); "
-        "null: none reported (no task, or none within the heartbeat timeout)"))
+    memory: TaskMemoryInfo | None = Field(
+        None,
+        description=(
+            "the task's latest memory figure beside its limit, as its TaskManager measured it (Headrace addition); "
+            "null: none reported (no task, or none within the heartbeat timeout)"
+        ),
+    )
 
 
 class TaskManagerDetailsInfo(TaskManagerInfo):
     allocatedSlots: list[SlotInfo]
     state: str = Field(description="REGISTERED, LOST or UNREGISTERED")
-    lost_reason: str | None = Field(None, alias="lost-reason", description="why it is LOST or UNREGISTERED now; "
-                                    "null while REGISTERED (last-lost-reason keeps it)")
+    lost_reason: str | None = Field(
+        None,
+        alias="lost-reason",
+        description="why it is LOST or UNREGISTERED now; null while REGISTERED (last-lost-reason keeps it)",
+    )
     metrics: dict[str, Any]
 
 
@@ -94,8 +113,10 @@ class DashboardConfiguration(_Out):
     spark_master: str = Field("local", alias="spark-master", description="where the tasks' executors run")
     spark_master_ui: str | None = Field(None, alias="spark-master-ui", description="the Spark master's web UI")
     kafka_bootstrap_servers: str | None = Field(
-        None, alias="kafka-bootstrap-servers",
-        description="the Kafka brokers pipelines get by default (pipeline_kafka_bootstrap_servers); null: none")
+        None,
+        alias="kafka-bootstrap-servers",
+        description="the Kafka brokers pipelines get by default (pipeline_kafka_bootstrap_servers); null: none",
+    )
 
 
 class Health(_Out):

@@ -58,8 +58,9 @@ def _as_int(value: Any, minimum: int, maximum: int | None = MAX_INT) -> int:
     )
     if ok and maximum is not None and int(value) > maximum:
         # The upper bound is named only when it is what was crossed: it is rarely the mistake.
-        raise _fail("integer", "must be an {expected}, got {got}", f"integer between {minimum} and {maximum}",
-                    got=_repr(value))
+        raise _fail(
+            "integer", "must be an {expected}, got {got}", f"integer between {minimum} and {maximum}", got=_repr(value)
+        )
     if not ok or int(value) < minimum:
         raise _fail("integer", "must be an {expected}, got {got}", f"integer >= {minimum}", got=_repr(value))
     return int(value)
@@ -75,7 +76,8 @@ class IntRange:
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_before_validator_function(
-            lambda v: _as_int(v, self.minimum, self.maximum), handler(source))
+            lambda v: _as_int(v, self.minimum, self.maximum), handler(source)
+        )
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         return _bounds({"type": "integer"}, self.minimum, self.maximum)
@@ -87,8 +89,13 @@ def _as_number(value: Any, minimum: float, maximum: float | None, expected: str)
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < minimum or (maximum is not None and value > maximum):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         raise _fail("number", "must be a {expected}, got {got}", expected, got=_repr(value))
     return float(value)
 
@@ -102,10 +109,12 @@ class NumberRange:
     maximum: float | None = None
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        expected = (f"number >= {self.minimum}" if self.maximum is None
-                    else f"number between {self.minimum} and {self.maximum}")
+        expected = (
+            f"number >= {self.minimum}" if self.maximum is None else f"number between {self.minimum} and {self.maximum}"
+        )
         return core_schema.no_info_before_validator_function(
-            lambda v: _as_number(v, self.minimum, self.maximum, expected), handler(source))
+            lambda v: _as_number(v, self.minimum, self.maximum, expected), handler(source)
+        )
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         return _bounds({"type": "number"}, self.minimum, self.maximum)
@@ -121,14 +130,20 @@ def parse_duration(value: Any) -> float:
         return durations.parse_duration(value)
     except durations.InvalidDuration as exc:
         hint = {"hint": exc.hint} if exc.hint else {}
-        raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value),
-                    **hint) from None
+        raise _fail("duration", "must be {expected}, got {got}", _DURATION_EXPECTED, got=_repr(value), **hint) from None
 
 
-Seconds = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema({
-    "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "examples": ["10 s", "500 ms", "2 min"]}],
-    "description": "seconds as a number, or a duration string with a unit (a string without one is refused: "
-                   "Flink would read it as milliseconds)"})]
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "examples": ["10 s", "500 ms", "2 min"]}],
+            "description": "seconds as a number, or a duration string with a unit (a string without one is refused: "
+            "Flink would read it as milliseconds)",
+        }
+    ),
+]
 
 
 PositiveInt = Annotated[int, IntRange(1)]
@@ -138,8 +153,13 @@ Parallelism = Annotated[int, IntRange(1, MAX_PARALLELISM)]
 def _job_id(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{32}", value):
         return value.lower()
-    raise _fail("job_id", "must be {expected}, got {got}", "32 hexadecimal characters (a Flink JobID)",
-                got=_repr(value), hint="leave jobId out to have one generated")
+    raise _fail(
+        "job_id",
+        "must be {expected}, got {got}",
+        "32 hexadecimal characters (a Flink JobID)",
+        got=_repr(value),
+        hint="leave jobId out to have one generated",
+    )
 
 
 def _kind(value: Any) -> str:
@@ -152,9 +172,12 @@ def _job_name(value: Any) -> str:
     # Control characters: PostgreSQL refuses NUL in text (a 500), and none belongs in a name.
     if isinstance(value, str) and value.strip() and len(value) <= 255 and not any(ord(c) < 32 for c in value):
         return value.strip()
-    raise _fail("job_name", "must be {expected}, got {got}",
-                "a non-empty string of at most 255 characters, without control characters",
-                got=_repr(value))
+    raise _fail(
+        "job_name",
+        "must be {expected}, got {got}",
+        "a non-empty string of at most 255 characters, without control characters",
+        got=_repr(value),
+    )
 
 
 JobIdStr = Annotated[str, BeforeValidator(_job_id), WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{32}$"})]
@@ -178,8 +201,10 @@ class _Strict(BaseModel):
                     close = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.6)
                     hint = (f"did you mean {close[0]!r}? " if close else "") + "accepted: " + ", ".join(accepted)
                     raise PydanticCustomError(
-                        "unknown_field", "unknown field", {"subfield": str(key), "expected": "one of: "
-                                                           + ", ".join(accepted), "hint": hint})
+                        "unknown_field",
+                        "unknown field",
+                        {"subfield": str(key), "expected": "one of: " + ", ".join(accepted), "hint": hint},
+                    )
         return data
 
 

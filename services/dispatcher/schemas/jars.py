@@ -27,8 +27,10 @@ def program_args_problem(args: list[str]) -> str | None:
         return f"{len(args)} program arguments; at most {MAX_PROGRAM_ARGS} are accepted"
     longest = max((len(a) for a in args), default=0)
     if longest > MAX_PROGRAM_ARG_CHARS:
-        return (f"a program argument of {longest} characters; each may have at most {MAX_PROGRAM_ARG_CHARS} "
-                f"(pass larger values in a file or table the pipeline reads)")
+        return (
+            f"a program argument of {longest} characters; each may have at most {MAX_PROGRAM_ARG_CHARS} "
+            f"(pass larger values in a file or table the pipeline reads)"
+        )
     total = sum(len(a) for a in args)
     if total > MAX_PROGRAM_ARGS_CHARS:
         return f"program arguments of {total} characters in all; at most {MAX_PROGRAM_ARGS_CHARS} are accepted"
@@ -39,10 +41,15 @@ def check_program_args_bounds(args: list[str], subfield: str = "programArgsList"
     problem = program_args_problem(args)
     if problem is not None:
         raise PydanticCustomError(
-            "program_args_bounds", "{problem}",
-            {"subfield": subfield, "problem": problem,
-             "expected": f"at most {MAX_PROGRAM_ARGS} arguments of at most {MAX_PROGRAM_ARG_CHARS} characters, "
-                         f"{MAX_PROGRAM_ARGS_CHARS} in all"})
+            "program_args_bounds",
+            "{problem}",
+            {
+                "subfield": subfield,
+                "problem": problem,
+                "expected": f"at most {MAX_PROGRAM_ARGS} arguments of at most {MAX_PROGRAM_ARG_CHARS} characters, "
+                f"{MAX_PROGRAM_ARGS_CHARS} in all",
+            },
+        )
 
 
 def check_program_args(text: str | None, listed: list[str] | None) -> None:
@@ -50,17 +57,28 @@ def check_program_args(text: str | None, listed: list[str] | None) -> None:
     the arguments within the bounds above."""
     if text is not None and listed is not None:
         raise PydanticCustomError(
-            "confusing_args", "Confusing request: programArgs and programArgsList are both specified",
-            {"subfield": "programArgs", "expected": "only one of programArgs / programArgsList",
-             "hint": "use only programArgsList"})
+            "confusing_args",
+            "Confusing request: programArgs and programArgsList are both specified",
+            {
+                "subfield": "programArgs",
+                "expected": "only one of programArgs / programArgsList",
+                "hint": "use only programArgsList",
+            },
+        )
     if text is not None:
         try:
             split = shlex.split(text)
         except ValueError as exc:
             raise PydanticCustomError(
-                "program_args", "cannot be split into arguments: {error}",
-                {"subfield": "programArgs", "expected": "a shell-quoted argument string",
-                 "error": str(exc), "hint": "balance the quotes, or send programArgsList"}) from None
+                "program_args",
+                "cannot be split into arguments: {error}",
+                {
+                    "subfield": "programArgs",
+                    "expected": "a shell-quoted argument string",
+                    "error": str(exc),
+                    "hint": "balance the quotes, or send programArgsList",
+                },
+            ) from None
         check_program_args_bounds(split, "programArgs")
     if listed is not None:
         check_program_args_bounds(listed)
@@ -79,10 +97,12 @@ class JarRunRequest(_Strict):
     config: dict[str, Any] | None = Field(None, description="job configuration (Spark and Headrace options)")
     flinkConfiguration: dict[str, Any] | None = Field(None, description="merged into `config` (config wins)")
     kind: Kind | None = Field(None, description="'pyspark' (default) or 'noop' (runs nothing, for tests)")
-    savepointPath: str | None = Field(None, description="start from this savepoint or retained checkpoint "
-                                                         "(a path, file:///path or file:/path)")
-    allowNonRestoredState: StrictBool | None = Field(None, description="drop snapshot state the new pipeline has no "
-                                                                 "operator for")
+    savepointPath: str | None = Field(
+        None, description="start from this savepoint or retained checkpoint (a path, file:///path or file:/path)"
+    )
+    allowNonRestoredState: StrictBool | None = Field(
+        None, description="drop snapshot state the new pipeline has no operator for"
+    )
     claimMode: str | None = Field(None, description="NO_CLAIM (default) or CLAIM")
     restoreMode: str | None = Field(None, description="Flink's older name of claimMode (LEGACY reads as NO_CLAIM)")
 

@@ -50,8 +50,9 @@ class JobDetailsVertexInfo(_Out):
 
 
 class LastFailure(_Out):
-    summary: str | None = Field(description="the exception's type and message, one line (the whole trace: "
-                                            "GET /jobs/{id}/exceptions)")
+    summary: str | None = Field(
+        description="the exception's type and message, one line (the whole trace: GET /jobs/{id}/exceptions)"
+    )
     timestamp: int
     attempt: int | None
 
@@ -77,8 +78,9 @@ class JobDetailsInfo(_Out):
     restarts: int = Field(0, description="how many times its tasks were started again (a failure or a rescale)")
     schedule_id: str | None = Field(None, alias="schedule-id", description="the schedule that started this job")
     deployment: str | None = Field(None, description="the deployment that started this job")
-    last_failure: LastFailure | None = Field(None, alias="last-failure", description="the newest entry of its "
-                                             "exception history, summarised; null: none")
+    last_failure: LastFailure | None = Field(
+        None, alias="last-failure", description="the newest entry of its exception history, summarised; null: none"
+    )
 
 
 class JobConfigInfo(_Out):
@@ -111,8 +113,9 @@ class AttemptInfo(_Out):
     duration: int
     timestamps: dict[str, int]
     failure_cause: str | None = Field(alias="failure-cause")
-    failure_summary: str | None = Field(None, alias="failure-summary", description="the failure cause's exception "
-                                        "type and message, one line")
+    failure_summary: str | None = Field(
+        None, alias="failure-summary", description="the failure cause's exception type and message, one line"
+    )
     waiting_reason: str | None = Field(alias="waiting-reason")
 
 
@@ -163,8 +166,9 @@ class TaskProgressInfo(_Out):
     processedRowsPerSecond: float | None = None
     batchDurationMs: int | None = None
     sourceLag: float | None = None
-    partitionLag: dict[str, int] | None = Field(None, description="each Kafka partition's consumer lag, "
-                                                                  "\"topic/partition\" -> records")
+    partitionLag: dict[str, int] | None = Field(
+        None, description='each Kafka partition\'s consumer lag, "topic/partition" -> records'
+    )
     numInputRows: int | None = None
     sinkVersion: int | None = Field(None, description="the table version the sink committed last (a Delta sink)")
     timestamp: int | None = Field(None, description="epoch ms when the TaskManager recorded the batch")

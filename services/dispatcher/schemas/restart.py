@@ -45,15 +45,22 @@ class ExponentialDelay(_Strict):
     reset_backoff_threshold: Seconds = Field(3600.0, alias="reset-backoff-threshold")
     jitter_factor: Annotated[float, NumberRange(0.0, 1.0)] = Field(0.1, alias="jitter-factor")
     attempts_before_reset_backoff: Annotated[int, IntRange(1)] | None = Field(
-        None, alias="attempts-before-reset-backoff", description="default: unlimited")
+        None, alias="attempts-before-reset-backoff", description="default: unlimited"
+    )
 
     @model_validator(mode="after")
     def _backoff_order(self) -> "ExponentialDelay":
         if self.max_backoff < self.initial_backoff:
             raise PydanticCustomError(
-                "backoff_order", "must not be smaller than initial-backoff ({initial}s), got {got}s",
-                {"subfield": "max-backoff", "expected": "max-backoff >= initial-backoff",
-                 "initial": self.initial_backoff, "got": self.max_backoff})
+                "backoff_order",
+                "must not be smaller than initial-backoff ({initial}s), got {got}s",
+                {
+                    "subfield": "max-backoff",
+                    "expected": "max-backoff >= initial-backoff",
+                    "initial": self.initial_backoff,
+                    "got": self.max_backoff,
+                },
+            )
         return self
 
 
@@ -61,20 +68,21 @@ def _restart_type(value: Any) -> Any:
     if isinstance(value, dict) and isinstance(value.get("type"), str):
         return {**value, "type": restart.strategy_type(value["type"]) or value["type"].strip().lower()}
     if isinstance(value, dict) and "type" not in value:
-        raise _fail("restart_type", "field required: must be {expected}", "one of " + ", ".join(RESTART_TYPES),
-                    subfield="type")
+        raise _fail(
+            "restart_type", "field required: must be {expected}", "one of " + ", ".join(RESTART_TYPES), subfield="type"
+        )
     if not isinstance(value, dict):
-        raise _fail("restart_object", "must be {expected}, got {got}",
-                    'a JSON object such as {"type": "fixed-delay", "attempts": 3, "delay": "10 s"}', got=_repr(value))
+        raise _fail(
+            "restart_object",
+            "must be {expected}, got {got}",
+            'a JSON object such as {"type": "fixed-delay", "attempts": 3, "delay": "10 s"}',
+            got=_repr(value),
+        )
     return value
 
 
 RestartModel = Union[NoRestart, FixedDelay, FailureRate, ExponentialDelay]
-RestartStrategy = Annotated[
-    RestartModel,
-    Field(discriminator="type"),
-    BeforeValidator(_restart_type),
-]
+RestartStrategy = Annotated[RestartModel, Field(discriminator="type"), BeforeValidator(_restart_type)]
 _RESTART: TypeAdapter[RestartModel] = TypeAdapter(RestartStrategy)
 
 

@@ -21,8 +21,10 @@ MAX_EVERY_S = 366 * 86400  # a year: longer intervals are cron's business
 
 
 class ScheduleCreateRequest(_Strict):
-    name: JobName | None = Field(None, description="the schedule's name, also each run's job name (default: the "
-                                                   "jar's file name without extension)")
+    name: JobName | None = Field(
+        None,
+        description="the schedule's name, also each run's job name (default: the jar's file name without extension)",
+    )
     jarId: str = Field(description="the uploaded jar to run (POST /jars/upload)", max_length=160)
     entryClass: EntryName | None = Field(None, description="entry function of the module (default 'build')")
     kind: Kind | None = Field(None, description="'pyspark' (default) or 'noop' (runs nothing, for tests)")
@@ -31,18 +33,24 @@ class ScheduleCreateRequest(_Strict):
     parallelism: Parallelism | None = Field(None, description="Spark parallelism of each run (default 1)")
     config: dict[str, Any] | None = Field(None, description="job configuration of each run")
     restartStrategy: RestartStrategy | None = Field(None, description="default: the cluster's restart strategy")
-    cron: str | None = Field(None, max_length=255, description="5-field cron expression, UTC: minute hour "
-                                                               "day-of-month month day-of-week, e.g. '*/5 * * * *'")
+    cron: str | None = Field(
+        None,
+        max_length=255,
+        description="5-field cron expression, UTC: minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'",
+    )
     everySeconds: Annotated[int, IntRange(1, MAX_EVERY_S)] | None = Field(
-        None, description="instead of cron: a tick every N seconds (at multiples of N since the Unix epoch)")
+        None, description="instead of cron: a tick every N seconds (at multiples of N since the Unix epoch)"
+    )
     overlap: Overlap | None = Field(
         "skip",
         description="when the previous run has not ended: skip the tick, queue it (at "
         "most one waits), or cancel_previous and run the new one",
     )
     misfireGraceSeconds: Annotated[int, IntRange(0, sch.MAX_MISFIRE_GRACE_S)] | None = Field(
-        sch.DEFAULT_MISFIRE_GRACE_S, description="after a leader change or downtime, the newest missed tick still "
-                                                 "runs if it is at most this old; older ones are skipped_misfire")
+        sch.DEFAULT_MISFIRE_GRACE_S,
+        description="after a leader change or downtime, the newest missed tick still "
+        "runs if it is at most this old; older ones are skipped_misfire",
+    )
     enabled: StrictBool | None = Field(True, description="false: created paused (null: the default)")
 
     @model_validator(mode="after")
@@ -59,8 +67,10 @@ class ScheduleCreateRequest(_Strict):
 
 
 class ScheduleUpdateRequest(_Strict):
-    enabled: StrictBool = Field(description="false pauses the schedule, true resumes it (from the next tick: "
-                                      "ticks that fell while paused are not run)")
+    enabled: StrictBool = Field(
+        description="false pauses the schedule, true resumes it (from the next tick: "
+        "ticks that fell while paused are not run)"
+    )
 
 
 class _Out(BaseModel):
@@ -74,8 +84,9 @@ class ScheduleCreated(_Out):
 class ScheduleRunInfo(_Out):
     tick: int = Field(description="the nominal tick, ms since the epoch")
     jobId: str | None = Field(description="the run's job (null when the tick was skipped or still queued)")
-    outcome: str = Field(description="submitted | queued | skipped_overlap | skipped_misfire | skipped_missing_jar "
-                                     "| skipped_deleted")
+    outcome: str = Field(
+        description="submitted | queued | skipped_overlap | skipped_misfire | skipped_missing_jar | skipped_deleted"
+    )
     time: int = Field(description="when the tick was handled, ms since the epoch")
 
 

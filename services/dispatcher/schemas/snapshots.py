@@ -21,8 +21,13 @@ CHECKPOINT_TYPES = ("CONFIGURED", "FULL", "INCREMENTAL")
 def _trigger_id(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{32}", value):
         return value.lower()
-    raise _fail("trigger_id", "must be {expected}, got {got}", "32 hexadecimal characters (a Flink TriggerId)",
-                got=_repr(value), hint="leave triggerId out to have one generated")
+    raise _fail(
+        "trigger_id",
+        "must be {expected}, got {got}",
+        "32 hexadecimal characters (a Flink TriggerId)",
+        got=_repr(value),
+        hint="leave triggerId out to have one generated",
+    )
 
 
 def _upper_choice(choices: tuple[str, ...]):
@@ -30,22 +35,29 @@ def _upper_choice(choices: tuple[str, ...]):
         if isinstance(value, str) and value.strip().upper() in choices:
             return value.strip().upper()
         raise _fail("choice", "must be {expected}, got {got}", "one of " + ", ".join(choices), got=_repr(value))
+
     return check
 
 
-TriggerIdStr = Annotated[str, BeforeValidator(_trigger_id),
-                         WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{32}$"})]
-FormatType = Annotated[str, BeforeValidator(_upper_choice(FORMAT_TYPES)),
-                       WithJsonSchema({"type": "string", "enum": list(FORMAT_TYPES)})]
-CheckpointType = Annotated[str, BeforeValidator(_upper_choice(CHECKPOINT_TYPES)),
-                           WithJsonSchema({"type": "string", "enum": list(CHECKPOINT_TYPES)})]
+TriggerIdStr = Annotated[
+    str, BeforeValidator(_trigger_id), WithJsonSchema({"type": "string", "pattern": "^[0-9a-fA-F]{32}$"})
+]
+FormatType = Annotated[
+    str, BeforeValidator(_upper_choice(FORMAT_TYPES)), WithJsonSchema({"type": "string", "enum": list(FORMAT_TYPES)})
+]
+CheckpointType = Annotated[
+    str,
+    BeforeValidator(_upper_choice(CHECKPOINT_TYPES)),
+    WithJsonSchema({"type": "string", "enum": list(CHECKPOINT_TYPES)}),
+]
 
 
 class SavepointTriggerRequest(_Strict):
     """Flink's SavepointTriggerRequestBody."""
 
-    target_directory: str | None = Field(None, alias="target-directory",
-                                         description="plain path or file:// URI; default: state.savepoints.dir")
+    target_directory: str | None = Field(
+        None, alias="target-directory", description="plain path or file:// URI; default: state.savepoints.dir"
+    )
     cancel_job: StrictBool | None = Field(
         None, alias="cancel-job", description="cancel the job once the savepoint is taken"
     )
@@ -57,8 +69,9 @@ class StopWithSavepointRequest(_Strict):
     """Flink's StopWithSavepointRequestBody."""
 
     targetDirectory: str | None = Field(None, description="plain path or file:// URI; default: state.savepoints.dir")
-    drain: StrictBool | None = Field(None, description="advance the event-time watermark to the end first, so every "
-                                                 "open window fires")
+    drain: StrictBool | None = Field(
+        None, description="advance the event-time watermark to the end first, so every open window fires"
+    )
     formatType: FormatType | None = None
     triggerId: TriggerIdStr | None = None
 
@@ -72,8 +85,9 @@ class SavepointDisposalRequest(_Strict):
 class CheckpointTriggerRequest(_Strict):
     """Flink's CheckpointTriggerRequestBody."""
 
-    checkpointType: CheckpointType | None = Field(None, description="CONFIGURED (default), FULL or INCREMENTAL; "
-                                                                      "every checkpoint here is a full one")
+    checkpointType: CheckpointType | None = Field(
+        None, description="CONFIGURED (default), FULL or INCREMENTAL; every checkpoint here is a full one"
+    )
     triggerId: TriggerIdStr | None = None
 
 
@@ -91,8 +105,10 @@ class QueueStatus(_Out):
 class OperationWaiting(_Out):
     reason: str = Field(description="why the snapshot is not triggered yet (where the job's task is)")
     since: int = Field(description="when the request began to wait (epoch ms)")
-    deadline: int = Field(description="when it fails if the task is still not RUNNING (epoch ms): the request "
-                                      "time plus execution.checkpointing.timeout")
+    deadline: int = Field(
+        description="when it fails if the task is still not RUNNING (epoch ms): the request "
+        "time plus execution.checkpointing.timeout"
+    )
 
 
 class AsynchronousOperationResult(_Out):
@@ -101,10 +117,13 @@ class AsynchronousOperationResult(_Out):
     status: QueueStatus
     operation: dict[str, Any] | None = Field(
         description='savepoint: {"location"} or {"failure-cause"}; checkpoint: {"checkpointId"} or '
-                    '{"failureCause"}; disposal and rescaling: {} or {"failure-cause"}')
+        '{"failureCause"}; disposal and rescaling: {} or {"failure-cause"}'
+    )
     waiting: OperationWaiting | None = Field(
-        None, description="Headrace's, present only while IN_PROGRESS because the job's task is not RUNNING yet: "
-                          "the snapshot waits for it (Flink fails such a request at once)")
+        None,
+        description="Headrace's, present only while IN_PROGRESS because the job's task is not RUNNING yet: "
+        "the snapshot waits for it (Flink fails such a request at once)",
+    )
 
     @model_serializer(mode="wrap")
     def _without_absent_wait(self, handler: SerializerFunctionWrapHandler):  # unannotated: the schema stays the model's

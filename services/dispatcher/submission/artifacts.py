@@ -49,7 +49,7 @@ def safe_filename(filename: str | None) -> str:
     name = "".join(c for c in name if ord(c) >= 32).strip() or "upload"
     if len(name) > MAX_NAME_CHARS:
         suffix = PurePosixPath(name).suffix[:16]
-        name = name[:MAX_NAME_CHARS - len(suffix)] + suffix
+        name = name[: MAX_NAME_CHARS - len(suffix)] + suffix
     return name
 
 
@@ -57,7 +57,8 @@ def check_suffix(filename: str) -> None:
     if kind_of(filename) is None:
         raise ArtifactRejected(
             f"'{filename}' is not a Python job: upload a .py module (with a top-level "
-            f"'{DEFAULT_ENTRY}' function) or a .zip of .py files")
+            f"'{DEFAULT_ENTRY}' function) or a .zip of .py files"
+        )
 
 
 def receive(src: IO[bytes], directory: Path, artifact_id: str, max_bytes: int) -> tuple[Path, int, str]:
@@ -96,8 +97,9 @@ def _compile_module(filename: str, data: bytes, *, member: str | None = None) ->
     try:
         source = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ArtifactRejected(f"{where} is not UTF-8 text (byte {exc.start}): save it as UTF-8",
-                               member=member) from None
+        raise ArtifactRejected(
+            f"{where} is not UTF-8 text (byte {exc.start}): save it as UTF-8", member=member
+        ) from None
     try:
         compile(source, member or filename, "exec", dont_inherit=True)
         return ast.parse(source, member or filename)
@@ -107,7 +109,9 @@ def _compile_module(filename: str, data: bytes, *, member: str | None = None) ->
         raise ArtifactRejected(
             f"{where} does not compile: {exc.msg} at line {exc.lineno}"
             f"{f', column {exc.offset}' if exc.offset else ''}{detail}",
-            line=exc.lineno, member=member) from None
+            line=exc.lineno,
+            member=member,
+        ) from None
     except ValueError as exc:  # e.g. source with NUL bytes
         raise ArtifactRejected(f"{where} does not compile: {exc}", member=member) from None
 
@@ -138,8 +142,9 @@ def _top_level(tree: ast.Module) -> tuple[tuple[str, ...], frozenset[str], bool,
                         not_callable.add((alias.asname or alias.name).split(".")[0])
         elif isinstance(node, (ast.If, ast.Try)):
             # Definitions under `if`/`try` at module level (optional imports, fallbacks).
-            inner = ast.Module(body=[n for n in ast.walk(node) if isinstance(n, ast.stmt) and n is not node],
-                               type_ignores=[])
+            inner = ast.Module(
+                body=[n for n in ast.walk(node) if isinstance(n, ast.stmt) and n is not node], type_ignores=[]
+            )
             _f, inner_names, inner_star, _n = _top_level(inner)
             names |= inner_names
             star = star or inner_star
@@ -147,8 +152,9 @@ def _top_level(tree: ast.Module) -> tuple[tuple[str, ...], frozenset[str], bool,
     return tuple(functions), frozenset(names), star, frozenset(not_callable - set(functions))
 
 
-def module_names(path: Path, limits: ArtifactLimits = ArtifactLimits()
-                 ) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]] | None:
+def module_names(
+    path: Path, limits: ArtifactLimits = ArtifactLimits()
+) -> tuple[tuple[str, ...], frozenset[str], bool, frozenset[str]] | None:
     """Top-level functions/names of a stored .py artifact, or None if it is not readable .py
     (or larger than the dispatcher parses)."""
     if kind_of(path) != "py":
@@ -162,8 +168,13 @@ def module_names(path: Path, limits: ArtifactLimits = ArtifactLimits()
 
 
 def _listed(functions, names, star, not_callable) -> dict[str, Any]:
-    return {"kind": "py", "functions": list(functions), "names": sorted(names), "star_import": star,
-            "not_callable": sorted(not_callable)}
+    return {
+        "kind": "py",
+        "functions": list(functions),
+        "names": sorted(names),
+        "star_import": star,
+        "not_callable": sorted(not_callable),
+    }
 
 
 def listing(checked: CheckedArtifact) -> dict[str, Any]:
@@ -186,8 +197,12 @@ def entry_names(listed: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[str]
     listing; None when unknown (a zip)."""
     if listed.get("kind") != "py" or listed.get("functions") is None:
         return None
-    return (tuple(listed["functions"]), frozenset(listed.get("names") or ()), bool(listed.get("star_import")),
-            frozenset(listed.get("not_callable") or ()))
+    return (
+        tuple(listed["functions"]),
+        frozenset(listed.get("names") or ()),
+        bool(listed.get("star_import")),
+        frozenset(listed.get("not_callable") or ()),
+    )
 
 
 def commit(tmp: Path, directory: Path, artifact_id: str) -> Path:

@@ -34,12 +34,17 @@ def check(config: dict[str, Any], settings: Settings) -> None:
         if given is not None and posixpath.normpath(given) == cluster:
             continue
         raise ApiError.of(
-            400, f"a job cannot choose its checkpoint directory: it is set per cluster, not per job (this "
-                 f"cluster writes every job's checkpoints under {cluster}/<job-id>/), got {raw!r}",
-            field=option, expected=f"no {option}, or the cluster's own {cluster}", got=raw, prefix=False,
+            400,
+            f"a job cannot choose its checkpoint directory: it is set per cluster, not per job (this "
+            f"cluster writes every job's checkpoints under {cluster}/<job-id>/), got {raw!r}",
+            field=option,
+            expected=f"no {option}, or the cluster's own {cluster}",
+            got=raw,
+            prefix=False,
             hint="leave the option out; an operator moves all checkpoints with checkpoint_dir "
-                 "(HEADRACE_CHECKPOINT_DIR) on every service; a savepoint can go elsewhere "
-                 "(state.savepoints.dir, or the savepoint's target directory)")
+            "(HEADRACE_CHECKPOINT_DIR) on every service; a savepoint can go elsewhere "
+            "(state.savepoints.dir, or the savepoint's target directory)",
+        )
 
 
 def _local(raw: Any) -> str | None:

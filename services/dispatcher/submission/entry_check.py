@@ -42,8 +42,15 @@ def check_entry(art: Any, entry: str, config: dict, listing: Callable[[], dict],
         hint = f"pass entryClass with one of the module's top-level functions: {', '.join(functions)}"
     else:
         hint = f"define `def {entry}(ctx): ...` at the top level of {where}"
-    raise ApiError.of(400, message, field="entryClass", expected=f"a top-level function of {where}", got=entry,
-                      hint=hint, prefix=False)
+    raise ApiError.of(
+        400,
+        message,
+        field="entryClass",
+        expected=f"a top-level function of {where}",
+        got=entry,
+        hint=hint,
+        prefix=False,
+    )
 
 
 def _zip_module_entries(path: Path, config: dict, limits: ArtifactLimits):

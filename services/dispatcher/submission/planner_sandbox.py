@@ -82,12 +82,18 @@ def _lease(run_as: str | None, users: int) -> Lease | None:
     if not run_as:
         return None
     if os.geteuid() != 0:
-        log.warning("restore check: cannot run the planner as one of the drivers' users %s-0.. (this dispatcher is "
-                    "not root); it runs as the dispatcher's own user, with a scrubbed environment", run_as)
+        log.warning(
+            "restore check: cannot run the planner as one of the drivers' users %s-0.. (this dispatcher is "
+            "not root); it runs as the dispatcher's own user, with a scrubbed environment",
+            run_as,
+        )
         return None
     try:
         return SandboxUsers(run_as, users).acquire("restore-check planner")
     except SandboxUsersError as exc:
-        log.warning("restore check: cannot run the planner as one of the drivers' users (%s); it runs as the "
-                    "dispatcher's own user, with a scrubbed environment", exc)
+        log.warning(
+            "restore check: cannot run the planner as one of the drivers' users (%s); it runs as the "
+            "dispatcher's own user, with a scrubbed environment",
+            exc,
+        )
         return None

@@ -36,22 +36,37 @@ def local_path(raw: Any, field: str) -> str:
         raise ApiError.of(400, f"must be {_PATH_EXPECTED}, got {raw!r}", field=field, expected=_PATH_EXPECTED, got=raw)
     text = raw.strip()
     if text.startswith("file:") and not text.startswith("file://"):
-        text = "file://" + text[len("file:"):]  # Flink's Path.toString form of a local URI
+        text = "file://" + text[len("file:") :]  # Flink's Path.toString form of a local URI
     scheme = _SCHEME.match(text)
     if scheme is not None and scheme.group(1).lower() != "file":
-        raise ApiError.of(400, f"scheme {scheme.group(1)!r} is not supported, got {raw!r}", field=field,
-                          expected=_PATH_EXPECTED, got=raw,
-                          hint="checkpoint storage is a filesystem every TaskManager mounts: give a path on it, "
-                               "or file:///path")
+        raise ApiError.of(
+            400,
+            f"scheme {scheme.group(1)!r} is not supported, got {raw!r}",
+            field=field,
+            expected=_PATH_EXPECTED,
+            got=raw,
+            hint="checkpoint storage is a filesystem every TaskManager mounts: give a path on it, or file:///path",
+        )
     try:
         path = cp.to_local_path(text)
     except ValueError as exc:
-        raise ApiError.of(400, str(exc), field=field, expected=_PATH_EXPECTED, got=raw,
-                          hint="checkpoint storage is a filesystem every TaskManager mounts") from None
+        raise ApiError.of(
+            400,
+            str(exc),
+            field=field,
+            expected=_PATH_EXPECTED,
+            got=raw,
+            hint="checkpoint storage is a filesystem every TaskManager mounts",
+        ) from None
     if not path.startswith("/"):
-        raise ApiError.of(400, f"must be {_PATH_EXPECTED}, got {raw!r}", field=field, expected=_PATH_EXPECTED,
-                          got=raw, hint="the JobManager and TaskManagers resolve paths from their own working "
-                                        "directories; give the full path")
+        raise ApiError.of(
+            400,
+            f"must be {_PATH_EXPECTED}, got {raw!r}",
+            field=field,
+            expected=_PATH_EXPECTED,
+            got=raw,
+            hint="the JobManager and TaskManagers resolve paths from their own working directories; give the full path",
+        )
     return posixpath.normpath(path)
 
 
@@ -63,11 +78,15 @@ def resolve_snapshot(raw: str, field: str) -> Snapshot:
         metadata = checkpoint_storage.read_metadata(resolved)
     except (checkpoint_storage.SnapshotError, OSError, ValueError) as exc:
         raise ApiError.of(
-            400, f"no completed checkpoint or savepoint at {path} ({exc})", field=field,
+            400,
+            f"no completed checkpoint or savepoint at {path} ({exc})",
+            field=field,
             expected="the directory of a completed savepoint or retained checkpoint (it holds a _metadata file)",
-            got=raw, prefix=False,
+            got=raw,
+            prefix=False,
             hint="use the location `headrace savepoint` printed, or an external_path from "
-                 "GET /jobs/{jobid}/checkpoints; a moved savepoint directory works from its new place") from None
+            "GET /jobs/{jobid}/checkpoints; a moved savepoint directory works from its new place",
+        ) from None
     return Snapshot(path=str(resolved), metadata=dict(metadata))
 
 
@@ -76,14 +95,27 @@ def claim_mode(raw: Any, field: str) -> str:
     if mode == "LEGACY":
         mode = "NO_CLAIM"  # Flink's deprecated mode; a restore here never shares files with the snapshot
     if mode not in RESTORE_MODES:
-        raise ApiError.of(400, f"must be NO_CLAIM or CLAIM, got {raw!r}", field=field, expected="NO_CLAIM or CLAIM",
-                          got=raw, hint="NO_CLAIM (default) leaves the snapshot alone; CLAIM lets the job own "
-                                        "and eventually delete it")
+        raise ApiError.of(
+            400,
+            f"must be NO_CLAIM or CLAIM, got {raw!r}",
+            field=field,
+            expected="NO_CLAIM or CLAIM",
+            got=raw,
+            hint="NO_CLAIM (default) leaves the snapshot alone; CLAIM lets the job own and eventually delete it",
+        )
     return mode
 
 
-def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str | None, path_field: str,
-            allow_non_restored: bool | None, mode: str | None, mode_field: str) -> Snapshot | None:
+def prepare(
+    config: dict[str, Any],
+    settings: Settings,
+    *,
+    savepoint_path: str | None,
+    path_field: str,
+    allow_non_restored: bool | None,
+    mode: str | None,
+    mode_field: str,
+) -> Snapshot | None:
     """Write the restore options into `config` under Flink's option names (the request's fields
     win over the same options in its configuration), validate every checkpoint option, and
     return the snapshot to start from, if any. Raises ApiError 400 naming the field or option."""
@@ -92,8 +124,7 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
     snapshot = None
     if savepoint_path is not None:
         # Reading a snapshot is confined like writing one: no restore from /etc.
-        storage_roots.confined(local_path(savepoint_path, path_field), settings, field=path_field,
-                               what="restore path")
+        storage_roots.confined(local_path(savepoint_path, path_field), settings, field=path_field, what="restore path")
         snapshot = resolve_snapshot(savepoint_path, path_field)
         config[cp.RESTORE_PATH] = snapshot.path
     if allow_non_restored is not None:
@@ -103,13 +134,22 @@ def prepare(config: dict[str, Any], settings: Settings, *, savepoint_path: str |
     elif config.get(cp.RESTORE_MODE) is not None:
         config[cp.RESTORE_MODE] = claim_mode(config[cp.RESTORE_MODE], cp.RESTORE_MODE)
     if config.get(cp.SAVEPOINT_DIR):
-        config[cp.SAVEPOINT_DIR] = storage_roots.confined(local_path(config[cp.SAVEPOINT_DIR], cp.SAVEPOINT_DIR),
-                                                          settings, field=cp.SAVEPOINT_DIR,
-                                                          what="the job's savepoint directory")
+        config[cp.SAVEPOINT_DIR] = storage_roots.confined(
+            local_path(config[cp.SAVEPOINT_DIR], cp.SAVEPOINT_DIR),
+            settings,
+            field=cp.SAVEPOINT_DIR,
+            what="the job's savepoint directory",
+        )
     try:
         cp.checkpoint_config(config, settings.checkpointing, savepoint_dir=str(settings.savepoints))
     except cp.InvalidCheckpointConfig as exc:
-        raise ApiError.of(400, exc.message, field=exc.field, expected=f"a valid value for {exc.field}",
-                          got=config.get(exc.field), hint="checkpoint options use Flink's names and values; "
-                          "durations are strings such as \"10 s\" or \"500 ms\" (without a unit: ms)") from None
+        raise ApiError.of(
+            400,
+            exc.message,
+            field=exc.field,
+            expected=f"a valid value for {exc.field}",
+            got=config.get(exc.field),
+            hint="checkpoint options use Flink's names and values; "
+            'durations are strings such as "10 s" or "500 ms" (without a unit: ms)',
+        ) from None
     return snapshot

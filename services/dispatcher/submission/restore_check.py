@@ -44,8 +44,9 @@ class RestoreIncompatible(StateError):
     """The pipeline cannot start from the snapshot. `message` says what changed, `hint` what
     to do; `problems` and `hints` list them one by one."""
 
-    def __init__(self, message: str, hint: str | None = None, *, problems: Sequence[str] = (),
-                 hints: Sequence[str] = ()):
+    def __init__(
+        self, message: str, hint: str | None = None, *, problems: Sequence[str] = (), hints: Sequence[str] = ()
+    ):
         super().__init__(message if not hint else f"{message} ({hint})")
         self.message = message
         self.hint = hint
@@ -65,27 +66,48 @@ def allow_non_restored(config: Mapping[str, Any]) -> bool:
     return bool(raw)
 
 
-def same_pipeline(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, entry: str,
-                  args: Sequence[str]) -> bool:
+def same_pipeline(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, entry: str, args: Sequence[str]) -> bool:
     old = snapshot_meta.get("pipeline") or {}
-    return (bool(old.get("artifact_sha256")) and old.get("artifact_sha256") == artifact_sha256
-            and (old.get("entry") or "build") == entry
-            and [str(a) for a in old.get("args") or []] == [str(a) for a in args])
+    return (
+        bool(old.get("artifact_sha256"))
+        and old.get("artifact_sha256") == artifact_sha256
+        and (old.get("entry") or "build") == entry
+        and [str(a) for a in old.get("args") or []] == [str(a) for a in args]
+    )
 
 
-def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[str], config: dict,
-                   parallelism: int, snapshot_meta: dict, warm: SparePlanner | None = None) -> None:
+def check_artifact(
+    settings: Settings,
+    art: Any,
+    *,
+    entry: str,
+    args: Sequence[str],
+    config: dict,
+    parallelism: int,
+    snapshot_meta: dict,
+    warm: SparePlanner | None = None,
+) -> None:
     """`check_restore` of an uploaded artifact, planned as this cluster's drivers would run it: the
     pipeline's database and Redis, the drivers' OS user and their class archive; on the warm
     planner (`warm`, submission/warm_planner.py) when one is ready."""
     try:
-        check_restore(python=sys.executable, artifact_path=art.path, artifact_sha256=art.sha256, entry=entry,
-                      args=list(args), config=config, parallelism=parallelism, snapshot_meta=snapshot_meta,
-                      catalog_url=settings.pipeline_catalog_url,
-                      redis_url=settings.pipeline_redis_url or settings.redis_url, run_as=settings.driver_user,
-                      runtime=SparkRuntime.from_settings(settings), warm=warm.plan if warm else None,
-                      users=settings.driver_users,
-                      lake_dir=str(settings.lake.absolute()))
+        check_restore(
+            python=sys.executable,
+            artifact_path=art.path,
+            artifact_sha256=art.sha256,
+            entry=entry,
+            args=list(args),
+            config=config,
+            parallelism=parallelism,
+            snapshot_meta=snapshot_meta,
+            catalog_url=settings.pipeline_catalog_url,
+            redis_url=settings.pipeline_redis_url or settings.redis_url,
+            run_as=settings.driver_user,
+            runtime=SparkRuntime.from_settings(settings),
+            warm=warm.plan if warm else None,
+            users=settings.driver_users,
+            lake_dir=str(settings.lake.absolute()),
+        )
     finally:
         if warm is not None and needs_planning(snapshot_meta, artifact_sha256=art.sha256, entry=entry, args=args):
             warm.replenish()  # after the check: the next spare does not slow this one down
@@ -94,21 +116,36 @@ def check_artifact(settings: Settings, art: Any, *, entry: str, args: Sequence[s
 class WarmPlan(Protocol):
     """A spare planner's plan: a result line, or None to plan cold."""
 
-    def __call__(self, *, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
-                 parallelism: int, timeout_s: float) -> dict[str, Any] | None: ...
+    def __call__(
+        self,
+        *,
+        artifact_path: str,
+        entry: str,
+        args: Sequence[str],
+        config: Mapping[str, Any],
+        parallelism: int,
+        timeout_s: float,
+    ) -> dict[str, Any] | None: ...
 
 
 class SparePlanner(Protocol):
     """warm_planner.WarmPlanner, as the check uses it."""
 
-    def plan(self, *, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
-             parallelism: int, timeout_s: float) -> dict[str, Any] | None: ...
+    def plan(
+        self,
+        *,
+        artifact_path: str,
+        entry: str,
+        args: Sequence[str],
+        config: Mapping[str, Any],
+        parallelism: int,
+        timeout_s: float,
+    ) -> dict[str, Any] | None: ...
 
     def replenish(self) -> None: ...
 
 
-def needs_planning(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, entry: str,
-                   args: Sequence[str]) -> bool:
+def needs_planning(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, entry: str, args: Sequence[str]) -> bool:
     """Whether the pipeline must be planned to check it against the snapshot. An empty snapshot
     (its query never committed a batch) holds no state and no offsets: any pipeline can start
     from it; the very same pipeline differs at most in configuration, checked without planning."""
@@ -116,12 +153,25 @@ def needs_planning(snapshot_meta: Mapping[str, Any], *, artifact_sha256: str, en
     return holds_state and not same_pipeline(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args)
 
 
-def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entry: str, args: list[str],
-                  config: dict, parallelism: int, snapshot_meta: dict, timeout_s: float = 120,
-                  catalog_url: str | None = None, redis_url: str | None = None,
-                  run_as: str | None = None, runtime: SparkRuntime | None = None,
-                  warm: WarmPlan | None = None, users: int = DEFAULT_USERS,
-                  lake_dir: str | None = None) -> None:
+def check_restore(
+    *,
+    python: str,
+    artifact_path: str,
+    artifact_sha256: str,
+    entry: str,
+    args: list[str],
+    config: dict,
+    parallelism: int,
+    snapshot_meta: dict,
+    timeout_s: float = 120,
+    catalog_url: str | None = None,
+    redis_url: str | None = None,
+    run_as: str | None = None,
+    runtime: SparkRuntime | None = None,
+    warm: WarmPlan | None = None,
+    users: int = DEFAULT_USERS,
+    lake_dir: str | None = None,
+) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
 
@@ -134,24 +184,52 @@ def check_restore(*, python: str, artifact_path: str, artifact_sha256: str, entr
     if needs_planning(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
         result = None
         if warm is not None:
-            result = warm(artifact_path=artifact_path, entry=entry, args=args, config=config,
-                          parallelism=parallelism, timeout_s=timeout_s)
+            result = warm(
+                artifact_path=artifact_path,
+                entry=entry,
+                args=args,
+                config=config,
+                parallelism=parallelism,
+                timeout_s=timeout_s,
+            )
         if result is None:
-            result = run_planner(python=python, artifact_path=artifact_path, entry=entry, args=args, config=config,
-                                 parallelism=parallelism, timeout_s=timeout_s, catalog_url=catalog_url,
-                                 redis_url=redis_url, run_as=run_as, runtime=runtime, users=users,
-                                 lake_dir=lake_dir)
+            result = run_planner(
+                python=python,
+                artifact_path=artifact_path,
+                entry=entry,
+                args=args,
+                config=config,
+                parallelism=parallelism,
+                timeout_s=timeout_s,
+                catalog_url=catalog_url,
+                redis_url=redis_url,
+                run_as=run_as,
+                runtime=runtime,
+                users=users,
+                lake_dir=lake_dir,
+            )
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
-            log.warning("restore check of %s: planning the pipeline did not work out (%s); only the "
-                        "configuration was checked, the driver checks the plan before it starts",
-                        artifact_path, _why(result))
-    verdict = restore_compat.check(snapshot_meta, plan, new_shuffle_partitions=explicit_shuffle_partitions(config),
-                                   allow_non_restored_state=allow_non_restored(config))
+            log.warning(
+                "restore check of %s: planning the pipeline did not work out (%s); only the "
+                "configuration was checked, the driver checks the plan before it starts",
+                artifact_path,
+                _why(result),
+            )
+    verdict = restore_compat.check(
+        snapshot_meta,
+        plan,
+        new_shuffle_partitions=explicit_shuffle_partitions(config),
+        allow_non_restored_state=allow_non_restored(config),
+    )
     if not verdict.ok:
         what = restore_compat.describe_snapshot(snapshot_meta)
-        raise RestoreIncompatible(f"the job cannot start from {what}: " + "; ".join(verdict.problems),
-                                  "; ".join(verdict.hints) or None, problems=verdict.problems, hints=verdict.hints)
+        raise RestoreIncompatible(
+            f"the job cannot start from {what}: " + "; ".join(verdict.problems),
+            "; ".join(verdict.hints) or None,
+            problems=verdict.problems,
+            hints=verdict.hints,
+        )
 
 
 def interpret(result: Mapping[str, Any] | None, *, artifact_path: str, entry: str) -> dict | None:
@@ -164,10 +242,10 @@ def interpret(result: Mapping[str, Any] | None, *, artifact_path: str, entry: st
     if result.get("stage") == "build":
         name = Path(artifact_path).name
         raise RestoreIncompatible(
-            f"the pipeline {name} ({entry}) could not be built to check it against the snapshot: "
-            f"{result.get('error')}",
+            f"the pipeline {name} ({entry}) could not be built to check it against the snapshot: {result.get('error')}",
             "fix the pipeline (it must build its DataFrames without connecting to anything; "
-            "the traceback is in the dispatcher's log)")
+            "the traceback is in the dispatcher's log)",
+        )
     return None
 
 
@@ -177,11 +255,22 @@ def _why(result: Mapping[str, Any] | None) -> str:
     return str(result.get("error") or result.get("reason") or "unknown")
 
 
-def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
-                parallelism: int, timeout_s: float, catalog_url: str | None = None,
-                redis_url: str | None = None, run_as: str | None = None,
-                runtime: SparkRuntime | None = None, users: int = DEFAULT_USERS,
-                lake_dir: str | None = None) -> dict[str, Any] | None:
+def run_planner(
+    *,
+    python: str,
+    artifact_path: str,
+    entry: str,
+    args: Sequence[str],
+    config: Mapping[str, Any],
+    parallelism: int,
+    timeout_s: float,
+    catalog_url: str | None = None,
+    redis_url: str | None = None,
+    run_as: str | None = None,
+    runtime: SparkRuntime | None = None,
+    users: int = DEFAULT_USERS,
+    lake_dir: str | None = None,
+) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
     when it timed out or died without one.
 
@@ -196,22 +285,44 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
         try:
             artifact_copy = box.place_artifact(artifact_path)
         except OSError as exc:
-            log.warning("restore check: cannot start the planner with %s: the artifact cannot be read (%s)",
-                        python, exc)
+            log.warning(
+                "restore check: cannot start the planner with %s: the artifact cannot be read (%s)", python, exc
+            )
             return {"reason": f"cannot read the artifact {artifact_path}: {exc}"}
         # The configuration and URLs may hold passwords: stdin and environment, not the command line.
-        cmd = [python, "-m", PLANNER_MODULE, "--artifact", str(artifact_copy), "--entry", entry,
-               "--args-json", json.dumps([str(a) for a in args]), "--config-json", "-",
-               "--parallelism", str(parallelism), "--workdir", str(home / "spark")]
+        cmd = [
+            python,
+            "-m",
+            PLANNER_MODULE,
+            "--artifact",
+            str(artifact_copy),
+            "--entry",
+            entry,
+            "--args-json",
+            json.dumps([str(a) for a in args]),
+            "--config-json",
+            "-",
+            "--parallelism",
+            str(parallelism),
+            "--workdir",
+            str(home / "spark"),
+        ]
         cmd += (runtime or SparkRuntime(DEFAULT_CACHE_DIR)).cli_args()  # the drivers' jars and class archive
         env = planner_env(home, user, catalog_url=catalog_url, redis_url=redis_url, lake_dir=lake_dir)
         t0 = time.monotonic()
         with open(log_path, "wb") as err:
             # Its own process group: the planner's JVM goes with it when a timeout kills it.
             try:
-                proc = subprocess.Popen(cmd, cwd=str(home), env=env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-                                        **user.popen_kwargs())
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=str(home),
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    start_new_session=True,
+                    **user.popen_kwargs(),
+                )
             except OSError as exc:
                 log.warning("restore check: cannot start the planner with %s: %s", python, exc)
                 return {"reason": f"cannot start {python}: {exc}"}
@@ -219,8 +330,11 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
                 out, _ = proc.communicate(json.dumps(dict(config), default=str).encode(), timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 kill_group(proc)
-                log.warning("restore check: the planner (pid %d) did not finish within %.0f s and was killed",
-                            proc.pid, timeout_s)
+                log.warning(
+                    "restore check: the planner (pid %d) did not finish within %.0f s and was killed",
+                    proc.pid,
+                    timeout_s,
+                )
                 return {"reason": f"timed out after {timeout_s:.0f} s (pid {proc.pid})"}
         kill_group(proc)  # a JVM left behind by a planner that exited
         for line in reversed(out.decode(errors="replace").splitlines()):
@@ -234,18 +348,31 @@ def run_planner(*, python: str, artifact_path: str, entry: str, args: Sequence[s
                 log.info("restore check: planned %s in %.1f s", artifact_path, time.monotonic() - t0)
                 return result
         tail = log_path.read_text(errors="replace")[-2000:]
-        log.warning("restore check: the planner (pid %d) exited with %s without a result; its log ends:\n%s",
-                    proc.pid, proc.returncode, tail)
+        log.warning(
+            "restore check: the planner (pid %d) exited with %s without a result; its log ends:\n%s",
+            proc.pid,
+            proc.returncode,
+            tail,
+        )
         return {"reason": f"planner exited with {proc.returncode} without a result"}
 
 
-def planner_env(home: Path, user: untrusted_code.UntrustedUser, *, catalog_url: str | None,
-                redis_url: str | None, lake_dir: str | None = None) -> dict[str, str]:
+def planner_env(
+    home: Path,
+    user: untrusted_code.UntrustedUser,
+    *,
+    catalog_url: str | None,
+    redis_url: str | None,
+    lake_dir: str | None = None,
+) -> dict[str, str]:
     """The allow-listed environment of a planner; the URLs (which may hold passwords) go here,
     never on its command line."""
     env = untrusted_code.environment(os.environ, home=home, user=user.name, import_root=IMPORT_ROOT)
-    for name, value in (("HEADRACE_PLANNER_CATALOG_URL", catalog_url), ("HEADRACE_PLANNER_REDIS_URL", redis_url),
-                        ("HEADRACE_PLANNER_LAKE_DIR", lake_dir)):
+    for name, value in (
+        ("HEADRACE_PLANNER_CATALOG_URL", catalog_url),
+        ("HEADRACE_PLANNER_REDIS_URL", redis_url),
+        ("HEADRACE_PLANNER_LAKE_DIR", lake_dir),
+    ):
         if value:
             env[name] = value
     return env

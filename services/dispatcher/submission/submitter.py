@@ -76,12 +76,26 @@ class Submitter:
                 raise unknown_jar(req.jarid) from None
         if req.kind == "pyspark":
             check_entry(catalog, art, req.entry, req.config, self.bounds)
-        snapshot = restore.prepare(req.config, settings, savepoint_path=req.savepoint_path, path_field="savepointPath",
-                                   allow_non_restored=req.allow_non_restored, mode=req.mode,
-                                   mode_field=req.mode_field)
+        snapshot = restore.prepare(
+            req.config,
+            settings,
+            savepoint_path=req.savepoint_path,
+            path_field="savepointPath",
+            allow_non_restored=req.allow_non_restored,
+            mode=req.mode,
+            mode_field=req.mode_field,
+        )
         if snapshot is not None and req.kind == "pyspark":
-            _check_restore(settings, art, entry=req.entry, args=req.args, config=req.config,
-                           parallelism=req.parallelism, snapshot=snapshot, warm=self.warm)
+            _check_restore(
+                settings,
+                art,
+                entry=req.entry,
+                args=req.args,
+                config=req.config,
+                parallelism=req.parallelism,
+                snapshot=snapshot,
+                warm=self.warm,
+            )
         self._create(req, job_id, art, restart)
         self.overview.invalidate()
         # Published only after the commit, so the JobManager always finds the row it is told about.
@@ -90,8 +104,11 @@ class Submitter:
         except Exception as exc:  # noqa: BLE001 - any transport failure
             _fail_unpublished(catalog, job_id, exc)
             self.overview.invalidate()
-            raise ApiError.of(503, f"job {job_id} was not submitted: the JobManager stream is unreachable ({exc})",
-                              hint="check that Redis is up (settings.redis_url) and submit again") from None
+            raise ApiError.of(
+                503,
+                f"job {job_id} was not submitted: the JobManager stream is unreachable ({exc})",
+                hint="check that Redis is up (settings.redis_url) and submit again",
+            ) from None
         log.info("submitted job %s from %s", job_id, req.jarid)
         return job_id
 
@@ -107,9 +124,16 @@ class Submitter:
                     if existing is not None:
                         raise _duplicate(job_id, existing.status)
                 repository.create_job(
-                    s, id=job_id, name=req.name or Path(art.name).stem, artifact_id=art.id, entry=req.entry,
-                    parallelism=req.parallelism, program_args=req.args, config=req.config,
-                    restart_strategy=restart, kind=req.kind,
+                    s,
+                    id=job_id,
+                    name=req.name or Path(art.name).stem,
+                    artifact_id=art.id,
+                    entry=req.entry,
+                    parallelism=req.parallelism,
+                    program_args=req.args,
+                    config=req.config,
+                    restart_strategy=restart,
+                    kind=req.kind,
                 )
         except IntegrityError:  # the same jobId submitted twice at once, or the jar deleted meanwhile
             with catalog.session() as s:
@@ -121,28 +145,54 @@ class Submitter:
 
 
 def unknown_jar(jarid: str) -> ApiError:
-    return ApiError.of(404, f"jar {jarid} not found", field="jarid", expected="the id of an uploaded jar",
-                       hint="GET /jars lists the uploaded jars; POST /jars/upload adds one", prefix=False)
+    return ApiError.of(
+        404,
+        f"jar {jarid} not found",
+        field="jarid",
+        expected="the id of an uploaded jar",
+        hint="GET /jars lists the uploaded jars; POST /jars/upload adds one",
+        prefix=False,
+    )
 
 
-def _check_restore(settings, art, *, entry: str, args: list[str], config: dict, parallelism: int, snapshot,
-                   warm: WarmPlanner | None) -> None:
+def _check_restore(
+    settings, art, *, entry: str, args: list[str], config: dict, parallelism: int, snapshot, warm: WarmPlanner | None
+) -> None:
     """Refuse, before the job exists, a pipeline that Spark could not start from the snapshot
     (a changed grouping key, another source, another state partition count), instead of a task
     that fails minutes later and loops through its restarts."""
     try:
-        restore_check.check_artifact(settings, art, entry=entry, args=args, config=config, parallelism=parallelism,
-                                     snapshot_meta=snapshot.metadata, warm=warm)
+        restore_check.check_artifact(
+            settings,
+            art,
+            entry=entry,
+            args=args,
+            config=config,
+            parallelism=parallelism,
+            snapshot_meta=snapshot.metadata,
+            warm=warm,
+        )
     except restore_check.RestoreIncompatible as exc:
-        raise ApiError.of(400, exc.message, field="savepointPath", expected="a snapshot this pipeline can restore",
-                          got=snapshot.path, hint=exc.hint or "start the job without a savepoint",
-                          prefix=False) from None
+        raise ApiError.of(
+            400,
+            exc.message,
+            field="savepointPath",
+            expected="a snapshot this pipeline can restore",
+            got=snapshot.path,
+            hint=exc.hint or "start the job without a savepoint",
+            prefix=False,
+        ) from None
 
 
 def _duplicate(job_id: str, status: str) -> ApiError:
-    return ApiError.of(409, f"a job with id {job_id} already exists (state {status})", field="jobId",
-                       expected="an id no other job has", hint="leave jobId out to have one generated",
-                       prefix=False)
+    return ApiError.of(
+        409,
+        f"a job with id {job_id} already exists (state {status})",
+        field="jobId",
+        expected="an id no other job has",
+        hint="leave jobId out to have one generated",
+        prefix=False,
+    )
 
 
 def resolve_restart_strategy(requested, config: dict, default: dict) -> dict:
@@ -153,8 +203,13 @@ def resolve_restart_strategy(requested, config: dict, default: dict) -> dict:
             return stored_restart_strategy(requested)
         return job_config.restart_strategy_from_config(config) or default
     except InvalidRestartStrategy as exc:
-        raise ApiError.of(400, str(exc).split(": ", 1)[-1], field=exc.field, expected="a valid restart strategy",
-                          hint="see the restart strategy schema at /docs") from None
+        raise ApiError.of(
+            400,
+            str(exc).split(": ", 1)[-1],
+            field=exc.field,
+            expected="a valid restart strategy",
+            hint="see the restart strategy schema at /docs",
+        ) from None
 
 
 def check_config(config: dict, settings: Settings) -> None:
@@ -162,16 +217,31 @@ def check_config(config: dict, settings: Settings) -> None:
     value and a good example, instead of a task that fails (or hangs) on a TaskManager."""
     found = job_config.problems(config)
     if found:
-        raise ApiError(400, [Problem(p.message, field=p.option, expected=p.expected,
-                                     got=short_value(p.value) if not p.missing else None,
-                                     hint="options keep Flink's names and values: durations are strings such as "
-                                          "\"10 s\", \"500 ms\" or \"2 min\" (without a unit: milliseconds)")
-                             for p in found])
+        raise ApiError(
+            400,
+            [
+                Problem(
+                    p.message,
+                    field=p.option,
+                    expected=p.expected,
+                    got=short_value(p.value) if not p.missing else None,
+                    hint="options keep Flink's names and values: durations are strings such as "
+                    '"10 s", "500 ms" or "2 min" (without a unit: milliseconds)',
+                )
+                for p in found
+            ],
+        )
     check_kafka_transaction_timeout(config, settings)
     undeclared = redis_key_grants.undeclared_problem(config, settings.pipeline_redis_keys)
     if undeclared:
-        raise ApiError.of(400, undeclared, field=redis_key_grants.WRITE_OPTION, expected=redis_key_grants.EXPECTED,
-                          hint="see docs/runbooks/auth.md, \"Redis users\"", prefix=False)
+        raise ApiError.of(
+            400,
+            undeclared,
+            field=redis_key_grants.WRITE_OPTION,
+            expected=redis_key_grants.EXPECTED,
+            hint='see docs/runbooks/auth.md, "Redis users"',
+            prefix=False,
+        )
 
 
 def check_kafka_transaction_timeout(config: dict, settings: Settings) -> None:
@@ -187,14 +257,21 @@ def check_kafka_transaction_timeout(config: dict, settings: Settings) -> None:
         return  # reported with the checkpoint options themselves
     problem = kafka_delivery.timeout_problem(timeout_s, interval_s)
     if problem is not None:
-        raise ApiError.of(400, problem, field=option, expected="a transaction timeout longer than a checkpoint "
-                          "interval plus a minute", hint="see docs/runbooks/kafka.md", prefix=False)
+        raise ApiError.of(
+            400,
+            problem,
+            field=option,
+            expected="a transaction timeout longer than a checkpoint interval plus a minute",
+            hint="see docs/runbooks/kafka.md",
+            prefix=False,
+        )
 
 
 def check_entry(catalog, art, entry: str, config: dict | None = None, bounds: ArtifactLimits | None = None) -> None:
     """400 unless `entry` is a function the driver can call in the artifact (submission/entry_check.py)."""
-    entry_check.check_entry(art, entry, config or {}, lambda: artifacts.stored_listing(catalog, art),
-                            bounds or ArtifactLimits())
+    entry_check.check_entry(
+        art, entry, config or {}, lambda: artifacts.stored_listing(catalog, art), bounds or ArtifactLimits()
+    )
 
 
 def _fail_unpublished(catalog, job_id: JobId, exc: Exception) -> None:

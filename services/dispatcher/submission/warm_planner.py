@@ -59,13 +59,27 @@ RESERVE_S = 30.0
 class _Spare:
     def __init__(self, python: str, box: PlannerSandbox, env_for, runtime: SparkRuntime, *, in_reserve: bool):
         self.box, self.home, self.user = box, box.home, box.user
-        cmd = [python, "-m", restore_check.PLANNER_MODULE, "--await-request", "--workdir", str(self.home / "spark"),
-               *runtime.cli_args()]
+        cmd = [
+            python,
+            "-m",
+            restore_check.PLANNER_MODULE,
+            "--await-request",
+            "--workdir",
+            str(self.home / "spark"),
+            *runtime.cli_args(),
+        ]
         self.log = open(box.tmp / "planner.log", "wb")
         try:
-            self.proc = subprocess.Popen(cmd, cwd=str(self.home), env=env_for(self.home, self.user),
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                         start_new_session=True, **self.user.popen_kwargs())
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=str(self.home),
+                env=env_for(self.home, self.user),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.log,
+                start_new_session=True,
+                **self.user.popen_kwargs(),
+            )
         except OSError:  # nothing started: its directory, log and user go now
             self.log.close()
             box.close()
@@ -130,8 +144,17 @@ class _Spare:
 class WarmPlanner:
     """At most one spare planner; `plan` uses it if there is one, and starts the next."""
 
-    def __init__(self, *, python: str, run_as: str | None, catalog_url: str | None, redis_url: str | None,
-                 runtime: SparkRuntime, users: int = DEFAULT_USERS, lake_dir: str | None = None):
+    def __init__(
+        self,
+        *,
+        python: str,
+        run_as: str | None,
+        catalog_url: str | None,
+        redis_url: str | None,
+        runtime: SparkRuntime,
+        users: int = DEFAULT_USERS,
+        lake_dir: str | None = None,
+    ):
         self.python, self.run_as, self.runtime, self.users = python, run_as, runtime, users
         self.catalog_url, self.redis_url, self.lake_dir = catalog_url, redis_url, lake_dir
         self._lock = threading.Lock()
@@ -139,22 +162,34 @@ class WarmPlanner:
         self._closed = False
         self._closing = threading.Event()
 
-    def plan(self, *, artifact_path: str, entry: str, args: Sequence[str], config: Mapping[str, Any],
-             parallelism: int, timeout_s: float) -> dict[str, Any] | None:
+    def plan(
+        self,
+        *,
+        artifact_path: str,
+        entry: str,
+        args: Sequence[str],
+        config: Mapping[str, Any],
+        parallelism: int,
+        timeout_s: float,
+    ) -> dict[str, Any] | None:
         """The planner's result line, or None when no spare could answer (plan cold then)."""
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is None:
             return None
         t0 = time.monotonic()
-        result = spare.plan(artifact_path, {"entry": entry, "args": [str(a) for a in args],
-                                            "config": dict(config), "parallelism": parallelism}, timeout_s)
+        result = spare.plan(
+            artifact_path,
+            {"entry": entry, "args": [str(a) for a in args], "config": dict(config), "parallelism": parallelism},
+            timeout_s,
+        )
         if result is not None:
             log.info("restore check: planned %s on the warm planner in %.1f s", artifact_path, time.monotonic() - t0)
         return result
 
     def keep_ready(self, after_s: float = START_AFTER_S) -> threading.Thread:
         """Start the first spare `after_s` from now, in the background (the dispatcher's start)."""
+
         def start() -> None:
             if not self._closing.wait(after_s):
                 self.replenish(in_reserve=True)
@@ -176,8 +211,9 @@ class WarmPlanner:
                 log.warning("restore check: cannot start a warm planner (%s); checks plan cold", exc)
 
     def _env(self, home: Path, user) -> dict[str, str]:
-        return restore_check.planner_env(home, user, catalog_url=self.catalog_url, redis_url=self.redis_url,
-                                         lake_dir=self.lake_dir)
+        return restore_check.planner_env(
+            home, user, catalog_url=self.catalog_url, redis_url=self.redis_url, lake_dir=self.lake_dir
+        )
 
     @property
     def spare_pid(self) -> int | None:

@@ -29,7 +29,7 @@ def location_uri(path: str | None) -> str | None:
     if not path:
         return None
     if path.startswith("file:"):
-        path = "/" + path[len("file:"):].lstrip("/")
+        path = "/" + path[len("file:") :].lstrip("/")
     return f"file:{path}" if path.startswith("/") else path
 
 
@@ -58,8 +58,11 @@ def _waiting(wait: Any) -> dict[str, Any] | None:
     why, since when and until when (epoch ms). Not Flink's: its clients read past unknown keys."""
     if not isinstance(wait, dict) or not wait.get("reason"):
         return None
-    return {"reason": str(wait["reason"]), "since": int(float(wait.get("since") or 0) * 1000),
-            "deadline": int(float(wait.get("deadline") or 0) * 1000)}
+    return {
+        "reason": str(wait["reason"]),
+        "since": int(float(wait.get("since") or 0) * 1000),
+        "deadline": int(float(wait.get("deadline") or 0) * 1000),
+    }
 
 
 def operation_result(op: Any, result: str) -> dict[str, Any]:
@@ -73,11 +76,17 @@ def operation_result(op: Any, result: str) -> dict[str, Any]:
         return {"status": {"id": "IN_PROGRESS"}, "operation": None, **({"waiting": waiting} if waiting else {})}
     failed = status == OperationStatus.FAILED
     if result == "checkpoint":
-        body = ({"failureCause": _cause(op.failure_cause, SNAPSHOT_FAILURE)} if failed
-                else {"checkpointId": op.checkpoint_id})
+        body = (
+            {"failureCause": _cause(op.failure_cause, SNAPSHOT_FAILURE)}
+            if failed
+            else {"checkpointId": op.checkpoint_id}
+        )
     elif result == "savepoint":
-        body = ({"failure-cause": _cause(op.failure_cause, SNAPSHOT_FAILURE)} if failed
-                else {"location": location_uri(op.location)})
+        body = (
+            {"failure-cause": _cause(op.failure_cause, SNAPSHOT_FAILURE)}
+            if failed
+            else {"location": location_uri(op.location)}
+        )
     else:
         body = {"failure-cause": _cause(op.failure_cause, OPERATION_FAILURE)} if failed else {}
     # A failed operation is still COMPLETED: the failure is its result (Flink's convention).
@@ -144,10 +153,24 @@ def checkpoint_statistics(row: Any, now_ms: int, *, tasks: bool = False) -> dict
         out["failure_timestamp"] = trigger + duration if duration else (ack if ack >= 0 else trigger)
         out["failure_message"] = row.failure_cause
     if tasks and row.vertex_id:
-        out["tasks"] = {row.vertex_id: {
-            k: out[k] for k in ("id", "status", "latest_ack_timestamp", "checkpointed_size", "state_size",
-                                "end_to_end_duration", "alignment_buffered", "processed_data", "persisted_data",
-                                "num_subtasks", "num_acknowledged_subtasks")}}
+        out["tasks"] = {
+            row.vertex_id: {
+                k: out[k]
+                for k in (
+                    "id",
+                    "status",
+                    "latest_ack_timestamp",
+                    "checkpointed_size",
+                    "state_size",
+                    "end_to_end_duration",
+                    "alignment_buffered",
+                    "processed_data",
+                    "persisted_data",
+                    "num_subtasks",
+                    "num_acknowledged_subtasks",
+                )
+            }
+        }
     if tasks:
         out["source_offsets"] = list(row.source_offsets or [])
         out["execution_id"] = row.execution_id
@@ -174,9 +197,14 @@ def stats_summary(values: Iterable[int]) -> dict[str, Any]:
     if not ordered:
         return {"min": 0, "max": 0, "avg": 0, "p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "p999": 0.0}
     return {
-        "min": ordered[0], "max": ordered[-1], "avg": sum(ordered) // len(ordered),
-        "p50": _percentile(ordered, 0.5), "p90": _percentile(ordered, 0.9), "p95": _percentile(ordered, 0.95),
-        "p99": _percentile(ordered, 0.99), "p999": _percentile(ordered, 0.999),
+        "min": ordered[0],
+        "max": ordered[-1],
+        "avg": sum(ordered) // len(ordered),
+        "p50": _percentile(ordered, 0.5),
+        "p90": _percentile(ordered, 0.9),
+        "p95": _percentile(ordered, 0.95),
+        "p99": _percentile(ordered, 0.99),
+        "p999": _percentile(ordered, 0.999),
     }
 
 
@@ -186,8 +214,9 @@ def restored_statistics(execution: Any | None, savepoint_paths: Collection[str] 
         return None
     path = execution.restored_from
     stamps = execution.timestamps or {}
-    when = int(stamps.get("INITIALIZING") or stamps.get("DEPLOYING") or stamps.get("CREATED") or
-               _ms(execution.start_at))
+    when = int(
+        stamps.get("INITIALIZING") or stamps.get("DEPLOYING") or stamps.get("CREATED") or _ms(execution.start_at)
+    )
     name = path.rstrip("/").rsplit("/", 1)[-1]
     return {
         "id": int(execution.restored_checkpoint_id) if execution.restored_checkpoint_id is not None else -1,
@@ -197,10 +226,18 @@ def restored_statistics(execution: Any | None, savepoint_paths: Collection[str] 
     }
 
 
-def checkpointing_statistics(*, counts: Mapping[str, int], restored_count: int, summary_rows: Sequence[Any],
-                             latest_completed: Any | None, latest_savepoint: Any | None, latest_failed: Any | None,
-                             restored: dict[str, Any] | None, history: Sequence[Any], now_ms: int
-                             ) -> dict[str, Any]:
+def checkpointing_statistics(
+    *,
+    counts: Mapping[str, int],
+    restored_count: int,
+    summary_rows: Sequence[Any],
+    latest_completed: Any | None,
+    latest_savepoint: Any | None,
+    latest_failed: Any | None,
+    restored: dict[str, Any] | None,
+    history: Sequence[Any],
+    now_ms: int,
+) -> dict[str, Any]:
     """Flink's CheckpointingStatistics. `counts` maps CheckpointStatus values to row counts;
     `summary_rows` are the completed rows the summary is computed over (a bounded window, as
     Flink's histograms are); `history` is newest first."""
@@ -211,13 +248,21 @@ def checkpointing_statistics(*, counts: Mapping[str, int], restored_count: int, 
     durations = [checkpoint_statistics(r, now_ms)["end_to_end_duration"] for r in summary_rows]
     zeros = [0] * len(summary_rows)
     summary = {
-        "checkpointed_size": stats_summary(sizes), "state_size": stats_summary(sizes),
-        "end_to_end_duration": stats_summary(durations), "alignment_buffered": stats_summary(zeros),
-        "processed_data": stats_summary(zeros), "persisted_data": stats_summary(zeros),
+        "checkpointed_size": stats_summary(sizes),
+        "state_size": stats_summary(sizes),
+        "end_to_end_duration": stats_summary(durations),
+        "alignment_buffered": stats_summary(zeros),
+        "processed_data": stats_summary(zeros),
+        "persisted_data": stats_summary(zeros),
     }
     return {
-        "counts": {"restored": restored_count, "total": completed + in_progress + failed,
-                   "in_progress": in_progress, "completed": completed, "failed": failed},
+        "counts": {
+            "restored": restored_count,
+            "total": completed + in_progress + failed,
+            "in_progress": in_progress,
+            "completed": completed,
+            "failed": failed,
+        },
         "summary": summary,
         "latest": {
             "completed": checkpoint_statistics(latest_completed, now_ms) if latest_completed is not None else None,

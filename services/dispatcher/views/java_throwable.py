@@ -18,8 +18,7 @@ import struct
 from typing import Any
 
 _MAGIC = b"\xac\xed\x00\x05"
-_TC_NULL, _TC_CLASSDESC, _TC_OBJECT, _TC_STRING, _TC_ENDBLOCKDATA, _TC_LONGSTRING = (
-    0x70, 0x72, 0x73, 0x74, 0x78, 0x7C)
+_TC_NULL, _TC_CLASSDESC, _TC_OBJECT, _TC_STRING, _TC_ENDBLOCKDATA, _TC_LONGSTRING = (0x70, 0x72, 0x73, 0x74, 0x78, 0x7C)
 _SC_WRITE_METHOD, _SC_SERIALIZABLE = 0x01, 0x02
 
 SERIALIZED_THROWABLE = "org.apache.flink.util.SerializedThrowable"
@@ -65,12 +64,21 @@ def _class_desc(name: str, uid: int, flags: int, fields: list[tuple[str, str]], 
 def serialized_throwable(class_name: str, message: str | None, stack_trace: str) -> bytes:
     """A Java-serialized `SerializedThrowable` whose toString() is "class_name: message" and whose
     printStackTrace() prints `stack_trace`."""
-    throwable = _class_desc("java.lang.Throwable", _THROWABLE_UID, _SC_SERIALIZABLE | _SC_WRITE_METHOD,
-                            [("detailMessage", _STRING)], bytes((_TC_NULL,)))
+    throwable = _class_desc(
+        "java.lang.Throwable",
+        _THROWABLE_UID,
+        _SC_SERIALIZABLE | _SC_WRITE_METHOD,
+        [("detailMessage", _STRING)],
+        bytes((_TC_NULL,)),
+    )
     exception = _class_desc("java.lang.Exception", _EXCEPTION_UID, _SC_SERIALIZABLE, [], throwable)
-    desc = _class_desc(SERIALIZED_THROWABLE, _SERIALIZED_THROWABLE_UID, _SC_SERIALIZABLE,
-                       [("fullStringifiedStackTrace", _STRING), ("originalErrorClassName", _STRING),
-                        ("serializedException", "[B")], exception)
+    desc = _class_desc(
+        SERIALIZED_THROWABLE,
+        _SERIALIZED_THROWABLE_UID,
+        _SC_SERIALIZABLE,
+        [("fullStringifiedStackTrace", _STRING), ("originalErrorClassName", _STRING), ("serializedException", "[B")],
+        exception,
+    )
     # Class data goes from the top superclass down; Throwable's writeObject data ends with a block end.
     data = (_string(message) if message is not None else bytes((_TC_NULL,))) + bytes((_TC_ENDBLOCKDATA,))
     data += _string(stack_trace) + _string(class_name) + bytes((_TC_NULL,))

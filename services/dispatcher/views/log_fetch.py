@@ -30,9 +30,15 @@ RUNBOOK = "docs/runbooks/logs.md"
 
 def check_name(name: str) -> str:
     if not log_files.valid_name(name):
-        raise ApiError.of(400, f"not a log file name: {name[:80]!r}", field="name",
-                          expected="a file name from the logs listing (letters, digits, '.', '_', '-')",
-                          got=name[:80], hint="GET the logs listing for the names", prefix=False)
+        raise ApiError.of(
+            400,
+            f"not a log file name: {name[:80]!r}",
+            field="name",
+            expected="a file name from the logs listing (letters, digits, '.', '_', '-')",
+            got=name[:80],
+            hint="GET the logs listing for the names",
+            prefix=False,
+        )
     return name
 
 
@@ -40,8 +46,9 @@ def check_tail(raw: str | None) -> int:
     try:
         return log_files.parse_tail(raw)
     except ValueError as exc:
-        raise ApiError.of(400, str(exc), field="tail", expected=f"bytes, 1 to {log_files.MAX_TAIL_BYTES}",
-                          got=raw, prefix=False) from None
+        raise ApiError.of(
+            400, str(exc), field="tail", expected=f"bytes, 1 to {log_files.MAX_TAIL_BYTES}", got=raw, prefix=False
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,12 @@ class LogSource:
 
     @classmethod
     def taskmanager(cls, auth: ClusterAuth, taskmanager_id: str, address: str) -> "LogSource":
-        return cls(f"TaskManager {taskmanager_id}", address, auth.command_key(taskmanager_id),
-                   auth.sender_key(taskmanager_sender(taskmanager_id)))
+        return cls(
+            f"TaskManager {taskmanager_id}",
+            address,
+            auth.command_key(taskmanager_id),
+            auth.sender_key(taskmanager_sender(taskmanager_id)),
+        )
 
     @classmethod
     def service(cls, auth: ClusterAuth, service: str, who: str, address: str) -> "LogSource":
@@ -69,26 +80,42 @@ def _get(source: LogSource, path: str, params: dict[str, Any] | None = None) -> 
     who, address = source.who, source.address
     problem = log_access.endpoint_problem(address)
     if problem is not None:
-        raise ApiError.of(502, f"{who} names a log endpoint the dispatcher does not fetch from: {problem}",
-                          hint=f"see {RUNBOOK}", prefix=False)
+        raise ApiError.of(
+            502,
+            f"{who} names a log endpoint the dispatcher does not fetch from: {problem}",
+            hint=f"see {RUNBOOK}",
+            prefix=False,
+        )
     target = path + (f"?{urlencode(params)}" if params else "")
     header = log_access.sign_request(source.request_key, "GET", target)
     try:
         with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=False) as client:
             r = client.get(address.rstrip("/") + target, headers={log_access.HEADER: header})
     except httpx.TimeoutException:
-        raise ApiError.of(504, f"{who} did not answer within {FETCH_TIMEOUT_S:g} s at {address}",
-                          hint=f"it may be frozen or overloaded; see {RUNBOOK}", prefix=False) from None
+        raise ApiError.of(
+            504,
+            f"{who} did not answer within {FETCH_TIMEOUT_S:g} s at {address}",
+            hint=f"it may be frozen or overloaded; see {RUNBOOK}",
+            prefix=False,
+        ) from None
     except httpx.HTTPError as exc:
-        raise ApiError.of(502, f"{who} is unreachable at {address}: {type(exc).__name__}: {exc}",
-                          hint=f"it may have died or its metrics port may be blocked; see {RUNBOOK}",
-                          prefix=False) from None
-    if not log_access.answer_checks(source.answer_key, header, r.status_code, r.content,
-                                    r.headers.get(log_access.ANSWER_HEADER)):
-        raise ApiError.of(502, f"what answers at {address} did not prove to be {who}'s log server (HTTP "
-                               f"{r.status_code}, no valid answer signature); its answer is not forwarded",
-                          hint=f"an older version, another server at that address, or a TaskManager whose keys "
-                               f"are not its id's; see {RUNBOOK}", prefix=False)
+        raise ApiError.of(
+            502,
+            f"{who} is unreachable at {address}: {type(exc).__name__}: {exc}",
+            hint=f"it may have died or its metrics port may be blocked; see {RUNBOOK}",
+            prefix=False,
+        ) from None
+    if not log_access.answer_checks(
+        source.answer_key, header, r.status_code, r.content, r.headers.get(log_access.ANSWER_HEADER)
+    ):
+        raise ApiError.of(
+            502,
+            f"what answers at {address} did not prove to be {who}'s log server (HTTP "
+            f"{r.status_code}, no valid answer signature); its answer is not forwarded",
+            hint=f"an older version, another server at that address, or a TaskManager whose keys "
+            f"are not its id's; see {RUNBOOK}",
+            prefix=False,
+        )
     return r
 
 
@@ -98,13 +125,21 @@ def _refused(who: str, r: httpx.Response, name: str | None) -> ApiError:
     except ValueError:
         message = r.text[:200]
     if r.status_code == 404 and name is not None:
-        return ApiError.of(404, f"{who} has no log file {name!r} ({message})", field="name",
-                           hint="GET the logs listing for the names", prefix=False)
+        return ApiError.of(
+            404,
+            f"{who} has no log file {name!r} ({message})",
+            field="name",
+            hint="GET the logs listing for the names",
+            prefix=False,
+        )
     if r.status_code == 400:
         return ApiError.of(400, f"{who} refused the request: {message}", prefix=False)
-    return ApiError.of(502, f"{who} answered {r.status_code}: {message}",
-                       hint=f"an older process without log serving answers the metrics page instead; see {RUNBOOK}",
-                       prefix=False)
+    return ApiError.of(
+        502,
+        f"{who} answered {r.status_code}: {message}",
+        hint=f"an older process without log serving answers the metrics page instead; see {RUNBOOK}",
+        prefix=False,
+    )
 
 
 def listing(source: LogSource) -> dict:
@@ -115,11 +150,16 @@ def listing(source: LogSource) -> dict:
         raise _refused(who, r, None)
     try:
         body = r.json()
-        return {"logs": [{"name": str(f["name"]), "size": int(f["size"]), "mtime": int(f["mtime"])}
-                         for f in body["logs"]]}
+        return {
+            "logs": [{"name": str(f["name"]), "size": int(f["size"]), "mtime": int(f["mtime"])} for f in body["logs"]]
+        }
     except (ValueError, KeyError, TypeError):
-        raise ApiError.of(502, f"{who} at {address} did not answer a log listing",
-                          hint=f"is that address a Headrace metrics endpoint? see {RUNBOOK}", prefix=False) from None
+        raise ApiError.of(
+            502,
+            f"{who} at {address} did not answer a log listing",
+            hint=f"is that address a Headrace metrics endpoint? see {RUNBOOK}",
+            prefix=False,
+        ) from None
 
 
 def main_log_name(source: LogSource) -> str | None:
@@ -137,8 +177,7 @@ def file(source: LogSource, name: str, tail: int) -> Response:
     r = _get(source, f"/logs/{name}", {"tail": tail})
     if r.status_code != 200:
         raise _refused(source.who, r, name)
-    return Response(content=r.content, media_type="text/plain; charset=utf-8",
-                    headers={"Cache-Control": "no-store"})
+    return Response(content=r.content, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
 
 
 def announcement(client, key: str, where: str) -> dict | None:
@@ -161,8 +200,12 @@ def registered_endpoint(client, taskmanager_id: str) -> dict | None:
     try:
         raw = client.hget(streams.RM_TM_ENDPOINTS_KEY, taskmanager_id)
     except redis.RedisError as exc:
-        raise ApiError.of(503, f"Redis, where the ResourceManager keeps the TaskManagers' log endpoints, is "
-                               f"unavailable: {exc}", hint=f"see {RUNBOOK}", prefix=False) from None
+        raise ApiError.of(
+            503,
+            f"Redis, where the ResourceManager keeps the TaskManagers' log endpoints, is unavailable: {exc}",
+            hint=f"see {RUNBOOK}",
+            prefix=False,
+        ) from None
     try:
         record = json.loads(raw) if raw else None
     except ValueError:

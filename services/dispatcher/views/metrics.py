@@ -63,29 +63,45 @@ class ClusterCollector(metrics.CachedCollector):
         for name in EXECUTION_STATE_NAMES:
             g.add_metric([name], attempts.get(name, 0))
         yield g
-        yield CounterMetricFamily(metrics.name("attempt_restarts"),
-                                  "attempts beyond each task's first (restarts after failures, rescales)",
-                                  value=restarts or 0)
-        yield CounterMetricFamily(metrics.name("job_failovers"),
-                                  "times a job went to RESTARTING (a failure the restart strategy allowed)",
-                                  value=failovers or 0)
-        yield GaugeMetricFamily(metrics.name("outbox_entries"),
-                                "JobManager decisions committed but not yet handed to Redis or Celery",
-                                value=outbox or 0)
-        g = GaugeMetricFamily(metrics.name("checkpoints"), "checkpoints and savepoints by kind and status",
-                              labels=["kind", "status"])
+        yield CounterMetricFamily(
+            metrics.name("attempt_restarts"),
+            "attempts beyond each task's first (restarts after failures, rescales)",
+            value=restarts or 0,
+        )
+        yield CounterMetricFamily(
+            metrics.name("job_failovers"),
+            "times a job went to RESTARTING (a failure the restart strategy allowed)",
+            value=failovers or 0,
+        )
+        yield GaugeMetricFamily(
+            metrics.name("outbox_entries"),
+            "JobManager decisions committed but not yet handed to Redis or Celery",
+            value=outbox or 0,
+        )
+        g = GaugeMetricFamily(
+            metrics.name("checkpoints"), "checkpoints and savepoints by kind and status", labels=["kind", "status"]
+        )
         for kind, status, n in checkpoints:
             g.add_metric([kind, status], n)
         yield g
-        summary = SummaryMetricFamily(metrics.name("checkpoint_duration_seconds"),
-                                      "trigger-to-acknowledgement time of completed checkpoints", labels=["kind"])
+        summary = SummaryMetricFamily(
+            metrics.name("checkpoint_duration_seconds"),
+            "trigger-to-acknowledgement time of completed checkpoints",
+            labels=["kind"],
+        )
         for kind, n, total_ms in completed:
             summary.add_metric([kind], count_value=n, sum_value=(total_ms or 0) / 1000)
         yield summary
-        dur = GaugeMetricFamily(metrics.name("checkpoint_last_duration_seconds"),
-                                "duration of each running job's newest completed checkpoint", labels=["job"])
-        size = GaugeMetricFamily(metrics.name("checkpoint_last_size_bytes"),
-                                 "state size of each running job's newest completed checkpoint", labels=["job"])
+        dur = GaugeMetricFamily(
+            metrics.name("checkpoint_last_duration_seconds"),
+            "duration of each running job's newest completed checkpoint",
+            labels=["job"],
+        )
+        size = GaugeMetricFamily(
+            metrics.name("checkpoint_last_size_bytes"),
+            "state size of each running job's newest completed checkpoint",
+            labels=["job"],
+        )
         for job_id, duration_ms, state_size in latest:
             if duration_ms is not None:
                 dur.add_metric([job_id], duration_ms / 1000)
@@ -106,13 +122,17 @@ class ClusterCollector(metrics.CachedCollector):
                     if read:
                         last[r.name] = read[-1]
             rescales = deployments_repo.count_autoscaler_rescales(s)
-        g = GaugeMetricFamily(metrics.name("deployment_parallelism"), "the parallelism each deployment runs at "
-                              "(the autoscaler's choice or the spec's)", labels=["deployment"])
+        g = GaugeMetricFamily(
+            metrics.name("deployment_parallelism"),
+            "the parallelism each deployment runs at (the autoscaler's choice or the spec's)",
+            labels=["deployment"],
+        )
         for r in rows:
             g.add_metric([r.name], DeploymentSpec.from_record(r.spec).effective_parallelism(r.parallelism))
         yield g
-        c = CounterMetricFamily(metrics.name("autoscaler_rescales"), "rescales the autoscaler decided",
-                                labels=["deployment"])
+        c = CounterMetricFamily(
+            metrics.name("autoscaler_rescales"), "rescales the autoscaler decided", labels=["deployment"]
+        )
         for name, n in rescales:
             c.add_metric([name], n)
         yield c
@@ -132,15 +152,21 @@ class ClusterCollector(metrics.CachedCollector):
         pipe.xlen(streams.DLQ_STREAM)
         pipe.get(streams.JM_LEADER_KEY)
         dead, leader = pipe.execute()
-        yield GaugeMetricFamily(metrics.name("dead_letters"),
-                                f"entries in the dead-letter stream {streams.DLQ_STREAM} "
-                                f"(docs/runbooks/dead-letters.md)", value=dead or 0)
+        yield GaugeMetricFamily(
+            metrics.name("dead_letters"),
+            f"entries in the dead-letter stream {streams.DLQ_STREAM} (docs/runbooks/dead-letters.md)",
+            value=dead or 0,
+        )
         epoch = json.loads(leader).get("epoch") if leader else None
-        yield GaugeMetricFamily(metrics.name("jobmanager_leading"), "1 while a JobManager announces leadership",
-                                value=1 if epoch is not None else 0)
+        yield GaugeMetricFamily(
+            metrics.name("jobmanager_leading"),
+            "1 while a JobManager announces leadership",
+            value=1 if epoch is not None else 0,
+        )
         if epoch is not None:
-            yield GaugeMetricFamily(metrics.name("jobmanager_epoch"), "leader epoch of the leading JobManager",
-                                    value=epoch)
+            yield GaugeMetricFamily(
+                metrics.name("jobmanager_epoch"), "leader epoch of the leading JobManager", value=epoch
+            )
 
 
 def registry_for(catalog, redis_client) -> CollectorRegistry:

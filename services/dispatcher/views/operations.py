@@ -34,8 +34,14 @@ def _plausible_id(value: str) -> bool:
 
 
 def unknown_job(jobid: str) -> ApiError:
-    return ApiError.of(404, f"job {jobid!r} not found", field="jobid", expected="the id of a submitted job",
-                       hint="GET /jobs lists the known job ids", prefix=False)
+    return ApiError.of(
+        404,
+        f"job {jobid!r} not found",
+        field="jobid",
+        expected="the id of a submitted job",
+        hint="GET /jobs lists the known job ids",
+        prefix=False,
+    )
 
 
 def get_job(s: Session, jobid: str) -> Job:
@@ -53,15 +59,28 @@ def live_job(s: Session, jobid: str, action: str) -> Job:
     job = get_job(s, jobid)
     status = JobStatus(job.status)
     if status.is_terminal:
-        raise ApiError.of(409, f"job {job.id} cannot {action}: it has already reached the terminal state "
-                          f"{status.value}", field="jobid",
-                          expected="a job that has not finished, failed or been cancelled", got=status.value,
-                          hint="GET /jobs/{jobid}/checkpoints lists the snapshots it left behind", prefix=False)
+        raise ApiError.of(
+            409,
+            f"job {job.id} cannot {action}: it has already reached the terminal state {status.value}",
+            field="jobid",
+            expected="a job that has not finished, failed or been cancelled",
+            got=status.value,
+            hint="GET /jobs/{jobid}/checkpoints lists the snapshots it left behind",
+            prefix=False,
+        )
     return job
 
 
-def trigger(catalog: Catalog, transport: Transport, *, jobid: str, kind: str, action: str, build: Build,
-            trigger_id: str | None = None) -> str:
+def trigger(
+    catalog: Catalog,
+    transport: Transport,
+    *,
+    jobid: str,
+    kind: str,
+    action: str,
+    build: Build,
+    trigger_id: str | None = None,
+) -> str:
     """Create an operation of `kind` for a live job and publish what `build` returns to the
     JobManager stream. Returns the operation id (Flink's request-id). A transport failure fails
     the operation and answers 503."""
@@ -80,9 +99,12 @@ def trigger(catalog: Catalog, transport: Transport, *, jobid: str, kind: str, ac
     except Exception as exc:  # noqa: BLE001 - any transport failure
         reason = f"the dispatcher could not publish {type(body).__name__}: {type(exc).__name__}: {exc}"
         finish(catalog, request_id, OperationStatus.FAILED, failure_cause=reason)
-        raise ApiError.of(503, f"the {kind} of job {job.id} was not triggered: the JobManager stream is "
-                          f"unreachable ({exc})", hint="check that Redis is up (settings.redis_url) and try again",
-                          prefix=False) from None
+        raise ApiError.of(
+            503,
+            f"the {kind} of job {job.id} was not triggered: the JobManager stream is unreachable ({exc})",
+            hint="check that Redis is up (settings.redis_url) and try again",
+            prefix=False,
+        ) from None
     log.info("%s %s requested for job %s", kind, request_id, job.id)
     return request_id
 
@@ -98,9 +120,14 @@ def _existing(s: Session, trigger_id: str, job_id: str, kind: str) -> str | None
 
 
 def _trigger_id_taken(trigger_id: str) -> ApiError:
-    return ApiError.of(409, f"triggerId {trigger_id} already names another operation", field="triggerId",
-                       expected="a trigger id not used by another job or kind of operation",
-                       hint="leave triggerId out to have one generated", prefix=False)
+    return ApiError.of(
+        409,
+        f"triggerId {trigger_id} already names another operation",
+        field="triggerId",
+        expected="a trigger id not used by another job or kind of operation",
+        hint="leave triggerId out to have one generated",
+        prefix=False,
+    )
 
 
 def finish(catalog: Catalog, request_id: str, status: OperationStatus, **kw: Any) -> None:
@@ -119,7 +146,12 @@ def status(s: Session, *, jobid: str | None, triggerid: str, kinds: Iterable[str
             op = None
     if op is None or op.kind not in tuple(kinds) or (job is not None and op.job_id != job.id):
         where = f" for job {job.id}" if job is not None else ""
-        raise ApiError.of(404, f"There is no {what} operation with triggerId={triggerid}{where}", field="triggerid",
-                          expected=f"the request-id a {what} trigger returned",
-                          hint="trigger ids are returned by the POST that started the operation", prefix=False)
+        raise ApiError.of(
+            404,
+            f"There is no {what} operation with triggerId={triggerid}{where}",
+            field="triggerid",
+            expected=f"the request-id a {what} trigger returned",
+            hint="trigger ids are returned by the POST that started the operation",
+            prefix=False,
+        )
     return operation_result(op, result)

@@ -137,8 +137,7 @@ def vertex_summary(vertex: Any, ex: Any | None, max_par: int, now_ms: int) -> di
 def _metrics(ex: Any | None) -> dict[str, Any]:
     if ex is None:
         return {}
-    return {"read-records": int(ex.rows_processed or 0),
-            "read-records-complete": ExecutionState(ex.state).is_terminal}
+    return {"read-records": int(ex.rows_processed or 0), "read-records-complete": ExecutionState(ex.state).is_terminal}
 
 
 def job_plan(job: Any, vertices: Sequence[Any]) -> dict[str, Any]:
@@ -147,15 +146,29 @@ def job_plan(job: Any, vertices: Sequence[Any]) -> dict[str, Any]:
         "name": job.name,
         "type": job_type(job.config),
         "nodes": [
-            {"id": v.id, "parallelism": v.parallelism, "operator": "", "operator_strategy": "",
-             "description": v.name, "optimizer_properties": {}}
+            {
+                "id": v.id,
+                "parallelism": v.parallelism,
+                "operator": "",
+                "operator_strategy": "",
+                "description": v.name,
+                "optimizer_properties": {},
+            }
             for v in vertices
         ],
     }
 
 
-def job_details(job: Any, vertices: Sequence[Any], latest: Mapping[VertexId, Any], timestamps: Mapping[str, int],
-                *, max_par: int, now_ms: int, last_exception: Any | None = None) -> dict[str, Any]:
+def job_details(
+    job: Any,
+    vertices: Sequence[Any],
+    latest: Mapping[VertexId, Any],
+    timestamps: Mapping[str, int],
+    *,
+    max_par: int,
+    now_ms: int,
+    last_exception: Any | None = None,
+) -> dict[str, Any]:
     """Flink's JobDetailsInfo plus `waiting-reason`, `restart-strategy`, `attempts`, `restarts`,
     `deployment` and `last-failure` (the newest entry of its exception history, summarised)."""
     start, end = ms(job.created_at), ms(job.end_at)
@@ -280,8 +293,9 @@ def attempt(ex: Any, now_ms: int) -> dict[str, Any]:
     }
 
 
-def vertex_details(vertex: Any, executions: Sequence[Any], tm_hosts: Mapping[str, str], *, max_par: int,
-                   now_ms: int, history: int = 16) -> dict[str, Any]:
+def vertex_details(
+    vertex: Any, executions: Sequence[Any], tm_hosts: Mapping[str, str], *, max_par: int, now_ms: int, history: int = 16
+) -> dict[str, Any]:
     """Flink's JobVertexDetailsInfo: the current attempt as subtask 0, plus every kept attempt."""
     ordered = sorted(executions, key=lambda e: e.attempt)
     current = ordered[-1] if ordered else None
@@ -388,9 +402,12 @@ def taskmanager_details(tm: Any, memory: Mapping[str, Any] | None = None) -> dic
     the slots its task holds."""
     out = taskmanager_info(tm)
     out["allocatedSlots"] = [
-        {**{k: a.get(k) for k in ("index", "allocation_id", "job_id", "execution_id")},
-         "memory": _task_memory((memory or {}).get(a.get("execution_id") or ""))}
-        for a in (tm.allocations or []) if isinstance(a, dict)
+        {
+            **{k: a.get(k) for k in ("index", "allocation_id", "job_id", "execution_id")},
+            "memory": _task_memory((memory or {}).get(a.get("execution_id") or "")),
+        }
+        for a in (tm.allocations or [])
+        if isinstance(a, dict)
     ]
     out["registered"] = ms(tm.registered_at)
     out["metrics"] = {}
@@ -402,8 +419,11 @@ def _task_memory(figure: Any) -> dict[str, Any] | None:
     if not isinstance(figure, dict) or not isinstance(figure.get("used"), int):
         return None
     limit = figure.get("limit")
-    return {"used": figure["used"], "limit": limit if isinstance(limit, int) else None,
-            "measure": str(figure.get("measure") or "")}
+    return {
+        "used": figure["used"],
+        "limit": limit if isinstance(limit, int) else None,
+        "measure": str(figure.get("measure") or ""),
+    }
 
 
 def taskmanagers(rows: Iterable[Any]) -> dict[str, Any]:
@@ -433,9 +453,15 @@ def jar_file(artifact: Any, functions: Sequence[str] | None) -> dict[str, Any]:
     }
 
 
-def dashboard_config(*, refresh_interval_ms: int, timezone_name: str, timezone_offset_ms: int,
-                     spark_master: str = "local", spark_master_ui: str | None = None,
-                     kafka_bootstrap_servers: str | None = None) -> dict[str, Any]:
+def dashboard_config(
+    *,
+    refresh_interval_ms: int,
+    timezone_name: str,
+    timezone_offset_ms: int,
+    spark_master: str = "local",
+    spark_master_ui: str | None = None,
+    kafka_bootstrap_servers: str | None = None,
+) -> dict[str, Any]:
     return {
         "spark-master": spark_master,
         "spark-master-ui": spark_master_ui,

@@ -21,8 +21,10 @@ def _entry(path: str) -> tuple[tuple[str, Any], ...]:
     fields: dict[str, Any] = {"sink_table": sink.get("path"), "sink_version": sink.get("version")}
     undone = sink.get("undone")
     if isinstance(undone, dict) and undone.get("batches"):
-        fields["sink_undone"] = (f"batches {undone['batches'][0]}..{undone['batches'][-1]} undone at the restore "
-                                 f"(table back at version {undone.get('to_version')})")
+        fields["sink_undone"] = (
+            f"batches {undone['batches'][0]}..{undone['batches'][-1]} undone at the restore "
+            f"(table back at version {undone.get('to_version')})"
+        )
     return tuple(fields.items())
 
 

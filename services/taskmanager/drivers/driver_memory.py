@@ -16,8 +16,9 @@ from shared import task_protocol as tp
 
 
 class DriverMemory:
-    def __init__(self, processes: TaskProcesses, sandbox: DriverSandbox, *, name: str,
-                 on_exceeded: Callable[[str], None]) -> None:
+    def __init__(
+        self, processes: TaskProcesses, sandbox: DriverSandbox, *, name: str, on_exceeded: Callable[[str], None]
+    ) -> None:
         """`on_exceeded(cause)`: the task's processes held more than its limit (the watch stops)."""
         self.processes, self.sandbox, self.name, self.on_exceeded = processes, sandbox, name, on_exceeded
         self._watch: memory_limit.MemoryWatch | None = None
@@ -31,8 +32,7 @@ class DriverMemory:
         """Watch the processes from now on (their figure is measured even without a limit)."""
         # The task's user is its own: the shared memory it owns is the task's (memory/shmem_usage.py).
         uid = self.processes.uid if self.sandbox.users.isolated else None
-        self._watch = memory_limit.watch(self.processes, limit, uid=uid, on_exceeded=self.on_exceeded,
-                                         name=self.name)
+        self._watch = memory_limit.watch(self.processes, limit, uid=uid, on_exceeded=self.on_exceeded, name=self.name)
 
     def stop(self) -> None:
         if self._watch is not None:

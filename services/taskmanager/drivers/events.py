@@ -20,22 +20,38 @@ log = logging.getLogger("headrace.taskmanager.driver")
 
 def _progress(spec: tp.TaskSpec, tm: str, e: tp.Progress) -> Message:
     return TaskProgress(
-        execution_id=spec.execution_id, job_id=spec.job_id, batch_id=e.batch_id,
-        num_input_rows=e.num_input_rows, input_rows_per_second=e.input_rows_per_second,
-        processed_rows_per_second=e.processed_rows_per_second)
+        execution_id=spec.execution_id,
+        job_id=spec.job_id,
+        batch_id=e.batch_id,
+        num_input_rows=e.num_input_rows,
+        input_rows_per_second=e.input_rows_per_second,
+        processed_rows_per_second=e.processed_rows_per_second,
+    )
 
 
 def _snapshot_taken(spec: tp.TaskSpec, tm: str, e: tp.SnapshotTaken) -> Message:
     return CheckpointAcknowledged(
-        job_id=spec.job_id, execution_id=spec.execution_id, taskmanager_id=tm,
-        checkpoint_id=e.checkpoint_id, path=e.path, batch_id=e.batch_id,
-        state_size=e.state_size, duration_ms=e.duration_ms, source_offsets=e.source_offsets)
+        job_id=spec.job_id,
+        execution_id=spec.execution_id,
+        taskmanager_id=tm,
+        checkpoint_id=e.checkpoint_id,
+        path=e.path,
+        batch_id=e.batch_id,
+        state_size=e.state_size,
+        duration_ms=e.duration_ms,
+        source_offsets=e.source_offsets,
+    )
 
 
 def _snapshot_declined(spec: tp.TaskSpec, tm: str, e: tp.SnapshotDeclined) -> Message:
     return CheckpointDeclined(
-        job_id=spec.job_id, execution_id=spec.execution_id, taskmanager_id=tm,
-        checkpoint_id=e.checkpoint_id, reason=e.reason, permanent=e.permanent)
+        job_id=spec.job_id,
+        execution_id=spec.execution_id,
+        taskmanager_id=tm,
+        checkpoint_id=e.checkpoint_id,
+        reason=e.reason,
+        permanent=e.permanent,
+    )
 
 
 def _waiting(spec: tp.TaskSpec, tm: str, e: tp.Waiting) -> Message:
@@ -61,8 +77,9 @@ ENDINGS: dict[type, Callable[[Any], tuple[ES, str | None, str | None]]] = {
 READ_CHUNK = 64 * 1024
 
 
-def bounded_lines(fd: int, max_bytes: int = tp.MAX_EVENT_LINE_BYTES,
-                  on_dropped: Callable[[int], None] = lambda n: None) -> Iterator[bytes]:
+def bounded_lines(
+    fd: int, max_bytes: int = tp.MAX_EVENT_LINE_BYTES, on_dropped: Callable[[int], None] = lambda n: None
+) -> Iterator[bytes]:
     """The lines read from `fd` until EOF (with their newline; a last line without one too). A
     line longer than `max_bytes` is dropped as it is read, never held whole: `on_dropped` gets
     its length (counted to its newline or EOF), and the next line is read as usual."""
@@ -101,8 +118,12 @@ def decoded_events(fd: int, driver_id: str) -> Iterator[Any]:
     unreadable is logged and skipped: a garbled line must not stop the reader."""
 
     def dropped(n: int) -> None:
-        log.warning("driver %s sent an event line of %d bytes, above the %d a line may have: dropped unread",
-                    driver_id, n, tp.MAX_EVENT_LINE_BYTES)
+        log.warning(
+            "driver %s sent an event line of %d bytes, above the %d a line may have: dropped unread",
+            driver_id,
+            n,
+            tp.MAX_EVENT_LINE_BYTES,
+        )
 
     for line in bounded_lines(fd, on_dropped=dropped):
         try:

@@ -55,8 +55,9 @@ class DriverHome:
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         uid, gid = self.ids
         with safe_fs.opened(safe_fs.open_trusted(self.dir.parent)) as drivers:
-            with safe_fs.opened(safe_fs.make_dir(drivers, self.dir.name, mode=0o750, uid=os.geteuid(),
-                                                 gid=gid)) as home:
+            with safe_fs.opened(
+                safe_fs.make_dir(drivers, self.dir.name, mode=0o750, uid=os.geteuid(), gid=gid)
+            ) as home:
                 os.close(safe_fs.make_dir(home, WORK, mode=0o700, uid=uid, gid=gid))
 
     def waiting_marker(self) -> Path:
@@ -65,15 +66,19 @@ class DriverHome:
     def mark_waiting(self) -> None:
         """Tell the driver a task waits for it: a file in its directory, made by root."""
         with safe_fs.opened(safe_fs.open_trusted(self.dir)) as home:
-            os.close(os.open(tp.TASK_WAITING_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=home))
+            os.close(
+                os.open(
+                    tp.TASK_WAITING_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=home
+                )
+            )
 
     def place_artifact(self, source: Path) -> Path:
         """A copy of the pipeline `source` the driver may read and not change."""
         _, gid = self.ids
         with safe_fs.opened(safe_fs.open_trusted(self.dir)) as home:
-            with safe_fs.opened(safe_fs.make_dir(home, ARTIFACT, mode=0o750, uid=os.geteuid(), gid=gid,
-                                                 exist_ok=True)) as art:
+            with safe_fs.opened(
+                safe_fs.make_dir(home, ARTIFACT, mode=0o750, uid=os.geteuid(), gid=gid, exist_ok=True)
+            ) as art:
                 safe_fs.remove(art, source.name)
                 safe_fs.copy_file(source, art, source.name, mode=0o640, uid=os.geteuid(), gid=gid)
         return self.dir / ARTIFACT / source.name
@@ -101,19 +106,24 @@ class DriverHome:
             owner = SinkOwner(lineage=lineage["id"], job_id=storage.spec.job_id, generation=lineage["generation"])
             # The fence is the TaskManager's too: the JobManager's token, not what the driver says.
             attempt = int(lineage.get("fence") or event.attempt) if event.kind == "streaming" else 0
-            record = claims.claim(event.path, kind=event.kind, attempt=attempt,
-                                  restored_batch_id=event.restored_batch_id, owner=owner)
+            record = claims.claim(
+                event.path, kind=event.kind, attempt=attempt, restored_batch_id=event.restored_batch_id, owner=owner
+            )
             return tp.Granted(request_id=event.request_id, path=record)
         except SinkOwnedError as exc:
-            return tp.Granted(request_id=event.request_id, error_name="SinkOwnedError", error=str(exc),
-                                       error_args=exc.__reduce__()[1])
+            return tp.Granted(
+                request_id=event.request_id, error_name="SinkOwnedError", error=str(exc), error_args=exc.__reduce__()[1]
+            )
         except SinkFencedError as exc:
-            return tp.Granted(request_id=event.request_id, error_name="SinkFencedError", error=str(exc),
-                                       error_args=(exc.sink, exc.attempt, exc.newer))
+            return tp.Granted(
+                request_id=event.request_id,
+                error_name="SinkFencedError",
+                error=str(exc),
+                error_args=(exc.sink, exc.attempt, exc.newer),
+            )
         except Exception as exc:  # noqa: BLE001 - every refusal reaches the sink, which fails the task with it
             log.warning("claim of %s refused: %s", event.path, exc)
-            return tp.Granted(request_id=event.request_id, error_name=type(exc).__name__,
-                                       error=str(exc))
+            return tp.Granted(request_id=event.request_id, error_name=type(exc).__name__, error=str(exc))
 
     def answer_view(self, event: tp.ViewSnapshot) -> tp.Granted:
         """A view of a snapshot of the task's lineage (tasks/storage.py), or the refusal."""
@@ -145,8 +155,9 @@ class DriverHome:
                 storage.seal(event)
             except (OSError, ValueError) as exc:
                 log.warning("snapshot %s not sealed: %s", event.path, exc)
-                return tp.SnapshotDeclined(checkpoint_id=event.checkpoint_id,
-                                           reason=f"the TaskManager could not seal the snapshot: {exc}")
+                return tp.SnapshotDeclined(
+                    checkpoint_id=event.checkpoint_id, reason=f"the TaskManager could not seal the snapshot: {exc}"
+                )
         elif isinstance(event, tp.Failed):
             return event.model_copy(update={"traceback": storage.original(event.traceback)})
         return event

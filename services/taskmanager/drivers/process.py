@@ -75,10 +75,20 @@ def warm_up_args(in_reserve: bool, query: bool) -> tuple[str, ...]:
 
 
 class DriverProcess:
-    def __init__(self, *, parallelism: int, workdir: Path, driver_memory: str, shuffle_partitions: int,
-                 on_event: Callable[["DriverProcess", object], None],
-                 on_exit: Callable[["DriverProcess", int], None], engine_args: Sequence[str] = (),
-                 warm_up: bool = True, warm_up_query: bool = True, sandbox: DriverSandbox | None = None):
+    def __init__(
+        self,
+        *,
+        parallelism: int,
+        workdir: Path,
+        driver_memory: str,
+        shuffle_partitions: int,
+        on_event: Callable[["DriverProcess", object], None],
+        on_exit: Callable[["DriverProcess", int], None],
+        engine_args: Sequence[str] = (),
+        warm_up: bool = True,
+        warm_up_query: bool = True,
+        sandbox: DriverSandbox | None = None,
+    ):
         self.id = f"d{os.getpid()}-{next(_ids)}"
         self.parallelism = parallelism
         self.drivers = workdir
@@ -130,8 +140,9 @@ class DriverProcess:
             # Before the runner starts its JVM (importing PySpark alone takes a second): every
             # later thread and child inherits the priority.
             self.lower_priority()
-        threading.Thread(target=self._read_events, args=(self._events_read,), name=f"events-{self.id}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._read_events, args=(self._events_read,), name=f"events-{self.id}", daemon=True
+        ).start()
         return self
 
     def _spawn(self, user) -> None:
@@ -141,15 +152,40 @@ class DriverProcess:
         # An allow-list, not this process's environment (drivers/env.py); SPARK_LOCAL_IP: the
         # runner sets it from its --host.
         env = driver_environment(os.environ, workdir=self.workdir, user=user.name)
-        cmd = [sys.executable, "-m", "services.taskmanager.runtime.runner", "--parallelism", str(self.parallelism),
-               "--workdir", str(self.workdir), "--events-fd", str(write_fd), "--driver-memory", self.driver_memory,
-               "--shuffle-partitions", str(self.shuffle_partitions), "--parent-pid", str(os.getpid()),
-               "--waiting-marker", str(self.home.waiting_marker()), *self.engine_args,
-               *warm_up_args(self.warm_up, self.warm_up_query), *(("--spark-ui",) if self.sandbox.spark_ui else ())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.taskmanager.runtime.runner",
+            "--parallelism",
+            str(self.parallelism),
+            "--workdir",
+            str(self.workdir),
+            "--events-fd",
+            str(write_fd),
+            "--driver-memory",
+            self.driver_memory,
+            "--shuffle-partitions",
+            str(self.shuffle_partitions),
+            "--parent-pid",
+            str(os.getpid()),
+            "--waiting-marker",
+            str(self.home.waiting_marker()),
+            *self.engine_args,
+            *warm_up_args(self.warm_up, self.warm_up_query),
+            *(("--spark-ui",) if self.sandbox.spark_ui else ()),
+        ]
         try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_write, stderr=subprocess.STDOUT,
-                                         pass_fds=(write_fd,), start_new_session=True, env=env, cwd=self.workdir,
-                                         **user.popen_kwargs())
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=log_write,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                env=env,
+                cwd=self.workdir,
+                **user.popen_kwargs(),
+            )
         except BaseException:
             os.close(read_fd)
             os.close(log_read)
@@ -202,8 +238,10 @@ class DriverProcess:
             spec = self.sandbox.task_spec(spec, self.home)
         except Exception as exc:  # whatever broke, the task fails with it
             log.warning("task %s could not be handed to driver %s", spec.execution_id, self.id, exc_info=True)
-            self.exit_reason = ("TaskHandOverFailed", f"the task could not be handed to its Spark driver: "
-                                                      f"{type(exc).__name__}: {exc}")
+            self.exit_reason = (
+                "TaskHandOverFailed",
+                f"the task could not be handed to its Spark driver: {type(exc).__name__}: {exc}",
+            )
             return False
         if not self.send(tp.RunTask(spec=spec)):
             return False
@@ -221,8 +259,9 @@ class DriverProcess:
             try:
                 storage.snapshot_target(Path(command.target))
             except OSError:
-                log.warning("could not prepare the snapshot target %s for driver %s", command.target, self.id,
-                            exc_info=True)  # the driver's decline says what failed
+                log.warning(
+                    "could not prepare the snapshot target %s for driver %s", command.target, self.id, exc_info=True
+                )  # the driver's decline says what failed
         try:
             assert self.proc and self.proc.stdin
             self.proc.stdin.write(tp.encode_line(command))
@@ -304,4 +343,3 @@ class DriverProcess:
             except Exception:
                 log.exception("driver %s: handling an event failed (try %d); retrying", self.id, i + 1)
                 time.sleep(backoff.exponential(i + 1, first_s=0.2, max_s=5.0))
-

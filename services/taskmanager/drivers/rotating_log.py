@@ -55,8 +55,7 @@ class RotatingLog:
                 out.write(chunk)
                 size += len(chunk)
         except OSError:
-            log.warning("writing the driver log %s failed; the rest of its output is dropped", self.path,
-                        exc_info=True)
+            log.warning("writing the driver log %s failed; the rest of its output is dropped", self.path, exc_info=True)
             _drain(fd)
         finally:
             out.close()

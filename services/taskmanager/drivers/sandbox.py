@@ -53,8 +53,7 @@ PRIVATE = ("secrets", "redis", "runs", "artifacts")
 
 @dataclass
 class DriverSandbox:
-    users: DriverUsers = field(default_factory=lambda: DriverUsers(None, DriverUser(None, os.geteuid(),
-                                                                                  os.getegid())))
+    users: DriverUsers = field(default_factory=lambda: DriverUsers(None, DriverUser(None, os.geteuid(), os.getegid())))
     cgroups: DriverCgroups | None = None
     memory_limit: int | None = None  # bytes for a task that sets none; None: no limit
     memory_limit_max: int = UNBOUNDED  # what a job's own option may ask for
@@ -72,24 +71,38 @@ class DriverSandbox:
         if missing:
             from services.taskmanager.drivers.user import DriverUserError
 
-            raise DriverUserError(f"the drivers' user {users.sample.name!r} cannot reach what a driver runs: "
-                                  + "; ".join(missing) + ". Run scripts/bootstrap as root "
-                                  "(python -m services.taskmanager.drivers.user --prepare)")
+            raise DriverUserError(
+                f"the drivers' user {users.sample.name!r} cannot reach what a driver runs: "
+                + "; ".join(missing)
+                + ". Run scripts/bootstrap as root "
+                "(python -m services.taskmanager.drivers.user --prepare)"
+            )
         cgroups = DriverCgroups.create(settings.workdir, taskmanager_id) if settings.driver_cgroups else None
         default = default_limit(settings.driver_memory_limit, settings.driver_memory)
-        sandbox = cls(users=users, cgroups=cgroups, memory_limit=default,
-                      memory_limit_max=maximum_limit(settings.driver_memory_limit_max, default=default,
-                                                     taskmanager_memory=settings.taskmanager_memory_bytes),
-                      log_max_bytes=settings.driver_log_max_bytes, log_backups=settings.driver_log_backups,
-                      spark_ui=settings.spark_ui, control_catalog=settings.catalog,
-                      storage=StorageRoots(tuple(Path(r) for r in configured_roots(settings)), users.ownership()))
-        log.info("drivers run as %s; their processes are tracked by %s; task memory limit %s, enforced by %s",
-                 f"users of their own ({settings.driver_user}-0..{settings.driver_users - 1})" if users.isolated
-                 else "this TaskManager's own user (no isolation)",
-                 f"the cgroup {cgroups.root}" if cgroups else "a /proc scan (session, descendants, environment mark)",
-                 gb(sandbox.memory_limit) if sandbox.memory_limit else "none",
-                 "the kernel (memory.max on the cgroup's charge)" if cgroups and cgroups.memory
-                 else "a watchdog summing the PSS of its processes")
+        sandbox = cls(
+            users=users,
+            cgroups=cgroups,
+            memory_limit=default,
+            memory_limit_max=maximum_limit(
+                settings.driver_memory_limit_max, default=default, taskmanager_memory=settings.taskmanager_memory_bytes
+            ),
+            log_max_bytes=settings.driver_log_max_bytes,
+            log_backups=settings.driver_log_backups,
+            spark_ui=settings.spark_ui,
+            control_catalog=settings.catalog,
+            storage=StorageRoots(tuple(Path(r) for r in configured_roots(settings)), users.ownership()),
+        )
+        log.info(
+            "drivers run as %s; their processes are tracked by %s; task memory limit %s, enforced by %s",
+            f"users of their own ({settings.driver_user}-0..{settings.driver_users - 1})"
+            if users.isolated
+            else "this TaskManager's own user (no isolation)",
+            f"the cgroup {cgroups.root}" if cgroups else "a /proc scan (session, descendants, environment mark)",
+            gb(sandbox.memory_limit) if sandbox.memory_limit else "none",
+            "the kernel (memory.max on the cgroup's charge)"
+            if cgroups and cgroups.memory
+            else "a watchdog summing the PSS of its processes",
+        )
         return sandbox
 
     def secure_home(self, settings, taskmanager_workdir: Path) -> None:
@@ -133,8 +146,11 @@ class DriverSandbox:
         view: tasks/storage.py)."""
         update: dict = {}
         if self.control_catalog and spec.catalog_url == self.control_catalog:
-            log.warning("task %s came with the control catalog's URL as its pipeline database; not handed to "
-                        "the driver (set pipeline_catalog_url)", spec.execution_id)
+            log.warning(
+                "task %s came with the control catalog's URL as its pipeline database; not handed to "
+                "the driver (set pipeline_catalog_url)",
+                spec.execution_id,
+            )
             update["catalog_url"] = ""
         if spec.artifact_path:
             update["artifact_path"] = str(home.place_artifact(Path(spec.artifact_path)))
@@ -170,8 +186,7 @@ def start_sandbox(settings, taskmanager_id: str, workdir: Path) -> DriverSandbox
 
     left = sweep_drivers(settings, taskmanager_id, workdir)
     if left:
-        log.warning("killed %d processes left behind by the drivers of a previous TaskManager %s", left,
-                    taskmanager_id)
+        log.warning("killed %d processes left behind by the drivers of a previous TaskManager %s", left, taskmanager_id)
     try:
         sandbox = DriverSandbox.from_settings(settings, taskmanager_id)
     except (DriverUserError, ValueError) as exc:

@@ -16,7 +16,7 @@ def startup_report(log_tail: str, max_lines: int = 200) -> tuple[str | None, str
     phase, since = None, lines
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith(PHASE_MARKER):
-            phase, since = lines[i][len(PHASE_MARKER):].strip() or None, lines[i + 1:]
+            phase, since = lines[i][len(PHASE_MARKER) :].strip() or None, lines[i + 1 :]
             break
     return phase, "\n".join(_stuck_thread_first(since)[:max_lines])
 

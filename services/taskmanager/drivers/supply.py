@@ -43,8 +43,16 @@ class DriverLaunch:
 
 
 class DriverSupply:
-    def __init__(self, launch: DriverLaunch | None, *, taskmanager_id: str, workdir: Path,
-                 on_event: DriverEventHandler, on_exit: DriverExitHandler, status_client: Any) -> None:
+    def __init__(
+        self,
+        launch: DriverLaunch | None,
+        *,
+        taskmanager_id: str,
+        workdir: Path,
+        on_event: DriverEventHandler,
+        on_exit: DriverExitHandler,
+        status_client: Any,
+    ) -> None:
         self.launch, self.taskmanager_id, self.workdir = launch, taskmanager_id, workdir
         self.on_event, self.on_exit, self.status_client = on_event, on_exit, status_client
         self.warm = launch.warm_pool(self.new_driver) if launch is not None and launch.warm_pool else None
@@ -62,12 +70,18 @@ class DriverSupply:
         launch = self.launch
         if launch is None:
             raise RuntimeError(f"{self.taskmanager_id} is simulated: it runs no-op tasks only")
-        return DriverProcess(parallelism=parallelism, workdir=self.workdir / "drivers",
-                             driver_memory=launch.driver_memory, shuffle_partitions=launch.shuffle_partitions,
-                             on_event=self.on_event, on_exit=self.on_exit,
-                             engine_args=launch.engine_args(config), warm_up=not for_task,
-                             warm_up_query=launch.warm_up_query,
-                             sandbox=launch.sandbox).start()
+        return DriverProcess(
+            parallelism=parallelism,
+            workdir=self.workdir / "drivers",
+            driver_memory=launch.driver_memory,
+            shuffle_partitions=launch.shuffle_partitions,
+            on_event=self.on_event,
+            on_exit=self.on_exit,
+            engine_args=launch.engine_args(config),
+            warm_up=not for_task,
+            warm_up_query=launch.warm_up_query,
+            sandbox=launch.sandbox,
+        ).start()
 
     def forget(self, driver: DriverProcess) -> None:
         if self.warm:
@@ -86,8 +100,11 @@ class DriverSupply:
         try:
             raw = self.status_client.get(streams.RM_STATS_KEY)
             published = json.loads(raw).get(standby_shape.TASK_SLOTS) if raw else None
-            wanted = standby_shape.standby_parallelism(published, self.taskmanager_id, slots) \
-                if isinstance(published, dict) else None
+            wanted = (
+                standby_shape.standby_parallelism(published, self.taskmanager_id, slots)
+                if isinstance(published, dict)
+                else None
+            )
         except Exception:  # best effort (Redis away, a stats value not of this shape): keep the pool's shape
             log.debug("could not read the task sizes from the ResourceManager's stats", exc_info=True)
             return

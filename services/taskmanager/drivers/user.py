@@ -133,19 +133,24 @@ def resolve(name: str | None, size: int = 1) -> DriverUsers:
     """The drivers' users for the `driver_user` and `driver_users` settings; raises
     DriverUserError when this process cannot run drivers as them."""
     if not name:
-        log.warning("drivers run as this TaskManager's own user (%s is empty): a pipeline can read every "
-                    "file this TaskManager can, its config and credentials included", SETTING)
+        log.warning(
+            "drivers run as this TaskManager's own user (%s is empty): a pipeline can read every "
+            "file this TaskManager can, its config and credentials included",
+            SETTING,
+        )
         return DriverUsers(None, DriverUser(None, os.geteuid(), os.getegid()))
     euid = os.geteuid()
     if euid != 0:
         raise DriverUserError(
             f"this TaskManager runs as uid {euid}, not root, so it cannot start drivers as the users {name}-0.. "
-            f"({SETTING}): run it as root, or set {SETTING}=\"\" to run drivers as its own user, without isolation")
+            f'({SETTING}): run it as root, or set {SETTING}="" to run drivers as its own user, without isolation'
+        )
     try:
         pool = SandboxUsers(name, size)
     except SandboxUsersError as exc:
-        raise DriverUserError(f"{exc}; {SETTING}=\"\" runs drivers as the TaskManager's own user, without "
-                              f"isolation") from None
+        raise DriverUserError(
+            f'{exc}; {SETTING}="" runs drivers as the TaskManager\'s own user, without isolation'
+        ) from None
     s = pool.sample()
     return DriverUsers(pool, DriverUser(s.name, s.uid, s.gid, groups=s.groups))
 
@@ -177,8 +182,12 @@ def give_to_drivers(directory: Path, name: str | None, files: tuple[str, ...] = 
 def runtime_paths(runtime: SparkRuntime | None = None) -> list[Path]:
     """What every driver reads: the interpreter, its packages, the checkout, the jar cache and the
     class archive."""
-    paths = [Path(os.path.realpath(sys.executable)), Path(sysconfig.get_paths()["purelib"]),
-             Path(sysconfig.get_paths()["platlib"]), IMPORT_ROOT / "services"]
+    paths = [
+        Path(os.path.realpath(sys.executable)),
+        Path(sysconfig.get_paths()["purelib"]),
+        Path(sysconfig.get_paths()["platlib"]),
+        IMPORT_ROOT / "services",
+    ]
     if runtime is not None:
         paths += runtime.paths()
     return list(dict.fromkeys(paths))
@@ -215,8 +224,21 @@ def create_users(name: str, size: int) -> int:
         except KeyError:
             pass
         own_group = ["--gid", user] if _group_exists(user) else ["--user-group"]
-        _run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
-              "/usr/sbin/nologin", *own_group, "--groups", name, user])
+        _run(
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                *own_group,
+                "--groups",
+                name,
+                user,
+            ]
+        )
         made += 1
     if made:
         print(f"driver users: created {made} of {name}-0..{name}-{size - 1}")
@@ -245,8 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.prepare:
         if os.geteuid() != 0:
-            print(f"driver users: not root, so {name}-0.. are neither created nor given access; the TaskManagers "
-                  f"need {SETTING}=\"\" or root", file=sys.stderr)
+            print(
+                f"driver users: not root, so {name}-0.. are neither created nor given access; the TaskManagers "
+                f'need {SETTING}="" or root',
+                file=sys.stderr,
+            )
             return 1
         create_users(name, size)
     try:

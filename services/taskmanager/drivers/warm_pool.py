@@ -178,7 +178,7 @@ class WaitingClaim:
 
 def _claim_rank(name: str) -> int | None:
     try:
-        return int(name[len(CLAIM_PREFIX):].split("-", 1)[0])
+        return int(name[len(CLAIM_PREFIX) :].split("-", 1)[0])
     except ValueError:
         return None
 
@@ -190,9 +190,17 @@ class DriverFactory(Protocol):
 
 
 class WarmPool:
-    def __init__(self, *, size: int, parallelism: int, factory: DriverFactory,
-                 max_rss_bytes: int | None = None, ready_timeout_s: float = 120.0,
-                 tokens: WarmupTokens | None = None, serves_smaller: bool = False):
+    def __init__(
+        self,
+        *,
+        size: int,
+        parallelism: int,
+        factory: DriverFactory,
+        max_rss_bytes: int | None = None,
+        ready_timeout_s: float = 120.0,
+        tokens: WarmupTokens | None = None,
+        serves_smaller: bool = False,
+    ):
         self.size, self.parallelism, self.factory = size, parallelism, factory
         self.serves_smaller = serves_smaller
         self.max_rss_bytes, self.ready_timeout_s = max_rss_bytes, ready_timeout_s
@@ -221,8 +229,9 @@ class WarmPool:
         waiting for a token (None only once the pool is shut down)."""
         with self._lock:
             # An exact fit first, then the smallest larger one.
-            fitting = sorted((d for d in self._drivers if self.fits(d, parallelism)),
-                             key=lambda d: d.parallelism != parallelism)
+            fitting = sorted(
+                (d for d in self._drivers if self.fits(d, parallelism)), key=lambda d: d.parallelism != parallelism
+            )
             for d in [d for d in fitting if d.ready.is_set()]:
                 self._drivers.remove(d)
                 if self.healthy(d):
@@ -247,8 +256,12 @@ class WarmPool:
             token = self.tokens.try_acquire()
             if token is not None:
                 self._hold_until_ready(d, token)
-            log.info("starting driver %s (local[%d]) for a task%s", d.id, parallelism,
-                     "" if token else " beside a warm-up that holds every token")
+            log.info(
+                "starting driver %s (local[%d]) for a task%s",
+                d.id,
+                parallelism,
+                "" if token else " beside a warm-up that holds every token",
+            )
             return d
 
     def retarget(self, parallelism: int) -> None:
@@ -258,8 +271,12 @@ class WarmPool:
         with self._lock:
             if self.serves_smaller or parallelism == self.parallelism or parallelism < 1 or self._closed:
                 return
-            log.info("warm drivers of parallelism %d from now on (was %d): the tasks that may fail over here run "
-                     "at %d", parallelism, self.parallelism, parallelism)
+            log.info(
+                "warm drivers of parallelism %d from now on (was %d): the tasks that may fail over here run at %d",
+                parallelism,
+                self.parallelism,
+                parallelism,
+            )
             self.parallelism = parallelism
             self._want = self._wanted()
             for d in [d for d in self._drivers if d.parallelism != parallelism]:
@@ -309,7 +326,7 @@ class WarmPool:
                 return  # shutting down: a task driver's exit must not start a new JVM
             self._drop_broken()
             surplus = len(self._drivers) - self._want
-            for d in self._drivers[:max(0, surplus)]:
+            for d in self._drivers[: max(0, surplus)]:
                 self._drivers.remove(d)
                 self._trimmed.add(d.id)
                 d.kill()
@@ -391,12 +408,12 @@ class WarmPool:
         it up as soon as an urgent warm-up waits in line, and warms on at nice 19: beside the
         urgent one, at full priority, it only takes idle CPU anyway, and starved beside a busy
         task it would have kept the token for minutes."""
+
         def watch() -> None:
             try:
                 while not d.ready.wait(RETRY_S) and not d.exited and d.alive():
                     if rank > URGENT and getattr(d, "niced", False) and self.tokens.outranked(URGENT + 1):
-                        log.info("warm driver %s gives its warm-up token to an urgent warm-up and warms on niced",
-                                 d.id)
+                        log.info("warm driver %s gives its warm-up token to an urgent warm-up and warms on niced", d.id)
                         return
             finally:
                 token.release()
@@ -410,8 +427,9 @@ class WarmPool:
             if not d.ready.is_set() and getattr(d, "niced", False) and now - d.started_at > self.ready_timeout_s:
                 # Not stuck, starved: busy tasks left it no CPU at nice 19. From now on it competes
                 # at full priority and is judged stuck only after another ready_timeout_s.
-                log.info("warm driver %s got no CPU to warm up in %.0f s; raising its priority", d.id,
-                         now - d.started_at)
+                log.info(
+                    "warm driver %s got no CPU to warm up in %.0f s; raising its priority", d.id, now - d.started_at
+                )
                 d.raise_priority()
                 d.started_at = now
                 continue
@@ -432,8 +450,13 @@ class WarmPool:
                 self._failures += 1
                 pause = backoff.exponential(self._failures + 1, first_s=1.0, max_s=60.0)
                 self._not_before = time.monotonic() + pause
-                log.warning("warm driver %s died before it was ready (%d in a row); next try in %.0f s; "
-                            "see %s", d.id, self._failures, pause, d.log_path)
+                log.warning(
+                    "warm driver %s died before it was ready (%d in a row); next try in %.0f s; see %s",
+                    d.id,
+                    self._failures,
+                    pause,
+                    d.log_path,
+                )
             elif d.ready.is_set():
                 self._failures = 0
 
@@ -441,8 +464,13 @@ class WarmPool:
         with self._lock:
             ready = sum(1 for d in self._drivers if d.ready.is_set())
             waiting = max(0, self._want - len(self._drivers))
-            return {"ready": ready, "starting": len(self._drivers) - ready, "waiting": waiting,
-                    "parallelism": self.parallelism, "rank": RANK_NAMES[self.rank()] if waiting else None}
+            return {
+                "ready": ready,
+                "starting": len(self._drivers) - ready,
+                "waiting": waiting,
+                "parallelism": self.parallelism,
+                "rank": RANK_NAMES[self.rank()] if waiting else None,
+            }
 
     def shutdown(self) -> None:
         with self._lock:

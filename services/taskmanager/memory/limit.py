@@ -54,7 +54,7 @@ def default_limit(setting: str | None, driver_memory: str) -> int | None:
         try:
             return job_options.memory_limit_bytes(setting)
         except ValueError:
-            raise ValueError(f"{SETTING} must be a size such as \"3g\" or \"off\", got {setting!r}") from None
+            raise ValueError(f'{SETTING} must be a size such as "3g" or "off", got {setting!r}') from None
     return sizes.parse_bytes(driver_memory, what="driver_memory") + ALLOWANCE_BYTES
 
 
@@ -72,7 +72,7 @@ def maximum_limit(setting: str | None, *, default: int | None, taskmanager_memor
         try:
             value = job_options.memory_limit_bytes(setting)
         except ValueError:
-            raise ValueError(f"{MAX_SETTING} must be a size such as \"16g\" or \"off\", got {setting!r}") from None
+            raise ValueError(f'{MAX_SETTING} must be a size such as "16g" or "off", got {setting!r}') from None
         return UNBOUNDED if value is None else value
     return max(taskmanager_memory, default or 0)
 
@@ -93,12 +93,14 @@ def task_limit(config: dict | None, default: int | None, maximum: int = UNBOUNDE
     if limit is None and default is not None:
         raise MemoryLimitRefused(
             f"the job option {OPTION}={raw!r} turns the task's memory limit off, which this cluster does not "
-            f"allow ({MAX_SETTING} is {gb(maximum)}, not \"off\"): set a size up to {gb(maximum)}, or ask the "
-            f"operator to raise {MAX_SETTING}")
+            f'allow ({MAX_SETTING} is {gb(maximum)}, not "off"): set a size up to {gb(maximum)}, or ask the '
+            f"operator to raise {MAX_SETTING}"
+        )
     if limit is not None and limit > maximum:
         raise MemoryLimitRefused(
             f"the job option {OPTION}={raw!r} ({gb(limit)}) is above this cluster's maximum of {gb(maximum)} "
-            f"({MAX_SETTING}): set a size up to {gb(maximum)}, or ask the operator to raise {MAX_SETTING}")
+            f"({MAX_SETTING}): set a size up to {gb(maximum)}, or ask the operator to raise {MAX_SETTING}"
+        )
     return limit
 
 
@@ -109,14 +111,20 @@ def gb(n: int) -> str:
 def cause(used: Sample, limit: int, *, by_kernel: bool = False) -> str:
     """A failure cause naming the figure, its measure and the limit, and what to change."""
     if by_kernel:
-        what = (f"the task's processes reached {gb(used.used)} ({used.describe()}) at its limit of {gb(limit)} "
-                f"({OPTION}); the kernel's OOM killer ended them at the cgroup's memory.max")
+        what = (
+            f"the task's processes reached {gb(used.used)} ({used.describe()}) at its limit of {gb(limit)} "
+            f"({OPTION}); the kernel's OOM killer ended them at the cgroup's memory.max"
+        )
     else:
-        what = (f"the task's processes used {gb(used.used)} ({used.describe()}), above its limit of {gb(limit)} "
-                f"({OPTION}); they were killed")
-    return (f"{what}. If the pipeline needs more, raise the job option {OPTION} (e.g. "
-            f"\"{max(1, -(-max(used.used, limit) // 1024**3) + 1)}g\") or the cluster's {SETTING}; otherwise hold "
-            f"less in build() and in each batch")
+        what = (
+            f"the task's processes used {gb(used.used)} ({used.describe()}), above its limit of {gb(limit)} "
+            f"({OPTION}); they were killed"
+        )
+    return (
+        f"{what}. If the pipeline needs more, raise the job option {OPTION} (e.g. "
+        f'"{max(1, -(-max(used.used, limit) // 1024**3) + 1)}g") or the cluster\'s {SETTING}; otherwise hold '
+        f"less in build() and in each batch"
+    )
 
 
 class MemoryWatch:
@@ -124,8 +132,14 @@ class MemoryWatch:
     calls `on_exceeded(cause)` once it is exceeded, then stops. Without one it only measures, for
     the dashboard."""
 
-    def __init__(self, *, limit: int | None, meter: Meter, on_exceeded: Callable[[str], None],
-                 interval_s: float = WATCH_INTERVAL_S):
+    def __init__(
+        self,
+        *,
+        limit: int | None,
+        meter: Meter,
+        on_exceeded: Callable[[str], None],
+        interval_s: float = WATCH_INTERVAL_S,
+    ):
         self.limit, self.meter, self.on_exceeded, self.interval_s = limit, meter, on_exceeded, interval_s
         self.latest: Sample | None = None
         self.peak = 0
@@ -153,15 +167,17 @@ class MemoryWatch:
             if killed:
                 # The kernel stopped the charge at the limit: its peak is the figure that says so.
                 peak = self.meter.peak()
-                self.on_exceeded(cause(peak if peak is not None else replace(sample, used=self.peak), self.limit,
-                                       by_kernel=True))
+                self.on_exceeded(
+                    cause(peak if peak is not None else replace(sample, used=self.peak), self.limit, by_kernel=True)
+                )
             else:
                 self.on_exceeded(cause(sample, self.limit))
             return
 
 
-def watch(processes: "TaskProcesses", limit: int | None, *, uid: int | None, on_exceeded: Callable[[str], None],
-          name: str) -> MemoryWatch:
+def watch(
+    processes: "TaskProcesses", limit: int | None, *, uid: int | None, on_exceeded: Callable[[str], None], name: str
+) -> MemoryWatch:
     """Start watching a task's processes. The kernel enforces the limit where the driver's cgroup
     has the memory controller (the watch then reads its charge), else the watch does, on their PSS
     (and, with `uid`, the task's own user, the shared memory it holds). Without a limit the task's

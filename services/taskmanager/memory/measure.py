@@ -84,8 +84,10 @@ class Sample:
         if self.by_rss:
             text += f", {self.by_rss} of them by RSS (their PSS could not be read)"
         if self.shmem:
-            text += (f", and {self.shmem / 1024**3:.1f} GB of shared memory they hold unmapped "
-                     f"({self.shmem_files} memfd, /dev/shm or System V object{'s' if self.shmem_files != 1 else ''})")
+            text += (
+                f", and {self.shmem / 1024**3:.1f} GB of shared memory they hold unmapped "
+                f"({self.shmem_files} memfd, /dev/shm or System V object{'s' if self.shmem_files != 1 else ''})"
+            )
         return text
 
 
@@ -225,11 +227,17 @@ class ProcessMeter:
     the bound grew by more than the headroom the last reading left (a new allocation shows in RSS
     or in the machine's shmem at once). A task is only ever killed on a fresh PSS reading."""
 
-    def __init__(self, pids: Callable[[], Iterable[int]], *, refresh_s: float = PSS_REFRESH_S,
-                 near_s: float = PSS_NEAR_S, clock: Callable[[], float] = time.monotonic,
-                 read_rss: Callable[[list[int]], int] = rss_bytes,
-                 read_pss: Callable[[list[int]], Sample] = pss_sample,
-                 read_shmem: Callable[[], int] = system_shmem) -> None:
+    def __init__(
+        self,
+        pids: Callable[[], Iterable[int]],
+        *,
+        refresh_s: float = PSS_REFRESH_S,
+        near_s: float = PSS_NEAR_S,
+        clock: Callable[[], float] = time.monotonic,
+        read_rss: Callable[[list[int]], int] = rss_bytes,
+        read_pss: Callable[[list[int]], Sample] = pss_sample,
+        read_shmem: Callable[[], int] = system_shmem,
+    ) -> None:
         self.pids, self.refresh_s, self.near_s, self.clock = pids, refresh_s, near_s, clock
         self.read_rss, self.read_pss, self.read_shmem = read_rss, read_pss, read_shmem
         self.last: Sample | None = None
@@ -271,8 +279,7 @@ class CgroupMeter:
         self.cgroup = cgroup
 
     def sample(self, limit: int | None) -> Sample:
-        return Sample(int((self.cgroup / "memory.current").read_text().split()[0]), CGROUP,
-                      source="memory.current")
+        return Sample(int((self.cgroup / "memory.current").read_text().split()[0]), CGROUP, source="memory.current")
 
     def peak(self) -> Sample | None:
         """The highest charge (memory.peak, kernels from 5.19), None without it."""

@@ -49,8 +49,7 @@ def publish(client: Any, taskmanager_id: str, figures: list[TaskMemory], *, ttl_
     """Best effort: the figures are for people; a TaskManager without tasks leaves its key to expire."""
     if client is None or not figures:
         return
-    value = json.dumps({f.execution_id: {k: v for k, v in asdict(f).items() if k != "execution_id"}
-                        for f in figures})
+    value = json.dumps({f.execution_id: {k: v for k, v in asdict(f).items() if k != "execution_id"} for f in figures})
     try:
         client.set(streams.tm_memory_key(taskmanager_id), value, px=max(1000, int(ttl_s * 1000)))
     except Exception:  # Redis away: the next heartbeat writes them again

@@ -99,7 +99,11 @@ def ensure_started(path: Path | None, log_file: Path) -> subprocess.Popen | None
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "services.taskmanager.runtime.class_archive", "--build", str(path)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         os.setpriority(os.PRIO_PGRP, proc.pid, 19)  # only the CPU the running drivers leave
     except OSError:
@@ -132,8 +136,9 @@ def build(path: Path) -> int:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     started = time.monotonic()
     try:
-        spark = build_spark(2, work, extra_java_options=f" -XX:ArchiveClassesAtExit={tmp} -Xlog:cds=off"
-                                                        f" -Xlog:cds+dynamic=off")
+        spark = build_spark(
+            2, work, extra_java_options=f" -XX:ArchiveClassesAtExit={tmp} -Xlog:cds=off -Xlog:cds+dynamic=off"
+        )
         warm_up(spark, work, 2)
         jvm = spark.sparkContext._gateway.proc
         spark.stop()
@@ -141,8 +146,10 @@ def build(path: Path) -> int:
         code = jvm.wait(BUILD_TIMEOUT_S)
         if code != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
             # A JVM that died while dumping may have left half a file: never put that in place.
-            print(f"the JVM exited with {code} and wrote {'no' if not tmp.is_file() else 'an unusable'} "
-                  f"archive at {tmp}", flush=True)
+            print(
+                f"the JVM exited with {code} and wrote {'no' if not tmp.is_file() else 'an unusable'} archive at {tmp}",
+                flush=True,
+            )
             return 1
         os.replace(tmp, path)
         print(f"built {path} ({path.stat().st_size >> 20} MB) in {time.monotonic() - started:.1f} s", flush=True)
@@ -168,28 +175,38 @@ def ensure(directory: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         out = open(log_file, "wb")  # Spark's own start-up chatter stays out of the installer's
     except OSError as exc:
-        print(f"class archive: cannot write in {path.parent} ({exc}); set HEADRACE_DRIVER_CLASS_ARCHIVE_DIR "
-              f"to a writable directory", flush=True)
+        print(
+            f"class archive: cannot write in {path.parent} ({exc}); set HEADRACE_DRIVER_CLASS_ARCHIVE_DIR "
+            f"to a writable directory",
+            flush=True,
+        )
         return 1
-    print(f"class archive: building {path} (a Spark warm-up in a JVM that dumps its classes: "
-          f"about half a minute; log: {log_file})", flush=True)
+    print(
+        f"class archive: building {path} (a Spark warm-up in a JVM that dumps its classes: "
+        f"about half a minute; log: {log_file})",
+        flush=True,
+    )
     with out:
         try:
             code = subprocess.run(
                 [sys.executable, "-m", "services.taskmanager.runtime.class_archive", "--build", str(path)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                timeout=BUILD_TIMEOUT_S + 30).returncode
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S + 30,
+            ).returncode
         except subprocess.TimeoutExpired:  # build() ends itself by alarm first; this is a backstop
             code = 1
     if code != 0:
         tail = log_file.read_text(errors="replace").splitlines()[-5:]
-        print("class archive: the build failed (exit %s); last lines of its log:\n  %s"
-              % (code, "\n  ".join(tail)), flush=True)
+        print(
+            "class archive: the build failed (exit %s); last lines of its log:\n  %s" % (code, "\n  ".join(tail)),
+            flush=True,
+        )
     elif path.is_file():
         print(f"class archive: built ({path.stat().st_size >> 20} MB)", flush=True)
     else:
-        print("class archive: another process is building it; TaskManagers will use it once it is "
-              "there", flush=True)
+        print("class archive: another process is building it; TaskManagers will use it once it is there", flush=True)
     return code
 
 
@@ -197,9 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m services.taskmanager.runtime.class_archive")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--build", type=Path, help="where the archive goes")
-    what.add_argument("--ensure", action="store_true",
-                      help="build the archive in the configured directory (HEADRACE_DRIVER_CLASS_ARCHIVE_DIR, "
-                           "default ~/.cache/headrace/cds) unless it is there")
+    what.add_argument(
+        "--ensure",
+        action="store_true",
+        help="build the archive in the configured directory (HEADRACE_DRIVER_CLASS_ARCHIVE_DIR, "
+        "default ~/.cache/headrace/cds) unless it is there",
+    )
     args = p.parse_args(argv)
     if args.ensure:
         from shared.settings import load_settings

@@ -69,8 +69,9 @@ def waiting_work(spark) -> bool:
 class ExecutorWatch:
     """Calls `on_starved(NoExecutors)` once when work has waited `timeout_s` with no executor."""
 
-    def __init__(self, spark, engine: Engine, parallelism: int, on_starved: Callable[[NoExecutors], None],
-                 poll_s: float = 1.0):
+    def __init__(
+        self, spark, engine: Engine, parallelism: int, on_starved: Callable[[NoExecutors], None], poll_s: float = 1.0
+    ):
         self.spark, self.engine, self.parallelism = spark, engine, parallelism
         self.on_starved, self.poll_s = on_starved, poll_s
         self._stop = threading.Event()
@@ -97,9 +98,13 @@ class ExecutorWatch:
             self.waiting_since = self.waiting_since or now
             if now - self.waiting_since >= self.engine.executor_timeout_s:
                 e = self.engine
-                self.on_starved(NoExecutors(
-                    f"the Spark master {e.master} gave this task no executor within {e.executor_timeout_s:.0f} s "
-                    f"(it asks for {self.parallelism} cores in executors of {min(e.executor_cores, self.parallelism)} "
-                    f"cores and {e.executor_memory}): the cluster's workers are busy, gone, or too small; "
-                    f"see the master's web UI, or lower the job's parallelism or spark.executor.memory"))
+                executor_cores = min(e.executor_cores, self.parallelism)
+                self.on_starved(
+                    NoExecutors(
+                        f"the Spark master {e.master} gave this task no executor within {e.executor_timeout_s:.0f} s "
+                        f"(it asks for {self.parallelism} cores in executors of {executor_cores} "
+                        f"cores and {e.executor_memory}): the cluster's workers are busy, gone, or too small; "
+                        f"see the master's web UI, or lower the job's parallelism or spark.executor.memory"
+                    )
+                )
                 return

@@ -127,10 +127,11 @@ class Sources:
         if not streaming:
             return spark.read.format("datagen").options(**opts).load()
         if total is not None:
-            self._ctx.bounded.add(BoundedSource(
-                f"datagen(seed={seed}, total={total})",
-                functools.partial(datagen_conn.is_exhausted, total=total),
-            ))
+            self._ctx.bounded.add(
+                BoundedSource(
+                    f"datagen(seed={seed}, total={total})", functools.partial(datagen_conn.is_exhausted, total=total)
+                )
+            )
         return spark.readStream.format("datagen").options(**opts).load()
 
     def redis_stream(
@@ -156,9 +157,15 @@ class Sources:
             opts["max_entries_per_trigger"] = str(max_entries_per_trigger)
         return self._ctx.spark.readStream.format("redis_stream").schema(schema).options(**opts).load()
 
-    def kafka(self, topics: str | Sequence[str] | None = None, *, bootstrap_servers: str | None = None,
-              starting_offsets: str | Mapping[str, Any] = "earliest", options: Mapping[str, Any] | None = None,
-              pattern: str | None = None) -> DataFrame:
+    def kafka(
+        self,
+        topics: str | Sequence[str] | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        starting_offsets: str | Mapping[str, Any] = "earliest",
+        options: Mapping[str, Any] | None = None,
+        pattern: str | None = None,
+    ) -> DataFrame:
         """Spark's own Kafka source (key, value, topic, partition, offset, timestamp, ...), its
         offsets in every checkpoint and savepoint. `topics`: a name or a list, or `pattern=` a
         subscription pattern. `starting_offsets` (a fresh start only): "earliest", "latest" or
@@ -166,22 +173,29 @@ class Sources:
         client (see connectors/kafka_source.py). `bootstrap_servers` defaults to the cluster's
         broker (`headrace up --kafka`)."""
         return kafka_source.kafka_source(
-            self._ctx.spark, topics, pattern=pattern, bootstrap_servers=self._ctx.kafka_address(bootstrap_servers),
-            starting_offsets=starting_offsets, options=options,
-            on_wait=None if self._ctx.planning else self._ctx.report_waiting, check=not self._ctx.planning)
+            self._ctx.spark,
+            topics,
+            pattern=pattern,
+            bootstrap_servers=self._ctx.kafka_address(bootstrap_servers),
+            starting_offsets=starting_offsets,
+            options=options,
+            on_wait=None if self._ctx.planning else self._ctx.report_waiting,
+            check=not self._ctx.planning,
+        )
 
-    def sql_table(self, table: str, *, url: str | None = None,
-                  columns: Sequence[str] | None = None) -> DataFrame:
+    def sql_table(self, table: str, *, url: str | None = None, columns: Sequence[str] | None = None) -> DataFrame:
         """A bounded (batch) DataFrame of a whole table, read on the driver."""
         return sql_source.sql_source(self._ctx.spark, self._ctx.database_url(url, "sources"), table, columns=columns)
 
-    def delta(self, path: str, *, starting_version: int | str | None = None,
-              options: Mapping[str, Any] | None = None) -> DataFrame:
+    def delta(
+        self, path: str, *, starting_version: int | str | None = None, options: Mapping[str, Any] | None = None
+    ) -> DataFrame:
         """A streaming read of the Delta table at `path` (relative: in the lake directory), its
         offsets in every checkpoint and savepoint; `starting_version` for a fresh start, `options`
         Delta's own (maxFilesPerTrigger, skipChangeCommits, ...). See connectors/delta_source.py."""
-        return delta_source.delta_stream(self._ctx.spark, self._ctx.table_path(path), starting_version=starting_version,
-                                         options=options)
+        return delta_source.delta_stream(
+            self._ctx.spark, self._ctx.table_path(path), starting_version=starting_version, options=options
+        )
 
     def delta_table(self, path: str, *, version: int | None = None) -> DataFrame:
         """A bounded read of the Delta table at `path` (at `version`, time travel, if given)."""
@@ -211,12 +225,20 @@ class Sinks:
         A batch waits for an unreachable database up to `max_retry_time` (default: the job option
         sink.max-retry-time, else 60 s) and `max_retries` retries (sink.max-retries, else no
         count limit) before the task fails (connectors/sql_retry.py)."""
-        retry = sql_retry.RetryPolicy.from_options(self._ctx.config, max_retry_time=max_retry_time,
-                                                   max_retries=max_retries)
+        retry = sql_retry.RetryPolicy.from_options(
+            self._ctx.config, max_retry_time=max_retry_time, max_retries=max_retries
+        )
         return sql_conn.sql_sink(
-            df, self._ctx.database_url(url, "sinks"), table, sink_id=f"{self._ctx.lineage_id}:{table}",
-            key_columns=key_columns, output_mode=output_mode, overwrite=overwrite, trigger=trigger,
-            retry=retry, on_wait=self._ctx.report_waiting,
+            df,
+            self._ctx.database_url(url, "sinks"),
+            table,
+            sink_id=f"{self._ctx.lineage_id}:{table}",
+            key_columns=key_columns,
+            output_mode=output_mode,
+            overwrite=overwrite,
+            trigger=trigger,
+            retry=retry,
+            on_wait=self._ctx.report_waiting,
         )
 
     def redis_stream(
@@ -233,8 +255,14 @@ class Sinks:
         """Packed Arrow entries (`arrow` field), exactly once per micro-batch id; a restarted
         attempt deletes the entries of the batches it re-runs (see connectors.redis_streams)."""
         return redis_conn.redis_stream_sink(
-            df, url or self._ctx.redis_url, stream, sink_id=f"{self._ctx.lineage_id}:{stream}",
-            rows_per_entry=rows_per_entry, maxlen=maxlen, output_mode=output_mode, trigger=trigger,
+            df,
+            url or self._ctx.redis_url,
+            stream,
+            sink_id=f"{self._ctx.lineage_id}:{stream}",
+            rows_per_entry=rows_per_entry,
+            maxlen=maxlen,
+            output_mode=output_mode,
+            trigger=trigger,
         )
 
     def files(
@@ -250,31 +278,60 @@ class Sinks:
     ) -> SinkHandle:
         """Parquet/CSV/JSON files under `path` (`mode` applies to batch writes; streaming
         appends exactly once per micro-batch, see connectors.files)."""
-        return files_conn.file_sink(df, path, format=format, mode=mode, partition_by=partition_by,
-                                    options=options, trigger=trigger)
+        return files_conn.file_sink(
+            df, path, format=format, mode=mode, partition_by=partition_by, options=options, trigger=trigger
+        )
 
-    def kafka(self, df: DataFrame, topic: str, *, bootstrap_servers: str | None = None,
-              delivery: str = kafka_delivery.EXACTLY_ONCE, options: Mapping[str, Any] | None = None,
-              trigger: str | None = None, transactional_id_prefix: str = "headrace-") -> SinkHandle:
+    def kafka(
+        self,
+        df: DataFrame,
+        topic: str,
+        *,
+        bootstrap_servers: str | None = None,
+        delivery: str = kafka_delivery.EXACTLY_ONCE,
+        options: Mapping[str, Any] | None = None,
+        trigger: str | None = None,
+        transactional_id_prefix: str = "headrace-",
+    ) -> SinkHandle:
         """Records from `df`'s `value` (and `key`, `headers`, `partition`) columns into `topic`.
         delivery="exactly-once": in Kafka transactions committed at checkpoints, each record seen
         once by read_committed consumers (visible one checkpoint interval later); "at-least-once":
         Spark's own sink. See connectors/kafka_sink.py."""
         config = self._ctx.config
-        timeout_s = (job_options.duration_s(config[kafka_delivery.TRANSACTION_TIMEOUT_OPTION], positive=True)
-                     if kafka_delivery.TRANSACTION_TIMEOUT_OPTION in config
-                     else kafka_delivery.default_timeout_s(self._ctx.checkpoint_interval_s))
+        timeout_s = (
+            job_options.duration_s(config[kafka_delivery.TRANSACTION_TIMEOUT_OPTION], positive=True)
+            if kafka_delivery.TRANSACTION_TIMEOUT_OPTION in config
+            else kafka_delivery.default_timeout_s(self._ctx.checkpoint_interval_s)
+        )
         return kafka_sink.kafka_sink(
-            df, topic, bootstrap_servers=self._ctx.kafka_address(bootstrap_servers), delivery=delivery,
-            sink_id=f"{self._ctx.lineage_id}:{topic}", lineage=self._ctx.lineage_id, job_id=self._ctx.job_id,
-            options=options, trigger=trigger, transaction_timeout_s=timeout_s,
+            df,
+            topic,
+            bootstrap_servers=self._ctx.kafka_address(bootstrap_servers),
+            delivery=delivery,
+            sink_id=f"{self._ctx.lineage_id}:{topic}",
+            lineage=self._ctx.lineage_id,
+            job_id=self._ctx.job_id,
+            options=options,
+            trigger=trigger,
+            transaction_timeout_s=timeout_s,
             interval_s=self._ctx.checkpoint_interval_s,
-            transactional_id_prefix=transactional_id_prefix, on_wait=self._ctx.report_waiting,
-            check=not self._ctx.planning)
+            transactional_id_prefix=transactional_id_prefix,
+            on_wait=self._ctx.report_waiting,
+            check=not self._ctx.planning,
+        )
 
-    def delta(self, df: DataFrame, path: str, *, key_columns: Sequence[str] = (), output_mode: str = "append",
-              partition_by: Sequence[str] = (), options: Mapping[str, Any] | None = None, trigger: str | None = None,
-              shared_append: bool = False) -> SinkHandle:
+    def delta(
+        self,
+        df: DataFrame,
+        path: str,
+        *,
+        key_columns: Sequence[str] = (),
+        output_mode: str = "append",
+        partition_by: Sequence[str] = (),
+        options: Mapping[str, Any] | None = None,
+        trigger: str | None = None,
+        shared_append: bool = False,
+    ) -> SinkHandle:
         """Exactly-once Delta Lake table at `path` (relative: in the lake directory). "append" adds
         each row once, "update" MERGEs each micro-batch by `key_columns`, "complete" replaces the
         table per batch. `options`: Delta's writer options (mergeSchema, ...) and the table's
@@ -282,15 +339,31 @@ class Sinks:
         `shared_append`: other lineages may append too. See connectors/delta_sink.py."""
         opts = {str(k): v for k, v in (options or {}).items()}
         return delta_sink.delta_sink(
-            df, self._ctx.table_path(path), lineage=self._ctx.lineage_id, output_mode=output_mode,
-            key_columns=key_columns, partition_by=partition_by, options=opts, trigger=trigger,
-            shared_append=shared_append, policy=delta_maintenance.Policy.read(opts, self._ctx.config),
-            on_wait=self._ctx.report_waiting)
+            df,
+            self._ctx.table_path(path),
+            lineage=self._ctx.lineage_id,
+            output_mode=output_mode,
+            key_columns=key_columns,
+            partition_by=partition_by,
+            options=opts,
+            trigger=trigger,
+            shared_append=shared_append,
+            policy=delta_maintenance.Policy.read(opts, self._ctx.config),
+            on_wait=self._ctx.report_waiting,
+        )
 
-    def console(self, df: DataFrame, *, output_mode: str = "append", num_rows: int = 20,
-                truncate: bool = False, trigger: str | None = None) -> SinkHandle:
-        return console_conn.console_sink(df, output_mode=output_mode, num_rows=num_rows,
-                                         truncate=truncate, trigger=trigger)
+    def console(
+        self,
+        df: DataFrame,
+        *,
+        output_mode: str = "append",
+        num_rows: int = 20,
+        truncate: bool = False,
+        trigger: str | None = None,
+    ) -> SinkHandle:
+        return console_conn.console_sink(
+            df, output_mode=output_mode, num_rows=num_rows, truncate=truncate, trigger=trigger
+        )
 
 
 class PipelineContext:
@@ -353,8 +426,10 @@ class PipelineContext:
         """`bootstrap_servers`, else the cluster's broker; a clear error when there is neither."""
         address = bootstrap_servers or self.kafka_bootstrap_servers
         if not address:
-            raise ValueError("a Kafka source or sink needs bootstrap_servers='host:port' (this cluster has no "
-                             "broker of its own: `headrace up --kafka` starts one and makes it the default)")
+            raise ValueError(
+                "a Kafka source or sink needs bootstrap_servers='host:port' (this cluster has no "
+                "broker of its own: `headrace up --kafka` starts one and makes it the default)"
+            )
         return address
 
     def table_path(self, path: str) -> str:
@@ -374,4 +449,5 @@ class PipelineContext:
         raise ValueError(
             f"ctx.{kind}.sql_table(...) has no database: pass url=..., or set the job option catalog_url, or "
             "the cluster setting pipeline_catalog_url (HEADRACE_PIPELINE_CATALOG_URL). Pipelines are not given "
-            "the control plane's catalog")
+            "the control plane's catalog"
+        )

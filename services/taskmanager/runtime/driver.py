@@ -45,8 +45,15 @@ POLL_S = 0.25
 
 
 class Driver:
-    def __init__(self, events: EventWriter, spark: Any, parallelism: int, engine: Engine = Engine(), *,
-                 on_first_batch: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        events: EventWriter,
+        spark: Any,
+        parallelism: int,
+        engine: Engine = Engine(),
+        *,
+        on_first_batch: Callable[[], None] = lambda: None,
+    ) -> None:
         self.events = events
         self.spark = spark
         self.parallelism = parallelism
@@ -136,8 +143,11 @@ class Driver:
                 return 0
             text = format_failure(failure)
             # Records Kafka no longer has are lost to every restart alike: named so, the job fails.
-            name = "KafkaDataLoss" if text.rstrip().splitlines()[-1].startswith("KafkaDataLoss:") \
+            name = (
+                "KafkaDataLoss"
+                if text.rstrip().splitlines()[-1].startswith("KafkaDataLoss:")
                 else type(failure).__name__
+            )
             self.events.emit(Failed(error_name=name, traceback=text))
             return 1
         finally:
@@ -170,12 +180,20 @@ class Driver:
         if not callable(entry):
             raise AttributeError(f"pipeline {spec.artifact_path} has no function {spec.entry}(ctx)")
         ctx = PipelineContext(
-            self.spark, job_id=spec.job_id, job_name=spec.job_name, args=spec.program_args,
-            config=spec.config, parallelism=spec.parallelism, checkpoint_dir=spec.checkpoint_dir,
-            catalog_url=spec.config.get("catalog_url") or spec.catalog_url, redis_url=spec.redis_url,
+            self.spark,
+            job_id=spec.job_id,
+            job_name=spec.job_name,
+            args=spec.program_args,
+            config=spec.config,
+            parallelism=spec.parallelism,
+            checkpoint_dir=spec.checkpoint_dir,
+            catalog_url=spec.config.get("catalog_url") or spec.catalog_url,
+            redis_url=spec.redis_url,
             kafka_bootstrap_servers=spec.config.get("kafka_bootstrap_servers") or spec.kafka_bootstrap_servers,
-            lake_dir=spec.lake_dir, storage_roots=spec.storage_roots,
-            attempt=spec.attempt, lineage_id=self.lineage["id"],
+            lake_dir=spec.lake_dir,
+            storage_roots=spec.storage_roots,
+            attempt=spec.attempt,
+            lineage_id=self.lineage["id"],
             report_waiting=lambda reason: self.events.emit(Waiting(reason=reason)),
         )
         self.phases.announce(f"building the pipeline (in {spec.entry}(ctx))")
@@ -188,8 +206,9 @@ class Driver:
         return handle
 
     def _run_batch(self, handle: Any) -> int:
-        threading.Thread(target=decline_forever, args=(self.events, self.snapshot_requests),
-                         name="no-snapshots", daemon=True).start()
+        threading.Thread(
+            target=decline_forever, args=(self.events, self.snapshot_requests), name="no-snapshots", daemon=True
+        ).start()
         self.queries.batch_started()
         if self.cancel_requested.is_set():  # came before the cancel thread could see the job
             self.events.emit(Canceled())
@@ -228,7 +247,8 @@ class Driver:
                 raise kafka_delivery.DeliveryError(
                     f"{kafka_delivery.REAL_TIME_OPTION} runs Spark's real-time mode, which only Spark's own Kafka "
                     "sink takes (ctx.sinks.kafka(..., delivery='at-least-once')) behind a Kafka source and "
-                    "stateless operators: drop the option, or use that sink")
+                    "stateless operators: drop the option, or use that sink"
+                )
             self.phases.announce(f"real-time mode: batches of {real_time}")
             handle.real_time = real_time
         if job_options.latency_mode(spec.config) and handle.trigger:
@@ -238,8 +258,9 @@ class Driver:
         self.phases.announce("fencing the sinks")
         prepare_streaming(spec, handle, live, self.restored_meta, self.lineage, self.phases)
         snapshots = SnapshotServer(self.events, self.queries, spec, handle, live, self.lineage)
-        progress = ProgressReporter(self.events, self.phases, self.spark_ui, self.on_first_batch,
-                                    sink_figures=handle.commit_figures)
+        progress = ProgressReporter(
+            self.events, self.phases, self.spark_ui, self.on_first_batch, sink_figures=handle.commit_figures
+        )
         self.phases.announce("starting the Spark query")
         query = self.queries.start(handle, live, spec.job_id)
         if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves
@@ -261,9 +282,7 @@ class Driver:
                 if stopped:
                     finished = True
                     break
-            if latest is not None and self.ctx.bounded.all_exhausted(
-                [s["endOffset"] for s in latest["sources"]]
-            ):
+            if latest is not None and self.ctx.bounded.all_exhausted([s["endOffset"] for s in latest["sources"]]):
                 # Let Spark run the no-data batch that advances the watermark, so windows
                 # closed by the end of input are emitted before we stop.
                 query.processAllAvailable()

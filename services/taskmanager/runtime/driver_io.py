@@ -53,8 +53,9 @@ class EventWriter:
                 pass  # reader gone: the parent is dying and the watchdog will end us
 
 
-def start_watchdog(on_orphaned: Callable[[], None], interval: float = 0.5,
-                   parent: int | None = None) -> threading.Thread:
+def start_watchdog(
+    on_orphaned: Callable[[], None], interval: float = 0.5, parent: int | None = None
+) -> threading.Thread:
     """Call `on_orphaned` once this process's parent is no longer `parent` (default: the parent
     it has now). The TaskManager passes its pid: a TaskManager killed before this runs would
     otherwise leave init as the parent to watch, and the driver would never notice."""
@@ -93,4 +94,3 @@ def stop_spark_quietly(spark: Any, timeout: float) -> None:
     t = threading.Thread(target=spark.stop, daemon=True)
     t.start()
     t.join(timeout)
-

@@ -36,8 +36,12 @@ class Grants:
     def claim_directory(self, path: str, *, kind: str, attempt: int = 0, restored_batch_id: int = -1) -> str:
         """The record path of `path` once the TaskManager handed it over; raises what it refused
         with (SinkOwnedError, SinkFencedError, ClaimFailed) or TimeoutError."""
-        return self._ask(lambda rid: ClaimDirectory(request_id=rid, path=path, kind=kind, attempt=attempt,
-                                                    restored_batch_id=restored_batch_id), f"the directory {path}")
+        return self._ask(
+            lambda rid: ClaimDirectory(
+                request_id=rid, path=path, kind=kind, attempt=attempt, restored_batch_id=restored_batch_id
+            ),
+            f"the directory {path}",
+        )
 
     def view_of(self, snapshot: str) -> str:
         """A path this task may read the snapshot `snapshot` at (ClaimFailed when it is not its
@@ -54,8 +58,9 @@ class Grants:
             try:
                 reply = answer.get(timeout=self.timeout_s)
             except queue.Empty:
-                raise TimeoutError(f"the TaskManager did not answer the request for {what} within "
-                                   f"{self.timeout_s:.0f} s") from None
+                raise TimeoutError(
+                    f"the TaskManager did not answer the request for {what} within {self.timeout_s:.0f} s"
+                ) from None
         finally:
             with self._lock:
                 self._waiting.pop(request_id, None)

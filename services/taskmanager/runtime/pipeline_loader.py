@@ -54,9 +54,5 @@ def single_top_level(path: Path) -> str:
             elif name.endswith(".py") and "/" not in name:
                 tops.add(name[:-3])
     if len(tops) != 1:
-        raise ValueError(
-            f"{path.name} holds {sorted(tops) or 'no'} top-level modules: name one with config `module`"
-        )
+        raise ValueError(f"{path.name} holds {sorted(tops) or 'no'} top-level modules: name one with config `module`")
     return tops.pop()
-
-

@@ -51,7 +51,11 @@ IDENTIFYING_OPTIONS = {
     "datagen": ("seed",),
     "kafka": ("subscribe", "subscribepattern", "assign"),
     "socket": ("host", "port"),
-    "parquet": ("path",), "json": ("path",), "csv": ("path",), "text": ("path",), "orc": ("path",),
+    "parquet": ("path",),
+    "json": ("path",),
+    "csv": ("path",),
+    "text": ("path",),
+    "orc": ("path",),
 }
 
 _SPARK_NAMES = {
@@ -90,29 +94,45 @@ class IncompatibleStateError(StateError):
         super().__init__(verdict.message(snapshot))
 
 
-def check_before_start(df, snapshot_meta: Mapping[str, Any], *, shuffle_partitions: int | None,
-                       allow_non_restored_state: bool, output_mode: str | None = None) -> list[int]:
+def check_before_start(
+    df,
+    snapshot_meta: Mapping[str, Any],
+    *,
+    shuffle_partitions: int | None,
+    allow_non_restored_state: bool,
+    output_mode: str | None = None,
+) -> list[int]:
     """Compare the query about to start with the snapshot it restores. Returns the ids of the
     operators whose state must be dropped (only with allowNonRestoredState, only trailing ones);
     raises IncompatibleStateError when Spark could not restore it (or would restore it wrongly)."""
     # A restored query runs with the state format versions its checkpoint pinned, not the session's.
     pinned = (snapshot_meta.get("spark") or {}).get("conf") or {}
     plan = plan_signature(df, output_mode=output_mode, pinned_conf=pinned)
-    verdict = restore_compat.check(snapshot_meta, plan, new_shuffle_partitions=shuffle_partitions,
-                                   allow_non_restored_state=allow_non_restored_state)
+    verdict = restore_compat.check(
+        snapshot_meta,
+        plan,
+        new_shuffle_partitions=shuffle_partitions,
+        allow_non_restored_state=allow_non_restored_state,
+    )
     if not verdict.ok:
         raise IncompatibleStateError(verdict, restore_compat.describe_snapshot(snapshot_meta))
     return list(verdict.drop_operators)
 
 
-def plan_signature(df, *, output_mode: str | None = None,
-                   pinned_conf: Mapping[str, str] | None = None) -> dict[str, Any]:
+def plan_signature(
+    df, *, output_mode: str | None = None, pinned_conf: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """See the module docstring. `output_mode` (the sink's) decides whether a limit keeps state
     (it does in append mode, the default when not given). `pinned_conf`: a checkpoint's pinned
     Spark options, which win over the session's for the state format versions."""
     if not df.isStreaming:
-        return {"version": SIGNATURE_VERSION, "streaming": False, "output_mode": output_mode,
-                "sources": [], "operators": []}
+        return {
+            "version": SIGNATURE_VERSION,
+            "streaming": False,
+            "output_mode": output_mode,
+            "sources": [],
+            "operators": [],
+        }
     spark = df.sparkSession
     analyzed = df._jdf.queryExecution().analyzed()
     # The optimizer rewrites what the physical planner sees (distinct() becomes a Deduplicate,
@@ -126,13 +146,18 @@ def plan_signature(df, *, output_mode: str | None = None,
             operators.append({"id": len(operators), **op})
     # Spark gives every occurrence of a streaming relation in the analyzed plan, in pre-order, its
     # own source and offset (a DataFrame unioned with itself reads its source twice).
-    sources = [_source(n) for n in _preorder(analyzed)
-               if n.nodeName() in ("StreamingRelationV2", "StreamingRelation")]
-    return {"version": SIGNATURE_VERSION, "streaming": True, "output_mode": output_mode,
-            "sources": sources, "operators": operators}
+    sources = [_source(n) for n in _preorder(analyzed) if n.nodeName() in ("StreamingRelationV2", "StreamingRelation")]
+    return {
+        "version": SIGNATURE_VERSION,
+        "streaming": True,
+        "output_mode": output_mode,
+        "sources": sources,
+        "operators": operators,
+    }
 
 
 # ---------------------------------------------------------------- plan walking
+
 
 def _seq(scala_seq) -> list:
     return [scala_seq.apply(i) for i in range(scala_seq.size())]
@@ -173,8 +198,13 @@ def _source(node) -> dict[str, Any]:
 
 
 def _store(name: str, key: tuple[list[str], list[str]], value: tuple[list[str], list[str]] | None) -> dict:
-    return {"name": name, "key_names": key[0], "key_types": key[1],
-            "value_names": value[0] if value else None, "value_types": value[1] if value else None}
+    return {
+        "name": name,
+        "key_names": key[0],
+        "key_types": key[1],
+        "value_names": value[0] if value else None,
+        "value_types": value[1] if value else None,
+    }
 
 
 class _Walker:
@@ -199,9 +229,17 @@ class _Walker:
             kind = _KINDS_BY_NODE.get(name)
             if kind is None:
                 raise
-            return {"kind": kind, "spark_name": _SPARK_NAMES.get(kind), "key_names": None, "key_exprs": None,
-                    "key_types": None, "value_names": None, "value_types": None, "stores": [],
-                    "unreadable": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            return {
+                "kind": kind,
+                "spark_name": _SPARK_NAMES.get(kind),
+                "key_names": None,
+                "key_exprs": None,
+                "key_types": None,
+                "value_names": None,
+                "value_types": None,
+                "stores": [],
+                "unreadable": f"{type(exc).__name__}: {str(exc)[:300]}",
+            }
 
     def _operator(self, node, name: str) -> dict[str, Any] | None:
         if name == "Aggregate":
@@ -217,8 +255,12 @@ class _Walker:
         if name == "FlatMapGroupsInPandasWithState":
             return self._pandas_state(node)
         if name == "FlatMapGroupsWithState":
-            return _op("flatMapGroupsWithState", self._exprs(_seq(node.groupingAttributes()), node),
-                       self._fields(_seq(node.groupingAttributes())), None)
+            return _op(
+                "flatMapGroupsWithState",
+                self._exprs(_seq(node.groupingAttributes()), node),
+                self._fields(_seq(node.groupingAttributes())),
+                None,
+            )
         if name in ("TransformWithState", "TransformWithStateInPySpark"):
             keys = _seq(node.groupingAttributes())
             op = _op("transformWithState", self._exprs(keys, node), self._fields(keys), None)
@@ -263,8 +305,9 @@ class _Walker:
         aggregates = _seq(matched.get()._2())
         # Not an AggregateExpression (e.g. a Python UDAF): its buffer is opaque to us.
         opaque = any(agg.nodeName() != "AggregateExpression" for agg in aggregates)
-        buffers = None if opaque else [
-            b for agg in aggregates for b in _seq(agg.aggregateFunction().aggBufferAttributes())]
+        buffers = (
+            None if opaque else [b for agg in aggregates for b in _seq(agg.aggregateFunction().aggBufferAttributes())]
+        )
         session = [g for g in grouping if g.metadata().contains("spark.sessionWindow")]
         exprs = self._exprs(grouping, node)
         if session:
@@ -312,11 +355,16 @@ class _Walker:
         return _op("applyInPandasWithState", self._exprs(keys, node), self._fields(keys), (names, types))
 
 
-def _op(kind: str, exprs: list[str], key: tuple[list[str], list[str]],
-        value: tuple[list[str], list[str]] | None) -> dict[str, Any]:
+def _op(
+    kind: str, exprs: list[str], key: tuple[list[str], list[str]], value: tuple[list[str], list[str]] | None
+) -> dict[str, Any]:
     return {
-        "kind": kind, "spark_name": _SPARK_NAMES.get(kind),
-        "key_names": key[0], "key_exprs": exprs, "key_types": key[1],
-        "value_names": value[0] if value else None, "value_types": value[1] if value else None,
+        "kind": kind,
+        "spark_name": _SPARK_NAMES.get(kind),
+        "key_names": key[0],
+        "key_exprs": exprs,
+        "key_types": key[1],
+        "value_names": value[0] if value else None,
+        "value_types": value[1] if value else None,
         "stores": [_store("default", key, value)],
     }

@@ -48,9 +48,12 @@ PLACEHOLDER_KAFKA_BOOTSTRAP = "headrace-planner.invalid:9092"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.taskmanager.runtime.planner")
     p.add_argument("--artifact", default=None, help="the pipeline's .py or .zip (required unless --await-request)")
-    p.add_argument("--await-request", action="store_true",
-                   help="start Spark first, print {\"ready\": true}, then read one request line from stdin: "
-                        "{\"artifact\", \"entry\", \"args\", \"config\", \"parallelism\"} (a warm planner)")
+    p.add_argument(
+        "--await-request",
+        action="store_true",
+        help='start Spark first, print {"ready": true}, then read one request line from stdin: '
+        '{"artifact", "entry", "args", "config", "parallelism"} (a warm planner)',
+    )
     p.add_argument("--entry", default="build")
     p.add_argument("--args-json", default="[]", help="the program arguments, a JSON list of strings")
     p.add_argument("--config-json", default="{}", help="the job's configuration, a JSON object; - for stdin")
@@ -66,8 +69,7 @@ def _failure(stage: str, exc: BaseException) -> dict[str, Any]:
     error = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, SystemExit):  # argparse refusing the program arguments, typically
         error = f"the pipeline exited with code {exc.code} while building (are its program arguments right?)"
-    return {"ok": False, "stage": stage, "error": error,
-            "traceback": "".join(traceback.format_exception(exc))[-8000:]}
+    return {"ok": False, "stage": stage, "error": error, "traceback": "".join(traceback.format_exception(exc))[-8000:]}
 
 
 def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, Any]:
@@ -81,8 +83,17 @@ def plan(args: argparse.Namespace, workdir: Path, spark_box: list) -> dict[str, 
         spark_box.append(_session(args, workdir))
     except Exception as exc:  # noqa: BLE001 - reported on stdout
         return _failure("spark", exc)
-    return plan_in(spark_box[0], args, workdir, artifact=args.artifact, entry=args.entry, program_args=program_args,
-                   config=config, parallelism=args.parallelism, t0=t0)
+    return plan_in(
+        spark_box[0],
+        args,
+        workdir,
+        artifact=args.artifact,
+        entry=args.entry,
+        program_args=program_args,
+        config=config,
+        parallelism=args.parallelism,
+        t0=t0,
+    )
 
 
 def _session(args: argparse.Namespace, workdir: Path):
@@ -90,12 +101,29 @@ def _session(args: argparse.Namespace, workdir: Path):
     from .spark_session import build_spark
 
     runtime = SparkRuntime.from_args(args)
-    return build_spark(1, workdir, shuffle_partitions=2, driver_memory="512m", app_name="headrace-planner",
-                       extra_java_options=class_archive.runtime_java_options(runtime), jars=runtime.jars)
+    return build_spark(
+        1,
+        workdir,
+        shuffle_partitions=2,
+        driver_memory="512m",
+        app_name="headrace-planner",
+        extra_java_options=class_archive.runtime_java_options(runtime),
+        jars=runtime.jars,
+    )
 
 
-def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, entry: str, program_args: list[str],
-            config: dict[str, Any], parallelism: int, t0: float) -> dict[str, Any]:
+def plan_in(
+    spark,
+    args: argparse.Namespace,
+    workdir: Path,
+    *,
+    artifact: str,
+    entry: str,
+    program_args: list[str],
+    config: dict[str, Any],
+    parallelism: int,
+    t0: float,
+) -> dict[str, Any]:
     """Plan the pipeline in a running session (a cold planner's, or a warm one's made before the
     request came)."""
     from shared import job_options
@@ -120,8 +148,13 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
         if not callable(build):
             raise AttributeError(f"pipeline {artifact} has no function {entry}(ctx)")
         ctx = PipelineContext(
-            spark, job_id="planner", job_name="planner", args=program_args, config=config,
-            parallelism=parallelism, checkpoint_dir=str(workdir / "checkpoints"),
+            spark,
+            job_id="planner",
+            job_name="planner",
+            args=program_args,
+            config=config,
+            parallelism=parallelism,
+            checkpoint_dir=str(workdir / "checkpoints"),
             catalog_url=args.catalog_url or config.get("catalog_url") or f"sqlite:///{workdir / 'placeholder.db'}",
             redis_url=args.redis_url or config.get("redis_url") or PLACEHOLDER_REDIS_URL,
             kafka_bootstrap_servers=config.get("kafka_bootstrap_servers") or PLACEHOLDER_KAFKA_BOOTSTRAP,
@@ -130,8 +163,7 @@ def plan_in(spark, args: argparse.Namespace, workdir: Path, *, artifact: str, en
         )
         handle = build(ctx)
         if not isinstance(handle, SinkHandle):
-            raise TypeError(f"{entry}(ctx) must return a sink handle from ctx.sinks.*, "
-                            f"got {type(handle).__name__}")
+            raise TypeError(f"{entry}(ctx) must return a sink handle from ctx.sinks.*, got {type(handle).__name__}")
     except BaseException as exc:  # noqa: BLE001 - the pipeline's failure, reported on stdout
         return _failure("build", exc)
     try:
@@ -160,12 +192,24 @@ def await_and_plan(args: argparse.Namespace, workdir: Path, spark_box: list, out
         req = json.loads(line)
         program_args = [str(a) for a in req.get("args") or []]
         config = dict(req.get("config") or {})
-        artifact, entry, parallelism = str(req["artifact"]), str(req.get("entry") or "build"), int(
-            req.get("parallelism") or 1)
+        artifact, entry, parallelism = (
+            str(req["artifact"]),
+            str(req.get("entry") or "build"),
+            int(req.get("parallelism") or 1),
+        )
     except (ValueError, TypeError, KeyError) as exc:
         return _failure("build", exc)
-    return plan_in(spark_box[0], args, workdir, artifact=artifact, entry=entry, program_args=program_args,
-                   config=config, parallelism=parallelism, t0=t0)
+    return plan_in(
+        spark_box[0],
+        args,
+        workdir,
+        artifact=artifact,
+        entry=entry,
+        program_args=program_args,
+        config=config,
+        parallelism=parallelism,
+        t0=t0,
+    )
 
 
 def _stop(spark) -> None:

@@ -61,6 +61,7 @@ _LEN = struct.Struct("!I")
 
 # ------------------------------------------------------------------------------ driver side
 
+
 def start(directory: str, routed: tuple[str, ...] = ROUTED) -> tuple[str, object]:
     """Start a fork server for this driver and write its launcher; returns the launcher's path
     (the driver's PYSPARK_PYTHON) and the server's Popen. Until the server listens, and if it
@@ -76,12 +77,23 @@ def start(directory: str, routed: tuple[str, ...] = ROUTED) -> tuple[str, object
         # Not TMPDIR: a driver's TMPDIR is its own work directory, as long as `directory`.
         short = "/tmp" if os.path.isdir("/tmp") else None
         path = os.path.join(tempfile.mkdtemp(prefix="hr-fs-", dir=short), "fs.sock")
-    server = subprocess.Popen([sys.executable, "-m", "services.taskmanager.runtime.python_forkserver", "--serve", path,
-                               str(os.getpid()), *routed], stdin=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.taskmanager.runtime.python_forkserver",
+            "--serve",
+            path,
+            str(os.getpid()),
+            *routed,
+        ],
+        stdin=subprocess.DEVNULL,
+    )
     return write_launcher(directory, sys.executable, path, routed), server
 
 
 # ------------------------------------------------------------------------------ launcher
+
 
 def write_launcher(directory: str, python: str, socket_path: str, routed: tuple[str, ...] = ROUTED) -> str:
     """The PYSPARK_PYTHON of a warm driver. A shell script, so that a start that is not routed
@@ -92,7 +104,7 @@ def write_launcher(directory: str, python: str, socket_path: str, routed: tuple[
         "#!/bin/sh\n"
         "# Written by services/taskmanager/runtime/python_forkserver.py: Spark's Python executable.\n"
         f'if [ "$1" = "-m" ]; then case "$2" in {routed_pattern})\n'
-        f'  {REAL_PYTHON_ENV}={_sh(python)} {SOCKET_ENV}={_sh(socket_path)} '
+        f"  {REAL_PYTHON_ENV}={_sh(python)} {SOCKET_ENV}={_sh(socket_path)} "
         f'exec {_sh(python)} -S -E {_sh(os.path.abspath(__file__))} "$@";;\n'
         "esac; fi\n"
         f'exec {_sh(python)} "$@"\n'
@@ -138,8 +150,9 @@ def client(args: list[str]) -> None:
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.connect(path)
         request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-        conn.sendmsg([_LEN.pack(len(request)) + request],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        conn.sendmsg(
+            [_LEN.pack(len(request)) + request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))]
+        )
         reply = _read_line(conn)
         if not reply.startswith(b"pid "):
             raise OSError(f"fork server refused: {reply[:200]!r}")
@@ -170,6 +183,7 @@ def _read_line(conn: socket.socket) -> bytes:
 
 
 # ------------------------------------------------------------------------------ server
+
 
 def preload() -> None:
     """What a routed process would import first: PySpark's source runner, the daemon and the
@@ -269,8 +283,7 @@ def _spawn(conn: socket.socket, listener: socket.socket, children: dict, routed:
     except OSError:  # the launcher gave up waiting and runs the real interpreter: one runner only
         _kill(pid)
         conn.close()
-        print(f"python fork server: {args[1]} as pid {pid} killed, its launcher went away", file=sys.stderr,
-              flush=True)
+        print(f"python fork server: {args[1]} as pid {pid} killed, its launcher went away", file=sys.stderr, flush=True)
         return None
     conn.settimeout(None)
     print(f"python fork server: started {args[1]} as pid {pid}", file=sys.stderr, flush=True)
@@ -283,8 +296,9 @@ def routed_start(args: list, routed: tuple[str, ...]) -> bool:
         return False
     if len(args) == 2:
         return True
-    return (len(args) == 3 and args[1] == DAEMON and isinstance(args[2], str)
-            and _WORKER_MODULE.match(args[2]) is not None)
+    return (
+        len(args) == 3 and args[1] == DAEMON and isinstance(args[2], str) and _WORKER_MODULE.match(args[2]) is not None
+    )
 
 
 def _recv_fds(conn: socket.socket, size: int, max_fds: int):
@@ -292,7 +306,7 @@ def _recv_fds(conn: socket.socket, size: int, max_fds: int):
     msg, ancdata, flags, addr = conn.recvmsg(size, socket.CMSG_LEN(max_fds * fds.itemsize))
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - (len(data) % fds.itemsize)])
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
     return msg, list(fds), flags, addr
 
 
@@ -320,8 +334,9 @@ def _child(module: str, arguments: list[str], fds: list[int], env: dict, cwd: st
         sys.argv = [module, *arguments]
         # The module was preloaded on purpose; runpy would warn about it in the driver's log at
         # every daemon start.
-        warnings.filterwarnings("ignore", message=".* found in sys.modules after import of package",
-                                category=RuntimeWarning, module="runpy")
+        warnings.filterwarnings(
+            "ignore", message=".* found in sys.modules after import of package", category=RuntimeWarning, module="runpy"
+        )
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

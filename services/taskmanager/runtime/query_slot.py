@@ -14,8 +14,9 @@ class QuerySlot:
         self._query: Any = None
         self._batch_running = False
 
-    def start(self, handle: Any, live: Path, query_name: str, *, available_now: bool = False,
-              once: bool = False) -> Any:
+    def start(
+        self, handle: Any, live: Path, query_name: str, *, available_now: bool = False, once: bool = False
+    ) -> Any:
         """Start the sink handle's streaming query from the live checkpoint `live` (`once`: run
         one micro-batch, the one Spark had planned if it had not committed it, then stop)."""
         with self._lock:

@@ -17,9 +17,14 @@ from .driver_io import EventWriter, PhaseLog
 class ProgressReporter:
     """Emits a Progress per batch committed since the last one it reported."""
 
-    def __init__(self, events: EventWriter, phases: PhaseLog, spark_ui: str | None,
-                 on_first_batch: Callable[[], None],
-                 sink_figures: Callable[[int], dict[str, int] | None] | None = None) -> None:
+    def __init__(
+        self,
+        events: EventWriter,
+        phases: PhaseLog,
+        spark_ui: str | None,
+        on_first_batch: Callable[[], None],
+        sink_figures: Callable[[int], dict[str, int] | None] | None = None,
+    ) -> None:
         self.events = events
         self.sink_figures = sink_figures  # SinkHandle.commit_figures
         self.phases = phases
@@ -38,17 +43,19 @@ class ProgressReporter:
                     self.phases.announce(f"first batch {p.batchId} committed: {json.dumps(p.durationMs)}")
                     self.on_first_batch()
                 self.last = p.batchId
-                self.events.emit(Progress(
-                    batch_id=p.batchId,
-                    num_input_rows=int(p.numInputRows or 0),
-                    input_rows_per_second=finite(p.inputRowsPerSecond),
-                    processed_rows_per_second=finite(p.processedRowsPerSecond),
-                    batch_duration_ms=int(p.batchDuration) if p.batchDuration is not None else None,
-                    source_lag=source_lag(p),
-                    partition_lag=partition_lag(p),
-                    sink_commit=self.sink_figures(p.batchId) if self.sink_figures is not None else None,
-                    spark_ui=self.spark_ui,
-                ))
+                self.events.emit(
+                    Progress(
+                        batch_id=p.batchId,
+                        num_input_rows=int(p.numInputRows or 0),
+                        input_rows_per_second=finite(p.inputRowsPerSecond),
+                        processed_rows_per_second=finite(p.processedRowsPerSecond),
+                        batch_duration_ms=int(p.batchDuration) if p.batchDuration is not None else None,
+                        source_lag=source_lag(p),
+                        partition_lag=partition_lag(p),
+                        sink_commit=self.sink_figures(p.batchId) if self.sink_figures is not None else None,
+                        spark_ui=self.spark_ui,
+                    )
+                )
 
 
 def ui_url(spark: Any) -> str | None:
@@ -99,9 +106,12 @@ def kafka_partition_lag(source: Any) -> dict[str, int] | None:
     end, latest = _offsets(getattr(source, "endOffset", None)), _offsets(getattr(source, "latestOffset", None))
     if end is None or latest is None:
         return None
-    return {f"{topic}/{part}": max(0, int(latest[topic][part]) - int(offset))
-            for topic, parts in end.items() for part, offset in parts.items()
-            if part in latest.get(topic, {}) and int(offset) >= 0}
+    return {
+        f"{topic}/{part}": max(0, int(latest[topic][part]) - int(offset))
+        for topic, parts in end.items()
+        for part, offset in parts.items()
+        if part in latest.get(topic, {}) and int(offset) >= 0
+    }
 
 
 def _offsets(raw: Any) -> dict[str, dict[str, Any]] | None:
@@ -160,8 +170,8 @@ def kafka_data_loss(text: str) -> str | None:
     lost += [f"{tp}, offsets {a} to {int(b) - 1}" for tp, a, b in _OFFSET_CHANGED.findall(text) if int(b) > int(a)]
     lost += [f"{tp}, every offset (the partition is gone)" for tp in _PARTITIONS_GONE.findall(text)]
     where = "; ".join(dict.fromkeys(lost)) or "see the trace above"
-    return (f"KafkaDataLoss: Kafka records were lost before this query read them: {where} (retention removed "
-            "them, or the topic was deleted and made again); the job cannot read them back. See "
-            "docs/runbooks/kafka.md, \"Data lost to retention\"")
-
-
+    return (
+        f"KafkaDataLoss: Kafka records were lost before this query read them: {where} (retention removed "
+        "them, or the topic was deleted and made again); the job cannot read them back. See "
+        'docs/runbooks/kafka.md, "Data lost to retention"'
+    )

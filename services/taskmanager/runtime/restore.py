@@ -29,8 +29,9 @@ def sql_conf_keys(config: dict) -> dict[str, str]:
     return out
 
 
-def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: dict | None, lineage: dict,
-                      phases: PhaseLog) -> int:
+def prepare_streaming(
+    spec: TaskSpec, handle: Any, live: Path, restored_meta: dict | None, lineage: dict, phases: PhaseLog
+) -> int:
     """Restore the snapshot (if any) into this attempt's fresh live directory and fence the
     sinks; returns the Spark batch id the attempt resumes after (-1: a fresh start).
 
@@ -57,8 +58,11 @@ def prepare_streaming(spec: TaskSpec, handle: Any, live: Path, restored_meta: di
             meta = storage.read_metadata(source)
             restore_failure.verify(source, meta)
         except Exception as exc:  # noqa: BLE001 - whatever keeps it from being read, it cannot be used
-            print(f"{ahead}, but that checkpoint cannot be read ({type(exc).__name__}: {exc}): going on from batch "
-                  f"{restored_batch}; the batches after it are written to the sink again", flush=True)
+            print(
+                f"{ahead}, but that checkpoint cannot be read ({type(exc).__name__}: {exc}): going on from batch "
+                f"{restored_batch}; the batches after it are written to the sink again",
+                flush=True,
+            )
             handle.prepare(lineage["fence"], restored_batch, owner=owner)  # the sink takes it as a rewind now
             return restored_batch
         print(f"{ahead}: restoring that checkpoint instead, so that nothing is written twice", flush=True)
@@ -79,8 +83,9 @@ class EarlyFencing:
 
     def __init__(self, fence_early: Callable[[int, Any], None], fence: int, owner: Any) -> None:
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fence_early, fence, owner),
-                                        name="early-sink-fencing", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(fence_early, fence, owner), name="early-sink-fencing", daemon=True
+        )
         self._thread.start()
 
     def _run(self, fence_early: Callable[[int, Any], None], fence: int, owner: Any) -> None:
@@ -111,10 +116,13 @@ def _restore(spec: TaskSpec, handle: Any, live: Path, source: str | None, meta: 
     from .plan_signature import check_before_start
 
     phases.announce(f"restoring the snapshot {source}")
-    drop = check_before_start(handle.df, meta,
-                              shuffle_partitions=job_options.explicit_state_partitions(spec.config),
-                              allow_non_restored_state=spec.allow_non_restored_state,
-                              output_mode=handle.output_mode)
+    drop = check_before_start(
+        handle.df,
+        meta,
+        shuffle_partitions=job_options.explicit_state_partitions(spec.config),
+        allow_non_restored_state=spec.allow_non_restored_state,
+        output_mode=handle.output_mode,
+    )
     with restore_failure.restoring(source):
         restore_failure.verify(source, meta)
         storage.restore(source, live, drop_operators=drop)

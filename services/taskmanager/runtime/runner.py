@@ -61,33 +61,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", required=True)
     p.add_argument("--events-fd", type=int, required=True)
     p.add_argument("--driver-memory", default="1g")
-    p.add_argument("--shuffle-partitions", type=int, default=None,
-                   help="default: max(2, parallelism)")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="a task waits for this driver: no warm-up, no JIT in reserve")
-    p.add_argument("--no-warmup-query", action="store_true",
-                   help="in reserve without the warm-up query (Settings.warm_up_query off)")
+    p.add_argument("--shuffle-partitions", type=int, default=None, help="default: max(2, parallelism)")
+    p.add_argument(
+        "--no-warmup", action="store_true", help="a task waits for this driver: no warm-up, no JIT in reserve"
+    )
+    p.add_argument(
+        "--no-warmup-query",
+        action="store_true",
+        help="in reserve without the warm-up query (Settings.warm_up_query off)",
+    )
     p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
-    p.add_argument("--waiting-marker", default=None,
-                   help="the file whose appearance means a task waits (default: <workdir>/.task-waiting)")
-    p.add_argument("--parent-pid", type=int, default=None,
-                   help="the TaskManager's pid: exit once it is no longer the parent (default: the parent at start)")
+    p.add_argument(
+        "--waiting-marker",
+        default=None,
+        help="the file whose appearance means a task waits (default: <workdir>/.task-waiting)",
+    )
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="the TaskManager's pid: exit once it is no longer the parent (default: the parent at start)",
+    )
     p.add_argument("--master", default="local", help="local, or a standalone master URL spark://host:port")
     p.add_argument("--executor-cores", type=int, default=1)
     p.add_argument("--executor-memory", default="1g")
-    p.add_argument("--executor-timeout", type=float, default=300.0,
-                   help="seconds a task's work may wait for its first executor before it fails")
+    p.add_argument(
+        "--executor-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a task's work may wait for its first executor before it fails",
+    )
     p.add_argument("--host", default="127.0.0.1", help="the address executors reach this driver at")
     SparkRuntime.add_arguments(p)
-    p.add_argument("--python-forkserver", action="store_true",
-                   help="local engine: start Spark's per-query Python source runner from a preloaded fork "
-                        "server (python_forkserver.py)")
+    p.add_argument(
+        "--python-forkserver",
+        action="store_true",
+        help="local engine: start Spark's per-query Python source runner from a preloaded fork "
+        "server (python_forkserver.py)",
+    )
     return p.parse_args(argv)
 
 
 def engine_of(args: argparse.Namespace) -> Engine:
-    return Engine(master=args.master, executor_cores=args.executor_cores, executor_memory=args.executor_memory,
-                  executor_timeout_s=args.executor_timeout, host=args.host)
+    return Engine(
+        master=args.master,
+        executor_cores=args.executor_cores,
+        executor_memory=args.executor_memory,
+        executor_timeout_s=args.executor_timeout,
+        host=args.host,
+    )
 
 
 class _Process:
@@ -119,10 +141,17 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
     runtime = SparkRuntime.from_args(args)
     # A driver that warms up waits in reserve for a task: its JIT's C2 only on idle CPU until then.
     optimizer = None if args.no_warmup else jit_in_reserve.OptimizerInReserve().start()
-    spark = build_spark(args.parallelism, workdir, shuffle_partitions=shuffle,
-                        driver_memory=args.driver_memory, ui=args.spark_ui or spark_ui_wanted(), engine=engine,
-                        extra_java_options=class_archive.runtime_java_options(runtime),
-                        python_forkserver=args.python_forkserver, jars=runtime.jars)
+    spark = build_spark(
+        args.parallelism,
+        workdir,
+        shuffle_partitions=shuffle,
+        driver_memory=args.driver_memory,
+        ui=args.spark_ui or spark_ui_wanted(),
+        engine=engine,
+        extra_java_options=class_archive.runtime_java_options(runtime),
+        python_forkserver=args.python_forkserver,
+        jars=runtime.jars,
+    )
     if not engine.local and not args.no_warmup:
         # Its jobs would take executors from the Spark cluster, and an executor idle after them is
         # kept a minute: a driver in reserve must hold none that a running task could use.
@@ -139,8 +168,9 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
     return spark, optimizer
 
 
-def run_one_task(driver: Driver, events: EventWriter, stdin: IO[str],
-                 optimizer: jit_in_reserve.OptimizerInReserve | None) -> int:
+def run_one_task(
+    driver: Driver, events: EventWriter, stdin: IO[str], optimizer: jit_in_reserve.OptimizerInReserve | None
+) -> int:
     """Wait for the task on stdin and run it; the exit code of the process."""
     line = stdin.readline()
     if optimizer is not None:
@@ -194,8 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         process.spark, optimizer = start_session(args, engine)
-        process.driver = Driver(events, process.spark, args.parallelism, engine,
-                                on_first_batch=optimizer.release if optimizer is not None else lambda: None)
+        process.driver = Driver(
+            events,
+            process.spark,
+            args.parallelism,
+            engine,
+            on_first_batch=optimizer.release if optimizer is not None else lambda: None,
+        )
         events.emit(Ready(pid=os.getpid(), parallelism=args.parallelism, startup_s=round(time.monotonic() - t0, 3)))
         code = run_one_task(process.driver, events, sys.stdin, optimizer)
     except _Terminate:

@@ -42,8 +42,9 @@ Pending = tuple[TakeSnapshot, "int | None", float]  # request, barrier batch, wh
 class SnapshotServer:
     """Serves the snapshot requests of one streaming task."""
 
-    def __init__(self, events: EventWriter, queries: QuerySlot, spec: TaskSpec, handle: Any, live: Path,
-                 lineage: dict) -> None:
+    def __init__(
+        self, events: EventWriter, queries: QuerySlot, spec: TaskSpec, handle: Any, live: Path, lineage: dict
+    ) -> None:
         self.events = events
         self.queries = queries
         self.spec = spec
@@ -82,8 +83,11 @@ class SnapshotServer:
                         self._drain()
                     self._complete_cut_off_batch()
                 except Exception as exc:  # noqa: BLE001 - reported; the query resumes below
-                    self.events.emit(SnapshotDeclined(checkpoint_id=req.checkpoint_id,
-                                                      reason=f"draining failed: {type(exc).__name__}: {exc}"))
+                    self.events.emit(
+                        SnapshotDeclined(
+                            checkpoint_id=req.checkpoint_id, reason=f"draining failed: {type(exc).__name__}: {exc}"
+                        )
+                    )
                     query = self.queries.start(self.handle, live, spec.job_id)
                     continue
                 if self._snapshot(req, storage.latest_committed_batch(live), received):
@@ -160,8 +164,10 @@ class SnapshotServer:
             if committed is not None and committed >= batch:
                 return committed
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Spark did not commit micro-batch {batch}, which the sink wrote, within "
-                                   f"{SINK_SETTLE_TIMEOUT_S:.0f} s")
+                raise TimeoutError(
+                    f"Spark did not commit micro-batch {batch}, which the sink wrote, within "
+                    f"{SINK_SETTLE_TIMEOUT_S:.0f} s"
+                )
             time.sleep(0.02)
 
     def _metadata(self, kind: str, checkpoint_id: int) -> dict:
@@ -186,11 +192,19 @@ class SnapshotServer:
         if self.handle.two_phase is not None and info.batch_id is not None:
             # Outside the decline above: a sink that cannot commit fails the task, whose restart
             # replays from the last checkpoint (its transaction is aborted by then).
-            self.handle.two_phase.commit(info.batch_id, checkpoint_id=req.checkpoint_id, path=str(info.path),
-                                         kind=req.kind)
-        self.events.emit(SnapshotTaken(
-            checkpoint_id=req.checkpoint_id, path=str(info.path), batch_id=info.batch_id, state_size=info.state_size,
-            duration_ms=int((time.monotonic() - received) * 1000), source_offsets=tuple(info.source_offsets)))
+            self.handle.two_phase.commit(
+                info.batch_id, checkpoint_id=req.checkpoint_id, path=str(info.path), kind=req.kind
+            )
+        self.events.emit(
+            SnapshotTaken(
+                checkpoint_id=req.checkpoint_id,
+                path=str(info.path),
+                batch_id=info.batch_id,
+                state_size=info.state_size,
+                duration_ms=int((time.monotonic() - received) * 1000),
+                source_offsets=tuple(info.source_offsets),
+            )
+        )
         return True
 
     def commit_final(self) -> None:
@@ -206,12 +220,16 @@ class SnapshotServer:
             batch = self._settled(last_written)
             target = self.live.parent / FINAL_SNAPSHOT
             try:
-                info = storage.take_snapshot(self.live, target, batch_id=batch,
-                                             metadata=self._metadata("final", FINAL_CHECKPOINT_ID))
+                info = storage.take_snapshot(
+                    self.live, target, batch_id=batch, metadata=self._metadata("final", FINAL_CHECKPOINT_ID)
+                )
                 path = str(info.path)
             except Exception as exc:  # noqa: BLE001 - the commit matters more than the snapshot
-                print(f"final snapshot not taken ({type(exc).__name__}: {exc}); committing the sink without one",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"final snapshot not taken ({type(exc).__name__}: {exc}); committing the sink without one",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 path = ""
             sink.commit(batch, checkpoint_id=FINAL_CHECKPOINT_ID, path=path, kind="final")
 
@@ -220,5 +238,6 @@ def decline_forever(events: EventWriter, requests: queue.Queue[TakeSnapshot]) ->
     """A batch task's answer to every snapshot request."""
     while True:
         req = requests.get()
-        events.emit(SnapshotDeclined(checkpoint_id=req.checkpoint_id, permanent=True,
-                                     reason="a batch task has no checkpoints"))
+        events.emit(
+            SnapshotDeclined(checkpoint_id=req.checkpoint_id, permanent=True, reason="a batch task has no checkpoints")
+        )

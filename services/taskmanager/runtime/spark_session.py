@@ -54,10 +54,19 @@ def spark_ui_wanted(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(SPARK_UI_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def build_spark(parallelism: int, workdir: str | Path, *, shuffle_partitions: int = 2,
-                driver_memory: str = "1g", app_name: str = "headrace-driver", ui: bool = False,
-                engine: Engine = Engine(), extra_java_options: str = "", python_forkserver: bool = False,
-                jars: JarCache | None = None) -> Any:
+def build_spark(
+    parallelism: int,
+    workdir: str | Path,
+    *,
+    shuffle_partitions: int = 2,
+    driver_memory: str = "1g",
+    app_name: str = "headrace-driver",
+    ui: bool = False,
+    engine: Engine = Engine(),
+    extra_java_options: str = "",
+    python_forkserver: bool = False,
+    jars: JarCache | None = None,
+) -> Any:
     """A SparkSession whose scratch files all live under `workdir` (the caller cleans it): local,
     or a driver of a standalone cluster (`engine`, cluster_mode.py). `ui`: run the Spark UI on a
     free port (several drivers share a host); its kill links are off, a task is cancelled
@@ -136,15 +145,20 @@ def warm_up_kafka(spark: Any) -> None:
     try:
         import confluent_kafka.admin  # noqa: F401
 
-        source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
-                  .option("subscribe", "headrace-warm-up").load())
+        source = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", "127.0.0.1:9")
+            .option("subscribe", "headrace-warm-up")
+            .load()
+        )
         source.select("value").schema  # noqa: B018 - analysing the plan is the point
     except Exception as exc:  # noqa: BLE001 - a warm-up step, never a reason to lose the driver
         print(f"warm-up: no Kafka classes loaded ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
 
 
-def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1,
-            cut_short: Callable[[], bool] = lambda: False) -> bool:
+def warm_up(
+    spark: Any, workdir: str | Path, parallelism: int = 1, cut_short: Callable[[], bool] = lambda: False
+) -> bool:
     """Run what the first micro-batch of a task's query would otherwise pay for (measured in
     docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
     (SQLAlchemy, the PostgreSQL driver), a shuffle job, then a stateful streaming query shaped
@@ -172,13 +186,18 @@ def warm_up(spark: Any, workdir: str | Path, parallelism: int = 1,
         return False
     cp = Path(workdir) / "warmup-checkpoint"
     q = (
-        spark.readStream.format("datagen").option("total", "64").option("partitions", str(parts)).load()
+        spark.readStream.format("datagen")
+        .option("total", "64")
+        .option("partitions", str(parts))
+        .load()
         .withWatermark("event_time", "10 seconds")
         .groupBy(F.window("event_time", "1 minute"), "url")
         .agg(F.count("*").alias("count"), F.max("i").alias("last"))
         .writeStream.foreachBatch(lambda df, _id: df.toArrow())
-        .outputMode("update").trigger(availableNow=True)
-        .option("checkpointLocation", str(cp)).start()
+        .outputMode("update")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(cp))
+        .start()
     )
     while not q.awaitTermination(WARM_UP_POLL_S):
         if cut_short():

@@ -38,13 +38,17 @@ class ArtifactChecker:
         if not spec.artifact_path:
             return "a pyspark task needs an artifact recorded in the catalog; this deploy names none"
         if not spec.artifact_sha256:
-            return (f"artifact {spec.artifact_path} comes without the sha256 the catalog recorded at upload: "
-                    f"nothing runs that the catalog does not vouch for")
+            return (
+                f"artifact {spec.artifact_path} comes without the sha256 the catalog recorded at upload: "
+                f"nothing runs that the catalog does not vouch for"
+            )
         real = Path(os.path.realpath(spec.artifact_path))
         if not real.is_relative_to(self.root):
             shown = spec.artifact_path if str(real) == spec.artifact_path else f"{spec.artifact_path} (-> {real})"
-            return (f"artifact {shown} is outside this TaskManager's artifact directory {self.root}: only uploaded "
-                    f"artifacts run (settings artifact_dir must name the directory the dispatcher stores them in)")
+            return (
+                f"artifact {shown} is outside this TaskManager's artifact directory {self.root}: only uploaded "
+                f"artifacts run (settings artifact_dir must name the directory the dispatcher stores them in)"
+            )
         try:
             st = real.stat()
         except OSError as exc:
@@ -56,8 +60,10 @@ class ArtifactChecker:
         except OSError as exc:
             return f"artifact {spec.artifact_path} cannot be read here: {exc.strerror or exc}"
         if not hmac.compare_digest(digest, spec.artifact_sha256.lower()):
-            return (f"artifact {spec.artifact_path} has sha256 {digest}, not the {spec.artifact_sha256} the catalog "
-                    f"recorded at upload: it was changed after upload; upload it again")
+            return (
+                f"artifact {spec.artifact_path} has sha256 {digest}, not the {spec.artifact_sha256} the catalog "
+                f"recorded at upload: it was changed after upload; upload it again"
+            )
         return None
 
     def _sha256(self, path: Path, st: os.stat_result) -> str:

@@ -39,9 +39,17 @@ class Finish(Protocol):
 
 
 class DriverTasks:
-    def __init__(self, *, lock: threading.RLock, tasks: Mapping[ExecutionId, Task], reports: TaskReports,
-                 startup: StartupWatch, cancel_timeout_s: float, finish: Finish,
-                 on_warm_ready: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        *,
+        lock: threading.RLock,
+        tasks: Mapping[ExecutionId, Task],
+        reports: TaskReports,
+        startup: StartupWatch,
+        cancel_timeout_s: float,
+        finish: Finish,
+        on_warm_ready: Callable[[], None],
+    ) -> None:
         """`lock` and `tasks`: the supervisor's (the tasks it runs, read under its lock);
         `finish(task, state, cause=, name=)`: end the task, report it and free its slots;
         `on_warm_ready()`: a driver no task waits for became ready."""
@@ -52,8 +60,9 @@ class DriverTasks:
         """`driver` (how it came: `kind`) was taken for `task`: hand the task over now if the
         driver is ready, else once it is."""
         spec = task.spec
-        log.info("task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt,
-                 kind, driver.id)
+        log.info(
+            "task %s (job %s attempt %d) on %s driver %s", spec.execution_id, spec.job_id, spec.attempt, kind, driver.id
+        )
         try:
             self.reports.state(spec, ES.INITIALIZING)  # taken: the deploy is acknowledged
         except Exception:  # best effort: RUNNING acknowledges it too
@@ -80,11 +89,19 @@ class DriverTasks:
         snapshot_taken or snapshot_declined event; decline what cannot reach it."""
         driver = task.driver
         if state != ES.RUNNING or driver is None:
-            self.reports.declined(cmd, f"task {cmd.execution_id} is {state.value if state else 'unknown'}, "
-                                       f"not RUNNING yet")
+            self.reports.declined(
+                cmd, f"task {cmd.execution_id} is {state.value if state else 'unknown'}, not RUNNING yet"
+            )
             return
-        if not driver.send(tp.TakeSnapshot(checkpoint_id=cmd.checkpoint_id, kind=cmd.kind, target=cmd.target,
-                                           stop_after=cmd.stop_after, drain=cmd.drain)):
+        if not driver.send(
+            tp.TakeSnapshot(
+                checkpoint_id=cmd.checkpoint_id,
+                kind=cmd.kind,
+                target=cmd.target,
+                stop_after=cmd.stop_after,
+                drain=cmd.drain,
+            )
+        ):
             self.reports.declined(cmd, "the task's Spark driver process does not accept commands (it is exiting)")
 
     def _force_kill(self, execution_id: ExecutionId) -> None:
@@ -154,8 +171,13 @@ class DriverTasks:
             return
         # The attempt's live Spark checkpoint is never used again (a restart starts from a
         # copy of a completed snapshot, whose state files are hard links that survive this).
-        threading.Thread(target=shutil.rmtree, args=(task.spec.checkpoint_dir,), kwargs={"ignore_errors": True},
-                         name="live-dir-cleanup", daemon=True).start()
+        threading.Thread(
+            target=shutil.rmtree,
+            args=(task.spec.checkpoint_dir,),
+            kwargs={"ignore_errors": True},
+            name="live-dir-cleanup",
+            daemon=True,
+        ).start()
         if task.reported_terminal:
             return
         if task.cancel_requested:
@@ -163,6 +185,10 @@ class DriverTasks:
         elif driver.exit_reason is not None:  # ended by this TaskManager (its memory limit)
             self._finish(task, ES.FAILED, name=driver.exit_reason[0], cause=driver.exit_reason[1])
         else:
-            self._finish(task, ES.FAILED, name="DriverProcessExited",
-                         cause=f"Spark driver process exited with code {code} before the task ended; "
-                               f"last lines of {driver.log_path}:\n{driver.log_tail()}")
+            self._finish(
+                task,
+                ES.FAILED,
+                name="DriverProcessExited",
+                cause=f"Spark driver process exited with code {code} before the task ended; "
+                f"last lines of {driver.log_path}:\n{driver.log_tail()}",
+            )

@@ -54,7 +54,7 @@ def _seconds(cfg: Mapping[str, Any], key: str, default: float, *, allow_negative
     try:
         return job_options.noop_seconds(raw, allow_negative=allow_negative)
     except ValueError:
-        raise InvalidTaskConfig(f"{key}: expected seconds or a duration such as \"2 s\", got {raw!r}") from None
+        raise InvalidTaskConfig(f'{key}: expected seconds or a duration such as "2 s", got {raw!r}') from None
 
 
 def _count(cfg: Mapping[str, Any], key: str) -> int:
@@ -75,8 +75,14 @@ class NoopRunner:
         self._stop = False
         threading.Thread(target=self._loop, name="noop-tasks", daemon=True).start()
 
-    def start(self, task: NoopTask, report: Callable[[Any, ES, str | None], None], *,
-              startup_timeout_s: float | None = None, on_startup_timeout: Callable[[Any], None] | None = None) -> None:
+    def start(
+        self,
+        task: NoopTask,
+        report: Callable[[Any, ES, str | None], None],
+        *,
+        startup_timeout_s: float | None = None,
+        on_startup_timeout: Callable[[Any], None] | None = None,
+    ) -> None:
         """Raises InvalidTaskConfig, before reporting anything, for an option it cannot read. A
         task still starting after `startup_timeout_s` is handed to `on_startup_timeout(task)`,
         as a Spark task stuck in its pipeline's build() is."""
@@ -94,8 +100,11 @@ class NoopRunner:
         def running() -> None:
             report(task, ES.RUNNING, None)
             if duration >= 0:
-                self._at(time.monotonic() + duration, task,
-                         lambda: report(task, ES.FAILED if fails else ES.FINISHED, cause if fails else None))
+                self._at(
+                    time.monotonic() + duration,
+                    task,
+                    lambda: report(task, ES.FAILED if fails else ES.FINISHED, cause if fails else None),
+                )
 
         if delay > 0:
             self._at(now + delay, task, running)
@@ -135,9 +144,18 @@ class NoopRunner:
 
 
 class NoopTasks:
-    def __init__(self, runner: NoopRunner, *, taskmanager_id: TaskManagerId, transport: Transport, reports: HeldReports,
-                 on_state: Callable[[Task, ES, str | None], None], on_startup_timeout: Callable[[Task], None],
-                 finish: Callable[[Task, ES], None], decline: Callable[[TriggerCheckpoint, str], None]) -> None:
+    def __init__(
+        self,
+        runner: NoopRunner,
+        *,
+        taskmanager_id: TaskManagerId,
+        transport: Transport,
+        reports: HeldReports,
+        on_state: Callable[[Task, ES, str | None], None],
+        on_startup_timeout: Callable[[Task], None],
+        finish: Callable[[Task, ES], None],
+        decline: Callable[[TriggerCheckpoint, str], None],
+    ) -> None:
         self.runner, self.taskmanager_id, self.transport, self.reports = runner, taskmanager_id, transport, reports
         self.on_state, self.on_startup_timeout, self.finish, self.decline = (
             on_state,
@@ -150,8 +168,12 @@ class NoopTasks:
         # A no-op task reports INITIALIZING and RUNNING within this call: one round trip
         # to Redis for both (or for a whole burst of deploys, see tasks/held_reports.py).
         with self.reports.hold():
-            self.runner.start(task, self.on_state, startup_timeout_s=task.startup_timeout_s,
-                              on_startup_timeout=self.on_startup_timeout)
+            self.runner.start(
+                task,
+                self.on_state,
+                startup_timeout_s=task.startup_timeout_s,
+                on_startup_timeout=self.on_startup_timeout,
+            )
 
     def cancel(self, task: Task) -> None:
         self.runner.cancel(task)
@@ -163,15 +185,26 @@ class NoopTasks:
 
         started = time.monotonic()
         try:
-            info = storage.take_empty_snapshot(Path(cmd.target), metadata=tp.snapshot_metadata(
-                task.spec, kind=cmd.kind, checkpoint_id=cmd.checkpoint_id))
+            info = storage.take_empty_snapshot(
+                Path(cmd.target),
+                metadata=tp.snapshot_metadata(task.spec, kind=cmd.kind, checkpoint_id=cmd.checkpoint_id),
+            )
         except Exception as exc:  # noqa: BLE001 - any failure is a decline with its reason
             self.decline(cmd, f"{type(exc).__name__}: {exc}")
             return
-        self.transport.publish(streams.JM_STREAM, CheckpointAcknowledged(
-            job_id=cmd.job_id, execution_id=cmd.execution_id, taskmanager_id=self.taskmanager_id,
-            checkpoint_id=cmd.checkpoint_id, path=info.path, batch_id=info.batch_id, state_size=info.state_size,
-            duration_ms=int((time.monotonic() - started) * 1000)))
+        self.transport.publish(
+            streams.JM_STREAM,
+            CheckpointAcknowledged(
+                job_id=cmd.job_id,
+                execution_id=cmd.execution_id,
+                taskmanager_id=self.taskmanager_id,
+                checkpoint_id=cmd.checkpoint_id,
+                path=info.path,
+                batch_id=info.batch_id,
+                state_size=info.state_size,
+                duration_ms=int((time.monotonic() - started) * 1000),
+            ),
+        )
         if cmd.stop_after:
             self.runner.cancel(task)
             self.finish(task, ES.FINISHED)

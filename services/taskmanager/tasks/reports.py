@@ -24,26 +24,46 @@ log = logging.getLogger("headrace.taskmanager")
 
 
 class TaskReports:
-    def __init__(self, *, taskmanager_id: TaskManagerId, transport: Transport, held: HeldReports,
-                 metrics: TaskMetrics | None) -> None:
+    def __init__(
+        self, *, taskmanager_id: TaskManagerId, transport: Transport, held: HeldReports, metrics: TaskMetrics | None
+    ) -> None:
         self.taskmanager_id, self.transport, self.held, self.metrics = taskmanager_id, transport, held, metrics
 
     def state(self, spec: tp.TaskSpec, state: ES, *, cause: str | None = None, name: str | None = None) -> None:
-        self.held.publish(streams.JM_STREAM, TaskStateChanged(
-            execution_id=spec.execution_id, job_id=spec.job_id, taskmanager_id=self.taskmanager_id, state=state,
-            failure_cause=cause, failure_name=name))
+        self.held.publish(
+            streams.JM_STREAM,
+            TaskStateChanged(
+                execution_id=spec.execution_id,
+                job_id=spec.job_id,
+                taskmanager_id=self.taskmanager_id,
+                state=state,
+                failure_cause=cause,
+                failure_name=name,
+            ),
+        )
 
     def canceled_elsewhere(self, execution_id: ExecutionId, job_id: JobId) -> None:
         """A task to cancel that is not running here (finished meanwhile, or lost with a
         predecessor process): answered anyway, so a job waiting in CANCELLING can end."""
-        self.transport.publish(streams.JM_STREAM, TaskStateChanged(
-            execution_id=execution_id, job_id=job_id, taskmanager_id=self.taskmanager_id, state=ES.CANCELED))
+        self.transport.publish(
+            streams.JM_STREAM,
+            TaskStateChanged(
+                execution_id=execution_id, job_id=job_id, taskmanager_id=self.taskmanager_id, state=ES.CANCELED
+            ),
+        )
 
     def declined(self, cmd: TriggerCheckpoint, reason: str) -> None:
         log.warning("declining checkpoint %d of %s: %s", cmd.checkpoint_id, cmd.execution_id, reason)
-        self.transport.publish(streams.JM_STREAM, CheckpointDeclined(
-            job_id=cmd.job_id, execution_id=cmd.execution_id, taskmanager_id=self.taskmanager_id,
-            checkpoint_id=cmd.checkpoint_id, reason=reason))
+        self.transport.publish(
+            streams.JM_STREAM,
+            CheckpointDeclined(
+                job_id=cmd.job_id,
+                execution_id=cmd.execution_id,
+                taskmanager_id=self.taskmanager_id,
+                checkpoint_id=cmd.checkpoint_id,
+                reason=reason,
+            ),
+        )
 
     def forwarded(self, spec: tp.TaskSpec, event: Any) -> bool:
         """Send a driver event that is a message of its own; False for any other event."""

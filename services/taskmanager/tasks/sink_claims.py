@@ -97,12 +97,19 @@ class SinkClaims:
                     record = self._decide(real, kind, attempt, restored_batch_id, owner, record, target)
                     if target is not None:
                         uid, gid = self.ids
-                        safe_fs.chown_tree(target, uid, gid, only=lambda u: u == 0 or self.owners.driver_uid(u),
-                                           adopt=True)
+                        safe_fs.chown_tree(
+                            target, uid, gid, only=lambda u: u == 0 or self.owners.driver_uid(u), adopt=True
+                        )
             safe_fs.write_file(reg, f"{record_key(real)}.json", json.dumps(record, sort_keys=True).encode(), mode=0o644)
         self.claimed.append(Claim(Path(real), kind))
-        log.info("%s directory %s handed to job %s (lineage %s, attempt %d)", kind, real, owner.job_id,
-                 owner.lineage, attempt)
+        log.info(
+            "%s directory %s handed to job %s (lineage %s, attempt %d)",
+            kind,
+            real,
+            owner.job_id,
+            owner.lineage,
+            attempt,
+        )
         return str(record_path(self.checkpoints, real))
 
     def _registry(self) -> int:
@@ -128,13 +135,23 @@ class SinkClaims:
             raise ClaimRefused(f"{real} does not exist: the sink makes it before it claims it") from None
         return fd
 
-    def _decide(self, real: str, kind: str, attempt: int, restored: int, owner: SinkOwner, record: dict | None,
-                target: int | None) -> dict:
+    def _decide(
+        self,
+        real: str,
+        kind: str,
+        attempt: int,
+        restored: int,
+        owner: SinkOwner,
+        record: dict | None,
+        target: int | None,
+    ) -> dict:
         """The record after this claim, or the refusal (ownership.py's rules, then the fence)."""
         from services.taskmanager.runtime.connectors.sinks import SinkFencedError
 
-        release = (f"cancel the owner's job, then delete the directory (`rm -rf {real}`; this deletes its output) "
-                   f"or move it away")
+        release = (
+            f"cancel the owner's job, then delete the directory (`rm -rf {real}`; this deletes its output) "
+            f"or move it away"
+        )
         current = SinkOwner.from_record(record["owner"]) if record and record.get("owner") else None
         replaced = list((record or {}).get("owner", {}).get("replaced", [])) if record else []
         if kind == "batch":
@@ -146,14 +163,25 @@ class SinkClaims:
         if target is not None and current is None:
             self._check_made_by_pipelines(target, real, record)
         has_commits = target is not None and _has_commits(target)
-        check_claim("directory", real, owner, current, restored_batch_id=restored, has_commits=has_commits,
-                    release=release, replaced=replaced)
+        check_claim(
+            "directory",
+            real,
+            owner,
+            current,
+            restored_batch_id=restored,
+            has_commits=has_commits,
+            release=release,
+            replaced=replaced,
+        )
         fence = (record or {}).get("fence") or {}
         if int(fence.get("attempt", -1)) > attempt:
             raise SinkFencedError(f"files:{real}", attempt, fence["attempt"])
-        return {"path": real, "kind": "streaming",
-                "owner": owner.record() | {"replaced": replaced_after(owner, current, replaced)},
-                "fence": {"attempt": attempt, "restored_batch_id": restored}}
+        return {
+            "path": real,
+            "kind": "streaming",
+            "owner": owner.record() | {"replaced": replaced_after(owner, current, replaced)},
+            "fence": {"attempt": attempt, "restored_batch_id": restored},
+        }
 
     def _check_made_by_pipelines(self, fd: int, real: str, record: dict | None) -> None:
         """A directory without an owner is handed over only if this task's user made it (or an
@@ -169,7 +197,8 @@ class SinkClaims:
             f"{real} belongs to uid {st.st_uid} (mode {stat.filemode(st.st_mode)}) and no files sink owns it: a "
             f"files sink writes only a directory its pipeline makes (give the drivers' group the parent "
             f"directory, e.g. `chgrp headrace-driver {os.path.dirname(real)} && chmod 1770 "
-            f"{os.path.dirname(real)}`), or one its lineage wrote before")
+            f"{os.path.dirname(real)}`), or one its lineage wrote before"
+        )
 
     def release(self) -> None:
         """The task ended and its processes are gone: what its user owns of its claims is root's."""
@@ -179,8 +208,10 @@ class SinkClaims:
             return
         for c in self.claimed:
             try:
-                with safe_fs.opened(_walk_to_parent(str(c.path))) as parent, \
-                        safe_fs.opened(safe_fs.open_dir_at(parent, c.path.name)) as fd:
+                with (
+                    safe_fs.opened(_walk_to_parent(str(c.path))) as parent,
+                    safe_fs.opened(safe_fs.open_dir_at(parent, c.path.name)) as fd,
+                ):
                     safe_fs.chown_tree(fd, os.geteuid(), os.getegid(), only=lambda u: u == uid)
             except FileNotFoundError:
                 continue
@@ -196,8 +227,9 @@ class _locked:
         self.reg, self.key, self.fd = reg, key, -1
 
     def __enter__(self) -> None:
-        self.fd = os.open(f"{self.key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                          dir_fd=self.reg)
+        self.fd = os.open(
+            f"{self.key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.reg
+        )
         fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:
@@ -237,8 +269,10 @@ def _legacy_record(fd: int) -> dict | None:
 
 def _has_commits(fd: int) -> bool:
     try:
-        with safe_fs.opened(safe_fs.open_dir_at(fd, LEGACY)) as meta, \
-                safe_fs.opened(safe_fs.open_dir_at(meta, "commits")) as commits:
+        with (
+            safe_fs.opened(safe_fs.open_dir_at(fd, LEGACY)) as meta,
+            safe_fs.opened(safe_fs.open_dir_at(meta, "commits")) as commits,
+        ):
             return any(n.endswith(".json") and not n.startswith(".") for n in os.listdir(commits))
     except (FileNotFoundError, safe_fs.UnsafePath):
         return False

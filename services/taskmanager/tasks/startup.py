@@ -40,7 +40,7 @@ def startup_timeout_s(config: dict, default_s: float) -> float:
 
 def startup_timeout_cause(timeout_s: float, phase: str, where: str = "", advice: str | None = None) -> str:
     """The failure cause of an attempt that did not start in time."""
-    advice = advice or f"If it needs longer, raise the job option {STARTUP_TIMEOUT_OPTION} (e.g. \"10 min\")"
+    advice = advice or f'If it needs longer, raise the job option {STARTUP_TIMEOUT_OPTION} (e.g. "10 min")'
     text = f"the pipeline did not start within {timeout_s:g} s: it was still {phase}; the task was stopped. {advice}."
     return f"{text}\n{where}" if where else text
 
@@ -52,8 +52,9 @@ def driver_start_timeout_s(task_startup_timeout_s: float) -> float:
 
 
 class StartupWatch:
-    def __init__(self, *, lock: threading.RLock, still_starting: Callable[[Task], bool],
-                 fail: Callable[[Task, str, str], None]) -> None:
+    def __init__(
+        self, *, lock: threading.RLock, still_starting: Callable[[Task], bool], fail: Callable[[Task, str, str], None]
+    ) -> None:
         """`lock`: the supervisor's; `still_starting(task)`: the task is neither RUNNING nor ended;
         `fail(task, failure name, cause)`: end it as FAILED."""
         self._lock, self._still_starting, self._fail = lock, still_starting, fail
@@ -80,8 +81,10 @@ class StartupWatch:
             phase, where = "starting (a no-op task whose noop.startup-delay is longer)", ""
         elif not task.handed_over:
             phase = "waiting for its Spark driver process to start"
-            advice = ("The driver's JVM or Spark did not come up: see its log (memory, Java, Spark install); "
-                      f"if the machine is only slow, raise the job option {STARTUP_TIMEOUT_OPTION}")
+            advice = (
+                "The driver's JVM or Spark did not come up: see its log (memory, Java, Spark install); "
+                f"if the machine is only slow, raise the job option {STARTUP_TIMEOUT_OPTION}"
+            )
             where = f"The driver's last log lines ({driver.log_path}):\n{driver.log_tail(40)}"
         else:
             driver.dump_stacks()  # into its log, read below
@@ -94,8 +97,13 @@ class StartupWatch:
                 return  # it started while the stacks were dumped
             # Its driver's exit is this failure, not another one; a no-op task's timers stop.
             task.cancel_requested = True
-        log.warning("task %s (job %s attempt %d) did not start within %g s; stopping it", task.spec.execution_id,
-                    task.spec.job_id, task.spec.attempt, timeout_s)
+        log.warning(
+            "task %s (job %s attempt %d) did not start within %g s; stopping it",
+            task.spec.execution_id,
+            task.spec.job_id,
+            task.spec.attempt,
+            timeout_s,
+        )
         self._fail(task, STARTUP_TIMEOUT_NAME, startup_timeout_cause(timeout_s, phase, where, advice))
         if driver is not None:
             driver.kill()

@@ -67,8 +67,10 @@ class StorageRoots:
                 if path == form or form in path.parents:
                     found.append((form, path.relative_to(form)))
         if not found:
-            raise StorageRefused(f"{path} is not under a storage root ({', '.join(map(str, self.roots))}) as "
-                                 f"written: give the path below the root itself, not through a link to it")
+            raise StorageRefused(
+                f"{path} is not under a storage root ({', '.join(map(str, self.roots))}) as "
+                f"written: give the path below the root itself, not through a link to it"
+            )
         return max(found, key=lambda f: len(f[0].parts))
 
     def open_parent(self, path: Path, *, create: bool = True) -> tuple[int, str]:
@@ -107,8 +109,9 @@ class TaskStorage:
         with safe_fs.opened(parent_fd):
             self._take_back_siblings(parent_fd, name)
             safe_fs.remove(parent_fd, name)  # a redelivered deploy's, from before
-            with safe_fs.opened(safe_fs.make_dir(parent_fd, name, mode=0o700, uid=os.geteuid(),
-                                                 gid=os.getegid())) as fd:
+            with safe_fs.opened(
+                safe_fs.make_dir(parent_fd, name, mode=0o700, uid=os.geteuid(), gid=os.getegid())
+            ) as fd:
                 meta = None
                 if spec.restore_from:
                     try:
@@ -117,8 +120,9 @@ class TaskStorage:
                     except (OSError, ValueError) as exc:
                         # Left to the driver, whose restore fails with SnapshotRestoreError: the
                         # JobManager's cue to fall back to an older snapshot.
-                        log.warning("task %s: no view of its snapshot %s (%s)", spec.execution_id,
-                                    spec.restore_from, exc)
+                        log.warning(
+                            "task %s: no view of its snapshot %s (%s)", spec.execution_id, spec.restore_from, exc
+                        )
                 self.lineage = lineage_of(spec, meta)  # the driver's own rule, on what root trusts
                 uid, gid = self.owner
                 os.fchown(fd, uid, gid)  # last: from here on the task may write in it
@@ -149,12 +153,16 @@ class TaskStorage:
             trusted = not self.roots.owners.driver_uid(st.st_uid)
             if not trusted and self.spec is not None:
                 # Written by a pipeline and never sealed: its lineage is not believed.
-                log.warning("the snapshot %s was not sealed by a TaskManager: job %s starts a lineage of its own",
-                            snapshot, self.spec.job_id)
+                log.warning(
+                    "the snapshot %s was not sealed by a TaskManager: job %s starts a lineage of its own",
+                    snapshot,
+                    self.spec.job_id,
+                )
                 meta["lineage"] = {"id": self.spec.job_id, "generation": -1}
             view = f"{VIEW_PREFIX}{os.urandom(6).hex()}"
-            with safe_fs.opened(safe_fs.make_dir(into_fd, view, mode=0o755, uid=os.geteuid(),
-                                                 gid=os.getegid())) as view_fd:
+            with safe_fs.opened(
+                safe_fs.make_dir(into_fd, view, mode=0o755, uid=os.geteuid(), gid=os.getegid())
+            ) as view_fd:
                 safe_fs.link_tree(src, view_fd)
                 safe_fs.write_file(view_fd, METADATA_FILE, json.dumps(meta).encode(), mode=0o644)
         self.view_of[view] = str(snapshot)
@@ -202,13 +210,16 @@ class TaskStorage:
             meta = json.loads(data)
             if not isinstance(meta, dict):
                 raise StorageRefused(f"{path}/{METADATA_FILE} is not a snapshot's metadata")
-            ours = tp.snapshot_metadata(self.spec, kind=str(meta.get("kind", "checkpoint")),
-                                        checkpoint_id=event.checkpoint_id)
+            ours = tp.snapshot_metadata(
+                self.spec, kind=str(meta.get("kind", "checkpoint")), checkpoint_id=event.checkpoint_id
+            )
             plan = (meta.get("pipeline") or {}).get("plan") if isinstance(meta.get("pipeline"), dict) else None
             meta.update(ours)
             meta["pipeline"]["plan"] = plan
-            meta["lineage"] = {"id": self.lineage.get("id", self.spec.job_id),
-                               "generation": self.lineage.get("generation", 0)}
+            meta["lineage"] = {
+                "id": self.lineage.get("id", self.spec.job_id),
+                "generation": self.lineage.get("generation", 0),
+            }
             safe_fs.write_file(fd, METADATA_FILE, json.dumps(meta, indent=2, sort_keys=True).encode(), mode=0o644)
             safe_fs.add_read(fd)
 

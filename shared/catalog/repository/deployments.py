@@ -43,8 +43,15 @@ def list_deployments(s: Session) -> Sequence[DeploymentRow]:
 
 # A deployment's fields that say what is wanted of it, and its lifecycle: while none of them
 # changes, a SUSPENDED deployment that needed nothing still needs nothing.
-DESIRED_FIELDS = (DeploymentRow.name, DeploymentRow.generation, DeploymentRow.lifecycle, DeploymentRow.pending,
-                  DeploymentRow.deleting, DeploymentRow.rollback_requested, DeploymentRow.updated_at)
+DESIRED_FIELDS = (
+    DeploymentRow.name,
+    DeploymentRow.generation,
+    DeploymentRow.lifecycle,
+    DeploymentRow.pending,
+    DeploymentRow.deleting,
+    DeploymentRow.rollback_requested,
+    DeploymentRow.updated_at,
+)
 
 
 def desired_states(s: Session) -> Sequence[Any]:
@@ -64,8 +71,9 @@ def transition_deployment(s: Session, row: DeploymentRow, target: Lifecycle) -> 
     return row
 
 
-def put_deployment(s: Session, name: str, spec: dict[str, Any], *, expected_generation: int | None = None
-                   ) -> tuple[DeploymentRow, bool]:
+def put_deployment(
+    s: Session, name: str, spec: dict[str, Any], *, expected_generation: int | None = None
+) -> tuple[DeploymentRow, bool]:
     """Create the deployment or change its spec. A different spec is a new generation; the same
     one again clears a refusal or failure of that generation, so applying it again retries.
     `expected_generation`: raise GenerationMismatch unless the deployment is at it (0: absent)."""
@@ -75,8 +83,16 @@ def put_deployment(s: Session, name: str, spec: dict[str, Any], *, expected_gene
         if expected_generation:
             raise GenerationMismatch(name, expected_generation, 0) from None
         now = utcnow()
-        row = DeploymentRow(name=name, spec=spec, generation=1, deleting=False, delete_with_savepoint=True,
-                            rollback_requested=False, created_at=now, updated_at=now)
+        row = DeploymentRow(
+            name=name,
+            spec=spec,
+            generation=1,
+            deleting=False,
+            delete_with_savepoint=True,
+            rollback_requested=False,
+            created_at=now,
+            updated_at=now,
+        )
         s.add(row)
         s.add(DeploymentGeneration(name=name, generation=1, spec=spec, created_at=now))
         s.flush()
@@ -107,8 +123,11 @@ class GenerationMismatch(CoordinationError, RuntimeError):
     """A change based on another generation than the deployment's current one."""
 
     def __init__(self, name: str, expected: int, current: int):
-        super().__init__(f"deployment {name} is at generation {current}, not {expected}: it changed meanwhile"
-                         if current else f"deployment {name} does not exist (expected generation {expected})")
+        super().__init__(
+            f"deployment {name} is at generation {current}, not {expected}: it changed meanwhile"
+            if current
+            else f"deployment {name} does not exist (expected generation {expected})"
+        )
         self.current = current
 
 
@@ -128,11 +147,28 @@ def generation_spec(s: Session, name: str, generation: int) -> dict[str, Any] | 
     return dict(row.spec) if row is not None else None
 
 
-def record_deployment_event(s: Session, row: DeploymentRow, *, from_state: str | None, to_state: str | None,
-                            reason: str, generation: int | None = None, savepoint: str | None = None) -> None:
-    s.add(DeploymentEvent(name=row.name, at=utcnow(), generation=generation if generation is not None
-                          else row.job_generation, from_state=from_state, to_state=to_state, reason=reason[:20000],
-                          job_id=row.job_id, savepoint=savepoint))
+def record_deployment_event(
+    s: Session,
+    row: DeploymentRow,
+    *,
+    from_state: str | None,
+    to_state: str | None,
+    reason: str,
+    generation: int | None = None,
+    savepoint: str | None = None,
+) -> None:
+    s.add(
+        DeploymentEvent(
+            name=row.name,
+            at=utcnow(),
+            generation=generation if generation is not None else row.job_generation,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason[:20000],
+            job_id=row.job_id,
+            savepoint=savepoint,
+        )
+    )
 
 
 def deployment_events(s: Session, name: str, *, limit: int = 200) -> list[DeploymentEvent]:
@@ -141,8 +177,15 @@ def deployment_events(s: Session, name: str, *, limit: int = 200) -> list[Deploy
 
 
 def add_deployment_savepoint(s: Session, row: DeploymentRow, *, path: str, trigger: str) -> DeploymentSavepoint:
-    sp = DeploymentSavepoint(name=row.name, path=path, at=utcnow(), generation=row.job_generation,
-                             job_id=row.job_id, trigger=trigger, disposed=False)
+    sp = DeploymentSavepoint(
+        name=row.name,
+        path=path,
+        at=utcnow(),
+        generation=row.job_generation,
+        job_id=row.job_id,
+        trigger=trigger,
+        disposed=False,
+    )
     s.add(sp)
     s.flush()
     return sp
@@ -155,12 +198,28 @@ def deployment_savepoints(s: Session, name: str, *, kept_only: bool = False) -> 
     return s.execute(q.order_by(DeploymentSavepoint.id)).scalars().all()
 
 
-def create_deployment_job(s: Session, row: DeploymentRow, job_id: JobId, spec: dict[str, Any], *,
-                          restart_strategy: dict[str, Any], config: dict[str, Any], parallelism: int) -> Job:
-    job = create_job(s, id=job_id, name=row.name, artifact_id=spec["jarId"],
-                     entry=spec.get("entryClass") or "build", parallelism=parallelism,
-                     program_args=list(spec.get("programArgsList") or []), config=config,
-                     restart_strategy=restart_strategy, kind=spec.get("kind") or "pyspark")
+def create_deployment_job(
+    s: Session,
+    row: DeploymentRow,
+    job_id: JobId,
+    spec: dict[str, Any],
+    *,
+    restart_strategy: dict[str, Any],
+    config: dict[str, Any],
+    parallelism: int,
+) -> Job:
+    job = create_job(
+        s,
+        id=job_id,
+        name=row.name,
+        artifact_id=spec["jarId"],
+        entry=spec.get("entryClass") or "build",
+        parallelism=parallelism,
+        program_args=list(spec.get("programArgsList") or []),
+        config=config,
+        restart_strategy=restart_strategy,
+        kind=spec.get("kind") or "pyspark",
+    )
     job.deployment = row.name
     return job
 
@@ -178,24 +237,49 @@ EVALUATIONS_KEPT = 2000
 
 def add_autoscaler_evaluation(s: Session, row: DeploymentRow, evaluation: dict[str, Any]) -> None:
     """One evaluation (shared/autoscaling.py Evaluation.record()); older ones beyond EVALUATIONS_KEPT go."""
-    s.add(AutoscalerEvaluation(name=row.name, at=utcnow(), job_id=row.job_id, parallelism=evaluation["parallelism"],
-                               proposed=evaluation["proposed"], outcome=evaluation["outcome"],
-                               reason=str(evaluation["reason"])[:4000], figures=evaluation.get("figures") or {}))
+    s.add(
+        AutoscalerEvaluation(
+            name=row.name,
+            at=utcnow(),
+            job_id=row.job_id,
+            parallelism=evaluation["parallelism"],
+            proposed=evaluation["proposed"],
+            outcome=evaluation["outcome"],
+            reason=str(evaluation["reason"])[:4000],
+            figures=evaluation.get("figures") or {},
+        )
+    )
     s.flush()
-    oldest_kept = select(AutoscalerEvaluation.id).where(AutoscalerEvaluation.name == row.name) \
-        .order_by(AutoscalerEvaluation.id.desc()).offset(EVALUATIONS_KEPT).limit(1).scalar_subquery()
-    s.execute(delete(AutoscalerEvaluation).where(AutoscalerEvaluation.name == row.name,
-                                                 AutoscalerEvaluation.id <= oldest_kept))
+    oldest_kept = (
+        select(AutoscalerEvaluation.id)
+        .where(AutoscalerEvaluation.name == row.name)
+        .order_by(AutoscalerEvaluation.id.desc())
+        .offset(EVALUATIONS_KEPT)
+        .limit(1)
+        .scalar_subquery()
+    )
+    s.execute(
+        delete(AutoscalerEvaluation).where(
+            AutoscalerEvaluation.name == row.name, AutoscalerEvaluation.id <= oldest_kept
+        )
+    )
 
 
 def count_autoscaler_rescales(s: Session) -> Sequence[Any]:
     """(deployment name, how many rescales the autoscaler decided), from the history."""
-    return s.execute(select(DeploymentEvent.name, func.count()).where(
-        DeploymentEvent.reason.like("autoscaler: scale-%")).group_by(DeploymentEvent.name)).all()
+    return s.execute(
+        select(DeploymentEvent.name, func.count())
+        .where(DeploymentEvent.reason.like("autoscaler: scale-%"))
+        .group_by(DeploymentEvent.name)
+    ).all()
 
 
 def autoscaler_evaluations(s: Session, name: str, *, limit: int = 200) -> list[AutoscalerEvaluation]:
     """The newest `limit` evaluations, oldest first."""
-    q = select(AutoscalerEvaluation).where(AutoscalerEvaluation.name == name) \
-        .order_by(AutoscalerEvaluation.id.desc()).limit(limit)
+    q = (
+        select(AutoscalerEvaluation)
+        .where(AutoscalerEvaluation.name == name)
+        .order_by(AutoscalerEvaluation.id.desc())
+        .limit(limit)
+    )
     return list(reversed(s.execute(q).scalars().all()))

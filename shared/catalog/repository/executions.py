@@ -32,9 +32,13 @@ def add_scheduled_plans(s: Session, vertices: list[dict], executions: list[dict]
         check_execution_transition(ExecutionState.CREATED, ExecutionState.SCHEDULED)
         now_ms = epoch_ms(utcnow())
         stamps = {ExecutionState.CREATED.value: now_ms, ExecutionState.SCHEDULED.value: now_ms}
-        s.execute(insert(table_of(Execution)), [
-            dict(e, state=ExecutionState.SCHEDULED.value, timestamps=stamps, slots=[], rows_processed=0)
-            for e in executions])
+        s.execute(
+            insert(table_of(Execution)),
+            [
+                dict(e, state=ExecutionState.SCHEDULED.value, timestamps=stamps, slots=[], rows_processed=0)
+                for e in executions
+            ],
+        )
 
 
 def job_vertices(s: Session, job_id: JobId) -> Sequence[Vertex]:
@@ -45,11 +49,19 @@ def set_vertex_parallelism(s: Session, vertex: Vertex, parallelism: int) -> None
     vertex.parallelism = parallelism
 
 
-def create_execution(s: Session, *, id: ExecutionId, job_id: JobId, vertex_id: VertexId, attempt: int,
-                     keep_history: int = 16) -> Execution:
+def create_execution(
+    s: Session, *, id: ExecutionId, job_id: JobId, vertex_id: VertexId, attempt: int, keep_history: int = 16
+) -> Execution:
     now_ms = epoch_ms(utcnow())
-    ex = Execution(id=id, job_id=job_id, vertex_id=vertex_id, attempt=attempt,
-                   state=ExecutionState.CREATED.value, timestamps={"CREATED": now_ms}, slots=[])
+    ex = Execution(
+        id=id,
+        job_id=job_id,
+        vertex_id=vertex_id,
+        attempt=attempt,
+        state=ExecutionState.CREATED.value,
+        timestamps={"CREATED": now_ms},
+        slots=[],
+    )
     s.add(ex)
     # Flink keeps the last 16 prior attempts of each subtask; older terminal ones are pruned.
     cutoff = attempt - keep_history
@@ -92,8 +104,13 @@ def live_executions_on_any(s: Session, taskmanager_ids: Sequence[TaskManagerId])
     out: list[Execution] = []
     ids = list(dict.fromkeys(taskmanager_ids))
     for i in range(0, len(ids), 1000):
-        out.extend(s.execute(select(Execution).where(Execution.taskmanager_id.in_(ids[i:i + 1000]),
-                                                     Execution.state.not_in(terminal))).scalars())
+        out.extend(
+            s.execute(
+                select(Execution).where(
+                    Execution.taskmanager_id.in_(ids[i : i + 1000]), Execution.state.not_in(terminal)
+                )
+            ).scalars()
+        )
     return out
 
 
@@ -104,8 +121,11 @@ def live_placements(s: Session, allocation_ids: Iterable[AllocationId]) -> dict[
     ids = list(set(allocation_ids))
     out: dict[AllocationId, TaskManagerId] = {}
     for i in range(0, len(ids), 1000):
-        rows = s.execute(select(Execution.allocation_id, Execution.taskmanager_id)
-                         .where(Execution.state.in_(live), Execution.allocation_id.in_(ids[i:i + 1000])))
+        rows = s.execute(
+            select(Execution.allocation_id, Execution.taskmanager_id).where(
+                Execution.state.in_(live), Execution.allocation_id.in_(ids[i : i + 1000])
+            )
+        )
         out.update({a: tm for a, tm in rows if a is not None and tm is not None})
     return out
 
@@ -118,9 +138,15 @@ def execution_states(s: Session, execution_ids: Iterable[ExecutionId]) -> dict[E
 
 
 def transition_execution(
-    s: Session, execution_id: ExecutionId | Execution, target: ExecutionState, *, at_ms: int | None = None,
-    taskmanager_id: TaskManagerId | None = None, allocation_id: AllocationId | None = None,
-    slots: list[int] | None = None, failure_cause: str | None = None,
+    s: Session,
+    execution_id: ExecutionId | Execution,
+    target: ExecutionState,
+    *,
+    at_ms: int | None = None,
+    taskmanager_id: TaskManagerId | None = None,
+    allocation_id: AllocationId | None = None,
+    slots: list[int] | None = None,
+    failure_cause: str | None = None,
 ) -> Execution:
     """The only function that changes `executions.state`. Raises IllegalTransition.
     Pass the row itself when the caller already holds it locked, to save a round trip."""
@@ -160,8 +186,7 @@ def record_progress(s: Session, execution_id: ExecutionId, *, batch_id: int, row
     later batch changes nothing."""
     s.execute(
         update(Execution)
-        .where(Execution.id == execution_id,
-               (Execution.last_batch_id.is_(None)) | (Execution.last_batch_id < batch_id))
+        .where(Execution.id == execution_id, (Execution.last_batch_id.is_(None)) | (Execution.last_batch_id < batch_id))
         .values(last_batch_id=batch_id, rows_processed=Execution.rows_processed + rows)
     )
 
@@ -197,9 +222,17 @@ def allocation_holder_states(s: Session, allocation_id: AllocationId) -> Sequenc
 
 def failed_executions_since(s: Session, job_id: JobId, since: datetime) -> Sequence[Execution]:
     """The job's FAILED attempts that ended at or after `since`, the newest first."""
-    return s.execute(select(Execution).where(Execution.job_id == job_id, Execution.state == ExecutionState.FAILED.value,
-                                             Execution.end_at >= since)
-                     .order_by(Execution.end_at.desc())).scalars().all()
+    return (
+        s.execute(
+            select(Execution)
+            .where(
+                Execution.job_id == job_id, Execution.state == ExecutionState.FAILED.value, Execution.end_at >= since
+            )
+            .order_by(Execution.end_at.desc())
+        )
+        .scalars()
+        .all()
+    )
 
 
 def vertex_ids_by_job(s: Session) -> Sequence[Any]:
@@ -209,11 +242,16 @@ def vertex_ids_by_job(s: Session) -> Sequence[Any]:
 
 def latest_attempt_states(s: Session) -> Sequence[Any]:
     """(vertex_id, state, waiting_reason, attempt) of every vertex's newest attempt."""
-    newest = (select(Execution.vertex_id, func.max(Execution.attempt).label("attempt"))
-              .group_by(Execution.vertex_id).subquery())
+    newest = (
+        select(Execution.vertex_id, func.max(Execution.attempt).label("attempt"))
+        .group_by(Execution.vertex_id)
+        .subquery()
+    )
     return s.execute(
-        select(Execution.vertex_id, Execution.state, Execution.waiting_reason, Execution.attempt)
-        .join(newest, (Execution.vertex_id == newest.c.vertex_id) & (Execution.attempt == newest.c.attempt))).all()
+        select(Execution.vertex_id, Execution.state, Execution.waiting_reason, Execution.attempt).join(
+            newest, (Execution.vertex_id == newest.c.vertex_id) & (Execution.attempt == newest.c.attempt)
+        )
+    ).all()
 
 
 def count_executions_by_state(s: Session) -> dict[str, int]:

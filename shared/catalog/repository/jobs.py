@@ -15,16 +15,33 @@ from shared.states import JobStatus, check_job_transition
 
 
 def create_job(
-    s: Session, *, id: JobId, name: str, artifact_id: ArtifactId | None, entry: str, parallelism: int,
-    program_args: list[str], config: dict[str, Any], restart_strategy: dict[str, Any],
+    s: Session,
+    *,
+    id: JobId,
+    name: str,
+    artifact_id: ArtifactId | None,
+    entry: str,
+    parallelism: int,
+    program_args: list[str],
+    config: dict[str, Any],
+    restart_strategy: dict[str, Any],
     kind: str = "pyspark",
 ) -> Job:
     now = utcnow()
     job = Job(
-        id=id, seq=next_value(s, "job"), name=name, artifact_id=artifact_id, entry=entry,
-        parallelism=parallelism, program_args=list(program_args), config=dict(config),
-        restart_strategy=dict(restart_strategy), kind=kind, status=JobStatus.INITIALIZING.value,
-        created_at=now, updated_at=now,
+        id=id,
+        seq=next_value(s, "job"),
+        name=name,
+        artifact_id=artifact_id,
+        entry=entry,
+        parallelism=parallelism,
+        program_args=list(program_args),
+        config=dict(config),
+        restart_strategy=dict(restart_strategy),
+        kind=kind,
+        status=JobStatus.INITIALIZING.value,
+        created_at=now,
+        updated_at=now,
     )
     s.add(job)
     s.add(JobTransition(job_id=id, from_status=None, to_status=JobStatus.INITIALIZING.value, at=now))
@@ -47,7 +64,12 @@ def list_jobs(s: Session, *, statuses: Iterable[JobStatus] | None = None) -> Seq
 
 
 def transition_job(
-    s: Session, job_id: JobId | Job, target: JobStatus, *, epoch: int | None = None, reason: str | None = None,
+    s: Session,
+    job_id: JobId | Job,
+    target: JobStatus,
+    *,
+    epoch: int | None = None,
+    reason: str | None = None,
     history: list[dict] | None = None,
 ) -> Job:
     """The only function that changes `jobs.status`. Raises IllegalTransition or StaleEpoch.
@@ -117,16 +139,35 @@ def set_checkpoint_failures(s: Session, job: Job, value: int) -> None:
 
 
 def record_exception(
-    s: Session, *, job_id: JobId, exception_name: str, stacktrace: str, execution_id: ExecutionId | None = None,
-    vertex_name: str | None = None, attempt: int | None = None, taskmanager_id: TaskManagerId | None = None,
+    s: Session,
+    *,
+    job_id: JobId,
+    exception_name: str,
+    stacktrace: str,
+    execution_id: ExecutionId | None = None,
+    vertex_name: str | None = None,
+    attempt: int | None = None,
+    taskmanager_id: TaskManagerId | None = None,
     keep: int = 16,
 ) -> ExceptionRow:
-    row = ExceptionRow(job_id=job_id, execution_id=execution_id, vertex_name=vertex_name, attempt=attempt,
-                       taskmanager_id=taskmanager_id, exception_name=exception_name, stacktrace=stacktrace)
+    row = ExceptionRow(
+        job_id=job_id,
+        execution_id=execution_id,
+        vertex_name=vertex_name,
+        attempt=attempt,
+        taskmanager_id=taskmanager_id,
+        exception_name=exception_name,
+        stacktrace=stacktrace,
+    )
     s.add(row)
     s.flush()
-    old = s.execute(select(ExceptionRow.id).where(ExceptionRow.job_id == job_id)
-                    .order_by(ExceptionRow.id.desc()).offset(keep)).scalars().all()
+    old = (
+        s.execute(
+            select(ExceptionRow.id).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc()).offset(keep)
+        )
+        .scalars()
+        .all()
+    )
     if old:
         s.execute(delete(ExceptionRow).where(ExceptionRow.id.in_(old)))
     return row
@@ -163,17 +204,29 @@ def job_overview_rows(s: Session, config_key: str) -> Sequence[Any]:
     configuration only `config_key` (extracted by the database): (id, name, status, created_at,
     end_at, updated_at, config value, waiting_reason, parallelism, deployment)."""
     return s.execute(
-        select(Job.id, Job.name, Job.status, Job.created_at, Job.end_at, Job.updated_at,
-               Job.config[config_key].as_string(), Job.waiting_reason, Job.parallelism, Job.deployment)
-        .order_by(Job.seq.desc())).all()
+        select(
+            Job.id,
+            Job.name,
+            Job.status,
+            Job.created_at,
+            Job.end_at,
+            Job.updated_at,
+            Job.config[config_key].as_string(),
+            Job.waiting_reason,
+            Job.parallelism,
+            Job.deployment,
+        ).order_by(Job.seq.desc())
+    ).all()
 
 
 def count_transitions_to(s: Session, status: JobStatus) -> int:
     """How many times any job entered `status` (its transition history)."""
-    return s.scalar(select(func.count()).select_from(JobTransition).where(JobTransition.to_status == status.value)
-                    ) or 0
+    return s.scalar(select(func.count()).select_from(JobTransition).where(JobTransition.to_status == status.value)) or 0
 
 
 def newest_exception(s: Session, job_id: JobId) -> ExceptionRow | None:
-    return s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id)
-                     .order_by(ExceptionRow.id.desc()).limit(1)).scalars().first()
+    return (
+        s.execute(select(ExceptionRow).where(ExceptionRow.job_id == job_id).order_by(ExceptionRow.id.desc()).limit(1))
+        .scalars()
+        .first()
+    )

@@ -33,8 +33,10 @@ def check_leadership(s: Session, epoch: int) -> None:
         select(Leadership.epoch).where(Leadership.id == LEADERSHIP_ROW).with_for_update()
     ).scalar_one_or_none()
     if row != epoch:
-        raise StaleEpoch(f"leadership passed to epoch {row}; this JobManager has epoch {epoch}: nothing it "
-                         "decided in this unit of work is committed")
+        raise StaleEpoch(
+            f"leadership passed to epoch {row}; this JobManager has epoch {epoch}: nothing it "
+            "decided in this unit of work is committed"
+        )
 
 
 def leadership_epoch(s: Session) -> int:

@@ -15,8 +15,14 @@ from shared.states import OperationStatus
 
 
 def create_operation(s: Session, *, id: str, kind: str, job_id: JobId | None, params: dict | None = None) -> Operation:
-    row = Operation(id=id, kind=kind, job_id=job_id, status=OperationStatus.IN_PROGRESS.value,
-                    params=dict(params or {}), created_at=utcnow())
+    row = Operation(
+        id=id,
+        kind=kind,
+        job_id=job_id,
+        status=OperationStatus.IN_PROGRESS.value,
+        params=dict(params or {}),
+        created_at=utcnow(),
+    )
     s.add(row)
     s.flush()
     return row
@@ -29,8 +35,9 @@ def get_operation(s: Session, operation_id: str, *, lock: bool = False) -> Opera
     return row
 
 
-def job_operations(s: Session, job_id: JobId, *, statuses: Iterable[OperationStatus] | None = None
-                   ) -> Sequence[Operation]:
+def job_operations(
+    s: Session, job_id: JobId, *, statuses: Iterable[OperationStatus] | None = None
+) -> Sequence[Operation]:
     q = select(Operation).where(Operation.job_id == job_id)
     if statuses is not None:
         q = q.where(Operation.status.in_([st.value for st in statuses]))
@@ -43,8 +50,15 @@ def in_progress_operations(s: Session) -> Sequence[Operation]:
     return s.execute(q.order_by(Operation.created_at)).scalars().all()
 
 
-def finish_operation(s: Session, op: Operation, status: OperationStatus, *, location: str | None = None,
-                     failure_cause: str | None = None, checkpoint_id: int | None = None) -> Operation:
+def finish_operation(
+    s: Session,
+    op: Operation,
+    status: OperationStatus,
+    *,
+    location: str | None = None,
+    failure_cause: str | None = None,
+    checkpoint_id: int | None = None,
+) -> Operation:
     """The only function that ends an operation; an operation ends once (later calls are no-ops)."""
     if op.status != OperationStatus.IN_PROGRESS.value:
         return op

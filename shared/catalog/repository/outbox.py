@@ -24,7 +24,7 @@ def pending_outbox(s: Session, *, limit: int | None = 1000) -> Sequence[OutboxEn
 def delete_outbox(s: Session, ids: Iterable[str]) -> None:
     ids = list(ids)
     for i in range(0, len(ids), 1000):
-        s.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(ids[i:i + 1000])))
+        s.execute(delete(OutboxEntry).where(OutboxEntry.id.in_(ids[i : i + 1000])))
 
 
 def count_outbox(s: Session) -> int:

@@ -41,8 +41,11 @@ def delete_schedule(s: Session, schedule_id: str) -> None:
     """The schedule goes; its runs and their jobs stay (history). A tick still queued will never
     run: it is recorded as skipped_deleted."""
     s.delete(get_schedule(s, schedule_id, lock=True))
-    s.execute(update(ScheduleRun).where(ScheduleRun.schedule_id == schedule_id, ScheduleRun.outcome == "queued")
-              .values(outcome="skipped_deleted"))
+    s.execute(
+        update(ScheduleRun)
+        .where(ScheduleRun.schedule_id == schedule_id, ScheduleRun.outcome == "queued")
+        .values(outcome="skipped_deleted")
+    )
     s.flush()
 
 
@@ -53,9 +56,12 @@ def set_schedule_enabled(s: Session, row: Schedule, enabled: bool, next_fire_at:
 
 def due_schedules(s: Session, now: datetime) -> Sequence[Schedule]:
     """Enabled schedules whose next tick has come, locked (a dispatcher pausing one waits)."""
-    q = (select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None),
-                                Schedule.next_fire_at <= now)
-         .order_by(Schedule.next_fire_at).with_for_update())
+    q = (
+        select(Schedule)
+        .where(Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None), Schedule.next_fire_at <= now)
+        .order_by(Schedule.next_fire_at)
+        .with_for_update()
+    )
     return s.execute(q).scalars().all()
 
 
@@ -65,8 +71,9 @@ def advance_schedule(s: Session, row: Schedule, *, next_fire_at: datetime, fired
         row.last_fire_at = fired_at
 
 
-def record_schedule_run(s: Session, *, schedule_id: str, tick_at: datetime, outcome: str,
-                        job_id: JobId | None = None) -> ScheduleRun:
+def record_schedule_run(
+    s: Session, *, schedule_id: str, tick_at: datetime, outcome: str, job_id: JobId | None = None
+) -> ScheduleRun:
     """Flushed at once: a tick recorded already (UNIQUE(schedule_id, tick_at)) raises
     IntegrityError here, inside the caller's unit of work, which then commits nothing."""
     row = ScheduleRun(schedule_id=schedule_id, tick_at=tick_at, outcome=outcome, job_id=job_id, created_at=utcnow())
@@ -91,18 +98,32 @@ def latest_schedule_runs(s: Session, schedule_ids: Iterable[str]) -> dict[str, S
     ids = list(schedule_ids)
     if not ids:
         return {}
-    newest = (select(ScheduleRun.schedule_id, func.max(ScheduleRun.tick_at).label("tick"))
-              .where(ScheduleRun.schedule_id.in_(ids)).group_by(ScheduleRun.schedule_id).subquery())
-    rows = s.execute(select(ScheduleRun).join(newest, (ScheduleRun.schedule_id == newest.c.schedule_id)
-                                              & (ScheduleRun.tick_at == newest.c.tick))).scalars().all()
+    newest = (
+        select(ScheduleRun.schedule_id, func.max(ScheduleRun.tick_at).label("tick"))
+        .where(ScheduleRun.schedule_id.in_(ids))
+        .group_by(ScheduleRun.schedule_id)
+        .subquery()
+    )
+    rows = (
+        s.execute(
+            select(ScheduleRun).join(
+                newest, (ScheduleRun.schedule_id == newest.c.schedule_id) & (ScheduleRun.tick_at == newest.c.tick)
+            )
+        )
+        .scalars()
+        .all()
+    )
     return {r.schedule_id: r for r in rows}
 
 
 def last_schedule_job(s: Session, schedule_id: str) -> Job | None:
     """The job of the schedule's newest run that has one (the run an overlap policy looks at)."""
-    job_id = s.execute(select(ScheduleRun.job_id).where(ScheduleRun.schedule_id == schedule_id,
-                                                        ScheduleRun.job_id.is_not(None))
-                       .order_by(ScheduleRun.tick_at.desc()).limit(1)).scalar_one_or_none()
+    job_id = s.execute(
+        select(ScheduleRun.job_id)
+        .where(ScheduleRun.schedule_id == schedule_id, ScheduleRun.job_id.is_not(None))
+        .order_by(ScheduleRun.tick_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
     return get_job(s, job_id) if job_id is not None else None
 
 
@@ -123,16 +144,29 @@ def set_schedule_run(s: Session, run: ScheduleRun, *, outcome: str, job_id: JobI
 def create_scheduled_job(s: Session, schedule: Schedule, job_id: JobId) -> Job:
     """A run of `schedule`: the job row POST /jars/{id}/run would insert from the same request
     (INITIALIZING, with its first transition), linked to its schedule."""
-    job = create_job(s, id=job_id, name=schedule.name, artifact_id=schedule.artifact_id, entry=schedule.entry,
-                     parallelism=schedule.parallelism, program_args=list(schedule.program_args or []),
-                     config=dict(schedule.config or {}), restart_strategy=dict(schedule.restart_strategy or {}),
-                     kind=schedule.kind)
+    job = create_job(
+        s,
+        id=job_id,
+        name=schedule.name,
+        artifact_id=schedule.artifact_id,
+        entry=schedule.entry,
+        parallelism=schedule.parallelism,
+        program_args=list(schedule.program_args or []),
+        config=dict(schedule.config or {}),
+        restart_strategy=dict(schedule.restart_strategy or {}),
+        kind=schedule.kind,
+    )
     job.schedule_id = schedule.id
     return job
 
 
 def due_schedule_ids(s: Session, now: datetime) -> list[str]:
     """The ids of the enabled schedules whose next tick has come, unlocked (`due_schedules` locks)."""
-    return [row.id for row in s.execute(
-        select(Schedule.id).where(Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None),
-                                  Schedule.next_fire_at <= now)).all()]
+    return [
+        row.id
+        for row in s.execute(
+            select(Schedule.id).where(
+                Schedule.enabled.is_(True), Schedule.next_fire_at.is_not(None), Schedule.next_fire_at <= now
+            )
+        ).all()
+    ]

@@ -14,8 +14,18 @@ from shared.catalog.repository.rows import NotFound
 from shared.ids import TaskManagerId
 
 
-def register_taskmanager(s: Session, *, id: TaskManagerId, host: str, queue: str, slots_total: int, slots_free: int,
-                         cores: float, memory_bytes: int, allocations: list[dict]) -> TaskManagerRow:
+def register_taskmanager(
+    s: Session,
+    *,
+    id: TaskManagerId,
+    host: str,
+    queue: str,
+    slots_total: int,
+    slots_free: int,
+    cores: float,
+    memory_bytes: int,
+    allocations: list[dict],
+) -> TaskManagerRow:
     row = s.get(TaskManagerRow, id)
     now = utcnow()
     if row is None:
@@ -38,7 +48,7 @@ def register_taskmanagers(s: Session, rows: list[dict]) -> None:
     ids = [r["id"] for r in rows]
     existing: set[TaskManagerId] = set()
     for i in range(0, len(ids), 1000):
-        existing.update(s.execute(select(TaskManagerRow.id).where(TaskManagerRow.id.in_(ids[i:i + 1000]))).scalars())
+        existing.update(s.execute(select(TaskManagerRow.id).where(TaskManagerRow.id.in_(ids[i : i + 1000]))).scalars())
     values = [dict(r, state="REGISTERED", last_heartbeat=now, lost_reason=None) for r in rows]
     new = [dict(v, registered_at=now) for v in values if v["id"] not in existing]
     old = [v for v in values if v["id"] in existing]
@@ -64,16 +74,21 @@ def touch_taskmanagers(s: Session, last_seen: dict[TaskManagerId, datetime]) -> 
 
 
 def mark_taskmanager_gone(s: Session, taskmanager_id: TaskManagerId, *, state: str, reason: str) -> None:
-    s.execute(update(TaskManagerRow).where(TaskManagerRow.id == taskmanager_id)
-              .values(state=state, lost_reason=reason, slots_free=0, allocations=[]))
+    s.execute(
+        update(TaskManagerRow)
+        .where(TaskManagerRow.id == taskmanager_id)
+        .values(state=state, lost_reason=reason, slots_free=0, allocations=[])
+    )
 
 
 def record_taskmanager_losses(s: Session, losses: dict[TaskManagerId, tuple[datetime, str]]) -> None:
     """The latest loss (when, why) of many TaskManagers. Kept in its own columns, which a new
     registration leaves alone: a TaskManager restarted within seconds still shows it was lost."""
     if losses:
-        s.execute(update(TaskManagerRow), [{"id": tm_id, "last_lost_at": at, "last_lost_reason": reason}
-                                           for tm_id, (at, reason) in losses.items()])
+        s.execute(
+            update(TaskManagerRow),
+            [{"id": tm_id, "last_lost_at": at, "last_lost_reason": reason} for tm_id, (at, reason) in losses.items()],
+        )
 
 
 def list_taskmanagers(s: Session, *, include_gone: bool = False) -> Sequence[TaskManagerRow]:

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 from .ownership import SinkOwnedError, SinkOwner
 from .sinks import SinkFencedError, SinkHandle, flatten_structs
 
-__all__ = ["SinkFencedError", "SinkHandle", "SinkOwnedError", "SinkOwner", "flatten_structs",
-           "register_data_sources"]
+__all__ = ["SinkFencedError", "SinkHandle", "SinkOwnedError", "SinkOwner", "flatten_structs", "register_data_sources"]
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

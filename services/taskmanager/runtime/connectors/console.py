@@ -22,5 +22,6 @@ def console_sink(
     def run_batch() -> None:
         df.show(num_rows, truncate=truncate)
 
-    return SinkHandle(name=name, df=df, output_mode=output_mode, trigger=trigger,
-                      configure=configure, run_batch=run_batch)
+    return SinkHandle(
+        name=name, df=df, output_mode=output_mode, trigger=trigger, configure=configure, run_batch=run_batch
+    )

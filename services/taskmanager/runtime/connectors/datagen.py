@@ -27,17 +27,20 @@ from pyspark.sql.types import StructType
 
 SCHEMA_DDL = "i long, user_id string, url string, event_time timestamp"
 ARROW_SCHEMA = pa.schema(
-    [
-        ("i", pa.int64()),
-        ("user_id", pa.string()),
-        ("url", pa.string()),
-        ("event_time", pa.timestamp("us", tz="UTC")),
-    ]
+    [("i", pa.int64()), ("user_id", pa.string()), ("url", pa.string()), ("event_time", pa.timestamp("us", tz="UTC"))]
 )
 
 DEFAULT_URLS: tuple[str, ...] = (
-    "/", "/home", "/search", "/product/1", "/product/2", "/product/3",
-    "/cart", "/checkout", "/login", "/about",
+    "/",
+    "/home",
+    "/search",
+    "/product/1",
+    "/product/2",
+    "/product/3",
+    "/cart",
+    "/checkout",
+    "/login",
+    "/about",
 )
 DEFAULT_BASE_TIME = datetime(2024, 1, 1, tzinfo=timezone.utc)
 DEFAULT_EVENTS_PER_MINUTE = 600
@@ -139,8 +142,7 @@ def generate_batch(
     users = pa.array([f"user-{u}" for u in range(num_users)]).take(pa.array(user_idx.astype(np.int64)))
     url_col = pa.array(list(urls)).take(pa.array(url_idx.astype(np.int64)))
     return pa.RecordBatch.from_arrays(
-        [pa.array(idx), users, url_col, pa.array(t_us, type=pa.timestamp("us", tz="UTC"))],
-        schema=ARROW_SCHEMA,
+        [pa.array(idx), users, url_col, pa.array(t_us, type=pa.timestamp("us", tz="UTC"))], schema=ARROW_SCHEMA
     )
 
 

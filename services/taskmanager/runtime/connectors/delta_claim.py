@@ -66,28 +66,49 @@ def records(properties: dict[str, str]) -> dict[str, WriterRecord]:
     for key, value in properties.items():
         if key.startswith(PREFIX):
             try:
-                out[key[len(PREFIX):]] = WriterRecord.from_json(value)
+                out[key[len(PREFIX) :]] = WriterRecord.from_json(value)
             except (ValueError, TypeError):
                 continue  # not ours to read: a hand-made property of that name
     return out
 
 
 def release_hint(path: str, app_id: str) -> str:
-    return (f"cancel the owner's job, then `ALTER TABLE {delta_log.quoted(path)} UNSET TBLPROPERTIES "
-            f"('{PREFIX}{app_id}')` (the table and its rows stay; only the claim goes), or write to another table")
+    return (
+        f"cancel the owner's job, then `ALTER TABLE {delta_log.quoted(path)} UNSET TBLPROPERTIES "
+        f"('{PREFIX}{app_id}')` (the table and its rows stay; only the claim goes), or write to another table"
+    )
 
 
 def is_conflict(exc: BaseException) -> bool:
     """A commit Delta refused because another one won the race (its optimistic concurrency)."""
     text = f"{type(exc).__name__}: {exc}"
-    return any(name in text for name in ("MetadataChangedException", "ConcurrentAppendException",
-                                         "ConcurrentTransactionException", "ProtocolChangedException",
-                                         "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
-                                         "DELTA_METADATA_CHANGED", "DELTA_CONCURRENT_", "FileAlreadyExistsException"))
+    return any(
+        name in text
+        for name in (
+            "MetadataChangedException",
+            "ConcurrentAppendException",
+            "ConcurrentTransactionException",
+            "ProtocolChangedException",
+            "ConcurrentDeleteReadException",
+            "ConcurrentDeleteDeleteException",
+            "DELTA_METADATA_CHANGED",
+            "DELTA_CONCURRENT_",
+            "FileAlreadyExistsException",
+        )
+    )
 
 
-def new_record(path: str, app_id: str, state: delta_log.TableState, *, fence: int, owner: SinkOwner | None,
-               shared: bool, restored_batch_id: int, sink_name: str) -> WriterRecord:
+def new_record(
+    path: str,
+    app_id: str,
+    state: delta_log.TableState,
+    *,
+    fence: int,
+    owner: SinkOwner | None,
+    shared: bool,
+    restored_batch_id: int,
+    sink_name: str,
+) -> WriterRecord:
     """The record this attempt writes; SinkOwnedError / SinkFencedError when it may not."""
     recs = records(state.properties)
     own = recs.pop(app_id, None)
@@ -96,34 +117,69 @@ def new_record(path: str, app_id: str, state: delta_log.TableState, *, fence: in
             if rec.lineage == owner.lineage:
                 continue
             if not (shared and rec.shared):
-                raise SinkOwnedError("Delta table", path, rec.lineage, rec.job_id, describe(owner),
-                                     release_hint(path, other_app))
+                raise SinkOwnedError(
+                    "Delta table", path, rec.lineage, rec.job_id, describe(owner), release_hint(path, other_app)
+                )
         if own is not None:
-            check_claim("Delta table", path, owner, own.owner(), restored_batch_id=restored_batch_id,
-                        has_commits=True, release=release_hint(path, app_id), replaced=own.replaced)
+            check_claim(
+                "Delta table",
+                path,
+                owner,
+                own.owner(),
+                restored_batch_id=restored_batch_id,
+                has_commits=True,
+                release=release_hint(path, app_id),
+                replaced=own.replaced,
+            )
     if own is not None and own.fence > fence:
         raise SinkFencedError(sink_name, fence, own.fence)
     seq = max(own.seq if own else 0, delta_log.seq_of(state.txn)) + 1
     base = owner or (own.owner() if own else SinkOwner(lineage=app_id, job_id=app_id))
-    return WriterRecord(lineage=base.lineage, job_id=base.job_id, generation=base.generation, fence=fence, seq=seq,
-                        since=own.since if own else state.version, shared=shared,
-                        replaced=replaced_after(base, own.owner() if own else None, own.replaced if own else []))
+    return WriterRecord(
+        lineage=base.lineage,
+        job_id=base.job_id,
+        generation=base.generation,
+        fence=fence,
+        seq=seq,
+        since=own.since if own else state.version,
+        shared=shared,
+        replaced=replaced_after(base, own.owner() if own else None, own.replaced if own else []),
+    )
 
 
 def write_record(spark: Any, path: str, app_id: str, record: WriterRecord, what: str) -> None:
     """One ALTER TABLE commit; raises what Delta raises (is_conflict: another claim won)."""
     with delta_log.tagged(spark, delta_log.tag(app_id, what)):
-        spark.sql(f"ALTER TABLE {delta_log.quoted(path)} SET TBLPROPERTIES "
-                  f"({delta_log.sql_string(PREFIX + app_id)} = {delta_log.sql_string(record.to_json())})")
+        spark.sql(
+            f"ALTER TABLE {delta_log.quoted(path)} SET TBLPROPERTIES "
+            f"({delta_log.sql_string(PREFIX + app_id)} = {delta_log.sql_string(record.to_json())})"
+        )
 
 
-def claim(spark: Any, path: str, app_id: str, *, fence: int, owner: SinkOwner | None, shared: bool,
-          restored_batch_id: int, sink_name: str) -> WriterRecord:
+def claim(
+    spark: Any,
+    path: str,
+    app_id: str,
+    *,
+    fence: int,
+    owner: SinkOwner | None,
+    shared: bool,
+    restored_batch_id: int,
+    sink_name: str,
+) -> WriterRecord:
     """Check and write this attempt's record, again while another claim wins the race."""
     for attempt in range(CLAIM_TRIES):
         state = delta_log.table_state(spark, path, app_id)
-        record = new_record(path, app_id, state, fence=fence, owner=owner, shared=shared,
-                            restored_batch_id=restored_batch_id, sink_name=sink_name)
+        record = new_record(
+            path,
+            app_id,
+            state,
+            fence=fence,
+            owner=owner,
+            shared=shared,
+            restored_batch_id=restored_batch_id,
+            sink_name=sink_name,
+        )
         try:
             write_record(spark, path, app_id, record, f"claim seq {record.seq}")
             return record

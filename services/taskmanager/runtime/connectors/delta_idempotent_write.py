@@ -21,8 +21,17 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
-def write_once(spark: Any, df: Any, path: str, *, app_id: str, version: int, mode: str,
-               options: Mapping[str, str], user_metadata: str) -> bool:
+def write_once(
+    spark: Any,
+    df: Any,
+    path: str,
+    *,
+    app_id: str,
+    version: int,
+    mode: str,
+    options: Mapping[str, str],
+    user_metadata: str,
+) -> bool:
     """Write `df` to the Delta table at `path` as the app's transaction `version`, in `mode`
     ("append" or "overwrite"); False when the app's last version is already >= `version`
     (nothing written, as Delta skips it). Raises Delta's own errors (conflicts, schema)."""
@@ -36,20 +45,41 @@ def write_once(spark: Any, df: Any, path: str, *, app_id: str, version: int, mod
     try:
         if last_version(txn, app_id) >= version:
             return False
-        params = {**options, "path": path, "txnAppId": app_id, "txnVersion": str(version),
-                  "userMetadata": user_metadata}
+        params = {
+            **options,
+            "path": path,
+            "txnAppId": app_id,
+            "txnVersion": str(version),
+            "userMetadata": user_metadata,
+        }
         delta_options = delta.DeltaOptions(_scala_map(jvm, params), jspark.sessionState().conf())
         table_conf = _scala_map(jvm, {k: v for k, v in options.items() if k.startswith("delta.")})
         configs = getattr(getattr(delta, "DeltaConfigs$"), "MODULE$")
         save_mode = jvm.org.apache.spark.sql.SaveMode.valueOf(mode.capitalize())
         none = jvm.scala.Option.empty()
-        command = delta.commands.WriteIntoDelta(log, save_mode, delta_options, _scala_seq(jvm, []),
-                                                configs.validateConfigurations(table_conf), df._jdf, none, none, False)
+        command = delta.commands.WriteIntoDelta(
+            log,
+            save_mode,
+            delta_options,
+            _scala_seq(jvm, []),
+            configs.validateConfigurations(table_conf),
+            df._jdf,
+            none,
+            none,
+            False,
+        )
         data = command.writeAndReturnCommitData(txn, jspark, none, False)
         operation = getattr(delta, "DeltaOperations$Write")(
-            save_mode, jvm.scala.Option.apply(_scala_seq(jvm, [])), delta_options.replaceWhere(),
-            jvm.scala.Option.apply(user_metadata), none, _flag(jvm, delta_options.canOverwriteSchema()),
-            _flag(jvm, delta_options.canMergeSchema()), none, none)
+            save_mode,
+            jvm.scala.Option.apply(_scala_seq(jvm, [])),
+            delta_options.replaceWhere(),
+            jvm.scala.Option.apply(user_metadata),
+            none,
+            _flag(jvm, delta_options.canOverwriteSchema()),
+            _flag(jvm, delta_options.canMergeSchema()),
+            none,
+            none,
+        )
         txn.commitIfNeeded(data.actions(), operation, data.stringTags())
         return True
     finally:

@@ -110,9 +110,13 @@ def table_state(spark: Any, path: str, app_id: str) -> TableState:
     if isinstance(meta, dict) and isinstance(crc.get("setTransactions"), list):
         txn = next((int(t["version"]) for t in crc["setTransactions"] if t.get("appId") == app_id), None)
         newest = commit(path, latest)
-        return TableState(version=latest, txn=txn, properties={str(k): str(v) for k, v in
-                                                               (meta.get("configuration") or {}).items()},
-                          schema_json=meta.get("schemaString"), timestamp_ms=newest.timestamp_ms if newest else 0)
+        return TableState(
+            version=latest,
+            txn=txn,
+            properties={str(k): str(v) for k, v in (meta.get("configuration") or {}).items()},
+            schema_json=meta.get("schemaString"),
+            timestamp_ms=newest.timestamp_ms if newest else 0,
+        )
     return _snapshot_state(spark, path, app_id)
 
 
@@ -128,8 +132,13 @@ def _snapshot_state(spark: Any, path: str, app_id: str) -> TableState:
         option = snap.transactions().get(app_id)
         txn = int(option.get()) if option.isDefined() else None
     conf = jvm.scala.jdk.javaapi.CollectionConverters.asJava(snap.metadata().configuration())
-    return TableState(version=version, txn=txn, properties={str(k): str(v) for k, v in conf.items()},
-                      schema_json=str(snap.metadata().schemaString()), timestamp_ms=int(snap.timestamp()))
+    return TableState(
+        version=version,
+        txn=txn,
+        properties={str(k): str(v) for k, v in conf.items()},
+        schema_json=str(snap.metadata().schemaString()),
+        timestamp_ms=int(snap.timestamp()),
+    )
 
 
 def _newest_txn(path: str, app_id: str, latest: int) -> tuple[bool, int | None]:
@@ -209,10 +218,17 @@ def commit(path: str, version: int) -> Commit | None:
             if "add" in action and act.get("dataChange", True):
                 added += 1
                 rows += _num_records(act)
-    return Commit(version=version, operation=str(info.get("operation", "")),
-                  user_metadata=str(info.get("userMetadata") or ""), txns=txns, data_change=data_change,
-                  files_added=added, rows=rows, timestamp_ms=int(info.get("timestamp", 0)),
-                  engine=str(info.get("engineInfo", "")))
+    return Commit(
+        version=version,
+        operation=str(info.get("operation", "")),
+        user_metadata=str(info.get("userMetadata") or ""),
+        txns=txns,
+        data_change=data_change,
+        files_added=added,
+        rows=rows,
+        timestamp_ms=int(info.get("timestamp", 0)),
+        engine=str(info.get("engineInfo", "")),
+    )
 
 
 def _num_records(add: dict[str, Any]) -> int:

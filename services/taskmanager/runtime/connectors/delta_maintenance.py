@@ -68,6 +68,7 @@ class Policy:
     @classmethod
     def read(cls, options: Mapping[str, Any], job_config: Mapping[str, Any]) -> "Policy":
         """From the sink's options, else the job's configuration; ValueError naming a bad one."""
+
         def value(key: str) -> Any:
             return options[key] if key in options else job_config.get(JOB_PREFIX + key)
 
@@ -78,8 +79,10 @@ class Policy:
             except (TypeError, ValueError):
                 n = -1
             if n < 0:
-                raise ValueError(f"Delta sink option {key} (or job option {JOB_PREFIX}{key}) must be a whole number "
-                                 f"of micro-batches (0: never), got {raw!r}")
+                raise ValueError(
+                    f"Delta sink option {key} (or job option {JOB_PREFIX}{key}) must be a whole number "
+                    f"of micro-batches (0: never), got {raw!r}"
+                )
             return n
 
         def duration(key: str, default: float) -> float:
@@ -89,12 +92,18 @@ class Policy:
             try:
                 return job_options.duration_s(raw)
             except ValueError:
-                raise ValueError(f"Delta sink option {key} (or job option {JOB_PREFIX}{key}) must be a duration "
-                                 f"such as \"10 min\" or \"7 d\", got {raw!r}") from None
+                raise ValueError(
+                    f"Delta sink option {key} (or job option {JOB_PREFIX}{key}) must be a duration "
+                    f'such as "10 min" or "7 d", got {raw!r}'
+                ) from None
 
-        return cls(optimize_every=count("optimize.every"), optimize_interval_s=duration("optimize.interval", 0.0),
-                   vacuum_every=count("vacuum.every"), vacuum_interval_s=duration("vacuum.interval", 0.0),
-                   vacuum_retention_s=duration("vacuum.retention", DELTA_MIN_RETENTION_S))
+        return cls(
+            optimize_every=count("optimize.every"),
+            optimize_interval_s=duration("optimize.interval", 0.0),
+            vacuum_every=count("vacuum.every"),
+            vacuum_interval_s=duration("vacuum.interval", 0.0),
+            vacuum_retention_s=duration("vacuum.retention", DELTA_MIN_RETENTION_S),
+        )
 
 
 class Pins:
@@ -117,8 +126,9 @@ class Pins:
 
     def oldest_needed_ms(self, now_ms: int) -> int | None:
         """When the oldest version a live snapshot (of any sink of the table) needs was committed."""
-        times = [int(p["committed_ms"]) for f in self.dir.glob("pins-*.json") for p in self._read(f)
-                 if _live(p, now_ms)]
+        times = [
+            int(p["committed_ms"]) for f in self.dir.glob("pins-*.json") for p in self._read(f) if _live(p, now_ms)
+        ]
         return min(times) if times else None
 
     @staticmethod
@@ -139,8 +149,15 @@ def _live(pin: dict, now_ms: int) -> bool:
 class Maintenance:
     """Runs a policy for one sink (module docstring)."""
 
-    def __init__(self, path: str, app_id: str, policy: Policy, pins: Pins,
-                 on_wait: Callable[[str | None], None] | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        path: str,
+        app_id: str,
+        policy: Policy,
+        pins: Pins,
+        on_wait: Callable[[str | None], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.path, self.app_id, self.policy, self.pins = path, app_id, policy, pins
         self.on_wait, self.clock = on_wait, clock
         self.batches = 0
@@ -150,8 +167,10 @@ class Maintenance:
     def after_batch(self, spark: Any, batch_id: int) -> None:
         if not self.policy.any:
             return
-        for kind, every, interval in (("optimize", self.policy.optimize_every, self.policy.optimize_interval_s),
-                                      ("vacuum", self.policy.vacuum_every, self.policy.vacuum_interval_s)):
+        for kind, every, interval in (
+            ("optimize", self.policy.optimize_every, self.policy.optimize_interval_s),
+            ("vacuum", self.policy.vacuum_every, self.policy.vacuum_interval_s),
+        ):
             self._since[kind] += 1
             due = (every and self._since[kind] >= every) or (interval and self.clock() - self._last[kind] >= interval)
             if due:
@@ -175,8 +194,12 @@ class Maintenance:
                 done = self._optimize(spark) if kind == "optimize" else self._vacuum(spark)
             print(f"delta: {what}: {done} in {time.monotonic() - started:.1f} s", flush=True)
         except Exception as exc:  # noqa: BLE001 - maintenance never fails the task; the next due batch tries again
-            print(f"delta: {what} failed after {time.monotonic() - started:.1f} s, tried again later: "
-                  f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}", file=sys.stderr, flush=True)
+            print(
+                f"delta: {what} failed after {time.monotonic() - started:.1f} s, tried again later: "
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
             if self.on_wait is not None:
                 self.on_wait(None)

@@ -32,23 +32,31 @@ def resolve_table_path(path: str, *, lake_dir: str, roots: Sequence[str] = ()) -
     allowed = [r for r in (lake_dir, *roots) if r]
     shown = ", ".join(allowed) or "none (this task was given no lake directory)"
     if not isinstance(path, str) or not path.strip():
-        raise DeltaPathRefused(f"a Delta table needs a path, got {path!r}: a name such as 'clicks/bronze' "
-                               f"lands in the lake directory ({lake_dir or 'none'})")
+        raise DeltaPathRefused(
+            f"a Delta table needs a path, got {path!r}: a name such as 'clicks/bronze' "
+            f"lands in the lake directory ({lake_dir or 'none'})"
+        )
     try:
         raw = os.fspath(local_path(path.strip()))
     except SnapshotError as exc:
-        raise DeltaPathRefused(f"Delta table {path}: {exc}; tables live on the local or shared file system, in "
-                               f"the lake directory ({shown})") from None
+        raise DeltaPathRefused(
+            f"Delta table {path}: {exc}; tables live on the local or shared file system, in "
+            f"the lake directory ({shown})"
+        ) from None
     if not raw.startswith("/"):
         if not lake_dir:
-            raise DeltaPathRefused(f"Delta table {path!r} is relative, but this task has no lake directory to "
-                                   f"put it in; give an absolute path under {shown}, or set {SETTINGS}")
+            raise DeltaPathRefused(
+                f"Delta table {path!r} is relative, but this task has no lake directory to "
+                f"put it in; give an absolute path under {shown}, or set {SETTINGS}"
+            )
         raw = posixpath.join(lake_dir, raw)
     norm = posixpath.normpath(raw)
     real = os.path.realpath(norm)
     if any(_under(real, os.path.realpath(root)) for root in allowed):
         return norm
     where = norm if real == norm else f"{norm} (which resolves to {real})"
-    raise DeltaPathRefused(f"Delta table {where} is outside the lake directory and the allowed storage roots "
-                           f"({shown}); give a relative path (it lands in the lake directory) or one under those "
-                           f"directories, or add its parent to {SETTINGS}")
+    raise DeltaPathRefused(
+        f"Delta table {where} is outside the lake directory and the allowed storage roots "
+        f"({shown}); give a relative path (it lands in the lake directory) or one under those "
+        f"directories, or add its parent to {SETTINGS}"
+    )

@@ -41,10 +41,12 @@ class Undone:
 
     def describe(self, path: str) -> str:
         span = f"batches {self.batches[0]}..{self.batches[-1]}" if self.batches else "no batch (bookkeeping only)"
-        return (f"undid {span} of this lineage in the Delta table {path}: versions "
-                f"{self.versions[0]}..{self.versions[-1]} ({self.rows} rows added), restored to version "
-                f"{self.to_version} as version {self.new_version}; the batches after the restore point are "
-                f"written again")
+        return (
+            f"undid {span} of this lineage in the Delta table {path}: versions "
+            f"{self.versions[0]}..{self.versions[-1]} ({self.rows} rows added), restored to version "
+            f"{self.to_version} as version {self.new_version}; the batches after the restore point are "
+            f"written again"
+        )
 
 
 def version_at_batch(path: str, app_id: str, batch_id: int, since: int, latest: int) -> int:
@@ -67,15 +69,18 @@ def undo_after(spark: Any, path: str, app_id: str, to_version: int, latest: int)
     if to_version >= latest:
         return None
     if to_version < 0:
-        raise DeltaUndoRefused(f"the Delta table {path} holds this lineage's rows from its very first version, "
-                               f"which a RESTORE cannot go back before; delete the table to start over "
-                               f"({RUNBOOK}, \"A restore that cannot be undone\")")
+        raise DeltaUndoRefused(
+            f"the Delta table {path} holds this lineage's rows from its very first version, "
+            f"which a RESTORE cannot go back before; delete the table to start over "
+            f'({RUNBOOK}, "A restore that cannot be undone")'
+        )
     ours, foreign = [], []
     for v in range(to_version + 1, latest + 1):
         c = delta_log.commit(path, v)
         if c is None:
-            raise _refused(path, to_version, f"its log no longer holds version {v} (log clean-up, "
-                                             f"delta.logRetentionDuration)")
+            raise _refused(
+                path, to_version, f"its log no longer holds version {v} (log clean-up, delta.logRetentionDuration)"
+            )
         if c.by(app_id):
             if c.data_change:
                 ours.append(c)
@@ -84,30 +89,50 @@ def undo_after(spark: Any, path: str, app_id: str, to_version: int, latest: int)
     if not ours:
         return None
     if foreign:
-        raise _refused(path, to_version, "another writer committed after it: "
-                       + "; ".join(c.describe() for c in foreign[:5])
-                       + ". Restoring would remove that writer's rows too")
+        raise _refused(
+            path,
+            to_version,
+            "another writer committed after it: "
+            + "; ".join(c.describe() for c in foreign[:5])
+            + ". Restoring would remove that writer's rows too",
+        )
     batches = sorted({delta_log.batch_of(t) for c in ours for a, t in c.txns.items() if a == app_id} - {-1})
-    what = f"undo to version {to_version}, batches {batches[0]}..{batches[-1]}" if batches else \
-        f"undo to version {to_version}"
+    what = (
+        f"undo to version {to_version}, batches {batches[0]}..{batches[-1]}"
+        if batches
+        else f"undo to version {to_version}"
+    )
     try:
         with delta_log.tagged(spark, delta_log.tag(app_id, what)):
             spark.sql(f"RESTORE TABLE {delta_log.quoted(path)} TO VERSION AS OF {to_version}").collect()
     except Exception as exc:
         text = str(exc)
-        if "Not all files from version" in text or "DELTA_CANNOT_RESTORE_TABLE_VERSION" in text \
-                or "VersionNotFound" in text or "DELTA_FILE_NOT_FOUND" in text:
+        if (
+            "Not all files from version" in text
+            or "DELTA_CANNOT_RESTORE_TABLE_VERSION" in text
+            or "VersionNotFound" in text
+            or "DELTA_FILE_NOT_FOUND" in text
+        ):
             reason = text.strip().splitlines()[0][:300]
-            raise _refused(path, to_version, f"Delta cannot go back to it: {reason} (VACUUM deleted its files, "
-                                             f"or log clean-up its entries)") from None
+            raise _refused(
+                path,
+                to_version,
+                f"Delta cannot go back to it: {reason} (VACUUM deleted its files, or log clean-up its entries)",
+            ) from None
         raise
     new = delta_log.table_state(spark, path, app_id).version
-    return Undone(to_version=to_version, versions=tuple(c.version for c in ours), batches=tuple(batches),
-                  rows=sum(c.rows for c in ours), new_version=new)
+    return Undone(
+        to_version=to_version,
+        versions=tuple(c.version for c in ours),
+        batches=tuple(batches),
+        rows=sum(c.rows for c in ours),
+        new_version=new,
+    )
 
 
 def _refused(path: str, version: int, why: str) -> DeltaUndoRefused:
     return DeltaUndoRefused(
         f"cannot restore the Delta table {path} to version {version}, where the restored snapshot left it: "
         f"{why}. Nothing was changed. Restore from a newer savepoint or checkpoint, or write the restored job "
-        f"to a new table ({RUNBOOK}, \"A restore that cannot be undone\")")
+        f'to a new table ({RUNBOOK}, "A restore that cannot be undone")'
+    )

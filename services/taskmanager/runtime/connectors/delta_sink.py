@@ -66,13 +66,31 @@ def sink_name(path: str) -> str:
 class DeltaSink:
     """One table written by one streaming query (module docstring); lives on the driver."""
 
-    def __init__(self, spark: Any, path: str, *, app: str, schema: Any, output_mode: str = "append",
-                 key_columns: Sequence[str] = (), partition_by: Sequence[str] = (),
-                 options: Mapping[str, str] | None = None, shared_append: bool = False,
-                 policy: Policy | None = None, on_wait: Callable[[str | None], None] | None = None):
+    def __init__(
+        self,
+        spark: Any,
+        path: str,
+        *,
+        app: str,
+        schema: Any,
+        output_mode: str = "append",
+        key_columns: Sequence[str] = (),
+        partition_by: Sequence[str] = (),
+        options: Mapping[str, str] | None = None,
+        shared_append: bool = False,
+        policy: Policy | None = None,
+        on_wait: Callable[[str | None], None] | None = None,
+    ):
         self.spark, self.path, self.app = spark, path, app
-        self.writer = DeltaWriter(path, app, schema, output_mode=output_mode, key_columns=key_columns,
-                                  partition_by=partition_by, options=options)
+        self.writer = DeltaWriter(
+            path,
+            app,
+            schema,
+            output_mode=output_mode,
+            key_columns=key_columns,
+            partition_by=partition_by,
+            options=options,
+        )
         self.shared_append = shared_append
         self.fence: int | None = None  # the fencing token of the attempt, once prepare began
         self.seq: int | None = None  # this attempt's seq, once prepared
@@ -100,15 +118,35 @@ class DeltaSink:
         state = delta_log.table_state(spark, self.path, self.app)
         # Whose table it is first (that refusal says more), then whether the rows fit: both before
         # the claim writes anything.
-        delta_claim.new_record(self.path, self.app, state, fence=fence, owner=owner, shared=self.shared_append,
-                               restored_batch_id=r, sink_name=self.sink_name)
+        delta_claim.new_record(
+            self.path,
+            self.app,
+            state,
+            fence=fence,
+            owner=owner,
+            shared=self.shared_append,
+            restored_batch_id=r,
+            sink_name=self.sink_name,
+        )
         delta_schema.check(self.path, state.schema_json, self.writer.schema, merge_schema=self.writer.merge_schema)
-        record = delta_claim.claim(spark, self.path, self.app, fence=fence, owner=owner, shared=self.shared_append,
-                                   restored_batch_id=r, sink_name=self.sink_name)
-        writers = {k: v for k, v in delta_log.table_state(spark, self.path, self.app).properties.items()
-                   if k.startswith(delta_claim.PREFIX)}
-        self.writer.commit_txn(spark, self.writer.empty(spark), delta_log.txn_version(record.seq, r), "append",
-                               f"fence r={r}")
+        record = delta_claim.claim(
+            spark,
+            self.path,
+            self.app,
+            fence=fence,
+            owner=owner,
+            shared=self.shared_append,
+            restored_batch_id=r,
+            sink_name=self.sink_name,
+        )
+        writers = {
+            k: v
+            for k, v in delta_log.table_state(spark, self.path, self.app).properties.items()
+            if k.startswith(delta_claim.PREFIX)
+        }
+        self.writer.commit_txn(
+            spark, self.writer.empty(spark), delta_log.txn_version(record.seq, r), "append", f"fence r={r}"
+        )
         state = delta_log.table_state(spark, self.path, self.app)
         self._check_txn(state, record.seq)
         target = self._restore_point(r, record, state)
@@ -125,8 +163,12 @@ class DeltaSink:
 
     def _restore_point(self, r: int, record: delta_claim.WriterRecord, state: delta_log.TableState) -> int:
         m = self.restored or {}
-        if m.get("kind") == "delta" and m.get("path") == self.path and m.get("app_id") == self.app \
-                and isinstance(m.get("version"), int):
+        if (
+            m.get("kind") == "delta"
+            and m.get("path") == self.path
+            and m.get("app_id") == self.app
+            and isinstance(m.get("version"), int)
+        ):
             return int(m["version"])
         if r < 0:
             return record.since
@@ -166,20 +208,31 @@ class DeltaSink:
             # STATE_STORE_COMMIT_VALIDATION_FAILED, so the skip path still runs it into `noop`.
             df.write.format("noop").mode("overwrite").save()
             found = delta_log.find_txn(self.path, self.app, txn, max(-1, state.version - 1000), state.version)
-            self._record(batch_id, found.version if found else state.version, 0,
-                         found.timestamp_ms if found else state.timestamp_ms)
+            self._record(
+                batch_id,
+                found.version if found else state.version,
+                0,
+                found.timestamp_ms if found else state.timestamp_ms,
+            )
             return False
         self.writer.write_batch(spark, df, txn, batch_id)
         after = delta_log.table_state(spark, self.path, self.app)
         if after.txn != txn:
             if delta_log.seq_of(after.txn) > seq:  # a newer attempt fenced us while we wrote: Delta skipped it
-                raise SinkFencedError(self.sink_name, self.fence if self.fence is not None else seq,
-                                      self._holder(after))
-            raise RuntimeError(f"Delta sink {self.path}: batch {batch_id} was written but the table records "
-                               f"transaction {after.txn} for {self.app}, not {txn}")
+                raise SinkFencedError(
+                    self.sink_name, self.fence if self.fence is not None else seq, self._holder(after)
+                )
+            raise RuntimeError(
+                f"Delta sink {self.path}: batch {batch_id} was written but the table records "
+                f"transaction {after.txn} for {self.app}, not {txn}"
+            )
         found = delta_log.find_txn(self.path, self.app, txn, state.version, after.version)
-        self._record(batch_id, found.version if found else after.version, found.files_added if found else 0,
-                     found.timestamp_ms if found else after.timestamp_ms)
+        self._record(
+            batch_id,
+            found.version if found else after.version,
+            found.files_added if found else 0,
+            found.timestamp_ms if found else after.timestamp_ms,
+        )
         self.maintenance.after_batch(spark, batch_id)
         return True
 
@@ -194,8 +247,14 @@ class DeltaSink:
         lineage = own.lineage if own is not None else None
         for other, rec in recs.items():
             if rec.lineage != lineage and not (self.shared_append and rec.shared):
-                raise SinkOwnedError("Delta table", self.path, rec.lineage, rec.job_id, f"the sink {self.app}",
-                                     delta_claim.release_hint(self.path, other))
+                raise SinkOwnedError(
+                    "Delta table",
+                    self.path,
+                    rec.lineage,
+                    rec.job_id,
+                    f"the sink {self.app}",
+                    delta_claim.release_hint(self.path, other),
+                )
 
     def _record(self, batch_id: int, version: int, files_added: int, committed_ms: int) -> None:
         with self._lock:
@@ -217,11 +276,21 @@ class DeltaSink:
         with self._lock:
             known = [b for b in self._versions if batch_id is None or b <= batch_id]
             version, committed_ms = self._versions[max(known)] if known else (-1, 0)
-        entry: dict[str, Any] = {"kind": "delta", "path": self.path, "app_id": self.app, "version": version,
-                                 "batch_id": batch_id, "committed_ms": committed_ms}
+        entry: dict[str, Any] = {
+            "kind": "delta",
+            "path": self.path,
+            "app_id": self.app,
+            "version": version,
+            "batch_id": batch_id,
+            "committed_ms": committed_ms,
+        }
         if self.undone is not None:
-            entry["undone"] = {"to_version": self.undone.to_version, "batches": list(self.undone.batches),
-                               "versions": list(self.undone.versions), "rows": self.undone.rows}
+            entry["undone"] = {
+                "to_version": self.undone.to_version,
+                "batches": list(self.undone.batches),
+                "versions": list(self.undone.versions),
+                "rows": self.undone.rows,
+            }
         if version >= 0:
             try:
                 self.pins.add(target, version, committed_ms)
@@ -239,41 +308,75 @@ class DeltaSink:
             state = delta_log.table_state(spark, self.path, self.app)
             for other, rec in delta_claim.records(state.properties).items():
                 if not (self.shared_append and rec.shared):
-                    raise SinkOwnedError("Delta table", self.path, rec.lineage, rec.job_id, "a batch write",
-                                         delta_claim.release_hint(self.path, other))
+                    raise SinkOwnedError(
+                        "Delta table",
+                        self.path,
+                        rec.lineage,
+                        rec.job_id,
+                        "a batch write",
+                        delta_claim.release_hint(self.path, other),
+                    )
             delta_schema.check(self.path, state.schema_json, df.schema, merge_schema=self.writer.merge_schema)
         else:
             self.writer.ensure_table(spark)
         self.writer.write_untracked(spark, df)
 
 
-def delta_sink(df: Any, path: str, *, lineage: str, output_mode: str = "append", key_columns: Sequence[str] = (),
-               partition_by: Sequence[str] = (), options: Mapping[str, str] | None = None, trigger: str | None = None,
-               shared_append: bool = False, policy: Policy | None = None,
-               on_wait: Callable[[str | None], None] | None = None) -> SinkHandle:
+def delta_sink(
+    df: Any,
+    path: str,
+    *,
+    lineage: str,
+    output_mode: str = "append",
+    key_columns: Sequence[str] = (),
+    partition_by: Sequence[str] = (),
+    options: Mapping[str, str] | None = None,
+    trigger: str | None = None,
+    shared_append: bool = False,
+    policy: Policy | None = None,
+    on_wait: Callable[[str | None], None] | None = None,
+) -> SinkHandle:
     """The handle of a Delta sink on the resolved table `path` (delta_paths.py)."""
     if output_mode not in MODES:
         raise ValueError(f"Delta sink output_mode must be one of {MODES}, not {output_mode!r}")
     columns = {f.name.lower(): f.name for f in df.schema.fields}
     missing = [c for c in (*key_columns, *partition_by) if c.lower() not in columns]
     if missing:
-        raise ValueError(f"Delta sink {path}: key/partition columns {missing} are not among the DataFrame's "
-                         f"columns {list(columns.values())}")
+        raise ValueError(
+            f"Delta sink {path}: key/partition columns {missing} are not among the DataFrame's "
+            f"columns {list(columns.values())}"
+        )
     if output_mode == "update" and not key_columns:
-        raise ValueError(f"Delta sink {path}: output_mode='update' MERGEs each micro-batch by key and needs "
-                         f"key_columns=[...] (the grouping columns of the aggregate)")
+        raise ValueError(
+            f"Delta sink {path}: output_mode='update' MERGEs each micro-batch by key and needs "
+            f"key_columns=[...] (the grouping columns of the aggregate)"
+        )
     if key_columns and output_mode != "update":
-        raise ValueError(f"Delta sink {path}: key_columns are for output_mode='update' (MERGE by key); "
-                         f"{output_mode!r} writes without keys")
+        raise ValueError(
+            f"Delta sink {path}: key_columns are for output_mode='update' (MERGE by key); "
+            f"{output_mode!r} writes without keys"
+        )
     if shared_append and output_mode != "append":
-        raise ValueError(f"Delta sink {path}: shared_append=True shares the table by appending; "
-                         f"output_mode {output_mode!r} would rewrite the other writers' rows")
+        raise ValueError(
+            f"Delta sink {path}: shared_append=True shares the table by appending; "
+            f"output_mode {output_mode!r} would rewrite the other writers' rows"
+        )
     spark = df.sparkSession
     if spark.conf.get(SNAPSHOT_PARTITIONS_CONF, DELTA_DEFAULT_SNAPSHOT_PARTITIONS) == DELTA_DEFAULT_SNAPSHOT_PARTITIONS:
         spark.conf.set(SNAPSHOT_PARTITIONS_CONF, str(max(1, spark.sparkContext.defaultParallelism)))
-    sink = DeltaSink(spark, path, app=app_id(lineage, path), schema=df.schema, output_mode=output_mode,
-                     key_columns=key_columns, partition_by=partition_by, options=options, shared_append=shared_append,
-                     policy=policy, on_wait=on_wait)
+    sink = DeltaSink(
+        spark,
+        path,
+        app=app_id(lineage, path),
+        schema=df.schema,
+        output_mode=output_mode,
+        key_columns=key_columns,
+        partition_by=partition_by,
+        options=options,
+        shared_append=shared_append,
+        policy=policy,
+        on_wait=on_wait,
+    )
 
     def each_batch(batch_df: Any, batch_id: int) -> None:
         sink.write_batch(batch_df, batch_id)
@@ -282,8 +385,16 @@ def delta_sink(df: Any, path: str, *, lineage: str, output_mode: str = "append",
         sink.restored = handle.restored_sink
         sink.prepare(fence, restored_batch_id, owner)
 
-    handle = SinkHandle(name=sink_name(path), df=df, output_mode=output_mode, trigger=trigger,
-                        configure=lambda writer: writer.foreachBatch(each_batch),
-                        run_batch=lambda: sink.write_bounded(df), options={"format": "delta", "path": path},
-                        on_prepare=on_prepare, on_snapshot=sink.on_snapshot, commit_figures=sink.figures)
+    handle = SinkHandle(
+        name=sink_name(path),
+        df=df,
+        output_mode=output_mode,
+        trigger=trigger,
+        configure=lambda writer: writer.foreachBatch(each_batch),
+        run_batch=lambda: sink.write_bounded(df),
+        options={"format": "delta", "path": path},
+        on_prepare=on_prepare,
+        on_snapshot=sink.on_snapshot,
+        commit_figures=sink.figures,
+    )
     return handle

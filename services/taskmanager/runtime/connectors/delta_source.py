@@ -19,12 +19,14 @@ from . import delta_log
 
 
 def _missing(path: str) -> FileNotFoundError:
-    return FileNotFoundError(f"there is no Delta table at {path} (no _delta_log/): start the job that writes it "
-                             f"first, or check the path")
+    return FileNotFoundError(
+        f"there is no Delta table at {path} (no _delta_log/): start the job that writes it first, or check the path"
+    )
 
 
-def delta_stream(spark: Any, path: str, *, starting_version: int | str | None = None,
-                 options: Mapping[str, Any] | None = None) -> Any:
+def delta_stream(
+    spark: Any, path: str, *, starting_version: int | str | None = None, options: Mapping[str, Any] | None = None
+) -> Any:
     if not delta_log.table_exists(path):
         raise _missing(path)
     reader = spark.readStream.format("delta").options(**{k: str(v) for k, v in (options or {}).items()})

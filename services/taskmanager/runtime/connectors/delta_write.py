@@ -24,8 +24,17 @@ from .delta_maintenance import OPTION_KEYS
 class DeltaWriter:
     """The writes of one sink's table: its path, app id, schema, output mode and writer options."""
 
-    def __init__(self, path: str, app: str, schema: Any, *, output_mode: str, key_columns: Sequence[str] = (),
-                 partition_by: Sequence[str] = (), options: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        path: str,
+        app: str,
+        schema: Any,
+        *,
+        output_mode: str,
+        key_columns: Sequence[str] = (),
+        partition_by: Sequence[str] = (),
+        options: Mapping[str, str] | None = None,
+    ):
         self.path, self.app, self.schema = path, app, schema
         self.output_mode, self.key_columns, self.partition_by = output_mode, tuple(key_columns), tuple(partition_by)
         self.writer_options = {k: str(v) for k, v in (options or {}).items() if k not in OPTION_KEYS}
@@ -34,8 +43,12 @@ class DeltaWriter:
     def ensure_table(self, spark: Any) -> None:
         if delta_log.table_exists(self.path):
             return
-        writer = self.empty(spark).write.format("delta").mode("append").option(
-            "userMetadata", delta_log.tag(self.app, "create"))
+        writer = (
+            self.empty(spark)
+            .write.format("delta")
+            .mode("append")
+            .option("userMetadata", delta_log.tag(self.app, "create"))
+        )
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         try:
@@ -61,14 +74,24 @@ class DeltaWriter:
                 current = delta_log.table_state(spark, self.path, self.app)
                 delta_schema.check(self.path, current.schema_json, df.schema, merge_schema=self.merge_schema)
             if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" in str(exc):
-                raise ValueError(f"Delta sink {self.path} (update mode): micro-batch {batch_id} holds several rows "
-                                 f"with the same key {list(self.key_columns)}; MERGE needs one row per key "
-                                 f"({RUNBOOK}, \"Update mode\")") from exc
+                raise ValueError(
+                    f"Delta sink {self.path} (update mode): micro-batch {batch_id} holds several rows "
+                    f"with the same key {list(self.key_columns)}; MERGE needs one row per key "
+                    f'({RUNBOOK}, "Update mode")'
+                ) from exc
             raise
 
     def commit_txn(self, spark: Any, df: Any, txn: int, mode: str, what: str) -> None:
-        write_once(spark, df, self.path, app_id=self.app, version=txn, mode=mode, options=self.writer_options,
-                   user_metadata=delta_log.tag(self.app, what))
+        write_once(
+            spark,
+            df,
+            self.path,
+            app_id=self.app,
+            version=txn,
+            mode=mode,
+            options=self.writer_options,
+            user_metadata=delta_log.tag(self.app, what),
+        )
 
     def _merge(self, spark: Any, df: Any, txn: int, what: str) -> None:
         view = f"headrace_delta_{hashlib.sha1(self.app.encode()).hexdigest()[:12]}"
@@ -81,8 +104,10 @@ class DeltaWriter:
             spark.conf.set(key, value)
         try:
             with delta_log.tagged(spark, delta_log.tag(self.app, what)):
-                spark.sql(f"MERGE INTO {delta_log.quoted(self.path)} AS t USING {view} AS s ON {on} "
-                          f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+                spark.sql(
+                    f"MERGE INTO {delta_log.quoted(self.path)} AS t USING {view} AS s ON {on} "
+                    f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+                )
         finally:
             for key in confs:
                 spark.conf.unset(key)
@@ -96,15 +121,18 @@ class DeltaWriter:
                 self._merge_untracked(spark, df)
             return
         mode = "overwrite" if self.output_mode == "complete" else "append"
-        df.write.format("delta").mode(mode).options(**self.writer_options) \
-            .option("userMetadata", delta_log.tag(self.app, "batch job")).save(self.path)
+        df.write.format("delta").mode(mode).options(**self.writer_options).option(
+            "userMetadata", delta_log.tag(self.app, "batch job")
+        ).save(self.path)
 
     def _merge_untracked(self, spark: Any, df: Any) -> None:
         view = f"headrace_delta_batch_{hashlib.sha1(self.app.encode()).hexdigest()[:12]}"
         df.createOrReplaceTempView(view)
         on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.key_columns)
         try:
-            spark.sql(f"MERGE INTO {delta_log.quoted(self.path)} AS t USING {view} AS s ON {on} "
-                      f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+            spark.sql(
+                f"MERGE INTO {delta_log.quoted(self.path)} AS t USING {view} AS s ON {on} "
+                f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+            )
         finally:
             spark.catalog.dropTempView(view)

@@ -73,8 +73,14 @@ _DATA_NAME = re.compile(r"^b(\d+)-a(\d+)-")
 class FileSink:
     """Exactly-once, attempt-fenced streaming writes of one output directory (driver side)."""
 
-    def __init__(self, path: str, *, format: str = "parquet", partition_by: Sequence[str] = (),
-                 options: dict[str, str] | None = None):
+    def __init__(
+        self,
+        path: str,
+        *,
+        format: str = "parquet",
+        partition_by: Sequence[str] = (),
+        options: dict[str, str] | None = None,
+    ):
         if format not in FORMATS:
             raise ValueError(f"file sink format must be one of {FORMATS}, not {format!r}")
         self.path = Path(path)
@@ -133,8 +139,10 @@ class FileSink:
 
     @property
     def release_hint(self) -> str:
-        return (f"cancel the owner's job, then delete the directory (`rm -rf {self.path}`; "
-                f"this deletes its output) or move it away")
+        return (
+            f"cancel the owner's job, then delete the directory (`rm -rf {self.path}`; "
+            f"this deletes its output) or move it away"
+        )
 
     def _check_fence(self) -> None:
         if self.attempt is None:
@@ -158,8 +166,9 @@ class FileSink:
             # Made as this task's user (where it may not, it fails here), then claimed: the
             # TaskManager decides on the owner and the fence, and hands the directory over.
             self.path.mkdir(parents=True, exist_ok=True)
-            self.record = Path(channel.claim_directory(str(self.path), kind="streaming", attempt=attempt,
-                                                       restored_batch_id=r))
+            self.record = Path(
+                channel.claim_directory(str(self.path), kind="streaming", attempt=attempt, restored_batch_id=r)
+            )
             self._ensure_layout()
             with self._locked():
                 self._rewind(r)
@@ -168,16 +177,24 @@ class FileSink:
         with self._locked():
             current, replaced = self._read_owner()
             if owner is not None:
-                check_claim("directory", str(self.path), owner, current, restored_batch_id=r,
-                            has_commits=any((self.meta / "commits").glob("*.json")),
-                            release=self.release_hint, replaced=replaced)
+                check_claim(
+                    "directory",
+                    str(self.path),
+                    owner,
+                    current,
+                    restored_batch_id=r,
+                    has_commits=any((self.meta / "commits").glob("*.json")),
+                    release=self.release_hint,
+                    replaced=replaced,
+                )
             fence = self._read_fence()
             if fence is not None and fence["attempt"] > attempt:
                 raise SinkFencedError(self.sink_name, attempt, fence["attempt"])
             _write_json(self.meta / "fence.json", {"attempt": attempt, "restored_batch_id": r})
             if owner is not None:
-                _write_json(self.meta / "owner.json",
-                            owner.record() | {"replaced": replaced_after(owner, current, replaced)})
+                _write_json(
+                    self.meta / "owner.json", owner.record() | {"replaced": replaced_after(owner, current, replaced)}
+                )
             self._rewind(r)
 
     def _rewind(self, r: int) -> None:
@@ -254,8 +271,7 @@ class FileSink:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(f, target)
                     moved.append(str(target.relative_to(self.path)))
-                _write_json(self._marker(batch_id), {"batch_id": batch_id, "attempt": attempt,
-                                                     "files": moved})
+                _write_json(self._marker(batch_id), {"batch_id": batch_id, "attempt": attempt, "files": moved})
             return True
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -327,5 +343,12 @@ def file_sink(
         writer.save(path)
 
     # Append only: each micro-batch adds files (update/complete would need rewriting them).
-    return SinkHandle(name=name or f"files-{format}", df=flat, output_mode="append", trigger=trigger,
-                      configure=configure, run_batch=run_batch, on_prepare=sink.prepare)
+    return SinkHandle(
+        name=name or f"files-{format}",
+        df=flat,
+        output_mode="append",
+        trigger=trigger,
+        configure=configure,
+        run_batch=run_batch,
+        on_prepare=sink.prepare,
+    )

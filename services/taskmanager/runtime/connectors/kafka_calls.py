@@ -48,8 +48,10 @@ class BrokerCalls:
         err = exc.args[0] if exc.args and hasattr(exc.args[0], "code") else None  # a KafkaError
         if err is not None and is_fenced(err):
             return SinkFencedError(f"kafka topic {self.topic}", self.fence, None)
-        return KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap}: {err or exc}; the open "
-                              "transaction is abandoned and the task restarts from its last checkpoint")
+        return KafkaSinkError(
+            f"kafka sink {self.topic}: {what} failed at {self.bootstrap}: {err or exc}; the open "
+            "transaction is abandoned and the task restarts from its last checkpoint"
+        )
 
     def patiently(self, what: str, fn: Callable[[float], Any]) -> Any:
         """`fn(timeout)` retried while the brokers do not answer, with a waiting reason."""
@@ -64,12 +66,18 @@ class BrokerCalls:
                     err = exc.args[0] if exc.args else None
                     if err is not None and is_fenced(err):
                         raise self.failure(what, exc) from None
-                    retriable = err is not None and not err.fatal() and not err.txn_requires_abort() and (
-                        err.retriable() or err.code() in _unavailable_codes())
+                    retriable = (
+                        err is not None
+                        and not err.fatal()
+                        and not err.txn_requires_abort()
+                        and (err.retriable() or err.code() in _unavailable_codes())
+                    )
                     waited = time.monotonic() - started
                     if not retriable or waited > UNAVAILABLE_TIMEOUT_S:
-                        raise KafkaSinkError(f"kafka sink {self.topic}: {what} failed at {self.bootstrap} after "
-                                             f"{waited:.0f} s: {err or exc}") from None
+                        raise KafkaSinkError(
+                            f"kafka sink {self.topic}: {what} failed at {self.bootstrap} after "
+                            f"{waited:.0f} s: {err or exc}"
+                        ) from None
                     if not told:
                         self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} ({what})")
                         told = True
@@ -96,8 +104,10 @@ def bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     worker.start()
     worker.join(timeout_s)
     if not outcome:
-        raise KafkaSinkError(f"{what} did not return within {timeout_s:.0f} s (the Kafka client is stuck after a "
-                             "broker restart); the task restarts from its last checkpoint with a new client")
+        raise KafkaSinkError(
+            f"{what} did not return within {timeout_s:.0f} s (the Kafka client is stuck after a "
+            "broker restart); the task restarts from its last checkpoint with a new client"
+        )
     ok, value = outcome[0]
     if not ok:
         raise value
@@ -116,6 +126,14 @@ def _unavailable_codes() -> frozenset[int]:
     """Errors of brokers that are away or busy for a while (a restart, an election)."""
     from confluent_kafka import KafkaError
 
-    return frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                      KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                      KafkaError.NOT_COORDINATOR, KafkaError.CONCURRENT_TRANSACTIONS})
+    return frozenset(
+        {
+            KafkaError._TRANSPORT,
+            KafkaError._TIMED_OUT,
+            KafkaError._ALL_BROKERS_DOWN,
+            KafkaError.COORDINATOR_NOT_AVAILABLE,
+            KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+            KafkaError.NOT_COORDINATOR,
+            KafkaError.CONCURRENT_TRANSACTIONS,
+        }
+    )

@@ -25,8 +25,17 @@ KAFKA_PREFIX = "kafka."
 SECRET_WORDS = ("password", "secret", "jaas", "token", "key")
 MASK = "****"
 # Client settings the connectors set themselves: a pipeline must not override them.
-OWNED = {"bootstrap.servers", "transactional.id", "enable.idempotence", "group.id", "isolation.level",
-         "key.serializer", "value.serializer", "key.deserializer", "value.deserializer"}
+OWNED = {
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "group.id",
+    "isolation.level",
+    "key.serializer",
+    "value.serializer",
+    "key.deserializer",
+    "value.deserializer",
+}
 # Java client names that librdkafka spells differently (or not at all).
 _JAVA_TO_RDKAFKA = {
     "ssl.truststore.location": None,  # a Java key store: librdkafka takes PEM files (ssl.ca.location)
@@ -38,8 +47,10 @@ _JAVA_TO_RDKAFKA = {
 }
 _JAAS = re.compile(r"""(?P<module>[\w.]+)\s+required(?P<args>(?:\s+\w+\s*=\s*"[^"]*")*)\s*;?\s*$""")
 _JAAS_ARG = re.compile(r"""(\w+)\s*=\s*"([^"]*)\"""")
-_JAAS_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
-                 "org.apache.kafka.common.security.scram.ScramLoginModule")
+_JAAS_MODULES = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "org.apache.kafka.common.security.scram.ScramLoginModule",
+)
 
 
 class KafkaOptionError(ConfigError, ValueError):
@@ -63,20 +74,24 @@ def normalise(options: Mapping[str, Any] | None, *, bootstrap_servers: str) -> d
     for key, value in (options or {}).items():
         if not isinstance(key, str) or not key:
             raise KafkaOptionError(f"Kafka option names must be non-empty strings, got {key!r}")
-        if key.startswith(KAFKA_PREFIX) and key[len(KAFKA_PREFIX):] in OWNED:
-            raise KafkaOptionError(f"the Kafka option {key!r} is set by Headrace's connector and cannot be "
-                                   "overridden (bootstrap servers: pass bootstrap_servers=...)")
+        if key.startswith(KAFKA_PREFIX) and key[len(KAFKA_PREFIX) :] in OWNED:
+            raise KafkaOptionError(
+                f"the Kafka option {key!r} is set by Headrace's connector and cannot be "
+                "overridden (bootstrap servers: pass bootstrap_servers=...)"
+            )
         out[key] = value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
     if not bootstrap_servers or not isinstance(bootstrap_servers, str):
-        raise KafkaOptionError("a Kafka connector needs bootstrap_servers='host:port[,host:port]' (or a cluster "
-                               "started with `headrace up --kafka`, whose broker is the default)")
+        raise KafkaOptionError(
+            "a Kafka connector needs bootstrap_servers='host:port[,host:port]' (or a cluster "
+            "started with `headrace up --kafka`, whose broker is the default)"
+        )
     out[f"{KAFKA_PREFIX}bootstrap.servers"] = bootstrap_servers
     return out
 
 
 def client_settings(options: Mapping[str, str]) -> dict[str, str]:
     """The `kafka.*` options without their prefix: the Java client's settings."""
-    return {k[len(KAFKA_PREFIX):]: v for k, v in options.items() if k.startswith(KAFKA_PREFIX)}
+    return {k[len(KAFKA_PREFIX) :]: v for k, v in options.items() if k.startswith(KAFKA_PREFIX)}
 
 
 # What reaching the brokers takes (an admin client's check needs no more; consumer and producer
@@ -103,7 +118,8 @@ def to_librdkafka(settings: Mapping[str, str]) -> dict[str, str]:
                 raise KafkaOptionError(
                     f"kafka.{key} names a Java key store, which the exactly-once sink's client (librdkafka) "
                     "cannot read: give PEM files instead (kafka.ssl.ca.location, kafka.ssl.certificate.location, "
-                    "kafka.ssl.key.location), or use delivery='at-least-once' (Spark's own sink)")
+                    "kafka.ssl.key.location), or use delivery='at-least-once' (Spark's own sink)"
+                )
             if key == "buffer.memory":
                 value = str(max(1, int(value) // 1024))
             out[target] = value
@@ -117,9 +133,10 @@ def _jaas_credentials(config: str) -> dict[str, str]:
     if found is None or found.group("module") not in _JAAS_MODULES:
         raise KafkaOptionError(
             "kafka.sasl.jaas.config: the exactly-once sink understands PlainLoginModule and ScramLoginModule "
-            "with username=\"...\" password=\"...\"; for other mechanisms give librdkafka's own settings "
-            "(kafka.sasl.username, kafka.sasl.password, kafka.sasl.oauthbearer.*)")
+            'with username="..." password="..."; for other mechanisms give librdkafka\'s own settings '
+            "(kafka.sasl.username, kafka.sasl.password, kafka.sasl.oauthbearer.*)"
+        )
     args = dict(_JAAS_ARG.findall(found.group("args")))
     if "username" not in args or "password" not in args:
-        raise KafkaOptionError("kafka.sasl.jaas.config needs both username=\"...\" and password=\"...\"")
+        raise KafkaOptionError('kafka.sasl.jaas.config needs both username="..." and password="..."')
     return {"sasl.username": args["username"], "sasl.password": args["password"]}

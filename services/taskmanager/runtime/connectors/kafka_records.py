@@ -62,11 +62,14 @@ class RecordShipper:
         give up (the task restarts from its last checkpoint) after UNAVAILABLE_TIMEOUT_S. Returns
         whether the waiting reason is out."""
         if waited_s > UNAVAILABLE_TIMEOUT_S:
-            raise KafkaSinkError(f"kafka sink {self.topic}: the brokers at {self.bootstrap} took no records for "
-                                 f"{UNAVAILABLE_TIMEOUT_S:.0f} s; the task restarts from its last checkpoint")
+            raise KafkaSinkError(
+                f"kafka sink {self.topic}: the brokers at {self.bootstrap} took no records for "
+                f"{UNAVAILABLE_TIMEOUT_S:.0f} s; the task restarts from its last checkpoint"
+            )
         if waited_s > WAITING_AFTER_S and not told:
-            self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} to take records (the client's queue "
-                         "is full)")
+            self.on_wait(
+                f"waiting for the Kafka brokers at {self.bootstrap} to take records (the client's queue is full)"
+            )
             return True
         return told
 
@@ -95,14 +98,18 @@ class RecordShipper:
                 err, self._errors = self._errors[0], []
                 if is_fenced(err):
                     raise SinkFencedError(f"kafka topic {self.topic}", self.calls.fence, None)
-                raise KafkaSinkError(f"kafka sink {self.topic}: a record was not written ({err}); the open "
-                                     "transaction is abandoned and the task restarts from its last checkpoint")
+                raise KafkaSinkError(
+                    f"kafka sink {self.topic}: a record was not written ({err}); the open "
+                    "transaction is abandoned and the task restarts from its last checkpoint"
+                )
             if left == 0:
                 break
             waited = time.monotonic() - started
             if waited > UNAVAILABLE_TIMEOUT_S:
-                raise KafkaSinkError(f"kafka sink {self.topic}: {left} records not acknowledged by {self.bootstrap} "
-                                     f"within {UNAVAILABLE_TIMEOUT_S:.0f} s")
+                raise KafkaSinkError(
+                    f"kafka sink {self.topic}: {left} records not acknowledged by {self.bootstrap} "
+                    f"within {UNAVAILABLE_TIMEOUT_S:.0f} s"
+                )
             if waited > WAITING_AFTER_S and not told:
                 self.on_wait(f"waiting for the Kafka brokers at {self.bootstrap} to acknowledge {left} records")
                 told = True

@@ -30,21 +30,29 @@ from .kafka_transactions import TransactionalWriter
 from .sinks import SinkHandle
 
 _TEXT = ("string", "binary")
-COLUMN_TYPES = {"value": _TEXT, "key": _TEXT, "headers": ("array<struct<key:string,value:binary>>",),
-                "partition": ("int",)}
+COLUMN_TYPES = {
+    "value": _TEXT,
+    "key": _TEXT,
+    "headers": ("array<struct<key:string,value:binary>>",),
+    "partition": ("int",),
+}
 
 
 def check_columns(df: Any) -> list[str]:
     """The sink's columns present in `df`; KafkaOptionError naming what is missing or mistyped."""
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
     if "value" not in types:
-        raise KafkaOptionError(f"the DataFrame for a Kafka sink needs a 'value' column (string or binary); it has "
-                               f"{', '.join(types) or 'no columns'}: e.g. df.select(F.to_json(F.struct('*'))"
-                               ".alias('value'))")
+        raise KafkaOptionError(
+            f"the DataFrame for a Kafka sink needs a 'value' column (string or binary); it has "
+            f"{', '.join(types) or 'no columns'}: e.g. df.select(F.to_json(F.struct('*'))"
+            ".alias('value'))"
+        )
     for name, allowed in COLUMN_TYPES.items():
         if name in types and types[name] not in allowed:
-            raise KafkaOptionError(f"the Kafka sink's column {name!r} must be {' or '.join(allowed)}, not "
-                                   f"{types[name]}: cast it (F.col({name!r}).cast({allowed[0]!r}))")
+            raise KafkaOptionError(
+                f"the Kafka sink's column {name!r} must be {' or '.join(allowed)}, not "
+                f"{types[name]}: cast it (F.col({name!r}).cast({allowed[0]!r}))"
+            )
     return [name for name in COLUMN_TYPES if name in types]
 
 
@@ -53,11 +61,23 @@ def sink_name(topic: str) -> str:
     return "kafka-" + re.sub(r"[^A-Za-z0-9._-]", "_", topic)
 
 
-def kafka_sink(df: Any, topic: str, *, bootstrap_servers: str, delivery: str, sink_id: str, lineage: str, job_id: str,
-               options: Mapping[str, Any] | None = None, trigger: str | None = None,
-               transaction_timeout_s: float, interval_s: float | None = None,
-               transactional_id_prefix: str = "headrace-",
-               on_wait: Callable[[str | None], None] | None = None, check: bool = True) -> SinkHandle:
+def kafka_sink(
+    df: Any,
+    topic: str,
+    *,
+    bootstrap_servers: str,
+    delivery: str,
+    sink_id: str,
+    lineage: str,
+    job_id: str,
+    options: Mapping[str, Any] | None = None,
+    trigger: str | None = None,
+    transaction_timeout_s: float,
+    interval_s: float | None = None,
+    transactional_id_prefix: str = "headrace-",
+    on_wait: Callable[[str | None], None] | None = None,
+    check: bool = True,
+) -> SinkHandle:
     if not isinstance(topic, str) or not topic.strip():
         raise KafkaOptionError(f"the Kafka sink needs a topic name, got {topic!r}")
     guarantee = kafka_delivery.delivery(delivery)
@@ -71,9 +91,16 @@ def kafka_sink(df: Any, topic: str, *, bootstrap_servers: str, delivery: str, si
     client = to_librdkafka(client_settings(opts))
     if check:
         check_reachable(opts, names=[topic], on_wait=on_wait)
-    writer = TransactionalWriter(topic=topic, client=client, sink_id=sink_id, lineage=lineage, job_id=job_id,
-                                 transaction_timeout_ms=int(transaction_timeout_s * 1000),
-                                 prefix=transactional_id_prefix, on_wait=on_wait)
+    writer = TransactionalWriter(
+        topic=topic,
+        client=client,
+        sink_id=sink_id,
+        lineage=lineage,
+        job_id=job_id,
+        transaction_timeout_ms=int(transaction_timeout_s * 1000),
+        prefix=transactional_id_prefix,
+        on_wait=on_wait,
+    )
     selected = df.select(*columns)
 
     def write(batch_df: Any, batch_id: int) -> None:
@@ -83,10 +110,16 @@ def kafka_sink(df: Any, topic: str, *, bootstrap_servers: str, delivery: str, si
         writer.write_once(lambda: _rows(selected))
 
     return SinkHandle(
-        name=sink_name(topic), df=selected, output_mode="append", trigger=trigger,
-        configure=lambda w: w.foreachBatch(write), run_batch=run_batch,
-        on_prepare=writer.prepare, on_early_fence=writer.fence_early,
-        options={"topic": topic, "delivery": guarantee}, two_phase=writer,
+        name=sink_name(topic),
+        df=selected,
+        output_mode="append",
+        trigger=trigger,
+        configure=lambda w: w.foreachBatch(write),
+        run_batch=run_batch,
+        on_prepare=writer.prepare,
+        on_early_fence=writer.fence_early,
+        options={"topic": topic, "delivery": guarantee},
+        two_phase=writer,
     )
 
 
@@ -96,10 +129,16 @@ def _spark_sink(df: Any, topic: str, opts: dict[str, str], columns: list[str], t
     def run_batch() -> None:
         selected.write.format("kafka").options(**opts).option("topic", topic).save()
 
-    return SinkHandle(name=sink_name(topic), df=selected, output_mode="append", trigger=trigger,
-                      configure=lambda w: w.format("kafka").options(**opts).option("topic", topic),
-                      run_batch=run_batch, options={"topic": topic, "delivery": kafka_delivery.AT_LEAST_ONCE},
-                      supports_real_time=True)
+    return SinkHandle(
+        name=sink_name(topic),
+        df=selected,
+        output_mode="append",
+        trigger=trigger,
+        configure=lambda w: w.format("kafka").options(**opts).option("topic", topic),
+        run_batch=run_batch,
+        options={"topic": topic, "delivery": kafka_delivery.AT_LEAST_ONCE},
+        supports_real_time=True,
+    )
 
 
 def _rows(df: Any) -> Iterator[tuple[Any, Any, Any, Any]]:
@@ -110,8 +149,11 @@ def _rows(df: Any) -> Iterator[tuple[Any, Any, Any, Any]]:
         return iter(())
     values = _bytes_column(table, "value")
     keys = _bytes_column(table, "key") if "key" in table.column_names else [None] * n
-    headers = ([[(h["key"], h["value"]) for h in hs] if hs else None for hs in table.column("headers").to_pylist()]
-               if "headers" in table.column_names else [None] * n)
+    headers = (
+        [[(h["key"], h["value"]) for h in hs] if hs else None for hs in table.column("headers").to_pylist()]
+        if "headers" in table.column_names
+        else [None] * n
+    )
     partitions = table.column("partition").to_pylist() if "partition" in table.column_names else [None] * n
     return zip(values, keys, headers, partitions, strict=True)
 

@@ -64,17 +64,27 @@ def starting_option(starting_offsets: str | Mapping[str, Any]) -> str:
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
-            raise KafkaOptionError(f"starting_offsets must be 'earliest', 'latest' or per-partition offsets "
-                                   f"such as {{\"topic\": {{\"0\": 42}}}}, got {starting_offsets!r}")
+            raise KafkaOptionError(
+                f"starting_offsets must be 'earliest', 'latest' or per-partition offsets "
+                f'such as {{"topic": {{"0": 42}}}}, got {starting_offsets!r}'
+            )
         return starting_offsets
     if isinstance(starting_offsets, Mapping):
         return json.dumps(starting_offsets)
     raise KafkaOptionError(f"starting_offsets must be 'earliest', 'latest' or a mapping, got {starting_offsets!r}")
 
 
-def kafka_source(spark: Any, topics: str | Sequence[str] | None, *, pattern: str | None, bootstrap_servers: str,
-                 starting_offsets: str | Mapping[str, Any] = "earliest", options: Mapping[str, Any] | None = None,
-                 on_wait: Callable[[str | None], None] | None = None, check: bool = True) -> Any:
+def kafka_source(
+    spark: Any,
+    topics: str | Sequence[str] | None,
+    *,
+    pattern: str | None,
+    bootstrap_servers: str,
+    starting_offsets: str | Mapping[str, Any] = "earliest",
+    options: Mapping[str, Any] | None = None,
+    on_wait: Callable[[str | None], None] | None = None,
+    check: bool = True,
+) -> Any:
     """Spark's Kafka source DataFrame (key, value, topic, partition, offset, timestamp,
     timestampType[, headers]) after the brokers answered and the topics exist (`check`: the
     restore check's planner reaches no broker)."""
@@ -113,9 +123,13 @@ class RecentListings:
 _RECENT = RecentListings()
 
 
-def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
-                    on_wait: Callable[[str | None], None] | None = None,
-                    timeout_s: float = REACHABLE_TIMEOUT_S) -> None:
+def check_reachable(
+    opts: Mapping[str, str],
+    *,
+    names: Sequence[str],
+    on_wait: Callable[[str | None], None] | None = None,
+    timeout_s: float = REACHABLE_TIMEOUT_S,
+) -> None:
     """Return once the brokers list their topics and every name in `names` is one of them."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -138,8 +152,10 @@ def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
             except KafkaException as exc:
                 waited = time.monotonic() - started
                 if waited >= timeout_s:
-                    raise KafkaUnavailable(f"the Kafka brokers at {bootstrap} did not answer within {timeout_s:.0f} s "
-                                           f"({exc.args[0] if exc.args else exc}); options: {masked(opts)}") from None
+                    raise KafkaUnavailable(
+                        f"the Kafka brokers at {bootstrap} did not answer within {timeout_s:.0f} s "
+                        f"({exc.args[0] if exc.args else exc}); options: {masked(opts)}"
+                    ) from None
                 if on_wait is not None and waited >= WAITING_AFTER_S and not told:
                     on_wait(f"waiting for the Kafka brokers at {bootstrap} (they do not answer yet)")
                     told = True
@@ -152,4 +168,5 @@ def check_reachable(opts: Mapping[str, str], *, names: Sequence[str],
         raise KafkaUnavailable(
             f"the Kafka topic(s) {', '.join(missing)} do not exist on {bootstrap} (topics there: "
             f"{', '.join(sorted(t for t in listed.topics if not t.startswith('__'))[:20]) or 'none'}); create them "
-            "(`headrace kafka create-topic NAME --partitions N`) or fix the name")
+            "(`headrace kafka create-topic NAME --partitions N`) or fix the name"
+        )

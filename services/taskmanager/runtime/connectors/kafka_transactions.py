@@ -82,12 +82,21 @@ class Marker:
         """None for anything that is not a marker of ours (no marker is the fresh state)."""
         try:
             data = json.loads(text or "")
-            if not isinstance(data, dict) or not isinstance(data.get("batch"), int) \
-                    or not isinstance(data.get("fence"), int):
+            if (
+                not isinstance(data, dict)
+                or not isinstance(data.get("batch"), int)
+                or not isinstance(data.get("fence"), int)
+            ):
                 return None
-            return cls(batch=data["batch"], fence=data["fence"], job=str(data.get("job") or ""),
-                       lineage=str(data.get("lineage") or ""), checkpoint_id=data.get("checkpoint_id"),
-                       path=data.get("path"), kind=data.get("kind"))
+            return cls(
+                batch=data["batch"],
+                fence=data["fence"],
+                job=str(data.get("job") or ""),
+                lineage=str(data.get("lineage") or ""),
+                checkpoint_id=data.get("checkpoint_id"),
+                path=data.get("path"),
+                kind=data.get("kind"),
+            )
         except (ValueError, TypeError):
             return None
 
@@ -111,9 +120,18 @@ def names(lineage: str, sink_id: str, prefix: str) -> tuple[str, str]:
 class TransactionalWriter:
     """One sink's producer, open transaction and marker (driver side)."""
 
-    def __init__(self, *, topic: str, client: dict[str, str], sink_id: str, lineage: str, job_id: str,
-                 transaction_timeout_ms: int, prefix: str = "headrace-",
-                 on_wait: Callable[[str | None], None] | None = None):
+    def __init__(
+        self,
+        *,
+        topic: str,
+        client: dict[str, str],
+        sink_id: str,
+        lineage: str,
+        job_id: str,
+        transaction_timeout_ms: int,
+        prefix: str = "headrace-",
+        on_wait: Callable[[str | None], None] | None = None,
+    ):
         self.topic, self.client, self.sink_id = topic, dict(client), sink_id
         self.default_owner = SinkOwner(lineage=lineage, job_id=job_id)
         self.transaction_timeout_ms, self.prefix = transaction_timeout_ms, prefix
@@ -170,17 +188,29 @@ class TransactionalWriter:
             if marker.job == owner.job_id and marker.path and self._ahead_told != restored_batch:
                 self._ahead_told = restored_batch  # asked again for the same batch: it could not be restored
                 raise SinkAheadOfRestore(marker.path, marker.batch, restored_batch)
-            print(f"kafka sink {self.topic}: batches {restored_batch + 1}..{marker.batch} were committed to the topic "
-                  f"by job {marker.job} before this restore (at batch {restored_batch}); Kafka cannot take committed "
-                  "records back, so consumers see them again as this job re-runs them", flush=True)
+            print(
+                f"kafka sink {self.topic}: batches {restored_batch + 1}..{marker.batch} were committed to the topic "
+                f"by job {marker.job} before this restore (at batch {restored_batch}); Kafka cannot take committed "
+                "records back, so consumers see them again as this job re-runs them",
+                flush=True,
+            )
             marker = None
         if early is not None and early.claimed and marker is not None:
             return  # claimed beside the restore, and the restored batch changes nothing about it
         # Claim the sink with this attempt's fence: an older attempt that starts late reads it and
         # stops. What is visible stays as it was (an empty transaction moves only the marker).
         kept = marker or Marker(batch=restored_batch, fence=fence, job=owner.job_id, lineage=owner.lineage)
-        self._commit(Marker(batch=kept.batch, fence=fence, job=owner.job_id, lineage=owner.lineage,
-                            checkpoint_id=kept.checkpoint_id, path=kept.path, kind=kept.kind))
+        self._commit(
+            Marker(
+                batch=kept.batch,
+                fence=fence,
+                job=owner.job_id,
+                lineage=owner.lineage,
+                checkpoint_id=kept.checkpoint_id,
+                path=kept.path,
+                kind=kept.kind,
+            )
+        )
 
     def _open(self, lineage: str) -> Marker | None:
         """The producer (registered: that aborts what an older one left open and fences it) and
@@ -190,23 +220,30 @@ class TransactionalWriter:
         self.close(abort=False)  # a second prepare (a restore switched to a newer checkpoint)
         txn_id, group = names(lineage, self.sink_id, self.prefix)
         try:
-            self._producer = Producer({**self.client, "transactional.id": txn_id,
-                                       "transaction.timeout.ms": str(self.transaction_timeout_ms),
-                                       "on_delivery": self.records.delivered})
+            self._producer = Producer(
+                {
+                    **self.client,
+                    "transactional.id": txn_id,
+                    "transaction.timeout.ms": str(self.transaction_timeout_ms),
+                    "on_delivery": self.records.delivered,
+                }
+            )
             self.records.producer = self._producer
-            self._group = Consumer({**connection_only(self.client), "group.id": group,
-                                    "enable.auto.commit": "false"})
+            self._group = Consumer({**connection_only(self.client), "group.id": group, "enable.auto.commit": "false"})
         except KafkaException as exc:  # a setting librdkafka does not take: the pipeline's to fix
-            raise KafkaOptionError(f"the exactly-once Kafka sink's client refuses its settings: "
-                                   f"{exc.args[0].str() if exc.args else exc}") from None
+            raise KafkaOptionError(
+                f"the exactly-once Kafka sink's client refuses its settings: {exc.args[0].str() if exc.args else exc}"
+            ) from None
         try:
-            self.calls.patiently("registering the transactional producer",
-                                 lambda t: self._producer.init_transactions(t))
+            self.calls.patiently(
+                "registering the transactional producer", lambda t: self._producer.init_transactions(t)
+            )
         except KafkaSinkError as exc:
             if "INVALID_TRANSACTION_TIMEOUT" not in str(exc):
                 raise
-            raise KafkaTimeoutRefused(kafka_delivery.broker_refusal(self.transaction_timeout_ms / 1000,
-                                                                    self._broker_max_timeout_s())) from None
+            raise KafkaTimeoutRefused(
+                kafka_delivery.broker_refusal(self.transaction_timeout_ms / 1000, self._broker_max_timeout_s())
+            ) from None
         return self._read_marker()
 
     def _broker_max_timeout_s(self) -> float | None:
@@ -228,8 +265,9 @@ class TransactionalWriter:
         owner = self.owner = self.default_owner
         marker = self._open(owner.lineage)
         if marker is not None and marker.kind == "batch" and marker.job == owner.job_id:
-            print(f"kafka sink {self.topic}: job {owner.job_id} already committed its output; nothing written",
-                  flush=True)
+            print(
+                f"kafka sink {self.topic}: job {owner.job_id} already committed its output; nothing written", flush=True
+            )
             return 0
         self.calls.call("beginning a transaction", self._producer.begin_transaction)
         count = self.records.produce(rows())
@@ -273,12 +311,21 @@ class TransactionalWriter:
         if self.owner is None:
             raise KafkaSinkError("the Kafka sink was not prepared")
         if self.batches_in_txn and max(self.batches_in_txn) > batch_id:
-            raise KafkaSinkError(f"kafka sink {self.topic}: the transaction holds batch {max(self.batches_in_txn)}, "
-                                 f"beyond the checkpoint's batch {batch_id}")
+            raise KafkaSinkError(
+                f"kafka sink {self.topic}: the transaction holds batch {max(self.batches_in_txn)}, "
+                f"beyond the checkpoint's batch {batch_id}"
+            )
         if not self.batches_in_txn:
             return
-        marker = Marker(batch=batch_id, fence=self.fence, job=self.owner.job_id, lineage=self.owner.lineage,
-                        checkpoint_id=checkpoint_id, path=path, kind=kind)
+        marker = Marker(
+            batch=batch_id,
+            fence=self.fence,
+            job=self.owner.job_id,
+            lineage=self.owner.lineage,
+            checkpoint_id=checkpoint_id,
+            path=path,
+            kind=kind,
+        )
         self._commit(marker, begun=True)
 
     def _commit(self, marker: Marker, *, begun: bool = False) -> None:
@@ -290,9 +337,14 @@ class TransactionalWriter:
         group = self._group.consumer_group_metadata()
         # librdkafka 2.16 may never return from this call after the group's coordinator restarted,
         # whatever its timeout: bounded here, the task fails and its restart gets a fresh client.
-        self.calls.patiently("adding the sink's marker", lambda t: bounded(
-            lambda: self._producer.send_offsets_to_transaction(offsets, group, t), t + HANG_MARGIN_S,
-            "adding the sink's marker to the transaction"))
+        self.calls.patiently(
+            "adding the sink's marker",
+            lambda t: bounded(
+                lambda: self._producer.send_offsets_to_transaction(offsets, group, t),
+                t + HANG_MARGIN_S,
+                "adding the sink's marker to the transaction",
+            ),
+        )
         self.calls.patiently("committing the transaction", lambda t: self._producer.commit_transaction(t))
         self.visible = marker
         self.batches_in_txn = []
@@ -300,8 +352,10 @@ class TransactionalWriter:
     def _read_marker(self) -> Marker | None:
         from confluent_kafka import TopicPartition
 
-        found = self.calls.patiently("reading the sink's marker", lambda t: self._group.committed(
-            [TopicPartition(self.topic, MARKER_PARTITION)], timeout=t))
+        found = self.calls.patiently(
+            "reading the sink's marker",
+            lambda t: self._group.committed([TopicPartition(self.topic, MARKER_PARTITION)], timeout=t),
+        )
         return Marker.decode(found[0].metadata) if found and found[0].offset >= 0 else None
 
     def close(self, *, abort: bool) -> None:

@@ -57,8 +57,7 @@ class SinkOwner:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> "SinkOwner":
-        return cls(lineage=str(rec["lineage"]), job_id=str(rec["job_id"]),
-                   generation=int(rec.get("generation", 0)))
+        return cls(lineage=str(rec["lineage"]), job_id=str(rec["job_id"]), generation=int(rec.get("generation", 0)))
 
 
 class SinkOwnedError(TaskError, RuntimeError):
@@ -66,8 +65,16 @@ class SinkOwnedError(TaskError, RuntimeError):
     anything is written or deleted; restarting cannot help (the JobManager fails the job at
     once, services/jobmanager/transitions.py NON_RECOVERABLE)."""
 
-    def __init__(self, kind: str, target: str, owner_lineage: str, owner_job: str, claimant: str,
-                 release: str, replaced: bool = False):
+    def __init__(
+        self,
+        kind: str,
+        target: str,
+        owner_lineage: str,
+        owner_job: str,
+        claimant: str,
+        release: str,
+        replaced: bool = False,
+    ):
         self.kind, self.target, self.owner_lineage, self.owner_job = kind, target, owner_lineage, owner_job
         self.claimant, self.release, self.replaced = claimant, release, replaced
         if replaced:
@@ -85,9 +92,11 @@ class SinkOwnedError(TaskError, RuntimeError):
             whose, resume = "of an unknown lineage (written before Headrace recorded sink owners)", ""
         else:
             whose = f"of lineage {owner_lineage} (job {owner_job})"
-            resume = (f"resubmit it from a savepoint or retained checkpoint of job {owner_job} "
-                      f"(`headrace checkpoints {owner_job}`, then `headrace run PIPELINE -s PATH`) to "
-                      f"continue that lineage, or ")
+            resume = (
+                f"resubmit it from a savepoint or retained checkpoint of job {owner_job} "
+                f"(`headrace checkpoints {owner_job}`, then `headrace run PIPELINE -s PATH`) to "
+                f"continue that lineage, or "
+            )
         super().__init__(
             f"{kind} {target} is the sink {whose}; {claimant} may not write it: it would undo or "
             f"mix with that lineage's committed output. Fix: write this job to another {kind}, or "
@@ -96,8 +105,10 @@ class SinkOwnedError(TaskError, RuntimeError):
         )
 
     def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
-        return (SinkOwnedError, (self.kind, self.target, self.owner_lineage, self.owner_job,
-                                 self.claimant, self.release, self.replaced))
+        return (
+            SinkOwnedError,
+            (self.kind, self.target, self.owner_lineage, self.owner_job, self.claimant, self.release, self.replaced),
+        )
 
 
 def describe(owner: SinkOwner | None) -> str:
@@ -106,9 +117,17 @@ def describe(owner: SinkOwner | None) -> str:
     return f"job {owner.job_id} (lineage {owner.lineage})"
 
 
-def check_claim(kind: str, target: str, claimant: SinkOwner, current: SinkOwner | None, *,
-                restored_batch_id: int, has_commits: bool, release: str,
-                replaced: Sequence[str] = ()) -> None:
+def check_claim(
+    kind: str,
+    target: str,
+    claimant: SinkOwner,
+    current: SinkOwner | None,
+    *,
+    restored_batch_id: int,
+    has_commits: bool,
+    release: str,
+    replaced: Sequence[str] = (),
+) -> None:
     """Raise SinkOwnedError unless `claimant` may prepare a target owned by `current` (None:
     no owner recorded; `replaced`: the owner record's replaced job ids). See the module
     docstring for the rules."""
@@ -116,8 +135,9 @@ def check_claim(kind: str, target: str, claimant: SinkOwner, current: SinkOwner 
         if current.lineage != claimant.lineage:
             raise SinkOwnedError(kind, target, current.lineage, current.job_id, describe(claimant), release)
         if claimant.job_id != current.job_id and claimant.job_id in replaced:
-            raise SinkOwnedError(kind, target, current.lineage, current.job_id, describe(claimant), release,
-                                 replaced=True)
+            raise SinkOwnedError(
+                kind, target, current.lineage, current.job_id, describe(claimant), release, replaced=True
+            )
         return
     if has_commits and restored_batch_id < 0:
         raise SinkOwnedError(kind, target, UNKNOWN, UNKNOWN, describe(claimant), release)
@@ -127,4 +147,4 @@ def replaced_after(claimant: SinkOwner, current: SinkOwner | None, replaced: Seq
     """The replaced job ids to record once `claimant` took the target from `current`."""
     if current is None or current.job_id == claimant.job_id:
         return list(replaced)
-    return [j for j in replaced if j != current.job_id][-(MAX_REPLACED - 1):] + [current.job_id]
+    return [j for j in replaced if j != current.job_id][-(MAX_REPLACED - 1) :] + [current.job_id]

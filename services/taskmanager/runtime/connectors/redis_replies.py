@@ -17,15 +17,17 @@ from shared.redis_key_grants import READ_OPTION, WRITE_OPTION
 StreamEntry = tuple[bytes, dict[bytes, bytes]]
 
 
-def entries(client: redis.Redis, stream: str, low: str | bytes, high: str | bytes, *,
-            count: int | None = None) -> list[StreamEntry]:
+def entries(
+    client: redis.Redis, stream: str, low: str | bytes, high: str | bytes, *, count: int | None = None
+) -> list[StreamEntry]:
     """XRANGE: the entries from `low` to `high` ("(" before a bound excludes it), oldest first."""
     with reading(stream):
         return cast("list[StreamEntry] | None", client.xrange(stream, low, high, count=count)) or []
 
 
-def newest_entries(client: redis.Redis, stream: str, high: str | bytes, low: str | bytes, *,
-                   count: int | None = None) -> list[StreamEntry]:
+def newest_entries(
+    client: redis.Redis, stream: str, high: str | bytes, low: str | bytes, *, count: int | None = None
+) -> list[StreamEntry]:
     """XREVRANGE: the entries from `high` down to `low`, newest first."""
     with reading(stream):
         return cast("list[StreamEntry] | None", client.xrevrange(stream, high, low, count=count)) or []
@@ -65,7 +67,8 @@ class StreamReadRefused(TaskError, RuntimeError):
         super().__init__(
             f"Redis refused this task's user a read of {stream!r} ({error}): a job that declares its Redis keys "
             f"reads only those ({READ_OPTION}, or {WRITE_OPTION} for keys it also writes); add the stream there "
-            "and submit again (docs/runbooks/auth.md, \"Redis users\")")
+            'and submit again (docs/runbooks/auth.md, "Redis users")'
+        )
 
     def __reduce__(self):  # picklable despite its own signature (from the Python workers)
         return (StreamReadRefused, (self.stream, self.error))

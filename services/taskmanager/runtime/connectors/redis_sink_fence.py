@@ -176,7 +176,8 @@ class SinkBookkeepingRefused(TaskError, RuntimeError):
             f"ids are '<lineage>:<name>' "
             f"(ctx.sinks.redis_stream names them so; an explicit sink_id must start with the lineage). If this is "
             f"ctx.sinks.redis_stream, the JobManager could not make the lineage's Redis user: its log says why "
-            f"(docs/runbooks/auth.md, \"Redis users\").")
+            f'(docs/runbooks/auth.md, "Redis users").'
+        )
 
     def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
         return (SinkBookkeepingRefused, (self.sink_id, self.error, self.stream))
@@ -189,8 +190,15 @@ def _eval(client: redis.Redis, script: str, keys: list[str], args: list[Encodabl
         raise SinkBookkeepingRefused(sink_id, exc, stream=keys[0]) from None
 
 
-def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int,
-                 restored_batch_id: int, owner: SinkOwner | None = None) -> int:
+def prepare_sink(
+    client: redis.Redis,
+    stream: str,
+    *,
+    sink_id: str,
+    attempt: int,
+    restored_batch_id: int,
+    owner: SinkOwner | None = None,
+) -> int:
     """Take the sink over for `attempt` and delete the entries of batches after
     `restored_batch_id`; returns how many entries were deleted. Raises SinkOwnedError when
     another lineage than `owner`'s owns the sink id, SinkFencedError when a newer attempt holds
@@ -200,13 +208,22 @@ def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int
     args: list[EncodableT] = [attempt, restored_batch_id, *claim, MAX_REPLACED]
     status, *rest = _eval(client, _PREPARE_SCRIPT, keys, args, sink_id)
     if status in ("owned", "replaced"):
-        release = (f"cancel the owner's job, then DEL {owner_key(sink_id)} {fence_key(sink_id)} "
-                   f"{committed_key(sink_id)} {batches_key(sink_id)} (its entries stay in {stream})")
+        release = (
+            f"cancel the owner's job, then DEL {owner_key(sink_id)} {fence_key(sink_id)} "
+            f"{committed_key(sink_id)} {batches_key(sink_id)} (its entries stay in {stream})"
+        )
         lineage, job = (rest[0], rest[1]) if rest[0] else (UNKNOWN, UNKNOWN)
         # Only a prepare with an owner is refused so (the script checks ownership only then).
         claimant = f"job {owner.job_id} (lineage {owner.lineage})" if owner else "a prepare without an owner"
-        raise SinkOwnedError("Redis stream sink", f"{sink_id!r} (stream {stream})", lineage, job, claimant, release,
-                             replaced=status == "replaced")
+        raise SinkOwnedError(
+            "Redis stream sink",
+            f"{sink_id!r} (stream {stream})",
+            lineage,
+            job,
+            claimant,
+            release,
+            replaced=status == "replaced",
+        )
     if status == "fenced":
         raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]))
     if status == "missing":
@@ -222,9 +239,16 @@ def prepare_sink(client: redis.Redis, stream: str, *, sink_id: str, attempt: int
     return int(rest[0])
 
 
-def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *,
-                   sink_id: str | None, batch_id: int | None, maxlen: int | None = None,
-                   attempt: int | None = None) -> bool:
+def commit_entries(
+    client: redis.Redis,
+    stream: str,
+    entries: Sequence[bytes],
+    *,
+    sink_id: str | None,
+    batch_id: int | None,
+    maxlen: int | None = None,
+    attempt: int | None = None,
+) -> bool:
     """XADD all entries atomically; with a batch id, skip (False) if it is already committed;
     with an attempt (a prepared sink), raise SinkFencedError, writing nothing, unless that
     attempt still holds the sink.
@@ -239,8 +263,13 @@ def commit_entries(client: redis.Redis, stream: str, entries: Sequence[bytes], *
             pipe.execute()
         return True
     keys = [stream, committed_key(sink_id), fence_key(sink_id), batches_key(sink_id)]
-    args: list[EncodableT] = [batch_id, "" if attempt is None else attempt, "" if maxlen is None else maxlen,
-                              RETAINED_BATCH_RECORDS, *entries]
+    args: list[EncodableT] = [
+        batch_id,
+        "" if attempt is None else attempt,
+        "" if maxlen is None else maxlen,
+        RETAINED_BATCH_RECORDS,
+        *entries,
+    ]
     status, *rest = _eval(client, _COMMIT_SCRIPT, keys, args, sink_id)
     if status == "fenced" and attempt is not None:  # the script checks the fence only for an attempt
         raise SinkFencedError(f"stream:{stream} ({sink_id})", attempt, int(rest[0]) if rest[0] else None)

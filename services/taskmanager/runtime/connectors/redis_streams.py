@@ -90,8 +90,10 @@ SPLIT_MIN_ENTRIES = 16
 
 # ---------------------------------------------------------------- packing helpers
 
-def pack_events(records: Iterable[Mapping[str, Any]] | pa.Table | pa.RecordBatch,
-                schema: pa.Schema | None = None) -> bytes:
+
+def pack_events(
+    records: Iterable[Mapping[str, Any]] | pa.Table | pa.RecordBatch, schema: pa.Schema | None = None
+) -> bytes:
     """Events -> the bytes of one packed entry (an Arrow IPC stream)."""
     if isinstance(records, pa.RecordBatch):
         table = pa.Table.from_batches([records])
@@ -157,6 +159,7 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 # ---------------------------------------------------------------- ids and options
 
+
 def parse_id(entry_id: str | bytes) -> tuple[int, int]:
     s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     ms, _, seq = s.partition("-")
@@ -206,6 +209,7 @@ class _LazyClient:
 
 
 # ---------------------------------------------------------------- source
+
 
 class _IdRange(InputPartition):
     """Entries with `after < id <= until`."""
@@ -297,8 +301,9 @@ class _StreamReader(_LazyClient, DataSourceStreamReader):
             self._client = None
 
 
-def entries_after(client: redis.Redis, stream: str, after: str, last: str | None = None,
-                  cap: int = LAG_COUNT_CAP) -> int:
+def entries_after(
+    client: redis.Redis, stream: str, after: str, last: str | None = None, cap: int = LAG_COUNT_CAP
+) -> int:
     """How many entries of `stream` have an id above `after`: exact up to `cap`, estimated above
     it (XLEN times the share of the stream's time span after `after`)."""
     if last is not None and parse_id(after) >= parse_id(last):
@@ -315,8 +320,9 @@ def entries_after(client: redis.Redis, stream: str, after: str, last: str | None
     return max(cap, min(length, int(length * share)))
 
 
-def read_entries(client: redis.Redis, stream: str, after: str, until: str,
-                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def read_entries(
+    client: redis.Redis, stream: str, after: str, until: str, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     """Record batches of the entries `after < id <= until`, conformed to `schema`."""
     cursor = after
     pending_json: list[dict[str, Any]] = []
@@ -351,6 +357,7 @@ def read_entries(client: redis.Redis, stream: str, after: str, until: str,
 
 # ---------------------------------------------------------------- sink
 
+
 @dataclass
 class PackedEntries(WriterCommitMessage):
     entries: list[bytes]
@@ -376,8 +383,6 @@ def _pack_batches(batches: Iterator[pa.RecordBatch], rows_per_entry: int) -> Pac
     return PackedEntries(entries=entries, num_rows=total)
 
 
-
-
 def _packed(messages: list[WriterCommitMessage | None]) -> list[bytes]:
     """The entries the writers' tasks packed (None: a task that wrote nothing)."""
     return [e for m in messages if isinstance(m, PackedEntries) for e in m.entries]
@@ -392,8 +397,15 @@ class _StreamWriter(_LazyClient, DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         entries = _packed(messages)
-        commit_entries(self.client, self.opts.stream, entries, sink_id=self.opts.sink_id,
-                       batch_id=batchId, maxlen=self.opts.maxlen, attempt=self.opts.attempt)
+        commit_entries(
+            self.client,
+            self.opts.stream,
+            entries,
+            sink_id=self.opts.sink_id,
+            batch_id=batchId,
+            maxlen=self.opts.maxlen,
+            attempt=self.opts.attempt,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # nothing reached Redis: entries are only written at commit
@@ -408,8 +420,7 @@ class _BatchWriter(_LazyClient, DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         entries = _packed(messages)
-        commit_entries(self.client, self.opts.stream, entries, sink_id=None, batch_id=None,
-                       maxlen=self.opts.maxlen)
+        commit_entries(self.client, self.opts.stream, entries, sink_id=None, batch_id=None, maxlen=self.opts.maxlen)
 
 
 class RedisStreamDataSource(DataSource):
@@ -437,8 +448,8 @@ class RedisStreamDataSource(DataSource):
         return _BatchWriter(_Options(self.options))
 
 
-
 # ---------------------------------------------------------------- sink handle
+
 
 def redis_stream_sink(
     df: "DataFrame",
@@ -461,8 +472,9 @@ def redis_stream_sink(
         opts["attempt"] = str(attempt)  # read by configure() when the query starts
         client = redis.Redis.from_url(url)
         try:
-            prepare_sink(client, stream, sink_id=sink_id, attempt=attempt,
-                         restored_batch_id=restored_batch_id, owner=owner)
+            prepare_sink(
+                client, stream, sink_id=sink_id, attempt=attempt, restored_batch_id=restored_batch_id, owner=owner
+            )
         finally:
             client.close()
 
@@ -472,5 +484,12 @@ def redis_stream_sink(
     def run_batch() -> None:
         df.write.format("redis_stream").mode("append").options(**opts).save()
 
-    return SinkHandle(name=name or f"redis-{stream}", df=df, output_mode=output_mode, trigger=trigger,
-                      configure=configure, run_batch=run_batch, on_prepare=prepare)
+    return SinkHandle(
+        name=name or f"redis-{stream}",
+        df=df,
+        output_mode=output_mode,
+        trigger=trigger,
+        configure=configure,
+        run_batch=run_batch,
+        on_prepare=prepare,
+    )

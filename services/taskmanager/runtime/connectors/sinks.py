@@ -59,8 +59,10 @@ class SinkAheadOfRestore(TaskError, RuntimeError):
 
     def __init__(self, path: str, batch_id: int, restored_batch_id: int):
         self.path, self.batch_id, self.restored_batch_id = path, batch_id, restored_batch_id
-        super().__init__(f"the sink committed the checkpoint at batch {batch_id} ({path}) after the one "
-                         f"restored at batch {restored_batch_id}")
+        super().__init__(
+            f"the sink committed the checkpoint at batch {batch_id} ({path}) after the one "
+            f"restored at batch {restored_batch_id}"
+        )
 
 
 @dataclass
@@ -115,14 +117,21 @@ class SinkHandle:
         if attempt < 0:
             raise ValueError(f"sink {self.name}: attempt must be >= 0, got {attempt}")
         if restored_batch_id < -1:
-            raise ValueError(f"sink {self.name}: restored_batch_id must be >= -1 (-1 = fresh start), "
-                             f"got {restored_batch_id}")
+            raise ValueError(
+                f"sink {self.name}: restored_batch_id must be >= -1 (-1 = fresh start), got {restored_batch_id}"
+            )
         self.attempt = attempt
         if self.on_prepare is not None:
             self.on_prepare(attempt, restored_batch_id, owner)
 
-    def start(self, checkpoint_location: str, query_name: str | None = None, *,
-              available_now: bool = False, once: bool = False) -> "StreamingQuery":
+    def start(
+        self,
+        checkpoint_location: str,
+        query_name: str | None = None,
+        *,
+        available_now: bool = False,
+        once: bool = False,
+    ) -> "StreamingQuery":
         """`available_now`: process what the sources hold now, then stop at a committed batch
         (the runner drains a query so before a final savepoint). `once`: one micro-batch, the
         planned one if Spark had not committed it (a stop cut it off), then stop."""

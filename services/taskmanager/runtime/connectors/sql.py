@@ -108,9 +108,17 @@ class SqlTableSink:
     Lives on the driver (foreachBatch runs there), so it may hold an engine.
     """
 
-    def __init__(self, url: str, table: str, *, sink_id: str, key_columns: Sequence[str] = (),
-                 overwrite: bool = False, retry: RetryPolicy | None = None,
-                 on_wait: Callable[[str | None], None] | None = None):
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        *,
+        sink_id: str,
+        key_columns: Sequence[str] = (),
+        overwrite: bool = False,
+        retry: RetryPolicy | None = None,
+        on_wait: Callable[[str | None], None] | None = None,
+    ):
         self.url = url
         self.table_name = table
         self.sink_id = sink_id
@@ -127,8 +135,9 @@ class SqlTableSink:
         self._bookkeeping_md = md
         self._bookkeeping_checked = False
         # Every step that touches the database waits out an outage of it (sql_retry.py).
-        self.retrier = Retrier(retry or RetryPolicy(), sink_id=sink_id, database=describe_database(url),
-                               on_wait=on_wait)
+        self.retrier = Retrier(
+            retry or RetryPolicy(), sink_id=sink_id, database=describe_database(url), on_wait=on_wait
+        )
 
     @property
     def engine(self) -> sa.Engine:
@@ -155,13 +164,20 @@ class SqlTableSink:
             raise ValueError(f"key columns {missing} are not in the output columns {schema.fieldNames()}")
         md = sa.MetaData()
         columns: list[Any] = [
-            sa.Column(f.name, sa_type(f.dataType), primary_key=f.name in self.key_columns,
-                      nullable=f.name not in self.key_columns)
+            sa.Column(
+                f.name,
+                sa_type(f.dataType),
+                primary_key=f.name in self.key_columns,
+                nullable=f.name not in self.key_columns,
+            )
             for f in schema.fields
         ]
         if not self.key_columns:
-            columns += [sa.Column(LINEAGE_SINK, sa.String(512)), sa.Column(LINEAGE_BATCH, sa.BigInteger),
-                        sa.Index(lineage_index_name(self.table_name), LINEAGE_SINK, LINEAGE_BATCH)]
+            columns += [
+                sa.Column(LINEAGE_SINK, sa.String(512)),
+                sa.Column(LINEAGE_BATCH, sa.BigInteger),
+                sa.Index(lineage_index_name(self.table_name), LINEAGE_SINK, LINEAGE_BATCH),
+            ]
         sa.Table(self.table_name, md, *columns)
         create_all(md, self.engine)
         # An existing table wins over the one we would have created: reflect its real columns.
@@ -178,14 +194,18 @@ class SqlTableSink:
         ValueError if a keyless table cannot be rewound."""
         # Set first: after a failed prepare the sink must refuse to write, not write unfenced.
         self.attempt = attempt
-        self.retrier.run(f"preparing attempt {attempt}",
-                         lambda: self._prepare_once(attempt, restored_batch_id, owner))
+        self.retrier.run(f"preparing attempt {attempt}", lambda: self._prepare_once(attempt, restored_batch_id, owner))
 
     def _prepare_once(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None) -> None:
         """Take the fence: a replaced attempt's transaction left open is ended (sql_stale_writers.py)."""
-        sql_stale_writers.take_fence(self.engine, self.sink_id, attempt, self.retrier,
-                                     lambda: self._prepare_locked(attempt, restored_batch_id, owner),
-                                     fences_table=FENCES_TABLE)
+        sql_stale_writers.take_fence(
+            self.engine,
+            self.sink_id,
+            attempt,
+            self.retrier,
+            lambda: self._prepare_locked(attempt, restored_batch_id, owner),
+            fences_table=FENCES_TABLE,
+        )
 
     def _prepare_locked(self, attempt: int, restored_batch_id: int, owner: SinkOwner | None) -> None:
         self._ensure_bookkeeping()
@@ -196,26 +216,41 @@ class SqlTableSink:
             sql_stale_writers.limit_lock_wait(conn)
             sql_stale_writers.name_transaction(conn, self.sink_id, attempt)  # a frozen prepare is ended too
             # Insert-if-absent, then lock: two first prepares cannot both see "no fence yet".
-            conn.execute(_insert(self.engine, fences).values(
-                sink_id=self.sink_id, attempt=attempt, restored_batch_id=r, fenced_at=_now(),
-            ).on_conflict_do_nothing())
+            conn.execute(
+                _insert(self.engine, fences)
+                .values(sink_id=self.sink_id, attempt=attempt, restored_batch_id=r, fenced_at=_now())
+                .on_conflict_do_nothing()
+            )
             holder = conn.execute(
                 sa.select(fences.c.attempt).where(fences.c.sink_id == self.sink_id).with_for_update()
             ).scalar_one()
             if owner is not None:  # before the fence: another lineage's token means nothing here
-                sql_owners.claim(conn, self._owners, commits, sink_id=self.sink_id, table=self.table_name,
-                                 owner=owner, restored_batch_id=r, fences_table=FENCES_TABLE)
+                sql_owners.claim(
+                    conn,
+                    self._owners,
+                    commits,
+                    sink_id=self.sink_id,
+                    table=self.table_name,
+                    owner=owner,
+                    restored_batch_id=r,
+                    fences_table=FENCES_TABLE,
+                )
             if holder > attempt:
                 raise SinkFencedError(self.sink_id, attempt, holder)
-            discarded = conn.execute(
-                sa.select(commits.c.batch_id)
-                .where(commits.c.sink_id == self.sink_id, commits.c.batch_id > r)
-                .order_by(commits.c.batch_id)
-            ).scalars().all()
+            discarded = (
+                conn.execute(
+                    sa.select(commits.c.batch_id)
+                    .where(commits.c.sink_id == self.sink_id, commits.c.batch_id > r)
+                    .order_by(commits.c.batch_id)
+                )
+                .scalars()
+                .all()
+            )
             if discarded and not self.key_columns:
                 if lineage is not None:
-                    conn.execute(lineage.delete().where(lineage.c[LINEAGE_SINK] == self.sink_id,
-                                                        lineage.c[LINEAGE_BATCH] > r))
+                    conn.execute(
+                        lineage.delete().where(lineage.c[LINEAGE_SINK] == self.sink_id, lineage.c[LINEAGE_BATCH] > r)
+                    )
                 elif table_exists:
                     raise ValueError(
                         f"SQL sink {self.sink_id}: attempt {attempt} restarts after batch {r}, but "
@@ -230,10 +265,12 @@ class SqlTableSink:
                         f"and can undo them, but the rows already written are untagged, so remove "
                         f"those of batches {discarded[0]}..{discarded[-1]} by hand or they stay twice."
                     )
-            conn.execute(commits.delete().where(commits.c.sink_id == self.sink_id,
-                                                commits.c.batch_id > r))
-            conn.execute(fences.update().where(fences.c.sink_id == self.sink_id).values(
-                attempt=attempt, restored_batch_id=r, fenced_at=_now()))
+            conn.execute(commits.delete().where(commits.c.sink_id == self.sink_id, commits.c.batch_id > r))
+            conn.execute(
+                fences.update()
+                .where(fences.c.sink_id == self.sink_id)
+                .values(attempt=attempt, restored_batch_id=r, fenced_at=_now())
+            )
 
     def _reflect_for_rewind(self) -> tuple[bool, sa.Table | None]:
         """(does the table exist, the table if it has the keyless bookkeeping columns)."""
@@ -265,8 +302,7 @@ class SqlTableSink:
         with self.engine.connect() as conn:
             self._check_fence(conn, lock=False)
             hit = conn.execute(
-                sa.select(commits.c.batch_id).where(commits.c.sink_id == self.sink_id,
-                                                    commits.c.batch_id == batch_id)
+                sa.select(commits.c.batch_id).where(commits.c.sink_id == self.sink_id, commits.c.batch_id == batch_id)
             ).first()
         return hit is not None
 
@@ -287,9 +323,12 @@ class SqlTableSink:
         with self.engine.begin() as conn:
             sql_stale_writers.name_transaction(conn, self.sink_id, self.attempt)
             self._check_fence(conn, lock=True)
-            marker = _insert(self.engine, commits).values(
-                sink_id=self.sink_id, batch_id=batch_id, num_rows=len(rows), committed_at=_now(),
-            ).on_conflict_do_nothing().returning(commits.c.batch_id)
+            marker = (
+                _insert(self.engine, commits)
+                .values(sink_id=self.sink_id, batch_id=batch_id, num_rows=len(rows), committed_at=_now())
+                .on_conflict_do_nothing()
+                .returning(commits.c.batch_id)
+            )
             # The marker insert takes the row lock first, so a concurrent attempt of the same
             # batch waits here and then sees the conflict instead of writing twice. RETURNING,
             # not rowcount: psycopg reports -1 for a conflicting insert.
@@ -309,8 +348,7 @@ class SqlTableSink:
         if not others:
             return stmt.on_conflict_do_nothing(index_elements=list(self.key_columns))
         return stmt.on_conflict_do_update(
-            index_elements=list(self.key_columns),
-            set_={c: getattr(stmt.excluded, c) for c in others},
+            index_elements=list(self.key_columns), set_={c: getattr(stmt.excluded, c) for c in others}
         )
 
     def write_batch(self, df: DataFrame, batch_id: int) -> bool:
@@ -340,8 +378,9 @@ def sql_sink(
 ) -> SinkHandle:
     """`retry`: how long a batch waits for an unreachable database (sql_retry.py; default 60 s);
     `on_wait(reason or None)` hears when it starts and stops waiting."""
-    sink = SqlTableSink(url, table, sink_id=sink_id, key_columns=key_columns, overwrite=overwrite, retry=retry,
-                        on_wait=on_wait)
+    sink = SqlTableSink(
+        url, table, sink_id=sink_id, key_columns=key_columns, overwrite=overwrite, retry=retry, on_wait=on_wait
+    )
 
     def configure(writer):
         return writer.foreachBatch(lambda batch_df, batch_id: sink.write_batch(batch_df, batch_id))
@@ -352,7 +391,12 @@ def sql_sink(
         finally:
             sink.close()
 
-    return SinkHandle(name=name or f"sql-{table}", df=df,
-                      output_mode=output_mode if df.isStreaming else "append",
-                      trigger=trigger, configure=configure, run_batch=run_batch,
-                      on_prepare=sink.prepare)
+    return SinkHandle(
+        name=name or f"sql-{table}",
+        df=df,
+        output_mode=output_mode if df.isStreaming else "append",
+        trigger=trigger,
+        configure=configure,
+        run_batch=run_batch,
+        on_prepare=sink.prepare,
+    )

@@ -10,8 +10,13 @@ import sqlalchemy as sa
 # connections (a partition, a frozen host): without them a connect waits for the OS's TCP
 # timeout (minutes) and a statement on a dead connection forever, so a sink could never count
 # its outage against its retry bound (sql_retry.py). A URL's own values win.
-PG_TIMEOUTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-               "keepalives_count": 3}
+PG_TIMEOUTS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -39,4 +44,5 @@ def sink_engine(url: str) -> sa.Engine:
         @sa.event.listens_for(engine, "begin")
         def _begin_immediate(conn):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
     return engine

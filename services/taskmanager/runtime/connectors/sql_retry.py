@@ -64,8 +64,9 @@ class RetryPolicy:
     max_backoff_s: float = MAX_BACKOFF_S
 
     @classmethod
-    def from_options(cls, config: Mapping[str, Any] | None = None, *, max_retry_time: Any = None,
-                     max_retries: Any = None) -> "RetryPolicy":
+    def from_options(
+        cls, config: Mapping[str, Any] | None = None, *, max_retry_time: Any = None, max_retries: Any = None
+    ) -> "RetryPolicy":
         """The sink's own values, else the job options `sink.max-retry-time` and
         `sink.max-retries`, else the defaults. The job options are read as the dispatcher checks
         them (shared/job_options.py: a string without a unit is milliseconds, as in Flink), so a
@@ -80,8 +81,9 @@ class RetryPolicy:
             count = None if count_value is None else integer(count_value, 0)
         except ValueError as exc:
             raise ValueError(
-                f"SQL sink retry options: {MAX_RETRY_TIME} must be a duration such as \"60 s\" and "
-                f"{MAX_RETRIES} a count >= 0, got {time_value!r} and {count_value!r} ({exc})") from exc
+                f'SQL sink retry options: {MAX_RETRY_TIME} must be a duration such as "60 s" and '
+                f"{MAX_RETRIES} a count >= 0, got {time_value!r} and {count_value!r} ({exc})"
+            ) from exc
         return cls(max_retry_time_s=seconds, max_retries=count)
 
     def backoff(self, retry: int) -> float:
@@ -131,12 +133,14 @@ class SinkDatabaseUnreachable(TaskError, RuntimeError):
             f"({retries} retries; bound: {MAX_RETRY_TIME} / {MAX_RETRIES}); last error: {cause}. "
             f"Nothing of this batch was committed twice or lost: the task fails and its restart "
             f"re-runs the batch once the database answers (docs/runbooks/catalog-outage.md, "
-            f"\"SQL sinks\")."
+            f'"SQL sinks").'
         )
 
     def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
-        return (SinkDatabaseUnreachable,
-                (self.sink_id, self.database, self.step, self.waited_s, self.retries, self.cause))
+        return (
+            SinkDatabaseUnreachable,
+            (self.sink_id, self.database, self.step, self.waited_s, self.retries, self.cause),
+        )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -149,9 +153,16 @@ class Retrier:
     waiting for its database (a reason, once per outage) and when it stops (None): the driver
     sends it on as the attempt's waiting reason (shared/task_protocol.py `Waiting`)."""
 
-    def __init__(self, policy: RetryPolicy, *, sink_id: str, database: str,
-                 on_wait: Callable[[str | None], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        sink_id: str,
+        database: str,
+        on_wait: Callable[[str | None], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.policy, self.sink_id, self.database = policy, sink_id, database
         self.on_wait = on_wait
         self.clock, self.sleep = clock, sleep
@@ -177,25 +188,42 @@ class Retrier:
                 remaining = self.policy.max_retry_time_s - waited
                 if remaining <= 0 or (self.policy.max_retries is not None and retries >= self.policy.max_retries):
                     self.set_waiting(None)
-                    raise SinkDatabaseUnreachable(self.sink_id, self.database, step, waited, retries,
-                                                  _first_line(exc)) from exc
+                    raise SinkDatabaseUnreachable(
+                        self.sink_id, self.database, step, waited, retries, _first_line(exc)
+                    ) from exc
                 retries += 1
                 if retries == 1 or now - reported >= REPORT_EVERY_S:
                     reported = now
-                    log.warning("SQL sink %s: database %s unreachable while %s (%s); waiting %.0f s more "
-                                "for it (%s %.0f s), retry %d", self.sink_id, self.database, step,
-                                _first_line(exc), remaining, MAX_RETRY_TIME, self.policy.max_retry_time_s,
-                                retries)
+                    log.warning(
+                        "SQL sink %s: database %s unreachable while %s (%s); waiting %.0f s more "
+                        "for it (%s %.0f s), retry %d",
+                        self.sink_id,
+                        self.database,
+                        step,
+                        _first_line(exc),
+                        remaining,
+                        MAX_RETRY_TIME,
+                        self.policy.max_retry_time_s,
+                        retries,
+                    )
                 if retries == 1:
                     since = time.strftime("%H:%M:%S", time.gmtime())
-                    self.set_waiting(f"SQL sink {self.sink_id}: waiting for database {self.database}, "
-                                     f"unreachable since {since} UTC (the task fails after "
-                                     f"{self.policy.max_retry_time_s:.0f} s, {MAX_RETRY_TIME})")
+                    self.set_waiting(
+                        f"SQL sink {self.sink_id}: waiting for database {self.database}, "
+                        f"unreachable since {since} UTC (the task fails after "
+                        f"{self.policy.max_retry_time_s:.0f} s, {MAX_RETRY_TIME})"
+                    )
                 self.sleep(min(self.policy.backoff(retries), remaining))
                 continue
             if started is not None:
-                log.warning("SQL sink %s: database %s answers again after %.1f s; %s went on (%d retries)",
-                            self.sink_id, self.database, self.clock() - started, step, retries)
+                log.warning(
+                    "SQL sink %s: database %s answers again after %.1f s; %s went on (%d retries)",
+                    self.sink_id,
+                    self.database,
+                    self.clock() - started,
+                    step,
+                    retries,
+                )
                 self.set_waiting(None)
             return result
 

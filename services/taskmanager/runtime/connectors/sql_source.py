@@ -60,17 +60,13 @@ def read_table(url: str, table: str, *, columns: Sequence[str] | None = None) ->
     engine = make_engine(url)
     try:
         tbl = sa.Table(table, sa.MetaData(), autoload_with=engine)
-        cols = ([tbl.c[c] for c in columns] if columns
-                else [c for c in tbl.columns if c.name not in LINEAGE_COLUMNS])
+        cols = [tbl.c[c] for c in columns] if columns else [c for c in tbl.columns if c.name not in LINEAGE_COLUMNS]
         schema = pa.schema([(c.name, _arrow_type(c.type)) for c in cols])
         with engine.connect() as conn:
             rows = conn.execute(sa.select(*cols)).all()
     finally:
         engine.dispose()
-    data = {
-        f.name: pa.array([_to_arrow_value(r[k], f.type) for r in rows], type=f.type)
-        for k, f in enumerate(schema)
-    }
+    data = {f.name: pa.array([_to_arrow_value(r[k], f.type) for r in rows], type=f.type) for k, f in enumerate(schema)}
     return pa.table(data, schema=schema)
 
 

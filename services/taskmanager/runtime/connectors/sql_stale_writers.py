@@ -43,7 +43,8 @@ class SinkFenceLockedError(TaskError, RuntimeError):
         super().__init__(
             f"SQL sink {sink_id}: its fence row stayed locked for {waited_s:.0f} s by {holders}, which is not "
             f"an earlier attempt of this sink; end that session (pg_terminate_backend) or its transaction, "
-            f"then the task's restart takes the sink over (docs/runbooks/taskmanager-loss.md)")
+            f"then the task's restart takes the sink over (docs/runbooks/taskmanager-loss.md)"
+        )
 
     def __reduce__(self):  # picklable despite its own signature (e.g. across processes)
         return (SinkFenceLockedError, (self.sink_id, self.waited_s, self.holders))
@@ -61,8 +62,9 @@ def session_name(sink_id: str, attempt: int) -> str:
 def name_transaction(conn: sa.Connection, sink_id: str, attempt: int | None) -> None:
     """Name this transaction after the sink's attempt (PostgreSQL; nothing on SQLite)."""
     if attempt is not None and conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT set_config('application_name', :name, true)"),
-                     {"name": session_name(sink_id, attempt)})
+        conn.execute(
+            sa.text("SELECT set_config('application_name', :name, true)"), {"name": session_name(sink_id, attempt)}
+        )
 
 
 def limit_lock_wait(conn: sa.Connection) -> None:
@@ -81,13 +83,16 @@ def end_older_attempts(engine: sa.Engine, sink_id: str, attempt: int) -> list[st
         return []
     prefix = f"{SESSION_PREFIX} {_sink_tag(sink_id)} attempt "
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT pid, application_name FROM pg_stat_activity "
-            "WHERE pid <> pg_backend_pid() AND left(application_name, :n) = :prefix"),
-            {"n": len(prefix), "prefix": prefix}).all()
+        rows = conn.execute(
+            sa.text(
+                "SELECT pid, application_name FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND left(application_name, :n) = :prefix"
+            ),
+            {"n": len(prefix), "prefix": prefix},
+        ).all()
     ended = []
     for pid, name in rows:
-        older = name[len(prefix):]
+        older = name[len(prefix) :]
         if older.isdigit() and int(older) < attempt and _terminate(engine, pid):
             ended.append(f"session {pid} ({name})")
     return ended
@@ -111,18 +116,25 @@ def lock_holders(engine: sa.Engine, table: str, sink_id: str) -> str:
     other_sinks = f"{SESSION_PREFIX} "
     own = f"{SESSION_PREFIX} {_sink_tag(sink_id)} "
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT DISTINCT a.pid, a.application_name, a.state FROM pg_locks l "
-            "JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.relation = to_regclass(:table) AND l.granted AND l.pid <> pg_backend_pid()"),
-            {"table": table}).all()
-    shown = [f"session {pid} ({name or 'no application_name'}, {state})" for pid, name, state in rows
-             if not (name or "").startswith(other_sinks) or name.startswith(own)]
+        rows = conn.execute(
+            sa.text(
+                "SELECT DISTINCT a.pid, a.application_name, a.state FROM pg_locks l "
+                "JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.relation = to_regclass(:table) AND l.granted AND l.pid <> pg_backend_pid()"
+            ),
+            {"table": table},
+        ).all()
+    shown = [
+        f"session {pid} ({name or 'no application_name'}, {state})"
+        for pid, name, state in rows
+        if not (name or "").startswith(other_sinks) or name.startswith(own)
+    ]
     return ", ".join(shown) or "a session that has since let go"
 
 
-def take_fence(engine: sa.Engine, sink_id: str, attempt: int, retrier: Retrier, prepare: Callable[[], None], *,
-               fences_table: str) -> None:
+def take_fence(
+    engine: sa.Engine, sink_id: str, attempt: int, retrier: Retrier, prepare: Callable[[], None], *, fences_table: str
+) -> None:
     """`prepare()` (its transaction under limit_lock_wait), again after each lock timeout: once
     older attempts' sessions were ended, or while someone else's holds the lock on `fences_table`,
     up to FENCE_WAIT_S."""
@@ -138,8 +150,11 @@ def take_fence(engine: sa.Engine, sink_id: str, attempt: int, retrier: Retrier, 
         ended = end_older_attempts(engine, sink_id, attempt)
         waited = time.monotonic() - started
         if ended:
-            print(f"SQL sink {sink_id}: ended {', '.join(ended)}, which held its fence row "
-                  f"(a replaced attempt's transaction left open)", flush=True)
+            print(
+                f"SQL sink {sink_id}: ended {', '.join(ended)}, which held its fence row "
+                f"(a replaced attempt's transaction left open)",
+                flush=True,
+            )
             if waited < FENCE_WAIT_S:
                 continue
         holders = lock_holders(engine, fences_table, sink_id)

@@ -46,7 +46,8 @@ def sa_type(t: T.DataType) -> sa.types.TypeEngine:
 
 def commits_table(md: sa.MetaData) -> sa.Table:
     return sa.Table(
-        COMMITS_TABLE, md,
+        COMMITS_TABLE,
+        md,
         sa.Column("sink_id", sa.String(512), primary_key=True),
         sa.Column("batch_id", sa.BigInteger, primary_key=True),
         sa.Column("num_rows", sa.BigInteger, nullable=False),
@@ -56,7 +57,8 @@ def commits_table(md: sa.MetaData) -> sa.Table:
 
 def fences_table(md: sa.MetaData) -> sa.Table:
     return sa.Table(
-        FENCES_TABLE, md,
+        FENCES_TABLE,
+        md,
         sa.Column("sink_id", sa.String(512), primary_key=True),
         sa.Column("attempt", sa.BigInteger, nullable=False),
         sa.Column("restored_batch_id", sa.BigInteger, nullable=False),
