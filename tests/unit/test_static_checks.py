@@ -1,5 +1,6 @@
-"""The linters are gates: the suite fails when ruff finds anything in the repository, or mypy anything
-in services/ and shared/ (rules and exceptions in pyproject.toml, [tool.ruff] and [tool.mypy])."""
+"""The linters are gates: the suite fails when ruff finds anything in the repository or would format
+a file differently, or mypy finds anything in services/ and shared/ (rules and exceptions in
+pyproject.toml, [tool.ruff] and [tool.mypy])."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess:
 def test_ruff_finds_nothing():
     out = run("ruff", "check", "--output-format", "concise", ".")
     assert out.returncode == 0, f"ruff check . found:\n{out.stdout}{out.stderr}"
+
+
+def test_the_tree_is_formatted():
+    out = run("ruff", "format", "--check", ".")
+    assert out.returncode == 0, f"ruff format --check . (run `python3 -m ruff format .`):\n{out.stdout}{out.stderr}"
 
 
 def test_mypy_finds_nothing():
