@@ -312,6 +312,7 @@ LATENCY_KINDS = {
     "latency-mode": LATENCY_MODE,
     "latency-mode-2s-checkpoints": {**LATENCY_MODE, **CHECKPOINTS},
     "latency-mode-1-state-partition": {**LATENCY_MODE, "spark.sql.shuffle.partitions": "1"},
+    "latency-mode-no-checkpoints": {**LATENCY_MODE, "execution.checkpointing.interval": "1 h"},
 }
 
 
