@@ -184,7 +184,10 @@ def test_a_failed_upgrade_rolled_back_leaves_no_row_of_it_and_every_event_once(c
         wait_for("v1 STABLE", lambda: state("STABLE", 1), 300, poll_s=0.25)
         # v2 writes batches for a while, then fails at every batch reaching `fail_at`,
         # and never completes a checkpoint (its interval is 10 min): the deployment rolls it back.
-        fail_at = producer.produced + 400
+        # v2 starts where v1's savepoint stopped, which under load came 7+ s after the PUT, and reads
+        # 100 events a batch: fail_at leaves it a minute of the producer's events (40/s) to write
+        # some batches of its own first, whatever the upgrade took.
+        fail_at = producer.produced + 400 + 40 * 60
         put(spec([*base, "--tag", "v2", "--fail-at", str(fail_at)], interval="10 min"))
         wait_for(
             "rows of v2 in the table", lambda: any(r["tag"] == "v2" for r in rs_rows(path)), READY_WITHIN_S, poll_s=0.25
