@@ -68,9 +68,12 @@ BATCH_GROWTH_STEADY = 1.15
 # A scale-down needs the lower parallelism below the target by this much: an input that wavers
 # around the target does not move the parallelism back and forth.
 SCALE_DOWN_BAND = 0.1
-# Batches of fewer rows than this tell nothing of a per-row cost (their time is the fixed part):
-# a window whose batches carry less on average decides nothing (an input that stopped).
+# Batches of fewer rows than this tell nothing of a per-row cost (their time is the fixed part),
+# and a window carrying under MIN_ROWS_PER_S is an input that (almost) stopped: such a window
+# decides nothing. Both must hold: a modest steady input in quick batches (20 rows/s in batches
+# of 0.5 s) is a real load to keep or scale down for.
 MIN_ROWS_PER_BATCH = 10.0
+MIN_ROWS_PER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -336,11 +339,13 @@ def evaluate(spec: AutoscalerSpec, situation: Situation, points: Sequence[Point]
             f"{fig.span_s if fig else 0:.0f} s of the {spec.metrics_window_s:g} s window",
             fig=fig,
         )
-    if sum(q.rows for q in seen) < MIN_ROWS_PER_BATCH * len(seen):
+    rows = sum(q.rows for q in seen)
+    if rows < MIN_ROWS_PER_BATCH * len(seen) and rows < MIN_ROWS_PER_S * fig.span_s:
         return out(
             Outcome.WAIT,
             f"the window's {len(seen)} micro-batches carry almost no rows (under "
-            f"{MIN_ROWS_PER_BATCH:g} each on average): nothing to judge a capacity by",
+            f"{MIN_ROWS_PER_BATCH:g} each on average, under {MIN_ROWS_PER_S:g} a second): nothing to judge a "
+            "capacity by",
             fig=fig,
         )
     lowest = spec.min_parallelism

@@ -229,14 +229,14 @@ def test_the_autoscaler_follows_the_input_up_and_down_with_exact_counts(cluster,
         job = rest.get(f"/deployments/{SCALED}")["status"]["jobId"]
 
         # An input one core handles easily: it stays at 1, having looked.
-        wait_for(
-            "three evaluations that keep parallelism 1",
-            lambda: [e for e in rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"] if e["outcome"] == "keep"][
-                2:
-            ],
-            120,
-            poll_s=0.25,
-        )
+        def kept() -> list[dict]:
+            evaluations = rest.get(f"/deployments/{SCALED}/autoscaler")["evaluations"]
+            return [e for e in evaluations if e["outcome"] == "keep"][2:]
+
+        try:
+            wait_for("three evaluations that keep parallelism 1", kept, 120, poll_s=0.25)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last evaluations: {last_evaluations(rest, 12)}") from None
         assert scaled_parallelism(rest) == 1, last_evaluations(rest, 12)
 
         # Above one core: parallelism 2 within 60 s of the rise, the same job, and the lag drains.

@@ -266,3 +266,13 @@ def test_batches_with_almost_no_rows_decide_nothing():
     idle = [replace(p, rows=p.rows % 3) for p in simulate(steady(3000), 60, 1)]
     e = decide(idle, 1, last_wanted=2)
     assert e.outcome == Outcome.WAIT and "almost no rows" in e.reason, e.reason
+
+
+def test_a_modest_steady_input_in_quick_batches_is_judged():
+    """20 rows a second in batches of a few rows each is a load, not an input that stopped: the
+    autoscaler keeps the parallelism (or scales down) rather than waiting forever."""
+    trickle = [replace(p, rows=5) for p in simulate(steady(3000), 60, 1)]
+    span = trickle[-1].at_s - trickle[0].at_s
+    assert 5 * len(trickle) / span >= 1.0  # under 10 rows a batch, over 1 row a second
+    e = decide(trickle, 1, last_wanted=1)
+    assert "almost no rows" not in e.reason, e.reason
