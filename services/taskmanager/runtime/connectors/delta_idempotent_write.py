@@ -14,6 +14,11 @@ differently: from the checksum file of the transaction's read version when it li
 transactions, else by Delta's lookup. The app id is recorded among the transaction's reads
 exactly as Delta's lookup does, so a concurrent commit of the same app id still fails this one
 (Delta's conflict check), and the table's log is what Delta itself would have written.
+
+It calls Delta's JVM classes as the pinned release has them (`WriteIntoDelta`'s and
+`DeltaOperations.Write`'s arguments, the transaction's `readTxn`, which Scala leaves reachable):
+a Delta upgrade runs tests/integration/test_delta_idempotent_write.py first, which fails on any
+drift in them.
 """
 
 from __future__ import annotations
