@@ -15,6 +15,14 @@ meanwhile, so starved work is partly never done at all. C2 threads are found by 
 ("C2 CompilerThre", as Linux truncates it) among the threads of every `java` process under this
 one (or the given one), polled until released: the JVM starts after this does, and HotSpot may add C2 threads as
 its queue grows (UseDynamicNumberOfCompilerThreads). Linux only; elsewhere it does nothing.
+
+Leaving SCHED_IDLE is a raise of priority, which the kernel refuses an unprivileged process
+(RLIMIT_NICE 0, the default; a container's root cannot raise that limit without
+CAP_SYS_RESOURCE). A driver running as a drivers' user therefore cannot give its own C2 back: its
+TaskManager (root) does, `give_back`, at the task's first batch or TASK_GRACE_S after handing it
+over (drivers/process.py), and says so with --c2-given-back-by-taskmanager. Where neither may,
+C2 is never idled: a C2 kept idle under a running task leaves the task's hot code to C1, and
+the task pays (docs/benchmarks.md, "Kafka -> PostgreSQL").
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import logging
 import os
 import threading
 from pathlib import Path
+
+from shared import cpu_priority
 
 log = logging.getLogger("headrace.taskmanager.jit")
 
@@ -87,12 +97,18 @@ def _set_policy(tid: int, policy: int) -> bool:
 class OptimizerInReserve:
     """`start()` before the JVM starts; `release()` when a task takes the driver (idempotent)."""
 
-    def __init__(self, root_pid: int | None = None):
+    def __init__(self, root_pid: int | None = None, *, given_back_by_parent: bool = False):
         self.root_pid = root_pid if root_pid is not None else os.getpid()
         self.idled: set[int] = set()
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self.supported = hasattr(os, "SCHED_IDLE") and Path("/proc/self/task").is_dir()
+        # Whether this process may give C2 back itself; else the parent must have said it will.
+        self.may_release = cpu_priority.may_return_to_normal_priority()
+        self.supported = (
+            hasattr(os, "SCHED_IDLE")
+            and Path("/proc/self/task").is_dir()
+            and (self.may_release or given_back_by_parent)
+        )
 
     def start(self) -> "OptimizerInReserve":
         if self.supported:
@@ -122,5 +138,21 @@ class OptimizerInReserve:
             if self._released.is_set():
                 return
             self._released.set()
+            if not self.may_release:
+                return  # the TaskManager gives it back (give_back)
             for tid in sorted(self.idled):
                 _set_policy(tid, os.SCHED_OTHER)
+
+
+def give_back(root_pid: int) -> int:
+    """Every idle C2 thread of the JVMs at or below `root_pid` back under SCHED_OTHER, done by a
+    process that may (the TaskManager, for its drivers); how many it moved."""
+    moved = 0
+    for tid in c2_threads(root_pid):
+        try:
+            idle = os.sched_getscheduler(tid) == os.SCHED_IDLE
+        except OSError:
+            continue  # the thread ended
+        if idle and _set_policy(tid, os.SCHED_OTHER):
+            moved += 1
+    return moved

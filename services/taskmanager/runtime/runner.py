@@ -70,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="in reserve without the warm-up query (Settings.warm_up_query off)",
     )
+    p.add_argument(
+        "--c2-given-back-by-taskmanager",
+        action="store_true",
+        help="the TaskManager puts the JIT's C2 back to work when a task takes this driver (jit_in_reserve.py)",
+    )
     p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
     p.add_argument(
         "--waiting-marker",
@@ -140,7 +145,11 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
     shuffle = args.shuffle_partitions or max(2, args.parallelism)
     runtime = SparkRuntime.from_args(args)
     # A driver that warms up waits in reserve for a task: its JIT's C2 only on idle CPU until then.
-    optimizer = None if args.no_warmup else jit_in_reserve.OptimizerInReserve().start()
+    optimizer = (
+        None
+        if args.no_warmup
+        else jit_in_reserve.OptimizerInReserve(given_back_by_parent=args.c2_given_back_by_taskmanager).start()
+    )
     spark = build_spark(
         args.parallelism,
         workdir,
