@@ -22,6 +22,7 @@ from shared.driver_contract import session_groups
 log = logging.getLogger(__name__)
 
 RESERVE_NICE = 19
+CAP_SYS_NICE = 23  # linux/capability.h
 AUTOGROUP_WRITE_TRIES = 5
 AUTOGROUP_WRITE_PAUSE_S = 0.11  # the kernel's limit without CAP_SYS_ADMIN: one write per 100 ms
 
@@ -29,7 +30,20 @@ AUTOGROUP_WRITE_PAUSE_S = 0.11  # the kernel's limit without CAP_SYS_ADMIN: one 
 def may_raise_priority() -> bool:
     """Whether this process may give a niced child its own priority back."""
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[1] >= 20 - own
+    return privileged() or resource.getrlimit(resource.RLIMIT_NICE)[1] >= 20 - own
+
+
+def privileged() -> bool:
+    """Root with CAP_SYS_NICE: may raise any process's priority. A container's root lacks the
+    capability unless given it (Docker's default set drops it: deploy/docker-compose.yml adds it)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return True  # no such file (not Linux): root is root
+    return bool(int(caps.split()[1], 16) & (1 << CAP_SYS_NICE))
 
 
 def lower(leader: int) -> bool:
@@ -59,7 +73,7 @@ def restore(leader: int) -> None:
 def may_return_to_normal_priority() -> bool:
     """Whether this process may move a thread of its own from SCHED_IDLE back to SCHED_OTHER at
     nice 0: root, or an RLIMIT_NICE of 20 (the kernel's default limit, 0, refuses it)."""
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+    return privileged() or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
 def set_autogroup_nice(leader: int, nice: int) -> bool:

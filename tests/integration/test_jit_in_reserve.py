@@ -187,3 +187,20 @@ def test_a_driver_nobody_could_give_c2_back_to_never_idles_it(as_driver):
     _, seen = as_driver("alone")
     assert not seen["supported"]
     assert c2_policies(seen["fake"]) == {os.SCHED_OTHER}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping a capability of root")
+def test_a_root_without_cap_sys_nice_is_not_taken_for_one_that_can_raise_priorities():
+    """A container's root without CAP_SYS_NICE (Docker's default set) cannot give a warm driver
+    its priority or its C2 back; it must neither lower nor idle what it cannot restore."""
+    check = "from shared import cpu_priority as c; print(c.privileged(), c.may_raise_priority())"
+    setpriv = ["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice", "--"]
+    if subprocess.run(["which", "setpriv"], capture_output=True).returncode != 0:
+        pytest.skip("no setpriv (util-linux)")
+    repo = str(Path(__file__).resolve().parents[2])
+    with_cap = subprocess.run([sys.executable, "-c", check], cwd=repo, capture_output=True, text=True, timeout=30)
+    without = subprocess.run(
+        [*setpriv, sys.executable, "-c", check], cwd=repo, capture_output=True, text=True, timeout=30
+    )
+    assert with_cap.stdout.split() == ["True", "True"], with_cap.stderr
+    assert without.stdout.split() == ["False", "False"], without.stderr
