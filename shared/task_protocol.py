@@ -123,7 +123,7 @@ class TaskSpec(_M):
     # The cluster's Redis as this task's lineage's own user (shared/pipeline_redis.py), or the
     # pipelines' Redis URL as configured.
     redis_url: str
-    # The lineage the control plane placed the job in (services/jobmanager/lineage.py); None: the
+    # The lineage the control plane placed the job in (shared/job_lineage.py); None: the
     # driver reads it from the snapshot it restores, as before the control plane decided it.
     lineage_id: str | None = None
     # The Kafka brokers the pipeline's Kafka sources and sinks use by default

@@ -10,12 +10,12 @@ from typing import Callable
 from sqlalchemy.orm import Session
 
 from services.jobmanager.checkpoint_coordinator import CheckpointCoordinator
-from services.jobmanager.lineage import Lineages
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from shared import job_options, redis_key_grants, storage_roots
 from shared.catalog import repository as repo
 from shared.catalog.models import Execution, Job, Vertex
 from shared.ids import ExecutionId, slot_request_id
+from shared.job_lineage import Lineages
 from shared.messages import DeployTask, RequestSlots, SlotsAllocated
 from shared.settings import Settings
 from shared.states import JobStatus as JS

@@ -3,9 +3,11 @@
 A lineage is the chain of jobs that restore from each other's snapshots (restarts, a job
 resumed from a savepoint, a deployment's upgrades and rollbacks); its id is the first job's id.
 Sinks are named by it (`<lineage>:<name>`), and it decides whose Redis sink bookkeeping a task
-may touch (shared/pipeline_redis.py). The driver used to read it from the snapshot it restores,
-a file its own pipeline writes; here it is decided from the catalog instead, and handed to the
-task in its TaskSpec:
+may touch (shared/pipeline_redis.py) and which pipelines database a task gets when the cluster
+keeps one per lineage (shared/pipeline_databases.py). The driver used to read it from the
+snapshot it restores, a file its own pipeline writes; here it is decided from the catalog
+instead: by the JobManager, which hands it to the task in its TaskSpec, and by the dispatcher,
+which shows it in a job's details:
 
 - a job started fresh is its own lineage;
 - a job started from a snapshot the catalog records (a checkpoint or savepoint of job K) is K's
@@ -13,7 +15,7 @@ task in its TaskSpec:
 - a job started from a snapshot the catalog does not know (taken by another cluster, copied in by
   an operator) is the lineage that snapshot names, else its own.
 
-Decided once per job and kept: the answer never changes for a job.
+Decided once per job and kept (per process): the answer never changes for a job.
 """
 
 from __future__ import annotations
