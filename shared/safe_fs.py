@@ -231,12 +231,14 @@ def chown_tree(
     only: Callable[[int], bool] = lambda uid: True,
     files_readable: bool = False,
     adopt: bool = False,
+    single_links: bool = False,
 ) -> int:
     """Give every entry below `top_fd` (and the directory itself) whose owner `only` accepts to
     uid:gid; `files_readable` adds read for all to regular files (the directories above them
     decide who reaches them). `adopt` (a tree another user may have laid out): symbolic links are
-    removed, not followed, and nothing stays writable by group or others. Returns how many
-    entries changed owner."""
+    removed, not followed, and nothing stays writable by group or others. `single_links`: a file
+    with other hard links keeps its owner (the other name may be anywhere on the filesystem).
+    Returns how many entries changed owner."""
     changed = 0
     st = os.fstat(top_fd)
     if only(st.st_uid):
@@ -253,7 +255,9 @@ def chown_tree(
                     continue
                 if adopt and st.st_mode & 0o022:
                     _chmod_at(dirfd, name, st, stat.S_IMODE(st.st_mode) & ~0o022)
-                if only(st.st_uid):
+                if single_links and not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+                    log.warning("%s has %d hard links: its owner is left as it is", name, st.st_nlink)
+                elif only(st.st_uid):
                     os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
                     changed += 1
                 if files_readable and stat.S_ISREG(st.st_mode) and st.st_mode & 0o444 != 0o444:
