@@ -209,6 +209,12 @@ class Settings(BaseSettings):
         description="the database a pipeline's SQL sources and sinks use by default (ctx.catalog_url); "
         "never the control catalog; none: a pipeline must name its database",
     )
+    pipeline_databases_dir: Path | None = Field(
+        None,
+        description="without pipeline_catalog_url: each lineage's SQLite database of its own, "
+        "<dir>/<lineage>/pipelines.db, reachable only by the driver running its task (headrace up sets "
+        "it to $HEADRACE_HOME/pipelines); none: a pipeline must name its database",
+    )
     pipeline_kafka_bootstrap_servers: str | None = Field(
         None,
         description="the Kafka brokers (host:port[,host:port]) a pipeline gets by default "

@@ -118,7 +118,14 @@ def up(
             else ""
         )
     )
-    typer.echo(f"Pipelines' database (ctx.catalog_url, SQL sinks without url=): {masked(cluster.pipeline_catalog_url)}")
+    if cluster.pipeline_databases is not None:
+        typer.echo(
+            f"Pipelines' databases (ctx.catalog_url, SQL sinks without url=): one SQLite file per job and the jobs "
+            f"that continue it, {cluster.pipeline_databases}/<lineage>/pipelines.db; a job's details name its file"
+        )
+    else:
+        configured = masked(cluster.settings.pipeline_catalog_url or "")
+        typer.echo(f"Pipelines' database (ctx.catalog_url, SQL sinks without url=): {configured}")
     if cluster.zookeeper_quorum:
         typer.echo(
             f"High availability: 2 JobManagers, ZooKeeper at {cluster.zookeeper_quorum}, catalog "

@@ -102,12 +102,27 @@ def run(
         patience = {"timeout": RESTORE_CHECK_WAIT_S} if from_savepoint else {}
         job = call(c, "POST", f"/jars/{jar_id}/run", json=body, **patience)
         typer.echo(f"Job has been submitted with JobID {job['jobid']}")
+        database = pipeline_database(c, job["jobid"])
+        if database:
+            typer.echo(f"Its SQL output (ctx.catalog_url) goes to {database}")
         if wait:
             state = wait_for_terminal(c, job["jobid"])
             cause = last_failure(c, job["jobid"]) if state == "FAILED" else None
             typer.echo(f"Job {job['jobid']} {state}" + (f": {cause}" if cause else ""))
             if state != "FINISHED":
                 raise typer.Exit(1)
+
+
+def pipeline_database(c: httpx.Client, job_id: str) -> str | None:
+    """The job's own SQLite pipelines database when the cluster keeps one per lineage; None
+    otherwise, or when the job's details cannot be read (the job was submitted all the same)."""
+    import httpx
+
+    try:
+        r = c.get(f"/jobs/{job_id}")
+        return r.json().get("pipeline-database") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
 
 
 def wait_for_terminal(c: httpx.Client, job_id: str, timeout_s: float = 3600) -> str:

@@ -20,7 +20,6 @@ import httpx
 from sqlalchemy import create_engine, inspect, text
 
 from services.cluster.local_cluster import ClusterError, LocalCluster
-from services.cluster.pipeline_database import pipeline_database
 from shared.catalog.db import normalise_url
 from shared.failure_summary import summarize
 from shared.settings import Settings
@@ -41,8 +40,9 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
         settings = settings.model_copy(update={"warm_drivers": 0})
     if once and "warm_planner" not in settings.model_fields_set:  # one run, no upgrade to check
         settings = settings.model_copy(update={"warm_planner": False})
-    # The pipeline writes into a database of its own, never into the control catalog.
-    sink_url = settings.pipeline_catalog_url or pipeline_database(settings)
+    # The pipeline writes into a database of its own, never into the control catalog: the
+    # configured one, else its lineage's own SQLite file (services/cluster/pipeline_database.py).
+    sink_args = ["--sink-url", settings.pipeline_catalog_url] if settings.pipeline_catalog_url else []
     cluster = LocalCluster(settings, spark_workers=spark_workers)
     marks = {"start": time.monotonic()}
     try:
@@ -59,11 +59,7 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
                 jar = http.post("/jars/upload", files={"jarfile": (EXAMPLE.name, f)}).json()
             run = http.post(
                 f"/jars/{jar['id']}/run",
-                json={
-                    "parallelism": 1,
-                    "jobName": "clickstream-demo",
-                    "programArgsList": [*DEMO_ARGS, "--sink-url", sink_url],
-                },
+                json={"parallelism": 1, "jobName": "clickstream-demo", "programArgsList": [*DEMO_ARGS, *sink_args]},
             )
             if run.status_code != 200:
                 fail(f"submission refused: {run.text}")
@@ -73,8 +69,11 @@ def run_demo(settings: Settings, *, once: bool, echo, fail, stop: threading.Even
             if state != "FINISHED":
                 exc = http.get(f"/jobs/{job_id}/exceptions").json().get("root-exception")
                 fail(f"job {job_id} ended {state}: {summarize(exc) or 'no exception'}")
+            database = http.get(f"/jobs/{job_id}").json().get("pipeline-database")
         marks["finished"] = time.monotonic()
-        _print_windows(sink_url, echo)
+        if database:
+            echo(f"the job's SQL output is in {database}")
+        _print_windows(f"sqlite:///{database}" if database else settings.pipeline_catalog_url or "", echo)
         marks["result"] = time.monotonic()
         echo(timings(marks))
         echo(f"dashboard: {cluster.dispatcher_url}/")

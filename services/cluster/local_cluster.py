@@ -51,12 +51,13 @@ from services.cluster import (
 from services.cluster.child_processes import Child
 from services.cluster.infrastructure import ClusterError
 from services.cluster.pinned_ports import PinnedPorts, role_of
-from services.cluster.pipeline_database import pipeline_database
+from services.cluster.pipeline_database import local_directory
 from services.cluster.process_supervisor import RestartPolicy, Supervisor
 from services.taskmanager.drivers import task_processes
 from shared.catalog import Catalog
 from shared.jars import MissingJars
 from shared.message_auth import load_secret
+from shared.pipeline_databases import database_path, sqlite_url
 from shared.ports import free_port
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
@@ -116,9 +117,18 @@ class LocalCluster:
         return self.ha or self.settings.high_availability == "zookeeper"
 
     @property
-    def pipeline_catalog_url(self) -> str:
-        """The pipelines' own database: the configured one, else an SQLite file of theirs."""
-        return self.settings.pipeline_catalog_url or pipeline_database(self.settings)
+    def pipeline_databases(self) -> Path | None:
+        """The directory of the lineages' own SQLite databases, or None when the pipelines'
+        database is configured (`pipeline_catalog_url`)."""
+        return local_directory(self.settings)
+
+    def pipeline_database_url(self, lineage: str) -> str:
+        """The database a job of `lineage` writes (a fresh job's lineage is its id): the configured
+        one, else the lineage's own SQLite file."""
+        directory = self.pipeline_databases
+        if directory is None:
+            return self.settings.pipeline_catalog_url or ""
+        return sqlite_url(database_path(directory, lineage))
 
     def planned_children(self) -> list[str]:
         """The processes start() runs for these settings, by name (the compose stack is checked
@@ -167,11 +177,9 @@ class LocalCluster:
             self.catalog_url = catalog_server.wait_until_ready(
                 server, alive=lambda: child.proc.poll() is None, log=child.log
             )
-        config = s.model_dump(mode="json") | {
-            "redis_url": self.redis_url,
-            "catalog_url": self.catalog_url,
-            "pipeline_catalog_url": self.pipeline_catalog_url,
-        }
+        config = s.model_dump(mode="json") | {"redis_url": self.redis_url, "catalog_url": self.catalog_url}
+        if self.pipeline_databases is not None:
+            config["pipeline_databases_dir"] = str(self.pipeline_databases)
         if redis_auth.PIPELINE in self.service_redis_urls:
             config["pipeline_redis_url"] = self.service_redis_urls[redis_auth.PIPELINE]
         if self.high_availability:
@@ -380,6 +388,7 @@ def describe(cluster: LocalCluster) -> dict:
         "redis_port": urlsplit(cluster.redis_url).port,
         "catalog": redis_auth.masked(cluster.catalog_url or cluster.settings.catalog),
         "zookeeper": cluster.zookeeper_quorum,
+        "pipeline_databases": str(cluster.pipeline_databases) if cluster.pipeline_databases else None,
         "run_dir": str(cluster.run_dir),
         "processes": {c.name: c.proc.pid for c in cluster.children},
         "metrics": dict(cluster.metrics_urls),

@@ -1,7 +1,8 @@
 """The README's "Using it": `headrace up`, then `headrace run examples/clickstream.py -p 2`, as a
-newcomer types it. The example's SQL sink names no database: `headrace up` gives pipelines one
-of their own (services/cluster/pipeline_database.py), never the control catalog, so the job
-finishes with every event counted instead of looping in restarts on "has no database"."""
+newcomer types it. The example's SQL sink names no database: `headrace up` gives each job (and the
+jobs that continue it) an SQLite database of its own (services/cluster/pipeline_database.py), never
+the control catalog, so the job finishes with every event counted instead of looping in restarts
+on "has no database"; `headrace run` says where that file is."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ def test_the_readmes_first_job_runs_on_headrace_up_as_written(tmp_path):
     home = tmp_path / "home"
     cluster = start_cluster(home, catalog_url=f"sqlite:///{home / 'catalog.db'}", taskmanagers=1, slots=2)
     try:
-        assert cluster.pipeline_catalog_url.startswith("sqlite:///")
-        assert cluster.pipeline_catalog_url != cluster.settings.catalog
+        assert cluster.pipeline_databases == home / "pipelines"
         env = {**os.environ, "HEADRACE_CONFIG": str(cluster.run_path / "config.yaml")}
         done = subprocess.run(
             [sys.executable, "-m", "services.cli", "run", "examples/clickstream.py", "-p", "2", "--wait"],
@@ -34,7 +34,10 @@ def test_the_readmes_first_job_runs_on_headrace_up_as_written(tmp_path):
         )
         assert done.returncode == 0, done.stdout + done.stderr
         assert "FINISHED" in done.stdout, done.stdout
-        engine = create_engine(cluster.pipeline_catalog_url)
+        job = done.stdout.split("JobID")[-1].split()[0]
+        database = home / "pipelines" / job / "pipelines.db"
+        assert f"Its SQL output (ctx.catalog_url) goes to {database}" in done.stdout, done.stdout
+        engine = create_engine(cluster.pipeline_database_url(job))
         try:
             with engine.connect() as c:
                 total = c.execute(text("SELECT SUM(count) FROM clicks_per_minute")).scalar()
@@ -77,8 +80,8 @@ def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
         assert done.returncode == 0, f"headrace {' '.join(args)}: {done.stdout}{done.stderr}"
         return done.stdout
 
-    def totals() -> dict:
-        engine = create_engine(cluster.pipeline_catalog_url)
+    def totals(lineage: str) -> dict:
+        engine = create_engine(cluster.pipeline_database_url(lineage))
         try:
             with engine.connect() as c:
                 return {k: (n, t) for k, n, t in c.execute(text("SELECT key, count, total FROM kafka_window_counts"))}
@@ -93,12 +96,14 @@ def test_the_readmes_quick_start_with_kafka_runs_as_written(tmp_path):
         produce(bootstrap, "orders", [counting_event(n) for n in range(300)])
         out = headrace("run", "examples/kafka_to_postgres.py", "-p", "2", "--args", "--topic orders")
         job = out.split("JobID")[-1].split()[0]
-        wait_for("the first 300 events counted", lambda: totals() == expected_totals(300), 240, poll_s=0.25)
+        wait_for("the first 300 events counted", lambda: totals(job) == expected_totals(300), 240, poll_s=0.25)
         path = headrace("stop", job).strip().split("Path:")[-1].strip()
         produce(bootstrap, "orders", [counting_event(n) for n in range(300, 500)])
-        headrace("run", "examples/kafka_to_postgres.py", "-s", path, "-p", "4", "--args", "--topic orders")
+        out = headrace("run", "examples/kafka_to_postgres.py", "-s", path, "-p", "4", "--args", "--topic orders")
+        # The resumed job continues the first one's lineage: the same database, its rows there.
+        assert str(home / "pipelines" / job / "pipelines.db") in out, out
         wait_for(
-            "every event counted once after the resume", lambda: totals() == expected_totals(500), 240, poll_s=0.25
+            "every event counted once after the resume", lambda: totals(job) == expected_totals(500), 240, poll_s=0.25
         )
     finally:
         cluster.stop()

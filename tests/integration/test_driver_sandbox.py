@@ -135,9 +135,10 @@ def test_a_pipeline_reaches_none_of_the_services_secrets(cluster, rest, tmp_path
     seen = json.loads(report.read_text())
     assert seen["uid"] in driver_uids()
     assert seen["paths"] == dict.fromkeys(secrets, "PermissionError"), seen["paths"]
-    # No control catalog (the pipelines' own database instead), and nothing of the TaskManager's
-    # environment beyond the allow-list.
-    assert seen["catalog_url"] == f"sqlite:///{home / 'pipelines' / 'pipelines.db'}"
+    # No control catalog (its lineage's own pipelines database instead: a fresh job's lineage is
+    # itself), and nothing of the TaskManager's environment beyond the allow-list.
+    assert seen["catalog_url"] == f"sqlite:///{home / 'pipelines' / job / 'pipelines.db'}"
+    assert rest.get(f"/jobs/{job}")["pipeline-database"] == str(home / "pipelines" / job / "pipelines.db")
     env = seen["env"]
     assert "HEADRACE_CONFIG" not in env
     assert [

@@ -34,7 +34,9 @@ from services.dispatcher.schemas import (
     PositiveInt,
 )
 from services.dispatcher.views import operations, shapes
+from shared import pipeline_databases
 from shared.catalog import repository
+from shared.job_lineage import Lineages
 from shared.messages import CancelJob
 from shared.states import JobStatus
 from shared.streams import JM_STREAM
@@ -132,7 +134,7 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
     vertices = repository.job_vertices(session, job.id)
     latest = repository.latest_executions(session, job.id)
     newest_exception = repository.newest_exception(session, job.id)
-    return shapes.job_details(
+    details = shapes.job_details(
         job,
         vertices,
         latest,
@@ -141,6 +143,10 @@ def job_details(jobid: str, session: SessionDep, settings: SettingsDep, now_ms: 
         now_ms=now_ms,
         last_exception=newest_exception,
     )
+    # The JobManager's rule (shared/job_lineage.py): where an operator finds the job's SQL output.
+    lineage = Lineages().of(session, job)
+    database = pipeline_databases.local_database(settings, lineage, job.config)
+    return details | {"lineage": lineage, "pipeline-database": str(database) if database else None}
 
 
 @router.get("/{jobid}/config", response_model=JobConfigInfo, responses=_404, summary="A job's configuration")

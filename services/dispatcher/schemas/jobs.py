@@ -81,6 +81,16 @@ class JobDetailsInfo(_Out):
     last_failure: LastFailure | None = Field(
         None, alias="last-failure", description="the newest entry of its exception history, summarised; null: none"
     )
+    lineage: str | None = Field(
+        None,
+        description="the first job of the chain this job continues (restarts, upgrades, restores); its own id if none",
+    )
+    pipeline_database: str | None = Field(
+        None,
+        alias="pipeline-database",
+        description="the SQLite file of its lineage's own pipelines database (ctx.catalog_url) when the cluster keeps "
+        "one per lineage; null: the job or the cluster names its database (catalog_url, pipeline_catalog_url)",
+    )
 
 
 class JobConfigInfo(_Out):

@@ -89,7 +89,10 @@ def check_artifact(
 ) -> None:
     """`check_restore` of an uploaded artifact, planned as this cluster's drivers would run it: the
     pipeline's database and Redis, the drivers' OS user and their class archive; on the warm
-    planner (`warm`, submission/warm_planner.py) when one is ready."""
+    planner (`warm`, submission/warm_planner.py) when one is ready. The database is the one the
+    operator configured for every pipeline; a cluster that keeps one per lineage
+    (`pipeline_databases_dir`) gives the planner none (a placeholder of its own): the lineage's
+    directory belongs to the driver running its task, if any, and is handed to no one else."""
     try:
         check_restore(
             python=sys.executable,

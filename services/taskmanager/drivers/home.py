@@ -7,6 +7,9 @@
         artifact/<name>                           root's (0750 / 0640): the pipeline it runs
         .task-waiting                             made by root: a task waits (task_protocol.py)
 
+Besides these, a task may be handed its lineage's pipelines database directory
+(tasks/pipeline_database.py) and taken it back here when its driver is gone.
+
 Whatever the TaskManager writes for a driver goes where the driver cannot write, so no name there
 can be a link a pipeline planted (issue 43: an artifact copied as root through a symbolic link
 in a driver's own directory). The driver's user is its own for as long as it lives
@@ -23,10 +26,12 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from services.taskmanager.tasks.pipeline_database import LineageDatabase
 from services.taskmanager.tasks.sink_claims import SinkClaims
 from services.taskmanager.tasks.storage import StorageRoots, TaskStorage
 from shared import safe_fs
 from shared import task_protocol as tp
+from shared.lineage import lineage_of
 from shared.sandbox_users import Lease
 from shared.untrusted_code import UntrustedUser
 
@@ -45,6 +50,7 @@ class DriverHome:
         self.user, self.lease = user, lease
         self.storage: TaskStorage | None = None
         self.claims: SinkClaims | None = None  # the files sink directories its task was handed
+        self.database: LineageDatabase | None = None  # its task's lineage's pipelines database
 
     @property
     def ids(self) -> tuple[int, int]:
@@ -92,6 +98,13 @@ class DriverHome:
         self.storage = TaskStorage(roots, self.user)
         self.claims = SinkClaims(roots.roots[0], roots.owners, self.user)  # the checkpoint directory
         return self.storage.prepare(spec)
+
+    def grant_database(self, directory: Path, owners: safe_fs.Ownership, spec: tp.TaskSpec) -> str:
+        """The URL of the task's lineage's own pipelines database, its directory made for the
+        task's user (after grant_storage: the lineage the TaskManager trusts)."""
+        lineage = self.storage.lineage["id"] if self.storage is not None else lineage_of(spec, None)["id"]
+        self.database = LineageDatabase(directory, owners, self.user)
+        return self.database.grant(lineage)
 
     def answer_claim(self, event: tp.ClaimDirectory) -> tp.Granted:
         """The answer to a files sink's claim of its directory (tasks/sink_claims.py), refusals included."""
@@ -169,6 +182,8 @@ class DriverHome:
             self.storage.release()
         if self.claims is not None:
             self.claims.release()
+        if self.database is not None:
+            self.database.release()
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.lease is not None:
             self.lease.release()

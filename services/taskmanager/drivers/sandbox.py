@@ -4,8 +4,10 @@ their tasks (memory/limit.py), their log's cap (drivers/rotating_log.py), and wh
 (`task_spec`): its artifact and storage (drivers/home.py, tasks/storage.py).
 
 A task's spec reaches its driver without the control catalog's URL (`catalog_url` is the
-pipeline's own database, `pipeline_catalog_url`, or nothing) and with a copy of its artifact
-beside the driver's work directory, so the driver never needs to read the artifact directory.
+pipeline's own database: the job's option `catalog_url`, else `pipeline_catalog_url`, else its
+lineage's SQLite database under `pipeline_databases_dir`, made for its user
+(tasks/pipeline_database.py), else nothing) and with a copy of its artifact beside the driver's
+work directory, so the driver never needs to read the artifact directory.
 
 At start (`secure_home`) the TaskManager closes its home to others (the catalog, the run
 directories with their config files, the secrets and Redis credentials, the artifacts): only
@@ -35,6 +37,7 @@ from services.taskmanager.drivers.user import (
     unreachable,
 )
 from services.taskmanager.memory.limit import UNBOUNDED, default_limit, gb, maximum_limit
+from services.taskmanager.tasks import pipeline_database
 from services.taskmanager.tasks.storage import StorageRoots
 from shared import safe_fs
 from shared import task_protocol as tp
@@ -62,6 +65,7 @@ class DriverSandbox:
     spark_ui: bool = False
     control_catalog: str | None = None  # never handed to a pipeline
     storage: StorageRoots = field(default_factory=lambda: StorageRoots(()))  # where tasks write snapshots
+    pipeline_databases: Path | None = None  # each lineage's own SQLite database is below (pipeline_databases_dir)
 
     @classmethod
     def from_settings(cls, settings, taskmanager_id: str) -> "DriverSandbox":
@@ -91,6 +95,7 @@ class DriverSandbox:
             spark_ui=settings.spark_ui,
             control_catalog=settings.catalog,
             storage=StorageRoots(tuple(Path(r) for r in configured_roots(settings)), users.ownership()),
+            pipeline_databases=settings.pipeline_databases_dir,
         )
         log.info(
             "drivers run as %s; their processes are tracked by %s; task memory limit %s, enforced by %s",
@@ -118,6 +123,11 @@ class DriverSandbox:
             for f in (db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))):
                 _restrict(f, keep_traversal=False)
         settings.lake.mkdir(parents=True, exist_ok=True)  # the pipelines' Delta tables (connectors/delta_paths.py)
+        if self.pipeline_databases is not None:
+            try:
+                pipeline_database.prepare(self.pipeline_databases, self.storage.owners, in_use=_runs_as)
+            except OSError as exc:  # each task handed a database there then fails, saying why
+                log.error("cannot prepare the pipelines' databases in %s: %s", self.pipeline_databases, exc)
         if not self.users.isolated:
             return
         give_to_drivers(settings.lake, settings.driver_user)  # group-writable, setgid, sticky
@@ -155,7 +165,16 @@ class DriverSandbox:
         if spec.artifact_path:
             update["artifact_path"] = str(home.place_artifact(Path(spec.artifact_path)))
         update.update(home.grant_storage(self.storage, spec))
+        own = update.get("catalog_url", spec.catalog_url) or spec.config.get("catalog_url")
+        if self.pipeline_databases is not None and not own and spec.kind == "pyspark":
+            update["catalog_url"] = home.grant_database(self.pipeline_databases, self.storage.owners, spec)
         return spec.model_copy(update=update) if update else spec
+
+
+def _runs_as(uid: int) -> bool:
+    from shared.sandbox_users import processes_of
+
+    return bool(processes_of(uid))
 
 
 def _restrict(path: Path, *, keep_traversal: bool) -> None:

@@ -156,10 +156,11 @@ def resolve(name: str | None, size: int = 1) -> DriverUsers:
 
 
 def give_to_drivers(directory: Path, name: str | None, files: tuple[str, ...] = ()) -> None:
-    """Open a directory every pipeline writes in (the pipelines' SQLite database's) to the
-    drivers' group, when this process is root and the group exists: group-writable, setgid (what
-    is made there keeps the group) and sticky (a pipeline removes or renames only what its own
-    user made), with `files` made group-readable and -writable in it (created empty if missing).
+    """Open a directory every pipeline writes in (the lake of Delta tables, an operator's shared
+    input or output directory) to the drivers' group, when this process is root and the group
+    exists: group-writable, setgid (what is made there keeps the group) and sticky (a pipeline
+    removes or renames only what its own user made), with `files` made group-readable and
+    -writable in it (created empty if missing).
     Otherwise leave it as it is."""
     if not name or os.geteuid() != 0:
         return
