@@ -1,7 +1,9 @@
 """A database for the benchmark pipelines' SQL sinks. Pipelines get no catalog of the cluster
-(issue 21): their `ctx.catalog_url` is `pipeline_catalog_url`. Here that is an SQLite file in a
-directory the drivers' group may write, as `headrace up` makes its pipelines' database
-(services/cluster/pipeline_database.py), so every driver's user of the pool writes it."""
+(issue 21): their `ctx.catalog_url` is `pipeline_catalog_url`. Here that is one SQLite file, in
+a directory the drivers' group may write, that every benchmark job shares, so that a benchmark
+reads every job's rows at one URL: a cluster-wide database as an operator configures one
+(docs/runbooks/auth.md), not the database per lineage `headrace up` keeps without it
+(services/cluster/pipeline_database.py)."""
 
 from __future__ import annotations
 
