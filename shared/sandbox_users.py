@@ -15,7 +15,10 @@ back with its descriptors. Users are taken in turn (a counter under `<LOCK_DIR>/
 user comes back as late as the pool allows. Before a user is handed out, and when it is given
 back, what a previous holder may have left is removed (`scrub`): every process running as it,
 its entries in the machine's world-writable directories (/tmp, /var/tmp, /dev/shm, /dev/mqueue)
-and its System V shared memory. Files a pipeline wrote anywhere else (a directory its operator
+and its System V shared memory; and when it is handed out, the lineage databases' directories it
+still owns (shared/pipeline_databases.py) are taken back, under every pipelines' databases
+directory a TaskManager of the machine registered (`<LOCK_DIR>/reclaim/`, root's). Files a
+pipeline wrote anywhere else (a directory its operator
 gave the shared group) stay its user's, and the next holder of that user could change them:
 docs/runbooks/auth.md, "Trust boundaries".
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import grp
+import hashlib
 import logging
 import os
 import pwd
@@ -41,6 +45,7 @@ from shared.untrusted_code import UntrustedUser
 log = logging.getLogger("headrace.sandbox_users")
 
 LOCK_DIR = Path("/run/headrace-sandbox-users")
+RECLAIM = "reclaim"  # under LOCK_DIR: one file per directory whose entries a user may still own
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
 KILL_ROUNDS = 20
 _IPC_RMID = 0
@@ -129,12 +134,45 @@ class SandboxUsers:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()} {purpose}\n".encode())
             scrub(user.uid)
+            self.take_back_directories(user.uid)
             return Lease(UntrustedUser(user.name, user.uid, user.gid, groups=(self.shared_gid,)), fd)
         raise SandboxUsersError(
             f"all {self.size} drivers' users of this machine are in use (every running driver and restore-check "
             f"planner of every cluster here holds one; see {self.lock_dir}): raise driver_users "
             f"(HEADRACE_DRIVER_USERS) and run scripts/bootstrap as root to create the new ones"
         )
+
+    def reclaim_below(self, directory: Path) -> None:
+        """Register the pipelines' databases directory `directory`: whenever a user of the pool is
+        handed out, the lineage directories it owns there are taken back first."""
+        self._ensure_lock_dir()
+        with safe_fs.opened(safe_fs.open_trusted(self.lock_dir)) as lock_fd:
+            with safe_fs.opened(
+                safe_fs.make_dir(lock_fd, RECLAIM, mode=0o700, uid=os.geteuid(), gid=os.getegid(), exist_ok=True)
+            ) as fd:
+                path = os.path.abspath(directory)
+                safe_fs.write_file(fd, registered_name(directory), path.encode(), mode=0o600)
+
+    def take_back_directories(self, uid: int) -> None:
+        """Before `uid` is handed out: the lineage directories it owns under every registered
+        pipelines' databases directory become root's."""
+        from shared.pipeline_databases import reclaim
+
+        try:
+            with safe_fs.opened(safe_fs.open_trusted(self.lock_dir)) as lock_fd:
+                fd = safe_fs.open_dir_at(lock_fd, RECLAIM)
+        except FileNotFoundError:
+            return
+        with safe_fs.opened(fd):
+            for name in os.listdir(fd):
+                if name.startswith("."):
+                    continue
+                try:
+                    reclaim(Path(safe_fs.read_file(fd, name, max_bytes=4096)[0].decode()), uid)
+                except FileNotFoundError:
+                    os.unlink(name, dir_fd=fd)  # that cluster's home is gone
+                except (OSError, ValueError) as exc:
+                    log.warning("could not take back what uid %d kept under %s: %s", uid, name, exc)
 
     def _ensure_lock_dir(self) -> None:
         try:
@@ -178,6 +216,11 @@ class Lease:
             scrub(self.user.uid)
         finally:
             os.close(fd)
+
+
+def registered_name(directory: Path) -> str:
+    """The file under `<lock dir>/reclaim/` that registers `directory`."""
+    return hashlib.sha256(os.path.abspath(directory).encode()).hexdigest()[:32]
 
 
 def _uid_of(name: str) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 import subprocess
 import sys
 import time
@@ -106,3 +107,25 @@ def test_a_lock_directory_others_may_write_is_refused(tmp_path, pool):
     os.chmod(unsafe, 0o777)
     with pytest.raises(SandboxUsersError, match="that no one else may write"):
         SandboxUsers(GROUP, 3, lock_dir=unsafe).acquire("test")
+
+
+def test_a_lineage_directory_a_holder_kept_is_taken_back_before_the_user_is_handed_out(pool, tmp_path):
+    from shared.sandbox_users import RECLAIM, registered_name
+
+    top = tmp_path / "pipelines"
+    top.mkdir(mode=0o711)
+    lease = pool.acquire("test")
+    user = lease.user
+    kept = top / ("a" * 32)  # what a TaskManager killed with -9 left with its task's user
+    kept.mkdir(mode=0o700)
+    (kept / "pipelines.db").write_text("rows")
+    for path in (kept, kept / "pipelines.db"):
+        os.chown(path, user.uid, user.gid)
+    lease.release()
+    pool.reclaim_below(top)
+    try:
+        pool.take_back_directories(user.uid)  # what acquire does before it hands the user out
+        assert (kept.stat().st_uid, stat.S_IMODE(kept.stat().st_mode)) == (0, 0o700)
+        assert (kept / "pipelines.db").stat().st_uid == 0 and (kept / "pipelines.db").read_text() == "rows"
+    finally:
+        (pool.lock_dir / RECLAIM / registered_name(top)).unlink()

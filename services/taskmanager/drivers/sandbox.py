@@ -126,6 +126,8 @@ class DriverSandbox:
         if self.pipeline_databases is not None:
             try:
                 pipeline_database.prepare(self.pipeline_databases, self.storage.owners, in_use=_runs_as)
+                if self.users.pool is not None:  # whoever hands out a pool user takes back its lineages first
+                    self.users.pool.reclaim_below(self.pipeline_databases)
             except OSError as exc:  # each task handed a database there then fails, saying why
                 log.error("cannot prepare the pipelines' databases in %s: %s", self.pipeline_databases, exc)
         if not self.users.isolated:

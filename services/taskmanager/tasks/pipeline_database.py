@@ -17,12 +17,13 @@ Handing over: the directory is closed (root's, 0700) before its entries change o
 else adds an entry meanwhile; a newer task of the lineage (a restart that overlaps a task still
 ending elsewhere) takes it from an older one, whose release then leaves it alone. Grants and
 releases of the machine's TaskManagers are serialised by a flock on the top directory, which no
-driver can open.
+driver can open. A TaskManager killed with -9 cannot release: the lineage's next task takes the
+directory, and before the pool hands that user to anyone (shared/sandbox_users.py) every lineage
+directory it still owns is taken back, so it never reaches the user's next holder.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import stat
@@ -30,39 +31,10 @@ from pathlib import Path
 from typing import Callable
 
 from shared import safe_fs
-from shared.pipeline_databases import COMPANIONS, FILE, database_path, sqlite_url
+from shared.pipeline_databases import COMPANIONS, FILE, database_path, locked, open_directory, sqlite_url, take_back
 from shared.untrusted_code import UntrustedUser
 
 log = logging.getLogger("headrace.taskmanager.pipeline_database")
-
-
-def open_directory(directory: Path, owners: safe_fs.Ownership, *, create: bool = True) -> int:
-    """The top directory by fd: root's, 0711 (created unless not `create`; its parent is the
-    operator's, as configured)."""
-    directory = Path(os.path.abspath(directory))
-    if create:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-    with safe_fs.opened(safe_fs.open_trusted(directory.parent)) as parent:
-        fd = safe_fs.ensure_dirs(parent, directory.name, owners, mode=0o711, where=str(directory.parent), create=create)
-    st = os.fstat(fd)
-    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-        os.fchown(fd, os.geteuid(), os.getegid())
-    if stat.S_IMODE(st.st_mode) != 0o711:
-        os.fchmod(fd, 0o711)  # an older Headrace left it group-writable, setgid and sticky
-    return fd
-
-
-class _locked:
-    """An exclusive flock on the top directory's fd."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
 class LineageDatabase:
@@ -82,7 +54,7 @@ class LineageDatabase:
         path = database_path(self.directory, lineage)
         uid, gid = self.ids
         me = os.geteuid()
-        with safe_fs.opened(open_directory(self.directory, self.owners)) as top, _locked(top):
+        with safe_fs.opened(open_directory(self.directory, self.owners)) as top, locked(top):
             try:
                 os.mkdir(lineage, 0o700, dir_fd=top)
             except FileExistsError:
@@ -109,7 +81,7 @@ class LineageDatabase:
         try:
             with (
                 safe_fs.opened(open_directory(self.directory, self.owners, create=False)) as top,
-                _locked(top),
+                locked(top),
                 safe_fs.opened(safe_fs.open_dir_at(top, lineage)) as fd,
             ):
                 if os.fstat(fd).st_uid != uid:
@@ -134,18 +106,11 @@ def _make_file(dir_fd: int, uid: int, gid: int) -> None:
         os.close(fd)
 
 
-def take_back(fd: int, uid: int) -> None:
-    """The lineage directory open at `fd`, and what `uid` owns in it, root's (0700)."""
-    os.fchown(fd, os.geteuid(), os.getegid())
-    os.fchmod(fd, 0o700)
-    safe_fs.chown_tree(fd, os.geteuid(), os.getegid(), only=lambda u: u == uid)
-
-
 def prepare(directory: Path, owners: safe_fs.Ownership, *, in_use: Callable[[int], bool]) -> None:
     """At a TaskManager's start: the top directory root's and closed; the one database every
     pipeline shared before closed to pipelines (kept for the operator); a lineage directory a
     killed TaskManager left with a user that no process runs as now (`in_use`) taken back."""
-    with safe_fs.opened(open_directory(directory, owners)) as top, _locked(top):
+    with safe_fs.opened(open_directory(directory, owners)) as top, locked(top):
         for name in (FILE, *(FILE + c for c in COMPANIONS)):
             _close_shared_file(top, name, directory)
         for name in os.listdir(top):
