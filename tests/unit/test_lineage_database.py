@@ -164,3 +164,17 @@ def test_the_driver_is_handed_its_lineages_database_unless_its_job_or_cluster_na
     assert handed(catalog_url="postgresql://db/all").catalog_url == "postgresql://db/all"
     assert handed(config={"catalog_url": "postgresql://db/mine"}).catalog_url == ""  # the driver takes the job's
     assert handed(kind="noop").catalog_url == ""
+
+
+@root_only
+def test_a_file_with_other_hard_links_is_not_handed_on(tmp_path):
+    top = tmp_path / "pipelines"
+    elsewhere = tmp_path / "root-only.db"
+    elsewhere.write_text("root's")
+    db = database(top)
+    db.grant(LINEAGE)
+    (top / LINEAGE / "pipelines.db").unlink()
+    os.link(elsewhere, top / LINEAGE / "pipelines.db")  # as root: protected_hardlinks stops a driver
+    db.release()
+    database(top, DRIVER + 1).grant(LINEAGE)
+    assert elsewhere.stat().st_uid == 0

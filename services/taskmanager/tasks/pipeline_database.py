@@ -100,7 +100,7 @@ def _make_file(dir_fd: int, uid: int, gid: int) -> None:
     fd = os.open(FILE, safe_fs.FILE_FLAGS | os.O_CREAT, 0o600, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid != uid:
+        if stat.S_ISREG(st.st_mode) and st.st_uid != uid and st.st_nlink == 1:  # chown_tree's rule
             os.fchown(fd, uid, gid)
     finally:
         os.close(fd)
