@@ -13,8 +13,9 @@ can be overridden per call; Delta tables live in the task's lake directory (`lak
 `kafka_bootstrap_servers` is the job option of that name, else the
 cluster's `pipeline_kafka_bootstrap_servers` (`headrace up --kafka` sets it), else "".
 `catalog_url` is the pipeline's own database (the job option `catalog_url`, else the cluster's
-`pipeline_catalog_url`), never the control plane's catalog; without one, a SQL source or sink
-must be given `url=`.
+`pipeline_catalog_url`, else its lineage's own SQLite file when the cluster keeps one per lineage,
+as `headrace up` does), never the control plane's catalog; without one, a SQL source or sink must
+be given `url=`.
 Bounded streaming sources register themselves so the runner knows when a query is done.
 """
 
