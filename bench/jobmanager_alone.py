@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import Procs
@@ -57,13 +55,7 @@ def one_run(catalog_url: str, redis_url: str, tasks: int, home: Path) -> dict:
     catalog = Catalog(catalog_url)
     catalog.migrate()
     t = InMemoryTransport(sender="bench", epoch=1)
-    # As the service builds it (older checkouts, compared side by side, take no client).
-    wire = (
-        {"client": redis.Redis.from_url(redis_url)} if "client" in inspect.signature(CommandGateway).parameters else {}
-    )
-    if "auth" in inspect.signature(CommandGateway).parameters:
-        wire["auth"] = t.auth
-    gateway = CommandGateway(make_celery(redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=1, **wire)
+    gateway = CommandGateway(make_celery(redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=1, auth=t.auth)
     jm = JobMaster(settings, catalog, t, gateway, SystemClock(), epoch=1)
     if gc_tuning is not None:
         gc_tuning.tune()  # as the service does once it has started

@@ -133,7 +133,6 @@ def main() -> None:
             make_celery(url, "headrace-jobmanager"),
             sender="jobmanager",
             epoch=1,
-            client=client,
             auth=control_plane_auth(Settings(home=work)),
         )
         for i in range(a.runs):

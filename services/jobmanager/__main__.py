@@ -157,11 +157,7 @@ def lead(
         client, load_secret(settings, create=True), settings.redis_url, settings.pipeline_redis_url
     )
     gateway = CommandGateway(
-        make_celery(settings.redis_url, "headrace-jobmanager"),
-        sender="jobmanager",
-        epoch=epoch,
-        client=client,
-        auth=auth,
+        make_celery(settings.redis_url, "headrace-jobmanager"), sender="jobmanager", epoch=epoch, auth=auth
     )
     master = JobMaster(
         settings,

@@ -21,9 +21,10 @@ seen" (one forged command with a future epoch would make every real one after it
 - valid, but it cannot be carried out (a TaskManager this process does not run, the supervisor
   raised): reported with `CommandRejected`.
 
-Items on the queue that are not even Celery messages never get here: the broker transport
-dead-letters them (shared/transport/kombu_redis.py); Celery's own refusals (an unknown task
-name) are dead-lettered through its signals, below.
+Items whose delivery fails before a command task runs (not a kombu message, a body Celery cannot
+unpack) never get here: the broker transport dead-letters them (shared/transport/kombu_redis.py);
+Celery's own refusals (an unknown task name, a content type other than JSON, a body that does not
+decode: services/taskmanager/remote_control.py) are dead-lettered through its signals, below.
 """
 
 from __future__ import annotations

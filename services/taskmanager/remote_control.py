@@ -1,4 +1,5 @@
-"""Celery remote control on a TaskManager's worker: inspection only.
+"""The consumer of a TaskManager's worker: Celery's own, with remote control for inspection only
+and messages it cannot decode reported like the ones it refuses.
 
 Celery lets whoever may publish to the remote-control channel shut a worker down, revoke its
 tasks, add or cancel the queues it consumes, change its rate and time limits, restart or resize
@@ -11,12 +12,17 @@ user sends it. Flower and `celery inspect` keep working.
 
 The worker's consumer gets its own handler table (Celery's Panel registry is left alone):
 use `app.conf.worker_consumer = "services.taskmanager.remote_control:Consumer"`.
+
+Celery logs a task message whose body does not decode (not JSON, say) and drops it; it sends
+`task_rejected` for the ones it refuses otherwise. This consumer sends `task_rejected` for both,
+so the TaskManager dead-letters them all in one place (services/taskmanager/commands.py).
 """
 
 from __future__ import annotations
 
 import logging
 
+from celery import signals
 from celery.worker import control
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.consumer.control import Control
@@ -92,3 +98,7 @@ class Consumer(CeleryConsumer):
             f"{__name__}:InspectionOnlyControl" if step == CELERY_CONTROL_STEP else step
             for step in CeleryConsumer.Blueprint.default_steps
         ]
+
+    def on_decode_error(self, message, exc):
+        super().on_decode_error(message, exc)
+        signals.task_rejected.send(sender=self, message=message, exc=exc)

@@ -1,83 +1,41 @@
-"""kombu's Redis transport for a TaskManager's command queue, except that an item the worker
-cannot take is dead-lettered instead of killing the worker.
+"""kombu's Redis transport for a TaskManager's command queue, except that an item whose delivery
+fails is dead-lettered instead of ending the worker.
 
-kombu pops a queue item (BRPOP) and parses it as JSON before anything of Celery sees it, and a
-parse error raises out of the worker's event loop: one `LPUSH tm.<id> garbage` made the
-TaskManager exit with "Unrecoverable error: JSONDecodeError". kombu offers no hook before that
-parse (celery/celery#4308, celery/kombu#2421), so this channel reads BRPOP's reply itself, the
-way kombu 5 does, and checks the item before handing it on: a JSON object in kombu's envelope
-whose body is base64 JSON in Celery's protocol 2 shape. Anything else goes to `hr:stream:dlq`
-with the reason (the item has left the queue: nothing is redelivered). A body of any other
-content type is refused unread: a pickle is never decoded.
-
-What passes reaches Celery, whose own checks (an unknown task name, say) and the TaskManager's
-command handlers (services/taskmanager/commands.py) deal with the rest.
+kombu pops a queue item (BRPOP), parses it and hands it to Celery's consumer, all inside the
+worker's event loop, and an exception on the way is "Unrecoverable error": one
+`LPUSH tm.<id> garbage` made the TaskManager exit with a JSONDecodeError, and a body Celery cannot
+unpack is a ValueError out of its solo pool. kombu offers no hook around a delivery
+(celery/celery#4308, celery/kombu#2421), so this channel reads BRPOP's reply itself, the way
+kombu 5 does, and delivers each item inside a guard: whatever kombu or Celery raised on it goes to
+the dead-letter stream with the error, and the worker goes on (the item has left the queue:
+nothing is redelivered). It knows nothing of Celery's message layout: kombu parses the item,
+Celery reads the task, and Celery's own refusals (an unknown task, a content type other than JSON:
+a pickle is never decoded) are dead-lettered through its signals (services/taskmanager/commands.py).
 
 Use: `app.conf.broker_transport = "shared.transport.kombu_redis:Transport"`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import json
 import logging
 from queue import Empty
 
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
 
 from shared import streams
-from shared.errors import MessageError
 from shared.transport import dead_letters
 
 log = logging.getLogger(__name__)
-
-
-class UnreadableItem(MessageError, ValueError):
-    """A queue item that is not a Celery message this worker could take."""
-
-
-def readable_message(item: bytes | str) -> dict:
-    """The item as the dict kombu delivers, or UnreadableItem saying what is wrong with it."""
-    try:
-        message = json.loads(item)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UnreadableItem(f"not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise UnreadableItem(f"not a kombu message: a JSON {type(message).__name__}")
-    props, headers, body = message.get("properties"), message.get("headers"), message.get("body")
-    if not isinstance(props, dict) or not isinstance(props.get("delivery_tag"), str):
-        raise UnreadableItem("not a kombu message: no properties.delivery_tag")
-    if not isinstance(headers, dict) or not isinstance(headers.get("task"), str):
-        raise UnreadableItem("not a Celery task message: no headers.task")
-    if message.get("content-type") != "application/json":
-        raise UnreadableItem(f"content type {message.get('content-type')!r} refused: only application/json")
-    if not isinstance(body, str):
-        raise UnreadableItem("no body")
-    if props.get("body_encoding") == "base64":
-        try:
-            body = base64.b64decode(body, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise UnreadableItem(f"body is not base64 of UTF-8 text: {exc}") from None
-    elif props.get("body_encoding") is not None:
-        raise UnreadableItem(f"body encoding {props.get('body_encoding')!r} refused")
-    try:
-        args = json.loads(body)
-    except ValueError as exc:
-        raise UnreadableItem(f"body is not JSON: {exc}") from None
-    if not (isinstance(args, list) and len(args) == 3 and isinstance(args[0], list) and isinstance(args[1], dict)):
-        raise UnreadableItem("body is not Celery protocol 2: [args, kwargs, embed]")
-    return message
-
 
 # Items one read may take from a queue with a backlog (see Channel._deliver_backlog).
 MORE_PER_READ = 50
 # Transport option: a callable returning a context manager that is entered around the deliveries
 # of one read (the TaskManager sends the reports of the commands it took in one round trip).
 AROUND_READ = "headrace_around_read"
-# Transport option: the stream the items no one can read are dead-lettered to (a TaskManager's own).
+# Transport option: the stream the items no one can take are dead-lettered to (a TaskManager's own).
 DEAD_LETTERS = "headrace_dead_letters"
 
 
@@ -104,7 +62,7 @@ class Channel(kombu_redis.Channel):
         return self._sync_client
 
     def _brpop_read(self, **options):
-        # kombu 5's Channel._brpop_read, with the item checked before it is delivered.
+        # kombu 5's Channel._brpop_read, with the delivery guarded and the backlog read after it.
         try:
             try:
                 dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
@@ -116,14 +74,9 @@ class Channel(kombu_redis.Channel):
             key, item = dest__item
             dest = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
-            try:
-                message = readable_message(item)
-            except UnreadableItem as exc:
-                self._dead_letter(dest, item, str(exc))
-                raise Empty() from None  # the hub's "nothing for you": it polls on
             around = self.connection.client.transport_options.get(AROUND_READ)
             with around() if around is not None else contextlib.nullcontext():
-                self.connection._deliver(message, dest)
+                self._deliver_guarded(item, dest)
                 self._deliver_backlog(key, dest)
             return True
         finally:
@@ -136,19 +89,15 @@ class Channel(kombu_redis.Channel):
         """After one item, up to MORE_PER_READ - 1 more of the same queue in one RPOP instead of
         a BRPOP round trip and an event-loop turn each: with thousands of commands queued (a
         burst of deploys) that turn, and the worker-event publish each turn flushes, were most
-        of a TaskManager's time. An empty queue costs one RPOP that returns nothing. If a
-        delivery raises, what was popped but not delivered goes back to the head of the queue.
+        of a TaskManager's time. An empty queue costs one RPOP that returns nothing. If the
+        worker stops in the middle (a BaseException: Celery's WorkerShutdown), what was popped
+        but not delivered goes back to the head of the queue.
         (RPOP with a count needs Redis 6.2 or newer: Debian 12 has 7.0, the compose stack redis:7.)"""
         with self.conn_or_acquire() as client:
             items = client.rpop(key, MORE_PER_READ - 1) or []
         for i, item in enumerate(items):
             try:
-                message = readable_message(item)
-            except UnreadableItem as exc:
-                self._dead_letter(queue, item, str(exc))
-                continue
-            try:
-                self.connection._deliver(message, queue)
+                self._deliver_guarded(item, queue)
             except BaseException:
                 rest = items[i + 1 :]
                 if rest:
@@ -156,13 +105,48 @@ class Channel(kombu_redis.Channel):
                         client.rpush(key, *reversed(rest))  # BRPOP takes from the right
                 raise
 
+    def _deliver_guarded(self, item: bytes, queue: str) -> None:
+        """Hand one item to the consumer (kombu's parse, then Celery); if that raises, the item is
+        dead-lettered and the worker goes on. Only a BaseException (the worker stopping) passes."""
+        message = None
+        try:
+            message = loads(bytes_to_str(item))
+            self.connection._deliver(message, queue)
+        except Exception as exc:
+            error = f"delivery failed: {described(exc)}"
+            # A traceback only for what is not the usual shape of a malformed item.
+            unusual = not isinstance(exc, ValueError | KeyError | TypeError)
+            log.error("dead-lettering an item of queue %s (%d bytes): %s", queue, len(item), error, exc_info=unusual)
+            self._forget(message)
+            self._dead_letter(queue, item, error)
+
+    def _forget(self, message: object) -> None:
+        """A message kombu had handed to the consumer before the failure would stay unacknowledged
+        in the channel's QoS and count against the prefetch limit for ever: drop it."""
+        properties = message.get("properties") if isinstance(message, dict) else None
+        tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+        if not isinstance(tag, str):
+            return
+        try:
+            self.qos.get(tag)
+        except KeyError:
+            return  # kombu never made a message of it, or the consumer settled it
+        self.qos.reject(tag, requeue=False)
+
     def _dead_letter(self, queue: str, item: bytes, error: str) -> None:
-        log.error("dead-lettering an unreadable item of queue %s (%d bytes): %s", queue, len(item), error)
         stream = self.connection.client.transport_options.get(DEAD_LETTERS, streams.DLQ_STREAM)
         with self.conn_or_acquire() as client:
             dead_letters.add_safely(
                 client, error=error, origin={"queue": queue}, original={"item": item}, stream=stream
             )
+
+
+def described(exc: Exception) -> str:
+    """`KeyError: 'properties'`, `binascii.Error: Incorrect padding`: the exception's type as an
+    operator can look it up, and its message."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{name}: {exc}"
 
 
 class Transport(kombu_redis.Transport):

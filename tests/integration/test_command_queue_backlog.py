@@ -1,9 +1,9 @@
 """A TaskManager's command queue with a backlog (shared/transport/kombu_redis.py): after one
 BRPOP the channel takes up to MORE_PER_READ - 1 more items in one RPOP. Against a real Redis,
 through kombu's own consumer API as the Celery worker uses it: every command arrives once, in the
-order it was queued; unreadable items among them are dead-lettered without costing their
-neighbours; and when a delivery fails, what was popped but not delivered is back at the head of
-the queue, in order."""
+order it was queued; items whose delivery fails (kombu cannot parse them, or the consumer raised
+on them) are dead-lettered without costing their neighbours; and when the worker stops in the
+middle of a read, what was popped but not delivered is back at the head of the queue, in order."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 import redis
+from celery.exceptions import WorkerShutdown
 from kombu import Connection, Consumer, Queue
 
 from shared import streams
@@ -50,8 +51,14 @@ def queue_in_order(client: redis.Redis, queue: str, items: list[bytes]) -> None:
     pipe.execute()
 
 
-def drain(conn: Connection, queue: str, on_message, *, until) -> None:
-    with Consumer(conn.channel(), queues=[Queue(queue, routing_key=queue)], callbacks=[on_message], accept=["json"]):
+def drain(conn: Connection, queue: str, on_message, *, until, prefetch: int | None = None) -> None:
+    with Consumer(
+        conn.channel(),
+        queues=[Queue(queue, routing_key=queue)],
+        callbacks=[on_message],
+        accept=["json"],
+        prefetch_count=prefetch,
+    ):
         for _ in range(200):
             if until():
                 return
@@ -97,30 +104,52 @@ def test_a_backlog_arrives_complete_in_order_and_unreadable_items_are_dead_lette
     assert all(fields[b"queue"] == queue.encode() for _, fields in letters)
 
 
-def test_what_a_failed_delivery_left_undelivered_goes_back_to_the_head_of_the_queue(redis_url):
+def test_an_item_the_consumer_raised_on_is_dead_lettered_and_the_others_arrive(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    queue = "tm.backlog-3"
+    total = 2 * kombu_redis.MORE_PER_READ + 5  # reads after the one that took cmd-5
+    queue_in_order(client, queue, [item(queue, i) for i in range(total)])
+    seen: list[str] = []
+
+    def raising_on_5(_body, message):
+        if message.headers["id"] == "cmd-5":
+            raise ValueError("Celery could not unpack cmd-5")
+        seen.append(message.headers["id"])
+        message.ack()
+
+    with Connection(redis_url, transport=kombu_redis.Transport) as conn:
+        # A prefetch window of one: had cmd-5 stayed unacknowledged, no read would follow it.
+        drain(conn, queue, raising_on_5, until=lambda: len(seen) == total - 1, prefetch=1)
+    assert seen == [f"cmd-{i}" for i in range(total) if i != 5]
+    [(_, letter)] = client.xrange(streams.DLQ_STREAM)
+    assert letter[b"error"] == b"delivery failed: ValueError: Celery could not unpack cmd-5"
+    assert b"cmd-5" in letter[b"orig.item"]
+
+
+def test_what_a_stopping_worker_left_undelivered_goes_back_to_the_head_of_the_queue(redis_url):
     client = redis.Redis.from_url(redis_url)
     queue = "tm.backlog-2"
     total = 30
     queue_in_order(client, queue, [item(queue, i) for i in range(total)])
     seen: list[str] = []
-    failed = []
+    stopped = []
 
-    def failing_once_on_5(_body, message):
-        if message.headers["id"] == "cmd-5" and not failed:
-            failed.append(True)
-            raise RuntimeError("the worker could not take cmd-5")
+    def stopping_once_on_5(_body, message):
+        if message.headers["id"] == "cmd-5" and not stopped:
+            stopped.append(True)
+            raise WorkerShutdown("the worker stops while taking cmd-5")
         seen.append(message.headers["id"])
         message.ack()
 
     with Connection(redis_url, transport=kombu_redis.Transport) as conn:
-        with pytest.raises(RuntimeError, match="cmd-5"):
-            drain(conn, queue, failing_once_on_5, until=lambda: False)
+        with pytest.raises(WorkerShutdown, match="cmd-5"):
+            drain(conn, queue, stopping_once_on_5, until=lambda: False)
         assert seen == [f"cmd-{i}" for i in range(5)]
         # cmd-6 .. cmd-29 were popped with cmd-5 but not delivered: back, in order, at the head.
         assert client.llen(queue) == total - 6
     # cmd-5 itself was delivered and never acknowledged: kombu puts it back, at the tail, when
     # the channel closes. Every command arrives once.
     with Connection(redis_url, transport=kombu_redis.Transport) as conn:
-        drain(conn, queue, failing_once_on_5, until=lambda: len(seen) == total)
+        drain(conn, queue, stopping_once_on_5, until=lambda: len(seen) == total)
     assert seen == [f"cmd-{i}" for i in range(total) if i != 5] + ["cmd-5"]
     assert client.llen(queue) == 0

@@ -72,6 +72,8 @@ def test_garbage_on_a_taskmanager_queue_is_dead_lettered_and_the_worker_survives
         b'{"a": 1}',  # an object, not a kombu message
         kombu_item(DEPLOY_TASK, [], body="!!! not base64 !!!"),  # body does not decode
         kombu_item(DEPLOY_TASK, [], body=base64.b64encode(b"{not json").decode()),
+        kombu_item(DEPLOY_TASK, [], body=base64.b64encode(b"[]").decode()),  # JSON, not [args, kwargs, embed]
+        kombu_item(DEPLOY_TASK, [], body=base64.b64encode(b"123").decode()),  # JSON Celery cannot even look into
         kombu_item(DEPLOY_TASK, ["x"], content_type="application/x-python-serialize"),  # pickle: never decoded
         kombu_item("headrace.no_such_task", ["x"]),  # not one of our commands
         kombu_item(CANCEL_TASK, [1, 2]),  # our command, wrong arguments
