@@ -10,7 +10,7 @@ Both honour the same contract:
 - a consumer group that vanished (Redis restarted empty) is created again by the next poll.
 
 `kombu_redis.py` is the Celery broker transport of a TaskManager's command queue: kombu's Redis
-transport, but an item it cannot read is dead-lettered instead of ending the worker.
+transport, but an item whose delivery fails is dead-lettered instead of ending the worker.
 """
 
 from shared.transport.base import Handler, Transport

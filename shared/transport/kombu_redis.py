@@ -8,9 +8,10 @@ unpack is a ValueError out of its solo pool. kombu offers no hook around a deliv
 (celery/celery#4308, celery/kombu#2421), so this channel reads BRPOP's reply itself, the way
 kombu 5 does, and delivers each item inside a guard: whatever kombu or Celery raised on it goes to
 the dead-letter stream with the error, and the worker goes on (the item has left the queue:
-nothing is redelivered). It knows nothing of Celery's message layout: kombu parses the item,
-Celery reads the task, and Celery's own refusals (an unknown task, a content type other than JSON:
-a pickle is never decoded) are dead-lettered through its signals (services/taskmanager/commands.py).
+nothing is redelivered). It knows nothing of Celery's message layout (of kombu's, only the
+delivery tag, to release a failed item): kombu parses the item, Celery reads the task, and
+Celery's own refusals (an unknown task, a content type other than JSON: a pickle is never decoded)
+are dead-lettered through its signals (services/taskmanager/commands.py).
 
 Use: `app.conf.broker_transport = "shared.transport.kombu_redis:Transport"`.
 """

@@ -1,6 +1,6 @@
 """The control plane's piecewise benchmarks still run (a few seconds each, so always):
 - jobmanager_alone.py: 20 no-op tasks go from SubmitJob to RUNNING through a real JobMaster,
-  PostgreSQL catalog and Redis commands written by shared/celery_wire.py; the script fails
+  PostgreSQL catalog and Redis commands sent through Celery (`send_task`); the script fails
   unless every execution ends RUNNING.
 - taskmanager_intake.py: 20 deploy commands to 20 simulated TaskManagers (a real ResourceManager
   and TaskManager process); the script fails unless every task reports RUNNING."""
