@@ -22,6 +22,7 @@ import contextlib
 import logging
 from queue import Empty
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
@@ -38,6 +39,9 @@ MORE_PER_READ = 50
 AROUND_READ = "headrace_around_read"
 # Transport option: the stream the items no one can take are dead-lettered to (a TaskManager's own).
 DEAD_LETTERS = "headrace_dead_letters"
+# What a delivery may raise that is Redis going away, not the item's fault (kombu's own list of
+# connection errors has KeyError in it, which a malformed item raises).
+LOST_CONNECTION = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 class Channel(kombu_redis.Channel):
@@ -108,11 +112,14 @@ class Channel(kombu_redis.Channel):
 
     def _deliver_guarded(self, item: bytes, queue: str) -> None:
         """Hand one item to the consumer (kombu's parse, then Celery); if that raises, the item is
-        dead-lettered and the worker goes on. Only a BaseException (the worker stopping) passes."""
+        dead-lettered and the worker goes on. Only a lost connection and a BaseException (the
+        worker stopping) pass."""
         message = None
         try:
             message = loads(bytes_to_str(item))
             self.connection._deliver(message, queue)
+        except LOST_CONNECTION:
+            raise  # Redis is gone, not the item's fault: Celery's consumer reconnects, as without the guard
         except Exception as exc:
             error = f"delivery failed: {described(exc)}"
             # A traceback only for what is not the usual shape of a malformed item.

@@ -153,3 +153,17 @@ def test_what_a_stopping_worker_left_undelivered_goes_back_to_the_head_of_the_qu
         drain(conn, queue, stopping_once_on_5, until=lambda: len(seen) == total)
     assert seen == [f"cmd-{i}" for i in range(total) if i != 5] + ["cmd-5"]
     assert client.llen(queue) == 0
+
+
+def test_a_lost_connection_during_a_delivery_is_not_the_items_fault(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    queue = "tm.backlog-4"
+    queue_in_order(client, queue, [item(queue, 0)])
+
+    def losing_the_connection(_body, message):
+        raise redis.ConnectionError("Redis went away while the worker took cmd-0")
+
+    with Connection(redis_url, transport=kombu_redis.Transport) as conn:
+        with pytest.raises(redis.ConnectionError):  # to Celery's consumer, which reconnects
+            drain(conn, queue, losing_the_connection, until=lambda: False)
+    assert client.xlen(streams.DLQ_STREAM) == 0
