@@ -70,12 +70,6 @@ def restore(leader: int) -> None:
             log.warning("could not raise the priority of process group %d (%s)", group, exc)
 
 
-def may_return_to_normal_priority() -> bool:
-    """Whether this process may move a thread of its own from SCHED_IDLE back to SCHED_OTHER at
-    nice 0: root, or an RLIMIT_NICE of 20 (the kernel's default limit, 0, refuses it)."""
-    return privileged() or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
-
-
 def set_autogroup_nice(leader: int, nice: int) -> bool:
     """Set the nice value of the autogroup of `leader`'s session."""
     # Without CAP_SYS_ADMIN (a container's root) the kernel takes one such write per 100 ms on the

@@ -53,8 +53,9 @@ def sandbox_cluster(root: Path, name: str, **settings):
         catalog_url=f"sqlite:///{home / 'catalog.db'}",
         taskmanagers=1,
         slots=2,
+        warm_drivers=0,
         driver_user=DEFAULT_NAME,
-        **{"warm_drivers": 0, **settings},
+        **settings,
     ), home
 
 
@@ -366,59 +367,3 @@ def test_a_pipeline_printing_100_mb_leaves_bounded_rotated_logs(cluster, rest, t
     assert all(f.stat().st_size <= LOG_CAP for f in files), [(f.name, f.stat().st_size) for f in files]
     listed = {entry["name"] for entry in rest.get("/taskmanagers/tm-1/logs")["logs"]}
     assert {f.name for f in files} <= listed
-
-
-def c2_policies_of_oldest_driver_jvm(home: Path) -> set[int] | None:
-    """The scheduling policies of the C2 compiler threads of the oldest JVM among this cluster's
-    drivers (the warm driver a task took; the pool's replacement starts after it), None while
-    there is none. A driver's JVM runs in its work directory under the cluster's home."""
-    jvms = []
-    for p in psutil.process_iter(["name", "create_time"]):
-        try:
-            if p.info["name"] == "java" and Path(p.cwd()).is_relative_to(home):
-                jvms.append(p)
-        except (psutil.Error, OSError):
-            continue
-    if not jvms:
-        return None
-    oldest = min(jvms, key=lambda p: p.info["create_time"])
-    found = set()
-    for t in oldest.threads():
-        try:
-            if Path(f"/proc/{oldest.pid}/task/{t.id}/comm").read_text().strip() == "C2 CompilerThre":
-                found.add(os.sched_getscheduler(t.id))
-        except OSError:
-            pass
-    return found or None
-
-
-def test_a_task_on_a_warm_driver_gets_the_jits_c2_back(root, tmp_path, monkeypatch):
-    """A warm driver idles its JVM's C2 compiler in reserve, and its own user may not undo that
-    (the kernel's RLIMIT_NICE): the task ran on C1's code alone.
-    The TaskManager gives C2 back at the task's first batch."""
-    monkeypatch.setenv("JDK_JAVA_OPTIONS", "")  # the JVMs' defaults: the suite's run C1 alone, without C2
-    c, home = sandbox_cluster(root, "warm", warm_drivers=1, warm_up_query=False)
-    try:
-        rest = Rest(c.dispatcher_url)
-        wait_for(
-            "the warm driver idles its C2",
-            lambda: c2_policies_of_oldest_driver_jvm(home),
-            180,
-            until=lambda p: p == {os.SCHED_IDLE},
-        )
-        job = submit(
-            rest,
-            tmp_path,
-            "stream.py",
-            """
-            def build(ctx):
-                return ctx.sinks.console(ctx.sources.datagen(rows_per_second=5))
-            """,
-        )
-        rest.wait_running_task(job, timeout_s=120)
-        wait_for(
-            "C2 back to work", lambda: c2_policies_of_oldest_driver_jvm(home), 60, until=lambda p: p == {os.SCHED_OTHER}
-        )
-        rest.cancel(job)
-    finally:
-        c.stop()

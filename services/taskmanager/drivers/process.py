@@ -39,7 +39,6 @@ from services.taskmanager.drivers.rotating_log import RotatingLog
 from services.taskmanager.drivers.sandbox import DriverSandbox
 from services.taskmanager.drivers.task_processes import TaskProcesses
 from services.taskmanager.memory import limit as memory_limit
-from services.taskmanager.runtime import jit_in_reserve
 from shared import backoff, cpu_priority
 from shared import task_protocol as tp
 from shared.driver_contract import STACK_DUMP_SIGNAL, kill_session, remove_python_socket_dirs
@@ -100,7 +99,6 @@ class DriverProcess:
         self.warm_up = warm_up  # False: a task waits for this driver, it runs no warm-up query first
         self.warm_up_query = warm_up_query  # Settings.warm_up_query, for a driver in reserve
         self.niced = False  # warming up in reserve at WARMUP_NICE (see the module docstring)
-        self.c2_given_back = False  # the JIT's C2, idled in reserve, back to work (give_c2_back)
         self.on_event, self.on_exit = on_event, on_exit
         self.proc: subprocess.Popen | None = None
         self.ready = threading.Event()
@@ -174,7 +172,6 @@ class DriverProcess:
             str(self.home.waiting_marker()),
             *self.engine_args,
             *warm_up_args(self.warm_up, self.warm_up_query),
-            *(("--c2-given-back-by-taskmanager",) if self.warm_up and may_raise_priority() else ()),
             *(("--spark-ui",) if self.sandbox.spark_ui else ()),
         ]
         try:
@@ -249,22 +246,7 @@ class DriverProcess:
         if not self.send(tp.RunTask(spec=spec)):
             return False
         self.memory.watch(limit)
-        if self.warm_up:
-            timer = threading.Timer(jit_in_reserve.TASK_GRACE_S, self.give_c2_back)
-            timer.daemon = True
-            timer.start()
         return True
-
-    def give_c2_back(self) -> None:
-        """The JIT's C2, idled while the driver waited in reserve, back to work: at the task's
-        first batch, or TASK_GRACE_S after the task came. The TaskManager does it since the
-        drivers' user may not leave SCHED_IDLE (runtime/jit_in_reserve.py)."""
-        if self.c2_given_back or not self.warm_up or not self.alive() or not may_raise_priority():
-            return
-        self.c2_given_back = True
-        assert self.proc is not None
-        moved = jit_in_reserve.give_back(self.proc.pid)
-        log.info("driver %s: the JIT's C2 back to work (%d threads)", self.id, moved)
 
     def _memory_exceeded(self, cause: str) -> None:
         log.warning("driver %s (task %s): %s", self.id, self.execution_id, cause)
@@ -334,8 +316,6 @@ class DriverProcess:
                     self.ready.set()
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end
-                if isinstance(event, tp.Progress):
-                    self.give_c2_back()
                 if self.home is not None:
                     event = self.home.checked(event, self.send)
                 if event is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,15 +44,7 @@ POLL_S = 0.25
 
 
 class Driver:
-    def __init__(
-        self,
-        events: EventWriter,
-        spark: Any,
-        parallelism: int,
-        engine: Engine = Engine(),
-        *,
-        on_first_batch: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, events: EventWriter, spark: Any, parallelism: int, engine: Engine = Engine()) -> None:
         self.events = events
         self.spark = spark
         self.parallelism = parallelism
@@ -68,7 +59,6 @@ class Driver:
         self.restored_meta: dict | None = None  # metadata of the snapshot this attempt starts from
         self.lineage: dict = {}
         self.spark_ui = ui_url(spark)
-        self.on_first_batch = on_first_batch
         # What the task asks its TaskManager for (a files sink's directory): answers come on stdin.
         self.grants = grants.Grants(events.emit)
         grants.install(self.grants)
@@ -258,9 +248,7 @@ class Driver:
         self.phases.announce("fencing the sinks")
         prepare_streaming(spec, handle, live, self.restored_meta, self.lineage, self.phases)
         snapshots = SnapshotServer(self.events, self.queries, spec, handle, live, self.lineage)
-        progress = ProgressReporter(
-            self.events, self.phases, self.spark_ui, self.on_first_batch, sink_figures=handle.commit_figures
-        )
+        progress = ProgressReporter(self.events, self.phases, self.spark_ui, sink_figures=handle.commit_figures)
         self.phases.announce("starting the Spark query")
         query = self.queries.start(handle, live, spec.job_id)
         if self.cancel_requested.is_set():  # cancel came while starting: stop it ourselves

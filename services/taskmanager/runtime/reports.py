@@ -22,14 +22,12 @@ class ProgressReporter:
         events: EventWriter,
         phases: PhaseLog,
         spark_ui: str | None,
-        on_first_batch: Callable[[], None],
         sink_figures: Callable[[int], dict[str, int] | None] | None = None,
     ) -> None:
         self.events = events
         self.sink_figures = sink_figures  # SinkHandle.commit_figures
         self.phases = phases
         self.spark_ui = spark_ui
-        self.on_first_batch = on_first_batch
         self.last = -1  # the newest batch id reported
 
     def report(self, query: Any, latest: Any) -> None:
@@ -41,7 +39,6 @@ class ProgressReporter:
             if p.batchId > self.last:
                 if self.last < 0:
                     self.phases.announce(f"first batch {p.batchId} committed: {json.dumps(p.durationMs)}")
-                    self.on_first_batch()
                 self.last = p.batchId
                 self.events.emit(
                     Progress(

@@ -70,11 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="in reserve without the warm-up query (Settings.warm_up_query off)",
     )
-    p.add_argument(
-        "--c2-given-back-by-taskmanager",
-        action="store_true",
-        help="the TaskManager puts the JIT's C2 back to work when a task takes this driver (jit_in_reserve.py)",
-    )
     p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
     p.add_argument(
         "--waiting-marker",
@@ -145,11 +140,7 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
     shuffle = args.shuffle_partitions or max(2, args.parallelism)
     runtime = SparkRuntime.from_args(args)
     # A driver that warms up waits in reserve for a task: its JIT's C2 only on idle CPU until then.
-    optimizer = (
-        None
-        if args.no_warmup
-        else jit_in_reserve.OptimizerInReserve(given_back_by_parent=args.c2_given_back_by_taskmanager).start()
-    )
+    optimizer = None if args.no_warmup else jit_in_reserve.OptimizerInReserve().start()
     spark = build_spark(
         args.parallelism,
         workdir,
@@ -182,10 +173,6 @@ def run_one_task(
 ) -> int:
     """Wait for the task on stdin and run it; the exit code of the process."""
     line = stdin.readline()
-    if optimizer is not None:
-        # Not at once: C2's queue, compiled at the normal priority beside the task's first
-        # batch, delayed the first result by ~0.5-1 s; it is wanted once data flows.
-        optimizer.release_after(jit_in_reserve.TASK_GRACE_S)
     if not line.strip():
         return 0  # stdin closed before any task: the slot is being discarded
     driver.task_started = True
@@ -233,13 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         process.spark, optimizer = start_session(args, engine)
-        process.driver = Driver(
-            events,
-            process.spark,
-            args.parallelism,
-            engine,
-            on_first_batch=optimizer.release if optimizer is not None else lambda: None,
-        )
+        process.driver = Driver(events, process.spark, args.parallelism, engine)
         events.emit(Ready(pid=os.getpid(), parallelism=args.parallelism, startup_s=round(time.monotonic() - t0, 3)))
         code = run_one_task(process.driver, events, sys.stdin, optimizer)
     except _Terminate:
