@@ -106,11 +106,6 @@ def cluster(root):
 
 
 @pytest.fixture(scope="module")
-def rest(cluster):
-    return Rest(cluster.dispatcher_url)
-
-
-@pytest.fixture(scope="module")
 def outbox(root):
     out = root / "outbox"
     out.mkdir()
