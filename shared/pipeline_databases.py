@@ -74,13 +74,13 @@ def open_directory(directory: Path, owners: safe_fs.Ownership, *, create: bool =
 
 
 class locked:
-    """An exclusive flock on the top directory's fd."""
+    """An exclusive flock on the top directory's fd, waited for within safe_fs.LOCK_TIMEOUT_S."""
 
     def __init__(self, fd: int):
         self.fd = fd
 
     def __enter__(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        safe_fs.lock_exclusive(self.fd, "the pipelines' databases directory")
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)

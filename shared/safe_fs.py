@@ -17,10 +17,12 @@ driver could have written this" means.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
 import stat
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
@@ -205,6 +207,27 @@ def read_file(parent_fd: int, name: str, *, max_bytes: int) -> tuple[bytes, os.s
         return data, st
     finally:
         os.close(fd)
+
+
+# How long root waits for another process of this host to end its change under a flock.
+LOCK_TIMEOUT_S = 30.0
+
+
+def lock_exclusive(fd: int, what: str, timeout_s: float = LOCK_TIMEOUT_S) -> None:
+    """An exclusive flock on `fd`, waited for at most `timeout_s`: TimeoutError naming `what`
+    (a holder that hangs, say on a stalled file system, fails the one change, not the process)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{what} stayed locked by another process for {timeout_s:.0f} s (who holds it: "
+                    f"`fuser -v` on it, or `grep FLOCK /proc/locks`)"
+                ) from None
+            time.sleep(0.01)
 
 
 @contextmanager

@@ -125,3 +125,22 @@ def test_make_dir_refuses_a_name_that_is_there(tmp_path):
             safe_fs.make_dir(fd, "t", mode=0o700, uid=os.geteuid(), gid=os.getegid())
         with pytest.raises(safe_fs.UnsafePath):
             safe_fs.make_dir(fd, "t", mode=0o700, uid=os.geteuid(), gid=os.getegid(), exist_ok=True)
+
+
+def test_a_flock_held_elsewhere_is_waited_for_within_a_bound_and_named(tmp_path):
+    import fcntl
+    import time
+
+    holder = os.open(tmp_path, os.O_RDONLY)
+    waiter = os.open(tmp_path, os.O_RDONLY)  # another open file description: flocks conflict
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="the test's directory stayed locked"):
+            safe_fs.lock_exclusive(waiter, "the test's directory", timeout_s=0.2)
+        assert time.monotonic() - started < 5
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        safe_fs.lock_exclusive(waiter, "the test's directory", timeout_s=0.2)  # free: taken at once
+    finally:
+        os.close(holder)
+        os.close(waiter)

@@ -25,7 +25,6 @@ output over, as before.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -230,7 +229,11 @@ class _locked:
         self.fd = os.open(
             f"{self.key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.reg
         )
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            safe_fs.lock_exclusive(self.fd, f"the files sink claims' record {self.key}")
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
