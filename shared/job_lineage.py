@@ -44,17 +44,21 @@ class Lineages:
         known = self._of.get(job.id)
         if known is not None:
             return known
-        lineage = str(job.id)
         path = (job.config or {}).get(checkpointing.RESTORE_PATH)
-        if isinstance(path, str) and path and depth < MAX_DEPTH:
-            owner = _owner(s, path, job.id)
-            owner_job = repo.find_job(s, owner) if owner is not None else None
-            if owner_job is not None:
-                lineage = self.of(s, owner_job, depth + 1)
-            elif owner is None:
-                lineage = _claimed(path) or lineage
-        self._of[job.id] = lineage
-        return lineage
+        lineage = self.continued(s, path, job.id, depth) if isinstance(path, str) and path else None
+        self._of[job.id] = lineage or str(job.id)
+        return self._of[job.id]
+
+    def continued(self, s: Session, path: str, job_id: JobId, depth: int = 0) -> str | None:
+        """The lineage a job `job_id` starting from the snapshot at `path` continues; None when it
+        starts one of its own (the dispatcher asks before the job exists)."""
+        if depth >= MAX_DEPTH:
+            return None
+        owner = _owner(s, path, job_id)
+        owner_job = repo.find_job(s, owner) if owner is not None else None
+        if owner_job is not None:
+            return self.of(s, owner_job, depth + 1)
+        return _claimed(path) if owner is None else None
 
 
 def _variants(path: str) -> list[str]:

@@ -40,6 +40,7 @@ from shared.catalog.models import DeploymentRow, epoch_ms
 from shared.catalog.repository import NotFound
 from shared.catalog.repository import deployments as deployments_repo
 from shared.ids import ArtifactId
+from shared.job_lineage import Lineages
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/deployments", tags=["deployments"])
@@ -178,6 +179,8 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art, war
         if _pipeline_part(row.spec) == _pipeline_part(spec) or not row.job_id:
             return  # what the job runs is unchanged (a suspension, a new rollback bound): no planning
         snapshot_path = repository.newest_snapshot_path(s, row.job_id) or row.last_savepoint
+        current = repository.find_job(s, row.job_id)
+        lineage = Lineages().of(s, current) if current is not None else None  # the upgrade continues it
     if not snapshot_path:
         return
     try:
@@ -199,6 +202,7 @@ def _check_state_carries_over(catalog, settings, name: str, spec: dict, art, war
             parallelism=spec["parallelism"],
             snapshot_meta=snapshot.metadata,
             warm=warm,
+            lineage=lineage,
         )
     except restore_check.RestoreIncompatible as exc:
         _record_refusal(catalog, name, exc.message)

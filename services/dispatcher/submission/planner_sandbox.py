@@ -9,6 +9,8 @@ else as the dispatcher's own user (logged). Its directory:
     <tmp>/                  the dispatcher's, group the planner's own (0750): it may look in
         work/               the planner's user's (0700): HOME, TMPDIR, working directory
         artifact/<name>     the dispatcher's (0750 / 0640): the pipeline, copied before it is read
+        database/           the planner's user's (0700): a copy of its lineage's pipelines database,
+                            where the cluster keeps one per lineage (submission/planner_database.py)
         planner.log
 
 so the dispatcher never writes where the planner could have put a link (issue 43: the spare
@@ -48,6 +50,18 @@ class PlannerSandbox:
             self.close()
             raise
         self.home = self.tmp / "work"
+
+    def owner(self) -> tuple[int, int]:
+        """The planner's uid and gid (the dispatcher's own where it has no user of its own)."""
+        if self.user.isolated:
+            return self.user.uid, self.user.gid
+        return os.geteuid(), os.getegid()
+
+    def make_dir(self, name: str, *, uid: int, gid: int) -> int:
+        """A new directory `name` in the sandbox (0700, `uid`'s), open: files placed through it
+        land where a planner that runs meanwhile cannot have put a link."""
+        with safe_fs.opened(safe_fs.open_trusted(self.tmp)) as fd:
+            return safe_fs.make_dir(fd, name, mode=0o700, uid=uid, gid=gid)
 
     def place_artifact(self, source: str | os.PathLike) -> Path:
         """A copy of the pipeline the planner may read and not change."""

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from services.dispatcher.submission.planner_database import LineageDatabase
 from services.dispatcher.submission.planner_sandbox import DEFAULT_USERS, PlannerSandbox
 from shared import checkpointing, job_options, restore_compat, untrusted_code
 from shared.errors import StateError
@@ -86,13 +87,14 @@ def check_artifact(
     parallelism: int,
     snapshot_meta: dict,
     warm: SparePlanner | None = None,
+    lineage: str | None = None,
 ) -> None:
     """`check_restore` of an uploaded artifact, planned as this cluster's drivers would run it: the
     pipeline's database and Redis, the drivers' OS user and their class archive; on the warm
     planner (`warm`, submission/warm_planner.py) when one is ready. The database is the one the
-    operator configured for every pipeline; a cluster that keeps one per lineage
-    (`pipeline_databases_dir`) gives the planner none (a placeholder of its own): the lineage's
-    directory belongs to the driver running its task, if any, and is handed to no one else."""
+    operator configured for every pipeline; where the cluster keeps one per lineage
+    (`pipeline_databases_dir`), a copy of the database of `lineage` (the one the restore
+    continues; submission/planner_database.py)."""
     try:
         check_restore(
             python=sys.executable,
@@ -110,6 +112,7 @@ def check_artifact(
             warm=warm.plan if warm else None,
             users=settings.driver_users,
             lake_dir=str(settings.lake.absolute()),
+            database=LineageDatabase.for_restore(settings, lineage, config),
         )
     finally:
         if warm is not None and needs_planning(snapshot_meta, artifact_sha256=art.sha256, entry=entry, args=args):
@@ -128,6 +131,7 @@ class WarmPlan(Protocol):
         config: Mapping[str, Any],
         parallelism: int,
         timeout_s: float,
+        database: LineageDatabase | None = None,
     ) -> dict[str, Any] | None: ...
 
 
@@ -143,6 +147,7 @@ class SparePlanner(Protocol):
         config: Mapping[str, Any],
         parallelism: int,
         timeout_s: float,
+        database: LineageDatabase | None = None,
     ) -> dict[str, Any] | None: ...
 
     def replenish(self) -> None: ...
@@ -174,6 +179,7 @@ def check_restore(
     warm: WarmPlan | None = None,
     users: int = DEFAULT_USERS,
     lake_dir: str | None = None,
+    database: LineageDatabase | None = None,
 ) -> None:
     """Raise RestoreIncompatible when the pipeline cannot start from the snapshot `snapshot_meta`
     (or cannot even be built); return quietly when it can, or when the planner could not tell.
@@ -181,8 +187,9 @@ def check_restore(
     `catalog_url` / `redis_url`: what the task would get (the pipeline's database and Redis user,
     never the control catalog). Streaming sources never connect while planning, but a pipeline
     may read a static table while it builds; without them the planner uses placeholders that
-    point nowhere. `run_as`: the drivers' OS user (settings.driver_user). `lake_dir`: where the
-    pipeline's relative Delta table paths are (a Delta source reads its table's schema)."""
+    point nowhere; `database`, a lineage's own local database, is copied for the planner instead.
+    `run_as`: the drivers' OS user (settings.driver_user). `lake_dir`: where the pipeline's
+    relative Delta table paths are (a Delta source reads its table's schema)."""
     plan = None
     if needs_planning(snapshot_meta, artifact_sha256=artifact_sha256, entry=entry, args=args):
         result = None
@@ -194,6 +201,7 @@ def check_restore(
                 config=config,
                 parallelism=parallelism,
                 timeout_s=timeout_s,
+                database=database,
             )
         if result is None:
             result = run_planner(
@@ -210,6 +218,7 @@ def check_restore(
                 runtime=runtime,
                 users=users,
                 lake_dir=lake_dir,
+                database=database,
             )
         plan = interpret(result, artifact_path=artifact_path, entry=entry)
         if plan is None:
@@ -273,6 +282,7 @@ def run_planner(
     runtime: SparkRuntime | None = None,
     users: int = DEFAULT_USERS,
     lake_dir: str | None = None,
+    database: LineageDatabase | None = None,
 ) -> dict[str, Any] | None:
     """Run the planner subprocess; its result line, or a dict with `reason` (and no `ok`)
     when it timed out or died without one.
@@ -292,6 +302,8 @@ def run_planner(
                 "restore check: cannot start the planner with %s: the artifact cannot be read (%s)", python, exc
             )
             return {"reason": f"cannot read the artifact {artifact_path}: {exc}"}
+        if database is not None:
+            config = database.planner_config(box, config)
         # The configuration and URLs may hold passwords: stdin and environment, not the command line.
         cmd = [
             python,

@@ -23,6 +23,7 @@ from shared import job_options as job_config
 from shared.catalog import Catalog, repository
 from shared.catalog.repository import NotFound
 from shared.ids import ArtifactId, JobId, new_job_id
+from shared.job_lineage import Lineages
 from shared.messages import SubmitJob
 from shared.restart import InvalidRestartStrategy
 from shared.settings import Settings
@@ -95,6 +96,7 @@ class Submitter:
                 parallelism=req.parallelism,
                 snapshot=snapshot,
                 warm=self.warm,
+                lineage=self._continued_lineage(snapshot.path, job_id),
             )
         self._create(req, job_id, art, restart)
         self.overview.invalidate()
@@ -111,6 +113,11 @@ class Submitter:
             ) from None
         log.info("submitted job %s from %s", job_id, req.jarid)
         return job_id
+
+    def _continued_lineage(self, snapshot_path: str, job_id: JobId) -> str | None:
+        """The lineage the job continues by restoring `snapshot_path` (shared/job_lineage.py)."""
+        with self.catalog.session() as s:
+            return Lineages().continued(s, snapshot_path, job_id)
 
     def _create(self, req: Request, job_id: JobId, art, restart: dict) -> None:
         catalog = self.catalog
@@ -156,7 +163,16 @@ def unknown_jar(jarid: str) -> ApiError:
 
 
 def _check_restore(
-    settings, art, *, entry: str, args: list[str], config: dict, parallelism: int, snapshot, warm: WarmPlanner | None
+    settings,
+    art,
+    *,
+    entry: str,
+    args: list[str],
+    config: dict,
+    parallelism: int,
+    snapshot,
+    warm: WarmPlanner | None,
+    lineage: str | None,
 ) -> None:
     """Refuse, before the job exists, a pipeline that Spark could not start from the snapshot
     (a changed grouping key, another source, another state partition count), instead of a task
@@ -171,6 +187,7 @@ def _check_restore(
             parallelism=parallelism,
             snapshot_meta=snapshot.metadata,
             warm=warm,
+            lineage=lineage,
         )
     except restore_check.RestoreIncompatible as exc:
         raise ApiError.of(

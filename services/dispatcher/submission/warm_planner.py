@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from services.dispatcher.submission import restore_check
+from services.dispatcher.submission.planner_database import LineageDatabase
 from services.dispatcher.submission.planner_sandbox import DEFAULT_USERS, PlannerSandbox
 from shared import cpu_priority
 from shared.spark_runtime import SparkRuntime
@@ -112,7 +113,9 @@ class _Spare:
                     return line
         return None
 
-    def plan(self, artifact_path: str, request: Mapping[str, Any], timeout_s: float) -> dict[str, Any] | None:
+    def plan(
+        self, artifact_path: str, request: Mapping[str, Any], timeout_s: float, database: LineageDatabase | None
+    ) -> dict[str, Any] | None:
         # A spare still starting is ahead of a cold start, however loaded the machine: it is waited
         # for within the check's own bound, which its readiness and its plan share.
         deadline = time.monotonic() + timeout_s
@@ -123,6 +126,8 @@ class _Spare:
             if line is None or not json.loads(line).get("ready"):
                 return None
             copy = self.box.place_artifact(artifact_path)  # where the planner may read, not write
+            if database is not None:
+                request = {**request, "config": database.planner_config(self.box, request["config"])}
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps({**request, "artifact": str(copy)}, default=str) + "\n").encode())
             self.proc.stdin.flush()
@@ -171,6 +176,7 @@ class WarmPlanner:
         config: Mapping[str, Any],
         parallelism: int,
         timeout_s: float,
+        database: LineageDatabase | None = None,
     ) -> dict[str, Any] | None:
         """The planner's result line, or None when no spare could answer (plan cold then)."""
         with self._lock:
@@ -182,6 +188,7 @@ class WarmPlanner:
             artifact_path,
             {"entry": entry, "args": [str(a) for a in args], "config": dict(config), "parallelism": parallelism},
             timeout_s,
+            database,
         )
         if result is not None:
             log.info("restore check: planned %s on the warm planner in %.1f s", artifact_path, time.monotonic() - t0)
