@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from shared import pipeline_databases, safe_fs
+from shared.errors import StateError
 
 if TYPE_CHECKING:
     from services.dispatcher.submission.planner_sandbox import PlannerSandbox
@@ -39,7 +40,7 @@ COPY_DIR = "database"
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class NotCopied(OSError):
+class NotCopied(StateError, OSError):
     """The lineage's database could not be copied safely (the planner gets none)."""
 
 
