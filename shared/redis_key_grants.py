@@ -121,3 +121,29 @@ def undeclared_problem(config: Mapping[str, Any] | None, mode: str) -> str | Non
             "it reads (an empty list if it uses none)"
         )
     return None
+
+
+def overlap(a: str, b: str) -> bool:
+    """Whether some key matches both patterns (each a key name or a prefix ending in '*')."""
+    a_prefix, b_prefix = a.endswith("*"), b.endswith("*")
+    a_text, b_text = a.rstrip("*"), b.rstrip("*")
+    if a_prefix and b_prefix:
+        return a_text.startswith(b_text) or b_text.startswith(a_text)
+    if a_prefix:
+        return b_text.startswith(a_text)
+    if b_prefix:
+        return a_text.startswith(b_text)
+    return a == b
+
+
+def write_clash(mine: KeyGrants, theirs: KeyGrants) -> tuple[str, str] | None:
+    """A pattern `mine` writes and one `theirs` writes that reach a common key, or None.
+
+    A key is written by one lineage at a time: the writer's sinks decide what they may undo
+    (a Redis sink deletes its uncommitted entries on restore), and a second writer could trim or
+    delete the first one's output, which declaring keys is meant to rule out."""
+    for own in mine.write:
+        for other in theirs.write:
+            if overlap(own, other):
+                return own, other
+    return None

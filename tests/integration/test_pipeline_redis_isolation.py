@@ -296,3 +296,33 @@ def test_a_job_that_declares_its_keys_cannot_touch_another_jobs_stream(cluster, 
     # Patterns that would reach Headrace's own keys are refused at submission.
     r = rest.http.post(f"/jars/{jar}/run", json={"flinkConfiguration": {WRITE_OPTION: ["h*"]}})
     assert r.status_code == 400 and "'hr:'" in r.text, r.text
+
+
+def test_a_declared_write_key_is_one_lineages_at_a_time(rest, tmp_path):
+    # Declaring a key is asking for it: a second lineage asking to write what a live job writes
+    # would get the first one's stream to trim or delete, so it is refused naming that job.
+    path = tmp_path / "writer.py"
+    path.write_text(WRITER)
+    jar = rest.upload(path)
+    first = rest.run(jar, parallelism=1, flinkConfiguration={WRITE_OPTION: ["owned-out"]})
+    try:
+        r = rest.http.post(f"/jars/{jar}/run", json={"flinkConfiguration": {WRITE_OPTION: ["owned-*"]}})
+        assert r.status_code == 409, r.text
+        body = r.json()
+        assert first in json.dumps(body) and "owned-*" in json.dumps(body), body
+        # Reading it, or writing other keys, is no clash.
+        reader = rest.run(
+            jar, parallelism=1, flinkConfiguration={READ_OPTION: ["owned-out"], WRITE_OPTION: ["other-out"]}
+        )
+        rest.cancel(reader)
+    finally:
+        rest.cancel(first)
+    rest.wait_state(first, ["CANCELED"], timeout_s=120)
+    second = rest.run(jar, parallelism=1, flinkConfiguration={WRITE_OPTION: ["owned-*"]})
+    rest.cancel(second)
+
+
+WRITER = textwrap.dedent("""
+    def build(ctx):
+        return ctx.sinks.redis_stream(ctx.sources.datagen(seed=1, rows_per_second=5), "owned-out")
+""")

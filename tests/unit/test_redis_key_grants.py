@@ -121,3 +121,28 @@ def test_a_cluster_that_requires_declarations_refuses_a_job_without_them():
     check_config({WRITE: ["out"], READ: []}, required)
     check_config({READ: []}, required)
     check_config({}, Settings())  # shared (the default): nothing to declare
+
+
+@pytest.mark.parametrize(
+    "a, b, common",
+    [
+        ("clicks", "clicks", True),
+        ("clicks", "clicks2", False),
+        ("clicks*", "clicks2", True),
+        ("clicks2", "clicks*", True),
+        ("click*", "clicks:*", True),
+        ("tenant-a:*", "tenant-b:*", False),
+        ("a*", "b", False),
+        ("clicks:out", "clicks:*", True),
+    ],
+)
+def test_patterns_overlap_when_some_key_matches_both(a, b, common):
+    assert grants.overlap(a, b) is common
+    assert grants.overlap(b, a) is common
+
+
+def test_only_writes_clash():
+    mine = grants.KeyGrants(read=("shared-src",), write=("out-a", "counts:*"))
+    assert grants.write_clash(mine, grants.KeyGrants(read=("out-a",), write=("out-b",))) is None
+    assert grants.write_clash(mine, grants.KeyGrants(write=("counts:eu",))) == ("counts:*", "counts:eu")
+    assert grants.write_clash(grants.KeyGrants(read=("x",)), grants.KeyGrants(write=("x",))) is None

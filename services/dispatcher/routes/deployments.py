@@ -30,7 +30,7 @@ from services.dispatcher.schemas.deployments import (
     DeploymentList,
     DeploymentSpecRequest,
 )
-from services.dispatcher.submission import checkpoint_dir_option, restore, restore_check
+from services.dispatcher.submission import checkpoint_dir_option, redis_key_writers, restore, restore_check
 from services.dispatcher.submission.submitter import check_config, check_entry, resolve_restart_strategy, unknown_jar
 from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared import checkpointing as cp
@@ -138,6 +138,7 @@ def apply_deployment(
     if (req.kind or "pyspark") == "pyspark":
         check_entry(catalog, art, req.entryClass or "build", config, bounds)
     spec = req.record(restart_strategy=restart, config=config)
+    redis_key_writers.check_no_other_writer(catalog, config, None, deployment=name)
     _check_state_carries_over(catalog, settings, name, spec, art, warm)
     with catalog.session() as s:
         try:

@@ -15,7 +15,14 @@ from sqlalchemy.exc import IntegrityError
 from services.dispatcher.errors import ApiError, Problem, short_value
 from services.dispatcher.guards.archive_bounds import ArtifactLimits
 from services.dispatcher.schemas import stored_restart_strategy
-from services.dispatcher.submission import artifacts, checkpoint_dir_option, entry_check, restore, restore_check
+from services.dispatcher.submission import (
+    artifacts,
+    checkpoint_dir_option,
+    entry_check,
+    redis_key_writers,
+    restore,
+    restore_check,
+)
 from services.dispatcher.submission.warm_planner import WarmPlanner
 from services.dispatcher.views.overview_cache import OverviewCache
 from shared import checkpointing, kafka_delivery, redis_key_grants
@@ -86,6 +93,8 @@ class Submitter:
             mode=req.mode,
             mode_field=req.mode_field,
         )
+        lineage = self._continued_lineage(snapshot.path, job_id) if snapshot is not None else None
+        redis_key_writers.check_no_other_writer(catalog, req.config, lineage)
         if snapshot is not None and req.kind == "pyspark":
             _check_restore(
                 settings,
@@ -96,7 +105,7 @@ class Submitter:
                 parallelism=req.parallelism,
                 snapshot=snapshot,
                 warm=self.warm,
-                lineage=self._continued_lineage(snapshot.path, job_id),
+                lineage=lineage,
             )
         self._create(req, job_id, art, restart)
         self.overview.invalidate()
