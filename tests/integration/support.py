@@ -1,5 +1,5 @@
 """Support shared by the integration modules that has no topic module of its own (those are
-bus_reading.py, dispatcher_support.py and bench_runs.py beside this one)."""
+bus_reading.py, dispatcher_support.py, planner_support.py and bench_runs.py beside this one)."""
 
 from __future__ import annotations
 

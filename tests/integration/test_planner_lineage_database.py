@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import sqlite3
 import sys
 import textwrap
@@ -18,15 +17,12 @@ import pytest
 
 from services.dispatcher.submission import restore_check
 from services.dispatcher.submission.planner_database import LineageDatabase
-from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared import pipeline_databases
-from shared.jars import DEFAULT_CACHE_DIR
-from shared.spark_runtime import SparkRuntime
+from tests.integration.planner_support import DRIVER_USER, PLANNER_REDIS_URL, pool_user, spare_planner
 from tests.servers import IN_CI
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not IN_CI, reason="the drivers' users need root")
 
-DRIVER_USER = "headrace-driver"
 LINEAGE = "0123456789abcdef0123456789abcdef"
 # A snapshot the changed pipeline must be planned against (another artifact, state kept).
 SNAPSHOT = {"pipeline": {"artifact_sha256": "1" * 64}, "spark": {"batch_id": 3, "state_partitions": 2}}
@@ -50,13 +46,6 @@ def _seen(text: str) -> dict:
     return json.loads(text.split("SEEN", 1)[1].split("END", 1)[0])
 
 
-def _pool_user(index: int) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(f"{DRIVER_USER}-{index}")
-    except KeyError:
-        pytest.fail(f"the OS users {DRIVER_USER}-0..31 are missing: scripts/bootstrap creates them")
-
-
 def _lineage_dir(tmp_path: Path) -> tuple[Path, Path]:
     """The top directory (root's, 0711) and a lineage's (a running driver's user's, 0700)."""
     top = tmp_path / pipeline_databases.DIRECTORY
@@ -64,7 +53,7 @@ def _lineage_dir(tmp_path: Path) -> tuple[Path, Path]:
     top.chmod(0o711)
     lineage = top / LINEAGE
     lineage.mkdir(mode=0o700)
-    holder = _pool_user(30)
+    holder = pool_user(30)
     os.chown(lineage, holder.pw_uid, holder.pw_gid)
     return top, lineage
 
@@ -79,13 +68,7 @@ def test_the_warm_planner_reads_the_lineages_rows_even_those_still_in_the_write_
     assert (lineage / (pipeline_databases.FILE + "-wal")).stat().st_size > 0
     artifact = tmp_path / "dimension_join.py"
     artifact.write_text(PIPELINE)
-    warm = WarmPlanner(
-        python=sys.executable,
-        run_as=DRIVER_USER,
-        catalog_url=None,
-        redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
-        runtime=SparkRuntime(DEFAULT_CACHE_DIR),
-    )
+    warm = spare_planner()
     try:
         warm.replenish()
         result = warm.plan(
@@ -103,7 +86,7 @@ def test_the_warm_planner_reads_the_lineages_rows_even_those_still_in_the_write_
     assert result is not None and result.get("stage") == "build", result
     seen = _seen(str(result.get("error")))
     assert seen.get("rows") == [["a", 1], ["b", 2], ["c", 3]], seen
-    assert seen["uid"] != _pool_user(30).pw_uid, "the planner must not run as the lineage's driver's user"
+    assert seen["uid"] != pool_user(30).pw_uid, "the planner must not run as the lineage's driver's user"
     assert LINEAGE not in seen["catalog_url"], seen  # a copy, never the driver's own file
 
 
@@ -127,7 +110,7 @@ def test_a_link_planted_as_the_database_is_not_followed(tmp_path):
             config={},
             parallelism=1,
             snapshot_meta=SNAPSHOT,
-            redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
+            redis_url=PLANNER_REDIS_URL,
             run_as=DRIVER_USER,
             timeout_s=180,
             database=LineageDatabase(top, LINEAGE),

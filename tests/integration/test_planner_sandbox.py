@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import sys
 import textwrap
 
 import pytest
 
 from services.dispatcher.submission import restore_check
-from services.dispatcher.submission.warm_planner import WarmPlanner
-from shared.jars import DEFAULT_CACHE_DIR
-from shared.spark_runtime import SparkRuntime
+from tests.integration.planner_support import DRIVER_USER, PLANNER_REDIS_URL, pool_uids, spare_planner
 from tests.servers import IN_CI
-
-DRIVER_USER = "headrace-driver"
 
 PROBE = textwrap.dedent("""
     import json, os
@@ -66,7 +61,7 @@ def _probe(tmp_path, monkeypatch, run_as):
             parallelism=1,
             snapshot_meta=meta,
             catalog_url=None,
-            redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
+            redis_url=PLANNER_REDIS_URL,
             run_as=run_as,
             timeout_s=180,
         )
@@ -83,10 +78,7 @@ def test_the_planner_sees_no_setting_secret_or_catalog_of_the_dispatcher(tmp_pat
 
 @pytest.mark.skipif(os.geteuid() != 0 and not IN_CI, reason="switching to the drivers' users needs root")
 def test_the_planner_runs_as_a_drivers_user_and_cannot_read_the_services_files(tmp_path, monkeypatch):
-    try:
-        uids = {pwd.getpwnam(f"{DRIVER_USER}-{i}").pw_uid for i in range(32)}
-    except KeyError:
-        pytest.fail(f"the OS users {DRIVER_USER}-0..31 are missing: scripts/bootstrap creates them")
+    uids = pool_uids()
     seen = _probe(tmp_path, monkeypatch, run_as=DRIVER_USER)
     assert seen["uid"] in uids
     assert seen["readable"] == [], seen
@@ -122,19 +114,10 @@ ARTIFACT_PROBE = textwrap.dedent("""
 def test_the_warm_planners_pipeline_cannot_write_or_plant_a_link_in_its_artifact_directory(tmp_path):
     # Issue 43, finding 1: the spare planner's next artifact was copied, as root, into a directory
     # the planner's user owned; a link planted there led root's copy anywhere.
-    try:
-        uids = {pwd.getpwnam(f"{DRIVER_USER}-{i}").pw_uid for i in range(32)}
-    except KeyError:
-        pytest.fail(f"the OS users {DRIVER_USER}-0..31 are missing: scripts/bootstrap creates them")
+    uids = pool_uids()
     artifact = tmp_path / "artifact_probe.py"
     artifact.write_text(ARTIFACT_PROBE)
-    warm = WarmPlanner(
-        python=sys.executable,
-        run_as=DRIVER_USER,
-        catalog_url=None,
-        redis_url="redis://pipeline:pw@127.0.0.1:6379/0",
-        runtime=SparkRuntime(DEFAULT_CACHE_DIR),
-    )
+    warm = spare_planner()
     try:
         warm.replenish()
         assert warm.spare_pid is not None
