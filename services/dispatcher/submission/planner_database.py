@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,5 +130,11 @@ def _copy_one(source: int, name: str, target: int, uid: int, gid: int) -> None:
             raise NotCopied(f"{name} holds {st.st_size} bytes, more than the {MAX_BYTES} a planner is given")
         dst_fd = os.open(name, NEW_FILE, 0o600, dir_fd=target)
         with os.fdopen(dst_fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1024 * 1024)
+            left = st.st_size  # what it held when looked at: a file growing meanwhile is copied again
+            while left > 0:
+                chunk = src.read(min(left, 1024 * 1024))
+                if not chunk:
+                    break
+                dst.write(chunk)
+                left -= len(chunk)
             os.fchown(dst.fileno(), uid, gid)
