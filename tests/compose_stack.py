@@ -35,6 +35,13 @@ class ComposeStack:
             env.writelines(f"{name}={port}\n" for name, port in self.ports.items())
 
     @property
+    def env(self) -> dict[str, str]:
+        """docker-compose's environment: the engine's, with the stack's warm drivers warmed as
+        deployed (the suite turns the warm-up off for its own clusters, tests/conftest.py; a
+        driver of the stack's Spark cluster runs no query in reserve, only what needs no executor)."""
+        return {**self.engine.env, "HEADRACE_WARM_UP_QUERY": "true"}
+
+    @property
     def dispatcher_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['HEADRACE_PUBLISH_DISPATCHER']}"
 
@@ -55,7 +62,7 @@ class ComposeStack:
             str(self.work / "docker-compose.local.yml"),
             *args,
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.engine.env, cwd=self.work)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.work)
         if check and out.returncode != 0:
             raise RuntimeError(
                 f"docker-compose {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()[-3000:]}"

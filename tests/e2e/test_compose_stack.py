@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -309,6 +310,7 @@ def test_compose_stack_fails_over_restarts_and_leaves_nothing(engine, tmp_path, 
             poll_s=1,
         )
         t0 = time.monotonic()
+        print(f"stack timing: killing {TM_SERVICE[first_tm]} at {datetime.now(timezone.utc):%H:%M:%S.%f}", flush=True)
         stack.kill(TM_SERVICE[first_tm])
         burst()  # written while the task is down: read after the restart, nothing lost
         attempts = rest.wait_attempt_running(job, attempts[-1]["attempt"] + 1, timeout_s=TASK_TIMEOUT_S)

@@ -334,6 +334,19 @@ def test_the_warm_up_runs_to_its_end_when_no_task_waits(spark, tmp_path):
     assert spark.streams.active == []
 
 
+def test_the_driver_warm_up_of_a_cluster_driver_runs_no_spark_job(spark):
+    """A driver of a Spark cluster warms in reserve without taking executors: no job runs, and a
+    task waiting for the driver ends the warm-up between its steps."""
+    from services.taskmanager.runtime.spark_session import warm_up_driver
+
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup(None))
+    assert warm_up_driver(spark, 2) is True
+    assert set(tracker.getJobIdsForGroup(None)) == jobs_before
+    assert spark.streams.active == []
+    assert warm_up_driver(spark, 2, cut_short=lambda: True) is False
+
+
 def test_a_waiting_task_stops_the_warm_up_query_and_the_session_still_serves(spark, tmp_path):
     """cut_short's first two looks are between the warm-up's steps; the third is inside the
     streaming query's wait, so this stops the query itself, as a task taken mid-warm-up does."""

@@ -48,7 +48,7 @@ from .cluster_mode import Engine
 from .driver import Driver
 from .driver_io import EventWriter, end_own_session, start_watchdog, stop_spark_quietly
 from .reports import format_failure
-from .spark_session import build_spark, prepare_env, spark_ui_wanted, warm_up
+from .spark_session import build_spark, prepare_env, spark_ui_wanted, warm_up, warm_up_driver
 
 
 class _Terminate(BaseException):
@@ -152,13 +152,22 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
         python_forkserver=args.python_forkserver,
         jars=runtime.jars,
     )
-    if not engine.local and not args.no_warmup:
+    marker = Path(args.waiting_marker) if args.waiting_marker else workdir / TASK_WAITING_MARKER
+    if not engine.local and not (args.no_warmup or args.no_warmup_query):
         # Its jobs would take executors from the Spark cluster, and an executor idle after them is
-        # kept a minute: a driver in reserve must hold none that a running task could use.
+        # kept a minute: a driver in reserve must hold none that a running task could use. What
+        # needs no executor is warmed all the same.
+        t_w = time.monotonic()
+        finished = warm_up_driver(spark, args.parallelism, cut_short=marker.exists)
+        print(
+            f"in reserve without the warm-up query (executors come from a Spark cluster); driver warm-up "
+            f"{'took' if finished else 'cut short after'} {time.monotonic() - t_w:.2f}s",
+            flush=True,
+        )
+    elif not engine.local and not args.no_warmup:
         print("in reserve without the warm-up query (executors come from a Spark cluster)", flush=True)
     elif not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
-        marker = Path(args.waiting_marker) if args.waiting_marker else workdir / TASK_WAITING_MARKER
         if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists):
             print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
         else:

@@ -156,6 +156,33 @@ def warm_up_kafka(spark: Any) -> None:
         print(f"warm-up: no Kafka classes loaded ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
 
 
+def warm_up_driver(spark: Any, parallelism: int = 1, cut_short: Callable[[], bool] = lambda: False) -> bool:
+    """The warm-up of a driver whose executors come from a Spark cluster, which runs no job in
+    reserve (it would take executors a running task could use): what a task's `build(ctx)` would
+    otherwise pay on the driver alone. The connectors' imports, Spark's Kafka classes, a Python
+    data source defined (Spark starts its data-source daemon on the driver, which every later
+    source reuses) and a stateful aggregation over it analysed, as a restore's compatibility check
+    walks it (Catalyst's classes, the Py4J calls). In
+    the compose stack a task's `build(ctx)` took 1.0 s of its 2.1 s to RUNNING on a driver without
+    it (docs/benchmarks.md, "The compose stack"). Returns whether it ran to its end."""
+    from pyspark.sql import functions as F
+
+    from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
+    from .connectors.sql import warm_drivers as warm_sql_drivers
+    from .plan_signature import plan_signature
+
+    warm_sql_drivers()
+    if cut_short():
+        return False
+    warm_up_kafka(spark)
+    if cut_short():
+        return False
+    source = spark.readStream.format("datagen").option("total", "64").option("partitions", str(max(1, parallelism)))
+    totals = source.load().groupBy("url").agg(F.count("*").alias("count"), F.sum("i").alias("total"))
+    plan_signature(totals, output_mode="update")  # what a restore compares its snapshot with
+    return True
+
+
 def warm_up(
     spark: Any, workdir: str | Path, parallelism: int = 1, cut_short: Callable[[], bool] = lambda: False
 ) -> bool:
