@@ -48,6 +48,24 @@ def test_a_connection_gone_for_two_looks_is_a_death():
     assert live.dead({"hr-tm-1", "hr-tm-2"}) == {"hr-tm-1"}
 
 
+def test_a_missing_connection_is_suspected_until_it_is_back_or_declared_dead():
+    redis = FakeRedis()
+    redis.names = {"hr-tm-1"}
+    live = ConnectionLiveness(redis)
+    live.dead({"hr-tm-1"})
+    assert not live.suspected()
+    redis.names = set()
+    live.dead({"hr-tm-1"})
+    assert live.suspected()  # the ResourceManager looks again after 0.1 s instead of 0.5 s
+    redis.names = {"hr-tm-1"}
+    live.dead({"hr-tm-1"})
+    assert not live.suspected()
+    redis.names = set()
+    live.dead({"hr-tm-1"})
+    assert live.dead({"hr-tm-1"}) == {"hr-tm-1"}
+    assert not live.suspected()
+
+
 def test_a_connection_back_before_the_second_look_is_no_death():
     redis = FakeRedis()
     redis.names = {"hr-tm-1"}
