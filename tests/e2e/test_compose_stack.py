@@ -59,7 +59,7 @@ HEALTHY_TIMEOUT_S = 600  # JVMs start in 1-3 min when the machine's 2 cores are 
 TASK_TIMEOUT_S = 420
 BURST = 400  # events written per step
 TM_SERVICE = {"tm-1": "taskmanager-1", "tm-2": "taskmanager-2"}
-# A TaskManager container killed under its task -> RUNNING on the other's warm driver: 1.5-1.7 s on
+# A TaskManager container killed under its task -> RUNNING on the other's warm driver: 1.2-1.6 s on
 # an idle machine (3-5.6 s on a driver that had warmed nothing, 16-19 s on a cold one); the bound
 # leaves room for CI's loaded 2 cores. What the figure rests on is asserted from the logs: a warm
 # driver of the task's size that had run its driver warm-up.
