@@ -162,9 +162,9 @@ def warm_up_driver(spark: Any, parallelism: int = 1, cut_short: Callable[[], boo
     otherwise pay on the driver alone. The connectors' imports, Spark's Kafka classes, a Python
     data source defined (Spark starts its data-source daemon on the driver, which every later
     source reuses) and a stateful aggregation over it analysed, as a restore's compatibility check
-    walks it (Catalyst's classes, the Py4J calls). In
-    the compose stack a task's `build(ctx)` took 1.0 s of its 2.1 s to RUNNING on a driver without
-    it (docs/benchmarks.md, "The compose stack"). Returns whether it ran to its end."""
+    walks it (Catalyst's classes, the Py4J calls). In the compose stack a task's `build(ctx)` took
+    1.0 s of its 2.1 s to RUNNING on a driver without it (docs/benchmarks.md, "The compose
+    stack"). Returns whether it ran to its end."""
     from pyspark.sql import functions as F
 
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
