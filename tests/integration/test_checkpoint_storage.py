@@ -317,33 +317,3 @@ def test_dispose_deletes_a_snapshot_and_is_idempotent(datagen_snapshot, tmp_path
     assert not copy.exists() and list(tmp_path.iterdir()) == []
     storage.dispose(copy)  # already gone: nothing to do
     assert Path(info.path, "_metadata").is_file()
-
-
-def test_checkpoints_are_written_without_a_process_per_file_and_with_hadoops_modes(spark, tmp_path):
-    # Hadoop's own local file system forks chmod for every file it creates (no native library);
-    # Headrace's (shared/local_fs_jar.py, built by scripts/bootstrap) sets the same modes in-process.
-    jvm = spark.sparkContext._jvm
-    fs = jvm.org.apache.hadoop.fs.FileSystem.get(spark.sparkContext._jsc.hadoopConfiguration())
-    assert fs.getClass().getName() == "io.headrace.fs.NioLocalFileSystem", "run scripts/bootstrap: it builds the jar"
-    context = jvm.org.apache.hadoop.fs.FileContext.getLocalFSFileContext(spark.sparkContext._jsc.hadoopConfiguration())
-    assert context.getDefaultFileSystem().getClass().getName() == "io.headrace.fs.NioLocalFs"
-    cp = tmp_path / "cp"
-    q = (
-        spark.readStream.format("datagen")
-        .options(**DATAGEN)
-        .load()
-        .groupBy("url")
-        .count()
-        .writeStream.outputMode("update")
-        .foreachBatch(lambda df, _id: df.collect())
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(cp))
-        .start()
-    )
-    assert q.awaitTermination(120), "the query did not end within 120 s"
-    files = [p for p in cp.rglob("*") if p.is_file() and not p.name.endswith(".crc")]
-    assert any(p.parent.name == "commits" for p in files), sorted(map(str, files))
-    # umask 002 (spark_session: the drivers' group shares what a task writes)
-    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o664"}, [(str(p), oct(p.stat().st_mode)) for p in files]
-    dirs = [p for p in cp.rglob("*") if p.is_dir()]
-    assert {oct(p.stat().st_mode & 0o777) for p in dirs} == {"0o775"}, [(str(p), oct(p.stat().st_mode)) for p in dirs]
