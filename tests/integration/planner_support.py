@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from services.dispatcher.submission import restore_check
 from services.dispatcher.submission.warm_planner import WarmPlanner
 from shared.jars import DEFAULT_CACHE_DIR
 from shared.spark_runtime import SparkRuntime
@@ -37,3 +38,28 @@ def spare_planner() -> WarmPlanner:
         redis_url=PLANNER_REDIS_URL,
         runtime=SparkRuntime(DEFAULT_CACHE_DIR),
     )
+
+
+# A snapshot with state taken by another artifact: a changed pipeline must be planned against it.
+SNAPSHOT_WITH_STATE = {"pipeline": {"artifact_sha256": "1" * 64}, "spark": {"batch_id": 3, "state_partitions": 2}}
+
+
+def refused_plan(artifact, run_as: str | None, **options) -> str:
+    """Plan `artifact` (a pipeline whose build raises what it saw) cold against a snapshot with
+    state, as the dispatcher's restore check does; the refusal's message."""
+    with pytest.raises(restore_check.RestoreIncompatible) as err:
+        restore_check.check_restore(
+            python=sys.executable,
+            artifact_path=str(artifact),
+            artifact_sha256="2" * 64,
+            entry="build",
+            args=[],
+            config={},
+            parallelism=1,
+            snapshot_meta=SNAPSHOT_WITH_STATE,
+            redis_url=PLANNER_REDIS_URL,
+            run_as=run_as,
+            timeout_s=180,
+            **options,
+        )
+    return err.value.message

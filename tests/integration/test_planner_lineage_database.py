@@ -9,23 +9,19 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from services.dispatcher.submission import restore_check
 from services.dispatcher.submission.planner_database import LineageDatabase
 from shared import pipeline_databases
-from tests.integration.planner_support import DRIVER_USER, PLANNER_REDIS_URL, pool_user, spare_planner
+from tests.integration.planner_support import DRIVER_USER, pool_user, refused_plan, spare_planner
 from tests.servers import IN_CI
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not IN_CI, reason="the drivers' users need root")
 
 LINEAGE = "0123456789abcdef0123456789abcdef"
-# A snapshot the changed pipeline must be planned against (another artifact, state kept).
-SNAPSHOT = {"pipeline": {"artifact_sha256": "1" * 64}, "spark": {"batch_id": 3, "state_partitions": 2}}
 
 PIPELINE = textwrap.dedent("""
     import json, os
@@ -100,21 +96,7 @@ def test_a_link_planted_as_the_database_is_not_followed(tmp_path):
     (lineage / pipeline_databases.FILE).symlink_to(secret)
     artifact = tmp_path / "dimension_join.py"
     artifact.write_text(PIPELINE)
-    with pytest.raises(restore_check.RestoreIncompatible) as err:
-        restore_check.check_restore(
-            python=sys.executable,
-            artifact_path=str(artifact),
-            artifact_sha256="2" * 64,
-            entry="build",
-            args=[],
-            config={},
-            parallelism=1,
-            snapshot_meta=SNAPSHOT,
-            redis_url=PLANNER_REDIS_URL,
-            run_as=DRIVER_USER,
-            timeout_s=180,
-            database=LineageDatabase(top, LINEAGE),
-        )
-    seen = _seen(err.value.message)
+    message = refused_plan(artifact, DRIVER_USER, database=LineageDatabase(top, LINEAGE))
+    seen = _seen(message)
     assert "rows" not in seen, seen  # the placeholder database: no table, and nothing of root's
     assert "placeholder" in seen["catalog_url"], seen

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import textwrap
 
 import pytest
 
-from services.dispatcher.submission import restore_check
-from tests.integration.planner_support import DRIVER_USER, PLANNER_REDIS_URL, pool_uids, spare_planner
+from tests.integration.planner_support import DRIVER_USER, pool_uids, refused_plan, spare_planner
 from tests.servers import IN_CI
 
 PROBE = textwrap.dedent("""
@@ -49,23 +47,7 @@ def _probe(tmp_path, monkeypatch, run_as):
     monkeypatch.setenv("HEADRACE_CONFIG", str(config))
     monkeypatch.setenv("HEADRACE_CLUSTER_SECRET", "ab" * 32)
     monkeypatch.setenv("HEADRACE_CATALOG_URL", "postgresql://postgres@127.0.0.1:5432/headrace")
-    meta = {"pipeline": {"artifact_sha256": "1" * 64}, "spark": {"batch_id": 3, "state_partitions": 2}}
-    with pytest.raises(restore_check.RestoreIncompatible) as err:
-        restore_check.check_restore(
-            python=sys.executable,
-            artifact_path=str(artifact),
-            artifact_sha256="2" * 64,
-            entry="build",
-            args=[],
-            config={},
-            parallelism=1,
-            snapshot_meta=meta,
-            catalog_url=None,
-            redis_url=PLANNER_REDIS_URL,
-            run_as=run_as,
-            timeout_s=180,
-        )
-    text = err.value.message
+    text = refused_plan(artifact, run_as, catalog_url=None)
     assert "SEEN" in text, text
     return json.loads(text.split("SEEN", 1)[1].split("END", 1)[0])
 
