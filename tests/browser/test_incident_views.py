@@ -248,6 +248,52 @@ def test_the_charts_plot_against_a_labelled_time_axis(page, api, cluster, checkp
     assert seen["label"].startswith("time"), seen
 
 
+HOLD_REQUESTS = """
+    // Hold back, until a moment, the dashboard's requests whose path starts with a prefix.
+    const holds = arguments[0];
+    const real = window.__realFetch || (window.__realFetch = window.fetch);
+    window.fetch = async (path, init) => {
+      const p = String(path);
+      for (const [prefix, exact, until] of holds) {
+        if ((exact ? p === prefix : p.startsWith(prefix)) && Date.now() < until) {
+          await new Promise((r) => setTimeout(r, until - Date.now()));
+        }
+      }
+      return real(path, init);
+    };"""
+
+
+def test_a_job_opened_while_another_loads_its_history_draws_its_own(page, api, cluster, checkpointing_job, failed_once):
+    """Another job's history answering after this job's page opened must not count as this job's:
+    the charts stayed empty until the page was reopened (CI, stop 51)."""
+    attempt = api.attempts(checkpointing_job)[-1]
+    now = int(time.time() * 1000)
+    add_progress_history(
+        cluster, attempt["taskmanager-id"], attempt["execution-id"], [now - 200, now - 100]
+    )  # after any point written before
+    page.go("#/overview")
+    page.d.refresh()  # no job open, no figures kept from an earlier visit
+    page.wait("the overview", lambda d: page.visible("#page-overview"))
+    start = int(time.time() * 1000)
+    # The first job's history answers at +1.5 s, after the second job's page opened but before
+    # that page's own first answers (+3 s).
+    page.d.execute_script(
+        HOLD_REQUESTS,
+        [
+            [f"/jobs/{failed_once}/progress/history", False, start + 1500],
+            [f"/jobs/{checkpointing_job}", True, start + 3000],
+        ],
+    )
+    page.go(f"#/jobs/{failed_once}/metrics")
+    time.sleep(0.5)
+    page.go(f"#/jobs/{checkpointing_job}/metrics")
+    seen = page.wait(
+        "the second job's history on its first chart",
+        lambda d: (lambda c: c if c and sum(len(run) for run in c["lines"]) >= 2 else None)(chart_coordinates(page)),
+    )
+    assert seen["lines"], seen
+
+
 def test_a_lost_taskmanager_stays_listed_with_when_and_why_until_it_registers(page, api, cluster):
     page.go("#/taskmanagers")
     page.wait("both TaskManagers", lambda d: len(page.els("#tm-body tr")) == 2)

@@ -421,15 +421,21 @@ export async function refreshJobPage() {
   const live = !TERMINAL.has(d.state);
   // Once per opening (the last minutes, at once), again at the next refresh if it failed (a slow
   // dispatcher timed out, Redis away): else the charts stayed empty until the page was reopened.
-  if (!historyLoaded) historyLoaded = await loadMetricHistory(jid);
-  if (jid !== selectedJob) return;
+  if (!historyLoaded) {
+    const loaded = await loadMetricHistory(jid);
+    // Another job opened meanwhile: its own flag, reset by openJob, is not this answer's to set.
+    if (jid !== selectedJob) return;
+    historyLoaded = loaded;
+  }
   if (live || progress === null) {
     try {
       const p = await api(`${base}/progress`);
+      if (jid !== selectedJob) return;
       progress = (p && p.tasks) || [];
       recordSample(jid, progress);
       setText($("metrics-note"), progress.length ? "" : "No task reports progress yet.");
     } catch (e) {
+      if (jid !== selectedJob) return;
       progress = [];
       setText($("metrics-note"), errorText(e));
     }
