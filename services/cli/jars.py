@@ -4,6 +4,7 @@ reaches Maven: a cluster whose jars are missing says so at `headrace up`."""
 
 from __future__ import annotations
 
+import subprocess
 from typing import Optional
 
 import typer
@@ -31,6 +32,13 @@ def fetch(names: Optional[list[str]] = typer.Argument(None, help="sets to fetch 
                 typer.echo(f"jars: {name} ready in {cache.fetch(name, echo=typer.echo)}")
         except MissingJars as exc:
             fail(f"jars: {exc}")
+    from shared import local_fs_jar
+
+    try:
+        typer.echo(f"jars: Headrace's local file system ready in {local_fs_jar.ensure(cache.root)}")
+    except (local_fs_jar.LocalFsJarError, OSError, subprocess.SubprocessError) as exc:
+        # Sessions keep Hadoop's own local file system (a process per file written): slower, not wrong.
+        typer.echo(f"jars: warning: Headrace's local file system was not built ({exc})", err=True)
 
 
 @app.command()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import time
 from collections import Counter
 from pathlib import Path
@@ -317,3 +318,50 @@ def test_dispose_deletes_a_snapshot_and_is_idempotent(datagen_snapshot, tmp_path
     assert not copy.exists() and list(tmp_path.iterdir()) == []
     storage.dispose(copy)  # already gone: nothing to do
     assert Path(info.path, "_metadata").is_file()
+
+
+def test_checkpoints_are_written_without_a_process_per_file_and_with_hadoops_modes(spark, tmp_path):
+    # Hadoop's own local file system forks chmod for every file it creates (no native library);
+    # Headrace's (shared/local_fs_jar.py, built by scripts/bootstrap) sets the same modes in-process.
+    jvm = spark.sparkContext._jvm
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(spark.sparkContext._jsc.hadoopConfiguration())
+    assert fs.getClass().getName() == "io.headrace.fs.NioLocalFileSystem", "run scripts/bootstrap: it builds the jar"
+    context = jvm.org.apache.hadoop.fs.FileContext.getLocalFSFileContext(spark.sparkContext._jsc.hadoopConfiguration())
+    assert context.getDefaultFileSystem().getClass().getName() == "io.headrace.fs.NioLocalFs"
+    cp = tmp_path / "cp"
+    q = (
+        spark.readStream.format("datagen")
+        .options(**DATAGEN)
+        .load()
+        .groupBy("url")
+        .count()
+        .writeStream.outputMode("update")
+        .foreachBatch(lambda df, _id: df.collect())
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(cp))
+        .start()
+    )
+    assert q.awaitTermination(120), "the query did not end within 120 s"
+    files = [p for p in cp.rglob("*") if p.is_file() and not p.name.endswith(".crc")]
+    assert any(p.parent.name == "commits" for p in files), sorted(map(str, files))
+    # umask 002 (spark_session: the drivers' group shares what a task writes)
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o664"}, [(str(p), oct(p.stat().st_mode)) for p in files]
+    dirs = [p for p in cp.rglob("*") if p.is_dir()]
+    assert {oct(p.stat().st_mode & 0o777) for p in dirs} == {"0o775"}, [(str(p), oct(p.stat().st_mode)) for p in dirs]
+
+
+def test_a_directory_made_below_a_setgid_directory_keeps_the_bit(spark, tmp_path):
+    # The lake directory is setgid so that what the drivers make there keeps their group; chmod(1)
+    # keeps a directory's setgid bit where the chmod(2) of java.nio would clear it.
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    lake.chmod(0o2775)
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(conf)
+    assert fs.mkdirs(jvm.org.apache.hadoop.fs.Path(f"file://{lake}/table/_delta_log"))
+    context = jvm.org.apache.hadoop.fs.FileContext.getLocalFSFileContext(conf)
+    context.mkdir(jvm.org.apache.hadoop.fs.Path(f"file://{lake}/table/part=1"), None, True)
+    for made in ("table", "table/_delta_log", "table/part=1"):
+        mode = (lake / made).stat().st_mode
+        assert mode & stat.S_ISGID and mode & 0o777 == 0o775, (made, oct(mode))

@@ -42,6 +42,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared import local_fs_jar
+from shared.jars import DEFAULT_CACHE_DIR
+
 if TYPE_CHECKING:
     from shared.spark_runtime import SparkRuntime
 
@@ -65,6 +68,10 @@ def archive_path(directory: Path) -> Path | None:
         return None
     version = importlib.metadata.version("pyspark")
     key = f"{java}:{os.stat(java).st_mtime_ns}:{version}:{list(spec.submodule_search_locations)[0]}"
+    # The driver's class path holds Headrace's local file system once built: an archive dumped
+    # without it would not fit (the JVM would ignore it), so its presence is part of the name.
+    local_fs = local_fs_jar.built(DEFAULT_CACHE_DIR)
+    key += f":{local_fs.name if local_fs else ''}"
     return directory / f"spark-driver-{version}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared import local_fs_jar
 from shared.driver_contract import python_socket_dir
 from shared.import_root import IMPORT_ROOT
 from shared.jars import DEFAULT_CACHE_DIR, JarCache
@@ -74,8 +75,13 @@ def build_spark(
     `python_forkserver`: with a local engine, Spark's Python processes start through a fork
     server's launcher (python_forkserver.py); executors elsewhere could not run it. `jars`: the
     cache of Spark's Kafka connector and Delta Lake (shared/jars.py; default: this user's), on
-    the class path of the driver and its executors; MissingJars if they were never fetched."""
-    jar_conf = (jars or JarCache(DEFAULT_CACHE_DIR)).spark_conf()
+    the class path of the driver and its executors; MissingJars if they were never fetched. With
+    a local engine, file: paths go through Headrace's local file system where its jar was built
+    (shared/local_fs_jar.py: no process forked per file)."""
+    cache = jars or JarCache(DEFAULT_CACHE_DIR)
+    jar_conf = cache.spark_conf()
+    if engine.local:  # executors in this JVM: Headrace's local file system reaches them too
+        jar_conf.update(local_fs_jar.spark_conf(cache.root))
     prepare_env(engine.host)
     if python_forkserver and engine.local:
         from . import python_forkserver as forkserver
