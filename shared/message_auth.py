@@ -43,6 +43,7 @@ from shared.messages import (
     CheckpointDeclined,
     CommandRejected,
     Envelope,
+    RedisKeysClaimed,
     RegisterTaskManager,
     TaskManagerHeartbeat,
     TaskProgress,
@@ -78,6 +79,7 @@ TASKMANAGER_MESSAGES = (
     CheckpointAcknowledged,
     CheckpointDeclined,
     CommandRejected,
+    RedisKeysClaimed,
 )
 # What only the TaskManager it names may send (the ResourceManager's sender check).
 SELF_ONLY = (RegisterTaskManager, TaskManagerHeartbeat, UnregisterTaskManager)

@@ -323,6 +323,18 @@ class CheckpointDeclined(_Body):
     permanent: bool = False  # the task can never checkpoint (a batch query): not a failure, stop triggering
 
 
+class RedisKeysClaimed(_Body):
+    """A running attempt's Redis connectors claim the streams they read and write (its job declares
+    no Redis keys: shared/redis_key_grants.py "connectors"); the JobManager grants them to the
+    lineage's Redis user or fails the attempt with why."""
+
+    type: Literal["RedisKeysClaimed"] = "RedisKeysClaimed"
+    execution_id: ExecutionId
+    job_id: JobId
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+
 class CommandRejected(_Body):
     """A TaskManager refused or could not carry out a JobManager command (it did not decode, its
     spec failed validation, the deploy broke before the task started): the JobManager fails the
@@ -366,6 +378,7 @@ Message = Annotated[
         CheckpointAcknowledged,
         CheckpointDeclined,
         CommandRejected,
+        RedisKeysClaimed,
     ],
     Field(discriminator="type"),
 ]

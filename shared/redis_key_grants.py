@@ -1,9 +1,8 @@
 """The Redis data keys a job declares it reads and writes, and the ACL rules its lineage's user
 gets from them (issue 43.5, second half; docs/runbooks/auth.md "Redis users").
 
-Without a declaration a lineage's user reaches every data key (shared/pipeline_redis.py): streams
-are shared as Kafka topics are, so one pipeline may trim or delete another's stream. A job that
-declares its keys is confined to them, as a Kafka principal is to the topics its ACLs name:
+A job that declares its keys is confined to them, as a Kafka principal is to the topics its ACLs
+name:
 
     headrace.redis.keys.read   keys it only reads (XRANGE, XLEN, GET...)
     headrace.redis.keys.write  keys it reads and writes (a Redis sink's stream: XADD, XDEL)
@@ -11,8 +10,17 @@ declares its keys is confined to them, as a Kafka principal is to the topics its
 Each a JSON list or one string separated by ';' (Flink's list separator) or ','. A pattern is a
 key name, or a prefix ending in one '*' ("clicks", "tenant-a:*"); no other glob character, so
 what a pattern reaches is plain to see and can be checked to stay outside the control plane's
-keys and the sinks' bookkeeping. A cluster whose setting `pipeline_redis_keys` is `declared`
-refuses jobs that declare nothing.
+keys and the sinks' bookkeeping.
+
+A job that declares nothing gets what the cluster setting `pipeline_redis_keys` says:
+
+    connectors (the default)  the streams its Redis sources read and its Redis sinks write, claimed
+                              by the connectors as the pipeline builds them (ClaimRedisKeys, granted
+                              by the JobManager: services/jobmanager/redis_key_claims.py); a stream
+                              is written by one lineage at a time, as with declared keys
+    shared                    every data key (shared/pipeline_redis.py): streams shared as Kafka
+                              topics without ACLs are, so one pipeline may trim another's stream
+    declared                  nothing: the job is refused at submission
 
 Pure: the dispatcher checks the options with it, the JobManager makes the user's rules with it.
 """
@@ -20,7 +28,7 @@ Pure: the dispatcher checks the options with it, the JobManager makes the user's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from shared.option_values import RefusedValue
 from shared.pipeline_redis import CONTROL_PLANE_PREFIXES, SINK_PREFIX
@@ -28,10 +36,9 @@ from shared.pipeline_redis import CONTROL_PLANE_PREFIXES, SINK_PREFIX
 READ_OPTION = "headrace.redis.keys.read"
 WRITE_OPTION = "headrace.redis.keys.write"
 OPTIONS = (READ_OPTION, WRITE_OPTION)
-# The cluster setting pipeline_redis_keys: "shared" (a job that declares nothing reaches every
-# data key) or "declared" (every job must declare its keys).
-SHARED, DECLARED = "shared", "declared"
-MODES = (SHARED, DECLARED)
+# The cluster setting pipeline_redis_keys (the module's docstring).
+CONNECTORS, SHARED, DECLARED = "connectors", "shared", "declared"
+MODES = (CONNECTORS, SHARED, DECLARED)
 FORBIDDEN_PREFIXES = (*CONTROL_PLANE_PREFIXES, SINK_PREFIX)
 MAX_PATTERNS = 64
 MAX_PATTERN_LENGTH = 256
@@ -147,3 +154,72 @@ def write_clash(mine: KeyGrants, theirs: KeyGrants) -> tuple[str, str] | None:
             if overlap(own, other):
                 return own, other
     return None
+
+
+def check_claimed_key(key: Any) -> str:
+    """A key a connector claims: a whole key name (no '*'), outside Headrace's own keys."""
+    if isinstance(key, str) and key.endswith("*"):
+        raise RefusedValue(f"a connector claims whole keys, not the prefix {key!r}")
+    return check_pattern(key)
+
+
+def claim_problem(
+    read: tuple[str, ...], write: tuple[str, ...], other_writers: Mapping[str, tuple[str, ...]]
+) -> str | None:
+    """Why the keys a lineage's connectors claim cannot be granted, or None. `other_writers`: the
+    patterns each other live lineage may write (its declared keys and its claims)."""
+    for key in (*read, *write):
+        try:
+            check_claimed_key(key)
+        except RefusedValue as exc:
+            return str(exc)
+    for key in write:
+        for lineage, patterns in other_writers.items():
+            clash = next((p for p in patterns if overlap(key, p)), None)
+            if clash is not None:
+                return (
+                    f"the Redis stream {key!r} is written by lineage {lineage} (its pattern {clash!r}): a stream "
+                    "is written by one lineage at a time. Stop that job, or write another stream"
+                )
+    return None
+
+
+def _key_rules(tokens: Iterable[str]) -> Iterable[tuple[bool, str]]:
+    """ACL key rules as Redis lists them ('~k', '%R~k', '%W~k', '%RW~k'): (may write, pattern)."""
+    for token in tokens:
+        if token.startswith("~"):
+            yield True, token[1:]
+        elif token.startswith("%") and "~" in token:
+            access, _, pattern = token[1:].partition("~")
+            yield "W" in access.upper(), pattern
+
+
+def _data_key(pattern: str) -> bool:
+    """A key or a prefix ending in '*', outside Headrace's own: what a job may be granted."""
+    literal = pattern[:-1] if pattern.endswith("*") else pattern
+    plain = not any(c in literal for c in GLOB_CHARACTERS)
+    return bool(literal) and plain and not literal.startswith(FORBIDDEN_PREFIXES)
+
+
+def claimed_rules(tokens: Iterable[str]) -> list[str]:
+    """The whole-key rules among a lineage user's key rules (what its connectors were granted), as
+    ACL SETUSER arguments."""
+    rules = list(_key_rules(tokens))
+    if _every_data_key(rules):
+        return []
+    return [f"~{p}" if write else f"%R~{p}" for write, p in rules if _data_key(p) and not p.endswith("*")]
+
+
+def _every_data_key(rules: list[tuple[bool, str]]) -> bool:
+    """A user made to reach every data key (shared/pipeline_redis.py data_patterns: globs with
+    `[^...]`, and the few whole keys between them, which are no claims)."""
+    return any("[^" in p for _, p in rules)
+
+
+def written_patterns(tokens: Iterable[str]) -> tuple[str, ...]:
+    """What a lineage user's key rules let it write of the data keys: its declared and claimed
+    keys. A user that reaches every data key (pipeline_redis_keys: shared) writes no key alone."""
+    rules = list(_key_rules(tokens))
+    if _every_data_key(rules):
+        return ()
+    return tuple(p for write, p in rules if write and _data_key(p))

@@ -199,10 +199,12 @@ class Settings(BaseSettings):
     driver_log_max_bytes: int = Field(50 * 1024**2, ge=4096, description="a driver's log is rotated at this size")
     driver_log_backups: int = Field(3, ge=1, description="rotated driver log files kept")
     driver_cgroups: bool = Field(True, description="a cgroup v2 per driver where this process can create one")
-    pipeline_redis_keys: Literal["shared", "declared"] = Field(
-        "shared",
-        description="shared: a job that declares no Redis keys (headrace.redis.keys.read/.write) reaches "
-        "every data key; declared: every job must declare them and reaches only those",
+    pipeline_redis_keys: Literal["connectors", "shared", "declared"] = Field(
+        "connectors",
+        description="connectors: a job that declares no Redis keys (headrace.redis.keys.read/.write) reaches "
+        "the streams its Redis sources read and its sinks write, each written by one lineage at a time; "
+        "shared: such a job reaches every data key; declared: every job must declare its keys and reaches "
+        "only those",
     )
     pipeline_catalog_url: str | None = Field(
         None,

@@ -272,6 +272,22 @@ class ViewSnapshot(_M):
     path: Text
 
 
+# A Redis key a connector claims: whole, never cut (a cut name would be another key).
+RedisKey = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_CLAIMED_KEYS = 64
+
+
+class ClaimRedisKeys(_M):
+    """A Redis source or sink of a job that declares no Redis keys asks for the stream it reads
+    or writes (shared/redis_key_grants.py, "connectors"): the TaskManager forwards it to the
+    JobManager, which adds the keys to the lineage's Redis user or fails the attempt saying why.
+    No answer comes back here: the driver sees the grant in its own connection."""
+
+    event: Literal["claim_redis_keys"] = "claim_redis_keys"
+    read: Annotated[tuple[RedisKey, ...], Field(max_length=MAX_CLAIMED_KEYS)] = ()
+    write: Annotated[tuple[RedisKey, ...], Field(max_length=MAX_CLAIMED_KEYS)] = ()
+
+
 DriverEvent = Annotated[
     Union[
         Ready,
@@ -286,6 +302,7 @@ DriverEvent = Annotated[
         SnapshotDeclined,
         ClaimDirectory,
         ViewSnapshot,
+        ClaimRedisKeys,
     ],
     Field(discriminator="event"),
 ]

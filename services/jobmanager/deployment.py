@@ -110,15 +110,19 @@ class Deployment:
 
     def pipeline_redis_url(self, job: Job, lineage: str) -> str:
         """What a task gets as ctx.redis_url: its lineage's own user, confined to the keys its job
-        declares; the shared user when that user cannot be made, unless every job must declare."""
+        declares, else (the cluster's pipeline_redis_keys) to what its connectors claimed or to
+        every data key; the shared user when that user cannot be made, unless it would reach
+        more than the job may."""
         shared = self.settings.pipeline_redis_url or self.settings.redis_url
         if self.pipeline_users is None or job.kind == "noop":  # a no-op task runs no pipeline
             return shared
+        mode = self.settings.pipeline_redis_keys
         grants = redis_key_grants.grants_of(job.config)
-        if grants is None and self.settings.pipeline_redis_keys == redis_key_grants.DECLARED:
-            grants = redis_key_grants.KeyGrants()  # stored before the cluster required declarations
-        own = self.pipeline_users.url_for(lineage, grants)
-        if own is None and self.settings.pipeline_redis_keys == redis_key_grants.DECLARED:
+        claims = grants is None and mode == redis_key_grants.CONNECTORS
+        if grants is None and mode != redis_key_grants.SHARED:
+            grants = redis_key_grants.KeyGrants()  # the connectors' claims, or stored before declarations
+        own = self.pipeline_users.url_for(lineage, grants, keep_claims=claims)
+        if own is None and mode != redis_key_grants.SHARED:
             return ""
         return own or shared
 

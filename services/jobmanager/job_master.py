@@ -41,6 +41,8 @@ from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Outbox
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.reconciliation import Reconciliation
+from services.jobmanager.redis_key_claims import REFUSED as REDIS_KEY_REFUSED
+from services.jobmanager.redis_key_claims import RedisKeyClaims
 from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.restarts import Restarts
 from services.jobmanager.slot_request_watch import SlotRequestWatch
@@ -60,6 +62,7 @@ from shared.messages import (
     CommandRejected,
     DeployTask,
     Envelope,
+    RedisKeysClaimed,
     ReleaseSlots,
     RequestCheckpoint,
     RequestSavepoint,
@@ -137,6 +140,15 @@ class JobMaster:
             ),
         )
         self.deployment.on_request = self.slot_watch.sent
+        self.redis_claims = RedisKeyClaims(
+            settings,
+            self.uow,
+            self.deployment,
+            pipeline_users,
+            lambda ex, reason: self.restarts.fail(
+                ex, cause_name=REDIS_KEY_REFUSED, cause=reason, expected_tm=None, still_running=True, permanent=True
+            ),
+        )
         self.reconciliation = Reconciliation(
             ctx,
             self.outbox,
@@ -165,6 +177,7 @@ class JobMaster:
             RequestSavepoint: self.snapshots.on_request_savepoint,
             CheckpointAcknowledged: self.checkpoints.on_ack,
             CheckpointDeclined: self.checkpoints.on_decline,
+            RedisKeysClaimed: self.redis_claims.on_claimed,
         }
 
     def handle(self, env: Envelope) -> None:

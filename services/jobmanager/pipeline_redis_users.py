@@ -28,6 +28,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 
 from shared import pipeline_redis as pr
+from shared import redis_key_grants
 from shared.redis_key_grants import KeyGrants
 
 log = logging.getLogger("headrace.jobmanager")
@@ -58,14 +59,18 @@ class PipelineRedisUsers:
             return None
         return cls(client, secret, pipeline_url)
 
-    def url_for(self, lineage: str, grants: KeyGrants | None = None) -> str | None:
+    def url_for(self, lineage: str, grants: KeyGrants | None = None, *, keep_claims: bool = False) -> str | None:
         """The URL of lineage's own user, made if missing, reaching the data keys `grants` names
-        (None: every data key); None when it cannot be made (the caller decides what the task
-        gets instead)."""
+        (None: every data key) and, with `keep_claims`, the keys its connectors were granted before
+        (a running attempt of the lineage may be using them); None when it cannot be made (the
+        caller decides what the task gets instead)."""
         user = pr.lineage_user(lineage)
         password = pr.lineage_password(self.secret, lineage)
-        rules = pr.lineage_rules(lineage, grants.acl_rules() if grants is not None else None)
+        data = grants.acl_rules() if grants is not None else None
         try:
+            if keep_claims and data is not None:
+                data = [*data, *(r for r in self._claimed(user) if r not in data)]
+            rules = pr.lineage_rules(lineage, data)
             if self._made.get(lineage) != rules or self.client.acl_getuser(user) is None:
                 self.client.execute_command(
                     "ACL", "SETUSER", user, "reset", "on", f"#{hashlib.sha256(password.encode()).hexdigest()}", *rules
@@ -85,6 +90,40 @@ class PipelineRedisUsers:
         parts = urlsplit(self.pipeline_url)
         netloc = f"{quote(user, safe='')}:{password}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+    def _claimed(self, user: str) -> list[str]:
+        found = self.client.acl_getuser(user)
+        keys = found.get("keys") if isinstance(found, dict) else None
+        return redis_key_grants.claimed_rules(str(k) for k in keys) if isinstance(keys, list) else []
+
+    def grant(self, lineage: str, *, read: tuple[str, ...] = (), write: tuple[str, ...] = ()) -> None:
+        """Add the keys a running attempt's connectors claimed to its lineage's user (made by
+        url_for when the attempt was deployed). Redis applies it to the user's open connections
+        at once. Raises redis.RedisError when it cannot (the user went: its job ended)."""
+        user = pr.lineage_user(lineage)
+        if self.client.acl_getuser(user) is None:
+            raise redis.exceptions.ResponseError(f"the Redis user {user} is gone (its lineage has no live job)")
+        rules = [*(f"%R~{k}" for k in read), *(f"~{k}" for k in write)]
+        self.client.execute_command("ACL", "SETUSER", user, *rules)
+        self._save()
+        self._made.pop(lineage, None)  # compared again with the server's at the next deploy
+
+    def writers(self, lineages: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """What the users of `lineages` may write of the data keys (the server's word, whichever
+        JobManager made them), lineages whose user writes none left out."""
+        users = [u.decode() if isinstance(u, bytes) else str(u) for u in self.client.acl_users()]
+        wanted = set(lineages)
+        mine = [(lineage, u) for u in users if (lineage := pr.lineage_of_user(u)) is not None and lineage in wanted]
+        pipe = self.client.pipeline(transaction=False)
+        for _, user in mine:
+            pipe.acl_getuser(user)
+        found: dict[str, tuple[str, ...]] = {}
+        for (lineage, _), rules in zip(mine, pipe.execute(), strict=True):
+            keys = rules.get("keys") if isinstance(rules, dict) else None
+            written = redis_key_grants.written_patterns(str(k) for k in keys) if isinstance(keys, list) else ()
+            if written:
+                found[lineage] = written
+        return found
 
     def _save(self) -> None:
         try:

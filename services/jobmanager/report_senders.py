@@ -3,7 +3,7 @@
 The transport has already checked that a report's sender is who it claims to be and that a
 TaskManager names only itself (shared/message_auth.py). What it cannot know is whether that
 TaskManager holds the execution the report is about: the catalog does. A TaskStateChanged,
-TaskProgress, CheckpointAcknowledged/Declined or CommandRejected about an execution the catalog
+TaskProgress, CheckpointAcknowledged/Declined, CommandRejected or RedisKeysClaimed about an execution the catalog
 places on another TaskManager (or on none yet) is refused, and the transport dead-letters it with
 the reason; before this, a FINISHED sent by tm-2 for tm-1's attempt finished the job while its
 driver went on writing.
@@ -23,12 +23,21 @@ from shared.messages import (
     CheckpointDeclined,
     CommandRejected,
     Envelope,
+    RedisKeysClaimed,
     TaskProgress,
     TaskStateChanged,
     TaskWaiting,
 )
 
-REPORTS = (TaskStateChanged, TaskProgress, TaskWaiting, CheckpointAcknowledged, CheckpointDeclined, CommandRejected)
+REPORTS = (
+    TaskStateChanged,
+    TaskProgress,
+    TaskWaiting,
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    CommandRejected,
+    RedisKeysClaimed,
+)
 
 
 def check_report_sender(env: Envelope, s: Session) -> None:

@@ -38,6 +38,8 @@ HOSTILE = textwrap.dedent("""
 
     def build(ctx):
         victim = ctx.args[0]
+        df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
+        sink = ctx.sinks.redis_stream(df, "hostile-out")  # its lineage's user may now write it
         r = redis.Redis.from_url(ctx.redis_url)
         tries = {
             "set_fence": lambda: r.set(f"headrace:sink:{victim}:out:attempt", 2 ** 62),
@@ -45,6 +47,7 @@ HOSTILE = textwrap.dedent("""
             "read_bookkeeping": lambda: r.get(f"headrace:sink:{victim}:out:last_batch"),
             "control_plane": lambda: r.get("hr:jm:epoch"),
             "read_data": lambda: r.xlen("out"),
+            "trim_data": lambda: r.xtrim("out", maxlen=0),
         }
         outcome = {}
         for name, attempt in tries.items():
@@ -53,9 +56,8 @@ HOSTILE = textwrap.dedent("""
                 outcome[name] = "ok"
             except redis.exceptions.NoPermissionError:
                 outcome[name] = "NOPERM"
-        r.xadd("hostile-results", {"json": json.dumps(outcome), "user": r.acl_whoami()})
-        df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
-        return ctx.sinks.redis_stream(df, "hostile-out")
+        r.xadd("hostile-out", {"json": json.dumps(outcome), "user": r.acl_whoami()})
+        return sink
 """)
 
 
@@ -188,12 +190,14 @@ def test_a_lineages_user_reaches_its_own_sink_bookkeeping_and_the_data_only(clus
 
 def test_a_hostile_pipeline_reaches_no_other_lineages_sink(cluster, admin, rest, tmp_path):
     victim_sink(admin)
+    admin.delete("hostile-out")
+    admin.xadd("out", {"n": 1})
     path = tmp_path / "hostile.py"
     path.write_text(HOSTILE)
     job = rest.run(rest.upload(path), parallelism=1, programArgsList=[VICTIM], restartStrategy={"type": "none"})
     final = rest.wait_state(job, ["FINISHED", "FAILED"], timeout_s=420)
     assert final["state"] == "FINISHED", rest.get(f"/jobs/{job}/exceptions")
-    [(_, fields)] = admin.xrange("hostile-results")
+    [fields] = [f for _, f in admin.xrange("hostile-out") if b"json" in f]
     outcome = json.loads(fields[b"json"])
     assert fields[b"user"].decode() == pipeline_redis.lineage_user(job)  # its lineage's own user
     assert outcome == {
@@ -201,7 +205,9 @@ def test_a_hostile_pipeline_reaches_no_other_lineages_sink(cluster, admin, rest,
         "own_the_sink": "NOPERM",
         "read_bookkeeping": "NOPERM",
         "control_plane": "NOPERM",
-        "read_data": "ok",
+        # A job that declares no keys reaches the streams its connectors use, not another's.
+        "read_data": "NOPERM",
+        "trim_data": "NOPERM",
     }, outcome
     assert admin.get(fence_key(f"{VICTIM}:out")) == b"7"
     assert admin.hget(f"headrace:sink:{VICTIM}:out:owner", "lineage") == VICTIM.encode()
@@ -326,3 +332,76 @@ WRITER = textwrap.dedent("""
     def build(ctx):
         return ctx.sinks.redis_stream(ctx.sources.datagen(seed=1, rows_per_second=5), "owned-out")
 """)
+
+
+CLAIMING = textwrap.dedent("""
+    import json
+    import redis
+
+    def build(ctx):
+        out, source = ctx.args
+        ctx.sources.redis_stream(source, schema="n INT")  # a read claimed (the query reads datagen)
+        sink = ctx.sinks.redis_stream(ctx.sources.datagen(seed=1, rows_per_second=5), out)  # a write claimed
+        r = redis.Redis.from_url(ctx.redis_url)
+        tries = {
+            "read_source": lambda: r.xlen(source),
+            "trim_source": lambda: r.xtrim(source, maxlen=0),
+            "read_victim": lambda: r.xlen("victim-stream"),
+            "delete_victim": lambda: r.delete("victim-stream"),
+            "trim_own": lambda: r.xtrim(out, minid="0"),
+        }
+        outcome = {}
+        for name, attempt in tries.items():
+            try:
+                attempt()
+                outcome[name] = "ok"
+            except redis.exceptions.NoPermissionError:
+                outcome[name] = "NOPERM"
+        r.xadd(out, {"json": json.dumps(outcome)})
+        return sink
+""")
+
+
+def test_a_job_without_declared_keys_reaches_the_streams_its_connectors_use_one_writer_each(
+    cluster, admin, rest, tmp_path
+):
+    """pipeline_redis_keys: connectors (the default): its Redis source's stream to read, its Redis
+    sink's to write, claimed as the pipeline builds them; a second lineage's sink on the same
+    stream fails for good, naming the first; another's streams stay out of reach."""
+    admin.delete("claimed-out", "victim-stream")
+    admin.xadd("claimed-src", {"n": 1})
+    for n in range(3):
+        admin.xadd("victim-stream", {"n": n})
+    path = tmp_path / "claiming.py"
+    path.write_text(CLAIMING)
+    jar = rest.upload(path)
+    first = rest.run(jar, parallelism=1, programArgsList=["claimed-out", "claimed-src"])
+    try:
+        entry = wait_for(
+            "the first job's outcome in its sink's stream",
+            lambda: next((f for _, f in admin.xrange("claimed-out") if b"json" in f), None),
+            timeout_s=420,
+        )
+        assert json.loads(entry[b"json"]) == {
+            "read_source": "ok",
+            "trim_source": "NOPERM",
+            "read_victim": "NOPERM",
+            "delete_victim": "NOPERM",
+            "trim_own": "ok",
+        }
+        assert admin.xlen("victim-stream") == 3 and admin.xlen("claimed-src") == 1
+        user = admin.acl_getuser(pipeline_redis.lineage_user(first))
+        assert {"~claimed-out", "%R~claimed-src"} <= set(user["keys"]), user["keys"]
+
+        second = rest.run(
+            jar, parallelism=1, programArgsList=["claimed-out", "claimed-src"], restartStrategy={"type": "fixed-delay"}
+        )
+        final = rest.wait_state(second, ["FAILED"], timeout_s=420)
+        exceptions = rest.get(f"/jobs/{second}/exceptions")
+        root = exceptions["root-exception"] or ""
+        assert final["restarts"] == 0, final  # no restart could help
+        assert [e["exceptionName"] for e in exceptions["exceptionHistory"]["entries"]] == ["RedisKeyRefused"]
+        assert first in root and "'claimed-out'" in root, root
+        assert rest.job(first)["state"] == "RUNNING"
+    finally:
+        rest.cancel(first)

@@ -146,3 +146,34 @@ def test_only_writes_clash():
     assert grants.write_clash(mine, grants.KeyGrants(read=("out-a",), write=("out-b",))) is None
     assert grants.write_clash(mine, grants.KeyGrants(write=("counts:eu",))) == ("counts:*", "counts:eu")
     assert grants.write_clash(grants.KeyGrants(read=("x",)), grants.KeyGrants(write=("x",))) is None
+
+
+# --- what a job that declares nothing gets: its connectors' claims (pipeline_redis_keys: connectors)
+
+
+def test_a_connector_claims_whole_keys_outside_headraces_own():
+    assert grants.claim_problem(("clicks",), ("counts",), {}) is None
+    assert "whole keys" in grants.claim_problem((), ("counts:*",), {})
+    assert "'hr:'" in grants.claim_problem(("hr:jm:epoch",), (), {})
+    assert "at most 256" in grants.claim_problem(("x" * 300,), (), {})
+
+
+def test_a_claimed_write_is_refused_while_another_lineage_writes_the_stream():
+    others = {"a" * 32: ("counts",), "b" * 32: ("tenant-b:*",)}
+    problem = grants.claim_problem((), ("counts",), others)
+    assert "a" * 32 in problem and "'counts'" in problem and "Stop that job" in problem
+    assert "b" * 32 in grants.claim_problem((), ("tenant-b:out",), others)
+    # Reading another lineage's output is allowed, as with Kafka topics.
+    assert grants.claim_problem(("counts", "tenant-b:out"), ("mine",), others) is None
+
+
+def test_a_lineage_users_rules_as_redis_lists_them():
+    lineage = "c" * 32
+    listed = [f"~headrace:sink:{lineage}:*", "%R~clicks", "~counts", "%RW~both", "%W~w-only", "~tenant:*"]
+    # What a re-deploy keeps of its claims: whole data keys, with their access.
+    assert grants.claimed_rules(listed) == ["%R~clicks", "~counts", "~both", "~w-only"]
+    # What it writes, for other lineages' claims: declared prefixes too, never its bookkeeping.
+    assert grants.written_patterns(listed) == ("counts", "both", "w-only", "tenant:*")
+    # A user that reaches every data key (pipeline_redis_keys: shared) owns no stream alone.
+    every = [f"~{p}" for p in pipeline_redis.data_patterns()]
+    assert grants.written_patterns(every) == () and grants.claimed_rules(every) == []

@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shared import task_protocol as tp
-from shared.messages import CheckpointAcknowledged, CheckpointDeclined, Message, TaskProgress, TaskWaiting
+from shared.messages import (
+    CheckpointAcknowledged,
+    CheckpointDeclined,
+    Message,
+    RedisKeysClaimed,
+    TaskProgress,
+    TaskWaiting,
+)
 from shared.states import ExecutionState as ES
 
 log = logging.getLogger("headrace.taskmanager.driver")
@@ -58,12 +65,17 @@ def _waiting(spec: tp.TaskSpec, tm: str, e: tp.Waiting) -> Message:
     return TaskWaiting(execution_id=spec.execution_id, job_id=spec.job_id, reason=e.reason)
 
 
+def _redis_keys(spec: tp.TaskSpec, tm: str, e: tp.ClaimRedisKeys) -> Message:
+    return RedisKeysClaimed(execution_id=spec.execution_id, job_id=spec.job_id, read=e.read, write=e.write)
+
+
 # event type -> the message to the JobManager's stream (spec, taskmanager id, event)
 FORWARDED: dict[type, Callable[[tp.TaskSpec, str, Any], Message]] = {
     tp.Progress: _progress,
     tp.Waiting: _waiting,
     tp.SnapshotTaken: _snapshot_taken,
     tp.SnapshotDeclined: _snapshot_declined,
+    tp.ClaimRedisKeys: _redis_keys,
 }
 
 # event type -> (final state, failure cause, failure name)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from shared import job_options, kafka_delivery
+from shared import job_options, kafka_delivery, redis_key_grants
 
 from .connectors import (
     SinkHandle,
@@ -40,6 +40,7 @@ from .connectors import (
     delta_source,
     kafka_sink,
     kafka_source,
+    redis_key_access,
     sql_retry,
     sql_source,
 )
@@ -149,7 +150,7 @@ class Sources:
         `start`: "0" the whole stream, "$" only entries added after the query first starts, or
         an entry id (exclusive)."""
         opts = {
-            "url": url or self._ctx.redis_url,
+            "url": self._ctx.redis_for(url, read=stream),
             "stream": stream,
             "start": start,
             "partitions": str(partitions or self._ctx.parallelism),
@@ -257,7 +258,7 @@ class Sinks:
         attempt deletes the entries of the batches it re-runs (see connectors.redis_streams)."""
         return redis_conn.redis_stream_sink(
             df,
-            url or self._ctx.redis_url,
+            self._ctx.redis_for(url, write=stream),
             stream,
             sink_id=f"{self._ctx.lineage_id}:{stream}",
             rows_per_entry=rows_per_entry,
@@ -442,6 +443,19 @@ class PipelineContext:
             if not self.planning:
                 raise
             return path
+
+    def redis_for(self, url: str | None, *, read: str = "", write: str = "") -> str:
+        """`url`, else the task's own Redis once its user reaches the stream (claimed for the
+        lineage where its job declares no keys: connectors/redis_key_access.py)."""
+        if url or self.planning or not self.redis_url:
+            return url or self.redis_url
+        redis_key_access.ensure(
+            self.redis_url,
+            read=(read,) if read else (),
+            write=(write,) if write else (),
+            declared=redis_key_grants.declared(self.config),
+        )
+        return self.redis_url
 
     def database_url(self, url: str | None, kind: str = "sinks") -> str:
         """`url`, else the task's own database; a clear error when there is neither."""

@@ -2,7 +2,8 @@
 (services/taskmanager/tasks/sink_claims.py), a view of a snapshot of its lineage it was not given
 (tasks/storage.py). A request goes out as an event, its answer comes back on stdin
 (shared/task_protocol.py ClaimDirectory / ViewSnapshot / Granted), and the caller waits for it,
-bounded by ANSWER_TIMEOUT_S.
+bounded by ANSWER_TIMEOUT_S. Redis streams for the task's lineage go further, to the JobManager
+(ClaimRedisKeys), and are answered in the task's Redis connection (connectors/redis_key_access.py).
 
 The driver process runs one task, so there is one channel per process (`install`, by the
 Driver); without one (a sink used outside a TaskManager's driver: tests, tools) a sink keeps its
@@ -17,7 +18,7 @@ import threading
 from typing import Any
 
 from shared.errors import TaskError
-from shared.task_protocol import ClaimDirectory, Granted, ViewSnapshot
+from shared.task_protocol import ClaimDirectory, ClaimRedisKeys, Granted, ViewSnapshot, Waiting
 
 ANSWER_TIMEOUT_S = 120.0
 
@@ -47,6 +48,16 @@ class Grants:
         """A path this task may read the snapshot `snapshot` at (ClaimFailed when it is not its
         lineage's)."""
         return self._ask(lambda rid: ViewSnapshot(request_id=rid, path=snapshot), f"a view of {snapshot}")
+
+    def claim_redis_keys(self, *, read: tuple[str, ...], write: tuple[str, ...]) -> None:
+        """Ask for Redis streams for the task's lineage (services/jobmanager/redis_key_claims.py).
+        Nothing answers here: the grant shows in the task's own Redis connection, a refusal as
+        the attempt being failed."""
+        self.emit(ClaimRedisKeys(read=read, write=write))
+
+    def waiting(self, reason: str | None) -> None:
+        """What the task waits for meanwhile (the attempt's waiting-reason), None once it goes on."""
+        self.emit(Waiting(reason=reason))
 
     def _ask(self, make: Any, what: str) -> str:
         request_id = next(self._ids)

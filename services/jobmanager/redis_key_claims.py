@@ -1,0 +1,101 @@
+"""The Redis streams a running attempt's connectors claim, granted to its lineage's Redis user or
+refused (issue 43.5; shared/redis_key_grants.py, pipeline_redis_keys "connectors").
+
+A job that declares no Redis keys is deployed with a lineage user that reaches its own sink
+bookkeeping and nothing else of the data, plus what its lineage's connectors were granted
+before. As the pipeline builds a Redis source or sink whose stream its user cannot reach, the
+driver claims the stream (task_protocol.ClaimRedisKeys), its TaskManager forwards the claim
+(messages.RedisKeysClaimed, accepted only from the TaskManager that holds the attempt), and the
+leading JobManager decides here:
+
+- a read is granted (streams are shared for reading, as Kafka topics are);
+- a write is granted unless another live lineage's user may write that stream (its declared keys
+  or its own claims, as the Redis server has them): one writer per stream, as with declared
+  keys, so no pipeline trims or deletes what another writes;
+- anything else (a job that declares its keys, a cluster in another mode, a key of Headrace's
+  own) fails the attempt for good with `RedisKeyRefused` and the reason, which the job's
+  exceptions show.
+
+The driver waits for the grant in its own connection (connectors/redis_key_access.py): Redis
+applies a changed user to its open connections at once, so nothing comes back on this path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import redis
+
+from services.jobmanager.deployment import Deployment
+from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
+from services.jobmanager.unit_of_work import UnitOfWork
+from shared import redis_key_grants
+from shared.catalog import repository as repo
+from shared.ids import ExecutionId
+from shared.messages import RedisKeysClaimed
+from shared.settings import Settings
+from shared.states import ExecutionState as ES
+
+log = logging.getLogger("headrace.jobmanager")
+
+REFUSED = "RedisKeyRefused"
+
+
+class RedisKeyClaims:
+    def __init__(
+        self,
+        settings: Settings,
+        uow: UnitOfWork,
+        deployment: Deployment,
+        users: PipelineRedisUsers | None,
+        refuse: Callable[[ExecutionId, str], None],
+    ) -> None:
+        """`refuse(execution_id, reason)`: fail the attempt for good with the reason."""
+        self.settings, self.uow, self.deployment, self.users, self.refuse = settings, uow, deployment, users, refuse
+
+    def on_claimed(self, msg: RedisKeysClaimed) -> None:
+        with self.uow.tx() as s:
+            ex = repo.find_execution(s, msg.execution_id)
+            if ex is None or ES(ex.state).is_terminal:
+                return  # a claim that comes after its attempt ended: nothing runs to use it
+            job = repo.get_job(s, ex.job_id)
+            lineage = self.deployment.lineages.of(s, job)
+            live = self.deployment.live_lineages(s) - {lineage}
+            declared = redis_key_grants.declared(job.config)
+        problem = self._problem(msg, declared, live)
+        if problem is None and self.users is not None:
+            try:
+                self.users.grant(lineage, read=msg.read, write=msg.write)
+            except redis.RedisError as exc:
+                problem = f"the JobManager could not change the Redis user of lineage {lineage}: {exc}"
+        if problem is not None:
+            log.warning("refusing the Redis keys claimed by %s of job %s: %s", msg.execution_id, msg.job_id, problem)
+            self.refuse(msg.execution_id, problem)
+            return
+        log.info(
+            "lineage %s may read Redis streams %s and write %s (claimed by %s)",
+            lineage,
+            list(msg.read),
+            list(msg.write),
+            msg.execution_id,
+        )
+
+    def _problem(self, msg: RedisKeysClaimed, declared: bool, live: set[str]) -> str | None:
+        mode = self.settings.pipeline_redis_keys
+        if self.users is None:
+            return (
+                "this JobManager makes no Redis users for the pipelines (their Redis is not the cluster's, "
+                "or the cluster's has no users): the task's Redis user refused the stream for another reason"
+            )
+        if declared or mode != redis_key_grants.CONNECTORS:
+            return (
+                f"the job declares its Redis keys or the cluster requires it (pipeline_redis_keys: {mode}): add "
+                f"{list(msg.write)} to {redis_key_grants.WRITE_OPTION} and {list(msg.read)} to "
+                f"{redis_key_grants.READ_OPTION}"
+            )
+        try:
+            writers = self.users.writers(live)
+        except redis.RedisError as exc:
+            return f"the JobManager could not list the Redis users of the other lineages: {exc}"
+        return redis_key_grants.claim_problem(msg.read, msg.write, writers)
