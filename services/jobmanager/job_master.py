@@ -41,7 +41,6 @@ from services.jobmanager.deployment import Deployment
 from services.jobmanager.outbox import CANCEL, CHECKPOINT, DEPLOY, Outbox
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.reconciliation import Reconciliation
-from services.jobmanager.redis_key_claims import REFUSED as REDIS_KEY_REFUSED
 from services.jobmanager.redis_key_claims import RedisKeyClaims
 from services.jobmanager.report_senders import REPORTS, check_report_sender
 from services.jobmanager.restarts import Restarts
@@ -140,15 +139,7 @@ class JobMaster:
             ),
         )
         self.deployment.on_request = self.slot_watch.sent
-        self.redis_claims = RedisKeyClaims(
-            settings,
-            self.uow,
-            self.deployment,
-            pipeline_users,
-            lambda ex, reason: self.restarts.fail(
-                ex, cause_name=REDIS_KEY_REFUSED, cause=reason, expected_tm=None, still_running=True, permanent=True
-            ),
-        )
+        self.redis_claims = RedisKeyClaims(settings, self.uow, self.deployment, pipeline_users, self.restarts.fail)
         self.reconciliation = Reconciliation(
             ctx,
             self.outbox,
@@ -257,9 +248,13 @@ class JobMaster:
                     slots=list(msg.slot_indices),
                 )
                 repo.set_job_waiting_reason(s, job, None)
-            if Fx.DEPLOY in decision or Fx.REDEPLOY in decision:
+            clash = self.redis_claims.declared_clash(s, job) if Fx.DEPLOY in decision else None
+            if clash is None and (Fx.DEPLOY in decision or Fx.REDEPLOY in decision):
                 deploy = self.deployment.command(s, job, ex, msg, choose_restore=Fx.DEPLOY in decision)
                 self.uow.learn_queue(msg.taskmanager_id, msg.queue)
+        if clash is not None:  # never deployed: the attempt fails here and its slots go back
+            self.redis_claims.refuse(msg.execution_id, clash, deployed=False)
+            return
         if deploy is None:
             # Nobody wants these slots any more (cancelled or failed meanwhile): give them back.
             self.uow.emit(ReleaseSlots(allocation_id=msg.allocation_id, reason="execution no longer scheduled"))

@@ -26,12 +26,14 @@ import logging
 from typing import Callable
 
 import redis
+from sqlalchemy.orm import Session
 
 from services.jobmanager.deployment import Deployment
 from services.jobmanager.pipeline_redis_users import PipelineRedisUsers
 from services.jobmanager.unit_of_work import UnitOfWork
 from shared import redis_key_grants
 from shared.catalog import repository as repo
+from shared.catalog.models import Job
 from shared.ids import ExecutionId
 from shared.messages import RedisKeysClaimed
 from shared.settings import Settings
@@ -49,10 +51,17 @@ class RedisKeyClaims:
         uow: UnitOfWork,
         deployment: Deployment,
         users: PipelineRedisUsers | None,
-        refuse: Callable[[ExecutionId, str], None],
+        fail: Callable[..., None],
     ) -> None:
-        """`refuse(execution_id, reason)`: fail the attempt for good with the reason."""
-        self.settings, self.uow, self.deployment, self.users, self.refuse = settings, uow, deployment, users, refuse
+        """`fail`: Restarts.fail, which fails an attempt and decides the job's fate."""
+        self.settings, self.uow, self.deployment, self.users, self._fail = settings, uow, deployment, users, fail
+
+    def refuse(self, execution_id: ExecutionId, reason: str, *, deployed: bool = True) -> None:
+        """Fail the attempt for good with `reason` (no restart could help); one not `deployed`
+        yet releases its slots at once instead of being cancelled on its TaskManager."""
+        self._fail(
+            execution_id, cause_name=REFUSED, cause=reason, expected_tm=None, still_running=deployed, permanent=True
+        )
 
     def on_claimed(self, msg: RedisKeysClaimed) -> None:
         with self.uow.tx() as s:
@@ -80,6 +89,29 @@ class RedisKeyClaims:
             list(msg.write),
             msg.execution_id,
         )
+
+    def declared_clash(self, s: Session, job: Job) -> str | None:
+        """Why a job that declares keys to write may not be deployed, or None: another live
+        lineage's user writes one of them (the dispatcher compares declarations only; this sees
+        the connectors' claims too, as the Redis server has them)."""
+        grants = redis_key_grants.grants_of(job.config)
+        if grants is None or not grants.write or self.users is None:
+            return None
+        lineage = self.deployment.lineages.of(s, job)
+        try:
+            writers = self.users.writers(self.deployment.live_lineages(s) - {lineage})
+        except redis.RedisError as exc:
+            return f"the JobManager could not list the Redis users of the other lineages: {exc}"
+        for own in grants.write:
+            for other, patterns in writers.items():
+                clash = next((p for p in patterns if redis_key_grants.overlap(own, p)), None)
+                if clash is not None:
+                    return (
+                        f"Redis key pattern {own!r} of {redis_key_grants.WRITE_OPTION} reaches keys that lineage "
+                        f"{other} writes (its pattern {clash!r}): a key is written by one lineage at a time. Stop "
+                        "that job, or declare another stream"
+                    )
+        return None
 
     def _problem(self, msg: RedisKeysClaimed, declared: bool, live: set[str]) -> str | None:
         mode = self.settings.pipeline_redis_keys

@@ -402,6 +402,18 @@ def test_a_job_without_declared_keys_reaches_the_streams_its_connectors_use_one_
         assert final["restarts"] == 0, final  # no restart could help
         assert [e["exceptionName"] for e in exceptions["exceptionHistory"]["entries"]] == ["RedisKeyRefused"]
         assert first in root and "'claimed-out'" in root, root
+        # A job declaring the stream is refused the same way before it is deployed (the dispatcher
+        # sees declarations only, the JobManager the claims too).
+        declaring = rest.run(
+            jar,
+            parallelism=1,
+            programArgsList=["claimed-out", "claimed-src"],
+            flinkConfiguration={WRITE_OPTION: ["claimed-*"], READ_OPTION: ["claimed-src"]},
+        )
+        rest.wait_state(declaring, ["FAILED"], timeout_s=120)
+        exceptions = rest.get(f"/jobs/{declaring}/exceptions")
+        assert [e["exceptionName"] for e in exceptions["exceptionHistory"]["entries"]] == ["RedisKeyRefused"]
+        assert first in exceptions["root-exception"] and "'claimed-*'" in exceptions["root-exception"]
         assert rest.job(first)["state"] == "RUNNING"
     finally:
         rest.cancel(first)
