@@ -26,7 +26,8 @@ from services.cluster import readiness
 from shared import streams
 from shared.driver_contract import kill_session
 from tests.clusters import Rest, start_cluster
-from tests.e2e.counting import Producer, expected_totals, sql_totals, wait_for
+from tests.e2e.counting import Producer, expected_totals, sql_totals
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYED_COUNTS = ROOT / "examples" / "keyed_counts.py"
@@ -150,7 +151,7 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
             restartStrategy=RESTART,
             flinkConfiguration={"execution.checkpointing.interval": "1 s"},
         )
-        wait_for(lambda: sql_totals(sink, TABLE), 300, "the job's first committed output")
+        wait_for("the job's first committed output", lambda: sql_totals(sink, TABLE), 300)
         output_s = time.monotonic() - t_submit
         first = kill_and_time(cluster, rest, client, job)
         print(f"  kill 1: {first}", file=sys.stderr, flush=True)
@@ -161,7 +162,7 @@ def one_run(ready: str, second_kill_after_s: float) -> dict:
         producer = None
         expected = expected_totals(produced)
         try:
-            wait_for(lambda: sql_totals(sink, TABLE) == expected, 180, f"the sink to hold exactly {produced} events")
+            wait_for(f"the sink to hold exactly {produced} events", lambda: sql_totals(sink, TABLE) == expected, 180)
             exact = True
         except AssertionError:
             exact = False
