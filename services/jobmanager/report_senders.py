@@ -17,27 +17,11 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from shared.catalog import repository as repo
-from shared.message_auth import RefusedMessage, taskmanager_of
-from shared.messages import (
-    CheckpointAcknowledged,
-    CheckpointDeclined,
-    CommandRejected,
-    Envelope,
-    RedisKeysClaimed,
-    TaskProgress,
-    TaskStateChanged,
-    TaskWaiting,
-)
+from shared.message_auth import SELF_ONLY, TASKMANAGER_MESSAGES, RefusedMessage, taskmanager_of
+from shared.messages import Envelope
 
-REPORTS = (
-    TaskStateChanged,
-    TaskProgress,
-    TaskWaiting,
-    CheckpointAcknowledged,
-    CheckpointDeclined,
-    CommandRejected,
-    RedisKeysClaimed,
-)
+# What a TaskManager sends about an execution: everything it may send but its own membership.
+REPORTS = tuple(m for m in TASKMANAGER_MESSAGES if m not in SELF_ONLY)
 
 
 def check_report_sender(env: Envelope, s: Session) -> None:

@@ -32,10 +32,24 @@ from tests.waiting import wait_for
 
 NOPERM = redis.exceptions.NoPermissionError
 VICTIM = "f" * 32  # another job's lineage, with a sink of its own
-HOSTILE = textwrap.dedent("""
+# What the hostile pipelines below share: each try's result, "ok" or "NOPERM" (refused to the
+# task's Redis user).
+ATTEMPTS = textwrap.dedent("""
     import json
     import redis
 
+    def outcomes(tries):
+        found = {}
+        for name, attempt in tries.items():
+            try:
+                attempt()
+                found[name] = "ok"
+            except redis.exceptions.NoPermissionError:
+                found[name] = "NOPERM"
+        return found
+""")
+
+HOSTILE = ATTEMPTS + textwrap.dedent("""
     def build(ctx):
         victim = ctx.args[0]
         df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
@@ -49,22 +63,13 @@ HOSTILE = textwrap.dedent("""
             "read_data": lambda: r.xlen("out"),
             "trim_data": lambda: r.xtrim("out", maxlen=0),
         }
-        outcome = {}
-        for name, attempt in tries.items():
-            try:
-                attempt()
-                outcome[name] = "ok"
-            except redis.exceptions.NoPermissionError:
-                outcome[name] = "NOPERM"
+        outcome = outcomes(tries)
         r.xadd("hostile-out", {"json": json.dumps(outcome), "user": r.acl_whoami()})
         return sink
 """)
 
 
-DECLARING = textwrap.dedent("""
-    import json
-    import redis
-
+DECLARING = ATTEMPTS + textwrap.dedent("""
     def build(ctx):
         r = redis.Redis.from_url(ctx.redis_url)
         tries = {
@@ -75,13 +80,7 @@ DECLARING = textwrap.dedent("""
             "read_source": lambda: r.xlen("declared-src"),
             "trim_source": lambda: r.xtrim("declared-src", maxlen=0),
         }
-        outcome = {}
-        for name, attempt in tries.items():
-            try:
-                attempt()
-                outcome[name] = "ok"
-            except redis.exceptions.NoPermissionError:
-                outcome[name] = "NOPERM"
+        outcome = outcomes(tries)
         r.xadd("declared-results", {"json": json.dumps(outcome)})
         df = ctx.sources.datagen(seed=1, total=20, rows_per_second=50)
         return ctx.sinks.redis_stream(df, ctx.args[0])
@@ -334,10 +333,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
-CLAIMING = textwrap.dedent("""
-    import json
-    import redis
-
+CLAIMING = ATTEMPTS + textwrap.dedent("""
     def build(ctx):
         out, source = ctx.args
         ctx.sources.redis_stream(source, schema="n INT")  # a read claimed (the query reads datagen)
@@ -350,13 +346,7 @@ CLAIMING = textwrap.dedent("""
             "delete_victim": lambda: r.delete("victim-stream"),
             "trim_own": lambda: r.xtrim(out, minid="0"),
         }
-        outcome = {}
-        for name, attempt in tries.items():
-            try:
-                attempt()
-                outcome[name] = "ok"
-            except redis.exceptions.NoPermissionError:
-                outcome[name] = "NOPERM"
+        outcome = outcomes(tries)
         r.xadd(out, {"json": json.dumps(outcome)})
         return sink
 """)
