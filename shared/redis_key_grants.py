@@ -173,14 +173,23 @@ def claim_problem(
             check_claimed_key(key)
         except RefusedValue as exc:
             return str(exc)
-    for key in write:
+    found = other_writer(write, other_writers)
+    if found is not None:
+        key, lineage, theirs = found
+        return (
+            f"the Redis stream {key!r} is written by lineage {lineage} (its pattern {theirs!r}): a stream "
+            "is written by one lineage at a time. Stop that job, or write another stream"
+        )
+    return None
+
+
+def other_writer(mine: Iterable[str], other_writers: Mapping[str, tuple[str, ...]]) -> tuple[str, str, str] | None:
+    """A pattern of `mine`, and another lineage with its pattern, that reach a common key; None."""
+    for own in mine:
         for lineage, patterns in other_writers.items():
-            clash = next((p for p in patterns if overlap(key, p)), None)
-            if clash is not None:
-                return (
-                    f"the Redis stream {key!r} is written by lineage {lineage} (its pattern {clash!r}): a stream "
-                    "is written by one lineage at a time. Stop that job, or write another stream"
-                )
+            theirs = next((p for p in patterns if overlap(own, p)), None)
+            if theirs is not None:
+                return own, lineage, theirs
     return None
 
 

@@ -14,7 +14,7 @@ leading JobManager decides here:
   keys, so no pipeline trims or deletes what another writes;
 - anything else (a job that declares its keys, a cluster in another mode, a key of Headrace's
   own) fails the attempt for good with `RedisKeyRefused` and the reason, which the job's
-  exceptions show.
+  exceptions show; a Redis that cannot answer fails it as any failure (the restart claims again).
 
 The driver waits for the grant in its own connection (connectors/redis_key_access.py): Redis
 applies a changed user to its open connections at once, so nothing comes back on this path.
@@ -72,12 +72,20 @@ class RedisKeyClaims:
             lineage = self.deployment.lineages.of(s, job)
             live = self.deployment.live_lineages(s) - {lineage}
             declared = redis_key_grants.declared(job.config)
-        problem = self._problem(msg, declared, live)
-        if problem is None and self.users is not None:
-            try:
+        try:
+            problem = self._problem(msg, declared, live)
+            if problem is None and self.users is not None:
                 self.users.grant(lineage, read=msg.read, write=msg.write)
-            except redis.RedisError as exc:
-                problem = f"the JobManager could not change the Redis user of lineage {lineage}: {exc}"
+        except redis.RedisError as exc:  # Redis away for a moment: a restart claims again
+            log.warning("could not decide the Redis keys claimed by %s: %s", msg.execution_id, exc)
+            self._fail(
+                msg.execution_id,
+                cause_name=REFUSED,
+                cause=f"the JobManager could not change the Redis user of lineage {lineage}: {exc}",
+                expected_tm=None,
+                still_running=True,
+            )
+            return
         if problem is not None:
             log.warning("refusing the Redis keys claimed by %s of job %s: %s", msg.execution_id, msg.job_id, problem)
             self.refuse(msg.execution_id, problem)
@@ -101,19 +109,21 @@ class RedisKeyClaims:
         try:
             writers = self.users.writers(self.deployment.live_lineages(s) - {lineage})
         except redis.RedisError as exc:
-            return f"the JobManager could not list the Redis users of the other lineages: {exc}"
-        for own in grants.write:
-            for other, patterns in writers.items():
-                clash = next((p for p in patterns if redis_key_grants.overlap(own, p)), None)
-                if clash is not None:
-                    return (
-                        f"Redis key pattern {own!r} of {redis_key_grants.WRITE_OPTION} reaches keys that lineage "
-                        f"{other} writes (its pattern {clash!r}): a key is written by one lineage at a time. Stop "
-                        "that job, or declare another stream"
-                    )
-        return None
+            # Deployed as the dispatcher's comparison of declarations allowed; said in the log.
+            log.warning("could not compare job %s's Redis keys with the other lineages' claims: %s", job.id, exc)
+            return None
+        found = redis_key_grants.other_writer(grants.write, writers)
+        if found is None:
+            return None
+        own, other, theirs = found
+        return (
+            f"Redis key pattern {own!r} of {redis_key_grants.WRITE_OPTION} reaches keys that lineage {other} "
+            f"writes (its pattern {theirs!r}): a key is written by one lineage at a time. Stop that job, or "
+            "declare another stream"
+        )
 
     def _problem(self, msg: RedisKeysClaimed, declared: bool, live: set[str]) -> str | None:
+        """Why the claim cannot be granted for good, or None; redis.RedisError when Redis cannot say."""
         mode = self.settings.pipeline_redis_keys
         if self.users is None:
             return (
@@ -126,8 +136,4 @@ class RedisKeyClaims:
                 f"{list(msg.write)} to {redis_key_grants.WRITE_OPTION} and {list(msg.read)} to "
                 f"{redis_key_grants.READ_OPTION}"
             )
-        try:
-            writers = self.users.writers(live)
-        except redis.RedisError as exc:
-            return f"the JobManager could not list the Redis users of the other lineages: {exc}"
-        return redis_key_grants.claim_problem(msg.read, msg.write, writers)
+        return redis_key_grants.claim_problem(msg.read, msg.write, self.users.writers(live))
