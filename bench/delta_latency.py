@@ -10,7 +10,12 @@ the stream, so every event up to that number is visible then. An event's latency
 that saw it - the time it was written (the poll adds up to --poll-ms). The first --warmup-s are
 left out; then --duration-s of events are measured: p50, p90, p99, max.
 
-usage: python bench/delta_latency.py [--duration-s 60] [--rate 100] [--kinds headrace,headrace-latency,bare]
+Kinds: `headrace` (the sink as configured by default), `headrace-latency` (with the job option
+headrace.latency-mode), `headrace-inline-log-checkpoint` (sink option logCheckpoint.every=0: Delta
+writes the log's checkpoint inside every tenth commit with its Spark jobs, instead of the sink with
+delta-rs after the commit), `headrace-log-checkpoint-100` (the sink checkpoints every 100 commits), `bare`.
+
+usage: python bench/delta_latency.py [--duration-s 60] [--rate 100] [--kinds headrace,bare,...]
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ from shared.jars import DEFAULT_CACHE_DIR, JarCache
 from shared.job_options import LATENCY_MODE
 from tests.clusters import Rest, start_cluster
 
-KINDS = ("headrace", "headrace-latency", "bare")
+# kind -> the Delta sink's options (bench/pipelines/redis_to_delta.py --option)
+SINK_OPTIONS: dict[str, dict[str, str]] = {
+    "headrace": {},
+    "headrace-latency": {},
+    "headrace-inline-log-checkpoint": {"logCheckpoint.every": "0"},
+    "headrace-log-checkpoint-100": {"logCheckpoint.every": "100"},
+}
+KINDS = (*SINK_OPTIONS, "bare")
 
 
 def measure(
@@ -94,6 +106,9 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
     kinds = args.kinds.split(",")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"unknown kinds {unknown}; the kinds are {', '.join(KINDS)}")
     if args.smoke:
         args.duration_s, args.warmup_s, kinds = 5, 5, ["headrace"]
     home = Path(tempfile.mkdtemp(prefix="hr-delta-latency-"))
@@ -130,6 +145,7 @@ def main() -> None:
                 str(table),
                 "--sink",
                 "native" if kind == "bare" else "headrace",
+                *[a for k, v in SINK_OPTIONS.get(kind, {}).items() for a in ("--option", f"{k}={v}")],
             ]
             load = round(os.getloadavg()[0], 2)
             if kind == "bare":
@@ -189,7 +205,7 @@ def main() -> None:
             r["load"] = load
             results[kind] = r
             print(
-                f"{kind:16s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
+                f"{kind:30s} {r['events']} events: p50 {r['p50_s']:.3f} s  p90 {r['p90_s']:.3f} s  "
                 f"p99 {r['p99_s']:.3f} s  max {r['max_s']:.3f} s  {r['commits']} commits  (load {load})",
                 flush=True,
             )

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from services.taskmanager.runtime.connectors import SinkFencedError, SinkOwnedError, SinkOwner, delta_log
 from services.taskmanager.runtime.connectors.delta_errors import DeltaSchemaMismatch, DeltaUndoRefused
+from services.taskmanager.runtime.connectors.delta_log_checkpoint import NO_INLINE_CHECKPOINT
 from services.taskmanager.runtime.connectors.delta_maintenance import Policy
 from services.taskmanager.runtime.connectors.delta_sink import delta_sink
 from services.taskmanager.runtime.connectors.delta_source import delta_stream, delta_table
@@ -300,3 +301,57 @@ def test_a_streaming_query_through_the_handle_and_the_delta_source(spark, tmp_pa
         q2.stop()
     assert sum(seen) == len(got)
     shutil.rmtree(tmp_path / "chk2", ignore_errors=True)
+
+
+def test_the_sink_checkpoints_the_log_after_its_commits_and_readers_start_from_it(spark, tmp_path):
+    path = tmp_path / "t"
+    h = make(spark, path)
+    h.prepare(10, -1, OWNER)
+    sink = sink_of(h)
+    for b in range(14):
+        sink.write_batch(spark.createDataFrame(rows("A", b % 6, 0, 2), KV), b)
+    log = path / "_delta_log"
+    created = [json.loads(line) for line in (log / f"{0:020d}.json").read_text().splitlines()]
+    config = next(a["metaData"] for a in created if "metaData" in a)["configuration"]
+    assert config["delta.checkpointInterval"] == str(NO_INLINE_CHECKPOINT)  # set by the creating commit
+    on_disk = {int(f.name[:20]) for f in log.glob("*.checkpoint.parquet")}
+    # every checkpoint is one the sink wrote with delta-rs: no commit wrote one inside it
+    assert on_disk == {v for v, _s, by in sink.log_checkpoints.written if by == "delta-rs"}
+    assert max(on_disk) >= 10
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == max(on_disk)
+    # A reader holding only the checkpoint and the commits after it sees every row.
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    for f in (copy / "_delta_log").iterdir():
+        if f.name[:20].isdigit() and f.suffix in (".json", ".crc") and int(f.name[:20]) <= max(on_disk):
+            f.unlink()
+    expected = sorted(r for b in range(14) for r in rows("A", b % 6, 0, 2))
+    assert read_rs(copy) == read_rs(path) == expected
+    assert read_spark(spark, copy) == expected
+    # Delta finds the sink's transaction version (its idempotence) in delta-rs's checkpoint alone.
+    newest = max(on_disk)
+    alone = tmp_path / "checkpoint-alone"
+    shutil.copytree(path, alone)
+    for f in (alone / "_delta_log").iterdir():
+        if f.name[:20].isdigit() and (f.suffix == ".crc" or (f.suffix == ".json" and int(f.name[:20]) != newest)):
+            f.unlink()  # Delta wants the commit of the checkpoint's version itself, not its contents
+    jvm = spark._jvm
+    none = jvm.scala.Option.empty()
+    snap = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(alone)).update(False, none, none)
+    txn = next(c.txns[sink.app] for v in range(newest, 0, -1) if sink.app in (c := delta_log.commit(str(path), v)).txns)
+    assert int(snap.version()) == newest
+    assert int(snap.transactions().get(sink.app).get()) == txn
+
+
+def test_delta_keeps_its_own_checkpoints_when_asked_and_on_a_table_the_sink_did_not_create(spark, tmp_path):
+    for name, kw in (("asked", {"policy": Policy(log_checkpoint_every=0)}), ("theirs", {})):
+        path = tmp_path / name
+        if name == "theirs":
+            spark.createDataFrame([], KV).write.format("delta").save(str(path))
+        h = make(spark, path, **kw)
+        h.prepare(10, -1, OWNER)
+        for b in range(10):
+            sink_of(h).write_batch(spark.createDataFrame(rows("A", b % 6, 0, 2), KV), b)
+        assert not sink_of(h).log_checkpoints.written
+        assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()  # Delta's, inside commit 10
+        assert len(read_rs(path)) == 20

@@ -15,10 +15,14 @@ deployment), the sink's option winning:
     vacuum.interval    / sink.delta.vacuum.interval      ... or when this long has passed
     vacuum.retention   / sink.delta.vacuum.retention     keep removed files this long (default
                                                          "7 d", Delta's own default)
+    logCheckpoint.every / sink.delta.logCheckpoint.every checkpoint the table's Delta log every N
+                                                         commits beside the micro-batches (default
+                                                         10; 0: inside them, as Delta does;
+                                                         delta_log_checkpoint.py)
 
-None of them is on by default. Each run is a line in the driver's log (what it did, how long it
-took), a waiting reason on the attempt while it runs, and a commit tagged with the sink in the
-table's history. A failed run is logged and tried again at the next due batch: maintenance never
+OPTIMIZE and VACUUM are off by default. Each run is a line in the driver's log (what it did, how
+long it took), a waiting reason on the attempt while it runs, and a commit tagged with the sink in
+the table's history. A failed run is logged and tried again at the next due batch: maintenance never
 fails the task.
 
 Retention never deletes what a snapshot still needs. Every checkpoint and savepoint the sink
@@ -44,8 +48,16 @@ from typing import Any, Callable, Mapping
 from shared import job_options
 
 from . import delta_log
+from .delta_log_checkpoint import DEFAULT_EVERY
 
-OPTION_KEYS = ("optimize.every", "optimize.interval", "vacuum.every", "vacuum.interval", "vacuum.retention")
+OPTION_KEYS = (
+    "optimize.every",
+    "optimize.interval",
+    "vacuum.every",
+    "vacuum.interval",
+    "vacuum.retention",
+    "logCheckpoint.every",
+)
 JOB_PREFIX = "sink.delta."
 DELTA_MIN_RETENTION_S = 7 * 86400.0
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -60,6 +72,7 @@ class Policy:
     vacuum_every: int = 0
     vacuum_interval_s: float = 0.0
     vacuum_retention_s: float = DELTA_MIN_RETENTION_S
+    log_checkpoint_every: int = DEFAULT_EVERY
 
     @property
     def any(self) -> bool:
@@ -72,16 +85,16 @@ class Policy:
         def value(key: str) -> Any:
             return options[key] if key in options else job_config.get(JOB_PREFIX + key)
 
-        def count(key: str) -> int:
+        def count(key: str, default: int = 0, unit: str = "micro-batches (0: never)") -> int:
             raw = value(key)
             try:
-                n = int(raw) if raw is not None else 0
+                n = int(raw) if raw is not None else default
             except (TypeError, ValueError):
                 n = -1
             if n < 0:
                 raise ValueError(
                     f"Delta sink option {key} (or job option {JOB_PREFIX}{key}) must be a whole number "
-                    f"of micro-batches (0: never), got {raw!r}"
+                    f"of {unit}, got {raw!r}"
                 )
             return n
 
@@ -103,6 +116,7 @@ class Policy:
             vacuum_every=count("vacuum.every"),
             vacuum_interval_s=duration("vacuum.interval", 0.0),
             vacuum_retention_s=duration("vacuum.retention", DELTA_MIN_RETENTION_S),
+            log_checkpoint_every=count("logCheckpoint.every", DEFAULT_EVERY, "commits (0: inside them, as Delta does)"),
         )
 
 

@@ -36,6 +36,7 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from . import delta_claim, delta_log, delta_restore, delta_schema
+from .delta_log_checkpoint import LogCheckpoints, creation_properties
 from .delta_maintenance import Maintenance, Pins, Policy
 from .delta_write import DeltaWriter
 from .ownership import SinkOwnedError, SinkOwner
@@ -97,7 +98,9 @@ class DeltaSink:
         self.restored: dict | None = None  # the restored snapshot's "sink" entry (runtime/restore.py)
         self.undone: delta_restore.Undone | None = None
         self.pins = Pins(path, app)
-        self.maintenance = Maintenance(path, app, policy or Policy(), self.pins, on_wait)
+        policy = policy or Policy()
+        self.maintenance = Maintenance(path, app, policy, self.pins, on_wait)
+        self.log_checkpoints = LogCheckpoints(path, policy.log_checkpoint_every)
         self._versions: dict[int, tuple[int, int]] = {}  # batch (-1: the restore point) -> (version, committed ms)
         self._figures: dict[int, dict[str, int]] = {}
         self._lock = threading.Lock()
@@ -114,7 +117,7 @@ class DeltaSink:
         DeltaSchemaMismatch or DeltaUndoRefused before changing any row."""
         self.fence, self.seq = fence, None  # set first: a failed prepare leaves the sink refusing writes
         spark, r = self.spark, restored_batch_id
-        self.writer.ensure_table(spark)
+        self.writer.ensure_table(spark, creation_properties(self.log_checkpoints.every))
         state = delta_log.table_state(spark, self.path, self.app)
         # Whose table it is first (that refusal says more), then whether the rows fit: both before
         # the claim writes anything.
@@ -160,6 +163,8 @@ class DeltaSink:
         self.seq = record.seq
         with self._lock:
             self._versions = {r: (state.version, state.timestamp_ms)}
+        print(f"delta: {self.log_checkpoints.describe(state.properties)}", flush=True)
+        self.log_checkpoints.committed(spark, state.version, state.properties)
 
     def _restore_point(self, r: int, record: delta_claim.WriterRecord, state: delta_log.TableState) -> int:
         m = self.restored or {}
@@ -233,6 +238,7 @@ class DeltaSink:
             found.files_added if found else 0,
             found.timestamp_ms if found else after.timestamp_ms,
         )
+        self.log_checkpoints.committed(spark, after.version, after.properties)
         self.maintenance.after_batch(spark, batch_id)
         return True
 
@@ -318,8 +324,10 @@ class DeltaSink:
                     )
             delta_schema.check(self.path, state.schema_json, df.schema, merge_schema=self.writer.merge_schema)
         else:
-            self.writer.ensure_table(spark)
+            self.writer.ensure_table(spark, creation_properties(self.log_checkpoints.every))
         self.writer.write_untracked(spark, df)
+        after = delta_log.table_state(spark, self.path, self.app)
+        self.log_checkpoints.committed(spark, after.version, after.properties)
 
 
 def delta_sink(

@@ -7,7 +7,8 @@ delta_idempotent_write.py with the pipeline's writer options (Delta's own write 
 state reconstruction its version lookup costs), `update` through one MERGE by the key columns
 (compared null-safely), for which the pair is set as session confs around the statement.
 A batch job's write carries the tag but no transaction version. A table that does not exist yet
-is created empty, with the pipeline's schema and `partition_by`.
+is created empty, with the pipeline's schema, `partition_by` and the sink's table properties (its
+log checkpoint interval, delta_log_checkpoint.py) in the creating commit.
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ class DeltaWriter:
         self.writer_options = {k: str(v) for k, v in (options or {}).items() if k not in OPTION_KEYS}
         self.merge_schema = self.writer_options.get("mergeSchema", "false").lower() == "true"
 
-    def ensure_table(self, spark: Any) -> None:
+    def ensure_table(self, spark: Any, properties: Mapping[str, str]) -> None:
+        """Create the table when there is none; `properties` (Delta's `delta.*` table properties)
+        are part of the creating commit."""
         if delta_log.table_exists(self.path):
             return
         writer = (
             self.empty(spark)
             .write.format("delta")
             .mode("append")
+            .options(**properties)
             .option("userMetadata", delta_log.tag(self.app, "create"))
         )
         if self.partition_by:
