@@ -12,6 +12,9 @@ first --skip commits left out (the JIT). Variants alternate within a round:
   no-stats-struct         checkpoints without the `stats_parsed` struct column (table property
                           delta.checkpoint.writeStatsAsStruct=false, through the session default)
   one-snapshot-partition  the log's state rebuilt in one partition, not one per driver core
+  delta-rs                the table created as the sink creates it (no checkpoint inside a commit)
+                          and the sink's own checkpoint with delta-rs after every tenth commit
+                          (connectors/delta_log_checkpoint.py), timed with its commit
 
 --jobs lists the Spark jobs of the last checkpoint commit of each variant with their durations,
 read from the driver's Spark UI (its REST API): how much of the commit is Spark jobs at all.
@@ -35,13 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoint_overhead import machine
 from services.taskmanager.runtime.connectors.delta_idempotent_write import write_once
+from services.taskmanager.runtime.connectors.delta_log_checkpoint import LogCheckpoints, creation_properties
 
 INTERVAL = 10  # Delta's default delta.checkpointInterval
 VARIANTS: dict[str, dict[str, str]] = {
     "sink": {},
     "no-stats-struct": {"spark.databricks.delta.properties.defaults.checkpoint.writeStatsAsStruct": "false"},
     "one-snapshot-partition": {"spark.databricks.delta.snapshotPartitions": "1"},
+    "delta-rs": {},
 }
+SINK_CHECKPOINTS = {"delta-rs"}  # variants whose checkpoints the sink writes
 
 
 def ui_time(text: str) -> float:
@@ -66,9 +72,13 @@ def job_lines(spark, group: str) -> list[str]:
     return lines
 
 
-def commit_times(spark, rows, schema, path: str, commits: int) -> list[tuple[int, float, str]]:
-    """(version, seconds, job group) of each of `commits` appends to a new table at `path`."""
-    spark.createDataFrame(rows, schema).limit(0).write.format("delta").save(path)  # version 0
+def commit_times(spark, rows, schema, path: str, commits: int, sink_checkpoints: bool) -> list[tuple[int, float, str]]:
+    """(version, seconds, job group) of each of `commits` appends to a new table at `path`; with
+    `sink_checkpoints` created and checkpointed as the Delta sink does, each checkpoint timed with
+    the commit it follows."""
+    properties = creation_properties(INTERVAL) if sink_checkpoints else {}
+    checkpoints = LogCheckpoints(path, INTERVAL)
+    spark.createDataFrame(rows, schema).limit(0).write.format("delta").options(**properties).save(path)  # version 0
     took = []
     for i in range(commits):
         df = spark.createDataFrame(rows, schema)
@@ -76,6 +86,8 @@ def commit_times(spark, rows, schema, path: str, commits: int) -> list[tuple[int
         spark.sparkContext.setJobGroup(group, f"Delta commit {i + 1}")
         started = time.perf_counter()
         write_once(spark, df, path, app_id="bench", version=i, mode="append", options={}, user_metadata=f"commit {i}")
+        if sink_checkpoints:
+            checkpoints.committed(spark, i + 1, properties)
         took.append((i + 1, time.perf_counter() - started, group))
     return took
 
@@ -114,7 +126,9 @@ def main() -> None:
                 for key, value in conf.items():
                     spark.conf.set(key, value)
                 try:
-                    took = commit_times(spark, rows, schema, str(home / f"{name}-{rnd}"), args.commits)
+                    took = commit_times(
+                        spark, rows, schema, str(home / f"{name}-{rnd}"), args.commits, name in SINK_CHECKPOINTS
+                    )
                 finally:
                     for key, old in before.items():
                         spark.conf.set(key, old) if old is not None else spark.conf.unset(key)

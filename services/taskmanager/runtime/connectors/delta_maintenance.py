@@ -15,8 +15,8 @@ deployment), the sink's option winning:
     vacuum.interval    / sink.delta.vacuum.interval      ... or when this long has passed
     vacuum.retention   / sink.delta.vacuum.retention     keep removed files this long (default
                                                          "7 d", Delta's own default)
-    logCheckpoint.every / sink.delta.logCheckpoint.every checkpoint the table's Delta log every N
-                                                         commits beside the micro-batches (default
+    logCheckpoint.every / sink.delta.logCheckpoint.every checkpoint the table's Delta log with
+                                                         delta-rs after every N commits (default
                                                          10; 0: inside them, as Delta does;
                                                          delta_log_checkpoint.py)
 
