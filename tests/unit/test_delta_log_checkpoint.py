@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from services.taskmanager.runtime.connectors.delta_log import last_checkpoint
 from services.taskmanager.runtime.connectors.delta_log_checkpoint import (
     NO_INLINE_CHECKPOINT,
     LogCheckpoints,
     creation_properties,
     faithful,
-    last_checkpoint,
     table_interval,
 )
 from services.taskmanager.runtime.connectors.delta_maintenance import Policy

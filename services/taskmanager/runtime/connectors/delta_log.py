@@ -155,6 +155,30 @@ def _newest_txn(path: str, app_id: str, latest: int) -> tuple[bool, int | None]:
     return latest < TXN_SEARCH, None
 
 
+def last_checkpoint(path: str) -> int:
+    """The version of the newest log checkpoint `_last_checkpoint` names (0: none yet)."""
+    data = _read_json(Path(path) / "_delta_log" / "_last_checkpoint")
+    try:
+        return int(data["version"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def checkpoint(spark: Any, path: str) -> int:
+    """Checkpoint the table's newest snapshot with Delta's own `DeltaLog.checkpoint`; its version.
+    Delta logs and swallows its own failures there, so success is read back from
+    `_last_checkpoint`: RuntimeError when it does not name the version."""
+    jvm = spark._jvm
+    none = jvm.scala.Option.empty()
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    snapshot = log.update(False, none, none)
+    version = int(snapshot.version())
+    log.checkpoint(snapshot, none)
+    if last_checkpoint(path) < version:
+        raise RuntimeError(f"Delta wrote no checkpoint of version {version} (its log's warning says why)")
+    return version
+
+
 def _read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text())

@@ -38,12 +38,11 @@ next commit; it never fails a batch (a checkpoint changes no row).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Mapping
 
+from . import delta_log
 from .delta_errors import RUNBOOK
 
 INTERVAL_PROPERTY = "delta.checkpointInterval"
@@ -78,15 +77,6 @@ def creation_properties(every: int) -> dict[str, str]:
     return {INTERVAL_PROPERTY: str(NO_INLINE_CHECKPOINT)} if every > 0 else {}
 
 
-def last_checkpoint(path: str) -> int:
-    """The version of the newest checkpoint `_last_checkpoint` names (0: none yet)."""
-    try:
-        data = json.loads((Path(path) / "_delta_log" / "_last_checkpoint").read_text())
-        return int(data["version"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return 0
-
-
 def faithful(reader_version: int, writer_version: int, writer_features: Any, reader_features: Any) -> bool:
     """Whether delta-rs's checkpoint of a table with this protocol holds what Delta's would."""
     if reader_version > FAITHFUL_READER_VERSION or reader_features:
@@ -110,21 +100,6 @@ def write_with_delta_rs(path: str) -> tuple[int, str] | None:
     if table.metadata().configuration.get(LOG_CLEANUP_PROPERTY, "true").lower() != "false":
         table.cleanup_metadata()
     return table.version(), "delta-rs"
-
-
-def write_with_delta(spark: Any, path: str) -> tuple[int, str]:
-    """Checkpoint the table's newest snapshot with Delta's own `DeltaLog.checkpoint`. Delta logs
-    and swallows its own failures there, so success is read back from `_last_checkpoint`:
-    RuntimeError when it does not name the version."""
-    jvm = spark._jvm
-    none = jvm.scala.Option.empty()
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = log.update(False, none, none)
-    version = int(snapshot.version())
-    log.checkpoint(snapshot, none)
-    if last_checkpoint(path) < version:
-        raise RuntimeError(f"Delta wrote no checkpoint of version {version} (its log's warning says why)")
-    return version, "Delta"
 
 
 class LogCheckpoints:
@@ -158,7 +133,7 @@ class LogCheckpoints:
 
     def due(self, version: int) -> bool:
         if self._last is None:
-            self._last = last_checkpoint(self.path)
+            self._last = delta_log.last_checkpoint(self.path)
         return version >= self._last + self.every
 
     def committed(self, spark: Any, version: int, properties: Mapping[str, str]) -> None:
@@ -167,7 +142,7 @@ class LogCheckpoints:
             return
         started = time.monotonic()
         try:
-            written, by = self._with_delta_rs() or write_with_delta(spark, self.path)
+            written, by = self._with_delta_rs() or (delta_log.checkpoint(spark, self.path), "Delta")
         except Exception as exc:  # noqa: BLE001 - a checkpoint changes no row; the next commit tries again
             print(
                 f"delta: checkpoint of the log of {self.path} failed after {time.monotonic() - started:.1f} s, "
