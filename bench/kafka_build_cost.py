@@ -1,9 +1,9 @@
 """What a Kafka pipeline's build(ctx) pays on a warmed driver that never touched Kafka: the Python
 client's import, Spark's Kafka source classes (the first `format("kafka").load()` against the
 second), and the brokers' reachability check (a fresh AdminClient listing the topics), first and
-again; after the warm-up without and with its Kafka step (spark_session.warm_up_kafka). One
-driver-like session (runtime/spark_session.py's build_spark and warm_up) per fresh process, a
-broker on a free port; each figure the median of --rounds processes, the two kinds alternating.
+again; after the warm-up without and with its Kafka step (warm_up.warm_up_kafka). One
+driver-like session (runtime/spark_session.py's build_spark, runtime/warm_up.py's warm_up) per
+fresh process, a broker on a free port; each figure the median of --rounds processes, the two kinds alternating.
 
     python3 bench/kafka_build_cost.py --rounds 3
 """
@@ -25,15 +25,15 @@ sys.path.insert(0, str(ROOT))
 
 def one_process(bootstrap: str, warm_kafka: bool) -> dict[str, float]:
     """In this (fresh) process: a warmed session, then the Kafka steps of a build, timed."""
-    from services.taskmanager.runtime import spark_session
+    from services.taskmanager.runtime import spark_session, warm_up
     from services.taskmanager.runtime.connectors.kafka_source import check_reachable
 
     work = tempfile.mkdtemp(prefix="hr-kafka-build-")
     spark_session.prepare_env()
     spark = spark_session.build_spark(2, work)
     if not warm_kafka:  # the warm-up as it was before warm_up_kafka
-        spark_session.warm_up_kafka = lambda _spark: None  # type: ignore[assignment]
-    spark_session.warm_up(spark, work, 2)
+        warm_up.warm_up_kafka = lambda _spark: None  # type: ignore[assignment]
+    warm_up.warm_up(spark, work, 2)
     out: dict[str, float] = {}
 
     def timed(name, fn):

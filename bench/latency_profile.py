@@ -330,7 +330,8 @@ def main() -> None:
     procs = Procs(home, {})
     sink_url = fresh_pg(DEFAULT_PG)
     engine = pg_engine(sink_url)
-    from services.taskmanager.runtime.spark_session import build_spark, warm_up
+    from services.taskmanager.runtime.spark_session import build_spark
+    from services.taskmanager.runtime.warm_up import warm_up
 
     if args.python_over_tcp:
         drop_unix_sockets()

@@ -18,6 +18,9 @@ from pathlib import Path
 PHASE_MARKER = "headrace task phase: "
 # The driver dumps every thread's stack into its log on this signal (faulthandler).
 STACK_DUMP_SIGNAL = signal.SIGUSR1
+# Micro-batches of the warm-up query a driver in reserve runs before it reports ready, unless the
+# TaskManager says otherwise (Settings.warm_up_batches; services/taskmanager/runtime/warm_up.py).
+WARM_UP_BATCHES = 150
 
 PYTHON_SOCKET_BASE = Path("/tmp")
 PYTHON_SOCKET_DIR_PREFIX = "hr-py-"

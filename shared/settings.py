@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, YamlConfigSettingsSource
 
 from shared import jars, settings_rules
+from shared.driver_contract import WARM_UP_BATCHES
 from shared.settings_rules import CommaSeparated
 from shared.state_locations import UnderHome
 
@@ -164,6 +165,9 @@ class Settings(BaseSettings):
     # Off: a warm driver in reserve is a started JVM and SparkSession only, about half of a full
     # warm-up's CPU; the task that takes it pays the rest in its first batches (docs/benchmarks.md).
     warm_up_query: bool = Field(True, description="warm drivers run a small query before they report ready")
+    # Its micro-batches: enough that the JIT has compiled what every micro-batch runs, so a task's
+    # first minute runs at the pace of its later ones (services/taskmanager/runtime/warm_up.py).
+    warm_up_batches: int = Field(WARM_UP_BATCHES, ge=1, description="micro-batches of the warm-up query")
     driver_memory: str = "1g"
     # Named for the RSS it was once compared with; compared with the PSS summed over the driver's
     # processes since issue 42, like a task's memory limit (services/taskmanager/memory/limit.py).

@@ -168,6 +168,7 @@ def driver_launch(
         sandbox=sandbox,
         warm_pool=warm_pool,
         warm_up_query=settings.warm_up_query,
+        warm_up_batches=settings.warm_up_batches,
         follow_standby=settings.spark_master != "local" and not settings.warm_parallelism,
     )
 

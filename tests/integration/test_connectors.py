@@ -328,7 +328,7 @@ def test_zip_pipeline_is_importable_on_workers(spark, tmp_path):
 
 
 def test_the_warm_up_runs_to_its_end_when_no_task_waits(spark, tmp_path):
-    from services.taskmanager.runtime.spark_session import warm_up
+    from services.taskmanager.runtime.warm_up import warm_up
 
     assert warm_up(spark, tmp_path / "w1", 2) is True
     assert spark.streams.active == []
@@ -337,7 +337,7 @@ def test_the_warm_up_runs_to_its_end_when_no_task_waits(spark, tmp_path):
 def test_the_driver_warm_up_of_a_cluster_driver_runs_no_spark_job(spark):
     """A driver of a Spark cluster warms in reserve without taking executors: no job runs, and a
     task waiting for the driver ends the warm-up between its steps."""
-    from services.taskmanager.runtime.spark_session import warm_up_driver
+    from services.taskmanager.runtime.warm_up import warm_up_driver
 
     tracker = spark.sparkContext.statusTracker()
     jobs_before = set(tracker.getJobIdsForGroup(None))
@@ -350,7 +350,7 @@ def test_the_driver_warm_up_of_a_cluster_driver_runs_no_spark_job(spark):
 def test_a_waiting_task_stops_the_warm_up_query_and_the_session_still_serves(spark, tmp_path):
     """cut_short's first two looks are between the warm-up's steps; the third is inside the
     streaming query's wait, so this stops the query itself, as a task taken mid-warm-up does."""
-    from services.taskmanager.runtime.spark_session import warm_up
+    from services.taskmanager.runtime.warm_up import warm_up
 
     looks = []
 

@@ -41,7 +41,7 @@ from services.taskmanager.drivers.task_processes import TaskProcesses
 from services.taskmanager.memory import limit as memory_limit
 from shared import backoff, cpu_priority
 from shared import task_protocol as tp
-from shared.driver_contract import STACK_DUMP_SIGNAL, kill_session, remove_python_socket_dirs
+from shared.driver_contract import STACK_DUMP_SIGNAL, WARM_UP_BATCHES, kill_session, remove_python_socket_dirs
 from shared.ids import ExecutionId
 
 log = logging.getLogger("headrace.taskmanager.driver")
@@ -65,13 +65,13 @@ WARMUP_NICE = cpu_priority.RESERVE_NICE
 may_raise_priority = cpu_priority.may_raise_priority
 
 
-def warm_up_args(in_reserve: bool, query: bool) -> tuple[str, ...]:
+def warm_up_args(in_reserve: bool, query: bool, batches: int = WARM_UP_BATCHES) -> tuple[str, ...]:
     """The runner's warm-up flags. A driver a task waits for skips the warm-up and keeps its JIT's
-    optimizer; one in reserve defers C2 and runs the warm-up query unless Settings.warm_up_query
-    is off."""
+    optimizer; one in reserve defers C2 and runs the warm-up query for `batches` micro-batches
+    (Settings.warm_up_batches) unless Settings.warm_up_query is off."""
     if not in_reserve:
         return ("--no-warmup",)
-    return () if query else ("--no-warmup-query",)
+    return ("--warm-up-batches", str(batches)) if query else ("--no-warmup-query",)
 
 
 class DriverProcess:
@@ -87,6 +87,7 @@ class DriverProcess:
         engine_args: Sequence[str] = (),
         warm_up: bool = True,
         warm_up_query: bool = True,
+        warm_up_batches: int = WARM_UP_BATCHES,
         sandbox: DriverSandbox | None = None,
     ):
         self.id = f"d{os.getpid()}-{next(_ids)}"
@@ -98,6 +99,7 @@ class DriverProcess:
         self.engine_args = list(engine_args)  # where its work runs (runner.py --master ...)
         self.warm_up = warm_up  # False: a task waits for this driver, it runs no warm-up query first
         self.warm_up_query = warm_up_query  # Settings.warm_up_query, for a driver in reserve
+        self.warm_up_batches = warm_up_batches  # Settings.warm_up_batches
         self.niced = False  # warming up in reserve at WARMUP_NICE (see the module docstring)
         self.on_event, self.on_exit = on_event, on_exit
         self.proc: subprocess.Popen | None = None
@@ -171,7 +173,7 @@ class DriverProcess:
             "--waiting-marker",
             str(self.home.waiting_marker()),
             *self.engine_args,
-            *warm_up_args(self.warm_up, self.warm_up_query),
+            *warm_up_args(self.warm_up, self.warm_up_query, self.warm_up_batches),
             *(("--spark-ui",) if self.sandbox.spark_ui else ()),
         ]
         try:

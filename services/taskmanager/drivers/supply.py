@@ -16,6 +16,7 @@ from services.taskmanager.drivers.sandbox import DriverSandbox
 from services.taskmanager.drivers.warm_pool import DriverFactory, WarmPool
 from shared import standby_shape, streams
 from shared import task_protocol as tp
+from shared.driver_contract import WARM_UP_BATCHES
 
 log = logging.getLogger("headrace.taskmanager")
 
@@ -35,6 +36,7 @@ class DriverLaunch:
     engine_args: Callable[[dict | None], list[str]]  # a job's configuration -> the runner's arguments
     sandbox: DriverSandbox | None
     warm_up_query: bool = True  # Settings.warm_up_query: drivers in reserve run the warm-up query
+    warm_up_batches: int = WARM_UP_BATCHES  # Settings.warm_up_batches: for that many micro-batches
     # The warm pool, given the supply's driver factory; None: every task gets a cold driver.
     warm_pool: Callable[[DriverFactory], WarmPool] | None = None
     # Warm drivers take the size of the tasks on the other TaskManagers (shared/standby_shape.py):
@@ -80,6 +82,7 @@ class DriverSupply:
             engine_args=launch.engine_args(config),
             warm_up=not for_task,
             warm_up_query=launch.warm_up_query,
+            warm_up_batches=launch.warm_up_batches,
             sandbox=launch.sandbox,
         ).start()
 

@@ -135,7 +135,8 @@ def build(path: Path) -> int:
     lock = _try_lock(path)
     if lock is None or path.is_file():
         return 0
-    from .spark_session import build_spark, prepare_env, warm_up
+    from .spark_session import build_spark, prepare_env
+    from .warm_up import warm_up
 
     signal.alarm(int(BUILD_TIMEOUT_S))  # never left running: its JVM follows it when it dies
     prepare_env()

@@ -8,7 +8,8 @@ from stdin -> `initializing` -> import the pipeline and call `build(ctx)` -> sta
 sink handle -> `running` -> `progress`* -> `finished` | `failed` | `canceled` -> exit.
 
 This module is the composition root; the rooms it wires together:
-  spark_session.py    the SparkSession and its warm-up (also used by class_archive.py)
+  spark_session.py    the SparkSession (also used by class_archive.py)
+  warm_up.py          what a driver runs before it reports ready
   driver_io.py        the events fd, the start-up phases in the log, the parent watchdog, exit paths
   pipeline_loader.py  importing the pipeline artifact (.py or .zip)
   driver.py           the task: build, run (batch or streaming), cancel, finish
@@ -39,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from shared.driver_contract import STACK_DUMP_SIGNAL, remove_python_socket_dirs
+from shared.driver_contract import STACK_DUMP_SIGNAL, WARM_UP_BATCHES, remove_python_socket_dirs
 from shared.spark_runtime import SparkRuntime
 from shared.task_protocol import TASK_WAITING_MARKER, Canceled, Failed, Ready, RunTask, decode_command
 
@@ -48,7 +49,8 @@ from .cluster_mode import Engine
 from .driver import Driver
 from .driver_io import EventWriter, end_own_session, start_watchdog, stop_spark_quietly
 from .reports import format_failure
-from .spark_session import build_spark, prepare_env, spark_ui_wanted, warm_up, warm_up_driver
+from .spark_session import build_spark, prepare_env, spark_ui_wanted
+from .warm_up import warm_up, warm_up_driver
 
 
 class _Terminate(BaseException):
@@ -69,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-warmup-query",
         action="store_true",
         help="in reserve without the warm-up query (Settings.warm_up_query off)",
+    )
+    p.add_argument(
+        "--warm-up-batches",
+        type=int,
+        default=WARM_UP_BATCHES,
+        help="micro-batches of the warm-up query in reserve (Settings.warm_up_batches)",
     )
     p.add_argument("--spark-ui", action="store_true", help="run the Spark UI (the TaskManager's spark_ui setting)")
     p.add_argument(
@@ -168,7 +176,7 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
         print("in reserve without the warm-up query (executors come from a Spark cluster)", flush=True)
     elif not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
-        if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists):
+        if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists, batches=args.warm_up_batches):
             print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
         else:
             print(f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting", flush=True)

@@ -1,7 +1,6 @@
-"""The driver's SparkSession: the environment every Spark process of ours needs, the session
-itself (local, or a driver of a standalone cluster), and the warm-up that pays a task's first
-micro-batch costs before any task arrives. Used by the runner and by the class archive builder
-(class_archive.py), which runs the same warm-up in a JVM that dumps its classes."""
+"""The driver's SparkSession: the environment every Spark process of ours needs and the session
+itself (local, or a driver of a standalone cluster). Used by the runner and by the class archive
+builder (class_archive.py); what a session runs before any task arrives is warm_up.py."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import atexit
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,6 @@ from shared.jars import DEFAULT_CACHE_DIR, JarCache
 
 from .cluster_mode import Engine
 
-# How often the warm-up's streaming query looks whether a task is waiting for the driver.
-WARM_UP_POLL_S = 0.1
 # Spark's default checkpoint file manager goes through Hadoop's FileContext, which without
 # Hadoop's native library forks `chmod` and `readlink` processes for every file it writes: 12
 # forks, ~45 ms per file, and every micro-batch writes at least three (its offsets, its commit,
@@ -141,102 +138,3 @@ def build_spark(
 
     register_data_sources(spark)
     return spark
-
-
-def warm_up_kafka(spark: Any) -> None:
-    """Load what a Kafka pipeline's build(ctx) would otherwise load on the task's clock: the
-    Python Kafka client (the brokers' reachability check, the exactly-once sink) and Spark's
-    Kafka source classes. Defining a Kafka source reaches no broker. Without the connector's jars
-    (a bare install) there is nothing to load."""
-    try:
-        import confluent_kafka.admin  # noqa: F401
-
-        source = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", "127.0.0.1:9")
-            .option("subscribe", "headrace-warm-up")
-            .load()
-        )
-        source.select("value").schema  # noqa: B018 - analysing the plan is the point
-    except Exception as exc:  # noqa: BLE001 - a warm-up step, never a reason to lose the driver
-        print(f"warm-up: no Kafka classes loaded ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
-
-
-def warm_up_driver(spark: Any, parallelism: int = 1, cut_short: Callable[[], bool] = lambda: False) -> bool:
-    """The warm-up of a driver whose executors come from a Spark cluster, which runs no job in
-    reserve (it would take executors a running task could use): what a task's `build(ctx)` would
-    otherwise pay on the driver alone. The connectors' imports, Spark's Kafka classes, a Python
-    data source defined (Spark starts its data-source daemon on the driver, which every later
-    source reuses) and a stateful aggregation over it analysed, as a restore's compatibility check
-    walks it (Catalyst's classes, the Py4J calls). In the compose stack a task's `build(ctx)` took
-    1.0 s of its 2.1 s to RUNNING on a driver without it (docs/benchmarks.md, "The compose
-    stack"). Returns whether it ran to its end."""
-    from pyspark.sql import functions as F
-
-    from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
-    from .connectors.sql import warm_drivers as warm_sql_drivers
-    from .plan_signature import plan_signature
-
-    warm_sql_drivers()
-    if cut_short():
-        return False
-    warm_up_kafka(spark)
-    if cut_short():
-        return False
-    source = spark.readStream.format("datagen").option("total", "64").option("partitions", str(max(1, parallelism)))
-    totals = source.load().groupBy("url").agg(F.count("*").alias("count"), F.sum("i").alias("total"))
-    plan_signature(totals, output_mode="update")  # what a restore compares its snapshot with
-    return True
-
-
-def warm_up(
-    spark: Any, workdir: str | Path, parallelism: int = 1, cut_short: Callable[[], bool] = lambda: False
-) -> bool:
-    """Run what the first micro-batch of a task's query would otherwise pay for (measured in
-    docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
-    (SQLAlchemy, the PostgreSQL driver), a shuffle job, then a stateful streaming query shaped
-    like most pipelines: a Python data source read with `parallelism` partitions (Spark's Python
-    planner and worker daemons, which the task reuses), a watermarked window aggregation with
-    several aggregates, and a foreachBatch that collects each batch as Arrow, as the SQL sink
-    does (Py4J callback server, Arrow collection, code generation of the aggregation, the state
-    store). No RDD job: RDD Python workers run under a daemon of their own that SQL never uses.
-
-    `cut_short()` true (a task is waiting for this driver) ends it between steps, or stops its
-    streaming query: a waiting task's own first batch pays for the same work once, where
-    finishing the warm-up first made it pay twice. Returns whether the warm-up ran to its end."""
-    from pyspark.sql import functions as F
-
-    from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
-    from .connectors.sql import warm_drivers as warm_sql_drivers
-
-    warm_sql_drivers()
-    if cut_short():
-        return False
-    warm_up_kafka(spark)  # ~50 ms: no look of its own at cut_short
-    parts = max(1, parallelism)
-    spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
-    if cut_short():
-        return False
-    cp = Path(workdir) / "warmup-checkpoint"
-    q = (
-        spark.readStream.format("datagen")
-        .option("total", "64")
-        .option("partitions", str(parts))
-        .load()
-        .withWatermark("event_time", "10 seconds")
-        .groupBy(F.window("event_time", "1 minute"), "url")
-        .agg(F.count("*").alias("count"), F.max("i").alias("last"))
-        .writeStream.foreachBatch(lambda df, _id: df.toArrow())
-        .outputMode("update")
-        .trigger(availableNow=True)
-        .option("checkpointLocation", str(cp))
-        .start()
-    )
-    while not q.awaitTermination(WARM_UP_POLL_S):
-        if cut_short():
-            try:
-                q.stop()  # Spark logs the cancelled batch's jobs: harmless, the task's query is its own
-            except Exception as exc:  # noqa: BLE001 - the warm-up's end must never cost the task its driver
-                print(f"warm-up query did not stop cleanly ({type(exc).__name__}: {exc}); going on", flush=True)
-            return False
-    return True

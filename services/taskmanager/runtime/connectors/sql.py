@@ -76,7 +76,7 @@ def _insert(engine: sa.Engine, table: sa.Table):
 def warm_drivers() -> None:
     """Import both dialects and the PostgreSQL driver, and compile one upsert of each, without
     connecting anywhere: a warm Spark driver does this so that a task's first batch does not
-    (services/taskmanager/runtime/spark_session.py, warm_up)."""
+    (services/taskmanager/runtime/warm_up.py)."""
     import psycopg  # noqa: F401
     from sqlalchemy.dialects import postgresql, sqlite
 
