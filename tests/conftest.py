@@ -35,6 +35,10 @@ os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
 # without their warm-up query"). tests/integration/test_up_warm_drivers.py and test_runner.py
 # run it as users do.
 os.environ.setdefault("HEADRACE_WARM_UP_QUERY", "false")
+# Where a test runs it, one micro-batch of it rather than Settings.warm_up_batches' 150 (~30 s of a
+# core per driver); `headrace up` in test_up_warm_drivers.py runs the default, and
+# test_connectors.py the query for several batches.
+os.environ.setdefault("HEADRACE_WARM_UP_BATCHES", "1")
 # No spare restore-check planner from each dispatcher's start (Settings.warm_planner): most of the
 # suite's clusters and dispatcher apps never check a changed pipeline, and a spare's JVM costs about
 # what a cold check does. The deployments drill and tests/integration/test_warm_planner.py turn it on.

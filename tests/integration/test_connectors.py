@@ -334,6 +334,15 @@ def test_the_warm_up_runs_to_its_end_when_no_task_waits(spark, tmp_path):
     assert spark.streams.active == []
 
 
+def test_the_warm_up_query_runs_the_micro_batches_asked_for(spark, tmp_path):
+    from services.taskmanager.runtime.warm_up import warm_up
+
+    assert warm_up(spark, tmp_path / "w3", 2, batches=5) is True
+    commits = tmp_path / "w3" / "warmup-checkpoint" / "commits"
+    assert sorted(int(f.name) for f in commits.iterdir() if f.name.isdigit())[:5] == [0, 1, 2, 3, 4]
+    assert spark.streams.active == []
+
+
 def test_the_driver_warm_up_of_a_cluster_driver_runs_no_spark_job(spark):
     """A driver of a Spark cluster warms in reserve without taking executors: no job runs, and a
     task waiting for the driver ends the warm-up between its steps."""

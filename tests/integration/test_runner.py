@@ -94,6 +94,8 @@ class Driver:
         ]  # a test's own --class-archive-dir comes last and wins
         if not warm:
             cmd.append("--no-warmup")
+        elif "--warm-up-batches" not in extra:
+            cmd += ["--warm-up-batches", os.environ["HEADRACE_WARM_UP_BATCHES"]]  # the suite's (conftest)
         if via_parent:
             cmd = [sys.executable, "-c", FAKE_TASKMANAGER, *cmd]
         self.log_path = workdir / "driver.log"
