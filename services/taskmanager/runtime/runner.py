@@ -177,7 +177,7 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
     elif not (args.no_warmup or args.no_warmup_query):
         t_w = time.monotonic()
         if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists, batches=args.warm_up_batches):
-            print(f"warm-up took {time.monotonic() - t_w:.2f}s", flush=True)
+            print(f"warm-up took {time.monotonic() - t_w:.2f}s ({args.warm_up_batches} micro-batches)", flush=True)
         else:
             print(f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting", flush=True)
     elif args.no_warmup_query:
