@@ -45,9 +45,9 @@ def test_headrace_up_says_when_every_taskmanager_has_a_ready_warm_driver(tmp_pat
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen: list[str] = []
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 420
         while not any(WARM_LINE in line for line in seen):
-            assert time.monotonic() < deadline, f"no warm-drivers line within 300 s: {seen}"
+            assert time.monotonic() < deadline, f"no warm-drivers line within 420 s: {seen}"
             assert proc.poll() is None or not lines.empty(), f"headrace up exited: {seen}"
             try:
                 seen.append(lines.get(timeout=1))
