@@ -1,12 +1,15 @@
 """The restore check's warm planner (services/dispatcher/submission/warm_planner.py) with a real Spark: a
-spare whose plan of the counting pipeline is the cold planner's exactly; a spare that died is no
+spare whose plan of the counting pipeline is the cold planner's exactly, and which planned a pipeline
+of its own before it said ready; a spare that died is no
 answer (the check plans cold); closing ends the spare. The dispatcher keeps one from its start,
 before any check, at the lowest CPU priority until a check takes it or its reserve ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -141,3 +144,34 @@ def test_a_spare_not_taken_gets_the_dispatchers_priority_after_its_reserve(monke
         assert os.getpriority(os.PRIO_PGRP, spare) == own
     finally:
         warm.close()
+
+
+def test_a_spare_has_planned_a_pipeline_before_it_says_ready(tmp_path):
+    """A JVM's first plan pays for Catalyst's analysis paths: the spare plans one of its own before
+    its ready line, so the check that takes it does not."""
+    log = tmp_path / "planner.log"
+    cmd = [sys.executable, "-m", "services.taskmanager.runtime.planner", "--await-request", "--workdir", str(tmp_path)]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [*cmd, *SparkRuntime(DEFAULT_CACHE_DIR).cli_args()],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert json.loads(proc.stdout.readline()) == {"ready": True}, log.read_text()[-2000:]
+        assert "planner warm-up: planned in" in log.read_text(), log.read_text()[-2000:]
+        request = {"artifact": PIPELINE, "args": ARGS, "config": {"spark.sql.shuffle.partitions": "3"}}
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        result = json.loads(proc.stdout.readline())
+        assert result["ok"], result
+        cold = run_planner(python=sys.executable, **REQUEST)
+        assert cold is not None and result["plan"] == cold["plan"]  # nothing of the warm-up's plan left over
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -3,11 +3,12 @@
 A cold planner spends its seconds starting a JVM and a SparkSession (6 s on an idle 2-core machine
 with the class archive, 12-16 s beside a running pipeline: docs/benchmarks.md), which an upgrade
 of a deployment to a changed pipeline waits for. So the dispatcher keeps one spare planner
-(`planner --await-request`): it builds its session, says it is ready, and waits for one request on
-stdin. A check copies the artifact into the spare's own directory and hands it the request; the
-spare plans, answers and exits, and a new spare is started. The first spare starts
-START_AFTER_S after the dispatcher (`keep_ready`), so the first upgrade of a cluster that has just
-started is as quick as the next ones. A spare runs as the drivers' user with their scrubbed
+(`planner --await-request`): it builds its session, plans a pipeline of its own (a JVM's first
+plan is its slowest: 5.8-9.8 s of a check at a load of 12, docs/benchmarks.md), says it is ready,
+and waits for one request on stdin. A check copies the artifact into the spare's own directory
+and hands it the request; the spare plans, answers and exits, and a new spare is started. The
+first spare starts START_AFTER_S after the dispatcher (`keep_ready`), so the first upgrade of a
+cluster that has just started is as quick as the next ones. A spare runs as the drivers' user with their scrubbed
 environment like every planner, and ends when its stdin closes: a dispatcher that dies takes its
 spare along. Its user is one of the drivers' pool, its own for as long as it waits and plans
 (submission/planner_sandbox.py); the artifact goes where it may not write.

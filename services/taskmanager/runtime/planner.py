@@ -51,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--await-request",
         action="store_true",
-        help='start Spark first, print {"ready": true}, then read one request line from stdin: '
+        help='start Spark and plan a pipeline of its own first, print {"ready": true}, then read one request '
+        "line from stdin: "
         '{"artifact", "entry", "args", "config", "parallelism"} (a warm planner)',
     )
     p.add_argument("--entry", default="build")
@@ -140,13 +141,31 @@ def plan_in(
     except Exception as exc:  # noqa: BLE001 - reported on stdout
         return _failure("spark", exc)
     try:
-        from .connectors import SinkHandle
-        from .context import PipelineContext
-
         module = load_pipeline(artifact, config, spark)
         build = getattr(module, entry, None)
         if not callable(build):
             raise AttributeError(f"pipeline {artifact} has no function {entry}(ctx)")
+    except BaseException as exc:  # noqa: BLE001 - the pipeline's failure, reported on stdout
+        return _failure("build", exc)
+    return plan_build(spark, args, workdir, build, f"{entry}(ctx)", program_args, config, parallelism, t0)
+
+
+def plan_build(
+    spark,
+    args: argparse.Namespace,
+    workdir: Path,
+    build,
+    name: str,
+    program_args: list[str],
+    config: dict[str, Any],
+    parallelism: int,
+    t0: float,
+) -> dict[str, Any]:
+    """Call a pipeline's build function with a planning context and sign the plan it returns."""
+    try:
+        from .connectors import SinkHandle
+        from .context import PipelineContext
+
         ctx = PipelineContext(
             spark,
             job_id="planner",
@@ -163,7 +182,7 @@ def plan_in(
         )
         handle = build(ctx)
         if not isinstance(handle, SinkHandle):
-            raise TypeError(f"{entry}(ctx) must return a sink handle from ctx.sinks.*, got {type(handle).__name__}")
+            raise TypeError(f"{name} must return a sink handle from ctx.sinks.*, got {type(handle).__name__}")
     except BaseException as exc:  # noqa: BLE001 - the pipeline's failure, reported on stdout
         return _failure("build", exc)
     try:
@@ -175,6 +194,29 @@ def plan_in(
     return {"ok": True, "plan": signature, "seconds": round(time.monotonic() - t0, 2)}
 
 
+def _warm_up_pipeline(ctx):
+    """The shape of most pipelines: a Redis stream, a keyed aggregation, the SQL sink by key."""
+    from pyspark.sql import functions as F
+
+    events = ctx.sources.redis_stream("headrace-planner-warm-up", schema="key STRING, n BIGINT, value BIGINT")
+    totals = events.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("total"))
+    return ctx.sinks.sql_table(totals, "warm_up", key_columns=["key"], output_mode="update")
+
+
+def warm_up_plan(spark, args: argparse.Namespace, workdir: Path) -> None:
+    """Plan a pipeline once before a warm planner reports ready. A JVM's first plan loads and
+    compiles Catalyst's analysis of a streaming aggregate and the Py4J calls of a planning context,
+    a few seconds of CPU on a loaded machine that a request would otherwise pay for. Failing here
+    is no reason to lose the spare: the request pays instead."""
+    from .warm_up import warm_up_kafka
+
+    t0 = time.monotonic()
+    warm_up_kafka(spark)
+    result = plan_build(spark, args, workdir, _warm_up_pipeline, "the warm-up pipeline", [], {}, 1, t0)
+    outcome = "planned" if result.get("ok") else f"failed ({result.get('error')})"
+    print(f"planner warm-up: {outcome} in {time.monotonic() - t0:.2f} s", file=sys.stderr, flush=True)
+
+
 def await_and_plan(args: argparse.Namespace, workdir: Path, spark_box: list, out) -> dict[str, Any]:
     """A warm planner: the session first, then one request from stdin. An end of input before it
     (the dispatcher went away) ends the process without a result."""
@@ -182,6 +224,7 @@ def await_and_plan(args: argparse.Namespace, workdir: Path, spark_box: list, out
         spark_box.append(_session(args, workdir))
     except Exception as exc:  # noqa: BLE001 - reported on stdout
         return _failure("spark", exc)
+    warm_up_plan(spark_box[0], args, workdir)
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     line = sys.stdin.readline()
