@@ -64,9 +64,11 @@ class RegisterTaskManager(_Body):
     simulated: bool = False
     # CLIENT SETNAME of the TaskManager process's Redis connection (see shared.streams).
     liveness_name: str | None = None
-    # Ready warm drivers and their parallelism (they serve p <= it): placement prefers them.
+    # Ready warm drivers and their parallelism (they serve p <= it): placement prefers them, then
+    # drivers still warming up whose SparkSession is up (`warm_warming`).
     warm_ready: int = 0
     warm_parallelism: int = 0
+    warm_warming: int = 0
     # Where it serves its log files (http://host:port, its metrics port) and its own log's name: the
     # dispatcher fetches them from there, as registered (services/resourcemanager/claims.py).
     log_endpoint: str | None = None
@@ -80,6 +82,7 @@ class TaskManagerHeartbeat(_Body):
     seq: int = 0
     warm_ready: int = 0  # as in RegisterTaskManager; defaults keep older TaskManagers understood
     warm_parallelism: int = 0
+    warm_warming: int = 0
 
 
 class UnregisterTaskManager(_Body):

@@ -181,6 +181,14 @@ class Ready(_M):
     startup_s: float
 
 
+class Warming(_M):
+    """A driver in reserve has its SparkSession up and runs its warm-up before Ready: a task
+    placed on it now waits for no JVM, only for the warm-up to stop."""
+
+    event: Literal["warming"] = "warming"
+    startup_s: float
+
+
 class Initializing(_M):
     event: Literal["initializing"] = "initializing"
 
@@ -291,6 +299,7 @@ class ClaimRedisKeys(_M):
 DriverEvent = Annotated[
     Union[
         Ready,
+        Warming,
         Initializing,
         Running,
         Progress,

@@ -100,7 +100,9 @@ class TaskManagerMembership:
             memory_bytes=msg.memory_bytes,
             occupied=occupied,
         )
-        self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
+        self.slots.report_warm(
+            msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism, warming=msg.warm_warming
+        )
         for alloc in dropped:
             log.warning(
                 "TaskManager %s registered again without allocation %s (job %s, attempt %s): freed",
@@ -134,7 +136,9 @@ class TaskManagerMembership:
                     reported_allocations(msg.taskmanager_id, entry.queue, msg.slot_report),
                     grace_s=self.in_flight_grace_s,
                 )
-                self.slots.report_warm(msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism)
+                self.slots.report_warm(
+                    msg.taskmanager_id, ready=msg.warm_ready, parallelism=msg.warm_parallelism, warming=msg.warm_warming
+                )
                 if drift:
                     self._repaired(msg.taskmanager_id, drift)
             return

@@ -5,12 +5,12 @@ A task of parallelism p holds p slots on ONE TaskManager (the local engine runs 
 could ever hold (p above every TaskManager's size) does not block the ones behind it, and fails
 for good once the cluster has settled (unsatisfiable.py); what a waiting or timed-out request is
 told is worded in slot_reasons.py. Allocation prefers a TaskManager with a ready warm driver that
-fits the task (warm_drivers.py: ~1 s to start instead of 10+ s), then spreads tasks over
-TaskManagers (the one with the most free slots wins), so warm drivers on every TaskManager get
-used and a TaskManager loss hits as few tasks as possible (free_slot_index.py finds it). The
-ready count is as fresh as the last heartbeat; an allocation made here counts as taking one of
-its TaskManager's ready drivers until a report lists it, so a burst of tasks does not pile onto
-one warm driver.
+fits the task (warm_drivers.py: ~1 s to start instead of 10+ s), then one whose warm driver is
+still warming up with its session up, then spreads tasks over TaskManagers (the one with the most
+free slots wins), so warm drivers on every TaskManager get used and a TaskManager loss hits as few
+tasks as possible (free_slot_index.py finds it). The ready count is as fresh as the last
+heartbeat; an allocation made here counts as taking one of its TaskManager's ready (or warming)
+drivers until a report lists it, so a burst of tasks does not pile onto one warm driver.
 
 Reconciliation: a TaskManager's slot report is the truth about what runs on it (this class
 only believes what it was told). Registering (again) replaces the allocations held for it by
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.resourcemanager.free_slot_index import FreeSlotIndex
+from services.resourcemanager.free_slot_index import READY, WARMING, FreeSlotIndex
 from shared.clock import Clock
 from shared.ids import AllocationId, ExecutionId, JobId, RequestId, TaskManagerId, new_allocation_id
 
@@ -78,14 +78,19 @@ class TaskManagerEntry:
     slots: dict[int, AllocationId | None] = field(default_factory=dict)
     warm_ready: int = 0  # ready warm drivers, as of its last report
     warm_parallelism: int = 0
-    # Allocations placed here for a ready warm driver that no report has listed yet.
+    warm_warming: int = 0  # warm drivers whose session is up, still warming up
+    # Allocations placed here for a ready (or warming) warm driver that no report has listed yet.
     warm_taken: set[AllocationId] = field(default_factory=set)
+    warming_taken: set[AllocationId] = field(default_factory=set)
 
     def free_indices(self) -> list[int]:
         return [i for i, a in sorted(self.slots.items()) if a is None]
 
     def ready_warm_drivers(self) -> int:
         return max(0, self.warm_ready - len(self.warm_taken))
+
+    def warming_drivers(self) -> int:
+        return max(0, self.warm_warming - len(self.warming_taken))
 
 
 class SlotManager:
@@ -144,15 +149,18 @@ class SlotManager:
         self._free.add(entry)
         return dropped
 
-    def report_warm(self, taskmanager_id: TaskManagerId, *, ready: int, parallelism: int) -> None:
-        """A TaskManager's ready warm drivers, from its heartbeat or registration. Allocations
-        still in flight (no report has listed them) keep counting as having taken one."""
+    def report_warm(self, taskmanager_id: TaskManagerId, *, ready: int, parallelism: int, warming: int = 0) -> None:
+        """A TaskManager's ready warm drivers (and those still warming up with their session up),
+        from its heartbeat or registration. Allocations still in flight (no report has listed
+        them) keep counting as having taken a ready one."""
         entry = self.taskmanagers.get(taskmanager_id)
         if entry is None:
             return
         self._free.discard(entry)
         entry.warm_taken = {a for a in entry.warm_taken if a in self._unconfirmed}
+        entry.warming_taken = {a for a in entry.warming_taken if a in self._unconfirmed}
         entry.warm_ready, entry.warm_parallelism = max(0, ready), parallelism
+        entry.warm_warming = max(0, warming)
         self._free.add(entry)
 
     def reconcile(self, taskmanager_id: TaskManagerId, reported: dict[int, Allocation], *, grace_s: float) -> Drift:
@@ -333,7 +341,7 @@ class SlotManager:
         chosen = self._free.choose(req.slots)
         if chosen is None:
             return None
-        tm_id, for_warm_driver = chosen
+        tm_id, warm_kind = chosen
         tm = self.taskmanagers[tm_id]
         self._free.discard(tm)
         indices = tuple(tm.free_indices()[: req.slots])
@@ -342,8 +350,10 @@ class SlotManager:
         )
         for i in indices:
             tm.slots[i] = alloc.allocation_id
-        if for_warm_driver:
+        if warm_kind == READY:
             tm.warm_taken.add(alloc.allocation_id)
+        elif warm_kind == WARMING:
+            tm.warming_taken.add(alloc.allocation_id)
         self._free.add(tm)
         self.allocations[alloc.allocation_id] = alloc
         self._request_allocation[req.request_id] = alloc.allocation_id

@@ -4,7 +4,8 @@ A task placed where a warm driver is ready starts in about a second; one placed 
 warm-up has just begun (a TaskManager restarted after a kill comes back with every slot free)
 waits 10+ s. Each heartbeat says how many drivers are ready and their parallelism; a driver
 serves a task of parallelism p <= its own. Keyed by (free slots, driver parallelism), so the
-best TaskManager is found in O(distinct keys), not O(TaskManagers).
+best TaskManager is found in O(distinct keys), not O(TaskManagers). free_slot_index.py keeps a
+second one for drivers still warming up whose session is up: the next best place.
 """
 
 from __future__ import annotations

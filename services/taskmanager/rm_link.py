@@ -46,14 +46,18 @@ log = logging.getLogger("headrace.taskmanager.rm")
 InboxEntries = list[tuple[bytes | str, list[tuple[bytes | str, Mapping[Any, bytes]]]]]
 
 
-def warm_drivers(sup: TaskSupervisor) -> tuple[int, int]:
-    """How many warm drivers are ready and their parallelism, for placement by the
-    ResourceManager; (0, 0) without a warm pool."""
+def warm_drivers(sup: TaskSupervisor) -> dict[str, int]:
+    """The warm drivers, for placement by the ResourceManager: how many are ready, their
+    parallelism, and how many are still warming up with their session up (the message fields)."""
     pool = sup.warm
     if pool is None:
-        return 0, 0
+        return {"warm_ready": 0, "warm_parallelism": 0, "warm_warming": 0}
     status = pool.status()
-    return int(status["ready"]), int(status["parallelism"])
+    return {
+        "warm_ready": int(status["ready"]),
+        "warm_parallelism": int(status["parallelism"]),
+        "warm_warming": int(status["warming"]),
+    }
 
 
 @dataclass
@@ -181,23 +185,16 @@ class ResourceManagerLink:
                 sup.publish_warm_status()  # refreshes the key's TTL while the process lives
                 task_memory.publish(self.client, tm, task_memory.figures(sup.task_drivers()), ttl_s=self.timeout_s)
                 slot_report = sup.slot_report()
-                warm_ready, warm_parallelism = warm_drivers(sup)  # after the slot report: see slot_manager.py
+                warm = warm_drivers(sup)  # after the slot report: see slot_manager.py
                 out.append(
                     (
                         streams.RM_HEARTBEAT_STREAM,
-                        TaskManagerHeartbeat(
-                            taskmanager_id=tm,
-                            slot_report=slot_report,
-                            seq=st.seq,
-                            warm_ready=warm_ready,
-                            warm_parallelism=warm_parallelism,
-                        ),
+                        TaskManagerHeartbeat(taskmanager_id=tm, slot_report=slot_report, seq=st.seq, **warm),
                     )
                 )
         self.transport.publish_many(out)
 
     def _registration(self, tm: TaskManagerId, sup: TaskSupervisor) -> RegisterTaskManager:
-        warm_ready, warm_parallelism = warm_drivers(sup)
         return RegisterTaskManager(
             taskmanager_id=tm,
             host=self._host,
@@ -209,8 +206,7 @@ class ResourceManagerLink:
             running=sup.running_reports(),
             simulated=self.simulated,
             liveness_name=self.liveness_name,
-            warm_ready=warm_ready,
-            warm_parallelism=warm_parallelism,
+            **warm_drivers(sup),
             log_endpoint=self.log_endpoint,
             main_log=self.main_log,
         )

@@ -164,7 +164,9 @@ class Driver:
             assert ev.event in skip, f"unexpected {ev}; log:\n{self.log_tail()}"
 
     def ready(self):
+        warming = self.expect("warming", START_TIMEOUT)  # its session is up, the warm-up runs
         ev = self.expect("ready", START_TIMEOUT)
+        assert warming.startup_s <= ev.startup_s
         root = psutil.Process(ev.pid)
         self.tree = [root, *root.children(recursive=True)]
         assert any("java" in p.name() for p in self.tree), "no JVM under the driver"

@@ -249,3 +249,21 @@ def test_a_taskmanager_lost_or_registered_again_leaves_no_stale_warm_entry():
     sm.report_warm("tm-b", ready=1, parallelism=4)
     # tm-a came back with every slot free and no warm driver: tm-b (3 free, one ready) wins.
     assert req(sm, "r2", 1).taskmanager_id == "tm-b"
+
+
+def test_a_driver_warming_up_attracts_a_task_when_none_is_ready():
+    # A cluster's second upgrade came while both TaskManagers' warm drivers were still warming
+    # up; the task went to the one whose driver was still starting its JVM and waited 30-40 s.
+    sm = make(tms=(("tm-a", 4), ("tm-b", 2)))
+    sm.report_warm("tm-b", ready=0, parallelism=4, warming=1)
+    assert req(sm, "r1", 1).taskmanager_id == "tm-b"  # before tm-a's 4 free slots
+    # tm-b's warming driver counts as taken until a report lists the allocation: spread again.
+    assert req(sm, "r2", 1).taskmanager_id == "tm-a"
+
+
+def test_a_ready_driver_beats_a_warming_one():
+    sm = make(tms=(("tm-a", 4), ("tm-b", 4)))
+    sm.report_warm("tm-a", ready=0, parallelism=4, warming=1)
+    sm.report_warm("tm-b", ready=1, parallelism=4)
+    assert req(sm, "r1", 1).taskmanager_id == "tm-b"
+    assert req(sm, "r2", 1).taskmanager_id == "tm-a"

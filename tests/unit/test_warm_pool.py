@@ -14,6 +14,7 @@ class _Driver:
         self.parallelism, self.id, self.pid = parallelism, f"d{id(self)}", None
         self.for_task = for_task
         self.ready, self.execution_id, self.exited = threading.Event(), None, False
+        self.session_up = threading.Event()
         self.started_at, self.killed = time.monotonic(), False
         self.log_path = f"driver-{self.id}.log"
 
@@ -134,6 +135,18 @@ def test_a_task_takes_the_warm_up_that_is_already_running(tmp_path):
     assert len(started) == 1
     started[0].ready.set()
     wait_for("the replacement to start", lambda: len(started), 5, poll_s=0.02, until=lambda n: n == 2)
+    pool.shutdown()
+
+
+def test_a_task_takes_a_driver_warming_up_before_one_whose_session_is_not_up():
+    started = []
+    pool = _pool(started, size=2)
+    pool.replenish(free_slots=2)
+    older, warming = started
+    warming.session_up.set()
+    assert pool.status()["warming"] == 1 and pool.status()["ready"] == 0
+    assert pool.take(1) is warming
+    assert pool.status()["warming"] == 0
     pool.shutdown()
 
 

@@ -104,6 +104,7 @@ class DriverProcess:
         self.on_event, self.on_exit = on_event, on_exit
         self.proc: subprocess.Popen | None = None
         self.ready = threading.Event()
+        self.session_up = threading.Event()  # its SparkSession is built: warming up, or ready
         self.started_at = time.monotonic()
         self.execution_id: ExecutionId | None = None
         self.exited = False
@@ -314,7 +315,10 @@ class DriverProcess:
     def _read_events(self, fd: int) -> None:
         try:
             for event in decoded_events(fd, self.id):
+                if isinstance(event, tp.Warming):
+                    self.session_up.set()
                 if isinstance(event, tp.Ready):
+                    self.session_up.set()
                     self.ready.set()
                 if self.exit_reason is not None:
                     continue  # being killed for its task's sake: that is the task's end

@@ -223,10 +223,11 @@ class WarmPool:
         self._closed = False
 
     def take(self, parallelism: int) -> DriverProcess | None:
-        """A ready driver if there is one; else the oldest one still starting, which will be
-        ready sooner than a driver started now (and two JVMs starting at once on a small
-        machine only slow each other down); else a driver started for the task now, without
-        waiting for a token (None only once the pool is shut down)."""
+        """A ready driver if there is one; else one still starting (one warming up, whose session
+        is up, before one whose session is not; the oldest first), which will be ready sooner than
+        a driver started now (and two JVMs starting at once on a small machine only slow each
+        other down); else a driver started for the task now, without waiting for a token (None
+        only once the pool is shut down)."""
         with self._lock:
             # An exact fit first, then the smallest larger one.
             fitting = sorted(
@@ -240,7 +241,8 @@ class WarmPool:
                     return d
                 log.warning("discarding unhealthy warm driver %s", d.id)
                 d.kill()
-            for d in fitting:
+            # Of those still starting, one whose session is up (it only has to stop its warm-up).
+            for d in sorted(fitting, key=lambda d: not d.session_up.is_set()):
                 if not d.ready.is_set() and d.alive():
                     self._drivers.remove(d)
                     self._task_starts.append(d)
@@ -463,10 +465,12 @@ class WarmPool:
     def status(self) -> dict:
         with self._lock:
             ready = sum(1 for d in self._drivers if d.ready.is_set())
+            warming = sum(1 for d in self._drivers if not d.ready.is_set() and d.session_up.is_set())
             waiting = max(0, self._want - len(self._drivers))
             return {
                 "ready": ready,
                 "starting": len(self._drivers) - ready,
+                "warming": warming,  # of those starting: their session is up, the warm-up runs
                 "waiting": waiting,
                 "parallelism": self.parallelism,
                 "rank": RANK_NAMES[self.rank()] if waiting else None,

@@ -3,7 +3,7 @@
     python -m services.taskmanager.runtime.runner --parallelism P --workdir DIR --events-fd FD
         [--driver-memory 1g] [--shuffle-partitions N]
 
-Lifecycle: build a local[P] SparkSession and warm it up -> `ready` -> read one RunTask line
+Lifecycle: build a local[P] SparkSession -> `warming` -> warm it up -> `ready` -> read one RunTask line
 from stdin -> `initializing` -> import the pipeline and call `build(ctx)` -> start the returned
 sink handle -> `running` -> `progress`* -> `finished` | `failed` | `canceled` -> exit.
 
@@ -36,13 +36,14 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from shared.driver_contract import STACK_DUMP_SIGNAL, WARM_UP_BATCHES, remove_python_socket_dirs
 from shared.spark_runtime import SparkRuntime
-from shared.task_protocol import TASK_WAITING_MARKER, Canceled, Failed, Ready, RunTask, decode_command
+from shared.task_protocol import TASK_WAITING_MARKER, Canceled, Failed, Ready, RunTask, Warming, decode_command
 
 from . import class_archive, jit_in_reserve
 from .cluster_mode import Engine
@@ -141,8 +142,11 @@ class _Process:
             raise _Terminate()
 
 
-def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in_reserve.OptimizerInReserve | None]:
-    """The warm SparkSession this driver offers, and the JIT optimizer held in reserve meanwhile."""
+def start_session(
+    args: argparse.Namespace, engine: Engine, on_session_up: Callable[[], None] = lambda: None
+) -> tuple[Any, jit_in_reserve.OptimizerInReserve | None]:
+    """The warm SparkSession this driver offers, and the JIT optimizer held in reserve meanwhile.
+    `on_session_up` is called once the session is built, before its warm-up."""
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     shuffle = args.shuffle_partitions or max(2, args.parallelism)
@@ -160,6 +164,7 @@ def start_session(args: argparse.Namespace, engine: Engine) -> tuple[Any, jit_in
         python_forkserver=args.python_forkserver,
         jars=runtime.jars,
     )
+    on_session_up()
     marker = Path(args.waiting_marker) if args.waiting_marker else workdir / TASK_WAITING_MARKER
     if not engine.local and not (args.no_warmup or args.no_warmup_query):
         # Its jobs would take executors from the Spark cluster, and an executor idle after them is
@@ -236,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     start_watchdog(process.orphaned, parent=args.parent_pid)
     code = 0
     try:
-        process.spark, optimizer = start_session(args, engine)
+        process.spark, optimizer = start_session(
+            args, engine, lambda: events.emit(Warming(startup_s=round(time.monotonic() - t0, 3)))
+        )
         process.driver = Driver(events, process.spark, args.parallelism, engine)
         events.emit(Ready(pid=os.getpid(), parallelism=args.parallelism, startup_s=round(time.monotonic() - t0, 3)))
         code = run_one_task(process.driver, events, sys.stdin, optimizer)

@@ -52,7 +52,7 @@ class DriverTasks:
     ) -> None:
         """`lock` and `tasks`: the supervisor's (the tasks it runs, read under its lock);
         `finish(task, state, cause=, name=)`: end the task, report it and free its slots;
-        `on_warm_ready()`: a driver no task waits for became ready."""
+        `on_warm_ready()`: a driver no task waits for started warming up or became ready."""
         self._lock, self._tasks, self.reports, self.startup = lock, tasks, reports, startup
         self.cancel_timeout_s, self._finish, self._on_warm_ready = cancel_timeout_s, finish, on_warm_ready
 
@@ -140,6 +140,9 @@ class DriverTasks:
             if isinstance(event, tp.Ready):
                 log.info("warm driver %s ready after %.1f s", driver.id, event.startup_s)
                 self._on_warm_ready()
+            elif isinstance(event, tp.Warming):
+                log.info("warm driver %s warming up: its session is up after %.1f s", driver.id, event.startup_s)
+                self._on_warm_ready()  # placement may prefer it now (warm_pool.py, "warming")
             return
         if self.reports.forwarded(task.spec, event):
             return
