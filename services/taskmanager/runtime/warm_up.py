@@ -7,6 +7,8 @@ runs one micro-batch of warm_up in a JVM that dumps its classes."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -85,9 +87,10 @@ def warm_up(
     store), for `batches` micro-batches. No RDD job: RDD Python workers run under a daemon of
     their own that SQL never uses.
 
-    `cut_short()` true (a task is waiting for this driver) ends it between steps, or stops its
-    streaming query: a waiting task's own first batch pays for the same work once, where
-    finishing the warm-up first made it pay twice. Returns whether the warm-up ran to its end."""
+    `cut_short()` true (a task is waiting for this driver) ends it between steps, during the
+    shuffle job (left to finish beside the task), or in its streaming query (stopped beside the
+    task): a waiting task's own first batch pays for the same work once, where finishing the
+    warm-up first made it pay twice. Returns whether the warm-up ran to its end."""
     from pyspark.sql import functions as F
 
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
@@ -98,11 +101,33 @@ def warm_up(
         return False
     warm_up_kafka(spark)  # ~50 ms: no look of its own at cut_short
     parts = max(1, parallelism)
-    spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect()
-    if cut_short():
+    if not in_background_unless_cut(
+        lambda: spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect(), cut_short
+    ):
         return False
     checkpoint = Path(workdir) / "warmup-checkpoint"
     return run_warm_up_query(spark, checkpoint, parts, max(1, batches), cut_short) >= max(1, batches)
+
+
+def in_background_unless_cut(step: Callable[[], Any], cut_short: Callable[[], bool]) -> bool:
+    """Run a warm-up step (a Spark job: seconds of a cold JVM on a loaded machine), looking at
+    `cut_short` while it runs; False as soon as a task waits, the step left to finish beside the
+    task's start (a failover that came during it waited for it)."""
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - a warm-up step, never a reason to lose the driver
+            print(f"warm-up step failed ({type(exc).__name__}: {str(exc)[:200]}); going on", flush=True)
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="warm-up-step", daemon=True).start()
+    while not finished.wait(WARM_UP_POLL_S):
+        if cut_short():
+            return False
+    return not cut_short()
 
 
 def run_warm_up_query(spark: Any, checkpoint: Path, parts: int, batches: int, cut_short: Callable[[], bool]) -> int:
@@ -128,13 +153,27 @@ def run_warm_up_query(spark: Any, checkpoint: Path, parts: int, batches: int, cu
     q = (writer.trigger(availableNow=True) if batches == 1 else writer).start()
     while not q.awaitTermination(WARM_UP_POLL_S):
         done = completed(q)
-        if done >= batches or cut_short():
-            try:
-                q.stop()  # Spark logs the cancelled batch's jobs: harmless, the task's query is its own
-            except Exception as exc:  # noqa: BLE001 - the warm-up's end must never cost the task its driver
-                print(f"warm-up query did not stop cleanly ({type(exc).__name__}: {exc}); going on", flush=True)
+        if done >= batches:
+            stop_query(q)
+            return done
+        if cut_short():
+            # A task waits: it need not wait for the batch in flight to end too (a stop waits for
+            # the batch's foreachBatch call, seconds on a loaded machine). Its own query starts
+            # beside the stopping one; nothing of the task's looks at the session's other queries.
+            threading.Thread(target=stop_query, args=(q, time.monotonic()), name="warm-up-stop", daemon=True).start()
             return done
     return batches
+
+
+def stop_query(query: Any, cut_at: float | None = None) -> None:
+    """Stop the warm-up query; never raise (its end must never cost the task its driver)."""
+    try:
+        query.stop()  # Spark logs the cancelled batch's jobs: harmless, the task's query is its own
+    except Exception as exc:  # noqa: BLE001
+        print(f"warm-up query did not stop cleanly ({type(exc).__name__}: {exc}); going on", flush=True)
+        return
+    if cut_at is not None:
+        print(f"warm-up query stopped {time.monotonic() - cut_at:.2f}s after it was cut short", flush=True)
 
 
 def completed(query: Any) -> int:
