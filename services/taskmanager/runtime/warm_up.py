@@ -19,8 +19,8 @@ WARM_UP_POLL_S = 0.1
 # Settings.warm_up_batches says otherwise): a task's batches took ~0.65 s in its first 20 s and
 # ~0.3 s after ~100 of them as the JVM compiled their path, and one micro-batch of warm-up in
 # reserve did not change that; after 150 of this query the task's first batches run at the later
-# pace (docs/benchmarks.md, "A job's first minute"). ~30 s of one core on an idle machine, once
-# per driver, at its reserve priority; a task that arrives meanwhile cuts it short.
+# pace (docs/benchmarks.md, "A job's first minute"). ~60 s of one core more than one batch, once
+# per driver, at its rank's priority (warm_pool.py); a task that arrives meanwhile cuts it short.
 ROWS_PER_BATCH = 64
 
 
