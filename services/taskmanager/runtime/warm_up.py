@@ -112,7 +112,7 @@ def warm_up(
 def in_background_unless_cut(step: Callable[[], Any], cut_short: Callable[[], bool]) -> bool:
     """Run a warm-up step (a Spark job: seconds of a cold JVM on a loaded machine), looking at
     `cut_short` while it runs; False as soon as a task waits, the step left to finish beside the
-    task's start (a failover that came during it waited for it)."""
+    task's start rather than ahead of it."""
     finished = threading.Event()
 
     def run() -> None:
