@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from shared import streams
+from shared import warm_pools
 from shared.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -78,21 +78,9 @@ def wait_for_warm_drivers(
     waiting = list(taskmanager_ids)
     try:
         while waiting and time.monotonic() < deadline and not stopped():
-            waiting = [tm for tm in waiting if not _has_warm_driver(client, tm)]
+            waiting = [tm for tm in waiting if not warm_pools.taskmanager_settled(client, tm)]
             if waiting:
                 time.sleep(0.2)
     finally:
         client.close()
     return waiting
-
-
-def _has_warm_driver(client: redis.Redis, taskmanager_id: str) -> bool:
-    try:
-        raw = client.get(streams.tm_warm_key(taskmanager_id))
-    except redis.RedisError:
-        return False  # Redis restarting under the supervisor: ask again
-    if not raw:
-        return False  # the TaskManager has not published its pool yet
-    status = json.loads(raw)
-    wants_none = not (status.get("starting") or status.get("waiting"))
-    return status.get("ready", 0) > 0 or wants_none

@@ -32,6 +32,7 @@ from services.dispatcher.submission.warm_planner import WarmPlanner
 from services.dispatcher.views import metrics
 from services.dispatcher.views.overview_cache import OverviewCache
 from services.dispatcher.views.shapes import FLINK_VERSION
+from shared import warm_pools
 from shared.catalog import Catalog
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
@@ -62,6 +63,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
     if app.state.warm_planner is not None:  # its spare planner's JVM goes with the dispatcher
         app.state.warm_planner.close()
+
+
+def _no_urgent_warm_up(transport: Transport) -> Callable[[], bool]:
+    """Whether no TaskManager starts a driver at its full priority, from the pools they publish in
+    Redis; always, without Redis (an in-memory transport has no TaskManagers to wait for)."""
+    client = transport.redis_client
+    if client is None:
+        return lambda: True
+    return lambda: warm_pools.no_urgent_warm_up(client)
 
 
 def create_app(
@@ -101,6 +111,7 @@ def create_app(
             runtime=SparkRuntime.from_settings(settings),
             users=settings.driver_users,
             lake_dir=str(settings.lake.absolute()),
+            no_urgent_warm_up=_no_urgent_warm_up(transport),
         )
         app.state.warm_planner = warm
 

@@ -96,3 +96,23 @@ def test_the_wait_for_warm_drivers_ends_when_each_taskmanager_has_one_or_wants_n
         started = time.monotonic()
         assert wait_for_warm_drivers(redis_url, ["tm-1", "tm-2"], 30) == []
         assert time.monotonic() - started < 10
+
+
+def test_the_spare_planner_leaves_its_reserve_once_no_taskmanager_that_publishes_starts_a_driver_urgently(redis_url):
+    """What ends the dispatcher's spare planner's reserve (shared/warm_pools.py)."""
+    from shared import warm_pools
+
+    def publish(tm: str, **pool) -> None:
+        client.set(streams.tm_warm_key(tm), json.dumps({"ready": 0, "starting": 0, "waiting": 0, **pool}))
+
+    with redis.Redis.from_url(redis_url) as client:
+        assert not warm_pools.no_urgent_warm_up(client)  # nothing published: a cluster starting
+        publish("tm-1", ready=1)
+        publish("tm-2", starting=1, urgent=True)  # no driver, no task: the next failover lands here
+        client.set("hr:tm:tm-2:other", "not a pool")
+        assert not warm_pools.no_urgent_warm_up(client)
+        publish("tm-2", starting=1, urgent=False)  # a replacement warming niced beside its task
+        assert warm_pools.no_urgent_warm_up(client)
+        publish("tm-3", waiting=1, urgent=True)  # waits for a token to warm up urgently
+        assert not warm_pools.no_urgent_warm_up(client)
+    assert not warm_pools.no_urgent_warm_up(redis.Redis(port=1, socket_timeout=1))  # no answer: stay in reserve

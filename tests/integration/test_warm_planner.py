@@ -2,7 +2,7 @@
 spare whose plan of the counting pipeline is the cold planner's exactly, and which planned a pipeline
 of its own before it said ready; a spare that died is no
 answer (the check plans cold); closing ends the spare. The dispatcher keeps one from its start,
-before any check, at the lowest CPU priority until a check takes it or its reserve ends."""
+before any check, at the lowest CPU priority until a check takes it or no warm-up is urgent."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -50,9 +51,14 @@ def gone(pid: int) -> bool:
         return True
 
 
-def warm_planner() -> WarmPlanner:
+def warm_planner(**kwargs) -> WarmPlanner:
     return WarmPlanner(
-        python=sys.executable, run_as=None, catalog_url=None, redis_url=None, runtime=SparkRuntime(DEFAULT_CACHE_DIR)
+        python=sys.executable,
+        run_as=None,
+        catalog_url=None,
+        redis_url=None,
+        runtime=SparkRuntime(DEFAULT_CACHE_DIR),
+        **kwargs,
     )
 
 
@@ -132,16 +138,34 @@ def test_a_spare_waits_at_the_lowest_priority_and_plans_at_the_dispatchers():
 
 
 @pytest.mark.skipif(not cpu_priority.may_raise_priority(), reason="spares start at the dispatcher's priority here")
-def test_a_spare_not_taken_gets_the_dispatchers_priority_after_its_reserve(monkeypatch):
-    monkeypatch.setattr(warm_planner_module, "RESERVE_S", 1.0)
-    warm = warm_planner()
+def test_a_spare_not_taken_stays_niced_while_a_taskmanager_starts_a_driver_urgently(monkeypatch):
+    """A just-started cluster's spare got its priority back 30 s after the dispatcher's start, while
+    a restarted TaskManager started the driver the next failover lands on: in reserve it is niced
+    whenever a TaskManager starts a driver at its full priority, and RESERVE_MAX_S ends that."""
+    monkeypatch.setattr(warm_planner_module, "RESERVE_POLL_S", 0.1)
+    monkeypatch.setattr(warm_planner_module, "CALM_S", 0.5)
+    calm = threading.Event()
+    warm = warm_planner(no_urgent_warm_up=calm.is_set)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         warm.replenish(in_reserve=True)
         spare = warm.spare_pid
         assert spare is not None and warm.spare_niced
-        own = os.getpriority(os.PRIO_PROCESS, 0)
-        wait_for("the spare's priority back after its reserve", lambda: not warm.spare_niced, timeout_s=10)
+        time.sleep(2.0)  # well past several looks: an urgent warm-up goes on, the spare stays niced
+        assert warm.spare_niced and os.getpriority(os.PRIO_PGRP, spare) == cpu_priority.RESERVE_NICE
+        calm.set()
+        wait_for("the spare's priority back once no warm-up is urgent", lambda: not warm.spare_niced, timeout_s=10)
         assert os.getpriority(os.PRIO_PGRP, spare) == own
+        calm.clear()  # a TaskManager started again warms up the driver the next failover lands on
+        wait_for("the spare niced again", lambda: warm.spare_niced, timeout_s=10)
+        assert os.getpriority(os.PRIO_PGRP, spare) == cpu_priority.RESERVE_NICE
+    finally:
+        warm.close()
+    monkeypatch.setattr(warm_planner_module, "RESERVE_MAX_S", 0.5)
+    warm = warm_planner(no_urgent_warm_up=lambda: False)
+    try:
+        warm.replenish(in_reserve=True)
+        wait_for("the spare's priority back after RESERVE_MAX_S", lambda: not warm.spare_niced, timeout_s=10)
     finally:
         warm.close()
 

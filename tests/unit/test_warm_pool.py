@@ -25,7 +25,7 @@ class _Driver:
         self.killed = True
 
     def raise_priority(self):
-        self.raised = True
+        self.raised, self.niced = True, False
 
 
 def _pool(started, tokens=None, size=2, parallelism=1, serves_smaller=False):
@@ -243,6 +243,7 @@ def test_a_taskmanager_without_any_driver_gets_the_next_token_before_one_replaci
     urgent.replenish(free_slots=1)
     assert replacing.rank() == REPLACING and urgent.rank() == URGENT
     assert replacing.status()["rank"] == "replacing" and urgent.status()["rank"] == "urgent"
+    assert urgent.status()["urgent"], "a TaskManager with no driver and no task waits to warm up urgently"
     assert len(replacing_started) == 1 and urgent_started == []
     holder[0].ready.set()  # its warm-up ends: the token is free
     wait_for("the urgent warm-up to get the token", lambda: len(urgent_started), 5, poll_s=0.02, until=lambda n: n == 1)
@@ -267,15 +268,19 @@ def test_an_urgent_warm_up_runs_at_full_priority_and_a_replacement_beside_a_task
     pool = _pool(started, size=1)
     pool.replenish(free_slots=2)
     assert getattr(started[0], "raised", False), "a TaskManager's only prospect warmed up niced"
+    assert pool.status()["urgent"]  # what keeps the dispatcher's spare planner niced (shared/warm_pools.py)
+    started[0].session_up.set()  # a task would take it now, and cut its warm-up short
+    assert not pool.status()["urgent"]
     started[0].ready.set()
     task = pool.take(1)
     pool.replenish(free_slots=1)
     replacement = started[1]
     assert not getattr(replacement, "raised", False), "a replacement beside its task warmed up at full priority"
     replacement.niced = True
+    assert not pool.status()["urgent"]
     task.killed = True  # the task ended: the replacement is now all this TaskManager has coming
     pool.replenish(free_slots=2)
-    assert getattr(replacement, "raised", False)
+    assert getattr(replacement, "raised", False) and pool.status()["urgent"]
     pool.shutdown()
 
 

@@ -16,13 +16,20 @@ spare along. Its user is one of the drivers' pool, its own for as long as it wai
 The first spare starts at the lowest CPU priority (shared/cpu_priority.py), since its JVM's start
 takes a core for seconds, and at a cluster's start that core belongs to the first submissions and
 their warm drivers. The check that takes it gives it the dispatcher's own priority back first, and
-so does RESERVE_S without a check: on a machine that stays loaded, a spare at the lowest priority
-never gets ready. A spare started after a check has the dispatcher's priority from the start: no
-cluster start is left to protect, and the next upgrade may come within seconds (with a minute at
-the lowest priority, at a load of 20 on 2 cores, it was still starting when the second upgrade came
-20 s after the first: docs/benchmarks.md). Where the dispatcher
-could not raise a spare's priority back (not root, RLIMIT_NICE too low) the first one starts at
-its priority too.
+so does a cluster where no TaskManager has started a driver at its full priority (the JVM and
+session a failover would wait for: shared/warm_pools.py) for CALM_S; it is niced again as soon as
+one does, and RESERVE_MAX_S in reserve ends it (on a machine that stays loaded, a spare at the
+lowest priority never gets ready). Not a fixed time: raised 30 s after the dispatcher's start, it
+took 11 CPU-s of the next 30 (half a core) on a just-started cluster whose TaskManager, killed and
+started again, was starting the driver the next failover landed on, and that failover waited for
+it (docs/benchmarks.md, "Failover on a just-started cluster"). Not for as long as a driver warms
+up either: 150 warm-up micro-batches took two minutes at a load of 14, and the first upgrade found
+the spare still starting. A spare started after a check
+has the dispatcher's priority from the start: no cluster start is left to protect, and the next
+upgrade may come within seconds (with a minute at the lowest priority, at a load of 20 on 2 cores,
+it was still starting when the second upgrade came 20 s after the first: docs/benchmarks.md).
+Where the dispatcher could not raise a spare's priority back (not root, RLIMIT_NICE too low) the
+first one starts at its priority too.
 
 Anything that goes wrong with the spare (it died, it is not ready in time, it gives no result)
 returns None, and restore_check plans cold as before: a warm planner can make a check faster,
@@ -38,7 +45,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from services.dispatcher.submission import restore_check
 from services.dispatcher.submission.planner_database import LineageDatabase
@@ -51,15 +58,26 @@ log = logging.getLogger(__name__)
 # The first spare starts this long after the dispatcher: its own start (migrating the catalog,
 # importing its routes) is done, and it answers before a JVM competes with it.
 START_AFTER_S = 2.0
-# The first spare, not taken this long after it started, gets the dispatcher's priority back: the
-# cluster's start is behind it (warm drivers ready, first jobs running). With a minute, at a load of
-# 20 on 2 cores it was still starting when a cluster's first upgrade came (bench/first_upgrade.py,
-# its check as slow as a cold planner's); with 30 s it was ready.
-RESERVE_S = 30.0
+# How often the first spare, in reserve, looks whether a TaskManager starts a driver urgently,
+# and how long none must have for it to get the dispatcher's priority.
+RESERVE_POLL_S = 1.0
+CALM_S = 3.0
+# The first spare, not taken this long after it started, gets the dispatcher's priority back all
+# the same (a TaskManager whose drivers never start).
+RESERVE_MAX_S = 300.0
 
 
 class _Spare:
-    def __init__(self, python: str, box: PlannerSandbox, env_for, runtime: SparkRuntime, *, in_reserve: bool):
+    def __init__(
+        self,
+        python: str,
+        box: PlannerSandbox,
+        env_for,
+        runtime: SparkRuntime,
+        *,
+        in_reserve: bool,
+        no_urgent_warm_up: Callable[[], bool],
+    ):
         self.box, self.home, self.user = box, box.home, box.user
         cmd = [
             python,
@@ -89,17 +107,50 @@ class _Spare:
         # Before the planner imports PySpark and starts its JVM: all of it inherits the priority.
         self._priority = threading.Lock()
         self.niced = in_reserve and cpu_priority.may_raise_priority() and cpu_priority.lower(self.proc.pid)
-        self._reserve = threading.Timer(RESERVE_S, self.raise_priority)
-        self._reserve.daemon = True
+        self._reserve_ended = threading.Event()
         if self.niced:
-            self._reserve.start()
+            threading.Thread(
+                target=self._in_reserve, args=(no_urgent_warm_up,), name="warm-planner-reserve", daemon=True
+            ).start()
 
-    def raise_priority(self) -> None:
-        """The dispatcher's priority: taken by a check, or in reserve for RESERVE_S."""
+    def _in_reserve(self, no_urgent_warm_up: Callable[[], bool]) -> None:
+        """Until taken or RESERVE_MAX_S: the dispatcher's priority once no urgent warm-up has been
+        seen for CALM_S, the lowest again as soon as one is (a TaskManager killed and started
+        again publishes its urgent start a second or two after the survivor's driver took its task)."""
+        started = time.monotonic()
+        calm_since: float | None = None
+        while not self._reserve_ended.wait(RESERVE_POLL_S):
+            now = time.monotonic()
+            if now - started >= RESERVE_MAX_S:
+                self.raise_priority(f"not taken within {now - started:.0f} s")
+                return
+            if not _answers(no_urgent_warm_up):
+                calm_since = None
+                self._set_reserve_nice(True, "a TaskManager starts a driver urgently")
+            elif calm_since is None:
+                calm_since = now
+            elif now - calm_since >= CALM_S:
+                self._set_reserve_nice(False, "no TaskManager starts a driver urgently")
+
+    def _set_reserve_nice(self, niced: bool, why: str) -> None:
+        with self._priority:
+            if self._reserve_ended.is_set() or self.niced == niced or self.proc.poll() is not None:
+                return
+            if niced:
+                self.niced = cpu_priority.lower(self.proc.pid)
+            else:
+                cpu_priority.restore(self.proc.pid)
+                self.niced = False
+            where = "the lowest priority" if self.niced else "the dispatcher's priority"
+            log.info("warm planner %d in reserve at %s: %s", self.proc.pid, where, why)
+
+    def raise_priority(self, why: str = "a check takes it") -> None:
+        """The dispatcher's priority from now on: taken by a check, or RESERVE_MAX_S in reserve."""
+        self._reserve_ended.set()
         with self._priority:
             if self.niced and self.proc.poll() is None:
                 cpu_priority.restore(self.proc.pid)
-                log.info("warm planner %d at the dispatcher's priority from now on", self.proc.pid)
+                log.info("warm planner %d at the dispatcher's priority from now on: %s", self.proc.pid, why)
             self.niced = False
 
     def _line(self, deadline: float) -> str | None:
@@ -120,7 +171,6 @@ class _Spare:
         # A spare still starting is ahead of a cold start, however loaded the machine: it is waited
         # for within the check's own bound, which its readiness and its plan share.
         deadline = time.monotonic() + timeout_s
-        self._reserve.cancel()
         self.raise_priority()  # taken: it plans (or finishes starting) at the dispatcher's priority
         try:
             line = self._line(deadline)  # its {"ready": true}
@@ -141,10 +191,18 @@ class _Spare:
             self.close()
 
     def close(self) -> None:
-        self._reserve.cancel()
+        self._reserve_ended.set()
         restore_check.kill_group(self.proc)
         self.log.close()
         self.box.close()
+
+
+def _answers(question: Callable[[], bool]) -> bool:
+    try:
+        return question()
+    except Exception:
+        log.debug("warm planner: could not tell whether a TaskManager starts a driver urgently", exc_info=True)
+        return False
 
 
 class WarmPlanner:
@@ -160,8 +218,12 @@ class WarmPlanner:
         runtime: SparkRuntime,
         users: int = DEFAULT_USERS,
         lake_dir: str | None = None,
+        no_urgent_warm_up: Callable[[], bool] = lambda: True,
     ):
+        """`no_urgent_warm_up()`: whether no TaskManager starts a driver at its full priority
+        (shared/warm_pools.py), which ends the first spare's reserve; default: at its first look."""
         self.python, self.run_as, self.runtime, self.users = python, run_as, runtime, users
+        self.no_urgent_warm_up = no_urgent_warm_up
         self.catalog_url, self.redis_url, self.lake_dir = catalog_url, redis_url, lake_dir
         self._lock = threading.Lock()
         self._spare: _Spare | None = None
@@ -208,13 +270,20 @@ class WarmPlanner:
 
     def replenish(self, *, in_reserve: bool = False) -> None:
         """Start the next spare, unless one is there (after each check; `in_reserve`: the first, at
-        the lowest CPU priority for RESERVE_S)."""
+        the lowest CPU priority while a TaskManager starts a driver urgently)."""
         with self._lock:
             if self._closed or self._spare is not None:
                 return
             try:
                 box = PlannerSandbox(self.run_as, self.users, prefix="headrace-warm-planner-")
-                self._spare = _Spare(self.python, box, self._env, self.runtime, in_reserve=in_reserve)
+                self._spare = _Spare(
+                    self.python,
+                    box,
+                    self._env,
+                    self.runtime,
+                    in_reserve=in_reserve,
+                    no_urgent_warm_up=self.no_urgent_warm_up,
+                )
             except OSError as exc:
                 log.warning("restore check: cannot start a warm planner (%s); checks plan cold", exc)
 

@@ -69,6 +69,14 @@ CLAIM_PREFIX = "waiting-rank-"
 _claims = itertools.count(1)
 
 
+def starting_urgently(drivers) -> bool:
+    """Whether one of `drivers` starts its JVM and session at the TaskManager's priority (an URGENT
+    warm-up, warm_pool's rank): the next task or failover lands on its TaskManager and could not
+    start before that; once the session is up a task takes the driver and cuts its warm-up short.
+    The dispatcher's spare planner keeps out of its way (shared/warm_pools.py)."""
+    return any(not d.ready.is_set() and not d.session_up.is_set() and not getattr(d, "niced", False) for d in drivers)
+
+
 class WarmupToken:
     def __init__(self, fd: int):
         self._fd: int | None = fd
@@ -474,6 +482,7 @@ class WarmPool:
                 "waiting": waiting,
                 "parallelism": self.parallelism,
                 "rank": RANK_NAMES[self.rank()] if waiting else None,
+                "urgent": starting_urgently(self._drivers) or bool(waiting and self.rank() == URGENT),
             }
 
     def shutdown(self) -> None:

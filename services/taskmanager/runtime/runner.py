@@ -184,10 +184,22 @@ def start_session(
         if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists, batches=args.warm_up_batches):
             print(f"warm-up took {time.monotonic() - t_w:.2f}s ({args.warm_up_batches} micro-batches)", flush=True)
         else:
-            print(f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting", flush=True)
+            print(
+                f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting "
+                f"(since {marker_age(marker)})",
+                flush=True,
+            )
     elif args.no_warmup_query:
         print("in reserve without the warm-up query (warm_up_query is off)", flush=True)
     return spark, optimizer
+
+
+def marker_age(marker: Path) -> str:
+    """How long ago the TaskManager said a task waits: what the cut itself cost the task."""
+    try:
+        return f"{max(0.0, time.time() - marker.stat().st_mtime):.2f}s"
+    except OSError:
+        return "an unknown time"
 
 
 def run_one_task(
