@@ -51,7 +51,8 @@ def tm_inbox(taskmanager_id: str) -> str:
 
 
 def tm_warm_key(taskmanager_id: str) -> str:
-    """JSON {"ready": n, "starting": m, "parallelism": p}: the TaskManager's warm Spark drivers."""
+    """JSON {"ready": n, "starting": m, "parallelism": p, "urgent": b, ...}: the TaskManager's warm
+    Spark drivers (services/taskmanager/drivers/warm_pool.py status; read through shared/warm_pools.py)."""
     return f"{PREFIX}:tm:{taskmanager_id}:warm"
 
 

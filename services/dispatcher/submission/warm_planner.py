@@ -24,12 +24,11 @@ took 11 CPU-s of the next 30 (half a core) on a just-started cluster whose TaskM
 started again, was starting the driver the next failover landed on, and that failover waited for
 it (docs/benchmarks.md, "Failover on a just-started cluster"). Not for as long as a driver warms
 up either: 150 warm-up micro-batches took two minutes at a load of 14, and the first upgrade found
-the spare still starting. A spare started after a check
-has the dispatcher's priority from the start: no cluster start is left to protect, and the next
-upgrade may come within seconds (with a minute at the lowest priority, at a load of 20 on 2 cores,
-it was still starting when the second upgrade came 20 s after the first: docs/benchmarks.md).
-Where the dispatcher could not raise a spare's priority back (not root, RLIMIT_NICE too low) the
-first one starts at its priority too.
+the spare still starting. A spare started after a check has the dispatcher's priority from the
+start: no cluster start is left to protect, and the next upgrade may come within seconds (with a
+minute at the lowest priority, at a load of 20 on 2 cores, it was still starting when the second
+upgrade came 20 s after the first: docs/benchmarks.md). Where the dispatcher could not raise a
+spare's priority back (not root, RLIMIT_NICE too low) the first one starts at its priority too.
 
 Anything that goes wrong with the spare (it died, it is not ready in time, it gives no result)
 returns None, and restore_check plans cold as before: a warm planner can make a check faster,
