@@ -24,12 +24,21 @@ def settled(status: Mapping[str, Any]) -> bool:
     return int(status.get("ready") or 0) > 0 or wants_none
 
 
+def parsed(raw: bytes | str | None) -> dict[str, Any] | None:
+    """A published pool, or None for nothing or what is not one (it counts as not published)."""
+    try:
+        pool = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return pool if isinstance(pool, dict) else None
+
+
 def taskmanager_settled(client: redis.Redis, taskmanager_id: str) -> bool:
     """False while the TaskManager has not published its pool yet, or Redis does not answer."""
     try:
-        raw = client.get(streams.tm_warm_key(taskmanager_id))
-        return raw is not None and settled(json.loads(raw))
-    except (redis.RedisError, ValueError):
+        pool = parsed(client.get(streams.tm_warm_key(taskmanager_id)))
+        return pool is not None and settled(pool)
+    except (redis.RedisError, ValueError, TypeError):
         return False
 
 
@@ -41,7 +50,7 @@ def no_urgent_warm_up(client: redis.Redis) -> bool:
     try:
         keys = list(client.scan_iter(match=streams.TM_WARM_KEYS, count=100))
         values = client.mget(keys) if keys else []
-        pools = [json.loads(v) for v in values if v]
-    except (redis.RedisError, ValueError):
+    except redis.RedisError:
         return False
+    pools = [pool for pool in map(parsed, values) if pool is not None]
     return bool(pools) and not any(p.get("urgent") for p in pools)

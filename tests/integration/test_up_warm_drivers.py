@@ -89,8 +89,10 @@ def test_the_wait_for_warm_drivers_ends_when_each_taskmanager_has_one_or_wants_n
         publish("tm-1", ready=1)
         publish("tm-2", ready=0, starting=1)
         publish("tm-4", ready=0)  # no free slot a driver would fit: nothing to wait for
+        client.set(streams.tm_warm_key("tm-5"), '["not a pool"]')
         # tm-3 has published nothing yet: not ready
-        assert wait_for_warm_drivers(redis_url, ["tm-1", "tm-2", "tm-3", "tm-4"], 0.5) == ["tm-2", "tm-3"]
+        everyone = ["tm-1", "tm-2", "tm-3", "tm-4", "tm-5"]
+        assert wait_for_warm_drivers(redis_url, everyone, 0.5) == ["tm-2", "tm-3", "tm-5"]
         assert wait_for_warm_drivers(redis_url, ["tm-2"], 30, stopped=lambda: True) == ["tm-2"]
         threading.Timer(0.5, lambda: publish("tm-2", ready=1)).start()
         started = time.monotonic()
@@ -110,6 +112,7 @@ def test_the_spare_planner_leaves_its_reserve_once_no_taskmanager_that_publishes
         publish("tm-1", ready=1)
         publish("tm-2", starting=1, urgent=True)  # no driver, no task: the next failover lands here
         client.set("hr:tm:tm-2:other", "not a pool")
+        client.set(streams.tm_warm_key("tm-9"), "[1, 2]")  # not a pool: as if unpublished
         assert not warm_pools.no_urgent_warm_up(client)
         publish("tm-2", starting=1, urgent=False)  # a replacement warming niced beside its task
         assert warm_pools.no_urgent_warm_up(client)
