@@ -56,9 +56,6 @@ def tm_warm_key(taskmanager_id: str) -> str:
     return f"{PREFIX}:tm:{taskmanager_id}:warm"
 
 
-TM_WARM_KEYS = tm_warm_key("*")  # every TaskManager's, for SCAN MATCH
-
-
 def tm_queue(taskmanager_id: str) -> str:
     return f"tm.{taskmanager_id}"
 

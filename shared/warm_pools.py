@@ -10,7 +10,7 @@ the start a failover would wait for (services/dispatcher/submission/warm_planner
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -42,14 +42,16 @@ def taskmanager_settled(client: redis.Redis, taskmanager_id: str) -> bool:
         return False
 
 
-def no_urgent_warm_up(client: redis.Redis) -> bool:
-    """True when at least one TaskManager publishes its pool and none starts a driver at its full
-    priority (one with no driver ready and no task of its own: the next task or failover lands
-    there, and waits for that driver's session); False when none publishes yet (a cluster starting) or Redis
-    does not answer. A TaskManager lost while it warmed up counts until its key expires."""
+def no_urgent_warm_up(client: redis.Redis, taskmanager_ids: Sequence[str]) -> bool:
+    """True when at least one of the TaskManagers publishes its pool and none starts a driver at
+    its full priority (one with no driver ready and no task of its own: the next task or failover
+    lands there, and waits for that driver's session); False when none publishes yet (a cluster
+    starting) or Redis does not answer. One MGET of their keys: no SCAN of a keyspace that pipelines
+    share by default."""
+    if not taskmanager_ids:
+        return False
     try:
-        keys = list(client.scan_iter(match=streams.TM_WARM_KEYS, count=100))
-        values = client.mget(keys) if keys else []
+        values = client.mget([streams.tm_warm_key(tm) for tm in taskmanager_ids])
     except redis.RedisError:
         return False
     pools = [pool for pool in map(parsed, values) if pool is not None]

@@ -33,7 +33,7 @@ from services.dispatcher.views import metrics
 from services.dispatcher.views.overview_cache import OverviewCache
 from services.dispatcher.views.shapes import FLINK_VERSION
 from shared import warm_pools
-from shared.catalog import Catalog
+from shared.catalog import Catalog, repository
 from shared.settings import Settings
 from shared.spark_runtime import SparkRuntime
 from shared.transport.base import Transport
@@ -65,13 +65,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.warm_planner.close()
 
 
-def _no_urgent_warm_up(transport: Transport) -> Callable[[], bool]:
-    """Whether no TaskManager starts a driver at its full priority, from the pools they publish in
-    Redis; always, without Redis (an in-memory transport has no TaskManagers to wait for)."""
+def _no_urgent_warm_up(transport: Transport, catalog: Catalog) -> Callable[[], bool]:
+    """Whether no registered TaskManager starts a driver at its full priority, from the pools they
+    publish in Redis; always, without Redis (an in-memory transport has no TaskManagers to wait for)."""
     client = transport.redis_client
     if client is None:
         return lambda: True
-    return lambda: warm_pools.no_urgent_warm_up(client)
+
+    def ask() -> bool:
+        with catalog.session() as session:
+            ids = [row.id for row in repository.list_taskmanagers(session)]
+        return warm_pools.no_urgent_warm_up(client, ids)
+
+    return ask
 
 
 def create_app(
@@ -111,7 +117,7 @@ def create_app(
             runtime=SparkRuntime.from_settings(settings),
             users=settings.driver_users,
             lake_dir=str(settings.lake.absolute()),
-            no_urgent_warm_up=_no_urgent_warm_up(transport),
+            no_urgent_warm_up=_no_urgent_warm_up(transport, catalog),
         )
         app.state.warm_planner = warm
 

@@ -107,15 +107,19 @@ def test_the_spare_planner_leaves_its_reserve_once_no_taskmanager_that_publishes
     def publish(tm: str, **pool) -> None:
         client.set(streams.tm_warm_key(tm), json.dumps({"ready": 0, "starting": 0, "waiting": 0, **pool}))
 
+    everyone = ["tm-1", "tm-2", "tm-3", "tm-9"]
     with redis.Redis.from_url(redis_url) as client:
-        assert not warm_pools.no_urgent_warm_up(client)  # nothing published: a cluster starting
+        assert not warm_pools.no_urgent_warm_up(client, everyone)  # nothing published: a cluster starting
+        assert not warm_pools.no_urgent_warm_up(client, [])  # no TaskManager registered yet
         publish("tm-1", ready=1)
         publish("tm-2", starting=1, urgent=True)  # no driver, no task: the next failover lands here
-        client.set("hr:tm:tm-2:other", "not a pool")
         client.set(streams.tm_warm_key("tm-9"), "[1, 2]")  # not a pool: as if unpublished
-        assert not warm_pools.no_urgent_warm_up(client)
+        assert not warm_pools.no_urgent_warm_up(client, everyone)
+        assert warm_pools.no_urgent_warm_up(client, ["tm-1"])  # only the registered ones count
         publish("tm-2", starting=1, urgent=False)  # a replacement warming niced beside its task
-        assert warm_pools.no_urgent_warm_up(client)
+        assert warm_pools.no_urgent_warm_up(client, everyone)
         publish("tm-3", waiting=1, urgent=True)  # waits for a token to warm up urgently
-        assert not warm_pools.no_urgent_warm_up(client)
-    assert not warm_pools.no_urgent_warm_up(redis.Redis(port=1, socket_timeout=1))  # no answer: stay in reserve
+        assert not warm_pools.no_urgent_warm_up(client, everyone)
+    assert not warm_pools.no_urgent_warm_up(
+        redis.Redis(port=1, socket_timeout=1), everyone
+    )  # no answer: stay in reserve
