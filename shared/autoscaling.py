@@ -20,7 +20,9 @@ included, which no capacity is below).
 In a steady state all batches are alike and the window alone says nothing of the per-row part;
 a task that cannot keep up shows it anyway (saturated): fully busy with a backlog at planning, a
 growing lag or growing batches. Its capacity is then at most what it reads per second of busy time
-(Flink's "true processing rate").
+(Flink's "true processing rate"). Batches also grow when the machine's load grows their fixed
+part; those are told apart by a batch that processed its rows faster than the input, its time
+less the lowest fixed part seen (`_proven_rate`), which a task that cannot keep up never shows.
 
 The arrival rate is what the task read per second plus the growth of its lag. What it read is the
 median of its batches' input rates (Spark's inputRowsPerSecond: a batch's rows over the time since
@@ -259,7 +261,10 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None, shown: f
 
     growing = _growing([p.duration_s or 0.0 for p in timed])
     behind = lag > read_rate * BACKLOG_S or growth > LAG_GROWTH_SHARE * max(read_rate, 1.0)
-    saturated = busy >= SATURATED_BUSY and (behind or growing)
+    # Growing batches with no lag (a source that reads all it has) are a saturated task only if no
+    # batch proves a per-row rate above the input: else it is the fixed part growing with the load.
+    outgrown = growing and _proven_rate(timed, lowest) < read_rate
+    saturated = busy >= SATURATED_BUSY and (behind or outgrown)
     high, low = _per_second(row_time_high), _per_second(row_time_low)
     if saturated and busy > 0:
         high, low = min(high, read_rate / busy), min(low, read_rate / busy)
@@ -268,6 +273,20 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None, shown: f
         # takes the growth for a per-row cost; what the attempt has already processed is a floor.
         low = max(low, shown)
     return Figures(span, busy, read_rate, lag, growth, arrival, lowest, high, low, saturated, shown)
+
+
+def _proven_rate(timed: Sequence[Point], fixed_s: float) -> float:
+    """Rows per second the window's batches prove the task processes at its parallelism: the best
+    batch's rows over its time less `fixed_s`. The fixed part is never below the lowest ever seen,
+    so no batch's per-row part is shorter than its time less that: a task whose batches grow
+    because it cannot keep up (its per-row rate below its input) proves a rate below its input too
+    (inf: a batch took no longer than the fixed part)."""
+    rates = [
+        p.rows / (p.duration_s - fixed_s) if p.duration_s > fixed_s else math.inf
+        for p in timed
+        if p.duration_s is not None and p.rows >= MIN_ROWS_PER_BATCH
+    ]
+    return max(rates, default=0.0)
 
 
 def _slope(xy: Sequence[tuple[float, float]]) -> float:

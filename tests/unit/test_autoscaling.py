@@ -165,6 +165,24 @@ def test_a_light_input_on_a_loaded_machine_goes_back_to_one_on_the_rate_it_has_s
     assert alone.outcome == Outcome.KEEP and alone.proposed == 2, alone.reason
 
 
+def test_batches_grown_by_the_machines_load_are_not_a_saturated_task():
+    # The CI flake: 20 rows/s at 5 ms a row, lag 0, while the other tests' load grew every batch's
+    # fixed part from 0.63 s to 2 s. The batches grew and were back to back, which passed for a
+    # task that cannot keep up (capacity 20/s: scaled up twice in a row). Every batch processed
+    # its rows faster than they arrived, the fixed part taken at its lowest: it keeps 1.
+    points = simulate(steady(20), 40, 1, fixed_s=0.63, row_s=0.005)
+    for fixed_s in (0.8, 1.1, 1.5, 2.0):
+        points += simulate(steady(20), 6, 1, fixed_s=fixed_s, row_s=0.005, after=points)
+    first = decide(points, 1, fixed_cost_s=0.63)
+    again = decide(points, 1, fixed_cost_s=0.63, last_wanted=first.wanted)
+    assert first.figures["saturated"] == 0, first.figures
+    assert first.outcome == again.outcome == Outcome.KEEP and again.proposed == 1, again.reason
+    # A task whose batches grow because it cannot keep up (per-row rate below its input) still scales up.
+    overloaded = simulate(steady(240), 60, 1, fixed_s=0.63, row_s=0.005)
+    e = decide(overloaded, 1, fixed_cost_s=0.63, last_wanted=2)
+    assert e.figures["saturated"] == 1 and e.outcome == Outcome.SCALE_UP, e.reason
+
+
 def test_the_rate_shown_before_it_settled_is_not_read():
     # A rescale's first batch takes in its start's backlog fast; the stabilization hides it.
     before = simulate(steady(3000), 60, 2)
