@@ -1,26 +1,27 @@
 """The deployments' reconciler, run by the leading JobManager only (a standby builds none).
 
 Each pass, every deployment in its own unit of work: lock its row -> observe its job, its pending
-step's operation and its snapshots (`observe`) -> ask shared/deployments.py `decide` -> carry the
-plan out here: cancel, stop with a savepoint, rescale, take a periodic savepoint, start a new job
-(created in the catalog and handed to this leader's JobMaster, as a schedule's run is) -> record
-the new status (the lifecycle through `transition_deployment`, which refuses a move its table
-forbids) and its history -> the leadership check -> commit. A leader that dies halfway
-commits nothing; its successor observes the same rows and decides the same step again.
+step's operation and its snapshots (deployment_observation.py) -> ask shared/deployments.py
+`decide` -> carry the plan out here: cancel, stop with a savepoint, rescale, take a periodic
+savepoint, start a new job (created in the catalog and handed to this leader's JobMaster, as a
+schedule's run is) -> record the new status (the lifecycle through `transition_deployment`,
+which refuses a move its table forbids) and its history -> the leadership check -> commit. A
+leader that dies halfway commits nothing; its successor observes the same rows and decides the
+same step again.
 
-The rules live in shared/deployments.py; this module only reads the catalog into an `Observed`
-and turns a `Plan` into catalog rows and messages.
+The rules live in shared/deployments.py and the reading in deployment_observation.py; this module
+turns a `Plan` into catalog rows and messages.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
 from typing import Callable, ContextManager, Protocol
 
 from sqlalchemy.orm import Session
 
+from services.jobmanager.deployment_observation import observe
 from services.jobmanager.snapshot_files import discard_files
 from services.jobmanager.snapshot_requests import SnapshotRequests
 from services.jobmanager.unit_of_work import LeadershipLost, UnitOfWork
@@ -31,13 +32,9 @@ from shared.catalog import repository as repo
 from shared.catalog.models import DeploymentRow, utcnow
 from shared.catalog.repository import deployments as deployments_repo
 from shared.clock import Clock
-from shared.deployment_rollback import INFRASTRUCTURE_FAILURES
-from shared.failure_summary import summarize
 from shared.ids import JobId, new_job_id, new_request_id
 from shared.messages import CancelJob, RequestSavepoint, SubmitJob
 from shared.settings import Settings
-from shared.states import ExecutionState as ES
-from shared.states import JobStatus as JS
 
 log = logging.getLogger("headrace.jobmanager.deployments")
 
@@ -139,7 +136,7 @@ class DeploymentReconciler:
                 row = deployments_repo.get_deployment(s, name, lock=True)
             except repo.NotFound:
                 return True
-            plan = dep.decide(self.observe(s, row))
+            plan = dep.decide(observe(s, row, self.clock.now()))
             if plan.nothing:
                 return True
             self.carry_out(s, row, plan, submit, cancel, savepoints)
@@ -150,82 +147,6 @@ class DeploymentReconciler:
         for job_id in submit:
             self.master.on_submit(SubmitJob(job_id=job_id))
         return False
-
-    def observe(self, s: Session, row: DeploymentRow) -> dep.Observed:
-        now = self.clock.now()
-        job = self._job_view(s, row) if row.job_id else None
-        pending = row.pending or None
-        operation = None
-        if pending and pending.get("op"):
-            try:
-                op = repo.get_operation(s, pending["op"])
-                done_ago = now - _seconds(op.done_at) if op.done_at else None
-                operation = dep.OperationView(op.id, op.status, op.location, op.failure_cause, done_ago)
-            except repo.NotFound:
-                operation = dep.OperationView(pending["op"], "FAILED", failure="its operation row is gone")
-        stable_spec, blocked_spec = (
-            self._generation_spec(s, row.name, g) for g in (row.stable_generation, row.blocked_generation)
-        )
-        spec = dep.DeploymentSpec.from_record(row.spec)
-        deployed_ago = now - _seconds(row.deployed_at) if row.deployed_at else None
-        last_periodic = _seconds(row.last_periodic_savepoint_at or row.deployed_at) if row.deployed_at else now
-        savepoint_due = bool(spec.savepoint_interval_s) and now - last_periodic >= (spec.savepoint_interval_s or 0)
-        return dep.Observed(
-            generation=row.generation,
-            spec=spec,
-            lifecycle=dep.Lifecycle(row.lifecycle) if row.lifecycle else None,
-            job=job,
-            job_generation=row.job_generation,
-            stable_generation=row.stable_generation,
-            stable_spec=stable_spec,
-            rollback_point=row.rollback_point,
-            last_savepoint=row.last_savepoint,
-            blocked_generation=row.blocked_generation,
-            pending=pending,
-            operation=operation,
-            deployed_s_ago=deployed_ago,
-            deleting=row.deleting,
-            delete_with_savepoint=row.delete_with_savepoint,
-            rollback_requested=row.rollback_requested,
-            savepoint_due=savepoint_due,
-            now_s=now,
-            parallelism=spec.effective_parallelism(row.parallelism),
-            scaled_from=row.scaled_from,
-            blocked_spec=blocked_spec,
-        )
-
-    @staticmethod
-    def _generation_spec(s: Session, name: str, generation: int | None) -> dep.DeploymentSpec | None:
-        rec = deployments_repo.generation_spec(s, name, generation) if generation is not None else None
-        return dep.DeploymentSpec.from_record(rec) if rec else None
-
-    def _job_view(self, s: Session, row: DeploymentRow) -> dep.JobView | None:
-        assert row.job_id is not None  # observe() asks only for a deployment that has a job
-        job = repo.find_job(s, row.job_id)
-        if job is None:
-            return None
-        since = row.deployed_at or job.created_at
-        latest = list(repo.latest_executions(s, job.id).values())
-        running = job.status == JS.RUNNING.value and bool(latest) and all(e.state == ES.RUNNING.value for e in latest)
-        failed = [
-            e
-            for e in repo.failed_executions_since(s, job.id, since)
-            if not (e.failure_cause or "").startswith(INFRASTRUCTURE_FAILURES)
-        ]
-        newest_ack = repo.newest_checkpoint_ack(s, job.id)
-        failure = failed[0].failure_cause if failed else None
-        return dep.JobView(
-            id=job.id,
-            status=job.status,
-            terminal=JS(job.status).is_terminal,
-            running=running,
-            failures_since_deploy=len(failed),
-            checkpoint_since_deploy=newest_ack is not None and _seconds(newest_ack) >= _seconds(since),
-            newest_checkpoint_age_s=self.clock.now() - _seconds(newest_ack or since),
-            latest_snapshot=repo.newest_snapshot_path(s, job.id),
-            failure=summarize(failure),
-            parallelism=max((v.parallelism for v in repo.job_vertices(s, job.id)), default=None),
-        )
 
     # --- carrying a plan out --------------------------------------------------------------------
 
@@ -364,7 +285,3 @@ class DeploymentReconciler:
         )
         row.job_id, row.job_generation, row.deployed_at = job.id, start.generation, utcnow()
         return job.id
-
-
-def _seconds(dt: datetime) -> float:
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
