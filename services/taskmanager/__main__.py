@@ -25,7 +25,8 @@ from services.taskmanager.commands import CommandIntake, register_commands
 from services.taskmanager.drivers.process import DriverProcess, remove_driver_dirs
 from services.taskmanager.drivers.sandbox import DriverSandbox, start_sandbox, sweep_drivers
 from services.taskmanager.drivers.supply import DriverLaunch
-from services.taskmanager.drivers.warm_pool import WarmPool, WarmupTokens
+from services.taskmanager.drivers.warm_pool import WarmPool
+from services.taskmanager.drivers.warmup_tokens import WarmupTokens
 from services.taskmanager.metrics import TaskManagerCollector, TaskMetrics
 from services.taskmanager.rm_link import ResourceManagerLink
 from services.taskmanager.runtime import class_archive

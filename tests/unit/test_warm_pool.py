@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from services.taskmanager.drivers.warm_pool import REPLACING, RETRY_S, SPARE, URGENT, WarmPool, WarmupTokens
+from services.taskmanager.drivers.warm_pool import RETRY_S, WarmPool
+from services.taskmanager.drivers.warmup_tokens import REPLACING, SPARE, URGENT, WarmupTokens
 from tests.waiting import wait_for
 
 

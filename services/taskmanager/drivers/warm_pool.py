@@ -7,24 +7,13 @@ use, hands the oldest healthy one out, and starts a replacement in the backgroun
 that died, never became ready within `ready_timeout_s`, or grew past `max_rss_bytes` (PSS
 summed, as a task's memory limit counts it) is discarded, never given a task.
 
-Warm-ups are staggered machine-wide. A JVM warming up uses a whole core for ~10 s; three at once
-on a 2-core machine (two TaskManagers of `headrace up`, plus the replacement a task's take starts)
-each took 3-8 times longer, and a task handed a starting driver waited for all of them; one per
-core is what the cores can carry. So a driver starts warming only with a token (`WarmupTokens`:
-flock'ed lock files every TaskManager of this user on the host shares; the kernel frees a dead
-process's token), held until the driver is ready or gone; a wanted driver without a token waits,
-retried every RETRY_S. Waiting warm-ups take their turn by rank (`WarmPool.rank`): a TaskManager
-with no driver ready or warming and no task of its own (URGENT: the next task or failover lands
-there) before one that runs the task it handed its driver to (REPLACING), before one that has a
-ready driver and wants another (SPARE). A waiting warm-up says so with a flock'ed claim file
-named by its rank beside the tokens; a warm-up of a higher rank takes no token while a living
-claim of a lower one exists (a dead process's claim is unlocked, and removed by the next one to
-look); and a niced warm-up holding a token gives it up to a waiting urgent one and warms on
-niced (`_hold_until_ready`). Without this, a just-started cluster's second TaskManager lost the
-token to the first one's replacement, and a failover to it waited 14 s for a driver still warming. A task never
-waits for a token: `take` hands it a ready driver, else the
-oldest one already warming (it is ahead of any new JVM), else starts the task's own driver at
-once, taking a free token if there is one so that no new warm-up joins its start; and while a
+Warm-ups are staggered machine-wide: a driver starts warming only with a token, and waiting
+warm-ups take their turn by rank (drivers/warmup_tokens.py): a TaskManager with no driver ready or
+warming and no task of its own (URGENT: the next task or failover lands there) before one that runs
+the task it handed its driver to (REPLACING), before one that has a ready driver and wants another
+(SPARE); `WarmPool.rank` says which this pool is. A wanted driver without a token waits, retried
+every RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the oldest
+one already warming (it is ahead of any new JVM), else starts the task's own driver at once, taking a free token if there is one so that no new warm-up joins its start; and while a
 driver this pool handed to a task is still starting, the pool starts no warm-up of its own (a
 replacement warming beside it slowed the task's start by half). Drivers in reserve warm up at the
 lowest CPU priority, raised when a task takes one (drivers/process.py), so a replacement warming up
@@ -43,30 +32,27 @@ a Spark standalone cluster asks for exactly p cores when it starts, so there onl
 
 from __future__ import annotations
 
-import fcntl
-import itertools
 import logging
-import os
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Protocol
 
 from services.taskmanager.drivers.process import DriverProcess
+from services.taskmanager.drivers.warmup_tokens import (
+    RANK_NAMES,
+    REPLACING,
+    SPARE,
+    URGENT,
+    WarmupLine,
+    WarmupTokens,
+    hold_until_ready,
+)
 from shared import backoff
 
 log = logging.getLogger("headrace.taskmanager.warm")
 
 RETRY_S = 0.25
 BUSY_RETRY_S = 5.0  # after a warm driver could not be started at all (every drivers' user taken)
-# A warm-up's rank in the machine-wide line for tokens (WarmPool.rank): lower goes first.
-URGENT = 0  # the TaskManager has no ready driver and runs no task of its pool: the next task or failover lands here
-REPLACING = 1  # no ready driver, but it runs the task it handed its driver to
-SPARE = 2  # it has a ready driver and wants another
-RANK_NAMES = {URGENT: "urgent", REPLACING: "replacing", SPARE: "spare"}
-CLAIM_PREFIX = "waiting-rank-"
-_claims = itertools.count(1)
 
 
 def starting_urgently(drivers) -> bool:
@@ -75,120 +61,6 @@ def starting_urgently(drivers) -> bool:
     start before that; once the session is up a task takes the driver and cuts its warm-up short.
     The dispatcher's spare planner keeps out of its way (shared/warm_pools.py)."""
     return any(not d.ready.is_set() and not d.session_up.is_set() and not getattr(d, "niced", False) for d in drivers)
-
-
-class WarmupToken:
-    def __init__(self, fd: int):
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing drops the flock
-
-
-class WarmupTokens:
-    """At most `count` drivers warming up at once among all processes using `directory`."""
-
-    def __init__(self, directory: Path | None, count: int | None):
-        self.directory, self.count = directory, count  # count None: no limit
-
-    @classmethod
-    def unlimited(cls) -> "WarmupTokens":
-        return cls(None, None)
-
-    @classmethod
-    def for_machine(cls, count: int | None = None) -> "WarmupTokens":
-        """`count` tokens (Settings.warmup_concurrency; 0: no limit), else one per core (two JVMs
-        warming up on 2 cores: both ready after 19 s, one after the other 24 s; three or more
-        only slow each other down)."""
-        if count is None:
-            count = max(1, os.cpu_count() or 1)
-        if count <= 0:
-            return cls.unlimited()
-        return cls(Path(tempfile.gettempdir()) / f"headrace-warmup-{os.getuid()}", count)
-
-    def try_acquire(self, rank: int = URGENT) -> WarmupToken | None:
-        """A free token, unless a warm-up of a lower (more urgent) `rank` is waiting for one."""
-        directory = self.directory
-        if self.count is None or directory is None:
-            return WarmupToken(os.open(os.devnull, os.O_RDONLY))
-        try:
-            directory.mkdir(mode=0o700, exist_ok=True)
-            if rank > URGENT and self.outranked(rank):
-                return None
-            for i in range(self.count):
-                fd = os.open(directory / f"token-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return WarmupToken(fd)
-                except BlockingIOError:
-                    os.close(fd)
-        except OSError:
-            # An unusable token directory must not stop every warm-up: warm up unstaggered.
-            log.warning("warm-up tokens in %s are unusable; not staggering", self.directory, exc_info=True)
-            return WarmupToken(os.open(os.devnull, os.O_RDONLY))
-        return None
-
-    def wait_in_line(self, rank: int) -> "WaitingClaim | None":
-        """Say that a warm-up of `rank` waits for a token: until the claim is dropped (or its
-        process dies, which drops its flock) no warm-up of a higher rank takes one."""
-        directory = self.directory
-        if self.count is None or directory is None:
-            return None
-        try:
-            directory.mkdir(mode=0o700, exist_ok=True)
-            # Unique even when a pid comes back while a dead process's claim is still there.
-            path = directory / f"{CLAIM_PREFIX}{rank}-{os.getpid()}-{next(_claims)}-{os.urandom(4).hex()}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a new file nobody else has: granted at once
-        except OSError:
-            log.warning("cannot queue a warm-up in %s; it takes its turn unranked", self.directory, exc_info=True)
-            return None
-        return WaitingClaim(rank, path, fd)
-
-    def outranked(self, rank: int) -> bool:
-        """Whether a living process waits with a claim of a lower rank than `rank`. Claims left
-        by processes that died waiting (of any rank) are removed on the way."""
-        if self.directory is None:
-            return False
-        found = False
-        for path in self.directory.glob(f"{CLAIM_PREFIX}*.lock"):
-            claim_rank = _claim_rank(path.name)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # dropped meanwhile
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                found = found or (claim_rank is not None and claim_rank < rank)  # its holder lives and waits
-            else:
-                path.unlink(missing_ok=True)
-            finally:
-                os.close(fd)
-        return found
-
-
-class WaitingClaim:
-    """A warm-up waiting for a token, as a flock'ed file named by its rank (WarmupTokens.wait_in_line)."""
-
-    def __init__(self, rank: int, path: Path, fd: int):
-        self.rank, self.path = rank, path
-        self._fd: int | None = fd
-
-    def drop(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            self.path.unlink(missing_ok=True)
-            os.close(fd)
-
-
-def _claim_rank(name: str) -> int | None:
-    try:
-        return int(name[len(CLAIM_PREFIX) :].split("-", 1)[0])
-    except ValueError:
-        return None
 
 
 class DriverFactory(Protocol):
@@ -220,7 +92,7 @@ class WarmPool:
         self._retrying = False
         self._task_starts: list[DriverProcess] = []  # handed to a task before they were ready
         self._handed: list[DriverProcess] = []  # handed to a task, until they exit
-        self._claim: WaitingClaim | None = None  # while a wanted warm-up waits for a token
+        self._line = WarmupLine(self.tokens)  # claimed while a wanted warm-up waits for a token
         # Drivers that die before ready (broken Java or Spark install, no memory) are replaced
         # after a growing pause, not in a tight loop.
         self._failures = 0
@@ -265,7 +137,7 @@ class WarmPool:
             self._handed.append(d)
             token = self.tokens.try_acquire()
             if token is not None:
-                self._hold_until_ready(d, token)
+                hold_until_ready(self.tokens, d, token, poll_s=RETRY_S)
             log.info(
                 "starting driver %s (local[%d]) for a task%s",
                 d.id,
@@ -332,7 +204,7 @@ class WarmPool:
     def _top_up(self) -> None:
         with self._lock:
             if self._closed:
-                self._leave_line()
+                self._line.leave()
                 return  # shutting down: a task driver's exit must not start a new JVM
             self._drop_broken()
             surplus = len(self._drivers) - self._want
@@ -342,7 +214,7 @@ class WarmPool:
                 d.kill()
             self._task_starts = [d for d in self._task_starts if not d.ready.is_set() and not d.exited and d.alive()]
             if time.monotonic() < self._not_before or (self._task_starts and len(self._drivers) < self._want):
-                self._leave_line()  # not asking for a token now: no warm-up should wait for this one
+                self._line.leave()  # not asking for a token now: no warm-up should wait for this one
                 if self._task_starts:
                     self._retry_later()
                 return
@@ -351,7 +223,7 @@ class WarmPool:
                 rank = self.rank()
                 token = self.tokens.try_acquire(rank)
                 if token is None:
-                    self._wait_in_line(rank)
+                    self._line.wait(rank)
                     self._retry_later()
                     return
                 try:
@@ -360,7 +232,7 @@ class WarmPool:
                     token.release()
                     log.warning("cannot start a warm driver now (%s); trying again in %.0f s", exc, BUSY_RETRY_S)
                     self._not_before = time.monotonic() + BUSY_RETRY_S
-                    self._leave_line()
+                    self._line.leave()
                     self._retry_later()
                     return
                 except BaseException:
@@ -370,9 +242,9 @@ class WarmPool:
                     # Every running task of the machine may fail over here: this warm-up is theirs.
                     d.raise_priority()
                 self._drivers.append(d)
-                self._hold_until_ready(d, token, rank)
+                hold_until_ready(self.tokens, d, token, rank, poll_s=RETRY_S)
                 log.info("starting warm driver %s (local[%d], %s)", d.id, self.parallelism, RANK_NAMES[rank])
-            self._leave_line()
+            self._line.leave()
 
     def _promote_if_urgent(self) -> None:
         """A warm-up started at the lowest priority beside this pool's task, whose task has
@@ -385,17 +257,6 @@ class WarmPool:
                 log.info("warm driver %s is now this TaskManager's only prospect; warming it at full priority", d.id)
                 d.raise_priority()
                 return
-
-    def _wait_in_line(self, rank: int) -> None:
-        if self._claim is not None and self._claim.rank == rank:
-            return
-        self._leave_line()
-        self._claim = self.tokens.wait_in_line(rank)
-
-    def _leave_line(self) -> None:
-        if self._claim is not None:
-            self._claim.drop()
-            self._claim = None
 
     def _retry_later(self) -> None:
         if self._retrying:
@@ -412,24 +273,6 @@ class WarmPool:
                         return
 
         threading.Thread(target=retry, name="warm-retry", daemon=True).start()
-
-    def _hold_until_ready(self, d: DriverProcess, token: WarmupToken, rank: int = URGENT) -> None:
-        """Hold `token` until `d` is ready or gone. A niced warm-up of a rank above URGENT gives
-        it up as soon as an urgent warm-up waits in line, and warms on at nice 19: beside the
-        urgent one, at full priority, it only takes idle CPU anyway, and starved beside a busy
-        task it would have kept the token for minutes."""
-
-        def watch() -> None:
-            try:
-                while not d.ready.wait(RETRY_S) and not d.exited and d.alive():
-                    if rank > URGENT and getattr(d, "niced", False) and self.tokens.outranked(URGENT + 1):
-                        log.info("warm driver %s gives its warm-up token to an urgent warm-up and warms on niced", d.id)
-                        return
-            finally:
-                token.release()
-            log.debug("driver %s gave back its warm-up token", d.id)
-
-        threading.Thread(target=watch, name=f"warm-token-{d.id}", daemon=True).start()
 
     def _drop_broken(self) -> None:
         now = time.monotonic()
@@ -488,7 +331,7 @@ class WarmPool:
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
-            self._leave_line()
+            self._line.leave()
             for d in self._drivers:
                 self._trimmed.add(d.id)
                 d.kill()
