@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.sink_db import sink_db_url
 from bench.submit_latency import wait_warm
 from services.jobmanager.checkpoint_coordinator import ABORTED_BY_TASK_END
-from services.taskmanager.runtime.connectors.redis_streams import pack_events
+from services.taskmanager.runtime.connectors.redis_stream_entries import pack_events
 from shared import checkpoint_storage
 from shared.catalog.models import CheckpointRow
 from tests.clusters import Rest, start_cluster

@@ -54,7 +54,7 @@ from bench.checkpoint_overhead import (
     watch_sink,
 )
 from bench.submit_latency import wait_warm
-from services.taskmanager.runtime.connectors.redis_streams import pack_events
+from services.taskmanager.runtime.connectors.redis_stream_entries import pack_events
 from tests.clusters import Rest, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 
 from services.taskmanager.runtime.connectors import SinkHandle
 from services.taskmanager.runtime.connectors.datagen import generate_batch, generate_events
-from services.taskmanager.runtime.connectors.redis_streams import commit_entries, pack_events, unpack_entry
+from services.taskmanager.runtime.connectors.redis_stream_entries import pack_events, unpack_entry
+from services.taskmanager.runtime.connectors.redis_streams import commit_entries
 from services.taskmanager.runtime.connectors.sql import SqlTableSink
 from services.taskmanager.runtime.connectors.sql_engine import make_engine
 from services.taskmanager.runtime.context import PipelineContext

@@ -350,7 +350,7 @@ def test_log_files_serve_only_their_own(tmp_path):
 
 
 def test_redis_stream_entries_after_counts_and_estimates(redis_url):
-    from services.taskmanager.runtime.connectors.redis_streams import entries_after
+    from services.taskmanager.runtime.connectors.redis_stream_entries import entries_after
 
     client = redis.Redis.from_url(redis_url)
     ids = [client.xadd("lag-count", {"json": "{}"}, id=f"{1000 + i}-0").decode() for i in range(50)]

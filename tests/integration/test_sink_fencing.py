@@ -30,15 +30,14 @@ from pyspark.errors import StreamingQueryException
 from services.taskmanager.runtime.connectors import SinkFencedError
 from services.taskmanager.runtime.connectors.datagen import generate_batch
 from services.taskmanager.runtime.connectors.files import FileSink, file_sink
+from services.taskmanager.runtime.connectors.redis_stream_entries import pack_events, unpack_entry
 from services.taskmanager.runtime.connectors.redis_streams import (
     batches_key,
     commit_entries,
     committed_key,
     fence_key,
-    pack_events,
     prepare_sink,
     redis_stream_sink,
-    unpack_entry,
 )
 from services.taskmanager.runtime.connectors.sql import SqlTableSink
 from services.taskmanager.runtime.connectors.sql_engine import make_engine

@@ -21,14 +21,13 @@ import sqlalchemy as sa
 
 from services.taskmanager.runtime.connectors import SinkFencedError, SinkOwnedError, SinkOwner
 from services.taskmanager.runtime.connectors.files import FileSink, file_sink
+from services.taskmanager.runtime.connectors.redis_stream_entries import pack_events, unpack_entry
 from services.taskmanager.runtime.connectors.redis_streams import (
     commit_entries,
     committed_key,
     fence_key,
     owner_key,
-    pack_events,
     prepare_sink,
-    unpack_entry,
 )
 from services.taskmanager.runtime.connectors.sql import SqlTableSink
 from services.taskmanager.runtime.connectors.sql_engine import make_engine

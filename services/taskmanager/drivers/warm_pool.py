@@ -13,8 +13,9 @@ warming and no task of its own (URGENT: the next task or failover lands there) b
 the task it handed its driver to (REPLACING), before one that has a ready driver and wants another
 (SPARE); `WarmPool.rank` says which this pool is. A wanted driver without a token waits, retried
 every RETRY_S. A task never waits for a token: `take` hands it a ready driver, else the oldest
-one already warming (it is ahead of any new JVM), else starts the task's own driver at once, taking a free token if there is one so that no new warm-up joins its start; and while a
-driver this pool handed to a task is still starting, the pool starts no warm-up of its own (a
+one already warming (it is ahead of any new JVM), else starts the task's own driver at once,
+taking a free token if there is one so that no new warm-up joins its start; and while a driver
+this pool handed to a task is still starting, the pool starts no warm-up of its own (a
 replacement warming beside it slowed the task's start by half). Drivers in reserve warm up at the
 lowest CPU priority, raised when a task takes one (drivers/process.py), so a replacement warming up
 while a task runs takes only the CPU the task leaves idle (one that got none for `ready_timeout_s`
