@@ -22,7 +22,8 @@ a task that cannot keep up shows it anyway (saturated): fully busy with a backlo
 growing lag or growing batches. Its capacity is then at most what it reads per second of busy time
 (Flink's "true processing rate"). Batches also grow when the machine's load grows their fixed
 part; those are told apart by a batch that processed its rows faster than the input, its time
-less the lowest fixed part seen (`_proven_rate`), which a task that cannot keep up never shows.
+less the shortest batch seen before (`_proven_rate`), which a task that cannot keep up does not
+show once its batches have outgrown that one.
 
 The arrival rate is what the task read per second plus the growth of its lag. What it read is the
 median of its batches' input rates (Spark's inputRowsPerSecond: a batch's rows over the time since
@@ -263,7 +264,8 @@ def figures(points: Sequence[Point], fixed_cost_s: float | None = None, shown: f
     behind = lag > read_rate * BACKLOG_S or growth > LAG_GROWTH_SHARE * max(read_rate, 1.0)
     # Growing batches with no lag (a source that reads all it has) are a saturated task only if no
     # batch proves a per-row rate above the input: else it is the fixed part growing with the load.
-    outgrown = growing and _proven_rate(timed, lowest) < read_rate
+    # Only the shortest batch seen before the window bounds the fixed part from below well enough.
+    outgrown = growing and (fixed_cost_s is None or _proven_rate(timed, fixed_cost_s) < read_rate)
     saturated = busy >= SATURATED_BUSY and (behind or outgrown)
     high, low = _per_second(row_time_high), _per_second(row_time_low)
     if saturated and busy > 0:
@@ -279,12 +281,12 @@ def _proven_rate(timed: Sequence[Point], fixed_s: float) -> float:
     """Rows per second the window's batches prove the task processes at its parallelism: the best
     batch's rows over its time less `fixed_s`. The fixed part is never below the lowest ever seen,
     so no batch's per-row part is shorter than its time less that: a task whose batches grow
-    because it cannot keep up (its per-row rate below its input) proves a rate below its input too
-    (inf: a batch took no longer than the fixed part)."""
+    because it cannot keep up (its per-row rate below its input) proves a rate below its input too.
+    A batch no longer than `fixed_s` proves nothing: it may be the one that set it."""
     rates = [
-        p.rows / (p.duration_s - fixed_s) if p.duration_s > fixed_s else math.inf
+        p.rows / (p.duration_s - fixed_s)
         for p in timed
-        if p.duration_s is not None and p.rows >= MIN_ROWS_PER_BATCH
+        if p.duration_s is not None and p.duration_s > fixed_s and p.rows >= MIN_ROWS_PER_BATCH
     ]
     return max(rates, default=0.0)
 

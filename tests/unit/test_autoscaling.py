@@ -179,8 +179,9 @@ def test_batches_grown_by_the_machines_load_are_not_a_saturated_task():
     assert first.outcome == again.outcome == Outcome.KEEP and again.proposed == 1, again.reason
     # A task whose batches grow because it cannot keep up (per-row rate below its input) still scales up.
     overloaded = simulate(steady(240), 60, 1, fixed_s=0.63, row_s=0.005)
-    e = decide(overloaded, 1, fixed_cost_s=0.63, last_wanted=2)
-    assert e.figures["saturated"] == 1 and e.outcome == Outcome.SCALE_UP, e.reason
+    for fixed_cost_s in (0.63, None):  # None: no batch seen before the window bounds the fixed part
+        e = decide(overloaded, 1, fixed_cost_s=fixed_cost_s, last_wanted=2)
+        assert e.figures["saturated"] == 1 and e.outcome == Outcome.SCALE_UP, (fixed_cost_s, e.reason)
 
 
 def test_the_rate_shown_before_it_settled_is_not_read():
