@@ -324,6 +324,7 @@ def test_batch_job_finishes_on_a_hurried_warm_driver_and_failures_are_reported_w
     b.ready()
     c.ready()
     assert "warm-up cut short" in c.log_tail() and "warm-up took" not in c.log_tail()
+    assert "in the SQL drivers' imports: a task is waiting" in c.log_tail()  # where the cut came
     a.run(spec(tmp_path, bad_build))
     b.run(spec(tmp_path, bad_stream, job_id="job-2"))
     out = tmp_path / "daily"

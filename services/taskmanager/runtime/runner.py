@@ -180,13 +180,13 @@ def start_session(
     elif not engine.local and not args.no_warmup:
         print("in reserve without the warm-up query (executors come from a Spark cluster)", flush=True)
     elif not (args.no_warmup or args.no_warmup_query):
-        t_w = time.monotonic()
-        if warm_up(spark, workdir, args.parallelism, cut_short=marker.exists, batches=args.warm_up_batches):
+        t_w, steps = time.monotonic(), list[str]()
+        if warm_up(spark, workdir, args.parallelism, marker.exists, args.warm_up_batches, steps):
             print(f"warm-up took {time.monotonic() - t_w:.2f}s ({args.warm_up_batches} micro-batches)", flush=True)
         else:
             print(
-                f"warm-up cut short after {time.monotonic() - t_w:.2f}s: a task is waiting "
-                f"(since {marker_age(marker)})",
+                f"warm-up cut short after {time.monotonic() - t_w:.2f}s, in {steps[-1] if steps else 'its start'}: "
+                f"a task is waiting (since {marker_age(marker)})",
                 flush=True,
             )
     elif args.no_warmup_query:

@@ -52,11 +52,8 @@ def warm_up_driver(spark: Any, parallelism: int = 1, cut_short: Callable[[], boo
     walks it (Catalyst's classes, the Py4J calls). In the compose stack a task's `build(ctx)` took
     1.0 s of its 2.1 s to RUNNING on a driver without it (docs/benchmarks.md, "The compose
     stack"). Returns whether it ran to its end."""
-    from pyspark.sql import functions as F
-
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
     from .connectors.sql import warm_drivers as warm_sql_drivers
-    from .plan_signature import plan_signature
 
     warm_sql_drivers()
     if cut_short():
@@ -64,10 +61,22 @@ def warm_up_driver(spark: Any, parallelism: int = 1, cut_short: Callable[[], boo
     warm_up_kafka(spark)
     if cut_short():
         return False
+    analyse_a_stateful_query(spark, parallelism)
+    return True
+
+
+def analyse_a_stateful_query(spark: Any, parallelism: int) -> None:
+    """What a task's `build(ctx)` pays on a fresh session: a Python data source defined as a
+    stream (Spark starts its data-source daemon on the driver, which every later source reuses)
+    and a stateful aggregation over it analysed, as a restore's compatibility check walks it
+    (Catalyst's classes, the Py4J calls). No job runs."""
+    from pyspark.sql import functions as F
+
+    from .plan_signature import plan_signature
+
     source = spark.readStream.format("datagen").option("total", "64").option("partitions", str(max(1, parallelism)))
     totals = source.load().groupBy("url").agg(F.count("*").alias("count"), F.sum("i").alias("total"))
     plan_signature(totals, output_mode="update")  # what a restore compares its snapshot with
-    return True
 
 
 def warm_up(
@@ -76,10 +85,12 @@ def warm_up(
     parallelism: int = 1,
     cut_short: Callable[[], bool] = lambda: False,
     batches: int = 1,
+    steps: list[str] | None = None,
 ) -> bool:
     """Run what the first micro-batch of a task's query would otherwise pay for (measured in
     docs/benchmarks.md, "Submission to first result"): the connectors' imports on the driver
-    (SQLAlchemy, the PostgreSQL driver), a shuffle job, then a stateful streaming query shaped
+    (SQLAlchemy, the PostgreSQL driver), a stateful query analysed as a task's build(ctx) does
+    (`analyse_a_stateful_query`), a shuffle job, then a stateful streaming query shaped
     like most pipelines: a Python data source read with `parallelism` partitions (Spark's Python
     planner and worker daemons, which the task reuses), a watermarked window aggregation with
     several aggregates, and a foreachBatch that collects each batch as Arrow, as the SQL sink
@@ -88,23 +99,35 @@ def warm_up(
     their own that SQL never uses.
 
     `cut_short()` true (a task is waiting for this driver) ends it between steps, during the
-    shuffle job (left to finish beside the task), or in its streaming query (stopped beside the
-    task): a waiting task's own first batch pays for the same work once, where finishing the
-    warm-up first made it pay twice. Returns whether the warm-up ran to its end."""
+    analysis or the shuffle job (left to finish beside the task), or in its streaming query
+    (stopped beside the task): a waiting task's own first batch pays for the same work once, where
+    finishing the warm-up first made it pay twice. Returns whether the warm-up ran to its end;
+    `steps`, if given, gets each step's name as it starts (the driver's log says where a cut came)."""
     from pyspark.sql import functions as F
 
     from . import context  # noqa: F401 - preload the connector modules (SQLAlchemy etc.)
     from .connectors.sql import warm_drivers as warm_sql_drivers
 
+    started = steps.append if steps is not None else lambda _name: None
+    started("the SQL drivers' imports")
     warm_sql_drivers()
     if cut_short():
         return False
+    started("Kafka's classes")
     warm_up_kafka(spark)  # ~50 ms: no look of its own at cut_short
     parts = max(1, parallelism)
+    # First what the task's build(ctx) needs, then what its first micro-batch does: a task that
+    # came 6.6 s into a warm-up (its streaming query not started) spent 2.5 s in build(ctx), one
+    # that came after 10 s or more 0.12-0.33 s (docs/benchmarks.md, "Kill 2 and build(ctx)").
+    started("the analysis of a stateful query")
+    if not in_background_unless_cut(lambda: analyse_a_stateful_query(spark, parts), cut_short):
+        return False
+    started("the shuffle job")
     if not in_background_unless_cut(
         lambda: spark.range(64).groupBy((F.col("id") % 4).alias("k")).count().collect(), cut_short
     ):
         return False
+    started("the warm-up query")
     checkpoint = Path(workdir) / "warmup-checkpoint"
     return run_warm_up_query(spark, checkpoint, parts, max(1, batches), cut_short) >= max(1, batches)
 
